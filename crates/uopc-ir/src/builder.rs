@@ -1,0 +1,284 @@
+//! Builders that make loop programs read like the math: `range`, `after`, `index`, `load`,
+//! `store`, `end`, `sink`, and arithmetic operators.
+//!
+//! Builders never panic on ill-typed input: they build the node, and [`crate::verify`] rejects
+//! it with an error naming it.
+
+use crate::dtype::DType;
+use crate::uop::{AxisType, BinaryOp, ConstValue, Op, UOp, UnaryOp};
+use std::ops;
+
+/// A constant of `dtype` from an f64 (integers truncate, bools are `v != 0`).
+pub fn const_of(v: f64, dtype: DType) -> UOp {
+    UOp::new(Op::Const(ConstValue::float(v).cast(dtype)), dtype, vec![])
+}
+
+/// An index (i64) constant.
+pub fn idx(v: i64) -> UOp {
+    UOp::new(Op::Const(ConstValue::Int(v)), DType::INDEX, vec![])
+}
+
+/// An f32 constant.
+pub fn f32c(v: f32) -> UOp {
+    UOp::new(Op::Const(ConstValue::float(v as f64)), DType::F32, vec![])
+}
+
+/// A bool constant.
+pub fn boolc(v: bool) -> UOp {
+    UOp::new(Op::Const(ConstValue::Bool(v)), DType::Bool, vec![])
+}
+
+/// A kernel parameter buffer of `len` elements of `dtype`, passed as argument `slot`.
+pub fn buffer(slot: usize, dtype: DType, len: usize) -> UOp {
+    UOp::new(Op::Buffer { slot, len }, dtype, vec![])
+}
+
+/// Kernel-local storage of `len` elements; `slot` distinguishes allocations.
+pub fn alloc(slot: usize, dtype: DType, len: usize) -> UOp {
+    UOp::new(Op::Alloc { slot, len }, dtype, vec![])
+}
+
+/// A loop variable `0..end` with a program-unique `id`. Loops nest in `id` order where they nest.
+pub fn range(end: impl IntoIndex, id: usize, axis: AxisType) -> UOp {
+    UOp::new(Op::Range { id, axis }, DType::INDEX, vec![end.into_index()])
+}
+
+/// Groups effects (stores, ENDs) into one node.
+pub fn sink(effects: &[UOp]) -> UOp {
+    UOp::new(Op::Sink, DType::Bool, effects.to_vec())
+}
+
+/// Things usable as an index expression: UOps and integer literals.
+pub trait IntoIndex {
+    /// The value as an index-typed UOp.
+    fn into_index(self) -> UOp;
+}
+impl IntoIndex for UOp {
+    fn into_index(self) -> UOp {
+        self
+    }
+}
+impl IntoIndex for &UOp {
+    fn into_index(self) -> UOp {
+        self.clone()
+    }
+}
+impl IntoIndex for usize {
+    fn into_index(self) -> UOp {
+        idx(self as i64)
+    }
+}
+impl IntoIndex for i64 {
+    fn into_index(self) -> UOp {
+        idx(self)
+    }
+}
+impl IntoIndex for i32 {
+    fn into_index(self) -> UOp {
+        idx(self as i64)
+    }
+}
+
+impl UOp {
+    /// A constant of this node's dtype.
+    pub fn const_like(&self, v: f64) -> UOp {
+        const_of(v, self.dtype())
+    }
+
+    /// This view ordered after `deps` (stores, ENDs) and living inside any RANGEs among them.
+    pub fn after(&self, deps: &[UOp]) -> UOp {
+        let mut src = vec![self.clone()];
+        src.extend(deps.iter().cloned());
+        UOp::new(Op::After, self.dtype(), src)
+    }
+
+    /// The address of element `i` of this buffer view.
+    pub fn index(&self, i: impl IntoIndex) -> UOp {
+        UOp::new(Op::Index, self.dtype(), vec![self.clone(), i.into_index()])
+    }
+
+    /// Reads this INDEX.
+    pub fn load(&self) -> UOp {
+        UOp::new(Op::Load, self.dtype(), vec![self.clone()])
+    }
+
+    /// Writes `value` to this INDEX.
+    pub fn store(&self, value: impl Into<UOpOrConst>) -> UOp {
+        let v = value.into().resolve(self.dtype());
+        UOp::new(Op::Store, DType::Bool, vec![self.clone(), v])
+    }
+
+    /// Closes `ranges`, innermost first: `x.end(&[d, i])` is `END(END(x, d), i)`.
+    pub fn end(&self, ranges: &[UOp]) -> UOp {
+        ranges.iter().fold(self.clone(), |x, r| UOp::new(Op::End, DType::Bool, vec![x, r.clone()]))
+    }
+
+    fn unary(&self, op: UnaryOp) -> UOp {
+        UOp::new(Op::Unary(op), self.dtype(), vec![self.clone()])
+    }
+
+    /// A binary ALU node; a literal right operand takes this node's dtype.
+    pub fn binary(&self, op: BinaryOp, rhs: impl Into<UOpOrConst>) -> UOp {
+        let r = rhs.into().resolve(self.dtype());
+        let dtype = if matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) { DType::Bool } else { self.dtype() };
+        UOp::new(Op::Binary(op), dtype, vec![self.clone(), r])
+    }
+
+    /// `2^self`.
+    pub fn exp2(&self) -> UOp {
+        self.unary(UnaryOp::Exp2)
+    }
+    /// `log2(self)`.
+    pub fn log2(&self) -> UOp {
+        self.unary(UnaryOp::Log2)
+    }
+    /// `sqrt(self)`.
+    pub fn sqrt(&self) -> UOp {
+        self.unary(UnaryOp::Sqrt)
+    }
+    /// `1 / self`.
+    pub fn recip(&self) -> UOp {
+        self.unary(UnaryOp::Recip)
+    }
+    /// `max(self, rhs)` as `self > rhs ? self : rhs`.
+    pub fn maximum(&self, rhs: impl Into<UOpOrConst>) -> UOp {
+        self.binary(BinaryOp::Max, rhs)
+    }
+    /// `self < rhs` (Bool).
+    pub fn lt(&self, rhs: impl Into<UOpOrConst>) -> UOp {
+        self.binary(BinaryOp::CmpLt, rhs)
+    }
+    /// `self != rhs` (Bool).
+    pub fn ne(&self, rhs: impl Into<UOpOrConst>) -> UOp {
+        self.binary(BinaryOp::CmpNe, rhs)
+    }
+    /// Integer division truncating toward zero.
+    pub fn idiv(&self, rhs: impl Into<UOpOrConst>) -> UOp {
+        self.binary(BinaryOp::IDiv, rhs)
+    }
+    /// Integer remainder with the sign of the dividend.
+    pub fn modulo(&self, rhs: impl Into<UOpOrConst>) -> UOp {
+        self.binary(BinaryOp::Mod, rhs)
+    }
+    /// `self ? a : b` for a Bool `self`.
+    pub fn where_(&self, a: impl Into<UOpOrConst>, b: impl Into<UOpOrConst>) -> UOp {
+        let (a, b) = match (a.into(), b.into()) {
+            (UOpOrConst::U(a), b) => {
+                let d = a.dtype();
+                (a, b.resolve(d))
+            }
+            (a, UOpOrConst::U(b)) => {
+                let d = b.dtype();
+                (a.resolve(d), b)
+            }
+            (a, b) => (a.resolve(DType::F32), b.resolve(DType::F32)),
+        };
+        UOp::new(Op::Where, a.dtype(), vec![self.clone(), a, b])
+    }
+    /// This value converted to `dtype`.
+    pub fn cast(&self, dtype: DType) -> UOp {
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        UOp::new(Op::Cast, dtype, vec![self.clone()])
+    }
+}
+
+/// A UOp or a literal whose dtype is taken from the other operand.
+pub enum UOpOrConst {
+    /// A node.
+    U(UOp),
+    /// A literal.
+    C(f64),
+}
+
+impl UOpOrConst {
+    fn resolve(self, dtype: DType) -> UOp {
+        match self {
+            UOpOrConst::U(u) => u,
+            UOpOrConst::C(v) => const_of(v, dtype),
+        }
+    }
+}
+
+impl From<UOp> for UOpOrConst {
+    fn from(u: UOp) -> Self {
+        UOpOrConst::U(u)
+    }
+}
+impl From<&UOp> for UOpOrConst {
+    fn from(u: &UOp) -> Self {
+        UOpOrConst::U(u.clone())
+    }
+}
+macro_rules! literal_operand {
+    ($($t:ty),*) => {$(
+        impl From<$t> for UOpOrConst {
+            fn from(v: $t) -> Self { UOpOrConst::C(v as f64) }
+        }
+    )*};
+}
+literal_operand!(f32, f64, i32, i64, usize);
+
+macro_rules! binary_operator {
+    ($trait:ident, $method:ident, $op:expr) => {
+        impl<R: Into<UOpOrConst>> ops::$trait<R> for UOp {
+            type Output = UOp;
+            fn $method(self, rhs: R) -> UOp {
+                self.binary($op, rhs)
+            }
+        }
+        impl<R: Into<UOpOrConst>> ops::$trait<R> for &UOp {
+            type Output = UOp;
+            fn $method(self, rhs: R) -> UOp {
+                self.binary($op, rhs)
+            }
+        }
+    };
+}
+binary_operator!(Add, add, BinaryOp::Add);
+binary_operator!(Sub, sub, BinaryOp::Sub);
+binary_operator!(Mul, mul, BinaryOp::Mul);
+
+impl<R: Into<UOpOrConst>> ops::Div<R> for UOp {
+    type Output = UOp;
+    /// Integer operands divide (truncating); float operands multiply by the reciprocal.
+    fn div(self, rhs: R) -> UOp {
+        (&self).div(rhs)
+    }
+}
+impl<R: Into<UOpOrConst>> ops::Div<R> for &UOp {
+    type Output = UOp;
+    fn div(self, rhs: R) -> UOp {
+        if self.dtype().is_float() {
+            let r = rhs.into().resolve(self.dtype());
+            self.binary(BinaryOp::Mul, r.recip())
+        } else {
+            self.binary(BinaryOp::IDiv, rhs)
+        }
+    }
+}
+impl<R: Into<UOpOrConst>> ops::Rem<R> for UOp {
+    type Output = UOp;
+    fn rem(self, rhs: R) -> UOp {
+        self.binary(BinaryOp::Mod, rhs)
+    }
+}
+impl<R: Into<UOpOrConst>> ops::Rem<R> for &UOp {
+    type Output = UOp;
+    fn rem(self, rhs: R) -> UOp {
+        self.binary(BinaryOp::Mod, rhs)
+    }
+}
+impl ops::Neg for UOp {
+    type Output = UOp;
+    fn neg(self) -> UOp {
+        self.unary(UnaryOp::Neg)
+    }
+}
+impl ops::Neg for &UOp {
+    type Output = UOp;
+    fn neg(self) -> UOp {
+        self.unary(UnaryOp::Neg)
+    }
+}

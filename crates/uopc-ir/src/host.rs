@@ -1,0 +1,74 @@
+//! Host-side typed buffers, shared by the interpreter, the JIT runtime and tensors.
+
+use crate::dtype::DType;
+
+/// An owned, typed array of elements on the host.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostBuffer {
+    /// Bools, one byte each.
+    Bool(Vec<bool>),
+    /// 32-bit integers.
+    I32(Vec<i32>),
+    /// 64-bit integers.
+    I64(Vec<i64>),
+    /// 32-bit floats.
+    F32(Vec<f32>),
+    /// 64-bit floats.
+    F64(Vec<f64>),
+}
+
+impl HostBuffer {
+    /// `len` zero elements of `dtype`.
+    pub fn zeros(dtype: DType, len: usize) -> Self {
+        match dtype {
+            DType::Bool => HostBuffer::Bool(vec![false; len]),
+            DType::I32 => HostBuffer::I32(vec![0; len]),
+            DType::I64 => HostBuffer::I64(vec![0; len]),
+            DType::F32 => HostBuffer::F32(vec![0.0; len]),
+            DType::F64 => HostBuffer::F64(vec![0.0; len]),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostBuffer::Bool(_) => DType::Bool,
+            HostBuffer::I32(_) => DType::I32,
+            HostBuffer::I64(_) => DType::I64,
+            HostBuffer::F32(_) => DType::F32,
+            HostBuffer::F64(_) => DType::F64,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            HostBuffer::Bool(v) => v.len(),
+            HostBuffer::I32(v) => v.len(),
+            HostBuffer::I64(v) => v.len(),
+            HostBuffer::F32(v) => v.len(),
+            HostBuffer::F64(v) => v.len(),
+        }
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` widened to f64 (bools as 0/1).
+    pub fn get_f64(&self, i: usize) -> f64 {
+        match self {
+            HostBuffer::Bool(v) => v[i] as i64 as f64,
+            HostBuffer::I32(v) => v[i] as f64,
+            HostBuffer::I64(v) => v[i] as f64,
+            HostBuffer::F32(v) => v[i] as f64,
+            HostBuffer::F64(v) => v[i],
+        }
+    }
+
+    /// All elements widened to f64.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        (0..self.len()).map(|i| self.get_f64(i)).collect()
+    }
+}

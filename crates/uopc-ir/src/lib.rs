@@ -1,0 +1,25 @@
+//! The UOp IR of uopc: one hash-consed graph type for tensor-level graphs and loop programs.
+//!
+//! A loop program is a SINK of effects built from RANGE, ALLOC/BUFFER views, INDEX, LOAD, STORE,
+//! AFTER and END; [`verify`] checks it, [`linearize`] orders it into nested loops, and
+//! [`print_program`] shows it. [`simplify`] canonicalizes index arithmetic using value bounds.
+
+mod builder;
+mod dtype;
+mod error;
+mod host;
+mod linearize;
+mod print;
+mod simplify;
+mod uop;
+mod verify;
+
+pub use builder::{IntoIndex, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink};
+pub use dtype::DType;
+pub use error::{IrError, IrErrorKind};
+pub use host::HostBuffer;
+pub use linearize::{Linear, Stmt, linearize, open_ranges};
+pub use print::{print_graph, print_linear, print_program};
+pub use simplify::{SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_with};
+pub use uop::{AxisType, BinaryOp, ConstValue, DataRef, Op, ReduceOp, UOp, UnaryOp};
+pub use verify::{verify, view_base};

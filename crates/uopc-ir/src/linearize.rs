@@ -1,0 +1,406 @@
+//! The linearizer: turns a loop program (a SINK of effects) into a tree of ordered statements.
+//!
+//! Every node is placed in the innermost loop among the ranges it depends on, so loop-invariant
+//! work stays outside. A range's enclosing loops are read from its END: `END(x, r)` depends on
+//! exactly the ranges around `r`. Within one loop body, statements are ordered by data
+//! dependencies, AFTER edges, and "loads through a view come before stores through it".
+
+use crate::error::{IrError, IrErrorKind};
+use crate::uop::{AxisType, Op, UOp};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+/// One statement of a linearized program.
+#[derive(Clone, Debug)]
+pub enum Stmt {
+    /// Evaluate this node (structural nodes like INDEX, AFTER and END evaluate to nothing).
+    Op(UOp),
+    /// A loop over `range` running `body` once per value.
+    Loop {
+        /// The RANGE node.
+        range: UOp,
+        /// Statements inside the loop, in order.
+        body: Vec<Stmt>,
+    },
+}
+
+/// A linearized program.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// Top-level statements (run once per call).
+    pub root: Vec<Stmt>,
+    /// BUFFER nodes, sorted by slot.
+    pub buffers: Vec<UOp>,
+    /// ALLOC nodes, sorted by slot.
+    pub allocs: Vec<UOp>,
+    /// CONST nodes used by the program.
+    pub consts: Vec<UOp>,
+    /// The THREAD range, if any (always a top-level loop).
+    pub thread: Option<UOp>,
+    /// For every RANGE, the ranges of its enclosing loops, outermost first.
+    pub loop_paths: HashMap<UOp, Vec<UOp>>,
+}
+
+impl Linear {
+    /// Every statement, depth first, with its loop depth.
+    pub fn walk(&self) -> Vec<(usize, &Stmt)> {
+        fn go<'a>(body: &'a [Stmt], depth: usize, out: &mut Vec<(usize, &'a Stmt)>) {
+            for s in body {
+                out.push((depth, s));
+                if let Stmt::Loop { body, .. } = s {
+                    go(body, depth + 1, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        go(&self.root, 0, &mut out);
+        out
+    }
+}
+
+fn is_hoisted(u: &UOp) -> bool {
+    matches!(u.op(), Op::Buffer { .. } | Op::Alloc { .. } | Op::Const(_))
+}
+
+fn union(a: &[UOp], b: &[UOp]) -> Vec<UOp> {
+    let mut v: Vec<UOp> = a.iter().chain(b.iter()).cloned().collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The ranges each node of `topo` lives inside (END removes the range it closes).
+pub fn open_ranges(topo: &[UOp]) -> Result<HashMap<UOp, Vec<UOp>>, IrError> {
+    let mut rng: HashMap<UOp, Vec<UOp>> = HashMap::with_capacity(topo.len());
+    for u in topo {
+        let mut r: Vec<UOp> = Vec::new();
+        for s in u.src() {
+            r = union(&r, &rng[s]);
+        }
+        match u.op() {
+            Op::Range { .. } => r = union(&r, std::slice::from_ref(u)),
+            Op::End => {
+                let closed = &u.src()[1];
+                if !matches!(closed.op(), Op::Range { .. }) {
+                    return Err(IrError::new(IrErrorKind::Structure, u, "END's second source is not a RANGE"));
+                }
+                if !rng[&u.src()[0]].contains(closed) {
+                    return Err(IrError::new(
+                        IrErrorKind::RangeNotOpen,
+                        u,
+                        format!("ends {} which is not open in its body", closed.short()),
+                    ));
+                }
+                r.retain(|x| x != closed);
+            }
+            _ => {}
+        }
+        rng.insert(u.clone(), r);
+    }
+    Ok(rng)
+}
+
+type BlockId = Option<UOp>;
+
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+enum Key {
+    Node(UOp),
+    Loop(UOp),
+}
+
+impl Key {
+    fn priority(&self) -> u64 {
+        match self {
+            Key::Node(u) | Key::Loop(u) => u.id(),
+        }
+    }
+}
+
+struct Placement {
+    path: HashMap<UOp, Vec<UOp>>, // range -> enclosing ranges, outermost first
+    block: HashMap<UOp, BlockId>,
+}
+
+impl Placement {
+    fn parent(&self, r: &UOp) -> BlockId {
+        self.path[r].last().cloned()
+    }
+    fn depth(&self, b: &BlockId) -> usize {
+        b.as_ref().map_or(0, |r| self.path[r].len() + 1)
+    }
+    /// The statement standing for `n` in ancestor block `anc`.
+    fn rep(&self, n: &UOp, anc: &BlockId) -> Key {
+        self.rep_from(self.block[n].clone(), Key::Node(n.clone()), anc)
+    }
+    /// The statement standing in `anc` for statement `k` of block `b`.
+    fn rep_from(&self, mut b: BlockId, k: Key, anc: &BlockId) -> Key {
+        if &b == anc {
+            return k;
+        }
+        loop {
+            let r = b.clone().expect("anc is an ancestor");
+            let p = self.parent(&r);
+            if &p == anc {
+                return Key::Loop(r);
+            }
+            b = p;
+        }
+    }
+    fn lca(&self, a: &BlockId, b: &BlockId) -> BlockId {
+        let (mut a, mut b) = (a.clone(), b.clone());
+        while self.depth(&a) > self.depth(&b) {
+            a = self.parent(a.as_ref().unwrap());
+        }
+        while self.depth(&b) > self.depth(&a) {
+            b = self.parent(b.as_ref().unwrap());
+        }
+        while a != b {
+            a = self.parent(a.as_ref().unwrap());
+            b = self.parent(b.as_ref().unwrap());
+        }
+        a
+    }
+}
+
+/// The buffer view a LOAD or STORE goes through (the INDEX's first source).
+fn view_of(mem: &UOp) -> Option<&UOp> {
+    mem.src().first().filter(|i| matches!(i.op(), Op::Index)).and_then(|i| i.src().first())
+}
+
+/// Linearizes `program` (usually a SINK) into nested, ordered statements.
+pub fn linearize(program: &UOp) -> Result<Linear, IrError> {
+    let topo = UOp::toposort(std::slice::from_ref(program));
+    let rng = open_ranges(&topo)?;
+
+    if let Some(r) = rng[program].first() {
+        let culprit = topo
+            .iter()
+            .find(|u| matches!(u.op(), Op::Store) && rng[*u].contains(r))
+            .unwrap_or(program);
+        let has_end = topo.iter().any(|u| matches!(u.op(), Op::End) && u.src()[1] == *r);
+        return Err(if has_end {
+            IrError::new(
+                IrErrorKind::StoreOutsideRange,
+                culprit,
+                format!("uses {} but is not inside any END that closes it", r.short()),
+            )
+        } else {
+            IrError::new(IrErrorKind::RangeNotEnded, r, "this RANGE is never closed by an END")
+        });
+    }
+
+    // Enclosing ranges of each loop, from its END(s).
+    let mut path: HashMap<UOp, Vec<UOp>> = HashMap::new();
+    for u in &topo {
+        if matches!(u.op(), Op::End) {
+            let r = &u.src()[1];
+            let p = rng[u].clone();
+            match path.get(r) {
+                Some(q) if *q != p => {
+                    return Err(IrError::new(
+                        IrErrorKind::Structure,
+                        u,
+                        format!("{} is closed in two different loop nests", r.short()),
+                    ));
+                }
+                _ => {
+                    path.insert(r.clone(), p);
+                }
+            }
+        }
+    }
+    let ranges: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Range { .. })).cloned().collect();
+    for r in &ranges {
+        if !path.contains_key(r) {
+            return Err(IrError::new(IrErrorKind::RangeNotEnded, r, "this RANGE is never closed by an END"));
+        }
+    }
+    // Order each path outermost first and check it is a chain.
+    let mut by_depth: Vec<UOp> = ranges.clone();
+    by_depth.sort_by_key(|r| path[r].len());
+    let mut ordered: HashMap<UOp, Vec<UOp>> = HashMap::new();
+    for r in &by_depth {
+        let p = &path[r];
+        let mut chain: Vec<UOp> = Vec::new();
+        if let Some(deep) = p.iter().max_by_key(|x| path[*x].len()) {
+            chain = ordered[deep].clone();
+            chain.push(deep.clone());
+            if union(&chain, &[]) != *p {
+                return Err(IrError::new(
+                    IrErrorKind::Structure,
+                    r,
+                    "the loops around this RANGE do not nest (its END depends on ranges that are siblings)",
+                ));
+            }
+        }
+        if !rng[&r.src()[0]].iter().all(|x| chain.contains(x)) {
+            return Err(IrError::new(
+                IrErrorKind::Structure,
+                r,
+                "the end of this RANGE uses a range that does not enclose it",
+            ));
+        }
+        ordered.insert(r.clone(), chain);
+    }
+    let mut placement = Placement { path: ordered, block: HashMap::new() };
+
+    // Place every statement node in its innermost range.
+    let mut thread: Option<UOp> = None;
+    for u in &topo {
+        if let Op::Range { axis: AxisType::Thread, .. } = u.op() {
+            if thread.is_some() {
+                return Err(IrError::new(IrErrorKind::Structure, u, "a program may have one THREAD range"));
+            }
+            if !placement.path[u].is_empty() {
+                return Err(IrError::new(IrErrorKind::Structure, u, "the THREAD range must be the outermost loop"));
+            }
+            thread = Some(u.clone());
+        }
+        if is_hoisted(u) || matches!(u.op(), Op::Range { .. }) {
+            continue;
+        }
+        let rs = &rng[u];
+        let deepest = rs.iter().max_by_key(|r| placement.path[*r].len()).cloned();
+        if let Some(d) = &deepest {
+            let mut allowed = placement.path[d].clone();
+            allowed.push(d.clone());
+            if let Some(bad) = rs.iter().find(|r| !allowed.contains(r)) {
+                return Err(IrError::new(
+                    IrErrorKind::Structure,
+                    u,
+                    format!("uses {} and {}, which are not nested loops", d.short(), bad.short()),
+                ));
+            }
+        }
+        placement.block.insert(u.clone(), deepest);
+    }
+
+    // Dependency edges between statements of one block.
+    let mut members: HashMap<BlockId, Vec<Key>> = HashMap::new();
+    let mut edges: HashMap<Key, Vec<Key>> = HashMap::new();
+    let mut indeg: HashMap<Key, usize> = HashMap::new();
+    let add_key = |b: BlockId, k: Key, members: &mut HashMap<BlockId, Vec<Key>>| {
+        members.entry(b).or_default().push(k);
+    };
+    for r in &ranges {
+        add_key(placement.parent(r), Key::Loop(r.clone()), &mut members);
+    }
+    for u in &topo {
+        if placement.block.contains_key(u) {
+            add_key(placement.block[u].clone(), Key::Node(u.clone()), &mut members);
+        }
+    }
+    let mut edge_set: HashSet<(Key, Key)> = HashSet::new();
+    let mut add_edge = |a: Key, b: Key| {
+        if a != b && edge_set.insert((a.clone(), b.clone())) {
+            edges.entry(a).or_default().push(b.clone());
+            *indeg.entry(b).or_default() += 1;
+        }
+    };
+    for u in &topo {
+        let (consumer, cblock): (Key, BlockId) = if matches!(u.op(), Op::Range { .. }) {
+            (Key::Loop(u.clone()), placement.parent(u))
+        } else if let Some(b) = placement.block.get(u) {
+            (Key::Node(u.clone()), b.clone())
+        } else {
+            continue;
+        };
+        for s in u.src() {
+            if is_hoisted(s) || matches!(s.op(), Op::Range { .. }) {
+                continue;
+            }
+            let sblock = placement.block[s].clone();
+            let l = placement.lca(&sblock, &cblock);
+            let to = placement.rep_from(cblock.clone(), consumer.clone(), &l);
+            add_edge(placement.rep(s, &l), to);
+        }
+    }
+    // Loads through a view happen before stores through the same view.
+    let mut stores_by_view: HashMap<UOp, Vec<UOp>> = HashMap::new();
+    for u in &topo {
+        if matches!(u.op(), Op::Store)
+            && let Some(v) = view_of(u)
+        {
+            stores_by_view.entry(v.clone()).or_default().push(u.clone());
+        }
+    }
+    for u in &topo {
+        if !matches!(u.op(), Op::Load) {
+            continue;
+        }
+        let Some(v) = view_of(u) else { continue };
+        for st in stores_by_view.get(v).into_iter().flatten() {
+            let l = placement.lca(&placement.block[u], &placement.block[st]);
+            add_edge(placement.rep(u, &l), placement.rep(st, &l));
+        }
+    }
+
+    // Kahn's algorithm per block, ties broken by creation order.
+    let mut order: HashMap<BlockId, Vec<Key>> = HashMap::new();
+    for (b, keys) in &members {
+        let set: HashSet<&Key> = keys.iter().collect();
+        let mut deg: HashMap<&Key, usize> = keys.iter().map(|k| (k, indeg.get(k).copied().unwrap_or(0))).collect();
+        let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+        for (i, k) in keys.iter().enumerate() {
+            if deg[k] == 0 {
+                heap.push(Reverse((k.priority(), i)));
+            }
+        }
+        let index: HashMap<&Key, usize> = keys.iter().enumerate().map(|(i, k)| (k, i)).collect();
+        let mut out = Vec::with_capacity(keys.len());
+        while let Some(Reverse((_, i))) = heap.pop() {
+            let k = &keys[i];
+            out.push(k.clone());
+            for nx in edges.get(k).into_iter().flatten() {
+                if !set.contains(nx) {
+                    continue;
+                }
+                let d = deg.get_mut(nx).expect("member");
+                *d -= 1;
+                if *d == 0 {
+                    heap.push(Reverse((nx.priority(), index[nx])));
+                }
+            }
+        }
+        if out.len() != keys.len() {
+            let stuck = keys.iter().find(|k| !out.contains(k)).expect("some key is stuck");
+            let node = match stuck {
+                Key::Node(u) | Key::Loop(u) => u,
+            };
+            return Err(IrError::new(
+                IrErrorKind::Structure,
+                node,
+                "statements in this loop cannot be ordered (cyclic dependencies)",
+            ));
+        }
+        order.insert(b.clone(), out);
+    }
+
+    fn build(b: &BlockId, order: &HashMap<BlockId, Vec<Key>>) -> Vec<Stmt> {
+        order
+            .get(b)
+            .map(|keys| {
+                keys.iter()
+                    .map(|k| match k {
+                        Key::Node(u) => Stmt::Op(u.clone()),
+                        Key::Loop(r) => Stmt::Loop { range: r.clone(), body: build(&Some(r.clone()), order) },
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    let root = build(&None, &order);
+
+    let mut buffers: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Buffer { .. })).cloned().collect();
+    buffers.sort_by_key(|u| match u.op() {
+        Op::Buffer { slot, .. } => *slot,
+        _ => 0,
+    });
+    let mut allocs: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Alloc { .. })).cloned().collect();
+    allocs.sort_by_key(|u| match u.op() {
+        Op::Alloc { slot, .. } => *slot,
+        _ => 0,
+    });
+    let consts = topo.iter().filter(|u| matches!(u.op(), Op::Const(_))).cloned().collect();
+    Ok(Linear { root, buffers, allocs, consts, thread, loop_paths: placement.path })
+}

@@ -1,0 +1,124 @@
+//! Pretty printers: a loop program as nested loops, and any graph as one line per node.
+
+use crate::error::IrError;
+use crate::linearize::{Linear, Stmt, linearize};
+use crate::uop::{BinaryOp, Op, UOp, UnaryOp};
+use crate::verify::view_base;
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// One line per node, sources first: `%7 = ADD f32 (%3, %5)`.
+pub fn print_graph(root: &UOp) -> String {
+    let mut out = String::new();
+    for u in UOp::toposort(std::slice::from_ref(root)) {
+        let _ = writeln!(out, "{u:?}");
+    }
+    out
+}
+
+/// A loop program rendered as nested loops (C-like pseudo code).
+pub fn print_program(program: &UOp) -> Result<String, IrError> {
+    Ok(print_linear(&linearize(program)?))
+}
+
+/// An already linearized program rendered as nested loops.
+pub fn print_linear(lin: &Linear) -> String {
+    let mut p = Printer { names: HashMap::new(), out: String::new() };
+    for b in &lin.buffers {
+        if let Op::Buffer { slot, len } = b.op() {
+            let _ = writeln!(p.out, "buf{slot}: {}[{len}]", b.dtype());
+        }
+    }
+    for a in &lin.allocs {
+        if let Op::Alloc { slot, len } = a.op() {
+            let _ = writeln!(p.out, "local acc{slot}: {}[{len}]", a.dtype());
+        }
+    }
+    p.block(&lin.root, 0);
+    p.out
+}
+
+struct Printer {
+    names: HashMap<UOp, String>,
+    out: String,
+}
+
+fn binary_symbol(op: BinaryOp) -> &'static str {
+    match op {
+        BinaryOp::Add => "+",
+        BinaryOp::Sub => "-",
+        BinaryOp::Mul => "*",
+        BinaryOp::CmpLt => "<",
+        BinaryOp::CmpNe => "!=",
+        BinaryOp::IDiv => "/",
+        BinaryOp::Mod => "%",
+        BinaryOp::Max => "max",
+    }
+}
+
+impl Printer {
+    fn expr(&self, u: &UOp) -> String {
+        if let Some(n) = self.names.get(u) {
+            return n.clone();
+        }
+        match u.op() {
+            Op::Const(c) => c.to_string(),
+            Op::Range { id, .. } => format!("r{id}"),
+            Op::Buffer { slot, .. } => format!("buf{slot}"),
+            Op::Alloc { slot, .. } => format!("acc{slot}"),
+            Op::After => self.expr(&u.src()[0]),
+            Op::Index => {
+                let base = view_base(&u.src()[0]).map(|b| self.expr(b)).unwrap_or_else(|| "?".into());
+                format!("{base}[{}]", self.expr(&u.src()[1]))
+            }
+            Op::Load => self.expr(&u.src()[0]),
+            Op::Binary(BinaryOp::Max) => format!("max({}, {})", self.expr(&u.src()[0]), self.expr(&u.src()[1])),
+            Op::Binary(op) => format!("({} {} {})", self.expr(&u.src()[0]), binary_symbol(*op), self.expr(&u.src()[1])),
+            Op::Unary(UnaryOp::Neg) => format!("-{}", self.expr(&u.src()[0])),
+            Op::Unary(_) => format!("{}({})", u.op().name().to_lowercase(), self.expr(&u.src()[0])),
+            Op::Where => format!(
+                "({} ? {} : {})",
+                self.expr(&u.src()[0]),
+                self.expr(&u.src()[1]),
+                self.expr(&u.src()[2])
+            ),
+            Op::Cast => format!("({}){}", u.dtype(), self.expr(&u.src()[0])),
+            other => format!("<{}>", other.name()),
+        }
+    }
+
+    fn block(&mut self, body: &[Stmt], depth: usize) {
+        let pad = "  ".repeat(depth);
+        for s in body {
+            match s {
+                Stmt::Loop { range, body } => {
+                    let axis = match range.op() {
+                        Op::Range { axis, .. } => axis.name(),
+                        _ => "",
+                    };
+                    let _ = writeln!(
+                        self.out,
+                        "{pad}for {} in 0..{} ({axis}) {{",
+                        self.expr(range),
+                        self.expr(&range.src()[0])
+                    );
+                    self.block(body, depth + 1);
+                    let _ = writeln!(self.out, "{pad}}}");
+                }
+                Stmt::Op(u) => match u.op() {
+                    Op::Store => {
+                        let _ = writeln!(self.out, "{pad}{} = {};", self.expr(&u.src()[0]), self.expr(&u.src()[1]));
+                    }
+                    // Integer index math is shown inline where it is used.
+                    _ if u.dtype().is_int() && !matches!(u.op(), Op::Load) => {}
+                    Op::Load | Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast => {
+                        let name = format!("v{}", u.id());
+                        let _ = writeln!(self.out, "{pad}{} {name} = {};", u.dtype(), self.expr(u));
+                        self.names.insert(u.clone(), name);
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+}

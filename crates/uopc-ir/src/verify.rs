@@ -1,0 +1,251 @@
+//! The verifier: rejects malformed loop programs with an error naming the offending node.
+
+use crate::dtype::DType;
+use crate::error::{IrError, IrErrorKind};
+use crate::linearize::{Linear, linearize, open_ranges};
+use crate::uop::{AxisType, BinaryOp, Op, UOp, UnaryOp};
+use std::collections::{HashMap, HashSet};
+
+/// The BUFFER or ALLOC at the base of a view (through AFTER chains), if any.
+pub fn view_base(view: &UOp) -> Option<&UOp> {
+    let mut v = view;
+    loop {
+        match v.op() {
+            Op::Buffer { .. } | Op::Alloc { .. } => return Some(v),
+            Op::After => v = &v.src()[0],
+            _ => return None,
+        }
+    }
+}
+
+/// The ranges an ALLOC is declared inside: the ranges common to every view that wraps it
+/// directly (`acc.after(i)`); a bare use of the ALLOC declares it at the top level.
+fn declared_scopes(topo: &[UOp], rng: &HashMap<UOp, Vec<UOp>>) -> HashMap<UOp, Vec<UOp>> {
+    let mut scope: HashMap<UOp, Vec<UOp>> = HashMap::new();
+    let mut merge = |alloc: &UOp, ranges: &[UOp]| {
+        scope
+            .entry(alloc.clone())
+            .and_modify(|s| s.retain(|r| ranges.contains(r)))
+            .or_insert_with(|| ranges.to_vec());
+    };
+    for u in topo {
+        let direct = match u.op() {
+            Op::After | Op::Index => &u.src()[0],
+            _ => continue,
+        };
+        if matches!(direct.op(), Op::Alloc { .. }) {
+            let ranges: &[UOp] = if matches!(u.op(), Op::After) { &rng[u] } else { &[] };
+            merge(direct, ranges);
+        }
+    }
+    scope
+}
+
+fn err(kind: IrErrorKind, u: &UOp, reason: impl Into<String>) -> IrError {
+    IrError::new(kind, u, reason)
+}
+
+fn check_types(u: &UOp) -> Result<(), IrError> {
+    let s = u.src();
+    let arity = |n: usize| -> Result<(), IrError> {
+        if s.len() == n {
+            Ok(())
+        } else {
+            Err(err(IrErrorKind::Structure, u, format!("expects {n} sources, has {}", s.len())))
+        }
+    };
+    let dt = |k: usize| s[k].dtype();
+    match u.op() {
+        Op::Const(_) | Op::Buffer { .. } | Op::Alloc { .. } => arity(0)?,
+        Op::Range { .. } => {
+            arity(1)?;
+            if !dt(0).is_int() {
+                return Err(err(IrErrorKind::DType, u, format!("range end must be an integer, is {}", dt(0))));
+            }
+        }
+        Op::End => arity(2)?,
+        Op::After if s.is_empty() => arity(1)?,
+        Op::Index => {
+            arity(2)?;
+            if view_base(&s[0]).is_none() {
+                return Err(err(IrErrorKind::Structure, u, "INDEX of something that is not a BUFFER or ALLOC view"));
+            }
+            if !dt(1).is_int() {
+                return Err(err(IrErrorKind::DType, u, format!("index must be an integer, is {}", dt(1))));
+            }
+            if u.dtype() != dt(0) {
+                return Err(err(IrErrorKind::DType, u, format!("INDEX dtype {} differs from its buffer's {}", u.dtype(), dt(0))));
+            }
+        }
+        Op::Load => {
+            arity(1)?;
+            if !matches!(s[0].op(), Op::Index) {
+                return Err(err(IrErrorKind::Structure, u, "LOAD of something that is not an INDEX"));
+            }
+            if u.dtype() != dt(0) {
+                return Err(err(IrErrorKind::DType, u, format!("LOAD dtype {} differs from the buffer's {}", u.dtype(), dt(0))));
+            }
+        }
+        Op::Store => {
+            arity(2)?;
+            if !matches!(s[0].op(), Op::Index) {
+                return Err(err(IrErrorKind::Structure, u, "STORE to something that is not an INDEX"));
+            }
+            if dt(1) != dt(0) {
+                return Err(err(IrErrorKind::DType, u, format!("stores a {} value into a {} buffer", dt(1), dt(0))));
+            }
+        }
+        Op::Unary(op) => {
+            arity(1)?;
+            let float_only = !matches!(op, UnaryOp::Neg);
+            if dt(0) != u.dtype() || (float_only && !u.dtype().is_float()) || u.dtype() == DType::Bool {
+                return Err(err(IrErrorKind::DType, u, format!("{} is not defined for {}", u.op().name(), dt(0))));
+            }
+        }
+        Op::Binary(op) => {
+            arity(2)?;
+            if dt(0) != dt(1) {
+                return Err(err(IrErrorKind::DType, u, format!("operand dtypes differ: {} and {}", dt(0), dt(1))));
+            }
+            let want = if matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) { DType::Bool } else { dt(0) };
+            if u.dtype() != want {
+                return Err(err(IrErrorKind::DType, u, format!("result must be {want}, is {}", u.dtype())));
+            }
+            let ok = match op {
+                BinaryOp::IDiv | BinaryOp::Mod => dt(0).is_int(),
+                BinaryOp::CmpNe => true,
+                _ => dt(0) != DType::Bool,
+            };
+            if !ok {
+                return Err(err(IrErrorKind::DType, u, format!("{} is not defined for {}", u.op().name(), dt(0))));
+            }
+        }
+        Op::Where => {
+            arity(3)?;
+            if dt(0) != DType::Bool {
+                return Err(err(IrErrorKind::DType, u, format!("condition must be bool, is {}", dt(0))));
+            }
+            if dt(1) != dt(2) || dt(1) != u.dtype() {
+                return Err(err(IrErrorKind::DType, u, format!("branch dtypes differ: {} and {}", dt(1), dt(2))));
+            }
+        }
+        Op::Cast => arity(1)?,
+        Op::Sink | Op::After => {}
+        _ => {
+            return Err(err(IrErrorKind::Structure, u, "tensor-level op in a loop program (rangeify it first)"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a loop program and returns its linearization.
+///
+/// Rejects: ill-typed nodes; ENDs of ranges that are not open; ranges never ended; stores using
+/// a range they are not inside; loads of an ALLOC no store reaches; ALLOCs written inside a
+/// THREAD range but declared outside it; stores to buffers outside the THREAD range of a
+/// threaded program; indices not provably inside their buffer; loops that do not nest.
+pub fn verify(program: &UOp) -> Result<Linear, IrError> {
+    let topo = UOp::toposort(std::slice::from_ref(program));
+    let mut slots: HashMap<(bool, usize), UOp> = HashMap::new();
+    for u in &topo {
+        check_types(u)?;
+        if let Op::Buffer { slot, .. } | Op::Alloc { slot, .. } = u.op() {
+            let key = (matches!(u.op(), Op::Buffer { .. }), *slot);
+            if let Some(prev) = slots.insert(key, u.clone())
+                && prev != *u
+            {
+                return Err(err(
+                    IrErrorKind::Structure,
+                    u,
+                    format!("slot {slot} is declared twice with different dtype or length ({})", prev.short()),
+                ));
+            }
+        }
+    }
+    let rng = open_ranges(&topo)?;
+    let linear = linearize(program)?;
+    let scopes = declared_scopes(&topo, &rng);
+
+    for u in &topo {
+        match u.op() {
+            Op::Index => check_bounds(u)?,
+            Op::Store => {
+                let view = &u.src()[0].src()[0];
+                let base = view_base(view).expect("checked by check_types");
+                let thread_ranges: Vec<&UOp> =
+                    rng[u].iter().filter(|r| matches!(r.op(), Op::Range { axis: AxisType::Thread, .. })).collect();
+                match base.op() {
+                    Op::Alloc { .. } => {
+                        let declared_in: &[UOp] = scopes.get(base).map(Vec::as_slice).unwrap_or(&[]);
+                        if let Some(t) = thread_ranges.iter().find(|t| !declared_in.contains(t)) {
+                            return Err(err(
+                                IrErrorKind::ThreadRace,
+                                u,
+                                format!(
+                                    "writes {} inside THREAD range {} but it is declared outside it: threads would share it",
+                                    base.short(),
+                                    t.short()
+                                ),
+                            ));
+                        }
+                    }
+                    _ => {
+                        if linear.thread.is_some() && thread_ranges.is_empty() {
+                            return Err(err(
+                                IrErrorKind::ThreadRace,
+                                u,
+                                "stores to a buffer outside the THREAD range: every thread would run it",
+                            ));
+                        }
+                    }
+                }
+            }
+            Op::Load => check_initialized(u)?,
+            _ => {}
+        }
+    }
+    Ok(linear)
+}
+
+fn check_bounds(index: &UOp) -> Result<(), IrError> {
+    let base = view_base(&index.src()[0]).expect("checked by check_types");
+    let len = match base.op() {
+        Op::Buffer { len, .. } | Op::Alloc { len, .. } => *len as i64,
+        _ => unreachable!("view_base returns BUFFER or ALLOC"),
+    };
+    let (lo, hi) = index.src()[1].bounds();
+    if lo < 0 || hi >= len {
+        return Err(err(
+            IrErrorKind::OutOfBounds,
+            index,
+            format!("index may range over [{lo}, {hi}] but {} has {len} elements", base.short()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_initialized(load: &UOp) -> Result<(), IrError> {
+    let view = &load.src()[0].src()[0];
+    let base = view_base(view).expect("checked by check_types");
+    if !matches!(base.op(), Op::Alloc { .. }) {
+        return Ok(());
+    }
+    // Some store to this ALLOC must be among the view's AFTER dependencies.
+    let mut stack: Vec<UOp> = Vec::new();
+    let mut v = view;
+    while let Op::After = v.op() {
+        stack.extend(v.src()[1..].iter().cloned());
+        v = &v.src()[0];
+    }
+    let mut seen = HashSet::new();
+    while let Some(x) = stack.pop() {
+        if !seen.insert(x.clone()) {
+            continue;
+        }
+        if matches!(x.op(), Op::Store) && view_base(&x.src()[0].src()[0]) == Some(base) {
+            return Ok(());
+        }
+        stack.extend(x.src().iter().cloned());
+    }
+    Err(err(IrErrorKind::UninitializedLoad, load, format!("loads {} but no store to it comes before", base.short())))
+}

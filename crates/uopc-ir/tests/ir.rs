@@ -1,0 +1,243 @@
+//! Simplify, verifier and linearizer tests for the loop IR.
+
+use proptest::prelude::*;
+use uopc_ir::*;
+
+fn ranges2(n: usize) -> (UOp, UOp) {
+    (range(n, 0, AxisType::Loop), range(n, 1, AxisType::Loop))
+}
+
+#[test]
+fn simplify_proves_reshape_index_identities() {
+    for n in [2usize, 7, 512] {
+        let (i, j) = ranges2(n);
+        let flat = &i * n + &j;
+        let row = simplify(&flat.idiv(n).modulo(n));
+        assert_eq!(row, i, "((i*N + j)//N) % N == i for N={n}");
+        let col = simplify(&flat.idiv(1).modulo(n));
+        assert_eq!(col, j, "((i*N + j)//1) % N == j for N={n}");
+        assert_eq!(col.ranges_mentioned(), vec![j.clone()]);
+    }
+}
+
+#[test]
+fn simplify_can_be_told_not_to_fold_divmod() {
+    let (i, j) = ranges2(64);
+    let raw = (&i * 64 + &j).idiv(64).modulo(64);
+    let kept = simplify_with(&raw, SimplifyOptions { fold_divmod: false });
+    assert_eq!(kept.ranges_mentioned().len(), 2, "without folding the index still mentions j");
+}
+
+#[test]
+fn bounds_follow_ranges_including_expression_ends() {
+    let i = range(10, 0, AxisType::Loop);
+    let j = range(&i + 1, 1, AxisType::Loop);
+    assert_eq!(j.bounds(), (0, 9));
+    assert_eq!((&i * 3 + &j).bounds(), (0, 36));
+    assert_eq!((&i * 3 + &j).modulo(4).bounds(), (0, 3));
+}
+
+#[derive(Clone, Debug)]
+enum E {
+    I,
+    J,
+    C(i64),
+    Add(Box<E>, Box<E>),
+    Mul(Box<E>, i64),
+    Div(Box<E>, i64),
+    Mod(Box<E>, i64),
+}
+
+fn expr() -> impl Strategy<Value = E> {
+    let leaf = prop_oneof![Just(E::I), Just(E::J), (0i64..20).prop_map(E::C)];
+    leaf.prop_recursive(5, 32, 2, |inner| {
+        prop_oneof![
+            (inner.clone(), inner.clone()).prop_map(|(a, b)| E::Add(Box::new(a), Box::new(b))),
+            (inner.clone(), 0i64..9).prop_map(|(a, c)| E::Mul(Box::new(a), c)),
+            (inner.clone(), 1i64..9).prop_map(|(a, c)| E::Div(Box::new(a), c)),
+            (inner, 1i64..9).prop_map(|(a, c)| E::Mod(Box::new(a), c)),
+        ]
+    })
+}
+
+fn build(e: &E, i: &UOp, j: &UOp) -> UOp {
+    match e {
+        E::I => i.clone(),
+        E::J => j.clone(),
+        E::C(c) => idx(*c),
+        E::Add(a, b) => build(a, i, j) + build(b, i, j),
+        E::Mul(a, c) => build(a, i, j) * *c,
+        E::Div(a, c) => build(a, i, j).idiv(*c),
+        E::Mod(a, c) => build(a, i, j).modulo(*c),
+    }
+}
+
+fn eval(u: &UOp, env: &[(UOp, i64)]) -> i64 {
+    if let Some((_, v)) = env.iter().find(|(r, _)| r == u) {
+        return *v;
+    }
+    match u.op() {
+        Op::Const(c) => c.as_i64(),
+        Op::Binary(op) => {
+            let (a, b) = (eval(&u.src()[0], env), eval(&u.src()[1], env));
+            match op {
+                BinaryOp::Add => a + b,
+                BinaryOp::Sub => a - b,
+                BinaryOp::Mul => a * b,
+                BinaryOp::IDiv => int_div(a, b),
+                BinaryOp::Mod => int_mod(a, b),
+                BinaryOp::Max => a.max(b),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        Op::Unary(UnaryOp::Neg) => -eval(&u.src()[0], env),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    #[test]
+    fn simplify_preserves_values(e in expr(), ni in 1usize..12, nj in 1usize..12, seed in 0u64..1000) {
+        let i = range(ni, 0, AxisType::Loop);
+        let j = range(nj, 1, AxisType::Loop);
+        let raw = build(&e, &i, &j);
+        let s = simplify(&raw);
+        let (lo, hi) = s.bounds();
+        for k in 0..8u64 {
+            let x = ((seed * 31 + k * 7) % ni as u64) as i64;
+            let y = ((seed * 17 + k * 5) % nj as u64) as i64;
+            let env = [(i.clone(), x), (j.clone(), y)];
+            let (a, b) = (eval(&raw, &env), eval(&s, &env));
+            prop_assert_eq!(a, b, "raw {:?} simplified {:?} at i={} j={}", raw, s, x, y);
+            prop_assert!(lo <= b && b <= hi, "value {} outside bounds [{}, {}]", b, lo, hi);
+        }
+    }
+}
+
+/// out[i] = sum_j a[i*n + j], with the accumulator declared inside i.
+fn row_sum(n: usize) -> UOp {
+    let a = buffer(0, DType::F32, n * n);
+    let out = buffer(1, DType::F32, n);
+    let acc = alloc(0, DType::F32, 1);
+    let i = range(n, 0, AxisType::Thread);
+    let j = range(n, 1, AxisType::Reduce);
+    let acc_i = acc.after(&[i.clone()]);
+    let init = acc_i.index(0).store(0.0f32);
+    let acc_j = acc_i.after(&[init, j.clone()]);
+    let upd = acc_j.index(0).store(acc_j.index(0).load() + a.index(&i * n + &j).load()).end(&[j.clone()]);
+    let st = out.index(&i).store(acc_i.after(&[upd]).index(0).load());
+    sink(&[st.end(&[i])])
+}
+
+#[test]
+fn linearizer_nests_and_orders() {
+    let p = row_sum(8);
+    let lin = verify(&p).expect("row sum is well formed");
+    let text = print_linear(&lin);
+    assert!(text.contains("for r0 in 0..8 (thread)"), "{text}");
+    assert!(text.contains("  for r1 in 0..8 (reduce)"), "{text}");
+    // the accumulator init is inside r0 but before r1's loop
+    let init = text.find("acc0[0] = 0.0").expect("init printed");
+    assert!(init > text.find("for r0").unwrap() && init < text.find("for r1").unwrap(), "{text}");
+}
+
+#[test]
+fn verifier_rejects_dtype_mismatch() {
+    let a = buffer(0, DType::F32, 4);
+    let i = range(4, 0, AxisType::Loop);
+    let bad = a.index(&i).load() + idx(1);
+    let p = sink(&[a.index(&i).store(bad).end(&[i])]);
+    let e = verify(&p).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::DType);
+    assert!(e.node.contains("ADD"), "{e}");
+}
+
+#[test]
+fn verifier_rejects_end_of_closed_range() {
+    let a = buffer(0, DType::F32, 4);
+    let i = range(4, 0, AxisType::Loop);
+    let j = range(4, 1, AxisType::Loop);
+    let p = sink(&[a.index(&i).store(1.0f32).end(&[i.clone(), j])]);
+    let e = verify(&p).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::RangeNotOpen, "{e}");
+    assert!(e.node.contains("END"), "{e}");
+}
+
+#[test]
+fn verifier_rejects_store_outside_its_range() {
+    let a = buffer(0, DType::F32, 16);
+    let i = range(4, 0, AxisType::Loop);
+    let j = range(4, 1, AxisType::Loop);
+    // j is ended around another store, but the second store uses j without being inside it
+    let inner = a.index(&j).store(0.0f32).end(&[j.clone()]);
+    let outer = a.index(&i * 4 + &j).store(1.0f32);
+    let p = sink(&[sink(&[inner, outer]).end(&[i])]);
+    let e = verify(&p).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::StoreOutsideRange, "{e}");
+    assert!(e.node.contains("STORE"), "{e}");
+}
+
+#[test]
+fn verifier_rejects_never_ended_range() {
+    let a = buffer(0, DType::F32, 4);
+    let i = range(4, 0, AxisType::Loop);
+    let p = sink(&[a.index(&i).store(1.0f32)]);
+    let e = verify(&p).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::RangeNotEnded, "{e}");
+}
+
+#[test]
+fn verifier_rejects_uninitialized_alloc_load() {
+    let a = buffer(0, DType::F32, 4);
+    let acc = alloc(0, DType::F32, 1);
+    let i = range(4, 0, AxisType::Loop);
+    let p = sink(&[a.index(&i).store(acc.after(&[i.clone()]).index(0).load()).end(&[i])]);
+    let e = verify(&p).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::UninitializedLoad, "{e}");
+    assert!(e.node.contains("LOAD"), "{e}");
+}
+
+#[test]
+fn verifier_rejects_alloc_shared_across_threads() {
+    let a = buffer(0, DType::F32, 16);
+    let out = buffer(1, DType::F32, 4);
+    let acc = alloc(0, DType::F32, 1);
+    let i = range(4, 0, AxisType::Thread);
+    let j = range(4, 1, AxisType::Reduce);
+    // declared outside i: acc.after(j) only
+    let init = acc.index(0).store(0.0f32);
+    let acc_j = acc.after(&[init, i.clone(), j.clone()]);
+    let upd = acc_j.index(0).store(acc_j.index(0).load() + a.index(&i * 4 + &j).load()).end(&[j]);
+    let st = out.index(&i).store(acc.after(&[upd]).index(0).load());
+    let e = verify(&sink(&[st.end(&[i])])).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::ThreadRace, "{e}");
+}
+
+#[test]
+fn verifier_rejects_out_of_bounds_index() {
+    let a = buffer(0, DType::F32, 4);
+    let i = range(5, 0, AxisType::Loop);
+    let e = verify(&sink(&[a.index(&i).store(1.0f32).end(&[i])])).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::OutOfBounds, "{e}");
+    assert!(e.reason.contains("[0, 4]"), "{e}");
+}
+
+#[test]
+fn verifier_rejects_tensor_ops() {
+    let a = buffer(0, DType::F32, 4);
+    let r = UOp::new(Op::Reshape(vec![2, 2]), DType::F32, vec![a.index(0).load()]);
+    let e = verify(&sink(&[a.index(0).store(r)])).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::Structure, "{e}");
+}
+
+#[test]
+fn ranges_with_expression_ends_verify() {
+    // causal-style: j runs to i inclusive
+    let a = buffer(0, DType::F32, 16);
+    let i = range(4, 0, AxisType::Loop);
+    let j = range(&i + 1, 1, AxisType::Loop);
+    let p = sink(&[a.index(&i * 4 + &j).store(1.0f32).end(&[j, i])]);
+    let text = print_linear(&verify(&p).expect("ragged ranges are fine"));
+    assert!(text.contains("for r1 in 0..(r0 + 1)"), "{text}");
+}
