@@ -389,7 +389,8 @@ fn rewrite(u: &UOp, fold_divmod: bool) -> Option<UOp> {
         (Op::Binary(BinaryOp::IDiv), Some(c)) if c > 1 && src[0].vmin() >= 0 => {
             let x = &src[0];
             // (x // a) // c == x // (a*c) for x >= 0, a, c > 0
-            if let (Op::Binary(BinaryOp::IDiv), Some(a)) = (x.op(), x.src().get(1).and_then(|s| s.const_int()))
+            if let (Op::Binary(BinaryOp::IDiv), Some(a)) =
+                (x.op(), x.src().get(1).and_then(|s| s.const_int()))
                 && a > 0
                 && x.src()[0].vmin() >= 0
             {
@@ -513,4 +514,22 @@ pub fn simplify_memo(u: &UOp, opts: SimplifyOptions, memo: &mut HashMap<UOp, UOp
         memo.insert(x, cur);
     }
     memo[u].clone()
+}
+
+/// Writes `expr` as `coeff * var + rest` where `rest` does not mention `var`, if it is linear in
+/// `var`. Used to prove that THREAD iterations touch disjoint memory.
+pub fn split_linear(expr: &UOp, var: &UOp) -> Option<(i64, UOp)> {
+    let lin = Linear::of(expr)?;
+    let mut coeff = 0;
+    let mut rest = Linear { terms: Vec::new(), constant: lin.constant };
+    for (t, c) in &lin.terms {
+        if t == var {
+            coeff += c;
+        } else if t.ranges_mentioned().contains(var) {
+            return None;
+        } else {
+            rest.terms.push((t.clone(), *c));
+        }
+    }
+    Some((coeff, rest.build(expr.dtype())))
 }

@@ -1,0 +1,414 @@
+//! Lowering of a linearized loop program to Cranelift IR.
+//!
+//! The function signature is `(bufs: *const *mut u8, lo: i64, hi: i64)`: buffer pointers by
+//! slot, and the slice `lo..hi` of the THREAD range this call runs. Scalar accumulators become
+//! `Variable`s (Cranelift builds the SSA), arrays indexed by a loop variable become stack slots.
+
+use crate::JitError;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    AbiParam, BlockArg, FuncRef, InstBuilder, MemFlagsData, StackSlot, StackSlotData, StackSlotKind, Type,
+    Value, types,
+};
+use cranelift_frontend::{FunctionBuilder, Variable};
+use std::collections::HashMap;
+use uopc_ir::{BinaryOp, ConstValue, DType, Linear, Op, Stmt, UOp, UnaryOp, view_base};
+
+/// Host functions the generated code may call (never per element on the f32 fast paths).
+#[derive(Clone, Copy)]
+pub(crate) struct Externs {
+    pub exp2_f64: FuncRef,
+    pub log2_f32: FuncRef,
+    pub log2_f64: FuncRef,
+}
+
+/// Names and addresses of the host functions in [`Externs`]; every one is registered explicitly.
+pub(crate) const EXTERN_SYMBOLS: [(&str, *const u8); 3] = [
+    ("uopc_exp2_f64", uopc_exp2_f64 as *const u8),
+    ("uopc_log2_f32", uopc_log2_f32 as *const u8),
+    ("uopc_log2_f64", uopc_log2_f64 as *const u8),
+];
+
+extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
+    x.exp2()
+}
+extern "C" fn uopc_log2_f32(x: f32) -> f32 {
+    x.log2()
+}
+extern "C" fn uopc_log2_f64(x: f64) -> f64 {
+    x.log2()
+}
+
+/// Signature of every external in [`EXTERN_SYMBOLS`], by index.
+pub(crate) fn extern_signature(k: usize, sig: &mut cranelift_codegen::ir::Signature) {
+    let t = if k == 1 { types::F32 } else { types::F64 };
+    sig.params.push(AbiParam::new(t));
+    sig.returns.push(AbiParam::new(t));
+}
+
+pub(crate) fn clif_type(d: DType) -> Type {
+    match d {
+        DType::Bool => types::I8,
+        DType::I32 => types::I32,
+        DType::I64 => types::I64,
+        DType::F32 => types::F32,
+        DType::F64 => types::F64,
+    }
+}
+
+enum Storage {
+    Vars(Vec<Variable>),
+    Slot(StackSlot),
+}
+
+pub(crate) struct Lowerer<'a, 'b> {
+    pub b: &'a mut FunctionBuilder<'b>,
+    vals: HashMap<UOp, Value>,
+    buf_ptrs: HashMap<UOp, Value>,
+    storage: HashMap<UOp, Storage>,
+    range_vars: HashMap<UOp, Variable>,
+    externs: Externs,
+    use_fma: bool,
+    bufs: Value,
+    lo: Value,
+    hi: Value,
+}
+
+fn mem() -> MemFlagsData {
+    // In bounds (proven by the verifier) and naturally aligned (slices of the element type).
+    MemFlagsData::trusted()
+}
+
+impl<'a, 'b> Lowerer<'a, 'b> {
+    pub fn new(
+        b: &'a mut FunctionBuilder<'b>,
+        externs: Externs,
+        use_fma: bool,
+        bufs: Value,
+        lo: Value,
+        hi: Value,
+    ) -> Self {
+        Lowerer {
+            b,
+            vals: HashMap::new(),
+            buf_ptrs: HashMap::new(),
+            storage: HashMap::new(),
+            range_vars: HashMap::new(),
+            externs,
+            use_fma,
+            bufs,
+            lo,
+            hi,
+        }
+    }
+
+    /// Declares buffers and local storage, then lowers every statement.
+    pub fn lower(&mut self, lin: &Linear) -> Result<(), JitError> {
+        for buf in &lin.buffers {
+            if let Op::Buffer { slot, .. } = buf.op() {
+                let p = self.b.ins().load(types::I64, mem(), self.bufs, (*slot as i32) * 8);
+                self.buf_ptrs.insert(buf.clone(), p);
+            }
+        }
+        let all = lin.walk();
+        for a in &lin.allocs {
+            let Op::Alloc { len, .. } = a.op() else { continue };
+            let ty = clif_type(a.dtype());
+            // Small ALLOCs only ever indexed by constants live in registers.
+            let const_indexed = all.iter().all(|(_, s)| match s {
+                Stmt::Op(u) if matches!(u.op(), Op::Index) && view_base(&u.src()[0]) == Some(a) => {
+                    u.src()[1].const_int().is_some()
+                }
+                _ => true,
+            });
+            let st = if *len <= 32 && const_indexed {
+                Storage::Vars((0..*len).map(|_| self.b.declare_var(ty)).collect())
+            } else {
+                let size = (*len * a.dtype().size()) as u32;
+                let align = a.dtype().size().trailing_zeros() as u8;
+                Storage::Slot(self.b.create_sized_stack_slot(StackSlotData::new(
+                    StackSlotKind::ExplicitSlot,
+                    size,
+                    align,
+                )))
+            };
+            self.storage.insert(a.clone(), st);
+        }
+        self.block(&lin.root)
+    }
+
+    fn block(&mut self, body: &[Stmt]) -> Result<(), JitError> {
+        for s in body {
+            match s {
+                Stmt::Loop { range, body } => self.lower_loop(range, body)?,
+                Stmt::Op(u) => self.stmt(u)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn lower_loop(&mut self, range: &UOp, body: &[Stmt]) -> Result<(), JitError> {
+        let is_thread = matches!(range.op(), Op::Range { axis: uopc_ir::AxisType::Thread, .. });
+        let (start, end) = if is_thread {
+            (self.lo, self.hi)
+        } else {
+            let zero = self.b.ins().iconst(types::I64, 0);
+            (zero, self.val(&range.src()[0])?)
+        };
+        let iv = self.b.declare_var(types::I64);
+        self.b.def_var(iv, start);
+        self.range_vars.insert(range.clone(), iv);
+        let body_blk = self.b.create_block();
+        let exit_blk = self.b.create_block();
+        let enter = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
+        self.b.ins().brif(enter, body_blk, &[], exit_blk, &[]);
+        self.b.switch_to_block(body_blk);
+        self.block(body)?;
+        let i = self.b.use_var(iv);
+        let next = self.b.ins().iadd_imm_s(i, 1);
+        self.b.def_var(iv, next);
+        let again = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
+        self.b.ins().brif(again, body_blk, &[] as &[BlockArg], exit_blk, &[]);
+        self.b.switch_to_block(exit_blk);
+        Ok(())
+    }
+
+    fn constant(&mut self, c: ConstValue, d: DType) -> Value {
+        match d {
+            DType::F32 => self.b.ins().f32const(c.as_f64() as f32),
+            DType::F64 => self.b.ins().f64const(c.as_f64()),
+            _ => self.b.ins().iconst(clif_type(d), c.cast(d).as_i64()),
+        }
+    }
+
+    fn val(&mut self, u: &UOp) -> Result<Value, JitError> {
+        if let Some(c) = u.const_value() {
+            return Ok(self.constant(c, u.dtype()));
+        }
+        if let Some(v) = self.range_vars.get(u) {
+            return Ok(self.b.use_var(*v));
+        }
+        self.vals
+            .get(u)
+            .copied()
+            .ok_or_else(|| JitError::Internal(format!("{} used before it is computed", u.short())))
+    }
+
+    /// The address of a BUFFER or stack-slot element, or the variable of a register ALLOC.
+    fn address(&mut self, index: &UOp) -> Result<Result<Value, Variable>, JitError> {
+        let base =
+            view_base(&index.src()[0]).ok_or_else(|| JitError::Internal("INDEX without base".into()))?;
+        let size = base.dtype().size() as i64;
+        if let Some(p) = self.buf_ptrs.get(base).copied() {
+            let i = self.val(&index.src()[1])?;
+            let off = self.b.ins().imul_imm_s(i, size);
+            return Ok(Ok(self.b.ins().iadd(p, off)));
+        }
+        match self.storage.get(base) {
+            Some(Storage::Vars(vars)) => {
+                let k = index.src()[1].const_int().unwrap_or(0) as usize;
+                Ok(Err(vars[k]))
+            }
+            Some(Storage::Slot(slot)) => {
+                let slot = *slot;
+                let i = self.val(&index.src()[1])?;
+                let off = self.b.ins().imul_imm_s(i, size);
+                let p = self.b.ins().stack_addr(types::I64, slot, 0);
+                Ok(Ok(self.b.ins().iadd(p, off)))
+            }
+            None => Err(JitError::Internal(format!("no storage for {}", base.short()))),
+        }
+    }
+
+    fn stmt(&mut self, u: &UOp) -> Result<(), JitError> {
+        let v = match u.op() {
+            Op::Load => match self.address(&u.src()[0])? {
+                Ok(addr) => self.b.ins().load(clif_type(u.dtype()), mem(), addr, 0),
+                Err(var) => self.b.use_var(var),
+            },
+            Op::Store => {
+                let x = self.val(&u.src()[1])?;
+                match self.address(&u.src()[0])? {
+                    Ok(addr) => {
+                        self.b.ins().store(mem(), x, addr, 0);
+                    }
+                    Err(var) => self.b.def_var(var, x),
+                }
+                return Ok(());
+            }
+            Op::Unary(op) => self.unary(*op, u)?,
+            Op::Binary(op) => self.binary(*op, u)?,
+            Op::Where => {
+                let c = self.val(&u.src()[0])?;
+                let a = self.val(&u.src()[1])?;
+                let b = self.val(&u.src()[2])?;
+                self.b.ins().select(c, a, b)
+            }
+            Op::Cast => self.cast(u)?,
+            Op::Index | Op::After | Op::End | Op::Sink => return Ok(()),
+            other => return Err(JitError::Internal(format!("cannot lower {}", other.name()))),
+        };
+        self.vals.insert(u.clone(), v);
+        Ok(())
+    }
+
+    fn unary(&mut self, op: UnaryOp, u: &UOp) -> Result<Value, JitError> {
+        let x = self.val(&u.src()[0])?;
+        let d = u.dtype();
+        Ok(match (op, d) {
+            (UnaryOp::Neg, d) if d.is_float() => self.b.ins().fneg(x),
+            (UnaryOp::Neg, _) => self.b.ins().ineg(x),
+            (UnaryOp::Sqrt, _) => self.b.ins().sqrt(x),
+            (UnaryOp::Recip, DType::F32) => {
+                let one = self.b.ins().f32const(1.0);
+                self.b.ins().fdiv(one, x)
+            }
+            (UnaryOp::Recip, _) => {
+                let one = self.b.ins().f64const(1.0);
+                self.b.ins().fdiv(one, x)
+            }
+            (UnaryOp::Exp2, DType::F32) => self.exp2_f32(x),
+            (UnaryOp::Exp2, _) => self.call(self.externs.exp2_f64, x),
+            (UnaryOp::Log2, DType::F32) => self.call(self.externs.log2_f32, x),
+            (UnaryOp::Log2, _) => self.call(self.externs.log2_f64, x),
+        })
+    }
+
+    fn call(&mut self, f: FuncRef, x: Value) -> Value {
+        let inst = self.b.ins().call(f, &[x]);
+        self.b.inst_results(inst)[0]
+    }
+
+    fn mul_add(&mut self, a: Value, b: Value, c: Value) -> Value {
+        if self.use_fma {
+            self.b.ins().fma(a, b, c)
+        } else {
+            let m = self.b.ins().fmul(a, b);
+            self.b.ins().fadd(m, c)
+        }
+    }
+
+    /// `2^x` inline: round-to-nearest split `x = n + f`, a degree-6 polynomial for `2^f` on
+    /// [-0.5, 0.5], and `2^n` built in the exponent bits. `x <= -127` (including -inf) gives 0.
+    fn exp2_f32(&mut self, x: Value) -> Value {
+        let lo = self.b.ins().f32const(-127.0);
+        let hi = self.b.ins().f32const(128.0);
+        // select(x < lo, lo, x) keeps NaN as NaN (the comparison is false).
+        let below = self.b.ins().fcmp(FloatCC::LessThan, x, lo);
+        let x = self.b.ins().select(below, lo, x);
+        let above = self.b.ins().fcmp(FloatCC::GreaterThan, x, hi);
+        let x = self.b.ins().select(above, hi, x);
+        let magic = self.b.ins().f32const(12582912.0); // 1.5 * 2^23: adding it rounds to an integer
+        let t = self.b.ins().fadd(x, magic);
+        let n = self.b.ins().fsub(t, magic);
+        let f = self.b.ins().fsub(x, n);
+        const P: [f32; 6] =
+            [1.535_336_2e-4, 1.339_887_4e-3, 9.618_437_4e-3, 5.550_332_5e-2, 2.402_264_8e-1, 6.931_472e-1];
+        let mut p = self.b.ins().f32const(P[0]);
+        for c in &P[1..] {
+            let cv = self.b.ins().f32const(*c);
+            p = self.mul_add(p, f, cv);
+        }
+        let one = self.b.ins().f32const(1.0);
+        let poly = self.mul_add(p, f, one);
+        let bits = self.b.ins().bitcast(types::I32, MemFlagsData::new(), t);
+        let biased = self.b.ins().iadd_imm_s(bits, 127);
+        let shifted = self.b.ins().ishl_imm_s(biased, 23);
+        let scale = self.b.ins().bitcast(types::F32, MemFlagsData::new(), shifted);
+        self.b.ins().fmul(poly, scale)
+    }
+
+    fn binary(&mut self, op: BinaryOp, u: &UOp) -> Result<Value, JitError> {
+        let (sa, sb) = (&u.src()[0], &u.src()[1]);
+        let d = sa.dtype();
+        let a = self.val(sa)?;
+        if d.is_float() {
+            let b = self.val(sb)?;
+            return Ok(match op {
+                BinaryOp::Add => self.b.ins().fadd(a, b),
+                BinaryOp::Sub => self.b.ins().fsub(a, b),
+                BinaryOp::Mul => self.b.ins().fmul(a, b),
+                BinaryOp::Max => {
+                    // (a > b) ? a : b: one maxss, and the same NaN behaviour as the interpreter.
+                    let gt = self.b.ins().fcmp(FloatCC::GreaterThan, a, b);
+                    self.b.ins().select(gt, a, b)
+                }
+                BinaryOp::CmpLt => self.b.ins().fcmp(FloatCC::LessThan, a, b),
+                BinaryOp::CmpNe => self.b.ins().fcmp(FloatCC::NotEqual, a, b),
+                BinaryOp::IDiv | BinaryOp::Mod => {
+                    return Err(JitError::Internal(format!("{} on floats", u.short())));
+                }
+            });
+        }
+        // Integer division by a constant: shifts and masks for non-negative dividends and powers
+        // of two, a plain sdiv otherwise; variable divisors are guarded so nothing can trap.
+        if let (BinaryOp::IDiv | BinaryOp::Mod, Some(c)) = (op, sb.const_int())
+            && c != 0
+            && c != -1
+        {
+            if c > 0 && (c as u64).is_power_of_two() && sa.vmin() >= 0 {
+                let sh = c.trailing_zeros() as i64;
+                return Ok(if op == BinaryOp::IDiv {
+                    self.b.ins().ushr_imm_s(a, sh)
+                } else {
+                    self.b.ins().band_imm_s(a, c - 1)
+                });
+            }
+            let b = self.val(sb)?;
+            return Ok(if op == BinaryOp::IDiv { self.b.ins().sdiv(a, b) } else { self.b.ins().srem(a, b) });
+        }
+        let b = self.val(sb)?;
+        Ok(match op {
+            BinaryOp::Add => self.b.ins().iadd(a, b),
+            BinaryOp::Sub => self.b.ins().isub(a, b),
+            BinaryOp::Mul => self.b.ins().imul(a, b),
+            BinaryOp::Max => self.b.ins().smax(a, b),
+            BinaryOp::CmpLt => self.b.ins().icmp(IntCC::SignedLessThan, a, b),
+            BinaryOp::CmpNe => self.b.ins().icmp(IntCC::NotEqual, a, b),
+            BinaryOp::IDiv | BinaryOp::Mod => {
+                let ty = clif_type(d);
+                let zero = self.b.ins().iconst(ty, 0);
+                let one = self.b.ins().iconst(ty, 1);
+                let is_zero = self.b.ins().icmp_imm_s(IntCC::Equal, b, 0);
+                let is_m1 = self.b.ins().icmp_imm_s(IntCC::Equal, b, -1);
+                let special = self.b.ins().bor(is_zero, is_m1);
+                let safe = self.b.ins().select(special, one, b);
+                if op == BinaryOp::IDiv {
+                    let q = self.b.ins().sdiv(a, safe);
+                    let neg = self.b.ins().ineg(a);
+                    let q = self.b.ins().select(is_m1, neg, q);
+                    self.b.ins().select(is_zero, zero, q)
+                } else {
+                    let r = self.b.ins().srem(a, safe);
+                    self.b.ins().select(special, zero, r)
+                }
+            }
+        })
+    }
+
+    fn cast(&mut self, u: &UOp) -> Result<Value, JitError> {
+        let from = u.src()[0].dtype();
+        let to = u.dtype();
+        let x = self.val(&u.src()[0])?;
+        let (tf, tt) = (clif_type(from), clif_type(to));
+        Ok(match (from, to) {
+            _ if from == to => x,
+            (DType::F32, DType::F64) => self.b.ins().fpromote(types::F64, x),
+            (DType::F64, DType::F32) => self.b.ins().fdemote(types::F32, x),
+            (f, DType::Bool) if f.is_float() => {
+                let z = if f == DType::F32 { self.b.ins().f32const(0.0) } else { self.b.ins().f64const(0.0) };
+                self.b.ins().fcmp(FloatCC::NotEqual, x, z)
+            }
+            (_, DType::Bool) => self.b.ins().icmp_imm_s(IntCC::NotEqual, x, 0),
+            (f, t) if f.is_float() => self.b.ins().fcvt_to_sint_sat(clif_type(t), x),
+            (DType::Bool, t) if t.is_float() => {
+                let w = self.b.ins().uextend(types::I32, x);
+                self.b.ins().fcvt_from_sint(tt, w)
+            }
+            (_, t) if t.is_float() => self.b.ins().fcvt_from_sint(tt, x),
+            (DType::Bool, _) => self.b.ins().uextend(tt, x),
+            _ if tf.bits() < tt.bits() => self.b.ins().sextend(tt, x),
+            _ => self.b.ins().ireduce(tt, x),
+        })
+    }
+}

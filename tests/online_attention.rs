@@ -1,0 +1,119 @@
+//! The hand-written online-softmax kernel against an f64 reference.
+
+use uopc::attention::online_attention_ir;
+use uopc::ir::{Linear, Op, Stmt, verify};
+use uopc::jit::Program;
+
+/// Deterministic pseudo-random values in [-1, 1) (xorshift), so tests need no RNG crate state.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// softmax(Q K^T / sqrt(D)) V in f64 with plain loops.
+pub fn attention_f64(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f64> {
+    let mut out = vec![0.0f64; n * d];
+    let scale = 1.0 / (d as f64).sqrt();
+    for i in 0..n {
+        let s: Vec<f64> = (0..n)
+            .map(|j| (0..d).map(|e| q[i * d + e] as f64 * k[j * d + e] as f64).sum::<f64>() * scale)
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let l: f64 = p.iter().sum();
+        for j in 0..n {
+            for e in 0..d {
+                out[i * d + e] += p[j] / l * v[j * d + e] as f64;
+            }
+        }
+    }
+    out
+}
+
+fn run_online(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f32> {
+    let prg = Program::compile(&online_attention_ir(n, d), "online").expect("online kernel compiles");
+    let mut out = vec![0.0f32; n * d];
+    prg.run_f32(&[q, k, v], &mut [&mut out]).expect("runs");
+    out
+}
+
+fn max_abs_err(a: &[f32], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max)
+}
+
+// Outputs are convex combinations of V rows (|v| < 1); f32 accumulation over n keys with
+// exp2's ~1e-7 relative error stays far below 1e-5 at these sizes.
+const TOL: f64 = 1e-5;
+
+#[test]
+fn online_attention_matches_f64_for_many_shapes() {
+    let shapes =
+        [(1, 1), (1, 64), (3, 1), (7, 5), (17, 13), (33, 64), (64, 3), (100, 128), (257, 4), (1024, 64)];
+    for (n, d) in shapes {
+        let (q, k, v) = (pseudo_random(n * d, 1), pseudo_random(n * d, 2), pseudo_random(n * d, 3));
+        let err = max_abs_err(&run_online(&q, &k, &v, n, d), &attention_f64(&q, &k, &v, n, d));
+        assert!(err <= TOL, "n={n} d={d}: max abs err {err:e}");
+    }
+}
+
+#[test]
+fn online_attention_rescales_output_when_the_max_arrives_late() {
+    // Scores grow along the keys, so the running max changes at every key and the largest
+    // score is on the last key: an o that is not rescaled overweights early keys.
+    let (n, d) = (64, 8);
+    let q = vec![1.0f32; n * d];
+    let k: Vec<f32> = (0..n * d).map(|x| ((x / d) as f32) * 0.25).collect();
+    let v = pseudo_random(n * d, 9);
+    let err = max_abs_err(&run_online(&q, &k, &v, n, d), &attention_f64(&q, &k, &v, n, d));
+    assert!(err <= TOL, "late max: {err:e}");
+}
+
+#[test]
+fn online_attention_survives_scores_that_overflow_without_max_subtraction() {
+    // Scores around 400: exp(400) overflows f32 (and exp2(400*log2 e) too) unless the
+    // running max is subtracted first.
+    let (n, d) = (32, 16);
+    let q: Vec<f32> = pseudo_random(n * d, 4).iter().map(|x| x * 10.0).collect();
+    let k: Vec<f32> = pseudo_random(n * d, 5).iter().map(|x| x * 40.0 + 40.0).collect();
+    let v = pseudo_random(n * d, 6);
+    let out = run_online(&q, &k, &v, n, d);
+    assert!(out.iter().all(|x| x.is_finite()));
+    let err = max_abs_err(&out, &attention_f64(&q, &k, &v, n, d));
+    assert!(err <= TOL, "large scores: {err:e}");
+}
+
+#[test]
+fn online_running_state_is_declared_inside_the_thread_loop() {
+    let lin: Linear = verify(&online_attention_ir(16, 8)).expect("well formed");
+    assert_eq!(
+        lin.root.iter().filter(|s| matches!(s, Stmt::Loop { .. })).count(),
+        1,
+        "one THREAD loop at top level"
+    );
+    let Some(Stmt::Loop { range, body }) = lin.root.iter().find(|s| matches!(s, Stmt::Loop { .. })) else {
+        panic!("no loop")
+    };
+    assert!(matches!(range.op(), Op::Range { axis: uopc::ir::AxisType::Thread, .. }));
+    // The inits of m (slot 0) and l (slot 1) are statements directly in the THREAD loop body.
+    let init_of = |slot: usize| {
+        body.iter().any(|s| match s {
+            Stmt::Op(u) => {
+                matches!(u.op(), Op::Store)
+                    && matches!(uopc::ir::view_base(&u.src()[0].src()[0]).map(|b| b.op().clone()), Some(Op::Alloc { slot: s2, .. }) if s2 == slot)
+            }
+            _ => false,
+        })
+    };
+    assert!(init_of(0) && init_of(1), "running max and sum are initialised once per query row");
+    // No store to any ALLOC happens outside the THREAD loop.
+    assert!(lin.root.iter().all(|s| !matches!(s, Stmt::Op(u) if matches!(u.op(), Op::Store))));
+    let prg = Program::compile(&online_attention_ir(16, 8), "online").unwrap();
+    assert!(prg.is_parallel(), "query rows write disjoint output rows");
+}
