@@ -82,7 +82,11 @@ pub fn open_ranges(topo: &[UOp]) -> Result<HashMap<UOp, Vec<UOp>>, IrError> {
             Op::End => {
                 let closed = &u.src()[1];
                 if !matches!(closed.op(), Op::Range { .. }) {
-                    return Err(IrError::new(IrErrorKind::Structure, u, "END's second source is not a RANGE"));
+                    return Err(IrError::new(
+                        IrErrorKind::Structure,
+                        u,
+                        "END's second source is not a RANGE",
+                    ));
                 }
                 if !rng[&u.src()[0]].contains(closed) {
                     return Err(IrError::new(
@@ -173,10 +177,8 @@ pub fn linearize(program: &UOp) -> Result<Linear, IrError> {
     let rng = open_ranges(&topo)?;
 
     if let Some(r) = rng[program].first() {
-        let culprit = topo
-            .iter()
-            .find(|u| matches!(u.op(), Op::Store) && rng[*u].contains(r))
-            .unwrap_or(program);
+        let culprit =
+            topo.iter().find(|u| matches!(u.op(), Op::Store) && rng[*u].contains(r)).unwrap_or(program);
         let has_end = topo.iter().any(|u| matches!(u.op(), Op::End) && u.src()[1] == *r);
         return Err(if has_end {
             IrError::new(
@@ -252,7 +254,11 @@ pub fn linearize(program: &UOp) -> Result<Linear, IrError> {
                 return Err(IrError::new(IrErrorKind::Structure, u, "a program may have one THREAD range"));
             }
             if !placement.path[u].is_empty() {
-                return Err(IrError::new(IrErrorKind::Structure, u, "the THREAD range must be the outermost loop"));
+                return Err(IrError::new(
+                    IrErrorKind::Structure,
+                    u,
+                    "the THREAD range must be the outermost loop",
+                ));
             }
             thread = Some(u.clone());
         }
@@ -339,7 +345,8 @@ pub fn linearize(program: &UOp) -> Result<Linear, IrError> {
     let mut order: HashMap<BlockId, Vec<Key>> = HashMap::new();
     for (b, keys) in &members {
         let set: HashSet<&Key> = keys.iter().collect();
-        let mut deg: HashMap<&Key, usize> = keys.iter().map(|k| (k, indeg.get(k).copied().unwrap_or(0))).collect();
+        let mut deg: HashMap<&Key, usize> =
+            keys.iter().map(|k| (k, indeg.get(k).copied().unwrap_or(0))).collect();
         let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
         for (i, k) in keys.iter().enumerate() {
             if deg[k] == 0 {
@@ -391,7 +398,8 @@ pub fn linearize(program: &UOp) -> Result<Linear, IrError> {
     }
     let root = build(&None, &order);
 
-    let mut buffers: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Buffer { .. })).cloned().collect();
+    let mut buffers: Vec<UOp> =
+        topo.iter().filter(|u| matches!(u.op(), Op::Buffer { .. })).cloned().collect();
     buffers.sort_by_key(|u| match u.op() {
         Op::Buffer { slot, .. } => *slot,
         _ => 0,

@@ -72,8 +72,12 @@ impl Printer {
                 format!("{base}[{}]", self.expr(&u.src()[1]))
             }
             Op::Load => self.expr(&u.src()[0]),
-            Op::Binary(BinaryOp::Max) => format!("max({}, {})", self.expr(&u.src()[0]), self.expr(&u.src()[1])),
-            Op::Binary(op) => format!("({} {} {})", self.expr(&u.src()[0]), binary_symbol(*op), self.expr(&u.src()[1])),
+            Op::Binary(BinaryOp::Max) => {
+                format!("max({}, {})", self.expr(&u.src()[0]), self.expr(&u.src()[1]))
+            }
+            Op::Binary(op) => {
+                format!("({} {} {})", self.expr(&u.src()[0]), binary_symbol(*op), self.expr(&u.src()[1]))
+            }
             Op::Unary(UnaryOp::Neg) => format!("-{}", self.expr(&u.src()[0])),
             Op::Unary(_) => format!("{}({})", u.op().name().to_lowercase(), self.expr(&u.src()[0])),
             Op::Where => format!(
@@ -107,7 +111,12 @@ impl Printer {
                 }
                 Stmt::Op(u) => match u.op() {
                     Op::Store => {
-                        let _ = writeln!(self.out, "{pad}{} = {};", self.expr(&u.src()[0]), self.expr(&u.src()[1]));
+                        let _ = writeln!(
+                            self.out,
+                            "{pad}{} = {};",
+                            self.expr(&u.src()[0]),
+                            self.expr(&u.src()[1])
+                        );
                     }
                     // Integer index math is shown inline where it is used.
                     _ if u.dtype().is_int() && !matches!(u.op(), Op::Load) => {}

@@ -60,7 +60,11 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
         Op::Range { .. } => {
             arity(1)?;
             if !dt(0).is_int() {
-                return Err(err(IrErrorKind::DType, u, format!("range end must be an integer, is {}", dt(0))));
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("range end must be an integer, is {}", dt(0)),
+                ));
             }
         }
         Op::End => arity(2)?,
@@ -68,13 +72,21 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
         Op::Index => {
             arity(2)?;
             if view_base(&s[0]).is_none() {
-                return Err(err(IrErrorKind::Structure, u, "INDEX of something that is not a BUFFER or ALLOC view"));
+                return Err(err(
+                    IrErrorKind::Structure,
+                    u,
+                    "INDEX of something that is not a BUFFER or ALLOC view",
+                ));
             }
             if !dt(1).is_int() {
                 return Err(err(IrErrorKind::DType, u, format!("index must be an integer, is {}", dt(1))));
             }
             if u.dtype() != dt(0) {
-                return Err(err(IrErrorKind::DType, u, format!("INDEX dtype {} differs from its buffer's {}", u.dtype(), dt(0))));
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("INDEX dtype {} differs from its buffer's {}", u.dtype(), dt(0)),
+                ));
             }
         }
         Op::Load => {
@@ -83,7 +95,11 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                 return Err(err(IrErrorKind::Structure, u, "LOAD of something that is not an INDEX"));
             }
             if u.dtype() != dt(0) {
-                return Err(err(IrErrorKind::DType, u, format!("LOAD dtype {} differs from the buffer's {}", u.dtype(), dt(0))));
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("LOAD dtype {} differs from the buffer's {}", u.dtype(), dt(0)),
+                ));
             }
         }
         Op::Store => {
@@ -92,20 +108,32 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                 return Err(err(IrErrorKind::Structure, u, "STORE to something that is not an INDEX"));
             }
             if dt(1) != dt(0) {
-                return Err(err(IrErrorKind::DType, u, format!("stores a {} value into a {} buffer", dt(1), dt(0))));
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("stores a {} value into a {} buffer", dt(1), dt(0)),
+                ));
             }
         }
         Op::Unary(op) => {
             arity(1)?;
             let float_only = !matches!(op, UnaryOp::Neg);
             if dt(0) != u.dtype() || (float_only && !u.dtype().is_float()) || u.dtype() == DType::Bool {
-                return Err(err(IrErrorKind::DType, u, format!("{} is not defined for {}", u.op().name(), dt(0))));
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("{} is not defined for {}", u.op().name(), dt(0)),
+                ));
             }
         }
         Op::Binary(op) => {
             arity(2)?;
             if dt(0) != dt(1) {
-                return Err(err(IrErrorKind::DType, u, format!("operand dtypes differ: {} and {}", dt(0), dt(1))));
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("operand dtypes differ: {} and {}", dt(0), dt(1)),
+                ));
             }
             let want = if matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) { DType::Bool } else { dt(0) };
             if u.dtype() != want {
@@ -117,7 +145,11 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                 _ => dt(0) != DType::Bool,
             };
             if !ok {
-                return Err(err(IrErrorKind::DType, u, format!("{} is not defined for {}", u.op().name(), dt(0))));
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("{} is not defined for {}", u.op().name(), dt(0)),
+                ));
             }
         }
         Op::Where => {
@@ -126,13 +158,21 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                 return Err(err(IrErrorKind::DType, u, format!("condition must be bool, is {}", dt(0))));
             }
             if dt(1) != dt(2) || dt(1) != u.dtype() {
-                return Err(err(IrErrorKind::DType, u, format!("branch dtypes differ: {} and {}", dt(1), dt(2))));
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("branch dtypes differ: {} and {}", dt(1), dt(2)),
+                ));
             }
         }
         Op::Cast => arity(1)?,
         Op::Sink | Op::After => {}
         _ => {
-            return Err(err(IrErrorKind::Structure, u, "tensor-level op in a loop program (rangeify it first)"));
+            return Err(err(
+                IrErrorKind::Structure,
+                u,
+                "tensor-level op in a loop program (rangeify it first)",
+            ));
         }
     }
     Ok(())
@@ -157,7 +197,10 @@ pub fn verify(program: &UOp) -> Result<Linear, IrError> {
                 return Err(err(
                     IrErrorKind::Structure,
                     u,
-                    format!("slot {slot} is declared twice with different dtype or length ({})", prev.short()),
+                    format!(
+                        "slot {slot} is declared twice with different dtype or length ({})",
+                        prev.short()
+                    ),
                 ));
             }
         }
@@ -172,8 +215,10 @@ pub fn verify(program: &UOp) -> Result<Linear, IrError> {
             Op::Store => {
                 let view = &u.src()[0].src()[0];
                 let base = view_base(view).expect("checked by check_types");
-                let thread_ranges: Vec<&UOp> =
-                    rng[u].iter().filter(|r| matches!(r.op(), Op::Range { axis: AxisType::Thread, .. })).collect();
+                let thread_ranges: Vec<&UOp> = rng[u]
+                    .iter()
+                    .filter(|r| matches!(r.op(), Op::Range { axis: AxisType::Thread, .. }))
+                    .collect();
                 match base.op() {
                     Op::Alloc { .. } => {
                         let declared_in: &[UOp] = scopes.get(base).map(Vec::as_slice).unwrap_or(&[]);
@@ -247,5 +292,9 @@ fn check_initialized(load: &UOp) -> Result<(), IrError> {
         }
         stack.extend(x.src().iter().cloned());
     }
-    Err(err(IrErrorKind::UninitializedLoad, load, format!("loads {} but no store to it comes before", base.short())))
+    Err(err(
+        IrErrorKind::UninitializedLoad,
+        load,
+        format!("loads {} but no store to it comes before", base.short()),
+    ))
 }
