@@ -1,1 +1,29 @@
-//! placeholder
+//! uopc's front end: the lazy [`Tensor`], the kernelizer ([`make_plan`], [`Plan`]), rangeify
+//! ([`lower`]) with its opts, and [`realize`].
+//!
+//! A `Tensor` only builds a hash-consed UOp graph. Realizing it canonicalizes the graph (data
+//! leaves become numbered parameters), looks the canonical graph up in a bounded plan cache,
+//! and otherwise cuts it into kernels at materialization points, lowers each kernel to an
+//! explicit loop program and compiles it. Every stage returns a value that can be printed and
+//! asserted on.
+
+pub mod attention;
+mod cost;
+mod error;
+mod exec;
+mod kernelize;
+mod opt;
+mod rangeify;
+mod realize;
+mod tensor;
+
+pub use cost::static_flops;
+pub use error::{Result, TensorError};
+pub use kernelize::{
+    BufRef, Kernel, OutSpec, Plan, PlanCacheStats, canonicalize, layout_pass, make_plan, materialize_points,
+    plan_cache_stats, stage_broadcast_compute,
+};
+pub use opt::{DefaultOpt, FixedOpts, FlashOpt, NoOpt, Optimizer, Opts};
+pub use rangeify::{Ctx, lower};
+pub use realize::{KernelTiming, RealizeOptions, RealizeReport, realize};
+pub use tensor::{Element, Tensor};

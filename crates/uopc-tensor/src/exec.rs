@@ -1,0 +1,71 @@
+//! The thin seam between plans and the backend: compile a kernel, run it on host buffers.
+//!
+//! With the `jit` feature (the default) kernels are Cranelift-compiled; without it they run
+//! on the IR's reference interpreter.
+
+use crate::error::{Result, TensorError};
+use uopc_ir::{HostBuffer, UOp};
+
+/// A compiled kernel.
+pub(crate) struct Exe {
+    #[cfg(feature = "jit")]
+    program: uopc_jit::Program,
+    #[cfg(not(feature = "jit"))]
+    program: UOp,
+    name: String,
+    estimates: (u64, u64),
+}
+
+fn backend_err(kernel: &str, e: impl std::fmt::Display) -> TensorError {
+    TensorError::Backend { kernel: kernel.to_string(), msg: e.to_string() }
+}
+
+impl Exe {
+    #[cfg(feature = "jit")]
+    pub(crate) fn compile(program: &UOp, name: &str) -> Result<Exe> {
+        let program = uopc_jit::Program::compile(program, name).map_err(|e| backend_err(name, e))?;
+        let e = program.estimates();
+        Ok(Exe { program, name: name.to_string(), estimates: (e.flops, e.bytes) })
+    }
+
+    #[cfg(not(feature = "jit"))]
+    pub(crate) fn compile(program: &UOp, name: &str) -> Result<Exe> {
+        let lin = uopc_ir::verify(program)
+            .map_err(|source| TensorError::Ir { kernel: name.to_string(), source })?;
+        let bytes = lin.buffers.iter().map(|b| b.dtype().size() as u64 * buffer_len(b) as u64).sum();
+        let flops = crate::cost::static_flops(program).map_err(|e| backend_err(name, e))?;
+        Ok(Exe { program: program.clone(), name: name.to_string(), estimates: (flops, bytes) })
+    }
+
+    /// Static `(flops, bytes)` of one run.
+    pub(crate) fn estimates(&self) -> (u64, u64) {
+        self.estimates
+    }
+
+    /// Runs with `inputs` in slots `0..n` and `out` in the last slot.
+    #[cfg(feature = "jit")]
+    pub(crate) fn run(&self, inputs: &[&HostBuffer], out: &mut HostBuffer) -> Result<()> {
+        use uopc_jit::Arg;
+        let mut args: Vec<Arg<'_>> = inputs.iter().map(|b| Arg::from(*b)).collect();
+        args.push(Arg::from(out));
+        self.program.run(&mut args).map_err(|e| backend_err(&self.name, e))
+    }
+
+    /// Runs with `inputs` in slots `0..n` and `out` in the last slot.
+    #[cfg(not(feature = "jit"))]
+    pub(crate) fn run(&self, inputs: &[&HostBuffer], out: &mut HostBuffer) -> Result<()> {
+        let mut bufs: Vec<HostBuffer> = inputs.iter().map(|b| (*b).clone()).collect();
+        bufs.push(std::mem::replace(out, HostBuffer::F32(Vec::new())));
+        let res = uopc_ir::interp::run(&self.program, &mut bufs, uopc_ir::interp::Precision::Native);
+        *out = bufs.pop().expect("output pushed above");
+        res.map_err(|e| backend_err(&self.name, e))
+    }
+}
+
+#[cfg(not(feature = "jit"))]
+fn buffer_len(b: &UOp) -> usize {
+    match b.op() {
+        uopc_ir::Op::Buffer { len, .. } => *len,
+        _ => 0,
+    }
+}

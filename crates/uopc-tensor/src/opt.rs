@@ -1,0 +1,128 @@
+//! Kernel opts (upcast, unroll, thread) and the optimizers that choose them per kernel.
+
+use std::fmt;
+use uopc_ir::{Op, UOp};
+
+/// How one kernel is lowered: which output axes are expanded in registers, how far the last
+/// reduce axis is unrolled, and which output axis runs in parallel.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Opts {
+    /// `(output axis, amount)`: the axis becomes `outer * amount + c` for constants `c`, each
+    /// constant a separate copy of the kernel body (and of every reduce accumulator in it).
+    /// Ignored when `amount` does not divide the axis.
+    pub upcast: Vec<(usize, usize)>,
+    /// The innermost reduce axis of every reduce is split as `outer * unroll + c`; the copies
+    /// are combined in a balanced tree and share one loop. 1 (or 0) means no unrolling.
+    pub unroll: usize,
+    /// The output axis run as a THREAD range. Only axis 0 can be threaded (the THREAD range
+    /// must be the outermost loop); other values are ignored.
+    pub thread: Option<usize>,
+}
+
+impl Opts {
+    /// The upcast amount of `axis` (1 when not upcast).
+    pub fn upcast_of(&self, axis: usize) -> usize {
+        self.upcast.iter().rev().find(|(a, _)| *a == axis).map_or(1, |&(_, n)| n.max(1))
+    }
+}
+
+/// Chooses the [`Opts`] of each kernel, and whether the layout pass runs.
+///
+/// Optimizers are values passed to a realize call inside
+/// [`RealizeOptions`](crate::RealizeOptions); plans are cached per [`Optimizer::cache_key`].
+pub trait Optimizer: Send + Sync + fmt::Debug {
+    /// The opts for a kernel whose body (tensor-level, inputs as `Param`s) is `body`.
+    fn opts(&self, body: &UOp) -> Opts;
+    /// Whether the layout pass (contiguous copies for strided reduce inputs) runs.
+    fn layout(&self) -> bool {
+        true
+    }
+    /// Identifies this optimizer's decisions; two optimizers with one key must choose alike.
+    fn cache_key(&self) -> String;
+}
+
+pub(crate) fn has_reduce(body: &UOp) -> bool {
+    UOp::toposort(std::slice::from_ref(body)).iter().any(|u| matches!(u.op(), Op::Reduce { .. }))
+}
+
+/// The default: register-tile reduce kernels and thread the first output axis.
+///
+/// A kernel with a reduce gets its last two output axes upcast by 4 (the 4x4 GEMM register
+/// tile; a rank-1 output gets one upcast of 4), so each loaded operand feeds four
+/// accumulators. Axis 0 is threaded when it has more than one element.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultOpt;
+
+impl Optimizer for DefaultOpt {
+    fn opts(&self, body: &UOp) -> Opts {
+        let shape = body.shape();
+        let mut o = Opts::default();
+        if has_reduce(body) {
+            let n = shape.len();
+            for a in n.saturating_sub(2)..n {
+                if shape[a] >= 4 && shape[a] % 4 == 0 {
+                    o.upcast.push((a, 4));
+                }
+            }
+        }
+        if shape.first().is_some_and(|&s| s > 1) {
+            o.thread = Some(0);
+        }
+        o
+    }
+    fn cache_key(&self) -> String {
+        "default".into()
+    }
+}
+
+/// The chapter's optimizer for fully fused attention: upcast the last output axis by
+/// `min(size, 16)` so each recomputed q.k value feeds up to 16 output accumulators, and thread
+/// axis 0 (one query row per iteration).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FlashOpt;
+
+impl Optimizer for FlashOpt {
+    fn opts(&self, body: &UOp) -> Opts {
+        let shape = body.shape();
+        let mut o = Opts::default();
+        if let Some(&last) = shape.last() {
+            o.upcast.push((shape.len() - 1, last.min(16)));
+        }
+        if shape.first().is_some_and(|&s| s > 1) {
+            o.thread = Some(0);
+        }
+        o
+    }
+    fn cache_key(&self) -> String {
+        "flash".into()
+    }
+}
+
+/// No opts and no layout pass: plain sequential loops, the reference lowering.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoOpt;
+
+impl Optimizer for NoOpt {
+    fn opts(&self, _body: &UOp) -> Opts {
+        Opts::default()
+    }
+    fn layout(&self) -> bool {
+        false
+    }
+    fn cache_key(&self) -> String {
+        "none".into()
+    }
+}
+
+/// The same opts for every kernel (tests and experiments).
+#[derive(Clone, Debug, Default)]
+pub struct FixedOpts(pub Opts);
+
+impl Optimizer for FixedOpts {
+    fn opts(&self, _body: &UOp) -> Opts {
+        self.0.clone()
+    }
+    fn cache_key(&self) -> String {
+        format!("fixed{:?}", self.0)
+    }
+}
