@@ -257,9 +257,9 @@ fn view_offset(v: &UOp, index: Vec<usize>) -> Option<usize> {
     }
 }
 
-/// The layout pass: a reduce whose input reads a buffer with a non-unit stride along the
-/// (innermost) reduce axis gets a contiguous copy of that view, taken before any broadcast so
-/// the copy is small (P V reads V transposed: the copy is `e_1_64_1024` in attention).
+/// The layout pass: a reduce whose input reads a broadcast buffer with a non-unit stride along
+/// the (innermost) reduce axis gets a contiguous copy of that view, taken before the broadcast
+/// so the copy is small and every re-read is contiguous (P V reads V transposed: the copy is `e_1_64_1024` in attention).
 pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
     let mut todo = HashSet::new();
     for r in UOp::toposort(roots) {
@@ -293,18 +293,18 @@ pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
             if b == a || b == a + 1 {
                 continue; // broadcast or already contiguous along the reduce axis
             }
-            // copy the view below the outermost EXPAND: the un-broadcast data
-            let mut cand = v.clone();
+            // Copy the view below the outermost EXPAND (the un-broadcast data). Without a
+            // broadcast every element is read once, and a copy would only add a pass.
             let mut w = v.clone();
             while w.op().is_movement() {
                 if matches!(w.op(), Op::Expand(_)) {
-                    cand = w.src()[0].clone();
+                    let cand = w.src()[0].clone();
+                    if cand.op().is_movement() {
+                        todo.insert(cand);
+                    }
                     break;
                 }
                 w = w.src()[0].clone();
-            }
-            if cand.op().is_movement() {
-                todo.insert(cand);
             }
         }
     }

@@ -1,0 +1,259 @@
+//! Structural tests: plans, loop nests and static costs, read from the plan and the lowered
+//! loop programs (nothing here needs the kernels to run).
+
+use std::sync::Arc;
+use uopc_ir::{Op, Stmt, UOp, linearize};
+use uopc_tensor::attention::attention;
+use uopc_tensor::*;
+
+fn qkv(n: usize, d: usize) -> (Tensor, Tensor, Tensor) {
+    let mk = |s: usize| {
+        let data: Vec<f32> = (0..n * d).map(|i| ((i * 7 + s * 3) % 13) as f32 / 13.0 - 0.5).collect();
+        Tensor::from_vec(data, &[n, d])
+    };
+    (mk(1), mk(2), mk(3))
+}
+
+fn attention_plan(n: usize, d: usize, opts: &RealizeOptions) -> Arc<Plan> {
+    let (q, k, v) = qkv(n, d);
+    make_plan(&[attention(&q, &k, &v).uop().clone()], opts).expect("attention plans")
+}
+
+fn unsimplified(mut o: RealizeOptions) -> RealizeOptions {
+    o.simplify_reshape = false;
+    o
+}
+
+/// Every statement with the product of the trip counts of the loops around it (the THREAD
+/// loop included) and its loop depth.
+fn weighted(program: &UOp) -> Vec<(UOp, u64, usize)> {
+    fn go(body: &[Stmt], mult: u64, depth: usize, out: &mut Vec<(UOp, u64, usize)>) {
+        for s in body {
+            match s {
+                Stmt::Loop { range, body } => {
+                    let trip = range.src()[0].const_int().expect("constant trip count") as u64;
+                    go(body, mult * trip, depth + 1, out);
+                }
+                Stmt::Op(u) => out.push((u.clone(), mult, depth)),
+            }
+        }
+    }
+    let lin = linearize(program).expect("program linearizes");
+    let mut out = Vec::new();
+    go(&lin.root, 1, 0, &mut out);
+    out
+}
+
+/// `(init value, loop depth)` of every accumulator initialisation: a STORE of a constant into
+/// an ALLOC.
+fn acc_inits(program: &UOp) -> Vec<(f64, usize)> {
+    weighted(program)
+        .into_iter()
+        .filter_map(|(u, _, depth)| {
+            if !matches!(u.op(), Op::Store) {
+                return None;
+            }
+            let base = uopc_ir::view_base(&u.src()[0].src()[0])?;
+            let c = u.src()[1].const_value()?;
+            matches!(base.op(), Op::Alloc { .. }).then(|| (c.as_f64(), depth))
+        })
+        .collect()
+}
+
+fn buffer_slot(load: &UOp) -> Option<usize> {
+    if !matches!(load.op(), Op::Load) {
+        return None;
+    }
+    match uopc_ir::view_base(&load.src()[0].src()[0])?.op() {
+        Op::Buffer { slot, .. } => Some(*slot),
+        _ => None,
+    }
+}
+
+/// How many q.k products the kernel executes in total: MULs of a load of `q` by a load of `k`,
+/// weighted by their loop trip counts.
+fn qk_products(kernel: &Kernel) -> u64 {
+    let slot_of = |b: BufRef| kernel.args.iter().position(|a| *a == b).expect("kernel reads q and k");
+    let (q, k) = (slot_of(BufRef::Input(0)), slot_of(BufRef::Input(1)));
+    weighted(&kernel.program)
+        .into_iter()
+        .filter(|(u, _, _)| {
+            matches!(u.op(), Op::Binary(uopc_ir::BinaryOp::Mul)) && {
+                let s: Vec<Option<usize>> = u.src().iter().map(buffer_slot).collect();
+                s == [Some(q), Some(k)] || s == [Some(k), Some(q)]
+            }
+        })
+        .map(|(_, m, _)| m)
+        .sum()
+}
+
+fn plan_flops(plan: &Plan) -> u64 {
+    plan.kernels.iter().map(|k| static_flops(&k.program).expect("linearizes")).sum()
+}
+
+#[test]
+fn unfused_attention_plan_matches_the_chapter() {
+    let plan = attention_plan(1024, 64, &RealizeOptions::default());
+    assert_eq!(
+        plan.kernel_names(),
+        ["r_1024_1024", "r_1024", "r_1024", "e_1024_1024", "e_1_64_1024", "r_1024_64"]
+    );
+    assert_eq!(plan.temp_sizes(), [1048576, 1024, 1024, 1048576, 65536]);
+    assert_eq!(plan.outputs, [(uopc_ir::DType::F32, 65536)]);
+    assert_eq!(plan.outs, [OutSpec::Output(0)]);
+}
+
+#[test]
+fn fused_attention_plan_matches_the_chapter() {
+    let plan = attention_plan(1024, 64, &RealizeOptions::fused());
+    assert_eq!(plan.kernel_names(), ["e_1_64_1024", "r_1024_64"]);
+    assert_eq!(plan.temp_sizes(), [65536]);
+    // the only temporary is the transposed copy of V, read by the fused kernel
+    assert_eq!(
+        plan.kernels[1].args,
+        [BufRef::Input(0), BufRef::Input(1), BufRef::Temp(0), BufRef::Output(0)]
+    );
+}
+
+#[test]
+fn fuse_reduce_skips_broadcast_staging() {
+    // without the skip, P (broadcast 64x into P V) would be staged: an N x N temporary
+    let plan = attention_plan(256, 64, &RealizeOptions::fused());
+    assert!(plan.temp_sizes().iter().all(|&n| n < 256 * 256), "{plan}");
+}
+
+/// The row max (init -inf) and the row sum (init 0) of the fused kernel are initialised once
+/// per query row: at depth 1, directly inside the THREAD loop. The 16 P V accumulators of an
+/// output group sit one loop deeper.
+fn assert_row_accumulators_once_per_row(plan: &Plan) -> std::result::Result<(), String> {
+    let kernel = plan.kernels.last().expect("fused kernel");
+    let lin = linearize(&kernel.program).expect("linearizes");
+    let thread = lin.thread.as_ref().ok_or("no THREAD range")?;
+    let top: Vec<&UOp> = lin
+        .root
+        .iter()
+        .filter_map(|s| if let Stmt::Loop { range, .. } = s { Some(range) } else { None })
+        .collect();
+    if top != [thread] {
+        return Err("the THREAD loop is not the only top-level loop".into());
+    }
+    let inits = acc_inits(&kernel.program);
+    let max_inits: Vec<usize> = inits.iter().filter(|(v, _)| *v == f64::NEG_INFINITY).map(|i| i.1).collect();
+    let row_inits: Vec<f64> = inits.iter().filter(|(_, d)| *d == 1).map(|i| i.0).collect();
+    if max_inits != [1] || row_inits.len() != 2 || !row_inits.contains(&0.0) {
+        return Err(format!("max inits at depths {max_inits:?}, inits at depth 1: {row_inits:?}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn fused_row_max_and_sum_are_initialised_once_per_row() {
+    let plan = attention_plan(512, 64, &RealizeOptions::fused());
+    assert_row_accumulators_once_per_row(&plan).unwrap();
+}
+
+#[test]
+fn fused_flops_grow_as_n_squared() {
+    let f256 = plan_flops(&attention_plan(256, 64, &RealizeOptions::fused()));
+    let f512 = plan_flops(&attention_plan(512, 64, &RealizeOptions::fused()));
+    let ratio = f512 as f64 / f256 as f64;
+    assert!((3.8..4.2).contains(&ratio), "N 256 -> 512 multiplies FLOPs by {ratio}, expected ~4");
+}
+
+#[test]
+fn flash_opt_computes_each_qk_six_times_per_row() {
+    let (n, d) = (256, 64);
+    let plan = attention_plan(n, d, &RealizeOptions::fused());
+    let per_pair = qk_products(plan.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
+    // two softmax passes (max, sum) plus 64/16 = 4 output passes
+    assert_eq!(per_pair, 6.0);
+}
+
+#[test]
+fn without_reshape_simplification_the_fused_kernel_is_cubic() {
+    // The same checks fail when RESHAPE indices are not simplified: they can catch the bug.
+    let bad512 = attention_plan(512, 64, &unsimplified(RealizeOptions::fused()));
+    assert!(assert_row_accumulators_once_per_row(&bad512).is_err());
+    let bad256 = attention_plan(256, 64, &unsimplified(RealizeOptions::fused()));
+    let ratio = plan_flops(&bad512) as f64 / plan_flops(&bad256) as f64;
+    assert!(ratio > 7.0, "the unsimplified plan should be cubic, ratio {ratio}");
+    let per_pair = qk_products(bad256.kernels.last().unwrap()) as f64 / (256.0 * 256.0 * 64.0);
+    assert!(per_pair > 6.0 * 100.0, "q.k computed {per_pair} times per pair");
+}
+
+#[test]
+fn gemm_register_tile_shares_one_reduce_loop() {
+    let a = Tensor::from_vec(vec![1.0f32; 64 * 32], &[64, 32]);
+    let b = Tensor::from_vec(vec![1.0f32; 32 * 48], &[32, 48]);
+    let plan = make_plan(&[a.matmul(&b).uop().clone()], &RealizeOptions::default()).unwrap();
+    // b is read down its columns: the layout pass copies it transposed first
+    assert_eq!(plan.kernel_names(), ["e_1_48_32", "r_64_48"]);
+    let lin = linearize(&plan.kernels[1].program).unwrap();
+    let loops: Vec<usize> =
+        lin.walk().iter().filter_map(|(d, s)| matches!(s, Stmt::Loop { .. }).then_some(*d)).collect();
+    // thread (64/4), loop (48/4), and ONE reduce loop shared by the 16 accumulators
+    assert_eq!(loops, [0, 1, 2]);
+    assert_eq!(lin.allocs.len(), 16);
+    assert_eq!(acc_inits(&plan.kernels[1].program).iter().filter(|i| i.1 == 2).count(), 16);
+}
+
+#[test]
+fn unroll_combines_copies_in_one_loop() {
+    let a = Tensor::from_vec((0..8 * 32).map(|i| i as f32).collect::<Vec<f32>>(), &[8, 32]);
+    let opts = RealizeOptions::default().with_opt(FixedOpts(Opts { unroll: 4, ..Opts::default() }));
+    let plan = make_plan(&[a.sum(1, false).uop().clone()], &opts).unwrap();
+    let lin = linearize(&plan.kernels[0].program).unwrap();
+    let trips: Vec<i64> = lin
+        .walk()
+        .iter()
+        .filter_map(|(_, s)| match s {
+            Stmt::Loop { range, .. } => range.src()[0].const_int(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(trips, [8, 8], "row loop and a 32/4 reduce loop");
+    assert_eq!(lin.allocs.len(), 1, "one accumulator for the unrolled copies");
+}
+
+#[test]
+fn layout_pass_copies_only_strided_reduce_inputs() {
+    let (q, k, _) = qkv(64, 16);
+    // q @ k.T reads k along its contiguous axis: no copy
+    let plan = make_plan(&[q.matmul(&k.t()).uop().clone()], &RealizeOptions::default()).unwrap();
+    assert_eq!(plan.kernel_names(), ["r_64_64"]);
+    // q @ k reads k down a column: a transposed copy first
+    let k2 = Tensor::from_vec(vec![0.5f32; 16 * 64], &[16, 64]);
+    let plan = make_plan(&[q.matmul(&k2).uop().clone()], &RealizeOptions::default()).unwrap();
+    assert_eq!(plan.kernel_names(), ["e_1_64_16", "r_64_64"]);
+    // NoOpt runs no layout pass
+    let plan = make_plan(&[q.matmul(&k2).uop().clone()], &RealizeOptions::default().with_opt(NoOpt)).unwrap();
+    assert_eq!(plan.kernel_names(), ["r_64_64"]);
+}
+
+#[test]
+fn kernel_names_follow_output_shape_and_reduce() {
+    let x = Tensor::from_vec(vec![1.0f32; 6], &[2, 3]);
+    let plan =
+        make_plan(&[(&x + 1.0).uop().clone(), x.sum(0, false).uop().clone()], &RealizeOptions::default())
+            .unwrap();
+    assert_eq!(plan.kernel_names(), ["e_2_3", "r_3"]);
+    assert!(plan.temps.is_empty());
+    assert_eq!(plan.outs, [OutSpec::Output(0), OutSpec::Output(1)]);
+    // a root that is an input is returned as is, with no kernel
+    let plan = make_plan(&[x.uop().clone()], &RealizeOptions::default()).unwrap();
+    assert!(plan.kernels.is_empty());
+    assert_eq!(plan.outs, [OutSpec::Input(0)]);
+}
+
+#[test]
+fn canonical_graph_is_independent_of_data() {
+    let (q, k, v) = qkv(16, 4);
+    let (q2, k2, v2) = qkv(16, 4);
+    let (a, la) = canonicalize(&[attention(&q, &k, &v).uop().clone()]);
+    let (b, lb) = canonicalize(&[attention(&q2, &k2, &v2).uop().clone()]);
+    assert_eq!(a, b, "same shapes, new data: one canonical graph");
+    assert_ne!(la, lb);
+    // the same tensor used twice is one input
+    let (_, l) = canonicalize(&[(&q * &q).uop().clone()]);
+    assert_eq!(l.len(), 1);
+}
