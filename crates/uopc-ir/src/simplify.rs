@@ -17,6 +17,11 @@ fn dtype_bounds(dtype: DType) -> (i64, i64) {
     }
 }
 
+/// An interval computed in i128; if it leaves `full` the i64/i32 arithmetic may wrap.
+fn wide(lo: i128, hi: i128, full: (i64, i64)) -> (i64, i64) {
+    if lo < full.0 as i128 || hi > full.1 as i128 { full } else { (lo as i64, hi as i64) }
+}
+
 fn clamp128(v: i128) -> i64 {
     v.clamp(i64::MIN as i128, i64::MAX as i128) as i64
 }
@@ -71,12 +76,12 @@ fn compute_bounds(u: &UOp) -> (i64, i64) {
             (v, v)
         }
         Op::Range { .. } => (0, s(0).1.saturating_sub(1).max(0)),
-        Op::Unary(UnaryOp::Neg) => (s(0).1.saturating_neg(), s(0).0.saturating_neg()),
+        Op::Unary(UnaryOp::Neg) => wide(-(s(0).1 as i128), -(s(0).0 as i128), full),
         Op::Binary(op) => {
             let (a, b) = (s(0), s(1));
             match op {
-                BinaryOp::Add => (a.0.saturating_add(b.0), a.1.saturating_add(b.1)),
-                BinaryOp::Sub => (a.0.saturating_sub(b.1), a.1.saturating_sub(b.0)),
+                BinaryOp::Add => wide(a.0 as i128 + b.0 as i128, a.1 as i128 + b.1 as i128, full),
+                BinaryOp::Sub => wide(a.0 as i128 - b.1 as i128, a.1 as i128 - b.0 as i128, full),
                 BinaryOp::Mul => {
                     let c = [
                         a.0 as i128 * b.0 as i128,
@@ -84,7 +89,7 @@ fn compute_bounds(u: &UOp) -> (i64, i64) {
                         a.1 as i128 * b.0 as i128,
                         a.1 as i128 * b.1 as i128,
                     ];
-                    (clamp128(*c.iter().min().unwrap()), clamp128(*c.iter().max().unwrap()))
+                    wide(*c.iter().min().unwrap(), *c.iter().max().unwrap(), full)
                 }
                 BinaryOp::IDiv if b.0 > 0 => {
                     let c = [a.0 / b.0, a.0 / b.1, a.1 / b.0, a.1 / b.1];
@@ -132,7 +137,8 @@ fn compute_bounds(u: &UOp) -> (i64, i64) {
         }
         _ => full,
     };
-    (b.0.max(full.0), b.1.min(full.1))
+    // Bounds that leave the dtype's range mean the arithmetic may wrap: nothing is known.
+    if b.0 < full.0 || b.1 > full.1 || b.0 > b.1 { full } else { b }
 }
 
 impl UOp {

@@ -45,6 +45,10 @@ fn err(kind: IrErrorKind, u: &UOp, reason: impl Into<String>) -> IrError {
     IrError::new(kind, u, reason)
 }
 
+fn is_value(u: &UOp) -> bool {
+    matches!(u.op(), Op::Const(_) | Op::Range { .. } | Op::Load) || u.op().is_alu()
+}
+
 fn check_types(u: &UOp) -> Result<(), IrError> {
     let s = u.src();
     let arity = |n: usize| -> Result<(), IrError> {
@@ -55,6 +59,13 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
         }
     };
     let dt = |k: usize| s[k].dtype();
+    if u.op().is_alu() || matches!(u.op(), Op::Store | Op::Index | Op::Range { .. }) {
+        // Operands that are values (not buffers, views or effects).
+        let first_value = if matches!(u.op(), Op::Store | Op::Index) { 1 } else { 0 };
+        if let Some(bad) = s.iter().skip(first_value).find(|x| !is_value(x)) {
+            return Err(err(IrErrorKind::Structure, u, format!("operand {} is not a value", bad.short())));
+        }
+    }
     match u.op() {
         Op::Const(_) | Op::Buffer { .. } | Op::Alloc { .. } => arity(0)?,
         Op::Range { .. } => {

@@ -67,11 +67,14 @@ pub struct JitOptions {
     pub opt_level: OptLevel,
     /// Run Cranelift's IR verifier (doubles compile time; on in debug builds).
     pub verify_clif: bool,
+    /// Reassociate float sums in reduction loops into independent partial sums (like
+    /// `-fassociative-math`): results differ from in-order summation by rounding only.
+    pub reassociate: bool,
 }
 
 impl Default for JitOptions {
     fn default() -> Self {
-        JitOptions { opt_level: OptLevel::Speed, verify_clif: cfg!(debug_assertions) }
+        JitOptions { opt_level: OptLevel::Speed, verify_clif: cfg!(debug_assertions), reassociate: true }
     }
 }
 
@@ -266,7 +269,15 @@ impl Program {
             b.append_block_params_for_function_params(entry);
             b.switch_to_block(entry);
             let params = b.block_params(entry).to_vec();
-            let mut l = lower::Lowerer::new(&mut b, externs, has_fma(), params[0], params[1], params[2]);
+            let mut l = lower::Lowerer::new(
+                &mut b,
+                externs,
+                has_fma(),
+                opts.reassociate,
+                params[0],
+                params[1],
+                params[2],
+            );
             l.lower(&lin)?;
             b.ins().return_(&[]);
             b.seal_all_blocks();

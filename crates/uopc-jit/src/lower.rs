@@ -56,6 +56,11 @@ pub(crate) fn clif_type(d: DType) -> Type {
     }
 }
 
+/// Independent partial sums a split reduction keeps.
+const SPLIT: usize = 4;
+/// Innermost loops with at most this many statements are unrolled `SPLIT` times.
+const MAX_UNROLLED_BODY: usize = 96;
+
 enum Storage {
     Vars(Vec<Variable>),
     Slot(StackSlot),
@@ -69,6 +74,9 @@ pub(crate) struct Lowerer<'a, 'b> {
     range_vars: HashMap<UOp, Variable>,
     externs: Externs,
     use_fma: bool,
+    reassociate: bool,
+    /// While lowering one unrolled copy of a split reduction: accumulator -> its partial sum.
+    partial: Vec<(Variable, Variable)>,
     bufs: Value,
     lo: Value,
     hi: Value,
@@ -84,6 +92,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         b: &'a mut FunctionBuilder<'b>,
         externs: Externs,
         use_fma: bool,
+        reassociate: bool,
         bufs: Value,
         lo: Value,
         hi: Value,
@@ -96,6 +105,8 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             range_vars: HashMap::new(),
             externs,
             use_fma,
+            reassociate,
+            partial: Vec::new(),
             bufs,
             lo,
             hi,
@@ -149,27 +160,161 @@ impl<'a, 'b> Lowerer<'a, 'b> {
 
     fn lower_loop(&mut self, range: &UOp, body: &[Stmt]) -> Result<(), JitError> {
         let is_thread = matches!(range.op(), Op::Range { axis: uopc_ir::AxisType::Thread, .. });
+        if !is_thread
+            && self.reassociate
+            && let Some(trips) = range.src()[0].const_int()
+            && trips >= 2 * SPLIT as i64
+        {
+            let innermost = body.iter().all(|s| matches!(s, Stmt::Op(_)));
+            if innermost && body.len() <= MAX_UNROLLED_BODY {
+                let accs = self.sum_accumulators(body);
+                return self.lower_split_reduction(range, body, trips, &accs);
+            }
+        }
         let (start, end) = if is_thread {
             (self.lo, self.hi)
         } else {
             let zero = self.b.ins().iconst(types::I64, 0);
             (zero, self.val(&range.src()[0])?)
         };
+        self.counted_loop(range, start, end, 1, |l, iv| {
+            l.range_vars.insert(range.clone(), iv);
+            l.block(body)
+        })
+    }
+
+    /// Emits `for iv in (start..end).step_by(step) { body(iv) }`; `iv` is a Variable.
+    fn counted_loop(
+        &mut self,
+        range: &UOp,
+        start: Value,
+        end: Value,
+        step: i64,
+        mut body: impl FnMut(&mut Self, Variable) -> Result<(), JitError>,
+    ) -> Result<(), JitError> {
         let iv = self.b.declare_var(types::I64);
         self.b.def_var(iv, start);
-        self.range_vars.insert(range.clone(), iv);
         let body_blk = self.b.create_block();
         let exit_blk = self.b.create_block();
         let enter = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
         self.b.ins().brif(enter, body_blk, &[], exit_blk, &[]);
         self.b.switch_to_block(body_blk);
-        self.block(body)?;
+        body(self, iv)?;
         let i = self.b.use_var(iv);
-        let next = self.b.ins().iadd_imm_s(i, 1);
+        let next = self.b.ins().iadd_imm_s(i, step);
         self.b.def_var(iv, next);
         let again = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
         self.b.ins().brif(again, body_blk, &[] as &[BlockArg], exit_blk, &[]);
         self.b.switch_to_block(exit_blk);
+        let _ = range;
+        Ok(())
+    }
+
+    /// Register accumulators updated as `acc = acc + x` (and only so) in a loop body without
+    /// inner loops: the loop-carried chains worth splitting.
+    fn sum_accumulators(&self, body: &[Stmt]) -> Vec<Variable> {
+        let mut found: Vec<Variable> = Vec::new();
+        let mut touched: HashMap<u32, usize> = HashMap::new();
+        for s in body {
+            let Stmt::Op(u) = s else { return Vec::new() };
+            if !matches!(u.op(), Op::Load | Op::Store) {
+                continue;
+            }
+            let Some(var) = self.register_of(&u.src()[0]) else { continue };
+            *touched.entry(var.as_u32()).or_default() += 1;
+            if let Op::Store = u.op() {
+                let v = &u.src()[1];
+                let is_sum = matches!(v.op(), Op::Binary(BinaryOp::Add))
+                    && v.dtype().is_float()
+                    && v.src().iter().any(|x| matches!(x.op(), Op::Load) && x.src()[0] == u.src()[0]);
+                if is_sum {
+                    found.push(var);
+                }
+            }
+        }
+        // exactly one load and one store of the accumulator in the body
+        found.retain(|v| touched.get(&v.as_u32()) == Some(&2));
+        found
+    }
+
+    fn register_of(&self, index: &UOp) -> Option<Variable> {
+        if !matches!(index.op(), Op::Index) {
+            return None;
+        }
+        match self.storage.get(view_base(&index.src()[0])?) {
+            Some(Storage::Vars(vars)) => vars.get(index.src()[1].const_int()? as usize).copied(),
+            _ => None,
+        }
+    }
+
+    /// An innermost loop unrolled `SPLIT` times, with its float sums split into `SPLIT`
+    /// independent partial sums (reassociation, like `-fassociative-math`): it breaks the one
+    /// long add-latency chain that otherwise bounds a dot product. A tail loop finishes.
+    fn lower_split_reduction(
+        &mut self,
+        range: &UOp,
+        body: &[Stmt],
+        trips: i64,
+        accs: &[Variable],
+    ) -> Result<(), JitError> {
+        let main = trips - trips % SPLIT as i64;
+        let ty_of = |l: &mut Self, v: Variable| {
+            let x = l.b.use_var(v);
+            l.b.func.dfg.value_type(x)
+        };
+        // partials[k][a]: partial sum k of accumulator a; partial 0 starts from the current value.
+        let mut partials: Vec<Vec<Variable>> = Vec::new();
+        for k in 0..SPLIT {
+            let mut row = Vec::new();
+            for &acc in accs {
+                let ty = ty_of(self, acc);
+                let p = self.b.declare_var(ty);
+                let init = if k == 0 {
+                    self.b.use_var(acc)
+                } else if ty == types::F32 {
+                    self.b.ins().f32const(0.0)
+                } else {
+                    self.b.ins().f64const(0.0)
+                };
+                self.b.def_var(p, init);
+                row.push(p);
+            }
+            partials.push(row);
+        }
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let end = self.b.ins().iconst(types::I64, main);
+        let copy_iv = self.b.declare_var(types::I64);
+        self.counted_loop(range, zero, end, SPLIT as i64, |l, iv| {
+            for (k, row) in partials.iter().enumerate() {
+                let base = l.b.use_var(iv);
+                let ivk = l.b.ins().iadd_imm_s(base, k as i64);
+                l.b.def_var(copy_iv, ivk);
+                l.range_vars.insert(range.clone(), copy_iv);
+                l.partial = accs.iter().copied().zip(row.iter().copied()).collect();
+                l.block(body)?;
+            }
+            l.partial.clear();
+            Ok(())
+        })?;
+        // Combine pairwise, then finish the tail on the real accumulators.
+        for (a, &acc) in accs.iter().enumerate() {
+            let mut vals: Vec<Value> = partials.iter().map(|row| self.b.use_var(row[a])).collect();
+            while vals.len() > 1 {
+                vals = vals
+                    .chunks(2)
+                    .map(|c| if c.len() == 2 { self.b.ins().fadd(c[0], c[1]) } else { c[0] })
+                    .collect();
+            }
+            self.b.def_var(acc, vals[0]);
+        }
+        if main < trips {
+            let start = self.b.ins().iconst(types::I64, main);
+            let end = self.b.ins().iconst(types::I64, trips);
+            self.counted_loop(range, start, end, 1, |l, iv| {
+                l.range_vars.insert(range.clone(), iv);
+                l.block(body)
+            })?;
+        }
         Ok(())
     }
 
@@ -201,23 +346,29 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let size = base.dtype().size() as i64;
         if let Some(p) = self.buf_ptrs.get(base).copied() {
             let i = self.val(&index.src()[1])?;
-            let off = self.b.ins().imul_imm_s(i, size);
+            let off = self.scale_index(i, size);
             return Ok(Ok(self.b.ins().iadd(p, off)));
         }
         match self.storage.get(base) {
             Some(Storage::Vars(vars)) => {
                 let k = index.src()[1].const_int().unwrap_or(0) as usize;
-                Ok(Err(vars[k]))
+                let var = vars[k];
+                Ok(Err(self.partial.iter().find(|(a, _)| *a == var).map_or(var, |(_, p)| *p)))
             }
             Some(Storage::Slot(slot)) => {
                 let slot = *slot;
                 let i = self.val(&index.src()[1])?;
-                let off = self.b.ins().imul_imm_s(i, size);
+                let off = self.scale_index(i, size);
                 let p = self.b.ins().stack_addr(types::I64, slot, 0);
                 Ok(Ok(self.b.ins().iadd(p, off)))
             }
             None => Err(JitError::Internal(format!("no storage for {}", base.short()))),
         }
+    }
+
+    /// `i * size` as a shift: x64 folds `base + (i << k)` into one addressing mode.
+    fn scale_index(&mut self, i: Value, size: i64) -> Value {
+        self.b.ins().ishl_imm_s(i, size.trailing_zeros() as i64)
     }
 
     fn stmt(&mut self, u: &UOp) -> Result<(), JitError> {
@@ -302,6 +453,8 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let t = self.b.ins().fadd(x, magic);
         let n = self.b.ins().fsub(t, magic);
         let f = self.b.ins().fsub(x, n);
+        // Cephes exp2f coefficients as published.
+        #[allow(clippy::excessive_precision)]
         const P: [f32; 6] =
             [1.535_336_2e-4, 1.339_887_4e-3, 9.618_437_4e-3, 5.550_332_5e-2, 2.402_264_8e-1, 6.931_472e-1];
         let mut p = self.b.ins().f32const(P[0]);
