@@ -167,6 +167,9 @@ impl Arg<'_> {
     }
 }
 
+/// Stack bytes all ALLOCs of one program may use: rayon workers run on 2 MiB stacks.
+pub const MAX_LOCAL_BYTES: usize = 256 * 1024;
+
 type KernelFn = extern "C" fn(*const *mut u8, i64, i64);
 
 /// A compiled loop program. Compile once, run many times, from any thread.
@@ -227,6 +230,19 @@ impl Program {
             })? as usize),
             None => None,
         };
+        let local_bytes: usize = lin
+            .allocs
+            .iter()
+            .map(|a| match a.op() {
+                Op::Alloc { len, .. } => len.saturating_mul(a.dtype().size()),
+                _ => 0,
+            })
+            .fold(0usize, usize::saturating_add);
+        if local_bytes > MAX_LOCAL_BYTES {
+            return Err(JitError::Unsupported(format!(
+                "{name}: ALLOCs need {local_bytes} bytes of stack; the limit is {MAX_LOCAL_BYTES} (worker threads have small stacks)"
+            )));
+        }
         let parallel = lin.thread.as_ref().is_some_and(|t| threads_write_disjoint(&program, t));
         let specs = buffer_specs(&program, &lin)?;
 

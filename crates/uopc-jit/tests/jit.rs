@@ -1,0 +1,197 @@
+//! JIT tests: runtime argument checking, compile-time refusals, EXP2 accuracy, agreement with
+//! the reference interpreter, and resource release.
+
+use uopc_ir::interp::{self, Precision};
+use uopc_ir::*;
+use uopc_jit::{Arg, JitError, Program};
+
+/// out[i] = a[i] * 2 + b[i], over n elements, threaded.
+fn axpy(n: usize) -> UOp {
+    let (a, b, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n), buffer(2, DType::F32, n));
+    let i = range(n, 0, AxisType::Thread);
+    sink(&[out.index(&i).store(a.index(&i).load() * 2.0f32 + b.index(&i).load()).end(&[i])])
+}
+
+#[test]
+fn runs_a_threaded_program() {
+    let prg = Program::compile(&axpy(1000), "axpy").unwrap();
+    assert!(prg.is_parallel());
+    let a: Vec<f32> = (0..1000).map(|x| x as f32).collect();
+    let b = vec![1.0f32; 1000];
+    let mut out = vec![0.0f32; 1000];
+    prg.run_f32(&[&a, &b], &mut [&mut out]).unwrap();
+    assert!(out.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32 + 1.0));
+    assert!(prg.clif().contains("fmul"), "CLIF text is available");
+    assert!(prg.loop_ir().contains("for r0 in 0..1000 (thread)"));
+}
+
+#[test]
+fn wrong_arguments_are_errors_naming_the_buffer() {
+    let prg = Program::compile(&axpy(8), "axpy").unwrap();
+    let a = vec![0.0f32; 8];
+    let short = vec![0.0f32; 7];
+    let mut out = vec![0.0f32; 8];
+    let msg = |e: JitError| e.to_string();
+
+    let e = prg.run(&mut [Arg::from(&a[..]), Arg::from(&mut out[..])]).unwrap_err();
+    assert!(msg(e).contains("expects 3 buffers, got 2"));
+
+    let e = prg.run(&mut [Arg::from(&a[..]), Arg::from(&short[..]), Arg::from(&mut out[..])]).unwrap_err();
+    assert!(msg(e).contains("buffer 1 must have 8 elements, got 7"));
+
+    let ints = HostBuffer::I32(vec![0; 8]);
+    let e = prg.run(&mut [Arg::from(&a[..]), Arg::from(&ints), Arg::from(&mut out[..])]).unwrap_err();
+    assert!(msg(e).contains("buffer 1 must be f32, got i32"));
+
+    let e = prg.run(&mut [Arg::from(&a[..]), Arg::from(&a[..]), Arg::from(&a[..])]).unwrap_err();
+    assert!(msg(e).contains("buffer 2 is written by the program but was passed read-only"));
+
+    let e = prg.run_f32(&[&a], &mut [&mut out]).unwrap_err();
+    assert!(msg(e).contains("expects 2 inputs and 1 outputs"));
+}
+
+#[test]
+fn unprovable_index_refuses_to_compile() {
+    let a = buffer(0, DType::F32, 10);
+    let i = range(10, 0, AxisType::Loop);
+    let p = sink(&[a.index(&i + 1).store(0.0f32).end(&[i.clone()])]);
+    match Program::compile(&p, "oob") {
+        Err(JitError::Ir(e)) => assert_eq!(e.kind, IrErrorKind::OutOfBounds, "{e}"),
+        other => panic!("expected an out-of-bounds error, got {other:?}"),
+    }
+    // An index read from memory has no bounds: refused too.
+    let ix = buffer(1, DType::I64, 10);
+    let p = sink(&[a.index(ix.index(&i).load()).store(0.0f32).end(&[i])]);
+    assert!(matches!(Program::compile(&p, "gather"), Err(JitError::Ir(_))));
+}
+
+#[test]
+fn huge_locals_are_refused() {
+    let a = buffer(0, DType::F32, 4);
+    let big = alloc(0, DType::F32, 1 << 20);
+    let i = range(4, 0, AxisType::Loop);
+    let st = big.after(&[i.clone()]).index(&i).store(1.0f32);
+    let rd = a.index(&i).store(big.after(&[st]).index(&i).load());
+    assert!(matches!(Program::compile(&sink(&[rd.end(&[i])]), "big"), Err(JitError::Unsupported(_))));
+}
+
+#[test]
+fn racy_stores_run_serially_and_correctly() {
+    // Every THREAD iteration adds into out[0]: not provably disjoint, so no parallelism.
+    let n = 4096;
+    let (a, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, 1));
+    let i = range(n, 0, AxisType::Thread);
+    // The view after i: read out[0] anew in every iteration, after the previous store.
+    let o = out.after(&[i.clone()]).index(0);
+    let p = sink(&[o.store(o.load() + a.index(&i).load()).end(&[i])]);
+    let prg = Program::compile(&p, "race").unwrap();
+    assert!(!prg.is_parallel());
+    let ones = vec![1.0f32; n];
+    let mut acc = vec![0.0f32; 1];
+    prg.run_f32(&[&ones], &mut [&mut acc]).unwrap();
+    assert_eq!(acc[0], n as f32);
+}
+
+fn unary_program(n: usize, f: impl Fn(UOp) -> UOp) -> UOp {
+    let (x, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n));
+    let i = range(n, 0, AxisType::Thread);
+    sink(&[out.index(&i).store(f(x.index(&i).load())).end(&[i])])
+}
+
+#[test]
+fn exp2_is_accurate_and_handles_special_values() {
+    // Dense sample of [-126, 126]: relative error against f64 exp2.
+    let n = 1 << 18;
+    let xs: Vec<f32> = (0..n).map(|k| -126.0 + 252.0 * k as f32 / n as f32).collect();
+    let prg = Program::compile(&unary_program(n, |x| x.exp2()), "exp2").unwrap();
+    let mut out = vec![0.0f32; n];
+    prg.run_f32(&[&xs], &mut [&mut out]).unwrap();
+    let worst = xs
+        .iter()
+        .zip(&out)
+        .map(|(x, y)| {
+            let exact = (*x as f64).exp2();
+            ((*y as f64) - exact).abs() / exact
+        })
+        .fold(0.0, f64::max);
+    // Measured 7.9e-8 (about 0.66 ulp); 2e-7 leaves room for FMA vs non-FMA hosts.
+    assert!(worst < 2e-7, "max relative error {worst:e}");
+
+    let special = [f32::NEG_INFINITY, -1000.0, -127.0, 0.0, 1.0, f32::NAN];
+    let prg = Program::compile(&unary_program(special.len(), |x| x.exp2()), "exp2s").unwrap();
+    let mut out = vec![0.0f32; special.len()];
+    prg.run_f32(&[&special], &mut [&mut out]).unwrap();
+    assert_eq!(&out[..5], &[0.0, 0.0, 0.0, 1.0, 2.0]);
+    assert!(out[5].is_nan());
+}
+
+/// Runs `program` with the JIT and with the interpreter on the same inputs.
+fn both_ways(program: &UOp, inputs: Vec<HostBuffer>) -> (Vec<HostBuffer>, Vec<HostBuffer>) {
+    let prg = Program::compile(program, "diff").unwrap();
+    let mut jit_bufs = inputs.clone();
+    {
+        let mut args: Vec<Arg<'_>> = Vec::new();
+        for (b, spec) in jit_bufs.iter_mut().zip(prg.buffers()) {
+            args.push(if spec.written { Arg::from(b) } else { Arg::from(&*b) });
+        }
+        prg.run(&mut args).unwrap();
+    }
+    let mut ref_bufs = inputs;
+    interp::run(program, &mut ref_bufs, Precision::Native).unwrap();
+    (jit_bufs, ref_bufs)
+}
+
+#[test]
+fn integer_semantics_match_the_interpreter() {
+    let n = 9;
+    let (a, b) = (buffer(0, DType::I64, n), buffer(1, DType::I64, n));
+    let (q, r, f) = (buffer(2, DType::I64, n), buffer(3, DType::I64, n), buffer(4, DType::F32, n));
+    let i = range(n, 0, AxisType::Loop);
+    let (x, y) = (a.index(&i).load(), b.index(&i).load());
+    let p = sink(&[
+        q.index(&i).store(x.idiv(&y)).end(&[i.clone()]),
+        r.index(&i).store(x.modulo(&y)).end(&[i.clone()]),
+        f.index(&i).store(x.lt(&y).where_(x.cast(DType::F32), y.cast(DType::F32))).end(&[i.clone()]),
+    ]);
+    let xs = vec![7, -7, 7, -7, 5, 0, i64::MIN, 100, -1];
+    let ys = vec![2, 2, -2, -2, 0, 3, -1, 7, 0];
+    let inputs = vec![
+        HostBuffer::I64(xs),
+        HostBuffer::I64(ys),
+        HostBuffer::zeros(DType::I64, n),
+        HostBuffer::zeros(DType::I64, n),
+        HostBuffer::zeros(DType::F32, n),
+    ];
+    let (jit, reference) = both_ways(&p, inputs);
+    assert_eq!(jit, reference);
+}
+
+#[test]
+fn casts_match_the_interpreter() {
+    let vals = [f32::NAN, 1e20, -1e20, 2.7, -2.7, 0.0, f32::INFINITY];
+    let n = vals.len();
+    let x = buffer(0, DType::F32, n);
+    let (o32, o64, ob) = (buffer(1, DType::I32, n), buffer(2, DType::I64, n), buffer(3, DType::F32, n));
+    let i = range(n, 0, AxisType::Loop);
+    let v = x.index(&i).load();
+    let p = sink(&[
+        o32.index(&i).store(v.cast(DType::I32)).end(&[i.clone()]),
+        o64.index(&i).store(v.cast(DType::I64)).end(&[i.clone()]),
+        ob.index(&i).store(v.cast(DType::Bool).cast(DType::F32)).end(&[i.clone()]),
+    ]);
+    let inputs = vec![
+        HostBuffer::F32(vals.to_vec()),
+        HostBuffer::zeros(DType::I32, n),
+        HostBuffer::zeros(DType::I64, n),
+        HostBuffer::zeros(DType::F32, n),
+    ];
+    let (jit, reference) = both_ways(&p, inputs);
+    // Debug formatting compares NaN payload-insensitively but NaN == NaN.
+    assert_eq!(format!("{jit:?}"), format!("{reference:?}"));
+}
+
+#[test]
+fn program_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Program>();
+}
