@@ -2,6 +2,8 @@
 
 use uopc_ir::{AxisType, DType, UOp, alloc, buffer, f32c, range, sink};
 
+pub use uopc_tensor::attention::attention;
+
 /// `log2(e)`: base-2 exponentials need scores scaled by it.
 pub const LOG2E: f64 = std::f64::consts::LOG2_E;
 

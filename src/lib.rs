@@ -3,7 +3,9 @@
 //!
 //! - [`ir`]: the UOp graph, loop-IR builders, `simplify`, `verify`, printers.
 //! - [`jit`]: `Program::compile` and `run`.
-//! - [`attention`]: the attention programs.
+//! - [`Tensor`], [`realize`], [`RealizeOptions`]: the lazy tensor front end and its kernelizer
+//!   (re-exports of `uopc-tensor`; the whole crate is [`tensor`]).
+//! - [`attention`]: the three attention programs.
 
 pub mod attention;
 
@@ -16,3 +18,10 @@ pub mod ir {
 pub mod jit {
     pub use uopc_jit::*;
 }
+
+/// The tensor front end (re-export of `uopc-tensor`).
+pub mod tensor {
+    pub use uopc_tensor::*;
+}
+
+pub use uopc_tensor::{Plan, RealizeOptions, RealizeReport, Tensor, make_plan, realize};
