@@ -1,0 +1,248 @@
+//! Every Tensor op against an f64 ndarray reference, with broadcasting and non-contiguous
+//! views. Tolerance: results are f32 (about 6e-8 relative per rounding) and each check goes
+//! through at most a few dozen roundings (a 32-term reduce, exp2's polynomial), so 1e-5
+//! relative to 1 + |value| leaves a wide margin while still catching any wrong element.
+
+mod common;
+use common::*;
+use ndarray::{ArrayD, Axis, IxDyn, s};
+use uopc_tensor::*;
+
+const TOL: f64 = 1e-5;
+
+fn t(a: &ArrayD<f32>) -> Tensor {
+    Tensor::from_array(a)
+}
+
+fn get(t: &Tensor) -> ArrayD<f32> {
+    t.to_ndarray::<f32>().expect("realizes")
+}
+
+#[test]
+fn binary_ops_broadcast_like_numpy() {
+    let a = uniform(&[3, 1, 4], -2.0, 2.0, 1);
+    let b = uniform(&[5, 1], 0.5, 2.0, 2);
+    let (ra, rb) = (f64s(&a), f64s(&b));
+    let (ta, tb) = (t(&a), t(&b));
+    assert_eq!((&ta + &tb).shape(), [3, 5, 4]);
+    assert_close(&get(&(&ta + &tb)), &(&ra + &rb), TOL);
+    assert_close(&get(&(&ta - &tb)), &(&ra - &rb), TOL);
+    assert_close(&get(&(&ta * &tb)), &(&ra * &rb), TOL);
+    assert_close(&get(&(&ta / &tb)), &(&ra / &rb), TOL);
+    let mx = ndarray::Zip::from(&ra.broadcast(IxDyn(&[3, 5, 4])).unwrap())
+        .and(&rb.broadcast(IxDyn(&[3, 5, 4])).unwrap())
+        .map_collect(|&x, &y| x.max(y));
+    assert_close(&get(&ta.maximum(&tb)), &mx, TOL);
+}
+
+#[test]
+fn scalar_operands_on_both_sides() {
+    let a = uniform(&[4, 3], 0.5, 2.0, 3);
+    let (ra, ta) = (f64s(&a), t(&a));
+    assert_close(&get(&(&ta + 2.0)), &(&ra + 2.0), TOL);
+    assert_close(&get(&(2.0 - &ta)), &(2.0 - &ra), TOL);
+    assert_close(&get(&(&ta * 3.0)), &(&ra * 3.0), TOL);
+    assert_close(&get(&(&ta / 4.0)), &(&ra / 4.0), TOL);
+    assert_close(&get(&(1.0 / &ta)), &ra.mapv(|x| 1.0 / x), TOL);
+    assert_close(&get(&(-&ta)), &(-&ra), TOL);
+}
+
+#[test]
+fn unary_ops() {
+    let a = uniform(&[2, 5], 0.1, 3.0, 4);
+    let (ra, ta) = (f64s(&a), t(&a));
+    assert_close(&get(&ta.exp()), &ra.mapv(f64::exp), TOL);
+    assert_close(&get(&ta.exp2()), &ra.mapv(f64::exp2), TOL);
+    assert_close(&get(&ta.log()), &ra.mapv(f64::ln), TOL);
+    assert_close(&get(&ta.log2()), &ra.mapv(f64::log2), TOL);
+    assert_close(&get(&ta.sqrt()), &ra.mapv(f64::sqrt), TOL);
+    assert_close(&get(&ta.recip()), &ra.mapv(|x| 1.0 / x), TOL);
+    let b = uniform(&[2, 5], -1.0, 1.0, 5);
+    assert_close(&get(&t(&b).relu()), &f64s(&b).mapv(|x| x.max(0.0)), TOL);
+    assert_close(&get(&t(&b).neg()), &f64s(&b).mapv(|x| -x), TOL);
+    assert_close(&get(&t(&b).detach()), &f64s(&b), 0.0);
+}
+
+#[test]
+fn comparisons_and_where() {
+    let a = uniform(&[3, 4], -1.0, 1.0, 6);
+    let mut b = uniform(&[4], -1.0, 1.0, 7);
+    b[[1]] = a[[0, 1]]; // an exact tie, to tell < from <=
+    let (ta, tb) = (t(&a), t(&b));
+    let cmp = |f: fn(f32, f32) -> bool| {
+        ArrayD::from_shape_fn(IxDyn(&[3, 4]), |ix| f(a[[ix[0], ix[1]]], b[[ix[1]]]) as u8 as f64)
+    };
+    assert_close(&get(&ta.lt(&tb)), &cmp(|x, y| x < y), 0.0);
+    assert_close(&get(&ta.gt(&tb)), &cmp(|x, y| x > y), 0.0);
+    assert_close(&get(&ta.le(&tb)), &cmp(|x, y| x <= y), 0.0);
+    assert_close(&get(&ta.ge(&tb)), &cmp(|x, y| x >= y), 0.0);
+    assert_close(&get(&ta.eq(&tb)), &cmp(|x, y| x == y), 0.0);
+    assert_close(&get(&ta.ne(&tb)), &cmp(|x, y| x != y), 0.0);
+    let w = ta.lt(&tb).where_(&ta, &(&tb * 10.0));
+    let want = ArrayD::from_shape_fn(IxDyn(&[3, 4]), |ix| {
+        let (x, y) = (a[[ix[0], ix[1]]] as f64, b[[ix[1]]] as f64);
+        if x < y { x } else { y * 10.0 }
+    });
+    assert_close(&get(&w), &want, TOL);
+}
+
+#[test]
+fn reductions_over_every_axis_with_keepdim() {
+    let a = uniform(&[3, 4, 5], -2.0, 2.0, 8);
+    let (ra, ta) = (f64s(&a), t(&a));
+    for axis in 0..3 {
+        let sum = ra.sum_axis(Axis(axis));
+        let max = ra.map_axis(Axis(axis), |l| l.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+        assert_close(&get(&ta.sum(axis as isize, false)), &sum, TOL);
+        assert_close(&get(&ta.max(axis as isize, false)), &max, 0.0);
+        let kept = ta.sum(axis as isize, true);
+        let mut shape = vec![3, 4, 5];
+        shape[axis] = 1;
+        assert_eq!(kept.shape(), shape.as_slice());
+        assert_close(&get(&kept), &sum.insert_axis(Axis(axis)), TOL);
+    }
+    assert_close(&get(&ta.sum(-1, false)), &ra.sum_axis(Axis(2)), TOL);
+}
+
+#[test]
+fn reductions_of_non_contiguous_views() {
+    let a = uniform(&[6, 5, 4], -2.0, 2.0, 9);
+    let ra = f64s(&a);
+    // permute then shrink: a strided, offset view
+    let view = t(&a).permute(&[2, 0, 1]).shrink(&[(1, 3), (2, 6), (0, 5)]);
+    let rv = ra.view().permuted_axes(vec![2, 0, 1]).slice(s![1..3, 2..6, 0..5]).to_owned().into_dyn();
+    assert_close(&get(&view), &rv, 0.0);
+    assert_close(&get(&view.sum(1, true)), &rv.sum_axis(Axis(1)).insert_axis(Axis(1)), TOL);
+    assert_close(
+        &get(&view.max(2, false)),
+        &rv.map_axis(Axis(2), |l| l.iter().cloned().fold(f64::NEG_INFINITY, f64::max)).into_dyn(),
+        0.0,
+    );
+}
+
+#[test]
+fn movement_ops() {
+    let a = uniform(&[2, 3, 4], -1.0, 1.0, 10);
+    let (ra, ta) = (f64s(&a), t(&a));
+    let r = ta.reshape(&[6, 4]);
+    assert_close(&get(&r), &ra.clone().into_shape_with_order(IxDyn(&[6, 4])).unwrap(), 0.0);
+    let tr = ta.transpose(0, 2);
+    assert_close(&get(&tr), &ra.view().permuted_axes(vec![2, 1, 0]).to_owned(), 0.0);
+    let m = ta.reshape(&[6, 4]).t();
+    let rm = ra.clone().into_shape_with_order(IxDyn(&[6, 4])).unwrap().reversed_axes();
+    assert_close(&get(&m), &rm, 0.0);
+    // reshape of a transposed view needs the index arithmetic, not a stride trick
+    let rt = tr.reshape(&[4, 6]);
+    let want = ra
+        .view()
+        .permuted_axes(vec![2, 1, 0])
+        .as_standard_layout()
+        .into_owned()
+        .into_shape_with_order(IxDyn(&[4, 6]))
+        .unwrap();
+    assert_close(&get(&rt), &want, 0.0);
+    let e = t(&uniform(&[3, 1], -1.0, 1.0, 11)).expand(&[3, 5]);
+    assert_eq!(get(&e).shape(), [3, 5]);
+    assert_close(&get(&ta.slice(1, 1, 3)), &ra.slice(s![.., 1..3, ..]).to_owned().into_dyn(), 0.0);
+    assert_close(&get(&Tensor::full(&[2, 2], 7.0)), &ArrayD::from_elem(IxDyn(&[2, 2]), 7.0), 0.0);
+}
+
+#[test]
+fn stack_and_cat() {
+    let a = uniform(&[2, 3], -1.0, 1.0, 12);
+    let b = uniform(&[2, 3], -1.0, 1.0, 13);
+    let c = uniform(&[2, 5], -1.0, 1.0, 14);
+    let (ta, tb, tc) = (t(&a), t(&b), t(&c));
+    let views = [f64s(&a), f64s(&b)];
+    for axis in 0..3 {
+        let want = ndarray::stack(Axis(axis), &[views[0].view(), views[1].view()]).unwrap();
+        assert_close(&get(&Tensor::stack(&[&ta, &tb], axis as isize)), &want, 0.0);
+    }
+    let want = ndarray::concatenate(Axis(1), &[views[0].view(), f64s(&c).view(), views[1].view()]).unwrap();
+    assert_close(&get(&Tensor::cat(&[&ta, &tc, &tb], 1)), &want, 0.0);
+    let want = ndarray::concatenate(Axis(0), &[views[0].view(), views[1].view()]).unwrap();
+    assert_close(&get(&Tensor::cat(&[&ta, &tb], 0)), &want, 0.0);
+}
+
+fn matmul_ref(a: &ArrayD<f64>, b: &ArrayD<f64>) -> ArrayD<f64> {
+    let (n, k, m) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    ArrayD::from_shape_fn(IxDyn(&[n, m]), |ix| (0..k).map(|p| a[[ix[0], p]] * b[[p, ix[1]]]).sum())
+}
+
+#[test]
+fn matmul_including_transposed_and_odd_shapes() {
+    for (n, k, m) in [(8, 16, 12), (5, 7, 3), (1, 4, 1), (16, 3, 20)] {
+        let a = uniform(&[n, k], -1.0, 1.0, 15);
+        let b = uniform(&[k, m], -1.0, 1.0, 16);
+        assert_close(&get(&t(&a).matmul(&t(&b))), &matmul_ref(&f64s(&a), &f64s(&b)), TOL);
+        // b given as the transpose of an (m, k) array: a non-contiguous operand
+        let bt = uniform(&[m, k], -1.0, 1.0, 17);
+        let rb = f64s(&bt).reversed_axes();
+        assert_close(&get(&t(&a).matmul(&t(&bt).t())), &matmul_ref(&f64s(&a), &rb), TOL);
+    }
+}
+
+#[test]
+fn softmax_along_each_axis() {
+    let a = uniform(&[3, 4, 5], -3.0, 3.0, 18);
+    let ra = f64s(&a);
+    for axis in 0..3 {
+        let m = ra
+            .map_axis(Axis(axis), |l| l.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
+            .insert_axis(Axis(axis));
+        let e = (&ra - &m).mapv(f64::exp);
+        let want = &e / &e.sum_axis(Axis(axis)).insert_axis(Axis(axis));
+        assert_close(&get(&t(&a).softmax(axis as isize)), &want, TOL);
+    }
+}
+
+#[test]
+fn f64_tensors_round_trip_and_compute() {
+    let a = ndarray::arr2(&[[1.0f64, 2.0], [3.0, 4.0]]);
+    let ta = Tensor::from(a.clone());
+    assert_eq!(ta.dtype(), uopc_ir::DType::F64);
+    let got = (&ta * &ta).sum(1, false).to_ndarray::<f64>().unwrap();
+    assert_eq!(got, ndarray::arr1(&[5.0, 25.0]).into_dyn());
+}
+
+#[test]
+fn fused_and_unfused_agree_on_a_reduce_chain() {
+    let a = uniform(&[8, 16], -2.0, 2.0, 19);
+    let x = t(&a);
+    let y = (&x - &x.max(1, true)).exp().sum(0, true) * &x;
+    let unfused = get(&y);
+    let fused = y.to_ndarray_with::<f32>(&RealizeOptions::fused()).unwrap();
+    assert_close(&fused, &f64s(&unfused), TOL);
+}
+
+#[test]
+fn shape_errors_name_both_shapes_and_the_caller() {
+    let a = Tensor::full(&[2, 3], 1.0);
+    let b = Tensor::full(&[4], 1.0);
+    let e = a.try_add(&b).unwrap_err().to_string();
+    assert!(e.contains("[2, 3]") && e.contains("[4]") && e.starts_with("add"), "{e}");
+    let e = a.try_matmul(&a).unwrap_err().to_string();
+    assert!(e.contains("[2, 3]") && e.starts_with("matmul"), "{e}");
+    assert!(a.try_reshape(&[5]).is_err() && a.try_sum(2, false).is_err() && a.try_permute(&[0, 0]).is_err());
+    assert!(Tensor::try_from_vec(vec![1.0f32; 5], &[2, 3]).is_err());
+    // the panicking operator reports the line that wrote it
+    let me = std::thread::current().name().map(str::to_string);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen2 = seen.clone();
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name().map(str::to_string) == me {
+            let loc = info.location().map(|l| (l.file().to_string(), l.line()));
+            *seen2.lock().unwrap() = Some((loc, info.payload().downcast_ref::<String>().cloned()));
+        }
+    }));
+    let line = line!() + 1;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| &a + &b));
+    std::panic::set_hook(prev);
+    assert!(r.is_err());
+    let (loc, msg) = seen.lock().unwrap().clone().expect("the hook saw the panic");
+    let msg = msg.unwrap_or_default();
+    assert!(msg.contains("[2, 3]") && msg.contains("[4]"), "{msg}");
+    let (file, l) = loc.expect("a location");
+    assert!(file.ends_with("ops.rs") && l == line, "panicked at {file}:{l}, expected ops.rs:{line}");
+}
