@@ -67,6 +67,9 @@ pub struct JitOptions {
     pub opt_level: OptLevel,
     /// Run Cranelift's IR verifier (doubles compile time; on in debug builds).
     pub verify_clif: bool,
+    /// Contract a float MUL feeding an ADD into one fused multiply-add (like
+    /// `-ffp-contract=fast`; only where the CPU has FMA).
+    pub contract_fma: bool,
     /// Reassociate float sums in reduction loops into independent partial sums (like
     /// `-fassociative-math`): results differ from in-order summation by rounding only.
     pub reassociate: bool,
@@ -74,7 +77,12 @@ pub struct JitOptions {
 
 impl Default for JitOptions {
     fn default() -> Self {
-        JitOptions { opt_level: OptLevel::Speed, verify_clif: cfg!(debug_assertions), reassociate: true }
+        JitOptions {
+            opt_level: OptLevel::Speed,
+            verify_clif: cfg!(debug_assertions),
+            contract_fma: true,
+            reassociate: true,
+        }
     }
 }
 
@@ -285,15 +293,9 @@ impl Program {
             b.append_block_params_for_function_params(entry);
             b.switch_to_block(entry);
             let params = b.block_params(entry).to_vec();
-            let mut l = lower::Lowerer::new(
-                &mut b,
-                externs,
-                has_fma(),
-                opts.reassociate,
-                params[0],
-                params[1],
-                params[2],
-            );
+            let flags =
+                lower::Flags { fma: has_fma(), contract: opts.contract_fma, reassociate: opts.reassociate };
+            let mut l = lower::Lowerer::new(&mut b, externs, flags, params[0], params[1], params[2]);
             l.lower(&lin)?;
             b.ins().return_(&[]);
             b.seal_all_blocks();

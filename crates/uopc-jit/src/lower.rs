@@ -46,6 +46,26 @@ pub(crate) fn extern_signature(k: usize, sig: &mut cranelift_codegen::ir::Signat
     sig.returns.push(AbiParam::new(t));
 }
 
+/// Float MULs used exactly once, by a float ADD: `a*b + c` becomes `fma(a, b, c)` (like
+/// `-ffp-contract=fast`: one rounding instead of two).
+fn contractible_muls(stmts: &[(usize, &Stmt)]) -> std::collections::HashSet<UOp> {
+    let mut uses: HashMap<UOp, usize> = HashMap::new();
+    let mut add_operands: Vec<UOp> = Vec::new();
+    for (_, s) in stmts {
+        let Stmt::Op(u) = s else { continue };
+        for x in u.src() {
+            *uses.entry(x.clone()).or_default() += 1;
+        }
+        if matches!(u.op(), Op::Binary(BinaryOp::Add)) && u.dtype().is_float() && u.src()[0] != u.src()[1] {
+            // one contraction per ADD: the first MUL operand
+            if let Some(m) = u.src().iter().find(|x| matches!(x.op(), Op::Binary(BinaryOp::Mul))) {
+                add_operands.push(m.clone());
+            }
+        }
+    }
+    add_operands.into_iter().filter(|m| uses.get(m) == Some(&1)).collect()
+}
+
 pub(crate) fn clif_type(d: DType) -> Type {
     match d {
         DType::Bool => types::I8,
@@ -54,6 +74,17 @@ pub(crate) fn clif_type(d: DType) -> Type {
         DType::F32 => types::F32,
         DType::F64 => types::F64,
     }
+}
+
+/// Code generation switches of one compile.
+#[derive(Clone, Copy)]
+pub(crate) struct Flags {
+    /// The CPU has fused multiply-add (without it Cranelift would call `fmaf`).
+    pub fma: bool,
+    /// Contract MUL+ADD into FMA.
+    pub contract: bool,
+    /// Split float sums into partial sums.
+    pub reassociate: bool,
 }
 
 /// Independent partial sums a split reduction keeps.
@@ -74,7 +105,10 @@ pub(crate) struct Lowerer<'a, 'b> {
     range_vars: HashMap<UOp, Variable>,
     externs: Externs,
     use_fma: bool,
+    contract: bool,
     reassociate: bool,
+    /// Float MULs whose only use is a float ADD: emitted as one `fma` at the ADD.
+    contracted: std::collections::HashSet<UOp>,
     /// While lowering one unrolled copy of a split reduction: accumulator -> its partial sum.
     partial: Vec<(Variable, Variable)>,
     bufs: Value,
@@ -91,8 +125,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
     pub fn new(
         b: &'a mut FunctionBuilder<'b>,
         externs: Externs,
-        use_fma: bool,
-        reassociate: bool,
+        flags: Flags,
         bufs: Value,
         lo: Value,
         hi: Value,
@@ -104,9 +137,11 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             storage: HashMap::new(),
             range_vars: HashMap::new(),
             externs,
-            use_fma,
-            reassociate,
+            use_fma: flags.fma,
+            contract: flags.contract,
+            reassociate: flags.reassociate,
             partial: Vec::new(),
+            contracted: Default::default(),
             bufs,
             lo,
             hi,
@@ -122,6 +157,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             }
         }
         let all = lin.walk();
+        if self.use_fma && self.contract {
+            self.contracted = contractible_muls(&all);
+        }
         for a in &lin.allocs {
             let Op::Alloc { len, .. } = a.op() else { continue };
             let ty = clif_type(a.dtype());
@@ -258,13 +296,21 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         accs: &[Variable],
     ) -> Result<(), JitError> {
         let main = trips - trips % SPLIT as i64;
+        // Enough independent chains to cover the add latency: a body that already has many
+        // accumulators (a register tile) keeps one chain each and is only unrolled.
+        let chains = match accs.len() {
+            0 => 1,
+            1 | 2 => SPLIT,
+            3 | 4 => 2,
+            _ => 1,
+        };
         let ty_of = |l: &mut Self, v: Variable| {
             let x = l.b.use_var(v);
             l.b.func.dfg.value_type(x)
         };
         // partials[k][a]: partial sum k of accumulator a; partial 0 starts from the current value.
         let mut partials: Vec<Vec<Variable>> = Vec::new();
-        for k in 0..SPLIT {
+        for k in 0..chains {
             let mut row = Vec::new();
             for &acc in accs {
                 let ty = ty_of(self, acc);
@@ -285,7 +331,8 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let end = self.b.ins().iconst(types::I64, main);
         let copy_iv = self.b.declare_var(types::I64);
         self.counted_loop(range, zero, end, SPLIT as i64, |l, iv| {
-            for (k, row) in partials.iter().enumerate() {
+            for k in 0..SPLIT {
+                let row = &partials[k % chains];
                 let base = l.b.use_var(iv);
                 let ivk = l.b.ins().iadd_imm_s(base, k as i64);
                 l.b.def_var(copy_iv, ivk);
@@ -388,6 +435,18 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 return Ok(());
             }
             Op::Unary(op) => self.unary(*op, u)?,
+            // Emitted inside its ADD as an fma.
+            Op::Binary(BinaryOp::Mul) if self.contracted.contains(u) => return Ok(()),
+            Op::Binary(BinaryOp::Add) if u.src().iter().any(|s| self.contracted.contains(s)) => {
+                let (m, other) = if self.contracted.contains(&u.src()[0]) {
+                    (&u.src()[0], &u.src()[1])
+                } else {
+                    (&u.src()[1], &u.src()[0])
+                };
+                let (a, b) = (self.val(&m.src()[0])?, self.val(&m.src()[1])?);
+                let c = self.val(other)?;
+                self.b.ins().fma(a, b, c)
+            }
             Op::Binary(op) => self.binary(*op, u)?,
             Op::Where => {
                 let c = self.val(&u.src()[0])?;

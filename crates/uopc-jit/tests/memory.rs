@@ -25,4 +25,3 @@ fn compiled_code_is_freed_on_drop() {
     // Leaking each module's code pages would cost at least 4 KiB per program (6 MB here).
     assert!(after < before + 3000, "RSS grew from {before} kB to {after} kB");
 }
-
