@@ -7,6 +7,11 @@
 //!   (re-exports of `uopc-tensor`; the whole crate is [`tensor`]).
 //! - [`attention`]: the three attention programs.
 
+// The README's examples are compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub mod attention;
 
 /// The UOp IR (re-export of `uopc-ir`).
