@@ -1,0 +1,1 @@
+//! Random well-formed programs for differential testing.
