@@ -59,8 +59,8 @@ impl Optimizer for DefaultOpt {
         let mut o = Opts::default();
         if has_reduce(body) {
             let n = shape.len();
-            for a in n.saturating_sub(2)..n {
-                if shape[a] >= 4 && shape[a] % 4 == 0 {
+            for (a, &size) in shape.iter().enumerate().skip(n.saturating_sub(2)) {
+                if size >= 4 && size.is_multiple_of(4) {
                     o.upcast.push((a, 4));
                 }
             }

@@ -64,7 +64,7 @@ impl Ctx {
 
     fn axis_part(&mut self, size: usize, amount: usize, axis: AxisType, enclosing: &[UOp]) -> Part {
         let (outer, amount) =
-            if amount > 1 && size % amount == 0 { (size / amount, amount) } else { (size, 1) };
+            if amount > 1 && size.is_multiple_of(amount) { (size / amount, amount) } else { (size, 1) };
         let base = if outer == 1 { idx(0) } else { self.new_range(outer, axis, enclosing.to_vec()) };
         Part { base, amount }
     }
