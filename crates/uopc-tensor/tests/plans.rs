@@ -257,3 +257,14 @@ fn canonical_graph_is_independent_of_data() {
     let (_, l) = canonicalize(&[(&q * &q).uop().clone()]);
     assert_eq!(l.len(), 1);
 }
+
+#[cfg(feature = "jit")]
+#[test]
+fn static_flops_agree_with_the_backend_estimate() {
+    for opts in [RealizeOptions::default(), RealizeOptions::fused()] {
+        let plan = attention_plan(256, 64, &opts);
+        for k in &plan.kernels {
+            assert_eq!(static_flops(&k.program).unwrap(), k.flops, "{}", k.name);
+        }
+    }
+}
