@@ -70,6 +70,9 @@ pub struct JitOptions {
     /// Contract a float MUL feeding an ADD into one fused multiply-add (like
     /// `-ffp-contract=fast`; only where the CPU has FMA).
     pub contract_fma: bool,
+    /// Vectorize innermost f32 loops over contiguous memory into F32X4 (their reductions
+    /// are reassociated into lanes, whatever `reassociate` says).
+    pub vectorize: bool,
     /// Reassociate float sums in reduction loops into independent partial sums (like
     /// `-fassociative-math`): results differ from in-order summation by rounding only.
     pub reassociate: bool,
@@ -82,6 +85,7 @@ impl Default for JitOptions {
             verify_clif: cfg!(debug_assertions),
             contract_fma: true,
             reassociate: true,
+            vectorize: true,
         }
     }
 }
@@ -293,8 +297,12 @@ impl Program {
             b.append_block_params_for_function_params(entry);
             b.switch_to_block(entry);
             let params = b.block_params(entry).to_vec();
-            let flags =
-                lower::Flags { fma: has_fma(), contract: opts.contract_fma, reassociate: opts.reassociate };
+            let flags = lower::Flags {
+                fma: has_fma(),
+                contract: opts.contract_fma,
+                reassociate: opts.reassociate,
+                vectorize: opts.vectorize,
+            };
             let mut l = lower::Lowerer::new(&mut b, externs, flags, params[0], params[1], params[2]);
             l.lower(&lin)?;
             b.ins().return_(&[]);

@@ -12,7 +12,9 @@ use cranelift_codegen::ir::{
 };
 use cranelift_frontend::{FunctionBuilder, Variable};
 use std::collections::HashMap;
-use uopc_ir::{BinaryOp, ConstValue, DType, Linear, Op, Stmt, UOp, UnaryOp, view_base};
+use uopc_ir::{BinaryOp, ConstValue, DType, Linear, Op, Stmt, UOp, UnaryOp, split_linear, view_base};
+
+mod vector;
 
 /// Host functions the generated code may call (never per element on the f32 fast paths).
 #[derive(Clone, Copy)]
@@ -85,6 +87,8 @@ pub(crate) struct Flags {
     pub contract: bool,
     /// Split float sums into partial sums.
     pub reassociate: bool,
+    /// Run innermost f32 loops four iterations at a time in F32X4 values.
+    pub vectorize: bool,
 }
 
 /// Independent partial sums a split reduction keeps.
@@ -107,6 +111,7 @@ pub(crate) struct Lowerer<'a, 'b> {
     use_fma: bool,
     contract: bool,
     reassociate: bool,
+    vectorize: bool,
     /// Float MULs whose only use is a float ADD: emitted as one `fma` at the ADD.
     contracted: std::collections::HashSet<UOp>,
     /// While lowering one unrolled copy of a split reduction: accumulator -> its partial sum.
@@ -140,6 +145,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             use_fma: flags.fma,
             contract: flags.contract,
             reassociate: flags.reassociate,
+            vectorize: flags.vectorize,
             partial: Vec::new(),
             contracted: Default::default(),
             bufs,
@@ -198,13 +204,15 @@ impl<'a, 'b> Lowerer<'a, 'b> {
 
     fn lower_loop(&mut self, range: &UOp, body: &[Stmt]) -> Result<(), JitError> {
         let is_thread = matches!(range.op(), Op::Range { axis: uopc_ir::AxisType::Thread, .. });
+        let innermost = body.iter().all(|s| matches!(s, Stmt::Op(_)));
         if !is_thread
-            && self.reassociate
+            && innermost
             && let Some(trips) = range.src()[0].const_int()
-            && trips >= 2 * SPLIT as i64
         {
-            let innermost = body.iter().all(|s| matches!(s, Stmt::Op(_)));
-            if innermost && body.len() <= MAX_UNROLLED_BODY {
+            if self.vectorize && self.try_vectorize(range, body, trips)? {
+                return Ok(());
+            }
+            if self.reassociate && trips >= 2 * SPLIT as i64 && body.len() <= MAX_UNROLLED_BODY {
                 let accs = self.sum_accumulators(body);
                 return self.lower_split_reduction(range, body, trips, &accs);
             }
@@ -299,6 +307,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         // Enough independent chains to cover the add latency: a body that already has many
         // accumulators (a register tile) keeps one chain each and is only unrolled.
         let chains = match accs.len() {
+            _ if !self.reassociate => 1,
             0 => 1,
             1 | 2 => SPLIT,
             3 | 4 => 2,
@@ -386,31 +395,38 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             .ok_or_else(|| JitError::Internal(format!("{} used before it is computed", u.short())))
     }
 
-    /// The address of a BUFFER or stack-slot element, or the variable of a register ALLOC.
-    fn address(&mut self, index: &UOp) -> Result<Result<Value, Variable>, JitError> {
+    /// The address of element 0 of the BUFFER or stack array an INDEX goes into.
+    fn base_address(&mut self, index: &UOp) -> Result<Value, JitError> {
         let base =
             view_base(&index.src()[0]).ok_or_else(|| JitError::Internal("INDEX without base".into()))?;
-        let size = base.dtype().size() as i64;
         if let Some(p) = self.buf_ptrs.get(base).copied() {
-            let i = self.val(&index.src()[1])?;
-            let off = self.scale_index(i, size);
-            return Ok(Ok(self.b.ins().iadd(p, off)));
+            return Ok(p);
         }
         match self.storage.get(base) {
-            Some(Storage::Vars(vars)) => {
-                let k = index.src()[1].const_int().unwrap_or(0) as usize;
-                let var = vars[k];
-                Ok(Err(self.partial.iter().find(|(a, _)| *a == var).map_or(var, |(_, p)| *p)))
-            }
             Some(Storage::Slot(slot)) => {
                 let slot = *slot;
-                let i = self.val(&index.src()[1])?;
-                let off = self.scale_index(i, size);
-                let p = self.b.ins().stack_addr(types::I64, slot, 0);
-                Ok(Ok(self.b.ins().iadd(p, off)))
+                Ok(self.b.ins().stack_addr(types::I64, slot, 0))
             }
-            None => Err(JitError::Internal(format!("no storage for {}", base.short()))),
+            _ => Err(JitError::Internal(format!("{} has no memory", base.short()))),
         }
+    }
+
+    /// `base + i * 4`: the address of f32 (or i32) element `i`.
+    fn element_address(&mut self, base: Value, i: Value) -> Value {
+        let off = self.scale_index(i, 4);
+        self.b.ins().iadd(base, off)
+    }
+
+    /// The address of a BUFFER or stack-slot element, or the variable of a register ALLOC.
+    fn address(&mut self, index: &UOp) -> Result<Result<Value, Variable>, JitError> {
+        if let Some(var) = self.register_of(index) {
+            return Ok(Err(self.partial.iter().find(|(a, _)| *a == var).map_or(var, |(_, p)| *p)));
+        }
+        let size = index.dtype().size() as i64;
+        let base = self.base_address(index)?;
+        let i = self.val(&index.src()[1])?;
+        let off = self.scale_index(i, size);
+        Ok(Ok(self.b.ins().iadd(base, off)))
     }
 
     /// `i * size` as a shift: x64 folds `base + (i << k)` into one addressing mode.
@@ -501,14 +517,14 @@ impl<'a, 'b> Lowerer<'a, 'b> {
     /// `2^x` inline: round-to-nearest split `x = n + f`, a degree-6 polynomial for `2^f` on
     /// [-0.5, 0.5], and `2^n` built in the exponent bits. `x <= -127` (including -inf) gives 0.
     fn exp2_f32(&mut self, x: Value) -> Value {
-        let lo = self.b.ins().f32const(-127.0);
-        let hi = self.b.ins().f32const(128.0);
-        // select(x < lo, lo, x) keeps NaN as NaN (the comparison is false).
-        let below = self.b.ins().fcmp(FloatCC::LessThan, x, lo);
-        let x = self.b.ins().select(below, lo, x);
-        let above = self.b.ins().fcmp(FloatCC::GreaterThan, x, hi);
-        let x = self.b.ins().select(above, hi, x);
-        let magic = self.b.ins().f32const(12582912.0); // 1.5 * 2^23: adding it rounds to an integer
+        // Works on f32 and on F32X4 lanes alike.
+        let ty = self.b.func.dfg.value_type(x);
+        let lo = self.fconst(ty, -127.0);
+        let hi = self.fconst(ty, 128.0);
+        // (x < lo) ? lo : x keeps NaN as NaN (the comparison is false).
+        let x = self.fselect(FloatCC::LessThan, x, lo, lo, x);
+        let x = self.fselect(FloatCC::GreaterThan, x, hi, hi, x);
+        let magic = self.fconst(ty, 12582912.0); // 1.5 * 2^23: adding it rounds to an integer
         let t = self.b.ins().fadd(x, magic);
         let n = self.b.ins().fsub(t, magic);
         let f = self.b.ins().fsub(x, n);
@@ -516,18 +532,29 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         #[allow(clippy::excessive_precision)]
         const P: [f32; 6] =
             [1.535_336_2e-4, 1.339_887_4e-3, 9.618_437_4e-3, 5.550_332_5e-2, 2.402_264_8e-1, 6.931_472e-1];
-        let mut p = self.b.ins().f32const(P[0]);
+        let mut p = self.fconst(ty, P[0]);
         for c in &P[1..] {
-            let cv = self.b.ins().f32const(*c);
+            let cv = self.fconst(ty, *c);
             p = self.mul_add(p, f, cv);
         }
-        let one = self.b.ins().f32const(1.0);
+        let one = self.fconst(ty, 1.0);
         let poly = self.mul_add(p, f, one);
-        let bits = self.b.ins().bitcast(types::I32, MemFlagsData::new(), t);
-        let biased = self.b.ins().iadd_imm_s(bits, 127);
-        let shifted = self.b.ins().ishl_imm_s(biased, 23);
-        let scale = self.b.ins().bitcast(types::F32, MemFlagsData::new(), shifted);
+        let ity = if ty.is_vector() { types::I32X4 } else { types::I32 };
+        let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+        let bits = self.b.ins().bitcast(ity, flags, t);
+        let bias = self.b.ins().iconst(types::I32, 127);
+        let bias = if ty.is_vector() { self.b.ins().splat(ity, bias) } else { bias };
+        let biased = self.b.ins().iadd(bits, bias);
+        let sh = self.b.ins().iconst(types::I32, 23);
+        let shifted = self.b.ins().ishl(biased, sh);
+        let scale = self.b.ins().bitcast(ty, flags, shifted);
         self.b.ins().fmul(poly, scale)
+    }
+
+    /// An f32 constant, splatted when `ty` is a vector type.
+    fn fconst(&mut self, ty: Type, v: f32) -> Value {
+        let c = self.b.ins().f32const(v);
+        if ty.is_vector() { self.b.ins().splat(ty, c) } else { c }
     }
 
     fn binary(&mut self, op: BinaryOp, u: &UOp) -> Result<Value, JitError> {

@@ -195,3 +195,44 @@ fn program_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<Program>();
 }
+
+/// out[i] = sum_j a[i*m + j] * b[j] and mx[i] = max_j a[i*m + j], rows threaded.
+fn matvec_and_rowmax(n: usize, m: usize) -> UOp {
+    let (a, b) = (buffer(0, DType::F32, n * m), buffer(1, DType::F32, m));
+    let (out, mx) = (buffer(2, DType::F32, n), buffer(3, DType::F32, n));
+    let (s, t) = (alloc(0, DType::F32, 1), alloc(1, DType::F32, 1));
+    let i = range(n, 0, AxisType::Thread);
+    let j = range(m, 1, AxisType::Reduce);
+    let (si, ti) = (s.after(&[i.clone()]), t.after(&[i.clone()]));
+    let (init_s, init_t) = (si.index(0).store(0.0f32), ti.index(0).store(f32c(f32::NEG_INFINITY)));
+    let (sj, tj) = (si.after(&[init_s, j.clone()]), ti.after(&[init_t, j.clone()]));
+    let x = a.index(&i * m + &j).load();
+    let up_s = sj.index(0).store(sj.index(0).load() + &x * b.index(&j).load());
+    let up_t = tj.index(0).store(tj.index(0).load().maximum(&x));
+    let done = sink(&[up_s, up_t]).end(&[j]);
+    let st = out.index(&i).store(si.after(&[done.clone()]).index(0).load());
+    let st2 = mx.index(&i).store(ti.after(&[done]).index(0).load());
+    sink(&[sink(&[st, st2]).end(&[i])])
+}
+
+#[test]
+fn innermost_f32_loops_vectorize_with_tails() {
+    for m in [3usize, 4, 8, 37, 64] {
+        let n = 5;
+        let prg = Program::compile(&matvec_and_rowmax(n, m), "mv").unwrap();
+        assert_eq!(prg.clif().contains("f32x4"), m >= 4, "m={m}: F32X4 code iff a vector step fits");
+        assert!(!prg.clif().contains("call"), "no per-element calls");
+        let a: Vec<f32> = (0..n * m).map(|x| ((x * 37) % 11) as f32 - 5.0).collect();
+        let b: Vec<f32> = (0..m).map(|x| (x % 3) as f32 * 0.5).collect();
+        let (mut out, mut mx) = (vec![0.0f32; n], vec![0.0f32; n]);
+        prg.run_f32(&[&a, &b], &mut [&mut out, &mut mx]).unwrap();
+        for r in 0..n {
+            let row = &a[r * m..(r + 1) * m];
+            let dot: f32 = row.iter().zip(&b).map(|(x, y)| x * y).sum();
+            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            // small integers and halves: every order of summation is exact
+            assert_eq!(out[r], dot, "m={m} row {r}");
+            assert_eq!(mx[r], max, "m={m} row {r}");
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! Loop vectorization: an innermost counted loop whose body is f32 math over contiguous (or
+//! loop-invariant) memory runs four iterations per step in F32X4 values, the only vector width
+//! Cranelift lowers on x86-64. Register reductions (`acc = acc + x`, `acc = max(acc, x)`) keep
+//! vector partial results, reduced across lanes after the loop; a scalar loop runs the tail.
+//! Anything else (integer or f64 math on the loop variable, calls, strided stores, memory
+//! carried from one iteration to the next) keeps the scalar lowering.
+
+use super::*;
+use cranelift_codegen::ir::Endianness;
+use std::collections::HashSet;
+
+/// Lanes of an F32X4.
+const LANES: i64 = 4;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reduction {
+    Sum,
+    Max,
+}
+
+/// How a memory access moves with the loop variable: `index = stride * r + rest`.
+struct Access {
+    stride: i64,
+    rest: UOp,
+}
+
+/// What the analysis proved about a loop body.
+struct VectorPlan {
+    accs: Vec<(Variable, Reduction)>,
+    access: HashMap<UOp, Access>,
+    /// Integer index arithmetic: folded into addresses, never emitted as values.
+    index_math: HashSet<UOp>,
+}
+
+/// A value in the vector body: one f32 for all lanes, or four.
+#[derive(Clone, Copy)]
+enum Lanes {
+    Uniform(Value),
+    Vector(Value),
+}
+
+fn vec_flags() -> MemFlagsData {
+    // In bounds but not necessarily 16-byte aligned.
+    MemFlagsData::new().with_notrap()
+}
+
+fn lane_bitcast() -> MemFlagsData {
+    MemFlagsData::new().with_endianness(Endianness::Little)
+}
+
+impl Lowerer<'_, '_> {
+    /// Lowers `range` vectorized if its body allows it; `Ok(false)` leaves it to the caller.
+    pub(super) fn try_vectorize(&mut self, range: &UOp, body: &[Stmt], trips: i64) -> Result<bool, JitError> {
+        let Some(plan) = self.vector_plan(range, body) else { return Ok(false) };
+        let copies: i64 = match plan.accs.len() {
+            0 => 2,
+            1 | 2 => 4,
+            3 | 4 => 2,
+            _ => 1,
+        };
+        let copies = (1..=copies).rev().find(|c| trips >= c * LANES).unwrap_or(0);
+        if copies == 0 {
+            return Ok(false);
+        }
+        let step = copies * LANES;
+        let main = trips - trips % step;
+
+        // Loop-invariant parts of every address, computed once before the loop.
+        let mut inserted = Vec::new();
+        let mut rest_vals: HashMap<UOp, Value> = HashMap::new();
+        for (index, a) in &plan.access {
+            let v = self.emit_index_expr(&a.rest, &mut inserted)?;
+            rest_vals.insert(index.clone(), v);
+        }
+        // Vector partial results: lane 0 of copy 0 carries the incoming value of a sum; a
+        // max starts every lane at the incoming value.
+        let mut partials: Vec<Vec<Variable>> = Vec::new();
+        for k in 0..copies {
+            let mut row = Vec::new();
+            for &(acc, red) in &plan.accs {
+                let var = self.b.declare_var(types::F32X4);
+                let current = self.b.use_var(acc);
+                let init = match (red, k) {
+                    (Reduction::Max, _) => self.b.ins().splat(types::F32X4, current),
+                    (Reduction::Sum, 0) => {
+                        let zero = self.b.ins().f32const(0.0);
+                        let z = self.b.ins().splat(types::F32X4, zero);
+                        self.b.ins().insertlane(z, current, 0)
+                    }
+                    (Reduction::Sum, _) => {
+                        let zero = self.b.ins().f32const(0.0);
+                        self.b.ins().splat(types::F32X4, zero)
+                    }
+                };
+                self.b.def_var(var, init);
+                row.push(var);
+            }
+            partials.push(row);
+        }
+
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let end = self.b.ins().iconst(types::I64, main);
+        self.counted_loop(range, zero, end, step, |l, iv| {
+            for (k, row) in partials.iter().enumerate() {
+                let base = l.b.use_var(iv);
+                let first = l.b.ins().iadd_imm_s(base, k as i64 * LANES);
+                l.vector_body(body, &plan, row, first, &rest_vals)?;
+            }
+            Ok(())
+        })?;
+
+        // Combine copies, then lanes, into the scalar accumulators.
+        for (a, &(acc, red)) in plan.accs.iter().enumerate() {
+            let mut v = self.b.use_var(partials[0][a]);
+            for row in &partials[1..] {
+                let w = self.b.use_var(row[a]);
+                v = self.combine(red, v, w);
+            }
+            let mut s = self.b.ins().extractlane(v, 0);
+            for lane in 1..LANES as u8 {
+                let x = self.b.ins().extractlane(v, lane);
+                s = self.combine(red, s, x);
+            }
+            self.b.def_var(acc, s);
+        }
+        for key in inserted {
+            self.vals.remove(&key);
+        }
+        if main < trips {
+            let start = self.b.ins().iconst(types::I64, main);
+            let end = self.b.ins().iconst(types::I64, trips);
+            self.counted_loop(range, start, end, 1, |l, iv| {
+                l.range_vars.insert(range.clone(), iv);
+                l.block(body)
+            })?;
+        }
+        Ok(true)
+    }
+
+    fn combine(&mut self, red: Reduction, a: Value, b: Value) -> Value {
+        match red {
+            Reduction::Sum => self.b.ins().fadd(a, b),
+            Reduction::Max => self.fselect(FloatCC::GreaterThan, a, b, a, b),
+        }
+    }
+
+    /// `cmp(a, b) ? x : y` for f32 scalars or F32X4 lanes (one `maxps`-style select).
+    pub(super) fn fselect(&mut self, cc: FloatCC, a: Value, b: Value, x: Value, y: Value) -> Value {
+        let c = self.b.ins().fcmp(cc, a, b);
+        if self.b.func.dfg.value_type(x).is_vector() {
+            let mask = self.b.ins().bitcast(types::F32X4, lane_bitcast(), c);
+            self.b.ins().bitselect(mask, x, y)
+        } else {
+            self.b.ins().select(c, x, y)
+        }
+    }
+
+    /// Decides whether `body` (the body of innermost loop `range`) vectorizes, and how.
+    fn vector_plan(&self, range: &UOp, body: &[Stmt]) -> Option<VectorPlan> {
+        let nodes: Vec<&UOp> =
+            body.iter().map(|s| if let Stmt::Op(u) = s { Some(u) } else { None }).collect::<Option<_>>()?;
+        let in_body: HashSet<&UOp> = nodes.iter().copied().collect();
+        let mut users: HashMap<&UOp, Vec<&UOp>> = HashMap::new();
+        for u in &nodes {
+            for s in u.src() {
+                users.entry(s).or_default().push(u);
+            }
+        }
+        // Register reductions: exactly one load and one store, the load used only by the update.
+        let mut accs: Vec<(Variable, Reduction)> = Vec::new();
+        let mut reg_uses: HashMap<u32, usize> = HashMap::new();
+        for u in &nodes {
+            if let Op::Load | Op::Store = u.op()
+                && let Some(var) = self.register_of(&u.src()[0])
+            {
+                *reg_uses.entry(var.as_u32()).or_default() += 1;
+                if let Op::Store = u.op() {
+                    let v = &u.src()[1];
+                    let red = match v.op() {
+                        Op::Binary(BinaryOp::Add) => Reduction::Sum,
+                        Op::Binary(BinaryOp::Max) => Reduction::Max,
+                        _ => return None,
+                    };
+                    let load =
+                        v.src().iter().find(|x| matches!(x.op(), Op::Load) && x.src()[0] == u.src()[0])?;
+                    if v.dtype() != DType::F32 || users.get(load).map(Vec::len) != Some(1) {
+                        return None;
+                    }
+                    accs.push((var, red));
+                }
+            }
+        }
+        if accs.iter().any(|(v, _)| reg_uses.get(&v.as_u32()) != Some(&2)) || reg_uses.len() != accs.len() {
+            return None;
+        }
+        // Integer and bool nodes may only feed addresses (integers) or WHERE (float compares).
+        let mut index_math: HashSet<UOp> = HashSet::new();
+        for u in nodes.iter().rev() {
+            if matches!(u.op(), Op::Index | Op::After | Op::End | Op::Sink | Op::Load | Op::Store) {
+                continue;
+            }
+            let used_by = users.get(u).cloned().unwrap_or_default();
+            match u.dtype() {
+                d if d.is_int() => {
+                    let only_addresses = used_by.iter().all(|w| {
+                        (matches!(w.op(), Op::Index) && w.src()[1] == **u) || index_math.contains(*w)
+                    });
+                    if !only_addresses || !u.op().is_alu() {
+                        return None;
+                    }
+                    index_math.insert((*u).clone());
+                }
+                DType::Bool => {
+                    let float_compare = matches!(u.op(), Op::Binary(BinaryOp::CmpLt | BinaryOp::CmpNe))
+                        && u.src()[0].dtype() == DType::F32;
+                    if !float_compare
+                        || !used_by.iter().all(|w| matches!(w.op(), Op::Where) && w.src()[0] == **u)
+                    {
+                        return None;
+                    }
+                }
+                DType::F32 => match u.op() {
+                    Op::Binary(_) | Op::Where => {}
+                    Op::Unary(UnaryOp::Log2) | Op::Cast => return None,
+                    Op::Unary(_) => {}
+                    _ => return None,
+                },
+                _ => return None,
+            }
+        }
+        // Memory: f32 only, affine in the loop variable, invariant parts computable outside.
+        let mut access: HashMap<UOp, Access> = HashMap::new();
+        let mut per_base: HashMap<UOp, Vec<(i64, UOp, bool)>> = HashMap::new();
+        for u in &nodes {
+            let (Op::Load | Op::Store) = u.op() else { continue };
+            let index = &u.src()[0];
+            if self.register_of(index).is_some() {
+                continue;
+            }
+            let base = view_base(&index.src()[0])?;
+            if base.dtype() != DType::F32 {
+                return None;
+            }
+            let (stride, rest) = split_linear(&index.src()[1], range)?;
+            if !self.index_expr_available(&rest, &in_body) {
+                return None;
+            }
+            let is_store = matches!(u.op(), Op::Store);
+            if is_store && stride != 1 {
+                return None;
+            }
+            per_base.entry(base.clone()).or_default().push((stride, rest.clone(), is_store));
+            access.insert(index.clone(), Access { stride, rest });
+        }
+        // A buffer stored in the loop may only be accessed at the iteration's own element:
+        // no value flows from one iteration to another through memory.
+        for list in per_base.values() {
+            if list.iter().any(|(_, _, st)| *st)
+                && list.iter().any(|(s, r, _)| *s != list[0].0 || *r != list[0].1)
+            {
+                return None;
+            }
+        }
+        Some(VectorPlan { accs, access, index_math })
+    }
+
+    /// Whether `e` can be computed before the loop: constants, enclosing ranges, values
+    /// already computed, and integer arithmetic on those.
+    fn index_expr_available(&self, e: &UOp, in_body: &HashSet<&UOp>) -> bool {
+        UOp::toposort(std::slice::from_ref(e)).iter().all(|x| {
+            x.const_value().is_some()
+                || self.range_vars.contains_key(x)
+                || (self.vals.contains_key(x) && !in_body.contains(x))
+                || (x.op().is_alu() && x.dtype().is_int())
+        })
+    }
+
+    /// Emits integer expression `e` at the current point; nodes it adds to `vals` are
+    /// recorded so the caller can forget them (they are only valid where emitted).
+    fn emit_index_expr(&mut self, e: &UOp, inserted: &mut Vec<UOp>) -> Result<Value, JitError> {
+        for x in UOp::toposort(std::slice::from_ref(e)) {
+            if x.const_value().is_some() || self.range_vars.contains_key(&x) || self.vals.contains_key(&x) {
+                continue;
+            }
+            self.stmt(&x)?;
+            inserted.push(x);
+        }
+        self.val(e)
+    }
+
+    fn lanes_of(&mut self, vals: &HashMap<UOp, Lanes>, u: &UOp) -> Result<Lanes, JitError> {
+        match vals.get(u) {
+            Some(l) => Ok(*l),
+            None => Ok(Lanes::Uniform(self.val(u)?)),
+        }
+    }
+
+    fn vector(&mut self, l: Lanes) -> Value {
+        match l {
+            Lanes::Vector(v) => v,
+            Lanes::Uniform(s) => self.b.ins().splat(types::F32X4, s),
+        }
+    }
+
+    /// One F32X4 copy of the loop body for iterations `first .. first + 4`.
+    fn vector_body(
+        &mut self,
+        body: &[Stmt],
+        plan: &VectorPlan,
+        partials: &[Variable],
+        first: Value,
+        rest_vals: &HashMap<UOp, Value>,
+    ) -> Result<(), JitError> {
+        let mut vals: HashMap<UOp, Lanes> = HashMap::new();
+        let partial_of = |var: Variable| {
+            plan.accs
+                .iter()
+                .position(|(a, _)| *a == var)
+                .map(|k| partials[k])
+                .expect("accumulator is planned")
+        };
+        for s in body {
+            let Stmt::Op(u) = s else { unreachable!("innermost loop") };
+            if plan.index_math.contains(u) || matches!(u.op(), Op::Index | Op::After | Op::End | Op::Sink) {
+                continue;
+            }
+            let out = match u.op() {
+                Op::Load => {
+                    let index = &u.src()[0];
+                    if let Some(var) = self.register_of(index) {
+                        let p = partial_of(var);
+                        Lanes::Vector(self.b.use_var(p))
+                    } else {
+                        let a = &plan.access[index];
+                        let base = self.base_address(index)?;
+                        let rest = rest_vals[index];
+                        match a.stride {
+                            0 => {
+                                let addr = self.element_address(base, rest);
+                                Lanes::Uniform(self.b.ins().load(types::F32, mem(), addr, 0))
+                            }
+                            1 => {
+                                let i = self.b.ins().iadd(rest, first);
+                                let addr = self.element_address(base, i);
+                                Lanes::Vector(self.b.ins().load(types::F32X4, vec_flags(), addr, 0))
+                            }
+                            stride => {
+                                // A strided gather: four scalar loads.
+                                let mut v = None;
+                                for lane in 0..LANES {
+                                    let t = self.b.ins().iadd_imm_s(first, lane);
+                                    let off = self.b.ins().imul_imm_s(t, stride);
+                                    let i = self.b.ins().iadd(rest, off);
+                                    let addr = self.element_address(base, i);
+                                    let x = self.b.ins().load(types::F32, mem(), addr, 0);
+                                    v = Some(match v {
+                                        None => self.b.ins().splat(types::F32X4, x),
+                                        Some(w) => self.b.ins().insertlane(w, x, lane as u8),
+                                    });
+                                }
+                                Lanes::Vector(v.expect("four lanes"))
+                            }
+                        }
+                    }
+                }
+                Op::Store => {
+                    let index = &u.src()[0];
+                    let x = self.lanes_of(&vals, &u.src()[1])?;
+                    let x = self.vector(x);
+                    if let Some(var) = self.register_of(index) {
+                        let p = partial_of(var);
+                        self.b.def_var(p, x);
+                    } else {
+                        let base = self.base_address(index)?;
+                        let i = self.b.ins().iadd(rest_vals[index], first);
+                        let addr = self.element_address(base, i);
+                        self.b.ins().store(vec_flags(), x, addr, 0);
+                    }
+                    continue;
+                }
+                Op::Binary(BinaryOp::Mul) if self.contracted.contains(u) => continue,
+                Op::Binary(BinaryOp::Add) if u.src().iter().any(|s| self.contracted.contains(s)) => {
+                    let (m, other) = if self.contracted.contains(&u.src()[0]) {
+                        (&u.src()[0], &u.src()[1])
+                    } else {
+                        (&u.src()[1], &u.src()[0])
+                    };
+                    let ops = [&m.src()[0], &m.src()[1], other];
+                    let lanes: Vec<Lanes> =
+                        ops.iter().map(|x| self.lanes_of(&vals, x)).collect::<Result<_, _>>()?;
+                    let [a, b, c] = self.unify(&lanes)[..] else { unreachable!("three operands") };
+                    let r = self.b.ins().fma(a, b, c);
+                    self.wrap(&lanes, r)
+                }
+                Op::Binary(op) => {
+                    let lanes = [self.lanes_of(&vals, &u.src()[0])?, self.lanes_of(&vals, &u.src()[1])?];
+                    let [a, b] = self.unify(&lanes)[..] else { unreachable!("two operands") };
+                    let r = match op {
+                        BinaryOp::Add => self.b.ins().fadd(a, b),
+                        BinaryOp::Sub => self.b.ins().fsub(a, b),
+                        BinaryOp::Mul => self.b.ins().fmul(a, b),
+                        BinaryOp::Max => self.fselect(FloatCC::GreaterThan, a, b, a, b),
+                        BinaryOp::CmpLt => self.b.ins().fcmp(FloatCC::LessThan, a, b),
+                        BinaryOp::CmpNe => self.b.ins().fcmp(FloatCC::NotEqual, a, b),
+                        BinaryOp::IDiv | BinaryOp::Mod => {
+                            return Err(JitError::Internal("integer op in a vector body".into()));
+                        }
+                    };
+                    self.wrap(&lanes, r)
+                }
+                Op::Where => {
+                    let lanes = [
+                        self.lanes_of(&vals, &u.src()[0])?,
+                        self.lanes_of(&vals, &u.src()[1])?,
+                        self.lanes_of(&vals, &u.src()[2])?,
+                    ];
+                    match lanes {
+                        [Lanes::Uniform(c), ..] => {
+                            let [a, b] = self.unify(&lanes[1..])[..] else { unreachable!("two branches") };
+                            let r = self.b.ins().select(c, a, b);
+                            self.wrap(&lanes[1..], r)
+                        }
+                        [Lanes::Vector(mask), x, y] => {
+                            let (a, b) = (self.vector(x), self.vector(y));
+                            let m = self.b.ins().bitcast(types::F32X4, lane_bitcast(), mask);
+                            Lanes::Vector(self.b.ins().bitselect(m, a, b))
+                        }
+                    }
+                }
+                Op::Unary(op) => {
+                    let x = self.lanes_of(&vals, &u.src()[0])?;
+                    let v = match x {
+                        Lanes::Uniform(v) | Lanes::Vector(v) => v,
+                    };
+                    let r = match op {
+                        UnaryOp::Neg => self.b.ins().fneg(v),
+                        UnaryOp::Sqrt => self.b.ins().sqrt(v),
+                        UnaryOp::Recip => {
+                            let one = self.fconst(self.b.func.dfg.value_type(v), 1.0);
+                            self.b.ins().fdiv(one, v)
+                        }
+                        UnaryOp::Exp2 => self.exp2_f32(v),
+                        UnaryOp::Log2 => return Err(JitError::Internal("log2 in a vector body".into())),
+                    };
+                    self.wrap(&[x], r)
+                }
+                other => return Err(JitError::Internal(format!("{} in a vector body", other.name()))),
+            };
+            vals.insert(u.clone(), out);
+        }
+        Ok(())
+    }
+
+    /// Operands as values of one type: all scalar, or all F32X4 (uniform ones splatted).
+    fn unify(&mut self, lanes: &[Lanes]) -> Vec<Value> {
+        let any_vector = lanes.iter().any(|l| matches!(l, Lanes::Vector(_)));
+        lanes
+            .iter()
+            .map(|l| match (*l, any_vector) {
+                (Lanes::Uniform(s), false) => s,
+                (l, _) => self.vector(l),
+            })
+            .collect()
+    }
+
+    fn wrap(&self, operands: &[Lanes], r: Value) -> Lanes {
+        if operands.iter().any(|l| matches!(l, Lanes::Vector(_))) {
+            Lanes::Vector(r)
+        } else {
+            Lanes::Uniform(r)
+        }
+    }
+}
