@@ -194,6 +194,7 @@ pub struct Program {
     thread_extent: Option<usize>,
     parallel: bool,
     clif: String,
+    machine_code: Vec<u8>,
     linear: String,
     estimates: Estimates,
     compile_seconds: f64,
@@ -318,6 +319,7 @@ impl Program {
             .declare_anonymous_function(&ctx.func.signature)
             .map_err(|e| JitError::Codegen(e.to_string()))?;
         module.define_function(id, &mut ctx).map_err(|e| JitError::Codegen(format!("{e:?}")))?;
+        let machine_code = ctx.compiled_code().map(|c| c.code_buffer().to_vec()).unwrap_or_default();
         module.clear_context(&mut ctx);
         module.finalize_definitions().map_err(|e| JitError::Codegen(e.to_string()))?;
         let code = module.get_finalized_function(id);
@@ -333,6 +335,7 @@ impl Program {
             thread_extent,
             parallel,
             clif,
+            machine_code,
             linear: uopc_ir::print_linear(&lin),
             estimates,
             compile_seconds: t0.elapsed().as_secs_f64(),
@@ -352,6 +355,12 @@ impl Program {
     /// The generated Cranelift IR, as text.
     pub fn clif(&self) -> &str {
         &self.clif
+    }
+
+    /// The generated x86-64 (or host) machine code, for a disassembler
+    /// (`objdump -D -b binary -m i386:x86-64` reads it as is).
+    pub fn machine_code(&self) -> &[u8] {
+        &self.machine_code
     }
 
     /// The (simplified) loop program, pretty-printed as nested loops.

@@ -24,7 +24,7 @@ pub struct RealizeOptions {
 
 impl Default for RealizeOptions {
     fn default() -> Self {
-        RealizeOptions { fuse_reduce: false, opt: Arc::new(DefaultOpt), simplify_reshape: true }
+        RealizeOptions { fuse_reduce: false, opt: Arc::new(DefaultOpt::default()), simplify_reshape: true }
     }
 }
 

@@ -185,7 +185,8 @@ fn without_reshape_simplification_the_fused_kernel_is_cubic() {
 fn gemm_register_tile_shares_one_reduce_loop() {
     let a = Tensor::from_vec(vec![1.0f32; 64 * 32], &[64, 32]);
     let b = Tensor::from_vec(vec![1.0f32; 32 * 48], &[32, 48]);
-    let plan = make_plan(&[a.matmul(&b).uop().clone()], &RealizeOptions::default()).unwrap();
+    let chapter = RealizeOptions::default().with_opt(DefaultOpt::chapter());
+    let plan = make_plan(&[a.matmul(&b).uop().clone()], &chapter).unwrap();
     // b is read down its columns: the layout pass copies it transposed first
     assert_eq!(plan.kernel_names(), ["e_1_48_32", "r_64_48"]);
     let lin = linearize(&plan.kernels[1].program).unwrap();
@@ -195,6 +196,11 @@ fn gemm_register_tile_shares_one_reduce_loop() {
     assert_eq!(loops, [0, 1, 2]);
     assert_eq!(lin.allocs.len(), 16);
     assert_eq!(acc_inits(&plan.kernels[1].program).iter().filter(|i| i.1 == 2).count(), 16);
+    // the default tile is 2x2: four accumulators, still one shared reduce loop
+    let plan = make_plan(&[a.matmul(&b).uop().clone()], &RealizeOptions::default()).unwrap();
+    let lin = linearize(&plan.kernels[1].program).unwrap();
+    assert_eq!(lin.allocs.len(), 4);
+    assert_eq!(lin.walk().iter().filter(|(_, s)| matches!(s, Stmt::Loop { .. })).count(), 3);
 }
 
 #[test]
