@@ -37,6 +37,30 @@ impl Exe {
         Ok(Exe { program: program.clone(), name: name.to_string(), estimates: (flops, bytes) })
     }
 
+    /// The loop program as nested loops.
+    pub(crate) fn loop_ir(&self) -> String {
+        #[cfg(feature = "jit")]
+        return self.program.loop_ir().to_string();
+        #[cfg(not(feature = "jit"))]
+        return uopc_ir::print_program(&self.program).unwrap_or_else(|e| e.to_string());
+    }
+
+    /// The Cranelift IR, when compiled.
+    pub(crate) fn clif(&self) -> Option<&str> {
+        #[cfg(feature = "jit")]
+        return Some(self.program.clif());
+        #[cfg(not(feature = "jit"))]
+        return None;
+    }
+
+    /// The machine code, when compiled.
+    pub(crate) fn machine_code(&self) -> &[u8] {
+        #[cfg(feature = "jit")]
+        return self.program.machine_code();
+        #[cfg(not(feature = "jit"))]
+        return &[];
+    }
+
     /// Static `(flops, bytes)` of one run.
     pub(crate) fn estimates(&self) -> (u64, u64) {
         self.estimates

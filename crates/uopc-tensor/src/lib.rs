@@ -9,6 +9,7 @@
 
 pub mod attention;
 mod cost;
+pub mod debug;
 mod error;
 mod exec;
 mod kernelize;
@@ -18,6 +19,7 @@ mod realize;
 mod tensor;
 
 pub use cost::static_flops;
+pub use debug::{debug_level, set_debug_level};
 pub use error::{Result, TensorError};
 pub use kernelize::{
     BufRef, Kernel, OutSpec, Plan, PlanCacheStats, canonicalize, layout_pass, make_plan, materialize_points,

@@ -1,6 +1,7 @@
 //! Realize: plan (cached), run the kernels on host buffers, return data-backed tensors and a
 //! report of where the time went.
 
+use crate::debug;
 use crate::error::{Result, TensorError};
 use crate::kernelize::{BufRef, OutSpec, canonicalize, plan_for};
 use crate::opt::{DefaultOpt, FlashOpt, Optimizer};
@@ -52,6 +53,8 @@ pub struct KernelTiming {
     pub flops: u64,
     /// Static bytes of one run.
     pub bytes: u64,
+    /// At DEBUG >= 3: wall seconds of an immediate second run on the same memory.
+    pub again_seconds: Option<f64>,
 }
 
 /// What one realize did and how long it took (data for a DEBUG layer; nothing is printed).
@@ -109,6 +112,10 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
         return Err(TensorError::Unsupported("tensors with a zero-sized axis".into()));
     }
     let (plan, cache_hit) = plan_for(&canon, &leaves, opts)?;
+    let level = debug::debug_level();
+    if level >= 4 && !cache_hit {
+        debug::print_plan(&plan, level);
+    }
     let inputs: Vec<Arc<HostBuffer>> = leaves.iter().map(data_of).collect();
     let mut temps = plan.take_temps();
     let mut outs: Vec<HostBuffer> = plan.outputs.iter().map(|&(d, n)| HostBuffer::zeros(d, n)).collect();
@@ -129,15 +136,26 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
         };
         let ins: Vec<&HostBuffer> = in_refs.iter().map(|&r| host(r, &inputs, &temps, &outs)).collect();
         let t = Instant::now();
-        let res = k.exe.run(&ins, &mut out);
+        let mut res = k.exe.run(&ins, &mut out);
         let seconds = t.elapsed().as_secs_f64();
+        let mut again_seconds = None;
+        if level >= 3 && res.is_ok() {
+            let t = Instant::now();
+            res = k.exe.run(&ins, &mut out);
+            again_seconds = Some(t.elapsed().as_secs_f64());
+        }
         match *out_ref {
             BufRef::Temp(i) => temps[i] = out,
             BufRef::Output(i) => outs[i] = out,
             BufRef::Input(_) => unreachable!(),
         }
         res?;
-        report.kernels.push(KernelTiming { name: k.name.clone(), seconds, flops: k.flops, bytes: k.bytes });
+        let timing =
+            KernelTiming { name: k.name.clone(), seconds, flops: k.flops, bytes: k.bytes, again_seconds };
+        if level >= 2 {
+            eprintln!("{}", debug::kernel_line(&timing));
+        }
+        report.kernels.push(timing);
     }
     plan.return_temps(temps);
     let outs: Vec<Arc<HostBuffer>> = outs.into_iter().map(Arc::new).collect();
@@ -158,5 +176,8 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
         })
         .collect();
     report.total_seconds = t0.elapsed().as_secs_f64();
+    if level >= 1 {
+        eprintln!("{}", debug::summary_line(&report));
+    }
     Ok((result, report))
 }
