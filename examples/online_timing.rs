@@ -6,7 +6,9 @@ use uopc::jit::Program;
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (n, d) = (args.first().copied().unwrap_or(1024), args.get(1).copied().unwrap_or(64));
-    let prog = online_attention_ir(n, d);
+    let qb: usize = std::env::var("QB").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let prog =
+        if qb > 1 { uopc::attention::online_attention_qb_ir(n, d, qb) } else { online_attention_ir(n, d) };
     let mut best_compile = f64::MAX;
     for _ in 0..5 {
         let t = Instant::now();

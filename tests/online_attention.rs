@@ -117,3 +117,36 @@ fn online_running_state_is_declared_inside_the_thread_loop() {
     let prg = Program::compile(&online_attention_ir(16, 8), "online").unwrap();
     assert!(prg.is_parallel(), "query rows write disjoint output rows");
 }
+
+fn run_program(p: &uopc::ir::UOp, q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f32> {
+    let prg = Program::compile(p, "variant").expect("compiles");
+    assert!(prg.is_parallel(), "query blocks write disjoint rows");
+    let mut out = vec![0.0f32; n * d];
+    prg.run_f32(&[q, k, v], &mut [&mut out]).expect("runs");
+    out
+}
+
+#[test]
+fn query_blocked_online_attention_matches_f64() {
+    use uopc::attention::{online_attention_qb_ir, query_block};
+    assert_eq!(query_block(1024, 4), 4);
+    assert_eq!(query_block(6, 4), 3);
+    assert_eq!(query_block(7, 4), 1);
+    for (n, d, qb) in [(1, 1, 4), (7, 5, 4), (12, 3, 4), (64, 64, 4), (30, 13, 8), (256, 128, 4)] {
+        let (q, k, v) = (pseudo_random(n * d, 11), pseudo_random(n * d, 12), pseudo_random(n * d, 13));
+        let out = run_program(&online_attention_qb_ir(n, d, qb), &q, &k, &v, n, d);
+        let err = max_abs_err(&out, &attention_f64(&q, &k, &v, n, d));
+        assert!(err <= TOL, "n={n} d={d} qb={qb}: {err:e}");
+    }
+}
+
+#[test]
+fn online_kernels_vectorize_their_head_dimension_loops() {
+    use uopc::attention::online_attention_qb_ir;
+    for p in [online_attention_ir(64, 64), online_attention_qb_ir(64, 64, 4)] {
+        let prg = Program::compile(&p, "online").unwrap();
+        let clif = prg.clif();
+        assert!(clif.contains("f32x4") && clif.contains("fma"), "F32X4 FMAs in the generated code");
+        assert!(!clif.contains("call"), "exp2 is inline: no calls");
+    }
+}

@@ -8,6 +8,7 @@
 use super::*;
 use cranelift_codegen::ir::Endianness;
 use std::collections::HashSet;
+use uopc_ir::simplify;
 
 /// Lanes of an F32X4.
 const LANES: i64 = 4;
@@ -252,13 +253,24 @@ impl Lowerer<'_, '_> {
             per_base.entry(base.clone()).or_default().push((stride, rest.clone(), is_store));
             access.insert(index.clone(), Access { stride, rest });
         }
-        // A buffer stored in the loop may only be accessed at the iteration's own element:
-        // no value flows from one iteration to another through memory.
+        // A buffer stored in the loop may only be accessed at the iteration's own element, or
+        // in a provably disjoint stretch: no value flows from one iteration to another
+        // through memory.
+        let trips = range.src()[0].const_int()?;
         for list in per_base.values() {
-            if list.iter().any(|(_, _, st)| *st)
-                && list.iter().any(|(s, r, _)| *s != list[0].0 || *r != list[0].1)
-            {
-                return None;
+            if !list.iter().any(|(_, _, st)| *st) {
+                continue;
+            }
+            for (a, (sa, ra, _)) in list.iter().enumerate() {
+                for (sb, rb, _) in &list[a + 1..] {
+                    if (sa, ra) == (sb, rb) {
+                        continue;
+                    }
+                    let gap = simplify(&(ra - rb)).const_int()?;
+                    if *sa != 1 || *sb != 1 || gap.abs() < trips {
+                        return None;
+                    }
+                }
             }
         }
         Some(VectorPlan { accs, access, index_math })
