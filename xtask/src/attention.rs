@@ -1,0 +1,374 @@
+//! `bench attention`: times the three attention forms and checks each against f64.
+
+use crate::AttentionArgs;
+use crate::reference::{self, Inputs};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::error::Error;
+use std::process::ExitCode;
+use std::time::Instant;
+use uopc::attention::{attention, online_attention_ir};
+use uopc::jit::Program;
+use uopc::{RealizeOptions, Tensor, make_plan, realize};
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// Largest accepted `|out - reference|`. Outputs are convex combinations of values in [-1, 1),
+/// so this is an absolute bound on numbers of size <= 1. f32 rounding (2^-24 relative) summed
+/// over N keys and D products, plus the inline exp2's ~1e-7 relative error, stays near 1e-6
+/// at the default sizes; a real bug (a missing rescale, a wrong max, a race) is off by 1e-2 or
+/// more. 1e-4 sits between the two with margin on both sides.
+pub const TOLERANCE: f64 = 1e-4;
+
+/// One way of computing attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// The Tensor expression with default realize options: scores materialized.
+    Unfused,
+    /// The Tensor expression with `fuse_reduce` and the flash optimizer.
+    Fused,
+    /// The hand-written online-softmax loop program.
+    Online,
+}
+
+impl Variant {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Unfused => "unfused",
+            Variant::Fused => "fused",
+            Variant::Online => "online",
+        }
+    }
+
+    fn realize_options(self) -> Option<RealizeOptions> {
+        match self {
+            Variant::Unfused => Some(RealizeOptions::default()),
+            Variant::Fused => Some(RealizeOptions::fused()),
+            Variant::Online => None,
+        }
+    }
+}
+
+/// One measured form at one size.
+#[derive(Clone, Debug, Serialize)]
+pub struct Measurement {
+    pub variant: Variant,
+    pub n: usize,
+    pub d: usize,
+    pub median_ms: f64,
+    pub best_ms: f64,
+    /// `4 N^2 D` divided by the best time.
+    pub gflops: f64,
+    /// Largest error over the warm-up and every timed repetition.
+    pub max_abs_err: f64,
+    pub reps: usize,
+    /// The warm-up call: includes scheduling and compiling for the Tensor forms.
+    pub first_ms: f64,
+    /// Kernel names of the plan (the program's name for the online form).
+    pub kernels: Vec<String>,
+    /// Bytes of temporaries the plan allocates.
+    pub temp_bytes: usize,
+}
+
+#[derive(Serialize)]
+struct Machine {
+    cpu: String,
+    logical_cpus: usize,
+    threads: usize,
+    os: &'static str,
+    arch: &'static str,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    results: &'a [Measurement],
+    machine: Machine,
+    version: String,
+    git: Option<String>,
+    tolerance: f64,
+}
+
+/// Something that computes attention for fixed inputs, once per call.
+enum Runner<'a> {
+    Tensor { opts: RealizeOptions, x: &'a Inputs, n: usize, d: usize, out: Vec<f32> },
+    Online { prg: Box<Program>, x: &'a Inputs, out: Vec<f32> },
+}
+
+impl<'a> Runner<'a> {
+    /// Compiles the online program (outside any timing); the Tensor forms compile on first run.
+    fn new(variant: Variant, x: &'a Inputs, n: usize, d: usize) -> Result<Self> {
+        Ok(match variant.realize_options() {
+            Some(opts) => Runner::Tensor { opts, x, n, d, out: Vec::new() },
+            None => {
+                let prg = Box::new(Program::compile(&online_attention_ir(n, d), "online")?);
+                Runner::Online { prg, x, out: vec![0.0; n * d] }
+            }
+        })
+    }
+
+    /// One timed call: for the Tensor forms, tensors built from the input vectors, the graph,
+    /// realize and the output read back (what a user of the front end pays); for the online
+    /// form one run of the compiled program.
+    fn call(&mut self) -> Result<()> {
+        match self {
+            Runner::Tensor { opts, x, n, d, out } => {
+                let shape = [*n, *d];
+                let q = Tensor::try_from_vec(x.q.clone(), &shape)?;
+                let k = Tensor::try_from_vec(x.k.clone(), &shape)?;
+                let v = Tensor::try_from_vec(x.v.clone(), &shape)?;
+                let (res, _) = realize(&[&attention(&q, &k, &v)], opts)?;
+                *out = res[0].to_ndarray::<f32>()?.into_raw_vec_and_offset().0;
+            }
+            Runner::Online { prg, x, out } => prg.run_f32(&[&x.q, &x.k, &x.v], &mut [out])?,
+        }
+        Ok(())
+    }
+
+    fn output(&self) -> &[f32] {
+        match self {
+            Runner::Tensor { out, .. } | Runner::Online { out, .. } => out,
+        }
+    }
+
+    /// Kernel names and temporary bytes, read from the (cached) plan.
+    fn plan_summary(&self) -> Result<(Vec<String>, usize)> {
+        match self {
+            Runner::Tensor { opts, x, n, d, .. } => {
+                let t = |v: &[f32]| Tensor::try_from_vec(v.to_vec(), &[*n, *d]);
+                let graph = attention(&t(&x.q)?, &t(&x.k)?, &t(&x.v)?);
+                let plan = make_plan(&[graph.uop().clone()], opts)?;
+                let bytes = plan.temps.iter().map(|(dt, len)| dt.size() * len).sum();
+                Ok((plan.kernel_names().iter().map(|s| s.to_string()).collect(), bytes))
+            }
+            Runner::Online { prg, .. } => Ok((vec![prg.name().to_string()], 0)),
+        }
+    }
+}
+
+/// Timed repetitions when `--reps` is not given. The default sizes take about 10 s in all on
+/// two cores (fused at N = 2048, the slowest, under a second per call).
+pub const DEFAULT_REPS: usize = 5;
+
+fn reps_for(args: &AttentionArgs) -> usize {
+    args.reps.unwrap_or(DEFAULT_REPS).max(1)
+}
+
+/// `3.3e-07`: one decimal and a two-digit exponent, like C's `%.1e`.
+pub fn fmt_err(x: f64) -> String {
+    if !x.is_finite() {
+        return format!("{x}");
+    }
+    let s = format!("{x:.1e}");
+    match s.split_once('e') {
+        Some((m, e)) => {
+            let (sign, digits) = e.strip_prefix('-').map_or(("+", e), |d| ("-", d));
+            format!("{m}e{sign}{digits:0>2}")
+        }
+        None => s,
+    }
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let m = sorted.len() / 2;
+    if sorted.len() % 2 == 1 { sorted[m] } else { (sorted[m - 1] + sorted[m]) / 2.0 }
+}
+
+fn measure(
+    variant: Variant,
+    x: &Inputs,
+    want: &[f64],
+    n: usize,
+    d: usize,
+    reps: usize,
+    bar: &ProgressBar,
+) -> Result<Measurement> {
+    let mut runner = Runner::new(variant, x, n, d)?;
+    let t = Instant::now();
+    runner.call()?;
+    let first_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut err = reference::max_abs_err(runner.output(), want);
+    bar.inc(1);
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        runner.call()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        // checked every time, outside the timing: a race shows up as a run-to-run difference
+        err = err.max(reference::max_abs_err(runner.output(), want));
+        bar.inc(1);
+    }
+    times.sort_by(f64::total_cmp);
+    let (kernels, temp_bytes) = runner.plan_summary()?;
+    let best_ms = times[0];
+    Ok(Measurement {
+        variant,
+        n,
+        d,
+        median_ms: median(&times),
+        best_ms,
+        gflops: 4.0 * (n * n * d) as f64 / (best_ms * 1e-3) / 1e9,
+        max_abs_err: err,
+        reps,
+        first_ms,
+        kernels,
+        temp_bytes,
+    })
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn machine() -> Machine {
+    let logical_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // the pool size rayon will use: RAYON_NUM_THREADS (set by --threads) or every core
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&t: &usize| t > 0)
+        .unwrap_or(logical_cpus);
+    Machine {
+        cpu: cpu_model(),
+        logical_cpus,
+        threads,
+        os: std::env::consts::OS,
+        arch: std::env::consts::ARCH,
+    }
+}
+
+fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn print_table(results: &[Measurement]) {
+    println!(
+        "{:<8} {:>6} {:>5} {:>11} {:>11} {:>9} {:>12}",
+        "variant", "n", "d", "median ms", "best ms", "GFLOP/s", "max abs err"
+    );
+    for m in results {
+        let flag = if m.max_abs_err <= TOLERANCE { "" } else { "  WRONG" };
+        println!(
+            "{:<8} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>12}{flag}",
+            m.variant.name(),
+            m.n,
+            m.d,
+            m.median_ms,
+            m.best_ms,
+            m.gflops,
+            fmt_err(m.max_abs_err)
+        );
+    }
+}
+
+fn write_outputs(args: &AttentionArgs, results: &[Measurement], machine: Machine) -> Result<()> {
+    if let Some(path) = &args.svg {
+        let subtitle = format!("{}, {} threads", machine.cpu, machine.threads);
+        std::fs::write(path, crate::svg::plot(results, &subtitle))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.json {
+        let report = Report {
+            results,
+            machine,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            git: git_commit(),
+            tolerance: TOLERANCE,
+        };
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Runs `bench attention`; the exit code is non-zero when any result is wrong or fails.
+pub fn run(args: &AttentionArgs) -> ExitCode {
+    if args.n.is_empty() || args.n.contains(&0) || args.d == 0 || args.variants.is_empty() {
+        eprintln!("error: --n and --d must be positive and --variants non-empty");
+        return ExitCode::from(2);
+    }
+    let mut variants: Vec<Variant> = Vec::new();
+    for &v in &args.variants {
+        if !variants.contains(&v) {
+            variants.push(v);
+        }
+    }
+    let total: usize = args.n.len() * variants.len() * (1 + reps_for(args));
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed:>4} [{bar:32}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let started = Instant::now();
+    let mut results = Vec::new();
+    let mut failures = Vec::new();
+    for &n in &args.n {
+        bar.set_message(format!("f64 reference n={n}"));
+        let x = reference::inputs(n, args.d);
+        let want = reference::attention_f64(&x, n, args.d);
+        for &v in &variants {
+            bar.set_message(format!("{} n={n} d={}", v.name(), args.d));
+            match measure(v, &x, &want, n, args.d, reps_for(args), &bar) {
+                Ok(m) => {
+                    if m.max_abs_err > TOLERANCE {
+                        failures.push(format!(
+                            "{} n={n} d={}: wrong result, max abs error {} exceeds the tolerance {}",
+                            v.name(),
+                            args.d,
+                            fmt_err(m.max_abs_err),
+                            fmt_err(TOLERANCE)
+                        ));
+                    }
+                    results.push(m);
+                }
+                Err(e) => failures.push(format!("{} n={n} d={}: {e}", v.name(), args.d)),
+            }
+        }
+    }
+    bar.finish_and_clear();
+    print_table(&results);
+    eprintln!("bench attention: {} results in {:.1} s", results.len(), started.elapsed().as_secs_f64());
+    if let Err(e) = write_outputs(args, &results, machine()) {
+        failures.push(e.to_string());
+    }
+    if failures.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    for f in &failures {
+        eprintln!("error: {f}");
+    }
+    eprintln!("error: {} of the checks failed", failures.len());
+    ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_print_like_c() {
+        assert_eq!(fmt_err(3.3e-7), "3.3e-07");
+        assert_eq!(fmt_err(0.0), "0.0e+00");
+        assert_eq!(fmt_err(12.0), "1.2e+01");
+        assert_eq!(fmt_err(f64::INFINITY), "inf");
+    }
+
+    #[test]
+    fn median_of_even_and_odd() {
+        assert_eq!(median(&[1.0, 2.0, 9.0]), 2.0);
+        assert_eq!(median(&[1.0, 2.0, 4.0, 9.0]), 3.0);
+    }
+}
