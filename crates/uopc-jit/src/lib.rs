@@ -17,6 +17,7 @@
 
 mod estimate;
 mod lower;
+pub mod peak;
 
 pub use estimate::Estimates;
 

@@ -236,3 +236,10 @@ fn innermost_f32_loops_vectorize_with_tails() {
         }
     }
 }
+
+#[test]
+fn fma_peak_measures_something_positive() {
+    // Only that it compiles, runs and reports a plausible number: speed is for benchmarks.
+    let g = uopc_jit::peak::fma_peak_gflops(10_000, 1).unwrap();
+    assert!(g.is_finite() && g > 0.1, "{g}");
+}
