@@ -131,7 +131,29 @@ impl fmt::Debug for Plan {
 }
 
 fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    shape.iter().fold(1usize, |a, &b| a.saturating_mul(b))
+}
+
+/// Physical memory, from /proc/meminfo (None where unknown).
+fn physical_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Refuses plans whose buffers cannot fit in memory, before anything is allocated.
+fn check_memory(temps: &[(DType, usize)], outputs: &[(DType, usize)]) -> Result<()> {
+    let bytes: u128 = temps.iter().chain(outputs).map(|(d, n)| d.size() as u128 * *n as u128).sum();
+    let limit = physical_memory_bytes().unwrap_or(u64::MAX) as u128;
+    if bytes > limit {
+        return Err(TensorError::Unsupported(format!(
+            "the plan needs {:.1} GB of buffers, more than this machine's {:.1} GB of memory",
+            bytes as f64 / 1e9,
+            limit as f64 / 1e9
+        )));
+    }
+    Ok(())
 }
 
 /// Rebuilds the graph under `roots` bottom-up: `f(old, rebuilt)` returns each node's
@@ -433,6 +455,7 @@ fn build_plan(roots: &[UOp], inputs: Vec<(DType, Vec<usize>)>, opts: &RealizeOpt
             BufRef::Temp(temps.len() - 1)
         });
     }
+    check_memory(&temps, &outputs)?;
     let mut lowered = Vec::with_capacity(points.len());
     for p in &points {
         let (body, mut args) = kernel_body(p, &buf_of);

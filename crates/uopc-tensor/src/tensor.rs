@@ -72,7 +72,18 @@ fn ok(r: Result<Tensor>) -> Tensor {
 }
 
 fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    shape.iter().fold(1usize, |a, &b| a.saturating_mul(b))
+}
+
+/// Tensors may have at most this many elements: indices stay far from overflow, and a typo in
+/// a shape fails here, where it was written, instead of as an allocation failure later.
+pub const MAX_ELEMENTS: usize = 1 << 40;
+
+fn check_size(op: &'static str, shape: &[usize]) -> Result<()> {
+    if numel(shape) > MAX_ELEMENTS {
+        return Err(shape_err(op, format!("shape {shape:?} has more than 2^40 elements")));
+    }
+    Ok(())
 }
 
 fn check_nonzero(op: &'static str, shape: &[usize]) -> Result<()> {
@@ -402,6 +413,7 @@ impl Tensor {
     /// The same elements viewed with another shape of the same element count.
     pub fn try_reshape(&self, shape: &[usize]) -> Result<Tensor> {
         check_nonzero("reshape", shape)?;
+        check_size("reshape", shape)?;
         if numel(shape) != self.numel() {
             return Err(shape_err("reshape", format!("cannot reshape {:?} to {shape:?}", self.shape())));
         }
@@ -433,6 +445,7 @@ impl Tensor {
         {
             return Err(shape_err("expand", format!("cannot expand {s:?} to {shape:?}")));
         }
+        check_size("expand", shape)?;
         if s == shape {
             return Ok(self.clone());
         }

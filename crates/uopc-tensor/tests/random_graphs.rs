@@ -24,6 +24,11 @@ enum G {
     /// `cat(x[:, 1:], x[:, :1])`: shrink and cat.
     Roll(Box<G>),
     Softmax(Box<G>, usize),
+    /// `x @ w` with a 4x4 weight: a broadcast-multiply-reduce.
+    MatMul(Box<G>),
+    /// `x.T.T`-style permute of a broadcast: `(x + row).permute([1, 0]).permute([1, 0])`
+    /// where `row` is a (1, 4) leaf expanded over the rows.
+    BroadcastRow(Box<G>),
 }
 
 fn graph() -> impl Strategy<Value = G> {
@@ -43,13 +48,15 @@ fn graph() -> impl Strategy<Value = G> {
             (inner.clone(), 0usize..2).prop_map(|(x, a)| G::MaxSub(Box::new(x), a)),
             inner.clone().prop_map(|x| G::Flip(Box::new(x))),
             inner.clone().prop_map(|x| G::Roll(Box::new(x))),
-            (inner, 0usize..2).prop_map(|(x, a)| G::Softmax(Box::new(x), a)),
+            (inner.clone(), 0usize..2).prop_map(|(x, a)| G::Softmax(Box::new(x), a)),
+            inner.clone().prop_map(|x| G::MatMul(Box::new(x))),
+            inner.prop_map(|x| G::BroadcastRow(Box::new(x))),
         ]
     })
 }
 
-fn build(g: &G, leaves: &[Tensor]) -> Tensor {
-    let r = |x: &G| build(x, leaves);
+fn build(g: &G, leaves: &[Tensor], w: &Tensor, row: &Tensor) -> Tensor {
+    let r = |x: &G| build(x, leaves, w, row);
     match g {
         G::Leaf(i) => leaves[*i].clone(),
         G::Add(a, b) => r(a) + r(b),
@@ -72,12 +79,14 @@ fn build(g: &G, leaves: &[Tensor]) -> Tensor {
             Tensor::cat(&[&x.slice(1, 1, 4), &x.slice(1, 0, 1)], 1)
         }
         G::Softmax(a, ax) => r(a).softmax(*ax as isize),
+        G::MatMul(a) => r(a).matmul(w) * 0.5,
+        G::BroadcastRow(a) => (r(a) + row).permute(&[1, 0]).permute(&[1, 0]),
     }
 }
 
 /// The reference value and the largest magnitude seen on the way (errors scale with it).
-fn eval(g: &G, leaves: &[Array2<f64>]) -> (Array2<f64>, f64) {
-    let r = |x: &G| eval(x, leaves);
+fn eval(g: &G, leaves: &[Array2<f64>], w: &Array2<f64>, row: &Array2<f64>) -> (Array2<f64>, f64) {
+    let r = |x: &G| eval(x, leaves, w, row);
     let (v, m) = match g {
         G::Leaf(i) => (leaves[*i].clone(), 0.0),
         G::Add(a, b) | G::Sub(a, b) | G::Mul(a, b) | G::Max(a, b) => {
@@ -134,27 +143,51 @@ fn eval(g: &G, leaves: &[Array2<f64>]) -> (Array2<f64>, f64) {
             let s = e.sum_axis(Axis(*ax)).insert_axis(Axis(*ax));
             (&e / &s, m)
         }
+        G::MatMul(a) => {
+            let (x, m) = r(a);
+            let v = x.dot(w) * 0.5;
+            (v, m * 4.0)
+        }
+        G::BroadcastRow(a) => {
+            let (x, m) = r(a);
+            (&x + row, m)
+        }
     };
     let mm = v.iter().fold(m, |acc, x| acc.max(x.abs()));
     (v, mm)
 }
 
+/// Cases per run: `UOPC_GRAPH_CASES` raises the default of 32 (CI runs 2,000).
+fn cases() -> u32 {
+    std::env::var("UOPC_GRAPH_CASES").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(32)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
     #[test]
-    fn random_graphs_match_the_reference(g in graph(), seed in 0u64..1000) {
-        let arrays: Vec<ArrayD<f32>> = (0..3).map(|k| uniform(&[3, 4], -1.5, 1.5, seed * 3 + k)).collect();
+    fn random_graphs_match_the_reference(g in graph(), seed in 0u64..100_000) {
+        let arrays: Vec<ArrayD<f32>> = (0..3).map(|k| uniform(&[3, 4], -1.5, 1.5, seed * 5 + k)).collect();
+        let w_arr = uniform(&[4, 4], -1.0, 1.0, seed * 5 + 3);
+        let row_arr = uniform(&[1, 4], -1.0, 1.0, seed * 5 + 4);
         let leaves: Vec<Tensor> = arrays.iter().map(Tensor::from_array).collect();
+        let (w, row) = (Tensor::from_array(&w_arr), Tensor::from_array(&row_arr));
         let refs: Vec<Array2<f64>> = arrays.iter().map(|a| f64s(a).into_dimensionality().unwrap()).collect();
-        let (want, mag) = eval(&g, &refs);
+        let w_ref: Array2<f64> = f64s(&w_arr).into_dimensionality().unwrap();
+        let row_ref: Array2<f64> = f64s(&row_arr).into_dimensionality().unwrap();
+        let (want, mag) = eval(&g, &refs, &w_ref, &row_ref);
         let want = want.into_dyn();
-        let t = build(&g, &leaves);
+        let t = build(&g, &leaves, &w, &row);
         // f32 rounding relative to the largest intermediate: a few dozen roundings at most
         let tol = 1e-5 * (1.0 + mag);
+        let mut results = Vec::new();
         for opts in [RealizeOptions::default(), RealizeOptions::fused(), RealizeOptions::default().with_opt(NoOpt)] {
             let got = t.to_ndarray_with::<f32>(&opts).unwrap();
             let e = abs_err(&got, &want);
             prop_assert!(e <= tol, "{:?} with fuse_reduce={}: error {:e} > {:e}", g, opts.fuse_reduce, e, tol);
+            results.push(got);
         }
+        // fused against unfused realize of the same graph
+        let e = abs_err(&results[1], &results[0].mapv(|x| x as f64).into_dyn());
+        prop_assert!(e <= 2.0 * tol, "{:?}: fused and unfused differ by {:e}", g, e);
     }
 }
