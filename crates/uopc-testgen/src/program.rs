@@ -1,0 +1,731 @@
+//! Random well-formed loop programs with matching input buffers.
+//!
+//! Two profiles:
+//! - [`Profile::Exact`]: every op the IR has, on inputs that include NaN, infinities, -0 and
+//!   integer extremes. Float compares, float-to-int casts and IDIV/MOD by zero make results
+//!   discontinuous, so these programs are compared bit for bit against a JIT build without FMA
+//!   contraction or reassociation. f32 EXP2 (a polynomial in the JIT) is written as an f64 EXP2
+//!   between casts.
+//! - [`Profile::Smooth`]: float values only flow through continuous ops (guarded SQRT, LOG2 and
+//!   RECIP, f32 EXP2 included), so results under FMA contraction and reassociated sums differ by
+//!   rounding only. Generating the same seed in [`Mode::Magnitude`] yields a twin program that
+//!   stores, for each float result, a bound on the magnitudes its rounding errors scale with;
+//!   tolerances come from it.
+//!
+//! Every program is built so that it passes `uopc_ir::verify`: indices are proven in bounds by
+//! construction, every range is used by what its END closes, accumulators follow the canonical
+//! ALLOC pattern, and with a THREAD range every store's index is `t * S + r` with `0 <= r < S`.
+
+use super::rng::Rng;
+use std::collections::HashMap;
+use uopc_ir::{AxisType, ConstValue, DType, HostBuffer, Op, UOp, alloc, buffer, idx, range, sink};
+
+/// Which op mix and input values to generate (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    /// All ops and special values; compared bit-exactly against a strict JIT build.
+    Exact,
+    /// Continuous float paths; compared with a magnitude-derived tolerance.
+    Smooth,
+}
+
+/// What the float expressions of a Smooth program compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The program under test.
+    Value,
+    /// Its twin: float stores hold error magnitudes. Run it with `Precision::F64`.
+    Magnitude,
+}
+
+/// Knobs for patterns the generator can leave out.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Allow accumulator updates whose added term reads the accumulator (`acc + acc * c`).
+    pub self_referencing_sums: bool,
+    /// Allow loop and THREAD ranges whose every use may simplify away (one iteration, or
+    /// modulo arithmetic that cancels them), leaving their END with nothing to close.
+    pub foldable_ranges: bool,
+    /// Allow input buffers whose every load may simplify away (`x - x`, `where(c, x, x)`).
+    /// When false, each input is also copied to a witness output.
+    pub vanishing_buffers: bool,
+    /// Compare -0.0 and +0.0 as different (the harness's exact comparison; generation ignores it).
+    pub signed_zeros: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            self_referencing_sums: true,
+            foldable_ranges: true,
+            vanishing_buffers: true,
+            signed_zeros: true,
+        }
+    }
+}
+
+/// A generated program and the buffers to run it on.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The SINK of the program.
+    pub program: UOp,
+    /// One buffer per BUFFER slot `0..n`; written ones are zero-filled.
+    pub inputs: Vec<HostBuffer>,
+    /// Which slots the program stores to.
+    pub written: Vec<bool>,
+    /// The profile it was generated with.
+    pub profile: Profile,
+    /// The longest chain of nested reduction trips (for summation error bounds).
+    pub sum_len: u64,
+}
+
+/// A generated expression. In Magnitude mode a float expression also carries its magnitude,
+/// and `vague` marks values whose `v` is not meaningful there (they come from accumulators or
+/// local arrays, which hold magnitudes in that mode).
+#[derive(Clone)]
+struct E {
+    v: UOp,
+    m: Option<UOp>,
+    vague: bool,
+}
+
+impl E {
+    fn plain(v: UOp) -> E {
+        E { v, m: None, vague: false }
+    }
+    fn mag(&self) -> UOp {
+        self.m.clone().unwrap_or_else(|| abs(&self.v))
+    }
+}
+
+fn abs(x: &UOp) -> UOp {
+    x.maximum(-x)
+}
+
+fn konst(v: ConstValue, d: DType) -> UOp {
+    UOp::new(Op::Const(v.cast(d)), d, vec![])
+}
+
+fn fconst(v: f64, d: DType) -> UOp {
+    konst(ConstValue::float(v), d)
+}
+
+const FLOATS: [DType; 2] = [DType::F32, DType::F64];
+const INTS: [DType; 2] = [DType::I32, DType::I64];
+const ALL: [DType; 5] = [DType::Bool, DType::I32, DType::I64, DType::F32, DType::F64];
+
+/// Generates a case. `rng` is consumed; clone it first to generate the Magnitude twin.
+pub fn generate(rng: &mut Rng, profile: Profile, mode: Mode, opts: Options) -> Case {
+    let mut g = Gen {
+        rng,
+        profile,
+        mode,
+        opts,
+        inputs: Vec::new(),
+        next_range: 0,
+        next_alloc: 0,
+        budget: 4,
+        chain: 1,
+        sum_len: 1,
+    };
+    g.program()
+}
+
+/// The Magnitude twin of the Smooth case generated from `rng_at_start`.
+pub fn magnitude_twin(rng_at_start: &Rng, opts: Options) -> UOp {
+    generate(&mut rng_at_start.clone(), Profile::Smooth, Mode::Magnitude, opts).program
+}
+
+struct Gen<'a> {
+    rng: &'a mut Rng,
+    profile: Profile,
+    mode: Mode,
+    opts: Options,
+    inputs: Vec<UOp>,
+    next_range: usize,
+    next_alloc: usize,
+    /// Reductions and local arrays still allowed.
+    budget: usize,
+    /// Product of the trip bounds of the reductions being generated.
+    chain: u64,
+    sum_len: u64,
+}
+
+/// Iterations of the innermost point of `scope`, bounded.
+fn work(scope: &[UOp]) -> u64 {
+    scope.iter().map(|r| (r.vmax().max(0) as u64).saturating_add(1)).fold(1u64, u64::saturating_mul)
+}
+
+impl Gen<'_> {
+    fn smooth(&self) -> bool {
+        self.profile == Profile::Smooth
+    }
+    fn magnitude(&self) -> bool {
+        self.mode == Mode::Magnitude
+    }
+
+    fn program(&mut self) -> Case {
+        let n_in = 1 + self.rng.below(4) as usize;
+        let mut inputs = Vec::new();
+        for slot in 0..n_in {
+            let d = self.pick_dtype();
+            let len =
+                if self.rng.chance(20) { 1 + self.rng.below(200) } else { 1 + self.rng.below(24) } as usize;
+            inputs.push(self.random_buffer(d, len));
+            self.inputs.push(buffer(slot, d, len));
+        }
+        let thread = if self.rng.chance(40) {
+            let lo = if self.opts.foldable_ranges { 1 } else { 2 };
+            let t = if self.rng.chance(5) && self.opts.foldable_ranges { 0 } else { self.rng.between(lo, 6) };
+            Some(self.new_range(idx(t), AxisType::Thread))
+        } else {
+            None
+        };
+        let n_out = 1 + self.rng.below(3) as usize;
+        let mut stores = Vec::new();
+        let mut written = vec![false; n_in];
+        for k in 0..n_out {
+            let slot = n_in + k;
+            let d = self.pick_dtype();
+            let mut scope: Vec<UOp> = thread.iter().cloned().collect();
+            let loops = self.rng.below(4);
+            for _ in 0..loops {
+                if work(&scope) > 256 {
+                    break;
+                }
+                let end = self.range_end(&scope, false);
+                let r = self.new_range(end, AxisType::Loop);
+                scope.push(r);
+            }
+            let depth = 1 + self.rng.below(4) as usize;
+            let value = self.expr(d, &scope, depth);
+            let stored = if self.magnitude() && d.is_float() { value.mag() } else { value.v.clone() };
+            let inner: Vec<UOp> = scope.iter().filter(|r| Some(*r) != thread.as_ref()).cloned().collect();
+            // Row-major position over the inner loops, each with radix its bound.
+            let mut rest = idx(0);
+            for (n, r) in inner.iter().enumerate() {
+                rest = if n == 0 { r.clone() } else { &rest * (r.vmax().max(0) + 1) + r };
+            }
+            let mut index = match &thread {
+                Some(t) => t * (rest.vmax().max(0) + 1) + &rest,
+                None => rest,
+            };
+            if self.rng.chance(20) && self.opts.foldable_ranges {
+                // Not injective: several iterations store to one element, the last one wins.
+                let l = 1 + self.rng.below(index.vmax().max(0) as u64 + 1) as i64;
+                index = (&index * self.rng.between(1, 3) + self.rng.between(0, 2)) % l;
+            }
+            let len = index.vmax().max(0) as usize + 1;
+            let out = buffer(slot, d, len);
+            inputs.push(HostBuffer::zeros(d, len));
+            written.push(true);
+            let mut st = out.index(&index).store(stored);
+            for r in inner.iter().rev() {
+                st = st.end(std::slice::from_ref(r));
+            }
+            stores.push(st);
+        }
+        if !self.opts.vanishing_buffers {
+            // witness[t * n + k] = in_k[0]: a use of every input that no rewrite can remove.
+            let n = self.inputs.len() as i64;
+            let slot = n_in + n_out;
+            let base = thread.as_ref().map(|t| t * n);
+            let len = thread.as_ref().map_or(1, |t| t.vmax().max(0) + 1) * n;
+            let witness = buffer(slot, DType::F64, len as usize);
+            inputs.push(HostBuffer::zeros(DType::F64, len as usize));
+            written.push(true);
+            for (k, b) in self.inputs.clone().iter().enumerate() {
+                let at = match &base {
+                    Some(b) => b + k as i64,
+                    None => idx(k as i64),
+                };
+                stores.push(witness.index(at).store(b.index(0).load().cast(DType::F64)));
+            }
+        }
+        let program = match &thread {
+            Some(t) => sink(&[sink(&stores).end(std::slice::from_ref(t))]),
+            None => sink(&stores),
+        };
+        let (program, inputs, written) = compact_slots(&program, inputs, written);
+        Case { program, inputs, written, profile: self.profile, sum_len: self.sum_len }
+    }
+
+    fn pick_dtype(&mut self) -> DType {
+        if self.rng.chance(50) { self.rng.pick(&FLOATS) } else { self.rng.pick(&ALL) }
+    }
+
+    fn new_range(&mut self, end: UOp, axis: AxisType) -> UOp {
+        let id = self.next_range;
+        self.next_range += 1;
+        range(end, id, axis)
+    }
+
+    fn new_alloc(&mut self, d: DType, len: usize) -> UOp {
+        let slot = self.next_alloc;
+        self.next_alloc += 1;
+        alloc(slot, d, len)
+    }
+
+    /// A range end: a constant, or an expression of an enclosing range.
+    fn range_end(&mut self, scope: &[UOp], reduce: bool) -> UOp {
+        let room = 2048 / work(scope).max(1);
+        if !scope.is_empty() && self.rng.chance(30) {
+            let r = self.rng.pick(scope);
+            let e = match self.rng.below(5) {
+                0 => &r + self.rng.between(0, 2),
+                1 => (&r % 3) + 1,
+                2 => &r * 2 + 1,
+                3 => r.idiv(2) + 1,
+                _ => r.clone(),
+            };
+            let min_vmax = if self.opts.foldable_ranges || reduce { 0 } else { 2 };
+            if (e.vmax().max(0) as u64) < room && e.vmax() >= min_vmax {
+                return e;
+            }
+        }
+        let choices: &[i64] = if reduce { &[0, 1, 2, 3, 5, 8, 9, 12, 16] } else { &[0, 1, 2, 3, 4, 5, 7] };
+        let mut n = self.rng.pick(choices).min(room.max(1) as i64);
+        if n < 2 && !reduce && !self.opts.foldable_ranges {
+            n = 2;
+        }
+        idx(n)
+    }
+
+    fn int_value(&mut self, d: DType) -> i64 {
+        let v = if self.smooth() {
+            self.rng.between(-50, 50)
+        } else {
+            match self.rng.below(10) {
+                0 => self.rng.pick(&[i64::MIN, i64::MAX, i32::MIN as i64, i32::MAX as i64, -1, 0]),
+                1 => self.rng.next_u64() as i64,
+                2 => self.rng.between(-70000, 70000),
+                _ => self.rng.between(-20, 20),
+            }
+        };
+        if d == DType::I32 { v as i32 as i64 } else { v }
+    }
+
+    fn float_value(&mut self) -> f64 {
+        if self.smooth() {
+            return (self.rng.unit() * 6.0 - 3.0) * if self.rng.chance(10) { 8.0 } else { 1.0 };
+        }
+        if self.rng.chance(10) {
+            return self.rng.pick(&[
+                f64::NAN,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                -0.0,
+                0.0,
+                1e30,
+                -1e30,
+                1e-30,
+                3e9,
+                -2.5,
+                0.5,
+                1e-40,
+            ]);
+        }
+        ((self.rng.unit() * 8.0 - 4.0) * 64.0).round() / 64.0
+    }
+
+    fn random_buffer(&mut self, d: DType, len: usize) -> HostBuffer {
+        match d {
+            DType::Bool => HostBuffer::Bool((0..len).map(|_| self.rng.chance(50)).collect()),
+            DType::I32 => HostBuffer::I32((0..len).map(|_| self.int_value(d) as i32).collect()),
+            DType::I64 => HostBuffer::I64((0..len).map(|_| self.int_value(d)).collect()),
+            DType::F32 => HostBuffer::F32((0..len).map(|_| self.float_value() as f32).collect()),
+            DType::F64 => HostBuffer::F64((0..len).map(|_| self.float_value()).collect()),
+        }
+    }
+
+    fn constant(&mut self, d: DType) -> E {
+        let c = match d {
+            DType::Bool => ConstValue::Bool(self.rng.chance(50)),
+            DType::I32 | DType::I64 => ConstValue::Int(self.int_value(d)),
+            _ => ConstValue::float(self.float_value()),
+        };
+        let v = konst(c, d);
+        let m = (self.magnitude() && d.is_float()).then(|| fconst(c.as_f64().abs(), d));
+        E { v, m, vague: false }
+    }
+
+    /// A non-negative index expression provably below `len`.
+    fn index(&mut self, len: usize, scope: &[UOp], depth: usize) -> UOp {
+        let len = len.max(1) as i64;
+        let fit = |e: UOp| if e.vmin() >= 0 && e.vmax() < len { e } else { e % len };
+        let affine = |g: &mut Self| {
+            let mut e = idx(g.rng.between(0, 2));
+            for r in scope {
+                if g.rng.chance(60) {
+                    e = e + r * g.rng.between(1, 3);
+                }
+            }
+            e
+        };
+        match self.rng.below(8) {
+            0 => idx(self.rng.below(len as u64) as i64),
+            1 | 2 => fit(affine(self)),
+            3 => fit(affine(self).idiv(self.rng.between(1, 4))),
+            4 if depth > 0 => {
+                let c = self.expr(DType::Bool, scope, depth - 1).v;
+                let a = self.index(len as usize, scope, depth - 1);
+                let b = self.index(len as usize, scope, depth - 1);
+                c.where_(a, b)
+            }
+            5 => {
+                let fits: Vec<&UOp> = scope.iter().filter(|r| r.vmax() < len).collect();
+                match fits.is_empty() {
+                    true => fit(affine(self)),
+                    false => {
+                        let r = self.rng.pick(&fits);
+                        idx(r.vmax().max(0)) - r
+                    }
+                }
+            }
+            6 if depth > 0 => {
+                // A gather through integer memory: clamped at 0, so the bound holds.
+                let ints: Vec<UOp> = self.inputs.iter().filter(|b| b.dtype().is_int()).cloned().collect();
+                if ints.is_empty() {
+                    return fit(affine(self));
+                }
+                let b = self.rng.pick(&ints);
+                let i = self.index(buf_len(&b), scope, depth - 1);
+                b.index(i).load().cast(DType::INDEX).maximum(idx(0)) % len
+            }
+            _ => {
+                let a = fit(affine(self));
+                let b = self.index(len as usize, scope, depth.saturating_sub(1));
+                a.maximum(b)
+            }
+        }
+    }
+
+    fn expr(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
+        if depth == 0 || self.rng.chance(25) {
+            return self.leaf(d, scope, depth);
+        }
+        let sub = depth - 1;
+        match d {
+            DType::Bool => self.bool_expr(scope, sub),
+            DType::I32 | DType::I64 => self.int_expr(d, scope, sub),
+            _ => self.float_expr(d, scope, sub),
+        }
+    }
+
+    fn leaf(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
+        match self.rng.below(10) {
+            0 | 1 => self.constant(d),
+            2 if !scope.is_empty() => {
+                let r = self.rng.pick(scope);
+                let v = r.cast(d);
+                let m = (self.magnitude() && d.is_float()).then(|| v.clone());
+                E { v, m, vague: false }
+            }
+            3 if self.budget > 0 && depth > 0 && d != DType::Bool => self.reduction(d, scope, depth),
+            4 if self.budget > 0 && depth > 0 => self.local_array(d, scope, depth),
+            5 if self.budget > 0 && d != DType::Bool => self.registers(d, scope, depth),
+            _ => self.load(d, scope, depth),
+        }
+    }
+
+    /// A load from an input buffer, cast to `d` when no input has that dtype.
+    fn load(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
+        let same: Vec<UOp> = self.inputs.iter().filter(|b| b.dtype() == d).cloned().collect();
+        let usable: Vec<UOp> = if !same.is_empty() {
+            same
+        } else if self.smooth() && !d.is_float() {
+            // Smooth programs never turn floats into integers or bools.
+            self.inputs.iter().filter(|b| !b.dtype().is_float()).cloned().collect()
+        } else {
+            self.inputs.clone()
+        };
+        if usable.is_empty() {
+            return self.constant(d);
+        }
+        let b = self.rng.pick(&usable);
+        let i = self.index(buf_len(&b), scope, depth.min(2));
+        let x = b.index(i).load();
+        let e = E { m: (self.magnitude() && x.dtype().is_float()).then(|| abs(&x)), v: x, vague: false };
+        self.cast(e, d)
+    }
+
+    fn cast(&mut self, e: E, d: DType) -> E {
+        let from = e.v.dtype();
+        if from == d {
+            return e;
+        }
+        let v = e.v.cast(d);
+        let m = match (self.magnitude(), from.is_float(), d.is_float()) {
+            (true, true, true) => Some(e.mag().cast(d)),
+            (true, false, true) => Some(abs(&v)),
+            _ => None,
+        };
+        E { v, m, vague: e.vague }
+    }
+
+    fn bool_expr(&mut self, scope: &[UOp], depth: usize) -> E {
+        match self.rng.below(4) {
+            0 | 1 => {
+                let od = if self.smooth() {
+                    self.rng.pick(&[DType::Bool, DType::I32, DType::I64])
+                } else {
+                    self.rng.pick(&ALL)
+                };
+                let a = self.expr(od, scope, depth).v;
+                let b = self.expr(od, scope, depth).v;
+                // CMPLT is not defined for bools.
+                E::plain(if self.rng.chance(50) && od != DType::Bool { a.lt(b) } else { a.ne(b) })
+            }
+            2 => {
+                let c = self.expr(DType::Bool, scope, depth).v;
+                let a = self.expr(DType::Bool, scope, depth).v;
+                let b = self.expr(DType::Bool, scope, depth).v;
+                E::plain(c.where_(a, b))
+            }
+            _ => {
+                let od = if self.smooth() { self.rng.pick(&INTS) } else { self.rng.pick(&ALL) };
+                let e = self.expr(od, scope, depth);
+                self.cast(e, DType::Bool)
+            }
+        }
+    }
+
+    fn int_expr(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
+        let v = match self.rng.below(9) {
+            0 => self.expr(d, scope, depth).v + self.expr(d, scope, depth).v,
+            1 => self.expr(d, scope, depth).v - self.expr(d, scope, depth).v,
+            2 => self.expr(d, scope, depth).v * self.expr(d, scope, depth).v,
+            3 => self.expr(d, scope, depth).v.maximum(self.expr(d, scope, depth).v),
+            4 => -self.expr(d, scope, depth).v,
+            5 | 6 => {
+                let a = self.expr(d, scope, depth).v;
+                let b = if self.rng.chance(50) {
+                    let c =
+                        self.rng.pick(&[2, 3, 4, 7, 16, -1, -2, -3, 0, 1, 1 << 20, 46341, i32::MAX as i64]);
+                    konst(ConstValue::Int(c), d)
+                } else {
+                    self.expr(d, scope, depth).v
+                };
+                if self.rng.chance(50) { a.idiv(b) } else { a.modulo(b) }
+            }
+            7 => {
+                let c = self.expr(DType::Bool, scope, depth).v;
+                let a = self.expr(d, scope, depth).v;
+                let b = self.expr(d, scope, depth).v;
+                c.where_(a, b)
+            }
+            _ => {
+                let od = if self.smooth() {
+                    self.rng.pick(&[DType::Bool, DType::I32, DType::I64])
+                } else {
+                    self.rng.pick(&ALL)
+                };
+                let e = self.expr(od, scope, depth);
+                return self.cast(e, d);
+            }
+        };
+        E::plain(v)
+    }
+
+    fn float_expr(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
+        let mg = self.magnitude();
+        match self.rng.below(10) {
+            0..=3 => {
+                let a = self.expr(d, scope, depth);
+                let b = self.expr(d, scope, depth);
+                let k = self.rng.below(4);
+                let v = match k {
+                    0 => &a.v + &b.v,
+                    1 => &a.v - &b.v,
+                    2 => &a.v * &b.v,
+                    _ => a.v.maximum(&b.v),
+                };
+                let m = mg.then(|| match k {
+                    0 | 1 => a.mag() + b.mag(),
+                    2 => a.mag() * b.mag(),
+                    _ => a.mag().maximum(b.mag()),
+                });
+                E { v, m, vague: a.vague || b.vague }
+            }
+            4 => {
+                let a = self.expr(d, scope, depth);
+                E { v: -&a.v, m: a.m.clone(), vague: a.vague }
+            }
+            5 | 6 => self.transcendental(d, scope, depth),
+            7 => {
+                let c = self.expr(DType::Bool, scope, depth).v;
+                let a = self.expr(d, scope, depth);
+                let b = self.expr(d, scope, depth);
+                let m = mg.then(|| c.where_(a.mag(), b.mag()));
+                E { v: c.where_(&a.v, &b.v), m, vague: a.vague || b.vague }
+            }
+            _ => {
+                let od = if self.smooth() {
+                    self.rng.pick(&ALL)
+                } else {
+                    self.rng.pick(&[DType::Bool, DType::I32, DType::I64, DType::F32, DType::F64])
+                };
+                let e = self.expr(od, scope, depth);
+                self.cast(e, d)
+            }
+        }
+    }
+
+    fn transcendental(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
+        let a = self.expr(d, scope, depth);
+        let which = self.rng.below(4);
+        if !self.smooth() {
+            let v = match which {
+                0 if d == DType::F32 => a.v.cast(DType::F64).exp2().cast(DType::F32),
+                0 => a.v.exp2(),
+                1 => a.v.log2(),
+                2 => a.v.sqrt(),
+                _ => a.v.recip(),
+            };
+            return E::plain(v);
+        }
+        if which == 0 && !a.vague {
+            let v = a.v.exp2();
+            // d exp2(x) = exp2(x) ln2 dx, plus the JIT's flush of results below 2^-126 to zero.
+            let m = self
+                .magnitude()
+                .then(|| &v * (a.mag() * std::f64::consts::LN_2 + 1.0) + fconst(2f64.powi(-100), d));
+            return E { v, m, vague: a.vague };
+        }
+        // g = a*a + 1 >= 1, where SQRT, LOG2 and RECIP have derivatives of at most 1.44.
+        let g = &a.v * &a.v + 1.0;
+        let mg = self.magnitude().then(|| a.mag() * a.mag() + 1.0);
+        let v = match which {
+            1 => g.log2(),
+            2 => g.sqrt(),
+            _ => g.recip(),
+        };
+        let m = mg.map(|mg| match which {
+            1 => &mg + mg.log2(),
+            2 => &mg + mg.sqrt(),
+            _ => mg + 1.0,
+        });
+        E { v, m, vague: a.vague }
+    }
+
+    /// A reduction over a new REDUCE range, written the canonical way.
+    fn reduction(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
+        self.budget -= 1;
+        let end = self.range_end(scope, true);
+        let r = self.new_range(end, AxisType::Reduce);
+        let trips = r.vmax().max(0) as u64 + 1;
+        self.chain = self.chain.saturating_mul(trips);
+        self.sum_len = self.sum_len.max(self.chain);
+        let acc = self.new_alloc(d, 1);
+        let acc_s = if scope.is_empty() { acc.clone() } else { acc.after(scope) };
+        let kind = self.rng.below(if self.opts.self_referencing_sums { 5 } else { 4 });
+        let mg = self.magnitude() && d.is_float();
+        // 0: sum, 1: max, 2: acc * c + x, 3: sum from a random start, 4: acc + (acc * c + x).
+        let init = match kind {
+            1 => konst(uopc_ir::ReduceOp::Max.identity(d), d),
+            3 => self.constant(d).v,
+            _ => konst(uopc_ir::ReduceOp::Add.identity(d), d),
+        };
+        let init_stored = if mg { if kind == 1 { fconst(0.0, d) } else { abs(&init) } } else { init };
+        let init_st = acc_s.index(0).store(init_stored);
+        let acc_r = acc_s.after(&[init_st, r.clone()]);
+        let cur = acc_r.index(0).load();
+        let mut inner = scope.to_vec();
+        inner.push(r.clone());
+        let x = self.expr(d, &inner, depth - 1);
+        let c = if d.is_float() {
+            fconst(self.rng.pick(&[0.5, -0.75, 1.5]), d)
+        } else {
+            konst(ConstValue::Int(self.rng.pick(&[2, -3, 5])), d)
+        };
+        let xv = if mg { x.mag() } else { x.v.clone() };
+        let cc = if mg { abs(&c) } else { c };
+        let upd = match kind {
+            1 => cur.maximum(&xv),
+            2 => &cur * &cc + &xv,
+            4 => &cur + (&cur * &cc + &xv),
+            _ => &cur + &xv,
+        };
+        let upd_st = acc_r.index(0).store(upd).end(std::slice::from_ref(&r));
+        self.chain /= trips;
+        let v = acc_s.after(&[upd_st]).index(0).load();
+        E { m: mg.then(|| v.clone()), v, vague: true }
+    }
+
+    /// A local array filled by its own loop, then read at a computed index.
+    fn local_array(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
+        self.budget -= 1;
+        let len = 1 + self.rng.below(8) as usize;
+        let tmp = self.new_alloc(d, len);
+        let tmp_s = if scope.is_empty() { tmp.clone() } else { tmp.after(scope) };
+        let k = self.new_range(idx(len as i64), AxisType::Loop);
+        let mut inner = scope.to_vec();
+        inner.push(k.clone());
+        let x = self.expr(d, &inner, depth - 1);
+        let xv = if self.magnitude() && d.is_float() { x.mag() } else { x.v };
+        let fill = tmp_s.index(&k).store(xv).end(std::slice::from_ref(&k));
+        let i = self.index(len, scope, depth - 1);
+        let v = tmp_s.after(&[fill]).index(i).load();
+        E { m: (self.magnitude() && d.is_float()).then(|| v.clone()), v, vague: true }
+    }
+
+    /// A tiny local array written and read at constant indices (kept in registers).
+    fn registers(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
+        self.budget -= 1;
+        let len = 1 + self.rng.below(3) as usize;
+        let tmp = self.new_alloc(d, len);
+        let tmp_s = if scope.is_empty() { tmp.clone() } else { tmp.after(scope) };
+        let mut stores = Vec::new();
+        for k in 0..len {
+            let x = self.expr(d, scope, depth.saturating_sub(1));
+            let xv = if self.magnitude() && d.is_float() { x.mag() } else { x.v };
+            stores.push(tmp_s.index(k).store(xv));
+        }
+        let k = self.rng.below(len as u64) as usize;
+        let v = tmp_s.after(&stores).index(k).load();
+        E { m: (self.magnitude() && d.is_float()).then(|| v.clone()), v, vague: true }
+    }
+}
+
+fn buf_len(b: &UOp) -> usize {
+    match b.op() {
+        Op::Buffer { len, .. } | Op::Alloc { len, .. } => *len,
+        _ => 1,
+    }
+}
+
+/// Renumbers BUFFER slots to `0..n` over the buffers the program uses (arguments are matched
+/// to slots by position), dropping the inputs nothing reads.
+fn compact_slots(
+    program: &UOp,
+    inputs: Vec<HostBuffer>,
+    written: Vec<bool>,
+) -> (UOp, Vec<HostBuffer>, Vec<bool>) {
+    let topo = UOp::toposort(std::slice::from_ref(program));
+    let mut used = vec![false; inputs.len()];
+    for u in &topo {
+        if let Op::Buffer { slot, .. } = u.op() {
+            used[*slot] = true;
+        }
+    }
+    let mut new_slot = vec![0; inputs.len()];
+    let mut next = 0;
+    for (k, &u) in used.iter().enumerate() {
+        new_slot[k] = next;
+        next += u as usize;
+    }
+    let mut map: HashMap<UOp, UOp> = HashMap::new();
+    for u in &topo {
+        let v = match u.op() {
+            Op::Buffer { slot, len } => {
+                UOp::new(Op::Buffer { slot: new_slot[*slot], len: *len }, u.dtype(), vec![])
+            }
+            _ => u.with_src(u.src().iter().map(|s| map[s].clone()).collect()),
+        };
+        map.insert(u.clone(), v);
+    }
+    let keep = |k: &usize| used[*k];
+    let inputs = inputs.into_iter().enumerate().filter(|(k, _)| keep(k)).map(|(_, b)| b).collect();
+    let written = written.into_iter().enumerate().filter(|(k, _)| keep(k)).map(|(_, w)| w).collect();
+    (map[program].clone(), inputs, written)
+}
