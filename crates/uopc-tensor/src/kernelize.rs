@@ -427,7 +427,7 @@ fn build_plan(roots: &[UOp], inputs: Vec<(DType, Vec<usize>)>, opts: &RealizeOpt
     let t0 = Instant::now();
     let mut graph = roots.to_vec();
     // fuse_reduce asks for "never write the big intermediate", so don't stage broadcasts either
-    if !opts.fuse_reduce {
+    if !opts.fuse_reduce || opts.stage_broadcasts_when_fused {
         graph = stage_broadcast_compute(&graph, 4);
     }
     if opts.opt.layout() {
@@ -493,6 +493,7 @@ fn build_plan(roots: &[UOp], inputs: Vec<(DType, Vec<usize>)>, opts: &RealizeOpt
 struct CacheKey {
     graph: UOp,
     fuse_reduce: bool,
+    stage_broadcasts_when_fused: bool,
     simplify_reshape: bool,
     opt: String,
 }
@@ -537,6 +538,7 @@ pub(crate) fn plan_for(canon: &[UOp], leaves: &[UOp], opts: &RealizeOptions) -> 
     let key = CacheKey {
         graph: sink(canon),
         fuse_reduce: opts.fuse_reduce,
+        stage_broadcasts_when_fused: opts.stage_broadcasts_when_fused,
         simplify_reshape: opts.simplify_reshape,
         opt: opts.opt.cache_key(),
     };

@@ -101,17 +101,27 @@ impl Optimizer for DefaultOpt {
 }
 
 /// The chapter's optimizer for fully fused attention: upcast the last output axis by
-/// `min(size, 16)` so each recomputed q.k value feeds up to 16 output accumulators, and thread
-/// axis 0 (one query row per iteration).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FlashOpt;
+/// `min(size, max_upcast)` (16 by default) so each recomputed q.k value feeds that many output
+/// accumulators, and thread axis 0 (one query row per iteration). Each group of output columns
+/// makes its own pass over the keys: two softmax passes plus `D / upcast` output passes.
+#[derive(Clone, Copy, Debug)]
+pub struct FlashOpt {
+    /// Largest upcast of the last output axis.
+    pub max_upcast: usize,
+}
+
+impl Default for FlashOpt {
+    fn default() -> Self {
+        FlashOpt { max_upcast: 16 }
+    }
+}
 
 impl Optimizer for FlashOpt {
     fn opts(&self, body: &UOp) -> Opts {
         let shape = body.shape();
         let mut o = Opts::default();
         if let Some(&last) = shape.last() {
-            o.upcast.push((shape.len() - 1, last.min(16)));
+            o.upcast.push((shape.len() - 1, last.min(self.max_upcast.max(1))));
         }
         if shape.first().is_some_and(|&s| s > 1) {
             o.thread = Some(0);
@@ -119,7 +129,7 @@ impl Optimizer for FlashOpt {
         o
     }
     fn cache_key(&self) -> String {
-        "flash".into()
+        format!("flash{}", self.max_upcast)
     }
 }
 

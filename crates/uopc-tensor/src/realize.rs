@@ -18,6 +18,9 @@ pub struct RealizeOptions {
     pub fuse_reduce: bool,
     /// Chooses per-kernel opts and whether the layout pass runs.
     pub opt: Arc<dyn Optimizer>,
+    /// Stage expensive broadcasts even when `fuse_reduce` is set (the chapter's first, accidental
+    /// version of fused attention, which stored P): for the "upcast the head" exercise.
+    pub stage_broadcasts_when_fused: bool,
     /// Simplify RESHAPE indices during rangeify. Always true in real use; false only shows
     /// (in tests) the O(N^3) accumulator placement that unsimplified indices cause.
     pub simplify_reshape: bool,
@@ -25,14 +28,19 @@ pub struct RealizeOptions {
 
 impl Default for RealizeOptions {
     fn default() -> Self {
-        RealizeOptions { fuse_reduce: false, opt: Arc::new(DefaultOpt::default()), simplify_reshape: true }
+        RealizeOptions {
+            fuse_reduce: false,
+            opt: Arc::new(DefaultOpt::default()),
+            simplify_reshape: true,
+            stage_broadcasts_when_fused: false,
+        }
     }
 }
 
 impl RealizeOptions {
     /// Fully fused: `fuse_reduce` with [`FlashOpt`].
     pub fn fused() -> Self {
-        RealizeOptions { fuse_reduce: true, opt: Arc::new(FlashOpt), simplify_reshape: true }
+        RealizeOptions { fuse_reduce: true, opt: Arc::new(FlashOpt::default()), ..Default::default() }
     }
 
     /// These options with another optimizer.

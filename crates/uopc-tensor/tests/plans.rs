@@ -274,3 +274,21 @@ fn static_flops_agree_with_the_backend_estimate() {
         }
     }
 }
+
+#[test]
+fn the_three_fused_variants_of_the_upcast_exercise() {
+    let (n, d) = (256, 64);
+    // FlashOpt's upcast of 16: six computations of each q.k (2 softmax + 64/16 output passes)
+    let u16 = attention_plan(n, d, &RealizeOptions::fused());
+    // upcast the whole head: 2 + 64/64 = three passes
+    let u64_opts = RealizeOptions::fused().with_opt(FlashOpt { max_upcast: 64 });
+    let u64 = attention_plan(n, d, &u64_opts);
+    let per_pair = |p: &Plan| qk_products(p.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
+    assert_eq!(per_pair(&u16), 6.0);
+    assert_eq!(per_pair(&u64), 3.0);
+    assert_eq!(u64.temp_sizes(), [d * n], "still no N x N buffer");
+    // fuse_reduce but with broadcast staging, as the first version did: P is stored
+    let staged = RealizeOptions { stage_broadcasts_when_fused: true, ..RealizeOptions::fused() };
+    let p = attention_plan(n, d, &staged);
+    assert!(p.temp_sizes().contains(&(n * n)), "P is materialized: {:?}", p.temp_sizes());
+}
