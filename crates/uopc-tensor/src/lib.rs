@@ -8,6 +8,7 @@
 //! asserted on.
 
 pub mod attention;
+pub mod autograd;
 mod cost;
 pub mod debug;
 mod error;
@@ -18,6 +19,7 @@ mod rangeify;
 mod realize;
 mod tensor;
 
+pub use autograd::{gradient, vjp};
 pub use cost::static_flops;
 pub use debug::{debug_level, set_debug_level};
 pub use error::{Result, TensorError};
