@@ -13,6 +13,7 @@
 pub struct ReadmeDoctests;
 
 pub mod attention;
+pub mod attention_backward;
 
 /// The UOp IR (re-export of `uopc-ir`).
 pub mod ir {
