@@ -1,0 +1,205 @@
+//! The three attention forms side by side: `cargo run --release --example flash_attention -- N D`
+//! (defaults 1024 64).
+//!
+//! Each line is the best of 3 calls after a warm-up, the largest error against an f64
+//! reference, and what the realized plan materialized. The Tensor forms' times include
+//! building tensors from the input vectors, realizing and reading the output back; the online
+//! form's is one run of the compiled loop program.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::process::ExitCode;
+use std::time::Instant;
+use uopc::attention::{attention, online_attention_ir};
+use uopc::ir::{BinaryOp, Op, Stmt, UOp, linearize, view_base};
+use uopc::jit::Program;
+use uopc::tensor::{BufRef, Plan};
+use uopc::{RealizeOptions, Tensor, make_plan, realize};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// Larger than f32 rounding over N- and D-long sums (~1e-6 here), far below a real bug (~1e-2).
+const TOLERANCE: f64 = 1e-4;
+
+/// Q and K uniform in [-2, 2), V in [-1, 1); the same seed as `cargo xtask bench attention`.
+fn inputs(n: usize, d: usize) -> [Vec<f32>; 3] {
+    let mut rng = StdRng::seed_from_u64(0x5eed ^ ((n as u64) << 32) ^ d as u64);
+    [2.0, 2.0, 1.0].map(|s: f32| (0..n * d).map(|_| rng.gen_range(-s..s)).collect())
+}
+
+/// `softmax(q k^T / sqrt(d)) v` in f64.
+fn reference([q, k, v]: &[Vec<f32>; 3], n: usize, d: usize) -> Vec<f64> {
+    let mut out = vec![0.0; n * d];
+    for i in 0..n {
+        let s: Vec<f64> = (0..n)
+            .map(|j| (0..d).map(|c| f64::from(q[i * d + c]) * f64::from(k[j * d + c])).sum::<f64>())
+            .map(|x| x / (d as f64).sqrt())
+            .collect();
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let l: f64 = p.iter().sum();
+        for c in 0..d {
+            out[i * d + c] = (0..n).map(|j| p[j] * f64::from(v[j * d + c])).sum::<f64>() / l;
+        }
+    }
+    out
+}
+
+fn max_abs_err(got: &[f32], want: &[f64]) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| (f64::from(g) - w).abs())
+        .fold(0.0, |a, e| if e.is_nan() { f64::INFINITY } else { a.max(e) })
+}
+
+/// `3.3e-07`, like C's `%.1e`.
+fn fmt_err(x: f64) -> String {
+    let s = format!("{x:.1e}");
+    match s.split_once('e') {
+        Some((m, e)) => {
+            let (sign, digits) = e.strip_prefix('-').map_or(("+", e), |d| ("-", d));
+            format!("{m}e{sign}{digits:0>2}")
+        }
+        None => s,
+    }
+}
+
+fn fmt_bytes(b: usize) -> String {
+    let b = b as f64;
+    match b {
+        _ if b >= 1e9 => format!("{:.1} GB", b / 1e9),
+        _ if b >= 1e6 => format!("{:.1} MB", b / 1e6),
+        _ if b >= 1e3 => format!("{:.1} kB", b / 1e3),
+        _ => format!("{b} B"),
+    }
+}
+
+/// Executed MULs of a load of Q (input 0) by a load of K (input 1): the q.k products.
+fn qk_products(plan: &Plan) -> u64 {
+    fn go(body: &[Stmt], mult: u64, q: usize, k: usize, total: &mut u64) {
+        let slot = |u: &UOp| match u.op() {
+            Op::Load => view_base(&u.src()[0].src()[0]).and_then(|b| match b.op() {
+                Op::Buffer { slot, .. } => Some(*slot),
+                _ => None,
+            }),
+            _ => None,
+        };
+        for s in body {
+            match s {
+                Stmt::Loop { range, body } => {
+                    let trip = range.src()[0].const_int().unwrap_or(0).max(0) as u64;
+                    go(body, mult * trip, q, k, total);
+                }
+                Stmt::Op(u) if matches!(u.op(), Op::Binary(BinaryOp::Mul)) => {
+                    let s = [slot(&u.src()[0]), slot(&u.src()[1])];
+                    if s == [Some(q), Some(k)] || s == [Some(k), Some(q)] {
+                        *total += mult;
+                    }
+                }
+                Stmt::Op(_) => {}
+            }
+        }
+    }
+    let mut total = 0;
+    for kernel in &plan.kernels {
+        let pos = |b| kernel.args.iter().position(|a| *a == b);
+        if let (Some(q), Some(k), Ok(lin)) =
+            (pos(BufRef::Input(0)), pos(BufRef::Input(1)), linearize(&kernel.program))
+        {
+            go(&lin.root, 1, q, k, &mut total);
+        }
+    }
+    total
+}
+
+/// What the plan keeps in memory, and how often it computes q.k, from the plan itself.
+fn describe(plan: &Plan, n: usize, d: usize) -> String {
+    let nn: Vec<usize> = plan
+        .kernels
+        .iter()
+        .filter(|k| k.shape == [n, n])
+        .filter_map(|k| match k.args.last() {
+            Some(BufRef::Temp(t)) => Some(plan.temps[*t].0.size() * plan.temps[*t].1),
+            _ => None,
+        })
+        .collect();
+    let mut desc = match nn.len() {
+        0 => "no N*N buffer".to_string(),
+        1 => format!("materializes {} of scores", fmt_bytes(nn[0])),
+        c => format!("materializes {} of scores in {c} N*N buffers", fmt_bytes(nn.iter().sum())),
+    };
+    let per_pair = qk_products(plan) as f64 / (n * n * d) as f64;
+    if per_pair > 1.0 {
+        desc += &format!(", QK^T computed {per_pair:.0} times");
+    }
+    desc
+}
+
+fn best_of_3(mut call: impl FnMut() -> Result<()>) -> Result<f64> {
+    call()?; // warm-up: compiles (Tensor forms), maps memory
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        call()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best * 1e3)
+}
+
+fn run(n: usize, d: usize) -> Result<bool> {
+    let x = inputs(n, d);
+    let want = reference(&x, n, d);
+    let mut ok = true;
+    let mut line = |name: &str, ms: f64, out: &[f32], desc: String| {
+        let err = max_abs_err(out, &want);
+        let flag = if err <= TOLERANCE { "" } else { "  WRONG" };
+        ok &= err <= TOLERANCE;
+        println!("{name:<8}{ms:>9.2} ms  err {}   ({desc}){flag}", fmt_err(err));
+    };
+    for (name, opts) in [("unfused", RealizeOptions::default()), ("fused", RealizeOptions::fused())] {
+        let tensors = || -> Result<[Tensor; 3]> {
+            let [q, k, v] = x.clone().map(|data| Tensor::try_from_vec(data, &[n, d]));
+            Ok([q?, k?, v?])
+        };
+        let mut out = Vec::new();
+        let ms = best_of_3(|| {
+            let [q, k, v] = tensors()?;
+            let (res, _) = realize(&[&attention(&q, &k, &v)], &opts)?;
+            out = res[0].to_ndarray::<f32>()?.into_raw_vec_and_offset().0;
+            Ok(())
+        })?;
+        let [q, k, v] = tensors()?;
+        let plan = make_plan(&[attention(&q, &k, &v).uop().clone()], &opts)?;
+        line(name, ms, &out, describe(&plan, n, d));
+    }
+    let prg = Program::compile(&online_attention_ir(n, d), "online")?;
+    let mut out = vec![0.0f32; n * d];
+    let ms = best_of_3(|| Ok(prg.run_f32(&[&x[0], &x[1], &x[2]], &mut [&mut out])?))?;
+    line("online", ms, &out, "one pass, running max/sum".into());
+    Ok(ok)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dims: Option<Vec<usize>> = args.iter().map(|a| a.parse().ok().filter(|&v| v > 0)).collect();
+    let (n, d) = match dims.as_deref() {
+        Some([]) => (1024, 64),
+        Some([n]) => (*n, 64),
+        Some([n, d]) => (*n, *d),
+        _ => {
+            eprintln!("usage: flash_attention [N [D]]   (positive integers, default 1024 64)");
+            return ExitCode::from(2);
+        }
+    };
+    match run(n, d) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("error: a result differs from the f64 reference by more than {}", fmt_err(TOLERANCE));
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
