@@ -14,6 +14,7 @@ pub mod debug;
 mod error;
 mod exec;
 mod kernelize;
+pub mod masked;
 mod opt;
 mod rangeify;
 mod realize;
