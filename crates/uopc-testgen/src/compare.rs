@@ -1,5 +1,6 @@
 //! Comparing the buffers two executions of one program produced.
 
+use std::cmp::Ordering;
 use uopc_ir::HostBuffer;
 
 /// Machine epsilon of f32: every Smooth tolerance is in these units, since f32 rounding (or the
@@ -86,7 +87,9 @@ pub fn within(
                 continue;
             }
             let tol = scale * mm;
-            if !((x - y).abs() <= tol) {
+            // A NaN on one side only is incomparable, hence a failure.
+            let ok = matches!((x - y).abs().partial_cmp(&tol), Some(Ordering::Less | Ordering::Equal));
+            if !ok {
                 return Err(format!(
                     "slot {slot} element {i}: {x:e} vs {y:e} (|diff| {:e}, tolerance {tol:e}, magnitude {mm:e})",
                     (x - y).abs()
