@@ -62,6 +62,7 @@ fn grad_err(inputs: &[ArrayD<f64>], f: &dyn Fn(&[Tensor]) -> Tensor) -> f64 {
 #[track_caller]
 fn check(name: &str, inputs: &[ArrayD<f64>], f: impl Fn(&[Tensor]) -> Tensor) {
     let err = grad_err(inputs, &f);
+    eprintln!("{name}: max finite-difference error {err:.1e}");
     assert!(err <= TOL, "{name}: finite-difference error {err:e}");
 }
 
