@@ -23,7 +23,7 @@ pub fn print_program(program: &UOp) -> Result<String, IrError> {
 
 /// An already linearized program rendered as nested loops.
 pub fn print_linear(lin: &Linear) -> String {
-    let mut p = Printer { names: HashMap::new(), out: String::new() };
+    let mut p = Printer { names: HashMap::new(), inline_depth: HashMap::new(), out: String::new() };
     for b in &lin.buffers {
         if let Op::Buffer { slot, len } = b.op() {
             let _ = writeln!(p.out, "buf{slot}: {}[{len}]", b.dtype());
@@ -40,8 +40,14 @@ pub fn print_linear(lin: &Linear) -> String {
 
 struct Printer {
     names: HashMap<UOp, String>,
+    /// Nesting depth of integer expressions shown inline (deep ones get a name instead, so
+    /// printing never recurses deeply).
+    inline_depth: HashMap<UOp, usize>,
     out: String,
 }
+
+/// Integer expressions nest inline up to this depth.
+const MAX_INLINE_DEPTH: usize = 8;
 
 fn binary_symbol(op: BinaryOp) -> &'static str {
     match op {
@@ -91,6 +97,17 @@ impl Printer {
         }
     }
 
+    /// Records `u` as inline and says whether it stays inline (not too deep).
+    fn inline(&mut self, u: &UOp) -> bool {
+        let depth =
+            1 + u.src().iter().map(|s| self.inline_depth.get(s).copied().unwrap_or(0)).max().unwrap_or(0);
+        if depth > MAX_INLINE_DEPTH {
+            return false;
+        }
+        self.inline_depth.insert(u.clone(), depth);
+        true
+    }
+
     fn block(&mut self, body: &[Stmt], depth: usize) {
         let pad = "  ".repeat(depth);
         for s in body {
@@ -118,8 +135,8 @@ impl Printer {
                             self.expr(&u.src()[1])
                         );
                     }
-                    // Integer index math is shown inline where it is used.
-                    _ if u.dtype().is_int() && !matches!(u.op(), Op::Load) => {}
+                    // Integer index math is shown inline where it is used, unless deeply nested.
+                    _ if u.dtype().is_int() && !matches!(u.op(), Op::Load) && self.inline(u) => {}
                     Op::Load | Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast => {
                         let name = format!("v{}", u.id());
                         let _ = writeln!(self.out, "{pad}{} {name} = {};", u.dtype(), self.expr(u));

@@ -165,25 +165,31 @@ impl Linear {
         Some(lin)
     }
 
+    /// Adds `coeff * u`, flattening sums with an explicit stack (chains can be very deep).
     fn add(&mut self, u: &UOp, coeff: i64) -> Option<()> {
-        match u.op() {
-            Op::Const(c) => self.constant = self.constant.checked_add(c.as_i64().checked_mul(coeff)?)?,
-            Op::Binary(BinaryOp::Add) => {
-                self.add(&u.src()[0], coeff)?;
-                self.add(&u.src()[1], coeff)?;
+        let mut stack = vec![(u.clone(), coeff)];
+        while let Some((u, coeff)) = stack.pop() {
+            let src = u.src();
+            let k = |i: usize| src.get(i).and_then(|s| s.const_int());
+            match u.op() {
+                Op::Const(c) => self.constant = self.constant.checked_add(c.as_i64().checked_mul(coeff)?)?,
+                Op::Binary(BinaryOp::Add) => {
+                    stack.push((src[1].clone(), coeff));
+                    stack.push((src[0].clone(), coeff));
+                }
+                Op::Binary(BinaryOp::Sub) => {
+                    stack.push((src[1].clone(), coeff.checked_neg()?));
+                    stack.push((src[0].clone(), coeff));
+                }
+                Op::Unary(UnaryOp::Neg) => stack.push((src[0].clone(), coeff.checked_neg()?)),
+                Op::Binary(BinaryOp::Mul) if k(1).is_some() => {
+                    stack.push((src[0].clone(), coeff.checked_mul(k(1)?)?))
+                }
+                Op::Binary(BinaryOp::Mul) if k(0).is_some() => {
+                    stack.push((src[1].clone(), coeff.checked_mul(k(0)?)?))
+                }
+                _ => self.terms.push((u.clone(), coeff)),
             }
-            Op::Binary(BinaryOp::Sub) => {
-                self.add(&u.src()[0], coeff)?;
-                self.add(&u.src()[1], coeff.checked_neg()?)?;
-            }
-            Op::Unary(UnaryOp::Neg) => self.add(&u.src()[0], coeff.checked_neg()?)?,
-            Op::Binary(BinaryOp::Mul) if u.src()[1].const_int().is_some() => {
-                self.add(&u.src()[0], coeff.checked_mul(u.src()[1].const_int()?)?)?
-            }
-            Op::Binary(BinaryOp::Mul) if u.src()[0].const_int().is_some() => {
-                self.add(&u.src()[1], coeff.checked_mul(u.src()[0].const_int()?)?)?
-            }
-            _ => self.terms.push((u.clone(), coeff)),
         }
         Some(())
     }
@@ -508,15 +514,18 @@ pub fn simplify_memo(u: &UOp, opts: SimplifyOptions, memo: &mut HashMap<UOp, UOp
                     cur = if next.src().iter().all(|s| memo.get(s) == Some(s) || s.src().is_empty()) {
                         next
                     } else {
-                        let mut inner = HashMap::new();
+                        // New sub-nodes built by a rule; everything below them is already in
+                        // the memo (results are recorded as fixed points), so this is shallow.
                         let srcs: Vec<UOp> =
-                            next.src().iter().map(|s| simplify_memo(s, opts, &mut inner)).collect();
+                            next.src().iter().map(|s| simplify_memo(s, opts, memo)).collect();
                         next.with_src(srcs)
                     };
                 }
                 _ => break,
             }
         }
+        // A result is its own simplification: later walks stop at it.
+        memo.entry(cur.clone()).or_insert_with(|| cur.clone());
         memo.insert(x, cur);
     }
     memo[u].clone()

@@ -241,3 +241,18 @@ fn ranges_with_expression_ends_verify() {
     let text = print_linear(&verify(&p).expect("ragged ranges are fine"));
     assert!(text.contains("for r1 in 0..(r0 + 1)"), "{text}");
 }
+
+#[test]
+fn deep_integer_chains_simplify_verify_and_print_without_recursion() {
+    let a = buffer(0, DType::F32, 5);
+    let i = range(5, 0, AxisType::Loop);
+    let mut x = i.clone();
+    let depth: usize = std::env::var("DEPTH").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    for _ in 0..depth {
+        x = (&x + &i).modulo(5);
+    }
+    let p = sink(&[a.index(&x).store(1.0f32).end(&[i])]);
+    let s = simplify(&p);
+    let text = print_program(&s).expect("verifies");
+    assert!(text.contains("for r0 in 0..5"));
+}
