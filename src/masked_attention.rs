@@ -309,8 +309,10 @@ pub fn decode_chunks(n_k: usize, want: usize) -> (usize, usize) {
 /// `shape.n_q` must be 1. THREAD iteration `t = (batch * heads + head) * chunks + c` runs the
 /// online recurrence over keys `c*size .. min((c+1)*size, n_k)` ([`decode_chunks`]) and writes
 /// its unnormalized state: running max (base-2 scaled scores) to buffer 3, running sum to
-/// buffer 4, and output row to buffer 5 (`d` floats per chunk). Buffers 0-2 = Q, K, V.
-pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize) -> UOp {
+/// buffer 4, and output row to buffer 5 (`d` floats per chunk). Buffers 0-2 = Q, K, V; with
+/// a `padding` mask, buffer 6 holds it as in [`Padding`] (a [`Padding::Mask`] is
+/// `(batch, 1, n_k)`): a padded KV cache.
+pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize, padding: Padding) -> UOp {
     let AttentionShape { batch, heads, n_k, d, .. } = *shape;
     let (size, chunks) = decode_chunks(n_k, want_chunks);
     let bhn = batch * heads;
@@ -320,12 +322,15 @@ pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize) -> UO
     let v = buffer(2, f32t, shape.kv_len());
     let (pm, pl, po) =
         (buffer(3, f32t, bhn * chunks), buffer(4, f32t, bhn * chunks), buffer(5, f32t, bhn * chunks * d));
+    let lens = (padding == Padding::KeyLengths).then(|| buffer(6, DType::I32, batch));
+    let mask = (padding == Padding::Mask).then(|| buffer(6, DType::Bool, batch * n_k));
     let (m, l, o, s) = (alloc(0, f32t, 1), alloc(1, f32t, 1), alloc(2, f32t, d), alloc(3, f32t, 1));
     let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
 
     let t = range(bhn * chunks, 0, AxisType::Thread);
     let bh = t.idiv(chunks as i64);
     let c = t.modulo(chunks as i64);
+    let item = t.idiv((heads * chunks) as i64);
     let th = std::slice::from_ref(&t);
     let (mi, li, oi) = (m.after(th), l.after(th), o.after(th));
     let init_m = mi.index(0).store(f32c(M_FLOOR));
@@ -337,7 +342,8 @@ pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize) -> UO
     // the last chunk may be short; the min on the key index lets bounds analysis prove every
     // access inside K and V (at run time it is the identity)
     let jj = range(min_idx(&uopc_ir::idx(size as i64), &(-&start + n_k as i64)), 2, AxisType::Reduce);
-    let key = &bh * n_k + min_idx(&(&start + &jj), &uopc_ir::idx(n_k as i64 - 1));
+    let key_in_head = min_idx(&(&start + &jj), &uopc_ir::idx(n_k as i64 - 1));
+    let key = &bh * n_k + &key_in_head;
     let sj = s.after(&[t.clone(), jj.clone()]);
     let init_s = sj.index(0).store(0.0f32);
     let e = range(d, 3, AxisType::Reduce);
@@ -346,7 +352,15 @@ pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize) -> UO
         .index(0)
         .store(se.index(0).load() + q.index(&bh * d + &e).load() * k.index(&key * d + &e).load())
         .end(&[e]);
-    let score = sj.after(&[dot]).index(0).load() * scale;
+    let mut score = sj.after(&[dot]).index(0).load() * scale;
+    if let Some(lens) = &lens {
+        score = key_in_head
+            .lt(lens.index(&item).load().cast(DType::INDEX))
+            .where_(&score, f32c(f32::NEG_INFINITY));
+    }
+    if let Some(mask) = &mask {
+        score = mask.index(&item * n_k + &key_in_head).load().where_(&score, f32c(f32::NEG_INFINITY));
+    }
     let (mj, lj) = (mi.after(&[init_m, jj.clone()]), li.after(&[init_l, jj.clone()]));
     let m_old = mj.index(0).load();
     let m_new = m_old.maximum(&score);
@@ -437,21 +451,25 @@ pub struct FlashDecode {
     pub chunk_size: usize,
     /// Chunks per (batch, head).
     pub chunks: usize,
+    /// The padding mask kernel 1 applies.
+    pub padding: Padding,
 }
 
 impl FlashDecode {
-    /// Compiles both kernels, splitting the keys into at most `want_chunks` chunks per head.
-    pub fn compile(shape: AttentionShape, want_chunks: usize) -> Result<Self, JitError> {
+    /// Compiles both kernels, splitting the keys into at most `want_chunks` chunks per head,
+    /// with an optional padding mask (see [`flash_decode_partial_ir`]).
+    pub fn compile(shape: AttentionShape, want_chunks: usize, padding: Padding) -> Result<Self, JitError> {
         if shape.n_q != 1 {
             return Err(JitError::Unsupported(format!("flash-decoding needs n_q = 1, got {}", shape.n_q)));
         }
         let (chunk_size, chunks) = decode_chunks(shape.n_k, want_chunks);
-        let partial = Program::compile(&flash_decode_partial_ir(&shape, want_chunks), "decode_partial")?;
+        let partial =
+            Program::compile(&flash_decode_partial_ir(&shape, want_chunks, padding), "decode_partial")?;
         let merge = Program::compile(
             &flash_decode_merge_ir(shape.batch * shape.heads, chunks, shape.d),
             "decode_merge",
         )?;
-        Ok(FlashDecode { partial, merge, shape, chunk_size, chunks })
+        Ok(FlashDecode { partial, merge, shape, chunk_size, chunks, padding })
     }
 
     /// Scratch buffers of the right sizes.
@@ -460,23 +478,52 @@ impl FlashDecode {
         DecodeScratch { m: vec![0.0; n], l: vec![0.0; n], o: vec![0.0; n * self.shape.d] }
     }
 
-    /// Runs kernel 1 then kernel 2 with the given scratch memory.
+    /// Runs kernel 1 then kernel 2 with the given scratch memory; `pad` must match the
+    /// padding compiled for.
     pub fn run_with(
         &self,
         q: &[f32],
         k: &[f32],
         v: &[f32],
+        pad: PadData<'_>,
         scratch: &mut DecodeScratch,
         out: &mut [f32],
     ) -> Result<(), JitError> {
-        self.partial.run_f32(&[q, k, v], &mut [&mut scratch.m, &mut scratch.l, &mut scratch.o])?;
+        if pad.kind() != self.padding {
+            return Err(JitError::Argument(format!(
+                "flash-decoding compiled for padding {:?}, got {:?}",
+                self.padding,
+                pad.kind()
+            )));
+        }
+        let mut args: Vec<Arg<'_>> = vec![
+            q.into(),
+            k.into(),
+            v.into(),
+            scratch.m.as_mut_slice().into(),
+            scratch.l.as_mut_slice().into(),
+            scratch.o.as_mut_slice().into(),
+        ];
+        match pad {
+            PadData::None => {}
+            PadData::KeyLengths(x) => args.push(Arg::Read(BufRef::I32(x))),
+            PadData::Mask(x) => args.push(Arg::Read(BufRef::Bool(x))),
+        }
+        self.partial.run(&mut args)?;
         self.merge.run_f32(&[&scratch.m, &scratch.l, &scratch.o], &mut [out])
     }
 
     /// Runs both kernels: `out` (`batch * heads * d`) = attention of each head's query.
-    pub fn run(&self, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<(), JitError> {
+    pub fn run(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        pad: PadData<'_>,
+        out: &mut [f32],
+    ) -> Result<(), JitError> {
         let mut scratch = self.scratch();
-        self.run_with(q, k, v, &mut scratch, out)
+        self.run_with(q, k, v, pad, &mut scratch, out)
     }
 
     /// Bytes of K and V one run reads (the traffic that bounds its speed).
