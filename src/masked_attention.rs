@@ -532,6 +532,56 @@ impl FlashDecode {
     }
 }
 
+/// The f64 reference for [`MaskedAttention`] and [`FlashDecode`] outputs: plain two-pass
+/// softmax per query row over the keys it may attend (`causal`: `j <= i + causal_offset()`;
+/// `pad` as in [`PadData`]); rows with no key are zeros. For accuracy checks in benches.
+pub fn masked_attention_reference(
+    shape: &AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    causal: bool,
+    pad: PadData<'_>,
+) -> Vec<f64> {
+    let AttentionShape { batch, heads, n_q, n_k, d } = *shape;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = vec![0.0f64; shape.q_len()];
+    for b in 0..batch {
+        for h in 0..heads {
+            let bh = b * heads + h;
+            for i in 0..n_q {
+                let attends = |j: usize| {
+                    let c = !causal || (j as i64) <= i as i64 + shape.causal_offset();
+                    c && match pad {
+                        PadData::None => true,
+                        PadData::KeyLengths(l) => (j as i64) < l[b] as i64,
+                        PadData::Mask(m) => m[(b * n_q + i) * n_k + j],
+                    }
+                };
+                let keys: Vec<usize> = (0..n_k).filter(|&j| attends(j)).collect();
+                let qi = &q[(bh * n_q + i) * d..][..d];
+                let s: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| {
+                        let kj = &k[(bh * n_k + j) * d..][..d];
+                        qi.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let l: f64 = p.iter().sum();
+                let row = &mut out[(bh * n_q + i) * d..][..d];
+                for (pj, &j) in p.iter().zip(&keys) {
+                    for (e, o) in row.iter_mut().enumerate() {
+                        *o += pj / l * v[(bh * n_k + j) * d + e] as f64;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Streaming read bandwidth in GB/s: the best of `reps` sums of an `mb`-MiB f32 array split
 /// over `threads` threads. The yardstick for memory-bound kernels such as flash-decoding.
 pub fn streaming_read_gbs(mb: usize, threads: usize, reps: usize) -> f64 {
