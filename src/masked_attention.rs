@@ -195,8 +195,9 @@ pub fn masked_attention_ir(shape: &AttentionShape, spec: &MaskSpec) -> UOp {
         for c in keep {
             score = c.where_(&score, f32c(f32::NEG_INFINITY));
         }
-        let (mj, lj) =
-            (mi[b].after(&[init_m[b].clone(), j.clone()]), li[b].after(&[init_l[b].clone(), j.clone()]));
+        // read m and l only after the dot products, so they are not live across that loop
+        let after_dot = |x: &UOp, init: &UOp| x.after(&[init.clone(), j.clone(), dot.clone()]);
+        let (mj, lj) = (after_dot(&mi[b], &init_m[b]), after_dot(&li[b], &init_l[b]));
         let m_old = mj.index(0).load();
         let m_new = m_old.maximum(&score);
         corr.push((&m_old - &m_new).exp2());
