@@ -60,6 +60,12 @@ impl AttentionShape {
     pub fn causal_offset(&self) -> i64 {
         self.n_k as i64 - self.n_q as i64
     }
+    fn check(&self) -> Result<(), JitError> {
+        if [self.batch, self.heads, self.n_q, self.n_k, self.d].contains(&0) {
+            return Err(JitError::Unsupported(format!("attention shape {self:?} has an empty axis")));
+        }
+        Ok(())
+    }
     /// Bytes of K and V one attention pass must read at least.
     pub fn kv_bytes(&self) -> usize {
         2 * self.kv_len() * std::mem::size_of::<f32>()
@@ -266,6 +272,7 @@ pub struct MaskedAttention {
 impl MaskedAttention {
     /// Builds and compiles the kernel.
     pub fn compile(shape: AttentionShape, spec: MaskSpec) -> Result<Self, JitError> {
+        shape.check()?;
         let name = format!("attention_{:?}_{:?}", spec.causal, spec.padding).to_lowercase();
         let program = Program::compile(&masked_attention_ir(&shape, &spec), &name)?;
         Ok(MaskedAttention { program, shape, spec })
@@ -460,6 +467,7 @@ impl FlashDecode {
     /// Compiles both kernels, splitting the keys into at most `want_chunks` chunks per head,
     /// with an optional padding mask (see [`flash_decode_partial_ir`]).
     pub fn compile(shape: AttentionShape, want_chunks: usize, padding: Padding) -> Result<Self, JitError> {
+        shape.check()?;
         if shape.n_q != 1 {
             return Err(JitError::Unsupported(format!("flash-decoding needs n_q = 1, got {}", shape.n_q)));
         }

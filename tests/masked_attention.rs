@@ -262,6 +262,8 @@ fn unsupported_arguments_are_errors() {
     assert!(kernel.run(&x, &x, &x, PadData::None, &mut out).is_err());
     assert!(kernel.run(&x, &x, &x, PadData::KeyLengths(&[1, 2]), &mut out).is_err());
     assert!(FlashDecode::compile(s, 4, Padding::None).is_err(), "flash-decoding needs one query");
+    assert!(FlashDecode::compile(shape(1, 1, 1, 0, 4), 4, Padding::None).is_err(), "no keys");
+    assert!(MaskedAttention::compile(shape(1, 0, 4, 4, 4), MaskSpec::default()).is_err(), "no heads");
 }
 
 fn decode_reference(s: &AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
