@@ -7,9 +7,13 @@ use serde::Serialize;
 use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
-use uopc::attention::{attention, online_attention_ir};
+use uopc::attention::{attention, online_attention_ir, online_attention_qb_ir};
 use uopc::jit::Program;
+use uopc::tensor::FlashOpt;
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
+
+/// Query rows per THREAD iteration of the `online_qb` variant.
+pub const QUERY_BLOCK: usize = 4;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -30,6 +34,18 @@ pub enum Variant {
     Fused,
     /// The hand-written online-softmax loop program.
     Online,
+    /// Online softmax with a block of query rows per THREAD iteration.
+    #[value(name = "online_qb")]
+    #[serde(rename = "online_qb")]
+    OnlineQb,
+    /// Fused with the whole head upcast: three passes over the keys instead of six.
+    #[value(name = "fused_upcast64")]
+    #[serde(rename = "fused_upcast64")]
+    FusedUpcast64,
+    /// Fused but with broadcast staging, so P is stored (the chapter's first version).
+    #[value(name = "fused_staged")]
+    #[serde(rename = "fused_staged")]
+    FusedStaged,
 }
 
 impl Variant {
@@ -39,6 +55,9 @@ impl Variant {
             Variant::Unfused => "unfused",
             Variant::Fused => "fused",
             Variant::Online => "online",
+            Variant::OnlineQb => "online_qb",
+            Variant::FusedUpcast64 => "fused_upcast64",
+            Variant::FusedStaged => "fused_staged",
         }
     }
 
@@ -46,7 +65,11 @@ impl Variant {
         match self {
             Variant::Unfused => Some(RealizeOptions::default()),
             Variant::Fused => Some(RealizeOptions::fused()),
-            Variant::Online => None,
+            Variant::FusedUpcast64 => Some(RealizeOptions::fused().with_opt(FlashOpt { max_upcast: 64 })),
+            Variant::FusedStaged => {
+                Some(RealizeOptions { stage_broadcasts_when_fused: true, ..RealizeOptions::fused() })
+            }
+            Variant::Online | Variant::OnlineQb => None,
         }
     }
 }
@@ -70,6 +93,8 @@ pub struct Measurement {
     pub kernels: Vec<String>,
     /// Bytes of temporaries the plan allocates.
     pub temp_bytes: usize,
+    /// GFLOP/s as a percentage of the F32X4 FMA peak measured in the same run.
+    pub percent_of_peak: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -84,6 +109,7 @@ struct Machine {
 #[derive(Serialize)]
 struct Report<'a> {
     results: &'a [Measurement],
+    peak_gflops: Option<f64>,
     machine: Machine,
     version: String,
     git: Option<String>,
@@ -102,7 +128,11 @@ impl<'a> Runner<'a> {
         Ok(match variant.realize_options() {
             Some(opts) => Runner::Tensor { opts, x, n, d, out: Vec::new() },
             None => {
-                let prg = Box::new(Program::compile(&online_attention_ir(n, d), "online")?);
+                let (program, name) = match variant {
+                    Variant::OnlineQb => (online_attention_qb_ir(n, d, QUERY_BLOCK), "online_qb"),
+                    _ => (online_attention_ir(n, d), "online"),
+                };
+                let prg = Box::new(Program::compile(&program, name)?);
                 Runner::Online { prg, x, out: vec![0.0; n * d] }
             }
         })
@@ -214,6 +244,7 @@ fn measure(
         first_ms,
         kernels,
         temp_bytes,
+        percent_of_peak: None,
     })
 }
 
@@ -253,22 +284,29 @@ fn git_commit() -> Option<String> {
 
 fn print_table(results: &[Measurement]) {
     println!(
-        "{:<8} {:>6} {:>5} {:>11} {:>11} {:>9} {:>12}",
-        "variant", "n", "d", "median ms", "best ms", "GFLOP/s", "max abs err"
+        "{:<15} {:>6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>12}",
+        "variant", "n", "d", "median ms", "best ms", "GFLOP/s", "% peak", "max abs err"
     );
     for m in results {
         let flag = if m.max_abs_err <= TOLERANCE { "" } else { "  WRONG" };
+        let peak = m.percent_of_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
         println!(
-            "{:<8} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>12}{flag}",
+            "{:<15} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>7} {:>12}{flag}",
             m.variant.name(),
             m.n,
             m.d,
             m.median_ms,
             m.best_ms,
             m.gflops,
+            peak,
             fmt_err(m.max_abs_err)
         );
     }
+}
+
+/// Best-of-5 F32X4 FMA peak of this machine on the kernels' thread pool, in GFLOP/s.
+pub fn measure_peak() -> Option<f64> {
+    uopc::jit::peak::fma_peak_gflops(5_000_000, 5).ok()
 }
 
 fn write_outputs(args: &AttentionArgs, results: &[Measurement], machine: Machine) -> Result<()> {
@@ -281,6 +319,9 @@ fn write_outputs(args: &AttentionArgs, results: &[Measurement], machine: Machine
     if let Some(path) = &args.json {
         let report = Report {
             results,
+            peak_gflops: results
+                .iter()
+                .find_map(|m| m.percent_of_peak.map(|p| 100.0 * m.gflops / p.max(1e-9))),
             machine,
             version: env!("CARGO_PKG_VERSION").to_string(),
             git: git_commit(),
@@ -339,7 +380,14 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
         }
     }
     bar.finish_and_clear();
+    let peak = measure_peak();
+    for m in &mut results {
+        m.percent_of_peak = peak.map(|p| 100.0 * m.gflops / p);
+    }
     print_table(&results);
+    if let Some(p) = peak {
+        println!("F32X4 FMA peak measured in this run: {p:.1} GFLOP/s");
+    }
     eprintln!("bench attention: {} results in {:.1} s", results.len(), started.elapsed().as_secs_f64());
     if let Err(e) = write_outputs(args, &results, machine()) {
         failures.push(e.to_string());

@@ -29,6 +29,8 @@ enum Task {
 enum Bench {
     /// Time unfused, fused and online attention against an f64 reference.
     Attention(AttentionArgs),
+    /// Measure this machine's F32X4 FMA peak with JIT-compiled FMA chains.
+    Peak,
 }
 
 /// Options of `bench attention`.
@@ -80,5 +82,17 @@ fn main() -> ExitCode {
             }
             attention::run(&args)
         }
+        Task::Bench { what: Bench::Peak } => match attention::measure_peak() {
+            Some(p) => {
+                println!(
+                    "F32X4 FMA peak: {p:.1} GFLOP/s on all cores (128-bit vectors: Cranelift's widest on x86-64)"
+                );
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("error: could not compile or run the FMA loop on this machine");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

@@ -15,6 +15,9 @@ fn color(v: Variant) -> &'static str {
         Variant::Unfused => "#1f77b4",
         Variant::Fused => "#d62728",
         Variant::Online => "#2ca02c",
+        Variant::OnlineQb => "#17becf",
+        Variant::FusedUpcast64 => "#ff7f0e",
+        Variant::FusedStaged => "#9467bd",
     }
 }
 
