@@ -305,23 +305,28 @@ impl MaskedAttention {
     }
 }
 
+/// Keys flash-decoding processes per step of its key loop: their dot products are
+/// independent, and they share one rescale of the running state.
+pub const DECODE_KEY_BLOCK: usize = 4;
+
 /// How flash-decoding splits `n_k` keys: `(chunk_size, chunks)` with at most `want` chunks,
-/// none of them empty.
+/// none of them empty, and chunk sizes a multiple of [`DECODE_KEY_BLOCK`].
 pub fn decode_chunks(n_k: usize, want: usize) -> (usize, usize) {
-    let size = n_k.div_ceil(want.clamp(1, n_k.max(1)));
+    let size = n_k.div_ceil(want.clamp(1, n_k.max(1))).next_multiple_of(DECODE_KEY_BLOCK);
     (size, n_k.div_ceil(size.max(1)))
 }
 
 /// Flash-decoding, kernel 1: the partial online-softmax state of each key chunk.
 ///
 /// `shape.n_q` must be 1. THREAD iteration `t = (batch * heads + head) * chunks + c` runs the
-/// online recurrence over keys `c*size .. min((c+1)*size, n_k)` ([`decode_chunks`]) and writes
-/// its unnormalized state: running max (base-2 scaled scores) to buffer 3, running sum to
-/// buffer 4, and output row to buffer 5 (`d` floats per chunk). Buffers 0-2 = Q, K, V; with
-/// a `padding` mask, buffer 6 holds it as in [`Padding`] (a [`Padding::Mask`] is
-/// `(batch, 1, n_k)`): a padded KV cache.
+/// online recurrence over keys `c*size .. min((c+1)*size, n_k)` ([`decode_chunks`]),
+/// [`DECODE_KEY_BLOCK`] keys per step, and writes its unnormalized state: running max
+/// (base-2 scaled scores) to buffer 3, running sum to buffer 4, and output row to buffer 5
+/// (`d` floats per chunk). Buffers 0-2 = Q, K, V; with a `padding` mask, buffer 6 holds it as
+/// in [`Padding`] (a [`Padding::Mask`] is `(batch, 1, n_k)`): a padded KV cache.
 pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize, padding: Padding) -> UOp {
     let AttentionShape { batch, heads, n_k, d, .. } = *shape;
+    let kb = DECODE_KEY_BLOCK;
     let (size, chunks) = decode_chunks(n_k, want_chunks);
     let bhn = batch * heads;
     let f32t = DType::F32;
@@ -332,8 +337,10 @@ pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize, paddi
         (buffer(3, f32t, bhn * chunks), buffer(4, f32t, bhn * chunks), buffer(5, f32t, bhn * chunks * d));
     let lens = (padding == Padding::KeyLengths).then(|| buffer(6, DType::I32, batch));
     let mask = (padding == Padding::Mask).then(|| buffer(6, DType::Bool, batch * n_k));
-    let (m, l, o, s) = (alloc(0, f32t, 1), alloc(1, f32t, 1), alloc(2, f32t, d), alloc(3, f32t, 1));
+    let (m, l, o) = (alloc(0, f32t, 1), alloc(1, f32t, 1), alloc(2, f32t, d));
+    let s: Vec<UOp> = (0..kb).map(|u| alloc(3 + u, f32t, 1)).collect();
     let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
+    let neg_inf = || f32c(f32::NEG_INFINITY);
 
     let t = range(bhn * chunks, 0, AxisType::Thread);
     let bh = t.idiv(chunks as i64);
@@ -347,40 +354,60 @@ pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize, paddi
     let init_o = oi.index(&d0).store(0.0f32).end(&[d0]);
 
     let start = &c * size;
-    // the last chunk may be short; the min on the key index lets bounds analysis prove every
-    // access inside K and V (at run time it is the identity)
-    let jj = range(min_idx(&uopc_ir::idx(size as i64), &(-&start + n_k as i64)), 2, AxisType::Reduce);
-    let key_in_head = min_idx(&(&start + &jj), &uopc_ir::idx(n_k as i64 - 1));
-    let key = &bh * n_k + &key_in_head;
-    let sj = s.after(&[t.clone(), jj.clone()]);
-    let init_s = sj.index(0).store(0.0f32);
+    // The last chunk may be short (and end inside a key block): the loop stops after its last
+    // block, keys past n_k are masked, and the min on the key index lets bounds analysis prove
+    // every access inside K and V.
+    let blocks_left = (-&start + (n_k + kb - 1) as i64).idiv(kb as i64);
+    let jb = range(min_idx(&uopc_ir::idx((size / kb) as i64), &blocks_left), 2, AxisType::Reduce);
+    let raw: Vec<UOp> = (0..kb).map(|u| &start + &jb * kb + u).collect();
+    let key_in_head: Vec<UOp> = raw.iter().map(|r| min_idx(r, &uopc_ir::idx(n_k as i64 - 1))).collect();
+    let key: Vec<UOp> = key_in_head.iter().map(|x| &bh * n_k + x).collect();
+
+    let sj: Vec<UOp> = s.iter().map(|x| x.after(&[t.clone(), jb.clone()])).collect();
+    let init_s: Vec<UOp> = sj.iter().map(|x| x.index(0).store(0.0f32)).collect();
     let e = range(d, 3, AxisType::Reduce);
-    let se = sj.after(&[init_s, e.clone()]);
-    let dot = se
-        .index(0)
-        .store(se.index(0).load() + q.index(&bh * d + &e).load() * k.index(&key * d + &e).load())
-        .end(&[e]);
-    let mut score = sj.after(&[dot]).index(0).load() * scale;
-    if let Some(lens) = &lens {
-        score = key_in_head
-            .lt(lens.index(&item).load().cast(DType::INDEX))
-            .where_(&score, f32c(f32::NEG_INFINITY));
-    }
-    if let Some(mask) = &mask {
-        score = mask.index(&item * n_k + &key_in_head).load().where_(&score, f32c(f32::NEG_INFINITY));
-    }
-    let (mj, lj) = (mi.after(&[init_m, jj.clone()]), li.after(&[init_l, jj.clone()]));
+    let qe = q.index(&bh * d + &e).load();
+    let dots: Vec<UOp> = (0..kb)
+        .map(|u| {
+            let se = sj[u].after(&[init_s[u].clone(), e.clone()]);
+            se.index(0).store(se.index(0).load() + &qe * k.index(&key[u] * d + &e).load())
+        })
+        .collect();
+    let dot = sink(&dots).end(&[e]);
+
+    let scores: Vec<UOp> = (0..kb)
+        .map(|u| {
+            let mut score = sj[u].after(std::slice::from_ref(&dot)).index(0).load() * scale;
+            if !n_k.is_multiple_of(kb) {
+                score = raw[u].lt(n_k as i64).where_(&score, neg_inf());
+            }
+            if let Some(lens) = &lens {
+                let len = lens.index(&item).load().cast(DType::INDEX);
+                score = key_in_head[u].lt(len).where_(&score, neg_inf());
+            }
+            if let Some(mask) = &mask {
+                score = mask.index(&item * n_k + &key_in_head[u]).load().where_(&score, neg_inf());
+            }
+            score
+        })
+        .collect();
+    let deps = [init_m, jb.clone(), dot.clone()];
+    let mj = mi.after(&deps);
+    let lj = li.after(&[init_l, jb.clone(), dot]);
     let m_old = mj.index(0).load();
-    let m_new = m_old.maximum(&score);
+    let m_new = scores.iter().fold(m_old.clone(), |a, x| a.maximum(x));
     let corr = (&m_old - &m_new).exp2();
-    let p = (&score - &m_new).exp2();
-    let st_l = lj.index(0).store(lj.index(0).load() * &corr + &p);
+    let p: Vec<UOp> = scores.iter().map(|x| (x - &m_new).exp2()).collect();
+    let p_sum = p[1..].iter().fold(p[0].clone(), |a, x| a + x);
+    let st_l = lj.index(0).store(lj.index(0).load() * &corr + p_sum);
     let dd = range(d, 4, AxisType::Loop);
-    let od = oi.after(&[init_o, jj.clone()]);
-    let st_o =
-        od.index(&dd).store(od.index(&dd).load() * &corr + &p * v.index(&key * d + &dd).load()).end(&[dd]);
+    let od = oi.after(&[init_o, jb.clone()]);
+    let pv = (1..kb).fold(&p[0] * v.index(&key[0] * d + &dd).load(), |a, u| {
+        a + &p[u] * v.index(&key[u] * d + &dd).load()
+    });
+    let st_o = od.index(&dd).store(od.index(&dd).load() * &corr + pv).end(&[dd]);
     let st_m = mj.index(0).store(&m_new);
-    let loop_j = sink(&[st_l, st_o, st_m]).end(&[jj]);
+    let loop_j = sink(&[st_l, st_o, st_m]).end(&[jb]);
 
     let done = std::slice::from_ref(&loop_j);
     let w_m = pm.index(&t).store(mi.after(done).index(0).load());
