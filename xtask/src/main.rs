@@ -1,6 +1,7 @@
 //! Developer chores for uopc. `cargo xtask bench attention --help` lists the options.
 
 mod attention;
+mod backward;
 mod reference;
 mod svg;
 
@@ -31,6 +32,18 @@ enum Bench {
     Attention(AttentionArgs),
     /// Measure this machine's F32X4 FMA peak with JIT-compiled FMA chains.
     Peak,
+    /// Time the attention backward pass: autograd of the unfused graph against recompute.
+    Backward {
+        /// Sequence lengths N (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "256,512,1024")]
+        n: Vec<usize>,
+        /// Head dimension D.
+        #[arg(long, default_value_t = 64)]
+        d: usize,
+        /// Timed repetitions after one warm-up.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+    },
 }
 
 /// Options of `bench attention`.
@@ -81,6 +94,13 @@ fn main() -> ExitCode {
                 unsafe { std::env::set_var("RAYON_NUM_THREADS", t.to_string()) };
             }
             attention::run(&args)
+        }
+        Task::Bench { what: Bench::Backward { n, d, reps } } => {
+            if n.is_empty() || n.contains(&0) || d == 0 {
+                eprintln!("error: --n and --d must be positive");
+                return ExitCode::from(2);
+            }
+            backward::run(&n, d, reps)
         }
         Task::Bench { what: Bench::Peak } => match attention::measure_peak() {
             Some(p) => {
