@@ -406,7 +406,7 @@ fn measure_causal_speedup_and_decode_bandwidth() {
     let qb = Program::compile(&uopc::attention::online_attention_qb_ir(2048, 64, 4), "online_qb").unwrap();
     let (mut t_full, mut t_where, mut t_ragged, mut t_qb) =
         (f64::INFINITY, f64::INFINITY, f64::INFINITY, f64::INFINITY);
-    for _ in 0..5 {
+    for _ in 0..8 {
         t_qb = t_qb.min(best_of(2, || qb.run_f32(&[&q, &k, &v], &mut [&mut out]).unwrap()));
         t_full = t_full.min(best_of(2, || full.run(&q, &k, &v, PadData::None, &mut out).unwrap()));
         t_where = t_where.min(best_of(2, || where_.run(&q, &k, &v, PadData::None, &mut out).unwrap()));

@@ -94,7 +94,8 @@ fn padding_mask_with_fully_masked_rows_gives_zeros_in_every_form() {
     let k = pseudo_random(b * h * n_k * d, 5);
     let v = pseudo_random(b * h * n_k * d, 6);
     // (b, 1, n_q, n_k) mask shared by heads: item 0 keeps keys < 4; item 1 row 2 has no key
-    let keep = |bb: usize, i: usize, j: usize| if bb == 0 { j < 4 } else { i != 2 && !(j + i).is_multiple_of(3) };
+    let keep =
+        |bb: usize, i: usize, j: usize| if bb == 0 { j < 4 } else { i != 2 && !(j + i).is_multiple_of(3) };
     let mask: Vec<f32> =
         (0..b * n_q * n_k).map(|x| keep(x / (n_q * n_k), (x / n_k) % n_q, x % n_k) as i32 as f32).collect();
     let mask_t = Tensor::from_vec(mask, &[b, 1, n_q, n_k]);
