@@ -2,6 +2,7 @@
 
 mod attention;
 mod backward;
+mod masked;
 mod reference;
 mod svg;
 
@@ -32,6 +33,45 @@ enum Bench {
     Attention(AttentionArgs),
     /// Measure this machine's F32X4 FMA peak with JIT-compiled FMA chains.
     Peak,
+    /// Causal attention (WHERE mask and ragged key loop) against non-causal, batched multi-head.
+    Masked {
+        /// Key (and query) lengths N (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
+        n: Vec<usize>,
+        /// Head dimension D.
+        #[arg(long, default_value_t = 64)]
+        d: usize,
+        /// Batch items.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Heads.
+        #[arg(long, default_value_t = 1)]
+        heads: usize,
+        /// Query length when it differs from the key length.
+        #[arg(long)]
+        nq: Option<usize>,
+        /// Timed repetitions (interleaved across the three forms).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+    },
+    /// Flash-decoding (one query, a long key cache) against streaming bandwidth.
+    Decode {
+        /// Key lengths (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "65536")]
+        nk: Vec<usize>,
+        /// Head dimension D.
+        #[arg(long, default_value_t = 64)]
+        d: usize,
+        /// Heads (16 x 65536 keys x 64 reads 512 MB of K and V: past every cache).
+        #[arg(long, default_value_t = 16)]
+        heads: usize,
+        /// Key chunks per head processed by different threads.
+        #[arg(long, default_value_t = 64)]
+        chunks: usize,
+        /// Timed repetitions.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+    },
     /// Time the attention backward pass: autograd of the unfused graph against recompute.
     Backward {
         /// Sequence lengths N (comma separated).
@@ -101,6 +141,20 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             backward::run(&n, d, reps)
+        }
+        Task::Bench { what: Bench::Masked { n, d, batch, heads, nq, reps } } => {
+            if n.is_empty() || n.contains(&0) || d == 0 || batch == 0 || heads == 0 || nq == Some(0) {
+                eprintln!("error: sizes must be positive");
+                return ExitCode::from(2);
+            }
+            masked::run_masked(&masked::MaskedArgs { n, d, batch, heads, nq, reps })
+        }
+        Task::Bench { what: Bench::Decode { nk, d, heads, chunks, reps } } => {
+            if nk.is_empty() || nk.contains(&0) || d == 0 || heads == 0 || chunks == 0 {
+                eprintln!("error: sizes must be positive");
+                return ExitCode::from(2);
+            }
+            masked::run_decode(&nk, d, heads, chunks, reps)
         }
         Task::Bench { what: Bench::Peak } => match attention::measure_peak() {
             Some(p) => {
