@@ -1,5 +1,6 @@
 //! The three attention forms side by side: `cargo run --release --example flash_attention -- N D`
-//! (defaults 1024 64).
+//! (defaults 1024 64). With `--causal`, `--heads H`, `--batch B` or `--nq NQ` it runs the
+//! masked and batched multi-head forms instead (the Tensor forms only for B = H = 1, NQ = N).
 //!
 //! Each line is the best of 3 calls after a warm-up, the largest error against an f64
 //! reference, and what the realized plan materialized. The Tensor forms' times include
@@ -179,19 +180,115 @@ fn run(n: usize, d: usize) -> Result<bool> {
     Ok(ok)
 }
 
+/// Masked / multi-head forms: Tensor unfused and fused (single head), the online kernel with
+/// a WHERE mask, and (causal) the ragged key loop.
+fn run_masked(n: usize, d: usize, m: &MaskFlags) -> Result<bool> {
+    use uopc::masked_attention::*;
+    let nq = m.nq.unwrap_or(n);
+    let shape = AttentionShape { batch: m.batch, heads: m.heads, n_q: nq, n_k: n, d };
+    let mut rng = StdRng::seed_from_u64(0x5eed ^ ((n as u64) << 32) ^ d as u64);
+    let mut fill = |len: usize, s: f32| (0..len).map(|_| rng.gen_range(-s..s)).collect::<Vec<f32>>();
+    let (q, k, v) = (fill(shape.q_len(), 2.0), fill(shape.kv_len(), 2.0), fill(shape.kv_len(), 1.0));
+    let want = masked_attention_reference(&shape, &q, &k, &v, m.causal, PadData::None);
+    let mut ok = true;
+    let mut line = |name: &str, ms: f64, out: &[f32], desc: &str| {
+        let err = max_abs_err(out, &want);
+        ok &= err <= TOLERANCE;
+        let flag = if err <= TOLERANCE { "" } else { "  WRONG" };
+        println!("{name:<14}{ms:>9.2} ms  err {}   ({desc}){flag}", fmt_err(err));
+    };
+    if m.batch == 1 && m.heads == 1 && nq == n {
+        for (name, opts) in [("unfused", RealizeOptions::default()), ("fused", RealizeOptions::fused())] {
+            let mut out = Vec::new();
+            let ms = best_of_3(|| {
+                let t = |x: &[f32]| Tensor::try_from_vec(x.to_vec(), &[n, d]);
+                let a = uopc::tensor::masked::attention_masked(&t(&q)?, &t(&k)?, &t(&v)?, None, m.causal);
+                let (res, _) = realize(&[&a], &opts)?;
+                out = res[0].to_ndarray::<f32>()?.into_raw_vec_and_offset().0;
+                Ok(())
+            })?;
+            line(name, ms, &out, "mask applied with WHERE on the scores");
+        }
+    }
+    let mut forms = vec![(if m.causal { Causal::Where } else { Causal::None }, "online")];
+    if m.causal {
+        forms.push((Causal::Ragged, "online_ragged"));
+    }
+    for (causal, name) in forms {
+        let kern = MaskedAttention::compile(shape, MaskSpec { causal, ..MaskSpec::default() })?;
+        let mut out = vec![0.0f32; shape.q_len()];
+        let ms = best_of_3(|| Ok(kern.run(&q, &k, &v, PadData::None, &mut out)?))?;
+        let desc = match causal {
+            Causal::Ragged => "key loop ends at the diagonal",
+            Causal::Where => "every key visited, future ones masked",
+            Causal::None => "batch x heads x query blocks threaded",
+        };
+        line(name, ms, &out, desc);
+    }
+    Ok(ok)
+}
+
+/// `--causal`, `--heads H`, `--batch B`, `--nq NQ`.
+#[derive(Default)]
+struct MaskFlags {
+    causal: bool,
+    heads: usize,
+    batch: usize,
+    nq: Option<usize>,
+    any: bool,
+}
+
+fn parse_flags(args: &mut Vec<String>) -> std::result::Result<MaskFlags, String> {
+    let mut f = MaskFlags { heads: 1, batch: 1, ..MaskFlags::default() };
+    let mut rest = Vec::new();
+    let mut it = args.drain(..);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| -> std::result::Result<usize, String> {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .filter(|&v| v > 0)
+                .ok_or(format!("{name} needs a positive integer"))
+        };
+        match a.as_str() {
+            "--causal" => f.causal = true,
+            "--heads" => f.heads = value("--heads")?,
+            "--batch" => f.batch = value("--batch")?,
+            "--nq" => f.nq = Some(value("--nq")?),
+            _ => {
+                rest.push(a);
+                continue;
+            }
+        }
+        f.any = true;
+    }
+    drop(it);
+    *args = rest;
+    Ok(f)
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let flags = match parse_flags(&mut args) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let dims: Option<Vec<usize>> = args.iter().map(|a| a.parse().ok().filter(|&v| v > 0)).collect();
     let (n, d) = match dims.as_deref() {
         Some([]) => (1024, 64),
         Some([n]) => (*n, 64),
         Some([n, d]) => (*n, *d),
         _ => {
-            eprintln!("usage: flash_attention [N [D]]   (positive integers, default 1024 64)");
+            eprintln!(
+                "usage: flash_attention [N [D]] [--causal] [--heads H] [--batch B] [--nq NQ]   (default 1024 64)"
+            );
             return ExitCode::from(2);
         }
     };
-    match run(n, d) {
+    let result = if flags.any { run_masked(n, d, &flags) } else { run(n, d) };
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("error: a result differs from the f64 reference by more than {}", fmt_err(TOLERANCE));
