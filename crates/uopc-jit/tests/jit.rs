@@ -114,7 +114,8 @@ fn exp2_is_accurate_and_handles_special_values() {
             ((*y as f64) - exact).abs() / exact
         })
         .fold(0.0, f64::max);
-    // Measured 7.9e-8 (about 0.66 ulp); 2e-7 leaves room for FMA vs non-FMA hosts.
+    // Measured 7.65e-8 (about 0.64 ulp); 2e-7 leaves room for FMA vs non-FMA hosts.
+    println!("exp2: max relative error {worst:.2e} over [-126, 126]");
     assert!(worst < 2e-7, "max relative error {worst:e}");
 
     let special = [f32::NEG_INFINITY, -1000.0, -127.0, 0.0, 1.0, f32::NAN];
