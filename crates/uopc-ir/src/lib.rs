@@ -19,8 +19,8 @@ pub use builder::{IntoIndex, UOpOrConst, alloc, boolc, buffer, const_of, f32c, i
 pub use dtype::DType;
 pub use error::{IrError, IrErrorKind};
 pub use host::HostBuffer;
-pub use linearize::{Linear, Stmt, linearize, open_ranges};
+pub use linearize::{Linear, Stmt, linearize, linearize_with, open_ranges, open_ranges_with};
 pub use print::{print_graph, print_linear, print_program};
 pub use simplify::{SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_with, split_linear};
 pub use uop::{AxisType, BinaryOp, ConstValue, DataRef, Op, ReduceOp, UOp, UnaryOp};
-pub use verify::{verify, view_base};
+pub use verify::{verify, verify_simplified, view_base};

@@ -70,12 +70,50 @@ fn union(a: &[UOp], b: &[UOp]) -> Vec<UOp> {
 }
 
 /// The ranges each node of `topo` lives inside (END removes the range it closes).
+///
+/// Strict: an END of a range its body does not use is an error (the user's mistake).
 pub fn open_ranges(topo: &[UOp]) -> Result<HashMap<UOp, Vec<UOp>>, IrError> {
+    open_ranges_with(topo, false)
+}
+
+/// For every STORE, the ranges of the ENDs around it (through SINKs and nested ENDs).
+fn ranges_of_enclosing_ends(topo: &[UOp]) -> HashMap<UOp, Vec<UOp>> {
+    let mut around: HashMap<UOp, Vec<UOp>> = HashMap::new();
+    for u in topo.iter().rev() {
+        let outer = around.get(u).cloned().unwrap_or_default();
+        match u.op() {
+            Op::End if u.src().len() == 2 => {
+                let inner = union(&outer, &u.src()[1..2]);
+                let e = around.entry(u.src()[0].clone()).or_default();
+                *e = union(e, &inner);
+            }
+            Op::Sink => {
+                for s in u.src() {
+                    let e = around.entry(s.clone()).or_default();
+                    *e = union(e, &outer);
+                }
+            }
+            _ => {}
+        }
+    }
+    around.retain(|u, _| matches!(u.op(), Op::Store));
+    around
+}
+
+/// [`open_ranges`]; `lenient` is for simplified programs, where rewriting may have removed a
+/// range from the expressions of a body that still runs once per iteration (`r*0`, or a loop
+/// of zero or one trips): every STORE then also lives inside the ranges of the ENDs around it,
+/// so it stays in its loop.
+pub fn open_ranges_with(topo: &[UOp], lenient: bool) -> Result<HashMap<UOp, Vec<UOp>>, IrError> {
+    let forced = if lenient { ranges_of_enclosing_ends(topo) } else { HashMap::new() };
     let mut rng: HashMap<UOp, Vec<UOp>> = HashMap::with_capacity(topo.len());
     for u in topo {
         let mut r: Vec<UOp> = Vec::new();
         for s in u.src() {
             r = union(&r, &rng[s]);
+        }
+        if let Some(f) = forced.get(u) {
+            r = union(&r, f);
         }
         match u.op() {
             Op::Range { .. } => r = union(&r, std::slice::from_ref(u)),
@@ -88,9 +126,7 @@ pub fn open_ranges(topo: &[UOp]) -> Result<HashMap<UOp, Vec<UOp>>, IrError> {
                         "END's second source is not a RANGE",
                     ));
                 }
-                // A loop of exactly one iteration may have had its variable simplified away.
-                let single_trip = closed.src()[0].bounds() == (1, 1);
-                if !rng[&u.src()[0]].contains(closed) && !single_trip {
+                if !rng[&u.src()[0]].contains(closed) && !lenient {
                     return Err(IrError::new(
                         IrErrorKind::RangeNotOpen,
                         u,
@@ -175,8 +211,13 @@ fn view_of(mem: &UOp) -> Option<&UOp> {
 
 /// Linearizes `program` (usually a SINK) into nested, ordered statements.
 pub fn linearize(program: &UOp) -> Result<Linear, IrError> {
+    linearize_with(program, false)
+}
+
+/// [`linearize`] with [`open_ranges_with`]'s `lenient` placement, for simplified programs.
+pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
     let topo = UOp::toposort(std::slice::from_ref(program));
-    let rng = open_ranges(&topo)?;
+    let rng = open_ranges_with(&topo, lenient)?;
 
     if let Some(r) = rng[program].first() {
         let culprit =

@@ -68,6 +68,9 @@ fn compute_bounds(u: &UOp) -> (i64, i64) {
     if d.is_float() {
         return (i64::MIN, i64::MAX);
     }
+    if !well_formed(u) {
+        return dtype_bounds(d);
+    }
     let s = |k: usize| u.src()[k].node_bounds().unwrap_or(dtype_bounds(u.src()[k].dtype()));
     let full = dtype_bounds(d);
     let b = match u.op() {
@@ -171,6 +174,10 @@ impl Linear {
         while let Some((u, coeff)) = stack.pop() {
             let src = u.src();
             let k = |i: usize| src.get(i).and_then(|s| s.const_int());
+            if !well_formed(&u) {
+                self.terms.push((u.clone(), coeff));
+                continue;
+            }
             match u.op() {
                 Op::Const(c) => self.constant = self.constant.checked_add(c.as_i64().checked_mul(coeff)?)?,
                 Op::Binary(BinaryOp::Add) => {
@@ -328,8 +335,27 @@ pub fn int_mod(a: i64, b: i64) -> i64 {
     if b == 0 { 0 } else { a.wrapping_rem(b) }
 }
 
+fn is_neg_zero(v: f64) -> bool {
+    v == 0.0 && v.is_sign_negative()
+}
+
+/// Whether `u` has the number of sources its op needs (malformed input is left alone).
+fn well_formed(u: &UOp) -> bool {
+    let n = u.src().len();
+    match u.op() {
+        Op::Unary(_) | Op::Cast => n == 1,
+        Op::Binary(_) => n == 2,
+        Op::Where => n == 3,
+        Op::Range { .. } => n == 1,
+        _ => true,
+    }
+}
+
 /// One rewrite step at `u` (whose sources are already simplified); `None` when nothing applies.
 fn rewrite(u: &UOp, fold_divmod: bool) -> Option<UOp> {
+    if !well_formed(u) || !u.src().iter().all(well_formed) {
+        return None;
+    }
     if let Some(c) = fold_const(u) {
         return Some(c);
     }
@@ -363,15 +389,18 @@ fn rewrite(u: &UOp, fold_divmod: bool) -> Option<UOp> {
                 return Some(src[1].clone());
             }
         }
+        // x + (-0.0) == x and x - (+0.0) == x for every x; x + 0.0 is not (-0.0 + 0.0 == +0.0).
         Op::Binary(BinaryOp::Add) if d.is_float() => {
-            if cf(1) == Some(0.0) {
+            if cf(1).is_some_and(is_neg_zero) {
                 return Some(src[0].clone());
             }
-            if cf(0) == Some(0.0) {
+            if cf(0).is_some_and(is_neg_zero) {
                 return Some(src[1].clone());
             }
         }
-        Op::Binary(BinaryOp::Sub) if d.is_float() && cf(1) == Some(0.0) => return Some(src[0].clone()),
+        Op::Binary(BinaryOp::Sub) if d.is_float() && cf(1).is_some_and(|v| v == 0.0 && !is_neg_zero(v)) => {
+            return Some(src[0].clone());
+        }
         Op::Binary(BinaryOp::Max) if d.is_int() => {
             let (a, b) = (src[0].bounds(), src[1].bounds());
             if a.0 >= b.1 {

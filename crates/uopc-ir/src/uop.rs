@@ -153,7 +153,11 @@ impl ConstValue {
                 other => other.as_i64() as i32 as i64,
             }),
             DType::I64 => ConstValue::Int(self.as_i64()),
-            DType::F32 => ConstValue::float(self.as_f64() as f32 as f64),
+            // Integers round to f32 once (through f64 they could round twice).
+            DType::F32 => ConstValue::float(match self {
+                ConstValue::Int(i) => i as f32 as f64,
+                other => other.as_f64() as f32 as f64,
+            }),
             DType::F64 => ConstValue::float(self.as_f64()),
         }
     }

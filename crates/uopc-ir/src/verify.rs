@@ -2,7 +2,7 @@
 
 use crate::dtype::DType;
 use crate::error::{IrError, IrErrorKind};
-use crate::linearize::{Linear, linearize, open_ranges};
+use crate::linearize::{Linear, linearize_with, open_ranges_with};
 use crate::uop::{AxisType, BinaryOp, Op, UOp, UnaryOp};
 use std::collections::{HashMap, HashSet};
 
@@ -177,6 +177,13 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
             }
         }
         Op::Cast => arity(1)?,
+        Op::After if u.dtype() != dt(0) => {
+            return Err(err(
+                IrErrorKind::DType,
+                u,
+                format!("AFTER dtype {} differs from its view's {}", u.dtype(), dt(0)),
+            ));
+        }
         Op::Sink | Op::After => {}
         _ => {
             return Err(err(
@@ -196,6 +203,17 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
 /// THREAD range but declared outside it; stores to buffers outside the THREAD range of a
 /// threaded program; indices not provably inside their buffer; loops that do not nest.
 pub fn verify(program: &UOp) -> Result<Linear, IrError> {
+    verify_with(program, false)
+}
+
+/// [`verify`] for a program that came out of [`crate::simplify`] after its original passed
+/// [`verify`]: loops keep the stores their ENDs enclose even where rewriting removed the loop
+/// variable from them (see [`crate::open_ranges_with`]).
+pub fn verify_simplified(program: &UOp) -> Result<Linear, IrError> {
+    verify_with(program, true)
+}
+
+fn verify_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
     let topo = UOp::toposort(std::slice::from_ref(program));
     let mut slots: HashMap<(bool, usize), UOp> = HashMap::new();
     for u in &topo {
@@ -216,8 +234,8 @@ pub fn verify(program: &UOp) -> Result<Linear, IrError> {
             }
         }
     }
-    let rng = open_ranges(&topo)?;
-    let linear = linearize(program)?;
+    let rng = open_ranges_with(&topo, lenient)?;
+    let linear = linearize_with(program, lenient)?;
     let scopes = declared_scopes(&topo, &rng);
 
     for u in &topo {

@@ -30,7 +30,9 @@ use cranelift_module::{Linkage, Module};
 use rayon::prelude::*;
 use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
-use uopc_ir::{DType, HostBuffer, IrError, Linear, Op, UOp, simplify, split_linear, verify, view_base};
+use uopc_ir::{
+    DType, HostBuffer, IrError, Linear, Op, UOp, simplify, split_linear, verify, verify_simplified, view_base,
+};
 
 /// Why compiling or running a program failed.
 #[derive(Debug, thiserror::Error)]
@@ -236,12 +238,23 @@ impl Program {
     /// its THREAD range does not have a constant trip count.
     pub fn compile_with(program: &UOp, name: &str, opts: &JitOptions) -> Result<Program, JitError> {
         let t0 = Instant::now();
+        // The user's program is checked as written; the simplified one is what gets lowered.
+        let original = verify(program)?;
+        let specs = buffer_specs(program, &original)?;
         let program = simplify(program);
-        let lin = verify(&program)?;
+        let lin = verify_simplified(&program)?;
         let thread_extent = match &lin.thread {
-            Some(t) => Some(t.src()[0].const_int().ok_or_else(|| {
-                JitError::Unsupported(format!("{}: the THREAD range needs a constant trip count", t.short()))
-            })? as usize),
+            Some(t) => Some(
+                t.src()[0]
+                    .const_int()
+                    .ok_or_else(|| {
+                        JitError::Unsupported(format!(
+                            "{}: the THREAD range needs a constant trip count",
+                            t.short()
+                        ))
+                    })?
+                    .max(0) as usize,
+            ),
             None => None,
         };
         let local_bytes: usize = lin
@@ -258,7 +271,6 @@ impl Program {
             )));
         }
         let parallel = lin.thread.as_ref().is_some_and(|t| threads_write_disjoint(&program, t));
-        let specs = buffer_specs(&program, &lin)?;
 
         let (speed, none) = ISA.as_ref().map_err(|e| JitError::Codegen(format!("no native ISA: {e}")))?;
         let isa = match opts.opt_level {

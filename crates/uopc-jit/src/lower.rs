@@ -261,6 +261,14 @@ impl<'a, 'b> Lowerer<'a, 'b> {
     fn sum_accumulators(&self, body: &[Stmt]) -> Vec<Variable> {
         let mut found: Vec<Variable> = Vec::new();
         let mut touched: HashMap<u32, usize> = HashMap::new();
+        let mut uses: HashMap<&UOp, usize> = HashMap::new();
+        for s in body {
+            if let Stmt::Op(u) = s {
+                for x in u.src() {
+                    *uses.entry(x).or_default() += 1;
+                }
+            }
+        }
         for s in body {
             let Stmt::Op(u) = s else { return Vec::new() };
             if !matches!(u.op(), Op::Load | Op::Store) {
@@ -270,9 +278,13 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             *touched.entry(var.as_u32()).or_default() += 1;
             if let Op::Store = u.op() {
                 let v = &u.src()[1];
+                // `acc = acc + x` where the loaded accumulator feeds nothing else: a sum whose
+                // terms do not read the running value, so it may be split.
                 let is_sum = matches!(v.op(), Op::Binary(BinaryOp::Add))
                     && v.dtype().is_float()
-                    && v.src().iter().any(|x| matches!(x.op(), Op::Load) && x.src()[0] == u.src()[0]);
+                    && v.src().iter().any(|x| {
+                        matches!(x.op(), Op::Load) && x.src()[0] == u.src()[0] && uses.get(x) == Some(&1)
+                    });
                 if is_sum {
                     found.push(var);
                 }
@@ -528,6 +540,15 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let t = self.b.ins().fadd(x, magic);
         let n = self.b.ins().fsub(t, magic);
         let f = self.b.ins().fsub(x, n);
+        // 2^128 is not a finite f32 scale: for n = 128 build 2^127 and multiply by 2 at the end,
+        // so 2^x stays finite (and accurate) for 127.5 <= x < 128.
+        let top = self.fconst(ty, 127.0);
+        let zero = self.fconst(ty, 0.0);
+        let one_more = self.fconst(ty, 1.0);
+        let over = self.fselect(FloatCC::GreaterThan, n, top, one_more, zero);
+        let n_low = self.b.ins().fsub(n, over);
+        let t = self.b.ins().fadd(n_low, magic);
+        let factor = self.b.ins().fadd(over, one_more);
         // Cephes exp2f coefficients as published.
         #[allow(clippy::excessive_precision)]
         const P: [f32; 6] =
@@ -548,7 +569,8 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let sh = self.b.ins().iconst(types::I32, 23);
         let shifted = self.b.ins().ishl(biased, sh);
         let scale = self.b.ins().bitcast(ty, flags, shifted);
-        self.b.ins().fmul(poly, scale)
+        let scaled = self.b.ins().fmul(poly, scale);
+        self.b.ins().fmul(scaled, factor)
     }
 
     /// An f32 constant, splatted when `ty` is a vector type.
