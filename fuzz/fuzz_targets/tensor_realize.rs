@@ -60,7 +60,7 @@ fn step(b: &mut Bytes<'_>, stack: &mut Vec<Tensor>) {
             x.try_slice(0, begin, begin + 1 + b.small(len - begin))
         }
         12 => Tensor::try_cat(&[&x, &stack.pop().unwrap_or_else(|| leaf(b))], axis),
-        13 => Ok((x * 0.25).exp()),
+        13 => Ok((&x * 0.25).exp()),
         14 => Ok(x.recip()),
         _ => {
             let mut shape = x.shape().to_vec();
