@@ -144,7 +144,7 @@ fn mutate_once(program: &UOp, rng: &mut Rng) -> UOp {
             _ => UOp::new(op, d, src),
         },
         // AFTER without its dependencies.
-        10 if matches!(op, Op::After) => UOp::new(op, d, vec![src[0].clone()]),
+        10 if matches!(op, Op::After) && !src.is_empty() => UOp::new(op, d, vec![src[0].clone()]),
         _ => UOp::new(op, d, src),
     };
     replace(program, &topo, &target, &replacement)
