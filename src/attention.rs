@@ -14,6 +14,12 @@ pub const LOG2E: f64 = std::f64::consts::LOG2_E;
 /// when the max grows. Buffers: 0 = Q, 1 = K, 2 = V (each `n*d` f32, row-major), 3 = output.
 /// Exponentials are base 2, with `log2(e)/sqrt(d)` folded into the score scale.
 pub fn online_attention_ir(n: usize, d: usize) -> UOp {
+    online_attention_program(n, d, false)
+}
+
+/// The online-softmax program; with `lse`, buffer 4 (`n` f32) also receives each row's base-2
+/// log-sum-exp `m + log2 l` (what a backward pass with recompute needs).
+pub(crate) fn online_attention_program(n: usize, d: usize, lse: bool) -> UOp {
     let f32t = DType::F32;
     let [q, k, v, out] = [0, 1, 2, 3].map(|slot| buffer(slot, f32t, n * d));
     let (m, l, o, s) = (alloc(0, f32t, 1), alloc(1, f32t, 1), alloc(2, f32t, d), alloc(3, f32t, 1));
@@ -55,9 +61,15 @@ pub fn online_attention_ir(n: usize, d: usize) -> UOp {
 
     // normalize
     let d2 = range(d, 5, AxisType::Loop);
-    let inv_l = li.after(&[loop_j.clone()]).index(0).load().recip();
-    let st_out = out.index(&i * d + &d2).store(oi.after(&[loop_j]).index(&d2).load() * inv_l);
-    sink(&[st_out.end(&[d2, i])])
+    let done = std::slice::from_ref(&loop_j);
+    let l_final = li.after(done).index(0).load();
+    let st_out = out.index(&i * d + &d2).store(oi.after(done).index(&d2).load() * l_final.recip());
+    if !lse {
+        return sink(&[st_out.end(&[d2, i])]);
+    }
+    let row_lse = buffer(4, f32t, n);
+    let st_lse = row_lse.index(&i).store(mi.after(done).index(0).load() + l_final.log2());
+    sink(&[sink(&[st_out.end(&[d2]), st_lse]).end(&[i])])
 }
 
 /// The largest block of at most `want` query rows that divides `n` (so blocks tile the rows

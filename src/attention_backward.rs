@@ -23,12 +23,12 @@
 
 use std::fmt;
 use std::sync::Arc;
-use uopc_ir::{AxisType, DType, Op, UOp, alloc, buffer, f32c, range, sink};
+use uopc_ir::{AxisType, DType, Op, UOp, alloc, buffer, range, sink};
 use uopc_jit::{JitError, Program};
 use uopc_tensor::{Plan, RealizeOptions, Tensor, TensorError, make_plan, realize, vjp};
 
 /// `log2(e)`: base-2 exponentials need scores scaled by it.
-const LOG2E: f64 = std::f64::consts::LOG2_E;
+use crate::attention::LOG2E;
 
 /// Why building, compiling or running a backward pass failed.
 #[derive(Debug)]
@@ -186,50 +186,7 @@ pub fn largest_buffer(program: &UOp) -> usize {
 /// 2 = V (each `n*d` f32, row-major), 3 = O, 4 = LSE (`n` f32, `m + log2 l` with scores in
 /// base 2, i.e. `log2(e)` times the natural log-sum-exp of `q_i . k_j / sqrt(d)`).
 pub fn online_attention_lse_ir(n: usize, d: usize) -> UOp {
-    let f32t = DType::F32;
-    let [q, k, v, out] = [0, 1, 2, 3].map(|slot| buffer(slot, f32t, n * d));
-    let lse = buffer(4, f32t, n);
-    let (m, l, o, s) = (alloc(0, f32t, 1), alloc(1, f32t, 1), alloc(2, f32t, d), alloc(3, f32t, 1));
-    let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
-
-    let i = range(n, 0, AxisType::Thread);
-    // Running state lives inside the THREAD loop: each query row (and thread) owns its own.
-    let (mi, li, oi) = (m.after(&[i.clone()]), l.after(&[i.clone()]), o.after(&[i.clone()]));
-    let init_m = mi.index(0).store(f32c(f32::NEG_INFINITY));
-    let init_l = li.index(0).store(0.0f32);
-    let d0 = range(d, 1, AxisType::Loop);
-    let init_o = oi.index(&d0).store(0.0f32).end(&[d0]);
-
-    let j = range(n, 2, AxisType::Reduce);
-    let sj = s.after(&[i.clone(), j.clone()]);
-    let init_s = sj.index(0).store(0.0f32);
-    let e = range(d, 3, AxisType::Reduce);
-    let se = sj.after(&[init_s, e.clone()]);
-    let dot = se
-        .index(0)
-        .store(se.index(0).load() + q.index(&i * d + &e).load() * k.index(&j * d + &e).load())
-        .end(&[e]);
-    let score = sj.after(&[dot]).index(0).load() * scale;
-
-    let (mj, lj) = (mi.after(&[init_m, j.clone()]), li.after(&[init_l, j.clone()]));
-    let m_old = mj.index(0).load();
-    let m_new = m_old.maximum(&score);
-    let corr = (&m_old - &m_new).exp2(); // rescales everything accumulated so far
-    let p = (&score - &m_new).exp2();
-    let st_l = lj.index(0).store(lj.index(0).load() * &corr + &p);
-    let dd = range(d, 4, AxisType::Loop);
-    let od = oi.after(&[init_o, j.clone()]);
-    let st_o =
-        od.index(&dd).store(od.index(&dd).load() * &corr + &p * v.index(&j * d + &dd).load()).end(&[dd]);
-    let st_m = mj.index(0).store(&m_new);
-    let loop_j = sink(&[st_l, st_o, st_m]).end(&[j]);
-
-    let l_fin = li.after(&[loop_j.clone()]).index(0).load();
-    let m_fin = mi.after(&[loop_j.clone()]).index(0).load();
-    let st_lse = lse.index(&i).store(m_fin + l_fin.log2());
-    let d2 = range(d, 5, AxisType::Loop);
-    let st_out = out.index(&i * d + &d2).store(oi.after(&[loop_j]).index(&d2).load() * l_fin.recip());
-    sink(&[sink(&[st_out.end(&[d2]), st_lse]).end(&[i])])
+    crate::attention::online_attention_program(n, d, true)
 }
 
 /// The two dot products every backward iteration needs for one (query `qi`, key `kj`) pair:

@@ -6,19 +6,7 @@ use uopc::attention_backward::*;
 use uopc::ir::{AxisType, Op, Stmt, verify, view_base};
 use uopc::jit::Program;
 use uopc::tensor::{RealizeOptions, Tensor, realize};
-
-/// Deterministic pseudo-random values in [-1, 1) (xorshift).
-fn pseudo_random(len: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use uopc_testgen::rng::uniform_values as pseudo_random;
 
 struct Case {
     n: usize,

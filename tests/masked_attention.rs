@@ -6,19 +6,7 @@ use uopc::masked_attention::{
     AttentionShape, Causal, FlashDecode, MaskSpec, MaskedAttention, PadData, Padding, decode_chunks,
     flash_decode_merge_ir, flash_decode_partial_ir, masked_attention_reference, streaming_read_gbs,
 };
-
-/// Deterministic pseudo-random values in [-1, 1) (xorshift).
-fn pseudo_random(len: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use uopc_testgen::rng::uniform_values as pseudo_random;
 
 /// Masked attention in f64: query `i` of item `b` attends key `j` iff `keep(b, i, j)` (and
 /// `j <= i + n_k - n_q` when `causal`); a row with no key attended is zeros.

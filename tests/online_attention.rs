@@ -3,19 +3,7 @@
 use uopc::attention::online_attention_ir;
 use uopc::ir::{Linear, Op, Stmt, verify};
 use uopc::jit::Program;
-
-/// Deterministic pseudo-random values in [-1, 1) (xorshift), so tests need no RNG crate state.
-pub fn pseudo_random(len: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use uopc_testgen::rng::uniform_values as pseudo_random;
 
 /// softmax(Q K^T / sqrt(D)) V in f64 with plain loops.
 pub fn attention_f64(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f64> {

@@ -3,18 +3,7 @@
 
 use uopc_tensor::masked::{attention_masked, causal_mask, try_attention_masked};
 use uopc_tensor::{RealizeOptions, Tensor};
-
-fn pseudo_random(len: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use uopc_testgen::rng::uniform_values as pseudo_random;
 
 /// `(bh, n_q, d)` attention in f64 where query `i` of head `h` sees key `j` iff `keep(h, i, j)`;
 /// rows with no key are zeros.

@@ -66,3 +66,9 @@ impl Rng {
         xs[self.below(xs.len() as u64) as usize].clone()
     }
 }
+
+/// `len` deterministic test values uniform in [-1, 1), the same for the same seed.
+pub fn uniform_values(len: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng::new(seed);
+    (0..len).map(|_| (r.unit() * 2.0 - 1.0) as f32).collect()
+}
