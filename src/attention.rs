@@ -85,72 +85,8 @@ pub fn query_block(n: usize, want: usize) -> usize {
 /// output rows (the chapter's "query blocking" exercise; both loops vectorize). `qb` is rounded
 /// down to a divisor of `n` (see [`query_block`]). Buffers as in [`online_attention_ir`].
 pub fn online_attention_qb_ir(n: usize, d: usize, qb: usize) -> UOp {
-    let qb = query_block(n, qb);
-    let f32t = DType::F32;
-    let [q, k, v, out] = [0, 1, 2, 3].map(|slot| buffer(slot, f32t, n * d));
-    let m: Vec<UOp> = (0..qb).map(|b| alloc(b, f32t, 1)).collect();
-    let l: Vec<UOp> = (0..qb).map(|b| alloc(qb + b, f32t, 1)).collect();
-    let s: Vec<UOp> = (0..qb).map(|b| alloc(2 * qb + b, f32t, 1)).collect();
-    let o = alloc(3 * qb, f32t, qb * d);
-    let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
-
-    let i = range(n / qb, 0, AxisType::Thread);
-    let row = |b: usize| &i * qb + b;
-    let ith = std::slice::from_ref(&i);
-    let (mi, li): (Vec<UOp>, Vec<UOp>) =
-        (m.iter().map(|x| x.after(ith)).collect(), l.iter().map(|x| x.after(ith)).collect());
-    let oi = o.after(ith);
-    let init_m: Vec<UOp> = mi.iter().map(|x| x.index(0).store(f32c(f32::NEG_INFINITY))).collect();
-    let init_l: Vec<UOp> = li.iter().map(|x| x.index(0).store(0.0f32)).collect();
-    let d0 = range(qb * d, 1, AxisType::Loop);
-    let init_o = oi.index(&d0).store(0.0f32).end(&[d0]);
-
-    let j = range(n, 2, AxisType::Reduce);
-    // all dot products q_b . k_j in one pass over the head dimension
-    let sj: Vec<UOp> = s.iter().map(|x| x.after(&[i.clone(), j.clone()])).collect();
-    let init_s: Vec<UOp> = sj.iter().map(|x| x.index(0).store(0.0f32)).collect();
-    let e = range(d, 3, AxisType::Reduce);
-    let kje = k.index(&j * d + &e).load();
-    let dots: Vec<UOp> = (0..qb)
-        .map(|b| {
-            let se = sj[b].after(&[init_s[b].clone(), e.clone()]);
-            se.index(0).store(se.index(0).load() + q.index(row(b) * d + &e).load() * &kje)
-        })
-        .collect();
-    let dot = sink(&dots).end(&[e]);
-
-    let mut updates = Vec::new();
-    let (mut corr, mut p) = (Vec::new(), Vec::new());
-    for b in 0..qb {
-        let score = sj[b].after(std::slice::from_ref(&dot)).index(0).load() * scale;
-        let (mj, lj) =
-            (mi[b].after(&[init_m[b].clone(), j.clone()]), li[b].after(&[init_l[b].clone(), j.clone()]));
-        let m_old = mj.index(0).load();
-        let m_new = m_old.maximum(&score);
-        corr.push((&m_old - &m_new).exp2());
-        p.push((&score - &m_new).exp2());
-        updates.push(lj.index(0).store(lj.index(0).load() * &corr[b] + &p[b]));
-        updates.push(mj.index(0).store(&m_new));
-    }
-    let dd = range(d, 4, AxisType::Loop);
-    let od = oi.after(&[init_o, j.clone()]);
-    let vjd = v.index(&j * d + &dd).load();
-    let o_updates: Vec<UOp> = (0..qb)
-        .map(|b| {
-            let at = od.index(&dd + b * d);
-            at.store(at.load() * &corr[b] + &p[b] * &vjd)
-        })
-        .collect();
-    updates.push(sink(&o_updates).end(&[dd]));
-    let loop_j = sink(&updates).end(&[j]);
-
-    let d2 = range(d, 5, AxisType::Loop);
-    let done = std::slice::from_ref(&loop_j);
-    let stores: Vec<UOp> = (0..qb)
-        .map(|b| {
-            let inv_l = li[b].after(done).index(0).load().recip();
-            out.index(row(b) * d + &d2).store(oi.after(done).index(&d2 + b * d).load() * inv_l)
-        })
-        .collect();
-    sink(&[sink(&stores).end(&[d2, i])])
+    // The unmasked, single-head case of the general kernel.
+    use crate::masked_attention::{AttentionShape, Causal, MaskSpec, Padding, masked_attention_ir};
+    let spec = MaskSpec { causal: Causal::None, padding: Padding::None, query_block: qb };
+    masked_attention_ir(&AttentionShape::single(n, n, d), &spec)
 }
