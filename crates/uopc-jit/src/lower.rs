@@ -375,15 +375,21 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             }
             self.b.def_var(acc, vals[0]);
         }
-        if main < trips {
-            let start = self.b.ins().iconst(types::I64, main);
-            let end = self.b.ins().iconst(types::I64, trips);
-            self.counted_loop(range, start, end, 1, |l, iv| {
-                l.range_vars.insert(range.clone(), iv);
-                l.block(body)
-            })?;
+        self.scalar_tail(range, body, main, trips)
+    }
+
+    /// The iterations `from..trips` of `range`, one at a time: the tail after an unrolled or
+    /// vectorized main loop.
+    fn scalar_tail(&mut self, range: &UOp, body: &[Stmt], from: i64, trips: i64) -> Result<(), JitError> {
+        if from >= trips {
+            return Ok(());
         }
-        Ok(())
+        let start = self.b.ins().iconst(types::I64, from);
+        let end = self.b.ins().iconst(types::I64, trips);
+        self.counted_loop(range, start, end, 1, |l, iv| {
+            l.range_vars.insert(range.clone(), iv);
+            l.block(body)
+        })
     }
 
     fn constant(&mut self, c: ConstValue, d: DType) -> Value {

@@ -127,14 +127,7 @@ impl Lowerer<'_, '_> {
         for key in inserted {
             self.vals.remove(&key);
         }
-        if main < trips {
-            let start = self.b.ins().iconst(types::I64, main);
-            let end = self.b.ins().iconst(types::I64, trips);
-            self.counted_loop(range, start, end, 1, |l, iv| {
-                l.range_vars.insert(range.clone(), iv);
-                l.block(body)
-            })?;
-        }
+        self.scalar_tail(range, body, main, trips)?;
         Ok(true)
     }
 
