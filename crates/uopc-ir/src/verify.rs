@@ -3,7 +3,7 @@
 use crate::dtype::DType;
 use crate::error::{IrError, IrErrorKind};
 use crate::linearize::{Linear, linearize_with, open_ranges_with};
-use crate::uop::{AxisType, BinaryOp, Op, UOp, UnaryOp};
+use crate::uop::{AxisType, BinaryOp, ConstValue, Op, UOp, UnaryOp};
 use std::collections::{HashMap, HashSet};
 
 /// The BUFFER or ALLOC at the base of a view (through AFTER chains), if any.
@@ -67,7 +67,22 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
         }
     }
     match u.op() {
-        Op::Const(_) | Op::Buffer { .. } | Op::Alloc { .. } => arity(0)?,
+        Op::Const(c) => {
+            arity(0)?;
+            // The value must be one the dtype can hold: the backend materializes it at that width.
+            let fits = match (c, u.dtype()) {
+                (ConstValue::Bool(_), DType::Bool) => true,
+                (ConstValue::Int(v), DType::I32) => i32::try_from(*v).is_ok(),
+                (ConstValue::Int(_), DType::I64) => true,
+                (ConstValue::Float(_), d) => d.is_float(),
+                (ConstValue::Int(_), d) => d.is_float(),
+                _ => false,
+            };
+            if !fits {
+                return Err(err(IrErrorKind::DType, u, format!("constant {c} does not fit {}", u.dtype())));
+            }
+        }
+        Op::Buffer { .. } | Op::Alloc { .. } => arity(0)?,
         Op::Range { .. } => {
             arity(1)?;
             if !dt(0).is_int() {

@@ -609,7 +609,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         }
         // Integer division by a constant: shifts and masks for non-negative dividends and powers
         // of two, a plain sdiv otherwise; variable divisors are guarded so nothing can trap.
-        if let (BinaryOp::IDiv | BinaryOp::Mod, Some(c)) = (op, sb.const_int())
+        // The divisor as the machine sees it (wrapped to the operand width).
+        let divisor = sb.const_value().map(|c| c.cast(d).as_i64());
+        if let (BinaryOp::IDiv | BinaryOp::Mod, Some(c)) = (op, divisor)
             && c != 0
             && c != -1
         {

@@ -244,3 +244,17 @@ fn fma_peak_measures_something_positive() {
     let g = uopc_jit::peak::fma_peak_gflops(10_000, 1).unwrap();
     assert!(g.is_finite() && g > 0.1, "{g}");
 }
+
+#[test]
+fn integer_constants_must_fit_their_dtype() {
+    // An i32 constant holding 2^32 would be materialized as 0: a division by it must be refused
+    // (found by fuzzing: it reached the hardware divide and trapped).
+    let (a, out) = (buffer(0, DType::I32, 4), buffer(1, DType::I32, 4));
+    let i = range(4, 0, AxisType::Loop);
+    let big = UOp::new(Op::Const(ConstValue::Int(1 << 32)), DType::I32, vec![]);
+    let p = sink(&[out.index(&i).store(a.index(&i).load().idiv(&big)).end(&[i])]);
+    match Program::compile(&p, "wide_const") {
+        Err(JitError::Ir(e)) => assert_eq!(e.kind, IrErrorKind::DType, "{e}"),
+        other => panic!("expected a dtype error, got {other:?}"),
+    }
+}
