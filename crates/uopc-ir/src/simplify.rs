@@ -243,8 +243,10 @@ impl Linear {
     }
 }
 
+/// An integer constant of `dtype`, wrapped to its width (sums and products are computed in i64
+/// and wrap like the machine's arithmetic).
 fn konst(v: i64, dtype: DType) -> UOp {
-    UOp::new(Op::Const(ConstValue::Int(v)), dtype, vec![])
+    UOp::new(Op::Const(ConstValue::Int(v).cast(dtype)), dtype, vec![])
 }
 
 fn is_linear_op(u: &UOp) -> bool {
