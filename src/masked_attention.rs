@@ -256,6 +256,26 @@ impl PadData<'_> {
             PadData::Mask(_) => Padding::Mask,
         }
     }
+
+    /// Appends the mask buffer (if any) to a kernel's arguments, after checking it is the
+    /// kind of padding `who` was compiled for.
+    fn push_arg<'a>(&self, expected: Padding, who: &str, args: &mut Vec<Arg<'a>>) -> Result<(), JitError>
+    where
+        Self: 'a,
+    {
+        if self.kind() != expected {
+            return Err(JitError::Argument(format!(
+                "{who}: compiled for padding {expected:?}, got {:?}",
+                self.kind()
+            )));
+        }
+        match *self {
+            PadData::None => {}
+            PadData::KeyLengths(x) => args.push(Arg::Read(BufRef::I32(x))),
+            PadData::Mask(x) => args.push(Arg::Read(BufRef::Bool(x))),
+        }
+        Ok(())
+    }
 }
 
 /// A compiled [`masked_attention_ir`] kernel with its shape and masks.
@@ -287,20 +307,8 @@ impl MaskedAttention {
         pad: PadData<'_>,
         out: &mut [f32],
     ) -> Result<(), JitError> {
-        if pad.kind() != self.spec.padding {
-            return Err(JitError::Argument(format!(
-                "{}: compiled for padding {:?}, got {:?}",
-                self.program.name(),
-                self.spec.padding,
-                pad.kind()
-            )));
-        }
         let mut args: Vec<Arg<'_>> = vec![q.into(), k.into(), v.into(), out.into()];
-        match pad {
-            PadData::None => {}
-            PadData::KeyLengths(x) => args.push(Arg::Read(BufRef::I32(x))),
-            PadData::Mask(x) => args.push(Arg::Read(BufRef::Bool(x))),
-        }
+        pad.push_arg(self.spec.padding, self.program.name(), &mut args)?;
         self.program.run(&mut args)
     }
 }
@@ -525,13 +533,6 @@ impl FlashDecode {
         scratch: &mut DecodeScratch,
         out: &mut [f32],
     ) -> Result<(), JitError> {
-        if pad.kind() != self.padding {
-            return Err(JitError::Argument(format!(
-                "flash-decoding compiled for padding {:?}, got {:?}",
-                self.padding,
-                pad.kind()
-            )));
-        }
         let mut args: Vec<Arg<'_>> = vec![
             q.into(),
             k.into(),
@@ -540,11 +541,7 @@ impl FlashDecode {
             scratch.l.as_mut_slice().into(),
             scratch.o.as_mut_slice().into(),
         ];
-        match pad {
-            PadData::None => {}
-            PadData::KeyLengths(x) => args.push(Arg::Read(BufRef::I32(x))),
-            PadData::Mask(x) => args.push(Arg::Read(BufRef::Bool(x))),
-        }
+        pad.push_arg(self.padding, "flash-decoding", &mut args)?;
         self.partial.run(&mut args)?;
         self.merge.run_f32(&[&scratch.m, &scratch.l, &scratch.o], &mut [out])
     }
