@@ -19,6 +19,9 @@ pub enum IrErrorKind {
     ThreadRace,
     /// An index whose bounds cannot be proven inside its buffer.
     OutOfBounds,
+    /// Two STOREs that may write the same element with no dependency ordering them: which
+    /// value is left would depend on statement order, which the program does not fix.
+    UnorderedStores,
     /// Loops that do not nest, cyclic ordering, misplaced THREAD ranges, wrong arities, or
     /// ops that do not belong in a loop program.
     Structure,

@@ -216,7 +216,8 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
 /// Rejects: ill-typed nodes; ENDs of ranges that are not open; ranges never ended; stores using
 /// a range they are not inside; loads of an ALLOC no store reaches; ALLOCs written inside a
 /// THREAD range but declared outside it; stores to buffers outside the THREAD range of a
-/// threaded program; indices not provably inside their buffer; loops that do not nest.
+/// threaded program; indices not provably inside their buffer; loops that do not nest; two
+/// stores that may write one element with nothing ordering them.
 pub fn verify(program: &UOp) -> Result<Linear, IrError> {
     verify_with(program, false)
 }
@@ -293,7 +294,80 @@ fn verify_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
             _ => {}
         }
     }
+    if !lenient {
+        // Simplification keeps every dependency and rewrites indices to equal values, so a
+        // program that passed here still passes after it.
+        check_store_order(&topo)?;
+    }
     Ok(linear)
+}
+
+/// Two STOREs to one BUFFER or ALLOC where neither depends on the other (through data or
+/// AFTER) must write provably different elements in any one iteration: otherwise the element
+/// keeps whichever store the linearizer happens to place last, and the interpreter and the
+/// JIT (which linearizes the simplified program) could disagree.
+fn check_store_order(topo: &[UOp]) -> Result<(), IrError> {
+    let mut by_base: HashMap<UOp, Vec<UOp>> = HashMap::new();
+    for u in topo {
+        if matches!(u.op(), Op::Store) {
+            let base = view_base(&u.src()[0].src()[0]).expect("checked by check_types");
+            by_base.entry(base.clone()).or_default().push(u.clone());
+        }
+    }
+    let grouped: Vec<UOp> = by_base.values().filter(|v| v.len() > 1).flatten().cloned().collect();
+    if grouped.is_empty() {
+        return Ok(());
+    }
+    let bit: HashMap<&UOp, usize> = grouped.iter().enumerate().map(|(i, s)| (s, i)).collect();
+    let words = grouped.len().div_ceil(64);
+    // For every node, the grouped stores among its transitive sources.
+    let mut reach: HashMap<&UOp, Vec<u64>> = HashMap::with_capacity(topo.len());
+    for u in topo {
+        let mut set = vec![0u64; words];
+        for s in u.src() {
+            if let Some(r) = reach.get(s) {
+                set.iter_mut().zip(r).for_each(|(a, b)| *a |= b);
+            }
+            if let Some(&i) = bit.get(s) {
+                set[i / 64] |= 1 << (i % 64);
+            }
+        }
+        reach.insert(u, set);
+    }
+    let reaches = |a: &UOp, b: &UOp| {
+        let i = bit[b];
+        reach[a][i / 64] & (1 << (i % 64)) != 0
+    };
+    let mut memo = HashMap::new();
+    for stores in by_base.values().filter(|v| v.len() > 1) {
+        for (k, a) in stores.iter().enumerate() {
+            for b in &stores[k + 1..] {
+                if reaches(a, b) || reaches(b, a) {
+                    continue;
+                }
+                let (ia, ib) = (&a.src()[0].src()[1], &b.src()[0].src()[1]);
+                // Both indices are in bounds (checked above), so their difference fits their dtype.
+                let diff = if ia.dtype() == ib.dtype() {
+                    ia - ib
+                } else {
+                    ia.cast(DType::I64) - ib.cast(DType::I64)
+                };
+                let diff = crate::simplify_memo(&diff, Default::default(), &mut memo);
+                let (lo, hi) = diff.bounds();
+                if lo <= 0 && hi >= 0 {
+                    return Err(err(
+                        IrErrorKind::UnorderedStores,
+                        b,
+                        format!(
+                            "may write the element {} writes, and no dependency orders the two (add .after)",
+                            a.short()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_bounds(index: &UOp) -> Result<(), IrError> {

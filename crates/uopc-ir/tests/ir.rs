@@ -188,6 +188,41 @@ fn verifier_rejects_never_ended_range() {
 }
 
 #[test]
+fn verifier_rejects_unordered_stores_to_one_element() {
+    // Found by fuzzing: `acc[0] = -16; acc[0] = 0.609375` with nothing ordering the two left
+    // the choice to the linearizer's tie-break, which differed between the original program
+    // (interpreter) and the simplified one (JIT).
+    let out = buffer(0, DType::F32, 4);
+    let acc = alloc(0, DType::F32, 1);
+    let i = range(4, 0, AxisType::Loop);
+    let first = acc.after(&[i.clone()]).index(0).store(-16.0f32);
+    let second = acc.after(&[i.clone()]).index(0).store(0.609375f32);
+    let read = acc.after(&[first.clone(), second.clone()]).index(0).load();
+    let p = sink(&[out.index(&i).store(read).end(&[i.clone()])]);
+    let e = verify(&p).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::UnorderedStores, "{e}");
+
+    // Ordered by AFTER, the same two stores are fine: the second one wins.
+    let second = acc.after(&[first.clone()]).index(0).store(0.609375f32);
+    let read = acc.after(&[second]).index(0).load();
+    let p = sink(&[out.index(&i).store(read).end(&[i.clone()])]);
+    verify(&p).unwrap();
+
+    // Unordered stores to provably different elements are fine too (unrolled outputs).
+    let j = range(2, 1, AxisType::Loop);
+    let wide = buffer(1, DType::F32, 8);
+    let p = sink(&[
+        wide.index(&j * 4 + 1).store(1.0f32).end(&[j.clone()]),
+        wide.index(&j * 4).store(2.0f32).end(&[j.clone()]),
+    ]);
+    verify(&p).unwrap();
+    // ... but not stores that overlap across two loops nothing orders.
+    let k = range(8, 2, AxisType::Loop);
+    let p = sink(&[wide.index(&j * 4).store(2.0f32).end(&[j]), wide.index(&k).store(3.0f32).end(&[k])]);
+    assert_eq!(verify(&p).unwrap_err().kind, IrErrorKind::UnorderedStores);
+}
+
+#[test]
 fn verifier_rejects_uninitialized_alloc_load() {
     let a = buffer(0, DType::F32, 4);
     let acc = alloc(0, DType::F32, 1);
