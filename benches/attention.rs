@@ -38,7 +38,7 @@ impl Optimizer for Fresh {
     fn opts(&self, body: &UOp) -> Opts {
         self.inner.opts(body)
     }
-    fn layout(&self) -> bool {
+    fn layout(&self) -> uopc::tensor::Layout {
         self.inner.layout()
     }
     fn cache_key(&self) -> String {

@@ -14,6 +14,7 @@ use cranelift_frontend::{FunctionBuilder, Variable};
 use std::collections::HashMap;
 use uopc_ir::{BinaryOp, ConstValue, DType, Linear, Op, Stmt, UOp, UnaryOp, split_linear, view_base};
 
+mod tile;
 mod vector;
 
 /// Host functions the generated code may call (never per element on the f32 fast paths).
@@ -205,6 +206,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
     fn lower_loop(&mut self, range: &UOp, body: &[Stmt]) -> Result<(), JitError> {
         let is_thread = matches!(range.op(), Op::Range { axis: uopc_ir::AxisType::Thread, .. });
         let innermost = body.iter().all(|s| matches!(s, Stmt::Op(_)));
+        if !is_thread && innermost && self.vectorize && self.try_tile(range, body)? {
+            return Ok(());
+        }
         if !is_thread
             && innermost
             && let Some(trips) = range.src()[0].const_int()

@@ -258,3 +258,77 @@ fn integer_constants_must_fit_their_dtype() {
         other => panic!("expected a dtype error, got {other:?}"),
     }
 }
+
+/// `C = A · B + bias[row]` (M x K times K x N) as a register tile: `rows` x `cols` unrolled
+/// copies, each with its own accumulator, sharing one reduce loop; `order` permutes the copies
+/// in the body (packing must not depend on it).
+fn gemm_tile(
+    m: usize,
+    n: usize,
+    k: usize,
+    rows: usize,
+    cols: usize,
+    order: &[usize],
+    with_bias: bool,
+) -> UOp {
+    let (a, b, bias) = (buffer(0, DType::F32, m * k), buffer(1, DType::F32, k * n), buffer(3, DType::F32, m));
+    let c = buffer(2, DType::F32, m * n);
+    let i = range(m / rows, 0, AxisType::Thread);
+    let j = range(n / cols, 1, AxisType::Loop);
+    let kk = range(k, 2, AxisType::Reduce);
+    let mut updates = Vec::new();
+    let mut views = Vec::new();
+    for (slot, &copy) in order.iter().enumerate() {
+        let (r, col) = (copy / cols, copy % cols);
+        let acc = alloc(slot, DType::F32, 1).after(&[i.clone(), j.clone()]);
+        let init = acc.index(0).store(0.0f32);
+        let inner = acc.after(&[init, kk.clone()]);
+        let row = &i * rows + r;
+        let mut x = a.index(&row * k + &kk).load() * b.index(&kk * n + &j * cols + col).load();
+        if with_bias {
+            x = x + bias.index(&row).load();
+        }
+        updates.push(inner.index(0).store(inner.index(0).load() + x));
+        views.push((acc, row, col));
+    }
+    let done = sink(&updates).end(&[kk]);
+    let stores: Vec<UOp> = views
+        .into_iter()
+        .map(|(acc, row, col)| {
+            c.index(&row * n + &j * cols + col).store(acc.after(&[done.clone()]).index(0).load())
+        })
+        .collect();
+    sink(&[sink(&stores).end(&[j]).end(&[i])])
+}
+
+#[test]
+fn register_tiles_pack_four_columns_into_one_vector() {
+    // (rows, cols, F32X4 packs): each pack replaces four scalar FMAs by one vector FMA
+    for (rows, cols, packs) in [(2, 8, 4), (4, 8, 8), (1, 6, 1), (3, 4, 3), (2, 3, 0)] {
+        let copies: Vec<usize> = (0..rows * cols).collect();
+        let mut shuffled = copies.clone();
+        shuffled.reverse();
+        shuffled.rotate_left(3);
+        for (order, with_bias) in [(copies.clone(), false), (shuffled, false), (copies, true)] {
+            let (m, n, k) = (rows * 3, cols * 5, 7);
+            let program = gemm_tile(m, n, k, rows, cols, &order, with_bias);
+            let prg = Program::compile(&program, "tile").unwrap();
+            let clif = prg.clif();
+            if packs > 0 {
+                // (three columns pack nothing; the reduce loop is vectorized instead)
+                let fmas = clif.lines().filter(|l| l.contains("= fma")).count();
+                assert_eq!(fmas, rows * cols - 3 * packs, "{rows}x{cols}:\n{clif}");
+            }
+            let a: Vec<f32> = (0..m * k).map(|x| ((x * 37) % 11) as f32 - 5.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|x| ((x * 13) % 7) as f32 * 0.5 - 1.5).collect();
+            let bias: Vec<f32> = (0..m).map(|x| x as f32 * 0.25).collect();
+            let mut inputs = vec![HostBuffer::F32(a), HostBuffer::F32(b), HostBuffer::F32(vec![0.0; m * n])];
+            if with_bias {
+                inputs.push(HostBuffer::F32(bias));
+            }
+            let (jit, reference) = both_ways(&program, inputs);
+            // small integers, halves and quarters: every summation order is exact
+            assert_eq!(jit[2], reference[2], "{rows}x{cols}");
+        }
+    }
+}

@@ -3,7 +3,7 @@
 
 use crate::error::{Result, TensorError};
 use crate::exec::Exe;
-use crate::opt::has_reduce;
+use crate::opt::{Layout, has_reduce};
 use crate::rangeify::{Ctx, lower};
 use crate::realize::RealizeOptions;
 use std::collections::{HashMap, HashSet};
@@ -333,6 +333,76 @@ pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
     wrap(roots, &todo)
 }
 
+/// The layout pass for packed register tiles: a reduce over the last axis whose input reads a
+/// broadcast buffer with a non-unit stride along the last output axis (the tile's columns)
+/// gets a copy in which that axis is contiguous, taken before the broadcast (Q K^T reads K
+/// transposed: the copy is `e_1_64_1024` in attention). Inputs already contiguous along it,
+/// like V in P V, are read in place.
+pub fn layout_pass_output(roots: &[UOp]) -> Vec<UOp> {
+    let mut todo: HashSet<UOp> = HashSet::new();
+    for r in UOp::toposort(roots) {
+        let Op::Reduce { axes, .. } = r.op() else { continue };
+        let x = r.src()[0].clone();
+        let xs = x.shape().to_vec();
+        let n = xs.len();
+        if n < 2 || *axes != 1 || xs[n - 2] <= 1 {
+            continue;
+        }
+        let mut stack = vec![x.clone()];
+        let mut seen = HashSet::new();
+        while let Some(v) = stack.pop() {
+            if !seen.insert(v.clone()) {
+                continue;
+            }
+            if v.op().is_alu() {
+                stack.extend(v.src().iter().cloned());
+                continue;
+            }
+            if !v.op().is_movement() || v.shape() != xs.as_slice() {
+                continue;
+            }
+            let mut p0 = vec![0; n];
+            let a = view_offset(&v, p0.clone());
+            p0[n - 2] = 1;
+            let (Some(a), Some(b)) = (a, view_offset(&v, p0)) else { continue };
+            if b == a || b == a + 1 {
+                continue; // broadcast along the columns, or already contiguous
+            }
+            let mut w = v.clone();
+            while w.op().is_movement() {
+                if matches!(w.op(), Op::Expand(_)) {
+                    let cand = w.src()[0].clone();
+                    if cand.op().is_movement() && cand.shape().len() == n {
+                        todo.insert(cand);
+                    }
+                    break;
+                }
+                w = w.src()[0].clone();
+            }
+        }
+    }
+    if todo.is_empty() {
+        return roots.to_vec();
+    }
+    rewrite_graph(roots, |old, rebuilt| {
+        if !todo.contains(old) {
+            return rebuilt;
+        }
+        // Stage the view with the column axis last, then permute back: same values, and the
+        // column axis of the staged buffer has stride 1.
+        let n = rebuilt.shape().len();
+        let mut perm: Vec<usize> = (0..n).filter(|&a| a != n - 2).collect();
+        perm.push(n - 2);
+        let mut inverse = vec![0; n];
+        for (k, &p) in perm.iter().enumerate() {
+            inverse[p] = k;
+        }
+        let d = rebuilt.dtype();
+        let moved = UOp::new(Op::Permute(perm), d, vec![rebuilt]);
+        UOp::new(Op::Permute(inverse), d, vec![stage(moved)])
+    })
+}
+
 /// The nodes that get their own buffer: STAGEs, REDUCEs (unless `fuse_reduce`), and roots that
 /// are not already an input buffer. In execution (topological) order.
 pub fn materialize_points(roots: &[UOp], fuse_reduce: bool) -> Vec<UOp> {
@@ -430,8 +500,10 @@ fn build_plan(roots: &[UOp], inputs: Vec<(DType, Vec<usize>)>, opts: &RealizeOpt
     if !opts.fuse_reduce || opts.stage_broadcasts_when_fused {
         graph = stage_broadcast_compute(&graph, 4);
     }
-    if opts.opt.layout() {
-        graph = layout_pass(&graph);
+    match opts.opt.layout() {
+        Layout::None => {}
+        Layout::ReduceContiguous => graph = layout_pass(&graph),
+        Layout::OutputContiguous => graph = layout_pass_output(&graph),
     }
     let points = materialize_points(&graph, opts.fuse_reduce);
     let mut buf_of: HashMap<UOp, BufRef> = HashMap::new();

@@ -28,7 +28,7 @@ pub use kernelize::{
     BufRef, Kernel, OutSpec, Plan, PlanCacheStats, canonicalize, layout_pass, make_plan, materialize_points,
     plan_cache_stats, stage_broadcast_compute,
 };
-pub use opt::{DefaultOpt, FixedOpts, FlashOpt, NoOpt, Optimizer, Opts};
+pub use opt::{DefaultOpt, FixedOpts, FlashOpt, Layout, NoOpt, Optimizer, Opts};
 pub use rangeify::{Ctx, lower};
 pub use realize::{KernelTiming, RealizeOptions, RealizeReport, realize};
 pub use tensor::{Element, Tensor};

@@ -26,16 +26,31 @@ impl Opts {
     }
 }
 
-/// Chooses the [`Opts`] of each kernel, and whether the layout pass runs.
+/// Which contiguous copies the layout pass makes for reduce inputs read through a broadcast.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// No copies.
+    None,
+    /// Contiguous along the reduce axis (the chapter's pass: P V reads a transposed copy of V),
+    /// for kernels whose reduce loop is vectorized into partial sums.
+    #[default]
+    ReduceContiguous,
+    /// Contiguous along the last output axis (Q K^T reads a transposed copy of K), for kernels
+    /// whose register tile packs four output columns into one vector: every tile row then
+    /// loads four neighbouring elements at once.
+    OutputContiguous,
+}
+
+/// Chooses the [`Opts`] of each kernel, and which layout pass runs.
 ///
 /// Optimizers are values passed to a realize call inside
 /// [`RealizeOptions`](crate::RealizeOptions); plans are cached per [`Optimizer::cache_key`].
 pub trait Optimizer: Send + Sync + fmt::Debug {
     /// The opts for a kernel whose body (tensor-level, inputs as `Param`s) is `body`.
     fn opts(&self, body: &UOp) -> Opts;
-    /// Whether the layout pass (contiguous copies for strided reduce inputs) runs.
-    fn layout(&self) -> bool {
-        true
+    /// The layout pass to run (contiguous copies of strided reduce inputs).
+    fn layout(&self) -> Layout {
+        Layout::ReduceContiguous
     }
     /// Identifies this optimizer's decisions; two optimizers with one key must choose alike.
     fn cache_key(&self) -> String;
@@ -51,27 +66,30 @@ pub(crate) fn has_reduce(body: &UOp) -> bool {
 /// one upcast), so each loaded operand feeds several accumulators. Axis 0 is threaded when it
 /// has more than one element.
 ///
-/// The default tile is 2x2, not the chapter's 4x4: the backend vectorizes the reduce loop into
-/// F32X4 partial sums, so a 2x2 tile already holds 4 vector accumulators plus 4 loaded vectors,
-/// which fits x86-64's 16 xmm registers, while 4x4 needs 24 and spills. Measured at N = 1024,
-/// D = 64 (`cargo run --release -p uopc-tensor --example attention_times`): Q K^T 7.0 ms with
-/// 2x2 against 10.8 ms with 4x4. [`DefaultOpt::chapter`] keeps the 4x4 tile.
+/// The default is a 4x8 tile with [`Layout::OutputContiguous`]: the backend packs each four
+/// neighbouring output columns into one F32X4 accumulator, so the tile is 8 vector
+/// accumulators fed per reduce step by 4 broadcast loads and 2 vector loads, which fits
+/// x86-64's 16 xmm registers (the GEMM micro-kernel shape). [`DefaultOpt::chapter`] is the
+/// chapter's 4x4 tile with the reduce-contiguous layout (its plan for attention is the
+/// chapter's, with V transposed), where the backend vectorizes the reduce loop instead.
 #[derive(Clone, Copy, Debug)]
 pub struct DefaultOpt {
     /// Upcast of the second-to-last and last output axes of reduce kernels.
     pub tile: (usize, usize),
+    /// The layout pass.
+    pub layout: Layout,
 }
 
 impl Default for DefaultOpt {
     fn default() -> Self {
-        DefaultOpt { tile: (2, 2) }
+        DefaultOpt { tile: (4, 8), layout: Layout::OutputContiguous }
     }
 }
 
 impl DefaultOpt {
-    /// The chapter's 4x4 register tile.
+    /// The chapter's 4x4 register tile and layout.
     pub fn chapter() -> Self {
-        DefaultOpt { tile: (4, 4) }
+        DefaultOpt { tile: (4, 4), layout: Layout::ReduceContiguous }
     }
 }
 
@@ -95,8 +113,11 @@ impl Optimizer for DefaultOpt {
         }
         o
     }
+    fn layout(&self) -> Layout {
+        self.layout
+    }
     fn cache_key(&self) -> String {
-        format!("default{}x{}", self.tile.0, self.tile.1)
+        format!("default{}x{}{:?}", self.tile.0, self.tile.1, self.layout)
     }
 }
 
@@ -141,8 +162,8 @@ impl Optimizer for NoOpt {
     fn opts(&self, _body: &UOp) -> Opts {
         Opts::default()
     }
-    fn layout(&self) -> bool {
-        false
+    fn layout(&self) -> Layout {
+        Layout::None
     }
     fn cache_key(&self) -> String {
         "none".into()

@@ -93,7 +93,8 @@ fn plan_flops(plan: &Plan) -> u64 {
 
 #[test]
 fn unfused_attention_plan_matches_the_chapter() {
-    let plan = attention_plan(1024, 64, &RealizeOptions::default());
+    let chapter = RealizeOptions::default().with_opt(DefaultOpt::chapter());
+    let plan = attention_plan(1024, 64, &chapter);
     assert_eq!(
         plan.kernel_names(),
         ["r_1024_1024", "r_1024", "r_1024", "e_1024_1024", "e_1_64_1024", "r_1024_64"]
@@ -101,6 +102,21 @@ fn unfused_attention_plan_matches_the_chapter() {
     assert_eq!(plan.temp_sizes(), [1048576, 1024, 1024, 1048576, 65536]);
     assert_eq!(plan.outputs, [(uopc_ir::DType::F32, 65536)]);
     assert_eq!(plan.outs, [OutSpec::Output(0)]);
+}
+
+#[test]
+fn default_unfused_plan_transposes_k_instead_of_v() {
+    // Register tiles pack neighbouring output columns: Q K^T wants K^T contiguous along the
+    // keys (a copy), P V reads V as it is.
+    let plan = attention_plan(1024, 64, &RealizeOptions::default());
+    assert_eq!(
+        plan.kernel_names(),
+        ["e_1_64_1024", "r_1024_1024", "r_1024", "r_1024", "e_1024_1024", "r_1024_64"]
+    );
+    assert_eq!(plan.temp_sizes(), [65536, 1048576, 1024, 1024, 1048576]);
+    // the copy of K feeds the score kernel, the original V the last one
+    assert_eq!(plan.kernels[1].args, [BufRef::Input(0), BufRef::Temp(0), BufRef::Temp(1)]);
+    assert!(plan.kernels[5].args.contains(&BufRef::Input(2)), "{plan}");
 }
 
 #[test]
@@ -196,10 +212,12 @@ fn gemm_register_tile_shares_one_reduce_loop() {
     assert_eq!(loops, [0, 1, 2]);
     assert_eq!(lin.allocs.len(), 16);
     assert_eq!(acc_inits(&plan.kernels[1].program).iter().filter(|i| i.1 == 2).count(), 16);
-    // the default tile is 2x2: four accumulators, still one shared reduce loop
+    // the default tile is 4x8 and reads b in place (contiguous along the output columns):
+    // 32 accumulators, still one shared reduce loop
     let plan = make_plan(&[a.matmul(&b).uop().clone()], &RealizeOptions::default()).unwrap();
-    let lin = linearize(&plan.kernels[1].program).unwrap();
-    assert_eq!(lin.allocs.len(), 4);
+    assert_eq!(plan.kernel_names(), ["r_64_48"]);
+    let lin = linearize(&plan.kernels[0].program).unwrap();
+    assert_eq!(lin.allocs.len(), 32);
     assert_eq!(lin.walk().iter().filter(|(_, s)| matches!(s, Stmt::Loop { .. })).count(), 3);
 }
 
@@ -224,13 +242,19 @@ fn unroll_combines_copies_in_one_loop() {
 #[test]
 fn layout_pass_copies_only_strided_reduce_inputs() {
     let (q, k, _) = qkv(64, 16);
+    let chapter = RealizeOptions::default().with_opt(DefaultOpt::chapter());
     // q @ k.T reads k along its contiguous axis: no copy
-    let plan = make_plan(&[q.matmul(&k.t()).uop().clone()], &RealizeOptions::default()).unwrap();
+    let plan = make_plan(&[q.matmul(&k.t()).uop().clone()], &chapter).unwrap();
     assert_eq!(plan.kernel_names(), ["r_64_64"]);
     // q @ k reads k down a column: a transposed copy first
     let k2 = Tensor::from_vec(vec![0.5f32; 16 * 64], &[16, 64]);
-    let plan = make_plan(&[q.matmul(&k2).uop().clone()], &RealizeOptions::default()).unwrap();
+    let plan = make_plan(&[q.matmul(&k2).uop().clone()], &chapter).unwrap();
     assert_eq!(plan.kernel_names(), ["e_1_64_16", "r_64_64"]);
+    // the output-contiguous layout is the other way round
+    let plan = make_plan(&[q.matmul(&k.t()).uop().clone()], &RealizeOptions::default()).unwrap();
+    assert_eq!(plan.kernel_names(), ["e_1_16_64", "r_64_64"]);
+    let plan = make_plan(&[q.matmul(&k2).uop().clone()], &RealizeOptions::default()).unwrap();
+    assert_eq!(plan.kernel_names(), ["r_64_64"]);
     // NoOpt runs no layout pass
     let plan = make_plan(&[q.matmul(&k2).uop().clone()], &RealizeOptions::default().with_opt(NoOpt)).unwrap();
     assert_eq!(plan.kernel_names(), ["r_64_64"]);
