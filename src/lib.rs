@@ -14,6 +14,7 @@ pub struct ReadmeDoctests;
 
 pub mod attention;
 pub mod attention_backward;
+pub mod flash_tiled;
 pub mod masked_attention;
 
 /// The UOp IR (re-export of `uopc-ir`).

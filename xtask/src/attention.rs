@@ -8,7 +8,8 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 use uopc::attention::{attention, online_attention_ir, online_attention_qb_ir};
-use uopc::jit::Program;
+use uopc::flash_tiled::{FlashTiled, FlashTiling};
+use uopc::jit::{JitOptions, Program};
 use uopc::tensor::FlashOpt;
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
 
@@ -42,6 +43,11 @@ pub enum Variant {
     #[value(name = "fused_upcast64")]
     #[serde(rename = "fused_upcast64")]
     FusedUpcast64,
+    /// FlashAttention-2 tiling in loop IR: query blocks against key blocks, register-tiled
+    /// score GEMM.
+    #[value(name = "flash_tiled")]
+    #[serde(rename = "flash_tiled")]
+    FlashTiled,
     /// Fused but with broadcast staging, so P is stored (the chapter's first version).
     #[value(name = "fused_staged")]
     #[serde(rename = "fused_staged")]
@@ -58,6 +64,7 @@ impl Variant {
             Variant::OnlineQb => "online_qb",
             Variant::FusedUpcast64 => "fused_upcast64",
             Variant::FusedStaged => "fused_staged",
+            Variant::FlashTiled => "flash_tiled",
         }
     }
 
@@ -69,7 +76,7 @@ impl Variant {
             Variant::FusedStaged => {
                 Some(RealizeOptions { stage_broadcasts_when_fused: true, ..RealizeOptions::fused() })
             }
-            Variant::Online | Variant::OnlineQb => None,
+            Variant::Online | Variant::OnlineQb | Variant::FlashTiled => None,
         }
     }
 }
@@ -95,6 +102,20 @@ pub struct Measurement {
     pub temp_bytes: usize,
     /// GFLOP/s as a percentage of the F32X4 FMA peak measured in the same run.
     pub percent_of_peak: Option<f64>,
+    /// Per kernel of a Tensor form: its best time over the repetitions.
+    pub kernel_times: Vec<KernelTime>,
+    /// Kernels compiled as scalar code (`--scalar`).
+    pub scalar: bool,
+}
+
+/// One kernel's best time in a Tensor form.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelTime {
+    pub name: String,
+    pub best_ms: f64,
+    /// Static FLOPs of the kernel over its best time.
+    pub gflops: f64,
+    pub percent_of_peak: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -118,21 +139,55 @@ struct Report<'a> {
 
 /// Something that computes attention for fixed inputs, once per call.
 enum Runner<'a> {
-    Tensor { opts: RealizeOptions, x: &'a Inputs, n: usize, d: usize, out: Vec<f32> },
-    Online { prg: Box<Program>, x: &'a Inputs, out: Vec<f32> },
+    Tensor {
+        opts: RealizeOptions,
+        x: &'a Inputs,
+        n: usize,
+        d: usize,
+        out: Vec<f32>,
+        /// Per kernel: name, best seconds, static FLOPs.
+        kernels: Vec<(String, f64, u64)>,
+    },
+    Online {
+        prg: Box<Program>,
+        x: &'a Inputs,
+        out: Vec<f32>,
+    },
+    Tiled {
+        prg: Box<FlashTiled>,
+        x: &'a Inputs,
+        out: Vec<f32>,
+    },
 }
 
 impl<'a> Runner<'a> {
     /// Compiles the online program (outside any timing); the Tensor forms compile on first run.
-    fn new(variant: Variant, x: &'a Inputs, n: usize, d: usize) -> Result<Self> {
+    fn new(variant: Variant, x: &'a Inputs, n: usize, d: usize, scalar: bool) -> Result<Self> {
         Ok(match variant.realize_options() {
-            Some(opts) => Runner::Tensor { opts, x, n, d, out: Vec::new() },
+            Some(opts) => Runner::Tensor {
+                opts: RealizeOptions { scalar_codegen: scalar, ..opts },
+                x,
+                n,
+                d,
+                out: Vec::new(),
+                kernels: Vec::new(),
+            },
+            None if variant == Variant::FlashTiled => {
+                let prg = Box::new(FlashTiled::compile(n, d, FlashTiling::default())?);
+                Runner::Tiled { prg, x, out: vec![0.0; n * d] }
+            }
             None => {
                 let (program, name) = match variant {
                     Variant::OnlineQb => (online_attention_qb_ir(n, d, QUERY_BLOCK), "online_qb"),
                     _ => (online_attention_ir(n, d), "online"),
                 };
-                let prg = Box::new(Program::compile(&program, name)?);
+                let mut options = JitOptions::default();
+                if scalar {
+                    options.vectorize = false;
+                    options.contract_fma = false;
+                    options.reassociate = false;
+                }
+                let prg = Box::new(Program::compile_with(&program, name, &options)?);
                 Runner::Online { prg, x, out: vec![0.0; n * d] }
             }
         })
@@ -143,22 +198,44 @@ impl<'a> Runner<'a> {
     /// form one run of the compiled program.
     fn call(&mut self) -> Result<()> {
         match self {
-            Runner::Tensor { opts, x, n, d, out } => {
+            Runner::Tensor { opts, x, n, d, out, kernels } => {
                 let shape = [*n, *d];
                 let q = Tensor::try_from_vec(x.q.clone(), &shape)?;
                 let k = Tensor::try_from_vec(x.k.clone(), &shape)?;
                 let v = Tensor::try_from_vec(x.v.clone(), &shape)?;
-                let (res, _) = realize(&[&attention(&q, &k, &v)], opts)?;
+                let (res, report) = realize(&[&attention(&q, &k, &v)], opts)?;
                 *out = res[0].to_ndarray::<f32>()?.into_raw_vec_and_offset().0;
+                if kernels.is_empty() {
+                    *kernels = report.kernels.iter().map(|t| (t.name.clone(), t.seconds, t.flops)).collect();
+                }
+                for (best, t) in kernels.iter_mut().zip(&report.kernels) {
+                    best.1 = best.1.min(t.seconds);
+                }
             }
             Runner::Online { prg, x, out } => prg.run_f32(&[&x.q, &x.k, &x.v], &mut [out])?,
+            Runner::Tiled { prg, x, out } => prg.run(&x.q, &x.k, &x.v, out)?,
         }
         Ok(())
     }
 
     fn output(&self) -> &[f32] {
         match self {
-            Runner::Tensor { out, .. } | Runner::Online { out, .. } => out,
+            Runner::Tensor { out, .. } | Runner::Online { out, .. } | Runner::Tiled { out, .. } => out,
+        }
+    }
+
+    fn kernel_times(&self) -> Vec<KernelTime> {
+        match self {
+            Runner::Tensor { kernels, .. } => kernels
+                .iter()
+                .map(|(name, s, flops)| KernelTime {
+                    name: name.clone(),
+                    best_ms: s * 1e3,
+                    gflops: *flops as f64 / s.max(1e-12) / 1e9,
+                    percent_of_peak: None,
+                })
+                .collect(),
+            Runner::Online { .. } | Runner::Tiled { .. } => Vec::new(),
         }
     }
 
@@ -173,6 +250,11 @@ impl<'a> Runner<'a> {
                 Ok((plan.kernel_names().iter().map(|s| s.to_string()).collect(), bytes))
             }
             Runner::Online { prg, .. } => Ok((vec![prg.name().to_string()], 0)),
+            Runner::Tiled { prg, .. } => {
+                let (n, d) = prg.shape();
+                let np = uopc::flash_tiled::padded_keys(n, FlashTiling::default().key_block);
+                Ok((vec!["flash_tiled_prep".into(), "flash_tiled".into()], 2 * np * d * 4))
+            }
         }
     }
 }
@@ -210,11 +292,11 @@ fn measure(
     x: &Inputs,
     want: &[f64],
     n: usize,
-    d: usize,
-    reps: usize,
+    args: &AttentionArgs,
     bar: &ProgressBar,
 ) -> Result<Measurement> {
-    let mut runner = Runner::new(variant, x, n, d)?;
+    let (d, reps, scalar) = (args.d, reps_for(args), args.scalar);
+    let mut runner = Runner::new(variant, x, n, d, scalar)?;
     let t = Instant::now();
     runner.call()?;
     let first_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -245,6 +327,8 @@ fn measure(
         kernels,
         temp_bytes,
         percent_of_peak: None,
+        kernel_times: runner.kernel_times(),
+        scalar,
     })
 }
 
@@ -301,6 +385,16 @@ fn print_table(results: &[Measurement]) {
             peak,
             fmt_err(m.max_abs_err)
         );
+    }
+}
+
+fn print_kernels(results: &[Measurement]) {
+    for m in results.iter().filter(|m| !m.kernel_times.is_empty()) {
+        println!("{} n={} d={}:", m.variant.name(), m.n, m.d);
+        for k in &m.kernel_times {
+            let peak = k.percent_of_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
+            println!("  {:<16} {:>10.3} ms {:>9.2} GFLOP/s {:>6} % peak", k.name, k.best_ms, k.gflops, peak);
+        }
     }
 }
 
@@ -362,7 +456,7 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
         let want = reference::attention_f64(&x, n, args.d);
         for &v in &variants {
             bar.set_message(format!("{} n={n} d={}", v.name(), args.d));
-            match measure(v, &x, &want, n, args.d, reps_for(args), &bar) {
+            match measure(v, &x, &want, n, args, &bar) {
                 Ok(m) => {
                     if m.max_abs_err > TOLERANCE {
                         failures.push(format!(
@@ -383,8 +477,17 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
     let peak = measure_peak();
     for m in &mut results {
         m.percent_of_peak = peak.map(|p| 100.0 * m.gflops / p);
+        for k in &mut m.kernel_times {
+            k.percent_of_peak = peak.map(|p| 100.0 * k.gflops / p);
+        }
+    }
+    if args.scalar {
+        println!("(every kernel compiled as scalar code)");
     }
     print_table(&results);
+    if args.kernels {
+        print_kernels(&results);
+    }
     if let Some(p) = peak {
         println!("F32X4 FMA peak measured in this run: {p:.1} GFLOP/s");
     }

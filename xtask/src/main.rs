@@ -113,6 +113,13 @@ pub struct AttentionArgs {
     /// Size of the thread pool kernels run on [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Compile every kernel as plain scalar code (no vectorization, FMA contraction or split
+    /// sums): the baseline the code generator is measured against.
+    #[arg(long)]
+    pub scalar: bool,
+    /// Also print each kernel of the Tensor forms: best time, GFLOP/s and % of peak.
+    #[arg(long)]
+    pub kernels: bool,
 }
 
 fn main() -> ExitCode {

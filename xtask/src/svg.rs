@@ -18,6 +18,7 @@ fn color(v: Variant) -> &'static str {
         Variant::OnlineQb => "#17becf",
         Variant::FusedUpcast64 => "#ff7f0e",
         Variant::FusedStaged => "#9467bd",
+        Variant::FlashTiled => "#8c564b",
     }
 }
 

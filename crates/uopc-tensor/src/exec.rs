@@ -22,14 +22,21 @@ fn backend_err(kernel: &str, e: impl std::fmt::Display) -> TensorError {
 
 impl Exe {
     #[cfg(feature = "jit")]
-    pub(crate) fn compile(program: &UOp, name: &str) -> Result<Exe> {
-        let program = uopc_jit::Program::compile(program, name).map_err(|e| backend_err(name, e))?;
+    pub(crate) fn compile(program: &UOp, name: &str, scalar: bool) -> Result<Exe> {
+        let mut options = uopc_jit::JitOptions::default();
+        if scalar {
+            options.vectorize = false;
+            options.contract_fma = false;
+            options.reassociate = false;
+        }
+        let program =
+            uopc_jit::Program::compile_with(program, name, &options).map_err(|e| backend_err(name, e))?;
         let e = program.estimates();
         Ok(Exe { program, name: name.to_string(), estimates: (e.flops, e.bytes) })
     }
 
     #[cfg(not(feature = "jit"))]
-    pub(crate) fn compile(program: &UOp, name: &str) -> Result<Exe> {
+    pub(crate) fn compile(program: &UOp, name: &str, _scalar: bool) -> Result<Exe> {
         let lin = uopc_ir::verify(program)
             .map_err(|source| TensorError::Ir { kernel: name.to_string(), source })?;
         let bytes = lin.buffers.iter().map(|b| b.dtype().size() as u64 * buffer_len(b) as u64).sum();

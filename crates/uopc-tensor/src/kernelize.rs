@@ -544,7 +544,7 @@ fn build_plan(roots: &[UOp], inputs: Vec<(DType, Vec<usize>)>, opts: &RealizeOpt
     let t1 = Instant::now();
     let mut kernels = Vec::with_capacity(lowered.len());
     for (name, shape, program, args) in lowered {
-        let exe = Exe::compile(&program, &name)?;
+        let exe = Exe::compile(&program, &name, opts.scalar_codegen)?;
         let (flops, bytes) = exe.estimates();
         kernels.push(Kernel { name, shape, program, args, flops, bytes, exe });
     }
@@ -567,6 +567,7 @@ struct CacheKey {
     fuse_reduce: bool,
     stage_broadcasts_when_fused: bool,
     simplify_reshape: bool,
+    scalar_codegen: bool,
     opt: String,
 }
 
@@ -612,6 +613,7 @@ pub(crate) fn plan_for(canon: &[UOp], leaves: &[UOp], opts: &RealizeOptions) -> 
         fuse_reduce: opts.fuse_reduce,
         stage_broadcasts_when_fused: opts.stage_broadcasts_when_fused,
         simplify_reshape: opts.simplify_reshape,
+        scalar_codegen: opts.scalar_codegen,
         opt: opts.opt.cache_key(),
     };
     {

@@ -24,6 +24,9 @@ pub struct RealizeOptions {
     /// Simplify RESHAPE indices during rangeify. Always true in real use; false only shows
     /// (in tests) the O(N^3) accumulator placement that unsimplified indices cause.
     pub simplify_reshape: bool,
+    /// Compile kernels as plain scalar code: no vectorization, no FMA contraction, no split
+    /// sums. The "before" of every code-generation measurement (`bench attention --scalar`).
+    pub scalar_codegen: bool,
 }
 
 impl Default for RealizeOptions {
@@ -33,6 +36,7 @@ impl Default for RealizeOptions {
             opt: Arc::new(DefaultOpt::default()),
             simplify_reshape: true,
             stage_broadcasts_when_fused: false,
+            scalar_codegen: false,
         }
     }
 }

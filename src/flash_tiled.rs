@@ -1,0 +1,229 @@
+//! `flash_tiled`: FlashAttention-2 tiling in plain loop IR.
+//!
+//! Each THREAD iteration owns a block of `Br` query rows and streams the keys in blocks of
+//! `Bc`. Per key block: the `Br x Bc` score tile is a register-tiled GEMM over the head
+//! dimension (`Q_blk · K_blk^T`, the backend packs four neighbouring keys into one F32X4
+//! accumulator), the tile's row max and the rescale factor come from one vector pass over the
+//! tile, `P = exp2(S - m)` and its row sums from a second, and the output tile `O[Br x D]` is
+//! rescaled and accumulates `P · V_blk` in one vectorized loop over `D`. The division by the
+//! row sums happens once at the end.
+//!
+//! The score GEMM wants `K^T` contiguous along the keys, so a small prologue program copies
+//! `K` transposed and `V` as it is into buffers padded to whole key blocks (zeros; padded keys
+//! are masked to `-inf`). [`FlashTiled`] runs both.
+
+use crate::attention::LOG2E;
+use crate::masked_attention::M_FLOOR;
+use uopc_ir::{AxisType, DType, UOp, alloc, buffer, f32c, range, sink};
+use uopc_jit::{JitError, Program};
+
+/// Block sizes of [`flash_tiled_ir`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashTiling {
+    /// Query rows per THREAD iteration (`Br`); rounded down to a divisor of `n`.
+    pub query_block: usize,
+    /// Keys per block (`Bc`); the keys are padded to a multiple of it.
+    pub key_block: usize,
+}
+
+impl Default for FlashTiling {
+    /// `Br = 4`, `Bc = 8`: the 4x8 score tile is 8 F32X4 accumulators, which with its operands
+    /// fits the 16 xmm registers.
+    fn default() -> Self {
+        FlashTiling { query_block: 4, key_block: 8 }
+    }
+}
+
+/// Keys rounded up to whole blocks of `bc`.
+pub fn padded_keys(n: usize, bc: usize) -> usize {
+    n.div_ceil(bc.max(1)) * bc.max(1)
+}
+
+/// The prologue: buffers 0 = K, 1 = V (`n*d`, row-major), 2 = `K^T` padded (`d * np`,
+/// row `e` holds feature `e` of every key), 3 = V padded (`np * d`), with `np` =
+/// [`padded_keys`]; padding is zeros.
+pub fn flash_tiled_prep_ir(n: usize, d: usize, bc: usize) -> UOp {
+    let np = padded_keys(n, bc);
+    let f32t = DType::F32;
+    let (k, v) = (buffer(0, f32t, n * d), buffer(1, f32t, n * d));
+    let (kt, vp) = (buffer(2, f32t, d * np), buffer(3, f32t, np * d));
+    let j = range(np, 0, AxisType::Thread);
+    let e = range(d, 1, AxisType::Loop);
+    // keys past n read row n-1 (in bounds) and are replaced by zeros
+    let row = -((-&j).maximum(-(n as i64 - 1)));
+    let real = j.lt(n as i64);
+    let kv = real.where_(k.index(&row * d + &e).load(), f32c(0.0));
+    let vv = real.where_(v.index(&row * d + &e).load(), f32c(0.0));
+    let st = sink(&[kt.index(&e * np + &j).store(kv), vp.index(&j * d + &e).store(vv)]);
+    sink(&[st.end(&[e, j])])
+}
+
+/// FlashAttention-2 for one head: buffers 0 = Q (`n*d`), 1 = `K^T` padded and 2 = V padded
+/// (from [`flash_tiled_prep_ir`]), 3 = output (`n*d`). Scores are base 2 with
+/// `log2(e)/sqrt(d)` folded in, as in [`crate::attention::online_attention_ir`].
+pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
+    let br = crate::attention::query_block(n, tiling.query_block);
+    let bc = tiling.key_block.max(1);
+    let np = padded_keys(n, bc);
+    let f32t = DType::F32;
+    let q = buffer(0, f32t, n * d);
+    let kt = buffer(1, f32t, d * np);
+    let vp = buffer(2, f32t, np * d);
+    let out = buffer(3, f32t, n * d);
+    let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
+
+    let mut slot = 0;
+    let mut next = |len: usize| {
+        slot += 1;
+        alloc(slot - 1, f32t, len)
+    };
+    let m: Vec<UOp> = (0..br).map(|_| next(1)).collect();
+    let l: Vec<UOp> = (0..br).map(|_| next(1)).collect();
+    let o = next(br * d);
+    let acc: Vec<UOp> = (0..br * bc).map(|_| next(1)).collect();
+    let s_tile = next(br * bc);
+    let p_tile = next(br * bc);
+    let row_max: Vec<UOp> = (0..br).map(|_| next(1)).collect();
+    let row_sum: Vec<UOp> = (0..br).map(|_| next(1)).collect();
+
+    let t = range(n / br, 0, AxisType::Thread);
+    let th = std::slice::from_ref(&t);
+    let mi: Vec<UOp> = m.iter().map(|x| x.after(th)).collect();
+    let li: Vec<UOp> = l.iter().map(|x| x.after(th)).collect();
+    let oi = o.after(th);
+    let init_m: Vec<UOp> = mi.iter().map(|x| x.index(0).store(f32c(M_FLOOR))).collect();
+    let init_l: Vec<UOp> = li.iter().map(|x| x.index(0).store(0.0f32)).collect();
+    let z = range(br * d, 1, AxisType::Loop);
+    let init_o = oi.index(&z).store(0.0f32).end(&[z]);
+
+    let kb = range(np / bc, 2, AxisType::Reduce);
+    let tk = [t.clone(), kb.clone()];
+    // S = Q_blk · K_blk^T: one accumulator per (row, key), one shared loop over the head.
+    let e = range(d, 3, AxisType::Reduce);
+    let ai: Vec<UOp> = acc.iter().map(|x| x.after(&tk)).collect();
+    let mut updates = Vec::new();
+    for b in 0..br {
+        let qv = q.index((&t * br + b) * d + &e).load();
+        for c in 0..bc {
+            let a = &ai[b * bc + c];
+            let init = a.index(0).store(0.0f32);
+            let at = a.after(&[init, e.clone()]).index(0);
+            updates.push(at.store(at.load() + &qv * kt.index(&e * np + &kb * bc + c).load()));
+        }
+    }
+    let dot = sink(&updates).end(&[e]);
+    let after_dot = std::slice::from_ref(&dot);
+    let si = s_tile.after(&tk);
+    let s_stores: Vec<UOp> = (0..br * bc)
+        .map(|bcx| {
+            let mut s = ai[bcx].after(after_dot).index(0).load() * scale;
+            if np != n {
+                s = (&kb * bc + (bcx % bc) as i64).lt(n as i64).where_(s, f32c(f32::NEG_INFINITY));
+            }
+            si.index(bcx as i64).store(s)
+        })
+        .collect();
+    let s_done = sink(&s_stores);
+    let s_ready = si.after(std::slice::from_ref(&s_done));
+
+    // Per row: the block max (one vector pass), then P and its sum (a second pass).
+    let pi = p_tile.after(&tk);
+    let mut state = Vec::new();
+    let mut corr = Vec::new();
+    let mut p_writes = Vec::new();
+    for b in 0..br {
+        let after_m = mi[b].after(&[init_m[b].clone(), kb.clone(), s_done.clone()]);
+        let after_l = li[b].after(&[init_l[b].clone(), kb.clone(), s_done.clone()]);
+        let m_old = after_m.index(0).load();
+        let rm = row_max[b].after(&tk);
+        let rm_init = rm.index(0).store(&m_old);
+        let c1 = range(bc, 4 + 2 * b, AxisType::Reduce);
+        let rmc = rm.after(&[rm_init, c1.clone()]).index(0);
+        let max_loop = rmc.store(rmc.load().maximum(s_ready.index(&c1 + (b * bc) as i64).load())).end(&[c1]);
+        let m_new = rm.after(&[max_loop]).index(0).load();
+        let cb = (&m_old - &m_new).exp2();
+        let rs = row_sum[b].after(&tk);
+        let rs_init = rs.index(0).store(0.0f32);
+        let c2 = range(bc, 5 + 2 * b, AxisType::Reduce);
+        let p = (s_ready.index(&c2 + (b * bc) as i64).load() - &m_new).exp2();
+        let rsc = rs.after(&[rs_init, c2.clone()]).index(0);
+        let p_loop =
+            sink(&[rsc.store(rsc.load() + &p), pi.index(&c2 + (b * bc) as i64).store(&p)]).end(&[c2]);
+        let l_new = after_l.index(0).load() * &cb + rs.after(std::slice::from_ref(&p_loop)).index(0).load();
+        state.push(after_l.index(0).store(l_new));
+        state.push(after_m.index(0).store(&m_new));
+        p_writes.push(p_loop);
+        corr.push(cb);
+    }
+    // O = O * corr + P · V_blk, vectorized over the head dimension.
+    let p_ready = pi.after(&p_writes);
+    let dd = range(d, 4 + 2 * br, AxisType::Loop);
+    let od = oi.after(&[init_o, kb.clone()]);
+    let mut o_updates = Vec::new();
+    for (b, cb) in corr.iter().enumerate() {
+        let at = od.index(&dd + (b * d) as i64);
+        let mut x = at.load() * cb;
+        for c in 0..bc {
+            let pv = p_ready.index((b * bc + c) as i64).load();
+            x = x + pv * vp.index((&kb * bc + c as i64) * d + &dd).load();
+        }
+        o_updates.push(at.store(x));
+    }
+    state.push(sink(&o_updates).end(&[dd]));
+    let key_loop = sink(&state).end(&[kb]);
+
+    let d2 = range(d, 5 + 2 * br, AxisType::Loop);
+    let done = std::slice::from_ref(&key_loop);
+    let stores: Vec<UOp> = (0..br)
+        .map(|b| {
+            let lb = li[b].after(done).index(0).load();
+            out.index((&t * br + b) * d + &d2)
+                .store(oi.after(done).index(&d2 + (b * d) as i64).load() * lb.recip())
+        })
+        .collect();
+    sink(&[sink(&stores).end(&[d2, t])])
+}
+
+/// `flash_tiled` compiled: the prologue and the attention kernel, with their scratch buffers.
+pub struct FlashTiled {
+    prep: Program,
+    main: Program,
+    n: usize,
+    d: usize,
+    kt: Vec<f32>,
+    vp: Vec<f32>,
+}
+
+impl FlashTiled {
+    /// Compiles both programs for `n` keys and queries of head dimension `d`.
+    pub fn compile(n: usize, d: usize, tiling: FlashTiling) -> Result<Self, JitError> {
+        if n == 0 || d == 0 || tiling.key_block == 0 || tiling.query_block == 0 {
+            return Err(JitError::Unsupported("flash_tiled needs positive n, d and block sizes".into()));
+        }
+        let np = padded_keys(n, tiling.key_block);
+        Ok(FlashTiled {
+            prep: Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "flash_tiled_prep")?,
+            main: Program::compile(&flash_tiled_ir(n, d, tiling), "flash_tiled")?,
+            n,
+            d,
+            kt: vec![0.0; d * np],
+            vp: vec![0.0; np * d],
+        })
+    }
+
+    /// `out = softmax(q k^T / sqrt(d)) v`, all `n*d` row-major; lengths are checked.
+    pub fn run(&mut self, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<(), JitError> {
+        self.prep.run_f32(&[k, v], &mut [&mut self.kt, &mut self.vp])?;
+        self.main.run_f32(&[q, &self.kt, &self.vp], &mut [out])
+    }
+
+    /// The attention kernel (for its loop IR, CLIF and estimates).
+    pub fn kernel(&self) -> &Program {
+        &self.main
+    }
+
+    /// `(n, d)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.d)
+    }
+}
