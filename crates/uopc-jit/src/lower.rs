@@ -115,6 +115,15 @@ pub(crate) struct Lowerer<'a, 'b> {
     vectorize: bool,
     /// Float MULs whose only use is a float ADD: emitted as one `fma` at the ADD.
     contracted: std::collections::HashSet<UOp>,
+    /// Accumulators a register tile left in an F32X4: variable -> (vector, lane, the
+    /// variables of all four lanes). Valid until the variable is stored again.
+    tile_results: HashMap<u32, (Value, usize, [Variable; 4])>,
+    /// BUFFERs the program never stores to: their loads may be flagged `readonly`, which lets
+    /// Cranelift place them next to their use (a load next to a splat is one broadcast load).
+    read_only: std::collections::HashSet<UOp>,
+    /// Shared loads of the register tile being lowered that are only splatted: each is loaded
+    /// next to its splat.
+    splat_loads: std::collections::HashSet<UOp>,
     /// While lowering one unrolled copy of a split reduction: accumulator -> its partial sum.
     partial: Vec<(Variable, Variable)>,
     bufs: Value,
@@ -148,6 +157,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             reassociate: flags.reassociate,
             vectorize: flags.vectorize,
             partial: Vec::new(),
+            splat_loads: Default::default(),
+            read_only: Default::default(),
+            tile_results: HashMap::new(),
             contracted: Default::default(),
             bufs,
             lo,
@@ -164,6 +176,14 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             }
         }
         let all = lin.walk();
+        let written: std::collections::HashSet<&UOp> = all
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Stmt::Op(u) if matches!(u.op(), Op::Store) => view_base(&u.src()[0].src()[0]),
+                _ => None,
+            })
+            .collect();
+        self.read_only = lin.buffers.iter().filter(|b| !written.contains(b)).cloned().collect();
         if self.use_fma && self.contract {
             self.contracted = contractible_muls(&all);
         }
@@ -194,12 +214,31 @@ impl<'a, 'b> Lowerer<'a, 'b> {
     }
 
     fn block(&mut self, body: &[Stmt]) -> Result<(), JitError> {
-        for s in body {
+        // Scalar stores folded into a later vector store, and the vector stores by position.
+        let mut folded: std::collections::HashSet<usize> = Default::default();
+        let mut vector_stores: HashMap<usize, tile::VectorStore> = HashMap::new();
+        for (at, s) in body.iter().enumerate() {
+            if let Some(plan) = vector_stores.remove(&at) {
+                self.emit_vector_store(&plan)?;
+                continue;
+            }
+            if folded.contains(&at) {
+                continue;
+            }
             match s {
                 Stmt::Loop { range, body } => self.lower_loop(range, body)?,
-                Stmt::Op(u) => self.stmt(u)?,
+                Stmt::Op(u) => {
+                    if let Some(plan) = self.plan_vector_store(body, at) {
+                        folded.extend(plan.skip.iter().copied());
+                        vector_stores.insert(plan.last, plan);
+                        continue;
+                    }
+                    self.stmt(u)?
+                }
             }
         }
+        // A tile's vector is only known to dominate the rest of the block its loop is in.
+        self.tile_results.clear();
         Ok(())
     }
 
@@ -468,7 +507,10 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                     Ok(addr) => {
                         self.b.ins().store(mem(), x, addr, 0);
                     }
-                    Err(var) => self.b.def_var(var, x),
+                    Err(var) => {
+                        self.tile_results.remove(&var.as_u32());
+                        self.b.def_var(var, x)
+                    }
                 }
                 return Ok(());
             }

@@ -316,8 +316,14 @@ fn register_tiles_pack_four_columns_into_one_vector() {
             let clif = prg.clif();
             if packs > 0 {
                 // (three columns pack nothing; the reduce loop is vectorized instead)
+                // The k = 7 loop body is emitted three times (two per unrolled trip, one tail),
+                // each with one FMA per pack and per accumulator left scalar.
                 let fmas = clif.lines().filter(|l| l.contains("= fma")).count();
-                assert_eq!(fmas, rows * cols - 3 * packs, "{rows}x{cols}:\n{clif}");
+                assert_eq!(fmas, 3 * (rows * cols - 3 * packs), "{rows}x{cols}:\n{clif}");
+                // results leave through one vector store per pack
+                let vector_stores =
+                    clif.lines().filter(|l| l.trim_start().starts_with("store notrap v")).count();
+                assert_eq!(vector_stores, packs, "{rows}x{cols}:\n{clif}");
             }
             let a: Vec<f32> = (0..m * k).map(|x| ((x * 37) % 11) as f32 - 5.0).collect();
             let b: Vec<f32> = (0..k * n).map(|x| ((x * 13) % 7) as f32 * 0.5 - 1.5).collect();
