@@ -77,8 +77,9 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         slot += 1;
         alloc(slot - 1, f32t, len)
     };
-    let m: Vec<UOp> = (0..br).map(|_| next(1)).collect();
-    let l: Vec<UOp> = (0..br).map(|_| next(1)).collect();
+    // Running max of row b at [b], running sum at [br + b]: in memory, not registers, so they
+    // do not hold 2*br xmm registers across the whole key loop.
+    let state = next(2 * br);
     let o = next(br * d);
     let acc: Vec<UOp> = (0..br * bc).map(|_| next(1)).collect();
     let s_tile = next(br * bc);
@@ -88,11 +89,10 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
 
     let t = range(n / br, 0, AxisType::Thread);
     let th = std::slice::from_ref(&t);
-    let mi: Vec<UOp> = m.iter().map(|x| x.after(th)).collect();
-    let li: Vec<UOp> = l.iter().map(|x| x.after(th)).collect();
+    let st = state.after(th);
     let oi = o.after(th);
-    let init_m: Vec<UOp> = mi.iter().map(|x| x.index(0).store(f32c(M_FLOOR))).collect();
-    let init_l: Vec<UOp> = li.iter().map(|x| x.index(0).store(0.0f32)).collect();
+    let zs = range(2 * br, 6 + 2 * br, AxisType::Loop);
+    let init_state = st.index(&zs).store(zs.lt(br as i64).where_(f32c(M_FLOOR), f32c(0.0))).end(&[zs]);
     let z = range(br * d, 1, AxisType::Loop);
     let init_o = oi.index(&z).store(0.0f32).end(&[z]);
 
@@ -128,13 +128,13 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
 
     // Per row: the block max (one vector pass), then P and its sum (a second pass).
     let pi = p_tile.after(&tk);
-    let mut state = Vec::new();
+    let mut updates_kb = Vec::new();
     let mut corr = Vec::new();
     let mut p_writes = Vec::new();
     for b in 0..br {
-        let after_m = mi[b].after(&[init_m[b].clone(), kb.clone(), s_done.clone()]);
-        let after_l = li[b].after(&[init_l[b].clone(), kb.clone(), s_done.clone()]);
-        let m_old = after_m.index(0).load();
+        let row = st.after(&[init_state.clone(), kb.clone(), s_done.clone()]);
+        let (at_m, at_l) = (row.index(b as i64), row.index((br + b) as i64));
+        let m_old = at_m.load();
         let rm = row_max[b].after(&tk);
         let rm_init = rm.index(0).store(&m_old);
         let c1 = range(bc, 4 + 2 * b, AxisType::Reduce);
@@ -149,9 +149,9 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         let rsc = rs.after(&[rs_init, c2.clone()]).index(0);
         let p_loop =
             sink(&[rsc.store(rsc.load() + &p), pi.index(&c2 + (b * bc) as i64).store(&p)]).end(&[c2]);
-        let l_new = after_l.index(0).load() * &cb + rs.after(std::slice::from_ref(&p_loop)).index(0).load();
-        state.push(after_l.index(0).store(l_new));
-        state.push(after_m.index(0).store(&m_new));
+        let l_new = at_l.load() * &cb + rs.after(std::slice::from_ref(&p_loop)).index(0).load();
+        updates_kb.push(at_l.store(l_new));
+        updates_kb.push(at_m.store(&m_new));
         p_writes.push(p_loop);
         corr.push(cb);
     }
@@ -169,14 +169,14 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         }
         o_updates.push(at.store(x));
     }
-    state.push(sink(&o_updates).end(&[dd]));
-    let key_loop = sink(&state).end(&[kb]);
+    updates_kb.push(sink(&o_updates).end(&[dd]));
+    let key_loop = sink(&updates_kb).end(&[kb]);
 
     let d2 = range(d, 5 + 2 * br, AxisType::Loop);
     let done = std::slice::from_ref(&key_loop);
     let stores: Vec<UOp> = (0..br)
         .map(|b| {
-            let lb = li[b].after(done).index(0).load();
+            let lb = st.after(done).index((br + b) as i64).load();
             out.index((&t * br + b) * d + &d2)
                 .store(oi.after(done).index(&d2 + (b * d) as i64).load() * lb.recip())
         })
@@ -225,5 +225,10 @@ impl FlashTiled {
     /// `(n, d)`.
     pub fn shape(&self) -> (usize, usize) {
         (self.n, self.d)
+    }
+
+    /// Keys after padding to whole key blocks.
+    pub fn padded_keys(&self) -> usize {
+        self.vp.len() / self.d
     }
 }

@@ -162,7 +162,14 @@ enum Runner<'a> {
 
 impl<'a> Runner<'a> {
     /// Compiles the online program (outside any timing); the Tensor forms compile on first run.
-    fn new(variant: Variant, x: &'a Inputs, n: usize, d: usize, scalar: bool) -> Result<Self> {
+    fn new(
+        variant: Variant,
+        x: &'a Inputs,
+        n: usize,
+        d: usize,
+        scalar: bool,
+        tiling: FlashTiling,
+    ) -> Result<Self> {
         Ok(match variant.realize_options() {
             Some(opts) => Runner::Tensor {
                 opts: RealizeOptions { scalar_codegen: scalar, ..opts },
@@ -173,7 +180,7 @@ impl<'a> Runner<'a> {
                 kernels: Vec::new(),
             },
             None if variant == Variant::FlashTiled => {
-                let prg = Box::new(FlashTiled::compile(n, d, FlashTiling::default())?);
+                let prg = Box::new(FlashTiled::compile(n, d, tiling)?);
                 Runner::Tiled { prg, x, out: vec![0.0; n * d] }
             }
             None => {
@@ -251,8 +258,8 @@ impl<'a> Runner<'a> {
             }
             Runner::Online { prg, .. } => Ok((vec![prg.name().to_string()], 0)),
             Runner::Tiled { prg, .. } => {
-                let (n, d) = prg.shape();
-                let np = uopc::flash_tiled::padded_keys(n, FlashTiling::default().key_block);
+                let (_, d) = prg.shape();
+                let np = prg.padded_keys();
                 Ok((vec!["flash_tiled_prep".into(), "flash_tiled".into()], 2 * np * d * 4))
             }
         }
@@ -296,7 +303,8 @@ fn measure(
     bar: &ProgressBar,
 ) -> Result<Measurement> {
     let (d, reps, scalar) = (args.d, reps_for(args), args.scalar);
-    let mut runner = Runner::new(variant, x, n, d, scalar)?;
+    let tiling = FlashTiling { query_block: args.flash_tile.0, key_block: args.flash_tile.1 };
+    let mut runner = Runner::new(variant, x, n, d, scalar, tiling)?;
     let t = Instant::now();
     runner.call()?;
     let first_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -120,6 +120,16 @@ pub struct AttentionArgs {
     /// Also print each kernel of the Tensor forms: best time, GFLOP/s and % of peak.
     #[arg(long)]
     pub kernels: bool,
+    /// Query block x key block of `flash_tiled`, like `4x8`.
+    #[arg(long, default_value = "4x8", value_parser = parse_tile)]
+    pub flash_tile: (usize, usize),
+}
+
+fn parse_tile(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s.split_once('x').ok_or("expected ROWSxKEYS, like 4x8")?;
+    let parse =
+        |x: &str| x.parse::<usize>().ok().filter(|&v| v > 0).ok_or(format!("{x} is not a positive integer"));
+    Ok((parse(a)?, parse(b)?))
 }
 
 fn main() -> ExitCode {

@@ -90,6 +90,60 @@ pub(crate) struct Flags {
     pub reassociate: bool,
     /// Run innermost f32 loops four iterations at a time in F32X4 values.
     pub vectorize: bool,
+    /// Reduce steps per trip of a register tile's loop.
+    pub tile_unroll: i64,
+}
+
+/// The ALLOCs kept in registers: at most 32 elements, only ever indexed by constants.
+fn register_allocs(lin: &Linear, all: &[(usize, &Stmt)]) -> std::collections::HashSet<UOp> {
+    lin.allocs
+        .iter()
+        .filter(|a| {
+            matches!(a.op(), Op::Alloc { len, .. } if *len <= 32)
+                && all.iter().all(|(_, s)| match s {
+                    Stmt::Op(u) if matches!(u.op(), Op::Index) && view_base(&u.src()[0]) == Some(*a) => {
+                        u.src()[1].const_int().is_some()
+                    }
+                    _ => true,
+                })
+        })
+        .cloned()
+        .collect()
+}
+
+/// A GEMM-like kernel: some innermost loop updates four or more register accumulators with
+/// `acc = acc + x` (a register tile), and nothing computes an exp2, log2, sqrt or reciprocal.
+/// [`crate::OptLevel::Auto`] compiles these at `none`.
+pub(crate) fn gemm_like(lin: &Linear) -> bool {
+    let all = lin.walk();
+    if all
+        .iter()
+        .any(|(_, s)| matches!(s, Stmt::Op(u) if matches!(u.op(), Op::Unary(op) if *op != UnaryOp::Neg)))
+    {
+        return false;
+    }
+    let registers = register_allocs(lin, &all);
+    let in_registers = |index: &UOp| view_base(&index.src()[0]).is_some_and(|b| registers.contains(b));
+    let mut tiles = false;
+    for (_, s) in &all {
+        let Stmt::Loop { body, .. } = s else { continue };
+        if !body.iter().all(|s| matches!(s, Stmt::Op(_))) {
+            continue;
+        }
+        let updates = body
+            .iter()
+            .filter(|s| match s {
+                Stmt::Op(u) => {
+                    matches!(u.op(), Op::Store)
+                        && in_registers(&u.src()[0])
+                        && matches!(u.src()[1].op(), Op::Binary(BinaryOp::Add))
+                }
+                _ => false,
+            })
+            .count();
+        tiles |= updates >= 4;
+    }
+    tiles
 }
 
 /// Independent partial sums a split reduction keeps.
@@ -113,6 +167,7 @@ pub(crate) struct Lowerer<'a, 'b> {
     contract: bool,
     reassociate: bool,
     vectorize: bool,
+    tile_unroll: i64,
     /// Float MULs whose only use is a float ADD: emitted as one `fma` at the ADD.
     contracted: std::collections::HashSet<UOp>,
     /// Accumulators a register tile left in an F32X4: variable -> (vector, lane, the
@@ -156,6 +211,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             contract: flags.contract,
             reassociate: flags.reassociate,
             vectorize: flags.vectorize,
+            tile_unroll: flags.tile_unroll,
             partial: Vec::new(),
             splat_loads: Default::default(),
             read_only: Default::default(),
@@ -187,17 +243,12 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         if self.use_fma && self.contract {
             self.contracted = contractible_muls(&all);
         }
+        let registers = register_allocs(lin, &all);
         for a in &lin.allocs {
             let Op::Alloc { len, .. } = a.op() else { continue };
             let ty = clif_type(a.dtype());
             // Small ALLOCs only ever indexed by constants live in registers.
-            let const_indexed = all.iter().all(|(_, s)| match s {
-                Stmt::Op(u) if matches!(u.op(), Op::Index) && view_base(&u.src()[0]) == Some(a) => {
-                    u.src()[1].const_int().is_some()
-                }
-                _ => true,
-            });
-            let st = if *len <= 32 && const_indexed {
+            let st = if registers.contains(a) {
                 Storage::Vars((0..*len).map(|_| self.b.declare_var(ty)).collect())
             } else {
                 let size = (*len * a.dtype().size()) as u32;

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 /// Independent accumulator chains: enough to cover FMA latency times throughput (4 x 2).
-const CHAINS: usize = 10;
+const CHAINS: usize = 12;
 /// FLOPs of one loop iteration: every chain does one F32X4 FMA (2 flops x 4 lanes).
 const FLOPS_PER_ITER: f64 = (CHAINS * 8) as f64;
 
@@ -64,11 +64,16 @@ pub fn fma_peak_gflops(iters: u64, reps: usize) -> Result<f64, JitError> {
             next.push(b.ins().fma(*acc, mul, add).into());
         }
         let more = b.ins().icmp(cranelift_codegen::ir::condcodes::IntCC::SignedLessThan, i, n);
-        b.ins().brif(more, body, &next, exit, &[]);
+        // The exit gets the new values, so old and new accumulators are never live together.
+        for _ in 0..CHAINS {
+            b.append_block_param(exit, types::F32X4);
+        }
+        b.ins().brif(more, body, &next, exit, &next[1..]);
         b.switch_to_block(exit);
         // Sum the chains so none is dead code.
-        let mut s = params[1];
-        for acc in &params[2..] {
+        let accs = b.block_params(exit).to_vec();
+        let mut s = accs[0];
+        for acc in &accs[1..] {
             s = b.ins().fadd(s, *acc);
         }
         let lane = b.ins().extractlane(s, 0);

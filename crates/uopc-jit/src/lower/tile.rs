@@ -132,10 +132,10 @@ impl Lowerer<'_, '_> {
             packs.push(Pack { lanes: *lanes, vector });
         }
 
-        // Two iterations per trip: the loop-carried accumulators then need no register copies
-        // at the back edge (x64's FMA writes a multiplicand's register, so one iteration alone
-        // ends with every accumulator in another register). Measured on r_1024_1024: +8%.
-        let unroll: i64 = 2;
+        // Two reduce steps per trip (at opt_level none): the loop-carried accumulators then need
+        // no register copies at the back edge (x64's FMA writes a multiplicand's register, so
+        // after one step every accumulator sits in another register).
+        let unroll = self.tile_unroll;
         let emit = |l: &mut Self| -> Result<(), JitError> {
             let mut memo: HashMap<[UOp; LANES], Value> = HashMap::new();
             for u in &nodes {
