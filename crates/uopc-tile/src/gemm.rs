@@ -1,0 +1,319 @@
+//! GEMM tiles: `C (+)= A · B` in f32.
+//!
+//! The vector paths run the blocked driver in `blocked`; the portable path is plain loops.
+
+use crate::error::{check_len, span};
+use crate::{Isa, TileError};
+
+/// Shape, layout and mode of one GEMM tile: `C[m x n] (+)= A[m x k] · B[k x n]`.
+///
+/// Storage is row-major with explicit leading dimensions (elements between consecutive stored
+/// rows). `a_trans` means A is stored as its `k x m` transpose (`A[i, p]` at `p * lda + i`),
+/// otherwise `m x k` (`A[i, p]` at `i * lda + p`); likewise `b_trans` stores B as `n x k`
+/// (`B[p, j]` at `j * ldb + p`) instead of `k x n` (`p * ldb + j`). C is `m x n` (`i * ldc + j`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GemmShape {
+    /// Rows of A and C.
+    pub m: usize,
+    /// Columns of B and C.
+    pub n: usize,
+    /// The contracted dimension.
+    pub k: usize,
+    /// A is stored transposed (`k x m`).
+    pub a_trans: bool,
+    /// B is stored transposed (`n x k`).
+    pub b_trans: bool,
+    /// Leading dimension of A's storage (at least its stored row length when it has 2+ rows).
+    pub lda: usize,
+    /// Leading dimension of B's storage.
+    pub ldb: usize,
+    /// Leading dimension of C.
+    pub ldc: usize,
+    /// `true`: `C += A · B`. `false`: `C = A · B`, and C is never read (it may hold NaNs).
+    pub accumulate: bool,
+}
+
+impl GemmShape {
+    /// A shape whose operands are stored densely (each leading dimension is the row length).
+    pub fn dense(m: usize, n: usize, k: usize, a_trans: bool, b_trans: bool, accumulate: bool) -> GemmShape {
+        GemmShape {
+            m,
+            n,
+            k,
+            a_trans,
+            b_trans,
+            lda: if a_trans { m } else { k },
+            ldb: if b_trans { k } else { n },
+            ldc: n,
+            accumulate,
+        }
+    }
+
+    /// Stored `(rows, cols)` of A.
+    pub fn a_dims(&self) -> (usize, usize) {
+        if self.a_trans { (self.k, self.m) } else { (self.m, self.k) }
+    }
+
+    /// Stored `(rows, cols)` of B.
+    pub fn b_dims(&self) -> (usize, usize) {
+        if self.b_trans { (self.n, self.k) } else { (self.k, self.n) }
+    }
+
+    /// Elements `[a, b, c]` each operand spans, i.e. the minimum slice lengths; errors when a
+    /// leading dimension is too small for a multi-row operand or a size overflows `usize`.
+    pub fn extents(&self) -> Result<[usize; 3], TileError> {
+        let (ar, ac) = self.a_dims();
+        let (br, bc) = self.b_dims();
+        Ok([span("a", ar, ac, self.lda)?, span("b", br, bc, self.ldb)?, span("c", self.m, self.n, self.ldc)?])
+    }
+
+    /// Floating-point operations of the product (`2 m n k`), for throughput figures.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+}
+
+/// `C (+)= A · B` with every operand checked against `s` first.
+///
+/// Returns an error (touching nothing) if `isa` is unavailable, a leading dimension is too
+/// small, a size overflows, or a slice is shorter than [`GemmShape::extents`]. Results agree
+/// across ISAs up to f32 rounding (summation order differs).
+pub fn gemm(isa: Isa, s: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), TileError> {
+    if !isa.available() {
+        return Err(TileError::IsaUnavailable(isa));
+    }
+    let [na, nb, nc] = s.extents()?;
+    check_len("a", na, a.len())?;
+    check_len("b", nb, b.len())?;
+    check_len("c", nc, c.len())?;
+    // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
+    // borrow, so it cannot overlap `a` or `b`.
+    unsafe { gemm_unchecked(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+    Ok(())
+}
+
+/// `C (+)= A · B` on raw pointers, without checks.
+///
+/// # Safety
+///
+/// * `isa.available()` is true.
+/// * With `[na, nb, nc] = s.extents()` (which must be `Ok`): `a` is valid for reads of `na`
+///   f32s, `b` for reads of `nb`, and `c` for reads and writes of `nc` (only writes when
+///   `!s.accumulate`); all are aligned for `f32` (null is fine for an extent of 0).
+/// * The C region does not overlap A or B, and nothing else accesses it during the call.
+pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees AVX-512 is available and the operand extents.
+        Isa::Avx512 => unsafe { crate::blocked::drive::<crate::x86::avx512::Kernel>(s, a, b, c) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for AVX2+FMA.
+        Isa::Avx2Fma => unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel>(s, a, b, c) },
+        // SAFETY: the caller guarantees the operand extents; no CPU features are needed.
+        _ => unsafe { portable(s, a, b, c) },
+    }
+}
+
+/// Flag bit of [`GemmDesc::flags`] / the `flags` argument: A is stored transposed.
+pub const GEMM_A_TRANS: i64 = 1;
+/// Flag bit: B is stored transposed.
+pub const GEMM_B_TRANS: i64 = 2;
+/// Flag bit: accumulate into C instead of overwriting it.
+pub const GEMM_ACCUMULATE: i64 = 4;
+
+/// C-layout GEMM descriptor for [`uopc_tile_gemm_f32_desc`]: seven `i64`s, in this order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GemmDesc {
+    /// Rows of A and C.
+    pub m: i64,
+    /// Columns of B and C.
+    pub n: i64,
+    /// Contracted dimension.
+    pub k: i64,
+    /// Leading dimension of A's storage.
+    pub lda: i64,
+    /// Leading dimension of B's storage.
+    pub ldb: i64,
+    /// Leading dimension of C.
+    pub ldc: i64,
+    /// Bitwise OR of [`GEMM_A_TRANS`], [`GEMM_B_TRANS`], [`GEMM_ACCUMULATE`].
+    pub flags: i64,
+}
+
+impl GemmDesc {
+    /// The shape this descriptor encodes, or `None` if a field is negative or `flags` has
+    /// unknown bits.
+    pub fn shape(&self) -> Option<GemmShape> {
+        if self.flags & !(GEMM_A_TRANS | GEMM_B_TRANS | GEMM_ACCUMULATE) != 0 {
+            return None;
+        }
+        let u = |x: i64| usize::try_from(x).ok();
+        Some(GemmShape {
+            m: u(self.m)?,
+            n: u(self.n)?,
+            k: u(self.k)?,
+            a_trans: self.flags & GEMM_A_TRANS != 0,
+            b_trans: self.flags & GEMM_B_TRANS != 0,
+            lda: u(self.lda)?,
+            ldb: u(self.ldb)?,
+            ldc: u(self.ldc)?,
+            accumulate: self.flags & GEMM_ACCUMULATE != 0,
+        })
+    }
+}
+
+impl From<&GemmShape> for GemmDesc {
+    /// Sizes beyond `i64::MAX` (which no buffer can have) saturate, making the descriptor
+    /// rejected later rather than silently wrapped.
+    fn from(s: &GemmShape) -> GemmDesc {
+        let i = |x: usize| i64::try_from(x).unwrap_or(i64::MAX);
+        GemmDesc {
+            m: i(s.m),
+            n: i(s.n),
+            k: i(s.k),
+            lda: i(s.lda),
+            ldb: i(s.ldb),
+            ldc: i(s.ldc),
+            flags: (if s.a_trans { GEMM_A_TRANS } else { 0 })
+                | (if s.b_trans { GEMM_B_TRANS } else { 0 })
+                | (if s.accumulate { GEMM_ACCUMULATE } else { 0 }),
+        }
+    }
+}
+
+/// Flat C-ABI GEMM for JIT-compiled code: `C (+)= A · B` with the fastest ISA of this CPU.
+///
+/// Arguments, in order: `a`, `b`, `c` (pointers to f32), then the `i64`s `m`, `n`, `k`, `lda`,
+/// `ldb`, `ldc`, `flags`, with the meaning of the [`GemmShape`] fields; `flags` is an OR of
+/// [`GEMM_A_TRANS`] (1), [`GEMM_B_TRANS`] (2) and [`GEMM_ACCUMULATE`] (4).
+///
+/// Returns 0 on success, or -1 without touching memory if a size is negative, `flags` has
+/// unknown bits, a leading dimension is too small, an extent overflows, or a pointer is null
+/// while its operand is non-empty.
+///
+/// # Safety
+///
+/// The pointers must satisfy the contract of [`gemm_unchecked`] for the decoded shape.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // a flat register-passed ABI is the point of this entry
+pub unsafe extern "C" fn uopc_tile_gemm_f32(
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    m: i64,
+    n: i64,
+    k: i64,
+    lda: i64,
+    ldb: i64,
+    ldc: i64,
+    flags: i64,
+) -> i32 {
+    let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
+    // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
+    unsafe { uopc_tile_gemm_f32_desc(&desc, a, b, c) }
+}
+
+/// Descriptor-based C-ABI GEMM: `(desc, a, b, c) -> i32`, otherwise like [`uopc_tile_gemm_f32`].
+///
+/// Returns -1 also when `desc` is null.
+///
+/// # Safety
+///
+/// `desc` is null or points to a readable [`GemmDesc`]; the pointers must satisfy the contract
+/// of [`gemm_unchecked`] for the decoded shape.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn uopc_tile_gemm_f32_desc(
+    desc: *const GemmDesc,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+) -> i32 {
+    if desc.is_null() {
+        return -1;
+    }
+    // SAFETY: non-null, and the caller guarantees it points to a readable descriptor.
+    let Some(s) = unsafe { desc.read_unaligned() }.shape() else { return -1 };
+    let Ok([na, nb, nc]) = s.extents() else { return -1 };
+    if (na > 0 && a.is_null()) || (nb > 0 && b.is_null()) || (nc > 0 && c.is_null()) {
+        return -1;
+    }
+    // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
+    unsafe { gemm_unchecked(Isa::detect(), &s, a, b, c) };
+    0
+}
+
+/// `C = 0` for `k == 0` without accumulation.
+///
+/// # Safety
+///
+/// C's extent is valid for writes.
+pub(crate) unsafe fn zero_c(s: &GemmShape, c: *mut f32) {
+    for i in 0..s.m {
+        // SAFETY: row `i` of C spans `n` floats at `i * ldc`.
+        unsafe { std::ptr::write_bytes(c.add(i * s.ldc), 0, s.n) };
+    }
+}
+
+/// The portable kernel: plain loops ordered so the innermost one walks memory contiguously.
+///
+/// # Safety
+///
+/// The contract of [`gemm_unchecked`].
+unsafe fn portable(s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } = *s;
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            // SAFETY: C's extent is valid for writes.
+            unsafe { zero_c(s, c) };
+        }
+        return;
+    }
+    let Ok([na, nb, _]) = s.extents() else { return };
+    // SAFETY: m, n, k > 0, so both extents are non-empty and the caller guarantees them readable.
+    let (a, b) = unsafe { (std::slice::from_raw_parts(a, na), std::slice::from_raw_parts(b, nb)) };
+    // Row i of A, gathered once so both loop orders below walk contiguous memory.
+    let mut arow = vec![0.0f32; k];
+    for i in 0..m {
+        if a_trans {
+            for (p, x) in arow.iter_mut().enumerate() {
+                *x = a[p * lda + i];
+            }
+        } else {
+            arow.copy_from_slice(&a[i * lda..i * lda + k]);
+        }
+        // SAFETY: row `i` of C spans `n` floats at `i * ldc`, disjoint from A and B.
+        let crow = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n) };
+        if !accumulate {
+            crow.fill(0.0);
+        }
+        if b_trans {
+            for (j, cj) in crow.iter_mut().enumerate() {
+                *cj += dot(&arow, &b[j * ldb..j * ldb + k]);
+            }
+        } else {
+            for (p, &aip) in arow.iter().enumerate() {
+                for (cj, &bv) in crow.iter_mut().zip(&b[p * ldb..p * ldb + n]) {
+                    *cj += aip * bv;
+                }
+            }
+        }
+    }
+}
+
+/// Dot product with eight independent partial sums, which the compiler can keep in vector
+/// lanes (a single running sum would force strictly sequential adds).
+fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (xs, ys) = (x.chunks_exact(8), y.chunks_exact(8));
+    let tail: f32 = xs.remainder().iter().zip(ys.remainder()).map(|(a, b)| a * b).sum();
+    for (xa, ya) in xs.zip(ys) {
+        for ((s, &a), &b) in acc.iter_mut().zip(xa).zip(ya) {
+            *s += a * b;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}

@@ -1,0 +1,39 @@
+//! The per-thread packing buffer.
+//!
+//! Transposed B operands are copied into contiguous panels before the micro-kernel runs. The
+//! buffer lives in a thread-local so the hot path allocates only when a thread first sees a
+//! larger tile than before.
+
+use std::cell::RefCell;
+
+/// One cache line of floats, so the panels start 64-byte aligned.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([f32; 16]);
+
+thread_local! {
+    static PACK: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a pointer to at least `floats` writable, 64-byte aligned `f32`s.
+///
+/// Falls back to a temporary allocation if the thread-local is unavailable (thread teardown) or
+/// already borrowed, so this never panics. `f` runs exactly once either way.
+pub(crate) fn with_buffer<R>(floats: usize, mut f: impl FnMut(*mut f32) -> R) -> R {
+    let lines = floats.div_ceil(16).max(1);
+    let got = PACK.try_with(|cell| {
+        cell.try_borrow_mut().ok().map(|mut buf| {
+            if buf.len() < lines {
+                buf.resize(lines, Line([0.0; 16]));
+            }
+            f(buf.as_mut_ptr().cast::<f32>())
+        })
+    });
+    match got {
+        Ok(Some(r)) => r,
+        _ => {
+            let mut buf = vec![Line([0.0; 16]); lines];
+            f(buf.as_mut_ptr().cast::<f32>())
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! AVX2+FMA kernels: a 6 x 16 register tile (12 ymm accumulators) and the softmax update.
+
+use std::arch::x86_64::*;
+
+use crate::blocked::{Tile, TileKernel};
+use crate::softmax::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape};
+
+/// The AVX2+FMA GEMM kernel.
+pub(crate) struct Kernel;
+
+impl TileKernel for Kernel {
+    const MR: usize = 6;
+    const NR: usize = 16;
+
+    unsafe fn tile(t: &Tile) {
+        // SAFETY: forwarded from the trait contract.
+        unsafe { tile(t) }
+    }
+
+    unsafe fn pack_b(dst: *mut f32, src: *const f32, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: forwarded from the trait contract.
+        unsafe { super::pack_b::<16>(dst, src, ldb, kc, nr) }
+    }
+
+    unsafe fn pack_bt(dst: *mut f32, src: *const f32, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: forwarded from the trait contract (AVX2 implies AVX).
+        unsafe { super::pack_bt::<16>(dst, src, ldb, kc, nr) }
+    }
+}
+
+/// Picks the monomorphized tile for `t`'s row count, width and A layout.
+///
+/// # Safety
+///
+/// AVX2 and FMA are available and `t` is valid as [`Tile`] describes, with `mr <= 6`, `nr <= 16`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile(t: &Tile) {
+    macro_rules! by_rows {
+        ($($mr:literal)*) => {
+            match t.mr {
+                $($mr => match (t.nr > 8, t.a_colmajor) {
+                    // SAFETY: forwarded from this function's contract.
+                    (true, true) => unsafe { tile_n::<$mr, 2, true>(t) },
+                    // SAFETY: as above.
+                    (true, false) => unsafe { tile_n::<$mr, 2, false>(t) },
+                    // SAFETY: as above.
+                    (false, true) => unsafe { tile_n::<$mr, 1, true>(t) },
+                    // SAFETY: as above.
+                    (false, false) => unsafe { tile_n::<$mr, 1, false>(t) },
+                },)*
+                _ => {}
+            }
+        };
+    }
+    by_rows!(1 2 3 4 5 6);
+}
+
+/// `-1` for the first 8 entries, then `0`: an 8-lane window starting at `8 - cols` is the
+/// `vmaskmov` mask selecting the first `cols` lanes.
+static MASK_WINDOW: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
+
+/// `vmaskmov` mask selecting the first `cols` (clamped to 8) lanes.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn lanes(cols: usize) -> __m256i {
+    // SAFETY: `8 - min(cols, 8)` is in `0..=8`, so the 8 loaded entries are inside the table.
+    unsafe { _mm256_loadu_si256(MASK_WINDOW.as_ptr().add(8 - cols.min(8)).cast()) }
+}
+
+/// `M x (8 V)` tile: per k step, `V` vector loads of B, `M` broadcasts of A, `M V` FMAs.
+///
+/// # Safety
+///
+/// As [`tile`], with `M == t.mr` and `V == 2` iff `t.nr > 8`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile) {
+    let (a, lda, b, ldb) = (t.a, t.lda, t.b, t.ldb);
+    let mut acc = [[_mm256_setzero_ps(); V]; M];
+    // Not unrolled by hand: LLVM then hoists the broadcasts of later steps and spills them.
+    for p in 0..t.kc {
+        let mut bv = [_mm256_setzero_ps(); V];
+        for (v, bx) in bv.iter_mut().enumerate() {
+            // SAFETY: row `p < kc` of the B panel has `8 V` readable floats (Tile contract).
+            *bx = unsafe { _mm256_loadu_ps(b.add(p * ldb + 8 * v)) };
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: `A[i, p]` with `i < mr`, `p < kc` is inside A (Tile contract).
+            let x = unsafe { if COLMAJOR { *a.add(p * lda + i) } else { *a.add(i * lda + p) } };
+            let av = _mm256_set1_ps(x);
+            for (r, &bx) in row.iter_mut().zip(&bv) {
+                *r = _mm256_fmadd_ps(av, bx, *r);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (v, &r) in row.iter().enumerate() {
+            let cols = t.nr - 8 * v;
+            // SAFETY: row `i < mr` of C, columns `8 v .. 8 v + min(cols, 8)`, all `< nr`; the
+            // masked forms touch no other lanes.
+            unsafe {
+                let dst = t.c.add(i * t.ldc + 8 * v);
+                if cols >= 8 {
+                    let r = if t.accumulate { _mm256_add_ps(r, _mm256_loadu_ps(dst)) } else { r };
+                    _mm256_storeu_ps(dst, r);
+                } else {
+                    let m = lanes(cols);
+                    let r = if t.accumulate { _mm256_add_ps(r, _mm256_maskload_ps(dst, m)) } else { r };
+                    _mm256_maskstore_ps(dst, m, r);
+                }
+            }
+        }
+    }
+}
+
+/// `2^x` per lane; see [`crate::softmax_update`] for the method and its accuracy.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp2(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP2_LO)), _mm256_set1_ps(EXP2_HI));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm256_sub_ps(x, n);
+    let mut p = _mm256_set1_ps(EXP2_C[6]);
+    for &c in EXP2_C[..6].iter().rev() {
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+    }
+    // 2^n from its bit pattern; n = 128 gives +inf. Inputs at or below -126.5 (NaN too) give 0.
+    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+    let live = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(EXP2_ZERO_BELOW));
+    _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)))
+}
+
+/// Horizontal maximum of 8 lanes.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn hmax(v: __m256) -> f32 {
+    let x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)))
+}
+
+/// Horizontal sum of 8 lanes.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn hsum(v: __m256) -> f32 {
+    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
+}
+
+/// The softmax update over all rows (see [`crate::softmax_update`]).
+///
+/// # Safety
+///
+/// AVX2 and FMA are available and the pointers satisfy [`crate::softmax_update_unchecked`].
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn softmax_update(
+    sh: &SoftmaxShape,
+    s: *mut f32,
+    row_max: *mut f32,
+    row_sum: *mut f32,
+    o: *mut f32,
+) {
+    let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let (cfull, dfull) = (cols - cols % 8, d - d % 8);
+    let (ctail, dtail) = (lanes(cols % 8), lanes(d % 8));
+    let (has_ctail, has_dtail) = (cols % 8 != 0, d % 8 != 0);
+    for r in 0..rows {
+        // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors end
+        // at `cfull`/`dfull`, and the tails use `vmaskmov`, so nothing outside the rows is
+        // touched.
+        unsafe {
+            let srow = s.add(r * lds);
+            let mut mx = neg_inf;
+            for j in (0..cfull).step_by(8) {
+                mx = _mm256_max_ps(mx, _mm256_loadu_ps(srow.add(j)));
+            }
+            if has_ctail {
+                let x = _mm256_maskload_ps(srow.add(cfull), ctail);
+                mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, x, _mm256_castsi256_ps(ctail)));
+            }
+            let m_old = *row_max.add(r);
+            let m_new = m_old.max(hmax(mx));
+            if m_new == f32::NEG_INFINITY {
+                // Nothing seen yet: P = 0, and the running sum and output stay as they are.
+                for j in (0..cfull).step_by(8) {
+                    _mm256_storeu_ps(srow.add(j), _mm256_setzero_ps());
+                }
+                if has_ctail {
+                    _mm256_maskstore_ps(srow.add(cfull), ctail, _mm256_setzero_ps());
+                }
+                continue;
+            }
+            let alpha = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m_old - m_new)));
+            let mv = _mm256_set1_ps(m_new);
+            let mut sum = _mm256_setzero_ps();
+            for j in (0..cfull).step_by(8) {
+                let e = exp2(_mm256_sub_ps(_mm256_loadu_ps(srow.add(j)), mv));
+                _mm256_storeu_ps(srow.add(j), e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            if has_ctail {
+                let e = exp2(_mm256_sub_ps(_mm256_maskload_ps(srow.add(cfull), ctail), mv));
+                _mm256_maskstore_ps(srow.add(cfull), ctail, e);
+                sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(ctail)));
+            }
+            *row_sum.add(r) = *row_sum.add(r) * alpha + hsum(sum);
+            *row_max.add(r) = m_new;
+            // alpha == 1 leaves O unchanged bit for bit, so skip the pass.
+            if alpha != 1.0 && d > 0 {
+                let orow = o.add(r * ldo);
+                let av = _mm256_set1_ps(alpha);
+                for j in (0..dfull).step_by(8) {
+                    _mm256_storeu_ps(orow.add(j), _mm256_mul_ps(_mm256_loadu_ps(orow.add(j)), av));
+                }
+                if has_dtail {
+                    let x = _mm256_maskload_ps(orow.add(dfull), dtail);
+                    _mm256_maskstore_ps(orow.add(dfull), dtail, _mm256_mul_ps(x, av));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! x86-64 kernels (AVX-512 and AVX2+FMA) and their shared packing routine.
+
+use std::arch::x86_64::*;
+
+pub(crate) mod avx2;
+pub(crate) mod avx512;
+
+/// Packs `B^T` into a panel of width `NR`: `dst[p * NR + j] = src[j * ldb + p]` for `p < kc`,
+/// `j < nr`, zero for `nr <= j < NR`.
+///
+/// Whole 8 x 8 blocks go through [`transpose8x8`]; ragged edges are copied one float at a time.
+///
+/// # Safety
+///
+/// AVX is available, `nr <= NR`, `dst` is writable for `kc * NR` floats and `src` readable at
+/// `j * ldb + p` for every `j < nr`, `p < kc`.
+#[target_feature(enable = "avx")]
+pub(crate) unsafe fn pack_bt<const NR: usize>(
+    dst: *mut f32,
+    src: *const f32,
+    ldb: usize,
+    kc: usize,
+    nr: usize,
+) {
+    let j8 = nr - nr % 8;
+    let p8 = kc - kc % 8;
+    // SAFETY: every offset below is `j * ldb + p` with `j < nr`, `p < kc` for `src` and
+    // `p * NR + j` with `j < NR`, `p < kc` for `dst`, inside the regions of the contract.
+    unsafe {
+        for j0 in (0..j8).step_by(8) {
+            for p0 in (0..p8).step_by(8) {
+                transpose8x8(src.add(j0 * ldb + p0), ldb, dst.add(p0 * NR + j0), NR);
+            }
+            for p in p8..kc {
+                for j in j0..j0 + 8 {
+                    *dst.add(p * NR + j) = *src.add(j * ldb + p);
+                }
+            }
+        }
+        for j in j8..nr {
+            for p in 0..kc {
+                *dst.add(p * NR + j) = *src.add(j * ldb + p);
+            }
+        }
+        if nr < NR {
+            for p in 0..kc {
+                std::ptr::write_bytes(dst.add(p * NR + nr), 0, NR - nr);
+            }
+        }
+    }
+}
+
+/// Copies a B panel stored `k x n` into width-`NR` rows: `dst[p * NR + j] = src[p * ldb + j]`
+/// for `p < kc`, `j < nr`, zero for `nr <= j < NR`.
+///
+/// Packing even untransposed B pays off: the panel becomes contiguous, so it neither maps onto
+/// a fraction of L1's sets (a power-of-two `ldb` does that) nor needs one prefetch stream per row.
+///
+/// # Safety
+///
+/// AVX is available, `nr <= NR`, `NR` is a multiple of 8, `dst` is writable for `kc * NR`
+/// floats and `src` readable at `p * ldb + j` for every `p < kc`, `j < nr`.
+#[target_feature(enable = "avx")]
+pub(crate) unsafe fn pack_b<const NR: usize>(
+    dst: *mut f32,
+    src: *const f32,
+    ldb: usize,
+    kc: usize,
+    nr: usize,
+) {
+    let full = nr - nr % 8;
+    for p in 0..kc {
+        // SAFETY: reads stay in row `p` at columns `< nr`, writes in `dst` row `p` below `NR`.
+        unsafe {
+            let (s, d) = (src.add(p * ldb), dst.add(p * NR));
+            for j in (0..full).step_by(8) {
+                _mm256_storeu_ps(d.add(j), _mm256_loadu_ps(s.add(j)));
+            }
+            if full < NR {
+                for j in full..nr {
+                    *d.add(j) = *s.add(j);
+                }
+                std::ptr::write_bytes(d.add(nr), 0, NR - nr);
+            }
+        }
+    }
+}
+
+/// Transposes the 8 x 8 block at `src` (row stride `lds`) into `dst` (row stride `ldd`).
+///
+/// The 128-bit lane exchange is folded into the loads (`vinsertf128` from memory), leaving two
+/// in-lane shuffle stages that can issue on more than one port, which is why this uses 256-bit
+/// vectors even on AVX-512 machines.
+///
+/// # Safety
+///
+/// AVX is available; `src` readable and `dst` writable as 8 rows of 8 floats.
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn transpose8x8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+    // SAFETY: all loads read rows `0..8`, columns `0..8` of `src`; stores write the same of `dst`.
+    unsafe {
+        let row = |r: usize, half: usize| _mm_loadu_ps(src.add(r * lds + 4 * half));
+        // t[r + 4 * h] holds row r (low lane) and row r + 4 (high lane), columns 4h .. 4h + 4.
+        let mut t = [_mm256_setzero_ps(); 8];
+        for h in 0..2 {
+            for r in 0..4 {
+                t[r + 4 * h] = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(row(r, h)), row(r + 4, h));
+            }
+        }
+        for h in 0..2 {
+            let (t0, t1, t2, t3) = (t[4 * h], t[4 * h + 1], t[4 * h + 2], t[4 * h + 3]);
+            let u0 = _mm256_unpacklo_ps(t0, t1);
+            let u1 = _mm256_unpackhi_ps(t0, t1);
+            let u2 = _mm256_unpacklo_ps(t2, t3);
+            let u3 = _mm256_unpackhi_ps(t2, t3);
+            // Output row c holds column c of the source: rows 0..4 in the low lane, 4..8 high.
+            let c0 = 4 * h;
+            _mm256_storeu_ps(dst.add(c0 * ldd), _mm256_shuffle_ps::<0x44>(u0, u2));
+            _mm256_storeu_ps(dst.add((c0 + 1) * ldd), _mm256_shuffle_ps::<0xEE>(u0, u2));
+            _mm256_storeu_ps(dst.add((c0 + 2) * ldd), _mm256_shuffle_ps::<0x44>(u1, u3));
+            _mm256_storeu_ps(dst.add((c0 + 3) * ldd), _mm256_shuffle_ps::<0xEE>(u1, u3));
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! GEMM against an f64 reference on every ISA, layout, mode and many ragged shapes.
+
+mod common;
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use uopc_tile::{GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmShape, Isa, gemm, uopc_tile_gemm_f32};
+
+/// Marks storage padding (between rows and past the last one); it must survive every call.
+const SENTINEL: f32 = 12345.5;
+
+struct Case {
+    s: GemmShape,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c0: Vec<f32>,
+}
+
+/// Random operands for `s`, each slice exactly as long as its extent; values live in the used
+/// region, padding holds [`SENTINEL`]. Without accumulation C starts as NaN so any read of it
+/// would show up in the result.
+fn make_case(rng: &mut StdRng, s: GemmShape) -> Case {
+    let [na, nb, nc] = s.extents().expect("test shapes are valid");
+    let fill = |rng: &mut StdRng,
+                len: usize,
+                rows: usize,
+                cols: usize,
+                ld: usize,
+                v: &dyn Fn(&mut StdRng) -> f32| {
+        let mut x = vec![SENTINEL; len];
+        for r in 0..rows {
+            for c in 0..cols {
+                x[r * ld + c] = v(rng);
+            }
+        }
+        x
+    };
+    let (ar, ac) = s.a_dims();
+    let (br, bc) = s.b_dims();
+    let uni = |rng: &mut StdRng| rng.gen_range(-1.0f32..1.0);
+    let a = fill(rng, na, ar, ac, s.lda, &uni);
+    let b = fill(rng, nb, br, bc, s.ldb, &uni);
+    let c0 = if s.accumulate {
+        fill(rng, nc, s.m, s.n, s.ldc, &uni)
+    } else {
+        fill(rng, nc, s.m, s.n, s.ldc, &|_| f32::NAN)
+    };
+    Case { s, a, b, c0 }
+}
+
+fn a_at(c: &Case, i: usize, p: usize) -> f64 {
+    f64::from(if c.s.a_trans { c.a[p * c.s.lda + i] } else { c.a[i * c.s.lda + p] })
+}
+
+fn b_at(c: &Case, p: usize, j: usize) -> f64 {
+    f64::from(if c.s.b_trans { c.b[j * c.s.ldb + p] } else { c.b[p * c.s.ldb + j] })
+}
+
+/// Checks `got` (C after the call) against an f64 product.
+///
+/// Tolerance: f32 dot products of length k, summed in any order with or without FMA, are within
+/// `k * u * sum_p |a_ip b_pj|` of the exact value (u = 2^-24 the unit roundoff; Higham, eq. 3.5
+/// to first order); accumulation adds one more rounding of `|c0|`. We allow
+/// `(k + 2) * 2u * (sum_p |a_ip b_pj| + |c0|)`, twice that bound, plus a tiny absolute floor.
+fn check(c: &Case, got: &[f32], what: &str) {
+    let s = &c.s;
+    let mut inside = vec![false; got.len()];
+    for i in 0..s.m {
+        for j in 0..s.n {
+            inside[i * s.ldc + j] = true;
+        }
+    }
+    for (idx, _) in inside.iter().enumerate().filter(|(_, x)| !**x) {
+        assert_eq!(got[idx], c.c0[idx], "{what}: padding C[{idx}] changed");
+    }
+    for i in 0..s.m {
+        for j in 0..s.n {
+            let mut exact = 0.0f64;
+            let mut mag = 0.0f64;
+            for p in 0..s.k {
+                let t = a_at(c, i, p) * b_at(c, p, j);
+                exact += t;
+                mag += t.abs();
+            }
+            let c0 = f64::from(c.c0[i * s.ldc + j]);
+            if s.accumulate {
+                exact += c0;
+                mag += c0.abs();
+            }
+            let tol = (s.k as f64 + 2.0) * f64::from(f32::EPSILON) * mag + 1e-30;
+            let v = f64::from(got[i * s.ldc + j]);
+            assert!((v - exact).abs() <= tol, "{what}: C[{i},{j}] = {v}, expected {exact} (tol {tol:e})");
+        }
+    }
+}
+
+fn run_case(rng: &mut StdRng, isa: Isa, s: GemmShape) {
+    let case = make_case(rng, s);
+    let mut c = case.c0.clone();
+    gemm(isa, &s, &case.a, &case.b, &mut c).expect("valid case");
+    check(&case, &c, &format!("{isa} {s:?}"));
+}
+
+/// `s` with its leading dimensions padded by `0..=pad` beyond the minimum.
+fn padded(rng: &mut StdRng, mut s: GemmShape, pad: usize) -> GemmShape {
+    s.lda += rng.gen_range(0..=pad);
+    s.ldb += rng.gen_range(0..=pad);
+    s.ldc += rng.gen_range(0..=pad);
+    s
+}
+
+fn all_modes(rng: &mut StdRng, m: usize, n: usize, k: usize, pad: usize) {
+    for isa in common::isas() {
+        for at in [false, true] {
+            for bt in [false, true] {
+                for acc in [false, true] {
+                    let s = padded(rng, GemmShape::dense(m, n, k, at, bt, acc), pad);
+                    run_case(rng, isa, s);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn edge_shapes() {
+    let mut rng = StdRng::seed_from_u64(1);
+    // Empty dimensions, single elements, and tails around the register tiles (6/8 rows,
+    // 8/16/32 columns) and the 8-wide transpose blocks of the packing.
+    let dims = [
+        (0, 0, 0),
+        (0, 5, 3),
+        (5, 0, 3),
+        (5, 3, 0),
+        (1, 1, 1),
+        (1, 70, 1),
+        (70, 1, 70),
+        (1, 1, 67),
+        (8, 32, 8),
+        (9, 33, 9),
+        (7, 31, 7),
+        (6, 16, 16),
+        (13, 17, 15),
+        (16, 48, 17),
+        (15, 15, 31),
+        (24, 64, 64),
+        (64, 64, 64),
+        (33, 47, 65),
+    ];
+    for (m, n, k) in dims {
+        all_modes(&mut rng, m, n, k, 0);
+        all_modes(&mut rng, m, n, k, 5);
+    }
+}
+
+#[test]
+fn random_shapes() {
+    let mut rng = StdRng::seed_from_u64(2);
+    for _ in 0..40 {
+        let (m, n, k) = (rng.gen_range(0..=70), rng.gen_range(0..=70), rng.gen_range(0..=70));
+        all_modes(&mut rng, m, n, k, 7);
+    }
+}
+
+#[test]
+fn larger_shapes() {
+    let mut rng = StdRng::seed_from_u64(3);
+    // 129 x 257 x 64: tails in every dimension. k = 300 spans two k slabs (the second always
+    // accumulates), m = 300 two row blocks, and n = 600 with k = 260 two packed column blocks.
+    for (m, n, k) in [(129, 257, 64), (20, 40, 300), (300, 33, 20), (9, 600, 260)] {
+        all_modes(&mut rng, m, n, k, 3);
+    }
+}
+
+#[test]
+fn power_of_two_leading_dimensions() {
+    // Transposed A with `lda` a multiple of 128 takes the packed-strip path even for narrow C.
+    let mut rng = StdRng::seed_from_u64(5);
+    for isa in common::isas() {
+        for (m, n, k, ld) in [(45, 20, 33, 128), (100, 7, 300, 384), (8, 32, 1, 128)] {
+            for bt in [false, true] {
+                for acc in [false, true] {
+                    let s = GemmShape { lda: ld, ..GemmShape::dense(m, n, k, true, bt, acc) };
+                    run_case(&mut rng, isa, s);
+                    let s =
+                        GemmShape { lda: ld, ldb: ld, ldc: ld, ..GemmShape::dense(m, n, k, false, bt, acc) };
+                    run_case(&mut rng, isa, s);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn c_abi_entry_matches() {
+    let mut rng = StdRng::seed_from_u64(4);
+    for (at, bt, acc) in
+        [(false, true, false), (true, false, true), (true, true, true), (false, false, false)]
+    {
+        let s = padded(&mut rng, GemmShape::dense(37, 45, 29, at, bt, acc), 4);
+        let case = make_case(&mut rng, s);
+        let mut c = case.c0.clone();
+        let flags = (if at { GEMM_A_TRANS } else { 0 })
+            | (if bt { GEMM_B_TRANS } else { 0 })
+            | (if acc { GEMM_ACCUMULATE } else { 0 });
+        let i = |x: usize| x as i64;
+        // SAFETY: the slices cover the extents of the shape passed.
+        let rc = unsafe {
+            uopc_tile_gemm_f32(
+                case.a.as_ptr(),
+                case.b.as_ptr(),
+                c.as_mut_ptr(),
+                i(s.m),
+                i(s.n),
+                i(s.k),
+                i(s.lda),
+                i(s.ldb),
+                i(s.ldc),
+                flags,
+            )
+        };
+        assert_eq!(rc, 0);
+        check(&case, &c, "c abi");
+    }
+}
+
+#[test]
+fn c_abi_rejects_bad_arguments() {
+    let (a, b, mut c) = (vec![0.0f32; 16], vec![0.0f32; 16], vec![0.0f32; 16]);
+    let call = |c: *mut f32, m: i64, lda: i64, flags: i64| {
+        // SAFETY: every call here is rejected before any memory is touched, or fits in 16
+        // elements (4 x 4 x 4, dense).
+        unsafe { uopc_tile_gemm_f32(a.as_ptr(), b.as_ptr(), c, m, 4, 4, lda, 4, 4, flags) }
+    };
+    let cp = c.as_mut_ptr();
+    assert_eq!(call(cp, 4, 4, 0), 0);
+    assert_eq!(call(cp, -1, 4, 0), -1, "negative size");
+    assert_eq!(call(cp, 4, 3, 0), -1, "leading dimension too small");
+    assert_eq!(call(cp, 4, 4, 8), -1, "unknown flag bit");
+    assert_eq!(call(std::ptr::null_mut(), 4, 4, 0), -1, "null C");
+    assert_eq!(call(std::ptr::null_mut(), 0, 4, 0), 0, "null is fine for an empty C");
+}
