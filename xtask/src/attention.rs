@@ -8,7 +8,7 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 use uopc::attention::{attention, online_attention_ir, online_attention_qb_ir};
-use uopc::flash_tiled::{FlashTiled, FlashTiling};
+use uopc::flash_tiled::{FlashTileOps, FlashTiled, FlashTiling, TILE_OPS_TILING};
 use uopc::jit::{JitOptions, Program};
 use uopc::tensor::FlashOpt;
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
@@ -48,6 +48,11 @@ pub enum Variant {
     #[value(name = "flash_tiled")]
     #[serde(rename = "flash_tiled")]
     FlashTiled,
+    /// FlashAttention-2 on tile ops: the score and output GEMMs and the softmax update are
+    /// calls into the AVX-512 / AVX2 micro-kernels.
+    #[value(name = "flash_tile_ops")]
+    #[serde(rename = "flash_tile_ops")]
+    FlashTileOps,
     /// Fused but with broadcast staging, so P is stored (the chapter's first version).
     #[value(name = "fused_staged")]
     #[serde(rename = "fused_staged")]
@@ -65,6 +70,7 @@ impl Variant {
             Variant::FusedUpcast64 => "fused_upcast64",
             Variant::FusedStaged => "fused_staged",
             Variant::FlashTiled => "flash_tiled",
+            Variant::FlashTileOps => "flash_tile_ops",
         }
     }
 
@@ -76,7 +82,7 @@ impl Variant {
             Variant::FusedStaged => {
                 Some(RealizeOptions { stage_broadcasts_when_fused: true, ..RealizeOptions::fused() })
             }
-            Variant::Online | Variant::OnlineQb | Variant::FlashTiled => None,
+            Variant::Online | Variant::OnlineQb | Variant::FlashTiled | Variant::FlashTileOps => None,
         }
     }
 }
@@ -102,6 +108,8 @@ pub struct Measurement {
     pub temp_bytes: usize,
     /// GFLOP/s as a percentage of the F32X4 FMA peak measured in the same run.
     pub percent_of_peak: Option<f64>,
+    /// GFLOP/s as a percentage of the widest FMA peak (512- or 256-bit) of the same run.
+    pub percent_of_widest_peak: Option<f64>,
     /// Per kernel of a Tensor form: its best time over the repetitions.
     pub kernel_times: Vec<KernelTime>,
     /// Kernels compiled as scalar code (`--scalar`).
@@ -158,6 +166,11 @@ enum Runner<'a> {
         x: &'a Inputs,
         out: Vec<f32>,
     },
+    TileOps {
+        prg: Box<FlashTileOps>,
+        x: &'a Inputs,
+        out: Vec<f32>,
+    },
 }
 
 impl<'a> Runner<'a> {
@@ -168,7 +181,7 @@ impl<'a> Runner<'a> {
         n: usize,
         d: usize,
         scalar: bool,
-        tiling: FlashTiling,
+        tiling: Option<FlashTiling>,
     ) -> Result<Self> {
         Ok(match variant.realize_options() {
             Some(opts) => Runner::Tensor {
@@ -179,8 +192,12 @@ impl<'a> Runner<'a> {
                 out: Vec::new(),
                 kernels: Vec::new(),
             },
+            None if variant == Variant::FlashTileOps => {
+                let prg = Box::new(FlashTileOps::compile(n, d, tiling.unwrap_or(TILE_OPS_TILING))?);
+                Runner::TileOps { prg, x, out: vec![0.0; n * d] }
+            }
             None if variant == Variant::FlashTiled => {
-                let prg = Box::new(FlashTiled::compile(n, d, tiling)?);
+                let prg = Box::new(FlashTiled::compile(n, d, tiling.unwrap_or_default())?);
                 Runner::Tiled { prg, x, out: vec![0.0; n * d] }
             }
             None => {
@@ -221,13 +238,17 @@ impl<'a> Runner<'a> {
             }
             Runner::Online { prg, x, out } => prg.run_f32(&[&x.q, &x.k, &x.v], &mut [out])?,
             Runner::Tiled { prg, x, out } => prg.run(&x.q, &x.k, &x.v, out)?,
+            Runner::TileOps { prg, x, out } => prg.run(&x.q, &x.k, &x.v, out)?,
         }
         Ok(())
     }
 
     fn output(&self) -> &[f32] {
         match self {
-            Runner::Tensor { out, .. } | Runner::Online { out, .. } | Runner::Tiled { out, .. } => out,
+            Runner::Tensor { out, .. }
+            | Runner::Online { out, .. }
+            | Runner::Tiled { out, .. }
+            | Runner::TileOps { out, .. } => out,
         }
     }
 
@@ -242,7 +263,7 @@ impl<'a> Runner<'a> {
                     percent_of_peak: None,
                 })
                 .collect(),
-            Runner::Online { .. } | Runner::Tiled { .. } => Vec::new(),
+            Runner::Online { .. } | Runner::Tiled { .. } | Runner::TileOps { .. } => Vec::new(),
         }
     }
 
@@ -257,6 +278,11 @@ impl<'a> Runner<'a> {
                 Ok((plan.kernel_names().iter().map(|s| s.to_string()).collect(), bytes))
             }
             Runner::Online { prg, .. } => Ok((vec![prg.name().to_string()], 0)),
+            Runner::TileOps { prg, .. } => {
+                let (_, d) = prg.shape();
+                let bytes = d * TILE_OPS_TILING.query_block * (TILE_OPS_TILING.key_block + d + 2) * 4;
+                Ok((vec!["flash_scale_q".into(), "flash_tile_ops".into()], bytes))
+            }
             Runner::Tiled { prg, .. } => {
                 let (_, d) = prg.shape();
                 let np = prg.padded_keys();
@@ -303,7 +329,7 @@ fn measure(
     bar: &ProgressBar,
 ) -> Result<Measurement> {
     let (d, reps, scalar) = (args.d, reps_for(args), args.scalar);
-    let tiling = FlashTiling { query_block: args.flash_tile.0, key_block: args.flash_tile.1 };
+    let tiling = args.flash_tile.map(|(query_block, key_block)| FlashTiling { query_block, key_block });
     let mut runner = Runner::new(variant, x, n, d, scalar, tiling)?;
     let t = Instant::now();
     runner.call()?;
@@ -335,6 +361,7 @@ fn measure(
         kernels,
         temp_bytes,
         percent_of_peak: None,
+        percent_of_widest_peak: None,
         kernel_times: runner.kernel_times(),
         scalar,
     })
@@ -376,14 +403,15 @@ fn git_commit() -> Option<String> {
 
 fn print_table(results: &[Measurement]) {
     println!(
-        "{:<15} {:>6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>12}",
-        "variant", "n", "d", "median ms", "best ms", "GFLOP/s", "% peak", "max abs err"
+        "{:<15} {:>6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>7} {:>12}",
+        "variant", "n", "d", "median ms", "best ms", "GFLOP/s", "% peak", "% wide", "max abs err"
     );
     for m in results {
         let flag = if m.max_abs_err <= TOLERANCE { "" } else { "  WRONG" };
         let peak = m.percent_of_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
+        let wide = m.percent_of_widest_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
         println!(
-            "{:<15} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>7} {:>12}{flag}",
+            "{:<15} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>7} {:>7} {:>12}{flag}",
             m.variant.name(),
             m.n,
             m.d,
@@ -391,6 +419,7 @@ fn print_table(results: &[Measurement]) {
             m.best_ms,
             m.gflops,
             peak,
+            wide,
             fmt_err(m.max_abs_err)
         );
     }
@@ -404,6 +433,23 @@ fn print_kernels(results: &[Measurement]) {
             println!("  {:<16} {:>10.3} ms {:>9.2} GFLOP/s {:>6} % peak", k.name, k.best_ms, k.gflops, peak);
         }
     }
+}
+
+/// Best-of-5 FMA peak of `isa`'s widest vectors on as many threads as the kernels' pool.
+pub fn measure_wide_peak(isa: uopc_tile::Isa) -> Option<f64> {
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&t: &usize| t > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    uopc_tile::peak::fma_peak_gflops(isa, 2_000_000, 5, threads)
+}
+
+/// The widest FMA peak this CPU has (512-bit, else 256-bit), with its name.
+pub fn measure_widest_peak() -> Option<(&'static str, f64)> {
+    [(uopc_tile::Isa::Avx512, "512-bit"), (uopc_tile::Isa::Avx2Fma, "256-bit")]
+        .into_iter()
+        .find_map(|(isa, name)| measure_wide_peak(isa).map(|p| (name, p)))
 }
 
 /// Best-of-5 F32X4 FMA peak of this machine on the kernels' thread pool, in GFLOP/s.
@@ -483,8 +529,10 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
     }
     bar.finish_and_clear();
     let peak = measure_peak();
+    let widest = measure_widest_peak();
     for m in &mut results {
         m.percent_of_peak = peak.map(|p| 100.0 * m.gflops / p);
+        m.percent_of_widest_peak = widest.map(|(_, p)| 100.0 * m.gflops / p);
         for k in &mut m.kernel_times {
             k.percent_of_peak = peak.map(|p| 100.0 * k.gflops / p);
         }
@@ -498,6 +546,9 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
     }
     if let Some(p) = peak {
         println!("F32X4 FMA peak measured in this run: {p:.1} GFLOP/s");
+    }
+    if let Some((name, p)) = widest {
+        println!("{name} FMA peak measured in this run: {p:.1} GFLOP/s (% wide)");
     }
     eprintln!("bench attention: {} results in {:.1} s", results.len(), started.elapsed().as_secs_f64());
     if let Err(e) = write_outputs(args, &results, machine()) {

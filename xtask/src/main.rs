@@ -31,7 +31,8 @@ enum Task {
 enum Bench {
     /// Time unfused, fused and online attention against an f64 reference.
     Attention(AttentionArgs),
-    /// Measure this machine's F32X4 FMA peak with JIT-compiled FMA chains.
+    /// Measure this machine's FMA peaks: F32X4 from JIT-compiled FMA chains (what Cranelift
+    /// code can reach), and the 256- and 512-bit peaks of the tile micro-kernels.
     Peak,
     /// Causal attention (WHERE mask and ragged key loop) against non-causal, batched multi-head.
     Masked {
@@ -120,9 +121,10 @@ pub struct AttentionArgs {
     /// Also print each kernel of the Tensor forms: best time, GFLOP/s and % of peak.
     #[arg(long)]
     pub kernels: bool,
-    /// Query block x key block of `flash_tiled`, like `4x8`.
-    #[arg(long, default_value = "4x8", value_parser = parse_tile)]
-    pub flash_tile: (usize, usize),
+    /// Query block x key block of `flash_tiled` and `flash_tile_ops`, like `4x8` [default:
+    /// 4x8 for flash_tiled, 64x128 for flash_tile_ops].
+    #[arg(long, value_parser = parse_tile)]
+    pub flash_tile: Option<(usize, usize)>,
 }
 
 fn parse_tile(s: &str) -> Result<(usize, usize), String> {
@@ -178,6 +180,15 @@ fn main() -> ExitCode {
                 println!(
                     "F32X4 FMA peak: {p:.1} GFLOP/s on all cores (128-bit vectors: Cranelift's widest on x86-64)"
                 );
+                for (isa, what) in [(uopc_tile::Isa::Avx2Fma, "256-bit"), (uopc_tile::Isa::Avx512, "512-bit")]
+                {
+                    match attention::measure_wide_peak(isa) {
+                        Some(p) => {
+                            println!("{what} FMA peak: {p:.1} GFLOP/s on all cores ({isa} micro-kernels)")
+                        }
+                        None => println!("{what} FMA peak: not available on this CPU"),
+                    }
+                }
                 ExitCode::SUCCESS
             }
             None => {

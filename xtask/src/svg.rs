@@ -19,6 +19,7 @@ fn color(v: Variant) -> &'static str {
         Variant::FusedUpcast64 => "#ff7f0e",
         Variant::FusedStaged => "#9467bd",
         Variant::FlashTiled => "#8c564b",
+        Variant::FlashTileOps => "#e377c2",
     }
 }
 

@@ -5,7 +5,7 @@
 //! it with an error naming it.
 
 use crate::dtype::DType;
-use crate::uop::{AxisType, BinaryOp, ConstValue, Op, UOp, UnaryOp};
+use crate::uop::{AxisType, BinaryOp, ConstValue, Op, TileOp, UOp, UnaryOp};
 use std::ops;
 
 /// A constant of `dtype` from an f64 (integers truncate, bools are `v != 0`).
@@ -46,6 +46,12 @@ pub fn range(end: impl IntoIndex, id: usize, axis: AxisType) -> UOp {
 /// Groups effects (stores, ENDs) into one node.
 pub fn sink(effects: &[UOp]) -> UOp {
     UOp::new(Op::Sink, DType::Bool, effects.to_vec())
+}
+
+/// A tile operation on the operands `operands` (INDEX nodes, each the first element of one
+/// operand, in [`TileOp`]'s source order): an effect, like a STORE.
+pub fn tile(op: TileOp, operands: &[UOp]) -> UOp {
+    UOp::new(Op::Tile(op), DType::Bool, operands.to_vec())
 }
 
 /// Things usable as an index expression: UOps and integer literals.

@@ -15,12 +15,14 @@ mod simplify;
 mod uop;
 mod verify;
 
-pub use builder::{IntoIndex, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink};
+pub use builder::{IntoIndex, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink, tile};
 pub use dtype::DType;
 pub use error::{IrError, IrErrorKind};
 pub use host::HostBuffer;
 pub use linearize::{Linear, Stmt, linearize, linearize_with, open_ranges, open_ranges_with};
 pub use print::{print_graph, print_linear, print_program};
 pub use simplify::{SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_with, split_linear};
-pub use uop::{AxisType, BinaryOp, ConstValue, DataRef, Op, ReduceOp, UOp, UnaryOp};
+pub use uop::{
+    AxisType, BinaryOp, ConstValue, DataRef, Op, ReduceOp, TileOp, TileOperand, UOp, UnaryOp, block_extent,
+};
 pub use verify::{verify, verify_simplified, view_base};

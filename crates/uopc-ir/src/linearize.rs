@@ -96,7 +96,7 @@ fn ranges_of_enclosing_ends(topo: &[UOp]) -> HashMap<UOp, Vec<UOp>> {
             _ => {}
         }
     }
-    around.retain(|u, _| matches!(u.op(), Op::Store));
+    around.retain(|u, _| matches!(u.op(), Op::Store | Op::Tile(_)));
     around
 }
 
@@ -364,21 +364,41 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
             add_edge(placement.rep(s, &l), to);
         }
     }
-    // Loads through a view happen before stores through the same view.
+    // Loads through a view happen before stores through the same view (a tile op loads
+    // the operands it reads and stores the ones it writes).
     let mut stores_by_view: HashMap<UOp, Vec<UOp>> = HashMap::new();
+    let mut loads: Vec<(UOp, UOp)> = Vec::new();
     for u in &topo {
-        if matches!(u.op(), Op::Store)
-            && let Some(v) = view_of(u)
-        {
-            stores_by_view.entry(v.clone()).or_default().push(u.clone());
+        match u.op() {
+            Op::Store => {
+                if let Some(v) = view_of(u) {
+                    stores_by_view.entry(v.clone()).or_default().push(u.clone());
+                }
+            }
+            Op::Load => {
+                if let Some(v) = view_of(u) {
+                    loads.push((u.clone(), v.clone()));
+                }
+            }
+            Op::Tile(t) => {
+                for (x, o) in u.src().iter().zip(t.operands()) {
+                    let Some(v) = x.src().first().filter(|_| matches!(x.op(), Op::Index)) else { continue };
+                    if o.writes {
+                        stores_by_view.entry(v.clone()).or_default().push(u.clone());
+                    }
+                    if o.reads {
+                        loads.push((u.clone(), v.clone()));
+                    }
+                }
+            }
+            _ => {}
         }
     }
-    for u in &topo {
-        if !matches!(u.op(), Op::Load) {
-            continue;
-        }
-        let Some(v) = view_of(u) else { continue };
+    for (u, v) in &loads {
         for st in stores_by_view.get(v).into_iter().flatten() {
+            if st == u {
+                continue;
+            }
             let l = placement.lca(&placement.block[u], &placement.block[st]);
             add_edge(placement.rep(u, &l), placement.rep(st, &l));
         }

@@ -2,7 +2,7 @@
 
 use crate::error::IrError;
 use crate::linearize::{Linear, Stmt, linearize};
-use crate::uop::{BinaryOp, Op, UOp, UnaryOp};
+use crate::uop::{BinaryOp, Op, TileOp, UOp, UnaryOp};
 use crate::verify::view_base;
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -134,6 +134,21 @@ impl Printer {
                             self.expr(&u.src()[0]),
                             self.expr(&u.src()[1])
                         );
+                    }
+                    Op::Tile(t) => {
+                        let args: Vec<String> = u.src().iter().map(|x| self.expr(x)).collect();
+                        let what = match t {
+                            TileOp::Gemm { m, n, k, a_trans, b_trans, accumulate, .. } => format!(
+                                "tile_gemm {m}x{n}x{k}{}{}{}",
+                                if *a_trans { " A^T" } else { "" },
+                                if *b_trans { " B^T" } else { "" },
+                                if *accumulate { " +=" } else { "" }
+                            ),
+                            TileOp::SoftmaxUpdate { rows, cols, d, .. } => {
+                                format!("tile_softmax {rows}x{cols} d={d}")
+                            }
+                        };
+                        let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }
                     // Integer index math is shown inline where it is used, unless deeply nested.
                     _ if u.dtype().is_int() && !matches!(u.op(), Op::Load) && self.inline(u) => {}

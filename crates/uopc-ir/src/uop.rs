@@ -236,6 +236,9 @@ pub enum Op {
     Where,
     /// `src[0]` converted to this node's dtype.
     Cast,
+    /// A dense tile operation on f32 memory: an effect like STORE, whose sources are INDEX
+    /// nodes naming each operand's first element (see [`TileOp`]).
+    Tile(TileOp),
     // ---- tensor level ----
     /// A tensor-level input placeholder with the given shape (filled from argument `slot`).
     Param { slot: usize, shape: Vec<usize> },
@@ -302,6 +305,8 @@ impl Op {
             },
             Op::Where => "WHERE",
             Op::Cast => "CAST",
+            Op::Tile(TileOp::Gemm { .. }) => "TILE_GEMM",
+            Op::Tile(TileOp::SoftmaxUpdate { .. }) => "TILE_SOFTMAX",
             Op::Param { .. } => "PARAM",
             Op::Data { .. } => "DATA",
             Op::Reshape(_) => "RESHAPE",
@@ -312,6 +317,115 @@ impl Op {
             Op::Stage => "STAGE",
             Op::Detach => "DETACH",
             Op::Stack => "STACK",
+        }
+    }
+}
+
+/// A dense operation on row-major f32 tiles (the CPU's "tensor core"): each operand is a
+/// `rows x cols` block starting at its INDEX, consecutive rows `ld` elements apart.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum TileOp {
+    /// `C = A · B`, or `C += A · B` with `accumulate`. Sources `[A, B, C]`. A is `m x k`
+    /// (stored `k x m` when `a_trans`), B is `k x n` (stored `n x k` when `b_trans`), C is `m x n`.
+    Gemm {
+        /// Rows of A and C.
+        m: usize,
+        /// Columns of B and C.
+        n: usize,
+        /// The reduced dimension.
+        k: usize,
+        /// Row strides of the stored A, B and C.
+        lda: usize,
+        /// Row stride of the stored B.
+        ldb: usize,
+        /// Row stride of C.
+        ldc: usize,
+        /// A is stored transposed.
+        a_trans: bool,
+        /// B is stored transposed.
+        b_trans: bool,
+        /// Add to C instead of overwriting it.
+        accumulate: bool,
+    },
+    /// One online-softmax step of FlashAttention-2 on a score tile. Sources
+    /// `[S, row_max, row_sum, O]`: S is `rows x cols` (stride `lds`) of base-2 scores,
+    /// row_max and row_sum hold `rows` values, O is `rows x d` (stride `ldo`). Per row:
+    /// `m' = max(m, max_j S)`, `a = exp2(m - m')`, `S = exp2(S - m')` (S becomes P),
+    /// `l = l a + sum_j P`, `O *= a`, `m = m'`. A row whose scores and max are all `-inf` keeps
+    /// `l` and `O` and gets `P = 0`.
+    SoftmaxUpdate {
+        /// Rows of S and O.
+        rows: usize,
+        /// Keys in the tile.
+        cols: usize,
+        /// Row stride of S.
+        lds: usize,
+        /// Columns of O touched.
+        d: usize,
+        /// Row stride of O.
+        ldo: usize,
+    },
+}
+
+/// How a [`TileOp`] uses one of its operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileOperand {
+    /// Elements from the operand's first one to one past the last it may touch.
+    pub extent: usize,
+    /// Read by the op.
+    pub reads: bool,
+    /// Written by the op.
+    pub writes: bool,
+}
+
+/// Elements a `rows x cols` block with row stride `ld` spans (0 when empty).
+pub fn block_extent(rows: usize, cols: usize, ld: usize) -> usize {
+    if rows == 0 || cols == 0 { 0 } else { (rows - 1).saturating_mul(ld).saturating_add(cols) }
+}
+
+impl TileOp {
+    /// The operands, in source order.
+    pub fn operands(&self) -> Vec<TileOperand> {
+        let op = |extent, reads, writes| TileOperand { extent, reads, writes };
+        match *self {
+            TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
+                let (ar, ac) = if a_trans { (k, m) } else { (m, k) };
+                let (br, bc) = if b_trans { (n, k) } else { (k, n) };
+                let none = m == 0 || n == 0 || k == 0;
+                vec![
+                    op(if none { 0 } else { block_extent(ar, ac, lda) }, true, false),
+                    op(if none { 0 } else { block_extent(br, bc, ldb) }, true, false),
+                    op(block_extent(m, n, ldc), accumulate, true),
+                ]
+            }
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => vec![
+                op(block_extent(rows, cols, lds), true, true),
+                op(rows, true, true),
+                op(rows, true, true),
+                op(block_extent(rows, d, ldo), true, true),
+            ],
+        }
+    }
+
+    /// Rows and columns of each stored operand with its row stride, in source order.
+    pub fn blocks(&self) -> Vec<(usize, usize, usize)> {
+        match *self {
+            TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, .. } => vec![
+                if a_trans { (k, m, lda) } else { (m, k, lda) },
+                if b_trans { (n, k, ldb) } else { (k, n, ldb) },
+                (m, n, ldc),
+            ],
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
+                vec![(rows, cols, lds), (1, rows, rows), (1, rows, rows), (rows, d, ldo)]
+            }
+        }
+    }
+
+    /// Floating-point operations of one execution (an exp2 counted as one).
+    pub fn flops(&self) -> u64 {
+        match *self {
+            TileOp::Gemm { m, n, k, .. } => 2 * (m * n * k) as u64,
+            TileOp::SoftmaxUpdate { rows, cols, d, .. } => (rows * (4 * cols + d + 4)) as u64,
         }
     }
 }

@@ -200,6 +200,34 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
             ));
         }
         Op::Sink | Op::After => {}
+        Op::Tile(t) => {
+            arity(t.operands().len())?;
+            for x in s {
+                if !matches!(x.op(), Op::Index) {
+                    return Err(err(
+                        IrErrorKind::Structure,
+                        u,
+                        format!("operand {} is not an INDEX", x.short()),
+                    ));
+                }
+                if x.dtype() != DType::F32 {
+                    return Err(err(
+                        IrErrorKind::DType,
+                        u,
+                        format!("operand {} is {}, not f32", x.short(), x.dtype()),
+                    ));
+                }
+            }
+            for (k, (rows, cols, ld)) in t.blocks().into_iter().enumerate() {
+                if rows > 1 && ld < cols {
+                    return Err(err(
+                        IrErrorKind::Structure,
+                        u,
+                        format!("operand {k}: row stride {ld} is less than its {cols} columns"),
+                    ));
+                }
+            }
+        }
         _ => {
             return Err(err(
                 IrErrorKind::Structure,
@@ -291,6 +319,46 @@ fn verify_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
                 }
             }
             Op::Load => check_initialized(u)?,
+            Op::Tile(t) => {
+                for (x, operand) in u.src().iter().zip(t.operands()) {
+                    check_extent(u, x, operand.extent)?;
+                    let base = view_base(&x.src()[0]).expect("checked by check_types");
+                    if operand.reads && !operand.writes {
+                        check_initialized_view(u, &x.src()[0])?;
+                    }
+                    if !operand.writes {
+                        continue;
+                    }
+                    let thread_ranges: Vec<&UOp> = rng[u]
+                        .iter()
+                        .filter(|r| matches!(r.op(), Op::Range { axis: AxisType::Thread, .. }))
+                        .collect();
+                    match base.op() {
+                        Op::Alloc { .. } => {
+                            let declared_in: &[UOp] = scopes.get(base).map(Vec::as_slice).unwrap_or(&[]);
+                            if let Some(t) = thread_ranges.iter().find(|t| !declared_in.contains(t)) {
+                                return Err(err(
+                                    IrErrorKind::ThreadRace,
+                                    u,
+                                    format!(
+                                        "writes {} inside THREAD range {} but it is declared outside it",
+                                        base.short(),
+                                        t.short()
+                                    ),
+                                ));
+                            }
+                        }
+                        _ if linear.thread.is_some() && thread_ranges.is_empty() => {
+                            return Err(err(
+                                IrErrorKind::ThreadRace,
+                                u,
+                                "writes a buffer outside the THREAD range: every thread would run it",
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -312,6 +380,17 @@ fn check_store_order(topo: &[UOp]) -> Result<(), IrError> {
         if matches!(u.op(), Op::Store) {
             let base = view_base(&u.src()[0].src()[0]).expect("checked by check_types");
             by_base.entry(base.clone()).or_default().push(u.clone());
+        }
+        if let Op::Tile(t) = u.op() {
+            for (x, o) in u.src().iter().zip(t.operands()) {
+                if o.writes {
+                    let base = view_base(&x.src()[0]).expect("checked by check_types");
+                    let group = by_base.entry(base.clone()).or_default();
+                    if !group.contains(u) {
+                        group.push(u.clone());
+                    }
+                }
+            }
         }
     }
     let grouped: Vec<UOp> = by_base.values().filter(|v| v.len() > 1).flatten().cloned().collect();
@@ -344,6 +423,14 @@ fn check_store_order(topo: &[UOp]) -> Result<(), IrError> {
             for b in &stores[k + 1..] {
                 if reaches(a, b) || reaches(b, a) {
                     continue;
+                }
+                // A tile op writes a block: only an ordering makes it safe.
+                if matches!(a.op(), Op::Tile(_)) || matches!(b.op(), Op::Tile(_)) {
+                    return Err(err(
+                        IrErrorKind::UnorderedStores,
+                        b,
+                        format!("may write memory {} writes, and no dependency orders the two", a.short()),
+                    ));
                 }
                 let (ia, ib) = (&a.src()[0].src()[1], &b.src()[0].src()[1]);
                 // Both indices are in bounds (checked above), so their difference fits their dtype.
@@ -387,8 +474,34 @@ fn check_bounds(index: &UOp) -> Result<(), IrError> {
     Ok(())
 }
 
+/// A tile operand starting at `index` spans `extent` elements: all inside the buffer.
+fn check_extent(tile: &UOp, index: &UOp, extent: usize) -> Result<(), IrError> {
+    if extent == 0 {
+        return Ok(());
+    }
+    let base = view_base(&index.src()[0]).expect("checked by check_types");
+    let len = match base.op() {
+        Op::Buffer { len, .. } | Op::Alloc { len, .. } => *len as i64,
+        _ => unreachable!("view_base returns BUFFER or ALLOC"),
+    };
+    let (lo, hi) = index.src()[1].bounds();
+    let last = hi.saturating_add(extent as i64 - 1);
+    if lo < 0 || last >= len {
+        return Err(err(
+            IrErrorKind::OutOfBounds,
+            tile,
+            format!("an operand may span [{lo}, {last}] but {} has {len} elements", base.short()),
+        ));
+    }
+    Ok(())
+}
+
 fn check_initialized(load: &UOp) -> Result<(), IrError> {
-    let view = &load.src()[0].src()[0];
+    check_initialized_view(load, &load.src()[0].src()[0])
+}
+
+/// Some store (or tile op writing it) reaches `view` when it is an ALLOC view.
+fn check_initialized_view(load: &UOp, view: &UOp) -> Result<(), IrError> {
     let base = view_base(view).expect("checked by check_types");
     if !matches!(base.op(), Op::Alloc { .. }) {
         return Ok(());
@@ -406,6 +519,11 @@ fn check_initialized(load: &UOp) -> Result<(), IrError> {
             continue;
         }
         if matches!(x.op(), Op::Store) && view_base(&x.src()[0].src()[0]) == Some(base) {
+            return Ok(());
+        }
+        if let Op::Tile(t) = x.op()
+            && x.src().iter().zip(t.operands()).any(|(i, o)| o.writes && view_base(&i.src()[0]) == Some(base))
+        {
             return Ok(());
         }
         stack.extend(x.src().iter().cloned());

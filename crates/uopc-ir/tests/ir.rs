@@ -291,3 +291,76 @@ fn deep_integer_chains_simplify_verify_and_print_without_recursion() {
     let text = print_program(&s).expect("verifies");
     assert!(text.contains("for r0 in 0..5"));
 }
+
+fn gemm_op(m: usize, n: usize, k: usize, accumulate: bool) -> TileOp {
+    TileOp::Gemm { m, n, k, lda: k, ldb: n, ldc: n, a_trans: false, b_trans: false, accumulate }
+}
+
+#[test]
+fn tile_ops_are_checked_like_stores() {
+    let (a, b, c) = (buffer(0, DType::F32, 6), buffer(1, DType::F32, 12), buffer(2, DType::F32, 8));
+    // C (2x4) = A (2x3) · B (3x4): every operand exactly in bounds
+    let ok = tile(gemm_op(2, 4, 3, false), &[a.index(0), b.index(0), c.index(0)]);
+    verify(&sink(&[ok])).unwrap();
+    // C starting one element later would run past its 8 elements
+    let past = tile(gemm_op(2, 4, 3, false), &[a.index(0), b.index(0), c.index(1)]);
+    assert_eq!(verify(&sink(&[past])).unwrap_err().kind, IrErrorKind::OutOfBounds);
+    // a row stride shorter than the row
+    let bad = TileOp::Gemm {
+        m: 2,
+        n: 4,
+        k: 3,
+        lda: 2,
+        ldb: 4,
+        ldc: 4,
+        a_trans: false,
+        b_trans: false,
+        accumulate: false,
+    };
+    let short = tile(bad, &[a.index(0), b.index(0), c.index(0)]);
+    assert_eq!(verify(&sink(&[short])).unwrap_err().kind, IrErrorKind::Structure);
+    // operands must be INDEX nodes of f32 views
+    let not_index = tile(gemm_op(2, 4, 3, false), &[a.index(0), b.index(0), c.index(0).load()]);
+    assert!(verify(&sink(&[not_index])).is_err());
+    // two tile ops writing C with nothing ordering them
+    let first = tile(gemm_op(2, 4, 3, false), &[a.index(0), b.index(0), c.index(0)]);
+    let second = tile(gemm_op(2, 4, 3, true), &[a.index(0), b.index(0), c.index(0)]);
+    assert_eq!(verify(&sink(&[first.clone(), second])).unwrap_err().kind, IrErrorKind::UnorderedStores);
+    let ordered = tile(gemm_op(2, 4, 3, true), &[a.index(0), b.index(0), c.after(&[first.clone()]).index(0)]);
+    verify(&sink(&[ordered])).unwrap();
+    // reading an ALLOC nothing wrote
+    let scratch = alloc(0, DType::F32, 6);
+    let uninit = tile(gemm_op(2, 4, 3, false), &[scratch.index(0), b.index(0), c.index(0)]);
+    assert_eq!(verify(&sink(&[uninit])).unwrap_err().kind, IrErrorKind::UninitializedLoad);
+}
+
+#[test]
+fn tile_ops_run_in_the_interpreter() {
+    use uopc_ir::interp::{self, Precision};
+    let (a, b, c) = (buffer(0, DType::F32, 6), buffer(1, DType::F32, 12), buffer(2, DType::F32, 8));
+    // C = A · B^T with B stored 4x3
+    let op = TileOp::Gemm {
+        m: 2,
+        n: 4,
+        k: 3,
+        lda: 3,
+        ldb: 3,
+        ldc: 4,
+        a_trans: false,
+        b_trans: true,
+        accumulate: false,
+    };
+    let p = sink(&[tile(op, &[a.index(0), b.index(0), c.index(0)])]);
+    let av: Vec<f32> = (0..6).map(|x| x as f32).collect();
+    let bv: Vec<f32> = (0..12).map(|x| (x % 5) as f32 - 2.0).collect();
+    let mut bufs =
+        vec![HostBuffer::F32(av.clone()), HostBuffer::F32(bv.clone()), HostBuffer::F32(vec![0.0; 8])];
+    interp::run(&p, &mut bufs, Precision::Native).unwrap();
+    let HostBuffer::F32(got) = &bufs[2] else { unreachable!() };
+    for i in 0..2 {
+        for j in 0..4 {
+            let want: f32 = (0..3).map(|p| av[i * 3 + p] * bv[j * 3 + p]).sum();
+            assert_eq!(got[i * 4 + j], want, "C[{i}][{j}]");
+        }
+    }
+}

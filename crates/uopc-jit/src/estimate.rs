@@ -36,6 +36,16 @@ pub(crate) fn estimate(lin: &Linear) -> Estimates {
                     if float_alu {
                         *flops += mult;
                     }
+                    if let Op::Tile(t) = u.op() {
+                        *flops += mult * t.flops() as f64;
+                        for (x, o) in u.src().iter().zip(t.operands()) {
+                            if let Some(b) = view_base(&x.src()[0])
+                                && matches!(b.op(), Op::Buffer { .. })
+                            {
+                                *access += mult * (o.extent * b.dtype().size()) as f64;
+                            }
+                        }
+                    }
                     if let Op::Load | Op::Store = u.op()
                         && let Some(b) = view_base(&u.src()[0].src()[0])
                         && matches!(b.op(), Op::Buffer { .. })

@@ -320,7 +320,13 @@ impl Program {
         {
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fbc);
             let fr: Vec<_> = ext_ids.iter().map(|id| module.declare_func_in_func(*id, b.func)).collect();
-            let externs = lower::Externs { exp2_f64: fr[0], log2_f32: fr[1], log2_f64: fr[2] };
+            let externs = lower::Externs {
+                exp2_f64: fr[0],
+                log2_f32: fr[1],
+                log2_f64: fr[2],
+                tile_gemm: fr[3],
+                tile_softmax: fr[4],
+            };
             let entry = b.create_block();
             b.append_block_params_for_function_params(entry);
             b.switch_to_block(entry);
@@ -513,12 +519,27 @@ impl std::fmt::Debug for Program {
     }
 }
 
+/// The BUFFERs and ALLOCs some STORE or tile op writes.
+pub(crate) fn written_bases<'a>(nodes: impl IntoIterator<Item = &'a UOp>) -> Vec<UOp> {
+    let mut out = Vec::new();
+    for u in nodes {
+        match u.op() {
+            Op::Store => out.extend(view_base(&u.src()[0].src()[0]).cloned()),
+            Op::Tile(t) => {
+                for (x, o) in u.src().iter().zip(t.operands()) {
+                    if o.writes {
+                        out.extend(view_base(&x.src()[0]).cloned());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 fn buffer_specs(program: &UOp, lin: &Linear) -> Result<Vec<BufferSpec>, JitError> {
-    let written: Vec<UOp> = UOp::toposort(std::slice::from_ref(program))
-        .into_iter()
-        .filter(|u| matches!(u.op(), Op::Store))
-        .filter_map(|st| view_base(&st.src()[0].src()[0]).cloned())
-        .collect();
+    let written = written_bases(&UOp::toposort(std::slice::from_ref(program)));
     let mut specs = Vec::new();
     for (k, b) in lin.buffers.iter().enumerate() {
         let Op::Buffer { slot, len } = b.op() else { continue };
@@ -540,12 +561,19 @@ fn threads_write_disjoint(program: &UOp, thread: &UOp) -> bool {
     }
     let topo = UOp::toposort(std::slice::from_ref(program));
     let mut stride: std::collections::HashMap<UOp, i64> = std::collections::HashMap::new();
-    let written: Vec<UOp> = topo
-        .iter()
-        .filter(|u| matches!(u.op(), Op::Store))
-        .filter_map(|st| view_base(&st.src()[0].src()[0]).cloned())
-        .filter(|b| matches!(b.op(), Op::Buffer { .. }))
-        .collect();
+    // A tile op writes a whole block: not analysed here, so a program whose tile ops write a
+    // buffer runs serially.
+    let tile_writes_buffer = topo.iter().any(|u| match u.op() {
+        Op::Tile(t) => u.src().iter().zip(t.operands()).any(|(x, o)| {
+            o.writes && view_base(&x.src()[0]).is_some_and(|b| matches!(b.op(), Op::Buffer { .. }))
+        }),
+        _ => false,
+    });
+    if tile_writes_buffer {
+        return false;
+    }
+    let written: Vec<UOp> =
+        written_bases(&topo).into_iter().filter(|b| matches!(b.op(), Op::Buffer { .. })).collect();
     for u in &topo {
         let Op::Index = u.op() else { continue };
         let Some(base) = view_base(&u.src()[0]) else { continue };

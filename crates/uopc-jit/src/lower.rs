@@ -12,7 +12,7 @@ use cranelift_codegen::ir::{
 };
 use cranelift_frontend::{FunctionBuilder, Variable};
 use std::collections::HashMap;
-use uopc_ir::{BinaryOp, ConstValue, DType, Linear, Op, Stmt, UOp, UnaryOp, split_linear, view_base};
+use uopc_ir::{BinaryOp, ConstValue, DType, Linear, Op, Stmt, TileOp, UOp, UnaryOp, split_linear, view_base};
 
 mod tile;
 mod vector;
@@ -23,13 +23,19 @@ pub(crate) struct Externs {
     pub exp2_f64: FuncRef,
     pub log2_f32: FuncRef,
     pub log2_f64: FuncRef,
+    /// `uopc_tile::uopc_tile_gemm_f32`.
+    pub tile_gemm: FuncRef,
+    /// `uopc_tile::uopc_tile_softmax_update_f32`.
+    pub tile_softmax: FuncRef,
 }
 
 /// Names and addresses of the host functions in [`Externs`]; every one is registered explicitly.
-pub(crate) const EXTERN_SYMBOLS: [(&str, *const u8); 3] = [
+pub(crate) const EXTERN_SYMBOLS: [(&str, *const u8); 5] = [
     ("uopc_exp2_f64", uopc_exp2_f64 as *const u8),
     ("uopc_log2_f32", uopc_log2_f32 as *const u8),
     ("uopc_log2_f64", uopc_log2_f64 as *const u8),
+    ("uopc_tile_gemm_f32", uopc_tile::uopc_tile_gemm_f32 as *const u8),
+    ("uopc_tile_softmax_update_f32", uopc_tile::uopc_tile_softmax_update_f32 as *const u8),
 ];
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -44,9 +50,21 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 /// Signature of every external in [`EXTERN_SYMBOLS`], by index.
 pub(crate) fn extern_signature(k: usize, sig: &mut cranelift_codegen::ir::Signature) {
-    let t = if k == 1 { types::F32 } else { types::F64 };
-    sig.params.push(AbiParam::new(t));
-    sig.returns.push(AbiParam::new(t));
+    let ints = |sig: &mut cranelift_codegen::ir::Signature, n: usize| {
+        sig.params.extend((0..n).map(|_| AbiParam::new(types::I64)));
+        sig.returns.push(AbiParam::new(types::I32));
+    };
+    match k {
+        // (a, b, c, m, n, k, lda, ldb, ldc, flags) -> status
+        3 => ints(sig, 10),
+        // (s, row_max, row_sum, o, rows, cols, lds, ldo, d) -> status
+        4 => ints(sig, 9),
+        _ => {
+            let t = if k == 1 { types::F32 } else { types::F64 };
+            sig.params.push(AbiParam::new(t));
+            sig.returns.push(AbiParam::new(t));
+        }
+    }
 }
 
 /// Float MULs used exactly once, by a float ADD: `a*b + c` becomes `fma(a, b, c)` (like
@@ -94,12 +112,24 @@ pub(crate) struct Flags {
     pub tile_unroll: i64,
 }
 
-/// The ALLOCs kept in registers: at most 32 elements, only ever indexed by constants.
+/// The ALLOCs kept in registers: at most 32 elements, only ever indexed by constants, and no
+/// tile op's operand (those need memory).
 fn register_allocs(lin: &Linear, all: &[(usize, &Stmt)]) -> std::collections::HashSet<UOp> {
+    let tile_operands: std::collections::HashSet<&UOp> = all
+        .iter()
+        .filter_map(|(_, s)| match s {
+            Stmt::Op(u) if matches!(u.op(), Op::Tile(_)) => {
+                Some(u.src().iter().filter_map(|x| view_base(&x.src()[0])))
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
     lin.allocs
         .iter()
         .filter(|a| {
-            matches!(a.op(), Op::Alloc { len, .. } if *len <= 32)
+            !tile_operands.contains(a)
+                && matches!(a.op(), Op::Alloc { len, .. } if *len <= 32)
                 && all.iter().all(|(_, s)| match s {
                     Stmt::Op(u) if matches!(u.op(), Op::Index) && view_base(&u.src()[0]) == Some(*a) => {
                         u.src()[1].const_int().is_some()
@@ -232,12 +262,12 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             }
         }
         let all = lin.walk();
-        let written: std::collections::HashSet<&UOp> = all
-            .iter()
-            .filter_map(|(_, s)| match s {
-                Stmt::Op(u) if matches!(u.op(), Op::Store) => view_base(&u.src()[0].src()[0]),
+        let written: std::collections::HashSet<UOp> =
+            crate::written_bases(all.iter().filter_map(|(_, s)| match s {
+                Stmt::Op(u) => Some(u),
                 _ => None,
-            })
+            }))
+            .into_iter()
             .collect();
         self.read_only = lin.buffers.iter().filter(|b| !written.contains(b)).cloned().collect();
         if self.use_fma && self.contract {
@@ -295,7 +325,8 @@ impl<'a, 'b> Lowerer<'a, 'b> {
 
     fn lower_loop(&mut self, range: &UOp, body: &[Stmt]) -> Result<(), JitError> {
         let is_thread = matches!(range.op(), Op::Range { axis: uopc_ir::AxisType::Thread, .. });
-        let innermost = body.iter().all(|s| matches!(s, Stmt::Op(_)));
+        // A loop of tile ops is a loop of calls: nothing to vectorize or unroll.
+        let innermost = body.iter().all(|s| matches!(s, Stmt::Op(u) if !matches!(u.op(), Op::Tile(_))));
         if !is_thread && innermost && self.vectorize && self.try_tile(range, body)? {
             return Ok(());
         }
@@ -587,9 +618,46 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             }
             Op::Cast => self.cast(u)?,
             Op::Index | Op::After | Op::End | Op::Sink => return Ok(()),
+            Op::Tile(t) => return self.tile_call(u, *t),
             other => return Err(JitError::Internal(format!("cannot lower {}", other.name()))),
         };
         self.vals.insert(u.clone(), v);
+        Ok(())
+    }
+
+    /// A tile op: one call into the micro-kernels of `uopc-tile` with each operand's address
+    /// (the verifier proved every operand's whole block in bounds).
+    fn tile_call(&mut self, u: &UOp, t: TileOp) -> Result<(), JitError> {
+        let mut args = Vec::new();
+        for x in u.src() {
+            match self.address(x)? {
+                Ok(addr) => args.push(addr),
+                Err(_) => {
+                    return Err(JitError::Internal(format!("{}: tile operand in registers", u.short())));
+                }
+            }
+        }
+        let mut int = |v: usize| self.b.ins().iconst(types::I64, v as i64);
+        let f = match t {
+            TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
+                let flag = |on: bool, bit: i64| if on { bit } else { 0 };
+                let flags = flag(a_trans, uopc_tile::GEMM_A_TRANS)
+                    | flag(b_trans, uopc_tile::GEMM_B_TRANS)
+                    | flag(accumulate, uopc_tile::GEMM_ACCUMULATE);
+                for v in [m, n, k, lda, ldb, ldc, flags as usize] {
+                    args.push(int(v));
+                }
+                self.externs.tile_gemm
+            }
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
+                for v in [rows, cols, lds, ldo, d] {
+                    args.push(int(v));
+                }
+                self.externs.tile_softmax
+            }
+        };
+        // The status is always 0: every argument the kernel checks was checked at compile time.
+        self.b.ins().call(f, &args);
         Ok(())
     }
 

@@ -42,44 +42,6 @@ fn best_secs(f: &mut dyn FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-#[cfg(target_arch = "x86_64")]
-mod peak {
-    use std::arch::x86_64::*;
-
-    /// `iters` rounds of 16 independent 512-bit FMA chains; returns a value so nothing folds.
-    #[target_feature(enable = "avx512f")]
-    pub fn fma512(iters: u64) -> f32 {
-        let x = _mm512_set1_ps(0.999_999);
-        let y = _mm512_set1_ps(1e-7);
-        let mut acc = [_mm512_set1_ps(1.0); 16];
-        for _ in 0..iters {
-            for a in acc.iter_mut() {
-                *a = _mm512_fmadd_ps(*a, x, y);
-            }
-        }
-        let s = acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a));
-        _mm512_reduce_add_ps(s)
-    }
-
-    /// `iters` rounds of 12 independent 256-bit FMA chains (12 of the 16 ymm registers).
-    #[target_feature(enable = "avx2,fma")]
-    pub fn fma256(iters: u64) -> f32 {
-        let x = _mm256_set1_ps(0.999_999);
-        let y = _mm256_set1_ps(1e-7);
-        let mut acc = [_mm256_set1_ps(1.0); 12];
-        for _ in 0..iters {
-            for a in acc.iter_mut() {
-                *a = _mm256_fmadd_ps(*a, x, y);
-            }
-        }
-        let s = acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a));
-        let mut lanes = [0.0f32; 8];
-        // SAFETY: `lanes` has room for 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
-        lanes.iter().sum()
-    }
-}
-
 /// What a measurement reports.
 enum Unit {
     /// FMA peak: GFLOP/s for this many flops per call.
@@ -109,9 +71,8 @@ fn peak_benches() -> Vec<Bench> {
             v.push(Bench {
                 label: "512-bit FMA peak".into(),
                 unit: Unit::Peak(ITERS as f64 * 16.0 * 16.0 * 2.0),
-                // SAFETY: AVX-512F was detected.
                 run: Box::new(|| {
-                    black_box(unsafe { peak::fma512(black_box(ITERS)) });
+                    black_box(uopc_tile::peak::fma_chains(Isa::Avx512, black_box(ITERS)));
                 }),
             });
         }
@@ -119,9 +80,8 @@ fn peak_benches() -> Vec<Bench> {
             v.push(Bench {
                 label: "256-bit FMA peak".into(),
                 unit: Unit::Peak(ITERS as f64 * 12.0 * 8.0 * 2.0),
-                // SAFETY: AVX2 and FMA were detected.
                 run: Box::new(|| {
-                    black_box(unsafe { peak::fma256(black_box(ITERS)) });
+                    black_box(uopc_tile::peak::fma_chains(Isa::Avx2Fma, black_box(ITERS)));
                 }),
             });
         }

@@ -22,8 +22,9 @@ mod blocked;
 mod error;
 mod gemm;
 mod isa;
-#[cfg(target_arch = "x86_64")]
 mod pack;
+#[cfg(target_arch = "x86_64")]
+pub mod peak;
 mod softmax;
 
 #[cfg(target_arch = "x86_64")]

@@ -66,7 +66,10 @@ impl Lowerer<'_, '_> {
             return Ok(false);
         };
         // A store to memory in the body could be reordered against the packed loads.
-        if nodes.iter().any(|u| matches!(u.op(), Op::Store) && self.register_of(&u.src()[0]).is_none()) {
+        if nodes.iter().any(|u| {
+            matches!(u.op(), Op::Tile(_))
+                || (matches!(u.op(), Op::Store) && self.register_of(&u.src()[0]).is_none())
+        }) {
             return Ok(false);
         }
         let updates = self.updates(&nodes);

@@ -1,0 +1,105 @@
+//! This CPU's FMA peak at each vector width the micro-kernels use: the ceilings their GEMMs
+//! (and the attention built on them) are measured against.
+
+use crate::Isa;
+
+/// Flops one call of [`fma_chains`] performs per iteration, by width in bits.
+fn flops_per_iter(bits: usize) -> f64 {
+    let chains = if bits == 512 { 16.0 } else { 12.0 };
+    chains * (bits / 32) as f64 * 2.0
+}
+
+/// `iters` rounds of independent FMA chains at the widest vector width of `isa` (16 chains of
+/// 512 bits, or 12 of 256 bits, 4 lanes of scalar code for [`Isa::Portable`]); returns the
+/// flops done. `None` when the CPU lacks the ISA.
+pub fn fma_chains(isa: Isa, iters: u64) -> Option<f64> {
+    if !isa.available() {
+        return None;
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            // SAFETY: AVX-512F was detected just above.
+            std::hint::black_box(unsafe { x86::fma512(iters) });
+            Some(iters as f64 * flops_per_iter(512))
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => {
+            // SAFETY: AVX2 and FMA were detected just above.
+            std::hint::black_box(unsafe { x86::fma256(iters) });
+            Some(iters as f64 * flops_per_iter(256))
+        }
+        _ => {
+            let mut acc = [1.0f32; 4];
+            for _ in 0..iters {
+                for a in acc.iter_mut() {
+                    *a = a.mul_add(0.999_999, 1e-7);
+                }
+            }
+            std::hint::black_box(acc);
+            Some(iters as f64 * 8.0)
+        }
+    }
+}
+
+/// Best GFLOP/s over `reps` runs of [`fma_chains`] on `threads` threads at once.
+pub fn fma_peak_gflops(isa: Isa, iters: u64, reps: usize, threads: usize) -> Option<f64> {
+    if !isa.available() {
+        return None;
+    }
+    let threads = threads.max(1);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| fma_chains(isa, iters));
+            }
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let per_call = match isa {
+        Isa::Avx512 => flops_per_iter(512),
+        Isa::Avx2Fma => flops_per_iter(256),
+        Isa::Portable => 8.0,
+    };
+    Some(per_call * iters as f64 * threads as f64 / best / 1e9)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// `iters` rounds of 16 independent 512-bit FMA chains; returns a value so nothing folds.
+    #[target_feature(enable = "avx512f")]
+    pub fn fma512(iters: u64) -> f32 {
+        let x = _mm512_set1_ps(0.999_999);
+        let y = _mm512_set1_ps(1e-7);
+        let mut acc = [_mm512_set1_ps(1.0); 16];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_fmadd_ps(*a, x, y);
+            }
+        }
+        let s = acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a));
+        _mm512_reduce_add_ps(s)
+    }
+
+    /// `iters` rounds of 12 independent 256-bit FMA chains (12 of the 16 ymm registers).
+    #[target_feature(enable = "avx2,fma")]
+    pub fn fma256(iters: u64) -> f32 {
+        let x = _mm256_set1_ps(0.999_999);
+        let y = _mm256_set1_ps(1e-7);
+        let mut acc = [_mm256_set1_ps(1.0); 12];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm256_fmadd_ps(*a, x, y);
+            }
+        }
+        let s = acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a));
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` has room for 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
+        lanes.iter().sum()
+    }
+}
