@@ -10,7 +10,7 @@ use std::time::Instant;
 use uopc::attention::{attention, online_attention_ir, online_attention_qb_ir};
 use uopc::flash_tiled::{FlashTileOps, FlashTiled, FlashTiling, TILE_OPS_TILING};
 use uopc::jit::{JitOptions, Program};
-use uopc::tensor::FlashOpt;
+use uopc::tensor::{DefaultOpt, FlashOpt};
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
 
 /// Query rows per THREAD iteration of the `online_qb` variant.
@@ -31,6 +31,11 @@ pub const TOLERANCE: f64 = 1e-4;
 pub enum Variant {
     /// The Tensor expression with default realize options: scores materialized.
     Unfused,
+    /// The unfused Tensor expression with every kernel a loop nest (no tile GEMMs): the JIT's
+    /// own code generation.
+    #[value(name = "unfused_loops")]
+    #[serde(rename = "unfused_loops")]
+    UnfusedLoops,
     /// The Tensor expression with `fuse_reduce` and the flash optimizer.
     Fused,
     /// The hand-written online-softmax loop program.
@@ -64,6 +69,7 @@ impl Variant {
     pub fn name(self) -> &'static str {
         match self {
             Variant::Unfused => "unfused",
+            Variant::UnfusedLoops => "unfused_loops",
             Variant::Fused => "fused",
             Variant::Online => "online",
             Variant::OnlineQb => "online_qb",
@@ -77,6 +83,7 @@ impl Variant {
     fn realize_options(self) -> Option<RealizeOptions> {
         match self {
             Variant::Unfused => Some(RealizeOptions::default()),
+            Variant::UnfusedLoops => Some(RealizeOptions::default().with_opt(DefaultOpt::loops())),
             Variant::Fused => Some(RealizeOptions::fused()),
             Variant::FusedUpcast64 => Some(RealizeOptions::fused().with_opt(FlashOpt { max_upcast: 64 })),
             Variant::FusedStaged => {

@@ -13,6 +13,7 @@ const BOTTOM: f64 = 60.0;
 fn color(v: Variant) -> &'static str {
     match v {
         Variant::Unfused => "#1f77b4",
+        Variant::UnfusedLoops => "#aec7e8",
         Variant::Fused => "#d62728",
         Variant::Online => "#2ca02c",
         Variant::OnlineQb => "#17becf",

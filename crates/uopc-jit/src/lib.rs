@@ -554,23 +554,23 @@ fn buffer_specs(program: &UOp, lin: &Linear) -> Result<Vec<BufferSpec>, JitError
 }
 
 /// True when every access to every written buffer is `c * t + r` with `0 <= r < c`, for one
-/// stride `c` per buffer: then THREAD iteration `t` only touches `[c*t, c*t + c)`.
+/// stride `c` per buffer: then THREAD iteration `t` only touches `[c*t, c*t + c)`. A tile
+/// operand covers `r .. r + extent`, which must stay below `c` too.
 fn threads_write_disjoint(program: &UOp, thread: &UOp) -> bool {
     if thread.src()[0].vmax() <= 1 {
         return true; // one iteration cannot race with itself
     }
     let topo = UOp::toposort(std::slice::from_ref(program));
     let mut stride: std::collections::HashMap<UOp, i64> = std::collections::HashMap::new();
-    // A tile op writes a whole block: not analysed here, so a program whose tile ops write a
-    // buffer runs serially.
-    let tile_writes_buffer = topo.iter().any(|u| match u.op() {
-        Op::Tile(t) => u.src().iter().zip(t.operands()).any(|(x, o)| {
-            o.writes && view_base(&x.src()[0]).is_some_and(|b| matches!(b.op(), Op::Buffer { .. }))
-        }),
-        _ => false,
-    });
-    if tile_writes_buffer {
-        return false;
+    // A tile operand touches a block of elements from its INDEX on, not one element.
+    let mut extent: std::collections::HashMap<UOp, i64> = std::collections::HashMap::new();
+    for u in &topo {
+        if let Op::Tile(t) = u.op() {
+            for (x, o) in u.src().iter().zip(t.operands()) {
+                let e = extent.entry(x.clone()).or_insert(1);
+                *e = (*e).max(o.extent as i64);
+            }
+        }
     }
     let written: Vec<UOp> =
         written_bases(&topo).into_iter().filter(|b| matches!(b.op(), Op::Buffer { .. })).collect();
@@ -581,7 +581,8 @@ fn threads_write_disjoint(program: &UOp, thread: &UOp) -> bool {
             continue;
         }
         let Some((c, rest)) = split_linear(&u.src()[1], thread) else { return false };
-        if c <= 0 || rest.vmin() < 0 || rest.vmax() >= c {
+        let span = extent.get(u).copied().unwrap_or(1).max(1);
+        if c <= 0 || rest.vmin() < 0 || rest.vmax().saturating_add(span - 1) >= c {
             return false;
         }
         if *stride.entry(base.clone()).or_insert(c) != c {

@@ -3,7 +3,8 @@
 use uopc_ir::{IrError, Op, Stmt, UOp, linearize};
 
 /// Floating-point ALU operations one run of `program` executes: every float ALU op (and float
-/// comparison) times the trip counts of the loops around it. Index arithmetic is not counted.
+/// comparison) times the trip counts of the loops around it, and each tile op's FLOPs. Index
+/// arithmetic is not counted.
 pub fn static_flops(program: &UOp) -> Result<u64, IrError> {
     let lin = linearize(program)?;
     fn go(body: &[Stmt], mult: u64) -> u64 {
@@ -14,6 +15,9 @@ pub fn static_flops(program: &UOp) -> Result<u64, IrError> {
                     go(body, mult * trip.max(0) as u64)
                 }
                 Stmt::Op(u) => {
+                    if let Op::Tile(t) = u.op() {
+                        return mult * t.flops();
+                    }
                     let float = u.dtype().is_float() || u.src().first().is_some_and(|s| s.dtype().is_float());
                     if u.op().is_alu() && !matches!(u.op(), Op::Cast) && float { mult } else { 0 }
                 }

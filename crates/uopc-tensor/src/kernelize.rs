@@ -50,6 +50,13 @@ pub struct Kernel {
     pub(crate) exe: Exe,
 }
 
+impl Kernel {
+    /// Whether the program calls tile ops (a GEMM mapped onto the micro-kernels).
+    pub fn uses_tile_ops(&self) -> bool {
+        UOp::toposort(std::slice::from_ref(&self.program)).iter().any(|u| matches!(u.op(), Op::Tile(_)))
+    }
+}
+
 impl fmt::Debug for Kernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {:?}", self.name, self.args)
@@ -242,7 +249,7 @@ pub fn stage_broadcast_compute(roots: &[UOp], factor: usize) -> Vec<UOp> {
 }
 
 /// Flat offset in the base `Param` that movement view `v` reads at a concrete index.
-fn view_offset(v: &UOp, index: Vec<usize>) -> Option<usize> {
+pub(crate) fn view_offset(v: &UOp, index: Vec<usize>) -> Option<usize> {
     let (mut v, mut index) = (v.clone(), index);
     loop {
         let src = v.src().first().cloned();
@@ -535,7 +542,11 @@ fn build_plan(roots: &[UOp], inputs: Vec<(DType, Vec<usize>)>, opts: &RealizeOpt
         let mut ctx = Ctx::new(opts.opt.opts(&body));
         ctx.simplify_reshape = opts.simplify_reshape;
         let out = buffer(args.len(), p.dtype(), numel(p.shape()));
-        let program = lower(&body, &out, &mut ctx)?;
+        let tiled = if opts.opt.tile_ops() { crate::tilemap::lower_gemm(&body, &out) } else { None };
+        let program = match tiled {
+            Some(program) => program,
+            None => lower(&body, &out, &mut ctx)?,
+        };
         args.push(buf_of[p]);
         let (program, args) = compact_slots(program, args);
         lowered.push((name, body.shape().to_vec(), program, args));

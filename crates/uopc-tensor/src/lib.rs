@@ -19,6 +19,7 @@ mod opt;
 mod rangeify;
 mod realize;
 mod tensor;
+mod tilemap;
 
 pub use autograd::{gradient, vjp};
 pub use cost::static_flops;

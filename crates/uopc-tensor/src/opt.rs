@@ -52,6 +52,11 @@ pub trait Optimizer: Send + Sync + fmt::Debug {
     fn layout(&self) -> Layout {
         Layout::ReduceContiguous
     }
+    /// Whether GEMM-shaped kernels become tile GEMMs (calls into the AVX-512 / AVX2
+    /// micro-kernels) instead of loop nests.
+    fn tile_ops(&self) -> bool {
+        false
+    }
     /// Identifies this optimizer's decisions; two optimizers with one key must choose alike.
     fn cache_key(&self) -> String;
 }
@@ -78,18 +83,26 @@ pub struct DefaultOpt {
     pub tile: (usize, usize),
     /// The layout pass.
     pub layout: Layout,
+    /// GEMM-shaped kernels (`sum_k A[i,k] B[k,j]` over input views) become tile GEMMs.
+    pub tile_ops: bool,
 }
 
 impl Default for DefaultOpt {
     fn default() -> Self {
-        DefaultOpt { tile: (4, 8), layout: Layout::OutputContiguous }
+        DefaultOpt { tile: (4, 8), layout: Layout::OutputContiguous, tile_ops: true }
     }
 }
 
 impl DefaultOpt {
-    /// The chapter's 4x4 register tile and layout.
+    /// The chapter's 4x4 register tile and layout, loops only.
     pub fn chapter() -> Self {
-        DefaultOpt { tile: (4, 4), layout: Layout::ReduceContiguous }
+        DefaultOpt { tile: (4, 4), layout: Layout::ReduceContiguous, tile_ops: false }
+    }
+
+    /// The default with every kernel a loop nest (no tile GEMMs): what the JIT's own code
+    /// generation reaches.
+    pub fn loops() -> Self {
+        DefaultOpt { tile_ops: false, ..DefaultOpt::default() }
     }
 }
 
@@ -116,8 +129,17 @@ impl Optimizer for DefaultOpt {
     fn layout(&self) -> Layout {
         self.layout
     }
+    fn tile_ops(&self) -> bool {
+        self.tile_ops
+    }
     fn cache_key(&self) -> String {
-        format!("default{}x{}{:?}", self.tile.0, self.tile.1, self.layout)
+        format!(
+            "default{}x{}{:?}{}",
+            self.tile.0,
+            self.tile.1,
+            self.layout,
+            if self.tile_ops { "tiles" } else { "" }
+        )
     }
 }
 

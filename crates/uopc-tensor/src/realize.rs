@@ -67,6 +67,8 @@ pub struct KernelTiming {
     pub bytes: u64,
     /// At DEBUG >= 3: wall seconds of an immediate second run on the same memory.
     pub again_seconds: Option<f64>,
+    /// The kernel calls tile ops (the micro-kernels) rather than running loops only.
+    pub tile_ops: bool,
 }
 
 /// What one realize did and how long it took (data for a DEBUG layer; nothing is printed).
@@ -162,8 +164,14 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
             BufRef::Input(_) => unreachable!(),
         }
         res?;
-        let timing =
-            KernelTiming { name: k.name.clone(), seconds, flops: k.flops, bytes: k.bytes, again_seconds };
+        let timing = KernelTiming {
+            name: k.name.clone(),
+            seconds,
+            flops: k.flops,
+            bytes: k.bytes,
+            again_seconds,
+            tile_ops: k.uses_tile_ops(),
+        };
         if level >= 2 {
             eprintln!("{}", debug::kernel_line(&timing));
         }

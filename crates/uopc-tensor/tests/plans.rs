@@ -212,13 +212,41 @@ fn gemm_register_tile_shares_one_reduce_loop() {
     assert_eq!(loops, [0, 1, 2]);
     assert_eq!(lin.allocs.len(), 16);
     assert_eq!(acc_inits(&plan.kernels[1].program).iter().filter(|i| i.1 == 2).count(), 16);
-    // the default tile is 4x8 and reads b in place (contiguous along the output columns):
-    // 32 accumulators, still one shared reduce loop
-    let plan = make_plan(&[a.matmul(&b).uop().clone()], &RealizeOptions::default()).unwrap();
+    // the default loop tile is 4x8 and reads b in place (contiguous along the output
+    // columns): 32 accumulators, still one shared reduce loop
+    let loops = RealizeOptions::default().with_opt(DefaultOpt::loops());
+    let plan = make_plan(&[a.matmul(&b).uop().clone()], &loops).unwrap();
     assert_eq!(plan.kernel_names(), ["r_64_48"]);
+    assert!(!plan.kernels[0].uses_tile_ops());
     let lin = linearize(&plan.kernels[0].program).unwrap();
     assert_eq!(lin.allocs.len(), 32);
     assert_eq!(lin.walk().iter().filter(|(_, s)| matches!(s, Stmt::Loop { .. })).count(), 3);
+}
+
+#[test]
+fn gemm_shaped_kernels_become_tile_gemms() {
+    let a = Tensor::from_vec((0..64 * 32).map(|i| (i % 7) as f32).collect::<Vec<f32>>(), &[64, 32]);
+    let b = Tensor::from_vec((0..32 * 48).map(|i| (i % 5) as f32).collect::<Vec<f32>>(), &[32, 48]);
+    let plan = make_plan(&[a.matmul(&b).uop().clone()], &RealizeOptions::default()).unwrap();
+    assert_eq!(plan.kernel_names(), ["r_64_48"]);
+    assert!(plan.kernels[0].uses_tile_ops(), "{}", plan.kernels[0].program.short());
+    // one tile GEMM inside the THREAD loop, no reduce loop at all
+    let lin = linearize(&plan.kernels[0].program).unwrap();
+    assert_eq!(lin.walk().iter().filter(|(_, s)| matches!(s, Stmt::Loop { .. })).count(), 1);
+    // the same numbers as the loop nest (small integers: exact in any order)
+    let tiles = a.matmul(&b).realize().unwrap().to_ndarray::<f32>().unwrap();
+    let loops = RealizeOptions::default().with_opt(DefaultOpt::loops());
+    let (looped, _) = a.matmul(&b).realize_with(&loops).unwrap();
+    assert_eq!(tiles, looped.to_ndarray::<f32>().unwrap());
+    // both unfused attention GEMMs map; the softmax kernels stay loops
+    let plan = attention_plan(1024, 64, &RealizeOptions::default());
+    let mapped: Vec<&str> =
+        plan.kernels.iter().filter(|k| k.uses_tile_ops()).map(|k| k.name.as_str()).collect();
+    assert_eq!(mapped, ["r_1024_1024", "r_1024_64"]);
+    // a transposed operand maps too (A read down its columns)
+    let at = Tensor::from_vec((0..32 * 64).map(|i| (i % 3) as f32).collect::<Vec<f32>>(), &[32, 64]);
+    let plan = make_plan(&[at.t().matmul(&b).uop().clone()], &RealizeOptions::default()).unwrap();
+    assert!(plan.kernels.iter().any(|k| k.uses_tile_ops()), "{plan}");
 }
 
 #[test]
