@@ -242,8 +242,32 @@ impl FlashTiled {
 /// `O += P · V_blk`; the score and output tiles live on the stack. A last, narrower block takes
 /// the keys left over. The division by the row sums happens once at the end, in plain loop IR.
 pub fn flash_tile_ops_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
+    flash_tile_ops_program(n, d, tiling, false)
+}
+
+/// Causal [`flash_tile_ops_ir`]: query row `i` sees keys `j <= i`. Keys wholly before a query
+/// block run unmasked, in key blocks (rounded to a multiple of the query block that divides
+/// `n`) and then in query-block-wide blocks up to the block's first row; keys after it are
+/// skipped (the key loops end where the query block does); only the square block on the
+/// diagonal is masked, by a loop over its score tile. Computing that square whole wastes
+/// `br/2` keys per row instead of up to a whole key block.
+pub fn flash_tile_ops_causal_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
+    flash_tile_ops_program(n, d, tiling, true)
+}
+
+fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool) -> UOp {
     let br = crate::attention::query_block(n, tiling.query_block);
-    let bc = tiling.key_block.clamp(1, n);
+    // Causal: keys in blocks of the largest multiple of br that divides n and is at most the
+    // key block; near the diagonal in blocks of br.
+    let bc = if causal {
+        (1..=(tiling.key_block / br).max(1))
+            .rev()
+            .map(|m| m * br)
+            .find(|b| n.is_multiple_of(*b))
+            .unwrap_or(br)
+    } else {
+        tiling.key_block.clamp(1, n)
+    };
     let (full, rest) = (n / bc, n % bc);
     let f32t = DType::F32;
     let [q, k, v, out] = [0, 1, 2, 3].map(|slot| buffer(slot, f32t, n * d));
@@ -258,8 +282,9 @@ pub fn flash_tile_ops_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let r = range(br, 2, AxisType::Loop);
     let init_ml = sink(&[mi.index(&r).store(f32c(f32::NEG_INFINITY)), li.index(&r).store(0.0f32)]).end(&[r]);
 
-    // One key block of `cols` keys starting at key `first`, after the effects `prev`.
-    let block = |first: &UOp, cols: usize, prev: &[UOp]| -> UOp {
+    // One key block of `cols` keys starting at key `first`, after the effects `prev`; with
+    // `mask_ids`, scores of keys after the query row become -inf (using those two range ids).
+    let block = |first: &UOp, cols: usize, prev: &[UOp], mask_ids: Option<(usize, usize)>| -> UOp {
         let scores = TileOp::Gemm {
             m: br,
             n: cols,
@@ -271,7 +296,16 @@ pub fn flash_tile_ops_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
             b_trans: true,
             accumulate: false,
         };
-        let g1 = tile(scores, &[q.index(&t * (br * d)), k.index(first * d), si.after(prev).index(0)]);
+        let mut g1 = tile(scores, &[q.index(&t * (br * d)), k.index(first * d), si.after(prev).index(0)]);
+        if let Some((rid, cid)) = mask_ids {
+            // The square block on the diagonal (first = q0, cols = br): row r hides keys
+            // r+1 .. br, the strict upper triangle. The min only tells the verifier's interval
+            // bounds that the index stays in the tile.
+            let rr = range(br, rid, AxisType::Loop);
+            let cc = range(-&rr + (br as i64 - 1), cid, AxisType::Loop);
+            let at = -((-(&rr * (cols + 1) + 1 + &cc)).maximum(-((br * cols - 1) as i64)));
+            g1 = si.after(std::slice::from_ref(&g1)).index(at).store(f32c(f32::NEG_INFINITY)).end(&[cc, rr]);
+        }
         let after_g1 = std::slice::from_ref(&g1);
         let mut state = prev.to_vec();
         state.push(g1.clone());
@@ -299,14 +333,30 @@ pub fn flash_tile_ops_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         };
         tile(pv, &[si.after(after_sm).index(0), v.index(first * d), oi.after(after_sm).index(0)])
     };
-    let kb = range(full, 3, AxisType::Reduce);
-    let start = [init_o, init_ml, kb.clone()];
-    let key_loop = block(&(&kb * bc), bc, &start).end(&[kb]);
-    let done = if rest > 0 {
-        let first = uopc_ir::idx((full * bc) as i64);
-        block(&first, rest, std::slice::from_ref(&key_loop))
+    let done = if causal {
+        // Query rows q0 .. q0 + br of block t see keys 0 ..= q0 + r. Keys before q0 are all
+        // visible: whole bc-blocks first, then br-blocks up to q0; the br x br block at q0 is
+        // the only one the diagonal crosses, and the only one masked. Later keys are skipped.
+        let q0 = &t * br;
+        let big = q0.idiv(bc as i64);
+        let kb = range(&big, 3, AxisType::Reduce);
+        let far = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], None).end(&[kb]);
+        // ks < t - big * (bc / br), so the start stays below q0; the min only tells the
+        // verifier's interval bounds (they do not see that ks and big are correlated).
+        let ks = range(&t - &big * (bc / br) as i64, 6, AxisType::Reduce);
+        let start = &big * bc + &ks * br;
+        let near_first = -((-start).maximum(-((n - br) as i64)));
+        let near = block(&near_first, br, &[far, ks.clone()], None).end(&[ks]);
+        block(&q0, br, &[near], Some((7, 8)))
     } else {
-        key_loop
+        let kb = range(full, 3, AxisType::Reduce);
+        let key_loop = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], None).end(&[kb]);
+        if rest > 0 {
+            let first = uopc_ir::idx((full * bc) as i64);
+            block(&first, rest, std::slice::from_ref(&key_loop), None)
+        } else {
+            key_loop
+        }
     };
     let after = std::slice::from_ref(&done);
     let e = range(d, 4, AxisType::Loop);
@@ -337,12 +387,22 @@ pub struct FlashTileOps {
 impl FlashTileOps {
     /// Compiles both programs for `n` keys and queries of head dimension `d`.
     pub fn compile(n: usize, d: usize, tiling: FlashTiling) -> Result<Self, JitError> {
+        Self::compile_with(n, d, tiling, false)
+    }
+
+    /// [`FlashTileOps::compile`], causal when `causal` (see [`flash_tile_ops_causal_ir`]).
+    pub fn compile_with(n: usize, d: usize, tiling: FlashTiling, causal: bool) -> Result<Self, JitError> {
         if n == 0 || d == 0 || tiling.key_block == 0 || tiling.query_block == 0 {
             return Err(JitError::Unsupported("flash_tiled needs positive n, d and block sizes".into()));
         }
+        let (program, name) = if causal {
+            (flash_tile_ops_causal_ir(n, d, tiling), "flash_tile_ops_causal")
+        } else {
+            (flash_tile_ops_ir(n, d, tiling), "flash_tile_ops")
+        };
         Ok(FlashTileOps {
             prep: Program::compile(&scale_queries_ir(n, d), "flash_scale_q")?,
-            main: Program::compile(&flash_tile_ops_ir(n, d, tiling), "flash_tile_ops")?,
+            main: Program::compile(&program, name)?,
             d,
             qs: vec![0.0; n * d],
         })
@@ -371,3 +431,7 @@ impl FlashTileOps {
 /// --flash-tile RxC` at N = 1024 and 4096: 64x256 gave 175 and 146 GFLOP/s, 64x128 105 and
 /// 150, 128x128 141 and 155, 32x256 122 and 139 (one run, 2 threads).
 pub const TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 64, key_block: 256 };
+
+/// Block sizes for causal [`FlashTileOps`]: 64 query rows, keys in blocks of 256 far from the
+/// diagonal and of 64 near it (see [`flash_tile_ops_causal_ir`]).
+pub const CAUSAL_TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 64, key_block: 256 };

@@ -8,7 +8,7 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 use uopc::attention::{attention, online_attention_ir, online_attention_qb_ir};
-use uopc::flash_tiled::{FlashTileOps, FlashTiled, FlashTiling, TILE_OPS_TILING};
+use uopc::flash_tiled::{CAUSAL_TILE_OPS_TILING, FlashTileOps, FlashTiled, FlashTiling, TILE_OPS_TILING};
 use uopc::jit::{JitOptions, Program};
 use uopc::tensor::{DefaultOpt, FlashOpt};
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
@@ -58,6 +58,11 @@ pub enum Variant {
     #[value(name = "flash_tile_ops")]
     #[serde(rename = "flash_tile_ops")]
     FlashTileOps,
+    /// Causal `flash_tile_ops`: blocks above the diagonal skipped, diagonal blocks masked
+    /// (checked against a causal reference).
+    #[value(name = "flash_tile_ops_causal")]
+    #[serde(rename = "flash_tile_ops_causal")]
+    FlashTileOpsCausal,
     /// Fused but with broadcast staging, so P is stored (the chapter's first version).
     #[value(name = "fused_staged")]
     #[serde(rename = "fused_staged")]
@@ -77,6 +82,7 @@ impl Variant {
             Variant::FusedStaged => "fused_staged",
             Variant::FlashTiled => "flash_tiled",
             Variant::FlashTileOps => "flash_tile_ops",
+            Variant::FlashTileOpsCausal => "flash_tile_ops_causal",
         }
     }
 
@@ -89,7 +95,11 @@ impl Variant {
             Variant::FusedStaged => {
                 Some(RealizeOptions { stage_broadcasts_when_fused: true, ..RealizeOptions::fused() })
             }
-            Variant::Online | Variant::OnlineQb | Variant::FlashTiled | Variant::FlashTileOps => None,
+            Variant::Online
+            | Variant::OnlineQb
+            | Variant::FlashTiled
+            | Variant::FlashTileOps
+            | Variant::FlashTileOpsCausal => None,
         }
     }
 }
@@ -102,7 +112,7 @@ pub struct Measurement {
     pub d: usize,
     pub median_ms: f64,
     pub best_ms: f64,
-    /// `4 N^2 D` divided by the best time.
+    /// `4 N^2 D` (`2 N^2 D` for a causal form) divided by the best time.
     pub gflops: f64,
     /// Largest error over the warm-up and every timed repetition.
     pub max_abs_err: f64,
@@ -199,8 +209,10 @@ impl<'a> Runner<'a> {
                 out: Vec::new(),
                 kernels: Vec::new(),
             },
-            None if variant == Variant::FlashTileOps => {
-                let prg = Box::new(FlashTileOps::compile(n, d, tiling.unwrap_or(TILE_OPS_TILING))?);
+            None if matches!(variant, Variant::FlashTileOps | Variant::FlashTileOpsCausal) => {
+                let causal = variant == Variant::FlashTileOpsCausal;
+                let default = if causal { CAUSAL_TILE_OPS_TILING } else { TILE_OPS_TILING };
+                let prg = Box::new(FlashTileOps::compile_with(n, d, tiling.unwrap_or(default), causal)?);
                 Runner::TileOps { prg, x, out: vec![0.0; n * d] }
             }
             None if variant == Variant::FlashTiled => {
@@ -361,7 +373,10 @@ fn measure(
         d,
         median_ms: median(&times),
         best_ms,
-        gflops: 4.0 * (n * n * d) as f64 / (best_ms * 1e-3) / 1e9,
+        // a causal form does (a little over) half the work: counted as half
+        gflops: if variant == Variant::FlashTileOpsCausal { 2.0 } else { 4.0 } * (n * n * d) as f64
+            / (best_ms * 1e-3)
+            / 1e9,
         max_abs_err: err,
         reps,
         first_ms,
@@ -515,9 +530,14 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
         bar.set_message(format!("f64 reference n={n}"));
         let x = reference::inputs(n, args.d);
         let want = reference::attention_f64(&x, n, args.d);
+        let causal = variants
+            .contains(&Variant::FlashTileOpsCausal)
+            .then(|| reference::attention_f64_with(&x, n, args.d, true));
         for &v in &variants {
             bar.set_message(format!("{} n={n} d={}", v.name(), args.d));
-            match measure(v, &x, &want, n, args, &bar) {
+            let want =
+                if v == Variant::FlashTileOpsCausal { causal.as_deref().unwrap_or(&want) } else { &want };
+            match measure(v, &x, want, n, args, &bar) {
                 Ok(m) => {
                     if m.max_abs_err > TOLERANCE {
                         failures.push(format!(

@@ -28,10 +28,16 @@ pub fn inputs(n: usize, d: usize) -> Inputs {
 
 /// `softmax(q k^T / sqrt(d)) v` in f64 with plain loops (a two-pass softmax per row).
 pub fn attention_f64(x: &Inputs, n: usize, d: usize) -> Vec<f64> {
+    attention_f64_with(x, n, d, false)
+}
+
+/// [`attention_f64`], causal (row `i` sees keys `0..=i`) when `causal`.
+pub fn attention_f64_with(x: &Inputs, n: usize, d: usize, causal: bool) -> Vec<f64> {
     let scale = 1.0 / (d as f64).sqrt();
     let mut out = vec![0.0f64; n * d];
-    let mut s = vec![0.0f64; n];
+    let mut row = vec![0.0f64; n];
     for i in 0..n {
+        let s = &mut row[..if causal { i + 1 } else { n }];
         let qi = &x.q[i * d..(i + 1) * d];
         for (j, sj) in s.iter_mut().enumerate() {
             let kj = &x.k[j * d..(j + 1) * d];

@@ -21,6 +21,7 @@ fn color(v: Variant) -> &'static str {
         Variant::FusedStaged => "#9467bd",
         Variant::FlashTiled => "#8c564b",
         Variant::FlashTileOps => "#e377c2",
+        Variant::FlashTileOpsCausal => "#bcbd22",
     }
 }
 

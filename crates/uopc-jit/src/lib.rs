@@ -483,7 +483,9 @@ impl Program {
         match self.thread_extent {
             Some(n) if self.parallel && n > 1 => {
                 let threads = rayon::current_num_threads().max(1);
-                let chunks = (threads * 4).min(n);
+                // Many more chunks than threads, so work stealing evens out iterations of
+                // unequal cost (causal attention's query blocks grow along the rows).
+                let chunks = (threads * 16).min(n);
                 let p = &ptrs;
                 (0..chunks).into_par_iter().for_each(|c| {
                     let lo = n * c / chunks;
