@@ -202,7 +202,12 @@ impl<'a> Runner<'a> {
     ) -> Result<Self> {
         Ok(match variant.realize_options() {
             Some(opts) => Runner::Tensor {
-                opts: RealizeOptions { scalar_codegen: scalar, ..opts },
+                // scalar code means the JIT's own code: no tile GEMMs either
+                opts: if scalar && variant == Variant::Unfused {
+                    RealizeOptions { scalar_codegen: true, ..opts.with_opt(DefaultOpt::loops()) }
+                } else {
+                    RealizeOptions { scalar_codegen: scalar, ..opts }
+                },
                 x,
                 n,
                 d,
@@ -425,7 +430,7 @@ fn git_commit() -> Option<String> {
 
 fn print_table(results: &[Measurement]) {
     println!(
-        "{:<15} {:>6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>7} {:>12}",
+        "{:<22} {:>6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>7} {:>12}",
         "variant", "n", "d", "median ms", "best ms", "GFLOP/s", "% peak", "% wide", "max abs err"
     );
     for m in results {
@@ -433,7 +438,7 @@ fn print_table(results: &[Measurement]) {
         let peak = m.percent_of_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
         let wide = m.percent_of_widest_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
         println!(
-            "{:<15} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>7} {:>7} {:>12}{flag}",
+            "{:<22} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>7} {:>7} {:>12}{flag}",
             m.variant.name(),
             m.n,
             m.d,

@@ -114,8 +114,8 @@ pub struct AttentionArgs {
     /// Size of the thread pool kernels run on [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Compile every kernel as plain scalar code (no vectorization, FMA contraction or split
-    /// sums): the baseline the code generator is measured against.
+    /// Compile every kernel as plain scalar code (no vectorization, FMA contraction, split
+    /// sums or tile GEMMs): the baseline the code generator is measured against.
     #[arg(long)]
     pub scalar: bool,
     /// Also print each kernel of the Tensor forms: best time, GFLOP/s and % of peak.
