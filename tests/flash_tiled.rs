@@ -1,35 +1,11 @@
 //! `flash_tiled` (FlashAttention-2 tiling in loop IR) against an f64 reference, and the shape of
 //! the code it compiles to.
 
-mod online_attention_ref {
-    /// softmax(Q K^T / sqrt(D)) V in f64 with plain loops.
-    pub fn attention_f64(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f64> {
-        let mut out = vec![0.0f64; n * d];
-        let scale = 1.0 / (d as f64).sqrt();
-        for i in 0..n {
-            let s: Vec<f64> = (0..n)
-                .map(|j| (0..d).map(|e| q[i * d + e] as f64 * k[j * d + e] as f64).sum::<f64>() * scale)
-                .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let l: f64 = p.iter().sum();
-            for j in 0..n {
-                for e in 0..d {
-                    out[i * d + e] += p[j] / l * v[j * d + e] as f64;
-                }
-            }
-        }
-        out
-    }
-}
+mod common;
 
-use online_attention_ref::attention_f64;
+use common::{attention_f64, max_abs_err};
 use uopc::flash_tiled::{FlashTiled, FlashTiling};
 use uopc_testgen::rng::uniform_values as pseudo_random;
-
-fn max_abs_err(a: &[f32], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max)
-}
 
 /// Outputs are convex combinations of V rows (|v| < 1): f32 sums over n keys plus exp2's
 /// ~1e-7 relative error stay far below 1e-5; a missing rescale or a wrong mask is off by 1e-2.

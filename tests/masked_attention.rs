@@ -53,10 +53,8 @@ fn reference(
     out
 }
 
-fn max_abs_err(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max)
-}
+mod common;
+use common::max_abs_err;
 
 // Outputs are convex combinations of V rows (|v| < 1), accumulated in f32 with exp2's ~1e-7
 // relative error: far below 1e-5 at these sizes.

@@ -286,76 +286,19 @@ fn verify_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         match u.op() {
             Op::Index => check_bounds(u)?,
             Op::Store => {
-                let view = &u.src()[0].src()[0];
-                let base = view_base(view).expect("checked by check_types");
-                let thread_ranges: Vec<&UOp> = rng[u]
-                    .iter()
-                    .filter(|r| matches!(r.op(), Op::Range { axis: AxisType::Thread, .. }))
-                    .collect();
-                match base.op() {
-                    Op::Alloc { .. } => {
-                        let declared_in: &[UOp] = scopes.get(base).map(Vec::as_slice).unwrap_or(&[]);
-                        if let Some(t) = thread_ranges.iter().find(|t| !declared_in.contains(t)) {
-                            return Err(err(
-                                IrErrorKind::ThreadRace,
-                                u,
-                                format!(
-                                    "writes {} inside THREAD range {} but it is declared outside it: threads would share it",
-                                    base.short(),
-                                    t.short()
-                                ),
-                            ));
-                        }
-                    }
-                    _ => {
-                        if linear.thread.is_some() && thread_ranges.is_empty() {
-                            return Err(err(
-                                IrErrorKind::ThreadRace,
-                                u,
-                                "stores to a buffer outside the THREAD range: every thread would run it",
-                            ));
-                        }
-                    }
-                }
+                let base = view_base(&u.src()[0].src()[0]).expect("checked by check_types");
+                check_write_scope(u, base, &rng[u], &scopes, linear.thread.is_some())?;
             }
             Op::Load => check_initialized(u)?,
             Op::Tile(t) => {
                 for (x, operand) in u.src().iter().zip(t.operands()) {
                     check_extent(u, x, operand.extent)?;
-                    let base = view_base(&x.src()[0]).expect("checked by check_types");
                     if operand.reads && !operand.writes {
                         check_initialized_view(u, &x.src()[0])?;
                     }
-                    if !operand.writes {
-                        continue;
-                    }
-                    let thread_ranges: Vec<&UOp> = rng[u]
-                        .iter()
-                        .filter(|r| matches!(r.op(), Op::Range { axis: AxisType::Thread, .. }))
-                        .collect();
-                    match base.op() {
-                        Op::Alloc { .. } => {
-                            let declared_in: &[UOp] = scopes.get(base).map(Vec::as_slice).unwrap_or(&[]);
-                            if let Some(t) = thread_ranges.iter().find(|t| !declared_in.contains(t)) {
-                                return Err(err(
-                                    IrErrorKind::ThreadRace,
-                                    u,
-                                    format!(
-                                        "writes {} inside THREAD range {} but it is declared outside it",
-                                        base.short(),
-                                        t.short()
-                                    ),
-                                ));
-                            }
-                        }
-                        _ if linear.thread.is_some() && thread_ranges.is_empty() => {
-                            return Err(err(
-                                IrErrorKind::ThreadRace,
-                                u,
-                                "writes a buffer outside the THREAD range: every thread would run it",
-                            ));
-                        }
-                        _ => {}
+                    if operand.writes {
+                        let base = view_base(&x.src()[0]).expect("checked by check_types");
+                        check_write_scope(u, base, &rng[u], &scopes, linear.thread.is_some())?;
                     }
                 }
             }
@@ -470,6 +413,44 @@ fn check_bounds(index: &UOp) -> Result<(), IrError> {
             index,
             format!("index may range over [{lo}, {hi}] but {} has {len} elements", base.short()),
         ));
+    }
+    Ok(())
+}
+
+/// A write by `u` (inside `ranges`) to `base`: an ALLOC written inside a THREAD range must be
+/// declared inside it, and a threaded program may write buffers only inside its THREAD range.
+fn check_write_scope(
+    u: &UOp,
+    base: &UOp,
+    ranges: &[UOp],
+    scopes: &HashMap<UOp, Vec<UOp>>,
+    threaded: bool,
+) -> Result<(), IrError> {
+    let thread_ranges: Vec<&UOp> =
+        ranges.iter().filter(|r| matches!(r.op(), Op::Range { axis: AxisType::Thread, .. })).collect();
+    match base.op() {
+        Op::Alloc { .. } => {
+            let declared_in: &[UOp] = scopes.get(base).map(Vec::as_slice).unwrap_or(&[]);
+            if let Some(t) = thread_ranges.iter().find(|t| !declared_in.contains(t)) {
+                return Err(err(
+                    IrErrorKind::ThreadRace,
+                    u,
+                    format!(
+                        "writes {} inside THREAD range {} but it is declared outside it: threads would share it",
+                        base.short(),
+                        t.short()
+                    ),
+                ));
+            }
+        }
+        _ if threaded && thread_ranges.is_empty() => {
+            return Err(err(
+                IrErrorKind::ThreadRace,
+                u,
+                "stores to a buffer outside the THREAD range: every thread would run it",
+            ));
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -286,6 +286,47 @@ pub(crate) fn view_offset(v: &UOp, index: Vec<usize>) -> Option<usize> {
     }
 }
 
+/// The views a reduce input `x` reads whose stride along `axis` is neither 0 (broadcast) nor
+/// 1 (contiguous), each as the un-broadcast view below its outermost EXPAND: without a
+/// broadcast every element is read once, and a copy would only add a pass.
+fn strided_broadcast_views(x: &UOp, axis: usize) -> Vec<UOp> {
+    let xs = x.shape().to_vec();
+    let mut found = Vec::new();
+    let mut stack = vec![x.clone()];
+    let mut seen = HashSet::new();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v.clone()) {
+            continue;
+        }
+        if v.op().is_alu() {
+            stack.extend(v.src().iter().cloned());
+            continue;
+        }
+        if !v.op().is_movement() || v.shape() != xs.as_slice() {
+            continue;
+        }
+        let mut p0 = vec![0; xs.len()];
+        let a = view_offset(&v, p0.clone());
+        p0[axis] = 1;
+        let (Some(a), Some(b)) = (a, view_offset(&v, p0)) else { continue };
+        if b == a || b == a + 1 {
+            continue;
+        }
+        let mut w = v.clone();
+        while w.op().is_movement() {
+            if matches!(w.op(), Op::Expand(_)) {
+                let cand = w.src()[0].clone();
+                if cand.op().is_movement() && cand.shape().len() == xs.len() {
+                    found.push(cand);
+                }
+                break;
+            }
+            w = w.src()[0].clone();
+        }
+    }
+    found
+}
+
 /// The layout pass: a reduce whose input reads a broadcast buffer with a non-unit stride along
 /// the (innermost) reduce axis gets a contiguous copy of that view, taken before the broadcast
 /// so the copy is small and every re-read is contiguous (P V reads V transposed: the copy is `e_1_64_1024` in attention).
@@ -295,47 +336,12 @@ pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
         if !matches!(r.op(), Op::Reduce { .. }) {
             continue;
         }
-        let x = r.src()[0].clone();
-        let xs = x.shape().to_vec();
-        let Some(&last) = xs.last() else { continue };
-        if last <= 1 {
+        let x = &r.src()[0];
+        let n = x.shape().len();
+        if n == 0 || x.shape()[n - 1] <= 1 {
             continue;
         }
-        let mut stack = vec![x.clone()];
-        let mut seen = HashSet::new();
-        while let Some(v) = stack.pop() {
-            if !seen.insert(v.clone()) {
-                continue;
-            }
-            if v.op().is_alu() {
-                stack.extend(v.src().iter().cloned());
-                continue;
-            }
-            if !v.op().is_movement() || v.shape() != xs.as_slice() {
-                continue;
-            }
-            let mut p0 = vec![0; xs.len()];
-            let a = view_offset(&v, p0.clone());
-            p0[xs.len() - 1] = 1;
-            let b = view_offset(&v, p0);
-            let (Some(a), Some(b)) = (a, b) else { continue };
-            if b == a || b == a + 1 {
-                continue; // broadcast or already contiguous along the reduce axis
-            }
-            // Copy the view below the outermost EXPAND (the un-broadcast data). Without a
-            // broadcast every element is read once, and a copy would only add a pass.
-            let mut w = v.clone();
-            while w.op().is_movement() {
-                if matches!(w.op(), Op::Expand(_)) {
-                    let cand = w.src()[0].clone();
-                    if cand.op().is_movement() {
-                        todo.insert(cand);
-                    }
-                    break;
-                }
-                w = w.src()[0].clone();
-            }
-        }
+        todo.extend(strided_broadcast_views(x, n - 1));
     }
     wrap(roots, &todo)
 }
@@ -349,44 +355,12 @@ pub fn layout_pass_output(roots: &[UOp]) -> Vec<UOp> {
     let mut todo: HashSet<UOp> = HashSet::new();
     for r in UOp::toposort(roots) {
         let Op::Reduce { axes, .. } = r.op() else { continue };
-        let x = r.src()[0].clone();
-        let xs = x.shape().to_vec();
-        let n = xs.len();
-        if n < 2 || *axes != 1 || xs[n - 2] <= 1 {
+        let x = &r.src()[0];
+        let n = x.shape().len();
+        if n < 2 || *axes != 1 || x.shape()[n - 2] <= 1 {
             continue;
         }
-        let mut stack = vec![x.clone()];
-        let mut seen = HashSet::new();
-        while let Some(v) = stack.pop() {
-            if !seen.insert(v.clone()) {
-                continue;
-            }
-            if v.op().is_alu() {
-                stack.extend(v.src().iter().cloned());
-                continue;
-            }
-            if !v.op().is_movement() || v.shape() != xs.as_slice() {
-                continue;
-            }
-            let mut p0 = vec![0; n];
-            let a = view_offset(&v, p0.clone());
-            p0[n - 2] = 1;
-            let (Some(a), Some(b)) = (a, view_offset(&v, p0)) else { continue };
-            if b == a || b == a + 1 {
-                continue; // broadcast along the columns, or already contiguous
-            }
-            let mut w = v.clone();
-            while w.op().is_movement() {
-                if matches!(w.op(), Op::Expand(_)) {
-                    let cand = w.src()[0].clone();
-                    if cand.op().is_movement() && cand.shape().len() == n {
-                        todo.insert(cand);
-                    }
-                    break;
-                }
-                w = w.src()[0].clone();
-            }
-        }
+        todo.extend(strided_broadcast_views(x, n - 2));
     }
     if todo.is_empty() {
         return roots.to_vec();
