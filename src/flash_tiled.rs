@@ -425,13 +425,18 @@ impl FlashTileOps {
     }
 }
 
-/// Block sizes for [`FlashTileOps`]: 64 query rows against 256 keys. The score tile (64 KiB)
-/// and the output tile (16 KiB at D = 64) stay in L2, and every GEMM is large enough for the
-/// micro-kernels. Measured with `cargo xtask bench attention --variants flash_tile_ops
-/// --flash-tile RxC` at N = 1024 and 4096: 64x256 gave 175 and 146 GFLOP/s, 64x128 105 and
-/// 150, 128x128 141 and 155, 32x256 122 and 139 (one run, 2 threads).
-pub const TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 64, key_block: 256 };
+/// Block sizes for [`FlashTileOps`]: 256 query rows against 128 keys. Every query block
+/// streams all of K and V through the micro-kernels, which pack each block they read, so
+/// taller query blocks pack less; the score tile (128 KiB) and the output tile (64 KiB at
+/// D = 64) still fit the stack. Single thread, `cargo xtask bench attention --variants
+/// flash_tile_ops --threads 1 --flash-tile RxC`, two rounds: 256x128 took 2.54 / 2.44 ms at
+/// N = 1024 and 38.9 / 41.0 ms at N = 4096, 128x128 2.59 / 3.82 and 39.3 / 42.4, 64x256
+/// 3.67 / 3.00 and 47.5 / 44.5.
+pub const TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 256, key_block: 128 };
 
-/// Block sizes for causal [`FlashTileOps`]: 64 query rows, keys in blocks of 256 far from the
-/// diagonal and of 64 near it (see [`flash_tile_ops_causal_ir`]).
-pub const CAUSAL_TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 64, key_block: 256 };
+/// Block sizes for causal [`FlashTileOps`]: 128 query rows, keys in blocks of 256 far from the
+/// diagonal and of 128 near it (see [`flash_tile_ops_causal_ir`]). Taller query blocks pack
+/// less (as for [`TILE_OPS_TILING`]) but waste more in the masked square on the diagonal:
+/// at N = 2048, against the full kernel at 256x128 in the same run, 128x256 took 0.62 of its
+/// time (twice), 128x128 0.65 and 0.62, 64x256 0.72.
+pub const CAUSAL_TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 128, key_block: 256 };

@@ -303,9 +303,9 @@ impl<'a> Runner<'a> {
             }
             Runner::Online { prg, .. } => Ok((vec![prg.name().to_string()], 0)),
             Runner::TileOps { prg, .. } => {
-                let (_, d) = prg.shape();
-                let bytes = d * TILE_OPS_TILING.query_block * (TILE_OPS_TILING.key_block + d + 2) * 4;
-                Ok((vec!["flash_scale_q".into(), "flash_tile_ops".into()], bytes))
+                // the scaled copy of Q (the score and output tiles live on the stack)
+                let (n, d) = prg.shape();
+                Ok((vec!["flash_scale_q".into(), prg.kernel().name().to_string()], n * d * 4))
             }
             Runner::Tiled { prg, .. } => {
                 let (_, d) = prg.shape();
