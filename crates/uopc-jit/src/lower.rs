@@ -704,9 +704,10 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let ty = self.b.func.dfg.value_type(x);
         let lo = self.fconst(ty, -127.0);
         let hi = self.fconst(ty, 128.0);
-        // (x < lo) ? lo : x keeps NaN as NaN (the comparison is false).
+        // (x < lo) ? lo : x and (hi < x) ? hi : x keep NaN as NaN (the comparisons are false);
+        // both spelled with LessThan, the form x64 lowers to one maxps / minps on vectors.
         let x = self.fselect(FloatCC::LessThan, x, lo, lo, x);
-        let x = self.fselect(FloatCC::GreaterThan, x, hi, hi, x);
+        let x = self.fselect(FloatCC::LessThan, hi, x, hi, x);
         let magic = self.fconst(ty, 12582912.0); // 1.5 * 2^23: adding it rounds to an integer
         let t = self.b.ins().fadd(x, magic);
         let n = self.b.ins().fsub(t, magic);
