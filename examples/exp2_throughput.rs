@@ -11,7 +11,7 @@ fn main() {
     let i = range(rows, 0, AxisType::Thread);
     let j = range(cols, 1, AxisType::Loop);
     let x = a.index(&i * cols + &j).load();
-    let p = sink(&[out.index(&i * cols + &j).store((x * 1.4426950216293335f32).exp2()).end(&[j, i])]);
+    let p = sink(&[out.index(&i * cols + &j).store((x * std::f32::consts::LOG2_E).exp2()).end(&[j, i])]);
     let prg = Program::compile(&p, "exp2").unwrap();
     let input: Vec<f32> = (0..n).map(|k| -((k % 1000) as f32) / 100.0).collect();
     let mut o = vec![0.0f32; n];

@@ -97,7 +97,7 @@ pub struct AttentionArgs {
     #[arg(long, default_value_t = 64)]
     pub d: usize,
     /// Forms to measure (comma separated).
-    #[arg(long, value_delimiter = ',', default_value = "unfused,fused,online")]
+    #[arg(long, value_delimiter = ',', default_value = "unfused,fused,online,flash_tile_ops")]
     pub variants: Vec<attention::Variant>,
     /// Timed repetitions per form and N, after one warm-up [default: 5]
     #[arg(long)]

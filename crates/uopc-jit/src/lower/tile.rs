@@ -397,7 +397,7 @@ impl Lowerer<'_, '_> {
                         BinaryOp::Add => self.b.ins().fadd(a, b),
                         BinaryOp::Sub => self.b.ins().fsub(a, b),
                         BinaryOp::Mul => self.b.ins().fmul(a, b),
-                        BinaryOp::Max => self.fselect(FloatCC::GreaterThan, a, b, a, b),
+                        BinaryOp::Max => self.fmax(a, b),
                         _ => return Err(JitError::Internal(format!("cannot pack {}", u.short()))),
                     }
                 }

@@ -134,7 +134,7 @@ impl Lowerer<'_, '_> {
     fn combine(&mut self, red: Reduction, a: Value, b: Value) -> Value {
         match red {
             Reduction::Sum => self.b.ins().fadd(a, b),
-            Reduction::Max => self.fselect(FloatCC::GreaterThan, a, b, a, b),
+            Reduction::Max => self.fmax(a, b),
         }
     }
 
@@ -404,7 +404,7 @@ impl Lowerer<'_, '_> {
                         BinaryOp::Add => self.b.ins().fadd(a, b),
                         BinaryOp::Sub => self.b.ins().fsub(a, b),
                         BinaryOp::Mul => self.b.ins().fmul(a, b),
-                        BinaryOp::Max => self.fselect(FloatCC::GreaterThan, a, b, a, b),
+                        BinaryOp::Max => self.fmax(a, b),
                         BinaryOp::CmpLt => self.b.ins().fcmp(FloatCC::LessThan, a, b),
                         BinaryOp::CmpNe => self.b.ins().fcmp(FloatCC::NotEqual, a, b),
                         BinaryOp::IDiv | BinaryOp::Mod => {
