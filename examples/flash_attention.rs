@@ -1,4 +1,5 @@
-//! The three attention forms side by side: `cargo run --release --example flash_attention -- N D`
+//! The three attention forms side by side, and the online form on tile ops:
+//! `cargo run --release --example flash_attention -- N D`
 //! (defaults 1024 64). With `--causal`, `--heads H`, `--batch B` or `--nq NQ` it runs the
 //! masked and batched multi-head forms instead (the Tensor forms only for B = H = 1, NQ = N).
 //!
@@ -12,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 use std::time::Instant;
 use uopc::attention::{attention, online_attention_ir};
+use uopc::flash_tiled::{FlashTileOps, TILE_OPS_TILING};
 use uopc::ir::{BinaryOp, Op, Stmt, UOp, linearize, view_base};
 use uopc::jit::Program;
 use uopc::tensor::{BufRef, Plan};
@@ -177,6 +179,12 @@ fn run(n: usize, d: usize) -> Result<bool> {
     let mut out = vec![0.0f32; n * d];
     let ms = best_of_3(|| Ok(prg.run_f32(&[&x[0], &x[1], &x[2]], &mut [&mut out])?))?;
     line("online", ms, &out, "one pass, running max/sum".into());
+    // The same online softmax on tile ops: score and output tiles through the micro-kernels.
+    let mut flash = FlashTileOps::compile(n, d, TILE_OPS_TILING)?;
+    let ms = best_of_3(|| Ok(flash.run(&x[0], &x[1], &x[2], &mut out)?))?;
+    let br = uopc::attention::query_block(n, TILE_OPS_TILING.query_block);
+    let bc = TILE_OPS_TILING.key_block.min(n);
+    line("tiles", ms, &out, format!("FlashAttention-2, {br}x{bc} tiles through tile GEMMs"));
     Ok(ok)
 }
 
