@@ -169,7 +169,7 @@ mod causal_tile_ops {
             let want = causal_f64(&q, &k, &v, n, d);
             // query blocks smaller, equal and larger than key blocks; blocks the diagonal
             // crosses in the middle
-            for (qb, kb) in [(64, 256), (8, 16), (16, 8), (5, 3)] {
+            for (qb, kb) in [(64, 256), (8, 16), (16, 8), (5, 3), (256, 128), (96, 64)] {
                 let tiling = FlashTiling { query_block: qb, key_block: kb };
                 let mut f = FlashTileOps::compile_with(n, d, tiling, true).expect("compiles");
                 let mut out = vec![0.0f32; n * d];

@@ -122,7 +122,7 @@ pub struct AttentionArgs {
     #[arg(long)]
     pub kernels: bool,
     /// Query block x key block of `flash_tiled` and `flash_tile_ops`, like `4x8` [default:
-    /// 4x8 for flash_tiled, 256x128 for flash_tile_ops, 128x256 for flash_tile_ops_causal].
+    /// 4x8 for flash_tiled, 256x128 for flash_tile_ops and flash_tile_ops_causal].
     #[arg(long, value_parser = parse_tile)]
     pub flash_tile: Option<(usize, usize)>,
 }
