@@ -288,11 +288,19 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
     let r = range(br, 2, AxisType::Loop);
     let init_ml = sink(&[mi.index(&r).store(f32c(f32::NEG_INFINITY)), li.index(&r).store(0.0f32)]).end(&[r]);
 
-    // One key block of `cols` keys starting at key `first`, after the effects `prev`; with
-    // `mask_ids`, scores of keys after the query row become -inf (using those two range ids).
-    let block = |first: &UOp, cols: usize, prev: &[UOp], mask_ids: Option<(usize, usize)>| -> UOp {
+    // One key block of `cols` keys starting at key `first`, after the effects `prev`, for the
+    // query rows r0 .. br of the block; with `mask_ids`, the block's top cols x cols square
+    // loses the keys after each row (the block starts on the diagonal), using those two
+    // range ids.
+    let block = |first: &UOp,
+                 cols: usize,
+                 prev: &[UOp],
+                 r0: usize,
+                 mask_ids: Option<(usize, usize)>|
+     -> UOp {
+        let rows = br - r0;
         let scores = TileOp::Gemm {
-            m: br,
+            m: rows,
             n: cols,
             k: d,
             lda: d,
@@ -302,32 +310,32 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
             b_trans: true,
             accumulate: false,
         };
-        let mut g1 = tile(scores, &[q.index(&t * (br * d)), k.index(first * d), si.after(prev).index(0)]);
+        let q_first = (&t * br + r0 as i64) * d;
+        let mut g1 = tile(scores, &[q.index(q_first), k.index(first * d), si.after(prev).index(0)]);
         if let Some((rid, cid)) = mask_ids {
-            // The square block on the diagonal (first = q0, cols = br): row r hides keys
-            // r+1 .. br, the strict upper triangle. The min only tells the verifier's interval
-            // bounds that the index stays in the tile.
-            let rr = range(br, rid, AxisType::Loop);
-            let cc = range(-&rr + (br as i64 - 1), cid, AxisType::Loop);
-            let at = -((-(&rr * (cols + 1) + 1 + &cc)).maximum(-((br * cols - 1) as i64)));
+            // Row r hides keys r+1 .. cols, the strict upper triangle. The min only tells the
+            // verifier's interval bounds that the index stays in the tile.
+            let rr = range(cols, rid, AxisType::Loop);
+            let cc = range(-&rr + (cols as i64 - 1), cid, AxisType::Loop);
+            let at = -((-(&rr * (cols + 1) + 1 + &cc)).maximum(-((cols * cols - 1) as i64)));
             g1 = si.after(std::slice::from_ref(&g1)).index(at).store(f32c(f32::NEG_INFINITY)).end(&[cc, rr]);
         }
         let after_g1 = std::slice::from_ref(&g1);
         let mut state = prev.to_vec();
         state.push(g1.clone());
-        let update = TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d, ldo: d };
+        let update = TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d };
         let sm = tile(
             update,
             &[
                 si.after(after_g1).index(0),
-                mi.after(&state).index(0),
-                li.after(&state).index(0),
-                oi.after(&state).index(0),
+                mi.after(&state).index(r0 as i64),
+                li.after(&state).index(r0 as i64),
+                oi.after(&state).index((r0 * d) as i64),
             ],
         );
         let after_sm = std::slice::from_ref(&sm);
         let pv = TileOp::Gemm {
-            m: br,
+            m: rows,
             n: d,
             k: cols,
             lda: cols,
@@ -337,7 +345,10 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
             b_trans: false,
             accumulate: true,
         };
-        tile(pv, &[si.after(after_sm).index(0), v.index(first * d), oi.after(after_sm).index(0)])
+        tile(
+            pv,
+            &[si.after(after_sm).index(0), v.index(first * d), oi.after(after_sm).index((r0 * d) as i64)],
+        )
     };
     let done = if causal {
         // Query rows q0 .. q0 + br of block t see keys 0 ..= q0 + r. Keys before q0 are all
@@ -346,7 +357,7 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
         let q0 = &t * br;
         let big = q0.idiv(bc as i64);
         let kb = range(&big, 3, AxisType::Reduce);
-        let far = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], None).end(&[kb]);
+        let far = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], 0, None).end(&[kb]);
         // The keys from big * bc to q0 in blocks of br (none when bc divides br). ks stays
         // below that count, so the start stays below q0; the min only tells the verifier's
         // interval bounds (they do not see that ks and big are correlated).
@@ -354,7 +365,7 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
             let ks = range((&q0 - &big * bc).idiv(br as i64), 6, AxisType::Reduce);
             let start = &big * bc + &ks * br;
             let near_first = -((-start).maximum(-((n - br) as i64)));
-            block(&near_first, br, &[far, ks.clone()], None).end(&[ks])
+            block(&near_first, br, &[far, ks.clone()], 0, None).end(&[ks])
         } else {
             far
         };
@@ -363,66 +374,16 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
         // masked (keys after the row).
         let mut prev = near;
         for j in 0..br / w {
-            let (r0, rows) = (j * w, br - j * w);
-            let first = &q0 + r0 as i64;
-            let scores = TileOp::Gemm {
-                m: rows,
-                n: w,
-                k: d,
-                lda: d,
-                ldb: d,
-                ldc: w,
-                a_trans: false,
-                b_trans: true,
-                accumulate: false,
-            };
-            let after_prev = std::slice::from_ref(&prev);
-            let g1 = tile(scores, &[q.index(&first * d), k.index(&first * d), si.after(after_prev).index(0)]);
-            let rr = range(w, 7 + 2 * j, AxisType::Loop);
-            let cc = range(-&rr + (w as i64 - 1), 8 + 2 * j, AxisType::Loop);
-            let at = -((-(&rr * (w + 1) + 1 + &cc)).maximum(-((w * w - 1) as i64)));
-            let masked =
-                si.after(std::slice::from_ref(&g1)).index(at).store(f32c(f32::NEG_INFINITY)).end(&[cc, rr]);
-            let after_mask = std::slice::from_ref(&masked);
-            let state = [prev.clone(), masked.clone()];
-            let update = TileOp::SoftmaxUpdate { rows, cols: w, lds: w, d, ldo: d };
-            let sm = tile(
-                update,
-                &[
-                    si.after(after_mask).index(0),
-                    mi.after(&state).index(r0 as i64),
-                    li.after(&state).index(r0 as i64),
-                    oi.after(&state).index((r0 * d) as i64),
-                ],
-            );
-            let after_sm = std::slice::from_ref(&sm);
-            let pv = TileOp::Gemm {
-                m: rows,
-                n: d,
-                k: w,
-                lda: w,
-                ldb: d,
-                ldc: d,
-                a_trans: false,
-                b_trans: false,
-                accumulate: true,
-            };
-            prev = tile(
-                pv,
-                &[
-                    si.after(after_sm).index(0),
-                    v.index(&first * d),
-                    oi.after(after_sm).index((r0 * d) as i64),
-                ],
-            );
+            let r0 = j * w;
+            prev = block(&(&q0 + r0 as i64), w, &[prev], r0, Some((7 + 2 * j, 8 + 2 * j)));
         }
         prev
     } else {
         let kb = range(full, 3, AxisType::Reduce);
-        let key_loop = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], None).end(&[kb]);
+        let key_loop = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], 0, None).end(&[kb]);
         if rest > 0 {
             let first = uopc_ir::idx((full * bc) as i64);
-            block(&first, rest, std::slice::from_ref(&key_loop), None)
+            block(&first, rest, std::slice::from_ref(&key_loop), 0, None)
         } else {
             key_loop
         }
