@@ -2,7 +2,7 @@
 
 use uopc_ir::{AxisType, DType, UOp, alloc, buffer, f32c, range, sink};
 
-pub use uopc_tensor::attention::attention;
+pub use uopc_tensor::attention::{attention, query_block};
 
 /// `log2(e)`: base-2 exponentials need scores scaled by it.
 pub const LOG2E: f64 = std::f64::consts::LOG2_E;
@@ -70,12 +70,6 @@ pub(crate) fn online_attention_program(n: usize, d: usize, lse: bool) -> UOp {
     let row_lse = buffer(4, f32t, n);
     let st_lse = row_lse.index(&i).store(mi.after(done).index(0).load() + l_final.log2());
     sink(&[sink(&[st_out.end(&[d2]), st_lse]).end(&[i])])
-}
-
-/// The largest block of at most `want` query rows that divides `n` (so blocks tile the rows
-/// exactly and each THREAD iteration owns whole output rows).
-pub fn query_block(n: usize, want: usize) -> usize {
-    (1..=want.max(1)).rev().find(|b| n.is_multiple_of(*b)).unwrap_or(1)
 }
 
 /// Online-softmax attention with a block of query rows per THREAD iteration (`online_qb`).

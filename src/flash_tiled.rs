@@ -261,7 +261,7 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
     // key block, then in blocks of br up to the diagonal; with a key block below br, in the
     // largest divisor of br at most the key block (no br-blocks needed).
     let bc = if causal && tiling.key_block < br {
-        (1..=tiling.key_block.max(1)).rev().find(|b| br.is_multiple_of(*b)).unwrap_or(1)
+        crate::attention::query_block(br, tiling.key_block)
     } else if causal {
         (1..=(tiling.key_block / br).max(1))
             .rev()
@@ -275,7 +275,7 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
     let f32t = DType::F32;
     let [q, k, v, out] = [0, 1, 2, 3].map(|slot| buffer(slot, f32t, n * d));
     // Causal diagonal strips are w keys wide (see below).
-    let w = (1..=64.min(br)).rev().find(|w| br.is_multiple_of(*w)).unwrap_or(1);
+    let w = crate::attention::query_block(br, 64);
     let tile_cols = if causal { bc.max(w) } else { bc };
     let (s, o, mx, l) =
         (alloc(0, f32t, br * tile_cols), alloc(1, f32t, br * d), alloc(2, f32t, br), alloc(3, f32t, br));

@@ -229,12 +229,7 @@ impl<'a> Runner<'a> {
                     Variant::OnlineQb => (online_attention_qb_ir(n, d, QUERY_BLOCK), "online_qb"),
                     _ => (online_attention_ir(n, d), "online"),
                 };
-                let mut options = JitOptions::default();
-                if scalar {
-                    options.vectorize = false;
-                    options.contract_fma = false;
-                    options.reassociate = false;
-                }
+                let options = if scalar { JitOptions::scalar() } else { JitOptions::default() };
                 let prg = Box::new(Program::compile_with(&program, name, &options)?);
                 Runner::Online { prg, x, out: vec![0.0; n * d] }
             }

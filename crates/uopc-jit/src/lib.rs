@@ -102,6 +102,14 @@ impl Default for JitOptions {
     }
 }
 
+impl JitOptions {
+    /// Plain scalar code: no vectorization, FMA contraction or split sums (the baseline the
+    /// code generator is measured against).
+    pub fn scalar() -> Self {
+        JitOptions { contract_fma: false, reassociate: false, vectorize: false, ..JitOptions::default() }
+    }
+}
+
 /// What the program expects in one argument slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BufferSpec {

@@ -2,23 +2,17 @@
 //! semantics, for random shapes (tails around the kernels' 8/16/32-wide tiles), every
 //! transpose, padded strides, operands that start inside their buffers, and THREAD ranges.
 
+// The workspace's shared test input generator (uopc-testgen depends on this crate, so it is
+// included by path, like in differential.rs).
+#[allow(dead_code)]
+#[path = "../../uopc-testgen/src/rng.rs"]
+mod rng;
+
 use proptest::prelude::*;
+use rng::uniform_values as values;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, Program};
-
-/// Deterministic values in [-1, 1).
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn run_both(program: &UOp, inputs: Vec<HostBuffer>) -> (Vec<HostBuffer>, Vec<HostBuffer>) {
     let prg = Program::compile(program, "tile").expect("compiles");

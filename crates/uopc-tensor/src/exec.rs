@@ -23,12 +23,7 @@ fn backend_err(kernel: &str, e: impl std::fmt::Display) -> TensorError {
 impl Exe {
     #[cfg(feature = "jit")]
     pub(crate) fn compile(program: &UOp, name: &str, scalar: bool) -> Result<Exe> {
-        let mut options = uopc_jit::JitOptions::default();
-        if scalar {
-            options.vectorize = false;
-            options.contract_fma = false;
-            options.reassociate = false;
-        }
+        let options = if scalar { uopc_jit::JitOptions::scalar() } else { uopc_jit::JitOptions::default() };
         let program =
             uopc_jit::Program::compile_with(program, name, &options).map_err(|e| backend_err(name, e))?;
         let e = program.estimates();

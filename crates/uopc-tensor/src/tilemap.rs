@@ -3,6 +3,7 @@
 //! `TILE_GEMM` per block of output rows instead of a loop nest (the chapter's "the score tile
 //! is a WMMA-lowered GEMM").
 
+use crate::attention::query_block;
 use crate::kernelize::view_offset;
 use uopc_ir::{AxisType, DType, Op, ReduceOp, TileOp, UOp, buffer, range, sink, tile};
 
@@ -82,7 +83,7 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     };
     let (a_trans, lda) = layout(m, k, a.strides[0], a.strides[2])?;
     let (b_trans, ldb) = layout(k, n, b.strides[2], b.strides[1])?;
-    let rows = crate_query_block(m, ROWS_PER_TASK);
+    let rows = query_block(m, ROWS_PER_TASK);
     let op = TileOp::Gemm { m: rows, n, k, lda, ldb, ldc: n, a_trans, b_trans, accumulate: false };
     let abuf = buffer(a.slot, DType::F32, a.len);
     let bbuf = buffer(b.slot, DType::F32, b.len);
@@ -90,9 +91,4 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     let a_start = &t * (rows * a.strides[0]) + a.base as i64;
     let g = tile(op, &[abuf.index(a_start), bbuf.index(b.base as i64), out.index(&t * (rows * n))]);
     Some(sink(&[sink(&[g]).end(&[t])]))
-}
-
-/// The largest divisor of `n` that is at most `want`.
-fn crate_query_block(n: usize, want: usize) -> usize {
-    (1..=want.max(1)).rev().find(|b| n.is_multiple_of(*b)).unwrap_or(1)
 }

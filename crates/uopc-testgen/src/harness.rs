@@ -11,7 +11,7 @@ use uopc_jit::{Arg, JitOptions, Program};
 /// JIT options under which results must equal the interpreter's bit for bit (apart from f32
 /// EXP2): no FMA contraction, sums in program order, no vector lanes.
 pub fn strict_options() -> JitOptions {
-    JitOptions { contract_fma: false, reassociate: false, vectorize: false, ..JitOptions::default() }
+    JitOptions::scalar()
 }
 
 /// Strict, but vectorized: still bit-exact for programs without float accumulators (lanes only

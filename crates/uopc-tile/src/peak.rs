@@ -49,21 +49,16 @@ pub fn fma_peak_gflops(isa: Isa, iters: u64, reps: usize, threads: usize) -> Opt
     }
     let threads = threads.max(1);
     let mut best = f64::INFINITY;
+    let mut flops = 0.0;
     for _ in 0..reps.max(1) {
         let t = std::time::Instant::now();
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| fma_chains(isa, iters));
-            }
+        flops = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..threads).map(|_| s.spawn(|| fma_chains(isa, iters))).collect();
+            runs.into_iter().filter_map(|r| r.join().ok().flatten()).sum::<f64>()
         });
         best = best.min(t.elapsed().as_secs_f64());
     }
-    let per_call = match isa {
-        Isa::Avx512 => flops_per_iter(512),
-        Isa::Avx2Fma => flops_per_iter(256),
-        Isa::Portable => 8.0,
-    };
-    Some(per_call * iters as f64 * threads as f64 / best / 1e9)
+    Some(flops / best / 1e9)
 }
 
 #[cfg(target_arch = "x86_64")]

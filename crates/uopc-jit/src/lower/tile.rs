@@ -462,25 +462,17 @@ fn find_packs(
         let mut lanes = [a; LANES];
         let mut varying: Option<Vec<UOp>> = None;
         for (step, lane) in lanes.iter_mut().enumerate().skip(1) {
-            let found = (0..updates.len()).find(|&b| {
-                if used[b] || b == a {
-                    return false;
-                }
+            // The first unused update whose varying loads sit `step` elements further along
+            // (the same loads as the lanes before it vary), with those loads.
+            let found = (0..updates.len()).filter(|&b| !used[b] && b != a).find_map(|b| {
                 let mut loads = Vec::new();
                 let ok = ctx.lane_offset(&updates[a].x, &updates[b].x, step as i64, &mut loads, &mut memo);
-                ok && !loads.is_empty() && varying.as_ref().is_none_or(|v| *v == loads)
+                (ok && !loads.is_empty() && varying.as_ref().is_none_or(|v| *v == loads))
+                    .then_some((b, loads))
             });
-            match found {
-                Some(b) => {
-                    *lane = b;
-                    if varying.is_none() {
-                        let mut loads = Vec::new();
-                        ctx.lane_offset(&updates[a].x, &updates[b].x, step as i64, &mut loads, &mut memo);
-                        varying = Some(loads);
-                    }
-                }
-                None => break,
-            }
+            let Some((b, loads)) = found else { break };
+            *lane = b;
+            varying.get_or_insert(loads);
         }
         if lanes[1..].iter().all(|&k| k != a) {
             for &k in &lanes {
