@@ -700,7 +700,12 @@ impl<'a, 'b> Lowerer<'a, 'b> {
     /// `2^x` inline: round-to-nearest split `x = n + f`, a degree-6 polynomial for `2^f` on
     /// [-0.5, 0.5], and `2^n` built in the exponent bits. `x <= -127` (including -inf) gives 0.
     fn exp2_f32(&mut self, x: Value) -> Value {
-        // Works on f32 and on F32X4 lanes alike.
+        // Works on f32 and on F32X4 lanes alike: 2^x = 2^n * 2^f with n = round(x) and
+        // f in [-0.5, 0.5]; 2^f is a polynomial and 2^n is added straight into its exponent
+        // bits. That add stays in the normal range for every clamped x but the very bottom:
+        // x = 128 gives inf (2^128 overflows f32); 127.5 <= x < 128 has f < 0, so 2^f < 1
+        // and the exponent field ends at 254 (finite); x <= -127 gives 0 and the half-unit
+        // just above it tiny subnormal-sized values, like flushing below 2^-126.5.
         let ty = self.b.func.dfg.value_type(x);
         let lo = self.fconst(ty, -127.0);
         let hi = self.fconst(ty, 128.0);
@@ -712,15 +717,6 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let t = self.b.ins().fadd(x, magic);
         let n = self.b.ins().fsub(t, magic);
         let f = self.b.ins().fsub(x, n);
-        // 2^128 is not a finite f32 scale: for n = 128 build 2^127 and multiply by 2 at the end,
-        // so 2^x stays finite (and accurate) for 127.5 <= x < 128.
-        let top = self.fconst(ty, 127.0);
-        let zero = self.fconst(ty, 0.0);
-        let one_more = self.fconst(ty, 1.0);
-        let over = self.fselect(FloatCC::GreaterThan, n, top, one_more, zero);
-        let n_low = self.b.ins().fsub(n, over);
-        let t = self.b.ins().fadd(n_low, magic);
-        let factor = self.b.ins().fadd(over, one_more);
         // Cephes exp2f coefficients as published.
         #[allow(clippy::excessive_precision)]
         const P: [f32; 6] =
@@ -734,15 +730,14 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let poly = self.mul_add(p, f, one);
         let ity = if ty.is_vector() { types::I32X4 } else { types::I32 };
         let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
-        let bits = self.b.ins().bitcast(ity, flags, t);
-        let bias = self.b.ins().iconst(types::I32, 127);
-        let bias = if ty.is_vector() { self.b.ins().splat(ity, bias) } else { bias };
-        let biased = self.b.ins().iadd(bits, bias);
+        // The low mantissa bits of t hold n in two's complement; shifting them to the
+        // exponent field drops the magic constant's bits off the top.
+        let t_bits = self.b.ins().bitcast(ity, flags, t);
         let sh = self.b.ins().iconst(types::I32, 23);
-        let shifted = self.b.ins().ishl(biased, sh);
-        let scale = self.b.ins().bitcast(ty, flags, shifted);
-        let scaled = self.b.ins().fmul(poly, scale);
-        self.b.ins().fmul(scaled, factor)
+        let n_exponent = self.b.ins().ishl(t_bits, sh);
+        let poly_bits = self.b.ins().bitcast(ity, flags, poly);
+        let scaled = self.b.ins().iadd(poly_bits, n_exponent);
+        self.b.ins().bitcast(ty, flags, scaled)
     }
 
     /// `(a > b) ? a : b` (the interpreter's MAX, NaN and signed zeros included), spelled

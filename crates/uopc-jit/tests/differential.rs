@@ -214,16 +214,25 @@ fn negative_thread_extent_child() {
 
 #[test]
 fn exp2_f32_is_finite_below_128() {
-    let (a, out) = (buffer(0, DType::F32, 2), buffer(1, DType::F32, 2));
-    let i = range(2, 0, AxisType::Loop);
+    // The scale 2^round(x) is added into the exponent bits of 2^f: the top of the range must
+    // stay finite (127.5 rounds to n = 128), 128 itself overflows, and just above the clamp
+    // at -127 results are tiny and non-negative (flushed like the subnormal range).
+    let xs = [127.5f32, 127.6, 127.99, 128.0, 1000.0, -126.75, -127.0];
+    let (a, out) = (buffer(0, DType::F32, xs.len()), buffer(1, DType::F32, xs.len()));
+    let i = range(xs.len(), 0, AxisType::Loop);
     let p = sink(&[out.index(&i).store(a.index(&i).load().exp2()).end(&[i])]);
-    let prg = Program::compile(&p, "exp2").unwrap();
-    let got =
-        harness::run_jit(&prg, &[HostBuffer::F32(vec![127.6, 127.99]), HostBuffer::zeros(DType::F32, 2)])
-            .unwrap();
-    let HostBuffer::F32(v) = &got[1] else { unreachable!() };
-    for (x, y) in [127.6f32, 127.99].iter().zip(v) {
-        assert!(y.is_finite() && ((*y as f64) / (*x as f64).exp2() - 1.0).abs() < 1e-6, "2^{x} = {y}");
+    for opts in [JitOptions::default(), JitOptions::scalar()] {
+        let prg = Program::compile_with(&p, "exp2", &opts).unwrap();
+        let got =
+            harness::run_jit(&prg, &[HostBuffer::F32(xs.to_vec()), HostBuffer::zeros(DType::F32, xs.len())])
+                .unwrap();
+        let HostBuffer::F32(v) = &got[1] else { unreachable!() };
+        for (x, y) in xs[..3].iter().zip(v) {
+            assert!(y.is_finite() && ((*y as f64) / (*x as f64).exp2() - 1.0).abs() < 1e-6, "2^{x} = {y}");
+        }
+        assert_eq!(v[3..5], [f32::INFINITY, f32::INFINITY]);
+        assert!((0.0..1.2e-38).contains(&v[5]), "2^-126.75 = {}", v[5]);
+        assert_eq!(v[6], 0.0);
     }
 }
 

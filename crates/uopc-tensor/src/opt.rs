@@ -1,5 +1,6 @@
 //! Kernel opts (upcast, unroll, thread) and the optimizers that choose them per kernel.
 
+use crate::kernelize::view_offset;
 use std::fmt;
 use uopc_ir::{Op, UOp};
 
@@ -65,11 +66,38 @@ pub(crate) fn has_reduce(body: &UOp) -> bool {
     UOp::toposort(std::slice::from_ref(body)).iter().any(|u| matches!(u.op(), Op::Reduce { .. }))
 }
 
+/// Whether some input of `body` is read through a broadcast along output axis `axis`: one
+/// of its views (a chain of movement ops over a `Param`, as consumed by compute) has the same
+/// offset at index 0 and index 1 of that axis, at two probe points.
+pub(crate) fn broadcast_along(body: &UOp, axis: usize) -> bool {
+    let nodes = UOp::toposort(std::slice::from_ref(body));
+    let is_view = |u: &UOp| u.op().is_movement() || matches!(u.op(), Op::Param { .. });
+    // Views consumed by something that is not itself a view.
+    let mut views: Vec<&UOp> = Vec::new();
+    for u in nodes.iter().filter(|u| !is_view(u)) {
+        views.extend(u.src().iter().filter(|s| is_view(s)));
+    }
+    views.iter().any(|v| {
+        let shape = v.shape();
+        if shape.len() <= axis || shape[axis] < 2 {
+            return false;
+        }
+        let probes = [vec![0; shape.len()], shape.iter().map(|&s| s / 2).collect::<Vec<_>>()];
+        probes.into_iter().all(|mut at| {
+            at[axis] = 0;
+            let first = view_offset(v, at.clone());
+            at[axis] = 1;
+            first.is_some() && first == view_offset(v, at)
+        })
+    })
+}
+
 /// The default: register-tile reduce kernels and thread the first output axis.
 ///
 /// A kernel with a reduce gets its last two output axes upcast by `tile` (a rank-1 output gets
-/// one upcast), so each loaded operand feeds several accumulators. Axis 0 is threaded when it
-/// has more than one element.
+/// one upcast), so each loaded operand feeds several accumulators; with `upcast_needs_reuse`
+/// (the default) only axes along which some input is broadcast, where that reuse exists. Axis
+/// 0 is threaded when it has more than one element.
 ///
 /// The default is a 4x8 tile with [`Layout::OutputContiguous`]: the backend packs each four
 /// neighbouring output columns into one F32X4 accumulator, so the tile is 8 vector
@@ -85,18 +113,33 @@ pub struct DefaultOpt {
     pub layout: Layout,
     /// GEMM-shaped kernels (`sum_k A[i,k] B[k,j]` over input views) become tile GEMMs.
     pub tile_ops: bool,
+    /// Upcast an output axis only when some input is broadcast along it. Only then does one
+    /// load feed several accumulators; otherwise the copies just multiply register pressure
+    /// (a softmax row sum upcast over 8 rows runs 8 exp2 chains that spill), and one row at
+    /// a time lets the backend vectorize the reduce loop instead.
+    pub upcast_needs_reuse: bool,
 }
 
 impl Default for DefaultOpt {
     fn default() -> Self {
-        DefaultOpt { tile: (4, 8), layout: Layout::OutputContiguous, tile_ops: true }
+        DefaultOpt {
+            tile: (4, 8),
+            layout: Layout::OutputContiguous,
+            tile_ops: true,
+            upcast_needs_reuse: true,
+        }
     }
 }
 
 impl DefaultOpt {
     /// The chapter's 4x4 register tile and layout, loops only.
     pub fn chapter() -> Self {
-        DefaultOpt { tile: (4, 4), layout: Layout::ReduceContiguous, tile_ops: false }
+        DefaultOpt {
+            tile: (4, 4),
+            layout: Layout::ReduceContiguous,
+            tile_ops: false,
+            upcast_needs_reuse: false,
+        }
     }
 
     /// The default with every kernel a loop nest (no tile GEMMs): what the JIT's own code
@@ -116,7 +159,11 @@ impl Optimizer for DefaultOpt {
             for (&amount, (a, &size)) in
                 amounts.iter().zip(shape.iter().enumerate().skip(n.saturating_sub(2)))
             {
-                if amount > 1 && size >= amount && size.is_multiple_of(amount) {
+                if amount > 1
+                    && size >= amount
+                    && size.is_multiple_of(amount)
+                    && (!self.upcast_needs_reuse || broadcast_along(body, a))
+                {
                     o.upcast.push((a, amount));
                 }
             }
@@ -134,11 +181,12 @@ impl Optimizer for DefaultOpt {
     }
     fn cache_key(&self) -> String {
         format!(
-            "default{}x{}{:?}{}",
+            "default{}x{}{:?}{}{}",
             self.tile.0,
             self.tile.1,
             self.layout,
-            if self.tile_ops { "tiles" } else { "" }
+            if self.tile_ops { "tiles" } else { "" },
+            if self.upcast_needs_reuse { "reuse" } else { "" }
         )
     }
 }

@@ -344,3 +344,19 @@ fn the_three_fused_variants_of_the_upcast_exercise() {
     let p = attention_plan(n, d, &staged);
     assert!(p.temp_sizes().contains(&(n * n)), "P is materialized: {:?}", p.temp_sizes());
 }
+
+#[test]
+fn softmax_reduces_are_upcast_only_where_inputs_are_reused() {
+    // A row max or row sum of exp reads a different score for every row: upcasting rows
+    // shares no load, so the default keeps one accumulator per row (the backend vectorizes
+    // the reduce loop instead); the GEMMs, whose operands are broadcast, are still tiled.
+    let loops = RealizeOptions::default().with_opt(DefaultOpt::loops());
+    let plan = attention_plan(256, 64, &loops);
+    assert_eq!(plan.kernel_names(), ["e_1_64_256", "r_256_256", "r_256", "r_256", "e_256_256", "r_256_64"]);
+    let accumulators: Vec<usize> = plan.kernels.iter().map(|k| acc_inits(&k.program).len()).collect();
+    assert_eq!(accumulators, [0, 32, 1, 1, 0, 32]);
+    // the chapter's optimizer upcasts every reduce kernel by its tile
+    let chapter = attention_plan(256, 64, &RealizeOptions::default().with_opt(DefaultOpt::chapter()));
+    let accumulators: Vec<usize> = chapter.kernels.iter().map(|k| acc_inits(&k.program).len()).collect();
+    assert!(accumulators.iter().filter(|&&a| a == 4).count() >= 2, "{accumulators:?}");
+}

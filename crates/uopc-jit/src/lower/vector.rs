@@ -53,8 +53,13 @@ impl Lowerer<'_, '_> {
     /// Lowers `range` vectorized if its body allows it; `Ok(false)` leaves it to the caller.
     pub(super) fn try_vectorize(&mut self, range: &UOp, body: &[Stmt], trips: i64) -> Result<bool, JitError> {
         let Some(plan) = self.vector_plan(range, body) else { return Ok(false) };
+        // Copies hide the latency of the accumulator chains; an exp2 body is long enough to
+        // hide it with two, and four would spill its polynomial constants and accumulators.
+        let has_exp2 =
+            body.iter().any(|s| matches!(s, Stmt::Op(u) if matches!(u.op(), Op::Unary(UnaryOp::Exp2))));
         let copies: i64 = match plan.accs.len() {
             0 => 2,
+            1 | 2 if has_exp2 => 2,
             1 | 2 => 4,
             3 | 4 => 2,
             _ => 1,
