@@ -7,6 +7,7 @@
 mod builder;
 mod dtype;
 mod error;
+mod expand;
 mod host;
 pub mod interp;
 mod linearize;
@@ -18,6 +19,7 @@ mod verify;
 pub use builder::{IntoIndex, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink, tile};
 pub use dtype::DType;
 pub use error::{IrError, IrErrorKind};
+pub use expand::expand_tile_ops;
 pub use host::HostBuffer;
 pub use linearize::{Linear, Stmt, linearize, linearize_with, open_ranges, open_ranges_with};
 pub use print::{print_graph, print_linear, print_program};

@@ -1,0 +1,242 @@
+//! The reference lowering of tile ops: each [`TileOp`] rewritten into plain loop IR (RANGE,
+//! INDEX, LOAD, STORE, ALU, END) with the interpreter's semantics.
+//!
+//! The interpreter evaluates a tile op in f64 and rounds each result to f32 once when it is
+//! written. The expansion does the same: operands are loaded and CAST to F64, accumulators are
+//! F64 ALLOCs, and only the value stored is CAST back to F32. So `interp::run` gives the same
+//! bits for a program and its expansion, in both precisions. The JIT with strict options
+//! (`JitOptions::scalar()`) does too: its F64 EXP2 is the same `f64::exp2`.
+//!
+//! Every load and store goes through the operand's own view (the INDEX's first source), so the
+//! expansion keeps the ordering the tile op had: after the view's AFTER dependencies, after
+//! loads of that view elsewhere (the linearizer orders loads of a view before stores through
+//! it), and before every user, which now depends on the expansion's last END.
+//!
+//! Limitations:
+//! - The softmax update's running max follows `f64::max` (NaNs give way to numbers), but where
+//!   `+0.0` meets `-0.0` the interpreter's `f64::max` may return either zero; the expansion
+//!   keeps the running max. The difference is the sign of a stored zero maximum.
+//! - Two operands of one softmax update passed through the *same* view node make the
+//!   linearizer order all loads of that view before all its stores within a row, which the two
+//!   loops over S and O cannot both satisfy: the expanded program then fails to verify (an
+//!   error, never a wrong result). Operands in one buffer through distinct views are fine.
+
+use crate::builder::{alloc, const_of, range, sink};
+use crate::dtype::DType;
+use crate::linearize::open_ranges_with;
+use crate::uop::{AxisType, Op, TileOp, UOp};
+use std::collections::HashMap;
+
+/// Rewrites every tile op of `program` into an equivalent loop nest of ordinary ops.
+///
+/// New RANGE ids and ALLOC slots are above every id and slot the program uses. Each expansion
+/// runs in the ranges its tile op ran in, reads and writes through the same views, and takes
+/// the tile op's place for its users, so it keeps the tile op's ordering with other effects.
+/// A program without tile ops comes back as the same node. A tile op the verifier would reject
+/// (operands that are not INDEX nodes, a wrong arity) is left in place for it to report, as
+/// is the whole program when one of its ENDs does not close a RANGE.
+pub fn expand_tile_ops(program: &UOp) -> UOp {
+    let topo = UOp::toposort(std::slice::from_ref(program));
+    if !topo.iter().any(|u| matches!(u.op(), Op::Tile(_))) {
+        return program.clone();
+    }
+    // Lenient: the tile op also lives in the ranges of ENDs around it that it does not use
+    // (simplified programs), and those scope its accumulators.
+    let Ok(rng) = open_ranges_with(&topo, true) else { return program.clone() };
+    let mut fresh = Fresh { range_id: 0, alloc_slot: 0 };
+    for u in &topo {
+        match u.op() {
+            Op::Range { id, .. } => fresh.range_id = fresh.range_id.max(id + 1),
+            Op::Alloc { slot, .. } => fresh.alloc_slot = fresh.alloc_slot.max(slot + 1),
+            _ => {}
+        }
+    }
+    let mut map: HashMap<UOp, UOp> = HashMap::with_capacity(topo.len());
+    for u in &topo {
+        let src: Vec<UOp> = u.src().iter().map(|s| map[s].clone()).collect();
+        let new = match u.op() {
+            Op::Tile(t) if well_formed(*t, &src) => {
+                // Range ends may depend on loads after tile ops, so the scope is rewritten too.
+                let scope: Vec<UOp> = rng[u].iter().map(|r| map[r].clone()).collect();
+                let ops = Operands { src: &src, scope, fresh: &mut fresh };
+                match *t {
+                    TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
+                        ops.gemm(Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate })
+                    }
+                    TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo),
+                }
+            }
+            _ => u.with_src(src),
+        };
+        map.insert(u.clone(), new);
+    }
+    map[program].clone()
+}
+
+fn well_formed(t: TileOp, src: &[UOp]) -> bool {
+    src.len() == t.operands().len()
+        && src.iter().all(|x| matches!(x.op(), Op::Index) && x.src().len() == 2 && x.dtype() == DType::F32)
+}
+
+/// The next unused RANGE id and ALLOC slot.
+struct Fresh {
+    range_id: usize,
+    alloc_slot: usize,
+}
+
+impl Fresh {
+    fn range(&mut self, end: usize, axis: AxisType) -> UOp {
+        self.range_id += 1;
+        range(end, self.range_id - 1, axis)
+    }
+
+    /// A one-element F64 accumulator declared inside `scope` (so a THREAD range among them
+    /// gives every thread its own).
+    fn accumulator(&mut self, scope: &[UOp]) -> UOp {
+        self.alloc_slot += 1;
+        alloc(self.alloc_slot - 1, DType::F64, 1).after(scope)
+    }
+}
+
+struct Gemm {
+    m: usize,
+    n: usize,
+    k: usize,
+    lda: usize,
+    ldb: usize,
+    ldc: usize,
+    a_trans: bool,
+    b_trans: bool,
+    accumulate: bool,
+}
+
+/// One tile op's operands (rewritten INDEX nodes), the ranges it runs in, and the id source.
+struct Operands<'a> {
+    src: &'a [UOp],
+    scope: Vec<UOp>,
+    fresh: &'a mut Fresh,
+}
+
+fn f64c(v: f64) -> UOp {
+    const_of(v, DType::F64)
+}
+
+impl Operands<'_> {
+    /// Operand `k`'s view and the index of its first element.
+    fn operand(&self, k: usize) -> (&UOp, &UOp) {
+        (&self.src[k].src()[0], &self.src[k].src()[1])
+    }
+
+    /// The element `offset` past operand `k`'s first one.
+    fn at(&self, k: usize, offset: UOp) -> UOp {
+        let (view, first) = self.operand(k);
+        view.index(first + offset)
+    }
+
+    /// An op that touches no element: its operands, grouped, keep its ranges and dependencies.
+    fn nothing(&self) -> UOp {
+        sink(self.src)
+    }
+
+    /// `nest` with the operands it never touches (empty dimensions) beside it: the program
+    /// keeps every BUFFER, so its argument slots do not change.
+    fn keeping(&self, nest: UOp, untouched: &[usize]) -> UOp {
+        if untouched.is_empty() {
+            return nest;
+        }
+        let mut effects = vec![nest];
+        effects.extend(untouched.iter().map(|&k| self.src[k].clone()));
+        sink(&effects)
+    }
+
+    fn scope_with(&self, more: &[&UOp]) -> Vec<UOp> {
+        let mut s = self.scope.clone();
+        s.extend(more.iter().map(|&r| r.clone()));
+        s
+    }
+
+    /// `C[i, j] = (accumulate ? C[i, j] : 0) + sum_p A[i, p] B[p, j]`, summed in f64 in `p`
+    /// order, rounded once: rows `i` outer, columns `j` inner, like the interpreter.
+    fn gemm(self, g: Gemm) -> UOp {
+        if g.m == 0 || g.n == 0 {
+            return self.nothing();
+        }
+        let i = self.fresh.range(g.m, AxisType::Loop);
+        let j = self.fresh.range(g.n, AxisType::Loop);
+        let c = self.at(2, &i * g.ldc as i64 + &j);
+        let init = if g.accumulate { c.load().cast(DType::F64) } else { f64c(0.0) };
+        let total = if g.k == 0 {
+            init
+        } else {
+            let p = self.fresh.range(g.k, AxisType::Reduce);
+            let acc = self.fresh.accumulator(&self.scope_with(&[&i, &j]));
+            let start = acc.index(0).store(init);
+            let inner = acc.after(&[start, p.clone()]);
+            let a = if g.a_trans { &p * g.lda as i64 + &i } else { &i * g.lda as i64 + &p };
+            let b = if g.b_trans { &j * g.ldb as i64 + &p } else { &p * g.ldb as i64 + &j };
+            let product = self.at(0, a).load().cast(DType::F64) * self.at(1, b).load().cast(DType::F64);
+            let step = inner.index(0).store(inner.index(0).load() + product);
+            acc.after(&[step.end(&[p])]).index(0).load()
+        };
+        let nest = c.store(total.cast(DType::F32)).end(&[j, i]);
+        self.keeping(nest, if g.k == 0 { &[0, 1] } else { &[] })
+    }
+
+    /// Per row, in the interpreter's order: the running max over the scores, `alpha`, P over
+    /// S with its sum, `l = l alpha + sum`, `O *= alpha`, the new max. A row whose max stays
+    /// `-inf` gets `alpha = 1` and `P = 0` (so no `exp2(-inf - -inf)` NaN reaches memory).
+    fn softmax(self, rows: usize, cols: usize, lds: usize, d: usize, ldo: usize) -> UOp {
+        if rows == 0 {
+            return self.nothing();
+        }
+        let r = self.fresh.range(rows, AxisType::Loop);
+        let row_scope = self.scope_with(&[&r]);
+        let row_max = self.at(1, r.clone());
+        let m_old = row_max.load().cast(DType::F64);
+        let score = |ops: &Self, j: &UOp| ops.at(0, &r * lds as i64 + j);
+
+        let m_new = if cols == 0 {
+            m_old.clone()
+        } else {
+            let j = self.fresh.range(cols, AxisType::Reduce);
+            let acc = self.fresh.accumulator(&row_scope);
+            let start = acc.index(0).store(&m_old);
+            let inner = acc.after(&[start, j.clone()]);
+            let s = score(&self, &j).load().cast(DType::F64);
+            // `f64::max` exactly: a NaN score is skipped (MAX keeps its right operand), and
+            // a NaN running max gives way to the score.
+            let m = inner.index(0).load();
+            let step = inner.index(0).store(m.ne(&m).where_(&s, s.maximum(&m)));
+            acc.after(&[step.end(&[j])]).index(0).load()
+        };
+        let live = m_new.ne(f64::NEG_INFINITY);
+        let alpha = live.where_((&m_old - &m_new).exp2(), 1.0);
+
+        let sum = if cols == 0 {
+            f64c(0.0)
+        } else {
+            let j = self.fresh.range(cols, AxisType::Reduce);
+            let acc = self.fresh.accumulator(&row_scope);
+            let start = acc.index(0).store(0.0);
+            let inner = acc.after(&[start, j.clone()]);
+            let s = score(&self, &j);
+            let p = live.where_((s.load().cast(DType::F64) - &m_new).exp2(), 0.0);
+            let write_p = s.store(p.cast(DType::F32));
+            let step = inner.index(0).store(inner.index(0).load() + p);
+            acc.after(&[sink(&[write_p, step]).end(&[j])]).index(0).load()
+        };
+        let row_sum = self.at(2, r.clone());
+        let mut effects =
+            vec![row_sum.store((row_sum.load().cast(DType::F64) * &alpha + sum).cast(DType::F32))];
+        if d > 0 {
+            let e = self.fresh.range(d, AxisType::Loop);
+            let o = self.at(3, &r * ldo as i64 + &e);
+            effects.push(o.store((o.load().cast(DType::F64) * &alpha).cast(DType::F32)).end(&[e]));
+        }
+        effects.push(row_max.store(m_new.cast(DType::F32)));
+        let nest = sink(&effects).end(&[r]);
+        let untouched: Vec<usize> =
+            [(cols == 0, 0), (d == 0, 3)].iter().filter(|x| x.0).map(|x| x.1).collect();
+        self.keeping(nest, &untouched)
+    }
+}

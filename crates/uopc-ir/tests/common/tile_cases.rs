@@ -1,0 +1,169 @@
+//! Tile-op programs with inputs, shared by the expansion tests of uopc-ir and uopc-jit (the
+//! latter includes this file by path). Both include the workspace's `rng.rs` as `crate::rng`.
+
+use crate::rng::uniform_values as values;
+use uopc_ir::*;
+
+/// A program and the buffers to run it on, one per BUFFER slot.
+pub struct Case {
+    pub program: UOp,
+    pub inputs: Vec<HostBuffer>,
+}
+
+/// One GEMM's shape and layout.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_trans: bool,
+    pub b_trans: bool,
+    pub accumulate: bool,
+    /// Extra elements at the end of every stored row.
+    pub pad: usize,
+    /// Where A and B start inside their buffers.
+    pub offset: usize,
+}
+
+impl GemmShape {
+    pub fn op(&self) -> TileOp {
+        let GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, .. } = *self;
+        let (lda, ldb) = (self.a_cols() + pad, self.b_cols() + pad);
+        TileOp::Gemm { m, n, k, lda, ldb, ldc: n + pad, a_trans, b_trans, accumulate }
+    }
+    fn a_cols(&self) -> usize {
+        if self.a_trans { self.m } else { self.k }
+    }
+    fn a_rows(&self) -> usize {
+        if self.a_trans { self.k } else { self.m }
+    }
+    fn b_cols(&self) -> usize {
+        if self.b_trans { self.k } else { self.n }
+    }
+    fn b_rows(&self) -> usize {
+        if self.b_trans { self.n } else { self.k }
+    }
+    /// Elements of one task's A block (offset included).
+    pub fn a_len(&self) -> usize {
+        self.offset + self.a_rows() * (self.a_cols() + self.pad)
+    }
+    pub fn b_len(&self) -> usize {
+        self.offset + self.b_rows() * (self.b_cols() + self.pad)
+    }
+    pub fn c_len(&self) -> usize {
+        self.m * (self.n + self.pad)
+    }
+    /// A[i, p] of task `t`, from the stored buffer.
+    pub fn a_at(&self, a: &[f32], t: usize, i: usize, p: usize) -> f32 {
+        let ld = self.a_cols() + self.pad;
+        a[t * self.a_len() + self.offset + if self.a_trans { p * ld + i } else { i * ld + p }]
+    }
+    /// B[p, j], from the stored buffer.
+    pub fn b_at(&self, b: &[f32], p: usize, j: usize) -> f32 {
+        let ld = self.b_cols() + self.pad;
+        b[self.offset + if self.b_trans { j * ld + p } else { p * ld + j }]
+    }
+    /// Position of C[i, j] of task `t`.
+    pub fn c_pos(&self, t: usize, i: usize, j: usize) -> usize {
+        t * self.c_len() + i * (self.n + self.pad) + j
+    }
+}
+
+/// `tasks` THREAD iterations, each `C_t (+)= A_t · B` on its own rows; every buffer has one
+/// element past the last block, which nothing may write.
+pub fn gemm_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
+    let (a_len, b_len, c_len) = (g.a_len(), g.b_len(), g.c_len());
+    let a = buffer(0, DType::F32, a_len * tasks + 1);
+    let b = buffer(1, DType::F32, b_len + 1);
+    let c = buffer(2, DType::F32, c_len * tasks + 1);
+    let t = range(tasks, 0, AxisType::Thread);
+    let operands = [a.index(&t * a_len + g.offset as i64), b.index(g.offset as i64), c.index(&t * c_len)];
+    let program = sink(&[sink(&[tile(g.op(), &operands)]).end(&[t])]);
+    let inputs = vec![
+        HostBuffer::F32(values(a_len * tasks + 1, seed)),
+        HostBuffer::F32(values(b_len + 1, seed + 1)),
+        HostBuffer::F32(values(c_len * tasks + 1, seed + 2)),
+    ];
+    Case { program, inputs }
+}
+
+/// One softmax update's shape and layout.
+#[derive(Clone, Copy, Debug)]
+pub struct SoftmaxShape {
+    pub rows: usize,
+    pub cols: usize,
+    pub d: usize,
+    pub pad: usize,
+    /// Where each task's blocks start inside their buffers.
+    pub offset: usize,
+}
+
+impl SoftmaxShape {
+    pub fn op(&self) -> TileOp {
+        let SoftmaxShape { rows, cols, d, pad, .. } = *self;
+        TileOp::SoftmaxUpdate { rows, cols, lds: cols + pad, d, ldo: d + pad }
+    }
+    /// Elements per task of S, row_max, row_sum and O (offsets included).
+    pub fn lens(&self) -> [usize; 4] {
+        let SoftmaxShape { rows, cols, d, pad, offset } = *self;
+        [offset + rows * (cols + pad), offset + rows, offset + rows, offset + rows * (d + pad)]
+    }
+}
+
+/// `tasks` THREAD iterations of one softmax update, each on its own blocks. With `special`
+/// the first rows (where they exist) are, in order: all `-inf` (scores and max: P = 0, l and O
+/// kept), a first block (max `-inf`, finite scores), masked (scores `-inf`, finite max), and
+/// one whose maximum is its last score (the max moves late in the row).
+pub fn softmax_case(s: SoftmaxShape, tasks: usize, special: bool, seed: u64) -> Case {
+    let lens = s.lens();
+    let bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
+    let t = range(tasks, 0, AxisType::Thread);
+    let operands: Vec<UOp> =
+        bufs.iter().zip(lens).map(|(b, len)| b.index(&t * len + s.offset as i64)).collect();
+    let program = sink(&[sink(&[tile(s.op(), &operands)]).end(&[t])]);
+
+    let mut scores: Vec<f32> = values(lens[0] * tasks + 1, seed).iter().map(|x| x * 8.0).collect();
+    let mut row_max: Vec<f32> = values(lens[1] * tasks + 1, seed + 1).iter().map(|x| x * 4.0).collect();
+    let sums: Vec<f32> = values(lens[2] * tasks + 1, seed + 2).iter().map(|x| x.abs() + 0.5).collect();
+    let o = values(lens[3] * tasks + 1, seed + 3);
+    if special {
+        let lds = s.cols + s.pad;
+        for task in 0..tasks {
+            let row = |r: usize| task * lens[0] + s.offset + r * lds;
+            let max_at = |r: usize| task * lens[1] + s.offset + r;
+            for r in 0..s.rows.min(4) {
+                let cells = row(r)..row(r) + s.cols;
+                match r {
+                    0 => {
+                        scores[cells].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+                        row_max[max_at(r)] = f32::NEG_INFINITY;
+                    }
+                    1 => row_max[max_at(r)] = f32::NEG_INFINITY,
+                    2 => scores[cells].iter_mut().for_each(|x| *x = f32::NEG_INFINITY),
+                    _ if s.cols > 0 => scores[row(r) + s.cols - 1] = 20.0,
+                    _ => {}
+                }
+            }
+        }
+    }
+    let inputs =
+        vec![HostBuffer::F32(scores), HostBuffer::F32(row_max), HostBuffer::F32(sums), HostBuffer::F32(o)];
+    Case { program, inputs }
+}
+
+pub fn f32s(b: &HostBuffer) -> &[f32] {
+    match b {
+        HostBuffer::F32(v) => v,
+        other => panic!("expected an f32 buffer, got {:?}", other.dtype()),
+    }
+}
+
+/// The bits of every element of every buffer (NaNs compare equal to themselves).
+pub fn bits(bufs: &[HostBuffer]) -> Vec<Vec<u32>> {
+    bufs.iter().map(|b| f32s(b).iter().map(|x| x.to_bits()).collect()).collect()
+}
+
+/// Whether `program` still has a tile op.
+pub fn has_tile_op(program: &UOp) -> bool {
+    UOp::toposort(std::slice::from_ref(program)).iter().any(|u| matches!(u.op(), Op::Tile(_)))
+}
