@@ -58,9 +58,10 @@ pub fn flash_tiled_prep_ir(n: usize, d: usize, bc: usize) -> UOp {
     sink(&[st.end(&[e, j])])
 }
 
-/// FlashAttention-2 for one head: buffers 0 = Q (`n*d`), 1 = `K^T` padded and 2 = V padded
-/// (from [`flash_tiled_prep_ir`]), 3 = output (`n*d`). Scores are base 2 with
-/// `log2(e)/sqrt(d)` folded in, as in [`crate::attention::online_attention_ir`].
+/// FlashAttention-2 for one head: buffers 0 = Q pre-scaled by `log2(e)/sqrt(d)` (`n*d`, from
+/// [`scale_queries_ir`]), 1 = `K^T` padded and 2 = V padded (from [`flash_tiled_prep_ir`]),
+/// 3 = output (`n*d`). Scores are base 2, as in [`crate::attention::online_attention_ir`];
+/// scaling Q once leaves the score tile to be stored as it is (whole vectors).
 pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let br = crate::attention::query_block(n, tiling.query_block);
     let bc = tiling.key_block.max(1);
@@ -70,7 +71,6 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let kt = buffer(1, f32t, d * np);
     let vp = buffer(2, f32t, np * d);
     let out = buffer(3, f32t, n * d);
-    let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
 
     let mut slot = 0;
     let mut next = |len: usize| {
@@ -116,7 +116,7 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let si = s_tile.after(&tk);
     let s_stores: Vec<UOp> = (0..br * bc)
         .map(|bcx| {
-            let mut s = ai[bcx].after(after_dot).index(0).load() * scale;
+            let mut s = ai[bcx].after(after_dot).index(0).load();
             if np != n {
                 s = (&kb * bc + (bcx % bc) as i64).lt(n as i64).where_(s, f32c(f32::NEG_INFINITY));
             }
@@ -184,12 +184,15 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     sink(&[sink(&stores).end(&[d2, t])])
 }
 
-/// `flash_tiled` compiled: the prologue and the attention kernel, with their scratch buffers.
+/// `flash_tiled` compiled: the prologues (query scaling; padded K^T and V) and the attention
+/// kernel, with their scratch buffers.
 pub struct FlashTiled {
+    scale_q: Program,
     prep: Program,
     main: Program,
     n: usize,
     d: usize,
+    qs: Vec<f32>,
     kt: Vec<f32>,
     vp: Vec<f32>,
 }
@@ -202,10 +205,12 @@ impl FlashTiled {
         }
         let np = padded_keys(n, tiling.key_block);
         Ok(FlashTiled {
+            scale_q: Program::compile(&scale_queries_ir(n, d), "flash_scale_q")?,
             prep: Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "flash_tiled_prep")?,
             main: Program::compile(&flash_tiled_ir(n, d, tiling), "flash_tiled")?,
             n,
             d,
+            qs: vec![0.0; n * d],
             kt: vec![0.0; d * np],
             vp: vec![0.0; np * d],
         })
@@ -213,8 +218,9 @@ impl FlashTiled {
 
     /// `out = softmax(q k^T / sqrt(d)) v`, all `n*d` row-major; lengths are checked.
     pub fn run(&mut self, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<(), JitError> {
+        self.scale_q.run_f32(&[q], &mut [&mut self.qs])?;
         self.prep.run_f32(&[k, v], &mut [&mut self.kt, &mut self.vp])?;
-        self.main.run_f32(&[q, &self.kt, &self.vp], &mut [out])
+        self.main.run_f32(&[&self.qs, &self.kt, &self.vp], &mut [out])
     }
 
     /// The attention kernel (for its loop IR, CLIF and estimates).
@@ -242,7 +248,7 @@ impl FlashTiled {
 /// `O += P · V_blk`; the score and output tiles live on the stack. A last, narrower block takes
 /// the keys left over. The division by the row sums happens once at the end, in plain loop IR.
 pub fn flash_tile_ops_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
-    flash_tile_ops_program(n, d, tiling, false)
+    flash_tile_ops_program(n, d, tiling, false, None)
 }
 
 /// Causal [`flash_tile_ops_ir`]: query row `i` sees keys `j <= i`. Keys wholly before a query
@@ -252,10 +258,46 @@ pub fn flash_tile_ops_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
 /// diagonal goes in strips of up to 64 keys: strip `j` is multiplied only for the rows that
 /// see it, and only its top square is masked, by a loop writing `-inf` above the diagonal.
 pub fn flash_tile_ops_causal_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
-    flash_tile_ops_program(n, d, tiling, true)
+    flash_tile_ops_program(n, d, tiling, true, None)
 }
 
-fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool) -> UOp {
+/// Second-level blocking for [`flash_tile_ops_ir`] at large `n`: each THREAD task takes
+/// `query_blocks` query blocks and streams the keys in super-blocks of `keys` keys; every
+/// query block of the task runs its key blocks of one super-block before the next
+/// super-block, so that super-block's K and V (`2 * keys * d * 4` bytes) come from L2 for
+/// all query blocks but the first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct L2Blocking {
+    /// Query blocks per THREAD task (rounded down to a divisor of the number of blocks).
+    pub query_blocks: usize,
+    /// Keys per super-block (rounded down to a multiple of the key block dividing `n`).
+    pub keys: usize,
+}
+
+impl L2Blocking {
+    /// `(query blocks per task, keys per super-block)` for `n` keys and queries in blocks of
+    /// `br` queries and `bc` keys, or `None` when no super-block fits (then the plain loop runs).
+    fn fit(self, n: usize, br: usize, bc: usize) -> Option<(usize, usize)> {
+        let blocks = n / br;
+        let group = (1..=self.query_blocks.min(blocks)).rev().find(|g| blocks.is_multiple_of(*g))?;
+        let keys = (1..=self.keys / bc).rev().map(|m| m * bc).find(|k| n.is_multiple_of(*k))?;
+        Some((group, keys))
+    }
+}
+
+/// [`flash_tile_ops_ir`] with second-level blocking (see [`L2Blocking`]); without a fitting
+/// blocking it is [`flash_tile_ops_ir`].
+pub fn flash_tile_ops_l2_ir(n: usize, d: usize, tiling: FlashTiling, l2: L2Blocking) -> UOp {
+    flash_tile_ops_program(n, d, tiling, false, Some(l2))
+}
+
+fn flash_tile_ops_program(
+    n: usize,
+    d: usize,
+    tiling: FlashTiling,
+    causal: bool,
+    l2: Option<L2Blocking>,
+) -> UOp {
     let br = crate::attention::query_block(n, tiling.query_block);
     // Causal: keys in blocks of the largest multiple of br that divides n and is at most the
     // key block, then in blocks of br up to the diagonal; with a key block below br, in the
@@ -277,15 +319,26 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
     // Causal diagonal strips are w keys wide (see below).
     let w = crate::attention::query_block(br, 64);
     let tile_cols = if causal { bc.max(w) } else { bc };
-    let (s, o, mx, l) =
-        (alloc(0, f32t, br * tile_cols), alloc(1, f32t, br * d), alloc(2, f32t, br), alloc(3, f32t, br));
+    // Query blocks per THREAD task and keys per super-block (see `L2Blocking`); (1, n) is the
+    // plain loop, every query block streaming all keys on its own.
+    let (group, keys) = match l2 {
+        Some(b) if !causal => b.fit(n, br, bc).unwrap_or((1, n)),
+        _ => (1, n),
+    };
+    let rows = group * br;
+    let (s, o, mx, l) = (
+        alloc(0, f32t, br * tile_cols),
+        alloc(1, f32t, rows * d),
+        alloc(2, f32t, rows),
+        alloc(3, f32t, rows),
+    );
 
-    let t = range(n / br, 0, AxisType::Thread);
+    let t = range(n / rows, 0, AxisType::Thread);
     let th = std::slice::from_ref(&t);
     let (si, oi, mi, li) = (s.after(th), o.after(th), mx.after(th), l.after(th));
-    let z = range(br * d, 1, AxisType::Loop);
+    let z = range(rows * d, 1, AxisType::Loop);
     let init_o = oi.index(&z).store(0.0f32).end(&[z]);
-    let r = range(br, 2, AxisType::Loop);
+    let r = range(rows, 2, AxisType::Loop);
     let init_ml = sink(&[mi.index(&r).store(f32c(f32::NEG_INFINITY)), li.index(&r).store(0.0f32)]).end(&[r]);
 
     // One key block of `cols` keys starting at key `first`, after the effects `prev`, for the
@@ -295,9 +348,12 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
     let block = |first: &UOp,
                  cols: usize,
                  prev: &[UOp],
+                 rows_at: (&UOp, &UOp),
                  r0: usize,
                  mask_ids: Option<(usize, usize)>|
      -> UOp {
+        // rows_at: the query block's first row in Q, and its first row in the state (m, l, O).
+        let (q_row, state_row) = rows_at;
         let rows = br - r0;
         let scores = TileOp::Gemm {
             m: rows,
@@ -310,7 +366,7 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
             b_trans: true,
             accumulate: false,
         };
-        let q_first = (&t * br + r0 as i64) * d;
+        let q_first = (q_row + r0 as i64) * d;
         let mut g1 = tile(scores, &[q.index(q_first), k.index(first * d), si.after(prev).index(0)]);
         if let Some((rid, cid)) = mask_ids {
             // Row r hides keys r+1 .. cols, the strict upper triangle. The min only tells the
@@ -328,9 +384,9 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
             update,
             &[
                 si.after(after_g1).index(0),
-                mi.after(&state).index(r0 as i64),
-                li.after(&state).index(r0 as i64),
-                oi.after(&state).index((r0 * d) as i64),
+                mi.after(&state).index(state_row + r0 as i64),
+                li.after(&state).index(state_row + r0 as i64),
+                oi.after(&state).index((state_row + r0 as i64) * d),
             ],
         );
         let after_sm = std::slice::from_ref(&sm);
@@ -347,7 +403,11 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
         };
         tile(
             pv,
-            &[si.after(after_sm).index(0), v.index(first * d), oi.after(after_sm).index((r0 * d) as i64)],
+            &[
+                si.after(after_sm).index(0),
+                v.index(first * d),
+                oi.after(after_sm).index((state_row + r0 as i64) * d),
+            ],
         )
     };
     let done = if causal {
@@ -355,9 +415,11 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
         // visible: whole bc-blocks first, then br-blocks up to q0; the br x br block at q0 is
         // the only one the diagonal crosses, and the only one masked. Later keys are skipped.
         let q0 = &t * br;
+        let zero = uopc_ir::idx(0);
+        let at = (&q0, &zero);
         let big = q0.idiv(bc as i64);
         let kb = range(&big, 3, AxisType::Reduce);
-        let far = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], 0, None).end(&[kb]);
+        let far = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], at, 0, None).end(&[kb]);
         // The keys from big * bc to q0 in blocks of br (none when bc divides br). ks stays
         // below that count, so the start stays below q0; the min only tells the verifier's
         // interval bounds (they do not see that ks and big are correlated).
@@ -365,7 +427,7 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
             let ks = range((&q0 - &big * bc).idiv(br as i64), 6, AxisType::Reduce);
             let start = &big * bc + &ks * br;
             let near_first = -((-start).maximum(-((n - br) as i64)));
-            block(&near_first, br, &[far, ks.clone()], 0, None).end(&[ks])
+            block(&near_first, br, &[far, ks.clone()], at, 0, None).end(&[ks])
         } else {
             far
         };
@@ -375,25 +437,38 @@ fn flash_tile_ops_program(n: usize, d: usize, tiling: FlashTiling, causal: bool)
         let mut prev = near;
         for j in 0..br / w {
             let r0 = j * w;
-            prev = block(&(&q0 + r0 as i64), w, &[prev], r0, Some((7 + 2 * j, 8 + 2 * j)));
+            prev = block(&(&q0 + r0 as i64), w, &[prev], at, r0, Some((7 + 2 * j, 8 + 2 * j)));
         }
         prev
+    } else if group > 1 || keys < n {
+        // Second-level blocking: super-block sb of the keys is streamed by every query block
+        // g of the task before the next one, so it comes from L2 after the first block.
+        let sb = range(n / keys, 9, AxisType::Reduce);
+        let g = range(group, 10, AxisType::Loop);
+        let kb = range(keys / bc, 3, AxisType::Reduce);
+        let (q_row, state_row) = ((&t * group + &g) * br, &g * br);
+        let first = &sb * keys + &kb * bc;
+        let prev = [init_o, init_ml, sb.clone(), g.clone(), kb.clone()];
+        block(&first, bc, &prev, (&q_row, &state_row), 0, None).end(&[kb, g, sb])
     } else {
+        let q_row = &t * br;
+        let zero = uopc_ir::idx(0);
+        let at = (&q_row, &zero);
         let kb = range(full, 3, AxisType::Reduce);
-        let key_loop = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], 0, None).end(&[kb]);
+        let key_loop = block(&(&kb * bc), bc, &[init_o, init_ml, kb.clone()], at, 0, None).end(&[kb]);
         if rest > 0 {
             let first = uopc_ir::idx((full * bc) as i64);
-            block(&first, rest, std::slice::from_ref(&key_loop), 0, None)
+            block(&first, rest, std::slice::from_ref(&key_loop), at, 0, None)
         } else {
             key_loop
         }
     };
     let after = std::slice::from_ref(&done);
     let e = range(d, 4, AxisType::Loop);
-    let rr = range(br, 5, AxisType::Loop);
+    let rr = range(rows, 5, AxisType::Loop);
     let lr = li.after(after).index(&rr).load();
     let st =
-        out.index((&t * br + &rr) * d + &e).store(oi.after(after).index(&rr * d + &e).load() * lr.recip());
+        out.index((&t * rows + &rr) * d + &e).store(oi.after(after).index(&rr * d + &e).load() * lr.recip());
     sink(&[st.end(&[e, rr, t])])
 }
 
@@ -438,6 +513,19 @@ impl FlashTileOps {
         })
     }
 
+    /// [`FlashTileOps::compile`] with second-level blocking (see [`L2Blocking`]).
+    pub fn compile_l2(n: usize, d: usize, tiling: FlashTiling, l2: L2Blocking) -> Result<Self, JitError> {
+        if n == 0 || d == 0 || tiling.key_block == 0 || tiling.query_block == 0 {
+            return Err(JitError::Unsupported("flash_tiled needs positive n, d and block sizes".into()));
+        }
+        Ok(FlashTileOps {
+            prep: Program::compile(&scale_queries_ir(n, d), "flash_scale_q")?,
+            main: Program::compile(&flash_tile_ops_l2_ir(n, d, tiling, l2), "flash_tile_ops_l2")?,
+            d,
+            qs: vec![0.0; n * d],
+        })
+    }
+
     /// `out = softmax(q k^T / sqrt(d)) v`, all `n*d` row-major; lengths are checked.
     pub fn run(&mut self, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<(), JitError> {
         self.prep.run_f32(&[q], &mut [&mut self.qs])?;
@@ -470,3 +558,11 @@ pub const TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 256, key_blo
 /// kernel in the same run, three runs took 0.59, 0.61 and 0.53 of its time; the previous
 /// causal form (128x256 blocks, a whole masked 128x128 square) took 0.61-0.62.
 pub const CAUSAL_TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 256, key_block: 128 };
+
+/// Second-level blocking for [`FlashTileOps::compile_l2`]: two query blocks per task share
+/// super-blocks of 1024 keys (512 KiB of K and V at D = 64, a quarter of this CPU's 2 MiB L2).
+pub const TILE_OPS_L2: L2Blocking = L2Blocking { query_blocks: 2, keys: 1024 };
+
+/// Block sizes for [`TILE_OPS_L2`]: 256 query rows against 64 keys, so two output tiles
+/// (2 x 64 KiB at D = 64) and the score tile (64 KiB) fit the 256 KiB of stack a kernel may use.
+pub const TILE_OPS_L2_TILING: FlashTiling = FlashTiling { query_block: 256, key_block: 64 };

@@ -124,6 +124,51 @@ mod tile_ops {
     }
 
     #[test]
+    fn l2_blocked_tile_ops_match_f64_and_the_interpreter() {
+        use uopc::flash_tiled::{L2Blocking, flash_tile_ops_l2_ir};
+        // (n, d, query block, key block, blocking): groups and super-blocks that divide
+        // evenly, that must be rounded down, and one that does not fit (plain loop)
+        let cases = [
+            (64, 8, 8, 4, L2Blocking { query_blocks: 2, keys: 16 }),
+            (96, 5, 8, 8, L2Blocking { query_blocks: 5, keys: 40 }),
+            (40, 3, 4, 8, L2Blocking { query_blocks: 3, keys: 24 }),
+            (30, 4, 5, 4, L2Blocking { query_blocks: 2, keys: 8 }),
+        ];
+        for (n, d, br, bc, l2) in cases {
+            let tiling = FlashTiling { query_block: br, key_block: bc };
+            let (q, k, v) = (pseudo_random(n * d, 7), pseudo_random(n * d, 8), pseudo_random(n * d, 9));
+            let want = attention_f64(&q, &k, &v, n, d);
+            let mut f = FlashTileOps::compile_l2(n, d, tiling, l2).expect("compiles");
+            let mut out = vec![0.0f32; n * d];
+            f.run(&q, &k, &v, &mut out).expect("runs");
+            let err = max_abs_err(&out, &want);
+            assert!(err <= TOL, "n={n} d={d} {tiling:?} {l2:?}: max abs err {err:e}");
+            assert!(f.kernel().is_parallel(), "tasks own disjoint query rows");
+            // the interpreter, running the tile ops' reference semantics with every access
+            // bounds-checked, agrees
+            let mut qs = vec![HostBuffer::F32(q.clone()), HostBuffer::F32(vec![0.0; n * d])];
+            interp::run(&scale_queries_ir(n, d), &mut qs, Precision::Native).unwrap();
+            let mut bufs = vec![
+                qs[1].clone(),
+                HostBuffer::F32(k),
+                HostBuffer::F32(v),
+                HostBuffer::F32(vec![0.0; n * d]),
+            ];
+            interp::run(&flash_tile_ops_l2_ir(n, d, tiling, l2), &mut bufs, Precision::Native).unwrap();
+            let HostBuffer::F32(reference) = &bufs[3] else { unreachable!() };
+            let diff = out.iter().zip(reference).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(diff <= 1e-6, "JIT vs interpreter: {diff:e}");
+        }
+        // structure: at n = 4096 two query blocks per task (8 tasks), keys in 4 super-blocks
+        use uopc::flash_tiled::{TILE_OPS_L2, TILE_OPS_L2_TILING};
+        let f = FlashTileOps::compile_l2(4096, 64, TILE_OPS_L2_TILING, TILE_OPS_L2).unwrap();
+        let loops = f.kernel().loop_ir();
+        assert!(loops.contains("0..8 (thread)"), "{loops}");
+        assert!(loops.contains("0..4 (reduce)") && loops.contains("0..2 (loop)"), "{loops}");
+        assert!(loops.contains("0..16 (reduce)"), "16 key blocks per super-block: {loops}");
+    }
+
+    #[test]
     fn tile_ops_are_calls_not_loops() {
         let f = FlashTileOps::compile(1024, 64, FlashTiling { query_block: 64, key_block: 128 }).unwrap();
         let clif = f.kernel().clif();

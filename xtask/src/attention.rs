@@ -8,7 +8,10 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 use uopc::attention::{attention, online_attention_ir, online_attention_qb_ir};
-use uopc::flash_tiled::{CAUSAL_TILE_OPS_TILING, FlashTileOps, FlashTiled, FlashTiling, TILE_OPS_TILING};
+use uopc::flash_tiled::{
+    CAUSAL_TILE_OPS_TILING, FlashTileOps, FlashTiled, FlashTiling, TILE_OPS_L2, TILE_OPS_L2_TILING,
+    TILE_OPS_TILING,
+};
 use uopc::jit::{JitOptions, Program};
 use uopc::tensor::{DefaultOpt, FlashOpt};
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
@@ -63,6 +66,11 @@ pub enum Variant {
     #[value(name = "flash_tile_ops_causal")]
     #[serde(rename = "flash_tile_ops_causal")]
     FlashTileOpsCausal,
+    /// `flash_tile_ops` with second-level blocking: two query blocks per task share key
+    /// super-blocks that stay in L2 (`--flash-tile` sets the first-level blocks).
+    #[value(name = "flash_tile_ops_l2")]
+    #[serde(rename = "flash_tile_ops_l2")]
+    FlashTileOpsL2,
     /// Fused but with broadcast staging, so P is stored (the chapter's first version).
     #[value(name = "fused_staged")]
     #[serde(rename = "fused_staged")]
@@ -83,6 +91,7 @@ impl Variant {
             Variant::FlashTiled => "flash_tiled",
             Variant::FlashTileOps => "flash_tile_ops",
             Variant::FlashTileOpsCausal => "flash_tile_ops_causal",
+            Variant::FlashTileOpsL2 => "flash_tile_ops_l2",
         }
     }
 
@@ -99,7 +108,8 @@ impl Variant {
             | Variant::OnlineQb
             | Variant::FlashTiled
             | Variant::FlashTileOps
-            | Variant::FlashTileOpsCausal => None,
+            | Variant::FlashTileOpsCausal
+            | Variant::FlashTileOpsL2 => None,
         }
     }
 }
@@ -218,6 +228,11 @@ impl<'a> Runner<'a> {
                 let causal = variant == Variant::FlashTileOpsCausal;
                 let default = if causal { CAUSAL_TILE_OPS_TILING } else { TILE_OPS_TILING };
                 let prg = Box::new(FlashTileOps::compile_with(n, d, tiling.unwrap_or(default), causal)?);
+                Runner::TileOps { prg, x, out: vec![0.0; n * d] }
+            }
+            None if variant == Variant::FlashTileOpsL2 => {
+                let tiling = tiling.unwrap_or(TILE_OPS_L2_TILING);
+                let prg = Box::new(FlashTileOps::compile_l2(n, d, tiling, TILE_OPS_L2)?);
                 Runner::TileOps { prg, x, out: vec![0.0; n * d] }
             }
             None if variant == Variant::FlashTiled => {

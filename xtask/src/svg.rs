@@ -22,6 +22,7 @@ fn color(v: Variant) -> &'static str {
         Variant::FlashTiled => "#8c564b",
         Variant::FlashTileOps => "#e377c2",
         Variant::FlashTileOpsCausal => "#bcbd22",
+        Variant::FlashTileOpsL2 => "#7f7f7f",
     }
 }
 
