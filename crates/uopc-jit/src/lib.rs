@@ -88,6 +88,11 @@ pub struct JitOptions {
     /// Reassociate float sums in reduction loops into independent partial sums (like
     /// `-fassociative-math`): results differ from in-order summation by rounding only.
     pub reassociate: bool,
+    /// Lower tile ops to calls into the `uopc-tile` micro-kernels. When false, tile ops are
+    /// first rewritten into their reference loops ([`uopc_ir::expand_tile_ops`]: f64
+    /// accumulation, the interpreter's results bit for bit under strict options), and the
+    /// program runs on the JIT's own code alone.
+    pub tile_calls: bool,
 }
 
 impl Default for JitOptions {
@@ -98,15 +103,22 @@ impl Default for JitOptions {
             contract_fma: true,
             reassociate: true,
             vectorize: true,
+            tile_calls: true,
         }
     }
 }
 
 impl JitOptions {
-    /// Plain scalar code: no vectorization, FMA contraction or split sums (the baseline the
-    /// code generator is measured against).
+    /// Plain scalar code: no vectorization, FMA contraction, split sums or micro-kernel calls
+    /// (the baseline the code generator is measured against).
     pub fn scalar() -> Self {
-        JitOptions { contract_fma: false, reassociate: false, vectorize: false, ..JitOptions::default() }
+        JitOptions {
+            contract_fma: false,
+            reassociate: false,
+            vectorize: false,
+            tile_calls: false,
+            ..JitOptions::default()
+        }
     }
 }
 
@@ -258,7 +270,15 @@ impl Program {
         // The user's program is checked as written; the simplified one is what gets lowered.
         let original = verify(program)?;
         let specs = buffer_specs(program, &original)?;
-        let program = simplify(program);
+        let expanded = if opts.tile_calls { program.clone() } else { uopc_ir::expand_tile_ops(program) };
+        if expanded != *program {
+            // The expansion must order its stores like any program; the lenient check of the
+            // simplified program below does not look at store order.
+            verify(&expanded).map_err(|e| {
+                JitError::Unsupported(format!("{name}: the reference loops of its tile ops: {e}"))
+            })?;
+        }
+        let program = simplify(&expanded);
         let lin = verify_simplified(&program)?;
         let thread_extent = match &lin.thread {
             Some(t) => Some(

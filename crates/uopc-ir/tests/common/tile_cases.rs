@@ -151,6 +151,76 @@ pub fn softmax_case(s: SoftmaxShape, tasks: usize, special: bool, seed: u64) -> 
     Case { program, inputs }
 }
 
+/// FlashAttention on tile ops, like `uopc::flash_tile_ops_ir` in small: per THREAD block of
+/// `br` queries, over key blocks of `bc`: S = Q K^T into a scratch ALLOC, the softmax update,
+/// O += P V, all ordered by AFTER; then out = O / l. Q holds base-2 scores' scale already.
+pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
+    let f32t = DType::F32;
+    let (q, k, v, out) =
+        (buffer(0, f32t, n * d), buffer(1, f32t, n * d), buffer(2, f32t, n * d), buffer(3, f32t, n * d));
+    let (s, o, mx, l) =
+        (alloc(0, f32t, br * bc), alloc(1, f32t, br * d), alloc(2, f32t, br), alloc(3, f32t, br));
+    let t = range(n / br, 0, AxisType::Thread);
+    let th = std::slice::from_ref(&t);
+    let (si, oi, mi, li) = (s.after(th), o.after(th), mx.after(th), l.after(th));
+    let z = range(br * d, 1, AxisType::Loop);
+    let init_o = oi.index(&z).store(0.0f32).end(&[z]);
+    let r = range(br, 2, AxisType::Loop);
+    let init_ml = sink(&[mi.index(&r).store(f32c(f32::NEG_INFINITY)), li.index(&r).store(0.0f32)]).end(&[r]);
+    let kb = range(n / bc, 3, AxisType::Reduce);
+    let prev = [init_o, init_ml, kb.clone()];
+    let scores = TileOp::Gemm {
+        m: br,
+        n: bc,
+        k: d,
+        lda: d,
+        ldb: d,
+        ldc: bc,
+        a_trans: false,
+        b_trans: true,
+        accumulate: false,
+    };
+    let g1 = tile(scores, &[q.index(&t * (br * d)), k.index(&kb * (bc * d)), si.after(&prev).index(0)]);
+    let mut state = prev.to_vec();
+    state.push(g1.clone());
+    let update = TileOp::SoftmaxUpdate { rows: br, cols: bc, lds: bc, d, ldo: d };
+    let sm = tile(
+        update,
+        &[
+            si.after(&[g1]).index(0),
+            mi.after(&state).index(0),
+            li.after(&state).index(0),
+            oi.after(&state).index(0),
+        ],
+    );
+    let pv = TileOp::Gemm {
+        m: br,
+        n: d,
+        k: bc,
+        lda: bc,
+        ldb: d,
+        ldc: d,
+        a_trans: false,
+        b_trans: false,
+        accumulate: true,
+    };
+    let g2 = tile(pv, &[si.after(&[sm.clone()]).index(0), v.index(&kb * (bc * d)), oi.after(&[sm]).index(0)]);
+    let done = [g2.end(&[kb])];
+    let e = range(d, 4, AxisType::Loop);
+    let rr = range(br, 5, AxisType::Loop);
+    let inv = li.after(&done).index(&rr).load().recip();
+    let st = out.index((&t * br + &rr) * d + &e).store(oi.after(&done).index(&rr * d + &e).load() * inv);
+    sink(&[st.end(&[e, rr, t])])
+}
+
+/// Inputs of [`flash_on_tile_ops`]: Q, K and V uniform in [-3, 3), and a zeroed output.
+pub fn flash_inputs(n: usize, d: usize, seed: u64) -> Vec<HostBuffer> {
+    (0..3)
+        .map(|k| HostBuffer::F32(values(n * d, seed + k).iter().map(|x| x * 3.0).collect()))
+        .chain([HostBuffer::F32(vec![0.0; n * d])])
+        .collect()
+}
+
 pub fn f32s(b: &HostBuffer) -> &[f32] {
     match b {
         HostBuffer::F32(v) => v,
