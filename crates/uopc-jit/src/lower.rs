@@ -562,14 +562,38 @@ impl<'a, 'b> Lowerer<'a, 'b> {
 
     /// The address of a BUFFER or stack-slot element, or the variable of a register ALLOC.
     fn address(&mut self, index: &UOp) -> Result<Result<Value, Variable>, JitError> {
+        Ok(match self.address_parts(index)? {
+            Ok((p, 0)) => Ok(p),
+            Ok((p, offset)) => Ok(self.b.ins().iadd_imm_s(p, offset as i64)),
+            Err(var) => Err(var),
+        })
+    }
+
+    /// [`Self::address`] as a pointer and a byte offset for the memory op's immediate: an
+    /// index `x + c` with constant `c` addresses from `x`, so accesses that differ by
+    /// constants (a register tile's rows, unrolled copies) share one pointer and x64 folds
+    /// `base + (x << k) + disp` into each access instead of computing every sum.
+    fn address_parts(&mut self, index: &UOp) -> Result<Result<(Value, i32), Variable>, JitError> {
         if let Some(var) = self.register_of(index) {
             return Ok(Err(self.partial.iter().find(|(a, _)| *a == var).map_or(var, |(_, p)| *p)));
         }
         let size = index.dtype().size() as i64;
         let base = self.base_address(index)?;
-        let i = self.val(&index.src()[1])?;
+        let idx = &index.src()[1];
+        let split = match idx.op() {
+            Op::Binary(BinaryOp::Add) => idx.src()[1]
+                .const_int()
+                .and_then(|c| i32::try_from(c.checked_mul(size)?).ok())
+                .filter(|_| {
+                    self.vals.contains_key(&idx.src()[0]) || self.range_vars.contains_key(&idx.src()[0])
+                })
+                .map(|offset| (&idx.src()[0], offset)),
+            _ => None,
+        };
+        let (x, offset) = split.unwrap_or((idx, 0));
+        let i = self.val(x)?;
         let off = self.scale_index(i, size);
-        Ok(Ok(self.b.ins().iadd(base, off)))
+        Ok(Ok((self.b.ins().iadd(base, off), offset)))
     }
 
     /// `i * size` as a shift: x64 folds `base + (i << k)` into one addressing mode.
@@ -579,15 +603,15 @@ impl<'a, 'b> Lowerer<'a, 'b> {
 
     fn stmt(&mut self, u: &UOp) -> Result<(), JitError> {
         let v = match u.op() {
-            Op::Load => match self.address(&u.src()[0])? {
-                Ok(addr) => self.b.ins().load(clif_type(u.dtype()), mem(), addr, 0),
+            Op::Load => match self.address_parts(&u.src()[0])? {
+                Ok((addr, offset)) => self.b.ins().load(clif_type(u.dtype()), mem(), addr, offset),
                 Err(var) => self.b.use_var(var),
             },
             Op::Store => {
                 let x = self.val(&u.src()[1])?;
-                match self.address(&u.src()[0])? {
-                    Ok(addr) => {
-                        self.b.ins().store(mem(), x, addr, 0);
+                match self.address_parts(&u.src()[0])? {
+                    Ok((addr, offset)) => {
+                        self.b.ins().store(mem(), x, addr, offset);
                     }
                     Err(var) => {
                         self.tile_results.remove(&var.as_u32());

@@ -338,3 +338,25 @@ fn register_tiles_pack_four_columns_into_one_vector() {
         }
     }
 }
+
+#[test]
+fn constant_index_terms_become_load_offsets() {
+    // out[i] = a[4i] + a[4i+1] + a[4i+2] + a[4i+3]: one address computation for the four
+    // loads, whose constant terms ride in the loads' immediate offsets.
+    let n = 16;
+    let (a, out) = (buffer(0, DType::F32, 4 * n), buffer(1, DType::F32, n));
+    let i = range(n, 0, AxisType::Loop);
+    let x = |c: i64| a.index(&i * 4 + c).load();
+    let p = sink(&[out.index(&i).store(x(0) + x(1) + x(2) + x(3)).end(&[i])]);
+    let opts = uopc_jit::JitOptions { vectorize: false, ..uopc_jit::JitOptions::default() };
+    let prg = Program::compile_with(&p, "offsets", &opts).unwrap();
+    let clif = prg.clif();
+    for offset in ["+4", "+8", "+12"] {
+        assert!(clif.lines().any(|l| l.contains("load.f32") && l.ends_with(offset)), "{offset}: {clif}");
+    }
+    let input: Vec<f32> = (0..4 * n).map(|k| k as f32).collect();
+    let mut got = vec![0.0f32; n];
+    prg.run_f32(&[&input], &mut [&mut got]).unwrap();
+    let want: Vec<f32> = (0..n).map(|k| (16 * k + 6) as f32).collect();
+    assert_eq!(got, want);
+}

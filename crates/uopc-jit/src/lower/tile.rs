@@ -258,9 +258,9 @@ impl Lowerer<'_, '_> {
 
     /// Emits the vector store of a [`VectorStore`] plan.
     pub(super) fn emit_vector_store(&mut self, plan: &VectorStore) -> Result<(), JitError> {
-        match self.address(&plan.index)? {
-            Ok(addr) => {
-                self.b.ins().store(MemFlagsData::new().with_notrap(), plan.vector, addr, 0);
+        match self.address_parts(&plan.index)? {
+            Ok((addr, offset)) => {
+                self.b.ins().store(MemFlagsData::new().with_notrap(), plan.vector, addr, offset);
                 Ok(())
             }
             Err(_) => Err(JitError::Internal("vector store to a register".into())),
@@ -363,11 +363,11 @@ impl Lowerer<'_, '_> {
         let u = &lanes[0];
         let v = if lanes.iter().all(|x| x == u) {
             let s = if self.splat_loads.contains(u) {
-                let Ok(addr) = self.address(&u.src()[0])? else {
+                let Ok((addr, offset)) = self.address_parts(&u.src()[0])? else {
                     return Err(JitError::Internal("splat load of a register".into()));
                 };
                 let flags = self.load_flags(u, MemFlagsData::trusted());
-                self.b.ins().load(types::F32, flags, addr, 0)
+                self.b.ins().load(types::F32, flags, addr, offset)
             } else {
                 self.scalar_value(u)?
             };
@@ -376,11 +376,11 @@ impl Lowerer<'_, '_> {
             match u.op() {
                 Op::Load => {
                     // find_packs proved lane k reads element i + k: one unaligned vector load.
-                    let Ok(addr) = self.address(&u.src()[0])? else {
+                    let Ok((addr, offset)) = self.address_parts(&u.src()[0])? else {
                         return Err(JitError::Internal("packed load of a register".into()));
                     };
                     let flags = self.load_flags(u, MemFlagsData::new().with_notrap());
-                    self.b.ins().load(types::F32X4, flags, addr, 0)
+                    self.b.ins().load(types::F32X4, flags, addr, offset)
                 }
                 Op::Binary(BinaryOp::Add)
                     if self.use_fma && self.contract && lanes.iter().all(|x| is_mul(&x.src()[0])) =>

@@ -73,10 +73,25 @@ impl Lowerer<'_, '_> {
 
         // Loop-invariant parts of every address, computed once before the loop.
         let mut inserted = Vec::new();
-        let mut rest_vals: HashMap<UOp, Value> = HashMap::new();
+        // A constant term of an address becomes the access's immediate offset, so accesses
+        // that differ by constants share one pointer.
+        let mut rest_vals: HashMap<UOp, (Value, i32)> = HashMap::new();
         for (index, a) in &plan.access {
-            let v = self.emit_index_expr(&a.rest, &mut inserted)?;
-            rest_vals.insert(index.clone(), v);
+            let size = index.dtype().size() as i64;
+            let split = match a.rest.op() {
+                Op::Binary(BinaryOp::Add) => a.rest.src()[1]
+                    .const_int()
+                    .and_then(|c| i32::try_from(c.checked_mul(size)?).ok())
+                    .map(|offset| (a.rest.src()[0].clone(), offset)),
+                _ => None,
+            };
+            let split = split.or_else(|| {
+                let c = a.rest.const_int()?;
+                Some((uopc_ir::idx(0), i32::try_from(c.checked_mul(size)?).ok()?))
+            });
+            let (x, offset) = split.unwrap_or((a.rest.clone(), 0));
+            let v = self.emit_index_expr(&x, &mut inserted)?;
+            rest_vals.insert(index.clone(), (v, offset));
         }
         // Vector partial results: lane 0 of copy 0 carries the incoming value of a sum; a
         // max starts every lane at the incoming value.
@@ -319,7 +334,7 @@ impl Lowerer<'_, '_> {
         plan: &VectorPlan,
         partials: &[Variable],
         first: Value,
-        rest_vals: &HashMap<UOp, Value>,
+        rest_vals: &HashMap<UOp, (Value, i32)>,
     ) -> Result<(), JitError> {
         let mut vals: HashMap<UOp, Lanes> = HashMap::new();
         let partial_of = |var: Variable| {
@@ -343,16 +358,16 @@ impl Lowerer<'_, '_> {
                     } else {
                         let a = &plan.access[index];
                         let base = self.base_address(index)?;
-                        let rest = rest_vals[index];
+                        let (rest, offset) = rest_vals[index];
                         match a.stride {
                             0 => {
                                 let addr = self.element_address(base, rest);
-                                Lanes::Uniform(self.b.ins().load(types::F32, mem(), addr, 0))
+                                Lanes::Uniform(self.b.ins().load(types::F32, mem(), addr, offset))
                             }
                             1 => {
                                 let i = self.b.ins().iadd(rest, first);
                                 let addr = self.element_address(base, i);
-                                Lanes::Vector(self.b.ins().load(types::F32X4, vec_flags(), addr, 0))
+                                Lanes::Vector(self.b.ins().load(types::F32X4, vec_flags(), addr, offset))
                             }
                             stride => {
                                 // A strided gather: four scalar loads.
@@ -362,7 +377,7 @@ impl Lowerer<'_, '_> {
                                     let off = self.b.ins().imul_imm_s(t, stride);
                                     let i = self.b.ins().iadd(rest, off);
                                     let addr = self.element_address(base, i);
-                                    let x = self.b.ins().load(types::F32, mem(), addr, 0);
+                                    let x = self.b.ins().load(types::F32, mem(), addr, offset);
                                     v = Some(match v {
                                         None => self.b.ins().splat(types::F32X4, x),
                                         Some(w) => self.b.ins().insertlane(w, x, lane as u8),
@@ -382,9 +397,10 @@ impl Lowerer<'_, '_> {
                         self.b.def_var(p, x);
                     } else {
                         let base = self.base_address(index)?;
-                        let i = self.b.ins().iadd(rest_vals[index], first);
+                        let (rest, offset) = rest_vals[index];
+                        let i = self.b.ins().iadd(rest, first);
                         let addr = self.element_address(base, i);
-                        self.b.ins().store(vec_flags(), x, addr, 0);
+                        self.b.ins().store(vec_flags(), x, addr, offset);
                     }
                     continue;
                 }

@@ -1,0 +1,70 @@
+//! Runs `flash_tiled` in a loop for profiling, writes its machine code to `OUT` and prints
+//! where the code lives, so samples of `perf record` map onto `objdump` of that file:
+//! `RAYON_NUM_THREADS=1 perf record -o perf.data target/release/examples/profile_flash_tiled
+//! N D SECONDS OUT`, then `perf script -F ip` and subtract the printed base. `OPT=none` or
+//! `OPT=speed` overrides the kernel's opt level.
+use std::time::Instant;
+use uopc::flash_tiled::{FlashTiling, flash_tiled_ir, flash_tiled_prep_ir, padded_keys, scale_queries_ir};
+use uopc::jit::{JitOptions, OptLevel, Program};
+
+/// The address of `code` in this process's executable mappings (the JIT copies what it
+/// reports as machine code into one of them).
+fn find_code(code: &[u8]) -> Option<usize> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    for line in maps.lines() {
+        let mut parts = line.split_whitespace();
+        let (range, perms) = (parts.next()?, parts.next()?);
+        if !perms.contains('x') {
+            continue;
+        }
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (usize::from_str_radix(lo, 16).ok()?, usize::from_str_radix(hi, 16).ok()?);
+        if hi - lo > 64 << 20 {
+            continue;
+        }
+        // SAFETY: the range is mapped readable and executable in this process right now.
+        let bytes = unsafe { std::slice::from_raw_parts(lo as *const u8, hi - lo) };
+        if let Some(pos) = bytes.windows(code.len()).position(|w| w == code) {
+            return Some(lo + pos);
+        }
+    }
+    None
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (n, d, secs) = (
+        args.first().copied().unwrap_or(1024),
+        args.get(1).copied().unwrap_or(64),
+        args.get(2).copied().unwrap_or(5),
+    );
+    let level = match std::env::var("OPT").as_deref() {
+        Ok("none") => OptLevel::None,
+        Ok("speed") => OptLevel::Speed,
+        _ => OptLevel::Auto,
+    };
+    let tiling = FlashTiling::default();
+    let np = padded_keys(n, tiling.key_block);
+    let opts = JitOptions { opt_level: level, ..JitOptions::default() };
+    let scale = Program::compile(&scale_queries_ir(n, d), "scale").unwrap();
+    let prep = Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "prep").unwrap();
+    let main = Program::compile_with(&flash_tiled_ir(n, d, tiling), "flash_tiled", &opts).unwrap();
+    let (mut qs, mut kt, mut vp) = (vec![0.0f32; n * d], vec![0.0f32; np * d], vec![0.0f32; np * d]);
+    let code = main.machine_code().to_vec();
+    std::fs::write(&out_path, &code).expect("writes the machine code");
+    match find_code(&code) {
+        Some(a) => println!("base {a:#x} len {}", code.len()),
+        None => println!("code not found"),
+    }
+    let x: Vec<f32> = (0..n * d).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let mut out = vec![0.0f32; n * d];
+    let t = Instant::now();
+    let mut runs = 0;
+    while t.elapsed().as_secs() < secs as u64 {
+        scale.run_f32(&[&x], &mut [&mut qs]).unwrap();
+        prep.run_f32(&[&x, &x], &mut [&mut kt, &mut vp]).unwrap();
+        main.run_f32(&[&qs, &kt, &vp], &mut [&mut out]).unwrap();
+        runs += 1;
+    }
+    println!("{runs} runs, {:.3} ms each", t.elapsed().as_secs_f64() * 1e3 / runs as f64);
+}
