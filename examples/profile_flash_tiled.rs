@@ -32,12 +32,10 @@ fn find_code(code: &[u8]) -> Option<usize> {
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (n, d, secs) = (
-        args.first().copied().unwrap_or(1024),
-        args.get(1).copied().unwrap_or(64),
-        args.get(2).copied().unwrap_or(5),
-    );
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let num = |k: usize, default: usize| args.get(k).and_then(|a| a.parse().ok()).unwrap_or(default);
+    let (n, d, secs) = (num(0, 1024), num(1, 64), num(2, 5));
+    let out_path = args.get(3).cloned().unwrap_or_else(|| "flash_tiled.bin".into());
     let level = match std::env::var("OPT").as_deref() {
         Ok("none") => OptLevel::None,
         Ok("speed") => OptLevel::Speed,
