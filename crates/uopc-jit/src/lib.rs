@@ -511,14 +511,25 @@ impl Program {
         match self.thread_extent {
             Some(n) if self.parallel && n > 1 => {
                 let threads = rayon::current_num_threads().max(1);
-                // Many more chunks than threads, so work stealing evens out iterations of
-                // unequal cost (causal attention's query blocks grow along the rows).
+                // Many more chunks than threads, handed out one at a time from the last: when
+                // iterations grow in cost along the range (causal attention's query blocks
+                // see more keys the further down they are), the longest start first and the
+                // short ones fill in at the end (longest-processing-time-first scheduling);
+                // for equal costs the order does not matter.
                 let chunks = (threads * 16).min(n);
+                let next = std::sync::atomic::AtomicUsize::new(0);
                 let p = &ptrs;
-                (0..chunks).into_par_iter().for_each(|c| {
-                    let lo = n * c / chunks;
-                    let hi = n * (c + 1) / chunks;
-                    f(p.0.as_ptr(), lo as i64, hi as i64);
+                (0..threads.min(chunks)).into_par_iter().for_each(|_| {
+                    loop {
+                        let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if taken >= chunks {
+                            break;
+                        }
+                        let c = chunks - 1 - taken;
+                        let lo = n * c / chunks;
+                        let hi = n * (c + 1) / chunks;
+                        f(p.0.as_ptr(), lo as i64, hi as i64);
+                    }
                 });
             }
             Some(n) => f(ptrs.0.as_ptr(), 0, n as i64),
