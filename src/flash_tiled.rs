@@ -497,30 +497,31 @@ impl FlashTileOps {
 
     /// [`FlashTileOps::compile`], causal when `causal` (see [`flash_tile_ops_causal_ir`]).
     pub fn compile_with(n: usize, d: usize, tiling: FlashTiling, causal: bool) -> Result<Self, JitError> {
-        if n == 0 || d == 0 || tiling.key_block == 0 || tiling.query_block == 0 {
-            return Err(JitError::Unsupported("flash_tiled needs positive n, d and block sizes".into()));
-        }
-        let (program, name) = if causal {
-            (flash_tile_ops_causal_ir(n, d, tiling), "flash_tile_ops_causal")
+        if causal {
+            Self::build(n, d, tiling, flash_tile_ops_causal_ir, "flash_tile_ops_causal")
         } else {
-            (flash_tile_ops_ir(n, d, tiling), "flash_tile_ops")
-        };
-        Ok(FlashTileOps {
-            prep: Program::compile(&scale_queries_ir(n, d), "flash_scale_q")?,
-            main: Program::compile(&program, name)?,
-            d,
-            qs: vec![0.0; n * d],
-        })
+            Self::build(n, d, tiling, flash_tile_ops_ir, "flash_tile_ops")
+        }
     }
 
     /// [`FlashTileOps::compile`] with second-level blocking (see [`L2Blocking`]).
     pub fn compile_l2(n: usize, d: usize, tiling: FlashTiling, l2: L2Blocking) -> Result<Self, JitError> {
+        Self::build(n, d, tiling, |n, d, t| flash_tile_ops_l2_ir(n, d, t, l2), "flash_tile_ops_l2")
+    }
+
+    fn build(
+        n: usize,
+        d: usize,
+        tiling: FlashTiling,
+        program: impl Fn(usize, usize, FlashTiling) -> UOp,
+        name: &str,
+    ) -> Result<Self, JitError> {
         if n == 0 || d == 0 || tiling.key_block == 0 || tiling.query_block == 0 {
             return Err(JitError::Unsupported("flash_tiled needs positive n, d and block sizes".into()));
         }
         Ok(FlashTileOps {
             prep: Program::compile(&scale_queries_ir(n, d), "flash_scale_q")?,
-            main: Program::compile(&flash_tile_ops_l2_ir(n, d, tiling, l2), "flash_tile_ops_l2")?,
+            main: Program::compile(&program(n, d, tiling), name)?,
             d,
             qs: vec![0.0; n * d],
         })
