@@ -6,7 +6,7 @@ use super::program::{Case, Mode, Options, Profile, generate, magnitude_twin};
 use super::rng::Rng;
 use uopc_ir::interp::{self, InterpError, Precision};
 use uopc_ir::{DType, HostBuffer, Linear, Op, Stmt, UOp, print_program, simplify, verify};
-use uopc_jit::{Arg, JitOptions, Program};
+use uopc_jit::{Arg, JitOptions, OptLevel, Program};
 
 /// JIT options under which results must equal the interpreter's bit for bit (apart from f32
 /// EXP2): no FMA contraction, sums in program order, no vector lanes.
@@ -84,6 +84,13 @@ pub fn check_case(rng: Rng, profile: Profile, opts: Options) -> Result<Case, Str
         Profile::Exact => {
             compare::exact_with(&got, &want, opts.signed_zeros)
                 .map_err(|e| fail(format!("strict JIT vs interpreter: {e}")))?;
+            // opt_level=none (what GEMM-like kernels get): Cranelift keeps the emitted order
+            let unoptimized = JitOptions { opt_level: OptLevel::None, ..strict_options() };
+            let none = Program::compile_with(&case.program, "none", &unoptimized)
+                .map_err(|e| fail(format!("compile: {e}")))?;
+            let got = run_jit(&none, &case.inputs).map_err(fail)?;
+            compare::exact_with(&got, &want, opts.signed_zeros)
+                .map_err(|e| fail(format!("opt_level=none JIT vs interpreter: {e}")))?;
             if !has_float_alloc(&case.program) {
                 let vec = Program::compile_with(&case.program, "vector", &vector_options())
                     .map_err(|e| fail(format!("compile: {e}")))?;
