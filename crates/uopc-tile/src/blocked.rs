@@ -141,12 +141,12 @@ pub(crate) unsafe fn drive<K: TileKernel>(s: &GemmShape, a: *const f32, b: *cons
                     }
                     for jr in (0..nc).step_by(K::NR) {
                         let nr = K::NR.min(nc - jr);
-                        // SAFETY: a full panel read in place lies in B's storage (rows
-                        // `pc .. pc + kc`, columns `jc + jr .. jc + jr + NR <= n`); any other
-                        // is panel `jr / NR` of the packed block.
                         let (bp, bld) = if in_place && nr == K::NR {
+                            // SAFETY: a full panel read in place lies in B's storage (rows
+                            // `pc .. pc + kc`, columns `jc + jr .. jc + jr + NR <= n`).
                             (unsafe { b.add(pc * ldb + jc + jr) }, ldb)
                         } else {
+                            // SAFETY: panel `jr / NR` of the packed block.
                             (unsafe { buf.add(jr * kc) }.cast_const(), K::NR)
                         };
                         for ir in (0..mc).step_by(K::MR) {
