@@ -39,23 +39,29 @@ pub fn padded_keys(n: usize, bc: usize) -> usize {
     n.div_ceil(bc.max(1)) * bc.max(1)
 }
 
-/// The prologue: buffers 0 = K, 1 = V (`n*d`, row-major), 2 = `K^T` padded (`d * np`,
-/// row `e` holds feature `e` of every key), 3 = V padded (`np * d`), with `np` =
-/// [`padded_keys`]; padding is zeros.
+/// The prologue: buffers 0 = K, 1 = V (`n*d`, row-major), 2 = `K^T` padded and blocked
+/// (`np * d`: key block `b` is the contiguous `d x bc` slab `K[b*bc .. (b+1)*bc, :]^T`, so the
+/// score GEMM of one block streams 2 KiB in order instead of touching `d` rows `np` apart),
+/// 3 = V padded (`np * d`), with `np` = [`padded_keys`]; padding is zeros.
 pub fn flash_tiled_prep_ir(n: usize, d: usize, bc: usize) -> UOp {
     let np = padded_keys(n, bc);
     let f32t = DType::F32;
     let (k, v) = (buffer(0, f32t, n * d), buffer(1, f32t, n * d));
     let (kt, vp) = (buffer(2, f32t, d * np), buffer(3, f32t, np * d));
-    let j = range(np, 0, AxisType::Thread);
-    let e = range(d, 1, AxisType::Loop);
+    let b = range(np / bc, 0, AxisType::Thread);
+    let c = range(bc, 1, AxisType::Loop);
+    let e = range(d, 2, AxisType::Loop);
+    let j = &b * bc + &c;
     // keys past n read row n-1 (in bounds) and are replaced by zeros
     let row = -((-&j).maximum(-(n as i64 - 1)));
     let real = j.lt(n as i64);
     let kv = real.where_(k.index(&row * d + &e).load(), f32c(0.0));
     let vv = real.where_(v.index(&row * d + &e).load(), f32c(0.0));
-    let st = sink(&[kt.index(&e * np + &j).store(kv), vp.index(&j * d + &e).store(vv)]);
-    sink(&[st.end(&[e, j])])
+    let st = sink(&[
+        kt.index(&b * (d * bc) + &e * bc + &c).store(kv),
+        vp.index(&b * (bc * d) + &c * d + &e).store(vv),
+    ]);
+    sink(&[st.end(&[e, c, b])])
 }
 
 /// FlashAttention-2 for one head: buffers 0 = Q pre-scaled by `log2(e)/sqrt(d)` (`n*d`, from
@@ -108,7 +114,7 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
             let a = &ai[b * bc + c];
             let init = a.index(0).store(0.0f32);
             let at = a.after(&[init, e.clone()]).index(0);
-            updates.push(at.store(at.load() + &qv * kt.index(&e * np + &kb * bc + c).load()));
+            updates.push(at.store(at.load() + &qv * kt.index(&kb * (d * bc) + &e * bc + c).load()));
         }
     }
     let dot = sink(&updates).end(&[e]);
