@@ -354,54 +354,74 @@ fn median(sorted: &[f64]) -> f64 {
     if sorted.len() % 2 == 1 { sorted[m] } else { (sorted[m - 1] + sorted[m]) / 2.0 }
 }
 
-fn measure(
+/// A form at one size, compiled and checked once, collecting timed calls round by round.
+struct Pending<'a> {
     variant: Variant,
-    x: &Inputs,
-    want: &[f64],
+    n: usize,
+    runner: Runner<'a>,
+    want: &'a [f64],
+    first_ms: f64,
+    err: f64,
+    times: Vec<f64>,
+}
+
+/// Compiles `variant` (outside any timing) and runs it once, checked against `want`.
+fn start<'a>(
+    variant: Variant,
+    x: &'a Inputs,
+    want: &'a [f64],
     n: usize,
     args: &AttentionArgs,
-    bar: &ProgressBar,
-) -> Result<Measurement> {
-    let (d, reps, scalar) = (args.d, reps_for(args), args.scalar);
+) -> Result<Pending<'a>> {
     let tiling = args.flash_tile.map(|(query_block, key_block)| FlashTiling { query_block, key_block });
-    let mut runner = Runner::new(variant, x, n, d, scalar, tiling)?;
+    let mut runner = Runner::new(variant, x, n, args.d, args.scalar, tiling)?;
     let t = Instant::now();
     runner.call()?;
     let first_ms = t.elapsed().as_secs_f64() * 1e3;
-    let mut err = reference::max_abs_err(runner.output(), want);
-    bar.inc(1);
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        runner.call()?;
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-        // checked every time, outside the timing: a race shows up as a run-to-run difference
-        err = err.max(reference::max_abs_err(runner.output(), want));
-        bar.inc(1);
+    let err = reference::max_abs_err(runner.output(), want);
+    Ok(Pending { variant, n, runner, want, first_ms, err, times: Vec::new() })
+}
+
+impl Pending<'_> {
+    /// `reps` timed calls, each result checked outside the timing: a race shows up as a
+    /// run-to-run difference.
+    fn sample(&mut self, reps: usize, bar: &ProgressBar) -> Result<()> {
+        for _ in 0..reps {
+            let t = Instant::now();
+            self.runner.call()?;
+            self.times.push(t.elapsed().as_secs_f64() * 1e3);
+            self.err = self.err.max(reference::max_abs_err(self.runner.output(), self.want));
+            bar.inc(1);
+        }
+        Ok(())
     }
-    times.sort_by(f64::total_cmp);
-    let (kernels, temp_bytes) = runner.plan_summary()?;
-    let best_ms = times[0];
-    Ok(Measurement {
-        variant,
-        n,
-        d,
-        median_ms: median(&times),
-        best_ms,
-        // a causal form does (a little over) half the work: counted as half
-        gflops: if variant == Variant::FlashTileOpsCausal { 2.0 } else { 4.0 } * (n * n * d) as f64
-            / (best_ms * 1e-3)
-            / 1e9,
-        max_abs_err: err,
-        reps,
-        first_ms,
-        kernels,
-        temp_bytes,
-        percent_of_peak: None,
-        percent_of_widest_peak: None,
-        kernel_times: runner.kernel_times(),
-        scalar,
-    })
+
+    fn finish(mut self, d: usize, scalar: bool) -> Result<Measurement> {
+        self.times.sort_by(f64::total_cmp);
+        let (kernels, temp_bytes) = self.runner.plan_summary()?;
+        let (variant, n) = (self.variant, self.n);
+        let best_ms = self.times[0];
+        Ok(Measurement {
+            variant,
+            n,
+            d,
+            median_ms: median(&self.times),
+            best_ms,
+            // a causal form does (a little over) half the work: counted as half
+            gflops: if variant == Variant::FlashTileOpsCausal { 2.0 } else { 4.0 } * (n * n * d) as f64
+                / (best_ms * 1e-3)
+                / 1e9,
+            max_abs_err: self.err,
+            reps: self.times.len(),
+            first_ms: self.first_ms,
+            kernels,
+            temp_bytes,
+            percent_of_peak: None,
+            percent_of_widest_peak: None,
+            kernel_times: self.runner.kernel_times(),
+            scalar,
+        })
+    }
 }
 
 fn cpu_model() -> String {
@@ -531,7 +551,9 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
             variants.push(v);
         }
     }
-    let total: usize = args.n.len() * variants.len() * (1 + reps_for(args));
+    let rounds = args.rounds.max(1);
+    let per_round = reps_for(args).div_ceil(rounds);
+    let total: usize = args.n.len() * variants.len() * (1 + rounds * per_round);
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed:>4} [{bar:32}] {pos}/{len} {msg}")
@@ -539,8 +561,9 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
             .progress_chars("=> "),
     );
     let started = Instant::now();
-    let mut results = Vec::new();
     let mut failures = Vec::new();
+    // Inputs and f64 references of every size first, so the forms can be timed in rounds.
+    let mut cases = Vec::new();
     for &n in &args.n {
         bar.set_message(format!("f64 reference n={n}"));
         let x = reference::inputs(n, args.d);
@@ -548,30 +571,68 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
         let causal = variants
             .contains(&Variant::FlashTileOpsCausal)
             .then(|| reference::attention_f64_with(&x, n, args.d, true));
+        cases.push((n, x, want, causal));
+    }
+    let mut pending = Vec::new();
+    for (n, x, want, causal) in &cases {
+        let n = *n;
         for &v in &variants {
             bar.set_message(format!("{} n={n} d={}", v.name(), args.d));
             let want =
-                if v == Variant::FlashTileOpsCausal { causal.as_deref().unwrap_or(&want) } else { &want };
-            match measure(v, &x, want, n, args, &bar) {
-                Ok(m) => {
-                    if m.max_abs_err > TOLERANCE {
-                        failures.push(format!(
-                            "{} n={n} d={}: wrong result, max abs error {} exceeds the tolerance {}",
-                            v.name(),
-                            args.d,
-                            fmt_err(m.max_abs_err),
-                            fmt_err(TOLERANCE)
-                        ));
-                    }
-                    results.push(m);
-                }
+                if v == Variant::FlashTileOpsCausal { causal.as_deref().unwrap_or(want) } else { want };
+            match start(v, x, want, n, args) {
+                Ok(p) => pending.push(p),
                 Err(e) => failures.push(format!("{} n={n} d={}: {e}", v.name(), args.d)),
             }
+            bar.inc(1);
+        }
+    }
+    // Every round times every form and measures the peaks again: a burst of other work on a
+    // shared machine then spoils some samples of each figure rather than all of one. Best times
+    // and the best peaks are kept.
+    let (mut peak, mut widest): (Option<f64>, Option<(&str, f64)>) = (None, None);
+    for round in 0..rounds {
+        let mut kept = Vec::new();
+        for mut p in pending {
+            bar.set_message(format!(
+                "round {} of {rounds}: {} n={} d={}",
+                round + 1,
+                p.variant.name(),
+                p.n,
+                args.d
+            ));
+            match p.sample(per_round, &bar) {
+                Ok(()) => kept.push(p),
+                Err(e) => failures.push(format!("{} n={} d={}: {e}", p.variant.name(), p.n, args.d)),
+            }
+        }
+        pending = kept;
+        if let Some(p) = measure_peak() {
+            peak = Some(peak.map_or(p, |q| q.max(p)));
+        }
+        if let Some((name, p)) = measure_widest_peak() {
+            widest = Some((name, widest.map_or(p, |(_, q)| q.max(p))));
+        }
+    }
+    let mut results = Vec::new();
+    for p in pending {
+        let (name, n) = (p.variant.name(), p.n);
+        match p.finish(args.d, args.scalar) {
+            Ok(m) => {
+                if m.max_abs_err > TOLERANCE {
+                    failures.push(format!(
+                        "{name} n={n} d={}: wrong result, max abs error {} exceeds the tolerance {}",
+                        args.d,
+                        fmt_err(m.max_abs_err),
+                        fmt_err(TOLERANCE)
+                    ));
+                }
+                results.push(m);
+            }
+            Err(e) => failures.push(format!("{name} n={n} d={}: {e}", args.d)),
         }
     }
     bar.finish_and_clear();
-    let peak = measure_peak();
-    let widest = measure_widest_peak();
     for m in &mut results {
         m.percent_of_peak = peak.map(|p| 100.0 * m.gflops / p);
         m.percent_of_widest_peak = widest.map(|(_, p)| 100.0 * m.gflops / p);

@@ -102,6 +102,11 @@ pub struct AttentionArgs {
     /// Timed repetitions per form and N, after one warm-up [default: 5]
     #[arg(long)]
     pub reps: Option<usize>,
+    /// Rounds the repetitions are spread over: each round times every form and size and
+    /// measures the FMA peaks again, and the best of all rounds is reported, so a burst of
+    /// other work on a shared machine spoils only some samples of each figure.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Small sizes (N = 64,128) and 3 repetitions: a smoke run that finishes in seconds.
     #[arg(long)]
     pub quick: bool,
