@@ -87,6 +87,17 @@ fn contractible_muls(stmts: &[(usize, &Stmt)]) -> std::collections::HashSet<UOp>
     add_operands.into_iter().filter(|m| uses.get(m) == Some(&1)).collect()
 }
 
+/// `e` as `x + c` with a constant `c` (`x` = 0 when `e` is a constant), and `c * size` as a
+/// byte offset when it fits a memory op's immediate.
+pub(crate) fn split_constant_term(e: &UOp, size: i64) -> Option<(UOp, i32)> {
+    let bytes = |c: i64| i32::try_from(c.checked_mul(size)?).ok();
+    match (e.op(), e.const_int()) {
+        (_, Some(c)) => Some((uopc_ir::idx(0), bytes(c)?)),
+        (Op::Binary(BinaryOp::Add), None) => Some((e.src()[0].clone(), bytes(e.src()[1].const_int()?)?)),
+        _ => None,
+    }
+}
+
 pub(crate) fn clif_type(d: DType) -> Type {
     match d {
         DType::Bool => types::I8,
@@ -580,18 +591,12 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let size = index.dtype().size() as i64;
         let base = self.base_address(index)?;
         let idx = &index.src()[1];
-        let split = match idx.op() {
-            Op::Binary(BinaryOp::Add) => idx.src()[1]
-                .const_int()
-                .and_then(|c| i32::try_from(c.checked_mul(size)?).ok())
-                .filter(|_| {
-                    self.vals.contains_key(&idx.src()[0]) || self.range_vars.contains_key(&idx.src()[0])
-                })
-                .map(|offset| (&idx.src()[0], offset)),
-            _ => None,
-        };
-        let (x, offset) = split.unwrap_or((idx, 0));
-        let i = self.val(x)?;
+        // A constant index stays whole: its value needs no other node.
+        let split = split_constant_term(idx, size)
+            .filter(|(x, _)| x.const_value().is_none())
+            .filter(|(x, _)| self.vals.contains_key(x) || self.range_vars.contains_key(x));
+        let (x, offset) = split.unwrap_or((idx.clone(), 0));
+        let i = self.val(&x)?;
         let off = self.scale_index(i, size);
         Ok(Ok((self.b.ins().iadd(base, off), offset)))
     }

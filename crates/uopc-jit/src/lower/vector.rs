@@ -77,18 +77,7 @@ impl Lowerer<'_, '_> {
         // that differ by constants share one pointer.
         let mut rest_vals: HashMap<UOp, (Value, i32)> = HashMap::new();
         for (index, a) in &plan.access {
-            let size = index.dtype().size() as i64;
-            let split = match a.rest.op() {
-                Op::Binary(BinaryOp::Add) => a.rest.src()[1]
-                    .const_int()
-                    .and_then(|c| i32::try_from(c.checked_mul(size)?).ok())
-                    .map(|offset| (a.rest.src()[0].clone(), offset)),
-                _ => None,
-            };
-            let split = split.or_else(|| {
-                let c = a.rest.const_int()?;
-                Some((uopc_ir::idx(0), i32::try_from(c.checked_mul(size)?).ok()?))
-            });
+            let split = split_constant_term(&a.rest, index.dtype().size() as i64);
             let (x, offset) = split.unwrap_or((a.rest.clone(), 0));
             let v = self.emit_index_expr(&x, &mut inserted)?;
             rest_vals.insert(index.clone(), (v, offset));
