@@ -1,8 +1,8 @@
 //! Runs `flash_tiled` in a loop for profiling, writes its machine code to `OUT` and prints
 //! where the code lives, so samples of `perf record` map onto `objdump` of that file:
 //! `RAYON_NUM_THREADS=1 perf record -o perf.data target/release/examples/profile_flash_tiled
-//! N D SECONDS OUT`, then `perf script -F ip` and subtract the printed base. `OPT=none` or
-//! `OPT=speed` overrides the kernel's opt level.
+//! N D SECONDS OUT` (the CLIF goes to `OUT.clif`), then `perf script -F ip` and subtract the printed base. The kernel
+//! is compiled at `opt_level=none`, as `FlashTiled` does; `OPT=speed` or `OPT=auto` overrides it.
 use std::time::Instant;
 use uopc::flash_tiled::{FlashTiling, flash_tiled_ir, flash_tiled_prep_ir, padded_keys, scale_queries_ir};
 use uopc::jit::{JitOptions, OptLevel, Program};
@@ -37,9 +37,9 @@ fn main() {
     let (n, d, secs) = (num(0, 1024), num(1, 64), num(2, 5));
     let out_path = args.get(3).cloned().unwrap_or_else(|| "flash_tiled.bin".into());
     let level = match std::env::var("OPT").as_deref() {
-        Ok("none") => OptLevel::None,
         Ok("speed") => OptLevel::Speed,
-        _ => OptLevel::Auto,
+        Ok("auto") => OptLevel::Auto,
+        _ => OptLevel::None,
     };
     let tiling = FlashTiling::default();
     let np = padded_keys(n, tiling.key_block);
@@ -50,6 +50,7 @@ fn main() {
     let (mut qs, mut kt, mut vp) = (vec![0.0f32; n * d], vec![0.0f32; np * d], vec![0.0f32; np * d]);
     let code = main.machine_code().to_vec();
     std::fs::write(&out_path, &code).expect("writes the machine code");
+    std::fs::write(format!("{out_path}.clif"), main.clif()).expect("writes the CLIF");
     match find_code(&code) {
         Some(a) => println!("base {a:#x} len {}", code.len()),
         None => println!("code not found"),

@@ -15,7 +15,11 @@
 use crate::attention::LOG2E;
 use crate::masked_attention::M_FLOOR;
 use uopc_ir::{AxisType, DType, TileOp, UOp, alloc, buffer, f32c, range, sink, tile};
-use uopc_jit::{JitError, Program};
+use uopc_jit::{JitError, JitOptions, OptLevel, Program};
+
+/// Output columns per register tile of the `P · V` update in [`flash_tiled_ir`]: two F32X4
+/// per query row, so the default 4-row block keeps 8 accumulators in registers.
+const PV_COLS: usize = 8;
 
 /// Block sizes of [`flash_tiled_ir`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,21 +87,23 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         slot += 1;
         alloc(slot - 1, f32t, len)
     };
-    // Running max of row b at [b], running sum at [br + b]: in memory, not registers, so they
-    // do not hold 2*br xmm registers across the whole key loop.
-    let state = next(2 * br);
+    // Running max of row b at [b], running sum at [br + b], the key block's rescale factor at
+    // [2br + b]: in memory, not registers, so they do not hold xmm registers across the key
+    // loop or the output update.
+    let state = next(3 * br);
     let o = next(br * d);
     let acc: Vec<UOp> = (0..br * bc).map(|_| next(1)).collect();
     let s_tile = next(br * bc);
     let p_tile = next(br * bc);
     let row_max: Vec<UOp> = (0..br).map(|_| next(1)).collect();
     let row_sum: Vec<UOp> = (0..br).map(|_| next(1)).collect();
+    let pv_acc: Vec<UOp> = (0..br * PV_COLS).map(|_| next(1)).collect();
 
     let t = range(n / br, 0, AxisType::Thread);
     let th = std::slice::from_ref(&t);
     let st = state.after(th);
     let oi = o.after(th);
-    let zs = range(2 * br, 6 + 2 * br, AxisType::Loop);
+    let zs = range(3 * br, 6 + 2 * br, AxisType::Loop);
     let init_state = st.index(&zs).store(zs.lt(br as i64).where_(f32c(M_FLOOR), f32c(0.0))).end(&[zs]);
     let z = range(br * d, 1, AxisType::Loop);
     let init_o = oi.index(&z).store(0.0f32).end(&[z]);
@@ -135,7 +141,7 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     // Per row: the block max (one vector pass), then P and its sum (a second pass).
     let pi = p_tile.after(&tk);
     let mut updates_kb = Vec::new();
-    let mut corr = Vec::new();
+    let corr_at = st.after(&tk);
     let mut p_writes = Vec::new();
     for b in 0..br {
         let row = st.after(&[init_state.clone(), kb.clone(), s_done.clone()]);
@@ -158,24 +164,72 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         let l_new = at_l.load() * &cb + rs.after(std::slice::from_ref(&p_loop)).index(0).load();
         updates_kb.push(at_l.store(l_new));
         updates_kb.push(at_m.store(&m_new));
+        updates_kb.push(corr_at.index((2 * br + b) as i64).store(&cb));
         p_writes.push(p_loop);
-        corr.push(cb);
     }
-    // O = O * corr + P · V_blk, vectorized over the head dimension.
+    // O = O * corr + P · V_blk. Columns in chunks of PV_COLS: per chunk a register tile of
+    // br x PV_COLS accumulators reduces over the block's keys (two F32X4 per row, fed by one
+    // broadcast of p and two vector loads of V per key), then the output tile is rescaled and
+    // the tile added. Columns past the last whole chunk take one vectorized loop over them.
+    // The row state and the rescale factors go to memory before the output update: held in
+    // registers across it, they would crowd out its tile.
+    let state_done = sink(&updates_kb);
+    let after_state = std::slice::from_ref(&state_done);
+    let mut updates_kb = vec![state_done.clone()];
     let p_ready = pi.after(&p_writes);
-    let dd = range(d, 4 + 2 * br, AxisType::Loop);
-    let od = oi.after(&[init_o, kb.clone()]);
-    let mut o_updates = Vec::new();
-    for (b, cb) in corr.iter().enumerate() {
-        let at = od.index(&dd + (b * d) as i64);
-        let mut x = at.load() * cb;
-        for c in 0..bc {
-            let pv = p_ready.index((b * bc + c) as i64).load();
-            x = x + pv * vp.index((&kb * bc + c as i64) * d + &dd).load();
+    let mut od = oi.after(&[init_o, kb.clone(), state_done.clone()]);
+    let chunks = d / PV_COLS;
+    if chunks > 0 {
+        let dc = range(chunks, 7 + 2 * br, AxisType::Loop);
+        let c3 = range(bc, 8 + 2 * br, AxisType::Reduce);
+        let tkd = [t.clone(), kb.clone(), dc.clone()];
+        let pa: Vec<UOp> = pv_acc.iter().map(|x| x.after(&tkd)).collect();
+        let mut pv_updates = Vec::new();
+        for b in 0..br {
+            let pv = p_ready.index(&c3 + (b * bc) as i64).load();
+            for j in 0..PV_COLS {
+                let a = &pa[b * PV_COLS + j];
+                let init = a.index(0).store(0.0f32);
+                let at = a.after(&[init, c3.clone()]).index(0);
+                let vv = vp.index((&kb * bc + &c3) * d + &dc * PV_COLS as i64 + j as i64).load();
+                pv_updates.push(at.store(at.load() + &pv * vv));
+            }
         }
-        o_updates.push(at.store(x));
+        let pv_loop = sink(&pv_updates).end(&[c3]);
+        let tile_done = std::slice::from_ref(&pv_loop);
+        // Read after the tile's loop, so the backend computes each row's update as whole
+        // vectors next to its store.
+        let od_tile = od.after(tile_done);
+        let mut o_updates = Vec::new();
+        for b in 0..br {
+            let cb = st.after(&[state_done.clone(), pv_loop.clone()]).index((2 * br + b) as i64).load();
+            for j in 0..PV_COLS {
+                let at = od_tile.index(&dc * PV_COLS as i64 + (b * d + j) as i64);
+                o_updates
+                    .push(at.store(at.load() * &cb + pa[b * PV_COLS + j].after(tile_done).index(0).load()));
+            }
+        }
+        let chunk_loop = sink(&o_updates).end(&[dc]);
+        // The column loop below reads and writes the same tile: it goes after this one.
+        od = od.after(std::slice::from_ref(&chunk_loop));
+        updates_kb.push(chunk_loop);
     }
-    updates_kb.push(sink(&o_updates).end(&[dd]));
+    if chunks * PV_COLS < d {
+        let first = chunks * PV_COLS;
+        let dd = range(d - first, 4 + 2 * br, AxisType::Loop);
+        let col = &dd + first as i64;
+        let mut o_updates = Vec::new();
+        for b in 0..br {
+            let at = od.index(&col + (b * d) as i64);
+            let mut x = at.load() * st.after(after_state).index((2 * br + b) as i64).load();
+            for c in 0..bc {
+                let pv = p_ready.index((b * bc + c) as i64).load();
+                x = x + pv * vp.index((&kb * bc + c as i64) * d + &col).load();
+            }
+            o_updates.push(at.store(x));
+        }
+        updates_kb.push(sink(&o_updates).end(&[dd]));
+    }
     let key_loop = sink(&updates_kb).end(&[kb]);
 
     let d2 = range(d, 5 + 2 * br, AxisType::Loop);
@@ -213,7 +267,15 @@ impl FlashTiled {
         Ok(FlashTiled {
             scale_q: Program::compile(&scale_queries_ir(n, d), "flash_scale_q")?,
             prep: Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "flash_tiled_prep")?,
-            main: Program::compile(&flash_tiled_ir(n, d, tiling), "flash_tiled")?,
+            // Kept in emitted order (`none`): both register tiles then take two steps per trip,
+            // and every splat stays one broadcast load feeding the FMA's tied operand. At `speed`
+            // the e-graph merges the broadcasts and reorders the tiles' loads, which costs more
+            // than its GVN and LICM save in the softmax part.
+            main: Program::compile_with(
+                &flash_tiled_ir(n, d, tiling),
+                "flash_tiled",
+                &JitOptions { opt_level: OptLevel::None, ..JitOptions::default() },
+            )?,
             n,
             d,
             qs: vec![0.0; n * d],

@@ -244,3 +244,23 @@ mod causal_tile_ops {
         assert!(full.kernel().loop_ir().contains("for r3 in 0..16 (reduce)"));
     }
 }
+
+#[test]
+fn flash_tiled_output_update_is_whole_vectors() {
+    // P · V is a register tile per 8 output columns; the rescale-and-add of the output tile
+    // after it (`O = O * corr + tile`) is packed into F32X4 FMAs and stores instead of 32
+    // scalar FMAs on extracted lanes per chunk.
+    let f = FlashTiled::compile(256, 64, FlashTiling::default()).unwrap();
+    let clif = f.kernel().clif();
+    let scalar_fmas = clif.lines().filter(|l| l.contains("= fma.f32 ")).count();
+    assert_eq!(scalar_fmas, 0, "{clif}");
+    let vector_stores = clif
+        .lines()
+        .filter(|l| {
+            let l = l.trim_start();
+            l.starts_with("store notrap v") || l.starts_with("store.f32x4 ")
+        })
+        .count();
+    // 8 score-tile vectors + 8 output-tile vectors per chunk, at least
+    assert!(vector_stores >= 16, "{vector_stores} vector stores:\n{clif}");
+}

@@ -220,6 +220,13 @@ pub(crate) struct Lowerer<'a, 'b> {
     /// Shared loads of the register tile being lowered that are only splatted: each is loaded
     /// next to its splat.
     splat_loads: std::collections::HashSet<UOp>,
+    /// Emit a splat of a load afresh at every use (see `packed`): at `opt_level=none`, where
+    /// Cranelift keeps the copies apart (at `speed` it merges equal loads back into one).
+    pub(crate) fresh_splats: bool,
+    /// Addresses of stack slots computed in the code being emitted and the code it dominates
+    /// (the loops around it): one `lea` per slot and loop trip instead of one per access at
+    /// `opt_level=none`.
+    slot_addrs: HashMap<StackSlot, Value>,
     /// While lowering one unrolled copy of a split reduction: accumulator -> its partial sum.
     partial: Vec<(Variable, Variable)>,
     bufs: Value,
@@ -255,6 +262,8 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             tile_unroll: flags.tile_unroll,
             partial: Vec::new(),
             splat_loads: Default::default(),
+            fresh_splats: flags.tile_unroll > 1,
+            slot_addrs: HashMap::new(),
             read_only: Default::default(),
             tile_results: HashMap::new(),
             contracted: Default::default(),
@@ -309,16 +318,29 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         // Scalar stores folded into a later vector store, and the vector stores by position.
         let mut folded: std::collections::HashSet<usize> = Default::default();
         let mut vector_stores: HashMap<usize, tile::VectorStore> = HashMap::new();
+        let mut packed = tile::PackedStores::default();
         for (at, s) in body.iter().enumerate() {
             if let Some(plan) = vector_stores.remove(&at) {
                 self.emit_vector_store(&plan)?;
                 continue;
             }
-            if folded.contains(&at) {
+            if let Some(plan) = packed.at.remove(&at) {
+                self.emit_packed_store(&plan)?;
+                continue;
+            }
+            if folded.contains(&at) || packed.skip.contains(&at) {
                 continue;
             }
             match s {
-                Stmt::Loop { range, body } => self.lower_loop(range, body)?,
+                Stmt::Loop { range, body: inner } => {
+                    self.lower_loop(range, inner)?;
+                    // A register tile's results: stores computed from them may pack.
+                    if self.vectorize {
+                        let more = self.plan_packed_stores(body, at + 1);
+                        packed.skip.extend(more.skip);
+                        packed.at.extend(more.at);
+                    }
+                }
                 Stmt::Op(u) => {
                     if let Some(plan) = self.plan_vector_store(body, at) {
                         folded.extend(plan.skip.iter().copied());
@@ -365,7 +387,8 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         })
     }
 
-    /// Emits `for iv in (start..end).step_by(step) { body(iv) }`; `iv` is a Variable.
+    /// Emits `for iv in (start..end).step_by(step) { body(iv) }`; `iv` is a Variable. The test
+    /// sits at the bottom, after a test on entry (none when the loop is known to run).
     fn counted_loop(
         &mut self,
         range: &UOp,
@@ -374,12 +397,20 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         step: i64,
         mut body: impl FnMut(&mut Self, Variable) -> Result<(), JitError>,
     ) -> Result<(), JitError> {
+        let outer_slot_addrs = self.slot_addrs.clone();
         let iv = self.b.declare_var(types::I64);
         self.b.def_var(iv, start);
         let body_blk = self.b.create_block();
         let exit_blk = self.b.create_block();
-        let enter = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
-        self.b.ins().brif(enter, body_blk, &[], exit_blk, &[]);
+        match (self.iconst_of(start), self.iconst_of(end)) {
+            (Some(s), Some(e)) if s < e => {
+                self.b.ins().jump(body_blk, &[]);
+            }
+            _ => {
+                let enter = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
+                self.b.ins().brif(enter, body_blk, &[], exit_blk, &[]);
+            }
+        }
         self.b.switch_to_block(body_blk);
         body(self, iv)?;
         let i = self.b.use_var(iv);
@@ -388,8 +419,54 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let again = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
         self.b.ins().brif(again, body_blk, &[] as &[BlockArg], exit_blk, &[]);
         self.b.switch_to_block(exit_blk);
+        // Values computed in the body do not dominate the exit.
+        self.slot_addrs = outer_slot_addrs;
         let _ = range;
         Ok(())
+    }
+
+    /// [`Self::counted_loop`] with the test at the top, for loops that carry register values
+    /// (accumulators) out: the exit then reads them as the header's block parameters. With
+    /// the test at the bottom, each value leaving the last iteration is used twice, by the back
+    /// edge and after the loop, and Cranelift then counts every value it depends on as used
+    /// more than once and folds none of the body's loads into their users (a splat of a load
+    /// stays `movss` + `vbroadcastss reg` instead of one `vbroadcastss mem`).
+    fn counted_loop_top(
+        &mut self,
+        start: Value,
+        end: Value,
+        step: i64,
+        mut body: impl FnMut(&mut Self, Variable) -> Result<(), JitError>,
+    ) -> Result<(), JitError> {
+        let outer_slot_addrs = self.slot_addrs.clone();
+        let iv = self.b.declare_var(types::I64);
+        self.b.def_var(iv, start);
+        let header = self.b.create_block();
+        let body_blk = self.b.create_block();
+        let exit_blk = self.b.create_block();
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let i = self.b.use_var(iv);
+        let go = self.b.ins().icmp(IntCC::SignedLessThan, i, end);
+        self.b.ins().brif(go, body_blk, &[], exit_blk, &[]);
+        self.b.switch_to_block(body_blk);
+        body(self, iv)?;
+        let i = self.b.use_var(iv);
+        let next = self.b.ins().iadd_imm_s(i, step);
+        self.b.def_var(iv, next);
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(exit_blk);
+        self.slot_addrs = outer_slot_addrs;
+        Ok(())
+    }
+
+    /// The value of `v` when it is an integer constant.
+    fn iconst_of(&self, v: Value) -> Option<i64> {
+        let inst = self.b.func.dfg.value_def(v).inst()?;
+        match self.b.func.dfg.insts[inst] {
+            cranelift_codegen::ir::InstructionData::UnaryImm { imm, .. } => Some(imm.bits()),
+            _ => None,
+        }
     }
 
     /// Register accumulators updated as `acc = acc + x` (and only so) in a loop body without
@@ -559,7 +636,12 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         match self.storage.get(base) {
             Some(Storage::Slot(slot)) => {
                 let slot = *slot;
-                Ok(self.b.ins().stack_addr(types::I64, slot, 0))
+                if let Some(&a) = self.slot_addrs.get(&slot) {
+                    return Ok(a);
+                }
+                let a = self.b.ins().stack_addr(types::I64, slot, 0);
+                self.slot_addrs.insert(slot, a);
+                Ok(a)
             }
             _ => Err(JitError::Internal(format!("{} has no memory", base.short()))),
         }
