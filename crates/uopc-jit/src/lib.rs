@@ -67,8 +67,8 @@ pub enum OptLevel {
     /// issued first and the accumulators spill. Kept in emitted order, the same tile reached
     /// 67-68% of the FMA peak against 39-43% at `speed` (single thread, `r_1024_1024`,
     /// `cargo xtask bench attention --kernels --threads 1`), while kernels with exp2 and
-    /// other scalar work lose more to the missing GVN and LICM (`flash_tiled` 13-21 ms at
-    /// `speed`, 18-26 ms at `none`).
+    /// other scalar work usually lose more to the missing GVN and LICM. (`flash_tiled`, whose
+    /// two register tiles do most of its work, asks for `none` itself.)
     Auto,
 }
 
