@@ -4,7 +4,9 @@
 //! N D SECONDS OUT` (the CLIF goes to `OUT.clif`), then `perf script -F ip` and subtract the printed base. The kernel
 //! is compiled at `opt_level=none`, as `FlashTiled` does; `OPT=speed` or `OPT=auto` overrides it.
 use std::time::Instant;
-use uopc::flash_tiled::{FlashTiling, flash_tiled_ir, flash_tiled_prep_ir, padded_keys, scale_queries_ir};
+use uopc::flash_tiled::{
+    FlashTiling, flash_tiled_ir, flash_tiled_prep_ir, flash_tiled_queries_ir, padded_keys,
+};
 use uopc::jit::{JitOptions, OptLevel, Program};
 
 /// The address of `code` in this process's executable mappings (the JIT copies what it
@@ -44,7 +46,8 @@ fn main() {
     let tiling = FlashTiling::default();
     let np = padded_keys(n, tiling.key_block);
     let opts = JitOptions { opt_level: level, ..JitOptions::default() };
-    let scale = Program::compile(&scale_queries_ir(n, d), "scale").unwrap();
+    let br = uopc::attention::query_block(n, tiling.query_block);
+    let scale = Program::compile(&flash_tiled_queries_ir(n, d, br), "queries").unwrap();
     let prep = Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "prep").unwrap();
     let main = Program::compile_with(&flash_tiled_ir(n, d, tiling), "flash_tiled", &opts).unwrap();
     let (mut qs, mut kt, mut vp) = (vec![0.0f32; n * d], vec![0.0f32; np * d], vec![0.0f32; np * d]);

@@ -43,15 +43,13 @@ pub fn padded_keys(n: usize, bc: usize) -> usize {
     n.div_ceil(bc.max(1)) * bc.max(1)
 }
 
-/// The prologue: buffers 0 = K, 1 = V (`n*d`, row-major), 2 = `K^T` padded and blocked
-/// (`np * d`: key block `b` is the contiguous `d x bc` slab `K[b*bc .. (b+1)*bc, :]^T`, so the
-/// score GEMM of one block streams 2 KiB in order instead of touching `d` rows `np` apart),
-/// 3 = V padded (`np * d`), with `np` = [`padded_keys`]; padding is zeros.
+/// The key prologue: buffers 0 = K, 1 = V (`n*d`, row-major), 2 = K padded and 3 = V padded
+/// (`np * d`, row-major), with `np` = [`padded_keys`]; padding is zeros.
 pub fn flash_tiled_prep_ir(n: usize, d: usize, bc: usize) -> UOp {
     let np = padded_keys(n, bc);
     let f32t = DType::F32;
     let (k, v) = (buffer(0, f32t, n * d), buffer(1, f32t, n * d));
-    let (kt, vp) = (buffer(2, f32t, d * np), buffer(3, f32t, np * d));
+    let (kp, vp) = (buffer(2, f32t, np * d), buffer(3, f32t, np * d));
     let b = range(np / bc, 0, AxisType::Thread);
     let c = range(bc, 1, AxisType::Loop);
     let e = range(d, 2, AxisType::Loop);
@@ -61,24 +59,39 @@ pub fn flash_tiled_prep_ir(n: usize, d: usize, bc: usize) -> UOp {
     let real = j.lt(n as i64);
     let kv = real.where_(k.index(&row * d + &e).load(), f32c(0.0));
     let vv = real.where_(v.index(&row * d + &e).load(), f32c(0.0));
-    let st = sink(&[
-        kt.index(&b * (d * bc) + &e * bc + &c).store(kv),
-        vp.index(&b * (bc * d) + &c * d + &e).store(vv),
-    ]);
+    let st = sink(&[kp.index(&j * d + &e).store(kv), vp.index(&j * d + &e).store(vv)]);
     sink(&[st.end(&[e, c, b])])
 }
 
-/// FlashAttention-2 for one head: buffers 0 = Q pre-scaled by `log2(e)/sqrt(d)` (`n*d`, from
-/// [`scale_queries_ir`]), 1 = `K^T` padded and 2 = V padded (from [`flash_tiled_prep_ir`]),
-/// 3 = output (`n*d`). Scores are base 2, as in [`crate::attention::online_attention_ir`];
-/// scaling Q once leaves the score tile to be stored as it is (whole vectors).
+/// The query prologue: buffer 1 = buffer 0 (`n*d`, row-major) times `log2(e)/sqrt(d)`, each
+/// block of `br` rows transposed (`Q_blk^T`, `d x br`), so the `br` rows of one column are one
+/// vector for the score tile.
+pub fn flash_tiled_queries_ir(n: usize, d: usize, br: usize) -> UOp {
+    let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
+    let (q, qt) = (buffer(0, DType::F32, n * d), buffer(1, DType::F32, n * d));
+    let t = range(n / br, 0, AxisType::Thread);
+    let e = range(d, 1, AxisType::Loop);
+    let b = range(br, 2, AxisType::Loop);
+    let x = q.index((&t * br + &b) * d + &e).load() * scale;
+    sink(&[qt.index(&t * (d * br) + &e * br + &b).store(x).end(&[b, e, t])])
+}
+
+/// FlashAttention-2 for one head: buffers 0 = Q pre-scaled by `log2(e)/sqrt(d)` and
+/// transposed per query block (`n*d`, from [`flash_tiled_queries_ir`]), 1 = K padded and 2 = V
+/// padded (from [`flash_tiled_prep_ir`]), 3 = output (`n*d`). Scores are base 2, as in
+/// [`crate::attention::online_attention_ir`].
+///
+/// The query rows of a block are the vector lanes wherever rows are independent: the score
+/// tile is kept transposed (`S^T`, one F32X4 of `br` rows per key), so the row maxima, the
+/// rescale factors, `P = exp2(S - m)` and the row sums are whole-vector operations with no
+/// reduction across lanes.
 pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let br = crate::attention::query_block(n, tiling.query_block);
     let bc = tiling.key_block.max(1);
     let np = padded_keys(n, bc);
     let f32t = DType::F32;
-    let q = buffer(0, f32t, n * d);
-    let kt = buffer(1, f32t, d * np);
+    let qt = buffer(0, f32t, n * d);
+    let kp = buffer(1, f32t, np * d);
     let vp = buffer(2, f32t, np * d);
     let out = buffer(3, f32t, n * d);
 
@@ -95,8 +108,6 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let acc: Vec<UOp> = (0..br * bc).map(|_| next(1)).collect();
     let s_tile = next(br * bc);
     let p_tile = next(br * bc);
-    let row_max: Vec<UOp> = (0..br).map(|_| next(1)).collect();
-    let row_sum: Vec<UOp> = (0..br).map(|_| next(1)).collect();
     let pv_acc: Vec<UOp> = (0..br * PV_COLS).map(|_| next(1)).collect();
 
     let t = range(n / br, 0, AxisType::Thread);
@@ -110,73 +121,70 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
 
     let kb = range(np / bc, 2, AxisType::Reduce);
     let tk = [t.clone(), kb.clone()];
-    // S = Q_blk · K_blk^T: one accumulator per (row, key), one shared loop over the head.
+    // S^T = K_blk · Q_blk^T: one accumulator per (key, row), one shared loop over the head;
+    // each key's k[e] is broadcast against the vector of the rows' q[e].
     let e = range(d, 3, AxisType::Reduce);
     let ai: Vec<UOp> = acc.iter().map(|x| x.after(&tk)).collect();
     let mut updates = Vec::new();
-    for b in 0..br {
-        let qv = q.index((&t * br + b) * d + &e).load();
-        for c in 0..bc {
-            let a = &ai[b * bc + c];
+    for c in 0..bc {
+        let kv = kp.index((&kb * bc + c as i64) * d + &e).load();
+        for b in 0..br {
+            let a = &ai[c * br + b];
             let init = a.index(0).store(0.0f32);
             let at = a.after(&[init, e.clone()]).index(0);
-            updates.push(at.store(at.load() + &qv * kt.index(&kb * (d * bc) + &e * bc + c).load()));
+            let qv = qt.index(&t * (d * br) + &e * br + b as i64).load();
+            updates.push(at.store(at.load() + &kv * qv));
         }
     }
     let dot = sink(&updates).end(&[e]);
     let after_dot = std::slice::from_ref(&dot);
     let si = s_tile.after(&tk);
     let s_stores: Vec<UOp> = (0..br * bc)
-        .map(|bcx| {
-            let mut s = ai[bcx].after(after_dot).index(0).load();
+        .map(|x| {
+            let mut s = ai[x].after(after_dot).index(0).load();
             if np != n {
-                s = (&kb * bc + (bcx % bc) as i64).lt(n as i64).where_(s, f32c(f32::NEG_INFINITY));
+                s = (&kb * bc + (x / br) as i64).lt(n as i64).where_(s, f32c(f32::NEG_INFINITY));
             }
-            si.index(bcx as i64).store(s)
+            si.index(x as i64).store(s)
         })
         .collect();
     let s_done = sink(&s_stores);
     let s_ready = si.after(std::slice::from_ref(&s_done));
 
-    // Per row: the block max (one vector pass), then P and its sum (a second pass).
+    // The online-softmax update of the block, rows as lanes: new max, rescale factor, P^T and
+    // the new row sums in one pass over the block's keys.
     let pi = p_tile.after(&tk);
-    let mut updates_kb = Vec::new();
-    let corr_at = st.after(&tk);
-    let mut p_writes = Vec::new();
-    for b in 0..br {
-        let row = st.after(&[init_state.clone(), kb.clone(), s_done.clone()]);
-        let (at_m, at_l) = (row.index(b as i64), row.index((br + b) as i64));
-        let m_old = at_m.load();
-        let rm = row_max[b].after(&tk);
-        let rm_init = rm.index(0).store(&m_old);
-        let c1 = range(bc, 4 + 2 * b, AxisType::Reduce);
-        let rmc = rm.after(&[rm_init, c1.clone()]).index(0);
-        let max_loop = rmc.store(rmc.load().maximum(s_ready.index(&c1 + (b * bc) as i64).load())).end(&[c1]);
-        let m_new = rm.after(&[max_loop]).index(0).load();
-        let cb = (&m_old - &m_new).exp2();
-        let rs = row_sum[b].after(&tk);
-        let rs_init = rs.index(0).store(0.0f32);
-        let c2 = range(bc, 5 + 2 * b, AxisType::Reduce);
-        let p = (s_ready.index(&c2 + (b * bc) as i64).load() - &m_new).exp2();
-        let rsc = rs.after(&[rs_init, c2.clone()]).index(0);
-        let p_loop =
-            sink(&[rsc.store(rsc.load() + &p), pi.index(&c2 + (b * bc) as i64).store(&p)]).end(&[c2]);
-        let l_new = at_l.load() * &cb + rs.after(std::slice::from_ref(&p_loop)).index(0).load();
-        updates_kb.push(at_l.store(l_new));
-        updates_kb.push(at_m.store(&m_new));
-        updates_kb.push(corr_at.index((2 * br + b) as i64).store(&cb));
-        p_writes.push(p_loop);
+    let rb = range(br, 4, AxisType::Loop);
+    let row = st.after(&[init_state.clone(), kb.clone(), s_done.clone()]);
+    let m_old = row.index(&rb).load();
+    let score = |c: usize| s_ready.index(&rb + (c * br) as i64).load();
+    let m_new = (0..bc).fold(m_old.clone(), |m, c| m.maximum(score(c)));
+    let corr = (&m_old - &m_new).exp2();
+    let mut softmax = Vec::new();
+    let mut sum: Option<UOp> = None;
+    for c in 0..bc {
+        let p = (score(c) - &m_new).exp2();
+        softmax.push(pi.index(&rb + (c * br) as i64).store(&p));
+        sum = Some(match sum {
+            None => p,
+            Some(x) => x + p,
+        });
     }
+    let l_new = row.index(&rb + br as i64).load() * &corr + sum.expect("a key block has keys");
+    softmax.push(row.index(&rb + br as i64).store(l_new));
+    softmax.push(row.index(&rb).store(&m_new));
+    softmax.push(row.index(&rb + (2 * br) as i64).store(&corr));
+    let softmax_loop = sink(&softmax).end(&[rb]);
     // O = O * corr + P · V_blk. Columns in chunks of PV_COLS: per chunk a register tile of
     // br x PV_COLS accumulators reduces over the block's keys (two F32X4 per row, fed by one
     // broadcast of p and two vector loads of V per key), then the output tile is rescaled and
     // the tile added. Columns past the last whole chunk take one vectorized loop over them.
-    // The row state and the rescale factors go to memory before the output update: held in
+    // The row state and the rescale factors are in memory before the output update: held in
     // registers across it, they would crowd out its tile.
-    let state_done = sink(&updates_kb);
+    let state_done = softmax_loop;
     let after_state = std::slice::from_ref(&state_done);
     let mut updates_kb = vec![state_done.clone()];
-    let p_ready = pi.after(&p_writes);
+    let p_ready = pi.after(after_state);
     let mut od = oi.after(&[init_o, kb.clone(), state_done.clone()]);
     let chunks = d / PV_COLS;
     if chunks > 0 {
@@ -186,7 +194,7 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         let pa: Vec<UOp> = pv_acc.iter().map(|x| x.after(&tkd)).collect();
         let mut pv_updates = Vec::new();
         for b in 0..br {
-            let pv = p_ready.index(&c3 + (b * bc) as i64).load();
+            let pv = p_ready.index(&c3 * br as i64 + b as i64).load();
             for j in 0..PV_COLS {
                 let a = &pa[b * PV_COLS + j];
                 let init = a.index(0).store(0.0f32);
@@ -223,7 +231,7 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
             let at = od.index(&col + (b * d) as i64);
             let mut x = at.load() * st.after(after_state).index((2 * br + b) as i64).load();
             for c in 0..bc {
-                let pv = p_ready.index((b * bc + c) as i64).load();
+                let pv = p_ready.index((c * br + b) as i64).load();
                 x = x + pv * vp.index((&kb * bc + c as i64) * d + &col).load();
             }
             o_updates.push(at.store(x));
@@ -265,7 +273,10 @@ impl FlashTiled {
         }
         let np = padded_keys(n, tiling.key_block);
         Ok(FlashTiled {
-            scale_q: Program::compile(&scale_queries_ir(n, d), "flash_scale_q")?,
+            scale_q: Program::compile(
+                &flash_tiled_queries_ir(n, d, crate::attention::query_block(n, tiling.query_block)),
+                "flash_tiled_queries",
+            )?,
             prep: Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "flash_tiled_prep")?,
             // Kept in emitted order (`none`): both register tiles then take two steps per trip,
             // and every splat stays one broadcast load feeding the FMA's tied operand. At `speed`

@@ -192,6 +192,9 @@ const SPLIT: usize = 4;
 /// Innermost loops with at most this many statements are unrolled `SPLIT` times.
 const MAX_UNROLLED_BODY: usize = 96;
 
+/// Addresses (base value, immediate offset) of the INDEXes one unrolled step accessed.
+pub(crate) type StepAddresses = HashMap<UOp, (Value, i32)>;
+
 enum Storage {
     Vars(Vec<Variable>),
     Slot(StackSlot),
@@ -227,6 +230,9 @@ pub(crate) struct Lowerer<'a, 'b> {
     /// (the loops around it): one `lea` per slot and loop trip instead of one per access at
     /// `opt_level=none`.
     slot_addrs: HashMap<StackSlot, Value>,
+    /// While lowering the unrolled steps of a register tile: its range, the step being emitted,
+    /// and step 0's addresses by INDEX (later steps add their offset to those).
+    pub(crate) copy_addrs: Option<(UOp, i64, StepAddresses)>,
     /// While lowering one unrolled copy of a split reduction: accumulator -> its partial sum.
     partial: Vec<(Variable, Variable)>,
     bufs: Value,
@@ -264,6 +270,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             splat_loads: Default::default(),
             fresh_splats: flags.tile_unroll > 1,
             slot_addrs: HashMap::new(),
+            copy_addrs: None,
             read_only: Default::default(),
             tile_results: HashMap::new(),
             contracted: Default::default(),
@@ -671,8 +678,16 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             return Ok(Err(self.partial.iter().find(|(a, _)| *a == var).map_or(var, |(_, p)| *p)));
         }
         let size = index.dtype().size() as i64;
-        let base = self.base_address(index)?;
         let idx = &index.src()[1];
+        // Copy k of an unrolled tile step: the address of copy 0 plus k strides.
+        if let Some((range, k, first)) = &mut self.copy_addrs
+            && let Some(&(addr, offset)) = first.get(index)
+            && let Some((stride, _)) = split_linear(idx, range)
+            && let Ok(offset) = i32::try_from(offset as i64 + *k * stride * size)
+        {
+            return Ok(Ok((addr, offset)));
+        }
+        let base = self.base_address(index)?;
         // A constant index stays whole: its value needs no other node.
         let split = split_constant_term(idx, size)
             .filter(|(x, _)| x.const_value().is_none())
@@ -680,7 +695,11 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let (x, offset) = split.unwrap_or((idx.clone(), 0));
         let i = self.val(&x)?;
         let off = self.scale_index(i, size);
-        Ok(Ok((self.b.ins().iadd(base, off), offset)))
+        let addr = self.b.ins().iadd(base, off);
+        if let Some((_, 0, first)) = &mut self.copy_addrs {
+            first.insert(index.clone(), (addr, offset));
+        }
+        Ok(Ok((addr, offset)))
     }
 
     /// `i * size` as a shift: x64 folds `base + (i << k)` into one addressing mode.

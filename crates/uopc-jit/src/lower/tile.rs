@@ -165,8 +165,12 @@ impl Lowerer<'_, '_> {
                     let at = l.b.ins().iadd_imm_s(base, k);
                     l.b.def_var(copy_iv, at);
                     l.range_vars.insert(range.clone(), copy_iv);
+                    // Steps after the first address memory as step 0 plus a constant offset.
+                    let first = l.copy_addrs.take().map(|(_, _, f)| f).unwrap_or_default();
+                    l.copy_addrs = Some((range.clone(), k, if k == 0 { HashMap::new() } else { first }));
                     emit(l)?;
                 }
+                l.copy_addrs = None;
                 Ok(())
             })?;
             if main < trips {
