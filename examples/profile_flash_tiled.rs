@@ -45,7 +45,7 @@ fn main() {
     };
     let tiling = FlashTiling::default();
     let np = padded_keys(n, tiling.key_block);
-    let opts = JitOptions { opt_level: level, ..JitOptions::default() };
+    let opts = JitOptions { opt_level: level, tile_steps: FLASH_TILE_STEPS, ..JitOptions::default() };
     let br = uopc::attention::query_block(n, tiling.query_block);
     let scale = Program::compile(&flash_tiled_queries_ir(n, d, br), "queries").unwrap();
     let prep = Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "prep").unwrap();

@@ -21,6 +21,12 @@ use uopc_jit::{JitError, JitOptions, OptLevel, Program};
 /// per query row, so the default 4-row block keeps 8 accumulators in registers.
 const PV_COLS: usize = 8;
 
+/// Reduce steps per trip of `flash_tiled`'s register tiles. With two, regalloc spilled one
+/// score accumulator per trip (a store and reload in its FMA chain); four fit. Interleaved with
+/// two steps, single thread (`cargo xtask bench attention --variants flash_tiled --threads 1`),
+/// three rounds at N = 2048: 43.5 / 44.4 / 42.1 ms against 49.3 / 63.8 / 50.3 ms.
+pub const FLASH_TILE_STEPS: usize = 4;
+
 /// Block sizes of [`flash_tiled_ir`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashTiling {
@@ -278,14 +284,18 @@ impl FlashTiled {
                 "flash_tiled_queries",
             )?,
             prep: Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "flash_tiled_prep")?,
-            // Kept in emitted order (`none`): both register tiles then take two steps per trip,
-            // and every splat stays one broadcast load feeding the FMA's tied operand. At `speed`
+            // Kept in emitted order (`none`): both register tiles then take several steps per
+            // trip, and every splat stays one broadcast load feeding the FMA's tied operand. At `speed`
             // the e-graph merges the broadcasts and reorders the tiles' loads, which costs more
             // than its GVN and LICM save in the softmax part.
             main: Program::compile_with(
                 &flash_tiled_ir(n, d, tiling),
                 "flash_tiled",
-                &JitOptions { opt_level: OptLevel::None, ..JitOptions::default() },
+                &JitOptions {
+                    opt_level: OptLevel::None,
+                    tile_steps: FLASH_TILE_STEPS,
+                    ..JitOptions::default()
+                },
             )?,
             n,
             d,

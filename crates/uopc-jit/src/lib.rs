@@ -93,6 +93,11 @@ pub struct JitOptions {
     /// accumulation, the interpreter's results bit for bit under strict options), and the
     /// program runs on the JIT's own code alone.
     pub tile_calls: bool,
+    /// Reduce steps per trip of a register tile's loop at `opt_level=none` (at `speed` the
+    /// e-graph reorders the steps, so there it is always one). Two let the accumulators
+    /// alternate between two register sets with no copies at the back edge; more shorten the
+    /// loop overhead but lengthen the code regalloc has to fit into 16 registers.
+    pub tile_steps: usize,
 }
 
 impl Default for JitOptions {
@@ -104,6 +109,7 @@ impl Default for JitOptions {
             reassociate: true,
             vectorize: true,
             tile_calls: true,
+            tile_steps: 2,
         }
     }
 }
@@ -365,7 +371,7 @@ impl Program {
                 reassociate: opts.reassociate,
                 vectorize: opts.vectorize,
                 // Two reduce steps per trip only pay where the emitted order is kept.
-                tile_unroll: if level == OptLevel::None { 2 } else { 1 },
+                tile_unroll: if level == OptLevel::None { opts.tile_steps.max(1) as i64 } else { 1 },
             };
             let mut l = lower::Lowerer::new(&mut b, externs, flags, params[0], params[1], params[2]);
             l.lower(&lin)?;
