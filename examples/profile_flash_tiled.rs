@@ -5,7 +5,7 @@
 //! is compiled at `opt_level=none`, as `FlashTiled` does; `OPT=speed` or `OPT=auto` overrides it.
 use std::time::Instant;
 use uopc::flash_tiled::{
-    FlashTiling, flash_tiled_ir, flash_tiled_prep_ir, flash_tiled_queries_ir, padded_keys,
+    FLASH_TILE_STEPS, FlashTiling, flash_tiled_ir, flash_tiled_prep_ir, flash_tiled_queries_ir, padded_keys,
 };
 use uopc::jit::{JitOptions, OptLevel, Program};
 
