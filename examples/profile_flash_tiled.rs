@@ -1,7 +1,7 @@
 //! Runs `flash_tiled` in a loop for profiling, writes its machine code to `OUT` and prints
 //! where the code lives, so samples of `perf record` map onto `objdump` of that file:
 //! `RAYON_NUM_THREADS=1 perf record -o perf.data target/release/examples/profile_flash_tiled
-//! N D SECONDS OUT` (the CLIF goes to `OUT.clif`), then `perf script -F ip` and subtract the printed base. The kernel
+//! N D SECONDS OUT [RxC]` (the CLIF goes to `OUT.clif`; `RxC` sets the block sizes), then `perf script -F ip` and subtract the printed base. The kernel
 //! is compiled at `opt_level=none`, as `FlashTiled` does; `OPT=speed` or `OPT=auto` overrides it.
 use std::time::Instant;
 use uopc::flash_tiled::{
@@ -43,7 +43,12 @@ fn main() {
         Ok("auto") => OptLevel::Auto,
         _ => OptLevel::None,
     };
-    let tiling = FlashTiling::default();
+    // An optional fifth argument `RxC` sets the query and key block sizes.
+    let tiling = args
+        .get(4)
+        .and_then(|t| t.split_once('x'))
+        .and_then(|(r, c)| Some(FlashTiling { query_block: r.parse().ok()?, key_block: c.parse().ok()? }))
+        .unwrap_or_default();
     let np = padded_keys(n, tiling.key_block);
     let opts = JitOptions { opt_level: level, tile_steps: FLASH_TILE_STEPS, ..JitOptions::default() };
     let br = uopc::attention::query_block(n, tiling.query_block);

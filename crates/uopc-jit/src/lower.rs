@@ -226,8 +226,8 @@ pub(crate) struct Lowerer<'a, 'b> {
     /// Emit a splat of a load afresh at every use (see `packed`): at `opt_level=none`, where
     /// Cranelift keeps the copies apart (at `speed` it merges equal loads back into one).
     pub(crate) fresh_splats: bool,
-    /// Addresses of stack slots computed in the code being emitted and the code it dominates
-    /// (the loops around it): one `lea` per slot and loop trip instead of one per access at
+    /// Addresses of stack slots computed in the straight-line code being emitted (cleared at
+    /// every loop entry and exit): one `lea` per slot and stretch instead of one per access at
     /// `opt_level=none`.
     slot_addrs: HashMap<StackSlot, Value>,
     /// While lowering the unrolled steps of a register tile: its range, the step being emitted,
@@ -404,7 +404,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         step: i64,
         mut body: impl FnMut(&mut Self, Variable) -> Result<(), JitError>,
     ) -> Result<(), JitError> {
-        let outer_slot_addrs = self.slot_addrs.clone();
+        // Stack addresses are reused only within straight-line code: kept across a loop they
+        // hold general registers the loop needs (and get spilled and reloaded in it).
+        self.slot_addrs.clear();
         let iv = self.b.declare_var(types::I64);
         self.b.def_var(iv, start);
         let body_blk = self.b.create_block();
@@ -426,8 +428,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let again = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
         self.b.ins().brif(again, body_blk, &[] as &[BlockArg], exit_blk, &[]);
         self.b.switch_to_block(exit_blk);
-        // Values computed in the body do not dominate the exit.
-        self.slot_addrs = outer_slot_addrs;
+        self.slot_addrs.clear();
         let _ = range;
         Ok(())
     }
@@ -445,7 +446,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         step: i64,
         mut body: impl FnMut(&mut Self, Variable) -> Result<(), JitError>,
     ) -> Result<(), JitError> {
-        let outer_slot_addrs = self.slot_addrs.clone();
+        // Stack addresses are reused only within straight-line code: kept across a loop they
+        // hold general registers the loop needs (and get spilled and reloaded in it).
+        self.slot_addrs.clear();
         let iv = self.b.declare_var(types::I64);
         self.b.def_var(iv, start);
         let header = self.b.create_block();
@@ -463,7 +466,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         self.b.def_var(iv, next);
         self.b.ins().jump(header, &[]);
         self.b.switch_to_block(exit_blk);
-        self.slot_addrs = outer_slot_addrs;
+        self.slot_addrs.clear();
         Ok(())
     }
 
