@@ -154,8 +154,8 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         }
         let dot = sink(&updates).end(&[e]);
         let after_dot = std::slice::from_ref(&dot);
-        for x in keys.start * br..keys.end * br {
-            let mut s = ai[x].after(after_dot).index(0).load();
+        for (x, a) in ai.iter().enumerate().take(keys.end * br).skip(keys.start * br) {
+            let mut s = a.after(after_dot).index(0).load();
             if np != n {
                 s = (&kb * bc + (x / br) as i64).lt(n as i64).where_(s, f32c(f32::NEG_INFINITY));
             }
