@@ -27,6 +27,12 @@ const PV_COLS: usize = 8;
 /// three rounds at N = 2048: 43.5 / 44.4 / 42.1 ms against 49.3 / 63.8 / 50.3 ms.
 pub const FLASH_TILE_STEPS: usize = 4;
 
+/// Query blocks per THREAD task of [`flash_tiled_ir`] (fewer when they do not divide the
+/// blocks). Interleaved runs of `profile_flash_tiled` (best of 3, two threads, N = 4096):
+/// 1 group 87.7 ms, 4 groups 82.4 ms, 8 groups 81.0 ms; one thread at N = 1024 (best of 6):
+/// 9.89, 9.77 and 9.60 ms.
+const QUERY_GROUPS: usize = 8;
+
 /// Keys per register tile of the score GEMM in [`flash_tiled_ir`]: with 4 query rows per
 /// F32X4, 8 accumulators, a vector of q and the broadcast k in the 16 xmm registers.
 const SCORE_KEYS: usize = 8;
@@ -113,24 +119,34 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     // Running max of row b at [b], running sum at [br + b], the key block's rescale factor at
     // [2br + b]: in memory, not registers, so they do not hold xmm registers across the key
     // loop or the output update.
-    let state = next(3 * br);
-    let o = next(br * d);
+    // Each THREAD task takes `groups` query blocks and runs all of them against one key block
+    // before the next: the block's K and V (4 KiB at D = 64, Bc = 8) are then read from L1 by
+    // all but the first, instead of streamed from L2 by each.
+    let groups = (1..=QUERY_GROUPS).rev().find(|g| (n / br).is_multiple_of(*g)).unwrap_or(1);
+    let state = next(3 * br * groups);
+    let o = next(br * d * groups);
     let acc: Vec<UOp> = (0..br * bc).map(|_| next(1)).collect();
     let s_tile = next(br * bc);
     let p_tile = next(br * bc);
     let pv_acc: Vec<UOp> = (0..br * PV_COLS).map(|_| next(1)).collect();
 
-    let t = range(n / br, 0, AxisType::Thread);
+    let t = range(n / (br * groups), 0, AxisType::Thread);
     let th = std::slice::from_ref(&t);
     let st = state.after(th);
     let oi = o.after(th);
-    let zs = range(3 * br, 6 + 2 * br, AxisType::Loop);
-    let init_state = st.index(&zs).store(zs.lt(br as i64).where_(f32c(M_FLOOR), f32c(0.0))).end(&[zs]);
-    let z = range(br * d, 1, AxisType::Loop);
+    let zs = range(3 * br * groups, 6 + 2 * br, AxisType::Loop);
+    let is_max = zs.modulo(3 * br as i64).lt(br as i64);
+    let init_state = st.index(&zs).store(is_max.where_(f32c(M_FLOOR), f32c(0.0))).end(&[zs]);
+    let z = range(br * d * groups, 1, AxisType::Loop);
     let init_o = oi.index(&z).store(0.0f32).end(&[z]);
 
     let kb = range(np / bc, 2, AxisType::Reduce);
-    let tk = [t.clone(), kb.clone()];
+    let g = range(groups, 10 + 2 * br + bc.div_ceil(SCORE_KEYS), AxisType::Loop);
+    let tk = [t.clone(), kb.clone(), g.clone()];
+    // Query block (t, g): its rows in Q^T, its row state and its output tile.
+    let block = &t * groups + &g;
+    let sbase = &g * (3 * br);
+    let obase = &g * (br * d);
     // S^T = K_blk · Q_blk^T: one accumulator per (key, row); each key's k[e] is broadcast
     // against the vector of the rows' q[e]. The keys go in groups of SCORE_KEYS, one loop over
     // the head each, so a group's accumulators fit the registers however long the key block.
@@ -148,7 +164,7 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
                 let a = &ai[c * br + b];
                 let init = a.index(0).store(0.0f32);
                 let at = a.after(&[init, e.clone()]).index(0);
-                let qv = qt.index(&t * (d * br) + &e * br + b as i64).load();
+                let qv = qt.index(&block * (d * br) + &e * br + b as i64).load();
                 updates.push(at.store(at.load() + &kv * qv));
             }
         }
@@ -170,7 +186,8 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let pi = p_tile.after(&tk);
     let rb = range(br, 4, AxisType::Loop);
     let row = st.after(&[init_state.clone(), kb.clone(), s_done.clone()]);
-    let m_old = row.index(&rb).load();
+    let rs = &sbase + &rb;
+    let m_old = row.index(&rs).load();
     let score = |c: usize| s_ready.index(&rb + (c * br) as i64).load();
     let m_new = (0..bc).fold(m_old.clone(), |m, c| m.maximum(score(c)));
     let corr = (&m_old - &m_new).exp2();
@@ -184,10 +201,10 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
             Some(x) => x + p,
         });
     }
-    let l_new = row.index(&rb + br as i64).load() * &corr + sum.expect("a key block has keys");
-    softmax.push(row.index(&rb + br as i64).store(l_new));
-    softmax.push(row.index(&rb).store(&m_new));
-    softmax.push(row.index(&rb + (2 * br) as i64).store(&corr));
+    let l_new = row.index(&rs + br as i64).load() * &corr + sum.expect("a key block has keys");
+    softmax.push(row.index(&rs + br as i64).store(l_new));
+    softmax.push(row.index(&rs).store(&m_new));
+    softmax.push(row.index(&rs + (2 * br) as i64).store(&corr));
     let softmax_loop = sink(&softmax).end(&[rb]);
     // O = O * corr + P · V_blk. Columns in chunks of PV_COLS: per chunk a register tile of
     // br x PV_COLS accumulators reduces over the block's keys (two F32X4 per row, fed by one
@@ -199,12 +216,12 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let after_state = std::slice::from_ref(&state_done);
     let mut updates_kb = vec![state_done.clone()];
     let p_ready = pi.after(after_state);
-    let mut od = oi.after(&[init_o, kb.clone(), state_done.clone()]);
+    let mut od = oi.after(&[init_o, kb.clone(), g.clone(), state_done.clone()]);
     let chunks = d / PV_COLS;
     if chunks > 0 {
         let dc = range(chunks, 7 + 2 * br, AxisType::Loop);
         let c3 = range(bc, 8 + 2 * br, AxisType::Reduce);
-        let tkd = [t.clone(), kb.clone(), dc.clone()];
+        let tkd = [t.clone(), kb.clone(), g.clone(), dc.clone()];
         let pa: Vec<UOp> = pv_acc.iter().map(|x| x.after(&tkd)).collect();
         let mut pv_updates = Vec::new();
         for b in 0..br {
@@ -224,9 +241,10 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         let od_tile = od.after(tile_done);
         let mut o_updates = Vec::new();
         for b in 0..br {
-            let cb = st.after(&[state_done.clone(), pv_loop.clone()]).index((2 * br + b) as i64).load();
+            let cb =
+                st.after(&[state_done.clone(), pv_loop.clone()]).index(&sbase + (2 * br + b) as i64).load();
             for j in 0..PV_COLS {
-                let at = od_tile.index(&dc * PV_COLS as i64 + (b * d + j) as i64);
+                let at = od_tile.index(&obase + &dc * PV_COLS as i64 + (b * d + j) as i64);
                 o_updates
                     .push(at.store(at.load() * &cb + pa[b * PV_COLS + j].after(tile_done).index(0).load()));
             }
@@ -242,8 +260,8 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         let col = &dd + first as i64;
         let mut o_updates = Vec::new();
         for b in 0..br {
-            let at = od.index(&col + (b * d) as i64);
-            let mut x = at.load() * st.after(after_state).index((2 * br + b) as i64).load();
+            let at = od.index(&obase + &col + (b * d) as i64);
+            let mut x = at.load() * st.after(after_state).index(&sbase + (2 * br + b) as i64).load();
             for c in 0..bc {
                 let pv = p_ready.index((c * br + b) as i64).load();
                 x = x + pv * vp.index((&kb * bc + c as i64) * d + &col).load();
@@ -252,18 +270,19 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         }
         updates_kb.push(sink(&o_updates).end(&[dd]));
     }
-    let key_loop = sink(&updates_kb).end(&[kb]);
+    let key_loop = sink(&updates_kb).end(&[g, kb]);
 
     let d2 = range(d, 5 + 2 * br, AxisType::Loop);
+    let g2 = range(groups, 11 + 2 * br + bc.div_ceil(SCORE_KEYS), AxisType::Loop);
     let done = std::slice::from_ref(&key_loop);
     let stores: Vec<UOp> = (0..br)
         .map(|b| {
-            let lb = st.after(done).index((br + b) as i64).load();
-            out.index((&t * br + b) * d + &d2)
-                .store(oi.after(done).index(&d2 + (b * d) as i64).load() * lb.recip())
+            let lb = st.after(done).index(&g2 * (3 * br) + (br + b) as i64).load();
+            out.index(((&t * groups + &g2) * br + b) * d + &d2)
+                .store(oi.after(done).index(&g2 * (br * d) + &d2 + (b * d) as i64).load() * lb.recip())
         })
         .collect();
-    sink(&[sink(&stores).end(&[d2, t])])
+    sink(&[sink(&stores).end(&[d2, g2, t])])
 }
 
 /// `flash_tiled` compiled: the prologues (query scaling; padded K^T and V) and the attention
