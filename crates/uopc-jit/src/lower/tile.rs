@@ -166,8 +166,11 @@ impl Lowerer<'_, '_> {
                     l.b.def_var(copy_iv, at);
                     l.range_vars.insert(range.clone(), copy_iv);
                     // Steps after the first address memory as step 0 plus a constant offset.
-                    let first = l.copy_addrs.take().map(|(_, _, f)| f).unwrap_or_default();
-                    l.copy_addrs = Some((range.clone(), k, if k == 0 { HashMap::new() } else { first }));
+                    let step0 = match l.copy_addrs.take() {
+                        Some((_, _, addrs)) if k > 0 => addrs,
+                        _ => StepAddresses::new(),
+                    };
+                    l.copy_addrs = Some((range.clone(), k, step0));
                     emit(l)?;
                 }
                 l.copy_addrs = None;
@@ -379,15 +382,11 @@ impl Lowerer<'_, '_> {
                 self.scalar_value(u)?
             };
             self.b.ins().splat(types::F32X4, s)
+        } else if let Some(v) = self.tile_vector_of(u) {
+            // Lane k of a register tile's vector (plan_packed_stores proved the lanes).
+            v
         } else {
-            let tile_vector = self
-                .register_of(&u.src().first().cloned().unwrap_or_else(|| u.clone()))
-                .filter(|_| matches!(u.op(), Op::Load))
-                .and_then(|r| self.tile_results.get(&r.as_u32()))
-                .map(|t| t.0);
             match u.op() {
-                // Lane k of a register tile's vector (plan_packed_stores proved the lanes).
-                Op::Load if tile_vector.is_some() => tile_vector.expect("checked"),
                 Op::Load => {
                     // find_packs proved lane k reads element i + k: one unaligned vector load.
                     let Ok((addr, offset)) = self.address_parts(&u.src()[0])? else {
@@ -437,6 +436,15 @@ impl Lowerer<'_, '_> {
             memo.insert(lanes.clone(), v);
         }
         Ok(v)
+    }
+
+    /// The register tile vector whose lane a LOAD of a tile accumulator reads.
+    fn tile_vector_of(&self, load: &UOp) -> Option<Value> {
+        if !matches!(load.op(), Op::Load) {
+            return None;
+        }
+        let var = self.register_of(&load.src()[0])?;
+        self.tile_results.get(&var.as_u32()).map(|t| t.0)
     }
 
     /// `flags`, plus `readonly` when `load` reads a buffer the program never writes.
