@@ -187,6 +187,21 @@ pub(crate) fn gemm_like(lin: &Linear) -> bool {
     tiles
 }
 
+/// Where a counted loop tests its bound.
+#[derive(Clone, Copy)]
+pub(crate) enum LoopTest {
+    /// At the bottom, after a test on entry (none when the loop is known to run): one branch
+    /// per trip.
+    Bottom,
+    /// At the top, for loops that carry register values (accumulators) out: the exit then
+    /// reads them as the header's block parameters. With the test at the bottom, each value
+    /// leaving the last iteration is used twice, by the back edge and after the loop, and
+    /// Cranelift then counts every value it depends on as used more than once and folds none
+    /// of the body's loads into their users (a splat of a load stays `movss` + `vbroadcastss
+    /// reg` instead of one `vbroadcastss mem`).
+    Top,
+}
+
 /// Independent partial sums a split reduction keeps.
 const SPLIT: usize = 4;
 /// Innermost loops with at most this many statements are unrolled `SPLIT` times.
@@ -388,17 +403,16 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             let zero = self.b.ins().iconst(types::I64, 0);
             (zero, self.val(&range.src()[0])?)
         };
-        self.counted_loop(range, start, end, 1, |l, iv| {
+        self.counted_loop(LoopTest::Bottom, start, end, 1, |l, iv| {
             l.range_vars.insert(range.clone(), iv);
             l.block(body)
         })
     }
 
-    /// Emits `for iv in (start..end).step_by(step) { body(iv) }`; `iv` is a Variable. The test
-    /// sits at the bottom, after a test on entry (none when the loop is known to run).
+    /// Emits `for iv in (start..end).step_by(step) { body(iv) }`; `iv` is a Variable.
     fn counted_loop(
         &mut self,
-        range: &UOp,
+        test: LoopTest,
         start: Value,
         end: Value,
         step: i64,
@@ -411,60 +425,43 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         self.b.def_var(iv, start);
         let body_blk = self.b.create_block();
         let exit_blk = self.b.create_block();
-        match (self.iconst_of(start), self.iconst_of(end)) {
-            (Some(s), Some(e)) if s < e => {
-                self.b.ins().jump(body_blk, &[]);
+        let header = match test {
+            LoopTest::Bottom => {
+                match (self.iconst_of(start), self.iconst_of(end)) {
+                    (Some(s), Some(e)) if s < e => {
+                        self.b.ins().jump(body_blk, &[]);
+                    }
+                    _ => {
+                        let enter = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
+                        self.b.ins().brif(enter, body_blk, &[], exit_blk, &[]);
+                    }
+                }
+                None
             }
-            _ => {
-                let enter = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
-                self.b.ins().brif(enter, body_blk, &[], exit_blk, &[]);
+            LoopTest::Top => {
+                let header = self.b.create_block();
+                self.b.ins().jump(header, &[]);
+                self.b.switch_to_block(header);
+                let i = self.b.use_var(iv);
+                let go = self.b.ins().icmp(IntCC::SignedLessThan, i, end);
+                self.b.ins().brif(go, body_blk, &[], exit_blk, &[]);
+                Some(header)
+            }
+        };
+        self.b.switch_to_block(body_blk);
+        body(self, iv)?;
+        let i = self.b.use_var(iv);
+        let next = self.b.ins().iadd_imm_s(i, step);
+        self.b.def_var(iv, next);
+        match header {
+            Some(header) => {
+                self.b.ins().jump(header, &[]);
+            }
+            None => {
+                let again = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
+                self.b.ins().brif(again, body_blk, &[] as &[BlockArg], exit_blk, &[]);
             }
         }
-        self.b.switch_to_block(body_blk);
-        body(self, iv)?;
-        let i = self.b.use_var(iv);
-        let next = self.b.ins().iadd_imm_s(i, step);
-        self.b.def_var(iv, next);
-        let again = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
-        self.b.ins().brif(again, body_blk, &[] as &[BlockArg], exit_blk, &[]);
-        self.b.switch_to_block(exit_blk);
-        self.slot_addrs.clear();
-        let _ = range;
-        Ok(())
-    }
-
-    /// [`Self::counted_loop`] with the test at the top, for loops that carry register values
-    /// (accumulators) out: the exit then reads them as the header's block parameters. With
-    /// the test at the bottom, each value leaving the last iteration is used twice, by the back
-    /// edge and after the loop, and Cranelift then counts every value it depends on as used
-    /// more than once and folds none of the body's loads into their users (a splat of a load
-    /// stays `movss` + `vbroadcastss reg` instead of one `vbroadcastss mem`).
-    fn counted_loop_top(
-        &mut self,
-        start: Value,
-        end: Value,
-        step: i64,
-        mut body: impl FnMut(&mut Self, Variable) -> Result<(), JitError>,
-    ) -> Result<(), JitError> {
-        // Stack addresses are reused only within straight-line code: kept across a loop they
-        // hold general registers the loop needs (and get spilled and reloaded in it).
-        self.slot_addrs.clear();
-        let iv = self.b.declare_var(types::I64);
-        self.b.def_var(iv, start);
-        let header = self.b.create_block();
-        let body_blk = self.b.create_block();
-        let exit_blk = self.b.create_block();
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(header);
-        let i = self.b.use_var(iv);
-        let go = self.b.ins().icmp(IntCC::SignedLessThan, i, end);
-        self.b.ins().brif(go, body_blk, &[], exit_blk, &[]);
-        self.b.switch_to_block(body_blk);
-        body(self, iv)?;
-        let i = self.b.use_var(iv);
-        let next = self.b.ins().iadd_imm_s(i, step);
-        self.b.def_var(iv, next);
-        self.b.ins().jump(header, &[]);
         self.b.switch_to_block(exit_blk);
         self.slot_addrs.clear();
         Ok(())
@@ -574,7 +571,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let zero = self.b.ins().iconst(types::I64, 0);
         let end = self.b.ins().iconst(types::I64, main);
         let copy_iv = self.b.declare_var(types::I64);
-        self.counted_loop(range, zero, end, SPLIT as i64, |l, iv| {
+        self.counted_loop(LoopTest::Bottom, zero, end, SPLIT as i64, |l, iv| {
             for k in 0..SPLIT {
                 let row = &partials[k % chains];
                 let base = l.b.use_var(iv);
@@ -609,7 +606,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         }
         let start = self.b.ins().iconst(types::I64, from);
         let end = self.b.ins().iconst(types::I64, trips);
-        self.counted_loop(range, start, end, 1, |l, iv| {
+        self.counted_loop(LoopTest::Bottom, start, end, 1, |l, iv| {
             l.range_vars.insert(range.clone(), iv);
             l.block(body)
         })

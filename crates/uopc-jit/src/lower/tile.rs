@@ -159,7 +159,7 @@ impl Lowerer<'_, '_> {
             let main = trips - trips % unroll;
             let (start, end) = (self.b.ins().iconst(types::I64, 0), self.b.ins().iconst(types::I64, main));
             let copy_iv = self.b.declare_var(types::I64);
-            self.counted_loop_top(start, end, unroll, |l, iv| {
+            self.counted_loop(LoopTest::Top, start, end, unroll, |l, iv| {
                 for k in 0..unroll {
                     let base = l.b.use_var(iv);
                     let at = l.b.ins().iadd_imm_s(base, k);
@@ -179,14 +179,14 @@ impl Lowerer<'_, '_> {
             if main < trips {
                 let (start, end) =
                     (self.b.ins().iconst(types::I64, main), self.b.ins().iconst(types::I64, trips));
-                self.counted_loop_top(start, end, 1, |l, iv| {
+                self.counted_loop(LoopTest::Top, start, end, 1, |l, iv| {
                     l.range_vars.insert(range.clone(), iv);
                     emit(l)
                 })?;
             }
         } else {
             let (start, end) = (self.b.ins().iconst(types::I64, 0), self.val(&range.src()[0])?);
-            self.counted_loop_top(start, end, 1, |l, iv| {
+            self.counted_loop(LoopTest::Top, start, end, 1, |l, iv| {
                 l.range_vars.insert(range.clone(), iv);
                 emit(l)
             })?;

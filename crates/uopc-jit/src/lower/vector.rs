@@ -110,7 +110,7 @@ impl Lowerer<'_, '_> {
 
         let zero = self.b.ins().iconst(types::I64, 0);
         let end = self.b.ins().iconst(types::I64, main);
-        self.counted_loop(range, zero, end, step, |l, iv| {
+        self.counted_loop(LoopTest::Bottom, zero, end, step, |l, iv| {
             for (k, row) in partials.iter().enumerate() {
                 let base = l.b.use_var(iv);
                 let first = l.b.ins().iadd_imm_s(base, k as i64 * LANES);
