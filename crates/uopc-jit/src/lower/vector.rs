@@ -76,7 +76,15 @@ impl Lowerer<'_, '_> {
         // A constant term of an address becomes the access's immediate offset, so accesses
         // that differ by constants share one pointer.
         let mut rest_vals: HashMap<UOp, (Value, i32)> = HashMap::new();
-        for (index, a) in &plan.access {
+        // In body order, so the code emitted does not depend on hash order.
+        let indices = body.iter().filter_map(|s| match s {
+            Stmt::Op(u) if matches!(u.op(), Op::Load | Op::Store) => Some(&u.src()[0]),
+            _ => None,
+        });
+        for index in indices {
+            let Some(a) = plan.access.get(index).filter(|_| !rest_vals.contains_key(index)) else {
+                continue;
+            };
             let split = split_constant_term(&a.rest, index.dtype().size() as i64);
             let (x, offset) = split.unwrap_or((a.rest.clone(), 0));
             let v = self.emit_index_expr(&x, &mut inserted)?;
