@@ -337,20 +337,15 @@ impl<'a, 'b> Lowerer<'a, 'b> {
     }
 
     fn block(&mut self, body: &[Stmt]) -> Result<(), JitError> {
-        // Scalar stores folded into a later vector store, and the vector stores by position.
-        let mut folded: std::collections::HashSet<usize> = Default::default();
-        let mut vector_stores: HashMap<usize, tile::VectorStore> = HashMap::new();
+        // Groups of scalar stores computed from a register tile's vectors: emitted as one
+        // vector store at the last of each group, the rest skipped.
         let mut packed = tile::PackedStores::default();
         for (at, s) in body.iter().enumerate() {
-            if let Some(plan) = vector_stores.remove(&at) {
-                self.emit_vector_store(&plan)?;
-                continue;
-            }
             if let Some(plan) = packed.at.remove(&at) {
                 self.emit_packed_store(&plan)?;
                 continue;
             }
-            if folded.contains(&at) || packed.skip.contains(&at) {
+            if packed.skip.contains(&at) {
                 continue;
             }
             match s {
@@ -363,14 +358,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                         packed.at.extend(more.at);
                     }
                 }
-                Stmt::Op(u) => {
-                    if let Some(plan) = self.plan_vector_store(body, at) {
-                        folded.extend(plan.skip.iter().copied());
-                        vector_stores.insert(plan.last, plan);
-                        continue;
-                    }
-                    self.stmt(u)?
-                }
+                Stmt::Op(u) => self.stmt(u)?,
             }
         }
         // A tile's vector is only known to dominate the rest of the block its loop is in.

@@ -23,17 +23,6 @@ struct Update {
     x: UOp,
 }
 
-/// Four scalar stores of one tile vector's lanes, lowered as one vector store.
-pub(super) struct VectorStore {
-    vector: Value,
-    /// The INDEX of lane 0.
-    index: UOp,
-    /// Position of the last of the four stores in the block: the vector store goes there.
-    pub last: usize,
-    /// Positions of the other three.
-    pub skip: Vec<usize>,
-}
-
 /// Four updates whose `x` trees differ only in contiguous loads.
 struct Pack {
     /// Indices into the update list, lane order.
@@ -201,77 +190,6 @@ impl Lowerer<'_, '_> {
             }
         }
         Ok(true)
-    }
-
-    /// Statement `at` of `body` stores one lane of a register tile's vector to memory, and the
-    /// other three lanes are stored later in the block, the four to consecutive elements, with
-    /// nothing else touching that memory in between: one vector store at the last of the four
-    /// replaces them. Returns the plan, or `None` to lower the statement as it is.
-    pub(super) fn plan_vector_store(&mut self, body: &[Stmt], at: usize) -> Option<VectorStore> {
-        let Stmt::Op(first) = &body[at] else { return None };
-        let lane_of = |l: &Self, u: &UOp| -> Option<(Value, usize)> {
-            if !matches!(u.op(), Op::Store) || l.register_of(&u.src()[0]).is_some() {
-                return None;
-            }
-            let v = &u.src()[1];
-            if !matches!(v.op(), Op::Load) {
-                return None;
-            }
-            l.tile_results.get(&l.register_of(&v.src()[0])?.as_u32()).map(|&(v, lane, _)| (v, lane))
-        };
-        let (vector, lane0) = lane_of(self, first)?;
-        let base = view_base(&first.src()[0].src()[0])?;
-        let mut found: [Option<(usize, UOp)>; LANES] = Default::default();
-        found[lane0] = Some((at, first.src()[0].clone()));
-        let mut memo = HashMap::new();
-        for (p, s) in body.iter().enumerate().skip(at + 1) {
-            if found.iter().all(Option::is_some) {
-                break;
-            }
-            let Stmt::Op(u) = s else { return None };
-            let touches =
-                matches!(u.op(), Op::Load | Op::Store) && view_base(&u.src()[0].src()[0]) == Some(base);
-            if !touches {
-                continue;
-            }
-            match lane_of(self, u) {
-                Some((v, lane)) if v == vector && found[lane].is_none() => {
-                    found[lane] = Some((p, u.src()[0].clone()));
-                }
-                _ => {
-                    // Another store may sit in between if it provably writes elsewhere (a
-                    // neighbouring tile vector's elements).
-                    let start = (&first.src()[0].src()[1]) - lane0 as i64;
-                    let diff = simplify_memo(&(&u.src()[0].src()[1] - &start), Default::default(), &mut memo);
-                    let (lo, hi) = diff.bounds();
-                    if !matches!(u.op(), Op::Store) || (hi >= 0 && lo < LANES as i64) {
-                        return None;
-                    }
-                }
-            }
-        }
-        let found: Vec<(usize, UOp)> = found.into_iter().collect::<Option<_>>()?;
-        let index0 = found[0].1.clone();
-        for (lane, (_, index)) in found.iter().enumerate().skip(1) {
-            let diff = simplify_memo(&(&index.src()[1] - &index0.src()[1]), Default::default(), &mut memo);
-            if diff.const_int() != Some(lane as i64) {
-                return None;
-            }
-        }
-        let last = found.iter().map(|(p, _)| *p).max()?;
-        let skip = found.iter().map(|(p, _)| *p).filter(|&p| p != last).collect();
-        Some(VectorStore { vector, index: index0, last, skip })
-    }
-
-    /// Emits the vector store of a [`VectorStore`] plan.
-    pub(super) fn emit_vector_store(&mut self, plan: &VectorStore) -> Result<(), JitError> {
-        match self.address_parts(&plan.index)? {
-            Ok((addr, offset)) => {
-                self.b.ins().store(MemFlagsData::new().with_notrap(), plan.vector, addr, offset);
-                Ok(())
-            }
-            Err(_) => Err(JitError::Internal("vector store to a register".into())),
-        }
     }
 
     /// The register accumulators updated as `acc = acc + x` (f32), each loaded and stored once.
