@@ -372,6 +372,7 @@ impl Program {
                 vectorize: opts.vectorize,
                 // Two reduce steps per trip only pay where the emitted order is kept.
                 tile_unroll: if level == OptLevel::None { opts.tile_steps.max(1) as i64 } else { 1 },
+                keeps_order: level == OptLevel::None,
             };
             let mut l = lower::Lowerer::new(&mut b, externs, flags, params[0], params[1], params[2]);
             l.lower(&lin)?;

@@ -121,6 +121,8 @@ pub(crate) struct Flags {
     pub vectorize: bool,
     /// Reduce steps per trip of a register tile's loop.
     pub tile_unroll: i64,
+    /// Cranelift keeps the emitted order (`opt_level=none`): no GVN merges equal loads.
+    pub keeps_order: bool,
 }
 
 /// The ALLOCs kept in registers: at most 32 elements, only ever indexed by constants, and no
@@ -238,9 +240,9 @@ pub(crate) struct Lowerer<'a, 'b> {
     /// Shared loads of the register tile being lowered that are only splatted: each is loaded
     /// next to its splat.
     splat_loads: std::collections::HashSet<UOp>,
-    /// Emit a splat of a load afresh at every use (see `packed`): at `opt_level=none`, where
-    /// Cranelift keeps the copies apart (at `speed` it merges equal loads back into one).
-    pub(crate) fresh_splats: bool,
+    /// Emit a splat of a load afresh at every use (see `packed`): where Cranelift keeps the
+    /// copies apart (at `speed` it merges equal loads back into one).
+    fresh_splats: bool,
     /// Addresses of stack slots computed in the straight-line code being emitted (cleared at
     /// every loop entry and exit): one `lea` per slot and stretch instead of one per access at
     /// `opt_level=none`.
@@ -283,7 +285,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             tile_unroll: flags.tile_unroll,
             partial: Vec::new(),
             splat_loads: Default::default(),
-            fresh_splats: flags.tile_unroll > 1,
+            fresh_splats: flags.keeps_order,
             slot_addrs: HashMap::new(),
             copy_addrs: None,
             read_only: Default::default(),
