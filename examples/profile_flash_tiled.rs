@@ -1,13 +1,12 @@
-//! Runs `flash_tiled` in a loop for profiling, writes its machine code to `OUT` and prints
-//! where the code lives, so samples of `perf record` map onto `objdump` of that file:
-//! `RAYON_NUM_THREADS=1 perf record -o perf.data target/release/examples/profile_flash_tiled
-//! N D SECONDS OUT [RxC]` (the CLIF goes to `OUT.clif`; `RxC` sets the block sizes), then `perf script -F ip` and subtract the printed base. The kernel
-//! is compiled at `opt_level=none`, as `FlashTiled` does; `OPT=speed` or `OPT=auto` overrides it.
+//! Runs `flash_tiled` in a loop for profiling, writes its machine code to `OUT` (its CLIF to
+//! `OUT.clif`) and prints where the code lives, so samples of `perf record` map onto `objdump`
+//! of that file: `RAYON_NUM_THREADS=1 perf record -o perf.data
+//! target/release/examples/profile_flash_tiled N D SECONDS OUT [RxC]`, then `perf script -F
+//! ip` and subtract the printed base. `RxC` sets the block sizes. The kernel is compiled with
+//! `FlashTiled`'s own options; `OPT=speed` or `OPT=auto` overrides its opt level.
 use std::time::Instant;
-use uopc::flash_tiled::{
-    FLASH_TILE_STEPS, FlashTiling, flash_tiled_ir, flash_tiled_prep_ir, flash_tiled_queries_ir, padded_keys,
-};
-use uopc::jit::{JitOptions, OptLevel, Program};
+use uopc::flash_tiled::{FlashTiled, FlashTiling};
+use uopc::jit::{JitOptions, OptLevel};
 
 /// The address of `code` in this process's executable mappings (the JIT copies what it
 /// reports as machine code into one of them).
@@ -38,10 +37,11 @@ fn main() {
     let num = |k: usize, default: usize| args.get(k).and_then(|a| a.parse().ok()).unwrap_or(default);
     let (n, d, secs) = (num(0, 1024), num(1, 64), num(2, 5));
     let out_path = args.get(3).cloned().unwrap_or_else(|| "flash_tiled.bin".into());
-    let level = match std::env::var("OPT").as_deref() {
+    let defaults = FlashTiled::kernel_options();
+    let opt_level = match std::env::var("OPT").as_deref() {
         Ok("speed") => OptLevel::Speed,
         Ok("auto") => OptLevel::Auto,
-        _ => OptLevel::None,
+        _ => defaults.opt_level,
     };
     // An optional fifth argument `RxC` sets the query and key block sizes.
     let tiling = args
@@ -49,16 +49,11 @@ fn main() {
         .and_then(|t| t.split_once('x'))
         .and_then(|(r, c)| Some(FlashTiling { query_block: r.parse().ok()?, key_block: c.parse().ok()? }))
         .unwrap_or_default();
-    let np = padded_keys(n, tiling.key_block);
-    let opts = JitOptions { opt_level: level, tile_steps: FLASH_TILE_STEPS, ..JitOptions::default() };
-    let br = uopc::attention::query_block(n, tiling.query_block);
-    let scale = Program::compile(&flash_tiled_queries_ir(n, d, br), "queries").unwrap();
-    let prep = Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "prep").unwrap();
-    let main = Program::compile_with(&flash_tiled_ir(n, d, tiling), "flash_tiled", &opts).unwrap();
-    let (mut qs, mut kt, mut vp) = (vec![0.0f32; n * d], vec![0.0f32; np * d], vec![0.0f32; np * d]);
-    let code = main.machine_code().to_vec();
+    let opts = JitOptions { opt_level, ..defaults };
+    let mut flash = FlashTiled::compile_with(n, d, tiling, &opts).unwrap();
+    let code = flash.kernel().machine_code().to_vec();
     std::fs::write(&out_path, &code).expect("writes the machine code");
-    std::fs::write(format!("{out_path}.clif"), main.clif()).expect("writes the CLIF");
+    std::fs::write(format!("{out_path}.clif"), flash.kernel().clif()).expect("writes the CLIF");
     match find_code(&code) {
         Some(a) => println!("base {a:#x} len {}", code.len()),
         None => println!("code not found"),
@@ -68,9 +63,7 @@ fn main() {
     let t = Instant::now();
     let mut runs = 0;
     while t.elapsed().as_secs() < secs as u64 {
-        scale.run_f32(&[&x], &mut [&mut qs]).unwrap();
-        prep.run_f32(&[&x, &x], &mut [&mut kt, &mut vp]).unwrap();
-        main.run_f32(&[&qs, &kt, &vp], &mut [&mut out]).unwrap();
+        flash.run(&x, &x, &x, &mut out).unwrap();
         runs += 1;
     }
     println!("{runs} runs, {:.3} ms each", t.elapsed().as_secs_f64() * 1e3 / runs as f64);

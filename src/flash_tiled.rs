@@ -1,16 +1,17 @@
 //! `flash_tiled`: FlashAttention-2 tiling in plain loop IR.
 //!
-//! Each THREAD iteration owns a block of `Br` query rows and streams the keys in blocks of
-//! `Bc`. Per key block: the `Br x Bc` score tile is a register-tiled GEMM over the head
-//! dimension (`Q_blk · K_blk^T`, the backend packs four neighbouring keys into one F32X4
-//! accumulator), the tile's row max and the rescale factor come from one vector pass over the
-//! tile, `P = exp2(S - m)` and its row sums from a second, and the output tile `O[Br x D]` is
-//! rescaled and accumulates `P · V_blk` in one vectorized loop over `D`. The division by the
-//! row sums happens once at the end.
+//! Each THREAD task owns a few blocks of `Br` query rows and streams the keys in blocks of
+//! `Bc`, running every query block of the task against one key block before the next. The
+//! `Br` rows of a query block are the F32X4 lanes: per key block, the score tile is computed
+//! transposed (`S^T = K_blk · Q_blk^T`, a register-tiled GEMM over the head dimension with
+//! each key broadcast against the rows' vector), the online-softmax update (new max, rescale
+//! factor, `P^T = exp2(S^T - m)`, row sums) is one whole-vector pass, and the output tile
+//! `O[Br x D]` is rescaled and accumulates `P · V_blk` through a register tile per 8 columns.
+//! The division by the row sums happens once at the end.
 //!
-//! The score GEMM wants `K^T` contiguous along the keys, so a small prologue program copies
-//! `K` transposed and `V` as it is into buffers padded to whole key blocks (zeros; padded keys
-//! are masked to `-inf`). [`FlashTiled`] runs both.
+//! Two prologue programs lay the operands out for this: Q scaled and transposed per query
+//! block, and K and V padded to whole key blocks (zeros; padded keys are masked to `-inf`).
+//! [`FlashTiled`] runs all three.
 
 use crate::attention::LOG2E;
 use crate::masked_attention::M_FLOOR;
@@ -25,7 +26,7 @@ const PV_COLS: usize = 8;
 /// score accumulator per trip (a store and reload in its FMA chain); four fit. Interleaved with
 /// two steps, single thread (`cargo xtask bench attention --variants flash_tiled --threads 1`),
 /// three rounds at N = 2048: 43.5 / 44.4 / 42.1 ms against 49.3 / 63.8 / 50.3 ms.
-pub const FLASH_TILE_STEPS: usize = 4;
+const FLASH_TILE_STEPS: usize = 4;
 
 /// Query blocks per THREAD task of [`flash_tiled_ir`] (fewer when they do not divide the
 /// blocks). Interleaved runs of `profile_flash_tiled` (best of 3, two threads, N = 4096):
@@ -285,58 +286,64 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     sink(&[sink(&stores).end(&[d2, g2, t])])
 }
 
-/// `flash_tiled` compiled: the prologues (query scaling; padded K^T and V) and the attention
-/// kernel, with their scratch buffers.
+/// `flash_tiled` compiled: the prologues (Q scaled and transposed per block; K and V padded)
+/// and the attention kernel, with their scratch buffers.
 pub struct FlashTiled {
-    scale_q: Program,
+    queries: Program,
     prep: Program,
     main: Program,
     n: usize,
     d: usize,
-    qs: Vec<f32>,
-    kt: Vec<f32>,
+    qt: Vec<f32>,
+    kp: Vec<f32>,
     vp: Vec<f32>,
 }
 
 impl FlashTiled {
-    /// Compiles both programs for `n` keys and queries of head dimension `d`.
+    /// Compiles the three programs for `n` keys and queries of head dimension `d`.
     pub fn compile(n: usize, d: usize, tiling: FlashTiling) -> Result<Self, JitError> {
+        Self::compile_with(n, d, tiling, &Self::kernel_options())
+    }
+
+    /// The options [`FlashTiled::compile`] compiles the attention kernel with. Kept in emitted
+    /// order (`none`): both register tiles then take several steps per trip, and every splat
+    /// stays one broadcast load feeding the FMA's tied operand. At `speed` the e-graph merges
+    /// the broadcasts and reorders the tiles' loads, which costs more than its GVN and LICM
+    /// save in the softmax part.
+    pub fn kernel_options() -> JitOptions {
+        JitOptions { opt_level: OptLevel::None, tile_steps: FLASH_TILE_STEPS, ..JitOptions::default() }
+    }
+
+    /// [`FlashTiled::compile`] with `kernel` as the attention kernel's options (the prologues
+    /// keep the defaults).
+    pub fn compile_with(
+        n: usize,
+        d: usize,
+        tiling: FlashTiling,
+        kernel: &JitOptions,
+    ) -> Result<Self, JitError> {
         if n == 0 || d == 0 || tiling.key_block == 0 || tiling.query_block == 0 {
             return Err(JitError::Unsupported("flash_tiled needs positive n, d and block sizes".into()));
         }
         let np = padded_keys(n, tiling.key_block);
+        let br = crate::attention::query_block(n, tiling.query_block);
         Ok(FlashTiled {
-            scale_q: Program::compile(
-                &flash_tiled_queries_ir(n, d, crate::attention::query_block(n, tiling.query_block)),
-                "flash_tiled_queries",
-            )?,
+            queries: Program::compile(&flash_tiled_queries_ir(n, d, br), "flash_tiled_queries")?,
             prep: Program::compile(&flash_tiled_prep_ir(n, d, tiling.key_block), "flash_tiled_prep")?,
-            // Kept in emitted order (`none`): both register tiles then take several steps per
-            // trip, and every splat stays one broadcast load feeding the FMA's tied operand. At `speed`
-            // the e-graph merges the broadcasts and reorders the tiles' loads, which costs more
-            // than its GVN and LICM save in the softmax part.
-            main: Program::compile_with(
-                &flash_tiled_ir(n, d, tiling),
-                "flash_tiled",
-                &JitOptions {
-                    opt_level: OptLevel::None,
-                    tile_steps: FLASH_TILE_STEPS,
-                    ..JitOptions::default()
-                },
-            )?,
+            main: Program::compile_with(&flash_tiled_ir(n, d, tiling), "flash_tiled", kernel)?,
             n,
             d,
-            qs: vec![0.0; n * d],
-            kt: vec![0.0; d * np],
+            qt: vec![0.0; n * d],
+            kp: vec![0.0; np * d],
             vp: vec![0.0; np * d],
         })
     }
 
     /// `out = softmax(q k^T / sqrt(d)) v`, all `n*d` row-major; lengths are checked.
     pub fn run(&mut self, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<(), JitError> {
-        self.scale_q.run_f32(&[q], &mut [&mut self.qs])?;
-        self.prep.run_f32(&[k, v], &mut [&mut self.kt, &mut self.vp])?;
-        self.main.run_f32(&[&self.qs, &self.kt, &self.vp], &mut [out])
+        self.queries.run_f32(&[q], &mut [&mut self.qt])?;
+        self.prep.run_f32(&[k, v], &mut [&mut self.kp, &mut self.vp])?;
+        self.main.run_f32(&[&self.qt, &self.kp, &self.vp], &mut [out])
     }
 
     /// The attention kernel (for its loop IR, CLIF and estimates).

@@ -53,10 +53,10 @@ fn flash_tiled_score_tile_is_packed_f32x4_fmas() {
     let f = FlashTiled::compile(256, 64, FlashTiling::default()).unwrap();
     let clif = f.kernel().clif();
     assert!(!clif.contains("call"), "no per-element calls");
-    // the 4x8 score tile: 8 vector accumulators, each a splat(q) * K^T-row FMA
+    // the 4x8 score tile: 8 vector accumulators, each a broadcast k times the rows' vector of q
     let splat_fmas = clif.lines().filter(|l| l.contains("= fma")).count();
     assert!(splat_fmas >= 8, "{clif}");
-    assert!(clif.contains("load.f32x4"), "vector loads of K^T rows");
+    assert!(clif.contains("load.f32x4"), "vector loads of the rows' q");
     assert!(f.kernel().is_parallel(), "query blocks write disjoint rows");
 }
 
