@@ -151,9 +151,16 @@ enum Key {
 }
 
 impl Key {
-    fn priority(&self) -> u64 {
+    /// Among statements ready at once, stores go first (a store ends its value's life, so
+    /// emitting it early keeps fewer values in registers), with the structural nodes that
+    /// emit no code and may be all a store waits for; then creation order.
+    fn priority(&self) -> (bool, u64) {
         match self {
-            Key::Node(u) | Key::Loop(u) => u.id(),
+            Key::Node(u) => {
+                let early = matches!(u.op(), Op::Store | Op::Index | Op::After | Op::End | Op::Sink);
+                (!early, u.id())
+            }
+            Key::Loop(u) => (true, u.id()),
         }
     }
 }
@@ -410,7 +417,7 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         let set: HashSet<&Key> = keys.iter().collect();
         let mut deg: HashMap<&Key, usize> =
             keys.iter().map(|k| (k, indeg.get(k).copied().unwrap_or(0))).collect();
-        let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+        let mut heap: BinaryHeap<Reverse<((bool, u64), usize)>> = BinaryHeap::new();
         for (i, k) in keys.iter().enumerate() {
             if deg[k] == 0 {
                 heap.push(Reverse((k.priority(), i)));

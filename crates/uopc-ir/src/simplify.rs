@@ -528,7 +528,9 @@ pub fn simplify_memo(u: &UOp, opts: SimplifyOptions, memo: &mut HashMap<UOp, UOp
         }
         if !ready {
             stack.push((x.clone(), true));
-            for s in x.src() {
+            // Sources pushed last to first, so they are rebuilt first to last: new nodes are
+            // created in source order, which the linearizer uses to break ties.
+            for s in x.src().iter().rev() {
                 if !memo.contains_key(s) {
                     stack.push((s.clone(), false));
                 }

@@ -364,3 +364,48 @@ fn tile_ops_run_in_the_interpreter() {
         }
     }
 }
+
+#[test]
+fn simplify_creates_new_nodes_in_source_order() {
+    // `i * 1 + k` simplifies to `i + k`, so every load below is rebuilt. The linearizer breaks
+    // ties by creation order, so the rebuilt loads must be created first operand first.
+    let a = buffer(0, DType::F32, 64);
+    let i = range(8, 0, AxisType::Loop);
+    let sum = (0..8i64).map(|k| a.index(&i * 1 + k).load()).reduce(|x, y| x + y).expect("eight terms");
+    let out = buffer(1, DType::F32, 8);
+    let program = sink(&[out.index(&i).store(sum).end(&[i.clone()])]);
+    let simplified = simplify(&program);
+    let ids: Vec<u64> = UOp::toposort(std::slice::from_ref(&simplified))
+        .iter()
+        .filter(|u| matches!(u.op(), Op::Load))
+        .map(|u| u.id())
+        .collect();
+    assert_eq!(ids.len(), 8);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "loads rebuilt out of source order: {ids:?}");
+}
+
+#[test]
+fn linearizer_stores_each_value_as_soon_as_it_is_ready() {
+    // All values are created before any store. Placed by creation order alone, the four
+    // products would be computed first and all live at once; a store goes as soon as its value
+    // is ready instead, so at most one computed value waits for its store.
+    let a = buffer(0, DType::F32, 32);
+    let out = buffer(1, DType::F32, 32);
+    let i = range(8, 0, AxisType::Loop);
+    let values: Vec<UOp> = (0..4i64).map(|k| a.index(&i * 4 + k).load() * 2.0f32).collect();
+    let stores: Vec<UOp> =
+        values.iter().enumerate().map(|(k, v)| out.index(&i * 4 + k as i64).store(v)).collect();
+    let lin = linearize(&sink(&[sink(&stores).end(&[i.clone()])])).expect("well formed");
+    let mut waiting = 0usize;
+    let mut most = 0usize;
+    for (_, s) in lin.walk() {
+        let Stmt::Op(u) = s else { continue };
+        match u.op() {
+            Op::Binary(BinaryOp::Mul) if u.dtype() == DType::F32 => waiting += 1,
+            Op::Store => waiting -= 1,
+            _ => {}
+        }
+        most = most.max(waiting);
+    }
+    assert_eq!(most, 1, "{}", print_linear(&lin));
+}
