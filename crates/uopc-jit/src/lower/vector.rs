@@ -76,6 +76,10 @@ impl Lowerer<'_, '_> {
         // A constant term of an address becomes the access's immediate offset, so accesses
         // that differ by constants share one pointer.
         let mut rest_vals: HashMap<UOp, (Value, i32)> = HashMap::new();
+        // Accesses whose variable parts are the same expression share its value: each would
+        // otherwise be its own register (at `opt_level=none` even a constant), live across
+        // the loop.
+        let mut rest_of_expr: HashMap<UOp, Value> = HashMap::new();
         // In body order, so the code emitted does not depend on hash order.
         let indices = body.iter().filter_map(|s| match s {
             Stmt::Op(u) if matches!(u.op(), Op::Load | Op::Store) => Some(&u.src()[0]),
@@ -87,7 +91,14 @@ impl Lowerer<'_, '_> {
             };
             let split = split_constant_term(&a.rest, index.dtype().size() as i64);
             let (x, offset) = split.unwrap_or((a.rest.clone(), 0));
-            let v = self.emit_index_expr(&x, &mut inserted)?;
+            let v = match rest_of_expr.get(&x) {
+                Some(v) => *v,
+                None => {
+                    let v = self.emit_index_expr(&x, &mut inserted)?;
+                    rest_of_expr.insert(x, v);
+                    v
+                }
+            };
             rest_vals.insert(index.clone(), (v, offset));
         }
         // Vector partial results: lane 0 of copy 0 carries the incoming value of a sum; a
