@@ -154,6 +154,9 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let ai: Vec<UOp> = acc.iter().map(|x| x.after(&tk)).collect();
     let si = s_tile.after(&tk);
     let mut s_stores = Vec::new();
+    // Each key group starts after the previous group's scores are stored: otherwise its loop
+    // may run while they are still in registers, and they spill.
+    let mut prev_group: Option<UOp> = None;
     for (g, first) in (0..bc).step_by(SCORE_KEYS).enumerate() {
         let keys = first..bc.min(first + SCORE_KEYS);
         let id = if g == 0 { 3 } else { 8 + 2 * br + g };
@@ -163,7 +166,10 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
             let kv = kp.index((&kb * bc + c as i64) * d + &e).load();
             for b in 0..br {
                 let a = &ai[c * br + b];
-                let init = a.index(0).store(0.0f32);
+                let init = match &prev_group {
+                    Some(p) => a.after(std::slice::from_ref(p)).index(0).store(0.0f32),
+                    None => a.index(0).store(0.0f32),
+                };
                 let at = a.after(&[init, e.clone()]).index(0);
                 let qv = qt.index(&block * (d * br) + &e * br + b as i64).load();
                 updates.push(at.store(at.load() + &kv * qv));
@@ -171,13 +177,17 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         }
         let dot = sink(&updates).end(&[e]);
         let after_dot = std::slice::from_ref(&dot);
+        let mut group_stores = Vec::new();
         for (x, a) in ai.iter().enumerate().take(keys.end * br).skip(keys.start * br) {
             let mut s = a.after(after_dot).index(0).load();
             if np != n {
                 s = (&kb * bc + (x / br) as i64).lt(n as i64).where_(s, f32c(f32::NEG_INFINITY));
             }
-            s_stores.push(si.index(x as i64).store(s));
+            group_stores.push(si.index(x as i64).store(s));
         }
+        let stored = sink(&group_stores);
+        s_stores.push(stored.clone());
+        prev_group = Some(stored);
     }
     let s_done = sink(&s_stores);
     let s_ready = si.after(std::slice::from_ref(&s_done));
@@ -192,10 +202,14 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let score = |c: usize| s_ready.index(&rb + (c * br) as i64).load();
     let m_new = (0..bc).fold(m_old.clone(), |m, c| m.maximum(score(c)));
     let corr = (&m_old - &m_new).exp2();
-    let mut softmax = Vec::new();
+    // The exponentials read the scores again, after the new max is stored: holding all of the
+    // block's scores in registers from the max to here would spill them at larger blocks.
+    let m_stored = row.index(&rs).store(&m_new);
+    let s_again = si.after(&[s_done.clone(), m_stored.clone()]);
+    let mut softmax = vec![m_stored];
     let mut sum: Option<UOp> = None;
     for c in 0..bc {
-        let p = (score(c) - &m_new).exp2();
+        let p = (s_again.index(&rb + (c * br) as i64).load() - &m_new).exp2();
         softmax.push(pi.index(&rb + (c * br) as i64).store(&p));
         sum = Some(match sum {
             None => p,
@@ -203,8 +217,9 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
         });
     }
     let l_new = row.index(&rs + br as i64).load() * &corr + sum.expect("a key block has keys");
-    softmax.push(row.index(&rs + br as i64).store(l_new));
-    softmax.push(row.index(&rs).store(&m_new));
+    // The sum's store first: the linearizer then evaluates the running sum next to each
+    // exponential, instead of holding all of them for a sum at the end.
+    softmax.insert(0, row.index(&rs + br as i64).store(l_new));
     softmax.push(row.index(&rs + (2 * br) as i64).store(&corr));
     let softmax_loop = sink(&softmax).end(&[rb]);
     // O = O * corr + P · V_blk. Columns in chunks of PV_COLS: per chunk a register tile of
