@@ -53,7 +53,7 @@ fn flash_tiled_score_tile_is_packed_f32x4_fmas() {
     let f = FlashTiled::compile(256, 64, FlashTiling::default()).unwrap();
     let clif = f.kernel().clif();
     assert!(!clif.contains("call"), "no per-element calls");
-    // the 4x8 score tile: 8 vector accumulators, each a broadcast k times the rows' vector of q
+    // register tiles of 8 keys: 8 vector accumulators, each a broadcast k times the rows' vector of q
     let splat_fmas = clif.lines().filter(|l| l.contains("= fma")).count();
     assert!(splat_fmas >= 8, "{clif}");
     assert!(clif.contains("load.f32x4"), "vector loads of the rows' q");
@@ -263,4 +263,22 @@ fn flash_tiled_output_update_is_whole_vectors() {
         .count();
     // 8 score-tile vectors + 8 output-tile vectors per chunk, at least
     assert!(vector_stores >= 16, "{vector_stores} vector stores:\n{clif}");
+}
+
+#[test]
+fn flash_tiled_stores_each_probability_before_the_next_exponential() {
+    // Every probability of the key block is stored (and added to the row sum) before the next
+    // exponential starts: held until the end, the block's 32 vectors would spill.
+    let f = FlashTiled::compile(256, 64, FlashTiling::default()).unwrap();
+    let ir = f.kernel().loop_ir();
+    let lines: Vec<&str> = ir.lines().map(str::trim).collect();
+    let exps: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains("= exp2(")).collect();
+    assert!(exps.len() > FlashTiling::default().key_block, "{ir}");
+    for w in exps.windows(2) {
+        let name = lines[w[0]].split_whitespace().nth(1).expect("`f32 vN = exp2(..)`");
+        let stored = lines[w[0] + 1..w[1]].iter().any(|l| l.ends_with(&format!("= {name};")));
+        // the rescale factor's exponential is used by the row sum's update, not stored at once
+        let used = lines[w[0] + 1..w[1]].iter().any(|l| l.contains(name));
+        assert!(stored || used, "{name} waits past the next exponential:\n{ir}");
+    }
 }
