@@ -59,6 +59,18 @@ impl Default for FlashTiling {
     }
 }
 
+/// `xs` combined by `op` as a balanced binary tree (first half, then second half), so the
+/// result's dependency chain is logarithmic in `xs.len()`; `xs` must not be empty.
+fn pairwise(xs: &[UOp], op: impl Fn(&UOp, &UOp) -> UOp + Copy) -> UOp {
+    match xs {
+        [x] => x.clone(),
+        _ => {
+            let (a, b) = xs.split_at(xs.len() / 2);
+            op(&pairwise(a, op), &pairwise(b, op))
+        }
+    }
+}
+
 /// Keys rounded up to whole blocks of `bc`.
 pub fn padded_keys(n: usize, bc: usize) -> usize {
     n.div_ceil(bc.max(1)) * bc.max(1)
@@ -204,7 +216,9 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let rs = &sbase + &rb;
     let m_old = row.index(&rs).load();
     let score = |c: usize| s_ready.index(&rb + (c * br) as i64).load();
-    let m_new = (0..bc).fold(m_old.clone(), |m, c| m.maximum(score(c)));
+    // The block's max as a balanced tree: a chain of 32 maxima is 32 latencies on the way to
+    // every exponential of the block, a tree five.
+    let m_new = pairwise(&(0..bc).map(score).collect::<Vec<_>>(), |a, b| a.maximum(b)).maximum(&m_old);
     let corr = (&m_old - &m_new).exp2();
     // The exponentials read the scores again, after the new max is stored: holding all of the
     // block's scores in registers from the max to here would spill them at larger blocks.
@@ -220,6 +234,7 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
             Some(x) => x + p,
         });
     }
+    // A chain, unlike the max: nothing of the block waits for the sum (a tree measured the same).
     let l_new = row.index(&rs + br as i64).load() * &corr + sum.expect("a key block has keys");
     // The sum's store first: the linearizer then evaluates the running sum next to each
     // exponential, instead of holding all of them for a sum at the end.
@@ -709,3 +724,31 @@ pub const TILE_OPS_L2: L2Blocking = L2Blocking { query_blocks: 2, keys: 1024 };
 /// Block sizes for [`TILE_OPS_L2`]: 256 query rows against 64 keys, so two output tiles
 /// (2 x 64 KiB at D = 64) and the score tile (64 KiB) fit the 256 KiB of stack a kernel may use.
 pub const TILE_OPS_L2_TILING: FlashTiling = FlashTiling { query_block: 256, key_block: 64 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Longest chain of binary operations from `u` down to a leaf.
+    fn depth(u: &UOp) -> usize {
+        match u.op() {
+            uopc_ir::Op::Binary(_) => 1 + u.src().iter().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn pairwise_is_a_balanced_tree_over_every_input() {
+        let a = buffer(0, DType::F32, 32);
+        for n in [1usize, 2, 5, 32] {
+            let xs: Vec<UOp> = (0..n as i64).map(|k| a.index(k).load()).collect();
+            let tree = pairwise(&xs, |x, y| x.maximum(y));
+            assert_eq!(depth(&tree), n.next_power_of_two().trailing_zeros() as usize, "n = {n}");
+            let loads = UOp::toposort(std::slice::from_ref(&tree))
+                .iter()
+                .filter(|u| matches!(u.op(), uopc_ir::Op::Load))
+                .count();
+            assert_eq!(loads, n);
+        }
+    }
+}
