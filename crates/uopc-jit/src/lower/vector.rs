@@ -345,6 +345,9 @@ impl Lowerer<'_, '_> {
         rest_vals: &HashMap<UOp, (Value, i32)>,
     ) -> Result<(), JitError> {
         let mut vals: HashMap<UOp, Lanes> = HashMap::new();
+        // `rest + first` per distinct `rest`: accesses sharing their variable part share the
+        // element index of lane 0 (one add, not one per access; `opt_level=none` merges nothing).
+        let mut lane0: HashMap<Value, Value> = HashMap::new();
         let partial_of = |var: Variable| {
             plan.accs
                 .iter()
@@ -373,7 +376,7 @@ impl Lowerer<'_, '_> {
                                 Lanes::Uniform(self.b.ins().load(types::F32, mem(), addr, offset))
                             }
                             1 => {
-                                let i = self.b.ins().iadd(rest, first);
+                                let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, first));
                                 let addr = self.element_address(base, i);
                                 Lanes::Vector(self.b.ins().load(types::F32X4, vec_flags(), addr, offset))
                             }
@@ -406,7 +409,7 @@ impl Lowerer<'_, '_> {
                     } else {
                         let base = self.base_address(index)?;
                         let (rest, offset) = rest_vals[index];
-                        let i = self.b.ins().iadd(rest, first);
+                        let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, first));
                         let addr = self.element_address(base, i);
                         self.b.ins().store(vec_flags(), x, addr, offset);
                     }
