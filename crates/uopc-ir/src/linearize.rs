@@ -3,7 +3,8 @@
 //! Every node is placed in the innermost loop among the ranges it depends on, so loop-invariant
 //! work stays outside. A range's enclosing loops are read from its END: `END(x, r)` depends on
 //! exactly the ranges around `r`. Within one loop body, statements are ordered by data
-//! dependencies, AFTER edges, and "loads through a view come before stores through it".
+//! dependencies, AFTER edges, and "loads through a view come before stores through it"; among
+//! statements free to go next, a store goes first (its value dies there), then the oldest.
 
 use crate::error::{IrError, IrErrorKind};
 use crate::uop::{AxisType, Op, UOp};
@@ -411,7 +412,7 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         }
     }
 
-    // Kahn's algorithm per block, ties broken by creation order.
+    // Kahn's algorithm per block, ties broken by `Key::priority` (stores first, then creation order).
     let mut order: HashMap<BlockId, Vec<Key>> = HashMap::new();
     for (b, keys) in &members {
         let set: HashSet<&Key> = keys.iter().collect();
