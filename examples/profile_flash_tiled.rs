@@ -1,6 +1,7 @@
-//! Runs `flash_tiled` in a loop for profiling, writes its machine code to `OUT` (its CLIF to
-//! `OUT.clif`, its loop IR to `OUT.ir`) and prints where the code lives, so samples of `perf record` map onto `objdump`
-//! of that file: `RAYON_NUM_THREADS=1 perf record -o perf.data
+//! Runs `flash_tiled` in a loop for profiling and prints its best and mean time per run. It
+//! writes the kernel's machine code to `OUT` (its CLIF to `OUT.clif`, its loop IR to `OUT.ir`)
+//! and prints where the code lives, so samples of `perf record` map onto `objdump` of that
+//! file: `RAYON_NUM_THREADS=1 perf record -o perf.data
 //! target/release/examples/profile_flash_tiled N D SECONDS OUT [RxC]`, then `perf script -F
 //! ip` and subtract the printed base. `RxC` sets the block sizes. The kernel is compiled with
 //! `FlashTiled`'s own options; `OPT=speed` or `OPT=auto` overrides its opt level.
