@@ -1,7 +1,9 @@
 //! Probe: how fast do F32X4 FMA chains run when each FMA's tied operand is a fresh broadcast
 //! load (the form register tiles take at `opt_level=none`)? Prints GFLOP/s on one thread for
 //! several chain counts against the plain peak loop. `cargo run --release -p uopc-jit
-//! --example fma_chains [iters]`.
+//! --example fma_chains [iters]`; a column `CxS/V` is C chains, S reduce steps per loop trip
+//! and V shared vectors per step. `VEC=1` makes the tied operand a fresh vector load instead
+//! of a broadcast; `DUMP=dir` writes each loop's machine code to `dir` for `objdump`.
 use cranelift_codegen::ir::{AbiParam, BlockArg, InstBuilder, MemFlagsData, UserFuncName, types};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
@@ -11,9 +13,25 @@ use std::time::Instant;
 
 type Kernel = extern "C" fn(i64, *const f32) -> f32;
 
-/// A loop of `steps` reduce steps per trip; each step loads one shared vector and runs
-/// `chains` FMAs `acc = splat(load) * shared + acc`.
-fn build(module: &mut JITModule, chains: usize, steps: usize, shared_vectors: usize) -> Kernel {
+/// The environment switches, read once.
+struct Switches {
+    /// `VEC`: the tied operand is a fresh F32X4 load, not a broadcast load.
+    vector_operand: bool,
+    /// `DUMP`: where to write each loop's machine code.
+    dump_dir: Option<String>,
+}
+
+/// A loop of `steps` reduce steps per trip; each step loads `shared_vectors` vectors and runs
+/// `chains` FMAs `acc = splat(load) * shared + acc`, chain `c` using shared vector
+/// `c % shared_vectors` and the broadcast of element `c / shared_vectors` (as in a tile of
+/// `chains / shared_vectors` rows by `shared_vectors` vectors).
+fn build(
+    module: &mut JITModule,
+    switches: &Switches,
+    chains: usize,
+    steps: usize,
+    shared_vectors: usize,
+) -> Kernel {
     let mut ctx = module.make_context();
     ctx.func.signature.params.push(AbiParam::new(types::I64));
     ctx.func.signature.params.push(AbiParam::new(types::I64));
@@ -57,7 +75,7 @@ fn build(module: &mut JITModule, chains: usize, steps: usize, shared_vectors: us
                 .collect();
             for (c, acc) in accs.iter_mut().enumerate() {
                 let off = 1024 + ((s * chains + c / shared_vectors) * 4) as i32;
-                let x = if std::env::var("VEC").is_ok() {
+                let x = if switches.vector_operand {
                     b.ins().load(types::F32X4, flags, ptr, off)
                 } else {
                     let x = b.ins().load(types::F32, flags, ptr, off);
@@ -83,7 +101,7 @@ fn build(module: &mut JITModule, chains: usize, steps: usize, shared_vectors: us
     }
     let id = module.declare_anonymous_function(&ctx.func.signature).unwrap();
     module.define_function(id, &mut ctx).unwrap();
-    if let Ok(dir) = std::env::var("DUMP") {
+    if let Some(dir) = &switches.dump_dir {
         let code = ctx.compiled_code().unwrap().code_buffer().to_vec();
         std::fs::write(format!("{dir}/chains_{chains}x{steps}_{shared_vectors}.bin"), code).unwrap();
     }
@@ -102,7 +120,9 @@ fn main() {
     let mut module = JITModule::new(JITBuilder::with_isa(isa, cranelift_module::default_libcall_names()));
     let data: Vec<f32> = (0..4096).map(|i| 1.0 + (i % 7) as f32 * 1e-9).collect();
     let configs = [(8, 4, 1), (8, 4, 2), (10, 4, 2), (12, 4, 1), (12, 4, 2), (12, 4, 3), (8, 8, 1)];
-    let kernels: Vec<_> = configs.iter().map(|&(c, s, v)| build(&mut module, c, s, v)).collect();
+    let switches =
+        Switches { vector_operand: std::env::var("VEC").is_ok(), dump_dir: std::env::var("DUMP").ok() };
+    let kernels: Vec<_> = configs.iter().map(|&(c, s, v)| build(&mut module, &switches, c, s, v)).collect();
     for round in 0..3 {
         let peak = uopc_jit::peak::fma_peak_gflops(iters as u64 / 4, 3).unwrap_or(0.0);
         print!("round {round}: peak {peak:.1}");
