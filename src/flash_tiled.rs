@@ -169,10 +169,10 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     // the head each, so a group's accumulators fit the registers however long the key block.
     let ai: Vec<UOp> = acc.iter().map(|x| x.after(&tk)).collect();
     let si = s_tile.after(&tk);
-    let mut s_stores = Vec::new();
-    // Each key group starts after the previous group's scores are stored: otherwise its loop
-    // may run while they are still in registers, and they spill.
-    let mut prev_group: Option<UOp> = None;
+    // One SINK of score stores per key group. Each group starts after the previous group's
+    // scores are stored: otherwise its loop may run while they are still in registers, and
+    // they spill.
+    let mut s_stores: Vec<UOp> = Vec::new();
     for (g, first) in (0..bc).step_by(SCORE_KEYS).enumerate() {
         let keys = first..bc.min(first + SCORE_KEYS);
         let id = if g == 0 { 3 } else { 8 + 2 * br + g };
@@ -182,7 +182,7 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
             let kv = kp.index((&kb * bc + c as i64) * d + &e).load();
             for b in 0..br {
                 let a = &ai[c * br + b];
-                let init = match &prev_group {
+                let init = match s_stores.last() {
                     Some(p) => a.after(std::slice::from_ref(p)).index(0).store(0.0f32),
                     None => a.index(0).store(0.0f32),
                 };
@@ -201,9 +201,7 @@ pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
             }
             group_stores.push(si.index(x as i64).store(s));
         }
-        let stored = sink(&group_stores);
-        s_stores.push(stored.clone());
-        prev_group = Some(stored);
+        s_stores.push(sink(&group_stores));
     }
     let s_done = sink(&s_stores);
     let s_ready = si.after(std::slice::from_ref(&s_done));
