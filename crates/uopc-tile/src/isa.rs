@@ -20,6 +20,22 @@ pub enum Isa {
 /// 0 = not probed yet, otherwise `Isa` code + 1. A race only repeats the (idempotent) probe.
 static DETECTED: AtomicU8 = AtomicU8::new(0);
 
+/// The `opt-level` this crate was compiled at (`"0"`, `"1"`, `"2"`, `"3"`, `"s"`, `"z"`), as
+/// recorded by its build script.
+pub const OPT_LEVEL: &str = env!("UOPC_TILE_OPT_LEVEL");
+
+/// Whether the micro-kernels were compiled with optimizations. At `opt-level = 0` their SIMD
+/// intrinsics are not inlined, and every tile op runs 100 or more times slower.
+pub fn built_optimized() -> bool {
+    OPT_LEVEL != "0"
+}
+
+/// The advice printed once per process when the micro-kernels were compiled unoptimized.
+pub const UNOPTIMIZED_WARNING: &str = "uopc: warning: uopc-tile was compiled without optimizations \
+(opt-level 0), so every matmul and tile op runs 100 or more times slower. Add to your Cargo.toml:\n\
+    [profile.dev.package.uopc-tile]\n    opt-level = 3\n\
+(see the README's \"Use uopc in your crate\").";
+
 impl Isa {
     /// All instruction sets, fastest first.
     pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2Fma, Isa::Portable];
@@ -31,6 +47,10 @@ impl Isa {
             2 => Isa::Avx2Fma,
             3 => Isa::Portable,
             _ => {
+                if !built_optimized() {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| eprintln!("{UNOPTIMIZED_WARNING}"));
+                }
                 let isa = Isa::ALL.into_iter().find(|isa| isa.available()).unwrap_or(Isa::Portable);
                 let code = match isa {
                     Isa::Avx512 => 1,

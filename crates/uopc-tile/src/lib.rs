@@ -35,7 +35,7 @@ pub use gemm::{
     GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmDesc, GemmShape, gemm, gemm_unchecked,
     uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
 };
-pub use isa::Isa;
+pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
 pub use softmax::{
     EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_unchecked, uopc_tile_softmax_update_f32,
 };
