@@ -133,10 +133,17 @@ pub struct Measurement {
     pub kernels: Vec<String>,
     /// Bytes of temporaries the plan allocates.
     pub temp_bytes: usize,
-    /// GFLOP/s as a percentage of the F32X4 FMA peak measured in the same run.
+    /// The FMA unit whose peak `percent_of_peak` is relative to: the widest one any of the
+    /// form's kernels uses (`"f32x4"` for JIT loops, `"512-bit"`/`"256-bit"` with tile ops).
+    pub peak_unit: &'static str,
+    /// GFLOP/s as a percentage of the peak of `peak_unit`, measured in the same run (at most
+    /// 100 by construction, up to timing noise).
     pub percent_of_peak: Option<f64>,
     /// GFLOP/s as a percentage of the widest FMA peak (512- or 256-bit) of the same run.
     pub percent_of_widest_peak: Option<f64>,
+    /// Whether some kernel calls tile ops (the 512/256-bit micro-kernels).
+    #[serde(skip)]
+    pub tile_ops: bool,
     /// Per kernel of a Tensor form: its best time over the repetitions.
     pub kernel_times: Vec<KernelTime>,
     /// Kernels compiled as scalar code (`--scalar`).
@@ -150,7 +157,10 @@ pub struct KernelTime {
     pub best_ms: f64,
     /// Static FLOPs of the kernel over its best time.
     pub gflops: f64,
+    /// Of the F32X4 peak for loop kernels, of the widest peak for kernels that call tile ops.
     pub percent_of_peak: Option<f64>,
+    /// The kernel calls tile ops.
+    pub tile_ops: bool,
 }
 
 #[derive(Serialize)]
@@ -180,8 +190,8 @@ enum Runner<'a> {
         n: usize,
         d: usize,
         out: Vec<f32>,
-        /// Per kernel: name, best seconds, static FLOPs.
-        kernels: Vec<(String, f64, u64)>,
+        /// Per kernel: name, best seconds, static FLOPs, whether it calls tile ops.
+        kernels: Vec<(String, f64, u64, bool)>,
     },
     Online {
         prg: Box<Program>,
@@ -264,7 +274,11 @@ impl<'a> Runner<'a> {
                 let (res, report) = realize(&[&attention(&q, &k, &v)], opts)?;
                 *out = res[0].to_ndarray::<f32>()?.into_raw_vec_and_offset().0;
                 if kernels.is_empty() {
-                    *kernels = report.kernels.iter().map(|t| (t.name.clone(), t.seconds, t.flops)).collect();
+                    *kernels = report
+                        .kernels
+                        .iter()
+                        .map(|t| (t.name.clone(), t.seconds, t.flops, t.tile_ops))
+                        .collect();
                 }
                 for (best, t) in kernels.iter_mut().zip(&report.kernels) {
                     best.1 = best.1.min(t.seconds);
@@ -275,6 +289,16 @@ impl<'a> Runner<'a> {
             Runner::TileOps { prg, x, out } => prg.run(&x.q, &x.k, &x.v, out)?,
         }
         Ok(())
+    }
+
+    /// Whether the form calls tile ops: the plan's kernels for a Tensor form (known after the
+    /// first call), by construction for the hand-written ones.
+    fn uses_tile_ops(&self) -> bool {
+        match self {
+            Runner::Tensor { kernels, .. } => kernels.iter().any(|k| k.3),
+            Runner::TileOps { .. } => true,
+            Runner::Online { .. } | Runner::Tiled { .. } => false,
+        }
     }
 
     fn output(&self) -> &[f32] {
@@ -290,11 +314,12 @@ impl<'a> Runner<'a> {
         match self {
             Runner::Tensor { kernels, .. } => kernels
                 .iter()
-                .map(|(name, s, flops)| KernelTime {
+                .map(|(name, s, flops, tile_ops)| KernelTime {
                     name: name.clone(),
                     best_ms: s * 1e3,
                     gflops: *flops as f64 / s.max(1e-12) / 1e9,
                     percent_of_peak: None,
+                    tile_ops: *tile_ops,
                 })
                 .collect(),
             Runner::Online { .. } | Runner::Tiled { .. } | Runner::TileOps { .. } => Vec::new(),
@@ -416,8 +441,10 @@ impl Pending<'_> {
             first_ms: self.first_ms,
             kernels,
             temp_bytes,
+            peak_unit: "f32x4",
             percent_of_peak: None,
             percent_of_widest_peak: None,
+            tile_ops: self.runner.uses_tile_ops(),
             kernel_times: self.runner.kernel_times(),
             scalar,
         })
@@ -438,12 +465,8 @@ fn cpu_model() -> String {
 
 fn machine() -> Machine {
     let logical_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // the pool size rayon will use: RAYON_NUM_THREADS (set by --threads) or every core
-    let threads = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&t: &usize| t > 0)
-        .unwrap_or(logical_cpus);
+    // the pool the kernels run on: the one `--threads` installed, else rayon's global pool
+    let threads = rayon::current_num_threads();
     Machine {
         cpu: cpu_model(),
         logical_cpus,
@@ -460,15 +483,15 @@ fn git_commit() -> Option<String> {
 
 fn print_table(results: &[Measurement]) {
     println!(
-        "{:<22} {:>6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>7} {:>12}",
-        "variant", "n", "d", "median ms", "best ms", "GFLOP/s", "% peak", "% wide", "max abs err"
+        "{:<22} {:>6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>8} {:>7} {:>12}",
+        "variant", "n", "d", "median ms", "best ms", "GFLOP/s", "% peak", "of unit", "% wide", "max abs err"
     );
     for m in results {
         let flag = if m.max_abs_err <= TOLERANCE { "" } else { "  WRONG" };
         let peak = m.percent_of_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
         let wide = m.percent_of_widest_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
         println!(
-            "{:<22} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>7} {:>7} {:>12}{flag}",
+            "{:<22} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>7} {:>8} {:>7} {:>12}{flag}",
             m.variant.name(),
             m.n,
             m.d,
@@ -476,6 +499,7 @@ fn print_table(results: &[Measurement]) {
             m.best_ms,
             m.gflops,
             peak,
+            m.peak_unit,
             wide,
             fmt_err(m.max_abs_err)
         );
@@ -487,19 +511,18 @@ fn print_kernels(results: &[Measurement]) {
         println!("{} n={} d={}:", m.variant.name(), m.n, m.d);
         for k in &m.kernel_times {
             let peak = k.percent_of_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
-            println!("  {:<16} {:>10.3} ms {:>9.2} GFLOP/s {:>6} % peak", k.name, k.best_ms, k.gflops, peak);
+            let unit = if k.tile_ops { "of the widest peak (tile ops)" } else { "of the F32X4 peak" };
+            println!(
+                "  {:<16} {:>10.3} ms {:>9.2} GFLOP/s {:>6} % {unit}",
+                k.name, k.best_ms, k.gflops, peak
+            );
         }
     }
 }
 
 /// Best-of-5 FMA peak of `isa`'s widest vectors on as many threads as the kernels' pool.
 pub fn measure_wide_peak(isa: uopc_tile::Isa) -> Option<f64> {
-    let threads = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&t: &usize| t > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    uopc_tile::peak::fma_peak_gflops(isa, 2_000_000, 5, threads)
+    uopc_tile::peak::fma_peak_gflops(isa, 2_000_000, 5, rayon::current_num_threads())
 }
 
 /// The widest FMA peak this CPU has (512-bit, else 256-bit), with its name.
@@ -526,6 +549,7 @@ fn write_outputs(args: &AttentionArgs, results: &[Measurement], machine: Machine
             results,
             peak_gflops: results
                 .iter()
+                .filter(|m| m.peak_unit == "f32x4")
                 .find_map(|m| m.percent_of_peak.map(|p| 100.0 * m.gflops / p.max(1e-9))),
             machine,
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -633,11 +657,21 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
         }
     }
     bar.finish_and_clear();
+    // Each figure is relative to the peak of the unit the code runs on: F32X4 for JIT loops,
+    // the widest vectors for tile ops.
+    let unit_peak = |tile_ops: bool| match (tile_ops, widest) {
+        (true, Some((name, p))) => Some((name, p)),
+        (true, None) => None,
+        (false, _) => peak.map(|p| ("f32x4", p)),
+    };
     for m in &mut results {
-        m.percent_of_peak = peak.map(|p| 100.0 * m.gflops / p);
+        if let Some((name, p)) = unit_peak(m.tile_ops) {
+            m.peak_unit = name;
+            m.percent_of_peak = Some(100.0 * m.gflops / p);
+        }
         m.percent_of_widest_peak = widest.map(|(_, p)| 100.0 * m.gflops / p);
         for k in &mut m.kernel_times {
-            k.percent_of_peak = peak.map(|p| 100.0 * k.gflops / p);
+            k.percent_of_peak = unit_peak(k.tile_ops).map(|(_, p)| 100.0 * k.gflops / p);
         }
     }
     if args.scalar {

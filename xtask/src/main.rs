@@ -147,17 +147,22 @@ fn main() -> ExitCode {
                 args.n = vec![64, 128];
                 args.reps.get_or_insert(3);
             }
-            if let Some(t) = args.threads {
-                if t == 0 {
+            match args.threads {
+                Some(0) => {
                     eprintln!("error: --threads must be at least 1");
-                    return ExitCode::from(2);
+                    ExitCode::from(2)
                 }
-                // rayon sizes its global pool from this variable when the pool is first used,
-                // which is after this point.
-                // SAFETY: no other thread exists yet, so nothing reads the environment concurrently.
-                unsafe { std::env::set_var("RAYON_NUM_THREADS", t.to_string()) };
+                // The kernels run on whichever rayon pool calls them, so a pool of the asked
+                // size around the whole bench sets the thread count of every kernel and peak.
+                Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
+                    Ok(pool) => pool.install(|| attention::run(&args)),
+                    Err(e) => {
+                        eprintln!("error: cannot start {t} threads: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                None => attention::run(&args),
             }
-            attention::run(&args)
         }
         Task::Bench { what: Bench::Backward { n, d, reps } } => {
             if n.is_empty() || n.contains(&0) || d == 0 {

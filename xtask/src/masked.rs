@@ -144,10 +144,7 @@ pub fn run_decode(nk: &[usize], d: usize, heads: usize, chunks: usize, reps: usi
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
+/// The size of the pool the kernels run on (rayon's global pool, sized by `RAYON_NUM_THREADS`).
 fn rayon_threads() -> usize {
-    std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&t: &usize| t > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    rayon::current_num_threads()
 }
