@@ -16,8 +16,8 @@ pub struct RuleHits {
     pub count: u64,
 }
 
-/// How often each rule of a pass fired (rules that never fired are left out), in table and
-/// rule order.
+/// How often each rule of a pass fired (rules that never fired are left out): for one run in
+/// table and rule order; summed over runs ([`rewrite_counts`]) in the order rules first fired.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RewriteStats {
     /// The pass's name.
