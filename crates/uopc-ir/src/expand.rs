@@ -24,8 +24,10 @@
 use crate::builder::{alloc, const_of, range, sink};
 use crate::dtype::DType;
 use crate::linearize::open_ranges_with;
+use crate::rewrite::{Pass, Pattern, Revisit, Rule, RuleCx, RuleTable};
 use crate::uop::{AxisType, Op, TileOp, UOp};
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 /// Rewrites every tile op of `program` into an equivalent loop nest of ordinary ops.
 ///
@@ -42,7 +44,7 @@ pub fn expand_tile_ops(program: &UOp) -> UOp {
     }
     // Lenient: the tile op also lives in the ranges of ENDs around it that it does not use
     // (simplified programs), and those scope its accumulators.
-    let Ok(rng) = open_ranges_with(&topo, true) else { return program.clone() };
+    let Ok(open_ranges) = open_ranges_with(&topo, true) else { return program.clone() };
     let mut fresh = Fresh { range_id: 0, alloc_slot: 0 };
     for u in &topo {
         match u.op() {
@@ -51,26 +53,48 @@ pub fn expand_tile_ops(program: &UOp) -> UOp {
             _ => {}
         }
     }
-    let mut map: HashMap<UOp, UOp> = HashMap::with_capacity(topo.len());
-    for u in &topo {
-        let src: Vec<UOp> = u.src().iter().map(|s| map[s].clone()).collect();
-        let new = match u.op() {
-            Op::Tile(t) if well_formed(*t, &src) => {
-                // Range ends may depend on loads after tile ops, so the scope is rewritten too.
-                let scope: Vec<UOp> = rng[u].iter().map(|r| map[r].clone()).collect();
-                let ops = Operands { src: &src, scope, fresh: &mut fresh };
-                match *t {
-                    TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
-                        ops.gemm(Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate })
-                    }
-                    TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo),
-                }
-            }
-            _ => u.with_src(src),
-        };
-        map.insert(u.clone(), new);
+    let mut state = Expansion { open_ranges, fresh };
+    let mut memo = HashMap::with_capacity(topo.len());
+    EXPAND.run(program, &mut state, &mut memo).0
+}
+
+/// What the expansion rule needs beside the node: the ranges each original node runs in, and
+/// the next unused ids.
+struct Expansion {
+    open_ranges: HashMap<UOp, Vec<UOp>>,
+    fresh: Fresh,
+}
+
+static TILE_OPS: LazyLock<RuleTable<Expansion>> = LazyLock::new(|| {
+    let any_tile = Op::Tile(TileOp::SoftmaxUpdate { rows: 0, cols: 0, lds: 0, d: 0, ldo: 0 });
+    RuleTable::new(
+        "tile_ops",
+        vec![Rule::with_cx("expand_tile_op", Pattern::ops(&[any_tile]), expand_tile_op)],
+    )
+});
+
+/// One walk: each tile op is replaced once, and its expansion is final (it has no tile ops).
+static EXPAND: LazyLock<Pass<'static, Expansion>> =
+    LazyLock::new(|| Pass::new("expand_tile_ops", vec![&*TILE_OPS], Revisit::Never));
+
+/// A well-formed tile op (its sources rewritten) becomes its loop nest.
+fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
+    let Op::Tile(t) = *u.op() else { return None };
+    if !well_formed(t, u.src()) {
+        return None;
     }
-    map[program].clone()
+    // Range ends may depend on loads after tile ops, so the scope is rewritten too.
+    let scope: Vec<UOp> = cx.state.open_ranges[cx.original()]
+        .iter()
+        .map(|r| cx.rewritten(r).expect("the ranges a tile op runs in are rewritten before it").clone())
+        .collect();
+    let ops = Operands { src: u.src(), scope, fresh: &mut cx.state.fresh };
+    Some(match t {
+        TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
+            ops.gemm(Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate })
+        }
+        TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo),
+    })
 }
 
 fn well_formed(t: TileOp, src: &[UOp]) -> bool {

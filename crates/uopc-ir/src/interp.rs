@@ -7,11 +7,11 @@
 //!
 //! The interpreter never panics on a program: anything it cannot evaluate is an [`InterpError`].
 
+use crate::alu::{self, Scalar, wrap};
 use crate::dtype::DType;
 use crate::error::IrError;
 use crate::host::HostBuffer;
 use crate::linearize::{Linear, Stmt};
-use crate::simplify::{int_div, int_mod};
 use crate::uop::{BinaryOp, ConstValue, Op, TileOp, UOp, UnaryOp};
 use crate::verify::{verify, view_base};
 use std::collections::HashMap;
@@ -185,10 +185,6 @@ enum Val {
     F64(f64),
     /// An INDEX: storage and element index (bounds-checked when accessed).
     Addr(Mem, i64),
-}
-
-fn wrap(dtype: DType, x: i64) -> i64 {
-    if dtype == DType::I32 { x as i32 as i64 } else { x }
 }
 
 struct Machine<'a> {
@@ -552,42 +548,13 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
-    /// CAST with Rust `as` semantics: floats to ints saturate (NaN -> 0), anything to Bool is
-    /// `x != 0`, I64 to I32 wraps.
+    /// CAST with the semantics of [`alu::cast`]; in the f64 reference mode a CAST to F32
+    /// keeps the f64 value (F32 values are held in f64 there).
     fn cast(&self, v: Val, to: DType) -> Val {
-        let f64_mode = self.precision == Precision::F64;
-        match to {
-            DType::Bool => Val::Bool(match v {
-                Val::Bool(b) => b,
-                Val::Int(i) => i != 0,
-                Val::F32(x) => x != 0.0,
-                Val::F64(x) => x != 0.0,
-                Val::Unit | Val::Addr(..) => false,
-            }),
-            DType::I32 | DType::I64 => Val::Int(match (v, to) {
-                (Val::Bool(b), _) => b as i64,
-                (Val::Int(i), _) => wrap(to, i),
-                (Val::F32(x), DType::I32) => x as i32 as i64,
-                (Val::F32(x), _) => x as i64,
-                (Val::F64(x), DType::I32) => x as i32 as i64,
-                (Val::F64(x), _) => x as i64,
-                (Val::Unit | Val::Addr(..), _) => 0,
-            }),
-            DType::F32 if !f64_mode => Val::F32(match v {
-                Val::Bool(b) => b as u8 as f32,
-                Val::Int(i) => i as f32,
-                Val::F32(x) => x,
-                Val::F64(x) => x as f32,
-                Val::Unit | Val::Addr(..) => 0.0,
-            }),
-            DType::F32 | DType::F64 => Val::F64(match v {
-                Val::Bool(b) => b as u8 as f64,
-                Val::Int(i) => i as f64,
-                Val::F32(x) => x as f64,
-                Val::F64(x) => x,
-                Val::Unit | Val::Addr(..) => 0.0,
-            }),
-        }
+        let to = if self.precision == Precision::F64 && to == DType::F32 { DType::F64 } else { to };
+        // Effects and addresses are never cast by a verified program; they read as zero.
+        let v = v.scalar().unwrap_or(Scalar::Int(0));
+        alu::cast(v, to).into()
     }
 }
 
@@ -596,59 +563,34 @@ fn src(u: &UOp, k: usize) -> Result<&UOp, InterpError> {
     u.src().get(k).ok_or_else(|| malformed(u, format!("has no source {k}")))
 }
 
-fn unary(op: UnaryOp, a: Val, d: DType) -> Option<Val> {
-    macro_rules! float {
-        ($x:expr, $ctor:path) => {
-            $ctor(match op {
-                UnaryOp::Neg => -$x,
-                UnaryOp::Exp2 => $x.exp2(),
-                UnaryOp::Log2 => $x.log2(),
-                UnaryOp::Sqrt => $x.sqrt(),
-                UnaryOp::Recip => 1.0 / $x,
-            })
-        };
+impl Val {
+    /// The scalar an ALU op computes on; effects and addresses have none.
+    fn scalar(self) -> Option<Scalar> {
+        Some(match self {
+            Val::Bool(b) => Scalar::Bool(b),
+            Val::Int(i) => Scalar::Int(i),
+            Val::F32(x) => Scalar::F32(x),
+            Val::F64(x) => Scalar::F64(x),
+            Val::Unit | Val::Addr(..) => return None,
+        })
     }
-    Some(match a {
-        Val::F32(x) => float!(x, Val::F32),
-        Val::F64(x) => float!(x, Val::F64),
-        Val::Int(x) if op == UnaryOp::Neg => Val::Int(wrap(d, x.wrapping_neg())),
-        _ => return None,
-    })
+}
+
+impl From<Scalar> for Val {
+    fn from(s: Scalar) -> Val {
+        match s {
+            Scalar::Bool(b) => Val::Bool(b),
+            Scalar::Int(i) => Val::Int(i),
+            Scalar::F32(x) => Val::F32(x),
+            Scalar::F64(x) => Val::F64(x),
+        }
+    }
+}
+
+fn unary(op: UnaryOp, a: Val, d: DType) -> Option<Val> {
+    alu::unary(op, a.scalar()?, d).map(Val::from)
 }
 
 fn binary(op: BinaryOp, a: Val, b: Val, d: DType) -> Option<Val> {
-    macro_rules! float {
-        ($x:expr, $y:expr, $ctor:path) => {
-            match op {
-                BinaryOp::Add => $ctor($x + $y),
-                BinaryOp::Sub => $ctor($x - $y),
-                BinaryOp::Mul => $ctor($x * $y),
-                // Not f32::max: a NaN left operand yields the right one, as in the JIT.
-                BinaryOp::Max => $ctor(if $x > $y { $x } else { $y }),
-                BinaryOp::CmpLt => Val::Bool($x < $y),
-                BinaryOp::CmpNe => Val::Bool($x != $y),
-                BinaryOp::IDiv | BinaryOp::Mod => return None,
-            }
-        };
-    }
-    Some(match (a, b) {
-        (Val::F32(x), Val::F32(y)) => float!(x, y, Val::F32),
-        (Val::F64(x), Val::F64(y)) => float!(x, y, Val::F64),
-        (Val::Int(x), Val::Int(y)) => match op {
-            BinaryOp::Add => Val::Int(wrap(d, x.wrapping_add(y))),
-            BinaryOp::Sub => Val::Int(wrap(d, x.wrapping_sub(y))),
-            BinaryOp::Mul => Val::Int(wrap(d, x.wrapping_mul(y))),
-            BinaryOp::Max => Val::Int(if x > y { x } else { y }),
-            BinaryOp::CmpLt => Val::Bool(x < y),
-            BinaryOp::CmpNe => Val::Bool(x != y),
-            BinaryOp::IDiv => Val::Int(wrap(d, int_div(x, y))),
-            BinaryOp::Mod => Val::Int(wrap(d, int_mod(x, y))),
-        },
-        (Val::Bool(x), Val::Bool(y)) => match op {
-            BinaryOp::CmpNe => Val::Bool(x != y),
-            BinaryOp::CmpLt => Val::Bool(!x & y),
-            _ => return None,
-        },
-        _ => return None,
-    })
+    alu::binary(op, a.scalar()?, b.scalar()?, d).map(Val::from)
 }

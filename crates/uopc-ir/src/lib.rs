@@ -2,8 +2,10 @@
 //!
 //! A loop program is a SINK of effects built from RANGE, ALLOC/BUFFER views, INDEX, LOAD, STORE,
 //! AFTER and END; [`verify`] checks it, [`linearize`] orders it into nested loops, and
-//! [`print_program`] shows it. [`simplify`] canonicalizes index arithmetic using value bounds.
+//! [`print_program`] shows it. [`simplify`] canonicalizes index arithmetic using value bounds,
+//! with named rule tables run by the [`rewrite`] engine; [`alu`] defines the ALU ops' values.
 
+pub mod alu;
 mod builder;
 mod dtype;
 mod error;
@@ -12,6 +14,7 @@ mod host;
 pub mod interp;
 mod linearize;
 mod print;
+pub mod rewrite;
 mod simplify;
 mod uop;
 mod verify;
@@ -23,7 +26,14 @@ pub use expand::expand_tile_ops;
 pub use host::HostBuffer;
 pub use linearize::{Linear, Stmt, linearize, linearize_with, open_ranges, open_ranges_with};
 pub use print::{print_graph, print_linear, print_program};
-pub use simplify::{SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_with, split_linear};
+pub use rewrite::{
+    Pass, Pattern, Revisit, RewriteStats, Rule, RuleTable, rewrite_counts, rewrite_trace, set_rewrite_trace,
+    take_rewrite_counts,
+};
+pub use simplify::{
+    SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_with, split_linear,
+    tables as simplify_tables,
+};
 pub use uop::{
     AxisType, BinaryOp, ConstValue, DataRef, Op, ReduceOp, TileOp, TileOperand, UOp, UnaryOp, block_extent,
 };

@@ -1,0 +1,369 @@
+//! simplify's rules, as named tables run in this order: constant folding, algebraic identities,
+//! selections, linear-sum canonicalization, and division/modulo folding with bounds. Within a
+//! node the first rule that applies wins, so the order decides the canonical form.
+//!
+//! Every rule sees a node whose sources are simplified already, and every table's guard admits
+//! only nodes with the arity their op needs (malformed input is left to the verifier).
+
+use super::linear::{Linear, is_linear_op, konst};
+use super::well_formed;
+use crate::alu::{self, Scalar};
+use crate::dtype::DType;
+use crate::rewrite::{Pattern, Rule, RuleTable};
+use crate::uop::{BinaryOp, ConstValue, Op, UOp, UnaryOp};
+
+/// Whether `u` and its sources have the arities their ops need.
+fn admitted(u: &UOp) -> bool {
+    well_formed(u) && u.src().iter().all(well_formed)
+}
+
+fn unary_ops() -> Pattern {
+    Pattern::Ops(alu::UNARY_OPS.iter().map(|&o| crate::rewrite::OpKey::Unary(o)).collect())
+}
+
+fn binary_ops() -> Pattern {
+    Pattern::Ops(alu::BINARY_OPS.iter().map(|&o| crate::rewrite::OpKey::Binary(o)).collect())
+}
+
+fn binary(op: BinaryOp) -> Pattern {
+    Pattern::ops(&[Op::Binary(op)])
+}
+
+/// Evaluates ALU nodes whose sources are all constants, with the interpreter's semantics
+/// ([`crate::alu`]); then folds integer and bool expressions whose bounds admit one value.
+pub(super) fn constant_folding() -> RuleTable {
+    RuleTable::new(
+        "constant_folding",
+        vec![
+            Rule::new("fold_unary", unary_ops(), fold_unary),
+            Rule::new("fold_binary", binary_ops(), fold_binary),
+            Rule::new("fold_cast", Pattern::ops(&[Op::Cast]), fold_cast),
+            Rule::new("fold_where", Pattern::ops(&[Op::Where]), fold_where),
+            Rule::new("fold_value_known_from_bounds", Pattern::Alu, fold_value_known_from_bounds),
+        ],
+    )
+    .with_guard(admitted)
+}
+
+/// Identities that hold for every value, floats included (IEEE signed zeros respected).
+pub(super) fn algebraic() -> RuleTable {
+    RuleTable::new(
+        "algebraic",
+        vec![
+            Rule::new("neg_of_neg", Pattern::ops(&[Op::Unary(UnaryOp::Neg)]), neg_of_neg),
+            Rule::new("float_mul_by_one", binary(BinaryOp::Mul), float_mul_by_one),
+            Rule::new("float_add_negative_zero", binary(BinaryOp::Add), float_add_negative_zero),
+            Rule::new("float_sub_positive_zero", binary(BinaryOp::Sub), float_sub_positive_zero),
+        ],
+    )
+    .with_guard(admitted)
+}
+
+/// Selections decided by their operands: WHERE of equal branches, MAX of ordered bounds.
+pub(super) fn selection() -> RuleTable {
+    RuleTable::new(
+        "selection",
+        vec![
+            Rule::new("where_of_equal_branches", Pattern::ops(&[Op::Where]), where_of_equal_branches),
+            Rule::new("max_of_ordered_operands", binary(BinaryOp::Max), max_of_ordered_operands),
+        ],
+    )
+    .with_guard(admitted)
+}
+
+/// Integer sums written in one canonical form, so equal sums become one node.
+pub(super) fn linear() -> RuleTable {
+    RuleTable::new(
+        "linear",
+        vec![Rule::new(
+            "canonical_linear_sum",
+            Pattern::ops(&[
+                Op::Binary(BinaryOp::Add),
+                Op::Binary(BinaryOp::Sub),
+                Op::Binary(BinaryOp::Mul),
+                Op::Unary(UnaryOp::Neg),
+            ]),
+            canonical_linear_sum,
+        )],
+    )
+    .with_guard(admitted)
+}
+
+/// Integer IDIV and MOD folded using the bounds of their operands
+/// ([`super::SimplifyOptions::fold_divmod`] switches this table off).
+pub(super) fn divmod() -> RuleTable {
+    let idiv = || binary(BinaryOp::IDiv);
+    let modulo = || binary(BinaryOp::Mod);
+    RuleTable::new(
+        "divmod",
+        vec![
+            Rule::new("idiv_by_one", idiv(), idiv_by_one),
+            Rule::new("mod_by_one", modulo(), mod_by_one),
+            Rule::new("idiv_of_idiv", idiv(), idiv_of_idiv),
+            Rule::new("idiv_split_linear", idiv(), idiv_split_linear),
+            Rule::new("mod_of_small_operand", modulo(), mod_of_small_operand),
+            Rule::new("mod_drop_multiples", modulo(), mod_drop_multiples),
+            Rule::new("idiv_by_larger_divisor", idiv(), idiv_by_larger_divisor),
+            Rule::new("mod_by_larger_divisor", modulo(), mod_by_larger_divisor),
+        ],
+    )
+    .with_guard(admitted)
+}
+
+// ---- constant folding ----
+
+/// The sources' values, if all are constants (and there is at least one).
+fn const_operands(u: &UOp) -> Option<Vec<Scalar>> {
+    let cs: Option<Vec<Scalar>> =
+        u.src().iter().map(|s| s.const_value().map(|c| Scalar::of_const(c, s.dtype()))).collect();
+    cs.filter(|c| !c.is_empty())
+}
+
+fn constant(v: Scalar, dtype: DType) -> UOp {
+    UOp::new(Op::Const(v.to_const(dtype)), dtype, vec![])
+}
+
+/// `op c` of a constant; EXP2 and LOG2 are not folded (the backend's approximation is their
+/// semantics, and a folded value would differ from the compiled one).
+fn fold_unary(u: &UOp) -> Option<UOp> {
+    let Op::Unary(op) = *u.op() else { return None };
+    if matches!(op, UnaryOp::Exp2 | UnaryOp::Log2) {
+        return None;
+    }
+    let a = const_operands(u)?;
+    Some(constant(alu::unary(op, a[0], u.dtype())?, u.dtype()))
+}
+
+/// `a op b` of two constants.
+fn fold_binary(u: &UOp) -> Option<UOp> {
+    let Op::Binary(op) = *u.op() else { return None };
+    let c = const_operands(u)?;
+    Some(constant(alu::binary(op, c[0], c[1], u.dtype())?, u.dtype()))
+}
+
+/// CAST of a constant.
+fn fold_cast(u: &UOp) -> Option<UOp> {
+    let c = const_operands(u)?;
+    Some(constant(alu::cast(c[0], u.dtype()), u.dtype()))
+}
+
+/// `where(c, a, b)` of three constants: the branch `c` selects.
+fn fold_where(u: &UOp) -> Option<UOp> {
+    const_operands(u)?;
+    let take_first = u.src()[0].const_value()?.as_i64() != 0;
+    Some(u.src()[if take_first { 1 } else { 2 }].clone())
+}
+
+/// An integer or bool ALU node whose bounds are one value is that constant.
+fn fold_value_known_from_bounds(u: &UOp) -> Option<UOp> {
+    let d = u.dtype();
+    if !(d.is_int() || d == DType::Bool) {
+        return None;
+    }
+    let (lo, hi) = u.bounds();
+    if lo != hi {
+        return None;
+    }
+    Some(if d == DType::Bool {
+        UOp::new(Op::Const(ConstValue::Bool(lo != 0)), d, vec![])
+    } else {
+        konst(lo, d)
+    })
+}
+
+// ---- algebraic identities ----
+
+/// Source `k`'s value as an f64, if it is a constant.
+fn const_f64(u: &UOp, k: usize) -> Option<f64> {
+    u.src().get(k).and_then(|s| s.const_value()).map(|c| c.as_f64())
+}
+
+fn is_neg_zero(v: f64) -> bool {
+    v == 0.0 && v.is_sign_negative()
+}
+
+/// `-(-x) == x`.
+fn neg_of_neg(u: &UOp) -> Option<UOp> {
+    let inner = &u.src()[0];
+    matches!(inner.op(), Op::Unary(UnaryOp::Neg)).then(|| inner.src()[0].clone())
+}
+
+/// `x * 1.0 == 1.0 * x == x` for floats.
+fn float_mul_by_one(u: &UOp) -> Option<UOp> {
+    if !u.dtype().is_float() {
+        return None;
+    }
+    if const_f64(u, 1) == Some(1.0) {
+        return Some(u.src()[0].clone());
+    }
+    (const_f64(u, 0) == Some(1.0)).then(|| u.src()[1].clone())
+}
+
+/// `x + (-0.0) == x` for every float x; `x + 0.0` is not (`-0.0 + 0.0 == +0.0`).
+fn float_add_negative_zero(u: &UOp) -> Option<UOp> {
+    if !u.dtype().is_float() {
+        return None;
+    }
+    if const_f64(u, 1).is_some_and(is_neg_zero) {
+        return Some(u.src()[0].clone());
+    }
+    const_f64(u, 0).is_some_and(is_neg_zero).then(|| u.src()[1].clone())
+}
+
+/// `x - (+0.0) == x` for every float x.
+fn float_sub_positive_zero(u: &UOp) -> Option<UOp> {
+    let positive_zero = const_f64(u, 1).is_some_and(|v| v == 0.0 && !is_neg_zero(v));
+    (u.dtype().is_float() && positive_zero).then(|| u.src()[0].clone())
+}
+
+// ---- selections ----
+
+/// `where(c, x, x) == x`.
+fn where_of_equal_branches(u: &UOp) -> Option<UOp> {
+    (u.src()[1] == u.src()[2]).then(|| u.src()[1].clone())
+}
+
+/// Integer `max(a, b)` is `a` when `a >= b` for all values in their bounds (and `b` likewise).
+fn max_of_ordered_operands(u: &UOp) -> Option<UOp> {
+    if !u.dtype().is_int() {
+        return None;
+    }
+    let (a, b) = (u.src()[0].bounds(), u.src()[1].bounds());
+    if a.0 >= b.1 {
+        return Some(u.src()[0].clone());
+    }
+    (b.0 >= a.1).then(|| u.src()[1].clone())
+}
+
+// ---- linear sums ----
+
+/// An integer ADD, SUB, NEG or MUL by a constant rebuilt from its linear form (terms in atom
+/// creation order, like terms combined, the constant last).
+fn canonical_linear_sum(u: &UOp) -> Option<UOp> {
+    if !u.dtype().is_int() || !is_linear_op(u) {
+        return None;
+    }
+    let rebuilt = Linear::of(u)?.build(u.dtype());
+    (rebuilt != *u).then_some(rebuilt)
+}
+
+// ---- division and modulo ----
+
+/// `(x, c)` for an integer IDIV or MOD `x op c` by a constant `c`.
+fn by_constant(u: &UOp) -> Option<(&UOp, i64)> {
+    if !u.dtype().is_int() {
+        return None;
+    }
+    Some((&u.src()[0], u.src()[1].const_int()?))
+}
+
+/// `(x, c)` for `x op c` with a constant `c > 1` and `x >= 0`: the rules that split linear
+/// forms apply only here.
+fn by_constant_above_one(u: &UOp) -> Option<(&UOp, i64)> {
+    by_constant(u).filter(|&(x, c)| c > 1 && x.vmin() >= 0)
+}
+
+/// `x // 1 == x`.
+fn idiv_by_one(u: &UOp) -> Option<UOp> {
+    by_constant(u).filter(|&(_, c)| c == 1).map(|(x, _)| x.clone())
+}
+
+/// `x % 1 == 0`.
+fn mod_by_one(u: &UOp) -> Option<UOp> {
+    by_constant(u).filter(|&(_, c)| c == 1).map(|_| konst(0, u.dtype()))
+}
+
+/// `(y, a)` when `x` is `y // a` with `y >= 0` and a constant `a > 0`.
+fn nonnegative_idiv(x: &UOp) -> Option<(&UOp, i64)> {
+    let a = x.src().get(1).and_then(|s| s.const_int());
+    match (x.op(), a) {
+        (Op::Binary(BinaryOp::IDiv), Some(a)) if a > 0 && x.src()[0].vmin() >= 0 => Some((&x.src()[0], a)),
+        _ => None,
+    }
+}
+
+/// `(y // a) // c == y // (a*c)` for `y >= 0` and `a, c > 0` (not applied if `a*c` overflows).
+fn idiv_of_idiv(u: &UOp) -> Option<UOp> {
+    let (x, c) = by_constant_above_one(u)?;
+    let (y, a) = nonnegative_idiv(x)?;
+    Some(y.binary(BinaryOp::IDiv, konst(a.checked_mul(c)?, u.dtype())))
+}
+
+/// `x // c` with `x = q*c + r` (the terms of `x`'s linear form whose coefficients `c` divides,
+/// and the rest): `q + r // c`, and just `q + k` when `r`'s bounds give `r // c` one value `k`.
+/// Needs `r >= 0`. Not applied where [`idiv_of_idiv`]'s pattern holds.
+fn idiv_split_linear(u: &UOp) -> Option<UOp> {
+    let (x, c) = by_constant_above_one(u)?;
+    if nonnegative_idiv(x).is_some() {
+        return None;
+    }
+    let d = u.dtype();
+    let lin = Linear::of(x)?;
+    let (mut quot, mut rem) = (Linear::default(), Linear::default());
+    for (t, k) in &lin.terms {
+        if k % c == 0 {
+            quot.terms.push((t.clone(), k / c));
+        } else {
+            rem.terms.push((t.clone(), *k));
+        }
+    }
+    quot.constant = lin.constant.div_euclid(c);
+    rem.constant = lin.constant.rem_euclid(c);
+    let (rlo, rhi) = rem.bounds();
+    if rlo >= 0 && rlo / c == rhi / c {
+        quot.constant += rlo / c;
+        return Some(quot.build(d));
+    }
+    if !quot.terms.is_empty() && rlo >= 0 {
+        let q = quot.build(d);
+        return Some(q.binary(BinaryOp::Add, rem.build(d).binary(BinaryOp::IDiv, konst(c, d))));
+    }
+    None
+}
+
+/// `x % c == x` when `0 <= x < c`.
+fn mod_of_small_operand(u: &UOp) -> Option<UOp> {
+    let (x, c) = by_constant_above_one(u)?;
+    let (lo, hi) = x.bounds();
+    (lo >= 0 && hi < c).then(|| x.clone())
+}
+
+/// `x % c` with the terms of `x` that `c` divides dropped and the constant reduced mod `c`:
+/// the remainder `r` itself when `0 <= r < c`, else `r % c` if anything was dropped.
+fn mod_drop_multiples(u: &UOp) -> Option<UOp> {
+    let (x, c) = by_constant_above_one(u)?;
+    let d = u.dtype();
+    let lin = Linear::of(x)?;
+    let mut rem = Linear::default();
+    for (t, k) in &lin.terms {
+        if k % c != 0 {
+            rem.terms.push((t.clone(), *k));
+        }
+    }
+    rem.constant = lin.constant.rem_euclid(c);
+    let (rlo, rhi) = rem.bounds();
+    if rlo >= 0 && rhi < c {
+        return Some(rem.build(d));
+    }
+    if rlo >= 0 && (rem.terms.len() < lin.terms.len() || rem.constant != lin.constant) {
+        return Some(rem.build(d).binary(BinaryOp::Mod, konst(c, d)));
+    }
+    None
+}
+
+/// `(x, y)` for an integer `x op y` with a divisor that is not a constant, `0 <= x` and
+/// `x < y` for all values in their bounds. (Constant divisors are the rules above's.)
+fn smaller_than_divisor(u: &UOp) -> Option<&UOp> {
+    let (x, y) = (&u.src()[0], &u.src()[1]);
+    (u.dtype().is_int() && y.const_int().is_none() && x.vmin() >= 0 && x.vmax() < y.vmin()).then_some(x)
+}
+
+/// `x // y == 0` when `0 <= x < y`.
+fn idiv_by_larger_divisor(u: &UOp) -> Option<UOp> {
+    smaller_than_divisor(u).map(|_| konst(0, u.dtype()))
+}
+
+/// `x % y == x` when `0 <= x < y`.
+fn mod_by_larger_divisor(u: &UOp) -> Option<UOp> {
+    smaller_than_divisor(u).cloned()
+}
