@@ -31,10 +31,15 @@ pub fn built_optimized() -> bool {
 }
 
 /// The advice printed once per process when the micro-kernels were compiled unoptimized.
-pub const UNOPTIMIZED_WARNING: &str = "uopc: warning: uopc-tile was compiled without optimizations \
-(opt-level 0), so every matmul and tile op runs 100 or more times slower. Add to your Cargo.toml:\n\
-    [profile.dev.package.uopc-tile]\n    opt-level = 3\n\
-(see the README's \"Use uopc in your crate\").";
+pub const UNOPTIMIZED_WARNING: &str = concat!(
+    "uopc: warning: uopc-tile was compiled without optimizations (opt-level 0), so every matmul\n",
+    "and tile op runs 100 or more times slower. Add to your Cargo.toml:\n",
+    "    [profile.dev.package.uopc-tile]\n",
+    "    opt-level = 3\n",
+    "    debug-assertions = false\n",
+    "    overflow-checks = false\n",
+    "(see \"Use uopc in your crate\" in uopc's README)."
+);
 
 impl Isa {
     /// All instruction sets, fastest first.
