@@ -236,14 +236,14 @@ mod causal_tile_ops {
                 ir.lines().map(str::trim_start).filter(|l| l.starts_with("for ") && l.contains("(reduce)"));
             reduce.map(String::from).collect()
         };
-        let ragged = key_loops(&loops);
+        let ragged = key_loops(loops);
         assert_eq!(ragged.len(), 2, "{loops}");
         assert!(ragged.iter().all(|h| h.contains("r0")), "{loops}");
         assert_eq!(loops.matches("tile_gemm 64x128x64 B^T").count(), 1, "{loops}");
         assert_eq!(loops.matches("tile_gemm 64x64x64 B^T").count(), 2, "{loops}");
         assert_eq!(loops.matches("-inf").count(), 2, "init and one mask: {loops}");
         let full = FlashTileOps::compile_with(2048, 64, tiling, false).unwrap();
-        let full_loops = key_loops(&full.kernel().loop_ir());
+        let full_loops = key_loops(full.kernel().loop_ir());
         assert!(full_loops.len() == 1 && full_loops[0].contains(" in 0..16 (reduce)"), "{full_loops:?}");
     }
 }
