@@ -12,7 +12,7 @@
 //! - [`flash_tiled`]: FlashAttention-2 tiling in plain loop IR, with its prologues.
 //! - [`flash_tile_ops`]: FlashAttention-2 on tile ops (plain, causal, L2-blocked).
 //! - [`backward`]: the attention backward, unfused (autograd) and with recompute.
-//! - [`reference`]: the f64 reference attention and the error measure.
+//! - [`reference`](mod@reference): the f64 reference attention and the error measure.
 //! - [`bandwidth`]: a streaming-read probe, the bound of memory-bound kernels.
 
 pub mod backward;
