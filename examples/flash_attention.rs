@@ -16,6 +16,7 @@ use uopc::attention::{attention, online_attention_ir};
 use uopc::flash_tiled::{FlashTileOps, TILE_OPS_TILING};
 use uopc::ir::{BinaryOp, Op, Stmt, UOp, linearize, view_base};
 use uopc::jit::Program;
+use uopc::kernels::reference::{attention_f64, max_abs_err};
 use uopc::tensor::{BufRef, Plan};
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
 
@@ -28,31 +29,6 @@ const TOLERANCE: f64 = 1e-4;
 fn inputs(n: usize, d: usize) -> [Vec<f32>; 3] {
     let mut rng = StdRng::seed_from_u64(0x5eed ^ ((n as u64) << 32) ^ d as u64);
     [2.0, 2.0, 1.0].map(|s: f32| (0..n * d).map(|_| rng.gen_range(-s..s)).collect())
-}
-
-/// `softmax(q k^T / sqrt(d)) v` in f64.
-fn reference([q, k, v]: &[Vec<f32>; 3], n: usize, d: usize) -> Vec<f64> {
-    let mut out = vec![0.0; n * d];
-    for i in 0..n {
-        let s: Vec<f64> = (0..n)
-            .map(|j| (0..d).map(|c| f64::from(q[i * d + c]) * f64::from(k[j * d + c])).sum::<f64>())
-            .map(|x| x / (d as f64).sqrt())
-            .collect();
-        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let l: f64 = p.iter().sum();
-        for c in 0..d {
-            out[i * d + c] = (0..n).map(|j| p[j] * f64::from(v[j * d + c])).sum::<f64>() / l;
-        }
-    }
-    out
-}
-
-fn max_abs_err(got: &[f32], want: &[f64]) -> f64 {
-    got.iter()
-        .zip(want)
-        .map(|(&g, &w)| (f64::from(g) - w).abs())
-        .fold(0.0, |a, e| if e.is_nan() { f64::INFINITY } else { a.max(e) })
 }
 
 /// `3.3e-07`, like C's `%.1e`.
@@ -151,7 +127,7 @@ fn best_of_3(mut call: impl FnMut() -> Result<()>) -> Result<f64> {
 
 fn run(n: usize, d: usize) -> Result<bool> {
     let x = inputs(n, d);
-    let want = reference(&x, n, d);
+    let want = attention_f64(&x[0], &x[1], &x[2], n, d);
     let mut ok = true;
     let mut line = |name: &str, ms: f64, out: &[f32], desc: String| {
         let err = max_abs_err(out, &want);

@@ -5,17 +5,44 @@
 //! - [`jit`]: `Program::compile` and `run`.
 //! - [`Tensor`], [`realize`], [`RealizeOptions`]: the lazy tensor front end and its kernelizer
 //!   (re-exports of `uopc-tensor`; the whole crate is [`tensor`]).
-//! - [`attention`]: the three attention programs.
+//! - [`kernels`]: the hand-written loop programs (re-export of `uopc-kernels`), also reachable
+//!   under the module names below.
 
 // The README's examples are compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
-pub mod attention;
-pub mod attention_backward;
-pub mod flash_tiled;
-pub mod masked_attention;
+/// The hand-written loop programs (re-export of `uopc-kernels`).
+pub mod kernels {
+    pub use uopc_kernels::*;
+}
+
+/// Online-softmax attention programs, and the Tensor one-liner they are measured against.
+pub mod attention {
+    pub use uopc_kernels::online::*;
+    pub use uopc_kernels::query_block;
+    pub use uopc_tensor::attention::attention;
+}
+
+/// The attention backward, unfused and with recompute.
+pub mod attention_backward {
+    pub use uopc_kernels::backward::*;
+}
+
+/// FlashAttention-2: plain loop IR tiling and its tile-op forms.
+pub mod flash_tiled {
+    pub use uopc_kernels::flash_tile_ops::*;
+    pub use uopc_kernels::flash_tiled::*;
+}
+
+/// Batched masked attention, flash-decoding, their f64 reference and the bandwidth probe.
+pub mod masked_attention {
+    pub use uopc_kernels::bandwidth::streaming_read_gbs;
+    pub use uopc_kernels::decode::*;
+    pub use uopc_kernels::masked::*;
+    pub use uopc_kernels::reference::masked_attention_reference;
+}
 
 /// The UOp IR (re-export of `uopc-ir`).
 pub mod ir {

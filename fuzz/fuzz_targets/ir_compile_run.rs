@@ -7,7 +7,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use uopc_testgen::{MutantStats, Options, Profile, Rng, check_case, check_mutant};
+use uopc_testgen::{Options, Profile, Rng};
+use uopc_testgen_jit::{MutantStats, check_case, check_mutant};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&kind, rest)) = data.split_first() else { return };

@@ -288,3 +288,66 @@ impl ops::Neg for &UOp {
         self.unary(UnaryOp::Neg)
     }
 }
+
+/// Hands out a program's range ids and alloc slots in creation order.
+///
+/// Two RANGEs with the same end, axis and id are one hash-consed node, so a repeated id
+/// silently merges two loops; numbering them by hand (`6 + 2 * br`) breaks whenever a kernel
+/// gains a loop. A builder per program makes every [`ProgramBuilder::range`] a new loop and
+/// every [`ProgramBuilder::alloc`] a new allocation. Buffer slots are not handed out: they are
+/// the kernel's argument positions, part of its calling contract.
+#[derive(Debug, Default)]
+pub struct ProgramBuilder {
+    ranges: usize,
+    allocs: usize,
+}
+
+impl ProgramBuilder {
+    /// A builder whose first range id and first alloc slot are 0.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A new loop variable `0..end` on `axis`, with the next unused range id.
+    pub fn range(&mut self, end: impl IntoIndex, axis: AxisType) -> UOp {
+        self.ranges += 1;
+        range(end, self.ranges - 1, axis)
+    }
+
+    /// New kernel-local storage of `len` elements of `dtype`, in the next unused slot.
+    pub fn alloc(&mut self, dtype: DType, len: usize) -> UOp {
+        self.allocs += 1;
+        alloc(self.allocs - 1, dtype, len)
+    }
+
+    /// How many ranges were handed out (the next range's id).
+    pub fn ranges(&self) -> usize {
+        self.ranges
+    }
+
+    /// How many allocs were handed out (the next alloc's slot).
+    pub fn allocs(&self) -> usize {
+        self.allocs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn program_builder_numbers_ranges_and_allocs_in_creation_order() {
+        let mut b = ProgramBuilder::new();
+        let r0 = b.range(4, AxisType::Thread);
+        let r1 = b.range(4, AxisType::Thread);
+        assert!(matches!(r0.op(), Op::Range { id: 0, axis: AxisType::Thread }));
+        assert!(matches!(r1.op(), Op::Range { id: 1, .. }));
+        // Same end and axis, yet two loops: the ids keep them apart.
+        assert_ne!(r0, r1);
+        let a0 = b.alloc(DType::F32, 1);
+        let a1 = b.alloc(DType::F32, 1);
+        assert!(matches!(a0.op(), Op::Alloc { slot: 0, len: 1 }));
+        assert!(matches!(a1.op(), Op::Alloc { slot: 1, len: 1 }));
+        assert_eq!((b.ranges(), b.allocs()), (2, 2));
+    }
+}

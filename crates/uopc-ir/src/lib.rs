@@ -19,7 +19,9 @@ mod simplify;
 mod uop;
 mod verify;
 
-pub use builder::{IntoIndex, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink, tile};
+pub use builder::{
+    IntoIndex, ProgramBuilder, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink, tile,
+};
 pub use dtype::DType;
 pub use error::{IrError, IrErrorKind};
 pub use expand::expand_tile_ops;

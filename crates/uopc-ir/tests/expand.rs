@@ -2,18 +2,11 @@
 //! semantics, bit for bit in both precisions (both evaluate in f64 and round each stored value
 //! once), and against naive f64 loops written here.
 
-#[allow(dead_code)]
-#[path = "../../uopc-testgen/src/rng.rs"]
-mod rng;
-#[allow(dead_code)]
-#[path = "common/tile_cases.rs"]
-mod tile_cases;
-
 use proptest::prelude::*;
-use rng::uniform_values as values;
-use tile_cases::*;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
+use uopc_testgen::rng::uniform_values as values;
+use uopc_testgen::tile_cases::*;
 
 fn run(program: &UOp, inputs: &[HostBuffer], precision: Precision) -> Vec<HostBuffer> {
     let mut bufs = inputs.to_vec();

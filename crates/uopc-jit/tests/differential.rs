@@ -10,30 +10,14 @@
 //! `UOPC_FUZZ_CASES` sets the number of programs (default 1,000) and `UOPC_FUZZ_SEED` the first
 //! seed; a failure prints the seed and the program.
 
-#[allow(dead_code)]
-#[path = "../../uopc-testgen/src/compare.rs"]
-mod compare;
-#[allow(dead_code)]
-#[path = "../../uopc-testgen/src/harness.rs"]
-mod harness;
-#[allow(dead_code)]
-#[path = "../../uopc-testgen/src/mutate.rs"]
-mod mutate;
-#[allow(dead_code)]
-#[path = "../../uopc-testgen/src/program.rs"]
-mod program;
-#[allow(dead_code)]
-#[path = "../../uopc-testgen/src/rng.rs"]
-mod rng;
-
-use harness::{MutantStats, check_case, check_mutant, profile_of};
-use program::Options;
-use rng::Rng;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 use uopc_ir::interp::Precision;
 use uopc_ir::*;
 use uopc_jit::{JitOptions, Program};
+use uopc_testgen::{Options, Rng};
+use uopc_testgen_jit as harness;
+use uopc_testgen_jit::{MutantStats, check_case, check_mutant, profile_of};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)

@@ -3,18 +3,11 @@
 //! result bit for bit; with the default options it is within FMA / reassociation rounding of
 //! f64 sums; and the micro-kernels' f32 results are within f32 accumulation error of it.
 
-#[allow(dead_code)]
-#[path = "../../uopc-testgen/src/rng.rs"]
-mod rng;
-#[allow(dead_code)]
-#[path = "../../uopc-ir/tests/common/tile_cases.rs"]
-mod tile_cases;
-
 use proptest::prelude::*;
-use tile_cases::*;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, JitOptions, Program};
+use uopc_testgen::tile_cases::*;
 
 fn fallback() -> JitOptions {
     JitOptions { tile_calls: false, ..JitOptions::default() }

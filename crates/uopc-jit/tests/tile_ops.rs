@@ -2,21 +2,12 @@
 //! semantics, for random shapes (tails around the kernels' 8/16/32-wide tiles), every
 //! transpose, padded strides, operands that start inside their buffers, and THREAD ranges.
 
-// The workspace's shared test input generator (uopc-testgen depends on this crate, so it is
-// included by path, like in differential.rs).
-#[allow(dead_code)]
-#[path = "../../uopc-testgen/src/rng.rs"]
-mod rng;
-// The tile-op programs and inputs the expansion tests use too.
-#[allow(dead_code)]
-#[path = "../../uopc-ir/tests/common/tile_cases.rs"]
-mod tile_cases;
-
 use proptest::prelude::*;
-use tile_cases::*;
+// The tile-op programs and inputs the expansion tests use too.
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, Program};
+use uopc_testgen::tile_cases::*;
 
 fn run_both(program: &UOp, inputs: Vec<HostBuffer>) -> (Vec<HostBuffer>, Vec<HostBuffer>) {
     let prg = Program::compile(program, "tile").expect("compiles");

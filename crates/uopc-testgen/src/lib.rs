@@ -1,17 +1,17 @@
-//! Random well-formed uopc loop programs and the harness that runs them two ways.
+//! Random well-formed uopc loop programs, their mutants, and the comparisons that judge runs.
 //!
 //! [`program::generate`] builds a verified program plus its input buffers from a [`rng::Rng`]
-//! (a seed or fuzzer bytes); [`harness::check_case`] runs it with the JIT and with the reference
-//! interpreter and compares; [`mutate::mutate`] damages programs to test that malformed input is
-//! rejected cleanly. The modules refer to each other through `super::` only, so test crates that
-//! cannot depend on this crate (the JIT's own tests) can include the files with `#[path]`.
+//! (a seed or fuzzer bytes); [`mutate::mutate`] damages programs to test that malformed input
+//! is rejected cleanly; [`compare`] judges two runs' buffers; [`tile_cases`] builds tile-op
+//! programs with inputs. This crate depends on `uopc-ir` only, so the IR's and the JIT's
+//! integration tests can use it (they link the same `uopc-ir` as this crate does); the harness
+//! that runs programs with the JIT is `uopc-testgen-jit`.
 
 pub mod compare;
-pub mod harness;
 pub mod mutate;
 pub mod program;
 pub mod rng;
+pub mod tile_cases;
 
-pub use harness::{MutantStats, check_case, check_mutant, profile_of, strict_options};
 pub use program::{Case, Mode, Options, Profile, generate, magnitude_twin};
 pub use rng::Rng;

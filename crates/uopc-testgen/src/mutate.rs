@@ -1,6 +1,6 @@
 //! Random structural damage to valid programs: the inputs a compiler must reject cleanly.
 
-use super::rng::Rng;
+use crate::rng::Rng;
 use std::collections::HashMap;
 use uopc_ir::{AxisType, BinaryOp, ConstValue, DType, Op, ReduceOp, UOp, UnaryOp, idx};
 

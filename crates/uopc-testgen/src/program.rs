@@ -16,7 +16,7 @@
 //! construction, every range is used by what its END closes, accumulators follow the canonical
 //! ALLOC pattern, and with a THREAD range every store's index is `t * S + r` with `0 <= r < S`.
 
-use super::rng::Rng;
+use crate::rng::Rng;
 use std::collections::HashMap;
 use uopc_ir::{AxisType, ConstValue, DType, HostBuffer, Op, UOp, alloc, buffer, idx, range, sink};
 

@@ -1,5 +1,4 @@
-//! Tile-op programs with inputs, shared by the expansion tests of uopc-ir and uopc-jit (the
-//! latter includes this file by path). Both include the workspace's `rng.rs` as `crate::rng`.
+//! Tile-op programs with inputs, shared by the expansion tests of uopc-ir and uopc-jit.
 
 use crate::rng::uniform_values as values;
 use uopc_ir::*;

@@ -1,12 +1,16 @@
-//! Running one program with the JIT and with the interpreter, and judging the outcome.
+//! The differential harness: one generated program (from `uopc-testgen`) run with the JIT and
+//! with the reference interpreter, and the outcome judged.
+//!
+//! Kept apart from the generator because it needs the JIT: the generator then depends on
+//! `uopc-ir` alone, so the IR's and the JIT's own integration tests can use it.
 
-use super::compare;
-use super::mutate::mutate;
-use super::program::{Case, Mode, Options, Profile, generate, magnitude_twin};
-use super::rng::Rng;
 use uopc_ir::interp::{self, InterpError, Precision};
 use uopc_ir::{DType, HostBuffer, Linear, Op, Stmt, UOp, print_program, simplify, verify};
 use uopc_jit::{Arg, JitOptions, OptLevel, Program};
+use uopc_testgen::compare;
+use uopc_testgen::mutate::mutate;
+use uopc_testgen::program::{Case, Mode, Options, Profile, generate, magnitude_twin};
+use uopc_testgen::rng::Rng;
 
 /// JIT options under which results must equal the interpreter's bit for bit (apart from f32
 /// EXP2): no FMA contraction, sums in program order, no vector lanes.

@@ -23,12 +23,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use uopc_ir::{AxisType, DType, Op, UOp, alloc, buffer, range, sink};
+use uopc_ir::{AxisType, DType, Op, ProgramBuilder, UOp, buffer, sink};
 use uopc_jit::{JitError, Program};
 use uopc_tensor::{Plan, RealizeOptions, Tensor, TensorError, make_plan, realize, vjp};
 
-/// `log2(e)`: base-2 exponentials need scores scaled by it.
-use crate::attention::LOG2E;
+use crate::online::LOG2E;
 
 /// Why building, compiling or running a backward pass failed.
 #[derive(Debug)]
@@ -182,15 +181,15 @@ pub fn largest_buffer(program: &UOp) -> usize {
 
 /// Online-softmax attention that also writes each row's base-2 log-sum-exp.
 ///
-/// [`crate::attention::online_attention_ir`] with one more output: buffers 0 = Q, 1 = K,
+/// [`crate::online::online_attention_ir`] with one more output: buffers 0 = Q, 1 = K,
 /// 2 = V (each `n*d` f32, row-major), 3 = O, 4 = LSE (`n` f32, `m + log2 l` with scores in
 /// base 2, i.e. `log2(e)` times the natural log-sum-exp of `q_i . k_j / sqrt(d)`).
 pub fn online_attention_lse_ir(n: usize, d: usize) -> UOp {
-    crate::attention::online_attention_program(n, d, true)
+    crate::online::online_attention_program(n, d, true)
 }
 
 /// The two dot products every backward iteration needs for one (query `qi`, key `kj`) pair:
-/// `q_qi . k_kj` and `dO_qi . v_kj`, in one loop over the head dimension (range `id`), with
+/// `q_qi . k_kj` and `dO_qi . v_kj`, in one loop over the head dimension (a new range of `pb`), with
 /// accumulators living inside the `outer` ranges. Returns both results, read after the loop.
 fn two_dots(
     bufs: [&UOp; 4],
@@ -199,12 +198,12 @@ fn two_dots(
     kj: &UOp,
     outer: &[UOp],
     d: usize,
-    id: usize,
+    pb: &mut ProgramBuilder,
 ) -> (UOp, UOp) {
     let [q, k, v, dout] = bufs;
     let (s, dp) = (accs[0].after(outer), accs[1].after(outer));
     let (init_s, init_dp) = (s.index(0).store(0.0f32), dp.index(0).store(0.0f32));
-    let e = range(d, id, AxisType::Reduce);
+    let e = pb.range(d, AxisType::Reduce);
     let (se, dpe) = (s.after(&[init_s, e.clone()]), dp.after(&[init_dp, e.clone()]));
     let st_s =
         se.index(0).store(se.index(0).load() + q.index(qi * d + &e).load() * k.index(kj * d + &e).load());
@@ -228,15 +227,16 @@ pub fn attention_backward_dq_ir(n: usize, d: usize) -> UOp {
     let lse = buffer(5, f32t, n);
     let dq_out = buffer(6, f32t, n * d);
     let delta_out = buffer(7, f32t, n);
-    let (acc_delta, dq, s, dp) = (alloc(0, f32t, 1), alloc(1, f32t, d), alloc(2, f32t, 1), alloc(3, f32t, 1));
+    let mut pb = ProgramBuilder::new();
+    let (acc_delta, dq, s, dp) = (pb.alloc(f32t, 1), pb.alloc(f32t, d), pb.alloc(f32t, 1), pb.alloc(f32t, 1));
     let scale2 = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
     let scale = (1.0 / (d as f64).sqrt()) as f32;
 
-    let i = range(n, 0, AxisType::Thread);
+    let i = pb.range(n, AxisType::Thread);
     // Delta_i = dO_i . O_i
     let ai = acc_delta.after(&[i.clone()]);
     let init_a = ai.index(0).store(0.0f32);
-    let e0 = range(d, 1, AxisType::Reduce);
+    let e0 = pb.range(d, AxisType::Reduce);
     let ae = ai.after(&[init_a, e0.clone()]);
     let red = ae
         .index(0)
@@ -247,19 +247,19 @@ pub fn attention_backward_dq_ir(n: usize, d: usize) -> UOp {
 
     // per-row dQ accumulator, private to the thread
     let dqi = dq.after(&[i.clone()]);
-    let d0 = range(d, 2, AxisType::Loop);
+    let d0 = pb.range(d, AxisType::Loop);
     let init_dq = dqi.index(&d0).store(0.0f32).end(&[d0]);
 
-    let j = range(n, 3, AxisType::Reduce);
-    let (sv, dpv) = two_dots([&q, &k, &v, &dout], [&s, &dp], &i, &j, &[i.clone(), j.clone()], d, 4);
+    let j = pb.range(n, AxisType::Reduce);
+    let (sv, dpv) = two_dots([&q, &k, &v, &dout], [&s, &dp], &i, &j, &[i.clone(), j.clone()], d, &mut pb);
     let p = (sv * scale2 - lse.index(&i).load()).exp2();
     let ds = p * (dpv - &delta);
-    let dd = range(d, 5, AxisType::Loop);
+    let dd = pb.range(d, AxisType::Loop);
     let dqj = dqi.after(&[init_dq, j.clone()]);
     let st = dqj.index(&dd).store(dqj.index(&dd).load() + &ds * k.index(&j * d + &dd).load());
     let loop_j = st.end(&[dd, j]);
 
-    let d2 = range(d, 6, AxisType::Loop);
+    let d2 = pb.range(d, AxisType::Loop);
     let st_out = dq_out.index(&i * d + &d2).store(dqi.after(&[loop_j]).index(&d2).load() * scale);
     sink(&[sink(&[st_out.end(&[d2]), st_delta]).end(&[i])])
 }
@@ -275,26 +275,27 @@ pub fn attention_backward_dkdv_ir(n: usize, d: usize) -> UOp {
     let [q, k, v, dout] = [0, 1, 2, 3].map(|slot| buffer(slot, f32t, n * d));
     let (lse, delta) = (buffer(4, f32t, n), buffer(5, f32t, n));
     let (dk_out, dv_out) = (buffer(6, f32t, n * d), buffer(7, f32t, n * d));
-    let (dk, dv, s, dp) = (alloc(0, f32t, d), alloc(1, f32t, d), alloc(2, f32t, 1), alloc(3, f32t, 1));
+    let mut pb = ProgramBuilder::new();
+    let (dk, dv, s, dp) = (pb.alloc(f32t, d), pb.alloc(f32t, d), pb.alloc(f32t, 1), pb.alloc(f32t, 1));
     let scale2 = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
     let scale = (1.0 / (d as f64).sqrt()) as f32;
 
-    let j = range(n, 0, AxisType::Thread);
+    let j = pb.range(n, AxisType::Thread);
     let (dkj, dvj) = (dk.after(&[j.clone()]), dv.after(&[j.clone()]));
-    let d0 = range(d, 1, AxisType::Loop);
+    let d0 = pb.range(d, AxisType::Loop);
     let init = sink(&[dkj.index(&d0).store(0.0f32), dvj.index(&d0).store(0.0f32)]).end(&[d0]);
 
-    let i = range(n, 2, AxisType::Reduce);
-    let (sv, dpv) = two_dots([&q, &k, &v, &dout], [&s, &dp], &i, &j, &[j.clone(), i.clone()], d, 3);
+    let i = pb.range(n, AxisType::Reduce);
+    let (sv, dpv) = two_dots([&q, &k, &v, &dout], [&s, &dp], &i, &j, &[j.clone(), i.clone()], d, &mut pb);
     let p = (sv * scale2 - lse.index(&i).load()).exp2();
     let ds = &p * (dpv - delta.index(&i).load());
-    let dd = range(d, 4, AxisType::Loop);
+    let dd = pb.range(d, AxisType::Loop);
     let (dki, dvi) = (dkj.after(&[init.clone(), i.clone()]), dvj.after(&[init, i.clone()]));
     let st_k = dki.index(&dd).store(dki.index(&dd).load() + &ds * q.index(&i * d + &dd).load());
     let st_v = dvi.index(&dd).store(dvi.index(&dd).load() + &p * dout.index(&i * d + &dd).load());
     let loop_i = sink(&[st_k, st_v]).end(&[dd, i]);
 
-    let d2 = range(d, 5, AxisType::Loop);
+    let d2 = pb.range(d, AxisType::Loop);
     let st_k = dk_out.index(&j * d + &d2).store(dkj.after(&[loop_i.clone()]).index(&d2).load() * scale);
     let st_v = dv_out.index(&j * d + &d2).store(dvj.after(&[loop_i]).index(&d2).load());
     sink(&[sink(&[st_k, st_v]).end(&[d2, j])])

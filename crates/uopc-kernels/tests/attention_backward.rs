@@ -2,10 +2,10 @@
 //! Tensor graph (run in f64 as the reference, and in f32 as the bench's `backward_unfused`),
 //! against plain f64 loops, and structurally (buffer sizes, parallelism) at N = 4096.
 
-use uopc::attention_backward::*;
-use uopc::ir::{AxisType, Op, Stmt, verify, view_base};
-use uopc::jit::Program;
-use uopc::tensor::{RealizeOptions, Tensor, realize};
+use uopc_ir::{AxisType, Op, Stmt, verify, view_base};
+use uopc_jit::Program;
+use uopc_kernels::backward::*;
+use uopc_tensor::{RealizeOptions, Tensor, realize};
 use uopc_testgen::rng::uniform_values as pseudo_random;
 
 struct Case {
@@ -192,8 +192,8 @@ fn recompute_programs_are_parallel_and_keep_scratch_per_thread() {
     }
     // the dQ program writes dQ and Delta; dK/dV reads Delta
     let [_, dq, dkdv] = recompute_programs(8, 4);
-    let written = |p: &uopc::ir::UOp| -> Vec<usize> {
-        let mut v: Vec<usize> = uopc::ir::UOp::toposort(std::slice::from_ref(p))
+    let written = |p: &uopc_ir::UOp| -> Vec<usize> {
+        let mut v: Vec<usize> = uopc_ir::UOp::toposort(std::slice::from_ref(p))
             .iter()
             .filter(|u| matches!(u.op(), Op::Store))
             .filter_map(|st| match view_base(&st.src()[0].src()[0])?.op() {

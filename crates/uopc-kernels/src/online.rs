@@ -1,8 +1,7 @@
-//! The attention programs: `softmax(Q K^T / sqrt(D)) V` for one head, row-major `(N, D)` inputs.
+//! Online-softmax attention for one head: `softmax(Q K^T / sqrt(D)) V`, row-major `(N, D)`
+//! inputs, every key visited once with a running max and sum.
 
-use uopc_ir::{AxisType, DType, UOp, alloc, buffer, f32c, range, sink};
-
-pub use uopc_tensor::attention::{attention, query_block};
+use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, f32c, sink};
 
 /// `log2(e)`: base-2 exponentials need scores scaled by it.
 pub const LOG2E: f64 = std::f64::consts::LOG2_E;
@@ -22,22 +21,23 @@ pub fn online_attention_ir(n: usize, d: usize) -> UOp {
 pub(crate) fn online_attention_program(n: usize, d: usize, lse: bool) -> UOp {
     let f32t = DType::F32;
     let [q, k, v, out] = [0, 1, 2, 3].map(|slot| buffer(slot, f32t, n * d));
-    let (m, l, o, s) = (alloc(0, f32t, 1), alloc(1, f32t, 1), alloc(2, f32t, d), alloc(3, f32t, 1));
+    let mut pb = ProgramBuilder::new();
+    let (m, l, o, s) = (pb.alloc(f32t, 1), pb.alloc(f32t, 1), pb.alloc(f32t, d), pb.alloc(f32t, 1));
     let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
 
-    let i = range(n, 0, AxisType::Thread);
+    let i = pb.range(n, AxisType::Thread);
     // Running state lives inside the THREAD loop: each query row (and thread) owns its own.
     let (mi, li, oi) = (m.after(&[i.clone()]), l.after(&[i.clone()]), o.after(&[i.clone()]));
     let init_m = mi.index(0).store(f32c(f32::NEG_INFINITY));
     let init_l = li.index(0).store(0.0f32);
-    let d0 = range(d, 1, AxisType::Loop);
+    let d0 = pb.range(d, AxisType::Loop);
     let init_o = oi.index(&d0).store(0.0f32).end(&[d0]);
 
-    let j = range(n, 2, AxisType::Reduce);
+    let j = pb.range(n, AxisType::Reduce);
     // s = (q_i . k_j) * scale
     let sj = s.after(&[i.clone(), j.clone()]);
     let init_s = sj.index(0).store(0.0f32);
-    let e = range(d, 3, AxisType::Reduce);
+    let e = pb.range(d, AxisType::Reduce);
     let se = sj.after(&[init_s, e.clone()]);
     let dot = se
         .index(0)
@@ -52,7 +52,7 @@ pub(crate) fn online_attention_program(n: usize, d: usize, lse: bool) -> UOp {
     let corr = (&m_old - &m_new).exp2(); // rescales everything accumulated so far
     let p = (&score - &m_new).exp2();
     let st_l = lj.index(0).store(lj.index(0).load() * &corr + &p);
-    let dd = range(d, 4, AxisType::Loop);
+    let dd = pb.range(d, AxisType::Loop);
     let od = oi.after(&[init_o, j.clone()]);
     let st_o =
         od.index(&dd).store(od.index(&dd).load() * &corr + &p * v.index(&j * d + &dd).load()).end(&[dd]);
@@ -60,7 +60,7 @@ pub(crate) fn online_attention_program(n: usize, d: usize, lse: bool) -> UOp {
     let loop_j = sink(&[st_l, st_o, st_m]).end(&[j]);
 
     // normalize
-    let d2 = range(d, 5, AxisType::Loop);
+    let d2 = pb.range(d, AxisType::Loop);
     let done = std::slice::from_ref(&loop_j);
     let l_final = li.after(done).index(0).load();
     let st_out = out.index(&i * d + &d2).store(oi.after(done).index(&d2).load() * l_final.recip());
@@ -76,11 +76,11 @@ pub(crate) fn online_attention_program(n: usize, d: usize, lse: bool) -> UOp {
 ///
 /// Each loaded key row and value row serves the whole block: the dot products of all rows of
 /// the block run in one loop over the head dimension, and so does the rescaled update of their
-/// output rows (the chapter's "query blocking" exercise; both loops vectorize). `qb` is rounded
-/// down to a divisor of `n` (see [`query_block`]). Buffers as in [`online_attention_ir`].
+/// output rows (both loops vectorize). `qb` is rounded
+/// down to a divisor of `n` (see [`crate::query_block`]). Buffers as in [`online_attention_ir`].
 pub fn online_attention_qb_ir(n: usize, d: usize, qb: usize) -> UOp {
     // The unmasked, single-head case of the general kernel.
-    use crate::masked_attention::{AttentionShape, Causal, MaskSpec, Padding, masked_attention_ir};
+    use crate::masked::{AttentionShape, Causal, MaskSpec, Padding, masked_attention_ir};
     let spec = MaskSpec { causal: Causal::None, padding: Padding::None, query_block: qb };
     masked_attention_ir(&AttentionShape::single(n, n, d), &spec)
 }

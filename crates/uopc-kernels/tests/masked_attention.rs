@@ -1,11 +1,11 @@
 //! Batched multi-head attention with causal and padding masks, and flash-decoding, against
 //! f64 references.
 
-use uopc::jit::Program;
-use uopc::masked_attention::{
-    AttentionShape, Causal, FlashDecode, MaskSpec, MaskedAttention, PadData, Padding, decode_chunks,
-    flash_decode_merge_ir, flash_decode_partial_ir, masked_attention_reference, streaming_read_gbs,
-};
+use uopc_jit::Program;
+use uopc_kernels::bandwidth::streaming_read_gbs;
+use uopc_kernels::decode::{FlashDecode, decode_chunks, flash_decode_merge_ir, flash_decode_partial_ir};
+use uopc_kernels::masked::{AttentionShape, Causal, MaskSpec, MaskedAttention, PadData, Padding};
+use uopc_kernels::reference::masked_attention_reference;
 use uopc_testgen::rng::uniform_values as pseudo_random;
 
 /// Masked attention in f64: query `i` of item `b` attends key `j` iff `keep(b, i, j)` (and
@@ -53,8 +53,7 @@ fn reference(
     out
 }
 
-mod common;
-use common::max_abs_err;
+use uopc_kernels::reference::max_abs_err;
 
 // Outputs are convex combinations of V rows (|v| < 1), accumulated in f32 with exp2's ~1e-7
 // relative error: far below 1e-5 at these sizes.
@@ -345,7 +344,7 @@ fn merge_of_empty_partials_is_zero_not_nan() {
     // Partials that saw no (unmasked) key: m at the floor, l = 0, o = 0.
     let d = 4;
     let merge = Program::compile(&flash_decode_merge_ir(2, 3, d), "merge").expect("compiles");
-    let floor = uopc::masked_attention::M_FLOOR;
+    let floor = uopc_kernels::masked::M_FLOOR;
     let m = vec![floor; 6];
     let l = vec![0.0f32; 6];
     let mut o = vec![0.0f32; 6 * d];
@@ -388,8 +387,9 @@ fn measure_causal_speedup_and_decode_bandwidth() {
         ragged.program.estimates().flops as f64 / full.program.estimates().flops as f64
     );
     let mut out = vec![0.0f32; s.q_len()];
-    // the single-head kernel of `uopc::attention`, as a yardstick for the batched one
-    let qb = Program::compile(&uopc::attention::online_attention_qb_ir(2048, 64, 4), "online_qb").unwrap();
+    // the single-head kernel of `uopc_kernels::online`, as a yardstick for the batched one
+    let qb =
+        Program::compile(&uopc_kernels::online::online_attention_qb_ir(2048, 64, 4), "online_qb").unwrap();
     let (mut t_full, mut t_where, mut t_ragged, mut t_qb) =
         (f64::INFINITY, f64::INFINITY, f64::INFINITY, f64::INFINITY);
     for _ in 0..8 {

@@ -1,13 +1,11 @@
 //! The hand-written online-softmax kernel against an f64 reference.
 
-use uopc::attention::online_attention_ir;
-use uopc::ir::{Linear, Op, Stmt, verify};
-use uopc::jit::Program;
+use uopc_ir::{Linear, Op, Stmt, verify};
+use uopc_jit::Program;
+use uopc_kernels::online::online_attention_ir;
 use uopc_testgen::rng::uniform_values as pseudo_random;
 
-mod common;
-
-use common::{attention_f64, max_abs_err};
+use uopc_kernels::reference::{attention_f64, max_abs_err};
 
 fn run_online(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f32> {
     let prg = Program::compile(&online_attention_ir(n, d), "online").expect("online kernel compiles");
@@ -68,13 +66,13 @@ fn online_running_state_is_declared_inside_the_thread_loop() {
     let Some(Stmt::Loop { range, body }) = lin.root.iter().find(|s| matches!(s, Stmt::Loop { .. })) else {
         panic!("no loop")
     };
-    assert!(matches!(range.op(), Op::Range { axis: uopc::ir::AxisType::Thread, .. }));
+    assert!(matches!(range.op(), Op::Range { axis: uopc_ir::AxisType::Thread, .. }));
     // The inits of m (slot 0) and l (slot 1) are statements directly in the THREAD loop body.
     let init_of = |slot: usize| {
         body.iter().any(|s| match s {
             Stmt::Op(u) => {
                 matches!(u.op(), Op::Store)
-                    && matches!(uopc::ir::view_base(&u.src()[0].src()[0]).map(|b| b.op().clone()), Some(Op::Alloc { slot: s2, .. }) if s2 == slot)
+                    && matches!(uopc_ir::view_base(&u.src()[0].src()[0]).map(|b| b.op().clone()), Some(Op::Alloc { slot: s2, .. }) if s2 == slot)
             }
             _ => false,
         })
@@ -86,7 +84,7 @@ fn online_running_state_is_declared_inside_the_thread_loop() {
     assert!(prg.is_parallel(), "query rows write disjoint output rows");
 }
 
-fn run_program(p: &uopc::ir::UOp, q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f32> {
+fn run_program(p: &uopc_ir::UOp, q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f32> {
     let prg = Program::compile(p, "variant").expect("compiles");
     assert!(prg.is_parallel(), "query blocks write disjoint rows");
     let mut out = vec![0.0f32; n * d];
@@ -96,7 +94,8 @@ fn run_program(p: &uopc::ir::UOp, q: &[f32], k: &[f32], v: &[f32], n: usize, d: 
 
 #[test]
 fn query_blocked_online_attention_matches_f64() {
-    use uopc::attention::{online_attention_qb_ir, query_block};
+    use uopc_kernels::online::online_attention_qb_ir;
+    use uopc_kernels::query_block;
     assert_eq!(query_block(1024, 4), 4);
     assert_eq!(query_block(6, 4), 3);
     assert_eq!(query_block(7, 4), 1);
@@ -110,7 +109,7 @@ fn query_blocked_online_attention_matches_f64() {
 
 #[test]
 fn online_kernels_vectorize_their_head_dimension_loops() {
-    use uopc::attention::online_attention_qb_ir;
+    use uopc_kernels::online::online_attention_qb_ir;
     for p in [online_attention_ir(64, 64), online_attention_qb_ir(64, 64, 4)] {
         let prg = Program::compile(&p, "online").unwrap();
         let clif = prg.clif();

@@ -1,0 +1,29 @@
+//! uopc's hand-written loop programs, one module per kernel family, and the f64 reference
+//! they are checked against.
+//!
+//! Every program is built with a [`uopc_ir::ProgramBuilder`], so range ids and alloc slots are
+//! handed out in creation order rather than numbered by hand; buffer slots are each kernel's
+//! argument positions and are documented on it.
+//!
+//! - [`online`]: online-softmax attention for one head, one query row or a block of rows per
+//!   THREAD iteration.
+//! - [`masked`]: batched multi-head attention with causal and padding masks.
+//! - [`decode`]: flash-decoding (one query against a long key cache, in chunks).
+//! - [`flash_tiled`]: FlashAttention-2 tiling in plain loop IR, with its prologues.
+//! - [`flash_tile_ops`]: FlashAttention-2 on tile ops (plain, causal, L2-blocked).
+//! - [`backward`]: the attention backward, unfused (autograd) and with recompute.
+//! - [`reference`](mod@reference): the f64 reference attention and the error measure.
+//! - [`bandwidth`]: a streaming-read probe, the bound of memory-bound kernels.
+
+pub mod backward;
+pub mod bandwidth;
+pub mod decode;
+pub mod flash_tile_ops;
+pub mod flash_tiled;
+pub mod masked;
+pub mod online;
+pub mod reference;
+
+/// Query rows per block for `n` rows and a wanted block of `want`: the largest divisor of `n`
+/// at most `want` (re-export of the tensor front end's rule, so both agree on the blocking).
+pub use uopc_tensor::attention::query_block;
