@@ -13,8 +13,6 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
     (q.matmul(&k.t()) * (1.0 / d.sqrt())).softmax(-1).matmul(v)
 }
 
-/// The largest divisor of `n` that is at most `want` (at least 1): a block size that tiles `n`
-/// exactly, such as the query rows each THREAD iteration owns.
-pub fn query_block(n: usize, want: usize) -> usize {
-    (1..=want.max(1)).rev().find(|b| n.is_multiple_of(*b)).unwrap_or(1)
-}
+/// The query rows each THREAD iteration of an attention kernel owns: the largest divisor of the
+/// query count `n` that is at most `want`.
+pub use crate::util::largest_divisor_at_most as query_block;

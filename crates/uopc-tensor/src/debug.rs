@@ -9,8 +9,8 @@
 //! 5. each kernel's Cranelift IR;
 //! 6. each kernel's machine code (disassembled with `objdump` when it is installed).
 
-use crate::kernelize::Plan;
-use crate::realize::{KernelTiming, RealizeReport};
+use crate::plan::Plan;
+use crate::report::{KernelTiming, RealizeReport};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU8, Ordering};
 

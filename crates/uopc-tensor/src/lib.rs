@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod autograd;
+mod cache;
 mod cost;
 pub mod debug;
 mod error;
@@ -16,20 +17,31 @@ mod exec;
 mod kernelize;
 pub mod masked;
 mod opt;
+mod options;
+mod passes;
+mod plan;
 mod rangeify;
 mod realize;
+mod report;
 mod tensor;
 mod tilemap;
+mod util;
+mod view;
 
 pub use autograd::{gradient, vjp};
+pub use cache::{PlanCacheStats, make_plan, plan_cache_stats};
 pub use cost::static_flops;
 pub use debug::{debug_level, set_debug_level};
 pub use error::{Result, TensorError};
-pub use kernelize::{
-    BufRef, Kernel, OutSpec, Plan, PlanCacheStats, canonicalize, layout_pass, make_plan, materialize_points,
-    plan_cache_stats, stage_broadcast_compute,
+pub use opt::{
+    DefaultOpt, FixedOpts, FlashOpt, Layout, NoOpt, Optimizer, OptimizerKey, Opts, SharedOptimizer,
 };
-pub use opt::{DefaultOpt, FixedOpts, FlashOpt, Layout, NoOpt, Optimizer, Opts};
+pub use options::{Experiments, RealizeOptions};
+pub use passes::{
+    canonicalize, layout_pass, layout_pass_output, materialize_points, stage_broadcast_compute,
+};
+pub use plan::{BufRef, Kernel, OutSpec, Plan};
 pub use rangeify::{Ctx, lower};
-pub use realize::{KernelTiming, RealizeOptions, RealizeReport, realize};
+pub use realize::realize;
+pub use report::{KernelTiming, RealizeReport};
 pub use tensor::{Element, Tensor};

@@ -1,0 +1,220 @@
+//! Elementwise operations: casts, unary math, broadcasting binary ops, comparisons, `where`.
+
+use super::{LOG2E, Tensor, broadcast_shape, ok, promote};
+use crate::error::{Result, shape_err};
+use uopc_ir::{BinaryOp, DType, Op, UOp, UnaryOp, const_of};
+
+const LN2: f64 = std::f64::consts::LN_2;
+
+impl Tensor {
+    pub(crate) fn float(&self) -> Tensor {
+        if self.dtype().is_float() { self.clone() } else { self.cast(DType::F32) }
+    }
+
+    fn unary(&self, op: UnaryOp) -> Tensor {
+        let x = if matches!(op, UnaryOp::Neg) && self.dtype() != DType::Bool {
+            self.clone()
+        } else {
+            self.float()
+        };
+        let d = x.dtype();
+        Tensor { uop: UOp::new(Op::Unary(op), d, vec![x.uop]) }
+    }
+
+    /// This tensor converted to `dtype`.
+    pub fn cast(&self, dtype: DType) -> Tensor {
+        Tensor { uop: self.uop.cast(dtype) }
+    }
+
+    /// `-x`.
+    pub fn neg(&self) -> Tensor {
+        self.unary(UnaryOp::Neg)
+    }
+    /// `2^x`.
+    pub fn exp2(&self) -> Tensor {
+        self.unary(UnaryOp::Exp2)
+    }
+    /// `e^x`, as `exp2(x * log2 e)`.
+    pub fn exp(&self) -> Tensor {
+        (self.float() * LOG2E as f32).exp2()
+    }
+    /// `log2(x)`.
+    pub fn log2(&self) -> Tensor {
+        self.unary(UnaryOp::Log2)
+    }
+    /// Natural logarithm, as `log2(x) * ln 2`.
+    pub fn log(&self) -> Tensor {
+        self.log2() * LN2 as f32
+    }
+    /// Square root.
+    pub fn sqrt(&self) -> Tensor {
+        self.unary(UnaryOp::Sqrt)
+    }
+    /// `1 / x`.
+    pub fn recip(&self) -> Tensor {
+        self.unary(UnaryOp::Recip)
+    }
+    /// `max(x, 0)`.
+    pub fn relu(&self) -> Tensor {
+        self.scalar_op(BinaryOp::Max, 0.0, false)
+    }
+
+    /// Both operands broadcast to their common shape (numpy rules) and promoted to one dtype.
+    fn broadcast_pair(&self, other: &Tensor, op: &'static str) -> Result<(Tensor, Tensor)> {
+        let shape = broadcast_shape(self.shape(), other.shape()).ok_or_else(|| {
+            shape_err(op, format!("shapes {:?} and {:?} do not broadcast", self.shape(), other.shape()))
+        })?;
+        let d = promote(self.dtype(), other.dtype());
+        let a = self.cast(d).try_broadcast_to(&shape)?;
+        let b = other.cast(d).try_broadcast_to(&shape)?;
+        Ok((a, b))
+    }
+
+    fn try_binary(&self, other: &Tensor, op: BinaryOp, name: &'static str) -> Result<Tensor> {
+        let (mut a, mut b) = self.broadcast_pair(other, name)?;
+        let arith = !matches!(op, BinaryOp::CmpNe);
+        if arith && a.dtype() == DType::Bool {
+            a = a.cast(DType::F32);
+            b = b.cast(DType::F32);
+        }
+        let dtype = if matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) { DType::Bool } else { a.dtype() };
+        Ok(Tensor { uop: UOp::new(Op::Binary(op), dtype, vec![a.uop, b.uop]) })
+    }
+
+    pub(crate) fn scalar_op(&self, op: BinaryOp, v: f32, reversed: bool) -> Tensor {
+        let x = if self.dtype() == DType::Bool { self.cast(DType::F32) } else { self.clone() };
+        let c = const_of(v as f64, x.dtype());
+        let dtype = if matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) { DType::Bool } else { x.dtype() };
+        let src = if reversed { vec![c, x.uop] } else { vec![x.uop, c] };
+        Tensor { uop: UOp::new(Op::Binary(op), dtype, src) }
+    }
+
+    /// `self + other` with broadcasting.
+    pub fn try_add(&self, other: &Tensor) -> Result<Tensor> {
+        self.try_binary(other, BinaryOp::Add, "add")
+    }
+    /// `self - other` with broadcasting.
+    pub fn try_sub(&self, other: &Tensor) -> Result<Tensor> {
+        self.try_binary(other, BinaryOp::Sub, "sub")
+    }
+    /// `self * other` with broadcasting.
+    pub fn try_mul(&self, other: &Tensor) -> Result<Tensor> {
+        self.try_binary(other, BinaryOp::Mul, "mul")
+    }
+    /// `self / other` with broadcasting, as `self * recip(other)`.
+    pub fn try_div(&self, other: &Tensor) -> Result<Tensor> {
+        let (a, b) = self.broadcast_pair(other, "div")?;
+        a.float().try_mul(&b.float().recip())
+    }
+    /// Elementwise maximum with broadcasting.
+    pub fn try_maximum(&self, other: &Tensor) -> Result<Tensor> {
+        self.try_binary(other, BinaryOp::Max, "maximum")
+    }
+    /// Elementwise maximum with broadcasting; panics on incompatible shapes.
+    #[track_caller]
+    pub fn maximum(&self, other: &Tensor) -> Tensor {
+        ok(self.try_maximum(other))
+    }
+    /// `self < other` (a Bool tensor).
+    pub fn try_lt(&self, other: &Tensor) -> Result<Tensor> {
+        self.try_binary(other, BinaryOp::CmpLt, "lt")
+    }
+    /// `self > other`.
+    pub fn try_gt(&self, other: &Tensor) -> Result<Tensor> {
+        other.try_binary(self, BinaryOp::CmpLt, "gt")
+    }
+    /// `self != other`.
+    pub fn try_ne(&self, other: &Tensor) -> Result<Tensor> {
+        self.try_binary(other, BinaryOp::CmpNe, "ne")
+    }
+    /// `self == other`.
+    pub fn try_eq(&self, other: &Tensor) -> Result<Tensor> {
+        Ok(self.try_binary(other, BinaryOp::CmpNe, "eq")?.not())
+    }
+    /// `self <= other`.
+    pub fn try_le(&self, other: &Tensor) -> Result<Tensor> {
+        Ok(self.try_gt(other)?.not())
+    }
+    /// `self >= other`.
+    pub fn try_ge(&self, other: &Tensor) -> Result<Tensor> {
+        Ok(self.try_lt(other)?.not())
+    }
+    /// `self < other`; panics on incompatible shapes.
+    #[track_caller]
+    pub fn lt(&self, other: &Tensor) -> Tensor {
+        ok(self.try_lt(other))
+    }
+    /// `self > other`; panics on incompatible shapes.
+    #[track_caller]
+    pub fn gt(&self, other: &Tensor) -> Tensor {
+        ok(self.try_gt(other))
+    }
+    /// `self != other`; panics on incompatible shapes.
+    #[track_caller]
+    pub fn ne(&self, other: &Tensor) -> Tensor {
+        ok(self.try_ne(other))
+    }
+    /// `self == other`; panics on incompatible shapes.
+    #[track_caller]
+    pub fn eq(&self, other: &Tensor) -> Tensor {
+        ok(self.try_eq(other))
+    }
+    /// `self <= other`; panics on incompatible shapes.
+    #[track_caller]
+    pub fn le(&self, other: &Tensor) -> Tensor {
+        ok(self.try_le(other))
+    }
+    /// `self >= other`; panics on incompatible shapes.
+    #[track_caller]
+    pub fn ge(&self, other: &Tensor) -> Tensor {
+        ok(self.try_ge(other))
+    }
+
+    /// Logical not of a Bool tensor (other dtypes: `x == 0`).
+    pub fn not(&self) -> Tensor {
+        let b = if self.dtype() == DType::Bool {
+            self.clone()
+        } else {
+            self.scalar_op(BinaryOp::CmpNe, 0.0, false)
+        };
+        let t = const_of(1.0, DType::Bool);
+        let f = const_of(0.0, DType::Bool);
+        Tensor { uop: UOp::new(Op::Where, DType::Bool, vec![b.uop, f, t]) }
+    }
+
+    /// `self ? a : b` elementwise (`self` is the condition), with broadcasting of all three.
+    pub fn try_where(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let shape = broadcast_shape(self.shape(), a.shape())
+            .and_then(|s| broadcast_shape(&s, b.shape()))
+            .ok_or_else(|| {
+                shape_err(
+                    "where",
+                    format!(
+                        "condition {:?} and branches {:?}, {:?} do not broadcast",
+                        self.shape(),
+                        a.shape(),
+                        b.shape()
+                    ),
+                )
+            })?;
+        let c = if self.dtype() == DType::Bool { self.clone() } else { self.not().not() };
+        let d = promote(a.dtype(), b.dtype());
+        let (c, a, b) = (
+            c.try_broadcast_to(&shape)?,
+            a.cast(d).try_broadcast_to(&shape)?,
+            b.cast(d).try_broadcast_to(&shape)?,
+        );
+        Ok(Tensor { uop: UOp::new(Op::Where, d, vec![c.uop, a.uop, b.uop]) })
+    }
+    /// [`Tensor::try_where`], panicking on incompatible shapes.
+    #[track_caller]
+    pub fn where_(&self, a: &Tensor, b: &Tensor) -> Tensor {
+        ok(self.try_where(a, b))
+    }
+
+    /// The same values with gradients stopped (no effect on the forward computation).
+    pub fn detach(&self) -> Tensor {
+        let d = self.dtype();
+        Tensor { uop: UOp::new(Op::Detach, d, vec![self.uop.clone()]) }
+    }
+}

@@ -1,0 +1,197 @@
+//! The lazy `Tensor`: every operation builds a UOp node; nothing runs until `realize`.
+//!
+//! Error style: every fallible operation has a `try_` method returning [`Result`]; the plain
+//! method and the std operators panic with the same message at the caller's location
+//! (`#[track_caller]`). Shape errors name the operation and both shapes.
+
+use crate::error::{Result, shape_err};
+use crate::util::numel;
+use ndarray::{ArrayBase, Dimension};
+use std::fmt;
+use std::sync::Arc;
+use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp, const_of};
+
+mod convert;
+mod elementwise;
+mod movement;
+mod operators;
+mod reduce;
+
+const LOG2E: f64 = std::f64::consts::LOG2_E;
+
+/// Element types a tensor can be built from and read back as.
+pub trait Element: Copy + Send + Sync + 'static {
+    /// The matching IR dtype.
+    const DTYPE: DType;
+    /// Wraps a vector as a host buffer.
+    fn into_host(v: Vec<Self>) -> HostBuffer;
+    /// The elements of a host buffer of this dtype.
+    fn from_host(h: &HostBuffer) -> Option<&[Self]>;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::F32(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::F64(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// A lazy tensor: a handle on a node of the UOp graph. Cloning is cheap.
+#[derive(Clone)]
+pub struct Tensor {
+    uop: UOp,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({:?}, {}, {})", self.shape(), self.dtype(), self.uop.op().name())
+    }
+}
+
+#[track_caller]
+pub(crate) fn ok(r: Result<Tensor>) -> Tensor {
+    match r {
+        Ok(t) => t,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Tensors may have at most this many elements: indices stay far from overflow, and a typo in
+/// a shape fails here, where it was written, instead of as an allocation failure later.
+pub const MAX_ELEMENTS: usize = 1 << 40;
+
+pub(crate) fn check_size(op: &'static str, shape: &[usize]) -> Result<()> {
+    if numel(shape) > MAX_ELEMENTS {
+        return Err(shape_err(op, format!("shape {shape:?} has more than 2^40 elements")));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_nonzero(op: &'static str, shape: &[usize]) -> Result<()> {
+    if shape.contains(&0) {
+        return Err(shape_err(op, format!("shape {shape:?} has a zero-sized axis, which is not supported")));
+    }
+    Ok(())
+}
+
+/// The numpy broadcast of two shapes, if they are compatible.
+pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for k in 0..n {
+        let x = if k + a.len() >= n { a[k + a.len() - n] } else { 1 };
+        let y = if k + b.len() >= n { b[k + b.len() - n] } else { 1 };
+        out[k] = match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+pub(crate) fn promote(a: DType, b: DType) -> DType {
+    a.max(b)
+}
+
+impl Tensor {
+    pub(crate) fn from_uop(uop: UOp) -> Tensor {
+        Tensor { uop }
+    }
+
+    pub(crate) fn data(buf: HostBuffer, shape: &[usize]) -> Tensor {
+        let dtype = buf.dtype();
+        let data = DataRef(Arc::new(buf));
+        Tensor { uop: UOp::new(Op::Data { data, shape: shape.to_vec() }, dtype, vec![]) }
+    }
+
+    /// A tensor holding `data` (row-major) with `shape`.
+    pub fn try_from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Result<Tensor> {
+        check_nonzero("from_vec", shape)?;
+        if data.len() != numel(shape) {
+            return Err(shape_err(
+                "from_vec",
+                format!("{} elements do not fill shape {shape:?} ({} elements)", data.len(), numel(shape)),
+            ));
+        }
+        Ok(Tensor::data(E::into_host(data), shape))
+    }
+
+    /// [`Tensor::try_from_vec`], panicking on a length mismatch.
+    #[track_caller]
+    pub fn from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Tensor {
+        ok(Tensor::try_from_vec(data, shape))
+    }
+
+    /// A tensor with a copy of an ndarray's elements (any layout, logical order).
+    #[track_caller]
+    pub fn from_array<E: Element, S: ndarray::Data<Elem = E>, D: Dimension>(a: &ArrayBase<S, D>) -> Tensor {
+        ok(Tensor::try_from_vec(a.iter().copied().collect(), a.shape()))
+    }
+
+    /// A 0-d tensor holding `v`.
+    pub fn scalar(v: f32) -> Tensor {
+        Tensor::data(HostBuffer::F32(vec![v]), &[])
+    }
+
+    /// A tensor of `shape` filled with `v` (a broadcast constant: no memory until realized).
+    #[track_caller]
+    pub fn full(shape: &[usize], v: f32) -> Tensor {
+        let c = Tensor { uop: const_of(v as f64, DType::F32) };
+        if shape.is_empty() {
+            c
+        } else {
+            ok(c.try_reshape(&vec![1; shape.len()]).and_then(|t| t.try_expand(shape)))
+        }
+    }
+
+    /// The UOp this tensor stands for.
+    pub fn uop(&self) -> &UOp {
+        &self.uop
+    }
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.uop.shape()
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.uop.dtype()
+    }
+    /// Number of axes.
+    pub fn ndim(&self) -> usize {
+        self.shape().len()
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        numel(self.shape())
+    }
+
+    pub(crate) fn axis(&self, op: &'static str, axis: isize) -> Result<usize> {
+        let n = self.ndim() as isize;
+        let a = if axis < 0 { axis + n } else { axis };
+        if a < 0 || a >= n {
+            return Err(shape_err(op, format!("axis {axis} is out of range for shape {:?}", self.shape())));
+        }
+        Ok(a as usize)
+    }
+}
