@@ -6,6 +6,14 @@
 //! and otherwise cuts it into kernels at materialization points, lowers each kernel to an
 //! explicit loop program and compiles it. Every stage returns a value that can be printed and
 //! asserted on.
+//!
+//! # Debug output
+//!
+//! The `UOPC_DEBUG` environment variable (read once per process) or [`set_debug_level`] makes
+//! realize print to stderr what it did: `1` a line per realize, `2` a line per kernel with
+//! its time, GFLOP/s and GB/s, `3` each kernel re-run at once (page-fault diagnosis), `4` the
+//! plan and each kernel's loop IR on a plan-cache miss, `5` the Cranelift IR, `6` the machine
+//! code. See [`debug`].
 
 pub mod attention;
 pub mod autograd;
@@ -31,7 +39,7 @@ mod view;
 pub use autograd::{gradient, vjp};
 pub use cache::{PlanCacheStats, make_plan, plan_cache_stats};
 pub use cost::static_flops;
-pub use debug::{debug_level, set_debug_level};
+pub use debug::{DEBUG_ENV, debug_level, set_debug_level};
 pub use error::{Result, TensorError};
 pub use opt::{
     DefaultOpt, FixedOpts, FlashOpt, Layout, NoOpt, Optimizer, OptimizerKey, Opts, SharedOptimizer,

@@ -1,5 +1,5 @@
 //! The plan: a graph cut into compiled kernels, with the temporaries and outputs they use.
-//! What realize runs, and what tests and DEBUG output read.
+//! What realize runs, and what tests and debug output read.
 
 use crate::exec::Exe;
 use std::fmt;
@@ -67,7 +67,7 @@ impl fmt::Debug for Kernel {
     }
 }
 
-/// A graph cut into kernels: what realize runs, and what tests and DEBUG output read.
+/// A graph cut into kernels: what realize runs, and what tests and debug output read.
 pub struct Plan {
     /// Kernels in execution order.
     pub kernels: Vec<Kernel>,

@@ -1,4 +1,4 @@
-//! What one realize did and how long it took: data for the DEBUG layer and for callers that
+//! What one realize did and how long it took: data for the debug output and for callers that
 //! time their own work; nothing here prints.
 
 /// Timing of one kernel run.
