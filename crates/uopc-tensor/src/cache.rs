@@ -1,5 +1,11 @@
 //! The plan cache: plans keyed by the canonical graph and the realize options, so a graph of
 //! the same shapes with new data is neither scheduled nor compiled again.
+//!
+//! The cache is process wide and bounded twice: it keeps at most 128 plans, and the
+//! temporaries its plans keep between runs take at most [`plan_cache_limit`] bytes (1 GiB
+//! unless [`set_plan_cache_limit`] says otherwise). Beyond that bound the pooled temporaries of
+//! the least recently used plans are dropped; their compiled kernels stay, and their next run
+//! allocates temporaries again. [`clear_plan_cache`] empties it.
 
 use crate::error::{Result, TensorError};
 use crate::kernelize::build_plan;
@@ -24,19 +30,63 @@ pub struct PlanCacheStats {
     pub kernels_compiled: u64,
     /// Plans currently cached.
     pub entries: usize,
+    /// Bytes of temporaries the cached plans keep for their next run.
+    pub pooled_temp_bytes: usize,
+    /// Sets of pooled temporaries dropped to stay within [`plan_cache_limit`].
+    pub temp_evictions: u64,
 }
+
+/// The default bound on the cached plans' pooled temporaries: 1 GiB.
+pub const DEFAULT_PLAN_CACHE_LIMIT: usize = 1 << 30;
 
 /// Plans kept at most; the least recently used one is dropped beyond this.
 const CACHE_CAPACITY: usize = 128;
 
-#[derive(Default)]
 struct PlanCache {
     map: HashMap<CacheKey, (Arc<Plan>, u64)>,
     tick: u64,
     stats: PlanCacheStats,
+    temp_limit: usize,
 }
 
-static CACHE: LazyLock<Mutex<PlanCache>> = LazyLock::new(|| Mutex::new(PlanCache::default()));
+impl PlanCache {
+    /// Drops the pooled temporaries of the least recently used plans until the pooled total
+    /// is at most the limit (a plan whose temporaries alone exceed it keeps none).
+    fn trim_pooled_temps(&mut self) {
+        let mut pooled: Vec<(u64, Arc<Plan>, usize)> = self
+            .map
+            .values()
+            .filter_map(|(plan, tick)| {
+                let bytes = plan.pooled_temp_bytes();
+                (bytes > 0).then(|| (*tick, plan.clone(), bytes))
+            })
+            .collect();
+        let mut total: usize = pooled.iter().map(|p| p.2).sum();
+        if total <= self.temp_limit {
+            return;
+        }
+        pooled.sort_by_key(|p| p.0);
+        for (_, plan, _) in pooled {
+            if total <= self.temp_limit {
+                break;
+            }
+            let freed = plan.drop_pooled_temps();
+            if freed > 0 {
+                total -= freed.min(total);
+                self.stats.temp_evictions += 1;
+            }
+        }
+    }
+}
+
+static CACHE: LazyLock<Mutex<PlanCache>> = LazyLock::new(|| {
+    Mutex::new(PlanCache {
+        map: HashMap::new(),
+        tick: 0,
+        stats: PlanCacheStats::default(),
+        temp_limit: DEFAULT_PLAN_CACHE_LIMIT,
+    })
+});
 
 fn cache() -> MutexGuard<'static, PlanCache> {
     CACHE.lock().unwrap_or_else(|e| e.into_inner())
@@ -45,7 +95,35 @@ fn cache() -> MutexGuard<'static, PlanCache> {
 /// The plan cache's counters.
 pub fn plan_cache_stats() -> PlanCacheStats {
     let c = cache();
-    PlanCacheStats { entries: c.map.len(), ..c.stats }
+    let pooled_temp_bytes = c.map.values().map(|(plan, _)| plan.pooled_temp_bytes()).sum();
+    PlanCacheStats { entries: c.map.len(), pooled_temp_bytes, ..c.stats }
+}
+
+/// Empties the plan cache: the next realize of any graph schedules and compiles again. Plans
+/// the caller still holds (from [`make_plan`]) stay valid; the counters keep counting.
+pub fn clear_plan_cache() {
+    let mut c = cache();
+    c.map.clear();
+}
+
+/// Bounds the bytes of temporaries that cached plans keep between runs, dropping the least
+/// recently used plans' temporaries at once if they are over the new bound. 0 keeps none
+/// (every run allocates its temporaries); the default is [`DEFAULT_PLAN_CACHE_LIMIT`].
+pub fn set_plan_cache_limit(bytes: usize) {
+    let mut c = cache();
+    c.temp_limit = bytes;
+    c.trim_pooled_temps();
+}
+
+/// The current bound on the cached plans' pooled temporaries, in bytes.
+pub fn plan_cache_limit() -> usize {
+    cache().temp_limit
+}
+
+/// Keeps the pooled temporaries within the bound; realize calls it after returning a plan's
+/// temporaries to its pool.
+pub(crate) fn trim_pooled_temps() {
+    cache().trim_pooled_temps();
 }
 
 /// The plan for already canonical roots, from the cache when possible; `true` on a hit.

@@ -37,7 +37,10 @@ mod util;
 mod view;
 
 pub use autograd::{gradient, vjp};
-pub use cache::{PlanCacheStats, make_plan, plan_cache_stats};
+pub use cache::{
+    DEFAULT_PLAN_CACHE_LIMIT, PlanCacheStats, clear_plan_cache, make_plan, plan_cache_limit,
+    plan_cache_stats, set_plan_cache_limit,
+};
 pub use cost::static_flops;
 pub use debug::{DEBUG_ENV, debug_level, set_debug_level};
 pub use error::{Result, TensorError};

@@ -121,6 +121,23 @@ impl Plan {
             *pool = Some(temps);
         }
     }
+
+    /// Bytes of one full set of temporaries.
+    pub fn temp_bytes(&self) -> usize {
+        self.temps.iter().map(|&(d, n)| d.size().saturating_mul(n)).fold(0, usize::saturating_add)
+    }
+
+    /// Bytes of temporaries kept for the next run (0 while none are pooled).
+    pub fn pooled_temp_bytes(&self) -> usize {
+        let pooled = self.temp_pool.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        if pooled { self.temp_bytes() } else { 0 }
+    }
+
+    /// Drops the pooled temporaries (the next run allocates a fresh set); the bytes freed.
+    pub(crate) fn drop_pooled_temps(&self) -> usize {
+        let taken = self.temp_pool.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if taken.is_some() { self.temp_bytes() } else { 0 }
+    }
 }
 
 impl fmt::Display for Plan {

@@ -1,7 +1,7 @@
 //! Realize: plan (cached), run the kernels on host buffers, return data-backed tensors and a
 //! report of where the time went.
 
-use crate::cache::{check_nonempty, plan_for};
+use crate::cache::{check_nonempty, plan_for, trim_pooled_temps};
 use crate::debug;
 use crate::error::Result;
 use crate::options::RealizeOptions;
@@ -96,6 +96,7 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
         report.kernels.push(timing);
     }
     plan.return_temps(temps);
+    trim_pooled_temps();
     let outs: Vec<Arc<HostBuffer>> = outs.into_iter().map(Arc::new).collect();
     let result = plan
         .outs
