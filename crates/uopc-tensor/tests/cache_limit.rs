@@ -49,9 +49,9 @@ fn pooled_temporaries_beyond_the_limit_are_evicted_least_recently_used_first() {
     // room for either plan's temporaries, not for both
     set_plan_cache_limit(bytes_b + bytes_a - 1);
     let evictions = plan_cache_stats().temp_evictions;
-    a.realize().unwrap();
+    let _ = a.realize().unwrap();
     assert_eq!(plan_cache_stats().pooled_temp_bytes, bytes_a);
-    b.realize().unwrap();
+    let _ = b.realize().unwrap();
     // a was used least recently: its temporaries go, b's stay
     let stats = plan_cache_stats();
     assert_eq!(stats.temp_evictions, evictions + 1);

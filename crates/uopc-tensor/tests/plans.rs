@@ -295,6 +295,13 @@ fn kernel_names_follow_output_shape_and_reduce() {
             .unwrap();
     assert_eq!(plan.kernel_names(), ["e_2_3", "r_3"]);
     assert!(plan.temps.is_empty());
+    // Display lists the kernels with their arguments, then the buffers
+    let text = plan.to_string();
+    assert!(text.starts_with("plan: 2 kernels\n  e_2_3 "), "{text}");
+    assert!(
+        text.contains("args [Input(0), Output(0)]") && text.ends_with("outs [Output(0), Output(1)]"),
+        "{text}"
+    );
     assert_eq!(plan.outs, [OutSpec::Output(0), OutSpec::Output(1)]);
     // a root that is an input is returned as is, with no kernel
     let plan = make_plan(&[x.uop().clone()], &RealizeOptions::default()).unwrap();

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp, const_of};
 
 mod convert;
+mod display;
 mod elementwise;
 mod movement;
 mod operators;
@@ -56,7 +57,12 @@ impl Element for f64 {
 }
 
 /// A lazy tensor: a handle on a node of the UOp graph. Cloning is cheap.
+///
+/// Operations only build graph nodes; nothing is computed until the tensor is realized
+/// ([`Tensor::realize`], [`Tensor::to_ndarray`], [`realize`](crate::realize)), which is why a
+/// discarded result is almost always a mistake and every `Tensor` is `#[must_use]`.
 #[derive(Clone)]
+#[must_use = "tensor operations are lazy: an unused Tensor computes nothing"]
 pub struct Tensor {
     uop: UOp,
 }
@@ -163,6 +169,21 @@ impl Tensor {
         } else {
             ok(c.try_reshape(&vec![1; shape.len()]).and_then(|t| t.try_expand(shape)))
         }
+    }
+
+    /// The host buffer holding this tensor's elements, when it is backed by data (an input or
+    /// a realized tensor) rather than a computation.
+    pub(crate) fn host_data(&self) -> Option<&HostBuffer> {
+        match self.uop.op() {
+            Op::Data { data, .. } => data.0.downcast_ref::<HostBuffer>(),
+            _ => None,
+        }
+    }
+
+    /// Whether this tensor is backed by data (an input or the result of a realize), so that
+    /// reading it computes nothing.
+    pub fn is_realized(&self) -> bool {
+        self.host_data().is_some()
     }
 
     /// The UOp this tensor stands for.
