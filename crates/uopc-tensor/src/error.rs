@@ -52,6 +52,19 @@ pub type BackendError = uopc_ir::interp::InterpError;
 /// Result with [`TensorError`].
 pub type Result<T> = std::result::Result<T, TensorError>;
 
+impl TensorError {
+    /// This error as reported by the public operation `op`: a composite operation (matmul,
+    /// softmax, attention) is built from internal ones, and its errors must name the
+    /// operation the user called, not the one that happened to fail.
+    pub(crate) fn in_op(self, op: &'static str) -> TensorError {
+        match self {
+            TensorError::Shape { msg, .. } => TensorError::Shape { op, msg },
+            TensorError::DType { msg, .. } => TensorError::DType { op, msg },
+            e => e,
+        }
+    }
+}
+
 pub(crate) fn shape_err(op: &'static str, msg: impl Into<String>) -> TensorError {
     TensorError::Shape { op, msg: msg.into() }
 }

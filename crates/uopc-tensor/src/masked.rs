@@ -16,6 +16,11 @@ pub fn causal_mask(n_q: usize, n_k: usize) -> Tensor {
     Tensor::from_vec(m, &[n_q, n_k])
 }
 
+/// Whether numpy broadcasting stretches `from` to exactly `to`.
+fn broadcasts_to(from: &[usize], to: &[usize]) -> bool {
+    from.len() <= to.len() && from.iter().rev().zip(to.iter().rev()).all(|(&f, &t)| f == t || f == 1)
+}
+
 /// `a @ b^T` over the last two axes, leading axes batched: `(.., n, k)` x `(.., m, k)` ->
 /// `(.., n, m)`, as broadcast-multiply-reduce over the contiguous last axis.
 fn batched_matmul_t(a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -33,7 +38,23 @@ fn batched_matmul_t(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// [`attention_masked`], returning shape errors instead of panicking.
+///
+/// # Errors
+///
+/// A [`TensorError::Shape`](crate::TensorError::Shape) naming `attention_masked` when `q`,
+/// `k` and `v` are not `(.., n, d)` tensors of one rank with matching batch axes, keys and
+/// head size, or when `mask` does not broadcast to the scores' shape.
 pub fn try_attention_masked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+) -> Result<Tensor> {
+    masked_attention_graph(q, k, v, mask, causal).map_err(|e| e.in_op("attention_masked"))
+}
+
+fn masked_attention_graph(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -50,6 +71,12 @@ pub fn try_attention_masked(
     let (n_q, n_k, d) = (q.shape()[r - 2], k.shape()[r - 2], q.shape()[r - 1]);
     let scores = batched_matmul_t(q, k)? * (1.0 / (d as f32).sqrt());
     let mut keep: Option<Tensor> = None;
+    if let Some(m) = mask.filter(|m| !broadcasts_to(m.shape(), scores.shape())) {
+        return Err(shape_err(
+            "attention_masked",
+            format!("mask {:?} does not broadcast to the scores' shape {:?}", m.shape(), scores.shape()),
+        ));
+    }
     if let Some(m) = mask {
         // nonzero = attend; broadcast to the scores' shape so the row test below sees all keys
         keep = Some(

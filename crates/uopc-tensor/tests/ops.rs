@@ -216,6 +216,29 @@ fn fused_and_unfused_agree_on_a_reduce_chain() {
 }
 
 #[test]
+fn errors_name_the_public_op_the_user_called() {
+    let err = |r: uopc_tensor::Result<Tensor>| r.unwrap_err().to_string();
+    let e = err(Tensor::try_full(&[0, 3], 1.0));
+    assert_eq!(e, "full: shape [0, 3] has a zero-sized axis, which is not supported");
+    let x = Tensor::full(&[2, 3], 1.0);
+    assert_eq!(err(x.try_softmax(-3)), "softmax: axis -3 is out of range for shape [2, 3]");
+    let e = err(x.try_le(&Tensor::full(&[4], 1.0)));
+    assert_eq!(e, "le: shapes [2, 3] and [4] do not broadcast");
+    let e = err(x.try_gt(&Tensor::full(&[4], 1.0)));
+    assert_eq!(e, "gt: shapes [2, 3] and [4] do not broadcast");
+    // a product too large for one tensor fails in matmul, not in the expand it is built from
+    let (tall, wide) = (Tensor::full(&[1 << 14, 1 << 13], 1.0), Tensor::full(&[1 << 13, 1 << 14], 1.0));
+    let e = err(tall.try_matmul(&wide));
+    assert!(e.starts_with("matmul: ") && e.contains("2^40"), "{e}");
+    let e = err(uopc_tensor::attention::try_attention(&x, &x, &Tensor::full(&[3, 3], 1.0)));
+    assert!(e.starts_with("attention: ") && e.contains("[2, 3]") && e.contains("[3, 3]"), "{e}");
+    let q = Tensor::full(&[2, 4, 8], 1.0);
+    let mask = Tensor::full(&[3, 4], 1.0);
+    let e = err(uopc_tensor::masked::try_attention_masked(&q, &q, &q, Some(&mask), false));
+    assert_eq!(e, "attention_masked: mask [3, 4] does not broadcast to the scores' shape [2, 4, 4]");
+}
+
+#[test]
 fn shape_errors_name_both_shapes_and_the_caller() {
     let a = Tensor::full(&[2, 3], 1.0);
     let b = Tensor::full(&[4], 1.0);

@@ -65,8 +65,8 @@ impl Tensor {
             shape_err(op, format!("shapes {:?} and {:?} do not broadcast", self.shape(), other.shape()))
         })?;
         let d = promote(self.dtype(), other.dtype());
-        let a = self.cast(d).try_broadcast_to(&shape)?;
-        let b = other.cast(d).try_broadcast_to(&shape)?;
+        let a = self.cast(d).try_broadcast_to(&shape).map_err(|e| e.in_op(op))?;
+        let b = other.cast(d).try_broadcast_to(&shape).map_err(|e| e.in_op(op))?;
         Ok((a, b))
     }
 
@@ -121,7 +121,7 @@ impl Tensor {
     }
     /// `self > other`.
     pub fn try_gt(&self, other: &Tensor) -> Result<Tensor> {
-        other.try_binary(self, BinaryOp::CmpLt, "gt")
+        self.reversed_compare(other, "gt")
     }
     /// `self != other`.
     pub fn try_ne(&self, other: &Tensor) -> Result<Tensor> {
@@ -133,11 +133,21 @@ impl Tensor {
     }
     /// `self <= other`.
     pub fn try_le(&self, other: &Tensor) -> Result<Tensor> {
-        Ok(self.try_gt(other)?.not())
+        Ok(self.reversed_compare(other, "le")?.not())
     }
     /// `self >= other`.
     pub fn try_ge(&self, other: &Tensor) -> Result<Tensor> {
-        Ok(self.try_lt(other)?.not())
+        Ok(self.try_binary(other, BinaryOp::CmpLt, "ge")?.not())
+    }
+    /// `other < self`, with shape errors naming `op` and the operands in the caller's order.
+    fn reversed_compare(&self, other: &Tensor, op: &'static str) -> Result<Tensor> {
+        if broadcast_shape(self.shape(), other.shape()).is_none() {
+            return Err(shape_err(
+                op,
+                format!("shapes {:?} and {:?} do not broadcast", self.shape(), other.shape()),
+            ));
+        }
+        other.try_binary(self, BinaryOp::CmpLt, op)
     }
     /// `self < other`; panics on incompatible shapes.
     #[track_caller]
@@ -200,9 +210,9 @@ impl Tensor {
         let c = if self.dtype() == DType::Bool { self.clone() } else { self.not().not() };
         let d = promote(a.dtype(), b.dtype());
         let (c, a, b) = (
-            c.try_broadcast_to(&shape)?,
-            a.cast(d).try_broadcast_to(&shape)?,
-            b.cast(d).try_broadcast_to(&shape)?,
+            c.try_broadcast_to(&shape).map_err(|e| e.in_op("where"))?,
+            a.cast(d).try_broadcast_to(&shape).map_err(|e| e.in_op("where"))?,
+            b.cast(d).try_broadcast_to(&shape).map_err(|e| e.in_op("where"))?,
         );
         Ok(Tensor { uop: UOp::new(Op::Where, d, vec![c.uop, a.uop, b.uop]) })
     }

@@ -161,14 +161,20 @@ impl Tensor {
     }
 
     /// A tensor of `shape` filled with `v` (a broadcast constant: no memory until realized).
-    #[track_caller]
-    pub fn full(shape: &[usize], v: f32) -> Tensor {
+    pub fn try_full(shape: &[usize], v: f32) -> Result<Tensor> {
+        check_nonzero("full", shape)?;
+        check_size("full", shape)?;
         let c = Tensor { uop: const_of(v as f64, DType::F32) };
         if shape.is_empty() {
-            c
-        } else {
-            ok(c.try_reshape(&vec![1; shape.len()]).and_then(|t| t.try_expand(shape)))
+            return Ok(c);
         }
+        c.try_reshape(&vec![1; shape.len()]).and_then(|t| t.try_expand(shape)).map_err(|e| e.in_op("full"))
+    }
+
+    /// [`Tensor::try_full`], panicking on a zero-sized axis or an oversized shape.
+    #[track_caller]
+    pub fn full(shape: &[usize], v: f32) -> Tensor {
+        ok(Tensor::try_full(shape, v))
     }
 
     /// The host buffer holding this tensor's elements, when it is backed by data (an input or

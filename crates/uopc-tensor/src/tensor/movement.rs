@@ -114,7 +114,7 @@ impl Tensor {
     /// The last two axes swapped (`T` of a matrix); panics on fewer than two axes.
     #[track_caller]
     pub fn t(&self) -> Tensor {
-        ok(self.try_transpose(-2, -1))
+        ok(self.try_transpose(-2, -1).map_err(|e| e.in_op("t")))
     }
 
     /// Each axis restricted to `begin..end`.

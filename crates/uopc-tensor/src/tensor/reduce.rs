@@ -52,9 +52,12 @@ impl Tensor {
             return Err(shape_err("matmul", format!("cannot multiply {a:?} by {b:?}")));
         }
         let (n, k, m) = (a[0], a[1], b[1]);
-        let x = self.try_reshape(&[n, 1, k])?.try_expand(&[n, m, k])?;
-        let y = other.try_transpose(0, 1)?.try_reshape(&[1, m, k])?.try_expand(&[n, m, k])?;
-        x.try_mul(&y)?.try_sum(-1, false)
+        let product = || {
+            let x = self.try_reshape(&[n, 1, k])?.try_expand(&[n, m, k])?;
+            let y = other.try_transpose(0, 1)?.try_reshape(&[1, m, k])?.try_expand(&[n, m, k])?;
+            x.try_mul(&y)?.try_sum(-1, false)
+        };
+        product().map_err(|e| e.in_op("matmul"))
     }
     /// [`Tensor::try_matmul`], panicking on incompatible shapes.
     #[track_caller]
@@ -64,10 +67,14 @@ impl Tensor {
 
     /// Softmax along `axis`: max-subtracted, with `exp` as `exp2` and log2(e) folded in.
     pub fn try_softmax(&self, axis: isize) -> Result<Tensor> {
-        let x = self.float();
-        let m = x.try_max(axis, true)?;
-        let e = (x.try_sub(&m)? * LOG2E as f32).exp2();
-        e.try_mul(&e.try_sum(axis, true)?.recip())
+        self.axis("softmax", axis)?;
+        let softmax = || {
+            let x = self.float();
+            let m = x.try_max(axis, true)?;
+            let e = (x.try_sub(&m)? * LOG2E as f32).exp2();
+            e.try_mul(&e.try_sum(axis, true)?.recip())
+        };
+        softmax().map_err(|e| e.in_op("softmax"))
     }
     /// [`Tensor::try_softmax`], panicking on an invalid axis.
     #[track_caller]
