@@ -44,6 +44,8 @@ pub use cache::{
 pub use cost::static_flops;
 pub use debug::{DEBUG_ENV, debug_level, set_debug_level};
 pub use error::{Result, TensorError};
+/// The ndarray version this crate converts to and from, so callers need not pin it themselves.
+pub use ndarray;
 pub use opt::{
     DefaultOpt, FixedOpts, FlashOpt, Layout, NoOpt, Optimizer, OptimizerKey, Opts, SharedOptimizer,
 };

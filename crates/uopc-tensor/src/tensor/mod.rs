@@ -6,7 +6,6 @@
 
 use crate::error::{Result, shape_err};
 use crate::util::numel;
-use ndarray::{ArrayBase, Dimension};
 use std::fmt;
 use std::sync::Arc;
 use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp, const_of};
@@ -147,12 +146,6 @@ impl Tensor {
     #[track_caller]
     pub fn from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Tensor {
         ok(Tensor::try_from_vec(data, shape))
-    }
-
-    /// A tensor with a copy of an ndarray's elements (any layout, logical order).
-    #[track_caller]
-    pub fn from_array<E: Element, S: ndarray::Data<Elem = E>, D: Dimension>(a: &ArrayBase<S, D>) -> Tensor {
-        ok(Tensor::try_from_vec(a.iter().copied().collect(), a.shape()))
     }
 
     /// A 0-d tensor holding `v`.
