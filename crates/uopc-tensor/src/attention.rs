@@ -27,6 +27,20 @@ pub fn try_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
 }
 
 /// [`try_attention`], panicking on shapes that do not fit.
+///
+/// ```rust
+/// use uopc_tensor::{RealizeOptions, Tensor, attention::attention};
+/// let t = |s: usize| Tensor::from_vec((0..16 * 8).map(|i| ((i * s) % 7) as f32 / 7.0).collect(), &[16, 8]);
+/// let out = attention(&t(1), &t(2), &t(3));
+/// let (unfused, fused) = (out.to_ndarray::<f32>()?, out.realize_with(&RealizeOptions::fused())?.0);
+/// let diff = (&unfused - &fused.to_ndarray::<f32>()?).mapv(f32::abs);
+/// assert!(diff.iter().all(|&d| d < 1e-5)); // one function, two plans, the same values
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
+///
+/// # Panics
+///
+/// Where [`try_attention`] returns an error.
 #[track_caller]
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
     match try_attention(q, k, v) {

@@ -109,6 +109,14 @@ pub fn clear_plan_cache() {
 /// Bounds the bytes of temporaries that cached plans keep between runs, dropping the least
 /// recently used plans' temporaries at once if they are over the new bound. 0 keeps none
 /// (every run allocates its temporaries); the default is [`DEFAULT_PLAN_CACHE_LIMIT`].
+///
+/// ```rust
+/// use uopc_tensor::{DEFAULT_PLAN_CACHE_LIMIT, plan_cache_limit, set_plan_cache_limit};
+/// set_plan_cache_limit(64 << 20); // keep at most 64 MiB of temporaries between runs
+/// assert_eq!(plan_cache_limit(), 64 << 20);
+/// set_plan_cache_limit(DEFAULT_PLAN_CACHE_LIMIT);
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
 pub fn set_plan_cache_limit(bytes: usize) {
     let mut c = cache();
     c.temp_limit = bytes;
@@ -165,6 +173,22 @@ pub(crate) fn check_nonempty(canon: &[UOp]) -> Result<()> {
 
 /// The plan for `roots` (tensor-level UOps, e.g. [`Tensor::uop`](crate::Tensor::uop)):
 /// canonicalized, then taken from the plan cache or built (cut, lowered, compiled) and cached.
+///
+/// ```rust
+/// use uopc_tensor::{RealizeOptions, Tensor, make_plan};
+/// let a = Tensor::from_vec(vec![1.0f32; 64 * 32], &[64, 32]);
+/// let b = Tensor::from_vec(vec![0.5f32; 32 * 48], &[32, 48]);
+/// let plan = make_plan(&[a.matmul(&b).uop().clone()], &RealizeOptions::default())?;
+/// assert_eq!(plan.kernel_names(), ["r_64_48"]); // one GEMM kernel, on the micro-kernels
+/// assert!(plan.kernels[0].uses_tile_ops());
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
+///
+/// # Errors
+///
+/// [`TensorError::Unsupported`] when a root has a zero-sized axis or the plan's buffers cannot fit in memory;
+/// [`TensorError::Ir`] or [`TensorError::Backend`] when a kernel fails to verify or compile (a compiler bug,
+/// reported rather than hidden).
 pub fn make_plan(roots: &[UOp], opts: &RealizeOptions) -> Result<Arc<Plan>> {
     let (canon, leaves) = canonicalize(roots);
     check_nonempty(&canon)?;

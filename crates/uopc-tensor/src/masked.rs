@@ -9,6 +9,10 @@ const MASKED_SCORE: f32 = -1.0e30;
 
 /// The `(n_q, n_k)` causal mask as 0/1 floats: query `i` sees keys `j <= i + n_k - n_q`
 /// (queries aligned to the end of the keys).
+///
+/// # Panics
+///
+/// When `n_q` or `n_k` is 0 (tensors have no zero-sized axes).
 pub fn causal_mask(n_q: usize, n_k: usize) -> Tensor {
     let off = n_k as i64 - n_q as i64;
     let m: Vec<f32> =
@@ -109,6 +113,20 @@ fn masked_attention_graph(
 /// attend keys `j <= i + n_k - n_q` only. A query row with no attended key produces zeros.
 /// Realize with default options for the unfused plan (scores materialized) or with
 /// [`RealizeOptions::fused`](crate::RealizeOptions::fused) for the fused one.
+///
+/// ```rust
+/// use uopc_tensor::{Tensor, masked::attention_masked};
+/// let x = Tensor::from_vec((0..2 * 4 * 8).map(|i| (i % 5) as f32 / 5.0).collect(), &[2, 4, 8]);
+/// let out = attention_masked(&x, &x, &x, None, true).to_ndarray::<f32>()?;
+/// assert_eq!(out.shape(), [2, 4, 8]);
+/// // the first query of each batch sees only the first key: its output is that key's value
+/// assert!((0..8).all(|c| (out[[0, 0, c]] - (c % 5) as f32 / 5.0).abs() < 1e-6));
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
+///
+/// # Panics
+///
+/// Where [`try_attention_masked`] returns an error.
 #[track_caller]
 pub fn attention_masked(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: bool) -> Tensor {
     match try_attention_masked(q, k, v, mask, causal) {

@@ -332,6 +332,11 @@ impl Ctx {
 
 /// Lowers a kernel body (tensor level, inputs as `Param`s with kernel-local slots) to a loop
 /// program that stores every element of `body` into `out`, a BUFFER of `body`'s element count.
+///
+/// # Errors
+///
+/// [`TensorError::Unsupported`] when the body holds an op that has no loop form (data leaves must have been
+/// replaced by `Param`s).
 pub fn lower(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Result<UOp> {
     let shape = body.shape().to_vec();
     let mut parts = Vec::with_capacity(shape.len());

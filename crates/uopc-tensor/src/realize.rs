@@ -38,6 +38,22 @@ fn host<'a>(
 
 /// Realizes `tensors` together (shared subgraphs are computed once) and returns data-backed
 /// tensors of the same shapes, plus a report.
+///
+/// ```rust
+/// use uopc_tensor::{RealizeOptions, Tensor, realize};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+/// let (y, z) = (x.sum(0, false), x.sum(1, false));
+/// let (out, report) = realize(&[&y, &z], &RealizeOptions::default())?;
+/// assert_eq!(out[0].to_ndarray::<f32>()?.as_slice(), Some(&[4.0, 6.0][..]));
+/// assert_eq!(out[1].to_ndarray::<f32>()?.as_slice(), Some(&[3.0, 7.0][..]));
+/// assert_eq!(report.kernels.len(), 2);
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`make_plan`](crate::make_plan), and [`TensorError::Backend`](crate::TensorError::Backend) when a
+/// kernel fails to run.
 pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor>, RealizeReport)> {
     let t0 = Instant::now();
     let roots: Vec<UOp> = tensors.iter().map(|t| t.uop().clone()).collect();

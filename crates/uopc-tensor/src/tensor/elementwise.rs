@@ -22,6 +22,13 @@ impl Tensor {
     }
 
     /// This tensor converted to `dtype`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![0.5f32, 1.5], &[2]);
+    /// assert_eq!(x.cast(uopc_ir::DType::F64).to_ndarray::<f64>()?.as_slice(), Some(&[0.5, 1.5][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
     pub fn cast(&self, dtype: DType) -> Tensor {
         Tensor { uop: self.uop.cast(dtype) }
     }
@@ -35,6 +42,13 @@ impl Tensor {
         self.unary(UnaryOp::Exp2)
     }
     /// `e^x`, as `exp2(x * log2 e)`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let e = Tensor::from_vec(vec![0.0f32, 1.0], &[2]).exp().to_ndarray::<f32>()?;
+    /// assert!((e[0] - 1.0).abs() < 1e-6 && (e[1] - std::f32::consts::E).abs() < 1e-5);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
     pub fn exp(&self) -> Tensor {
         (self.float() * LOG2E as f32).exp2()
     }
@@ -55,6 +69,13 @@ impl Tensor {
         self.unary(UnaryOp::Recip)
     }
     /// `max(x, 0)`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let y = Tensor::from_vec(vec![-1.0f32, 0.0, 2.0], &[3]).relu();
+    /// assert_eq!(y.to_ndarray::<f32>()?.as_slice(), Some(&[0.0, 0.0, 2.0][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
     pub fn relu(&self) -> Tensor {
         self.scalar_op(BinaryOp::Max, 0.0, false)
     }
@@ -90,52 +111,137 @@ impl Tensor {
     }
 
     /// `self + other` with broadcasting.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let col = Tensor::from_vec(vec![10.0f32, 20.0], &[2, 1]);
+    /// let row = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]);
+    /// let sum = col.try_add(&row)?; // [2, 1] + [3] broadcast to [2, 3]
+    /// assert_eq!(sum.to_ndarray::<f32>()?.as_slice(), Some(&[11.0, 12.0, 13.0, 21.0, 22.0, 23.0][..]));
+    /// assert!(row.try_add(&Tensor::full(&[4], 1.0)).is_err());
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_add(&self, other: &Tensor) -> Result<Tensor> {
         self.try_binary(other, BinaryOp::Add, "add")
     }
     /// `self - other` with broadcasting.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_sub(&self, other: &Tensor) -> Result<Tensor> {
         self.try_binary(other, BinaryOp::Sub, "sub")
     }
     /// `self * other` with broadcasting.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]);
+    /// assert_eq!(x.try_mul(&x)?.to_ndarray::<f32>()?.as_slice(), Some(&[1.0, 4.0, 9.0][..]));
+    /// assert_eq!((&x * 2.0).to_ndarray::<f32>()?.as_slice(), Some(&[2.0, 4.0, 6.0][..])); // operators too
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_mul(&self, other: &Tensor) -> Result<Tensor> {
         self.try_binary(other, BinaryOp::Mul, "mul")
     }
     /// `self / other` with broadcasting, as `self * recip(other)`.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_div(&self, other: &Tensor) -> Result<Tensor> {
         let (a, b) = self.broadcast_pair(other, "div")?;
         a.float().try_mul(&b.float().recip())
     }
     /// Elementwise maximum with broadcasting.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_maximum(&self, other: &Tensor) -> Result<Tensor> {
         self.try_binary(other, BinaryOp::Max, "maximum")
     }
     /// Elementwise maximum with broadcasting; panics on incompatible shapes.
+    ///
+    /// # Panics
+    ///
+    /// On shapes that do not broadcast.
     #[track_caller]
     pub fn maximum(&self, other: &Tensor) -> Tensor {
         ok(self.try_maximum(other))
     }
     /// `self < other` (a Bool tensor).
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 5.0], &[2]);
+    /// let small = x.try_lt(&Tensor::scalar(3.0))?.cast(uopc_ir::DType::F32);
+    /// assert_eq!(small.to_ndarray::<f32>()?.as_slice(), Some(&[1.0, 0.0][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_lt(&self, other: &Tensor) -> Result<Tensor> {
         self.try_binary(other, BinaryOp::CmpLt, "lt")
     }
     /// `self > other`.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_gt(&self, other: &Tensor) -> Result<Tensor> {
         self.reversed_compare(other, "gt")
     }
     /// `self != other`.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_ne(&self, other: &Tensor) -> Result<Tensor> {
         self.try_binary(other, BinaryOp::CmpNe, "ne")
     }
     /// `self == other`.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_eq(&self, other: &Tensor) -> Result<Tensor> {
         Ok(self.try_binary(other, BinaryOp::CmpNe, "eq")?.not())
     }
     /// `self <= other`.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_le(&self, other: &Tensor) -> Result<Tensor> {
         Ok(self.reversed_compare(other, "le")?.not())
     }
     /// `self >= other`.
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming the operation when the shapes do not
+    /// broadcast (numpy rules: aligned from the last axis, each pair equal or one of them 1).
     pub fn try_ge(&self, other: &Tensor) -> Result<Tensor> {
         Ok(self.try_binary(other, BinaryOp::CmpLt, "ge")?.not())
     }
@@ -150,31 +256,55 @@ impl Tensor {
         other.try_binary(self, BinaryOp::CmpLt, op)
     }
     /// `self < other`; panics on incompatible shapes.
+    ///
+    /// # Panics
+    ///
+    /// On shapes that do not broadcast.
     #[track_caller]
     pub fn lt(&self, other: &Tensor) -> Tensor {
         ok(self.try_lt(other))
     }
     /// `self > other`; panics on incompatible shapes.
+    ///
+    /// # Panics
+    ///
+    /// On shapes that do not broadcast.
     #[track_caller]
     pub fn gt(&self, other: &Tensor) -> Tensor {
         ok(self.try_gt(other))
     }
     /// `self != other`; panics on incompatible shapes.
+    ///
+    /// # Panics
+    ///
+    /// On shapes that do not broadcast.
     #[track_caller]
     pub fn ne(&self, other: &Tensor) -> Tensor {
         ok(self.try_ne(other))
     }
     /// `self == other`; panics on incompatible shapes.
+    ///
+    /// # Panics
+    ///
+    /// On shapes that do not broadcast.
     #[track_caller]
     pub fn eq(&self, other: &Tensor) -> Tensor {
         ok(self.try_eq(other))
     }
     /// `self <= other`; panics on incompatible shapes.
+    ///
+    /// # Panics
+    ///
+    /// On shapes that do not broadcast.
     #[track_caller]
     pub fn le(&self, other: &Tensor) -> Tensor {
         ok(self.try_le(other))
     }
     /// `self >= other`; panics on incompatible shapes.
+    ///
+    /// # Panics
+    ///
+    /// On shapes that do not broadcast.
     #[track_caller]
     pub fn ge(&self, other: &Tensor) -> Tensor {
         ok(self.try_ge(other))
@@ -193,6 +323,19 @@ impl Tensor {
     }
 
     /// `self ? a : b` elementwise (`self` is the condition), with broadcasting of all three.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![-2.0f32, 3.0], &[2]);
+    /// let abs = x.lt(&Tensor::scalar(0.0)).try_where(&-&x, &x)?;
+    /// assert_eq!(abs.to_ndarray::<f32>()?.as_slice(), Some(&[2.0, 3.0][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `where` when the condition and the two
+    /// branches do not broadcast to one shape.
     pub fn try_where(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let shape = broadcast_shape(self.shape(), a.shape())
             .and_then(|s| broadcast_shape(&s, b.shape()))
@@ -217,6 +360,10 @@ impl Tensor {
         Ok(Tensor { uop: UOp::new(Op::Where, d, vec![c.uop, a.uop, b.uop]) })
     }
     /// [`Tensor::try_where`], panicking on incompatible shapes.
+    ///
+    /// # Panics
+    ///
+    /// On shapes that do not broadcast.
     #[track_caller]
     pub fn where_(&self, a: &Tensor, b: &Tensor) -> Tensor {
         ok(self.try_where(a, b))

@@ -60,6 +60,20 @@ impl Element for f64 {
 /// Operations only build graph nodes; nothing is computed until the tensor is realized
 /// ([`Tensor::realize`], [`Tensor::to_ndarray`], [`realize`](crate::realize)), which is why a
 /// discarded result is almost always a mistake and every `Tensor` is `#[must_use]`.
+///
+/// ```rust
+/// use uopc_tensor::Tensor;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+/// let y = (&x * 2.0 + 1.0).relu(); // a graph of three nodes over x; nothing has run
+/// assert_eq!(y.to_string(), "Tensor [2, 2] f32 (lazy MAX: realize it to see the values)");
+/// assert_eq!(y.realize()?.to_string(), "Tensor [2, 2] f32\n[[3.0, 5.0],\n [7.0, 9.0]]");
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
+///
+/// # Panics
+///
+/// The std operators (`+ - * /` between tensors) and the methods without a `try_` prefix
+/// panic, at the caller's location, where the `try_` methods return an error.
 #[derive(Clone)]
 #[must_use = "tensor operations are lazy: an unused Tensor computes nothing"]
 pub struct Tensor {
@@ -131,6 +145,19 @@ impl Tensor {
     }
 
     /// A tensor holding `data` (row-major) with `shape`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::try_from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// assert_eq!((x.shape(), x.ndim(), x.numel()), (&[2, 3][..], 2, 6));
+    /// assert!(Tensor::try_from_vec(vec![1.0f32; 5], &[2, 3]).is_err());
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `from_vec` when `data` does not have exactly
+    /// as many elements as `shape`, or `shape` has a zero-sized axis or more than 2^40 elements.
     pub fn try_from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Result<Tensor> {
         check_nonzero("from_vec", shape)?;
         if data.len() != numel(shape) {
@@ -143,17 +170,50 @@ impl Tensor {
     }
 
     /// [`Tensor::try_from_vec`], panicking on a length mismatch.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f64, 2.0], &[2]);
+    /// assert_eq!(x.dtype(), uopc_ir::DType::F64);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// On a length that does not fill `shape` or a zero-sized axis (the error [`Tensor::try_from_vec`]
+    /// returns).
     #[track_caller]
     pub fn from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Tensor {
         ok(Tensor::try_from_vec(data, shape))
     }
 
     /// A 0-d tensor holding `v`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let half = Tensor::scalar(0.5);
+    /// assert!(half.shape().is_empty());
+    /// assert_eq!(half.to_ndarray::<f32>()?.sum(), 0.5);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
     pub fn scalar(v: f32) -> Tensor {
         Tensor::data(HostBuffer::F32(vec![v]), &[])
     }
 
     /// A tensor of `shape` filled with `v` (a broadcast constant: no memory until realized).
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let ones = Tensor::try_full(&[2, 3], 1.0)?;
+    /// assert_eq!(ones.sum(1, false).to_ndarray::<f32>()?.as_slice(), Some(&[3.0, 3.0][..]));
+    /// assert!(Tensor::try_full(&[0, 3], 1.0).is_err());
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has a zero-sized axis or
+    /// more than 2^40 elements.
     pub fn try_full(shape: &[usize], v: f32) -> Result<Tensor> {
         check_nonzero("full", shape)?;
         check_size("full", shape)?;
@@ -165,6 +225,10 @@ impl Tensor {
     }
 
     /// [`Tensor::try_full`], panicking on a zero-sized axis or an oversized shape.
+    ///
+    /// # Panics
+    ///
+    /// On a zero-sized axis or more than 2^40 elements (the error [`Tensor::try_full`] returns).
     #[track_caller]
     pub fn full(shape: &[usize], v: f32) -> Tensor {
         ok(Tensor::try_full(shape, v))

@@ -26,19 +26,50 @@ impl Tensor {
         }
     }
     /// Sum over `axis` (negative counts from the end), keeping it as size 1 if `keepdim`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+    /// assert_eq!(x.try_sum(0, false)?.to_ndarray::<f32>()?.as_slice(), Some(&[4.0, 6.0][..]));
+    /// assert_eq!(x.try_sum(-1, true)?.shape(), [2, 1]);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `sum` when `axis` is out of range.
     pub fn try_sum(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         self.try_reduce(ReduceOp::Add, axis, keepdim, "sum")
     }
     /// [`Tensor::try_sum`], panicking on an invalid axis.
+    ///
+    /// # Panics
+    ///
+    /// On an axis out of range (the error [`Tensor::try_sum`] returns).
     #[track_caller]
     pub fn sum(&self, axis: isize, keepdim: bool) -> Tensor {
         ok(self.try_sum(axis, keepdim))
     }
     /// Maximum over `axis`, keeping it as size 1 if `keepdim`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 7.0, 3.0, 4.0], &[2, 2]);
+    /// assert_eq!(x.try_max(1, false)?.to_ndarray::<f32>()?.as_slice(), Some(&[7.0, 4.0][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `max` when `axis` is out of range.
     pub fn try_max(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         self.try_reduce(ReduceOp::Max, axis, keepdim, "max")
     }
     /// [`Tensor::try_max`], panicking on an invalid axis.
+    ///
+    /// # Panics
+    ///
+    /// On an axis out of range (the error [`Tensor::try_max`] returns).
     #[track_caller]
     pub fn max(&self, axis: isize, keepdim: bool) -> Tensor {
         ok(self.try_max(axis, keepdim))
@@ -46,6 +77,21 @@ impl Tensor {
 
     /// Matrix product of `(n, k)` and `(k, m)`, as broadcast-multiply-reduce: `(n, m, k)`
     /// products summed over the last, contiguous axis.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+    /// let id = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0], &[2, 2]);
+    /// assert_eq!(a.try_matmul(&id)?.to_ndarray::<f32>()?, a.to_ndarray::<f32>()?);
+    /// assert!(a.try_matmul(&Tensor::full(&[3, 2], 1.0)).is_err());
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `matmul` when the operands are not matrices
+    /// with `self`'s columns equal to `other`'s rows, or when the `(n, m, k)` product has more than 2^40
+    /// elements.
     pub fn try_matmul(&self, other: &Tensor) -> Result<Tensor> {
         let (a, b) = (self.shape(), other.shape());
         if a.len() != 2 || b.len() != 2 || a[1] != b[0] {
@@ -60,12 +106,28 @@ impl Tensor {
         product().map_err(|e| e.in_op("matmul"))
     }
     /// [`Tensor::try_matmul`], panicking on incompatible shapes.
+    ///
+    /// # Panics
+    ///
+    /// On shapes that do not multiply (the error [`Tensor::try_matmul`] returns).
     #[track_caller]
     pub fn matmul(&self, other: &Tensor) -> Tensor {
         ok(self.try_matmul(other))
     }
 
     /// Softmax along `axis`: max-subtracted, with `exp` as `exp2` and log2(e) folded in.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let p = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]).try_softmax(-1)?;
+    /// let rows = p.sum(-1, false).to_ndarray::<f32>()?;
+    /// assert!(rows.iter().all(|s| (s - 1.0).abs() < 1e-6));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `softmax` when `axis` is out of range.
     pub fn try_softmax(&self, axis: isize) -> Result<Tensor> {
         self.axis("softmax", axis)?;
         let softmax = || {
@@ -77,6 +139,10 @@ impl Tensor {
         softmax().map_err(|e| e.in_op("softmax"))
     }
     /// [`Tensor::try_softmax`], panicking on an invalid axis.
+    ///
+    /// # Panics
+    ///
+    /// On an axis out of range (the error [`Tensor::try_softmax`] returns).
     #[track_caller]
     pub fn softmax(&self, axis: isize) -> Tensor {
         ok(self.try_softmax(axis))
