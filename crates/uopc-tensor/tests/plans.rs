@@ -334,7 +334,7 @@ fn static_flops_agree_with_the_backend_estimate() {
 }
 
 #[test]
-fn the_three_fused_variants_of_the_upcast_exercise() {
+fn fused_upcast_variants_trade_passes_over_the_keys_for_accumulators() {
     let (n, d) = (256, 64);
     // FlashOpt's upcast of 16: six computations of each q.k (2 softmax + 64/16 output passes)
     let u16 = attention_plan(n, d, &RealizeOptions::fused());
