@@ -7,6 +7,13 @@
 //! explicit loop program and compiles it. Every stage returns a value that can be printed and
 //! asserted on.
 //!
+//! # Global state
+//!
+//! Two things are process wide, on purpose: the plan cache (bounded to 128 plans and, for the
+//! temporaries its plans keep between runs, to [`plan_cache_limit`] bytes; see
+//! [`set_plan_cache_limit`], [`clear_plan_cache`], [`plan_cache_stats`]) and the debug level.
+//! Everything that changes a plan is in [`RealizeOptions`], which is the cache key.
+//!
 //! # Debug output
 //!
 //! The `UOPC_DEBUG` environment variable (read once per process) or [`set_debug_level`] makes
