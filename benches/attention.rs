@@ -9,13 +9,12 @@
 use criterion::{Criterion, SamplingMode, black_box, criterion_group, criterion_main};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use uopc::attention::{attention, online_attention_ir};
 use uopc::ir::UOp;
 use uopc::jit::Program;
-use uopc::tensor::{Optimizer, Opts};
+use uopc::tensor::{Optimizer, OptimizerKey, Opts, SharedOptimizer};
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
 
 const N: usize = 1024;
@@ -30,7 +29,7 @@ fn inputs() -> [Vec<f32>; 3] {
 /// schedule and compile from scratch instead of answering from the plan cache.
 #[derive(Debug)]
 struct Fresh {
-    inner: Arc<dyn Optimizer>,
+    inner: SharedOptimizer,
     id: u64,
 }
 
@@ -41,15 +40,15 @@ impl Optimizer for Fresh {
     fn layout(&self) -> uopc::tensor::Layout {
         self.inner.layout()
     }
-    fn cache_key(&self) -> String {
-        format!("{}#uncached{}", self.inner.cache_key(), self.id)
+    fn cache_key(&self) -> OptimizerKey {
+        OptimizerKey::Custom { kind: "uncached", params: vec![self.id] }
     }
 }
 
 fn uncached(base: &RealizeOptions) -> RealizeOptions {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let mut o = base.clone();
-    o.opt = Arc::new(Fresh { inner: base.opt.clone(), id: NEXT.fetch_add(1, Ordering::Relaxed) });
+    o.opt = SharedOptimizer::new(Fresh { inner: base.opt.clone(), id: NEXT.fetch_add(1, Ordering::Relaxed) });
     o
 }
 

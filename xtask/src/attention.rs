@@ -13,7 +13,7 @@ use uopc::flash_tiled::{
     TILE_OPS_TILING,
 };
 use uopc::jit::{JitOptions, Program};
-use uopc::tensor::{DefaultOpt, FlashOpt};
+use uopc::tensor::{DefaultOpt, Experiments, FlashOpt};
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
 
 /// Query rows per THREAD iteration of the `online_qb` variant.
@@ -101,9 +101,10 @@ impl Variant {
             Variant::UnfusedLoops => Some(RealizeOptions::default().with_opt(DefaultOpt::loops())),
             Variant::Fused => Some(RealizeOptions::fused()),
             Variant::FusedUpcast64 => Some(RealizeOptions::fused().with_opt(FlashOpt { max_upcast: 64 })),
-            Variant::FusedStaged => {
-                Some(RealizeOptions { stage_broadcasts_when_fused: true, ..RealizeOptions::fused() })
-            }
+            Variant::FusedStaged => Some(RealizeOptions::fused().with_experiments(Experiments {
+                stage_broadcasts_when_fused: true,
+                ..Experiments::default()
+            })),
             Variant::Online
             | Variant::OnlineQb
             | Variant::FlashTiled

@@ -25,6 +25,19 @@ use uopc_ir::{BinaryOp, Op, ReduceOp, UOp, UnaryOp, const_of};
 ///
 /// A non-scalar `loss` is treated as the sum of its elements (the seed gradient is all ones).
 /// A parameter the loss does not depend on (or only through `detach`) gets zeros.
+///
+/// ```rust
+/// use uopc_tensor::{Tensor, gradient};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]);
+/// let loss = (&x * &x).sum(0, false);
+/// let g = gradient(&loss, &[&x])?;
+/// assert_eq!(g[0].to_ndarray::<f32>()?.as_slice(), Some(&[2.0, 4.0, 6.0][..]));
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
+///
+/// # Errors
+///
+/// [`TensorError::DType`] naming `gradient` when `loss` or a parameter is not a float tensor.
 pub fn gradient(loss: &Tensor, params: &[&Tensor]) -> Result<Vec<Tensor>> {
     let seed = filled(loss, 1.0);
     vjp(loss, params, &seed)
@@ -33,6 +46,11 @@ pub fn gradient(loss: &Tensor, params: &[&Tensor]) -> Result<Vec<Tensor>> {
 /// Vector-Jacobian product: the gradients of `sum(output * cotangent)` with respect to each
 /// of `params` (`cotangent` must have `output`'s shape; it is cast to `output`'s dtype and
 /// treated as a constant).
+///
+/// # Errors
+///
+/// [`TensorError::DType`] naming `gradient` when `output` or a parameter is not a float tensor,
+/// [`TensorError::Shape`] when `cotangent`'s shape is not `output`'s.
 pub fn vjp(output: &Tensor, params: &[&Tensor], cotangent: &Tensor) -> Result<Vec<Tensor>> {
     if !output.dtype().is_float() {
         return Err(TensorError::DType { op: "gradient", msg: format!("output is {}", output.dtype()) });
@@ -89,6 +107,10 @@ pub fn vjp(output: &Tensor, params: &[&Tensor], cotangent: &Tensor) -> Result<Ve
 impl Tensor {
     /// Gradients of this tensor (summed if not a scalar) with respect to `params`; see
     /// [`gradient`].
+    ///
+    /// # Errors
+    ///
+    /// As [`gradient`](crate::gradient).
     pub fn gradient(&self, params: &[&Tensor]) -> Result<Vec<Tensor>> {
         gradient(self, params)
     }

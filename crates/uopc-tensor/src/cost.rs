@@ -5,6 +5,10 @@ use uopc_ir::{IrError, Op, Stmt, UOp, linearize};
 /// Floating-point ALU operations one run of `program` executes: every float ALU op (and float
 /// comparison) times the trip counts of the loops around it, and each tile op's FLOPs. Index
 /// arithmetic is not counted.
+///
+/// # Errors
+///
+/// The [`IrError`] of linearizing `program` when it is not a well-formed loop program.
 pub fn static_flops(program: &UOp) -> Result<u64, IrError> {
     let lin = linearize(program)?;
     fn go(body: &[Stmt], mult: u64) -> u64 {

@@ -1,7 +1,8 @@
-//! DEBUG output: what the compiler did, printed to stderr from the plan and the run itself.
+//! Debug output: what the compiler did, printed to stderr from the plan and the run itself.
 //!
-//! The level comes from the `DEBUG` environment variable, read once, or from
-//! [`set_debug_level`]. Each level adds to the one below:
+//! The level comes from the [`DEBUG_ENV`] (`UOPC_DEBUG`) environment variable, read once, or
+//! from [`set_debug_level`]; the name is prefixed so that a shell's unrelated `DEBUG` does
+//! not turn on timings or re-runs. Each level adds to the one below:
 //! 1. one line per realize (kernel count, schedule, compile and run time);
 //! 2. a line per kernel: time, GFLOP/s and GB/s from the kernel's static estimates;
 //! 3. an "again" column: each kernel re-run at once on the same memory (page-fault diagnosis);
@@ -9,19 +10,23 @@
 //! 5. each kernel's Cranelift IR;
 //! 6. each kernel's machine code (disassembled with `objdump` when it is installed).
 
-use crate::kernelize::Plan;
-use crate::realize::{KernelTiming, RealizeReport};
+use crate::plan::Plan;
+use crate::report::{KernelTiming, RealizeReport};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The environment variable holding the debug level (`UOPC_DEBUG=2`).
+pub const DEBUG_ENV: &str = "UOPC_DEBUG";
 
 const UNSET: u8 = u8::MAX;
 static LEVEL: AtomicU8 = AtomicU8::new(UNSET);
 
-/// The current DEBUG level (0 = silent).
+/// The current debug level (0 = silent): [`set_debug_level`]'s, or else `UOPC_DEBUG`'s as
+/// an integer (unset or unparsable means 0).
 pub fn debug_level() -> u8 {
     match LEVEL.load(Ordering::Relaxed) {
         UNSET => {
-            let level = std::env::var("DEBUG").ok().and_then(|v| v.trim().parse::<u8>().ok()).unwrap_or(0);
+            let level = std::env::var(DEBUG_ENV).ok().and_then(|v| v.trim().parse::<u8>().ok()).unwrap_or(0);
             let level = level.min(UNSET - 1);
             // Whoever stores first wins; a concurrent set_debug_level is kept.
             let _ = LEVEL.compare_exchange(UNSET, level, Ordering::Relaxed, Ordering::Relaxed);
@@ -31,12 +36,12 @@ pub fn debug_level() -> u8 {
     }
 }
 
-/// Sets the DEBUG level for the rest of the process (overrides the environment).
+/// Sets the debug level for the rest of the process (overrides the environment).
 pub fn set_debug_level(level: u8) {
     LEVEL.store(level.min(UNSET - 1), Ordering::Relaxed);
 }
 
-/// The per-kernel line of DEBUG=2 (and 3, with the re-run time).
+/// The per-kernel line of level 2 (and 3, with the re-run time).
 pub fn kernel_line(k: &KernelTiming) -> String {
     let gflops = k.flops as f64 / k.seconds.max(1e-9) / 1e9;
     let gbs = k.bytes as f64 / k.seconds.max(1e-9) / 1e9;
@@ -51,7 +56,7 @@ pub fn kernel_line(k: &KernelTiming) -> String {
     line
 }
 
-/// The DEBUG=1 summary line of one realize.
+/// The level-1 summary line of one realize.
 pub fn summary_line(r: &RealizeReport) -> String {
     format!(
         "realize: {} kernels, schedule {:.1} ms, compile {:.1} ms, run {:.1} ms{}",
@@ -63,7 +68,7 @@ pub fn summary_line(r: &RealizeReport) -> String {
     )
 }
 
-/// DEBUG >= 4: the plan and, per kernel, its loop IR, CLIF (5) and machine code (6).
+/// Level 4 and above: the plan and, per kernel, its loop IR, CLIF (5) and machine code (6).
 pub(crate) fn print_plan(plan: &Plan, level: u8) {
     let mut out = format!("{plan}\n");
     for k in &plan.kernels {

@@ -3,7 +3,7 @@
 //! With the `jit` feature (the default) kernels are Cranelift-compiled; without it they run
 //! on the IR's reference interpreter.
 
-use crate::error::{Result, TensorError};
+use crate::error::{BackendError, Result, TensorError};
 use uopc_ir::{HostBuffer, UOp};
 
 /// A compiled kernel.
@@ -16,8 +16,8 @@ pub(crate) struct Exe {
     estimates: (u64, u64),
 }
 
-fn backend_err(kernel: &str, e: impl std::fmt::Display) -> TensorError {
-    TensorError::Backend { kernel: kernel.to_string(), msg: e.to_string() }
+fn backend_err(kernel: &str, source: BackendError) -> TensorError {
+    TensorError::Backend { kernel: kernel.to_string(), source }
 }
 
 impl Exe {
@@ -35,7 +35,8 @@ impl Exe {
         let lin = uopc_ir::verify(program)
             .map_err(|source| TensorError::Ir { kernel: name.to_string(), source })?;
         let bytes = lin.buffers.iter().map(|b| b.dtype().size() as u64 * buffer_len(b) as u64).sum();
-        let flops = crate::cost::static_flops(program).map_err(|e| backend_err(name, e))?;
+        let flops = crate::cost::static_flops(program)
+            .map_err(|source| TensorError::Ir { kernel: name.to_string(), source })?;
         Ok(Exe { program: program.clone(), name: name.to_string(), estimates: (flops, bytes) })
     }
 

@@ -9,11 +9,20 @@ const MASKED_SCORE: f32 = -1.0e30;
 
 /// The `(n_q, n_k)` causal mask as 0/1 floats: query `i` sees keys `j <= i + n_k - n_q`
 /// (queries aligned to the end of the keys).
+///
+/// # Panics
+///
+/// When `n_q` or `n_k` is 0 (tensors have no zero-sized axes).
 pub fn causal_mask(n_q: usize, n_k: usize) -> Tensor {
     let off = n_k as i64 - n_q as i64;
     let m: Vec<f32> =
         (0..n_q * n_k).map(|x| (((x % n_k) as i64) <= (x / n_k) as i64 + off) as i32 as f32).collect();
     Tensor::from_vec(m, &[n_q, n_k])
+}
+
+/// Whether numpy broadcasting stretches `from` to exactly `to`.
+fn broadcasts_to(from: &[usize], to: &[usize]) -> bool {
+    from.len() <= to.len() && from.iter().rev().zip(to.iter().rev()).all(|(&f, &t)| f == t || f == 1)
 }
 
 /// `a @ b^T` over the last two axes, leading axes batched: `(.., n, k)` x `(.., m, k)` ->
@@ -33,7 +42,23 @@ fn batched_matmul_t(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// [`attention_masked`], returning shape errors instead of panicking.
+///
+/// # Errors
+///
+/// A [`TensorError::Shape`](crate::TensorError::Shape) naming `attention_masked` when `q`,
+/// `k` and `v` are not `(.., n, d)` tensors of one rank with matching batch axes, keys and
+/// head size, or when `mask` does not broadcast to the scores' shape.
 pub fn try_attention_masked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+) -> Result<Tensor> {
+    masked_attention_graph(q, k, v, mask, causal).map_err(|e| e.in_op("attention_masked"))
+}
+
+fn masked_attention_graph(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -50,6 +75,12 @@ pub fn try_attention_masked(
     let (n_q, n_k, d) = (q.shape()[r - 2], k.shape()[r - 2], q.shape()[r - 1]);
     let scores = batched_matmul_t(q, k)? * (1.0 / (d as f32).sqrt());
     let mut keep: Option<Tensor> = None;
+    if let Some(m) = mask.filter(|m| !broadcasts_to(m.shape(), scores.shape())) {
+        return Err(shape_err(
+            "attention_masked",
+            format!("mask {:?} does not broadcast to the scores' shape {:?}", m.shape(), scores.shape()),
+        ));
+    }
     if let Some(m) = mask {
         // nonzero = attend; broadcast to the scores' shape so the row test below sees all keys
         keep = Some(
@@ -82,6 +113,20 @@ pub fn try_attention_masked(
 /// attend keys `j <= i + n_k - n_q` only. A query row with no attended key produces zeros.
 /// Realize with default options for the unfused plan (scores materialized) or with
 /// [`RealizeOptions::fused`](crate::RealizeOptions::fused) for the fused one.
+///
+/// ```rust
+/// use uopc_tensor::{Tensor, masked::attention_masked};
+/// let x = Tensor::from_vec((0..2 * 4 * 8).map(|i| (i % 5) as f32 / 5.0).collect(), &[2, 4, 8]);
+/// let out = attention_masked(&x, &x, &x, None, true).to_ndarray::<f32>()?;
+/// assert_eq!(out.shape(), [2, 4, 8]);
+/// // the first query of each batch sees only the first key: its output is that key's value
+/// assert!((0..8).all(|c| (out[[0, 0, c]] - (c % 5) as f32 / 5.0).abs() < 1e-6));
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
+///
+/// # Panics
+///
+/// Where [`try_attention_masked`] returns an error.
 #[track_caller]
 pub fn attention_masked(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: bool) -> Tensor {
     match try_attention_masked(q, k, v, mask, causal) {

@@ -1,7 +1,10 @@
 //! Kernel opts (upcast, unroll, thread) and the optimizers that choose them per kernel.
 
-use crate::kernelize::view_offset;
+use crate::view::view_offset;
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Deref;
+use std::sync::Arc;
 use uopc_ir::{Op, UOp};
 
 /// How one kernel is lowered: which output axes are expanded in registers, how far the last
@@ -32,7 +35,7 @@ impl Opts {
 pub enum Layout {
     /// No copies.
     None,
-    /// Contiguous along the reduce axis (the chapter's pass: P V reads a transposed copy of V),
+    /// Contiguous along the reduce axis (P V reads a transposed copy of V),
     /// for kernels whose reduce loop is vectorized into partial sums.
     #[default]
     ReduceContiguous,
@@ -45,7 +48,8 @@ pub enum Layout {
 /// Chooses the [`Opts`] of each kernel, and which layout pass runs.
 ///
 /// Optimizers are values passed to a realize call inside
-/// [`RealizeOptions`](crate::RealizeOptions); plans are cached per [`Optimizer::cache_key`].
+/// [`RealizeOptions`](crate::RealizeOptions); plans are cached per [`Optimizer::cache_key`],
+/// so an optimizer's decisions must depend on nothing but its key and the kernel body.
 pub trait Optimizer: Send + Sync + fmt::Debug {
     /// The opts for a kernel whose body (tensor-level, inputs as `Param`s) is `body`.
     fn opts(&self, body: &UOp) -> Opts;
@@ -59,7 +63,84 @@ pub trait Optimizer: Send + Sync + fmt::Debug {
         false
     }
     /// Identifies this optimizer's decisions; two optimizers with one key must choose alike.
-    fn cache_key(&self) -> String;
+    fn cache_key(&self) -> OptimizerKey;
+}
+
+/// What identifies an optimizer's decisions in the plan cache. The optimizers of this crate
+/// are keyed by their own parameters; an optimizer defined elsewhere names its kind and the
+/// numbers that tell its configurations apart.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum OptimizerKey {
+    /// [`DefaultOpt`] with these parameters.
+    Default(DefaultOpt),
+    /// [`FlashOpt`] with these parameters.
+    Flash(FlashOpt),
+    /// [`NoOpt`].
+    NoOpt,
+    /// [`FixedOpts`] with these opts.
+    Fixed(Opts),
+    /// An optimizer defined outside this crate.
+    Custom {
+        /// Its kind, unique among optimizers (a type name is a good choice).
+        kind: &'static str,
+        /// Its parameters: equal exactly when two instances decide alike.
+        params: Vec<u64>,
+    },
+}
+
+/// An optimizer shared between options, with its cache key read once when it is wrapped
+/// (optimizers are immutable values). Equality and hashing are those of the key, which makes
+/// [`RealizeOptions`](crate::RealizeOptions) usable as the plan-cache key.
+#[derive(Clone)]
+pub struct SharedOptimizer {
+    optimizer: Arc<dyn Optimizer>,
+    key: OptimizerKey,
+}
+
+impl SharedOptimizer {
+    /// Wraps `optimizer`.
+    pub fn new(optimizer: impl Optimizer + 'static) -> Self {
+        SharedOptimizer::from(Arc::new(optimizer) as Arc<dyn Optimizer>)
+    }
+
+    /// The key read when the optimizer was wrapped.
+    pub fn key(&self) -> &OptimizerKey {
+        &self.key
+    }
+}
+
+impl From<Arc<dyn Optimizer>> for SharedOptimizer {
+    fn from(optimizer: Arc<dyn Optimizer>) -> Self {
+        let key = optimizer.cache_key();
+        SharedOptimizer { optimizer, key }
+    }
+}
+
+impl Deref for SharedOptimizer {
+    type Target = dyn Optimizer;
+    fn deref(&self) -> &(dyn Optimizer + 'static) {
+        &*self.optimizer
+    }
+}
+
+impl fmt::Debug for SharedOptimizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.optimizer.fmt(f)
+    }
+}
+
+impl PartialEq for SharedOptimizer {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for SharedOptimizer {}
+
+impl Hash for SharedOptimizer {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+    }
 }
 
 pub(crate) fn has_reduce(body: &UOp) -> bool {
@@ -102,10 +183,10 @@ pub(crate) fn broadcast_along(body: &UOp, axis: usize) -> bool {
 /// The default is a 4x8 tile with [`Layout::OutputContiguous`]: the backend packs each four
 /// neighbouring output columns into one F32X4 accumulator, so the tile is 8 vector
 /// accumulators fed per reduce step by 4 broadcast loads and 2 vector loads, which fits
-/// x86-64's 16 xmm registers (the GEMM micro-kernel shape). [`DefaultOpt::chapter`] is the
-/// chapter's 4x4 tile with the reduce-contiguous layout (its plan for attention is the
-/// chapter's, with V transposed), where the backend vectorizes the reduce loop instead.
-#[derive(Clone, Copy, Debug)]
+/// x86-64's 16 xmm registers (the GEMM micro-kernel shape).
+/// [`Experiments::tile_4x4_opt`](crate::Experiments::tile_4x4_opt) is the earlier 4x4 tile
+/// with the reduce-contiguous layout, where the backend vectorizes the reduce loop instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DefaultOpt {
     /// Upcast of the second-to-last and last output axes of reduce kernels.
     pub tile: (usize, usize),
@@ -132,16 +213,6 @@ impl Default for DefaultOpt {
 }
 
 impl DefaultOpt {
-    /// The chapter's 4x4 register tile and layout, loops only.
-    pub fn chapter() -> Self {
-        DefaultOpt {
-            tile: (4, 4),
-            layout: Layout::ReduceContiguous,
-            tile_ops: false,
-            upcast_needs_reuse: false,
-        }
-    }
-
     /// The default with every kernel a loop nest (no tile GEMMs): what the JIT's own code
     /// generation reaches.
     pub fn loops() -> Self {
@@ -179,23 +250,16 @@ impl Optimizer for DefaultOpt {
     fn tile_ops(&self) -> bool {
         self.tile_ops
     }
-    fn cache_key(&self) -> String {
-        format!(
-            "default{}x{}{:?}{}{}",
-            self.tile.0,
-            self.tile.1,
-            self.layout,
-            if self.tile_ops { "tiles" } else { "" },
-            if self.upcast_needs_reuse { "reuse" } else { "" }
-        )
+    fn cache_key(&self) -> OptimizerKey {
+        OptimizerKey::Default(*self)
     }
 }
 
-/// The chapter's optimizer for fully fused attention: upcast the last output axis by
+/// The optimizer for fully fused attention: upcast the last output axis by
 /// `min(size, max_upcast)` (16 by default) so each recomputed q.k value feeds that many output
 /// accumulators, and thread axis 0 (one query row per iteration). Each group of output columns
 /// makes its own pass over the keys: two softmax passes plus `D / upcast` output passes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FlashOpt {
     /// Largest upcast of the last output axis.
     pub max_upcast: usize,
@@ -219,8 +283,8 @@ impl Optimizer for FlashOpt {
         }
         o
     }
-    fn cache_key(&self) -> String {
-        format!("flash{}", self.max_upcast)
+    fn cache_key(&self) -> OptimizerKey {
+        OptimizerKey::Flash(*self)
     }
 }
 
@@ -235,8 +299,8 @@ impl Optimizer for NoOpt {
     fn layout(&self) -> Layout {
         Layout::None
     }
-    fn cache_key(&self) -> String {
-        "none".into()
+    fn cache_key(&self) -> OptimizerKey {
+        OptimizerKey::NoOpt
     }
 }
 
@@ -248,7 +312,7 @@ impl Optimizer for FixedOpts {
     fn opts(&self, _body: &UOp) -> Opts {
         self.0.clone()
     }
-    fn cache_key(&self) -> String {
-        format!("fixed{:?}", self.0)
+    fn cache_key(&self) -> OptimizerKey {
+        OptimizerKey::Fixed(self.0.clone())
     }
 }

@@ -7,6 +7,7 @@
 
 use crate::error::{Result, TensorError};
 use crate::opt::Opts;
+use crate::util::numel;
 use std::collections::HashMap;
 use uopc_ir::{AxisType, Op, ReduceOp, SimplifyOptions, UOp, alloc, buffer, idx, range, simplify_memo, sink};
 
@@ -23,9 +24,8 @@ struct Part {
 pub struct Ctx {
     /// The kernel's opts.
     pub opts: Opts,
-    /// Simplify the indices made by the RESHAPE rule (always on, except to demonstrate in
-    /// tests that turning it off brings back the O(N^3) accumulator placement).
-    pub simplify_reshape: bool,
+    /// Fold IDIV and MOD when simplifying the indices made by the RESHAPE rule.
+    fold_reshape_divmod: bool,
     memo: HashMap<(UOp, Vec<UOp>), UOp>,
     reduce_parts: HashMap<(UOp, Vec<UOp>), Vec<Part>>,
     enclosing: HashMap<UOp, Vec<UOp>>,
@@ -36,11 +36,13 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// A fresh context with these opts and RESHAPE simplification on.
-    pub fn new(opts: Opts) -> Self {
+    /// A fresh context with these opts. `fold_reshape_divmod` is true in real use; false is
+    /// the experiment [`Experiments::reshape_without_divmod_folding`](crate::Experiments),
+    /// which shows the O(N^3) accumulator placement that unsimplified indices cause.
+    pub fn new(opts: Opts, fold_reshape_divmod: bool) -> Self {
         Ctx {
             opts,
-            simplify_reshape: true,
+            fold_reshape_divmod,
             memo: HashMap::new(),
             reduce_parts: HashMap::new(),
             enclosing: HashMap::new(),
@@ -143,10 +145,6 @@ fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
     out
 }
 
-fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
-}
-
 enum Frame {
     Visit(UOp, Vec<UOp>),
     Combine(UOp, Vec<UOp>, Vec<(UOp, Vec<UOp>)>),
@@ -199,7 +197,7 @@ impl Ctx {
                 // Simplify now: ((i*N + j)//N) % N mentions j but *is* i. Which loops a reduce
                 // sits in, and the memo keys, must both see the truth.
                 let raw = unravel(&ravel(index, shape), src[0].shape());
-                let new: Vec<UOp> = if self.simplify_reshape {
+                let new: Vec<UOp> = if self.fold_reshape_divmod {
                     raw.iter().map(|i| self.simplify(i)).collect()
                 } else {
                     let opts = SimplifyOptions { fold_divmod: false };
@@ -294,7 +292,8 @@ impl Ctx {
         })
     }
 
-    /// The chapter's accumulator pattern for one copy of a reduce.
+    /// The accumulator of one copy of a reduce: an ALLOC initialised inside the loops of the
+    /// output index, updated in the reduce loops and read after them.
     fn reduce_acc(&mut self, u: &UOp, rop: ReduceOp, index: &[UOp], mut vals: Vec<UOp>) -> UOp {
         let dtype = u.dtype();
         let combine =
@@ -333,6 +332,11 @@ impl Ctx {
 
 /// Lowers a kernel body (tensor level, inputs as `Param`s with kernel-local slots) to a loop
 /// program that stores every element of `body` into `out`, a BUFFER of `body`'s element count.
+///
+/// # Errors
+///
+/// [`TensorError::Unsupported`] when the body holds an op that has no loop form (data leaves must have been
+/// replaced by `Param`s).
 pub fn lower(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Result<UOp> {
     let shape = body.shape().to_vec();
     let mut parts = Vec::with_capacity(shape.len());

@@ -1,97 +1,17 @@
 //! Realize: plan (cached), run the kernels on host buffers, return data-backed tensors and a
 //! report of where the time went.
 
+use crate::cache::{check_nonempty, plan_for, trim_pooled_temps};
 use crate::debug;
-use crate::error::{Result, TensorError};
-use crate::kernelize::{BufRef, OutSpec, canonicalize, plan_for};
-use crate::opt::{DefaultOpt, FlashOpt, Optimizer};
+use crate::error::Result;
+use crate::options::RealizeOptions;
+use crate::passes::canonicalize;
+use crate::plan::{BufRef, OutSpec};
+use crate::report::{KernelTiming, RealizeReport};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
 use uopc_ir::{DataRef, HostBuffer, Op, UOp};
-
-/// Options of one realize call (no global switches: everything that changes a plan is here).
-#[derive(Clone, Debug)]
-pub struct RealizeOptions {
-    /// Do not cut at REDUCEs: reductions are recomputed inside their consumers' loops, and
-    /// broadcast staging is skipped ("never write the big intermediate").
-    pub fuse_reduce: bool,
-    /// Chooses per-kernel opts and whether the layout pass runs.
-    pub opt: Arc<dyn Optimizer>,
-    /// Stage expensive broadcasts even when `fuse_reduce` is set (the chapter's first, accidental
-    /// version of fused attention, which stored P): for the "upcast the head" exercise.
-    pub stage_broadcasts_when_fused: bool,
-    /// Simplify RESHAPE indices during rangeify. Always true in real use; false only shows
-    /// (in tests) the O(N^3) accumulator placement that unsimplified indices cause.
-    pub simplify_reshape: bool,
-    /// Compile kernels as plain scalar code: no vectorization, no FMA contraction, no split
-    /// sums. The "before" of every code-generation measurement (`bench attention --scalar`).
-    pub scalar_codegen: bool,
-}
-
-impl Default for RealizeOptions {
-    fn default() -> Self {
-        RealizeOptions {
-            fuse_reduce: false,
-            opt: Arc::new(DefaultOpt::default()),
-            simplify_reshape: true,
-            stage_broadcasts_when_fused: false,
-            scalar_codegen: false,
-        }
-    }
-}
-
-impl RealizeOptions {
-    /// Fully fused: `fuse_reduce` with [`FlashOpt`].
-    pub fn fused() -> Self {
-        RealizeOptions { fuse_reduce: true, opt: Arc::new(FlashOpt::default()), ..Default::default() }
-    }
-
-    /// These options with another optimizer.
-    pub fn with_opt(mut self, opt: impl Optimizer + 'static) -> Self {
-        self.opt = Arc::new(opt);
-        self
-    }
-}
-
-/// Timing of one kernel run.
-#[derive(Clone, Debug)]
-pub struct KernelTiming {
-    /// The kernel's name.
-    pub name: String,
-    /// Wall seconds of the run.
-    pub seconds: f64,
-    /// Static FLOPs of one run.
-    pub flops: u64,
-    /// Static bytes of one run.
-    pub bytes: u64,
-    /// At DEBUG >= 3: wall seconds of an immediate second run on the same memory.
-    pub again_seconds: Option<f64>,
-    /// The kernel calls tile ops (the micro-kernels) rather than running loops only.
-    pub tile_ops: bool,
-}
-
-/// What one realize did and how long it took (data for a DEBUG layer; nothing is printed).
-#[derive(Clone, Debug, Default)]
-pub struct RealizeReport {
-    /// Per kernel, in execution order.
-    pub kernels: Vec<KernelTiming>,
-    /// Seconds spent cutting and lowering (0 on a plan-cache hit).
-    pub schedule_seconds: f64,
-    /// Seconds spent compiling (0 on a plan-cache hit).
-    pub compile_seconds: f64,
-    /// Whether the plan came from the cache.
-    pub cache_hit: bool,
-    /// Wall seconds of the whole realize call.
-    pub total_seconds: f64,
-}
-
-impl RealizeReport {
-    /// Seconds spent inside kernels.
-    pub fn run_seconds(&self) -> f64 {
-        self.kernels.iter().map(|k| k.seconds).sum()
-    }
-}
 
 fn data_of(leaf: &UOp) -> Arc<HostBuffer> {
     match leaf.op() {
@@ -118,13 +38,27 @@ fn host<'a>(
 
 /// Realizes `tensors` together (shared subgraphs are computed once) and returns data-backed
 /// tensors of the same shapes, plus a report.
+///
+/// ```rust
+/// use uopc_tensor::{RealizeOptions, Tensor, realize};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+/// let (y, z) = (x.sum(0, false), x.sum(1, false));
+/// let (out, report) = realize(&[&y, &z], &RealizeOptions::default())?;
+/// assert_eq!(out[0].to_ndarray::<f32>()?.as_slice(), Some(&[4.0, 6.0][..]));
+/// assert_eq!(out[1].to_ndarray::<f32>()?.as_slice(), Some(&[3.0, 7.0][..]));
+/// assert_eq!(report.kernels.len(), 2);
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`make_plan`](crate::make_plan), and [`TensorError::Backend`](crate::TensorError::Backend) when a
+/// kernel fails to run.
 pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor>, RealizeReport)> {
     let t0 = Instant::now();
     let roots: Vec<UOp> = tensors.iter().map(|t| t.uop().clone()).collect();
     let (canon, leaves) = canonicalize(&roots);
-    if canon.iter().any(|r| r.shape().contains(&0)) {
-        return Err(TensorError::Unsupported("tensors with a zero-sized axis".into()));
-    }
+    check_nonempty(&canon)?;
     let (plan, cache_hit) = plan_for(&canon, &leaves, opts)?;
     let level = debug::debug_level();
     if level >= 4 && !cache_hit {
@@ -178,6 +112,7 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
         report.kernels.push(timing);
     }
     plan.return_temps(temps);
+    trim_pooled_temps();
     let outs: Vec<Arc<HostBuffer>> = outs.into_iter().map(Arc::new).collect();
     let result = plan
         .outs

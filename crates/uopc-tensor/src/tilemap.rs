@@ -1,15 +1,14 @@
 //! Maps GEMM-shaped kernels onto the IR's tile GEMM (the CPU's "tensor core"): a kernel whose
 //! body is `sum_k A[i, k] * B[k, j]` over two strided views of input buffers becomes one
-//! `TILE_GEMM` per block of output rows instead of a loop nest (the chapter's "the score tile
-//! is a WMMA-lowered GEMM").
+//! `TILE_GEMM` per block of output rows instead of a loop nest, the way a GPU compiler lowers a
+//! score tile to its matrix unit.
 
-use crate::attention::query_block;
-use crate::kernelize::view_offset;
+use crate::util::largest_divisor_at_most;
+use crate::view::view_offset;
 use uopc_ir::{AxisType, DType, Op, ReduceOp, TileOp, UOp, buffer, range, sink, tile};
 
 /// Output rows per THREAD iteration: every call packs all of B once, so fewer, larger calls
-/// pay less packing (at N = 1024, 64 rows per call spent about as long packing K^T as
-/// multiplying); 256 still leaves 4 tasks for 2 threads at N = 1024.
+/// pay less packing, while 256 rows still leave several tasks per thread for a 1024-row GEMM.
 const ROWS_PER_TASK: usize = 256;
 
 /// A view of a `Param` as `base + i*s0 + j*s1 + k*s2` over the `[m, n, k]` iteration space.
@@ -83,7 +82,7 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     };
     let (a_trans, lda) = layout(m, k, a.strides[0], a.strides[2])?;
     let (b_trans, ldb) = layout(k, n, b.strides[2], b.strides[1])?;
-    let rows = query_block(m, ROWS_PER_TASK);
+    let rows = largest_divisor_at_most(m, ROWS_PER_TASK);
     let op = TileOp::Gemm { m: rows, n, k, lda, ldb, ldc: n, a_trans, b_trans, accumulate: false };
     let abuf = buffer(a.slot, DType::F32, a.len);
     let bbuf = buffer(b.slot, DType::F32, b.len);

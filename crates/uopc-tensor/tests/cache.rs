@@ -62,6 +62,16 @@ fn options_are_part_of_the_cache_key() {
     assert_ne!(a.kernel_names(), b.kernel_names());
     let a2 = make_plan(&[y.uop().clone()], &RealizeOptions::default()).unwrap();
     assert!(std::sync::Arc::ptr_eq(&a, &a2));
+    // optimizers are keyed by value: a separately built equal optimizer finds the same plan
+    let same = RealizeOptions::default().with_opt(DefaultOpt::default());
+    assert!(std::sync::Arc::ptr_eq(&a, &make_plan(&[y.uop().clone()], &same).unwrap()));
+    // experiment switches are part of the key too
+    let staged = RealizeOptions::fused()
+        .with_experiments(Experiments { stage_broadcasts_when_fused: true, ..Experiments::default() });
+    let s1 = make_plan(&[y.uop().clone()], &staged).unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&b, &s1));
+    assert!(std::sync::Arc::ptr_eq(&s1, &make_plan(&[y.uop().clone()], &staged.clone()).unwrap()));
+    assert_ne!(RealizeOptions::fused(), staged);
 }
 
 #[test]

@@ -199,10 +199,47 @@ fn softmax_along_each_axis() {
 #[test]
 fn f64_tensors_round_trip_and_compute() {
     let a = ndarray::arr2(&[[1.0f64, 2.0], [3.0, 4.0]]);
-    let ta = Tensor::from(a.clone());
+    let ta = Tensor::try_from(a.clone()).unwrap();
     assert_eq!(ta.dtype(), uopc_ir::DType::F64);
     let got = (&ta * &ta).sum(1, false).to_ndarray::<f64>().unwrap();
     assert_eq!(got, ndarray::arr1(&[5.0, 25.0]).into_dyn());
+}
+
+/// The address of a data-backed f32 tensor's elements.
+fn f32_data_ptr(t: &Tensor) -> *const f32 {
+    let uopc_ir::Op::Data { data, .. } = t.uop().op() else { panic!("{t:?} is not data") };
+    match data.0.downcast_ref::<uopc_ir::HostBuffer>() {
+        Some(uopc_ir::HostBuffer::F32(v)) => v.as_ptr(),
+        _ => panic!("not f32 data"),
+    }
+}
+
+#[test]
+fn owned_arrays_convert_without_a_copy_and_never_panic() {
+    use ndarray::{Array2, s};
+    // standard layout: the buffer moves into the tensor
+    let a = Array2::from_shape_fn((3, 4), |(i, j)| (i * 4 + j) as f32);
+    let moved = a.clone();
+    let ptr = moved.as_ptr();
+    let t = Tensor::try_from(moved).unwrap();
+    assert_eq!(f32_data_ptr(&t), ptr);
+    assert_eq!(t.to_ndarray::<f32>().unwrap(), a.clone().into_dyn());
+    // a transposed array is copied in logical order
+    let t = Tensor::try_from(a.clone().reversed_axes()).unwrap();
+    assert_eq!(t.shape(), [4, 3]);
+    assert_eq!(t.to_ndarray::<f32>().unwrap(), a.t().to_owned().into_dyn());
+    // an owned array sliced in place starts at an offset into its buffer
+    let mut rows = a.clone();
+    rows.slice_collapse(s![1.., ..]);
+    let t = Tensor::try_from(rows.clone()).unwrap();
+    assert_eq!(t.to_ndarray::<f32>().unwrap(), rows.into_dyn());
+    // a zero-length axis is an error, not a panic
+    let empty = Array2::<f32>::zeros((0, 3));
+    let e = Tensor::try_from(empty.clone()).unwrap_err().to_string();
+    assert!(e.starts_with("from_array: ") && e.contains("[0, 3]"), "{e}");
+    assert!(Tensor::try_from_array(&empty).is_err());
+    // the re-exported ndarray is the one the conversions use
+    let _: uopc_tensor::ndarray::ArrayD<f32> = Tensor::from_array(&a).to_ndarray().unwrap();
 }
 
 #[test]
@@ -213,6 +250,29 @@ fn fused_and_unfused_agree_on_a_reduce_chain() {
     let unfused = get(&y);
     let fused = y.to_ndarray_with::<f32>(&RealizeOptions::fused()).unwrap();
     assert_close(&fused, &f64s(&unfused), TOL);
+}
+
+#[test]
+fn errors_name_the_public_op_the_user_called() {
+    let err = |r: uopc_tensor::Result<Tensor>| r.unwrap_err().to_string();
+    let e = err(Tensor::try_full(&[0, 3], 1.0));
+    assert_eq!(e, "full: shape [0, 3] has a zero-sized axis, which is not supported");
+    let x = Tensor::full(&[2, 3], 1.0);
+    assert_eq!(err(x.try_softmax(-3)), "softmax: axis -3 is out of range for shape [2, 3]");
+    let e = err(x.try_le(&Tensor::full(&[4], 1.0)));
+    assert_eq!(e, "le: shapes [2, 3] and [4] do not broadcast");
+    let e = err(x.try_gt(&Tensor::full(&[4], 1.0)));
+    assert_eq!(e, "gt: shapes [2, 3] and [4] do not broadcast");
+    // a product too large for one tensor fails in matmul, not in the expand it is built from
+    let (tall, wide) = (Tensor::full(&[1 << 14, 1 << 13], 1.0), Tensor::full(&[1 << 13, 1 << 14], 1.0));
+    let e = err(tall.try_matmul(&wide));
+    assert!(e.starts_with("matmul: ") && e.contains("2^40"), "{e}");
+    let e = err(uopc_tensor::attention::try_attention(&x, &x, &Tensor::full(&[3, 3], 1.0)));
+    assert!(e.starts_with("attention: ") && e.contains("[2, 3]") && e.contains("[3, 3]"), "{e}");
+    let q = Tensor::full(&[2, 4, 8], 1.0);
+    let mask = Tensor::full(&[3, 4], 1.0);
+    let e = err(uopc_tensor::masked::try_attention_masked(&q, &q, &q, Some(&mask), false));
+    assert_eq!(e, "attention_masked: mask [3, 4] does not broadcast to the scores' shape [2, 4, 4]");
 }
 
 #[test]

@@ -19,9 +19,8 @@ fn attention_plan(n: usize, d: usize, opts: &RealizeOptions) -> Arc<Plan> {
     make_plan(&[attention(&q, &k, &v).uop().clone()], opts).expect("attention plans")
 }
 
-fn unsimplified(mut o: RealizeOptions) -> RealizeOptions {
-    o.simplify_reshape = false;
-    o
+fn unsimplified(o: RealizeOptions) -> RealizeOptions {
+    o.with_experiments(Experiments { reshape_without_divmod_folding: true, ..Experiments::default() })
 }
 
 /// Every statement with the product of the trip counts of the loops around it (the THREAD
@@ -92,9 +91,9 @@ fn plan_flops(plan: &Plan) -> u64 {
 }
 
 #[test]
-fn unfused_attention_plan_matches_the_chapter() {
-    let chapter = RealizeOptions::default().with_opt(DefaultOpt::chapter());
-    let plan = attention_plan(1024, 64, &chapter);
+fn unfused_attention_plan_with_the_4x4_tile_transposes_v() {
+    let tile_4x4 = RealizeOptions::default().with_opt(Experiments::tile_4x4_opt());
+    let plan = attention_plan(1024, 64, &tile_4x4);
     assert_eq!(
         plan.kernel_names(),
         ["r_1024_1024", "r_1024", "r_1024", "e_1024_1024", "e_1_64_1024", "r_1024_64"]
@@ -120,7 +119,7 @@ fn default_unfused_plan_transposes_k_instead_of_v() {
 }
 
 #[test]
-fn fused_attention_plan_matches_the_chapter() {
+fn fused_attention_plan_is_a_copy_of_v_and_one_kernel() {
     let plan = attention_plan(1024, 64, &RealizeOptions::fused());
     assert_eq!(plan.kernel_names(), ["e_1_64_1024", "r_1024_64"]);
     assert_eq!(plan.temp_sizes(), [65536]);
@@ -201,8 +200,8 @@ fn without_reshape_simplification_the_fused_kernel_is_cubic() {
 fn gemm_register_tile_shares_one_reduce_loop() {
     let a = Tensor::from_vec(vec![1.0f32; 64 * 32], &[64, 32]);
     let b = Tensor::from_vec(vec![1.0f32; 32 * 48], &[32, 48]);
-    let chapter = RealizeOptions::default().with_opt(DefaultOpt::chapter());
-    let plan = make_plan(&[a.matmul(&b).uop().clone()], &chapter).unwrap();
+    let tile_4x4 = RealizeOptions::default().with_opt(Experiments::tile_4x4_opt());
+    let plan = make_plan(&[a.matmul(&b).uop().clone()], &tile_4x4).unwrap();
     // b is read down its columns: the layout pass copies it transposed first
     assert_eq!(plan.kernel_names(), ["e_1_48_32", "r_64_48"]);
     let lin = linearize(&plan.kernels[1].program).unwrap();
@@ -270,13 +269,13 @@ fn unroll_combines_copies_in_one_loop() {
 #[test]
 fn layout_pass_copies_only_strided_reduce_inputs() {
     let (q, k, _) = qkv(64, 16);
-    let chapter = RealizeOptions::default().with_opt(DefaultOpt::chapter());
+    let tile_4x4 = RealizeOptions::default().with_opt(Experiments::tile_4x4_opt());
     // q @ k.T reads k along its contiguous axis: no copy
-    let plan = make_plan(&[q.matmul(&k.t()).uop().clone()], &chapter).unwrap();
+    let plan = make_plan(&[q.matmul(&k.t()).uop().clone()], &tile_4x4).unwrap();
     assert_eq!(plan.kernel_names(), ["r_64_64"]);
     // q @ k reads k down a column: a transposed copy first
     let k2 = Tensor::from_vec(vec![0.5f32; 16 * 64], &[16, 64]);
-    let plan = make_plan(&[q.matmul(&k2).uop().clone()], &chapter).unwrap();
+    let plan = make_plan(&[q.matmul(&k2).uop().clone()], &tile_4x4).unwrap();
     assert_eq!(plan.kernel_names(), ["e_1_64_16", "r_64_64"]);
     // the output-contiguous layout is the other way round
     let plan = make_plan(&[q.matmul(&k.t()).uop().clone()], &RealizeOptions::default()).unwrap();
@@ -296,6 +295,13 @@ fn kernel_names_follow_output_shape_and_reduce() {
             .unwrap();
     assert_eq!(plan.kernel_names(), ["e_2_3", "r_3"]);
     assert!(plan.temps.is_empty());
+    // Display lists the kernels with their arguments, then the buffers
+    let text = plan.to_string();
+    assert!(text.starts_with("plan: 2 kernels\n  e_2_3 "), "{text}");
+    assert!(
+        text.contains("args [Input(0), Output(0)]") && text.ends_with("outs [Output(0), Output(1)]"),
+        "{text}"
+    );
     assert_eq!(plan.outs, [OutSpec::Output(0), OutSpec::Output(1)]);
     // a root that is an input is returned as is, with no kernel
     let plan = make_plan(&[x.uop().clone()], &RealizeOptions::default()).unwrap();
@@ -328,7 +334,7 @@ fn static_flops_agree_with_the_backend_estimate() {
 }
 
 #[test]
-fn the_three_fused_variants_of_the_upcast_exercise() {
+fn fused_upcast_variants_trade_passes_over_the_keys_for_accumulators() {
     let (n, d) = (256, 64);
     // FlashOpt's upcast of 16: six computations of each q.k (2 softmax + 64/16 output passes)
     let u16 = attention_plan(n, d, &RealizeOptions::fused());
@@ -340,7 +346,8 @@ fn the_three_fused_variants_of_the_upcast_exercise() {
     assert_eq!(per_pair(&u64), 3.0);
     assert_eq!(u64.temp_sizes(), [d * n], "still no N x N buffer");
     // fuse_reduce but with broadcast staging, as the first version did: P is stored
-    let staged = RealizeOptions { stage_broadcasts_when_fused: true, ..RealizeOptions::fused() };
+    let staged = RealizeOptions::fused()
+        .with_experiments(Experiments { stage_broadcasts_when_fused: true, ..Experiments::default() });
     let p = attention_plan(n, d, &staged);
     assert!(p.temp_sizes().contains(&(n * n)), "P is materialized: {:?}", p.temp_sizes());
 }
@@ -355,8 +362,8 @@ fn softmax_reduces_are_upcast_only_where_inputs_are_reused() {
     assert_eq!(plan.kernel_names(), ["e_1_64_256", "r_256_256", "r_256", "r_256", "e_256_256", "r_256_64"]);
     let accumulators: Vec<usize> = plan.kernels.iter().map(|k| acc_inits(&k.program).len()).collect();
     assert_eq!(accumulators, [0, 32, 1, 1, 0, 32]);
-    // the chapter's optimizer upcasts every reduce kernel by its tile
-    let chapter = attention_plan(256, 64, &RealizeOptions::default().with_opt(DefaultOpt::chapter()));
-    let accumulators: Vec<usize> = chapter.kernels.iter().map(|k| acc_inits(&k.program).len()).collect();
+    // the 4x4 tile upcasts every reduce kernel, reuse or not
+    let tile_4x4 = attention_plan(256, 64, &RealizeOptions::default().with_opt(Experiments::tile_4x4_opt()));
+    let accumulators: Vec<usize> = tile_4x4.kernels.iter().map(|k| acc_inits(&k.program).len()).collect();
     assert!(accumulators.iter().filter(|&&a| a == 4).count() >= 2, "{accumulators:?}");
 }

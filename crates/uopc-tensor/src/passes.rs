@@ -1,0 +1,166 @@
+//! Graph passes of the kernelizer, run on the tensor-level graph before it is cut: the
+//! canonical form (the plan-cache key), broadcast staging, the layout passes and the choice of
+//! materialization points.
+
+use crate::util::numel;
+use crate::view::strided_broadcast_views;
+use std::collections::{HashMap, HashSet};
+use uopc_ir::{Op, UOp};
+
+/// Rebuilds the graph under `roots` bottom-up: `f(old, rebuilt)` returns each node's
+/// replacement, where `rebuilt` is `old` with already-replaced sources.
+pub(crate) fn rewrite_graph(roots: &[UOp], mut f: impl FnMut(&UOp, UOp) -> UOp) -> Vec<UOp> {
+    let mut map: HashMap<UOp, UOp> = HashMap::new();
+    for u in UOp::toposort(roots) {
+        let src: Vec<UOp> = u.src().iter().map(|s| map[s].clone()).collect();
+        let rebuilt = u.with_src(src);
+        let new = f(&u, rebuilt);
+        map.insert(u, new);
+    }
+    roots.iter().map(|r| map[r].clone()).collect()
+}
+
+/// The canonical form of a graph, its plan-cache key: DETACH removed and each distinct DATA
+/// leaf replaced by `Param { slot, shape }` in first-use order. Returns the canonical roots
+/// and the DATA leaves in slot order.
+pub fn canonicalize(roots: &[UOp]) -> (Vec<UOp>, Vec<UOp>) {
+    let mut leaves: Vec<UOp> = Vec::new();
+    let canon = rewrite_graph(roots, |old, rebuilt| match old.op() {
+        Op::Data { shape, .. } => {
+            let p = UOp::new(Op::Param { slot: leaves.len(), shape: shape.clone() }, old.dtype(), vec![]);
+            leaves.push(old.clone());
+            p
+        }
+        Op::Detach => rebuilt.src()[0].clone(),
+        _ => rebuilt,
+    });
+    (canon, leaves)
+}
+
+/// ALU ops times elements that recomputing `u` would cost, stopping at materialized nodes.
+fn fused_work(u: &UOp) -> usize {
+    let mut n = 0;
+    let mut seen = HashSet::new();
+    let mut stack = vec![u.clone()];
+    while let Some(x) = stack.pop() {
+        if matches!(x.op(), Op::Param { .. } | Op::Data { .. } | Op::Reduce { .. } | Op::Stage)
+            || !seen.insert(x.clone())
+        {
+            continue;
+        }
+        if x.op().is_alu() {
+            n += 1;
+        }
+        stack.extend(x.src().iter().cloned());
+    }
+    n * numel(u.shape())
+}
+
+fn stage(u: UOp) -> UOp {
+    let d = u.dtype();
+    UOp::new(Op::Stage, d, vec![u])
+}
+
+/// `roots` with every node of `todo` wrapped in a STAGE.
+fn stage_all(roots: &[UOp], todo: &HashSet<UOp>) -> Vec<UOp> {
+    if todo.is_empty() {
+        return roots.to_vec();
+    }
+    rewrite_graph(roots, |old, rebuilt| if todo.contains(old) { stage(rebuilt) } else { rebuilt })
+}
+
+/// Fusing is only free if nothing is recomputed. A computed tensor EXPANDed by `factor` or more
+/// (a LayerNorm output feeding a matmul) would be recomputed for every copy, so it is staged
+/// when recomputing it costs at least 4096 ALU-op-elements.
+pub fn stage_broadcast_compute(roots: &[UOp], factor: usize) -> Vec<UOp> {
+    let mut todo = HashSet::new();
+    for u in UOp::toposort(roots) {
+        if !matches!(u.op(), Op::Expand(_)) || numel(u.shape()) < factor * numel(u.src()[0].shape()) {
+            continue;
+        }
+        let mut base = u.src()[0].clone();
+        while base.op().is_movement() {
+            base = base.src()[0].clone();
+        }
+        if base.op().is_alu()
+            && !matches!(base.op(), Op::Cast)
+            && !base.shape().is_empty()
+            && fused_work(&base) >= 4096
+        {
+            todo.insert(base);
+        }
+    }
+    stage_all(roots, &todo)
+}
+
+/// The layout pass: a reduce whose input reads a broadcast buffer with a non-unit stride along
+/// the (innermost) reduce axis gets a contiguous copy of that view, taken before the broadcast
+/// so the copy is small and every re-read is contiguous (P V reads V transposed: the copy is
+/// `e_1_64_1024` in attention).
+pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
+    let mut todo = HashSet::new();
+    for r in UOp::toposort(roots) {
+        if !matches!(r.op(), Op::Reduce { .. }) {
+            continue;
+        }
+        let x = &r.src()[0];
+        let n = x.shape().len();
+        if n == 0 || x.shape()[n - 1] <= 1 {
+            continue;
+        }
+        todo.extend(strided_broadcast_views(x, n - 1));
+    }
+    stage_all(roots, &todo)
+}
+
+/// The layout pass for packed register tiles: a reduce over the last axis whose input reads a
+/// broadcast buffer with a non-unit stride along the last output axis (the tile's columns)
+/// gets a copy in which that axis is contiguous, taken before the broadcast (Q K^T reads K
+/// transposed: the copy is `e_1_64_1024` in attention). Inputs already contiguous along it,
+/// like V in P V, are read in place.
+pub fn layout_pass_output(roots: &[UOp]) -> Vec<UOp> {
+    let mut todo: HashSet<UOp> = HashSet::new();
+    for r in UOp::toposort(roots) {
+        let Op::Reduce { axes, .. } = r.op() else { continue };
+        let x = &r.src()[0];
+        let n = x.shape().len();
+        if n < 2 || *axes != 1 || x.shape()[n - 2] <= 1 {
+            continue;
+        }
+        todo.extend(strided_broadcast_views(x, n - 2));
+    }
+    if todo.is_empty() {
+        return roots.to_vec();
+    }
+    rewrite_graph(roots, |old, rebuilt| {
+        if !todo.contains(old) {
+            return rebuilt;
+        }
+        // Stage the view with the column axis last, then permute back: same values, and the
+        // column axis of the staged buffer has stride 1.
+        let n = rebuilt.shape().len();
+        let mut perm: Vec<usize> = (0..n).filter(|&a| a != n - 2).collect();
+        perm.push(n - 2);
+        let mut inverse = vec![0; n];
+        for (k, &p) in perm.iter().enumerate() {
+            inverse[p] = k;
+        }
+        let d = rebuilt.dtype();
+        let moved = UOp::new(Op::Permute(perm), d, vec![rebuilt]);
+        UOp::new(Op::Permute(inverse), d, vec![stage(moved)])
+    })
+}
+
+/// The nodes that get their own buffer: STAGEs, REDUCEs (unless `fuse_reduce`), and roots that
+/// are not already an input buffer. In execution (topological) order.
+pub fn materialize_points(roots: &[UOp], fuse_reduce: bool) -> Vec<UOp> {
+    let root_set: HashSet<&UOp> = roots.iter().collect();
+    UOp::toposort(roots)
+        .into_iter()
+        .filter(|u| {
+            matches!(u.op(), Op::Stage)
+                || (matches!(u.op(), Op::Reduce { .. }) && !fuse_reduce)
+                || (root_set.contains(u) && !matches!(u.op(), Op::Param { .. }))
+        })
+        .collect()
+}

@@ -1,0 +1,159 @@
+//! The plan: a graph cut into compiled kernels, with the temporaries and outputs they use.
+//! What realize runs, and what tests and debug output read.
+
+use crate::exec::Exe;
+use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use uopc_ir::{DType, HostBuffer, Op, UOp};
+
+/// Where a kernel argument lives at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufRef {
+    /// The plan's input `k` (the k-th distinct data leaf of the graph, in first-use order).
+    Input(usize),
+    /// The plan's temporary `k`.
+    Temp(usize),
+    /// The plan's output buffer `k`.
+    Output(usize),
+}
+
+/// Where one root's value comes from after a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutSpec {
+    /// The root is input `k` itself: nothing is computed or copied.
+    Input(usize),
+    /// The root is the plan's output buffer `k` (see [`Plan::outputs`]).
+    Output(usize),
+}
+
+/// One compiled kernel of a plan.
+pub struct Kernel {
+    /// `r_` (has a reduce) or `e_`, then the output shape joined by `_`.
+    pub name: String,
+    /// The output shape.
+    pub shape: Vec<usize>,
+    /// The loop program that was compiled.
+    pub program: UOp,
+    /// Buffer of each BUFFER slot; the last one is the output, the others are read.
+    pub args: Vec<BufRef>,
+    /// Static FLOPs of one run, from the backend's estimate.
+    pub flops: u64,
+    /// Static bytes of one run, from the backend's estimate.
+    pub bytes: u64,
+    pub(crate) exe: Exe,
+    tile_ops: bool,
+}
+
+impl Kernel {
+    /// A kernel for `program` compiled as `exe`; whether it calls tile ops is read from the
+    /// program once, here, because every realize reports it.
+    pub(crate) fn new(name: String, shape: Vec<usize>, program: UOp, args: Vec<BufRef>, exe: Exe) -> Kernel {
+        let (flops, bytes) = exe.estimates();
+        let tile_ops =
+            UOp::toposort(std::slice::from_ref(&program)).iter().any(|u| matches!(u.op(), Op::Tile(_)));
+        Kernel { name, shape, program, args, flops, bytes, exe, tile_ops }
+    }
+
+    /// Whether the program calls tile ops (a GEMM mapped onto the micro-kernels).
+    pub fn uses_tile_ops(&self) -> bool {
+        self.tile_ops
+    }
+}
+
+impl fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {:?}", self.name, self.args)
+    }
+}
+
+/// A graph cut into kernels: what realize runs, and what tests and debug output read.
+pub struct Plan {
+    /// Kernels in execution order.
+    pub kernels: Vec<Kernel>,
+    /// Temporaries as `(dtype, elements)`.
+    pub temps: Vec<(DType, usize)>,
+    /// Freshly allocated output buffers as `(dtype, elements)`.
+    pub outputs: Vec<(DType, usize)>,
+    /// For each root, where its value ends up.
+    pub outs: Vec<OutSpec>,
+    /// The inputs the plan expects, as `(dtype, shape)`, in slot order.
+    pub inputs: Vec<(DType, Vec<usize>)>,
+    /// Seconds spent cutting and lowering (excluding compilation).
+    pub schedule_seconds: f64,
+    /// Seconds spent compiling kernels.
+    pub compile_seconds: f64,
+    pub(crate) temp_pool: Mutex<Option<Vec<HostBuffer>>>,
+    pub(crate) temp_allocations: AtomicUsize,
+}
+
+impl Plan {
+    /// Kernel names in execution order.
+    pub fn kernel_names(&self) -> Vec<&str> {
+        self.kernels.iter().map(|k| k.name.as_str()).collect()
+    }
+
+    /// Element counts of the temporaries.
+    pub fn temp_sizes(&self) -> Vec<usize> {
+        self.temps.iter().map(|t| t.1).collect()
+    }
+
+    /// How many times a full set of temporaries has been allocated (1 after any number of
+    /// sequential runs; more only when runs overlapped).
+    pub fn temp_allocations(&self) -> usize {
+        self.temp_allocations.load(Ordering::Relaxed)
+    }
+
+    /// The cached temporaries, or a fresh set when they are in use by another run (or on the
+    /// first run).
+    pub(crate) fn take_temps(&self) -> Vec<HostBuffer> {
+        let cached = self.temp_pool.lock().unwrap_or_else(|e| e.into_inner()).take();
+        cached.unwrap_or_else(|| {
+            self.temp_allocations.fetch_add(1, Ordering::Relaxed);
+            self.temps.iter().map(|&(d, n)| HostBuffer::zeros(d, n)).collect()
+        })
+    }
+
+    /// Returns temporaries for the next run (kept only if the pool is empty).
+    pub(crate) fn return_temps(&self, temps: Vec<HostBuffer>) {
+        let mut pool = self.temp_pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.is_none() {
+            *pool = Some(temps);
+        }
+    }
+
+    /// Bytes of one full set of temporaries.
+    pub fn temp_bytes(&self) -> usize {
+        self.temps.iter().map(|&(d, n)| d.size().saturating_mul(n)).fold(0, usize::saturating_add)
+    }
+
+    /// Bytes of temporaries kept for the next run (0 while none are pooled).
+    pub fn pooled_temp_bytes(&self) -> usize {
+        let pooled = self.temp_pool.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        if pooled { self.temp_bytes() } else { 0 }
+    }
+
+    /// Drops the pooled temporaries (the next run allocates a fresh set); the bytes freed.
+    pub(crate) fn drop_pooled_temps(&self) -> usize {
+        let taken = self.temp_pool.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if taken.is_some() { self.temp_bytes() } else { 0 }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "plan: {} kernels", self.kernels.len())?;
+        for k in &self.kernels {
+            writeln!(f, "  {:<24} args {:?}", k.name, k.args)?;
+        }
+        writeln!(f, "  temps {:?}", self.temps)?;
+        writeln!(f, "  outputs {:?}", self.outputs)?;
+        write!(f, "  outs {:?}", self.outs)
+    }
+}
+
+impl fmt::Debug for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}

@@ -1,0 +1,281 @@
+//! The lazy `Tensor`: every operation builds a UOp node; nothing runs until `realize`.
+//!
+//! Error style: every fallible operation has a `try_` method returning [`Result`]; the plain
+//! method and the std operators panic with the same message at the caller's location
+//! (`#[track_caller]`). Shape errors name the operation and both shapes.
+
+use crate::error::{Result, shape_err};
+use crate::util::numel;
+use std::fmt;
+use std::sync::Arc;
+use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp, const_of};
+
+mod convert;
+mod display;
+mod elementwise;
+mod movement;
+mod operators;
+mod reduce;
+
+const LOG2E: f64 = std::f64::consts::LOG2_E;
+
+/// Element types a tensor can be built from and read back as.
+pub trait Element: Copy + Send + Sync + 'static {
+    /// The matching IR dtype.
+    const DTYPE: DType;
+    /// Wraps a vector as a host buffer.
+    fn into_host(v: Vec<Self>) -> HostBuffer;
+    /// The elements of a host buffer of this dtype.
+    fn from_host(h: &HostBuffer) -> Option<&[Self]>;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::F32(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::F64(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// A lazy tensor: a handle on a node of the UOp graph. Cloning is cheap.
+///
+/// Operations only build graph nodes; nothing is computed until the tensor is realized
+/// ([`Tensor::realize`], [`Tensor::to_ndarray`], [`realize`](crate::realize)), which is why a
+/// discarded result is almost always a mistake and every `Tensor` is `#[must_use]`.
+///
+/// ```rust
+/// use uopc_tensor::Tensor;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+/// let y = (&x * 2.0 + 1.0).relu(); // a graph of three nodes over x; nothing has run
+/// assert_eq!(y.to_string(), "Tensor [2, 2] f32 (lazy MAX: realize it to see the values)");
+/// assert_eq!(y.realize()?.to_string(), "Tensor [2, 2] f32\n[[3.0, 5.0],\n [7.0, 9.0]]");
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
+///
+/// # Panics
+///
+/// The std operators (`+ - * /` between tensors) and the methods without a `try_` prefix
+/// panic, at the caller's location, where the `try_` methods return an error.
+#[derive(Clone)]
+#[must_use = "tensor operations are lazy: an unused Tensor computes nothing"]
+pub struct Tensor {
+    uop: UOp,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({:?}, {}, {})", self.shape(), self.dtype(), self.uop.op().name())
+    }
+}
+
+#[track_caller]
+pub(crate) fn ok(r: Result<Tensor>) -> Tensor {
+    match r {
+        Ok(t) => t,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Tensors may have at most this many elements: indices stay far from overflow, and a typo in
+/// a shape fails here, where it was written, instead of as an allocation failure later.
+pub const MAX_ELEMENTS: usize = 1 << 40;
+
+pub(crate) fn check_size(op: &'static str, shape: &[usize]) -> Result<()> {
+    if numel(shape) > MAX_ELEMENTS {
+        return Err(shape_err(op, format!("shape {shape:?} has more than 2^40 elements")));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_nonzero(op: &'static str, shape: &[usize]) -> Result<()> {
+    if shape.contains(&0) {
+        return Err(shape_err(op, format!("shape {shape:?} has a zero-sized axis, which is not supported")));
+    }
+    Ok(())
+}
+
+/// The numpy broadcast of two shapes, if they are compatible.
+pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for k in 0..n {
+        let x = if k + a.len() >= n { a[k + a.len() - n] } else { 1 };
+        let y = if k + b.len() >= n { b[k + b.len() - n] } else { 1 };
+        out[k] = match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+pub(crate) fn promote(a: DType, b: DType) -> DType {
+    a.max(b)
+}
+
+impl Tensor {
+    pub(crate) fn from_uop(uop: UOp) -> Tensor {
+        Tensor { uop }
+    }
+
+    pub(crate) fn data(buf: HostBuffer, shape: &[usize]) -> Tensor {
+        let dtype = buf.dtype();
+        let data = DataRef(Arc::new(buf));
+        Tensor { uop: UOp::new(Op::Data { data, shape: shape.to_vec() }, dtype, vec![]) }
+    }
+
+    /// A tensor holding `data` (row-major) with `shape`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::try_from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// assert_eq!((x.shape(), x.ndim(), x.numel()), (&[2, 3][..], 2, 6));
+    /// assert!(Tensor::try_from_vec(vec![1.0f32; 5], &[2, 3]).is_err());
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `from_vec` when `data` does not have exactly
+    /// as many elements as `shape`, or `shape` has a zero-sized axis or more than 2^40 elements.
+    pub fn try_from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Result<Tensor> {
+        check_nonzero("from_vec", shape)?;
+        if data.len() != numel(shape) {
+            return Err(shape_err(
+                "from_vec",
+                format!("{} elements do not fill shape {shape:?} ({} elements)", data.len(), numel(shape)),
+            ));
+        }
+        Ok(Tensor::data(E::into_host(data), shape))
+    }
+
+    /// [`Tensor::try_from_vec`], panicking on a length mismatch.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f64, 2.0], &[2]);
+    /// assert_eq!(x.dtype(), uopc_ir::DType::F64);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// On a length that does not fill `shape` or a zero-sized axis (the error [`Tensor::try_from_vec`]
+    /// returns).
+    #[track_caller]
+    pub fn from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Tensor {
+        ok(Tensor::try_from_vec(data, shape))
+    }
+
+    /// A 0-d tensor holding `v`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let half = Tensor::scalar(0.5);
+    /// assert!(half.shape().is_empty());
+    /// assert_eq!(half.to_ndarray::<f32>()?.sum(), 0.5);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    pub fn scalar(v: f32) -> Tensor {
+        Tensor::data(HostBuffer::F32(vec![v]), &[])
+    }
+
+    /// A tensor of `shape` filled with `v` (a broadcast constant: no memory until realized).
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let ones = Tensor::try_full(&[2, 3], 1.0)?;
+    /// assert_eq!(ones.sum(1, false).to_ndarray::<f32>()?.as_slice(), Some(&[3.0, 3.0][..]));
+    /// assert!(Tensor::try_full(&[0, 3], 1.0).is_err());
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has a zero-sized axis or
+    /// more than 2^40 elements.
+    pub fn try_full(shape: &[usize], v: f32) -> Result<Tensor> {
+        check_nonzero("full", shape)?;
+        check_size("full", shape)?;
+        let c = Tensor { uop: const_of(v as f64, DType::F32) };
+        if shape.is_empty() {
+            return Ok(c);
+        }
+        c.try_reshape(&vec![1; shape.len()]).and_then(|t| t.try_expand(shape)).map_err(|e| e.in_op("full"))
+    }
+
+    /// [`Tensor::try_full`], panicking on a zero-sized axis or an oversized shape.
+    ///
+    /// # Panics
+    ///
+    /// On a zero-sized axis or more than 2^40 elements (the error [`Tensor::try_full`] returns).
+    #[track_caller]
+    pub fn full(shape: &[usize], v: f32) -> Tensor {
+        ok(Tensor::try_full(shape, v))
+    }
+
+    /// The host buffer holding this tensor's elements, when it is backed by data (an input or
+    /// a realized tensor) rather than a computation.
+    pub(crate) fn host_data(&self) -> Option<&HostBuffer> {
+        match self.uop.op() {
+            Op::Data { data, .. } => data.0.downcast_ref::<HostBuffer>(),
+            _ => None,
+        }
+    }
+
+    /// Whether this tensor is backed by data (an input or the result of a realize), so that
+    /// reading it computes nothing.
+    pub fn is_realized(&self) -> bool {
+        self.host_data().is_some()
+    }
+
+    /// The UOp this tensor stands for.
+    pub fn uop(&self) -> &UOp {
+        &self.uop
+    }
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.uop.shape()
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.uop.dtype()
+    }
+    /// Number of axes.
+    pub fn ndim(&self) -> usize {
+        self.shape().len()
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        numel(self.shape())
+    }
+
+    pub(crate) fn axis(&self, op: &'static str, axis: isize) -> Result<usize> {
+        let n = self.ndim() as isize;
+        let a = if axis < 0 { axis + n } else { axis };
+        if a < 0 || a >= n {
+            return Err(shape_err(op, format!("axis {axis} is out of range for shape {:?}", self.shape())));
+        }
+        Ok(a as usize)
+    }
+}

@@ -1,0 +1,90 @@
+//! The std operators (`+ - * /`, unary `-`) on tensors and `f32` scalars; they panic where the
+//! `try_` methods return an error, at the caller's location.
+
+use super::{Tensor, ok};
+use std::ops;
+use uopc_ir::BinaryOp;
+
+macro_rules! tensor_binop {
+    ($trait:ident, $method:ident, $try:ident, $op:expr, $rev:expr) => {
+        impl ops::$trait<&Tensor> for &Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                ok(self.$try(rhs))
+            }
+        }
+        impl ops::$trait<Tensor> for Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Tensor {
+                ok(self.$try(&rhs))
+            }
+        }
+        impl ops::$trait<&Tensor> for Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                ok(self.$try(rhs))
+            }
+        }
+        impl ops::$trait<Tensor> for &Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Tensor {
+                ok(self.$try(&rhs))
+            }
+        }
+        impl ops::$trait<f32> for &Tensor {
+            type Output = Tensor;
+            fn $method(self, rhs: f32) -> Tensor {
+                $op(self, rhs)
+            }
+        }
+        impl ops::$trait<f32> for Tensor {
+            type Output = Tensor;
+            fn $method(self, rhs: f32) -> Tensor {
+                $op(&self, rhs)
+            }
+        }
+        impl ops::$trait<&Tensor> for f32 {
+            type Output = Tensor;
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                $rev(self, rhs)
+            }
+        }
+        impl ops::$trait<Tensor> for f32 {
+            type Output = Tensor;
+            fn $method(self, rhs: Tensor) -> Tensor {
+                $rev(self, &rhs)
+            }
+        }
+    };
+}
+
+tensor_binop!(Add, add, try_add, |t: &Tensor, v| t.scalar_op(BinaryOp::Add, v, false), |v, t: &Tensor| t
+    .scalar_op(BinaryOp::Add, v, true));
+tensor_binop!(Sub, sub, try_sub, |t: &Tensor, v| t.scalar_op(BinaryOp::Sub, v, false), |v, t: &Tensor| t
+    .scalar_op(BinaryOp::Sub, v, true));
+tensor_binop!(Mul, mul, try_mul, |t: &Tensor, v| t.scalar_op(BinaryOp::Mul, v, false), |v, t: &Tensor| t
+    .scalar_op(BinaryOp::Mul, v, true));
+tensor_binop!(
+    Div,
+    div,
+    try_div,
+    |t: &Tensor, v: f32| t.float().scalar_op(BinaryOp::Mul, 1.0 / v, false),
+    |v, t: &Tensor| t.float().recip().scalar_op(BinaryOp::Mul, v, false)
+);
+
+impl ops::Neg for &Tensor {
+    type Output = Tensor;
+    fn neg(self) -> Tensor {
+        Tensor::neg(self)
+    }
+}
+impl ops::Neg for Tensor {
+    type Output = Tensor;
+    fn neg(self) -> Tensor {
+        Tensor::neg(&self)
+    }
+}
