@@ -15,7 +15,7 @@
 
 use crate::attention::LOG2E;
 use crate::masked_attention::M_FLOOR;
-use uopc_ir::{AxisType, DType, TileOp, UOp, alloc, buffer, f32c, range, sink, tile};
+use uopc_ir::{AxisType, DType, GemmShape, TileOp, UOp, alloc, buffer, f32c, range, sink, tile};
 use uopc_jit::{JitError, JitOptions, OptLevel, Program};
 
 /// Output columns per register tile of the `P · V` update in [`flash_tiled_ir`]: two F32X4
@@ -510,7 +510,7 @@ fn flash_tile_ops_program(
         // rows_at: the query block's first row in Q, and its first row in the state (m, l, O).
         let (q_row, state_row) = rows_at;
         let rows = br - r0;
-        let scores = TileOp::Gemm {
+        let scores = TileOp::Gemm(GemmShape {
             m: rows,
             n: cols,
             k: d,
@@ -520,7 +520,7 @@ fn flash_tile_ops_program(
             a_trans: false,
             b_trans: true,
             accumulate: false,
-        };
+        });
         let q_first = (q_row + r0 as i64) * d;
         let mut g1 = tile(scores, &[q.index(q_first), k.index(first * d), si.after(prev).index(0)]);
         if let Some((rid, cid)) = mask_ids {
@@ -545,7 +545,7 @@ fn flash_tile_ops_program(
             ],
         );
         let after_sm = std::slice::from_ref(&sm);
-        let pv = TileOp::Gemm {
+        let pv = TileOp::Gemm(GemmShape {
             m: rows,
             n: d,
             k: cols,
@@ -555,7 +555,7 @@ fn flash_tile_ops_program(
             a_trans: false,
             b_trans: false,
             accumulate: true,
-        };
+        });
         tile(
             pv,
             &[

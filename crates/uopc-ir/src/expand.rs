@@ -24,7 +24,7 @@
 use crate::builder::{alloc, const_of, range, sink};
 use crate::dtype::DType;
 use crate::linearize::open_ranges_with;
-use crate::uop::{AxisType, Op, TileOp, UOp};
+use crate::uop::{AxisType, GemmShape, Op, TileOp, UOp};
 use std::collections::HashMap;
 
 /// Rewrites every tile op of `program` into an equivalent loop nest of ordinary ops.
@@ -60,9 +60,7 @@ pub fn expand_tile_ops(program: &UOp) -> UOp {
                 let scope: Vec<UOp> = rng[u].iter().map(|r| map[r].clone()).collect();
                 let ops = Operands { src: &src, scope, fresh: &mut fresh };
                 match *t {
-                    TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
-                        ops.gemm(Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate })
-                    }
+                    TileOp::Gemm(g) => ops.gemm(g),
                     TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo),
                 }
             }
@@ -96,18 +94,6 @@ impl Fresh {
         self.alloc_slot += 1;
         alloc(self.alloc_slot - 1, DType::F64, 1).after(scope)
     }
-}
-
-struct Gemm {
-    m: usize,
-    n: usize,
-    k: usize,
-    lda: usize,
-    ldb: usize,
-    ldc: usize,
-    a_trans: bool,
-    b_trans: bool,
-    accumulate: bool,
 }
 
 /// One tile op's operands (rewritten INDEX nodes), the ranges it runs in, and the id source.
@@ -157,7 +143,7 @@ impl Operands<'_> {
 
     /// `C[i, j] = (accumulate ? C[i, j] : 0) + sum_p A[i, p] B[p, j]`, summed in f64 in `p`
     /// order, rounded once: rows `i` outer, columns `j` inner, like the interpreter.
-    fn gemm(self, g: Gemm) -> UOp {
+    fn gemm(self, g: GemmShape) -> UOp {
         if g.m == 0 || g.n == 0 {
             return self.nothing();
         }

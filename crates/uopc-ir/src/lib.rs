@@ -25,6 +25,7 @@ pub use linearize::{Linear, Stmt, linearize, linearize_with, open_ranges, open_r
 pub use print::{print_graph, print_linear, print_program};
 pub use simplify::{SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_with, split_linear};
 pub use uop::{
-    AxisType, BinaryOp, ConstValue, DataRef, Op, ReduceOp, TileOp, TileOperand, UOp, UnaryOp, block_extent,
+    AxisType, BinaryOp, ConstValue, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UOp, UnaryOp,
+    block_extent,
 };
 pub use verify::{verify, verify_simplified, view_base};

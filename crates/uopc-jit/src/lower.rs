@@ -757,21 +757,19 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 }
             }
         }
-        let mut int = |v: usize| self.b.ins().iconst(types::I64, v as i64);
+        let mut int = |v: i64| self.b.ins().iconst(types::I64, v);
         let f = match t {
-            TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
-                let flag = |on: bool, bit: i64| if on { bit } else { 0 };
-                let flags = flag(a_trans, uopc_tile::GEMM_A_TRANS)
-                    | flag(b_trans, uopc_tile::GEMM_B_TRANS)
-                    | flag(accumulate, uopc_tile::GEMM_ACCUMULATE);
-                for v in [m, n, k, lda, ldb, ldc, flags as usize] {
+            TileOp::Gemm(shape) => {
+                // The flat entry point takes the C descriptor's fields, in its order.
+                let g = uopc_tile::GemmDesc::from(&shape);
+                for v in [g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.flags] {
                     args.push(int(v));
                 }
                 self.externs.tile_gemm
             }
             TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
                 for v in [rows, cols, lds, ldo, d] {
-                    args.push(int(v));
+                    args.push(int(v as i64));
                 }
                 self.externs.tile_softmax
             }

@@ -14,6 +14,8 @@ mod tile_cases;
 
 use proptest::prelude::*;
 use tile_cases::*;
+// The test case shape (with padding and offsets), not the IR's descriptor of the same name.
+use tile_cases::GemmShape;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, Program};

@@ -5,7 +5,7 @@
 
 use crate::attention::query_block;
 use crate::kernelize::view_offset;
-use uopc_ir::{AxisType, DType, Op, ReduceOp, TileOp, UOp, buffer, range, sink, tile};
+use uopc_ir::{AxisType, DType, GemmShape, Op, ReduceOp, TileOp, UOp, buffer, range, sink, tile};
 
 /// Output rows per THREAD iteration: every call packs all of B once, so fewer, larger calls
 /// pay less packing (at N = 1024, 64 rows per call spent about as long packing K^T as
@@ -84,7 +84,7 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     let (a_trans, lda) = layout(m, k, a.strides[0], a.strides[2])?;
     let (b_trans, ldb) = layout(k, n, b.strides[2], b.strides[1])?;
     let rows = query_block(m, ROWS_PER_TASK);
-    let op = TileOp::Gemm { m: rows, n, k, lda, ldb, ldc: n, a_trans, b_trans, accumulate: false };
+    let op = TileOp::Gemm(GemmShape { m: rows, n, k, lda, ldb, ldc: n, a_trans, b_trans, accumulate: false });
     let abuf = buffer(a.slot, DType::F32, a.len);
     let bbuf = buffer(b.slot, DType::F32, b.len);
     let t = range(m / rows, 0, AxisType::Thread);
