@@ -3,7 +3,10 @@
 //! A loop program is a SINK of effects built from RANGE, ALLOC/BUFFER views, INDEX, LOAD, STORE,
 //! AFTER and END; [`verify`] checks it, [`linearize`] orders it into nested loops, and
 //! [`print_program`] shows it. [`simplify`] canonicalizes index arithmetic using value bounds.
+//! [`prepare`] runs those stages once for a backend and answers the [`analysis`] questions its
+//! translation asks.
 
+pub mod analysis;
 mod builder;
 mod dtype;
 mod error;
@@ -11,17 +14,20 @@ mod expand;
 mod host;
 pub mod interp;
 mod linearize;
+mod prepare;
 mod print;
 mod simplify;
 mod uop;
 mod verify;
 
+pub use analysis::BufferSpec;
 pub use builder::{IntoIndex, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink, tile};
 pub use dtype::DType;
 pub use error::{IrError, IrErrorKind};
 pub use expand::expand_tile_ops;
 pub use host::HostBuffer;
 pub use linearize::{Linear, Stmt, linearize, linearize_with, open_ranges, open_ranges_with};
+pub use prepare::{PrepareError, PrepareOptions, PreparedKernel, ThreadInfo, prepare};
 pub use print::{print_graph, print_linear, print_program};
 pub use simplify::{SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_with, split_linear};
 pub use uop::{
