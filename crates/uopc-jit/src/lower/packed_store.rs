@@ -140,49 +140,7 @@ impl Lowerer<'_, '_> {
             if body[window.clone()].iter().any(|s| matches!(s, Stmt::Loop { .. })) {
                 continue;
             }
-            let own: HashSet<&UOp> = group.iter().map(|(_, s)| *s).collect();
-            let leaf_set: HashSet<&UOp> = leaves.iter().collect();
-            let store_base = view_base(&index.src()[0]);
-            let mut safe = true;
-            for s in &body[window] {
-                let Stmt::Op(u) = s else { continue };
-                let (Op::Load | Op::Store) = u.op() else { continue };
-                if self.register_of(&u.src()[0]).is_some() {
-                    continue;
-                }
-                if leaf_set.contains(u) {
-                    continue;
-                }
-                let ub = view_base(&u.src()[0].src()[0]);
-                let ui = &u.src()[0].src()[1];
-                let outside = |d: UOp| {
-                    let (lo, hi) = d.bounds();
-                    hi < 0 || lo >= LANES as i64
-                };
-                if matches!(u.op(), Op::Store) {
-                    // Stores in the window must not write what the moved loads read, except
-                    // a lane's own element (read before it is written either way).
-                    // (`leaves` holds four lanes at a time, so a leaf's lane is its position
-                    // mod 4.)
-                    let own_lane = if own.contains(u) { diff(ui, &index.src()[1]).const_int() } else { None };
-                    for (n, leaf) in leaves.iter().enumerate() {
-                        if view_base(&leaf.src()[0].src()[0]) != ub {
-                            continue;
-                        }
-                        let d = diff(ui, &leaf.src()[0].src()[1]);
-                        let (lo, hi) = d.bounds();
-                        let same_lane = own_lane == Some((n % LANES) as i64);
-                        safe &= hi < 0 || lo > 0 || same_lane;
-                    }
-                    if !own.contains(u) && ub == store_base {
-                        safe &= outside(diff(ui, &index.src()[1]));
-                    }
-                } else if ub == store_base {
-                    // A load outside the group must not see the moved stores late.
-                    safe &= outside(diff(ui, &index.src()[1]));
-                }
-            }
-            if !safe {
+            if !self.window_is_safe(&body[window], &group, &leaves, &index, &mut diff) {
                 continue;
             }
             taken.extend(group.iter().map(|(p, _)| *p));
@@ -193,41 +151,66 @@ impl Lowerer<'_, '_> {
             keep.extend(leaves.iter().step_by(LANES).map(|l| l.src()[0].clone()));
             found.at.insert(last, PackedStore { values, index });
         }
-        if found.at.is_empty() {
-            return found;
-        }
-        // Statements only the groups use are not emitted as scalars.
-        let mut users: HashMap<UOp, usize> = HashMap::new();
-        fn count(stmts: &[Stmt], users: &mut HashMap<UOp, usize>) {
-            for s in stmts {
-                match s {
-                    Stmt::Op(u) => {
-                        for x in u.src() {
-                            *users.entry(x.clone()).or_default() += 1;
-                        }
-                    }
-                    Stmt::Loop { body, .. } => count(body, users),
-                }
-            }
-        }
-        count(body, &mut users);
-        let mut dead: HashMap<UOp, usize> = HashMap::new();
-        for (p, s) in body.iter().enumerate().skip(from).rev() {
-            let Stmt::Op(u) = s else { continue };
-            let is_group_store = group_stores.contains(u);
-            let unused = !matches!(u.op(), Op::Store | Op::End | Op::Sink | Op::After | Op::Tile(_))
-                && !keep.contains(u)
-                && users.get(u).is_some_and(|&n| n > 0 && dead.get(u) == Some(&n));
-            if is_group_store || unused {
-                if !found.at.contains_key(&p) {
-                    found.skip.insert(p);
-                }
-                for x in u.src() {
-                    *dead.entry(x.clone()).or_default() += 1;
-                }
-            }
+        if !found.at.is_empty() {
+            mark_replaced(body, from, &group_stores, &keep, &mut found);
         }
         found
+    }
+
+    /// Whether a group's moves are safe: its loads move down to its last store and its stores
+    /// join it there, so no other access in `window` (the statements from the group's first
+    /// load or store to its last store) may see or change memory the move reorders.
+    fn window_is_safe(
+        &self,
+        window: &[Stmt],
+        group: &[(usize, &UOp)],
+        leaves: &[UOp],
+        index: &UOp,
+        diff: &mut impl FnMut(&UOp, &UOp) -> UOp,
+    ) -> bool {
+        let own: HashSet<&UOp> = group.iter().map(|(_, s)| *s).collect();
+        let leaf_set: HashSet<&UOp> = leaves.iter().collect();
+        let store_base = view_base(&index.src()[0]);
+        let mut safe = true;
+        for s in window {
+            let Stmt::Op(u) = s else { continue };
+            let (Op::Load | Op::Store) = u.op() else { continue };
+            if self.register_of(&u.src()[0]).is_some() {
+                continue;
+            }
+            if leaf_set.contains(u) {
+                continue;
+            }
+            let ub = view_base(&u.src()[0].src()[0]);
+            let ui = &u.src()[0].src()[1];
+            let outside = |d: UOp| {
+                let (lo, hi) = d.bounds();
+                hi < 0 || lo >= LANES as i64
+            };
+            if matches!(u.op(), Op::Store) {
+                // Stores in the window must not write what the moved loads read, except
+                // a lane's own element (read before it is written either way).
+                // (`leaves` holds four lanes at a time, so a leaf's lane is its position
+                // mod 4.)
+                let own_lane = if own.contains(u) { diff(ui, &index.src()[1]).const_int() } else { None };
+                for (n, leaf) in leaves.iter().enumerate() {
+                    if view_base(&leaf.src()[0].src()[0]) != ub {
+                        continue;
+                    }
+                    let d = diff(ui, &leaf.src()[0].src()[1]);
+                    let (lo, hi) = d.bounds();
+                    let same_lane = own_lane == Some((n % LANES) as i64);
+                    safe &= hi < 0 || lo > 0 || same_lane;
+                }
+                if !own.contains(u) && ub == store_base {
+                    safe &= outside(diff(ui, &index.src()[1]));
+                }
+            } else if ub == store_base {
+                // A load outside the group must not see the moved stores late.
+                safe &= outside(diff(ui, &index.src()[1]));
+            }
+        }
+        safe
     }
 
     /// Whether four value trees are lanes of one F32X4 computation; collects the lane loads
@@ -297,6 +280,49 @@ impl Lowerer<'_, '_> {
                 Ok(())
             }
             Err(_) => Err(JitError::Internal("packed store to a register".into())),
+        }
+    }
+}
+
+/// Marks in `found.skip` the statements of `body[from..]` the packed groups compute instead:
+/// the groups' other stores, and scalar math only they use (counted through every use in
+/// `body`, nested loops included). `keep` lists what the groups still need as scalars.
+fn mark_replaced(
+    body: &[Stmt],
+    from: usize,
+    group_stores: &HashSet<UOp>,
+    keep: &HashSet<UOp>,
+    found: &mut PackedStores,
+) {
+    // Statements only the groups use are not emitted as scalars.
+    let mut users: HashMap<UOp, usize> = HashMap::new();
+    fn count(stmts: &[Stmt], users: &mut HashMap<UOp, usize>) {
+        for s in stmts {
+            match s {
+                Stmt::Op(u) => {
+                    for x in u.src() {
+                        *users.entry(x.clone()).or_default() += 1;
+                    }
+                }
+                Stmt::Loop { body, .. } => count(body, users),
+            }
+        }
+    }
+    count(body, &mut users);
+    let mut dead: HashMap<UOp, usize> = HashMap::new();
+    for (p, s) in body.iter().enumerate().skip(from).rev() {
+        let Stmt::Op(u) = s else { continue };
+        let is_group_store = group_stores.contains(u);
+        let unused = !matches!(u.op(), Op::Store | Op::End | Op::Sink | Op::After | Op::Tile(_))
+            && !keep.contains(u)
+            && users.get(u).is_some_and(|&n| n > 0 && dead.get(u) == Some(&n));
+        if is_group_store || unused {
+            if !found.at.contains_key(&p) {
+                found.skip.insert(p);
+            }
+            for x in u.src() {
+                *dead.entry(x.clone()).or_default() += 1;
+            }
         }
     }
 }

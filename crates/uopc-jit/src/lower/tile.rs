@@ -73,11 +73,64 @@ impl Lowerer<'_, '_> {
             return Ok(false);
         }
 
+        let skipped = self.scalar_nodes_replaced(&nodes, &updates, &lane_sets);
+        // Where each pack is emitted: at the last of its four stores.
+        let mut emit_at: HashMap<UOp, usize> = HashMap::new();
+        let mut packs = Vec::new();
+        for (p, lanes) in lane_sets.iter().enumerate() {
+            let last = lanes
+                .iter()
+                .map(|&k| &updates[k].store)
+                .max_by_key(|s| nodes.iter().position(|u| u == s))
+                .expect("four lanes");
+            emit_at.insert(last.clone(), p);
+            let vector = self.b.declare_var(types::F32X4);
+            let init = self.vector_of_vars(lanes.map(|k| updates[k].var));
+            self.b.def_var(vector, init);
+            packs.push(Pack { lanes: *lanes, vector });
+        }
+
+        let emit = |l: &mut Self| -> Result<(), JitError> {
+            let mut memo: HashMap<[UOp; LANES], Value> = HashMap::new();
+            for u in &nodes {
+                if let Some(&p) = emit_at.get(*u) {
+                    let pack = &packs[p];
+                    let xs = pack.lanes.map(|k| updates[k].x.clone());
+                    let acc = l.b.use_var(pack.vector);
+                    let next = l.packed_add(&xs, acc, &mut memo)?;
+                    l.b.def_var(pack.vector, next);
+                } else if !skipped.contains(*u) {
+                    l.stmt(u)?;
+                }
+            }
+            Ok(())
+        };
+        self.tile_loop(range, &emit)?;
+        for pack in &packs {
+            let v = self.b.use_var(pack.vector);
+            let vars = pack.lanes.map(|k| updates[k].var);
+            for (lane, &k) in pack.lanes.iter().enumerate() {
+                let x = self.b.ins().extractlane(v, lane as u8);
+                self.b.def_var(updates[k].var, x);
+                self.tile_results.insert(updates[k].var.as_u32(), (v, lane, vars));
+            }
+        }
+        Ok(true)
+    }
+
+    /// The body's nodes that packed code computes instead (the lanes' scalar math, and shared
+    /// loads only splats use, which are recorded in `splat_loads` to be loaded at each splat).
+    fn scalar_nodes_replaced(
+        &mut self,
+        nodes: &[&UOp],
+        updates: &[Update],
+        lane_sets: &[[usize; LANES]],
+    ) -> HashSet<UOp> {
         // Nodes that only packed updates use are not emitted as scalars.
         let mut varying: HashSet<UOp> = HashSet::new();
         // Shared scalars a pack splats: emitted as scalars even where another pack varies in them.
         let mut keep: HashSet<UOp> = HashSet::new();
-        for lanes in &lane_sets {
+        for lanes in lane_sets {
             for &k in lanes {
                 let up = &updates[k];
                 varying.extend([up.acc_load.clone(), up.add.clone(), up.store.clone()]);
@@ -108,41 +161,20 @@ impl Lowerer<'_, '_> {
                 self.splat_loads.insert((*u).clone());
             }
         }
-        // Where each pack is emitted: at the last of its four stores.
-        let mut emit_at: HashMap<UOp, usize> = HashMap::new();
-        let mut packs = Vec::new();
-        for (p, lanes) in lane_sets.iter().enumerate() {
-            let last = lanes
-                .iter()
-                .map(|&k| &updates[k].store)
-                .max_by_key(|s| nodes.iter().position(|u| u == s))
-                .expect("four lanes");
-            emit_at.insert(last.clone(), p);
-            let vector = self.b.declare_var(types::F32X4);
-            let init = self.vector_of_vars(lanes.map(|k| updates[k].var));
-            self.b.def_var(vector, init);
-            packs.push(Pack { lanes: *lanes, vector });
-        }
+        skipped
+    }
 
-        // Two reduce steps per trip (at opt_level none): the loop-carried accumulators then need
-        // no register copies at the back edge (x64's FMA writes a multiplicand's register, so
-        // after one step every accumulator sits in another register).
+    /// The loop of a register tile over `range`, running `emit` once per reduce step.
+    ///
+    /// Two reduce steps per trip (at opt_level none): the loop-carried accumulators then need
+    /// no register copies at the back edge (x64's FMA writes a multiplicand's register, so
+    /// after one step every accumulator sits in another register).
+    fn tile_loop(
+        &mut self,
+        range: &UOp,
+        emit: &impl Fn(&mut Self) -> Result<(), JitError>,
+    ) -> Result<(), JitError> {
         let unroll = self.tile_unroll;
-        let emit = |l: &mut Self| -> Result<(), JitError> {
-            let mut memo: HashMap<[UOp; LANES], Value> = HashMap::new();
-            for u in &nodes {
-                if let Some(&p) = emit_at.get(*u) {
-                    let pack = &packs[p];
-                    let xs = pack.lanes.map(|k| updates[k].x.clone());
-                    let acc = l.b.use_var(pack.vector);
-                    let next = l.packed_add(&xs, acc, &mut memo)?;
-                    l.b.def_var(pack.vector, next);
-                } else if !skipped.contains(*u) {
-                    l.stmt(u)?;
-                }
-            }
-            Ok(())
-        };
         let trips = range.src()[0].const_int().filter(|&t| unroll > 1 && t >= unroll);
         if let Some(trips) = trips {
             let main = trips - trips % unroll;
@@ -180,16 +212,7 @@ impl Lowerer<'_, '_> {
                 emit(l)
             })?;
         }
-        for pack in &packs {
-            let v = self.b.use_var(pack.vector);
-            let vars = pack.lanes.map(|k| updates[k].var);
-            for (lane, &k) in pack.lanes.iter().enumerate() {
-                let x = self.b.ins().extractlane(v, lane as u8);
-                self.b.def_var(updates[k].var, x);
-                self.tile_results.insert(updates[k].var.as_u32(), (v, lane, vars));
-            }
-        }
-        Ok(true)
+        Ok(())
     }
 
     /// The register accumulators updated as `acc = acc + x` (f32), each loaded and stored once.
