@@ -10,6 +10,7 @@ use crate::analysis::{
     threads_write_disjoint, written_bases,
 };
 use crate::error::IrError;
+use crate::estimate::{Estimates, estimate};
 use crate::expand::expand_tile_ops;
 use crate::linearize::Linear;
 use crate::print::print_linear;
@@ -74,6 +75,8 @@ pub struct PreparedKernel {
     pub gemm_like: bool,
     /// Bytes all ALLOCs need ([`local_bytes`]).
     pub local_bytes: usize,
+    /// Static FLOP and byte counts ([`estimate`]).
+    pub estimates: Estimates,
 }
 
 impl PreparedKernel {
@@ -91,7 +94,7 @@ impl PreparedKernel {
 /// 3. simplifies ([`simplify`]);
 /// 4. checks and linearizes the simplified program ([`verify_simplified`]): every index of the
 ///    code a backend emits is proven inside its buffer here;
-/// 5. answers the analyses of [`PreparedKernel`] on it.
+/// 5. answers the analyses of [`PreparedKernel`] on it, and counts its work.
 ///
 /// # Errors
 ///
@@ -121,6 +124,7 @@ pub fn prepare(program: &UOp, opts: &PrepareOptions) -> Result<PreparedKernel, P
         gemm_like: gemm_like(&linear, &register_allocs),
         contractible_muls: contractible_muls(&linear),
         local_bytes: local_bytes(&linear),
+        estimates: estimate(&linear),
         register_allocs,
         read_only,
         thread,

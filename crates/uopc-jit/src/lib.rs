@@ -22,7 +22,6 @@
 
 mod args;
 mod error;
-mod estimate;
 mod externs;
 mod isa;
 mod lower;
@@ -34,8 +33,7 @@ mod translate;
 
 pub use args::{Arg, BufRef};
 pub use error::JitError;
-pub use estimate::Estimates;
 pub use isa::IsaError;
 pub use options::{JitOptions, OptLevel};
 pub use program::{MAX_LOCAL_BYTES, Program};
-pub use uopc_ir::BufferSpec;
+pub use uopc_ir::{BufferSpec, Estimates};

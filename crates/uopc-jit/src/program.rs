@@ -1,13 +1,12 @@
 //! [`Program`]: a loop program compiled once, run many times.
 
-use crate::estimate::{Estimates, estimate};
 use crate::translate::{KernelFn, compile};
 use crate::{JitError, JitOptions};
 use cranelift_codegen::ir::Function;
 use cranelift_jit::JITModule;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
-use uopc_ir::{BufferSpec, PrepareError, PrepareOptions, PreparedKernel, UOp, prepare};
+use uopc_ir::{BufferSpec, Estimates, PrepareError, PrepareOptions, PreparedKernel, UOp, prepare};
 
 /// Stack bytes all ALLOCs of one program may use: rayon workers run on 2 MiB stacks.
 pub const MAX_LOCAL_BYTES: usize = 256 * 1024;
@@ -88,7 +87,7 @@ impl Program {
             module: Mutex::new(Some(compiled.module)),
             thread_extent,
             parallel: kernel.thread.as_ref().is_some_and(|t| t.writes_disjoint),
-            estimates: estimate(&kernel.linear),
+            estimates: kernel.estimates,
             loop_ir: kernel.loop_ir(),
             specs: kernel.buffers,
             function: compiled.function,
