@@ -17,8 +17,12 @@
 //!
 //! Compiling is two halves: [`uopc_ir::prepare`] verifies, simplifies, analyses and
 //! linearizes the program once; this crate translates the prepared kernel into Cranelift IR
-//! and finalizes it ([`Program::compile_with`]). The loop IR and CLIF text of a program are
-//! formatted only when asked for ([`Program::loop_ir`], [`Program::clif`]).
+//! and finalizes it ([`Program::compile_with`]). A program's CLIF text is formatted only when
+//! asked for ([`Program::clif`]).
+
+// Every call into generated code is unsafe: each must say why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 
 mod args;
 mod error;
