@@ -207,9 +207,9 @@ pub fn local_bytes(lin: &Linear) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::builder::{alloc, buffer, range, sink};
+    use crate::builder::{alloc, buffer, range, sink, tile};
     use crate::linearize::linearize;
-    use crate::uop::AxisType;
+    use crate::uop::{AxisType, GemmShape, TileOp};
 
     fn topo(program: &UOp) -> Vec<UOp> {
         UOp::toposort(std::slice::from_ref(program))
@@ -249,6 +249,20 @@ mod tests {
             let j = range(cols, 1, AxisType::Loop);
             let program = sink(&[out.index(&t * 4 + &j).store(1.0f32).end(&[j, t.clone()])]);
             assert_eq!(threads_write_disjoint(&topo(&program), &t), disjoint, "{cols} columns");
+        }
+    }
+
+    #[test]
+    fn a_tile_operand_covers_its_whole_block() {
+        // Each THREAD iteration t writes a 2 x 8 GEMM tile at C[16 t]: disjoint with a row
+        // stride of 8 (16 elements), overlapping the next tile with a stride of 9 (17).
+        for (ldc, disjoint) in [(8, true), (9, false)] {
+            let (a, b, c) = (buffer(0, DType::F32, 4), buffer(1, DType::F32, 16), buffer(2, DType::F32, 80));
+            let t = range(4, 0, AxisType::Thread);
+            let shape = GemmShape { m: 2, n: 8, k: 2, lda: 2, ldb: 8, ldc, ..GemmShape::default() };
+            let g = tile(TileOp::Gemm(shape), &[a.index(0), b.index(0), c.index(&t * 16)]);
+            let program = sink(&[sink(&[g]).end(&[t.clone()])]);
+            assert_eq!(threads_write_disjoint(&topo(&program), &t), disjoint, "ldc {ldc}");
         }
     }
 
@@ -307,7 +321,7 @@ mod tests {
     }
 
     /// Four register accumulators updated in one innermost loop, with an optional exp2.
-    fn tile(with_exp2: bool) -> Linear {
+    fn register_tile(with_exp2: bool) -> Linear {
         let (a, out) = (buffer(0, DType::F32, 16), buffer(1, DType::F32, 4));
         let acc = alloc(0, DType::F32, 4);
         let k = range(16, 0, AxisType::Reduce);
@@ -323,11 +337,11 @@ mod tests {
 
     #[test]
     fn register_tiles_without_transcendentals_are_gemm_like() {
-        let lin = tile(false);
+        let lin = register_tile(false);
         assert!(gemm_like(&lin, &register_allocs(&lin)));
-        let lin = tile(true);
+        let lin = register_tile(true);
         assert!(!gemm_like(&lin, &register_allocs(&lin)), "an exp2 rules it out");
-        let lin = tile(false);
+        let lin = register_tile(false);
         assert!(!gemm_like(&lin, &HashSet::new()), "accumulators in memory are no register tile");
     }
 
@@ -335,6 +349,6 @@ mod tests {
     fn local_bytes_sums_every_alloc() {
         let (lin, _) = reduction(10, false);
         assert_eq!(local_bytes(&lin), 40);
-        assert_eq!(local_bytes(&tile(false)), 16);
+        assert_eq!(local_bytes(&register_tile(false)), 16);
     }
 }

@@ -88,7 +88,9 @@ impl PreparedKernel {
 
 /// Prepares `program` for a backend, each stage once:
 ///
-/// 1. verifies the program as written ([`verify`]): the argument slots come from it;
+/// 1. verifies the program as written ([`verify`]): the argument slots come from it (the
+///    verifier linearizes it to check loop nesting and statement order; only its buffer
+///    list is kept);
 /// 2. with [`PrepareOptions::expand_tile_ops`], expands tile ops and verifies the expansion
 ///    (it must order its stores like any program);
 /// 3. simplifies ([`simplify`]);
