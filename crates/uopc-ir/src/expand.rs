@@ -25,7 +25,7 @@ use crate::builder::{alloc, const_of, range, sink};
 use crate::dtype::DType;
 use crate::linearize::open_ranges_with;
 use crate::rewrite::{Pass, Pattern, Revisit, Rule, RuleCx, RuleTable};
-use crate::uop::{AxisType, Op, TileOp, UOp};
+use crate::uop::{AxisType, GemmShape, Op, TileOp, UOp};
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
@@ -90,9 +90,7 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
         .collect();
     let ops = Operands { src: u.src(), scope, fresh: &mut cx.state.fresh };
     Some(match t {
-        TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
-            ops.gemm(Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate })
-        }
+        TileOp::Gemm(g) => ops.gemm(g),
         TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo),
     })
 }
@@ -120,18 +118,6 @@ impl Fresh {
         self.alloc_slot += 1;
         alloc(self.alloc_slot - 1, DType::F64, 1).after(scope)
     }
-}
-
-struct Gemm {
-    m: usize,
-    n: usize,
-    k: usize,
-    lda: usize,
-    ldb: usize,
-    ldc: usize,
-    a_trans: bool,
-    b_trans: bool,
-    accumulate: bool,
 }
 
 /// One tile op's operands (rewritten INDEX nodes), the ranges it runs in, and the id source.
@@ -181,7 +167,7 @@ impl Operands<'_> {
 
     /// `C[i, j] = (accumulate ? C[i, j] : 0) + sum_p A[i, p] B[p, j]`, summed in f64 in `p`
     /// order, rounded once: rows `i` outer, columns `j` inner, like the interpreter.
-    fn gemm(self, g: Gemm) -> UOp {
+    fn gemm(self, g: GemmShape) -> UOp {
         if g.m == 0 || g.n == 0 {
             return self.nothing();
         }

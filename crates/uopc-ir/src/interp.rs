@@ -12,7 +12,7 @@ use crate::dtype::DType;
 use crate::error::IrError;
 use crate::host::HostBuffer;
 use crate::linearize::{Linear, Stmt};
-use crate::uop::{BinaryOp, ConstValue, Op, TileOp, UOp, UnaryOp};
+use crate::uop::{BinaryOp, ConstValue, GemmShape, Op, TileOp, UOp, UnaryOp};
 use crate::verify::{verify, view_base};
 use std::collections::HashMap;
 
@@ -418,7 +418,7 @@ impl<'a> Machine<'a> {
     /// The reference semantics of a tile op: plain loops, every access checked.
     fn tile(&mut self, node: &UOp, t: TileOp, at: &[(Mem, i64)]) -> Result<(), InterpError> {
         match t {
-            TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
+            TileOp::Gemm(GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate }) => {
                 for i in 0..m {
                     for j in 0..n {
                         let mut acc = if accumulate { self.get(node, at[2], i * ldc + j)? } else { 0.0 };

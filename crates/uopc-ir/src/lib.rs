@@ -4,29 +4,37 @@
 //! AFTER and END; [`verify`] checks it, [`linearize`] orders it into nested loops, and
 //! [`print_program`] shows it. [`simplify`] canonicalizes index arithmetic using value bounds,
 //! with named rule tables run by the [`rewrite`] engine; [`alu`] defines the ALU ops' values.
+//! [`prepare`] runs those stages once for a backend and answers the [`analysis`] questions its
+//! translation asks.
 
 pub mod alu;
+pub mod analysis;
 mod builder;
 mod dtype;
 mod error;
+mod estimate;
 mod expand;
 mod host;
 pub mod interp;
 mod linearize;
+mod prepare;
 mod print;
 pub mod rewrite;
 mod simplify;
 mod uop;
 mod verify;
 
+pub use analysis::BufferSpec;
 pub use builder::{
     IntoIndex, ProgramBuilder, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink, tile,
 };
 pub use dtype::DType;
 pub use error::{IrError, IrErrorKind};
+pub use estimate::{Estimates, estimate};
 pub use expand::expand_tile_ops;
 pub use host::HostBuffer;
 pub use linearize::{Linear, Stmt, linearize, linearize_with, open_ranges, open_ranges_with};
+pub use prepare::{PrepareError, PrepareOptions, PreparedKernel, ThreadInfo, prepare};
 pub use print::{print_graph, print_linear, print_program};
 pub use rewrite::{
     Pass, Pattern, Revisit, RewriteStats, Rule, RuleTable, rewrite_counts, rewrite_trace, set_rewrite_trace,
@@ -37,6 +45,7 @@ pub use simplify::{
     tables as simplify_tables,
 };
 pub use uop::{
-    AxisType, BinaryOp, ConstValue, DataRef, Op, ReduceOp, TileOp, TileOperand, UOp, UnaryOp, block_extent,
+    AxisType, BinaryOp, ConstValue, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UOp, UnaryOp,
+    block_extent,
 };
 pub use verify::{verify, verify_simplified, view_base};

@@ -2,7 +2,7 @@
 
 use crate::error::IrError;
 use crate::linearize::{Linear, Stmt, linearize};
-use crate::uop::{BinaryOp, Op, TileOp, UOp, UnaryOp};
+use crate::uop::{BinaryOp, GemmShape, Op, TileOp, UOp, UnaryOp};
 use crate::verify::view_base;
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -138,7 +138,7 @@ impl Printer {
                     Op::Tile(t) => {
                         let args: Vec<String> = u.src().iter().map(|x| self.expr(x)).collect();
                         let what = match t {
-                            TileOp::Gemm { m, n, k, a_trans, b_trans, accumulate, .. } => format!(
+                            TileOp::Gemm(GemmShape { m, n, k, a_trans, b_trans, accumulate, .. }) => format!(
                                 "tile_gemm {m}x{n}x{k}{}{}{}",
                                 if *a_trans { " A^T" } else { "" },
                                 if *b_trans { " B^T" } else { "" },

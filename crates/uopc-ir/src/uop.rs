@@ -10,6 +10,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
+pub use uopc_tile::GemmShape;
 
 /// How a RANGE's loop is executed.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -305,7 +306,7 @@ impl Op {
             },
             Op::Where => "WHERE",
             Op::Cast => "CAST",
-            Op::Tile(TileOp::Gemm { .. }) => "TILE_GEMM",
+            Op::Tile(TileOp::Gemm(_)) => "TILE_GEMM",
             Op::Tile(TileOp::SoftmaxUpdate { .. }) => "TILE_SOFTMAX",
             Op::Param { .. } => "PARAM",
             Op::Data { .. } => "DATA",
@@ -327,26 +328,9 @@ impl Op {
 pub enum TileOp {
     /// `C = A · B`, or `C += A · B` with `accumulate`. Sources `[A, B, C]`. A is `m x k`
     /// (stored `k x m` when `a_trans`), B is `k x n` (stored `n x k` when `b_trans`), C is `m x n`.
-    Gemm {
-        /// Rows of A and C.
-        m: usize,
-        /// Columns of B and C.
-        n: usize,
-        /// The reduced dimension.
-        k: usize,
-        /// Row strides of the stored A, B and C.
-        lda: usize,
-        /// Row stride of the stored B.
-        ldb: usize,
-        /// Row stride of C.
-        ldc: usize,
-        /// A is stored transposed.
-        a_trans: bool,
-        /// B is stored transposed.
-        b_trans: bool,
-        /// Add to C instead of overwriting it.
-        accumulate: bool,
-    },
+    /// The descriptor is the micro-kernel's own ([`GemmShape`]), so the IR, its reference
+    /// expansion and the kernel it calls cannot disagree on a field.
+    Gemm(GemmShape),
     /// One online-softmax step of FlashAttention-2 on a score tile. Sources
     /// `[S, row_max, row_sum, O]`: S is `rows x cols` (stride `lds`) of base-2 scores,
     /// row_max and row_sum hold `rows` values, O is `rows x d` (stride `ldo`). Per row:
@@ -388,7 +372,7 @@ impl TileOp {
     pub fn operands(&self) -> Vec<TileOperand> {
         let op = |extent, reads, writes| TileOperand { extent, reads, writes };
         match *self {
-            TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } => {
+            TileOp::Gemm(GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate }) => {
                 let (ar, ac) = if a_trans { (k, m) } else { (m, k) };
                 let (br, bc) = if b_trans { (n, k) } else { (k, n) };
                 let none = m == 0 || n == 0 || k == 0;
@@ -410,7 +394,7 @@ impl TileOp {
     /// Rows and columns of each stored operand with its row stride, in source order.
     pub fn blocks(&self) -> Vec<(usize, usize, usize)> {
         match *self {
-            TileOp::Gemm { m, n, k, lda, ldb, ldc, a_trans, b_trans, .. } => vec![
+            TileOp::Gemm(GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, .. }) => vec![
                 if a_trans { (k, m, lda) } else { (m, k, lda) },
                 if b_trans { (n, k, ldb) } else { (k, n, ldb) },
                 (m, n, ldc),
@@ -424,7 +408,7 @@ impl TileOp {
     /// Floating-point operations of one execution (an exp2 counted as one).
     pub fn flops(&self) -> u64 {
         match *self {
-            TileOp::Gemm { m, n, k, .. } => 2 * (m * n * k) as u64,
+            TileOp::Gemm(GemmShape { m, n, k, .. }) => 2 * (m * n * k) as u64,
             TileOp::SoftmaxUpdate { rows, cols, d, .. } => (rows * (4 * cols + d + 4)) as u64,
         }
     }

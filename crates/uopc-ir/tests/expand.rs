@@ -7,6 +7,8 @@ use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_testgen::rng::uniform_values as values;
 use uopc_testgen::tile_cases::*;
+// The test case shape (with padding and offsets), not the IR's descriptor of the same name.
+use uopc_testgen::tile_cases::GemmShape;
 
 fn run(program: &UOp, inputs: &[HostBuffer], precision: Precision) -> Vec<HostBuffer> {
     let mut bufs = inputs.to_vec();
@@ -164,7 +166,17 @@ fn new_ranges_and_allocs_do_not_reuse_ids_or_slots() {
         (buffer(0, DType::F32, m * k), buffer(1, DType::F32, k * n), buffer(2, DType::F32, m * n));
     let scratch = alloc(4, DType::F32, m * n);
     let g = tile(
-        TileOp::Gemm { m, n, k, lda: k, ldb: n, ldc: n, a_trans: false, b_trans: false, accumulate: false },
+        TileOp::Gemm(uopc_ir::GemmShape {
+            m,
+            n,
+            k,
+            lda: k,
+            ldb: n,
+            ldc: n,
+            a_trans: false,
+            b_trans: false,
+            accumulate: false,
+        }),
         &[a.index(0), b.index(0), scratch.index(0)],
     );
     let i = range(m, 0, AxisType::Loop);
@@ -210,7 +222,17 @@ fn loads_of_the_written_view_elsewhere_still_come_first() {
         (buffer(0, DType::F32, m * k), buffer(1, DType::F32, k * n), buffer(2, DType::F32, m * n));
     let old = buffer(3, DType::F32, m * n);
     let g = tile(
-        TileOp::Gemm { m, n, k, lda: k, ldb: n, ldc: n, a_trans: false, b_trans: false, accumulate: true },
+        TileOp::Gemm(uopc_ir::GemmShape {
+            m,
+            n,
+            k,
+            lda: k,
+            ldb: n,
+            ldc: n,
+            a_trans: false,
+            b_trans: false,
+            accumulate: true,
+        }),
         &[a.index(0), b.index(0), c.index(0)],
     );
     let e = range(m * n, 0, AxisType::Loop);

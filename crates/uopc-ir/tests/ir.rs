@@ -293,7 +293,7 @@ fn deep_integer_chains_simplify_verify_and_print_without_recursion() {
 }
 
 fn gemm_op(m: usize, n: usize, k: usize, accumulate: bool) -> TileOp {
-    TileOp::Gemm { m, n, k, lda: k, ldb: n, ldc: n, a_trans: false, b_trans: false, accumulate }
+    TileOp::Gemm(GemmShape { m, n, k, lda: k, ldb: n, ldc: n, a_trans: false, b_trans: false, accumulate })
 }
 
 #[test]
@@ -306,7 +306,7 @@ fn tile_ops_are_checked_like_stores() {
     let past = tile(gemm_op(2, 4, 3, false), &[a.index(0), b.index(0), c.index(1)]);
     assert_eq!(verify(&sink(&[past])).unwrap_err().kind, IrErrorKind::OutOfBounds);
     // a row stride shorter than the row
-    let bad = TileOp::Gemm {
+    let bad = TileOp::Gemm(GemmShape {
         m: 2,
         n: 4,
         k: 3,
@@ -316,7 +316,7 @@ fn tile_ops_are_checked_like_stores() {
         a_trans: false,
         b_trans: false,
         accumulate: false,
-    };
+    });
     let short = tile(bad, &[a.index(0), b.index(0), c.index(0)]);
     assert_eq!(verify(&sink(&[short])).unwrap_err().kind, IrErrorKind::Structure);
     // operands must be INDEX nodes of f32 views
@@ -339,7 +339,7 @@ fn tile_ops_run_in_the_interpreter() {
     use uopc_ir::interp::{self, Precision};
     let (a, b, c) = (buffer(0, DType::F32, 6), buffer(1, DType::F32, 12), buffer(2, DType::F32, 8));
     // C = A · B^T with B stored 4x3
-    let op = TileOp::Gemm {
+    let op = TileOp::Gemm(GemmShape {
         m: 2,
         n: 4,
         k: 3,
@@ -349,7 +349,7 @@ fn tile_ops_run_in_the_interpreter() {
         a_trans: false,
         b_trans: true,
         accumulate: false,
-    };
+    });
     let p = sink(&[tile(op, &[a.index(0), b.index(0), c.index(0)])]);
     let av: Vec<f32> = (0..6).map(|x| x as f32).collect();
     let bv: Vec<f32> = (0..12).map(|x| (x % 5) as f32 - 2.0).collect();

@@ -1,7 +1,8 @@
 //! Measures this machine's F32X4 FMA peak with JIT-compiled code: the ceiling every uopc
 //! kernel is compared against (Cranelift lowers no vector wider than 128 bits on x86-64).
 
-use crate::{ISA, JitError};
+use crate::JitError;
+use crate::isa::{has_fma, host_isas};
 use cranelift_codegen::ir::{AbiParam, BlockArg, InstBuilder, UserFuncName, types};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
@@ -14,13 +15,13 @@ const CHAINS: usize = 12;
 /// FLOPs of one loop iteration: every chain does one F32X4 FMA (2 flops x 4 lanes).
 const FLOPS_PER_ITER: f64 = (CHAINS * 8) as f64;
 
-type PeakFn = extern "C" fn(i64) -> f32;
+type PeakFn = unsafe extern "C" fn(i64) -> f32;
 
 /// Best GFLOP/s of `reps` runs of a JIT-compiled loop of independent F32X4 FMA chains on
 /// every thread of the current rayon pool (`iters` loop iterations per thread per run).
 pub fn fma_peak_gflops(iters: u64, reps: usize) -> Result<f64, JitError> {
-    let (isa, _) = ISA.as_ref().map_err(|e| JitError::Codegen(format!("no native ISA: {e}")))?;
-    if !crate::has_fma() {
+    let isa = &host_isas().map_err(JitError::Isa)?.speed;
+    if !has_fma() {
         return Err(JitError::Unsupported("the CPU has no FMA".into()));
     }
     let mut module =
@@ -81,18 +82,17 @@ pub fn fma_peak_gflops(iters: u64, reps: usize) -> Result<f64, JitError> {
         b.seal_all_blocks();
         b.finalize(module.target_config());
     }
-    let id = module
-        .declare_anonymous_function(&ctx.func.signature)
-        .map_err(|e| JitError::Codegen(e.to_string()))?;
-    module.define_function(id, &mut ctx).map_err(|e| JitError::Codegen(format!("{e:?}")))?;
-    module.finalize_definitions().map_err(|e| JitError::Codegen(e.to_string()))?;
+    let id = module.declare_anonymous_function(&ctx.func.signature)?;
+    module.define_function(id, &mut ctx)?;
+    module.finalize_definitions()?;
     // SAFETY: built above with exactly this signature; the module outlives every call below.
     let f: PeakFn = unsafe { std::mem::transmute::<*const u8, PeakFn>(module.get_finalized_function(id)) };
     let threads = rayon::current_num_threads().max(1);
     let mut best = f64::INFINITY;
     for _ in 0..reps.max(1) {
         let t = Instant::now();
-        let sink: f32 = (0..threads).into_par_iter().map(|_| f(iters as i64)).sum();
+        // SAFETY: the function reads no memory; it only loops `iters` times on registers.
+        let sink: f32 = (0..threads).into_par_iter().map(|_| unsafe { f(iters as i64) }).sum();
         best = best.min(t.elapsed().as_secs_f64());
         std::hint::black_box(sink);
     }

@@ -8,6 +8,8 @@ use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, JitOptions, Program};
 use uopc_testgen::tile_cases::*;
+// The test case shape (with padding and offsets), not the IR's descriptor of the same name.
+use uopc_testgen::tile_cases::GemmShape;
 
 fn fallback() -> JitOptions {
     JitOptions { tile_calls: false, ..JitOptions::default() }

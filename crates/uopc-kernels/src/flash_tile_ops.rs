@@ -5,7 +5,7 @@
 use crate::flash_tiled::FlashTiling;
 use crate::online::LOG2E;
 use crate::query_block;
-use uopc_ir::{AxisType, DType, ProgramBuilder, TileOp, UOp, buffer, f32c, sink, tile};
+use uopc_ir::{AxisType, DType, GemmShape, ProgramBuilder, TileOp, UOp, buffer, f32c, sink, tile};
 use uopc_jit::{JitError, Program};
 
 /// FlashAttention-2 on tile ops: buffers 0 = Q pre-scaled by `log2(e)/sqrt(d)` (`n*d`, see
@@ -203,7 +203,7 @@ impl TileKernel {
         let (q_row, state_row) = rows_at;
         let r0 = diagonal_from.unwrap_or(0);
         let rows = br - r0;
-        let scores = TileOp::Gemm {
+        let scores = TileOp::Gemm(GemmShape {
             m: rows,
             n: cols,
             k: d,
@@ -213,7 +213,7 @@ impl TileKernel {
             a_trans: false,
             b_trans: true,
             accumulate: false,
-        };
+        });
         let q_first = (q_row + r0 as i64) * d;
         let mut g1 = tile(scores, &[q.index(q_first), k.index(first * d), si.after(prev).index(0)]);
         if diagonal_from.is_some() {
@@ -238,7 +238,7 @@ impl TileKernel {
             ],
         );
         let after_sm = std::slice::from_ref(&sm);
-        let pv = TileOp::Gemm {
+        let pv = TileOp::Gemm(GemmShape {
             m: rows,
             n: d,
             k: cols,
@@ -248,7 +248,7 @@ impl TileKernel {
             a_trans: false,
             b_trans: false,
             accumulate: true,
-        };
+        });
         tile(
             pv,
             &[

@@ -5,7 +5,7 @@
 
 use crate::util::largest_divisor_at_most;
 use crate::view::view_offset;
-use uopc_ir::{AxisType, DType, Op, ReduceOp, TileOp, UOp, buffer, range, sink, tile};
+use uopc_ir::{AxisType, DType, GemmShape, Op, ReduceOp, TileOp, UOp, buffer, range, sink, tile};
 
 /// Output rows per THREAD iteration: every call packs all of B once, so fewer, larger calls
 /// pay less packing, while 256 rows still leave several tasks per thread for a 1024-row GEMM.
@@ -83,7 +83,7 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     let (a_trans, lda) = layout(m, k, a.strides[0], a.strides[2])?;
     let (b_trans, ldb) = layout(k, n, b.strides[2], b.strides[1])?;
     let rows = largest_divisor_at_most(m, ROWS_PER_TASK);
-    let op = TileOp::Gemm { m: rows, n, k, lda, ldb, ldc: n, a_trans, b_trans, accumulate: false };
+    let op = TileOp::Gemm(GemmShape { m: rows, n, k, lda, ldb, ldc: n, a_trans, b_trans, accumulate: false });
     let abuf = buffer(a.slot, DType::F32, a.len);
     let bbuf = buffer(b.slot, DType::F32, b.len);
     let t = range(m / rows, 0, AxisType::Thread);

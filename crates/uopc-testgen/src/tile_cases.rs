@@ -28,7 +28,7 @@ impl GemmShape {
     pub fn op(&self) -> TileOp {
         let GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, .. } = *self;
         let (lda, ldb) = (self.a_cols() + pad, self.b_cols() + pad);
-        TileOp::Gemm { m, n, k, lda, ldb, ldc: n + pad, a_trans, b_trans, accumulate }
+        TileOp::Gemm(uopc_ir::GemmShape { m, n, k, lda, ldb, ldc: n + pad, a_trans, b_trans, accumulate })
     }
     fn a_cols(&self) -> usize {
         if self.a_trans { self.m } else { self.k }
@@ -168,7 +168,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
     let init_ml = sink(&[mi.index(&r).store(f32c(f32::NEG_INFINITY)), li.index(&r).store(0.0f32)]).end(&[r]);
     let kb = range(n / bc, 3, AxisType::Reduce);
     let prev = [init_o, init_ml, kb.clone()];
-    let scores = TileOp::Gemm {
+    let scores = TileOp::Gemm(uopc_ir::GemmShape {
         m: br,
         n: bc,
         k: d,
@@ -178,7 +178,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         a_trans: false,
         b_trans: true,
         accumulate: false,
-    };
+    });
     let g1 = tile(scores, &[q.index(&t * (br * d)), k.index(&kb * (bc * d)), si.after(&prev).index(0)]);
     let mut state = prev.to_vec();
     state.push(g1.clone());
@@ -192,7 +192,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
             oi.after(&state).index(0),
         ],
     );
-    let pv = TileOp::Gemm {
+    let pv = TileOp::Gemm(uopc_ir::GemmShape {
         m: br,
         n: d,
         k: bc,
@@ -202,7 +202,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         a_trans: false,
         b_trans: false,
         accumulate: true,
-    };
+    });
     let g2 = tile(pv, &[si.after(&[sm.clone()]).index(0), v.index(&kb * (bc * d)), oi.after(&[sm]).index(0)]);
     let done = [g2.end(&[kb])];
     let e = range(d, 4, AxisType::Loop);

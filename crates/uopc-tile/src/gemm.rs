@@ -11,7 +11,7 @@ use crate::{Isa, TileError};
 /// rows). `a_trans` means A is stored as its `k x m` transpose (`A[i, p]` at `p * lda + i`),
 /// otherwise `m x k` (`A[i, p]` at `i * lda + p`); likewise `b_trans` stores B as `n x k`
 /// (`B[p, j]` at `j * ldb + p`) instead of `k x n` (`p * ldb + j`). C is `m x n` (`i * ldc + j`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct GemmShape {
     /// Rows of A and C.
     pub m: usize,

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use uopc_ir::simplify_memo;
 
 /// Lanes of an F32X4.
-const LANES: usize = 4;
+pub(super) const LANES: usize = 4;
 
 /// One accumulator update `acc = acc + x` in the loop body.
 struct Update {
@@ -35,7 +35,7 @@ fn is_mul(u: &UOp) -> bool {
 }
 
 /// Float ops a packed tree may contain where its lanes differ.
-fn packable(u: &UOp) -> bool {
+pub(super) fn packable(u: &UOp) -> bool {
     u.dtype() == DType::F32
         && matches!(
             u.op(),
@@ -73,11 +73,64 @@ impl Lowerer<'_, '_> {
             return Ok(false);
         }
 
+        let skipped = self.scalar_nodes_replaced(&nodes, &updates, &lane_sets);
+        // Where each pack is emitted: at the last of its four stores.
+        let mut emit_at: HashMap<UOp, usize> = HashMap::new();
+        let mut packs = Vec::new();
+        for (p, lanes) in lane_sets.iter().enumerate() {
+            let last = lanes
+                .iter()
+                .map(|&k| &updates[k].store)
+                .max_by_key(|s| nodes.iter().position(|u| u == s))
+                .expect("four lanes");
+            emit_at.insert(last.clone(), p);
+            let vector = self.b.declare_var(types::F32X4);
+            let init = self.vector_of_vars(lanes.map(|k| updates[k].var));
+            self.b.def_var(vector, init);
+            packs.push(Pack { lanes: *lanes, vector });
+        }
+
+        let emit = |l: &mut Self| -> Result<(), JitError> {
+            let mut memo: HashMap<[UOp; LANES], Value> = HashMap::new();
+            for u in &nodes {
+                if let Some(&p) = emit_at.get(*u) {
+                    let pack = &packs[p];
+                    let xs = pack.lanes.map(|k| updates[k].x.clone());
+                    let acc = l.b.use_var(pack.vector);
+                    let next = l.packed_add(&xs, acc, &mut memo)?;
+                    l.b.def_var(pack.vector, next);
+                } else if !skipped.contains(*u) {
+                    l.stmt(u)?;
+                }
+            }
+            Ok(())
+        };
+        self.tile_loop(range, &emit)?;
+        for pack in &packs {
+            let v = self.b.use_var(pack.vector);
+            let vars = pack.lanes.map(|k| updates[k].var);
+            for (lane, &k) in pack.lanes.iter().enumerate() {
+                let x = self.b.ins().extractlane(v, lane as u8);
+                self.b.def_var(updates[k].var, x);
+                self.tile_results.insert(updates[k].var.as_u32(), (v, lane, vars));
+            }
+        }
+        Ok(true)
+    }
+
+    /// The body's nodes that packed code computes instead (the lanes' scalar math, and shared
+    /// loads only splats use, which are recorded in `splat_loads` to be loaded at each splat).
+    fn scalar_nodes_replaced(
+        &mut self,
+        nodes: &[&UOp],
+        updates: &[Update],
+        lane_sets: &[[usize; LANES]],
+    ) -> HashSet<UOp> {
         // Nodes that only packed updates use are not emitted as scalars.
         let mut varying: HashSet<UOp> = HashSet::new();
         // Shared scalars a pack splats: emitted as scalars even where another pack varies in them.
         let mut keep: HashSet<UOp> = HashSet::new();
-        for lanes in &lane_sets {
+        for lanes in lane_sets {
             for &k in lanes {
                 let up = &updates[k];
                 varying.extend([up.acc_load.clone(), up.add.clone(), up.store.clone()]);
@@ -108,41 +161,20 @@ impl Lowerer<'_, '_> {
                 self.splat_loads.insert((*u).clone());
             }
         }
-        // Where each pack is emitted: at the last of its four stores.
-        let mut emit_at: HashMap<UOp, usize> = HashMap::new();
-        let mut packs = Vec::new();
-        for (p, lanes) in lane_sets.iter().enumerate() {
-            let last = lanes
-                .iter()
-                .map(|&k| &updates[k].store)
-                .max_by_key(|s| nodes.iter().position(|u| u == s))
-                .expect("four lanes");
-            emit_at.insert(last.clone(), p);
-            let vector = self.b.declare_var(types::F32X4);
-            let init = self.vector_of_vars(lanes.map(|k| updates[k].var));
-            self.b.def_var(vector, init);
-            packs.push(Pack { lanes: *lanes, vector });
-        }
+        skipped
+    }
 
-        // Two reduce steps per trip (at opt_level none): the loop-carried accumulators then need
-        // no register copies at the back edge (x64's FMA writes a multiplicand's register, so
-        // after one step every accumulator sits in another register).
+    /// The loop of a register tile over `range`, running `emit` once per reduce step.
+    ///
+    /// Two reduce steps per trip (at opt_level none): the loop-carried accumulators then need
+    /// no register copies at the back edge (x64's FMA writes a multiplicand's register, so
+    /// after one step every accumulator sits in another register).
+    fn tile_loop(
+        &mut self,
+        range: &UOp,
+        emit: &impl Fn(&mut Self) -> Result<(), JitError>,
+    ) -> Result<(), JitError> {
         let unroll = self.tile_unroll;
-        let emit = |l: &mut Self| -> Result<(), JitError> {
-            let mut memo: HashMap<[UOp; LANES], Value> = HashMap::new();
-            for u in &nodes {
-                if let Some(&p) = emit_at.get(*u) {
-                    let pack = &packs[p];
-                    let xs = pack.lanes.map(|k| updates[k].x.clone());
-                    let acc = l.b.use_var(pack.vector);
-                    let next = l.packed_add(&xs, acc, &mut memo)?;
-                    l.b.def_var(pack.vector, next);
-                } else if !skipped.contains(*u) {
-                    l.stmt(u)?;
-                }
-            }
-            Ok(())
-        };
         let trips = range.src()[0].const_int().filter(|&t| unroll > 1 && t >= unroll);
         if let Some(trips) = trips {
             let main = trips - trips % unroll;
@@ -180,16 +212,7 @@ impl Lowerer<'_, '_> {
                 emit(l)
             })?;
         }
-        for pack in &packs {
-            let v = self.b.use_var(pack.vector);
-            let vars = pack.lanes.map(|k| updates[k].var);
-            for (lane, &k) in pack.lanes.iter().enumerate() {
-                let x = self.b.ins().extractlane(v, lane as u8);
-                self.b.def_var(updates[k].var, x);
-                self.tile_results.insert(updates[k].var.as_u32(), (v, lane, vars));
-            }
-        }
-        Ok(true)
+        Ok(())
     }
 
     /// The register accumulators updated as `acc = acc + x` (f32), each loaded and stored once.
@@ -277,7 +300,7 @@ impl Lowerer<'_, '_> {
     }
 
     /// The F32X4 whose lane `k` is the value of `lanes[k]`.
-    fn packed(
+    pub(super) fn packed(
         &mut self,
         lanes: &[UOp; LANES],
         memo: &mut HashMap<[UOp; LANES], Value>,
@@ -488,300 +511,5 @@ fn collect_varying(lanes: &[UOp; LANES], varying: &mut HashSet<UOp>, shared: &mu
     }
     for s in 0..lanes[0].src().len() {
         collect_varying(&lanes.clone().map(|x| x.src()[s].clone()), varying, shared);
-    }
-}
-
-/// Four scalar stores to consecutive elements whose values are lanes of one F32X4 computation
-/// over a register tile's vectors: stored as one vector at the last of the four.
-pub(super) struct PackedStore {
-    /// The stored values, lane order.
-    values: [UOp; LANES],
-    /// The INDEX of lane 0.
-    index: UOp,
-}
-
-/// What [`Lowerer::plan_packed_stores`] found in a block.
-#[derive(Default)]
-pub(super) struct PackedStores {
-    /// Position of the last of each group's stores -> the group.
-    pub at: HashMap<usize, PackedStore>,
-    /// Positions of statements the groups compute instead (the other stores, the scalar math
-    /// only they use).
-    pub skip: HashSet<usize>,
-}
-
-/// The lanes of one node of four isomorphic value trees.
-enum LaneNode {
-    /// The same node in every lane: computed once as a scalar, then splat.
-    Shared,
-    /// Lane `k` reads lane `k` of one register tile vector.
-    TileLanes,
-    /// Lane `k` loads element `i + k` of one buffer (`i` the index of lane 0).
-    Contiguous,
-    /// The same operation on lane-varying operands.
-    Op,
-}
-
-impl Lowerer<'_, '_> {
-    /// Groups of four stores in `body[from..]` (a block after a register tile's loop) that
-    /// write consecutive elements from isomorphic value trees over the tile's vectors, e.g.
-    /// `O[i + k] = O[i + k] * c + acc_k`: each becomes one F32X4 computation and store,
-    /// instead of extracting the tile's lanes and computing four scalars.
-    pub(super) fn plan_packed_stores(&self, body: &[Stmt], from: usize) -> PackedStores {
-        let mut found = PackedStores::default();
-        if self.tile_results.is_empty() {
-            return found;
-        }
-        // Up to the next loop, which may write the tile's registers (its own plan follows it);
-        // up to the first write of a tile register, too, which ends its vector's validity.
-        let end = body
-            .iter()
-            .skip(from)
-            .position(|s| match s {
-                Stmt::Loop { .. } => true,
-                Stmt::Op(u) => {
-                    matches!(u.op(), Op::Store)
-                        && self
-                            .register_of(&u.src()[0])
-                            .is_some_and(|r| self.tile_results.contains_key(&r.as_u32()))
-                }
-            })
-            .map_or(body.len(), |e| from + e);
-        let body = &body[..end];
-        let mut pos: HashMap<&UOp, usize> = HashMap::new();
-        for (p, s) in body.iter().enumerate().skip(from) {
-            if let Stmt::Op(u) = s {
-                pos.insert(u, p);
-            }
-        }
-        let mut memo = HashMap::new();
-        let mut diff = |a: &UOp, b: &UOp| simplify_memo(&(a - b), Default::default(), &mut memo);
-        // Candidate stores: to memory, f32, their value reading some tile vector.
-        let reads_tile = |l: &Self, v: &UOp| {
-            UOp::toposort(std::slice::from_ref(v)).iter().any(|x| {
-                matches!(x.op(), Op::Load)
-                    && l.register_of(&x.src()[0]).is_some_and(|r| l.tile_results.contains_key(&r.as_u32()))
-            })
-        };
-        let stores: Vec<(usize, &UOp)> = body
-            .iter()
-            .enumerate()
-            .skip(from)
-            .filter_map(|(p, s)| match s {
-                Stmt::Op(u)
-                    if matches!(u.op(), Op::Store)
-                        && u.src()[1].dtype() == DType::F32
-                        && self.register_of(&u.src()[0]).is_none()
-                        && view_base(&u.src()[0].src()[0]).is_some()
-                        && reads_tile(self, &u.src()[1]) =>
-                {
-                    Some((p, u))
-                }
-                _ => None,
-            })
-            .collect();
-        let mut taken: HashSet<usize> = HashSet::new();
-        let mut keep: HashSet<UOp> = HashSet::new();
-        let mut group_stores: HashSet<UOp> = HashSet::new();
-        for &(p0, s0) in &stores {
-            if taken.contains(&p0) {
-                continue;
-            }
-            let base = view_base(&s0.src()[0].src()[0]);
-            // Lane of every other candidate relative to s0, when it is within a vector.
-            let near: Vec<(i64, usize, &UOp)> = stores
-                .iter()
-                .filter(|(p, s)| !taken.contains(p) && view_base(&s.src()[0].src()[0]) == base)
-                .filter_map(|&(p, s)| {
-                    let d = diff(&s.src()[0].src()[1], &s0.src()[0].src()[1]).const_int()?;
-                    (d.abs() < LANES as i64).then_some((d, p, s))
-                })
-                .collect();
-            let group = (-(LANES as i64 - 1)..=0).find_map(|start| {
-                let lanes: Vec<(usize, &UOp)> = (start..start + LANES as i64)
-                    .map(|d| near.iter().find(|(x, _, _)| *x == d).map(|&(_, p, s)| (p, s)))
-                    .collect::<Option<_>>()?;
-                Some(lanes)
-            });
-            let Some(group) = group else { continue };
-            let values: [UOp; LANES] = std::array::from_fn(|k| group[k].1.src()[1].clone());
-            let index = group[0].1.src()[0].clone();
-            let mut leaves = Vec::new();
-            let mut shared = Vec::new();
-            if !self.lanes_pack(&values, &mut leaves, &mut shared, &mut diff) {
-                continue;
-            }
-            let last = group.iter().map(|(p, _)| *p).max().expect("four lanes");
-            let first_store = group.iter().map(|(p, _)| *p).min().expect("four lanes");
-            // Memory: the group's loads move down to `last`, its stores down to `last`.
-            // Loads placed before the block part (e.g. before the tile's loop) would stay
-            // scalar and live across it: such groups are left alone.
-            let Some(leaf_pos) = leaves.iter().map(|l| pos.get(l).copied()).collect::<Option<Vec<usize>>>()
-            else {
-                continue;
-            };
-            let first_load = leaf_pos.into_iter().min().unwrap_or(first_store);
-            let window = first_load.min(first_store)..=last;
-            if body[window.clone()].iter().any(|s| matches!(s, Stmt::Loop { .. })) {
-                continue;
-            }
-            let own: HashSet<&UOp> = group.iter().map(|(_, s)| *s).collect();
-            let leaf_set: HashSet<&UOp> = leaves.iter().collect();
-            let store_base = view_base(&index.src()[0]);
-            let mut safe = true;
-            for s in &body[window] {
-                let Stmt::Op(u) = s else { continue };
-                let (Op::Load | Op::Store) = u.op() else { continue };
-                if self.register_of(&u.src()[0]).is_some() {
-                    continue;
-                }
-                if leaf_set.contains(u) {
-                    continue;
-                }
-                let ub = view_base(&u.src()[0].src()[0]);
-                let ui = &u.src()[0].src()[1];
-                let outside = |d: UOp| {
-                    let (lo, hi) = d.bounds();
-                    hi < 0 || lo >= LANES as i64
-                };
-                if matches!(u.op(), Op::Store) {
-                    // Stores in the window must not write what the moved loads read, except
-                    // a lane's own element (read before it is written either way).
-                    // (`leaves` holds four lanes at a time, so a leaf's lane is its position
-                    // mod 4.)
-                    let own_lane = if own.contains(u) { diff(ui, &index.src()[1]).const_int() } else { None };
-                    for (n, leaf) in leaves.iter().enumerate() {
-                        if view_base(&leaf.src()[0].src()[0]) != ub {
-                            continue;
-                        }
-                        let d = diff(ui, &leaf.src()[0].src()[1]);
-                        let (lo, hi) = d.bounds();
-                        let same_lane = own_lane == Some((n % LANES) as i64);
-                        safe &= hi < 0 || lo > 0 || same_lane;
-                    }
-                    if !own.contains(u) && ub == store_base {
-                        safe &= outside(diff(ui, &index.src()[1]));
-                    }
-                } else if ub == store_base {
-                    // A load outside the group must not see the moved stores late.
-                    safe &= outside(diff(ui, &index.src()[1]));
-                }
-            }
-            if !safe {
-                continue;
-            }
-            taken.extend(group.iter().map(|(p, _)| *p));
-            group_stores.extend(group.iter().map(|(_, s)| (*s).clone()));
-            keep.extend(shared);
-            // Lane 0's addresses are the vector accesses' addresses.
-            keep.insert(index.clone());
-            keep.extend(leaves.iter().step_by(LANES).map(|l| l.src()[0].clone()));
-            found.at.insert(last, PackedStore { values, index });
-        }
-        if found.at.is_empty() {
-            return found;
-        }
-        // Statements only the groups use are not emitted as scalars.
-        let mut users: HashMap<UOp, usize> = HashMap::new();
-        fn count(stmts: &[Stmt], users: &mut HashMap<UOp, usize>) {
-            for s in stmts {
-                match s {
-                    Stmt::Op(u) => {
-                        for x in u.src() {
-                            *users.entry(x.clone()).or_default() += 1;
-                        }
-                    }
-                    Stmt::Loop { body, .. } => count(body, users),
-                }
-            }
-        }
-        count(body, &mut users);
-        let mut dead: HashMap<UOp, usize> = HashMap::new();
-        for (p, s) in body.iter().enumerate().skip(from).rev() {
-            let Stmt::Op(u) = s else { continue };
-            let is_group_store = group_stores.contains(u);
-            let unused = !matches!(u.op(), Op::Store | Op::End | Op::Sink | Op::After | Op::Tile(_))
-                && !keep.contains(u)
-                && users.get(u).is_some_and(|&n| n > 0 && dead.get(u) == Some(&n));
-            if is_group_store || unused {
-                if !found.at.contains_key(&p) {
-                    found.skip.insert(p);
-                }
-                for x in u.src() {
-                    *dead.entry(x.clone()).or_default() += 1;
-                }
-            }
-        }
-        found
-    }
-
-    /// Whether four value trees are lanes of one F32X4 computation; collects the lane loads
-    /// of memory (`leaves`) and the shared nodes computed as scalars (`shared`).
-    fn lanes_pack(
-        &self,
-        lanes: &[UOp; LANES],
-        leaves: &mut Vec<UOp>,
-        shared: &mut Vec<UOp>,
-        diff: &mut impl FnMut(&UOp, &UOp) -> UOp,
-    ) -> bool {
-        match self.lane_node(lanes, diff) {
-            None => false,
-            Some(LaneNode::Shared) => {
-                shared.push(lanes[0].clone());
-                true
-            }
-            Some(LaneNode::TileLanes) => true,
-            Some(LaneNode::Contiguous) => {
-                leaves.extend(lanes.iter().cloned());
-                true
-            }
-            Some(LaneNode::Op) => (0..lanes[0].src().len())
-                .all(|i| self.lanes_pack(&lanes.clone().map(|x| x.src()[i].clone()), leaves, shared, diff)),
-        }
-    }
-
-    fn lane_node(&self, lanes: &[UOp; LANES], diff: &mut impl FnMut(&UOp, &UOp) -> UOp) -> Option<LaneNode> {
-        let u = &lanes[0];
-        if u.dtype() != DType::F32 {
-            return None;
-        }
-        if lanes.iter().all(|x| x == u) {
-            return Some(LaneNode::Shared);
-        }
-        if !lanes.iter().all(|x| x.op() == u.op() && x.src().len() == u.src().len()) || !packable(u) {
-            return None;
-        }
-        if !matches!(u.op(), Op::Load) {
-            return Some(LaneNode::Op);
-        }
-        let regs: Option<Vec<Variable>> = lanes.iter().map(|x| self.register_of(&x.src()[0])).collect();
-        if let Some(regs) = regs {
-            let first = self.tile_results.get(&regs[0].as_u32())?;
-            let same_vector = regs
-                .iter()
-                .enumerate()
-                .all(|(k, r)| self.tile_results.get(&r.as_u32()).is_some_and(|t| t.0 == first.0 && t.1 == k));
-            return same_vector.then_some(LaneNode::TileLanes);
-        }
-        let base = view_base(&u.src()[0].src()[0])?;
-        let contiguous = lanes.iter().enumerate().all(|(k, x)| {
-            self.register_of(&x.src()[0]).is_none()
-                && view_base(&x.src()[0].src()[0]) == Some(base)
-                && diff(&x.src()[0].src()[1], &u.src()[0].src()[1]).const_int() == Some(k as i64)
-        });
-        contiguous.then_some(LaneNode::Contiguous)
-    }
-
-    /// Emits a [`PackedStore`]: the lanes' computation in F32X4, one vector store.
-    pub(super) fn emit_packed_store(&mut self, plan: &PackedStore) -> Result<(), JitError> {
-        let mut memo = HashMap::new();
-        let v = self.packed(&plan.values, &mut memo)?;
-        match self.address_parts(&plan.index)? {
-            Ok((addr, offset)) => {
-                self.b.ins().store(MemFlagsData::new().with_notrap(), v, addr, offset);
-                Ok(())
-            }
-            Err(_) => Err(JitError::Internal("packed store to a register".into())),
-        }
     }
 }

@@ -33,6 +33,25 @@ struct VectorPlan {
     index_math: HashSet<UOp>,
 }
 
+/// What every statement of one vector copy of a loop body shares.
+struct VectorStep<'p> {
+    plan: &'p VectorPlan,
+    /// The copy's partial result of each planned accumulator, in plan order.
+    partials: &'p [Variable],
+    /// The loop index of lane 0.
+    first: Value,
+    /// Each access's loop-invariant element index and immediate offset.
+    rest_vals: &'p HashMap<UOp, (Value, i32)>,
+}
+
+impl VectorStep<'_> {
+    /// The partial result standing for accumulator `var` in this copy.
+    fn partial_of(&self, var: Variable) -> Variable {
+        let k = self.plan.accs.iter().position(|(a, _)| *a == var).expect("accumulator is planned");
+        self.partials[k]
+    }
+}
+
 /// A value in the vector body: one f32 for all lanes, or four.
 #[derive(Clone, Copy)]
 enum Lanes {
@@ -348,71 +367,16 @@ impl Lowerer<'_, '_> {
         // `rest + first` per distinct `rest`: accesses sharing their variable part share the
         // element index of lane 0 (one add, not one per access; `opt_level=none` merges nothing).
         let mut lane0: HashMap<Value, Value> = HashMap::new();
-        let partial_of = |var: Variable| {
-            plan.accs
-                .iter()
-                .position(|(a, _)| *a == var)
-                .map(|k| partials[k])
-                .expect("accumulator is planned")
-        };
+        let at = VectorStep { plan, partials, first, rest_vals };
         for s in body {
             let Stmt::Op(u) = s else { unreachable!("innermost loop") };
             if plan.index_math.contains(u) || matches!(u.op(), Op::Index | Op::After | Op::End | Op::Sink) {
                 continue;
             }
             let out = match u.op() {
-                Op::Load => {
-                    let index = &u.src()[0];
-                    if let Some(var) = self.register_of(index) {
-                        let p = partial_of(var);
-                        Lanes::Vector(self.b.use_var(p))
-                    } else {
-                        let a = &plan.access[index];
-                        let base = self.base_address(index)?;
-                        let (rest, offset) = rest_vals[index];
-                        match a.stride {
-                            0 => {
-                                let addr = self.element_address(base, rest);
-                                Lanes::Uniform(self.b.ins().load(types::F32, mem(), addr, offset))
-                            }
-                            1 => {
-                                let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, first));
-                                let addr = self.element_address(base, i);
-                                Lanes::Vector(self.b.ins().load(types::F32X4, vec_flags(), addr, offset))
-                            }
-                            stride => {
-                                // A strided gather: four scalar loads.
-                                let mut v = None;
-                                for lane in 0..LANES {
-                                    let t = self.b.ins().iadd_imm_s(first, lane);
-                                    let off = self.b.ins().imul_imm_s(t, stride);
-                                    let i = self.b.ins().iadd(rest, off);
-                                    let addr = self.element_address(base, i);
-                                    let x = self.b.ins().load(types::F32, mem(), addr, offset);
-                                    v = Some(match v {
-                                        None => self.b.ins().splat(types::F32X4, x),
-                                        Some(w) => self.b.ins().insertlane(w, x, lane as u8),
-                                    });
-                                }
-                                Lanes::Vector(v.expect("four lanes"))
-                            }
-                        }
-                    }
-                }
+                Op::Load => self.vector_load(u, &at, &mut lane0)?,
                 Op::Store => {
-                    let index = &u.src()[0];
-                    let x = self.lanes_of(&vals, &u.src()[1])?;
-                    let x = self.vector(x);
-                    if let Some(var) = self.register_of(index) {
-                        let p = partial_of(var);
-                        self.b.def_var(p, x);
-                    } else {
-                        let base = self.base_address(index)?;
-                        let (rest, offset) = rest_vals[index];
-                        let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, first));
-                        let addr = self.element_address(base, i);
-                        self.b.ins().store(vec_flags(), x, addr, offset);
-                    }
+                    self.vector_store(u, &at, &vals, &mut lane0)?;
                     continue;
                 }
                 Op::Binary(BinaryOp::Mul) if self.contracted.contains(u) => continue,
@@ -484,6 +448,77 @@ impl Lowerer<'_, '_> {
                 other => return Err(JitError::Internal(format!("{} in a vector body", other.name()))),
             };
             vals.insert(u.clone(), out);
+        }
+        Ok(())
+    }
+
+    /// A LOAD in the vector body: the register accumulator's partial result, or one f32 for
+    /// all lanes (stride 0), one vector load (stride 1), or four scalar loads (a gather).
+    fn vector_load(
+        &mut self,
+        u: &UOp,
+        at: &VectorStep<'_>,
+        lane0: &mut HashMap<Value, Value>,
+    ) -> Result<Lanes, JitError> {
+        let index = &u.src()[0];
+        let lanes = if let Some(var) = self.register_of(index) {
+            let p = at.partial_of(var);
+            Lanes::Vector(self.b.use_var(p))
+        } else {
+            let a = &at.plan.access[index];
+            let base = self.base_address(index)?;
+            let (rest, offset) = at.rest_vals[index];
+            match a.stride {
+                0 => {
+                    let addr = self.element_address(base, rest);
+                    Lanes::Uniform(self.b.ins().load(types::F32, mem(), addr, offset))
+                }
+                1 => {
+                    let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, at.first));
+                    let addr = self.element_address(base, i);
+                    Lanes::Vector(self.b.ins().load(types::F32X4, vec_flags(), addr, offset))
+                }
+                stride => {
+                    // A strided gather: four scalar loads.
+                    let mut v = None;
+                    for lane in 0..LANES {
+                        let t = self.b.ins().iadd_imm_s(at.first, lane);
+                        let off = self.b.ins().imul_imm_s(t, stride);
+                        let i = self.b.ins().iadd(rest, off);
+                        let addr = self.element_address(base, i);
+                        let x = self.b.ins().load(types::F32, mem(), addr, offset);
+                        v = Some(match v {
+                            None => self.b.ins().splat(types::F32X4, x),
+                            Some(w) => self.b.ins().insertlane(w, x, lane as u8),
+                        });
+                    }
+                    Lanes::Vector(v.expect("four lanes"))
+                }
+            }
+        };
+        Ok(lanes)
+    }
+
+    /// A STORE in the vector body: to the accumulator's partial result, or one vector store.
+    fn vector_store(
+        &mut self,
+        u: &UOp,
+        at: &VectorStep<'_>,
+        vals: &HashMap<UOp, Lanes>,
+        lane0: &mut HashMap<Value, Value>,
+    ) -> Result<(), JitError> {
+        let index = &u.src()[0];
+        let x = self.lanes_of(vals, &u.src()[1])?;
+        let x = self.vector(x);
+        if let Some(var) = self.register_of(index) {
+            let p = at.partial_of(var);
+            self.b.def_var(p, x);
+        } else {
+            let base = self.base_address(index)?;
+            let (rest, offset) = at.rest_vals[index];
+            let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, at.first));
+            let addr = self.element_address(base, i);
+            self.b.ins().store(vec_flags(), x, addr, offset);
         }
         Ok(())
     }

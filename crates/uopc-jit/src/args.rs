@@ -1,0 +1,89 @@
+//! The arguments of one run: borrowed host memory, read-only or writable.
+
+use uopc_ir::{DType, HostBuffer};
+
+/// A read-only argument.
+pub enum BufRef<'a> {
+    /// Bools.
+    Bool(&'a [bool]),
+    /// i32s.
+    I32(&'a [i32]),
+    /// i64s.
+    I64(&'a [i64]),
+    /// f32s.
+    F32(&'a [f32]),
+    /// f64s.
+    F64(&'a [f64]),
+}
+
+/// One argument of [`crate::Program::run`]: read-only or writable memory.
+pub enum Arg<'a> {
+    /// Memory the program may only read.
+    Read(BufRef<'a>),
+    /// Memory the program may write (and read).
+    Write(&'a mut HostBuffer),
+    /// Writable f32 memory.
+    WriteF32(&'a mut [f32]),
+}
+
+impl<'a> From<&'a [f32]> for Arg<'a> {
+    fn from(v: &'a [f32]) -> Self {
+        Arg::Read(BufRef::F32(v))
+    }
+}
+impl<'a> From<&'a mut [f32]> for Arg<'a> {
+    fn from(v: &'a mut [f32]) -> Self {
+        Arg::WriteF32(v)
+    }
+}
+impl<'a> From<&'a HostBuffer> for Arg<'a> {
+    fn from(b: &'a HostBuffer) -> Self {
+        Arg::Read(match b {
+            HostBuffer::Bool(v) => BufRef::Bool(v),
+            HostBuffer::I32(v) => BufRef::I32(v),
+            HostBuffer::I64(v) => BufRef::I64(v),
+            HostBuffer::F32(v) => BufRef::F32(v),
+            HostBuffer::F64(v) => BufRef::F64(v),
+        })
+    }
+}
+impl<'a> From<&'a mut HostBuffer> for Arg<'a> {
+    fn from(b: &'a mut HostBuffer) -> Self {
+        Arg::Write(b)
+    }
+}
+
+/// What [`Arg::describe`] reports of one argument.
+pub(crate) struct ArgMemory {
+    pub dtype: DType,
+    pub len: usize,
+    pub writable: bool,
+    /// The first element (valid for `len` elements of `dtype`).
+    pub ptr: *mut u8,
+}
+
+impl Arg<'_> {
+    pub(crate) fn describe(&self) -> ArgMemory {
+        let (dtype, len, writable, ptr) = match self {
+            Arg::Read(r) => match r {
+                BufRef::Bool(v) => (DType::Bool, v.len(), false, v.as_ptr() as *mut u8),
+                BufRef::I32(v) => (DType::I32, v.len(), false, v.as_ptr() as *mut u8),
+                BufRef::I64(v) => (DType::I64, v.len(), false, v.as_ptr() as *mut u8),
+                BufRef::F32(v) => (DType::F32, v.len(), false, v.as_ptr() as *mut u8),
+                BufRef::F64(v) => (DType::F64, v.len(), false, v.as_ptr() as *mut u8),
+            },
+            Arg::WriteF32(v) => (DType::F32, v.len(), true, v.as_ptr() as *mut u8),
+            Arg::Write(b) => {
+                let p = match &**b {
+                    HostBuffer::Bool(v) => v.as_ptr() as *mut u8,
+                    HostBuffer::I32(v) => v.as_ptr() as *mut u8,
+                    HostBuffer::I64(v) => v.as_ptr() as *mut u8,
+                    HostBuffer::F32(v) => v.as_ptr() as *mut u8,
+                    HostBuffer::F64(v) => v.as_ptr() as *mut u8,
+                };
+                (b.dtype(), b.len(), true, p)
+            }
+        };
+        ArgMemory { dtype, len, writable, ptr }
+    }
+}

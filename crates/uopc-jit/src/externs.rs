@@ -1,0 +1,119 @@
+//! Host functions generated code may call, each with its symbol, address and signature.
+
+use crate::JitError;
+use cranelift_codegen::ir::{AbiParam, FuncRef, Function, Signature, types};
+use cranelift_jit::JITBuilder;
+use cranelift_module::{FuncId, Linkage, Module};
+
+/// A host function the generated code may call (never per element on the f32 fast paths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Extern {
+    /// `f64::exp2`.
+    Exp2F64,
+    /// `f32::log2`.
+    Log2F32,
+    /// `f64::log2`.
+    Log2F64,
+    /// [`uopc_tile::uopc_tile_gemm_f32`].
+    TileGemm,
+    /// [`uopc_tile::uopc_tile_softmax_update_f32`].
+    TileSoftmax,
+}
+
+extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
+    x.exp2()
+}
+extern "C" fn uopc_log2_f32(x: f32) -> f32 {
+    x.log2()
+}
+extern "C" fn uopc_log2_f64(x: f64) -> f64 {
+    x.log2()
+}
+
+impl Extern {
+    /// Every extern, in the order each function declares them.
+    pub const ALL: [Extern; 5] =
+        [Extern::Exp2F64, Extern::Log2F32, Extern::Log2F64, Extern::TileGemm, Extern::TileSoftmax];
+
+    /// The symbol it is registered and declared under.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Extern::Exp2F64 => "uopc_exp2_f64",
+            Extern::Log2F32 => "uopc_log2_f32",
+            Extern::Log2F64 => "uopc_log2_f64",
+            Extern::TileGemm => "uopc_tile_gemm_f32",
+            Extern::TileSoftmax => "uopc_tile_softmax_update_f32",
+        }
+    }
+
+    /// Where the function is in this process.
+    pub fn address(self) -> *const u8 {
+        match self {
+            Extern::Exp2F64 => uopc_exp2_f64 as *const u8,
+            Extern::Log2F32 => uopc_log2_f32 as *const u8,
+            Extern::Log2F64 => uopc_log2_f64 as *const u8,
+            Extern::TileGemm => uopc_tile::uopc_tile_gemm_f32 as *const u8,
+            Extern::TileSoftmax => uopc_tile::uopc_tile_softmax_update_f32 as *const u8,
+        }
+    }
+
+    /// Adds its parameters and returns to `sig` (a signature with the module's calling
+    /// convention).
+    pub fn signature(self, sig: &mut Signature) {
+        let unary = |sig: &mut Signature, t| {
+            sig.params.push(AbiParam::new(t));
+            sig.returns.push(AbiParam::new(t));
+        };
+        let ints = |sig: &mut Signature, n: usize| {
+            sig.params.extend((0..n).map(|_| AbiParam::new(types::I64)));
+            sig.returns.push(AbiParam::new(types::I32));
+        };
+        match self {
+            Extern::Exp2F64 | Extern::Log2F64 => unary(sig, types::F64),
+            Extern::Log2F32 => unary(sig, types::F32),
+            // (a, b, c, m, n, k, lda, ldb, ldc, flags) -> status
+            Extern::TileGemm => ints(sig, 10),
+            // (s, row_max, row_sum, o, rows, cols, lds, ldo, d) -> status
+            Extern::TileSoftmax => ints(sig, 9),
+        }
+    }
+
+    /// Registers every extern's address with a JIT about to be built.
+    pub fn register_all(jb: &mut JITBuilder) {
+        for e in Extern::ALL {
+            jb.symbol(e.symbol(), e.address());
+        }
+    }
+}
+
+/// Every extern declared in one module, by variant.
+pub(crate) struct DeclaredExterns([FuncId; 5]);
+
+impl DeclaredExterns {
+    /// Declares every extern as an import of `module`.
+    pub fn declare(module: &mut impl Module) -> Result<Self, JitError> {
+        let mut ids = Vec::with_capacity(Extern::ALL.len());
+        for e in Extern::ALL {
+            let mut sig = module.make_signature();
+            e.signature(&mut sig);
+            ids.push(module.declare_function(e.symbol(), Linkage::Import, &sig)?);
+        }
+        Ok(DeclaredExterns(ids.try_into().expect("one id per extern")))
+    }
+
+    /// References to every extern from inside `func`, declared in [`Extern::ALL`] order.
+    pub fn in_function(&self, module: &mut impl Module, func: &mut Function) -> Externs {
+        Externs(self.0.map(|id| module.declare_func_in_func(id, func)))
+    }
+}
+
+/// Every extern as a callee of the function being built.
+#[derive(Clone, Copy)]
+pub(crate) struct Externs([FuncRef; 5]);
+
+impl Externs {
+    /// The callee for `e`.
+    pub fn get(&self, e: Extern) -> FuncRef {
+        self.0[e as usize]
+    }
+}

@@ -1,0 +1,295 @@
+//! Lowering of a prepared (linearized) loop program to Cranelift IR.
+//!
+//! The function signature is `(bufs: *const *mut u8, lo: i64, hi: i64)`: buffer pointers by
+//! slot, and the slice `lo..hi` of the THREAD range this call runs. Scalar accumulators become
+//! `Variable`s (Cranelift builds the SSA), arrays indexed by a loop variable become stack slots.
+
+use crate::JitError;
+use crate::externs::{Extern, Externs};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    BlockArg, FuncRef, InstBuilder, MemFlagsData, StackSlot, StackSlotData, StackSlotKind, Type, Value, types,
+};
+use cranelift_frontend::{FunctionBuilder, Variable};
+use std::collections::HashMap;
+use uopc_ir::{
+    BinaryOp, ConstValue, DType, Op, PreparedKernel, Stmt, TileOp, UOp, UnaryOp, split_linear, view_base,
+};
+
+mod loops;
+mod memory;
+mod packed_store;
+mod scalar;
+mod tile;
+mod vector;
+
+use loops::LoopTest;
+use memory::{mem, split_constant_term};
+use scalar::clif_type;
+
+/// Code generation switches of one compile.
+#[derive(Clone, Copy)]
+pub(crate) struct Flags {
+    /// The CPU has fused multiply-add (without it Cranelift would call `fmaf`).
+    pub fma: bool,
+    /// Contract MUL+ADD into FMA.
+    pub contract: bool,
+    /// Split float sums into partial sums.
+    pub reassociate: bool,
+    /// Run innermost f32 loops four iterations at a time in F32X4 values.
+    pub vectorize: bool,
+    /// Reduce steps per trip of a register tile's loop.
+    pub tile_unroll: i64,
+    /// Cranelift keeps the emitted order (`opt_level=none`): no GVN merges equal loads.
+    pub keeps_order: bool,
+}
+
+/// Addresses (base value, immediate offset) of the INDEXes one unrolled step accessed.
+pub(crate) type StepAddresses = HashMap<UOp, (Value, i32)>;
+
+enum Storage {
+    Vars(Vec<Variable>),
+    Slot(StackSlot),
+}
+
+pub(crate) struct Lowerer<'a, 'b> {
+    pub b: &'a mut FunctionBuilder<'b>,
+    vals: HashMap<UOp, Value>,
+    buf_ptrs: HashMap<UOp, Value>,
+    storage: HashMap<UOp, Storage>,
+    range_vars: HashMap<UOp, Variable>,
+    externs: Externs,
+    use_fma: bool,
+    contract: bool,
+    reassociate: bool,
+    vectorize: bool,
+    tile_unroll: i64,
+    /// Float MULs whose only use is a float ADD: emitted as one `fma` at the ADD.
+    contracted: std::collections::HashSet<UOp>,
+    /// Accumulators a register tile left in an F32X4: variable -> (vector, lane, the
+    /// variables of all four lanes). Valid until the variable is stored again.
+    tile_results: HashMap<u32, (Value, usize, [Variable; 4])>,
+    /// BUFFERs the program never stores to: their loads may be flagged `readonly`, which lets
+    /// Cranelift place them next to their use (a load next to a splat is one broadcast load).
+    read_only: std::collections::HashSet<UOp>,
+    /// Shared loads of the register tile being lowered that are only splatted: each is loaded
+    /// next to its splat.
+    splat_loads: std::collections::HashSet<UOp>,
+    /// Emit a splat of a load afresh at every use (see `packed`): where Cranelift keeps the
+    /// copies apart (at `speed` it merges equal loads back into one).
+    fresh_splats: bool,
+    /// Addresses of stack slots computed in the straight-line code being emitted (cleared at
+    /// every loop entry and exit): one `lea` per slot and stretch instead of one per access at
+    /// `opt_level=none`.
+    slot_addrs: HashMap<StackSlot, Value>,
+    /// While lowering the unrolled steps of a register tile: its range, the step being emitted,
+    /// and step 0's addresses by INDEX (later steps add their offset to those).
+    pub(crate) copy_addrs: Option<(UOp, i64, StepAddresses)>,
+    /// While lowering one unrolled copy of a split reduction: accumulator -> its partial sum.
+    partial: Vec<(Variable, Variable)>,
+    bufs: Value,
+    lo: Value,
+    hi: Value,
+}
+
+impl<'a, 'b> Lowerer<'a, 'b> {
+    pub fn new(
+        b: &'a mut FunctionBuilder<'b>,
+        externs: Externs,
+        flags: Flags,
+        bufs: Value,
+        lo: Value,
+        hi: Value,
+    ) -> Self {
+        Lowerer {
+            b,
+            vals: HashMap::new(),
+            buf_ptrs: HashMap::new(),
+            storage: HashMap::new(),
+            range_vars: HashMap::new(),
+            externs,
+            use_fma: flags.fma,
+            contract: flags.contract,
+            reassociate: flags.reassociate,
+            vectorize: flags.vectorize,
+            tile_unroll: flags.tile_unroll,
+            partial: Vec::new(),
+            splat_loads: Default::default(),
+            fresh_splats: flags.keeps_order,
+            slot_addrs: HashMap::new(),
+            copy_addrs: None,
+            read_only: Default::default(),
+            tile_results: HashMap::new(),
+            contracted: Default::default(),
+            bufs,
+            lo,
+            hi,
+        }
+    }
+
+    /// Declares buffers and local storage, then lowers every statement of `kernel`.
+    pub fn lower(&mut self, kernel: &PreparedKernel) -> Result<(), JitError> {
+        let lin = &kernel.linear;
+        for buf in &lin.buffers {
+            if let Op::Buffer { slot, .. } = buf.op() {
+                let p = self.b.ins().load(types::I64, mem(), self.bufs, (*slot as i32) * 8);
+                self.buf_ptrs.insert(buf.clone(), p);
+            }
+        }
+        self.read_only = kernel.read_only.clone();
+        if self.use_fma && self.contract {
+            self.contracted = kernel.contractible_muls.clone();
+        }
+        for a in &lin.allocs {
+            let Op::Alloc { len, .. } = a.op() else { continue };
+            let ty = clif_type(a.dtype());
+            // Small ALLOCs only ever indexed by constants live in registers.
+            let st = if kernel.register_allocs.contains(a) {
+                Storage::Vars((0..*len).map(|_| self.b.declare_var(ty)).collect())
+            } else {
+                let size = (*len * a.dtype().size()) as u32;
+                let align = a.dtype().size().trailing_zeros() as u8;
+                Storage::Slot(self.b.create_sized_stack_slot(StackSlotData::new(
+                    StackSlotKind::ExplicitSlot,
+                    size,
+                    align,
+                )))
+            };
+            self.storage.insert(a.clone(), st);
+        }
+        self.block(&lin.root)
+    }
+
+    fn block(&mut self, body: &[Stmt]) -> Result<(), JitError> {
+        // Groups of scalar stores computed from a register tile's vectors: emitted as one
+        // vector store at the last of each group, the rest skipped.
+        let mut packed = packed_store::PackedStores::default();
+        for (at, s) in body.iter().enumerate() {
+            if let Some(plan) = packed.at.remove(&at) {
+                self.emit_packed_store(&plan)?;
+                continue;
+            }
+            if packed.skip.contains(&at) {
+                continue;
+            }
+            match s {
+                Stmt::Loop { range, body: inner } => {
+                    self.lower_loop(range, inner)?;
+                    // A register tile's results: stores computed from them may pack.
+                    if self.vectorize {
+                        let more = self.plan_packed_stores(body, at + 1);
+                        packed.skip.extend(more.skip);
+                        packed.at.extend(more.at);
+                    }
+                }
+                Stmt::Op(u) => self.stmt(u)?,
+            }
+        }
+        // A tile's vector is only known to dominate the rest of the block its loop is in.
+        self.tile_results.clear();
+        Ok(())
+    }
+
+    fn constant(&mut self, c: ConstValue, d: DType) -> Value {
+        match d {
+            DType::F32 => self.b.ins().f32const(c.as_f64() as f32),
+            DType::F64 => self.b.ins().f64const(c.as_f64()),
+            _ => self.b.ins().iconst(clif_type(d), c.cast(d).as_i64()),
+        }
+    }
+
+    fn val(&mut self, u: &UOp) -> Result<Value, JitError> {
+        if let Some(c) = u.const_value() {
+            return Ok(self.constant(c, u.dtype()));
+        }
+        if let Some(v) = self.range_vars.get(u) {
+            return Ok(self.b.use_var(*v));
+        }
+        self.vals
+            .get(u)
+            .copied()
+            .ok_or_else(|| JitError::Internal(format!("{} used before it is computed", u.short())))
+    }
+
+    fn stmt(&mut self, u: &UOp) -> Result<(), JitError> {
+        let v = match u.op() {
+            Op::Load => match self.address_parts(&u.src()[0])? {
+                Ok((addr, offset)) => self.b.ins().load(clif_type(u.dtype()), mem(), addr, offset),
+                Err(var) => self.b.use_var(var),
+            },
+            Op::Store => {
+                let x = self.val(&u.src()[1])?;
+                match self.address_parts(&u.src()[0])? {
+                    Ok((addr, offset)) => {
+                        self.b.ins().store(mem(), x, addr, offset);
+                    }
+                    Err(var) => {
+                        self.tile_results.remove(&var.as_u32());
+                        self.b.def_var(var, x)
+                    }
+                }
+                return Ok(());
+            }
+            Op::Unary(op) => self.unary(*op, u)?,
+            // Emitted inside its ADD as an fma.
+            Op::Binary(BinaryOp::Mul) if self.contracted.contains(u) => return Ok(()),
+            Op::Binary(BinaryOp::Add) if u.src().iter().any(|s| self.contracted.contains(s)) => {
+                let (m, other) = if self.contracted.contains(&u.src()[0]) {
+                    (&u.src()[0], &u.src()[1])
+                } else {
+                    (&u.src()[1], &u.src()[0])
+                };
+                let (a, b) = (self.val(&m.src()[0])?, self.val(&m.src()[1])?);
+                let c = self.val(other)?;
+                self.b.ins().fma(a, b, c)
+            }
+            Op::Binary(op) => self.binary(*op, u)?,
+            Op::Where => {
+                let c = self.val(&u.src()[0])?;
+                let a = self.val(&u.src()[1])?;
+                let b = self.val(&u.src()[2])?;
+                self.b.ins().select(c, a, b)
+            }
+            Op::Cast => self.cast(u)?,
+            Op::Index | Op::After | Op::End | Op::Sink => return Ok(()),
+            Op::Tile(t) => return self.tile_call(u, *t),
+            other => return Err(JitError::Internal(format!("cannot lower {}", other.name()))),
+        };
+        self.vals.insert(u.clone(), v);
+        Ok(())
+    }
+
+    /// A tile op: one call into the micro-kernels of `uopc-tile` with each operand's address
+    /// (the verifier proved every operand's whole block in bounds).
+    fn tile_call(&mut self, u: &UOp, t: TileOp) -> Result<(), JitError> {
+        let mut args = Vec::new();
+        for x in u.src() {
+            match self.address(x)? {
+                Ok(addr) => args.push(addr),
+                Err(_) => {
+                    return Err(JitError::Internal(format!("{}: tile operand in registers", u.short())));
+                }
+            }
+        }
+        let mut int = |v: i64| self.b.ins().iconst(types::I64, v);
+        let f = match t {
+            TileOp::Gemm(shape) => {
+                // The flat entry point takes the C descriptor's fields, in its order.
+                let g = uopc_tile::GemmDesc::from(&shape);
+                for v in [g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.flags] {
+                    args.push(int(v));
+                }
+                self.externs.get(Extern::TileGemm)
+            }
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
+                for v in [rows, cols, lds, ldo, d] {
+                    args.push(int(v as i64));
+                }
+                self.externs.get(Extern::TileSoftmax)
+            }
+        };
+        // The status is always 0: every argument the kernel checks was checked at compile time.
+        self.b.ins().call(f, &args);
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! [`Program`]: a loop program compiled once, run many times.
+
+use crate::translate::{KernelFn, compile};
+use crate::{JitError, JitOptions};
+use cranelift_codegen::ir::Function;
+use cranelift_jit::JITModule;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+use uopc_ir::{BufferSpec, Estimates, PrepareError, PrepareOptions, PreparedKernel, UOp, prepare};
+
+/// Stack bytes all ALLOCs of one program may use: rayon workers run on 2 MiB stacks.
+pub const MAX_LOCAL_BYTES: usize = 256 * 1024;
+
+/// A compiled loop program. Compile once, run many times, from any thread.
+///
+/// A Program holds no IR nodes: nodes are hash-consed and numbered in creation order, and a
+/// node kept alive past its compile would be found again, with its old number, by later
+/// compiles, whose statement order (ties broken by that number) would then depend on which
+/// Programs happen to be alive. So the loop IR is kept as text, and the CLIF as Cranelift's
+/// function, formatted when first asked for.
+pub struct Program {
+    pub(crate) name: String,
+    pub(crate) entry: KernelFn,
+    // Kept only to free the code on drop; JITModule is Send but not Sync, hence the Mutex.
+    module: Mutex<Option<JITModule>>,
+    pub(crate) thread_extent: Option<usize>,
+    pub(crate) parallel: bool,
+    specs: Vec<BufferSpec>,
+    function: Function,
+    clif: OnceLock<String>,
+    loop_ir: String,
+    machine_code: Vec<u8>,
+    estimates: Estimates,
+    compile_seconds: f64,
+}
+
+/// The backend's limits on a prepared kernel: buffer slots without gaps (the kernel receives
+/// its pointers by slot), a constant THREAD trip count (the runtime splits it into chunks),
+/// and ALLOCs that fit a worker's stack. Returns the THREAD trip count.
+fn check_supported(kernel: &PreparedKernel, name: &str) -> Result<Option<usize>, JitError> {
+    if let Some(k) = kernel.buffers.iter().enumerate().position(|(k, s)| s.slot != k) {
+        return Err(JitError::Unsupported(format!(
+            "buffer slots must be 0..n without gaps; missing slot {k}"
+        )));
+    }
+    let extent = match &kernel.thread {
+        Some(t) => Some(t.extent.ok_or_else(|| {
+            JitError::Unsupported(format!(
+                "{}: the THREAD range needs a constant trip count",
+                t.range.short()
+            ))
+        })?),
+        None => None,
+    };
+    if kernel.local_bytes > MAX_LOCAL_BYTES {
+        return Err(JitError::Unsupported(format!(
+            "{name}: ALLOCs need {} bytes of stack; the limit is {MAX_LOCAL_BYTES} (worker threads have small stacks)",
+            kernel.local_bytes
+        )));
+    }
+    Ok(extent)
+}
+
+impl Program {
+    /// Verifies, simplifies and compiles `program` with default options.
+    pub fn compile(program: &UOp, name: &str) -> Result<Program, JitError> {
+        Program::compile_with(program, name, &JitOptions::default())
+    }
+
+    /// Verifies, simplifies and compiles `program`: [`uopc_ir::prepare`] checks, rewrites,
+    /// analyses and linearizes it, then its translation is compiled into machine code.
+    ///
+    /// Fails if the program is malformed, if any index cannot be proven inside its buffer, or if
+    /// its THREAD range does not have a constant trip count.
+    pub fn compile_with(program: &UOp, name: &str, opts: &JitOptions) -> Result<Program, JitError> {
+        let t0 = Instant::now();
+        let kernel =
+            prepare(program, &PrepareOptions { expand_tile_ops: !opts.tile_calls }).map_err(|e| match e {
+                PrepareError::Invalid(e) => JitError::Ir(e),
+                PrepareError::Expansion(source) => JitError::TileExpansion { name: name.to_string(), source },
+            })?;
+        let thread_extent = check_supported(&kernel, name)?;
+        let compiled = compile(&kernel, opts.level_for(kernel.gemm_like), opts)?;
+        Ok(Program {
+            name: name.to_string(),
+            entry: compiled.entry,
+            module: Mutex::new(Some(compiled.module)),
+            thread_extent,
+            parallel: kernel.thread.as_ref().is_some_and(|t| t.writes_disjoint),
+            estimates: kernel.estimates,
+            loop_ir: kernel.loop_ir(),
+            specs: kernel.buffers,
+            function: compiled.function,
+            clif: OnceLock::new(),
+            machine_code: compiled.machine_code,
+            compile_seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The name given at compile time.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The arguments the program expects, by slot.
+    pub fn buffers(&self) -> &[BufferSpec] {
+        &self.specs
+    }
+
+    /// The generated Cranelift IR, as text (formatted on first use).
+    pub fn clif(&self) -> &str {
+        self.clif.get_or_init(|| self.function.display().to_string())
+    }
+
+    /// The generated x86-64 (or host) machine code, for a disassembler
+    /// (`objdump -D -b binary -m i386:x86-64` reads it as is).
+    pub fn machine_code(&self) -> &[u8] {
+        &self.machine_code
+    }
+
+    /// The (simplified) loop program, pretty-printed as nested loops.
+    pub fn loop_ir(&self) -> &str {
+        &self.loop_ir
+    }
+
+    /// Static FLOP and byte counts, from the loop structure.
+    pub fn estimates(&self) -> Estimates {
+        self.estimates
+    }
+
+    /// Wall time spent in `compile`.
+    pub fn compile_seconds(&self) -> f64 {
+        self.compile_seconds
+    }
+
+    /// Whether THREAD iterations run in parallel. False when the program has no THREAD range, or
+    /// when the compiler cannot prove that different iterations write disjoint memory (then
+    /// it runs them in order on the calling thread rather than risk a race).
+    pub fn is_parallel(&self) -> bool {
+        self.parallel
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        let module = self.module.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(m) = module {
+            // SAFETY: `entry` is no longer callable once the Program is dropped.
+            unsafe { m.free_memory() };
+        }
+    }
+}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Program").field("name", &self.name).field("buffers", &self.specs).finish()
+    }
+}

@@ -1,0 +1,125 @@
+//! Running a [`Program`]: arguments checked against its buffers, THREAD chunks over rayon.
+
+use crate::args::{Arg, BufRef};
+use crate::{JitError, Program};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Buffer pointers shared by the chunks of one run.
+struct SharedPointers(Vec<*mut u8>);
+// SAFETY: the pointers are only dereferenced by the kernel, under the conditions stated in
+// `Program::run`: chunks that run at once write disjoint memory.
+unsafe impl Sync for SharedPointers {}
+// SAFETY: as above.
+unsafe impl Send for SharedPointers {}
+
+impl SharedPointers {
+    /// The pointer array the kernel receives as `bufs`.
+    fn as_ptr(&self) -> *const *mut u8 {
+        self.0.as_ptr()
+    }
+}
+
+impl Program {
+    /// Runs the program on f32 buffers: `inputs` fill the read-only slots and `outputs` the
+    /// written ones, each in slot order.
+    pub fn run_f32(&self, inputs: &[&[f32]], outputs: &mut [&mut [f32]]) -> Result<(), JitError> {
+        let specs = self.buffers();
+        let n_in = specs.iter().filter(|s| !s.written).count();
+        let n_out = specs.len() - n_in;
+        if inputs.len() != n_in || outputs.len() != n_out {
+            return Err(JitError::Argument(format!(
+                "{}: expects {n_in} inputs and {n_out} outputs, got {} and {}",
+                self.name,
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        let mut ins = inputs.iter();
+        let mut outs = outputs.iter_mut();
+        let mut args: Vec<Arg<'_>> = Vec::with_capacity(specs.len());
+        for s in specs {
+            if s.written {
+                args.push(Arg::WriteF32(outs.next().expect("counted above")));
+            } else {
+                args.push(Arg::Read(BufRef::F32(ins.next().expect("counted above"))));
+            }
+        }
+        self.run(&mut args)
+    }
+
+    /// Runs the program: one argument per BUFFER slot, in slot order, of the exact dtype and
+    /// length the program declares; buffers the program writes must be passed as writable.
+    pub fn run(&self, args: &mut [Arg<'_>]) -> Result<(), JitError> {
+        let ptrs = SharedPointers(self.checked_pointers(args)?);
+        let entry = self.entry;
+        let call = |lo: usize, hi: usize| {
+            // SAFETY: every pointer is valid for its slot's declared dtype and length (checked
+            // by `checked_pointers`), and the verifier proved every index and tile operand of
+            // the compiled program inside its buffer's declared length, so the kernel touches
+            // only that memory. Written buffers are exclusive borrows: nothing else reads or
+            // writes them during the call. `lo..hi` lies within the THREAD range, and chunks
+            // run at once only when THREAD iterations were proven to write disjoint memory.
+            unsafe { entry(ptrs.as_ptr(), lo as i64, hi as i64) }
+        };
+        match self.thread_extent {
+            Some(n) if self.parallel && n > 1 => run_chunks(n, &call),
+            Some(n) => call(0, n),
+            None => call(0, 0),
+        }
+        Ok(())
+    }
+
+    /// The pointer of every argument, after checking each against its slot's spec.
+    fn checked_pointers(&self, args: &[Arg<'_>]) -> Result<Vec<*mut u8>, JitError> {
+        let specs = self.buffers();
+        if args.len() != specs.len() {
+            return Err(JitError::Argument(format!(
+                "{}: expects {} buffers, got {}",
+                self.name,
+                specs.len(),
+                args.len()
+            )));
+        }
+        let mut ptrs: Vec<*mut u8> = Vec::with_capacity(args.len());
+        for (s, a) in specs.iter().zip(args) {
+            let m = a.describe();
+            let who = format!("{}: buffer {}", self.name, s.slot);
+            if m.dtype != s.dtype {
+                return Err(JitError::Argument(format!("{who} must be {}, got {}", s.dtype, m.dtype)));
+            }
+            if m.len != s.len {
+                return Err(JitError::Argument(format!("{who} must have {} elements, got {}", s.len, m.len)));
+            }
+            if s.written && !m.writable {
+                return Err(JitError::Argument(format!(
+                    "{who} is written by the program but was passed read-only"
+                )));
+            }
+            ptrs.push(m.ptr);
+        }
+        Ok(ptrs)
+    }
+}
+
+/// Runs `call(lo, hi)` over chunks of `0..n` on the rayon pool.
+///
+/// Many more chunks than threads, handed out one at a time from the last: when iterations
+/// grow in cost along the range (causal attention's query blocks see more keys the further
+/// down they are), the longest start first and the short ones fill in at the end
+/// (longest-processing-time-first scheduling); for equal costs the order does not matter.
+fn run_chunks(n: usize, call: &(impl Fn(usize, usize) + Sync)) {
+    let threads = rayon::current_num_threads().max(1);
+    let chunks = (threads * 16).min(n);
+    let next = AtomicUsize::new(0);
+    (0..threads.min(chunks)).into_par_iter().for_each(|_| {
+        loop {
+            let taken = next.fetch_add(1, Ordering::Relaxed);
+            if taken >= chunks {
+                break;
+            }
+            let c = chunks - 1 - taken;
+            call(n * c / chunks, n * (c + 1) / chunks);
+        }
+    });
+}
