@@ -6,7 +6,8 @@
 //! 1. one line per realize (kernel count, schedule, compile and run time);
 //! 2. a line per kernel: time, GFLOP/s and GB/s from the kernel's static estimates;
 //! 3. an "again" column: each kernel re-run at once on the same memory (page-fault diagnosis);
-//! 4. on a plan-cache miss, the plan and each kernel's loop IR;
+//! 4. on a plan-cache miss, the plan, how often each rewrite rule fired while building it
+//!    (per pass) and each kernel's loop IR;
 //! 5. each kernel's Cranelift IR;
 //! 6. each kernel's machine code (disassembled with `objdump` when it is installed).
 
@@ -71,6 +72,9 @@ pub fn summary_line(r: &RealizeReport) -> String {
 /// Level 4 and above: the plan and, per kernel, its loop IR, CLIF (5) and machine code (6).
 pub(crate) fn print_plan(plan: &Plan, level: u8) {
     let mut out = format!("{plan}\n");
+    for stats in &plan.rewrites {
+        let _ = writeln!(out, "{stats}");
+    }
     for k in &plan.kernels {
         let _ = writeln!(out, "--- {} (loop IR) ---\n{}", k.name, k.exe.loop_ir());
         if level >= 5

@@ -5,17 +5,16 @@ use crate::error::{Result, TensorError};
 use crate::exec::Exe;
 use crate::opt::{Layout, has_reduce};
 use crate::options::RealizeOptions;
-use crate::passes::{
-    layout_pass, layout_pass_output, materialize_points, rewrite_graph, stage_broadcast_compute,
-};
+use crate::passes::{layout_pass, layout_pass_output, materialize_points, run_pass, stage_broadcast_compute};
 use crate::plan::{BufRef, Kernel, OutSpec, Plan};
 use crate::rangeify::{Ctx, lower};
 use crate::util::numel;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::AtomicUsize;
+use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
-use uopc_ir::{DType, Op, UOp, buffer};
+use uopc_ir::rewrite::{RuleCx, RuleHits};
+use uopc_ir::{DType, Op, Pass, Pattern, Revisit, RewriteStats, Rule, RuleTable, UOp, buffer};
 
 /// Physical memory, from /proc/meminfo (None where unknown).
 fn physical_memory_bytes() -> Option<u64> {
@@ -90,6 +89,24 @@ fn kernel_name(body: &UOp) -> String {
     format!("{}_{dims}", if has_reduce(body) { "r" } else { "e" })
 }
 
+/// Slot compaction: each BUFFER's slot becomes its position among the used slots (the state,
+/// sorted).
+static SLOTS: LazyLock<RuleTable<Vec<usize>>> = LazyLock::new(|| {
+    let any_buffer = Op::Buffer { slot: 0, len: 0 };
+    RuleTable::new(
+        "slots",
+        vec![Rule::with_cx("renumber_buffer", Pattern::ops(&[any_buffer]), renumber_buffer)],
+    )
+});
+static COMPACT_SLOTS: LazyLock<Pass<'static, Vec<usize>>> =
+    LazyLock::new(|| Pass::new("compact_slots", vec![&*SLOTS], Revisit::Never));
+
+fn renumber_buffer(u: &UOp, cx: &mut RuleCx<'_, Vec<usize>>) -> Option<UOp> {
+    let Op::Buffer { slot, len } = u.op() else { return None };
+    let k = cx.state.binary_search(slot).expect("every slot of the program is among the used ones");
+    (k != *slot).then(|| buffer(k, u.dtype(), *len))
+}
+
 /// Renumbers BUFFER slots so the program's slots are `0..n` (an input rangeify never reached,
 /// e.g. an unselected STACK source, would otherwise leave a hole in the argument list).
 fn compact_slots(program: UOp, args: Vec<BufRef>) -> (UOp, Vec<BufRef>) {
@@ -101,17 +118,12 @@ fn compact_slots(program: UOp, args: Vec<BufRef>) -> (UOp, Vec<BufRef>) {
         })
         .collect();
     used.sort_unstable();
+    used.dedup();
     if used.len() == args.len() {
         return (program, args);
     }
     let new_args = used.iter().map(|&s| args[s]).collect();
-    let prog = rewrite_graph(&[program], |_, rebuilt| match rebuilt.op() {
-        Op::Buffer { slot, len } => {
-            let k = used.iter().position(|s| s == slot).expect("slot is used");
-            buffer(k, rebuilt.dtype(), *len)
-        }
-        _ => rebuilt,
-    });
+    let prog = run_pass(&COMPACT_SLOTS, std::slice::from_ref(&program), &mut used);
     (prog.into_iter().next().expect("one root"), new_args)
 }
 
@@ -161,6 +173,7 @@ pub(crate) fn build_plan(
     opts: &RealizeOptions,
 ) -> Result<Plan> {
     let t0 = Instant::now();
+    let rewrites_before = uopc_ir::rewrite_counts();
     let graph = prepare_graph(roots, opts);
     let points = materialize_points(&graph, opts.fuse_reduce);
     let mut buf_of: HashMap<UOp, BufRef> = HashMap::new();
@@ -201,7 +214,31 @@ pub(crate) fn build_plan(
         inputs,
         schedule_seconds,
         compile_seconds: t1.elapsed().as_secs_f64(),
+        rewrites: rewrites_since(&rewrites_before),
         temp_pool: Mutex::new(None),
         temp_allocations: AtomicUsize::new(0),
     })
+}
+
+/// The rule counts of this thread's rewrite passes since `before` (an earlier
+/// [`uopc_ir::rewrite_counts`]), passes and rules that did not fire since left out.
+fn rewrites_since(before: &[RewriteStats]) -> Vec<RewriteStats> {
+    let mut out = Vec::new();
+    for now in uopc_ir::rewrite_counts() {
+        let old = before.iter().find(|b| b.pass == now.pass);
+        let hits: Vec<RuleHits> = now
+            .hits
+            .iter()
+            .filter_map(|h| {
+                let was = old
+                    .and_then(|o| o.hits.iter().find(|x| x.table == h.table && x.rule == h.rule))
+                    .map_or(0, |x| x.count);
+                (h.count > was).then(|| RuleHits { count: h.count - was, ..h.clone() })
+            })
+            .collect();
+        if !hits.is_empty() {
+            out.push(RewriteStats { pass: now.pass, hits });
+        }
+    }
+    out
 }

@@ -5,19 +5,75 @@
 use crate::util::numel;
 use crate::view::strided_broadcast_views;
 use std::collections::{HashMap, HashSet};
-use uopc_ir::{Op, UOp};
+use std::sync::LazyLock;
+use uopc_ir::rewrite::RuleCx;
+use uopc_ir::{Op, Pass, Pattern, Revisit, Rule, RuleTable, UOp};
 
-/// Rebuilds the graph under `roots` bottom-up: `f(old, rebuilt)` returns each node's
-/// replacement, where `rebuilt` is `old` with already-replaced sources.
-pub(crate) fn rewrite_graph(roots: &[UOp], mut f: impl FnMut(&UOp, UOp) -> UOp) -> Vec<UOp> {
-    let mut map: HashMap<UOp, UOp> = HashMap::new();
-    for u in UOp::toposort(roots) {
-        let src: Vec<UOp> = u.src().iter().map(|s| map[s].clone()).collect();
-        let rebuilt = u.with_src(src);
-        let new = f(&u, rebuilt);
-        map.insert(u, new);
+/// Runs `pass` over the graph under `roots` (one memo for all roots, so shared nodes are
+/// rewritten once) and returns the new roots. Rule counts go to the rewrite engine's per-thread
+/// trace ([`uopc_ir::rewrite_counts`]).
+pub(crate) fn run_pass<C>(pass: &Pass<'_, C>, roots: &[UOp], state: &mut C) -> Vec<UOp> {
+    let mut memo = HashMap::new();
+    roots.iter().map(|r| pass.run(r, state, &mut memo).0).collect()
+}
+
+/// Canonicalization: DATA leaves become numbered PARAMs (the state collects the leaves in slot
+/// order), DETACH disappears (it only matters to autograd, which has run).
+static CANONICAL: LazyLock<RuleTable<Vec<UOp>>> = LazyLock::new(|| {
+    // Only the op's variant matters to the pattern.
+    let data = Op::Data { shape: Vec::new(), data: uopc_ir::DataRef(std::sync::Arc::new(())) };
+    RuleTable::new(
+        "canonical",
+        vec![
+            Rule::with_cx("data_to_param", Pattern::ops(&[data]), data_to_param),
+            Rule::with_cx("drop_detach", Pattern::ops(&[Op::Detach]), |u, _| Some(u.src()[0].clone())),
+        ],
+    )
+});
+static CANONICALIZE: LazyLock<Pass<'static, Vec<UOp>>> =
+    LazyLock::new(|| Pass::new("canonicalize", vec![&*CANONICAL], Revisit::Never));
+
+fn data_to_param(u: &UOp, cx: &mut RuleCx<'_, Vec<UOp>>) -> Option<UOp> {
+    let Op::Data { shape, .. } = u.op() else { return None };
+    let leaves = &mut *cx.state;
+    let p = UOp::new(Op::Param { slot: leaves.len(), shape: shape.clone() }, u.dtype(), vec![]);
+    leaves.push(u.clone());
+    Some(p)
+}
+
+/// Staging: the nodes in the state's set (by their original identity) are wrapped in a STAGE;
+/// with `columns_last`, the staged copy also puts the second-to-last axis last (see
+/// [`layout_pass_output`]).
+struct StageMarked {
+    todo: HashSet<UOp>,
+    columns_last: bool,
+}
+
+static STAGING: LazyLock<RuleTable<StageMarked>> = LazyLock::new(|| {
+    RuleTable::new("staging", vec![Rule::with_cx("stage_marked", Pattern::Any, stage_marked)])
+});
+static STAGE: LazyLock<Pass<'static, StageMarked>> =
+    LazyLock::new(|| Pass::new("stage", vec![&*STAGING], Revisit::Never));
+
+fn stage_marked(u: &UOp, cx: &mut RuleCx<'_, StageMarked>) -> Option<UOp> {
+    if !cx.state.todo.contains(cx.original()) {
+        return None;
     }
-    roots.iter().map(|r| map[r].clone()).collect()
+    if !cx.state.columns_last {
+        return Some(stage(u.clone()));
+    }
+    // Stage the view with the column axis last, then permute back: same values, and the
+    // column axis of the staged buffer has stride 1.
+    let n = u.shape().len();
+    let mut perm: Vec<usize> = (0..n).filter(|&a| a != n - 2).collect();
+    perm.push(n - 2);
+    let mut inverse = vec![0; n];
+    for (k, &p) in perm.iter().enumerate() {
+        inverse[p] = k;
+    }
+    let d = u.dtype();
+    let moved = UOp::new(Op::Permute(perm), d, vec![u.clone()]);
+    Some(UOp::new(Op::Permute(inverse), d, vec![stage(moved)]))
 }
 
 /// The canonical form of a graph, its plan-cache key: DETACH removed and each distinct DATA
@@ -25,15 +81,7 @@ pub(crate) fn rewrite_graph(roots: &[UOp], mut f: impl FnMut(&UOp, UOp) -> UOp) 
 /// and the DATA leaves in slot order.
 pub fn canonicalize(roots: &[UOp]) -> (Vec<UOp>, Vec<UOp>) {
     let mut leaves: Vec<UOp> = Vec::new();
-    let canon = rewrite_graph(roots, |old, rebuilt| match old.op() {
-        Op::Data { shape, .. } => {
-            let p = UOp::new(Op::Param { slot: leaves.len(), shape: shape.clone() }, old.dtype(), vec![]);
-            leaves.push(old.clone());
-            p
-        }
-        Op::Detach => rebuilt.src()[0].clone(),
-        _ => rebuilt,
-    });
+    let canon = run_pass(&CANONICALIZE, roots, &mut leaves);
     (canon, leaves)
 }
 
@@ -62,11 +110,11 @@ fn stage(u: UOp) -> UOp {
 }
 
 /// `roots` with every node of `todo` wrapped in a STAGE.
-fn stage_all(roots: &[UOp], todo: &HashSet<UOp>) -> Vec<UOp> {
+fn stage_all(roots: &[UOp], todo: HashSet<UOp>) -> Vec<UOp> {
     if todo.is_empty() {
         return roots.to_vec();
     }
-    rewrite_graph(roots, |old, rebuilt| if todo.contains(old) { stage(rebuilt) } else { rebuilt })
+    run_pass(&STAGE, roots, &mut StageMarked { todo, columns_last: false })
 }
 
 /// Fusing is only free if nothing is recomputed. A computed tensor EXPANDed by `factor` or more
@@ -90,7 +138,7 @@ pub fn stage_broadcast_compute(roots: &[UOp], factor: usize) -> Vec<UOp> {
             todo.insert(base);
         }
     }
-    stage_all(roots, &todo)
+    stage_all(roots, todo)
 }
 
 /// The layout pass: a reduce whose input reads a broadcast buffer with a non-unit stride along
@@ -110,7 +158,7 @@ pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
         }
         todo.extend(strided_broadcast_views(x, n - 1));
     }
-    stage_all(roots, &todo)
+    stage_all(roots, todo)
 }
 
 /// The layout pass for packed register tiles: a reduce over the last axis whose input reads a
@@ -132,23 +180,7 @@ pub fn layout_pass_output(roots: &[UOp]) -> Vec<UOp> {
     if todo.is_empty() {
         return roots.to_vec();
     }
-    rewrite_graph(roots, |old, rebuilt| {
-        if !todo.contains(old) {
-            return rebuilt;
-        }
-        // Stage the view with the column axis last, then permute back: same values, and the
-        // column axis of the staged buffer has stride 1.
-        let n = rebuilt.shape().len();
-        let mut perm: Vec<usize> = (0..n).filter(|&a| a != n - 2).collect();
-        perm.push(n - 2);
-        let mut inverse = vec![0; n];
-        for (k, &p) in perm.iter().enumerate() {
-            inverse[p] = k;
-        }
-        let d = rebuilt.dtype();
-        let moved = UOp::new(Op::Permute(perm), d, vec![rebuilt]);
-        UOp::new(Op::Permute(inverse), d, vec![stage(moved)])
-    })
+    run_pass(&STAGE, roots, &mut StageMarked { todo, columns_last: true })
 }
 
 /// The nodes that get their own buffer: STAGEs, REDUCEs (unless `fuse_reduce`), and roots that

@@ -83,6 +83,10 @@ pub struct Plan {
     pub schedule_seconds: f64,
     /// Seconds spent compiling kernels.
     pub compile_seconds: f64,
+    /// How often each named rewrite rule fired while the plan was built, per pass: the graph
+    /// passes after canonicalization, slot compaction, and each kernel's simplification when it
+    /// was compiled.
+    pub rewrites: Vec<uopc_ir::RewriteStats>,
     pub(crate) temp_pool: Mutex<Option<Vec<HostBuffer>>>,
     pub(crate) temp_allocations: AtomicUsize,
 }

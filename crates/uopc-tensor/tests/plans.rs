@@ -367,3 +367,21 @@ fn softmax_reduces_are_upcast_only_where_inputs_are_reused() {
     let accumulators: Vec<usize> = tile_4x4.kernels.iter().map(|k| acc_inits(&k.program).len()).collect();
     assert!(accumulators.iter().filter(|&&a| a == 4).count() >= 2, "{accumulators:?}");
 }
+
+/// The plan records which named rewrite rules fired while it was built: unfused attention's
+/// index arithmetic needs the linear-sum canonicalization and the div/mod folds, and its
+/// staged copy of K goes through the staging pass. A second plan with different options
+/// records its own counts, not the first one's again.
+#[test]
+fn plan_records_the_rewrite_rules_that_fired() {
+    let plan = attention_plan(64, 16, &RealizeOptions::default());
+    for s in &plan.rewrites {
+        eprintln!("{s}");
+    }
+    let hits = |rule: &str| plan.rewrites.iter().map(|s| s.count(rule)).sum::<u64>();
+    assert!(hits("canonical_linear_sum") >= 1, "{:?}", plan.rewrites);
+    assert!(hits("stage_marked") >= 1, "the transposed copy of K is staged: {:?}", plan.rewrites);
+    assert!(plan.rewrites.iter().any(|s| s.pass == "stage"), "{:?}", plan.rewrites);
+    let again = attention_plan(64, 16, &RealizeOptions::default());
+    assert!(Arc::ptr_eq(&plan, &again), "the second call hits the cache");
+}

@@ -14,8 +14,8 @@
 //! - with [`Revisit::Fixpoint`] the replacement is rewritten again, up to a bound of rounds, and
 //!   nodes a rule built that are not yet rewritten are walked first; with [`Revisit::Never`] the
 //!   first replacement stands as it is;
-//! - results are memoized per node, and each result is recorded as its own rewrite, so a memo
-//!   shared across calls stops at nodes already done.
+//! - results are memoized per node, and under [`Revisit::Fixpoint`] each result is recorded
+//!   as its own rewrite, so a memo shared across calls stops at nodes already done.
 //!
 //! Every run counts how often each rule fired ([`RewriteStats`]); the counts also accumulate per
 //! thread ([`rewrite_counts`]), and [`set_rewrite_trace`] prints each run's counts to stderr.
@@ -340,8 +340,12 @@ impl<'t, C> Pass<'t, C> {
                 Frame::Resume { node, built, round } => (node, walk.with_rewritten_src(&built), round),
             };
             if let Some(cur) = self.settle(&mut walk, state, &node, cur, round) {
-                // A result is its own rewrite: later walks stop at it.
-                walk.memo.entry(cur.clone()).or_insert_with(|| cur.clone());
+                // A fixpoint's result is its own rewrite, so later walks stop at it. A result of
+                // a single replacement is not: a renaming (slot 2 becomes 1 while slot 1 becomes
+                // 0) may produce a node the graph also holds, which must still be rewritten.
+                if matches!(self.revisit, Revisit::Fixpoint { .. }) {
+                    walk.memo.entry(cur.clone()).or_insert_with(|| cur.clone());
+                }
                 walk.memo.insert(node, cur);
             }
         }

@@ -141,3 +141,37 @@ fn deep_graphs_rewrite_without_recursion_and_counts_accumulate_per_thread() {
     let c = UOp::new(Op::Const(ConstValue::Int(3)), DType::I64, vec![]);
     assert_eq!(OpKey::of(c.op()), OpKey::of(&Op::Const(ConstValue::Int(0))));
 }
+
+/// A single-replacement pass that renames (slot k+1 becomes slot k) produces nodes the graph
+/// already holds; those must still get their own replacement, not be taken as done.
+#[test]
+fn a_renaming_pass_rewrites_nodes_equal_to_earlier_results() {
+    fn shift_down(u: &UOp) -> Option<UOp> {
+        match u.op() {
+            Op::Buffer { slot, len } if *slot > 0 => Some(crate::buffer(slot - 1, u.dtype(), *len)),
+            _ => None,
+        }
+    }
+    let rename = RuleTable::new(
+        "slots",
+        vec![Rule::new("shift_down", Pattern::ops(&[Op::Buffer { slot: 0, len: 0 }]), shift_down)],
+    );
+    let pass = Pass::new("rename", vec![&rename], Revisit::Never);
+    let (b1, b2) = (crate::buffer(1, DType::F32, 4), crate::buffer(2, DType::F32, 4));
+    // b2 is visited first (the store's index comes before its value), so its result, slot 1,
+    // is built before b1, which is slot 1 already, is reached.
+    let program = crate::sink(&[b2.index(0).store(b1.index(0).load())]);
+    let (out, stats) = pass.run(&program, &mut (), &mut HashMap::new());
+    let slots: Vec<usize> = UOp::toposort(std::slice::from_ref(&out))
+        .iter()
+        .filter_map(|u| match u.op() {
+            Op::Buffer { slot, .. } => Some(*slot),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stats.count("shift_down"), 2, "{stats}");
+    let mut sorted = slots.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, vec![0, 1], "{slots:?}");
+    assert_eq!(slots.len(), 2);
+}
