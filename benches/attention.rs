@@ -6,9 +6,10 @@
 //! - run: `realize` of an already planned graph for the Tensor forms (cache hit, reused
 //!   temporaries), one `run_f32` for the online program.
 
-use criterion::{Criterion, SamplingMode, black_box, criterion_group, criterion_main};
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use uopc::attention::{attention, online_attention_ir};
