@@ -6,9 +6,10 @@
 //! - run: `realize` of an already planned graph for the Tensor forms (cache hit, reused
 //!   temporaries), one `run_f32` for the online program.
 
-use criterion::{Criterion, SamplingMode, black_box, criterion_group, criterion_main};
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
+use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use uopc::attention::{attention, online_attention_ir};
@@ -22,7 +23,7 @@ const D: usize = 64;
 
 fn inputs() -> [Vec<f32>; 3] {
     let mut rng = StdRng::seed_from_u64(0x5eed ^ ((N as u64) << 32) ^ D as u64);
-    [2.0, 2.0, 1.0].map(|s: f32| (0..N * D).map(|_| rng.gen_range(-s..s)).collect())
+    [2.0, 2.0, 1.0].map(|s: f32| (0..N * D).map(|_| rng.random_range(-s..s)).collect())
 }
 
 /// Chooses exactly what `inner` chooses under a key no other plan has, so `make_plan` must

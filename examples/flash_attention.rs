@@ -9,7 +9,7 @@
 //! form's is one run of the compiled loop program.
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use std::process::ExitCode;
 use std::time::Instant;
 use uopc::attention::{attention, online_attention_ir};
@@ -28,7 +28,7 @@ const TOLERANCE: f64 = 1e-4;
 /// Q and K uniform in [-2, 2), V in [-1, 1); the same seed as `cargo xtask bench attention`.
 fn inputs(n: usize, d: usize) -> [Vec<f32>; 3] {
     let mut rng = StdRng::seed_from_u64(0x5eed ^ ((n as u64) << 32) ^ d as u64);
-    [2.0, 2.0, 1.0].map(|s: f32| (0..n * d).map(|_| rng.gen_range(-s..s)).collect())
+    [2.0, 2.0, 1.0].map(|s: f32| (0..n * d).map(|_| rng.random_range(-s..s)).collect())
 }
 
 /// `3.3e-07`, like C's `%.1e`.
@@ -171,7 +171,7 @@ fn run_masked(n: usize, d: usize, m: &MaskFlags) -> Result<bool> {
     let nq = m.nq.unwrap_or(n);
     let shape = AttentionShape { batch: m.batch, heads: m.heads, n_q: nq, n_k: n, d };
     let mut rng = StdRng::seed_from_u64(0x5eed ^ ((n as u64) << 32) ^ d as u64);
-    let mut fill = |len: usize, s: f32| (0..len).map(|_| rng.gen_range(-s..s)).collect::<Vec<f32>>();
+    let mut fill = |len: usize, s: f32| (0..len).map(|_| rng.random_range(-s..s)).collect::<Vec<f32>>();
     let (q, k, v) = (fill(shape.q_len(), 2.0), fill(shape.kv_len(), 2.0), fill(shape.kv_len(), 1.0));
     let want = masked_attention_reference(&shape, &q, &k, &v, m.causal, PadData::None);
     let mut ok = true;

@@ -2,7 +2,7 @@
 //! kernels crate's, applied to them).
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use uopc::kernels::reference;
 
 /// Q, K and V of one attention head, each `n * d` f32, row-major.
@@ -21,7 +21,7 @@ pub struct Inputs {
 /// far from uniform (a missing rescale of the running output would show); V is in [-1, 1).
 pub fn inputs(n: usize, d: usize) -> Inputs {
     let mut rng = StdRng::seed_from_u64(0x5eed ^ ((n as u64) << 32) ^ d as u64);
-    let mut fill = |scale: f32| (0..n * d).map(|_| rng.gen_range(-scale..scale)).collect::<Vec<f32>>();
+    let mut fill = |scale: f32| (0..n * d).map(|_| rng.random_range(-scale..scale)).collect::<Vec<f32>>();
     let q = fill(2.0);
     let k = fill(2.0);
     let v = fill(1.0);

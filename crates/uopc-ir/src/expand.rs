@@ -37,6 +37,7 @@ use std::sync::LazyLock;
 /// A program without tile ops comes back as the same node. A tile op the verifier would reject
 /// (operands that are not INDEX nodes, a wrong arity) is left in place for it to report, as
 /// is the whole program when one of its ENDs does not close a RANGE.
+#[must_use]
 pub fn expand_tile_ops(program: &UOp) -> UOp {
     let topo = UOp::toposort(std::slice::from_ref(program));
     if !topo.iter().any(|u| matches!(u.op(), Op::Tile(_))) {

@@ -57,6 +57,20 @@ impl HostBuffer {
     }
 
     /// Element `i` widened to f64 (bools as 0/1).
+    ///
+    /// # Panics
+    ///
+    /// If `i` is not below [`HostBuffer::len`].
+    ///
+    /// # Examples
+    ///
+    /// ```rust
+    /// use uopc_ir::HostBuffer;
+    ///
+    /// let b = HostBuffer::I32(vec![7, -2]);
+    /// assert_eq!(b.get_f64(1), -2.0);
+    /// assert_eq!(HostBuffer::Bool(vec![true]).get_f64(0), 1.0);
+    /// ```
     pub fn get_f64(&self, i: usize) -> f64 {
         match self {
             HostBuffer::Bool(v) => v[i] as i64 as f64,

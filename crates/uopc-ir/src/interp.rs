@@ -128,6 +128,36 @@ const MAX_ALLOC_BYTES: usize = 1 << 30;
 /// The program is verified first; every argument must have exactly its BUFFER's dtype and
 /// length. THREAD ranges run sequentially. On a run-time error (out-of-bounds access, read of an
 /// unwritten ALLOC element) the buffers may have been partly written.
+///
+/// # Errors
+///
+/// [`InterpError::Ir`] when [`verify`] rejects the program; [`InterpError::ArgCount`],
+/// [`InterpError::ArgDType`], [`InterpError::ArgLen`] or [`InterpError::SlotGap`] when `bufs`
+/// does not match its BUFFERs; [`InterpError::OutOfBounds`], [`InterpError::Uninitialized`] or
+/// [`InterpError::Malformed`] for what only shows while running.
+///
+/// # Examples
+///
+/// `out[i] = a[i] < 0 ? 0 : a[i]`, then the same program given a buffer too short:
+///
+/// ```rust
+/// use uopc_ir::interp::{InterpError, Precision, run};
+/// use uopc_ir::{AxisType, DType, HostBuffer, buffer, range, sink};
+///
+/// let (a, out) = (buffer(0, DType::F32, 3), buffer(1, DType::F32, 3));
+/// let i = range(3, 0, AxisType::Thread);
+/// let x = a.index(&i).load();
+/// let program = sink(&[out.index(&i).store(x.lt(0.0f32).where_(0.0f32, &x)).end(&[i])]);
+///
+/// let mut bufs = [HostBuffer::F32(vec![-1.0, 2.0, -3.0]), HostBuffer::zeros(DType::F32, 3)];
+/// run(&program, &mut bufs, Precision::Native)?;
+/// assert_eq!(bufs[1], HostBuffer::F32(vec![0.0, 2.0, 0.0]));
+///
+/// let mut short = [HostBuffer::zeros(DType::F32, 3), HostBuffer::zeros(DType::F32, 2)];
+/// let err = run(&program, &mut short, Precision::Native).unwrap_err();
+/// assert!(matches!(err, InterpError::ArgLen { slot: 1, expected: 3, given: 2 }));
+/// # Ok::<(), InterpError>(())
+/// ```
 pub fn run(program: &UOp, bufs: &mut [HostBuffer], precision: Precision) -> Result<(), InterpError> {
     let linear = verify(program)?;
     check_args(&linear, bufs)?;

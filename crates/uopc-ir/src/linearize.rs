@@ -73,6 +73,16 @@ fn union(a: &[UOp], b: &[UOp]) -> Vec<UOp> {
 /// The ranges each node of `topo` lives inside (END removes the range it closes).
 ///
 /// Strict: an END of a range its body does not use is an error (the user's mistake).
+///
+/// # Errors
+///
+/// [`crate::IrErrorKind::RangeNotOpen`] for such an END, and the structural errors of
+/// [`open_ranges_with`].
+///
+/// # Panics
+///
+/// If `topo` is not closed and sources-first (a node before one of its sources, or a source
+/// missing), as [`UOp::toposort`] returns it, or holds an END with fewer than two sources.
 pub fn open_ranges(topo: &[UOp]) -> Result<HashMap<UOp, Vec<UOp>>, IrError> {
     open_ranges_with(topo, false)
 }
@@ -105,6 +115,16 @@ fn ranges_of_enclosing_ends(topo: &[UOp]) -> HashMap<UOp, Vec<UOp>> {
 /// range from the expressions of a body that still runs once per iteration (`r*0`, or a loop
 /// of zero or one trips): every STORE then also lives inside the ranges of the ENDs around it,
 /// so it stays in its loop.
+///
+/// # Errors
+///
+/// An [`IrError`] for an END that closes a range not open in its body (strict mode) or an END
+/// whose second source is not a RANGE.
+///
+/// # Panics
+///
+/// If `topo` is not closed and sources-first, as [`UOp::toposort`] returns it, or holds an END
+/// with fewer than two sources ([`UOp::end`] always gives it two).
 pub fn open_ranges_with(topo: &[UOp], lenient: bool) -> Result<HashMap<UOp, Vec<UOp>>, IrError> {
     let forced = if lenient { ranges_of_enclosing_ends(topo) } else { HashMap::new() };
     let mut rng: HashMap<UOp, Vec<UOp>> = HashMap::with_capacity(topo.len());
@@ -218,11 +238,39 @@ fn view_of(mem: &UOp) -> Option<&UOp> {
 }
 
 /// Linearizes `program` (usually a SINK) into nested, ordered statements.
+///
+/// It does not check types or bounds; [`crate::verify`] does both and returns this same
+/// linearization.
+///
+/// # Errors
+///
+/// An [`IrError`] for ranges that are not ended or ENDs of ranges not open, stores outside the
+/// loops whose variables they use, loops that do not nest, and cyclic orderings.
+///
+/// # Examples
+///
+/// ```rust
+/// use uopc_ir::{AxisType, DType, Stmt, buffer, linearize, range, sink};
+///
+/// let out = buffer(0, DType::F32, 4);
+/// let k = range(4, 0, AxisType::Loop);
+/// let linear = linearize(&sink(&[out.index(&k).store(0.5f32).end(&[k.clone()])]))?;
+/// // One top-level loop over k, and the store one level down inside it.
+/// assert!(matches!(&linear.root[0], Stmt::Loop { range, .. } if *range == k));
+/// assert!(linear.walk().iter().any(|(depth, s)| {
+///     *depth == 1 && matches!(s, Stmt::Op(u) if u.op().name() == "STORE")
+/// }));
+/// # Ok::<(), uopc_ir::IrError>(())
+/// ```
 pub fn linearize(program: &UOp) -> Result<Linear, IrError> {
     linearize_with(program, false)
 }
 
 /// [`linearize`] with [`open_ranges_with`]'s `lenient` placement, for simplified programs.
+///
+/// # Errors
+///
+/// As [`linearize`].
 pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
     let topo = UOp::toposort(std::slice::from_ref(program));
     let rng = open_ranges_with(&topo, lenient)?;

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 /// One line per node, sources first: `%7 = ADD f32 (%3, %5)`.
+#[must_use]
 pub fn print_graph(root: &UOp) -> String {
     let mut out = String::new();
     for u in UOp::toposort(std::slice::from_ref(root)) {
@@ -17,11 +18,30 @@ pub fn print_graph(root: &UOp) -> String {
 }
 
 /// A loop program rendered as nested loops (C-like pseudo code).
+///
+/// # Errors
+///
+/// The [`IrError`] of [`linearize`] when the program cannot be ordered into loops.
+///
+/// # Examples
+///
+/// ```rust
+/// use uopc_ir::{AxisType, DType, buffer, print_program, range, sink};
+///
+/// let (a, out) = (buffer(0, DType::F32, 4), buffer(1, DType::F32, 4));
+/// let k = range(4, 0, AxisType::Loop);
+/// let text = print_program(&sink(&[out.index(&k).store(a.index(&k).load() * 2.0f32).end(&[k])]))?;
+/// assert!(text.starts_with("buf0: f32[4]\nbuf1: f32[4]\n"));
+/// assert!(text.contains("for r0 in 0..4 (loop) {"));
+/// assert!(text.contains("buf1[r0] = "));
+/// # Ok::<(), uopc_ir::IrError>(())
+/// ```
 pub fn print_program(program: &UOp) -> Result<String, IrError> {
     Ok(print_linear(&linearize(program)?))
 }
 
 /// An already linearized program rendered as nested loops.
+#[must_use]
 pub fn print_linear(lin: &Linear) -> String {
     let mut p = Printer { names: HashMap::new(), inline_depth: HashMap::new(), out: String::new() };
     for b in &lin.buffers {

@@ -246,6 +246,28 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
 /// THREAD range but declared outside it; stores to buffers outside the THREAD range of a
 /// threaded program; indices not provably inside their buffer; loops that do not nest; two
 /// stores that may write one element with nothing ordering them.
+///
+/// # Errors
+///
+/// An [`IrError`] naming the first offending node, with its [`crate::IrErrorKind`] being one
+/// of the rejections above.
+///
+/// # Examples
+///
+/// ```rust
+/// use uopc_ir::{AxisType, DType, IrErrorKind, buffer, range, sink, verify};
+///
+/// let out = buffer(0, DType::F32, 4);
+/// let k = range(4, 0, AxisType::Loop);
+/// let fill = sink(&[out.index(&k).store(1.0f32).end(&[k.clone()])]);
+/// let linear = verify(&fill)?;
+/// assert_eq!(linear.buffers, vec![out.clone()]);
+///
+/// // k + 1 reaches 4, one past the end of the buffer.
+/// let shifted = sink(&[out.index(&k + 1).store(1.0f32).end(&[k])]);
+/// assert_eq!(verify(&shifted).unwrap_err().kind, IrErrorKind::OutOfBounds);
+/// # Ok::<(), uopc_ir::IrError>(())
+/// ```
 pub fn verify(program: &UOp) -> Result<Linear, IrError> {
     verify_with(program, false)
 }
@@ -253,6 +275,10 @@ pub fn verify(program: &UOp) -> Result<Linear, IrError> {
 /// [`verify`] for a program that came out of [`crate::simplify`] after its original passed
 /// [`verify`]: loops keep the stores their ENDs enclose even where rewriting removed the loop
 /// variable from them (see [`crate::open_ranges_with`]).
+///
+/// # Errors
+///
+/// As [`verify`]: an [`IrError`] naming the first offending node.
 pub fn verify_simplified(program: &UOp) -> Result<Linear, IrError> {
     verify_with(program, true)
 }

@@ -102,6 +102,15 @@ fn check_len(name: &str, x: &[f32], n: usize, d: usize) -> Result<()> {
 
 /// Lazy `[dQ, dK, dV]` of `attention(q, k, v)` for the incoming gradient `dout`: reverse-mode
 /// autograd through matmul, softmax and the scale, realized like any other tensors.
+///
+/// # Errors
+///
+/// [`BackwardError::Tensor`] when autograd fails (`dout` not the output's shape).
+///
+/// # Panics
+///
+/// Where [`uopc_tensor::attention::attention`] panics: `q`, `k`, `v` not the 2-D
+/// `(n, d)`, `(m, d)`, `(m, e)` attention takes.
 pub fn unfused_gradients(q: &Tensor, k: &Tensor, v: &Tensor, dout: &Tensor) -> Result<Vec<Tensor>> {
     let o = uopc_tensor::attention::attention(q, k, v);
     Ok(vjp(&o, &[q, k, v], dout)?)
@@ -109,6 +118,11 @@ pub fn unfused_gradients(q: &Tensor, k: &Tensor, v: &Tensor, dout: &Tensor) -> R
 
 /// The unfused backward: autograd of [`uopc_tensor::attention::attention`], realized with
 /// default (unfused) options. Inputs are row-major `(n, d)`.
+///
+/// # Errors
+///
+/// [`BackwardError::Shape`] when a slice does not have `n * d` elements;
+/// [`BackwardError::Tensor`] when planning or realizing fails.
 pub fn backward_unfused(
     q: &[f32],
     k: &[f32],
@@ -128,6 +142,11 @@ pub fn backward_unfused(
 }
 
 /// The plan of the unfused backward at size `(n, d)`: built (and compiled) but not run.
+///
+/// # Errors
+///
+/// [`BackwardError::Tensor`] when the graph cannot be planned or compiled (for example an
+/// empty axis).
 pub fn unfused_backward_plan(n: usize, d: usize) -> Result<Arc<Plan>> {
     // Values do not matter for the plan; only shapes and the graph do.
     let t = || Tensor::from_vec(vec![0.5f32; n * d], &[n, d]);
@@ -153,6 +172,10 @@ pub fn plan_memory(plan: &Plan) -> MemoryUse {
 }
 
 /// [`plan_memory`] of [`unfused_backward_plan`].
+///
+/// # Errors
+///
+/// As [`unfused_backward_plan`].
 pub fn unfused_memory(n: usize, d: usize) -> Result<MemoryUse> {
     let plan = unfused_backward_plan(n, d)?;
     Ok(plan_memory(&plan))
@@ -184,6 +207,7 @@ pub fn largest_buffer(program: &UOp) -> usize {
 /// [`crate::online::online_attention_ir`] with one more output: buffers 0 = Q, 1 = K,
 /// 2 = V (each `n*d` f32, row-major), 3 = O, 4 = LSE (`n` f32, `m + log2 l` with scores in
 /// base 2, i.e. `log2(e)` times the natural log-sum-exp of `q_i . k_j / sqrt(d)`).
+#[must_use]
 pub fn online_attention_lse_ir(n: usize, d: usize) -> UOp {
     crate::online::online_attention_program(n, d, true)
 }
@@ -221,6 +245,7 @@ fn two_dots(
 /// `dO_i . O_i`, which [`attention_backward_dkdv_ir`] reads). Row `i` recomputes
 /// `P_ij = exp2(q_i . k_j * log2(e)/sqrt(d) - lse_i)` and `dP_ij = dO_i . v_j` for every key
 /// and accumulates `dQ_i += P_ij (dP_ij - Delta_i) k_j`; nothing larger than a row is stored.
+#[must_use]
 pub fn attention_backward_dq_ir(n: usize, d: usize) -> UOp {
     let f32t = DType::F32;
     let [q, k, v, o, dout] = [0, 1, 2, 3, 4].map(|slot| buffer(slot, f32t, n * d));
@@ -270,6 +295,7 @@ pub fn attention_backward_dq_ir(n: usize, d: usize) -> UOp {
 /// (`n`, from [`attention_backward_dq_ir`]); written: 6 = dK, 7 = dV (each `n*d`). Row `j`
 /// walks every query `i`, recomputes `P_ij` and `dP_ij` as the dQ program does and
 /// accumulates `dV_j += P_ij dO_i` and `dK_j += P_ij (dP_ij - Delta_i) q_i`.
+#[must_use]
 pub fn attention_backward_dkdv_ir(n: usize, d: usize) -> UOp {
     let f32t = DType::F32;
     let [q, k, v, dout] = [0, 1, 2, 3].map(|slot| buffer(slot, f32t, n * d));
@@ -303,6 +329,7 @@ pub fn attention_backward_dkdv_ir(n: usize, d: usize) -> UOp {
 
 /// The three recompute programs of one size: the forward with log-sum-exp and the two
 /// backward programs.
+#[must_use]
 pub fn recompute_programs(n: usize, d: usize) -> [UOp; 3] {
     [online_attention_lse_ir(n, d), attention_backward_dq_ir(n, d), attention_backward_dkdv_ir(n, d)]
 }
@@ -342,6 +369,10 @@ pub struct RecomputeBackward {
 
 impl RecomputeBackward {
     /// Compiles the three programs for `(n, d)`.
+    ///
+    /// # Errors
+    ///
+    /// [`BackwardError::Jit`] when a program fails to compile.
     pub fn compile(n: usize, d: usize) -> Result<Self> {
         let [f, dq, dkdv] = recompute_programs(n, d);
         Ok(RecomputeBackward {
@@ -354,6 +385,11 @@ impl RecomputeBackward {
     }
 
     /// The forward pass: `(O, LSE)` for row-major `(n, d)` inputs.
+    ///
+    /// # Errors
+    ///
+    /// [`BackwardError::Shape`] when a slice does not have `n * d` elements;
+    /// [`BackwardError::Jit`] when the run fails.
     pub fn forward(&self, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
         let (n, d) = (self.n, self.d);
         for (name, x) in [("q", q), ("k", k), ("v", v)] {
@@ -365,6 +401,11 @@ impl RecomputeBackward {
     }
 
     /// The backward pass from the forward's `O` and `LSE` and the incoming gradient `dout`.
+    ///
+    /// # Errors
+    ///
+    /// [`BackwardError::Shape`] when a slice does not have `n * d` elements (`lse`: `n`);
+    /// [`BackwardError::Jit`] when a run fails.
     pub fn backward(
         &self,
         q: &[f32],
@@ -389,6 +430,32 @@ impl RecomputeBackward {
 
 /// The recompute backward end to end: compile, run the forward (saving O and LSE), then the
 /// two backward programs. Inputs are row-major `(n, d)`.
+///
+/// # Errors
+///
+/// The errors of [`RecomputeBackward::compile`], [`RecomputeBackward::forward`] and
+/// [`RecomputeBackward::backward`].
+///
+/// # Examples
+///
+/// The recompute backward agrees with autograd of the Tensor form:
+///
+/// ```rust
+/// use uopc_kernels::backward::{backward_recompute, backward_unfused};
+///
+/// let (n, d) = (16, 8);
+/// let x = |seed: usize| -> Vec<f32> {
+///     (0..n * d).map(|i| ((i * 37 + seed) % 17) as f32 * 0.1 - 0.8).collect()
+/// };
+/// let (q, k, v, dout) = (x(1), x(2), x(3), x(4));
+/// let fused = backward_recompute(&q, &k, &v, &dout, n, d)?;
+/// let unfused = backward_unfused(&q, &k, &v, &dout, n, d)?;
+/// let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-4);
+/// assert!(close(&fused.dq, &unfused.dq) && close(&fused.dk, &unfused.dk));
+/// assert!(close(&fused.dv, &unfused.dv));
+/// assert!(backward_recompute(&q, &k, &v, &dout[1..], n, d).is_err());
+/// # Ok::<(), uopc_kernels::backward::BackwardError>(())
+/// ```
 pub fn backward_recompute(
     q: &[f32],
     k: &[f32],

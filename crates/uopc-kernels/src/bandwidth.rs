@@ -3,6 +3,10 @@
 
 /// Streaming read bandwidth in GB/s: the best of `reps` sums of an `mb`-MiB f32 array split
 /// over `threads` threads. The yardstick for memory-bound kernels such as flash-decoding.
+///
+/// # Panics
+///
+/// If `mb` is 0 (there is nothing to split over the threads).
 pub fn streaming_read_gbs(mb: usize, threads: usize, reps: usize) -> f64 {
     let data = vec![1.0f32; mb * (1 << 20) / 4];
     let threads = threads.max(1);

@@ -16,6 +16,17 @@ pub const DECODE_KEY_BLOCK: usize = 4;
 
 /// How flash-decoding splits `n_k` keys: `(chunk_size, chunks)` with at most `want` chunks,
 /// none of them empty, and chunk sizes a multiple of [`DECODE_KEY_BLOCK`].
+///
+/// # Examples
+///
+/// ```rust
+/// use uopc_kernels::decode::decode_chunks;
+///
+/// // 100 keys in at most 8 chunks: 13 rounds up to 16 keys per chunk, so 7 chunks.
+/// assert_eq!(decode_chunks(100, 8), (16, 7));
+/// assert_eq!(decode_chunks(3, 8), (4, 1));
+/// ```
+#[must_use]
 pub fn decode_chunks(n_k: usize, want: usize) -> (usize, usize) {
     let size = n_k.div_ceil(want.clamp(1, n_k.max(1))).next_multiple_of(DECODE_KEY_BLOCK);
     (size, n_k.div_ceil(size.max(1)))
@@ -29,6 +40,7 @@ pub fn decode_chunks(n_k: usize, want: usize) -> (usize, usize) {
 /// (base-2 scaled scores) to buffer 3, running sum to buffer 4, and output row to buffer 5
 /// (`d` floats per chunk). Buffers 0-2 = Q, K, V; with a `padding` mask, buffer 6 holds it as
 /// in [`Padding`] (a [`Padding::Mask`] is `(batch, 1, n_k)`): a padded KV cache.
+#[must_use]
 pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize, padding: Padding) -> UOp {
     let AttentionShape { batch, heads, n_k, d, .. } = *shape;
     let kb = DECODE_KEY_BLOCK;
@@ -128,6 +140,7 @@ pub fn flash_decode_partial_ir(shape: &AttentionShape, want_chunks: usize, paddi
 /// With `m = max_c m_c`, the union is `l = sum_c l_c 2^(m_c - m)`, `o = sum_c o_c 2^(m_c - m)`,
 /// and the output row is `o / l` (zeros when `l = 0`: every key masked). Buffers: 0 = max,
 /// 1 = sum (`bh * chunks` each), 2 = output rows (`bh * chunks * d`), 3 = result (`bh * d`).
+#[must_use]
 pub fn flash_decode_merge_ir(bh: usize, chunks: usize, d: usize) -> UOp {
     let f32t = DType::F32;
     let (pm, pl, po) =
@@ -199,6 +212,38 @@ pub struct FlashDecode {
 impl FlashDecode {
     /// Compiles both kernels, splitting the keys into at most `want_chunks` chunks per head,
     /// with an optional padding mask (see [`flash_decode_partial_ir`]).
+    ///
+    /// # Errors
+    ///
+    /// [`JitError::Unsupported`] when an axis of `shape` is empty or `shape.n_q != 1`; the
+    /// [`JitError`] of [`Program::compile`] otherwise.
+    ///
+    /// # Examples
+    ///
+    /// One query per head against 37 cached keys, in 4 chunks, against the f64 reference:
+    ///
+    /// ```rust
+    /// use uopc_kernels::decode::FlashDecode;
+    /// use uopc_kernels::masked::{AttentionShape, PadData, Padding};
+    /// use uopc_kernels::reference::{masked_attention_reference, max_abs_err};
+    ///
+    /// let shape = AttentionShape { batch: 1, heads: 2, n_q: 1, n_k: 37, d: 8 };
+    /// let decode = FlashDecode::compile(shape, 4, Padding::None)?;
+    /// assert_eq!((decode.chunk_size, decode.chunks), (12, 4));
+    ///
+    /// let x = |len: usize, seed: usize| -> Vec<f32> {
+    ///     (0..len).map(|i| ((i * 31 + seed) % 19) as f32 * 0.1 - 0.9).collect()
+    /// };
+    /// let (q, k, v) = (x(shape.q_len(), 1), x(shape.kv_len(), 2), x(shape.kv_len(), 3));
+    /// let mut out = vec![0.0f32; shape.q_len()];
+    /// decode.run(&q, &k, &v, PadData::None, &mut out)?;
+    /// let want = masked_attention_reference(&shape, &q, &k, &v, false, PadData::None);
+    /// assert!(max_abs_err(&out, &want) < 1e-5);
+    ///
+    /// let prefill = AttentionShape { n_q: 2, ..shape };
+    /// assert!(FlashDecode::compile(prefill, 4, Padding::None).is_err());
+    /// # Ok::<(), uopc_jit::JitError>(())
+    /// ```
     pub fn compile(shape: AttentionShape, want_chunks: usize, padding: Padding) -> Result<Self, JitError> {
         shape.check()?;
         if shape.n_q != 1 {
@@ -222,6 +267,11 @@ impl FlashDecode {
 
     /// Runs kernel 1 then kernel 2 with the given scratch memory; `pad` must match the
     /// padding compiled for.
+    ///
+    /// # Errors
+    ///
+    /// [`JitError::Argument`] when `pad` is not the padding compiled for, or a slice (or a
+    /// scratch buffer) does not have its buffer's length.
     pub fn run_with(
         &self,
         q: &[f32],
@@ -245,6 +295,10 @@ impl FlashDecode {
     }
 
     /// Runs both kernels: `out` (`batch * heads * d`) = attention of each head's query.
+    ///
+    /// # Errors
+    ///
+    /// As [`FlashDecode::run_with`].
     pub fn run(
         &self,
         q: &[f32],

@@ -16,6 +16,11 @@ use uopc_jit::{JitError, Program};
 /// update (row max, `P = exp2(S - m)`, row sums, rescale of the output tile), and a tile GEMM
 /// `O += P · V_blk`; the score and output tiles live on the stack. A last, narrower block takes
 /// the keys left over. The division by the row sums happens once at the end, in plain loop IR.
+///
+/// # Panics
+///
+/// If `n` is 0 ([`FlashTileOps::compile`] rejects that with an error instead).
+#[must_use]
 pub fn flash_tile_ops_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     flash_tile_ops_program(n, d, tiling, false, None)
 }
@@ -26,6 +31,7 @@ pub fn flash_tile_ops_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
 /// block are skipped (the key loops end where the query block does). The square on the
 /// diagonal goes in strips of up to 64 keys: strip `j` is multiplied only for the rows that
 /// see it, and only its top square is masked, by a loop writing `-inf` above the diagonal.
+#[must_use]
 pub fn flash_tile_ops_causal_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     flash_tile_ops_program(n, d, tiling, true, None)
 }
@@ -56,6 +62,11 @@ impl L2Blocking {
 
 /// [`flash_tile_ops_ir`] with second-level blocking (see [`L2Blocking`]); without a fitting
 /// blocking it is [`flash_tile_ops_ir`].
+///
+/// # Panics
+///
+/// If `n` is 0, as [`flash_tile_ops_ir`].
+#[must_use]
 pub fn flash_tile_ops_l2_ir(n: usize, d: usize, tiling: FlashTiling, l2: L2Blocking) -> UOp {
     flash_tile_ops_program(n, d, tiling, false, Some(l2))
 }
@@ -346,6 +357,7 @@ impl TileKernel {
 }
 
 /// The prologue of [`flash_tile_ops_ir`]: buffer 1 = buffer 0 (`n*d`) times `log2(e)/sqrt(d)`.
+#[must_use]
 pub fn scale_queries_ir(n: usize, d: usize) -> UOp {
     let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
     let (q, qs) = (buffer(0, DType::F32, n * d), buffer(1, DType::F32, n * d));
@@ -365,11 +377,50 @@ pub struct FlashTileOps {
 
 impl FlashTileOps {
     /// Compiles both programs for `n` keys and queries of head dimension `d`.
+    ///
+    /// # Errors
+    ///
+    /// [`JitError::Unsupported`] when `n`, `d` or a block size is 0; the [`JitError`] of
+    /// [`Program::compile`] otherwise.
+    ///
+    /// # Examples
+    ///
+    /// Plain and causal, against the f64 references:
+    ///
+    /// ```rust
+    /// use uopc_kernels::flash_tile_ops::FlashTileOps;
+    /// use uopc_kernels::flash_tiled::FlashTiling;
+    /// use uopc_kernels::reference::{attention_f64, causal_attention_f64, max_abs_err};
+    ///
+    /// let (n, d) = (48, 16);
+    /// let x = |seed: usize| -> Vec<f32> {
+    ///     (0..n * d).map(|i| ((i * 37 + seed) % 23) as f32 * 0.08 - 0.9).collect()
+    /// };
+    /// let (q, k, v) = (x(1), x(2), x(3));
+    /// let tiling = FlashTiling { query_block: 16, key_block: 32 }; // a narrower last key block
+    /// let mut out = vec![0.0f32; n * d];
+    ///
+    /// let mut flash = FlashTileOps::compile(n, d, tiling)?;
+    /// assert_eq!(flash.shape(), (n, d));
+    /// flash.run(&q, &k, &v, &mut out)?;
+    /// assert!(max_abs_err(&out, &attention_f64(&q, &k, &v, n, d)) < 1e-5);
+    ///
+    /// let mut causal = FlashTileOps::compile_with(n, d, tiling, true)?;
+    /// causal.run(&q, &k, &v, &mut out)?;
+    /// assert!(max_abs_err(&out, &causal_attention_f64(&q, &k, &v, n, d)) < 1e-5);
+    ///
+    /// assert!(flash.run(&q, &k, &v[1..], &mut out).is_err()); // V one element short
+    /// # Ok::<(), uopc_jit::JitError>(())
+    /// ```
     pub fn compile(n: usize, d: usize, tiling: FlashTiling) -> Result<Self, JitError> {
         Self::compile_with(n, d, tiling, false)
     }
 
     /// [`FlashTileOps::compile`], causal when `causal` (see [`flash_tile_ops_causal_ir`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`FlashTileOps::compile`].
     pub fn compile_with(n: usize, d: usize, tiling: FlashTiling, causal: bool) -> Result<Self, JitError> {
         if causal {
             Self::build(n, d, tiling, flash_tile_ops_causal_ir, "flash_tile_ops_causal")
@@ -379,6 +430,32 @@ impl FlashTileOps {
     }
 
     /// [`FlashTileOps::compile`] with second-level blocking (see [`L2Blocking`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`FlashTileOps::compile`].
+    ///
+    /// # Examples
+    ///
+    /// ```rust
+    /// use uopc_kernels::flash_tile_ops::{FlashTileOps, L2Blocking};
+    /// use uopc_kernels::flash_tiled::FlashTiling;
+    /// use uopc_kernels::reference::{attention_f64, max_abs_err};
+    ///
+    /// let (n, d) = (64, 8);
+    /// let x = |seed: usize| -> Vec<f32> {
+    ///     (0..n * d).map(|i| ((i * 41 + seed) % 29) as f32 * 0.06 - 0.85).collect()
+    /// };
+    /// let (q, k, v) = (x(1), x(2), x(3));
+    /// // Two query blocks of 16 per task, keys in super-blocks of 32 (two key blocks of 16).
+    /// let tiling = FlashTiling { query_block: 16, key_block: 16 };
+    /// let l2 = L2Blocking { query_blocks: 2, keys: 32 };
+    /// let mut flash = FlashTileOps::compile_l2(n, d, tiling, l2)?;
+    /// let mut out = vec![0.0f32; n * d];
+    /// flash.run(&q, &k, &v, &mut out)?;
+    /// assert!(max_abs_err(&out, &attention_f64(&q, &k, &v, n, d)) < 1e-5);
+    /// # Ok::<(), uopc_jit::JitError>(())
+    /// ```
     pub fn compile_l2(n: usize, d: usize, tiling: FlashTiling, l2: L2Blocking) -> Result<Self, JitError> {
         Self::build(n, d, tiling, |n, d, t| flash_tile_ops_l2_ir(n, d, t, l2), "flash_tile_ops_l2")
     }
@@ -402,6 +479,10 @@ impl FlashTileOps {
     }
 
     /// `out = softmax(q k^T / sqrt(d)) v`, all `n*d` row-major; lengths are checked.
+    ///
+    /// # Errors
+    ///
+    /// [`JitError::Argument`] when a slice does not have `n * d` elements.
     pub fn run(&mut self, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<(), JitError> {
         self.prep.run_f32(&[q], &mut [&mut self.qs])?;
         self.main.run_f32(&[&self.qs, k, v], &mut [out])

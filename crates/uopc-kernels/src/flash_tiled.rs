@@ -79,6 +79,11 @@ pub fn padded_keys(n: usize, bc: usize) -> usize {
 
 /// The key prologue: buffers 0 = K, 1 = V (`n*d`, row-major), 2 = K padded and 3 = V padded
 /// (`np * d`, row-major), with `np` = [`padded_keys`]; padding is zeros.
+///
+/// # Panics
+///
+/// If `bc` is 0 ([`FlashTiled::compile`] rejects that with an error instead).
+#[must_use]
 pub fn flash_tiled_prep_ir(n: usize, d: usize, bc: usize) -> UOp {
     let np = padded_keys(n, bc);
     let f32t = DType::F32;
@@ -101,6 +106,11 @@ pub fn flash_tiled_prep_ir(n: usize, d: usize, bc: usize) -> UOp {
 /// The query prologue: buffer 1 = buffer 0 (`n*d`, row-major) times `log2(e)/sqrt(d)`, each
 /// block of `br` rows transposed (`Q_blk^T`, `d x br`), so the `br` rows of one column are one
 /// vector for the score tile.
+///
+/// # Panics
+///
+/// If `br` is 0 ([`FlashTiled::compile`] passes a positive divisor of `n`).
+#[must_use]
 pub fn flash_tiled_queries_ir(n: usize, d: usize, br: usize) -> UOp {
     let scale = (1.0 / (d as f64).sqrt() * LOG2E) as f32;
     let (q, qt) = (buffer(0, DType::F32, n * d), buffer(1, DType::F32, n * d));
@@ -121,6 +131,7 @@ pub fn flash_tiled_queries_ir(n: usize, d: usize, br: usize) -> UOp {
 /// tile is kept transposed (`S^T`, one F32X4 of `br` rows per key), so the row maxima, the
 /// rescale factors, `P = exp2(S - m)` and the row sums are whole-vector operations with no
 /// reduction across lanes.
+#[must_use]
 pub fn flash_tiled_ir(n: usize, d: usize, tiling: FlashTiling) -> UOp {
     let mut pb = ProgramBuilder::new();
     let k = TiledKernel::new(&mut pb, n, d, tiling);
@@ -451,6 +462,31 @@ pub struct FlashTiled {
 
 impl FlashTiled {
     /// Compiles the three programs for `n` keys and queries of head dimension `d`.
+    ///
+    /// # Errors
+    ///
+    /// As [`FlashTiled::compile_with`].
+    ///
+    /// # Examples
+    ///
+    /// 40 keys padded to two key blocks of 32, against the f64 reference:
+    ///
+    /// ```rust
+    /// use uopc_kernels::flash_tiled::{FlashTiled, FlashTiling};
+    /// use uopc_kernels::reference::{attention_f64, max_abs_err};
+    ///
+    /// let (n, d) = (40, 8);
+    /// let x = |seed: usize| -> Vec<f32> {
+    ///     (0..n * d).map(|i| ((i * 37 + seed) % 17) as f32 * 0.1 - 0.8).collect()
+    /// };
+    /// let (q, k, v) = (x(1), x(2), x(3));
+    /// let mut flash = FlashTiled::compile(n, d, FlashTiling::default())?;
+    /// assert_eq!(flash.padded_keys(), 64);
+    /// let mut out = vec![0.0f32; n * d];
+    /// flash.run(&q, &k, &v, &mut out)?;
+    /// assert!(max_abs_err(&out, &attention_f64(&q, &k, &v, n, d)) < 1e-5);
+    /// # Ok::<(), uopc_jit::JitError>(())
+    /// ```
     pub fn compile(n: usize, d: usize, tiling: FlashTiling) -> Result<Self, JitError> {
         Self::compile_with(n, d, tiling, &Self::kernel_options())
     }
@@ -466,6 +502,11 @@ impl FlashTiled {
 
     /// [`FlashTiled::compile`] with `kernel` as the attention kernel's options (the prologues
     /// keep the defaults).
+    ///
+    /// # Errors
+    ///
+    /// [`JitError::Unsupported`] when `n`, `d` or a block size is 0; the [`JitError`] of
+    /// compiling one of the three programs otherwise.
     pub fn compile_with(
         n: usize,
         d: usize,
@@ -490,6 +531,10 @@ impl FlashTiled {
     }
 
     /// `out = softmax(q k^T / sqrt(d)) v`, all `n*d` row-major; lengths are checked.
+    ///
+    /// # Errors
+    ///
+    /// [`JitError::Argument`] when a slice does not have `n * d` elements.
     pub fn run(&mut self, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<(), JitError> {
         self.queries.run_f32(&[q], &mut [&mut self.qt])?;
         self.prep.run_f32(&[k, v], &mut [&mut self.kp, &mut self.vp])?;

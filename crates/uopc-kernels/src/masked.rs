@@ -127,6 +127,7 @@ pub(crate) fn min_idx(a: &UOp, b: &UOp) -> UOp {
 /// [`Padding::KeyLengths`] / [`Padding::Mask`] buffer 4 as described there. One THREAD
 /// iteration owns one block of query rows of one (batch, head); its output rows are contiguous,
 /// so iterations write disjoint memory and run in parallel.
+#[must_use]
 pub fn masked_attention_ir(shape: &AttentionShape, spec: &MaskSpec) -> UOp {
     let AttentionShape { batch, heads, n_q, n_k, d } = *shape;
     let qb = query_block(n_q, spec.query_block);
@@ -298,6 +299,38 @@ pub struct MaskedAttention {
 
 impl MaskedAttention {
     /// Builds and compiles the kernel.
+    ///
+    /// # Errors
+    ///
+    /// [`JitError::Unsupported`] when an axis of `shape` is empty; the [`JitError`] of
+    /// [`Program::compile`] otherwise.
+    ///
+    /// # Examples
+    ///
+    /// Two heads of causal attention with per-item key lengths, against the f64 reference:
+    ///
+    /// ```rust
+    /// use uopc_kernels::masked::{AttentionShape, Causal, MaskSpec, MaskedAttention, PadData, Padding};
+    /// use uopc_kernels::reference::{masked_attention_reference, max_abs_err};
+    ///
+    /// let shape = AttentionShape { batch: 2, heads: 2, n_q: 8, n_k: 8, d: 4 };
+    /// let spec = MaskSpec { causal: Causal::Ragged, padding: Padding::KeyLengths, query_block: 4 };
+    /// let kernel = MaskedAttention::compile(shape, spec)?;
+    ///
+    /// let x = |len: usize, seed: usize| -> Vec<f32> {
+    ///     (0..len).map(|i| ((i * 29 + seed) % 13) as f32 * 0.15 - 0.9).collect()
+    /// };
+    /// let (q, k, v) = (x(shape.q_len(), 1), x(shape.kv_len(), 2), x(shape.kv_len(), 3));
+    /// let lens = [8, 5]; // the second item's last three keys are padding
+    /// let mut out = vec![0.0f32; shape.q_len()];
+    /// kernel.run(&q, &k, &v, PadData::KeyLengths(&lens), &mut out)?;
+    /// let want = masked_attention_reference(&shape, &q, &k, &v, true, PadData::KeyLengths(&lens));
+    /// assert!(max_abs_err(&out, &want) < 1e-5);
+    ///
+    /// // The mask data must be the kind the kernel was compiled for.
+    /// assert!(kernel.run(&q, &k, &v, PadData::None, &mut out).is_err());
+    /// # Ok::<(), uopc_jit::JitError>(())
+    /// ```
     pub fn compile(shape: AttentionShape, spec: MaskSpec) -> Result<Self, JitError> {
         shape.check()?;
         let name = format!("attention_{:?}_{:?}", spec.causal, spec.padding).to_lowercase();
@@ -306,6 +339,11 @@ impl MaskedAttention {
     }
 
     /// Runs it: `out = attention(q, k, v)` under the masks; `pad` must match the spec.
+    ///
+    /// # Errors
+    ///
+    /// [`JitError::Argument`] when `pad` is not the padding compiled for, or a slice's length
+    /// is not its buffer's (see [`AttentionShape`]).
     pub fn run(
         &self,
         q: &[f32],

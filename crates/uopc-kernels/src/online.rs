@@ -12,6 +12,28 @@ pub const LOG2E: f64 = std::f64::consts::LOG2_E;
 /// unnormalized output row `o[D]`; every key is visited once and rescales what was accumulated
 /// when the max grows. Buffers: 0 = Q, 1 = K, 2 = V (each `n*d` f32, row-major), 3 = output.
 /// Exponentials are base 2, with `log2(e)/sqrt(d)` folded into the score scale.
+///
+/// # Examples
+///
+/// Compiled and run against the f64 reference:
+///
+/// ```rust
+/// use uopc_jit::Program;
+/// use uopc_kernels::online::online_attention_ir;
+/// use uopc_kernels::reference::{attention_f64, max_abs_err};
+///
+/// let (n, d) = (16, 8);
+/// let x = |seed: usize| -> Vec<f32> {
+///     (0..n * d).map(|i| ((i * 37 + seed) % 17) as f32 * 0.1 - 0.8).collect()
+/// };
+/// let (q, k, v) = (x(1), x(2), x(3));
+/// let program = Program::compile(&online_attention_ir(n, d), "online")?;
+/// let mut out = vec![0.0f32; n * d];
+/// program.run_f32(&[&q, &k, &v], &mut [&mut out])?;
+/// assert!(max_abs_err(&out, &attention_f64(&q, &k, &v, n, d)) < 1e-5);
+/// # Ok::<(), uopc_jit::JitError>(())
+/// ```
+#[must_use]
 pub fn online_attention_ir(n: usize, d: usize) -> UOp {
     online_attention_program(n, d, false)
 }
@@ -78,6 +100,7 @@ pub(crate) fn online_attention_program(n: usize, d: usize, lse: bool) -> UOp {
 /// the block run in one loop over the head dimension, and so does the rescaled update of their
 /// output rows (both loops vectorize). `qb` is rounded
 /// down to a divisor of `n` (see [`crate::query_block`]). Buffers as in [`online_attention_ir`].
+#[must_use]
 pub fn online_attention_qb_ir(n: usize, d: usize, qb: usize) -> UOp {
     // The unmasked, single-head case of the general kernel.
     use crate::masked::{AttentionShape, Causal, MaskSpec, Padding, masked_attention_ir};

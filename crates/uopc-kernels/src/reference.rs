@@ -4,11 +4,19 @@
 use crate::masked::{AttentionShape, PadData};
 
 /// `softmax(q k^T / sqrt(d)) v` for one head: `q`, `k`, `v` are `n * d` f32, row-major.
+///
+/// # Panics
+///
+/// If a slice is shorter than `n * d`.
 pub fn attention_f64(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f64> {
     masked_attention_reference(&AttentionShape::single(n, n, d), q, k, v, false, PadData::None)
 }
 
 /// [`attention_f64`] under a causal mask: row `i` sees keys `0..=i`.
+///
+/// # Panics
+///
+/// If a slice is shorter than `n * d`.
 pub fn causal_attention_f64(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f64> {
     masked_attention_reference(&AttentionShape::single(n, n, d), q, k, v, true, PadData::None)
 }
@@ -16,6 +24,12 @@ pub fn causal_attention_f64(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize)
 /// Batched multi-head attention in f64 (shapes as in [`AttentionShape`]): each query row
 /// attends the keys its masks allow (`causal`: `j <= i + causal_offset()`; `pad` as in
 /// [`PadData`]); a row with no key allowed is zeros, as the masked kernels define it.
+///
+/// # Panics
+///
+/// If `q` is shorter than [`AttentionShape::q_len`], `k` or `v` shorter than
+/// [`AttentionShape::kv_len`], or the padding data shorter than `batch` key lengths or
+/// [`AttentionShape::mask_len`] mask elements.
 pub fn masked_attention_reference(
     shape: &AttentionShape,
     q: &[f32],

@@ -9,7 +9,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{GemmShape, Isa, SoftmaxShape, gemm, softmax_update};
 
 /// Rounds over all measurements.
@@ -59,7 +59,7 @@ struct Bench {
 }
 
 fn random(rng: &mut StdRng, len: usize) -> Vec<f32> {
-    (0..len).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+    (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
 fn peak_benches() -> Vec<Bench> {

@@ -59,8 +59,25 @@ impl GemmShape {
         if self.b_trans { (self.n, self.k) } else { (self.k, self.n) }
     }
 
-    /// Elements `[a, b, c]` each operand spans, i.e. the minimum slice lengths; errors when a
-    /// leading dimension is too small for a multi-row operand or a size overflows `usize`.
+    /// Elements `[a, b, c]` each operand spans, i.e. the minimum slice lengths.
+    ///
+    /// # Errors
+    ///
+    /// [`TileError::LeadingDim`] when a leading dimension is smaller than the stored row length
+    /// of an operand with two or more rows; [`TileError::Overflow`] when an extent does not fit
+    /// in `usize`.
+    ///
+    /// # Examples
+    ///
+    /// ```rust
+    /// use uopc_tile::{GemmShape, TileError};
+    ///
+    /// // A is 2 x 3 in rows of 4 (one padding element), B 3 x 5, C 2 x 5.
+    /// let s = GemmShape { lda: 4, ..GemmShape::dense(2, 5, 3, false, false, false) };
+    /// assert_eq!(s.extents(), Ok([4 + 3, 3 * 5, 2 * 5]));
+    /// let overlapping = GemmShape { lda: 2, ..s };
+    /// assert_eq!(overlapping.extents(), Err(TileError::LeadingDim { operand: "a", ld: 2, cols: 3 }));
+    /// ```
     pub fn extents(&self) -> Result<[usize; 3], TileError> {
         let (ar, ac) = self.a_dims();
         let (br, bc) = self.b_dims();
@@ -75,9 +92,37 @@ impl GemmShape {
 
 /// `C (+)= A · B` with every operand checked against `s` first.
 ///
-/// Returns an error (touching nothing) if `isa` is unavailable, a leading dimension is too
-/// small, a size overflows, or a slice is shorter than [`GemmShape::extents`]. Results agree
-/// across ISAs up to f32 rounding (summation order differs).
+/// Results agree across ISAs up to f32 rounding (summation order differs).
+///
+/// # Errors
+///
+/// Nothing is read or written when one is returned: [`TileError::IsaUnavailable`] if this CPU
+/// lacks `isa`; the errors of [`GemmShape::extents`]; [`TileError::BufferTooSmall`] if a slice
+/// is shorter than its extent.
+///
+/// # Examples
+///
+/// A 2 x 3 times 3 x 2 product, then the same into a C that is too short:
+///
+/// ```rust
+/// use uopc_tile::{GemmShape, Isa, TileError, gemm};
+///
+/// let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]; // [[1, 2, 3], [4, 5, 6]]
+/// let b = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]; // [[1, 0], [0, 1], [1, 1]]
+/// let mut c = [f32::NAN; 4]; // not read: the shape overwrites C
+/// let s = GemmShape::dense(2, 2, 3, false, false, false);
+/// gemm(Isa::detect(), &s, &a, &b, &mut c)?;
+/// assert_eq!(c, [4.0, 5.0, 10.0, 11.0]);
+///
+/// // Accumulating adds the product again, here with B stored transposed (2 x 3).
+/// let bt = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0];
+/// gemm(Isa::Portable, &GemmShape::dense(2, 2, 3, false, true, true), &a, &bt, &mut c)?;
+/// assert_eq!(c, [8.0, 10.0, 20.0, 22.0]);
+///
+/// let err = gemm(Isa::Portable, &s, &a, &b, &mut [0.0; 3]).unwrap_err();
+/// assert_eq!(err, TileError::BufferTooSmall { operand: "c", needed: 4, len: 3 });
+/// # Ok::<(), TileError>(())
+/// ```
 pub fn gemm(isa: Isa, s: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), TileError> {
     if !isa.available() {
         return Err(TileError::IsaUnavailable(isa));

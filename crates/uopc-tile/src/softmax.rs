@@ -50,7 +50,12 @@ impl SoftmaxShape {
         SoftmaxShape { rows, cols, lds: cols, ldo: d, d }
     }
 
-    /// Elements `[s, o]` that S and O span (minimum slice lengths), or why the shape is invalid.
+    /// Elements `[s, o]` that S and O span (minimum slice lengths).
+    ///
+    /// # Errors
+    ///
+    /// [`TileError::LeadingDim`] when `lds < cols` or `ldo < d` with two or more rows;
+    /// [`TileError::Overflow`] when an extent does not fit in `usize`.
     pub fn extents(&self) -> Result<[usize; 2], TileError> {
         Ok([span("s", self.rows, self.cols, self.lds)?, span("o", self.rows, self.d, self.ldo)?])
     }
@@ -82,10 +87,43 @@ impl SoftmaxShape {
 /// exactly 0, and `(-126.5, -126)` gives subnormals. Over `[-126, 0]` the measured relative
 /// error is below [`EXP2_MAX_REL_ERROR`] on every ISA.
 ///
-/// Returns an error (touching nothing) if `isa` is unavailable, a leading dimension is too
-/// small, a size overflows, or a slice is too short (`row_max` and `row_sum` need `rows`
-/// elements). O must hold finite values wherever it gets rescaled (`0 * inf` is NaN), so start
-/// it at zero together with `row_max = -inf`, `row_sum = 0`.
+/// O must hold finite values wherever it gets rescaled (`0 * inf` is NaN), so start it at zero
+/// together with `row_max = -inf`, `row_sum = 0`.
+///
+/// # Errors
+///
+/// Nothing is read or written when one is returned: [`TileError::IsaUnavailable`] if this CPU
+/// lacks `isa`; the errors of [`SoftmaxShape::extents`]; [`TileError::BufferTooSmall`] if a
+/// slice is too short (`row_max` and `row_sum` need `rows` elements).
+///
+/// # Examples
+///
+/// Two steps over one row: the second block raises the running maximum from 1 to 3, so the
+/// running sum and output are rescaled by `alpha = 2^(1 - 3)`.
+///
+/// ```rust
+/// use uopc_tile::{Isa, SoftmaxShape, TileError, softmax_update};
+///
+/// let sh = SoftmaxShape::dense(1, 2, 1);
+/// let (mut row_max, mut row_sum, mut o) = ([f32::NEG_INFINITY], [0.0f32], [0.0f32]);
+///
+/// let mut s = [1.0, f32::NEG_INFINITY]; // a masked-out second key
+/// softmax_update(Isa::detect(), &sh, &mut s, &mut row_max, &mut row_sum, &mut o)?;
+/// let close = |x: f32, y: f32| (x - y).abs() <= 1e-6 * y.abs();
+/// assert!(close(s[0], 1.0) && s[1] == 0.0 && close(row_sum[0], 1.0));
+/// assert_eq!(row_max, [1.0]);
+///
+/// o[0] = 8.0; // the caller adds P · V into O between steps
+/// let mut s = [3.0, 2.0];
+/// softmax_update(Isa::detect(), &sh, &mut s, &mut row_max, &mut row_sum, &mut o)?;
+/// assert!(close(s[0], 1.0) && close(s[1], 0.5));
+/// assert!(close(row_sum[0], 0.25 + 1.5) && close(o[0], 2.0));
+/// assert_eq!(row_max, [3.0]);
+///
+/// let too_short = softmax_update(Isa::Portable, &sh, &mut s, &mut [], &mut row_sum, &mut o);
+/// assert_eq!(too_short, Err(TileError::BufferTooSmall { operand: "row_max", needed: 1, len: 0 }));
+/// # Ok::<(), TileError>(())
+/// ```
 pub fn softmax_update(
     isa: Isa,
     sh: &SoftmaxShape,

@@ -3,7 +3,7 @@
 
 mod common;
 
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{GemmShape, SoftmaxShape, gemm, softmax_update};
 
 #[test]
@@ -11,9 +11,9 @@ fn blocked_attention_matches_reference() {
     let mut rng = StdRng::seed_from_u64(21);
     // (queries, keys, head dim, key block): ragged last blocks included.
     for (nq, nk, d, bk) in [(64, 256, 64, 64), (37, 150, 40, 64), (5, 9, 3, 4)] {
-        let q: Vec<f32> = (0..nq * d).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-        let k: Vec<f32> = (0..nk * d).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-        let v: Vec<f32> = (0..nk * d).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let q: Vec<f32> = (0..nq * d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let k: Vec<f32> = (0..nk * d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let v: Vec<f32> = (0..nk * d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
         // Fold the log2-domain scale into Q once, as the caller of the kernels does.
         let qs: Vec<f32> = q.iter().map(|x| x * scale).collect();

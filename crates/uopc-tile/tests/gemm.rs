@@ -2,7 +2,7 @@
 
 mod common;
 
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmShape, Isa, gemm, uopc_tile_gemm_f32};
 
 /// Marks storage padding (between rows and past the last one); it must survive every call.
@@ -36,7 +36,7 @@ fn make_case(rng: &mut StdRng, s: GemmShape) -> Case {
     };
     let (ar, ac) = s.a_dims();
     let (br, bc) = s.b_dims();
-    let uni = |rng: &mut StdRng| rng.gen_range(-1.0f32..1.0);
+    let uni = |rng: &mut StdRng| rng.random_range(-1.0f32..1.0);
     let a = fill(rng, na, ar, ac, s.lda, &uni);
     let b = fill(rng, nb, br, bc, s.ldb, &uni);
     let c0 = if s.accumulate {
@@ -102,9 +102,9 @@ fn run_case(rng: &mut StdRng, isa: Isa, s: GemmShape) {
 
 /// `s` with its leading dimensions padded by `0..=pad` beyond the minimum.
 fn padded(rng: &mut StdRng, mut s: GemmShape, pad: usize) -> GemmShape {
-    s.lda += rng.gen_range(0..=pad);
-    s.ldb += rng.gen_range(0..=pad);
-    s.ldc += rng.gen_range(0..=pad);
+    s.lda += rng.random_range(0..=pad);
+    s.ldb += rng.random_range(0..=pad);
+    s.ldc += rng.random_range(0..=pad);
     s
 }
 
@@ -156,7 +156,7 @@ fn edge_shapes() {
 fn random_shapes() {
     let mut rng = StdRng::seed_from_u64(2);
     for _ in 0..40 {
-        let (m, n, k) = (rng.gen_range(0..=70), rng.gen_range(0..=70), rng.gen_range(0..=70));
+        let (m, n, k) = (rng.random_range(0..=70), rng.random_range(0..=70), rng.random_range(0..=70));
         all_modes(&mut rng, m, n, k, 7);
     }
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{EXP2_MAX_REL_ERROR, Isa, SoftmaxShape, softmax_update, uopc_tile_softmax_update_f32};
 
 const NEG_INF: f32 = f32::NEG_INFINITY;
@@ -22,38 +22,39 @@ const SENTINEL: f32 = -777.25;
 /// Random scores in `[-40, 8]` with some `-inf` (masked) entries, one all-`-inf` row, a mix of
 /// fresh rows (`row_max = -inf`) and rows with history, and padded leading dimensions.
 fn make_state(rng: &mut StdRng, rows: usize, cols: usize, d: usize) -> State {
-    let sh = SoftmaxShape { rows, cols, lds: cols + rng.gen_range(0..4), ldo: d + rng.gen_range(0..4), d };
+    let sh =
+        SoftmaxShape { rows, cols, lds: cols + rng.random_range(0..4), ldo: d + rng.random_range(0..4), d };
     let [ns, no] = sh.extents().expect("valid shape");
     let mut s = vec![SENTINEL; ns];
     let mut o = vec![SENTINEL; no];
-    let dead_row = rng.gen_range(0..rows.max(1));
+    let dead_row = rng.random_range(0..rows.max(1));
     let mut row_max = Vec::new();
     let mut row_sum = Vec::new();
     for r in 0..rows {
         for j in 0..cols {
             s[r * sh.lds + j] =
-                if r == dead_row || rng.gen_bool(0.1) { NEG_INF } else { rng.gen_range(-40.0f32..8.0) };
+                if r == dead_row || rng.random_bool(0.1) { NEG_INF } else { rng.random_range(-40.0f32..8.0) };
         }
         for j in 0..d {
-            o[r * sh.ldo + j] = rng.gen_range(-2.0f32..2.0);
+            o[r * sh.ldo + j] = rng.random_range(-2.0f32..2.0);
         }
         // Fresh rows, rows whose old max is above / below the new scores, and the dead row
         // both with and without history.
-        match rng.gen_range(0..4) {
+        match rng.random_range(0..4) {
             0 => {
                 row_max.push(NEG_INF);
                 row_sum.push(0.0);
             }
             1 => {
-                row_max.push(rng.gen_range(-60.0f32..-30.0));
-                row_sum.push(rng.gen_range(0.5f32..20.0));
+                row_max.push(rng.random_range(-60.0f32..-30.0));
+                row_sum.push(rng.random_range(0.5f32..20.0));
             }
             _ => {
-                row_max.push(rng.gen_range(-10.0f32..12.0));
-                row_sum.push(rng.gen_range(0.5f32..20.0));
+                row_max.push(rng.random_range(-10.0f32..12.0));
+                row_sum.push(rng.random_range(0.5f32..20.0));
             }
         }
-        if r == dead_row && rng.gen_bool(0.5) {
+        if r == dead_row && rng.random_bool(0.5) {
             row_max[r] = NEG_INF;
             row_sum[r] = 0.0;
         }
@@ -157,7 +158,7 @@ fn update_matches_reference() {
         (64, 256, 64),
     ];
     for _ in 0..40 {
-        shapes.push((rng.gen_range(1..=12), rng.gen_range(0..=70), rng.gen_range(0..=70)));
+        shapes.push((rng.random_range(1..=12), rng.random_range(0..=70), rng.random_range(0..=70)));
     }
     for isa in common::isas() {
         for &(rows, cols, d) in &shapes {
@@ -195,7 +196,7 @@ fn consecutive_updates_equal_one_softmax() {
     // at the end O must equal row_sum, and row_sum the softmax denominator of the whole row.
     let mut rng = StdRng::seed_from_u64(12);
     for isa in common::isas() {
-        let scores: Vec<f32> = (0..90).map(|_| rng.gen_range(-12.0f32..12.0)).collect();
+        let scores: Vec<f32> = (0..90).map(|_| rng.random_range(-12.0f32..12.0)).collect();
         let (mut row_max, mut row_sum, mut o) = ([NEG_INF], [0.0f32], [0.0f32]);
         for block in scores.chunks(45) {
             let mut s = block.to_vec();
@@ -218,8 +219,8 @@ fn exp2_accuracy() {
     let mut rng = StdRng::seed_from_u64(13);
     // An even grid (every 1/4096 over [-126, 0]) plus random points near 0 and 0.5 boundaries.
     let mut xs: Vec<f32> = (0..=126 * 4096).map(|i| -(i as f32) / 4096.0).collect();
-    xs.extend((0..100_000).map(|_| rng.gen_range(-126.0f32..0.0)));
-    xs.extend((0..20_000).map(|_| rng.gen_range(-1.0f32..0.0)));
+    xs.extend((0..100_000).map(|_| rng.random_range(-126.0f32..0.0)));
+    xs.extend((0..20_000).map(|_| rng.random_range(-1.0f32..0.0)));
     for isa in common::isas() {
         let mut worst = (0.0f64, 0.0f32);
         for chunk in xs.chunks(1000) {

@@ -50,11 +50,45 @@ impl Default for SimplifyOptions {
 }
 
 /// Simplifies `u` to a fixed point (bottom-up, explicit stack).
+///
+/// The result computes the same values as `u`; it is a new graph, and `u` is unchanged.
+///
+/// # Examples
+///
+/// Bounds of a loop variable fold index arithmetic: for `k` in `0..4`, `k % 8` is `k` and
+/// `k / 4` is 0.
+///
+/// ```rust
+/// use uopc_ir::{AxisType, range, simplify};
+///
+/// let k = range(4, 0, AxisType::Loop);
+/// assert_eq!(simplify(&(&k * 1 + 0)), k);
+/// assert_eq!(simplify(&(&k % 8)), k);
+/// assert_eq!(simplify(&(&k / 4)).const_int(), Some(0));
+/// ```
+#[must_use]
 pub fn simplify(u: &UOp) -> UOp {
     simplify_with(u, SimplifyOptions::default())
 }
 
 /// [`simplify`] with options.
+///
+/// # Examples
+///
+/// The row of a flattened `(i, j)` index, `(i * 4 + j) / 4` for `j` in `0..4`, is `i`; without
+/// the divmod table the division stays:
+///
+/// ```rust
+/// use uopc_ir::{AxisType, SimplifyOptions, range, simplify_with};
+///
+/// let (i, j) = (range(3, 0, AxisType::Loop), range(4, 1, AxisType::Loop));
+/// let row = (&i * 4 + &j) / 4;
+/// assert_eq!(simplify_with(&row, SimplifyOptions::default()), i);
+/// let kept = simplify_with(&row, SimplifyOptions { fold_divmod: false });
+/// assert_ne!(kept, i);
+/// assert!(kept.ranges_mentioned().contains(&j));
+/// ```
+#[must_use]
 pub fn simplify_with(u: &UOp, opts: SimplifyOptions) -> UOp {
     let mut memo: HashMap<UOp, UOp> = HashMap::new();
     simplify_memo(u, opts, &mut memo)
@@ -64,6 +98,7 @@ pub fn simplify_with(u: &UOp, opts: SimplifyOptions) -> UOp {
 ///
 /// The memo maps every node seen to its simplification (results map to themselves); it must
 /// only ever be used with one value of `opts`.
+#[must_use]
 pub fn simplify_memo(u: &UOp, opts: SimplifyOptions, memo: &mut HashMap<UOp, UOp>) -> UOp {
     let pass = if opts.fold_divmod { &*SIMPLIFY } else { &*SIMPLIFY_NO_DIVMOD };
     pass.run(u, &mut (), memo).0

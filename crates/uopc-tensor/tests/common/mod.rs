@@ -3,13 +3,13 @@
 
 use ndarray::{ArrayD, IxDyn};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 /// Uniform values in `[lo, hi)`, seeded.
 pub fn uniform(shape: &[usize], lo: f32, hi: f32, seed: u64) -> ArrayD<f32> {
     let mut rng = StdRng::seed_from_u64(seed);
     let n = shape.iter().product();
-    ArrayD::from_shape_vec(IxDyn(shape), (0..n).map(|_| rng.gen_range(lo..hi)).collect()).unwrap()
+    ArrayD::from_shape_vec(IxDyn(shape), (0..n).map(|_| rng.random_range(lo..hi)).collect()).unwrap()
 }
 
 /// Standard normal values (Box-Muller), seeded.
@@ -18,7 +18,7 @@ pub fn normal(shape: &[usize], seed: u64) -> ArrayD<f32> {
     let n = shape.iter().product();
     let v = (0..n)
         .map(|_| {
-            let (u1, u2): (f64, f64) = (rng.gen_range(1e-12..1.0), rng.gen_range(0.0..1.0));
+            let (u1, u2): (f64, f64) = (rng.random_range(1e-12..1.0), rng.random_range(0.0..1.0));
             ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
         })
         .collect();
