@@ -71,7 +71,7 @@ pub enum Variant {
     #[value(name = "flash_tile_ops_l2")]
     #[serde(rename = "flash_tile_ops_l2")]
     FlashTileOpsL2,
-    /// Fused but with broadcast staging, so P is stored (the chapter's first version).
+    /// Fused but with broadcast staging, so P is stored (`Experiments::stage_broadcasts_when_fused`).
     #[value(name = "fused_staged")]
     #[serde(rename = "fused_staged")]
     FusedStaged,
