@@ -8,6 +8,8 @@
 //! - [`kernels`]: the hand-written loop programs (re-export of `uopc-kernels`), also reachable
 //!   under the module names below.
 
+#![warn(missing_docs)]
+
 // The README's examples are compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

@@ -1,8 +1,11 @@
 //! `bench attention`: times the three attention forms and checks each against f64.
 
+mod report;
+
 use crate::AttentionArgs;
 use crate::reference::{self, Inputs};
 use indicatif::{ProgressBar, ProgressStyle};
+use report::{machine, print_kernels, print_table, write_outputs};
 use serde::Serialize;
 use std::error::Error;
 use std::process::ExitCode;
@@ -71,7 +74,7 @@ pub enum Variant {
     #[value(name = "flash_tile_ops_l2")]
     #[serde(rename = "flash_tile_ops_l2")]
     FlashTileOpsL2,
-    /// Fused but with broadcast staging, so P is stored (the chapter's first version).
+    /// Fused but with broadcast staging, so P is stored (`Experiments::stage_broadcasts_when_fused`).
     #[value(name = "fused_staged")]
     #[serde(rename = "fused_staged")]
     FusedStaged,
@@ -162,25 +165,6 @@ pub struct KernelTime {
     pub percent_of_peak: Option<f64>,
     /// The kernel calls tile ops.
     pub tile_ops: bool,
-}
-
-#[derive(Serialize)]
-struct Machine {
-    cpu: String,
-    logical_cpus: usize,
-    threads: usize,
-    os: &'static str,
-    arch: &'static str,
-}
-
-#[derive(Serialize)]
-struct Report<'a> {
-    results: &'a [Measurement],
-    peak_gflops: Option<f64>,
-    machine: Machine,
-    version: String,
-    git: Option<String>,
-    tolerance: f64,
 }
 
 /// Something that computes attention for fixed inputs, once per call.
@@ -452,75 +436,6 @@ impl Pending<'_> {
     }
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
-fn machine() -> Machine {
-    let logical_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // the pool the kernels run on: the one `--threads` installed, else rayon's global pool
-    let threads = rayon::current_num_threads();
-    Machine {
-        cpu: cpu_model(),
-        logical_cpus,
-        threads,
-        os: std::env::consts::OS,
-        arch: std::env::consts::ARCH,
-    }
-}
-
-fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-fn print_table(results: &[Measurement]) {
-    println!(
-        "{:<22} {:>6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>8} {:>7} {:>12}",
-        "variant", "n", "d", "median ms", "best ms", "GFLOP/s", "% peak", "of unit", "% wide", "max abs err"
-    );
-    for m in results {
-        let flag = if m.max_abs_err <= TOLERANCE { "" } else { "  WRONG" };
-        let peak = m.percent_of_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
-        let wide = m.percent_of_widest_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
-        println!(
-            "{:<22} {:>6} {:>5} {:>11.3} {:>11.3} {:>9.2} {:>7} {:>8} {:>7} {:>12}{flag}",
-            m.variant.name(),
-            m.n,
-            m.d,
-            m.median_ms,
-            m.best_ms,
-            m.gflops,
-            peak,
-            m.peak_unit,
-            wide,
-            fmt_err(m.max_abs_err)
-        );
-    }
-}
-
-fn print_kernels(results: &[Measurement]) {
-    for m in results.iter().filter(|m| !m.kernel_times.is_empty()) {
-        println!("{} n={} d={}:", m.variant.name(), m.n, m.d);
-        for k in &m.kernel_times {
-            let peak = k.percent_of_peak.map_or("-".to_string(), |p| format!("{p:.1}"));
-            let unit = if k.tile_ops { "of the widest peak (tile ops)" } else { "of the F32X4 peak" };
-            println!(
-                "  {:<16} {:>10.3} ms {:>9.2} GFLOP/s {:>6} % {unit}",
-                k.name, k.best_ms, k.gflops, peak
-            );
-        }
-    }
-}
-
 /// Best-of-5 FMA peak of `isa`'s widest vectors on as many threads as the kernels' pool.
 pub fn measure_wide_peak(isa: uopc_tile::Isa) -> Option<f64> {
     uopc_tile::peak::fma_peak_gflops(isa, 2_000_000, 5, rayon::current_num_threads())
@@ -536,32 +451,6 @@ pub fn measure_widest_peak() -> Option<(&'static str, f64)> {
 /// Best-of-5 F32X4 FMA peak of this machine on the kernels' thread pool, in GFLOP/s.
 pub fn measure_peak() -> Option<f64> {
     uopc::jit::peak::fma_peak_gflops(5_000_000, 5).ok()
-}
-
-fn write_outputs(args: &AttentionArgs, results: &[Measurement], machine: Machine) -> Result<()> {
-    if let Some(path) = &args.svg {
-        let subtitle = format!("{}, {} threads", machine.cpu, machine.threads);
-        std::fs::write(path, crate::svg::plot(results, &subtitle))
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
-    if let Some(path) = &args.json {
-        let report = Report {
-            results,
-            peak_gflops: results
-                .iter()
-                .filter(|m| m.peak_unit == "f32x4")
-                .find_map(|m| m.percent_of_peak.map(|p| 100.0 * m.gflops / p.max(1e-9))),
-            machine,
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            git: git_commit(),
-            tolerance: TOLERANCE,
-        };
-        let text = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
-    Ok(())
 }
 
 /// Runs `bench attention`; the exit code is non-zero when any result is wrong or fails.

@@ -3,6 +3,8 @@
 
 use std::process::ExitCode;
 use std::time::Instant;
+use uopc::attention::online_attention_qb_ir;
+use uopc::jit::Program;
 use uopc::masked_attention::{
     AttentionShape, Causal, FlashDecode, MaskSpec, MaskedAttention, PadData, Padding,
     masked_attention_reference, streaming_read_gbs,
@@ -55,11 +57,14 @@ pub struct MaskedArgs {
 }
 
 /// Runs `bench masked`: non-causal, causal via WHERE and causal via a ragged key loop, in one
-/// run so their ratio is meaningful on a noisy machine (the runs are interleaved).
+/// run so their ratio is meaningful on a noisy machine (the runs are interleaved), with each
+/// kernel's static GFLOP (how much work the causal forms skip). For one head with as many
+/// queries as keys, the single-head online kernel (`online_qb`) runs in the same rounds as a
+/// yardstick for the batched one; its speedup is against the non-causal batched kernel too.
 pub fn run_masked(a: &MaskedArgs) -> ExitCode {
     println!(
-        "{:<16} {:>3} {:>3} {:>6} {:>6} {:>4} {:>10} {:>9} {:>12}",
-        "variant", "b", "h", "nq", "nk", "d", "best ms", "speedup", "max abs err"
+        "{:<16} {:>3} {:>3} {:>6} {:>6} {:>4} {:>10} {:>9} {:>8} {:>12}",
+        "variant", "b", "h", "nq", "nk", "d", "best ms", "speedup", "GFLOP", "max abs err"
     );
     let mut ok = true;
     for &n in &a.n {
@@ -75,11 +80,23 @@ pub fn run_masked(a: &MaskedArgs) -> ExitCode {
             })
             .collect::<Result<_, _>>()
             .unwrap_or_else(|e| panic!("compiling the masked kernels: {e}"));
+        let single_head = shape.batch == 1 && shape.heads == 1 && shape.n_q == shape.n_k;
+        let yardstick = single_head.then(|| {
+            Program::compile(&online_attention_qb_ir(n, shape.d, 4), "online_qb")
+                .unwrap_or_else(|e| panic!("compiling online_qb: {e}"))
+        });
         let mut outs = vec![vec![0.0f32; shape.q_len()]; 3];
+        let mut yardstick_out = vec![0.0f32; shape.q_len()];
+        let mut yardstick_best = f64::INFINITY;
         for _ in 0..a.reps.max(1) {
             for (i, kern) in kernels.iter().enumerate() {
                 let out = &mut outs[i];
                 best[i] = best[i].min(best_ms(0, || kern.run(&q, &k, &v, PadData::None, out).expect("runs")));
+            }
+            if let Some(prg) = &yardstick {
+                let out = &mut yardstick_out;
+                let t = best_ms(0, || prg.run_f32(&[&q, &k, &v], &mut [out]).expect("runs"));
+                yardstick_best = yardstick_best.min(t);
             }
         }
         for (i, kern) in kernels.iter().enumerate() {
@@ -87,18 +104,22 @@ pub fn run_masked(a: &MaskedArgs) -> ExitCode {
             let want = masked_attention_reference(&shape, &q, &k, &v, causal, PadData::None);
             let err = max_err(&outs[i], &want);
             ok &= err <= TOLERANCE;
-            rows.push((format!("{:?}", kern.spec.causal).to_lowercase(), best[i], best[0] / best[i], err));
+            let gflop = kern.program.estimates().flops as f64 / 1e9;
+            let name = format!("causal_{}", format!("{:?}", kern.spec.causal).to_lowercase());
+            rows.push((name, best[i], best[0] / best[i], gflop, err));
         }
-        for (name, t, speedup, err) in rows {
+        if let Some(prg) = &yardstick {
+            let want = masked_attention_reference(&shape, &q, &k, &v, false, PadData::None);
+            let err = max_err(&yardstick_out, &want);
+            ok &= err <= TOLERANCE;
+            let gflop = prg.estimates().flops as f64 / 1e9;
+            rows.push(("online_qb".to_string(), yardstick_best, best[0] / yardstick_best, gflop, err));
+        }
+        for (name, t, speedup, gflop, err) in rows {
             let flag = if err <= TOLERANCE { "" } else { "  WRONG" };
             println!(
-                "{:<16} {:>3} {:>3} {:>6} {:>6} {:>4} {t:>10.3} {speedup:>8.2}x {err:>12.1e}{flag}",
-                format!("causal_{name}"),
-                shape.batch,
-                shape.heads,
-                shape.n_q,
-                shape.n_k,
-                shape.d
+                "{name:<16} {:>3} {:>3} {:>6} {:>6} {:>4} {t:>10.3} {speedup:>8.2}x {gflop:>8.3} {err:>12.1e}{flag}",
+                shape.batch, shape.heads, shape.n_q, shape.n_k, shape.d
             );
         }
     }

@@ -221,6 +221,8 @@ fn innermost_f32_loops_vectorize_with_tails() {
     for m in [3usize, 4, 8, 37, 64] {
         let n = 5;
         let prg = Program::compile(&matvec_and_rowmax(n, m), "mv").unwrap();
+        // Vectorization is decided while lowering to Cranelift (the loop IR stays scalar), so
+        // the CLIF is the only place it shows.
         assert_eq!(prg.clif().contains("f32x4"), m >= 4, "m={m}: F32X4 code iff a vector step fits");
         assert!(!prg.clif().contains("call"), "no per-element calls");
         let a: Vec<f32> = (0..n * m).map(|x| ((x * 37) % 11) as f32 - 5.0).collect();
@@ -313,6 +315,8 @@ fn register_tiles_pack_four_columns_into_one_vector() {
             let (m, n, k) = (rows * 3, cols * 5, 7);
             let program = gemm_tile(m, n, k, rows, cols, &order, with_bias);
             let prg = Program::compile(&program, "tile").unwrap();
+            // Superword packing of the copies is decided while lowering to Cranelift: only
+            // the CLIF shows it.
             let clif = prg.clif();
             if packs > 0 {
                 // (three columns pack nothing; the reduce loop is vectorized instead)
@@ -349,6 +353,7 @@ fn constant_index_terms_become_load_offsets() {
     let p = sink(&[out.index(&i).store(x(0) + x(1) + x(2) + x(3)).end(&[i])]);
     let opts = uopc_jit::JitOptions { vectorize: false, ..uopc_jit::JitOptions::default() };
     let prg = Program::compile_with(&p, "offsets", &opts).unwrap();
+    // Folding constant terms into immediate offsets happens in address lowering: CLIF only.
     let clif = prg.clif();
     for offset in ["+4", "+8", "+12"] {
         assert!(clif.lines().any(|l| l.contains("load.f32") && l.ends_with(offset)), "{offset}: {clif}");

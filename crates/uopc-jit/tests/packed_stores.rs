@@ -2,7 +2,8 @@
 //! consecutive elements whose values differ only in the tile's lanes, contiguous loads and
 //! shared scalars become one F32X4 computation and store. Checked against the interpreter, and
 //! for the shape of the code: packed where memory order allows it, scalar where a lane reads
-//! what another lane wrote.
+//! what another lane wrote. Packing is decided while lowering to Cranelift (the loop IR keeps
+//! scalar stores), so the shape checks read the CLIF.
 
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;

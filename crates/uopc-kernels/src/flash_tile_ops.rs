@@ -502,17 +502,14 @@ impl FlashTileOps {
 /// Block sizes for [`FlashTileOps`]: 256 query rows against 128 keys. Every query block
 /// streams all of K and V through the micro-kernels, which pack each block they read, so
 /// taller query blocks pack less; the score tile (128 KiB) and the output tile (64 KiB at
-/// D = 64) still fit the stack. Single thread, `cargo xtask bench attention --variants
-/// flash_tile_ops --threads 1 --flash-tile RxC`, two rounds: 256x128 took 2.54 / 2.44 ms at
-/// N = 1024 and 38.9 / 41.0 ms at N = 4096, 128x128 2.59 / 3.82 and 39.3 / 42.4, 64x256
-/// 3.67 / 3.00 and 47.5 / 44.5.
+/// D = 64) still fit the stack. It was the fastest of 256x128, 128x128 and 64x256 at N = 1024
+/// and N = 4096 (`docs/bench/flash-tile-ops-tiling.json`).
 pub const TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 256, key_block: 128 };
 
 /// Block sizes for causal [`FlashTileOps`]: the same 256 query rows against 128 keys as
 /// [`TILE_OPS_TILING`]; the diagonal square goes in strips of 64 keys, each multiplied only
-/// for the rows that see it (see [`flash_tile_ops_causal_ir`]). At N = 2048, against the full
-/// kernel in the same run, three runs took 0.59, 0.61 and 0.53 of its time; the previous
-/// causal form (128x256 blocks, a whole masked 128x128 square) took 0.61-0.62.
+/// for the rows that see it (see [`flash_tile_ops_causal_ir`]), so the causal kernel takes
+/// a little more than half the full kernel's time (`docs/bench/flash-tile-ops-tiling.json`).
 pub const CAUSAL_TILE_OPS_TILING: FlashTiling = FlashTiling { query_block: 256, key_block: 128 };
 
 /// Second-level blocking for [`FlashTileOps::compile_l2`]: two query blocks per task share

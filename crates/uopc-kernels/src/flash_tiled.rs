@@ -23,16 +23,14 @@ use uopc_jit::{JitError, JitOptions, OptLevel, Program};
 /// per query row, so the default 4-row block keeps 8 accumulators in registers.
 const PV_COLS: usize = 8;
 
-/// Reduce steps per trip of `flash_tiled`'s register tiles. With two, regalloc spilled one
-/// score accumulator per trip (a store and reload in its FMA chain); four fit. Interleaved with
-/// two steps, single thread (`cargo xtask bench attention --variants flash_tiled --threads 1`),
-/// three rounds at N = 2048: 43.5 / 44.4 / 42.1 ms against 49.3 / 63.8 / 50.3 ms.
+/// Reduce steps per trip of `flash_tiled`'s register tiles: four, because with two regalloc
+/// spilled one score accumulator per trip (a store and reload in its FMA chain) and four fit
+/// (measurements in `docs/bench/flash-tiled-tiling.json`).
 const FLASH_TILE_STEPS: usize = 4;
 
 /// Query blocks per THREAD task of [`flash_tiled_ir`] (fewer when they do not divide the
-/// blocks). Interleaved runs of `profile_flash_tiled` (best of 3, two threads, N = 4096):
-/// 1 group 87.7 ms, 4 groups 82.4 ms, 8 groups 81.0 ms; one thread at N = 1024 (best of 6):
-/// 9.89, 9.77 and 9.60 ms.
+/// blocks): every query block of a group runs against one key block before the next, so
+/// the K and V blocks are reused from L1 (measurements in `docs/bench/flash-tiled-tiling.json`).
 const QUERY_GROUPS: usize = 8;
 
 /// Keys per register tile of the score GEMM in [`flash_tiled_ir`]: with 4 query rows per
@@ -52,9 +50,8 @@ impl Default for FlashTiling {
     /// `Br = 4`, `Bc = 32`: the score tile goes in register tiles of 8 keys (8 F32X4
     /// accumulators, which with their operands fit the 16 xmm registers), and a longer key
     /// block spreads the per-block work (the `P · V` tiles' set-up and the output rescale)
-    /// over more keys. `profile_flash_tiled 1024 64` on one thread, interleaved, best of 4:
-    /// 4x16 8.60 ms, 4x32 8.53 ms, 4x64 8.47 ms; two threads, best of 5: 4x8 4.76 ms, 4x16
-    /// 4.41 ms, 4x32 4.19 ms.
+    /// over more keys; past 32 keys the gain on one thread is small (measurements in
+    /// `docs/bench/flash-tiled-tiling.json`).
     fn default() -> Self {
         FlashTiling { query_block: 4, key_block: 32 }
     }

@@ -15,6 +15,8 @@
 //! - [`reference`](mod@reference): the f64 reference attention and the error measure.
 //! - [`bandwidth`]: a streaming-read probe, the bound of memory-bound kernels.
 
+#![warn(missing_docs)]
+
 pub mod backward;
 pub mod bandwidth;
 pub mod decode;

@@ -2,7 +2,6 @@
 //! f64 references.
 
 use uopc_jit::Program;
-use uopc_kernels::bandwidth::streaming_read_gbs;
 use uopc_kernels::decode::{FlashDecode, decode_chunks, flash_decode_merge_ir, flash_decode_partial_ir};
 use uopc_kernels::masked::{AttentionShape, Causal, MaskSpec, MaskedAttention, PadData, Padding};
 use uopc_kernels::reference::masked_attention_reference;
@@ -356,82 +355,4 @@ fn merge_of_empty_partials_is_zero_not_nan() {
     let mut out = vec![f32::NAN; 2 * d];
     merge.run_f32(&[&m1, &l1, &o], &mut [&mut out]).expect("runs");
     assert_eq!(out, vec![0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0]);
-}
-
-fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    (0..reps)
-        .map(|_| {
-            let t0 = std::time::Instant::now();
-            f();
-            t0.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
-/// The numbers of issue 8, in one run (release only; the machine is shared, so interleaved
-/// rounds and the best of each):
-/// `cargo test --release --test masked_attention -- --ignored --nocapture`
-#[test]
-#[ignore = "timing; run in release"]
-fn measure_causal_speedup_and_decode_bandwidth() {
-    let s = AttentionShape::single(2048, 2048, 64);
-    let (q, k, v) = inputs(&s, 1);
-    let kern = |causal| MaskedAttention::compile(s, MaskSpec { causal, ..MaskSpec::default() }).unwrap();
-    let (full, where_, ragged) = (kern(Causal::None), kern(Causal::Where), kern(Causal::Ragged));
-    println!(
-        "static FLOPs: non-causal {:.3e}, causal WHERE {:.3e}, causal ragged {:.3e} (ragged/non-causal {:.3})",
-        full.program.estimates().flops as f64,
-        where_.program.estimates().flops as f64,
-        ragged.program.estimates().flops as f64,
-        ragged.program.estimates().flops as f64 / full.program.estimates().flops as f64
-    );
-    let mut out = vec![0.0f32; s.q_len()];
-    // the single-head kernel of `uopc_kernels::online`, as a yardstick for the batched one
-    let qb =
-        Program::compile(&uopc_kernels::online::online_attention_qb_ir(2048, 64, 4), "online_qb").unwrap();
-    let (mut t_full, mut t_where, mut t_ragged, mut t_qb) =
-        (f64::INFINITY, f64::INFINITY, f64::INFINITY, f64::INFINITY);
-    for _ in 0..8 {
-        t_qb = t_qb.min(best_of(2, || qb.run_f32(&[&q, &k, &v], &mut [&mut out]).unwrap()));
-        t_full = t_full.min(best_of(2, || full.run(&q, &k, &v, PadData::None, &mut out).unwrap()));
-        t_where = t_where.min(best_of(2, || where_.run(&q, &k, &v, PadData::None, &mut out).unwrap()));
-        t_ragged = t_ragged.min(best_of(2, || ragged.run(&q, &k, &v, PadData::None, &mut out).unwrap()));
-    }
-    println!(
-        "N=2048 D=64 online qb=4: non-causal {:.2} ms, causal WHERE {:.2} ms, causal ragged {:.2} ms; ragged speedup {:.2}x (online_qb {:.2} ms)",
-        t_full * 1e3,
-        t_where * 1e3,
-        t_ragged * 1e3,
-        t_full / t_ragged,
-        t_qb * 1e3
-    );
-
-    // one head (K+V = 32 MB, cache-resident on a large L3) and 16 heads (512 MB, streamed)
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    for heads in [1, 16] {
-        let ds = shape(1, heads, 1, 65536, 64);
-        let (dq, dk, dv) = inputs(&ds, 2);
-        let dec = FlashDecode::compile(ds, 64, Padding::None).unwrap();
-        let mut scratch = dec.scratch();
-        let mut dout = vec![0.0f32; heads * 64];
-        let (mut t_dec, mut stream) = (f64::INFINITY, 0.0f64);
-        for _ in 0..5 {
-            t_dec = t_dec.min(best_of(5, || {
-                dec.run_with(&dq, &dk, &dv, PadData::None, &mut scratch, &mut dout).unwrap()
-            }));
-            stream = stream.max(streaming_read_gbs(256, threads, 3));
-        }
-        let gbs = dec.kv_bytes() as f64 / t_dec / 1e9;
-        println!(
-            "flash-decoding H={heads} N_k=65536 D=64 ({} chunks/head, K+V {} MB): {:.3} ms, {:.1} GB/s of K+V; \
-             streaming read of 256 MB {:.1} GB/s ({threads} threads): {:.0}%",
-            dec.chunks,
-            dec.kv_bytes() >> 20,
-            t_dec * 1e3,
-            gbs,
-            stream,
-            100.0 * gbs / stream
-        );
-    }
 }

@@ -112,6 +112,8 @@ fn online_kernels_vectorize_their_head_dimension_loops() {
     use uopc_kernels::online::online_attention_qb_ir;
     for p in [online_attention_ir(64, 64), online_attention_qb_ir(64, 64, 4)] {
         let prg = Program::compile(&p, "online").unwrap();
+        // Vectorization and the inline exp2 are decided while lowering to Cranelift: the loop
+        // IR is scalar, so only the CLIF shows them.
         let clif = prg.clif();
         assert!(clif.contains("f32x4") && clif.contains("fma"), "F32X4 FMAs in the generated code");
         assert!(!clif.contains("call"), "exp2 is inline: no calls");

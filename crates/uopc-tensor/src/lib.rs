@@ -22,6 +22,8 @@
 //! plan and each kernel's loop IR on a plan-cache miss, `5` the Cranelift IR, `6` the machine
 //! code. See [`debug`].
 
+#![warn(missing_docs)]
+
 pub mod attention;
 pub mod autograd;
 mod cache;

@@ -4,6 +4,8 @@
 //! Kept apart from the generator because it needs the JIT: the generator then depends on
 //! `uopc-ir` alone, so the IR's and the JIT's own integration tests can use it.
 
+#![warn(missing_docs)]
+
 use uopc_ir::interp::{self, InterpError, Precision};
 use uopc_ir::{DType, HostBuffer, Linear, Op, Stmt, UOp, print_program, simplify, verify};
 use uopc_jit::{Arg, JitOptions, OptLevel, Program};

@@ -7,6 +7,8 @@
 //! integration tests can use it (they link the same `uopc-ir` as this crate does); the harness
 //! that runs programs with the JIT is `uopc-testgen-jit`.
 
+#![warn(missing_docs)]
+
 pub mod compare;
 pub mod mutate;
 pub mod program;

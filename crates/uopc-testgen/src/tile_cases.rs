@@ -5,18 +5,26 @@ use uopc_ir::*;
 
 /// A program and the buffers to run it on, one per BUFFER slot.
 pub struct Case {
+    /// The loop program.
     pub program: UOp,
+    /// Its buffers in slot order, outputs included (zeroed).
     pub inputs: Vec<HostBuffer>,
 }
 
 /// One GEMM's shape and layout.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmShape {
+    /// Rows of C.
     pub m: usize,
+    /// Columns of C.
     pub n: usize,
+    /// The reduction length.
     pub k: usize,
+    /// A is stored transposed (`k x m`).
     pub a_trans: bool,
+    /// B is stored transposed (`n x k`).
     pub b_trans: bool,
+    /// C is added to (`C += A B`) instead of overwritten.
     pub accumulate: bool,
     /// Extra elements at the end of every stored row.
     pub pad: usize,
@@ -25,6 +33,7 @@ pub struct GemmShape {
 }
 
 impl GemmShape {
+    /// The IR's tile op for this shape, leading dimensions padded by `pad`.
     pub fn op(&self) -> TileOp {
         let GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, .. } = *self;
         let (lda, ldb) = (self.a_cols() + pad, self.b_cols() + pad);
@@ -46,9 +55,11 @@ impl GemmShape {
     pub fn a_len(&self) -> usize {
         self.offset + self.a_rows() * (self.a_cols() + self.pad)
     }
+    /// Elements of one task's B block (offset included).
     pub fn b_len(&self) -> usize {
         self.offset + self.b_rows() * (self.b_cols() + self.pad)
     }
+    /// Elements of one task's C block.
     pub fn c_len(&self) -> usize {
         self.m * (self.n + self.pad)
     }
@@ -89,15 +100,20 @@ pub fn gemm_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
 /// One softmax update's shape and layout.
 #[derive(Clone, Copy, Debug)]
 pub struct SoftmaxShape {
+    /// Query rows of the score tile.
     pub rows: usize,
+    /// Keys of the score tile.
     pub cols: usize,
+    /// Columns of the output tile (the head dimension).
     pub d: usize,
+    /// Extra elements at the end of every stored row of S and O.
     pub pad: usize,
     /// Where each task's blocks start inside their buffers.
     pub offset: usize,
 }
 
 impl SoftmaxShape {
+    /// The IR's tile op for this shape, leading dimensions padded by `pad`.
     pub fn op(&self) -> TileOp {
         let SoftmaxShape { rows, cols, d, pad, .. } = *self;
         TileOp::SoftmaxUpdate { rows, cols, lds: cols + pad, d, ldo: d + pad }
@@ -220,6 +236,7 @@ pub fn flash_inputs(n: usize, d: usize, seed: u64) -> Vec<HostBuffer> {
         .collect()
 }
 
+/// The elements of an f32 buffer; panics on any other dtype (a test's own mistake).
 pub fn f32s(b: &HostBuffer) -> &[f32] {
     match b {
         HostBuffer::F32(v) => v,

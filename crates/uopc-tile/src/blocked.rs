@@ -73,9 +73,8 @@ const MC: usize = 256;
 /// Cap on the packed B block (512 KiB): a quarter of a 2 MiB L2, leaving room for A and C.
 const PACK_FLOATS: usize = 1 << 17;
 /// An untransposed B slab spanning at most this many floats (32 KiB, within L1) is read in
-/// place: its full panels need no copy to stay in L1 (flash attention's `P · V_blk`).
-/// `tile_bench`, AVX-512, one thread: the 128x64x128 PV tile ran at 95% of the 512-bit peak
-/// in place against 88-89% packed; at twice this limit 1024x64x1024 fell from 85% to 72%.
+/// place: its full panels need no copy to stay in L1 (flash attention's `P · V_blk`); a
+/// larger slab no longer stays in L1, so it is packed (`docs/bench/tile-gemm-in-place.json`).
 const IN_PLACE_FLOATS: usize = 1 << 13;
 
 /// The blocked driver shared by the vector ISAs.
