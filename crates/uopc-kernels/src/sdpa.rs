@@ -591,7 +591,9 @@ pub struct Sdpa {
 }
 
 impl Sdpa {
-    /// Validates `config`, chooses block sizes for this machine and compiles the kernel.
+    /// Validates `config`, chooses block sizes for this machine and compiles the kernel. At
+    /// `UOPC_DEBUG` level 1 or more it prints its choice (the [`Display`](fmt::Display) line)
+    /// and the compile time to stderr.
     pub fn compile(config: &SdpaConfig) -> Result<Sdpa, SdpaError> {
         Self::compile_with(config, Blocking::choose(config, cores()))
     }
@@ -611,7 +613,11 @@ impl Sdpa {
             .into());
         }
         let program = Program::compile(&sdpa_ir(config, &blocking), "sdpa_flash_tile_ops")?;
-        Ok(Sdpa { config: *config, blocking, program })
+        let sdpa = Sdpa { config: *config, blocking, program };
+        if uopc_tensor::debug_level() >= 1 {
+            eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.program.compile_seconds() * 1e3);
+        }
+        Ok(sdpa)
     }
 
     /// `out = softmax(scale * q k^T + bias, masked) v`, into the caller's `out` (q's length).
