@@ -274,11 +274,11 @@ impl Blocking {
     /// Block sizes for `config` on `cores` cores.
     ///
     /// The task's tiles (scaled Q and output, `rows x D` each, the `rows x keys` score tile,
-    /// and the running max and sum) must fit the JIT's stack limit less 16 KiB; within that, rows are as many as
-    /// possible, up to 256 (a multiple of 16; 128 under the causal mask, where the
-    /// masked half of each diagonal band grows with the rows), because every task re-packs each K/V block it reads and taller
-    /// tiles amortize that. With fewer queries than rows, the query heads of a
-    /// key/value group fill the rows (decode: one K/V pass serves the whole group). Query
+    /// and the running max and sum) must fit the JIT's stack limit less 16 KiB; within that,
+    /// rows are as many as possible, up to 256 (a multiple of 16), because every task re-packs
+    /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
+    /// 128, since the masked half of each diagonal band grows with the rows. With fewer
+    /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
     /// blocks are then evened out (no mostly-empty last block), and split further if there
     /// would be fewer tasks than cores.
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
