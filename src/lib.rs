@@ -24,6 +24,8 @@ pub mod kernels {
 pub mod attention {
     pub use uopc_kernels::online::*;
     pub use uopc_kernels::query_block;
+    /// Attention for every shape (batched, GQA, masks, strided layouts) through one entry point.
+    pub use uopc_kernels::sdpa;
     pub use uopc_tensor::attention::attention;
 }
 

@@ -4,6 +4,7 @@ mod attention;
 mod backward;
 mod masked;
 mod reference;
+mod sdpa;
 mod svg;
 
 use clap::{Args, Parser, Subcommand};
@@ -72,6 +73,31 @@ enum Bench {
         /// Timed repetitions.
         #[arg(long, default_value_t = 5)]
         reps: usize,
+    },
+    /// The one attention entry point (`uopc::kernels::sdpa`) on model shapes: useful GFLOP/s,
+    /// share of the widest FMA peak, error against f64; without --shape a default matrix.
+    Sdpa {
+        /// A cell `B,H,HKV,NQ,NK,D` (repeatable).
+        #[arg(long = "shape", value_parser = sdpa::parse_shape)]
+        shapes: Vec<[usize; 6]>,
+        /// The given shapes are causal.
+        #[arg(long)]
+        causal: bool,
+        /// Key lengths of the given shapes, one per batch item.
+        #[arg(long, value_delimiter = ',')]
+        key_lengths: Option<Vec<i32>>,
+        /// Timed runs per cell per round.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Rounds over all cells (interleaved, so load changes hit every cell alike).
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Threads of the pool the kernels run on (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Write `{"results": [...]}` here.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Time the attention backward pass: autograd of the unfused graph against recompute.
     Backward {
@@ -162,6 +188,44 @@ fn main() -> ExitCode {
                     }
                 },
                 None => attention::run(&args),
+            }
+        }
+        Task::Bench { what: Bench::Sdpa { shapes, causal, key_lengths, reps, rounds, threads, json } } => {
+            if reps == 0 || rounds == 0 || threads == Some(0) {
+                eprintln!("error: --reps, --rounds and --threads must be at least 1");
+                return ExitCode::from(2);
+            }
+            let cells = if shapes.is_empty() {
+                sdpa::default_cells()
+            } else {
+                shapes
+                    .into_iter()
+                    .map(|shape| sdpa::Cell { shape, causal, key_lengths: key_lengths.clone() })
+                    .collect()
+            };
+            for c in &cells {
+                let [b, h, hkv, _, n_k, _] = c.shape;
+                if c.shape.contains(&0) || h % hkv != 0 {
+                    eprintln!("error: {:?}: sizes must be positive and H a multiple of HKV", c.shape);
+                    return ExitCode::from(2);
+                }
+                if let Some(l) = &c.key_lengths
+                    && (l.len() != b || l.iter().any(|&x| x < 0 || x as usize > n_k))
+                {
+                    eprintln!("error: --key-lengths needs {b} lengths in 0..={n_k}");
+                    return ExitCode::from(2);
+                }
+            }
+            let go = || sdpa::run(&cells, reps, rounds, json.as_deref());
+            match threads {
+                Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
+                    Ok(pool) => pool.install(go),
+                    Err(e) => {
+                        eprintln!("error: cannot start {t} threads: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                None => go(),
             }
         }
         Task::Bench { what: Bench::Backward { n, d, reps } } => {

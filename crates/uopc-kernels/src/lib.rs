@@ -13,6 +13,8 @@
 //! - [`flash_tile_ops`]: FlashAttention-2 on tile ops (plain, causal, L2-blocked).
 //! - [`backward`]: the attention backward, unfused (autograd) and with recompute.
 //! - [`reference`](mod@reference): the f64 reference attention and the error measure.
+//! - [`sdpa`](mod@sdpa): one attention entry point for every shape (batched, GQA, masks,
+//!   strided layouts), FlashAttention-2 on tile ops, with a process-wide compile cache.
 //! - [`bandwidth`]: a streaming-read probe, the bound of memory-bound kernels.
 
 #![warn(missing_docs)]
@@ -25,6 +27,7 @@ pub mod flash_tiled;
 pub mod masked;
 pub mod online;
 pub mod reference;
+pub mod sdpa;
 
 /// Query rows per block for `n` rows and a wanted block of `want`: the largest divisor of `n`
 /// at most `want` (re-export of the tensor front end's rule, so both agree on the blocking).

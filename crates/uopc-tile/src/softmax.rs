@@ -76,15 +76,16 @@ impl SoftmaxShape {
 ///
 /// The caller has already scaled the scores by `log2(e) / sqrt(D)`, so only `exp2` is needed. A
 /// row that has seen nothing but `-inf` (`m_new == -inf`) would compute `exp2(-inf - -inf)`; it
-/// is defined instead as `alpha = 1` and `P = 0`, which keeps masked-out rows finite. Scores
-/// must be finite or `-inf`; NaN or `+inf` scores give unspecified (but memory-safe) results.
+/// is defined instead as `alpha = 1` and `P = 0`, which keeps masked-out rows finite. A NaN
+/// score makes its row's `P` (and so its sum and, through `P · V`, its output) NaN, as a NaN
+/// key does in an exact softmax; a `+inf` score gives `exp2(inf - inf)`, NaN, likewise.
 ///
 /// `exp2` is computed as `2^n * p(f)` with `n = round(x)` (ties to even), `f = x - n` in
 /// `[-0.5, 0.5]`, after clamping `x` to `[-127, 128]`; `p` is a degree-6 polynomial fitted by a
 /// Remez exchange for minimax *relative* error on `[-0.5, 0.5]` (1.9e-9 before rounding the
 /// coefficients to f32), evaluated by Horner's rule (with FMA on the vector ISAs). `2^n` is
-/// assembled from exponent bits, so `x >= 127.5` gives `+inf`; `x <= -126.5` (and NaN) gives
-/// exactly 0, and `(-126.5, -126)` gives subnormals. Over `[-126, 0]` the measured relative
+/// assembled from exponent bits, so `x >= 127.5` gives `+inf`; `x <= -126.5` gives exactly 0,
+/// NaN gives NaN, and `(-126.5, -126)` gives subnormals. Over `[-126, 0]` the measured relative
 /// error is below [`EXP2_MAX_REL_ERROR`] on every ISA.
 ///
 /// O must hold finite values wherever it gets rescaled (`0 * inf` is NaN), so start it at zero
@@ -235,8 +236,11 @@ pub unsafe extern "C" fn uopc_tile_softmax_update_f32(
 /// fused multiply-add is a slow library call on targets without one).
 #[inline]
 pub(crate) fn exp2_scalar(x: f32) -> f32 {
-    // NaN also yields 0, as in the vector kernels.
-    if x <= EXP2_ZERO_BELOW || x.is_nan() {
+    // NaN stays NaN, as in the vector kernels (the comparison below is false for it).
+    if x.is_nan() {
+        return x;
+    }
+    if x <= EXP2_ZERO_BELOW {
         return 0.0;
     }
     let x = x.min(EXP2_HI);

@@ -191,6 +191,29 @@ fn fully_masked_rows_stay_finite() {
 }
 
 #[test]
+fn a_nan_score_makes_only_its_row_nan() {
+    // Rows of 37 columns (two full 16-lane vectors, a tail); the NaN sits in row 1, in the
+    // vector part for one case and in the tail for the other. Row 0 must stay exact.
+    for isa in common::isas() {
+        for nan_col in [3, 35] {
+            let sh = SoftmaxShape::dense(2, 37, 4);
+            let mut s: Vec<f32> = (0..2 * 37).map(|i| (i % 7) as f32 * 0.25).collect();
+            s[37 + nan_col] = f32::NAN;
+            let (mut row_max, mut row_sum, mut o) = (vec![NEG_INF; 2], vec![0.0; 2], vec![1.0; 8]);
+            softmax_update(isa, &sh, &mut s, &mut row_max, &mut row_sum, &mut o).unwrap();
+            assert!(row_sum[1].is_nan(), "{isa} col {nan_col}: row sum {}", row_sum[1]);
+            assert!(s[37 + nan_col].is_nan(), "{isa} col {nan_col}");
+            assert!(row_sum[0].is_finite() && s[..37].iter().all(|p| p.is_finite()), "{isa}");
+            // exp2 of a NaN argument is NaN in the rescale too: a later block sees m = NaN or
+            // P = NaN, never a silently dropped key.
+            let mut s2 = vec![0.5f32; 2 * 37];
+            softmax_update(isa, &sh, &mut s2, &mut row_max, &mut row_sum, &mut o).unwrap();
+            assert!(row_sum[1].is_nan() && row_sum[0].is_finite(), "{isa} col {nan_col}");
+        }
+    }
+}
+
+#[test]
 fn consecutive_updates_equal_one_softmax() {
     // Two blocks of one row with V = 1: O tracks the running sum of P through the rescaling, so
     // at the end O must equal row_sum, and row_sum the softmax denominator of the whole row.

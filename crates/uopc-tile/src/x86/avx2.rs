@@ -116,16 +116,19 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn exp2(x: __m256) -> __m256 {
-    let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP2_LO)), _mm256_set1_ps(EXP2_HI));
+    // The clamp bound is the first operand: MAXPS/MINPS return the second one when either is
+    // NaN, so a NaN input stays NaN through the clamp (and through the result).
+    let x = _mm256_min_ps(_mm256_set1_ps(EXP2_HI), _mm256_max_ps(_mm256_set1_ps(EXP2_LO), x));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm256_sub_ps(x, n);
     let mut p = _mm256_set1_ps(EXP2_C[6]);
     for &c in EXP2_C[..6].iter().rev() {
         p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
     }
-    // 2^n from its bit pattern; n = 128 gives +inf. Inputs at or below -126.5 (NaN too) give 0.
+    // 2^n from its bit pattern; n = 128 gives +inf. Inputs at or below -126.5 give 0; NaN is
+    // unordered, so it stays live and `p` (NaN) makes the product NaN.
     let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
-    let live = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(EXP2_ZERO_BELOW));
+    let live = _mm256_cmp_ps::<_CMP_NLE_UQ>(x, _mm256_set1_ps(EXP2_ZERO_BELOW));
     _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)))
 }
 

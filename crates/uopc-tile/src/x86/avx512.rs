@@ -104,16 +104,19 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 fn exp2(x: __m512) -> __m512 {
-    let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP2_LO)), _mm512_set1_ps(EXP2_HI));
+    // The clamp bound is the first operand: MAXPS/MINPS return the second one when either is
+    // NaN, so a NaN input stays NaN through the clamp (and through the result).
+    let x = _mm512_min_ps(_mm512_set1_ps(EXP2_HI), _mm512_max_ps(_mm512_set1_ps(EXP2_LO), x));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm512_sub_ps(x, n);
     let mut p = _mm512_set1_ps(EXP2_C[6]);
     for &c in EXP2_C[..6].iter().rev() {
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
-    // 2^n from its bit pattern; n = 128 gives +inf. Inputs at or below -126.5 (NaN too) give 0.
+    // 2^n from its bit pattern; n = 128 gives +inf. Inputs at or below -126.5 give 0; NaN is
+    // unordered, so it stays live and `p` (NaN) makes the product NaN.
     let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)));
-    let live = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(EXP2_ZERO_BELOW));
+    let live = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, _mm512_set1_ps(EXP2_ZERO_BELOW));
     _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(scale))
 }
 

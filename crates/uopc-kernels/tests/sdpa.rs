@@ -1,0 +1,307 @@
+//! The one attention entry point against its f64 reference on many small shapes, masks and
+//! layouts; bad inputs; NaN and inf; and the kernel's structure.
+
+use uopc_kernels::sdpa::{
+    Blocking, Extras, Layout, MaskKind, Sdpa, SdpaConfig, SdpaError, attention, compile_count, reference_f64,
+};
+
+/// A small seeded generator (xorshift), so the cases are reproducible without dependencies.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn values(&mut self, len: usize) -> Vec<f32> {
+        (0..len).map(|_| (self.next() % 20001) as f32 / 10000.0 - 1.0).collect()
+    }
+}
+
+struct Case {
+    config: SdpaConfig,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    mask: Option<Vec<bool>>,
+    bias: Option<Vec<f32>>,
+    lens: Option<Vec<i32>>,
+}
+
+impl Case {
+    fn new(config: SdpaConfig, rng: &mut Rng) -> Case {
+        let (q, k, v) =
+            (rng.values(config.q_len()), rng.values(config.kv_len()), rng.values(config.kv_len()));
+        let (mut mask, mut bias) = (None, None);
+        match config.mask {
+            MaskKind::Bool(s) => mask = Some((0..s.iter().product()).map(|_| rng.below(4) != 0).collect()),
+            MaskKind::Bias(s) => {
+                bias = Some(
+                    (0..s.iter().product())
+                        .map(|_| if rng.below(8) == 0 { f32::NEG_INFINITY } else { rng.values(1)[0] * 3.0 })
+                        .collect(),
+                )
+            }
+            MaskKind::None => {}
+        }
+        let lens =
+            config.key_lengths.then(|| (0..config.batch).map(|_| rng.below(config.n_k + 1) as i32).collect());
+        Case { config, q, k, v, mask, bias, lens }
+    }
+    fn extras(&self) -> Extras<'_> {
+        Extras { mask: self.mask.as_deref(), bias: self.bias.as_deref(), key_lengths: self.lens.as_deref() }
+    }
+    fn reference(&self) -> Vec<f64> {
+        reference_f64(&self.config, &self.q, &self.k, &self.v, self.extras())
+    }
+}
+
+/// Largest error, with NaN required exactly where the reference is NaN.
+fn error(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| match (g.is_nan(), w.is_nan()) {
+            (true, true) => 0.0,
+            (false, false) => (f64::from(g) - w).abs(),
+            _ => f64::INFINITY,
+        })
+        .fold(0.0, f64::max)
+}
+
+fn check(case: &Case, sdpa: &Sdpa) {
+    let mut out = vec![f32::NAN; case.config.q_len()];
+    sdpa.run(&case.q, &case.k, &case.v, case.extras(), &mut out).expect("run");
+    let err = error(&out, &case.reference());
+    assert!(err < 2e-5, "{sdpa} ({:?}): max error {err}", case.config);
+}
+
+fn check_config(config: SdpaConfig, rng: &mut Rng) {
+    let case = Case::new(config, rng);
+    check(&case, &Sdpa::compile(&config).expect("compile"));
+}
+
+fn config(b: usize, h: usize, hkv: usize, n_q: usize, n_k: usize, d: usize) -> SdpaConfig {
+    SdpaConfig { kv_heads: hkv, ..SdpaConfig::new(b, h, n_q, n_k, d) }
+}
+
+#[test]
+fn head_dims_and_gqa_ratios() {
+    let mut rng = Rng(7);
+    for (i, d) in [1, 3, 16, 64, 80, 96, 127, 128, 256].into_iter().enumerate() {
+        let (h, hkv) = [(2, 2), (4, 2), (4, 1), (8, 1), (8, 8)][i % 5];
+        check_config(config(2, h, hkv, 9, 13, d), &mut rng);
+    }
+    for (h, hkv) in [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (16, 2), (3, 3)] {
+        check_config(config(1, h, hkv, 5, 70, 8), &mut rng);
+        check_config(config(2, h, hkv, 1, 33, 16), &mut rng);
+    }
+}
+
+#[test]
+fn odd_and_unequal_lengths_with_and_without_causal() {
+    let mut rng = Rng(11);
+    for (n_q, n_k) in
+        [(1, 1), (1, 200), (7, 7), (33, 65), (65, 33), (130, 64), (64, 130), (300, 301), (257, 129), (5, 1)]
+    {
+        for causal in [false, true] {
+            for layout in [Layout::Bhnd, Layout::Bnhd] {
+                let c = SdpaConfig { causal, layout, ..config(2, 4, 2, n_q, n_k, 8) };
+                check_config(c, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+fn random_shapes_every_mask_kind_and_combination() {
+    let mut rng = Rng(23);
+    for _ in 0..40 {
+        let hkv = 1 + rng.below(3);
+        let h = hkv * [1, 2, 4][rng.below(3)];
+        let (b, n_q, n_k, d) = (1 + rng.below(3), 1 + rng.below(90), 1 + rng.below(150), 1 + rng.below(40));
+        let full = [b, h, n_q, n_k];
+        let shape = full.map(|x| if rng.below(2) == 0 { 1 } else { x });
+        let mask = match rng.below(3) {
+            0 => MaskKind::None,
+            1 => MaskKind::Bool(shape),
+            _ => MaskKind::Bias(shape),
+        };
+        let c = SdpaConfig {
+            causal: rng.below(2) == 0,
+            key_lengths: rng.below(2) == 0,
+            layout: if rng.below(2) == 0 { Layout::Bhnd } else { Layout::Bnhd },
+            scale: (rng.below(3) == 0).then_some(0.3),
+            mask,
+            ..config(b, h, hkv, n_q, n_k, d)
+        };
+        check_config(c, &mut rng);
+    }
+}
+
+#[test]
+fn small_blockings_exercise_every_key_phase() {
+    // Key blocks of 4 over 37 keys: full blocks, causal diagonal blocks and a remainder, with
+    // several query blocks per head and an overlapping last one.
+    let mut rng = Rng(5);
+    for causal in [false, true] {
+        for (n_q, n_k) in [(37, 37), (20, 37), (37, 20)] {
+            let c = SdpaConfig { causal, key_lengths: true, ..config(2, 4, 2, n_q, n_k, 8) };
+            let case = Case::new(c, &mut rng);
+            for blocking in [
+                Blocking { heads_per_task: 1, queries: 6, keys: 4 },
+                Blocking { heads_per_task: 2, queries: 16, keys: 7 },
+                Blocking { heads_per_task: 2, queries: 1, keys: 20 },
+            ] {
+                check(&case, &Sdpa::compile_with(&c, blocking).expect("compile"));
+            }
+        }
+    }
+}
+
+#[test]
+fn key_lengths_zero_and_full_and_fully_masked_rows() {
+    let mut rng = Rng(3);
+    let c = SdpaConfig { key_lengths: true, ..config(3, 2, 1, 10, 50, 16) };
+    let mut case = Case::new(c, &mut rng);
+    case.lens = Some(vec![0, 50, 1]);
+    let sdpa = Sdpa::compile(&c).unwrap();
+    check(&case, &sdpa);
+    let mut out = vec![1.0; c.q_len()];
+    sdpa.run(&case.q, &case.k, &case.v, case.extras(), &mut out).unwrap();
+    assert!(out[..2 * 10 * 16].iter().all(|&x| x == 0.0), "length 0 gives zeros");
+    // n_q > n_k under the causal mask: the first n_q - n_k rows see no key and are zeros.
+    let c = SdpaConfig { causal: true, ..config(1, 1, 1, 12, 5, 4) };
+    let case = Case::new(c, &mut rng);
+    let mut out = vec![1.0; c.q_len()];
+    attention(&c, &case.q, &case.k, &case.v, Extras::default(), &mut out).unwrap();
+    assert!(out[..7 * 4].iter().all(|&x| x == 0.0));
+    assert!(error(&out, &case.reference()) < 2e-5);
+    // A bool mask that hides everything.
+    let c = SdpaConfig { mask: MaskKind::Bool([1, 1, 1, 1]), ..config(1, 2, 2, 3, 9, 4) };
+    let case = Case { mask: Some(vec![false]), ..Case::new(c, &mut rng) };
+    let mut out = vec![1.0; c.q_len()];
+    attention(&c, &case.q, &case.k, &case.v, case.extras(), &mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 0.0));
+}
+
+#[test]
+fn nan_and_inf_inputs_propagate_like_an_exact_softmax() {
+    let mut rng = Rng(17);
+    for causal in [false, true] {
+        let c = SdpaConfig { causal, ..config(1, 2, 2, 20, 90, 8) };
+        let mut case = Case::new(c, &mut rng);
+        // Head 0: a NaN in key 70 (seen by every row without the causal mask, by the last rows
+        // with it). Head 1: an inf in value row 3 (seen by all), an inf in query row 5.
+        case.k[70 * 8 + 2] = f32::NAN;
+        case.v[(90 + 3) * 8 + 1] = f32::INFINITY;
+        case.q[(20 + 5) * 8] = f32::INFINITY;
+        let mut out = vec![0.0; c.q_len()];
+        Sdpa::compile(&c).unwrap().run(&case.q, &case.k, &case.v, case.extras(), &mut out).unwrap();
+        let want = case.reference();
+        assert!(want.iter().any(|x| x.is_nan()) && want.iter().any(|x| x.is_finite()));
+        assert!(error(&out, &want) < 2e-5, "causal {causal}");
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors_naming_the_argument() {
+    let c = config(1, 4, 2, 8, 8, 4);
+    let sdpa = Sdpa::compile(&c).unwrap();
+    let (q, kv) = (vec![0.0; c.q_len()], vec![0.0; c.kv_len()]);
+    let mut out = vec![0.0; c.q_len()];
+    let e = sdpa.run(&q[1..], &kv, &kv, Extras::default(), &mut out).unwrap_err();
+    assert!(matches!(e, SdpaError::Length { arg: "q", .. }), "{e}");
+    let e = sdpa.run(&q, &kv, &kv[1..], Extras::default(), &mut out).unwrap_err();
+    assert!(e.to_string().contains("`v`"), "{e}");
+    let e = sdpa.run(&q, &kv, &kv, Extras::default(), &mut out[1..]).unwrap_err();
+    assert!(matches!(e, SdpaError::Length { arg: "out", .. }));
+    let e = sdpa
+        .run(&q, &kv, &kv, Extras { key_lengths: Some(&[1]), ..Extras::default() }, &mut out)
+        .unwrap_err();
+    assert!(matches!(e, SdpaError::Extra { arg: "key_lengths", expected: false }));
+    assert!(matches!(
+        Sdpa::compile(&config(1, 3, 2, 8, 8, 4)),
+        Err(SdpaError::HeadGrouping { heads: 3, kv_heads: 2 })
+    ));
+    assert!(matches!(Sdpa::compile(&config(1, 2, 2, 8, 8, 0)), Err(SdpaError::Empty { what: "d" })));
+    let bad_mask = SdpaConfig { mask: MaskKind::Bias([1, 3, 1, 8]), ..c };
+    assert!(matches!(Sdpa::compile(&bad_mask), Err(SdpaError::MaskShape { axis: 1, got: 3, full: 4 })));
+    let lens = SdpaConfig { key_lengths: true, ..c };
+    let sdpa = Sdpa::compile(&lens).unwrap();
+    let e = sdpa
+        .run(&q, &kv, &kv, Extras { key_lengths: Some(&[9]), ..Extras::default() }, &mut out)
+        .unwrap_err();
+    assert!(matches!(e, SdpaError::KeyLength { item: 0, len: 9, n_k: 8 }));
+    let e = sdpa.run(&q, &kv, &kv, Extras::default(), &mut out).unwrap_err();
+    assert!(matches!(e, SdpaError::Extra { arg: "key_lengths", expected: true }));
+    let masked = SdpaConfig { mask: MaskKind::Bool([1, 1, 8, 8]), ..c };
+    let sdpa = Sdpa::compile(&masked).unwrap();
+    let e =
+        sdpa.run(&q, &kv, &kv, Extras { mask: Some(&[true; 8]), ..Extras::default() }, &mut out).unwrap_err();
+    assert!(matches!(e, SdpaError::Length { arg: "mask", expected: 64, got: 8 }));
+}
+
+#[test]
+fn the_cache_compiles_each_configuration_once_and_runs_from_threads() {
+    let c = config(2, 4, 4, 33, 47, 12);
+    let mut rng = Rng(29);
+    let case = Case::new(c, &mut rng);
+    let want = case.reference();
+    let before = compile_count();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let mut out = vec![0.0; c.q_len()];
+                for _ in 0..3 {
+                    attention(&c, &case.q, &case.k, &case.v, Extras::default(), &mut out).unwrap();
+                    assert!(error(&out, &want) < 2e-5);
+                }
+            });
+        }
+    });
+    // Racing first calls may compile more than once, but only until one is stored.
+    let after = compile_count();
+    assert!((1..=4).contains(&(after - before)), "{before} -> {after}");
+    let mut out = vec![0.0; c.q_len()];
+    attention(&c, &case.q, &case.k, &case.v, Extras::default(), &mut out).unwrap();
+    assert_eq!(compile_count(), after);
+}
+
+#[test]
+fn display_names_the_kernel_and_blocks() {
+    let sdpa = Sdpa::compile(&SdpaConfig { causal: true, ..config(1, 32, 8, 1, 4096, 128) }).unwrap();
+    let text = sdpa.to_string();
+    assert!(
+        text.contains("flash_tile_ops")
+            && text.contains("4 head(s) x 1 queries")
+            && text.contains("blocks of 64"),
+        "{text}"
+    );
+}
+
+#[test]
+fn no_buffer_scales_with_n_squared_and_causal_does_about_half_the_work() {
+    let (n, d) = (1024, 64);
+    let plain = Sdpa::compile(&config(1, 1, 1, n, n, d)).unwrap();
+    let causal = Sdpa::compile(&SdpaConfig { causal: true, ..config(1, 1, 1, n, n, d) }).unwrap();
+    for s in [&plain, &causal] {
+        // Kernel-local storage is listed as `local accN: f32[len]`.
+        let locals: Vec<usize> = s
+            .program()
+            .loop_ir()
+            .lines()
+            .filter_map(|l| l.strip_prefix("local ")?.split('[').nth(1)?.trim_end_matches(']').parse().ok())
+            .collect();
+        assert!(locals.len() >= 4, "{}", s.program().loop_ir());
+        assert!(locals.iter().all(|&len| len <= 256 * d), "{locals:?}: a tile grows with N");
+    }
+    let (full, half) = (plain.program().estimates().flops, causal.program().estimates().flops);
+    let ratio = half as f64 / full as f64;
+    assert!((0.45..0.6).contains(&ratio), "causal / full static FLOPs = {ratio}");
+}

@@ -1,0 +1,249 @@
+//! `bench sdpa`: the one attention entry point on model shapes, timed in interleaved rounds,
+//! with useful GFLOP/s, the share of the widest FMA peak and the error against f64.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::process::ExitCode;
+use std::time::Instant;
+use uopc::kernels::sdpa::{Extras, Sdpa, SdpaConfig, reference_f64};
+
+/// One cell of the matrix: `[B, H, H_kv, n_q, n_k, D]`, causal or not, optional key lengths.
+#[derive(Clone, Debug)]
+pub struct Cell {
+    /// `[B, H, H_kv, n_q, n_k, D]`.
+    pub shape: [usize; 6],
+    /// The causal mask.
+    pub causal: bool,
+    /// Per-batch key lengths.
+    pub key_lengths: Option<Vec<i32>>,
+}
+
+/// Parses `B,H,HKV,NQ,NK,D`.
+pub fn parse_shape(s: &str) -> Result<[usize; 6], String> {
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{s}: {e}"))?;
+    v.try_into().map_err(|_| format!("{s}: expected B,H,HKV,NQ,NK,D"))
+}
+
+/// The default matrix: model shapes (single-head, BERT-like, LLaMA-like with and without GQA,
+/// odd lengths, D = 80 and 256), causal forms, padding, and decodes against long caches.
+pub fn default_cells() -> Vec<Cell> {
+    let plain = |shape| Cell { shape, causal: false, key_lengths: None };
+    let causal = |shape| Cell { shape, causal: true, key_lengths: None };
+    vec![
+        plain([1, 1, 1, 1024, 1024, 64]),
+        plain([1, 1, 1, 4096, 4096, 64]),
+        plain([4, 12, 12, 512, 512, 64]),
+        plain([1, 32, 32, 1024, 1024, 128]),
+        plain([1, 32, 8, 1024, 1024, 128]),
+        plain([2, 8, 8, 1000, 1000, 80]),
+        plain([1, 8, 8, 1024, 1024, 256]),
+        causal([1, 1, 1, 1024, 1024, 64]),
+        causal([4, 12, 12, 512, 512, 64]),
+        causal([1, 32, 8, 1024, 1024, 128]),
+        Cell { shape: [4, 8, 8, 512, 512, 64], causal: false, key_lengths: Some(vec![512, 300, 129, 1]) },
+        plain([1, 32, 8, 1, 4096, 128]),
+        plain([8, 32, 32, 1, 2048, 128]),
+        plain([1, 16, 16, 1, 65536, 64]),
+    ]
+}
+
+/// One row of the JSON report.
+#[derive(Serialize)]
+struct Row {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    n_q: usize,
+    n_k: usize,
+    d: usize,
+    causal: bool,
+    key_lengths: Option<Vec<i32>>,
+    dtype: &'static str,
+    pass: &'static str,
+    kernel: String,
+    median_ms: f64,
+    best_ms: f64,
+    gflops: f64,
+    percent_of_widest_peak: f64,
+    /// Over every output of batch item 0's first key/value group (the f64 reference of the
+    /// whole output would take longer than the bench).
+    max_abs_err: f64,
+    compile_ms: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    widest_peak: Option<(&'static str, f64)>,
+    threads: usize,
+    results: Vec<Row>,
+}
+
+fn config(cell: &Cell) -> SdpaConfig {
+    let [b, h, hkv, n_q, n_k, d] = cell.shape;
+    SdpaConfig {
+        kv_heads: hkv,
+        causal: cell.causal,
+        key_lengths: cell.key_lengths.is_some(),
+        ..SdpaConfig::new(b, h, n_q, n_k, d)
+    }
+}
+
+/// Query-key pairs that are not masked, over all batch items and heads.
+fn useful_pairs(c: &SdpaConfig, lens: Option<&[i32]>) -> f64 {
+    let mut pairs = 0.0;
+    for b in 0..c.batch {
+        let len = lens.map_or(c.n_k, |l| l[b] as usize);
+        for i in 0..c.n_q {
+            let seen = if c.causal {
+                (i as i64 + c.causal_offset() + 1).clamp(0, c.n_k as i64) as usize
+            } else {
+                c.n_k
+            };
+            pairs += seen.min(len) as f64;
+        }
+    }
+    pairs * c.heads as f64
+}
+
+/// The error of `out` on batch item 0's first key/value group, against f64 (BHND: that group
+/// is a prefix of q, k, v and the output).
+fn error(c: &SdpaConfig, q: &[f32], k: &[f32], v: &[f32], lens: Option<&[i32]>, out: &[f32]) -> f64 {
+    let group = c.heads / c.kv_heads;
+    let sub = SdpaConfig { batch: 1, heads: group, kv_heads: 1, ..*c };
+    let want = reference_f64(
+        &sub,
+        &q[..sub.q_len()],
+        &k[..sub.kv_len()],
+        &v[..sub.kv_len()],
+        Extras { key_lengths: lens.map(|l| &l[..1]), ..Extras::default() },
+    );
+    uopc::kernels::reference::max_abs_err(&out[..sub.q_len()], &want)
+}
+
+struct Prepared {
+    cell: Cell,
+    config: SdpaConfig,
+    sdpa: Sdpa,
+    compile_ms: f64,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    out: Vec<f32>,
+    times: Vec<f64>,
+}
+
+/// Runs the bench: `reps` timed runs per cell per round, cells interleaved within each round.
+pub fn run(cells: &[Cell], reps: usize, rounds: usize, json: Option<&std::path::Path>) -> ExitCode {
+    let peak = crate::attention::measure_widest_peak();
+    let mut prepared = Vec::new();
+    for cell in cells {
+        let config = config(cell);
+        let mut rng = StdRng::seed_from_u64(
+            0x5d9a ^ cell.shape.iter().fold(0u64, |h, &x| h.wrapping_mul(31) ^ x as u64),
+        );
+        let mut fill = |n: usize, s: f32| (0..n).map(|_| rng.gen_range(-s..s)).collect::<Vec<f32>>();
+        let (q, k, v) = (fill(config.q_len(), 2.0), fill(config.kv_len(), 2.0), fill(config.kv_len(), 1.0));
+        let start = Instant::now();
+        let sdpa = match Sdpa::compile(&config) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: {:?}: {e}", cell.shape);
+                return ExitCode::FAILURE;
+            }
+        };
+        let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+        let out = vec![0.0; config.q_len()];
+        prepared.push(Prepared {
+            cell: cell.clone(),
+            config,
+            sdpa,
+            compile_ms,
+            q,
+            k,
+            v,
+            out,
+            times: Vec::new(),
+        });
+    }
+    for _ in 0..rounds {
+        for p in &mut prepared {
+            let extras = Extras { key_lengths: p.cell.key_lengths.as_deref(), ..Extras::default() };
+            // One untimed run per round: pages touched, caches and branch predictors warm.
+            if let Err(e) = p.sdpa.run(&p.q, &p.k, &p.v, extras, &mut p.out) {
+                eprintln!("error: {:?}: {e}", p.cell.shape);
+                return ExitCode::FAILURE;
+            }
+            for _ in 0..reps {
+                let start = Instant::now();
+                let _ = p.sdpa.run(&p.q, &p.k, &p.v, extras, &mut p.out);
+                p.times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    println!(
+        "{:<28} {:>6} {:>9} {:>9} {:>8} {:>6} {:>9} {:>8}  kernel",
+        "B,H,HKV,NQ,NK,D", "causal", "median ms", "best ms", "GFLOP/s", "%peak", "max err", "compile"
+    );
+    for p in prepared {
+        let mut t = p.times.clone();
+        t.sort_by(f64::total_cmp);
+        let median = t[t.len() / 2];
+        let lens = p.cell.key_lengths.as_deref();
+        let gflops = 4.0 * p.config.d as f64 * useful_pairs(&p.config, lens) / (median * 1e-3) / 1e9;
+        let pct = peak.map_or(f64::NAN, |(_, g)| 100.0 * gflops / g);
+        let err = error(&p.config, &p.q, &p.k, &p.v, lens, &p.out);
+        let b = p.sdpa.blocking();
+        let kernel = format!("flash_tile_ops {}x{}x{}", b.heads_per_task, b.queries, b.keys);
+        let shape = p.cell.shape.map(|x| x.to_string()).join(",");
+        let shape = if lens.is_some() { format!("{shape} len") } else { shape };
+        println!(
+            "{shape:<28} {:>6} {median:>9.3} {:>9.3} {gflops:>8.1} {pct:>6.1} {err:>9.1e} {:>6.1}ms  {kernel}",
+            p.cell.causal, t[0], p.compile_ms
+        );
+        let [batch, heads, kv_heads, n_q, n_k, d] = p.cell.shape;
+        rows.push(Row {
+            batch,
+            heads,
+            kv_heads,
+            n_q,
+            n_k,
+            d,
+            causal: p.cell.causal,
+            key_lengths: p.cell.key_lengths.clone(),
+            dtype: "f32",
+            pass: "forward",
+            kernel,
+            median_ms: median,
+            best_ms: t[0],
+            gflops,
+            percent_of_widest_peak: pct,
+            max_abs_err: err,
+            compile_ms: p.compile_ms,
+        });
+    }
+    if let Some((name, g)) = peak {
+        println!("widest FMA peak ({name}): {g:.1} GFLOP/s on {} threads", rayon::current_num_threads());
+    }
+    if let Some(path) = json {
+        let report = Report { widest_peak: peak, threads: rayon::current_num_threads(), results: rows };
+        match serde_json::to_string_pretty(&report) {
+            Ok(s) => {
+                if let Err(e) = std::fs::write(path, s) {
+                    eprintln!("error: writing {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
