@@ -2,7 +2,7 @@
 //! with useful GFLOP/s, the share of the widest FMA peak and the error against f64.
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -146,7 +146,7 @@ pub fn run(cells: &[Cell], reps: usize, rounds: usize, json: Option<&std::path::
         let mut rng = StdRng::seed_from_u64(
             0x5d9a ^ cell.shape.iter().fold(0u64, |h, &x| h.wrapping_mul(31) ^ x as u64),
         );
-        let mut fill = |n: usize, s: f32| (0..n).map(|_| rng.gen_range(-s..s)).collect::<Vec<f32>>();
+        let mut fill = |n: usize, s: f32| (0..n).map(|_| rng.random_range(-s..s)).collect::<Vec<f32>>();
         let (q, k, v) = (fill(config.q_len(), 2.0), fill(config.kv_len(), 2.0), fill(config.kv_len(), 1.0));
         let start = Instant::now();
         let sdpa = match Sdpa::compile(&config) {

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 use thiserror::Error;
-use uopc_ir::{AxisType, DType, ProgramBuilder, TileOp, UOp, buffer, f32c, idx, sink, tile};
+use uopc_ir::{AxisType, DType, GemmShape, ProgramBuilder, TileOp, UOp, buffer, f32c, idx, sink, tile};
 use uopc_jit::{Arg, BufRef, JitError, MAX_LOCAL_BYTES, Program};
 
 /// How q, k, v and the output are laid out in memory; the head dimension is always contiguous.
@@ -488,7 +488,7 @@ impl SdpaKernel {
         let SdpaConfig { kv_heads, n_k, d, .. } = self.c;
         let [_, _, ksn] = self.c.layout.strides(kv_heads, n_k, d);
         let rows = self.rows;
-        let scores = TileOp::Gemm {
+        let scores = TileOp::Gemm(GemmShape {
             m: rows,
             n: cols,
             k: d,
@@ -498,7 +498,7 @@ impl SdpaKernel {
             a_trans: false,
             b_trans: true,
             accumulate: false,
-        };
+        });
         let kv_at = &task.kv_base + first * ksn;
         let mut g1 =
             tile(scores, &[task.qt.after(prev).index(0), self.k.index(&kv_at), task.si.after(prev).index(0)]);
@@ -519,7 +519,7 @@ impl SdpaKernel {
             ],
         );
         let after_sm = std::slice::from_ref(&sm);
-        let pv = TileOp::Gemm {
+        let pv = TileOp::Gemm(GemmShape {
             m: rows,
             n: d,
             k: cols,
@@ -529,7 +529,7 @@ impl SdpaKernel {
             a_trans: false,
             b_trans: false,
             accumulate: true,
-        };
+        });
         tile(pv, &[task.si.after(after_sm).index(0), self.v.index(&kv_at), task.oi.after(after_sm).index(0)])
     }
 
