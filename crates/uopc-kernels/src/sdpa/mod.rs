@@ -1,0 +1,431 @@
+//! Scaled dot-product attention for the shapes models run, through one entry point:
+//! [`Sdpa::compile`] for a [`SdpaConfig`], then [`Sdpa::run`] any number of times from any
+//! thread, or [`attention`], which compiles each configuration once per process.
+//!
+//! q is `(B, H, n_q, D)`, k and v are `(B, H_kv, n_k, D)` with `H % H_kv == 0`: query head `h`
+//! reads key/value head `h / (H / H_kv)` (multi-head, grouped-query and multi-query attention
+//! by index arithmetic, never by copying K or V). The output has q's shape and layout.
+//!
+//! **Causal convention**: queries are aligned to the end of the keys, so query `i` sees keys
+//! `j <= i + n_k - n_q` (the KV-cache convention; with `n_q = n_k` this is `j <= i`). A query
+//! row that sees no key at all (under any combination of masks) gives zeros, never NaN. A NaN in
+//! a key or value that a row sees makes that row NaN, as in an exact softmax.
+//!
+//! The kernel is FlashAttention-2 on tile ops (see [`sdpa_ir`]); [`reference_f64`] is the f64
+//! attention it is checked against.
+
+mod kernel;
+mod reference;
+
+use kernel::cores;
+pub use kernel::{Blocking, sdpa_ir};
+pub use reference::reference_f64;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use thiserror::Error;
+use uopc_jit::{Arg, BufRef, JitError, Program};
+
+/// How q, k, v and the output are laid out in memory; the head dimension is always contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Layout {
+    /// `(batch, head, row, d)`, contiguous.
+    #[default]
+    Bhnd,
+    /// `(batch, row, head, d)`, contiguous: what splitting a fused QKV projection's output by
+    /// heads gives, read in place (the row stride is `heads * d`).
+    Bnhd,
+}
+
+impl Layout {
+    /// Element strides `[batch, head, row]` of a tensor with `heads` heads of `rows` rows of `d`.
+    pub fn strides(self, heads: usize, rows: usize, d: usize) -> [usize; 3] {
+        match self {
+            Layout::Bhnd => [heads * rows * d, rows * d, d],
+            Layout::Bnhd => [rows * heads * d, d, heads * d],
+        }
+    }
+}
+
+/// An optional mask over `(B, H, n_q, n_k)`, given with its own shape: each of the four
+/// dimensions is either the full size or 1 (broadcast along that axis).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum MaskKind {
+    /// No mask.
+    #[default]
+    None,
+    /// A bool mask of this shape, row-major; `true` = attend.
+    Bool([usize; 4]),
+    /// An additive f32 bias of this shape, row-major, added to the scaled scores (ALiBi,
+    /// relative positions); `-inf` masks a key.
+    Bias([usize; 4]),
+}
+
+/// Everything that selects a compiled attention program.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SdpaConfig {
+    /// Batch items.
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads; must divide `heads`.
+    pub kv_heads: usize,
+    /// Query rows per head.
+    pub n_q: usize,
+    /// Key (and value) rows per head.
+    pub n_k: usize,
+    /// Head dimension.
+    pub d: usize,
+    /// The causal mask, aligned to the end of the keys (see the module docs).
+    pub causal: bool,
+    /// Score scale; `None` is `1 / sqrt(d)`.
+    pub scale: Option<f32>,
+    /// Memory layout of q, k, v and the output.
+    pub layout: Layout,
+    /// The mask or bias, if any.
+    pub mask: MaskKind,
+    /// Whether `run` takes per-batch key lengths: item `b` attends keys `j < len[b]` only.
+    pub key_lengths: bool,
+}
+
+impl SdpaConfig {
+    /// A multi-head configuration without masks: `heads` query and key/value heads, BHND.
+    pub fn new(batch: usize, heads: usize, n_q: usize, n_k: usize, d: usize) -> Self {
+        SdpaConfig { batch, heads, kv_heads: heads, n_q, n_k, d, ..SdpaConfig::default() }
+    }
+
+    /// The scale actually applied to `q · k`.
+    pub fn effective_scale(&self) -> f32 {
+        self.scale.unwrap_or((1.0 / (self.d as f64).sqrt()) as f32)
+    }
+
+    /// Elements of q (and of the output).
+    pub fn q_len(&self) -> usize {
+        self.batch * self.heads * self.n_q * self.d
+    }
+
+    /// Elements of k (and of v).
+    pub fn kv_len(&self) -> usize {
+        self.batch * self.kv_heads * self.n_k * self.d
+    }
+
+    /// How far keys run ahead of queries under the causal mask: query `i` sees `j <= i + offset`.
+    pub fn causal_offset(&self) -> i64 {
+        self.n_k as i64 - self.n_q as i64
+    }
+
+    /// The full extents `(B, H, n_q, n_k)` a mask broadcasts against.
+    fn mask_dims(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.n_q, self.n_k]
+    }
+
+    /// Row-major element strides of a mask of `shape`, 0 on broadcast axes.
+    fn mask_strides(shape: [usize; 4]) -> [usize; 4] {
+        let mut strides = [0; 4];
+        let mut acc = 1;
+        for a in (0..4).rev() {
+            strides[a] = if shape[a] == 1 { 0 } else { acc };
+            acc *= shape[a];
+        }
+        strides
+    }
+
+    /// The configuration's own consistency: sizes, head grouping, mask shape.
+    pub fn validate(&self) -> Result<(), SdpaError> {
+        for (what, v) in [
+            ("batch", self.batch),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("n_q", self.n_q),
+            ("n_k", self.n_k),
+            ("d", self.d),
+        ] {
+            if v == 0 {
+                return Err(SdpaError::Empty { what });
+            }
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(SdpaError::HeadGrouping { heads: self.heads, kv_heads: self.kv_heads });
+        }
+        if let MaskKind::Bool(shape) | MaskKind::Bias(shape) = self.mask {
+            let full = self.mask_dims();
+            for axis in 0..4 {
+                if shape[axis] != 1 && shape[axis] != full[axis] {
+                    return Err(SdpaError::MaskShape { axis, got: shape[axis], full: full[axis] });
+                }
+            }
+        }
+        if let Some(s) = self.scale
+            && !s.is_finite()
+        {
+            return Err(SdpaError::Scale(s));
+        }
+        Ok(())
+    }
+
+    /// The fields as a hashable key (the scale by its bits).
+    fn key(&self) -> impl std::hash::Hash + Eq + use<> {
+        let s = *self;
+        (
+            [s.batch, s.heads, s.kv_heads, s.n_q, s.n_k, s.d],
+            (s.causal, s.key_lengths),
+            s.scale.map(f32::to_bits),
+            s.layout,
+            s.mask,
+        )
+    }
+}
+
+/// What is wrong with a configuration or with the arguments of a run; each names the argument.
+#[derive(Debug, Error)]
+pub enum SdpaError {
+    /// A size is zero.
+    #[error("sdpa: `{what}` must be positive")]
+    Empty {
+        /// The field.
+        what: &'static str,
+    },
+    /// `heads` is not a multiple of `kv_heads`.
+    #[error("sdpa: heads ({heads}) must be a multiple of kv_heads ({kv_heads})")]
+    HeadGrouping {
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+    },
+    /// A mask dimension is neither 1 nor the full size.
+    #[error("sdpa: mask dimension {axis} of (B, H, n_q, n_k) is {got}; it must be 1 or {full}")]
+    MaskShape {
+        /// Axis 0..4 of `(B, H, n_q, n_k)`.
+        axis: usize,
+        /// The given size.
+        got: usize,
+        /// The full size.
+        full: usize,
+    },
+    /// The scale is NaN or infinite.
+    #[error("sdpa: scale {0} is not finite")]
+    Scale(f32),
+    /// A slice has the wrong length.
+    #[error("sdpa: `{arg}` has {got} elements; the configuration needs {expected}")]
+    Length {
+        /// The argument.
+        arg: &'static str,
+        /// Its required length.
+        expected: usize,
+        /// Its length.
+        got: usize,
+    },
+    /// An extra argument is missing or was given although the configuration has no use for it.
+    #[error("sdpa: `{arg}` {}", if *.expected { "is required by the configuration" } else { "was given but the configuration has none" })]
+    Extra {
+        /// The argument.
+        arg: &'static str,
+        /// Whether the configuration needs it.
+        expected: bool,
+    },
+    /// A key length is negative or above `n_k`.
+    #[error("sdpa: key_lengths[{item}] = {len} is outside 0..={n_k}")]
+    KeyLength {
+        /// Batch item.
+        item: usize,
+        /// Its length.
+        len: i32,
+        /// Keys per head.
+        n_k: usize,
+    },
+    /// The JIT refused the program.
+    #[error("sdpa: {0}")]
+    Jit(#[from] JitError),
+}
+
+/// The optional inputs of [`Sdpa::run`]; which ones must be given follows the configuration.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras<'a> {
+    /// The bool mask, for [`MaskKind::Bool`].
+    pub mask: Option<&'a [bool]>,
+    /// The additive bias, for [`MaskKind::Bias`].
+    pub bias: Option<&'a [f32]>,
+    /// `batch` key lengths, when [`SdpaConfig::key_lengths`] is set.
+    pub key_lengths: Option<&'a [i32]>,
+}
+
+/// A compiled attention for one [`SdpaConfig`]; `Sync`, so one compile serves every thread.
+#[derive(Debug)]
+pub struct Sdpa {
+    config: SdpaConfig,
+    blocking: Blocking,
+    program: Program,
+}
+
+impl Sdpa {
+    /// Validates `config`, chooses block sizes for this machine and compiles the kernel. At
+    /// `UOPC_DEBUG` level 1 or more it prints its choice (the [`Display`](fmt::Display) line)
+    /// and the compile time to stderr.
+    pub fn compile(config: &SdpaConfig) -> Result<Sdpa, SdpaError> {
+        Self::compile_with(config, Blocking::choose(config, cores()))
+    }
+
+    /// [`Sdpa::compile`] with the given block sizes (for experiments and tests; the library's
+    /// own choice is [`Blocking::choose`]).
+    pub fn compile_with(config: &SdpaConfig, blocking: Blocking) -> Result<Sdpa, SdpaError> {
+        config.validate()?;
+        let valid = blocking.heads_per_task >= 1
+            && (config.heads / config.kv_heads).is_multiple_of(blocking.heads_per_task)
+            && (1..=config.n_q).contains(&blocking.queries)
+            && (1..=config.n_k).contains(&blocking.keys);
+        if !valid {
+            return Err(JitError::Unsupported(format!(
+                "sdpa: blocking {blocking:?} does not fit {config:?}"
+            ))
+            .into());
+        }
+        let program = Program::compile(&sdpa_ir(config, &blocking), "sdpa_flash_tile_ops")?;
+        let sdpa = Sdpa { config: *config, blocking, program };
+        if uopc_tensor::debug_level() >= 1 {
+            eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.program.compile_seconds() * 1e3);
+        }
+        Ok(sdpa)
+    }
+
+    /// `out = softmax(scale * q k^T + bias, masked) v`, into the caller's `out` (q's length).
+    /// Every length is checked, and `extras` must hold exactly what the configuration needs.
+    pub fn run(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        extras: Extras<'_>,
+        out: &mut [f32],
+    ) -> Result<(), SdpaError> {
+        let c = &self.config;
+        let check = |arg, expected, got| {
+            if expected == got { Ok(()) } else { Err(SdpaError::Length { arg, expected, got }) }
+        };
+        check("q", c.q_len(), q.len())?;
+        check("k", c.kv_len(), k.len())?;
+        check("v", c.kv_len(), v.len())?;
+        check("out", c.q_len(), out.len())?;
+        let mut args: Vec<Arg<'_>> = vec![q.into(), k.into(), v.into(), Arg::WriteF32(out)];
+        let extra = |arg, expected: bool, given: bool| {
+            if expected == given { Ok(()) } else { Err(SdpaError::Extra { arg, expected }) }
+        };
+        extra("mask", matches!(c.mask, MaskKind::Bool(_)), extras.mask.is_some())?;
+        extra("bias", matches!(c.mask, MaskKind::Bias(_)), extras.bias.is_some())?;
+        extra("key_lengths", c.key_lengths, extras.key_lengths.is_some())?;
+        let mask_len = match c.mask {
+            MaskKind::Bool(s) | MaskKind::Bias(s) => s.iter().product(),
+            MaskKind::None => 0,
+        };
+        if let Some(m) = extras.mask {
+            check("mask", mask_len, m.len())?;
+            args.push(Arg::Read(BufRef::Bool(m)));
+        }
+        if let Some(b) = extras.bias {
+            check("bias", mask_len, b.len())?;
+            args.push(Arg::Read(BufRef::F32(b)));
+        }
+        if let Some(lens) = extras.key_lengths {
+            check("key_lengths", c.batch, lens.len())?;
+            if let Some((item, &len)) =
+                lens.iter().enumerate().find(|(_, l)| !(0..=c.n_k as i64).contains(&i64::from(**l)))
+            {
+                return Err(SdpaError::KeyLength { item, len, n_k: c.n_k });
+            }
+            args.push(Arg::Read(BufRef::I32(lens)));
+        }
+        self.program.run(&mut args)?;
+        Ok(())
+    }
+
+    /// The configuration it was compiled for.
+    pub fn config(&self) -> &SdpaConfig {
+        &self.config
+    }
+
+    /// The block sizes it uses.
+    pub fn blocking(&self) -> Blocking {
+        self.blocking
+    }
+
+    /// The compiled kernel (loop IR, estimates, compile time).
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+}
+
+impl fmt::Display for Sdpa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        let b = &self.blocking;
+        write!(
+            f,
+            "sdpa flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}; tasks of {} head(s) x {} queries, keys in blocks of {}",
+            c.batch,
+            c.heads,
+            c.kv_heads,
+            c.n_q,
+            c.n_k,
+            c.d,
+            if c.causal { " causal" } else { "" },
+            b.heads_per_task,
+            b.queries,
+            b.keys
+        )
+    }
+}
+
+/// The process-wide cache's key: a configuration compared by value, the scale by its bits.
+#[derive(Clone, Copy)]
+struct Key(SdpaConfig);
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key() == other.0.key()
+    }
+}
+impl Eq for Key {}
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.key().hash(state);
+    }
+}
+
+type Cache = Mutex<HashMap<Key, Arc<Sdpa>>>;
+
+static CACHE: OnceLock<Cache> = OnceLock::new();
+static COMPILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The compiled attention for `config`, compiled on first use and shared by every later call
+/// in the process (configurations are few, so the cache is not bounded).
+pub fn compiled(config: &SdpaConfig) -> Result<Arc<Sdpa>, SdpaError> {
+    let cache = CACHE.get_or_init(Default::default);
+    let key = Key(*config);
+    if let Some(hit) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(Arc::clone(hit));
+    }
+    // Compile outside the lock, so other configurations are not held up; a racing compile of
+    // the same configuration is harmless, the first one stored wins.
+    let fresh = Arc::new(Sdpa::compile(config)?);
+    COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(Arc::clone(map.entry(key).or_insert(fresh)))
+}
+
+/// How many programs [`compiled`] (and so [`attention`]) has compiled in this process.
+pub fn compile_count() -> usize {
+    COMPILES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// [`Sdpa::run`] of the cached compile of `config` (see [`compiled`]).
+pub fn attention(
+    config: &SdpaConfig,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    extras: Extras<'_>,
+    out: &mut [f32],
+) -> Result<(), SdpaError> {
+    compiled(config)?.run(q, k, v, extras, out)
+}
