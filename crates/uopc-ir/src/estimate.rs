@@ -50,7 +50,7 @@ pub fn estimate(lin: &Linear) -> Estimates {
                             }
                         }
                     }
-                    if let Some(index) = u.as_load().or(u.as_store().map(|s| s.index))
+                    if let Some(index) = u.memory_index()
                         && let Some(b) = index.indexed_base()
                         && matches!(b.op(), Op::Buffer { .. })
                     {

@@ -80,6 +80,11 @@ impl UOp {
         }
     }
 
+    /// The INDEX a LOAD reads or a STORE writes; `None` for any other op.
+    pub fn memory_index(&self) -> Option<&UOp> {
+        self.as_load().or(self.as_store().map(|s| s.index))
+    }
+
     /// The base view and element index of an INDEX; `None` for any other op.
     pub fn as_index(&self) -> Option<IndexView<'_>> {
         match (self.op(), self.src()) {
@@ -183,6 +188,9 @@ mod tests {
         assert_eq!(s.value.as_load(), Some(&index));
         assert!(index.as_store().is_none());
         assert!(store.as_load().is_none());
+        assert_eq!(store.memory_index(), Some(&index));
+        assert_eq!(s.value.memory_index(), Some(&index));
+        assert_eq!(index.memory_index(), None);
     }
 
     #[test]

@@ -84,11 +84,12 @@ impl Lowerer<'_, '_> {
             .skip(from)
             .filter_map(|(p, s)| match s {
                 Stmt::Op(u)
-                    if matches!(u.op(), Op::Store)
-                        && u.src()[1].dtype() == DType::F32
-                        && self.register_of(&u.src()[0]).is_none()
-                        && view_base(&u.src()[0].src()[0]).is_some()
-                        && reads_tile(self, &u.src()[1]) =>
+                    if u.as_store().is_some_and(|s| {
+                        s.value.dtype() == DType::F32
+                            && self.register_of(s.index).is_none()
+                            && s.index.indexed_base().is_some()
+                            && reads_tile(self, s.value)
+                    }) =>
                 {
                     Some((p, u))
                 }
@@ -174,15 +175,15 @@ impl Lowerer<'_, '_> {
         let mut safe = true;
         for s in window {
             let Stmt::Op(u) = s else { continue };
-            let (Op::Load | Op::Store) = u.op() else { continue };
-            if self.register_of(&u.src()[0]).is_some() {
+            let Some(access) = u.memory_index() else { continue };
+            if self.register_of(access).is_some() {
                 continue;
             }
             if leaf_set.contains(u) {
                 continue;
             }
-            let ub = view_base(&u.src()[0].src()[0]);
-            let ui = &u.src()[0].src()[1];
+            let Some(view) = access.as_index() else { continue };
+            let (ub, ui) = (view_base(view.base), view.offset);
             let outside = |d: UOp| {
                 let (lo, hi) = d.bounds();
                 hi < 0 || lo >= LANES as i64

@@ -175,7 +175,7 @@ impl Lowerer<'_, '_> {
         emit: &impl Fn(&mut Self) -> Result<(), JitError>,
     ) -> Result<(), JitError> {
         let unroll = self.tile_unroll;
-        let trips = range.src()[0].const_int().filter(|&t| unroll > 1 && t >= unroll);
+        let trips = range_end(range)?.const_int().filter(|&t| unroll > 1 && t >= unroll);
         if let Some(trips) = trips {
             let main = trips - trips % unroll;
             let (start, end) = (self.b.ins().iconst(types::I64, 0), self.b.ins().iconst(types::I64, main));
@@ -206,7 +206,7 @@ impl Lowerer<'_, '_> {
                 })?;
             }
         } else {
-            let (start, end) = (self.b.ins().iconst(types::I64, 0), self.val(&range.src()[0])?);
+            let (start, end) = (self.b.ins().iconst(types::I64, 0), self.val(range_end(range)?)?);
             self.counted_loop(LoopTest::Top, start, end, 1, |l, iv| {
                 l.range_vars.insert(range.clone(), iv);
                 emit(l)
