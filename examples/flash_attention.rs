@@ -17,7 +17,7 @@ use uopc::flash_tiled::{FlashTileOps, TILE_OPS_TILING};
 use uopc::ir::{BinaryOp, Op, Stmt, UOp, linearize, view_base};
 use uopc::jit::Program;
 use uopc::kernels::reference::{attention_f64, max_abs_err};
-use uopc::tensor::{BufRef, Plan};
+use uopc::tensor::{ArgSource, Plan};
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -83,7 +83,7 @@ fn qk_products(plan: &Plan) -> u64 {
     for kernel in &plan.kernels {
         let pos = |b| kernel.args.iter().position(|a| *a == b);
         if let (Some(q), Some(k), Ok(lin)) =
-            (pos(BufRef::Input(0)), pos(BufRef::Input(1)), linearize(&kernel.program))
+            (pos(ArgSource::Input(0)), pos(ArgSource::Input(1)), linearize(&kernel.program))
         {
             go(&lin.root, 1, q, k, &mut total);
         }
@@ -98,7 +98,7 @@ fn describe(plan: &Plan, n: usize, d: usize) -> String {
         .iter()
         .filter(|k| k.shape == [n, n])
         .filter_map(|k| match k.args.last() {
-            Some(BufRef::Temp(t)) => Some(plan.temps[*t].0.size() * plan.temps[*t].1),
+            Some(ArgSource::Temp(t)) => Some(plan.temps[*t].0.size() * plan.temps[*t].1),
             _ => None,
         })
         .collect();

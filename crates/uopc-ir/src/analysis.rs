@@ -32,11 +32,11 @@ pub fn written_bases<'a>(nodes: impl IntoIterator<Item = &'a UOp>) -> Vec<UOp> {
     let mut out = Vec::new();
     for u in nodes {
         match u.op() {
-            Op::Store => out.extend(view_base(&u.src()[0].src()[0]).cloned()),
+            Op::Store => out.extend(u.as_store().and_then(|s| s.index.indexed_base()).cloned()),
             Op::Tile(t) => {
                 for (x, o) in u.src().iter().zip(t.operands()) {
                     if o.writes {
-                        out.extend(view_base(&x.src()[0]).cloned());
+                        out.extend(x.indexed_base().cloned());
                     }
                 }
             }
@@ -69,7 +69,7 @@ pub fn buffer_specs(buffers: &[UOp], written: &[UOp]) -> Vec<BufferSpec> {
 /// `c` too. ALLOCs are not looked at: the verifier proved those written inside the THREAD range
 /// are declared inside it, so each iteration has its own.
 pub fn threads_write_disjoint(topo: &[UOp], thread: &UOp) -> bool {
-    if thread.src()[0].vmax() <= 1 {
+    if thread.as_range().is_some_and(|r| r.end.vmax() <= 1) {
         return true; // one iteration cannot race with itself
     }
     let mut stride: HashMap<UOp, i64> = HashMap::new();
@@ -86,12 +86,12 @@ pub fn threads_write_disjoint(topo: &[UOp], thread: &UOp) -> bool {
     let written: Vec<UOp> =
         written_bases(topo).into_iter().filter(|b| matches!(b.op(), Op::Buffer { .. })).collect();
     for u in topo {
-        let Op::Index = u.op() else { continue };
-        let Some(base) = view_base(&u.src()[0]) else { continue };
+        let Some(index) = u.as_index() else { continue };
+        let Some(base) = view_base(index.base) else { continue };
         if !written.contains(base) {
             continue;
         }
-        let Some((c, rest)) = split_linear(&u.src()[1], thread) else { return false };
+        let Some((c, rest)) = split_linear(index.offset, thread) else { return false };
         let span = extent.get(u).copied().unwrap_or(1).max(1);
         if c <= 0 || rest.vmin() < 0 || rest.vmax().saturating_add(span - 1) >= c {
             return false;
@@ -122,15 +122,15 @@ pub fn register_allocs(lin: &Linear) -> HashSet<UOp> {
     let tile_operands: HashSet<&UOp> = ops
         .iter()
         .filter(|u| matches!(u.op(), Op::Tile(_)))
-        .flat_map(|u| u.src().iter().filter_map(|x| view_base(&x.src()[0])))
+        .flat_map(|u| u.src().iter().filter_map(|x| x.indexed_base()))
         .collect();
     lin.allocs
         .iter()
         .filter(|a| {
             !tile_operands.contains(a)
                 && matches!(a.op(), Op::Alloc { len, .. } if *len <= 32)
-                && ops.iter().all(|u| match u.op() {
-                    Op::Index if view_base(&u.src()[0]) == Some(*a) => u.src()[1].const_int().is_some(),
+                && ops.iter().all(|u| match u.as_index() {
+                    Some(i) if view_base(i.base) == Some(*a) => i.offset.const_int().is_some(),
                     _ => true,
                 })
         })
@@ -148,9 +148,9 @@ pub fn contractible_muls(lin: &Linear) -> HashSet<UOp> {
         for x in u.src() {
             *uses.entry(x.clone()).or_default() += 1;
         }
-        if matches!(u.op(), Op::Binary(BinaryOp::Add))
+        if let Some((BinaryOp::Add, a, b)) = u.as_binary()
             && u.dtype().is_float()
-            && u.src()[0] != u.src()[1]
+            && a != b
             && let Some(m) = u.src().iter().find(|x| matches!(x.op(), Op::Binary(BinaryOp::Mul)))
         {
             add_operands.push(m.clone());
@@ -172,7 +172,7 @@ pub fn gemm_like(lin: &Linear, registers: &HashSet<UOp>) -> bool {
     {
         return false;
     }
-    let in_registers = |index: &UOp| view_base(&index.src()[0]).is_some_and(|b| registers.contains(b));
+    let in_registers = |index: &UOp| index.indexed_base().is_some_and(|b| registers.contains(b));
     all.iter().any(|(_, s)| {
         let Stmt::Loop { body, .. } = s else { return false };
         if !body.iter().all(|s| matches!(s, Stmt::Op(_))) {
@@ -181,11 +181,9 @@ pub fn gemm_like(lin: &Linear, registers: &HashSet<UOp>) -> bool {
         let updates = body
             .iter()
             .filter(|s| match s {
-                Stmt::Op(u) => {
-                    matches!(u.op(), Op::Store)
-                        && in_registers(&u.src()[0])
-                        && matches!(u.src()[1].op(), Op::Binary(BinaryOp::Add))
-                }
+                Stmt::Op(u) => u.as_store().is_some_and(|s| {
+                    in_registers(s.index) && matches!(s.value.as_binary(), Some((BinaryOp::Add, ..)))
+                }),
                 Stmt::Loop { .. } => false,
             })
             .count();

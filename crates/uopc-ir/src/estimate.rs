@@ -2,7 +2,6 @@
 
 use crate::linearize::{Linear, Stmt};
 use crate::uop::{Op, UOp};
-use crate::verify::view_base;
 
 /// Work a program does per run, counted statically.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -17,7 +16,7 @@ pub struct Estimates {
 }
 
 fn trip_count(range: &UOp) -> f64 {
-    let end = &range.src()[0];
+    let end = range.as_range().expect("a RANGE").end;
     match end.const_int() {
         Some(n) => n.max(0) as f64,
         // A ragged loop (end depends on an enclosing range): its average trip count, assuming
@@ -44,15 +43,15 @@ pub fn estimate(lin: &Linear) -> Estimates {
                     if let Op::Tile(t) = u.op() {
                         *flops += mult * t.flops() as f64;
                         for (x, o) in u.src().iter().zip(t.operands()) {
-                            if let Some(b) = view_base(&x.src()[0])
+                            if let Some(b) = x.indexed_base()
                                 && matches!(b.op(), Op::Buffer { .. })
                             {
                                 *access += mult * (o.extent * b.dtype().size()) as f64;
                             }
                         }
                     }
-                    if let Op::Load | Op::Store = u.op()
-                        && let Some(b) = view_base(&u.src()[0].src()[0])
+                    if let Some(index) = u.memory_index()
+                        && let Some(b) = index.indexed_base()
                         && matches!(b.op(), Op::Buffer { .. })
                     {
                         *access += mult * b.dtype().size() as f64;

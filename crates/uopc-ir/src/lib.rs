@@ -17,12 +17,14 @@ mod expand;
 mod host;
 pub mod interp;
 mod linearize;
+mod ops;
 mod prepare;
 mod print;
 pub mod rewrite;
 mod simplify;
 mod uop;
 mod verify;
+mod view;
 
 pub use analysis::BufferSpec;
 pub use builder::{
@@ -49,3 +51,4 @@ pub use uop::{
     block_extent,
 };
 pub use verify::{verify, verify_simplified, view_base};
+pub use view::{AfterView, EndView, IndexView, RangeView, StoreView, WhereView};

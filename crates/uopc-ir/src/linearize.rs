@@ -278,7 +278,7 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
     if let Some(r) = rng[program].first() {
         let culprit =
             topo.iter().find(|u| matches!(u.op(), Op::Store) && rng[*u].contains(r)).unwrap_or(program);
-        let has_end = topo.iter().any(|u| matches!(u.op(), Op::End) && u.src()[1] == *r);
+        let has_end = topo.iter().any(|u| u.as_end().is_some_and(|e| e.range == r));
         return Err(if has_end {
             IrError::new(
                 IrErrorKind::StoreOutsideRange,

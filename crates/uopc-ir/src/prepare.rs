@@ -117,7 +117,7 @@ pub fn prepare(program: &UOp, opts: &PrepareOptions) -> Result<PreparedKernel, P
     let written = written_bases(&nodes);
     let thread = linear.thread.as_ref().map(|t| ThreadInfo {
         range: t.clone(),
-        extent: t.src()[0].const_int().map(|n| n.max(0) as usize),
+        extent: t.as_range().and_then(|r| r.end.const_int()).map(|n| n.max(0) as usize),
         writes_disjoint: threads_write_disjoint(&nodes, t),
     });
     let read_only = linear.buffers.iter().filter(|b| !written.contains(b)).cloned().collect();

@@ -3,7 +3,6 @@
 use crate::error::IrError;
 use crate::linearize::{Linear, Stmt, linearize};
 use crate::uop::{BinaryOp, GemmShape, Op, TileOp, UOp, UnaryOp};
-use crate::verify::view_base;
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -94,7 +93,7 @@ impl Printer {
             Op::Alloc { slot, .. } => format!("acc{slot}"),
             Op::After => self.expr(&u.src()[0]),
             Op::Index => {
-                let base = view_base(&u.src()[0]).map(|b| self.expr(b)).unwrap_or_else(|| "?".into());
+                let base = u.indexed_base().map(|b| self.expr(b)).unwrap_or_else(|| "?".into());
                 format!("{base}[{}]", self.expr(&u.src()[1]))
             }
             Op::Load => self.expr(&u.src()[0]),
@@ -133,27 +132,17 @@ impl Printer {
         for s in body {
             match s {
                 Stmt::Loop { range, body } => {
-                    let axis = match range.op() {
-                        Op::Range { axis, .. } => axis.name(),
-                        _ => "",
+                    let (end, axis) = match range.as_range() {
+                        Some(r) => (self.expr(r.end), r.axis.name()),
+                        None => ("?".into(), ""),
                     };
-                    let _ = writeln!(
-                        self.out,
-                        "{pad}for {} in 0..{} ({axis}) {{",
-                        self.expr(range),
-                        self.expr(&range.src()[0])
-                    );
+                    let _ = writeln!(self.out, "{pad}for {} in 0..{end} ({axis}) {{", self.expr(range));
                     self.block(body, depth + 1);
                     let _ = writeln!(self.out, "{pad}}}");
                 }
                 Stmt::Op(u) => match u.op() {
-                    Op::Store => {
-                        let _ = writeln!(
-                            self.out,
-                            "{pad}{} = {};",
-                            self.expr(&u.src()[0]),
-                            self.expr(&u.src()[1])
-                        );
+                    Op::Store if let Some(s) = u.as_store() => {
+                        let _ = writeln!(self.out, "{pad}{} = {};", self.expr(s.index), self.expr(s.value));
                     }
                     Op::Tile(t) => {
                         let args: Vec<String> = u.src().iter().map(|x| self.expr(x)).collect();

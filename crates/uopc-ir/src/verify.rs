@@ -312,7 +312,7 @@ fn verify_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         match u.op() {
             Op::Index => check_bounds(u)?,
             Op::Store => {
-                let base = view_base(&u.src()[0].src()[0]).expect("checked by check_types");
+                let base = u.as_store().and_then(|s| s.index.indexed_base()).expect("checked by check_types");
                 check_write_scope(u, base, &rng[u], &scopes, linear.thread.is_some())?;
             }
             Op::Load => check_initialized(u)?,
@@ -320,10 +320,10 @@ fn verify_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
                 for (x, operand) in u.src().iter().zip(t.operands()) {
                     check_extent(u, x, operand.extent)?;
                     if operand.reads && !operand.writes {
-                        check_initialized_view(u, &x.src()[0])?;
+                        check_initialized_view(u, x.as_index().expect("checked by check_types").base)?;
                     }
                     if operand.writes {
-                        let base = view_base(&x.src()[0]).expect("checked by check_types");
+                        let base = x.indexed_base().expect("checked by check_types");
                         check_write_scope(u, base, &rng[u], &scopes, linear.thread.is_some())?;
                     }
                 }
@@ -347,13 +347,13 @@ fn check_store_order(topo: &[UOp]) -> Result<(), IrError> {
     let mut by_base: HashMap<UOp, Vec<UOp>> = HashMap::new();
     for u in topo {
         if matches!(u.op(), Op::Store) {
-            let base = view_base(&u.src()[0].src()[0]).expect("checked by check_types");
+            let base = u.as_store().and_then(|s| s.index.indexed_base()).expect("checked by check_types");
             by_base.entry(base.clone()).or_default().push(u.clone());
         }
         if let Op::Tile(t) = u.op() {
             for (x, o) in u.src().iter().zip(t.operands()) {
                 if o.writes {
-                    let base = view_base(&x.src()[0]).expect("checked by check_types");
+                    let base = x.indexed_base().expect("checked by check_types");
                     let group = by_base.entry(base.clone()).or_default();
                     if !group.contains(u) {
                         group.push(u.clone());
@@ -401,7 +401,14 @@ fn check_store_order(topo: &[UOp]) -> Result<(), IrError> {
                         format!("may write memory {} writes, and no dependency orders the two", a.short()),
                     ));
                 }
-                let (ia, ib) = (&a.src()[0].src()[1], &b.src()[0].src()[1]);
+                let offset = |s: &UOp| {
+                    s.as_store()
+                        .and_then(|s| s.index.as_index())
+                        .expect("checked by check_types")
+                        .offset
+                        .clone()
+                };
+                let (ia, ib) = (&offset(a), &offset(b));
                 // Both indices are in bounds (checked above), so their difference fits their dtype.
                 let diff = if ia.dtype() == ib.dtype() {
                     ia - ib
@@ -427,12 +434,12 @@ fn check_store_order(topo: &[UOp]) -> Result<(), IrError> {
 }
 
 fn check_bounds(index: &UOp) -> Result<(), IrError> {
-    let base = view_base(&index.src()[0]).expect("checked by check_types");
+    let base = index.indexed_base().expect("checked by check_types");
     let len = match base.op() {
         Op::Buffer { len, .. } | Op::Alloc { len, .. } => *len as i64,
         _ => unreachable!("view_base returns BUFFER or ALLOC"),
     };
-    let (lo, hi) = index.src()[1].bounds();
+    let (lo, hi) = index.as_index().expect("checked by check_types").offset.bounds();
     if lo < 0 || hi >= len {
         return Err(err(
             IrErrorKind::OutOfBounds,
@@ -486,12 +493,12 @@ fn check_extent(tile: &UOp, index: &UOp, extent: usize) -> Result<(), IrError> {
     if extent == 0 {
         return Ok(());
     }
-    let base = view_base(&index.src()[0]).expect("checked by check_types");
+    let base = index.indexed_base().expect("checked by check_types");
     let len = match base.op() {
         Op::Buffer { len, .. } | Op::Alloc { len, .. } => *len as i64,
         _ => unreachable!("view_base returns BUFFER or ALLOC"),
     };
-    let (lo, hi) = index.src()[1].bounds();
+    let (lo, hi) = index.as_index().expect("checked by check_types").offset.bounds();
     let last = hi.saturating_add(extent as i64 - 1);
     if lo < 0 || last >= len {
         return Err(err(
@@ -504,7 +511,10 @@ fn check_extent(tile: &UOp, index: &UOp, extent: usize) -> Result<(), IrError> {
 }
 
 fn check_initialized(load: &UOp) -> Result<(), IrError> {
-    check_initialized_view(load, &load.src()[0].src()[0])
+    check_initialized_view(
+        load,
+        load.as_load().and_then(|i| i.as_index()).expect("checked by check_types").base,
+    )
 }
 
 /// Some store (or tile op writing it) reaches `view` when it is an ALLOC view.
@@ -516,20 +526,20 @@ fn check_initialized_view(load: &UOp, view: &UOp) -> Result<(), IrError> {
     // Some store to this ALLOC must be among the view's AFTER dependencies.
     let mut stack: Vec<UOp> = Vec::new();
     let mut v = view;
-    while let Op::After = v.op() {
-        stack.extend(v.src()[1..].iter().cloned());
-        v = &v.src()[0];
+    while let Some(after) = v.as_after() {
+        stack.extend(after.deps.iter().cloned());
+        v = after.base;
     }
     let mut seen = HashSet::new();
     while let Some(x) = stack.pop() {
         if !seen.insert(x.clone()) {
             continue;
         }
-        if matches!(x.op(), Op::Store) && view_base(&x.src()[0].src()[0]) == Some(base) {
+        if x.as_store().and_then(|s| s.index.indexed_base()) == Some(base) {
             return Ok(());
         }
         if let Op::Tile(t) = x.op()
-            && x.src().iter().zip(t.operands()).any(|(i, o)| o.writes && view_base(&i.src()[0]) == Some(base))
+            && x.src().iter().zip(t.operands()).any(|(i, o)| o.writes && i.indexed_base() == Some(base))
         {
             return Ok(());
         }

@@ -15,7 +15,8 @@ pub fn static_flops(program: &UOp) -> Result<u64, IrError> {
         body.iter()
             .map(|s| match s {
                 Stmt::Loop { range, body } => {
-                    let trip = range.src()[0].const_int().unwrap_or(range.src()[0].vmax().max(0) + 1);
+                    let end = range.as_range().expect("a loop's range").end;
+                    let trip = end.const_int().unwrap_or(end.vmax().max(0) + 1);
                     go(body, mult * trip.max(0) as u64)
                 }
                 Stmt::Op(u) => {

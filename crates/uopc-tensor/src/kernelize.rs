@@ -6,7 +6,7 @@ use crate::exec::Exe;
 use crate::opt::{Layout, has_reduce};
 use crate::options::RealizeOptions;
 use crate::passes::{layout_pass, layout_pass_output, materialize_points, run_pass, stage_broadcast_compute};
-use crate::plan::{BufRef, Kernel, OutSpec, Plan};
+use crate::plan::{ArgSource, Kernel, OutSpec, Plan};
 use crate::rangeify::{Ctx, lower};
 use crate::util::numel;
 use std::collections::HashMap;
@@ -40,9 +40,9 @@ fn check_memory(temps: &[(DType, usize)], outputs: &[(DType, usize)]) -> Result<
 
 /// The kernel body of point `p`: its computation with other points and inputs replaced by
 /// `Param`s numbered in first-use order; also returns the buffer behind each local slot.
-fn kernel_body(p: &UOp, buf_of: &HashMap<UOp, BufRef>) -> (UOp, Vec<BufRef>) {
+fn kernel_body(p: &UOp, buf_of: &HashMap<UOp, ArgSource>) -> (UOp, Vec<ArgSource>) {
     let start = if matches!(p.op(), Op::Stage) { p.src()[0].clone() } else { p.clone() };
-    let mut locals: Vec<BufRef> = Vec::new();
+    let mut locals: Vec<ArgSource> = Vec::new();
     let mut map: HashMap<UOp, UOp> = HashMap::new();
     let mut stack = vec![(start.clone(), false)];
     while let Some((u, ready)) = stack.pop() {
@@ -52,7 +52,7 @@ fn kernel_body(p: &UOp, buf_of: &HashMap<UOp, BufRef>) -> (UOp, Vec<BufRef>) {
         let leaf = if u != *p && buf_of.contains_key(&u) {
             Some(buf_of[&u])
         } else if let Op::Param { slot, .. } = u.op() {
-            Some(BufRef::Input(*slot))
+            Some(ArgSource::Input(*slot))
         } else {
             None
         };
@@ -109,7 +109,7 @@ fn renumber_buffer(u: &UOp, cx: &mut RuleCx<'_, Vec<usize>>) -> Option<UOp> {
 
 /// Renumbers BUFFER slots so the program's slots are `0..n` (an input rangeify never reached,
 /// e.g. an unselected STACK source, would otherwise leave a hole in the argument list).
-fn compact_slots(program: UOp, args: Vec<BufRef>) -> (UOp, Vec<BufRef>) {
+fn compact_slots(program: UOp, args: Vec<ArgSource>) -> (UOp, Vec<ArgSource>) {
     let mut used: Vec<usize> = UOp::toposort(std::slice::from_ref(&program))
         .iter()
         .filter_map(|u| match u.op() {
@@ -147,11 +147,11 @@ struct Lowered {
     name: String,
     shape: Vec<usize>,
     program: UOp,
-    args: Vec<BufRef>,
+    args: Vec<ArgSource>,
 }
 
 /// The loop program of the kernel that computes point `p`.
-fn lower_point(p: &UOp, buf_of: &HashMap<UOp, BufRef>, opts: &RealizeOptions) -> Result<Lowered> {
+fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions) -> Result<Lowered> {
     let (body, mut args) = kernel_body(p, buf_of);
     let name = kernel_name(&body);
     let mut ctx = Ctx::new(opts.opt.opts(&body), !opts.experiments.reshape_without_divmod_folding);
@@ -176,16 +176,16 @@ pub(crate) fn build_plan(
     let rewrites_before = uopc_ir::rewrite_counts();
     let graph = prepare_graph(roots, opts);
     let points = materialize_points(&graph, opts.fuse_reduce);
-    let mut buf_of: HashMap<UOp, BufRef> = HashMap::new();
+    let mut buf_of: HashMap<UOp, ArgSource> = HashMap::new();
     let mut outputs = Vec::new();
     let mut outs = Vec::new();
     for root in &graph {
         if let Op::Param { slot, .. } = root.op() {
             outs.push(OutSpec::Input(*slot));
-        } else if let Some(BufRef::Output(k)) = buf_of.get(root) {
+        } else if let Some(ArgSource::Output(k)) = buf_of.get(root) {
             outs.push(OutSpec::Output(*k));
         } else {
-            buf_of.insert(root.clone(), BufRef::Output(outputs.len()));
+            buf_of.insert(root.clone(), ArgSource::Output(outputs.len()));
             outs.push(OutSpec::Output(outputs.len()));
             outputs.push((root.dtype(), numel(root.shape())));
         }
@@ -194,7 +194,7 @@ pub(crate) fn build_plan(
     for p in &points {
         buf_of.entry(p.clone()).or_insert_with(|| {
             temps.push((p.dtype(), numel(p.shape())));
-            BufRef::Temp(temps.len() - 1)
+            ArgSource::Temp(temps.len() - 1)
         });
     }
     check_memory(&temps, &outputs)?;

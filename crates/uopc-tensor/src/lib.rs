@@ -62,7 +62,7 @@ pub use options::{Experiments, RealizeOptions};
 pub use passes::{
     canonicalize, layout_pass, layout_pass_output, materialize_points, stage_broadcast_compute,
 };
-pub use plan::{BufRef, Kernel, OutSpec, Plan};
+pub use plan::{ArgSource, Kernel, OutSpec, Plan};
 pub use rangeify::{Ctx, lower};
 pub use realize::realize;
 pub use report::{KernelTiming, RealizeReport};

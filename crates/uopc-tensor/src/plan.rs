@@ -9,7 +9,7 @@ use uopc_ir::{DType, HostBuffer, Op, UOp};
 
 /// Where a kernel argument lives at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BufRef {
+pub enum ArgSource {
     /// The plan's input `k` (the k-th distinct data leaf of the graph, in first-use order).
     Input(usize),
     /// The plan's temporary `k`.
@@ -36,7 +36,7 @@ pub struct Kernel {
     /// The loop program that was compiled.
     pub program: UOp,
     /// Buffer of each BUFFER slot; the last one is the output, the others are read.
-    pub args: Vec<BufRef>,
+    pub args: Vec<ArgSource>,
     /// Static FLOPs of one run, from the backend's estimate.
     pub flops: u64,
     /// Static bytes of one run, from the backend's estimate.
@@ -48,7 +48,13 @@ pub struct Kernel {
 impl Kernel {
     /// A kernel for `program` compiled as `exe`; whether it calls tile ops is read from the
     /// program once, here, because every realize reports it.
-    pub(crate) fn new(name: String, shape: Vec<usize>, program: UOp, args: Vec<BufRef>, exe: Exe) -> Kernel {
+    pub(crate) fn new(
+        name: String,
+        shape: Vec<usize>,
+        program: UOp,
+        args: Vec<ArgSource>,
+        exe: Exe,
+    ) -> Kernel {
         let (flops, bytes) = exe.estimates();
         let tile_ops =
             UOp::toposort(std::slice::from_ref(&program)).iter().any(|u| matches!(u.op(), Op::Tile(_)));

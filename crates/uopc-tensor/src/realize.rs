@@ -6,7 +6,7 @@ use crate::debug;
 use crate::error::Result;
 use crate::options::RealizeOptions;
 use crate::passes::canonicalize;
-use crate::plan::{BufRef, OutSpec};
+use crate::plan::{ArgSource, OutSpec};
 use crate::report::{KernelTiming, RealizeReport};
 use crate::tensor::Tensor;
 use std::sync::Arc;
@@ -24,15 +24,15 @@ fn data_of(leaf: &UOp) -> Arc<HostBuffer> {
 }
 
 fn host<'a>(
-    r: BufRef,
+    r: ArgSource,
     inputs: &'a [Arc<HostBuffer>],
     temps: &'a [HostBuffer],
     outs: &'a [HostBuffer],
 ) -> &'a HostBuffer {
     match r {
-        BufRef::Input(k) => &inputs[k],
-        BufRef::Temp(k) => &temps[k],
-        BufRef::Output(k) => &outs[k],
+        ArgSource::Input(k) => &inputs[k],
+        ArgSource::Temp(k) => &temps[k],
+        ArgSource::Output(k) => &outs[k],
     }
 }
 
@@ -78,9 +78,9 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
         let (out_ref, in_refs) = k.args.split_last().expect("a kernel has an output");
         // take the output out of its vector so the inputs can be borrowed alongside it
         let mut out = match *out_ref {
-            BufRef::Temp(i) => std::mem::replace(&mut temps[i], placeholder()),
-            BufRef::Output(i) => std::mem::replace(&mut outs[i], placeholder()),
-            BufRef::Input(_) => unreachable!("kernels never write inputs"),
+            ArgSource::Temp(i) => std::mem::replace(&mut temps[i], placeholder()),
+            ArgSource::Output(i) => std::mem::replace(&mut outs[i], placeholder()),
+            ArgSource::Input(_) => unreachable!("kernels never write inputs"),
         };
         let ins: Vec<&HostBuffer> = in_refs.iter().map(|&r| host(r, &inputs, &temps, &outs)).collect();
         let t = Instant::now();
@@ -93,9 +93,9 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
             again_seconds = Some(t.elapsed().as_secs_f64());
         }
         match *out_ref {
-            BufRef::Temp(i) => temps[i] = out,
-            BufRef::Output(i) => outs[i] = out,
-            BufRef::Input(_) => unreachable!(),
+            ArgSource::Temp(i) => temps[i] = out,
+            ArgSource::Output(i) => outs[i] = out,
+            ArgSource::Input(_) => unreachable!(),
         }
         res?;
         let timing = KernelTiming {

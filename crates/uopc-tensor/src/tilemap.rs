@@ -69,11 +69,12 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     let Op::Reduce { op: ReduceOp::Add, axes: 1 } = body.op() else { return None };
     let x = &body.src()[0];
     let &[m, n, k] = x.shape() else { return None };
-    if !matches!(x.op(), Op::Binary(uopc_ir::BinaryOp::Mul)) || m == 0 || n == 0 || k == 0 {
+    let Some((uopc_ir::BinaryOp::Mul, lhs, rhs)) = x.as_binary() else { return None };
+    if m == 0 || n == 0 || k == 0 {
         return None;
     }
     let shape = [m, n, k];
-    let (p, q) = (affine(&x.src()[0], &shape)?, affine(&x.src()[1], &shape)?);
+    let (p, q) = (affine(lhs, &shape)?, affine(rhs, &shape)?);
     // A is broadcast along the output columns, B along the output rows.
     let (a, b) = match (p.strides[1], q.strides[0]) {
         (0, 0) => (p, q),

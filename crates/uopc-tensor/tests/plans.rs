@@ -72,8 +72,8 @@ fn buffer_slot(load: &UOp) -> Option<usize> {
 /// How many q.k products the kernel executes in total: MULs of a load of `q` by a load of `k`,
 /// weighted by their loop trip counts.
 fn qk_products(kernel: &Kernel) -> u64 {
-    let slot_of = |b: BufRef| kernel.args.iter().position(|a| *a == b).expect("kernel reads q and k");
-    let (q, k) = (slot_of(BufRef::Input(0)), slot_of(BufRef::Input(1)));
+    let slot_of = |b: ArgSource| kernel.args.iter().position(|a| *a == b).expect("kernel reads q and k");
+    let (q, k) = (slot_of(ArgSource::Input(0)), slot_of(ArgSource::Input(1)));
     weighted(&kernel.program)
         .into_iter()
         .filter(|(u, _, _)| {
@@ -114,8 +114,8 @@ fn default_unfused_plan_transposes_k_instead_of_v() {
     );
     assert_eq!(plan.temp_sizes(), [65536, 1048576, 1024, 1024, 1048576]);
     // the copy of K feeds the score kernel, the original V the last one
-    assert_eq!(plan.kernels[1].args, [BufRef::Input(0), BufRef::Temp(0), BufRef::Temp(1)]);
-    assert!(plan.kernels[5].args.contains(&BufRef::Input(2)), "{plan}");
+    assert_eq!(plan.kernels[1].args, [ArgSource::Input(0), ArgSource::Temp(0), ArgSource::Temp(1)]);
+    assert!(plan.kernels[5].args.contains(&ArgSource::Input(2)), "{plan}");
 }
 
 #[test]
@@ -126,7 +126,7 @@ fn fused_attention_plan_is_a_copy_of_v_and_one_kernel() {
     // the only temporary is the transposed copy of V, read by the fused kernel
     assert_eq!(
         plan.kernels[1].args,
-        [BufRef::Input(0), BufRef::Input(1), BufRef::Temp(0), BufRef::Output(0)]
+        [ArgSource::Input(0), ArgSource::Input(1), ArgSource::Temp(0), ArgSource::Output(0)]
     );
 }
 

@@ -41,81 +41,16 @@ fn mutate_once(program: &UOp, rng: &mut Rng) -> UOp {
         // Another dtype.
         3 => UOp::new(op, rng.pick(&DTYPES), src),
         // Another buffer or alloc length or slot.
-        4 => match op {
-            Op::Buffer { slot, len } | Op::Alloc { slot, len } => {
-                let len2 = rng.pick(&[0, len.saturating_sub(1), len + 1, len * 2, 1 << 40, usize::MAX]);
-                let slot2 = if rng.chance(30) { slot + rng.below(3) as usize } else { slot };
-                let new = if matches!(op, Op::Buffer { .. }) {
-                    Op::Buffer { slot: slot2, len: len2 }
-                } else {
-                    Op::Alloc { slot: slot2, len: len2 }
-                };
-                UOp::new(new, d, src)
-            }
-            _ => UOp::new(op, d, src),
-        },
+        4 => other_length(op, d, src, rng),
         // An index outside the buffer.
         5 if matches!(op, Op::Index) && src.len() == 2 => {
             let k = rng.pick(&[-1, 1 << 20, i64::MAX, i64::MIN, 7]);
             UOp::new(op, d, vec![src[0].clone(), idx(k)])
         }
         // Range ends and axes.
-        6 => match op {
-            Op::Range { id, .. } => {
-                let axis = rng.pick(&[
-                    AxisType::Thread,
-                    AxisType::Loop,
-                    AxisType::Reduce,
-                    AxisType::Upcast,
-                    AxisType::Unroll,
-                ]);
-                let end = if rng.chance(50) {
-                    idx(rng.pick(&[-1, 0, 1, 1 << 40, i64::MAX, i64::MIN]))
-                } else {
-                    src.first().cloned().unwrap_or_else(|| idx(3))
-                };
-                let id2 = if rng.chance(20) { id + 1 } else { id };
-                UOp::new(Op::Range { id: id2, axis }, d, vec![end])
-            }
-            _ => UOp::new(op, d, src),
-        },
+        6 => other_range(op, d, src, rng),
         // Another op of the same kind (or any op at all).
-        7 => {
-            let new = match op {
-                Op::Binary(_) => Op::Binary(rng.pick(&[
-                    BinaryOp::Add,
-                    BinaryOp::Sub,
-                    BinaryOp::Mul,
-                    BinaryOp::Max,
-                    BinaryOp::CmpLt,
-                    BinaryOp::CmpNe,
-                    BinaryOp::IDiv,
-                    BinaryOp::Mod,
-                ])),
-                Op::Unary(_) => Op::Unary(rng.pick(&[
-                    UnaryOp::Neg,
-                    UnaryOp::Exp2,
-                    UnaryOp::Log2,
-                    UnaryOp::Sqrt,
-                    UnaryOp::Recip,
-                ])),
-                _ => rng.pick(&[
-                    Op::Load,
-                    Op::Store,
-                    Op::Index,
-                    Op::After,
-                    Op::End,
-                    Op::Sink,
-                    Op::Where,
-                    Op::Cast,
-                    Op::Stage,
-                    Op::Reduce { op: ReduceOp::Add, axes: 1 },
-                    Op::Reshape(vec![2, 3]),
-                    Op::Param { slot: 0, shape: vec![4] },
-                ]),
-            };
-            UOp::new(new, d, src)
-        }
+        7 => other_op(op, d, src, rng),
         // One source fewer or more.
         8 => {
             let mut s = src.clone();
@@ -127,27 +62,106 @@ fn mutate_once(program: &UOp, rng: &mut Rng) -> UOp {
             UOp::new(op, d, s)
         }
         // Another constant.
-        9 => match op {
-            Op::Const(_) => {
-                let c = rng.pick(&[
-                    ConstValue::Int(-1),
-                    ConstValue::Int(i64::MAX),
-                    ConstValue::Int(i64::MIN),
-                    ConstValue::Int(1 << 33),
-                    ConstValue::float(f64::NAN),
-                    ConstValue::float(1e300),
-                    ConstValue::Bool(true),
-                    ConstValue::Int(0),
-                ]);
-                UOp::new(Op::Const(c), d, src)
-            }
-            _ => UOp::new(op, d, src),
-        },
+        9 => other_const(op, d, src, rng),
         // AFTER without its dependencies.
         10 if matches!(op, Op::After) && !src.is_empty() => UOp::new(op, d, vec![src[0].clone()]),
         _ => UOp::new(op, d, src),
     };
     replace(program, &topo, &target, &replacement)
+}
+
+/// `op` with another length or slot when it is a BUFFER or ALLOC.
+fn other_length(op: Op, d: DType, src: Vec<UOp>, rng: &mut Rng) -> UOp {
+    match op {
+        Op::Buffer { slot, len } | Op::Alloc { slot, len } => {
+            let len2 = rng.pick(&[0, len.saturating_sub(1), len + 1, len * 2, 1 << 40, usize::MAX]);
+            let slot2 = if rng.chance(30) { slot + rng.below(3) as usize } else { slot };
+            let new = if matches!(op, Op::Buffer { .. }) {
+                Op::Buffer { slot: slot2, len: len2 }
+            } else {
+                Op::Alloc { slot: slot2, len: len2 }
+            };
+            UOp::new(new, d, src)
+        }
+        _ => UOp::new(op, d, src),
+    }
+}
+
+/// `op` with another end, axis or id when it is a RANGE.
+fn other_range(op: Op, d: DType, src: Vec<UOp>, rng: &mut Rng) -> UOp {
+    match op {
+        Op::Range { id, .. } => {
+            let axis = rng.pick(&[
+                AxisType::Thread,
+                AxisType::Loop,
+                AxisType::Reduce,
+                AxisType::Upcast,
+                AxisType::Unroll,
+            ]);
+            let end = if rng.chance(50) {
+                idx(rng.pick(&[-1, 0, 1, 1 << 40, i64::MAX, i64::MIN]))
+            } else {
+                src.first().cloned().unwrap_or_else(|| idx(3))
+            };
+            let id2 = if rng.chance(20) { id + 1 } else { id };
+            UOp::new(Op::Range { id: id2, axis }, d, vec![end])
+        }
+        _ => UOp::new(op, d, src),
+    }
+}
+
+/// Another op of the same kind as `op` (or, outside ALU ops, any op at all).
+fn other_op(op: Op, d: DType, src: Vec<UOp>, rng: &mut Rng) -> UOp {
+    let new = match op {
+        Op::Binary(_) => Op::Binary(rng.pick(&[
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Max,
+            BinaryOp::CmpLt,
+            BinaryOp::CmpNe,
+            BinaryOp::IDiv,
+            BinaryOp::Mod,
+        ])),
+        Op::Unary(_) => {
+            Op::Unary(rng.pick(&[UnaryOp::Neg, UnaryOp::Exp2, UnaryOp::Log2, UnaryOp::Sqrt, UnaryOp::Recip]))
+        }
+        _ => rng.pick(&[
+            Op::Load,
+            Op::Store,
+            Op::Index,
+            Op::After,
+            Op::End,
+            Op::Sink,
+            Op::Where,
+            Op::Cast,
+            Op::Stage,
+            Op::Reduce { op: ReduceOp::Add, axes: 1 },
+            Op::Reshape(vec![2, 3]),
+            Op::Param { slot: 0, shape: vec![4] },
+        ]),
+    };
+    UOp::new(new, d, src)
+}
+
+/// `op` with another constant when it is a CONST.
+fn other_const(op: Op, d: DType, src: Vec<UOp>, rng: &mut Rng) -> UOp {
+    match op {
+        Op::Const(_) => {
+            let c = rng.pick(&[
+                ConstValue::Int(-1),
+                ConstValue::Int(i64::MAX),
+                ConstValue::Int(i64::MIN),
+                ConstValue::Int(1 << 33),
+                ConstValue::float(f64::NAN),
+                ConstValue::float(1e300),
+                ConstValue::Bool(true),
+                ConstValue::Int(0),
+            ]);
+            UOp::new(Op::Const(c), d, src)
+        }
+        _ => UOp::new(op, d, src),
+    }
 }
 
 /// Rebuilds `program` with `old` replaced by `new` wherever it is used.

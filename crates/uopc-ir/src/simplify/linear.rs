@@ -11,17 +11,17 @@ use super::well_formed;
 /// atom creation order with no zero coefficient once normalized, so equal forms build equal
 /// nodes.
 #[derive(Clone, Debug, Default)]
-pub(super) struct Linear {
+pub(super) struct LinearForm {
     /// `(atom, coefficient)` pairs.
     pub(super) terms: Vec<(UOp, i64)>,
     /// The constant summand.
     pub(super) constant: i64,
 }
 
-impl Linear {
+impl LinearForm {
     /// The normalized linear form of `u`; `None` if a coefficient or the constant overflows i64.
-    pub(super) fn of(u: &UOp) -> Option<Linear> {
-        let mut lin = Linear::default();
+    pub(super) fn of(u: &UOp) -> Option<LinearForm> {
+        let mut lin = LinearForm::default();
         lin.add(u, 1)?;
         lin.normalize();
         Some(lin)

@@ -17,7 +17,7 @@ mod tests;
 
 use crate::rewrite::{Pass, Revisit, RuleTable};
 use crate::uop::{Op, UOp};
-use linear::Linear;
+use linear::LinearForm;
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
@@ -141,9 +141,9 @@ static SIMPLIFY_NO_DIVMOD: LazyLock<Pass<'static>> = LazyLock::new(|| {
 /// Writes `expr` as `coeff * var + rest` where `rest` does not mention `var`, if it is linear in
 /// `var`. Used to prove that THREAD iterations touch disjoint memory.
 pub fn split_linear(expr: &UOp, var: &UOp) -> Option<(i64, UOp)> {
-    let lin = Linear::of(expr)?;
+    let lin = LinearForm::of(expr)?;
     let mut coeff = 0;
-    let mut rest = Linear { terms: Vec::new(), constant: lin.constant };
+    let mut rest = LinearForm { terms: Vec::new(), constant: lin.constant };
     for (t, c) in &lin.terms {
         if t == var {
             coeff += c;

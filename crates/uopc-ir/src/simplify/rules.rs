@@ -5,7 +5,7 @@
 //! Every rule sees a node whose sources are simplified already, and every table's guard admits
 //! only nodes with the arity their op needs (malformed input is left to the verifier).
 
-use super::linear::{Linear, is_linear_op, konst};
+use super::linear::{LinearForm, is_linear_op, konst};
 use super::well_formed;
 use crate::alu::{self, Scalar};
 use crate::dtype::DType;
@@ -243,7 +243,7 @@ fn canonical_linear_sum(u: &UOp) -> Option<UOp> {
     if !u.dtype().is_int() || !is_linear_op(u) {
         return None;
     }
-    let rebuilt = Linear::of(u)?.build(u.dtype());
+    let rebuilt = LinearForm::of(u)?.build(u.dtype());
     (rebuilt != *u).then_some(rebuilt)
 }
 
@@ -298,8 +298,8 @@ fn idiv_split_linear(u: &UOp) -> Option<UOp> {
         return None;
     }
     let d = u.dtype();
-    let lin = Linear::of(x)?;
-    let (mut quot, mut rem) = (Linear::default(), Linear::default());
+    let lin = LinearForm::of(x)?;
+    let (mut quot, mut rem) = (LinearForm::default(), LinearForm::default());
     for (t, k) in &lin.terms {
         if k % c == 0 {
             quot.terms.push((t.clone(), k / c));
@@ -333,8 +333,8 @@ fn mod_of_small_operand(u: &UOp) -> Option<UOp> {
 fn mod_drop_multiples(u: &UOp) -> Option<UOp> {
     let (x, c) = by_constant_above_one(u)?;
     let d = u.dtype();
-    let lin = Linear::of(x)?;
-    let mut rem = Linear::default();
+    let lin = LinearForm::of(x)?;
+    let mut rem = LinearForm::default();
     for (t, k) in &lin.terms {
         if k % c != 0 {
             rem.terms.push((t.clone(), *k));

@@ -33,7 +33,7 @@ impl Lowerer<'_, '_> {
         }
         if !is_thread
             && innermost
-            && let Some(trips) = range.src()[0].const_int()
+            && let Some(trips) = range_end(range)?.const_int()
         {
             if self.vectorize && self.try_vectorize(range, body, trips)? {
                 return Ok(());
@@ -47,7 +47,7 @@ impl Lowerer<'_, '_> {
             (self.lo, self.hi)
         } else {
             let zero = self.b.ins().iconst(types::I64, 0);
-            (zero, self.val(&range.src()[0])?)
+            (zero, self.val(range_end(range)?)?)
         };
         self.counted_loop(LoopTest::Bottom, start, end, 1, |l, iv| {
             l.range_vars.insert(range.clone(), iv);
@@ -253,4 +253,13 @@ impl Lowerer<'_, '_> {
             l.block(body)
         })
     }
+}
+
+/// The trip count of a loop's RANGE; an internal error for any other node, since only a RANGE
+/// opens a loop in a verified program.
+pub(super) fn range_end(range: &UOp) -> Result<&UOp, JitError> {
+    range
+        .as_range()
+        .map(|r| r.end)
+        .ok_or_else(|| JitError::Internal(format!("{}: loop over a non-RANGE", range.short())))
 }

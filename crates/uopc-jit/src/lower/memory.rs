@@ -21,19 +21,16 @@ pub(super) fn mem() -> MemFlagsData {
 
 impl Lowerer<'_, '_> {
     pub(super) fn register_of(&self, index: &UOp) -> Option<Variable> {
-        if !matches!(index.op(), Op::Index) {
-            return None;
-        }
-        match self.storage.get(view_base(&index.src()[0])?) {
-            Some(Storage::Vars(vars)) => vars.get(index.src()[1].const_int()? as usize).copied(),
+        let view = index.as_index()?;
+        match self.storage.get(view_base(view.base)?) {
+            Some(Storage::Vars(vars)) => vars.get(view.offset.const_int()? as usize).copied(),
             _ => None,
         }
     }
 
     /// The address of element 0 of the BUFFER or stack array an INDEX goes into.
     pub(super) fn base_address(&mut self, index: &UOp) -> Result<Value, JitError> {
-        let base =
-            view_base(&index.src()[0]).ok_or_else(|| JitError::Internal("INDEX without base".into()))?;
+        let base = index.indexed_base().ok_or_else(|| JitError::Internal("INDEX without base".into()))?;
         if let Some(p) = self.buf_ptrs.get(base).copied() {
             return Ok(p);
         }

@@ -23,7 +23,7 @@ mod scalar;
 mod tile;
 mod vector;
 
-use loops::LoopTest;
+use loops::{LoopTest, range_end};
 use memory::{mem, split_constant_term};
 use scalar::clif_type;
 
@@ -213,13 +213,13 @@ impl<'a, 'b> Lowerer<'a, 'b> {
 
     fn stmt(&mut self, u: &UOp) -> Result<(), JitError> {
         let v = match u.op() {
-            Op::Load => match self.address_parts(&u.src()[0])? {
+            Op::Load if let Some(index) = u.as_load() => match self.address_parts(index)? {
                 Ok((addr, offset)) => self.b.ins().load(clif_type(u.dtype()), mem(), addr, offset),
                 Err(var) => self.b.use_var(var),
             },
-            Op::Store => {
-                let x = self.val(&u.src()[1])?;
-                match self.address_parts(&u.src()[0])? {
+            Op::Store if let Some(s) = u.as_store() => {
+                let x = self.val(s.value)?;
+                match self.address_parts(s.index)? {
                     Ok((addr, offset)) => {
                         self.b.ins().store(mem(), x, addr, offset);
                     }
@@ -244,10 +244,10 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 self.b.ins().fma(a, b, c)
             }
             Op::Binary(op) => self.binary(*op, u)?,
-            Op::Where => {
-                let c = self.val(&u.src()[0])?;
-                let a = self.val(&u.src()[1])?;
-                let b = self.val(&u.src()[2])?;
+            Op::Where if let Some(w) = u.as_where() => {
+                let c = self.val(w.cond)?;
+                let a = self.val(w.then)?;
+                let b = self.val(w.otherwise)?;
                 self.b.ins().select(c, a, b)
             }
             Op::Cast => self.cast(u)?,

@@ -4,7 +4,7 @@
 use super::tile::{LANES, packable};
 use super::*;
 use std::collections::HashSet;
-use uopc_ir::simplify_memo;
+use uopc_ir::{IndexView, simplify_memo};
 
 /// Four scalar stores to consecutive elements whose values are lanes of one F32X4 computation
 /// over a register tile's vectors: stored as one vector at the last of the four.
@@ -84,11 +84,12 @@ impl Lowerer<'_, '_> {
             .skip(from)
             .filter_map(|(p, s)| match s {
                 Stmt::Op(u)
-                    if matches!(u.op(), Op::Store)
-                        && u.src()[1].dtype() == DType::F32
-                        && self.register_of(&u.src()[0]).is_none()
-                        && view_base(&u.src()[0].src()[0]).is_some()
-                        && reads_tile(self, &u.src()[1]) =>
+                    if u.as_store().is_some_and(|s| {
+                        s.value.dtype() == DType::F32
+                            && self.register_of(s.index).is_none()
+                            && s.index.indexed_base().is_some()
+                            && reads_tile(self, s.value)
+                    }) =>
                 {
                     Some((p, u))
                 }
@@ -102,13 +103,13 @@ impl Lowerer<'_, '_> {
             if taken.contains(&p0) {
                 continue;
             }
-            let base = view_base(&s0.src()[0].src()[0]);
+            let base = view_base(access(s0).base);
             // Lane of every other candidate relative to s0, when it is within a vector.
             let near: Vec<(i64, usize, &UOp)> = stores
                 .iter()
-                .filter(|(p, s)| !taken.contains(p) && view_base(&s.src()[0].src()[0]) == base)
+                .filter(|(p, s)| !taken.contains(p) && view_base(access(s).base) == base)
                 .filter_map(|&(p, s)| {
-                    let d = diff(&s.src()[0].src()[1], &s0.src()[0].src()[1]).const_int()?;
+                    let d = diff(access(s).offset, access(s0).offset).const_int()?;
                     (d.abs() < LANES as i64).then_some((d, p, s))
                 })
                 .collect();
@@ -174,15 +175,15 @@ impl Lowerer<'_, '_> {
         let mut safe = true;
         for s in window {
             let Stmt::Op(u) = s else { continue };
-            let (Op::Load | Op::Store) = u.op() else { continue };
-            if self.register_of(&u.src()[0]).is_some() {
+            let Some(memory) = u.memory_index() else { continue };
+            if self.register_of(memory).is_some() {
                 continue;
             }
             if leaf_set.contains(u) {
                 continue;
             }
-            let ub = view_base(&u.src()[0].src()[0]);
-            let ui = &u.src()[0].src()[1];
+            let Some(view) = memory.as_index() else { continue };
+            let (ub, ui) = (view_base(view.base), view.offset);
             let outside = |d: UOp| {
                 let (lo, hi) = d.bounds();
                 hi < 0 || lo >= LANES as i64
@@ -194,10 +195,10 @@ impl Lowerer<'_, '_> {
                 // mod 4.)
                 let own_lane = if own.contains(u) { diff(ui, &index.src()[1]).const_int() } else { None };
                 for (n, leaf) in leaves.iter().enumerate() {
-                    if view_base(&leaf.src()[0].src()[0]) != ub {
+                    if view_base(access(leaf).base) != ub {
                         continue;
                     }
-                    let d = diff(ui, &leaf.src()[0].src()[1]);
+                    let d = diff(ui, access(leaf).offset);
                     let (lo, hi) = d.bounds();
                     let same_lane = own_lane == Some((n % LANES) as i64);
                     safe &= hi < 0 || lo > 0 || same_lane;
@@ -261,11 +262,12 @@ impl Lowerer<'_, '_> {
                 .all(|(k, r)| self.tile_results.get(&r.as_u32()).is_some_and(|t| t.0 == first.0 && t.1 == k));
             return same_vector.then_some(LaneNode::TileLanes);
         }
-        let base = view_base(&u.src()[0].src()[0])?;
+        let view = access(u);
+        let base = view_base(view.base)?;
         let contiguous = lanes.iter().enumerate().all(|(k, x)| {
             self.register_of(&x.src()[0]).is_none()
-                && view_base(&x.src()[0].src()[0]) == Some(base)
-                && diff(&x.src()[0].src()[1], &u.src()[0].src()[1]).const_int() == Some(k as i64)
+                && view_base(access(x).base) == Some(base)
+                && diff(access(x).offset, view.offset).const_int() == Some(k as i64)
         });
         contiguous.then_some(LaneNode::Contiguous)
     }
@@ -325,4 +327,10 @@ fn mark_replaced(
             }
         }
     }
+}
+
+/// The INDEX parts of a LOAD or STORE; a verified program addresses memory only through an
+/// INDEX, so anything else is a broken invariant.
+fn access(u: &UOp) -> IndexView<'_> {
+    u.memory_index().and_then(UOp::as_index).expect("a verified LOAD or STORE goes through an INDEX")
 }

@@ -56,8 +56,7 @@ impl Lowerer<'_, '_> {
         };
         // A store to memory in the body could be reordered against the packed loads.
         if nodes.iter().any(|u| {
-            matches!(u.op(), Op::Tile(_))
-                || (matches!(u.op(), Op::Store) && self.register_of(&u.src()[0]).is_none())
+            matches!(u.op(), Op::Tile(_)) || u.as_store().is_some_and(|s| self.register_of(s.index).is_none())
         }) {
             return Ok(false);
         }
@@ -152,8 +151,7 @@ impl Lowerer<'_, '_> {
                 skipped.insert((*u).clone());
             } else if keep.contains(*u)
                 && only_packed
-                && matches!(u.op(), Op::Load)
-                && self.register_of(&u.src()[0]).is_none()
+                && u.as_load().is_some_and(|index| self.register_of(index).is_none())
             {
                 // A shared load only splats use: loaded next to its splat instead, which x86
                 // does in one broadcast load.
@@ -175,7 +173,7 @@ impl Lowerer<'_, '_> {
         emit: &impl Fn(&mut Self) -> Result<(), JitError>,
     ) -> Result<(), JitError> {
         let unroll = self.tile_unroll;
-        let trips = range.src()[0].const_int().filter(|&t| unroll > 1 && t >= unroll);
+        let trips = range_end(range)?.const_int().filter(|&t| unroll > 1 && t >= unroll);
         if let Some(trips) = trips {
             let main = trips - trips % unroll;
             let (start, end) = (self.b.ins().iconst(types::I64, 0), self.b.ins().iconst(types::I64, main));
@@ -206,7 +204,7 @@ impl Lowerer<'_, '_> {
                 })?;
             }
         } else {
-            let (start, end) = (self.b.ins().iconst(types::I64, 0), self.val(&range.src()[0])?);
+            let (start, end) = (self.b.ins().iconst(types::I64, 0), self.val(range_end(range)?)?);
             self.counted_loop(LoopTest::Top, start, end, 1, |l, iv| {
                 l.range_vars.insert(range.clone(), iv);
                 emit(l)
@@ -223,30 +221,28 @@ impl Lowerer<'_, '_> {
             for s in u.src() {
                 *uses.entry(s).or_default() += 1;
             }
-            if let Op::Load | Op::Store = u.op()
-                && let Some(var) = self.register_of(&u.src()[0])
+            if let Some(index) = u.memory_index()
+                && let Some(var) = self.register_of(index)
             {
                 *touched.entry(var.as_u32()).or_default() += 1;
             }
         }
         let mut found = Vec::new();
         for u in nodes {
-            if !matches!(u.op(), Op::Store) {
-                continue;
-            }
-            let Some(var) = self.register_of(&u.src()[0]) else { continue };
-            let add = &u.src()[1];
-            if !matches!(add.op(), Op::Binary(BinaryOp::Add)) || add.dtype() != DType::F32 {
+            let Some(store) = u.as_store() else { continue };
+            let Some(var) = self.register_of(store.index) else { continue };
+            let add = store.value;
+            let Some((BinaryOp::Add, lhs, rhs)) = add.as_binary() else { continue };
+            if add.dtype() != DType::F32 {
                 continue;
             }
             let is_acc = |x: &UOp| {
-                matches!(x.op(), Op::Load)
-                    && self.register_of(&x.src()[0]) == Some(var)
+                x.as_load().is_some_and(|index| self.register_of(index) == Some(var))
                     && uses.get(x) == Some(&1)
             };
-            let (acc_load, x) = match (is_acc(&add.src()[0]), is_acc(&add.src()[1])) {
-                (true, false) => (&add.src()[0], &add.src()[1]),
-                (false, true) => (&add.src()[1], &add.src()[0]),
+            let (acc_load, x) = match (is_acc(lhs), is_acc(rhs)) {
+                (true, false) => (lhs, rhs),
+                (false, true) => (rhs, lhs),
                 _ => continue,
             };
             if touched.get(&var.as_u32()) == Some(&2) && uses.get(add) == Some(&1) {
@@ -381,16 +377,13 @@ impl Lowerer<'_, '_> {
 
     /// The register tile vector whose lane a LOAD of a tile accumulator reads.
     fn tile_vector_of(&self, load: &UOp) -> Option<Value> {
-        if !matches!(load.op(), Op::Load) {
-            return None;
-        }
-        let var = self.register_of(&load.src()[0])?;
+        let var = self.register_of(load.as_load()?)?;
         self.tile_results.get(&var.as_u32()).map(|t| t.0)
     }
 
     /// `flags`, plus `readonly` when `load` reads a buffer the program never writes.
     fn load_flags(&self, load: &UOp, flags: MemFlagsData) -> MemFlagsData {
-        match view_base(&load.src()[0].src()[0]) {
+        match load.memory_index().and_then(UOp::indexed_base) {
             Some(base) if self.read_only.contains(base) => flags.with_readonly(),
             _ => flags,
         }

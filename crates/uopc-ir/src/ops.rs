@@ -1,0 +1,410 @@
+//! The operations a UOp node can carry, with their non-node arguments: axis kinds, ALU and
+//! reduction ops, constants, host data, tile operations.
+
+use crate::dtype::DType;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+pub use uopc_tile::GemmShape;
+
+/// How a RANGE's loop is executed.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum AxisType {
+    /// Iterations run in parallel: the runtime splits this range across rayon tasks.
+    Thread,
+    /// An ordinary sequential loop over an output axis.
+    Loop,
+    /// A sequential loop over a reduced axis.
+    Reduce,
+    /// An output axis expanded in registers (constant trip count, unrolled by the lowering).
+    Upcast,
+    /// A reduce axis expanded in registers.
+    Unroll,
+}
+
+impl AxisType {
+    /// Short lowercase name used by the printer.
+    pub fn name(self) -> &'static str {
+        match self {
+            AxisType::Thread => "thread",
+            AxisType::Loop => "loop",
+            AxisType::Reduce => "reduce",
+            AxisType::Upcast => "upcast",
+            AxisType::Unroll => "unroll",
+        }
+    }
+}
+
+/// One-input ALU operations.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum UnaryOp {
+    /// `-x`.
+    Neg,
+    /// `2^x`; `exp2(-inf) == 0`.
+    Exp2,
+    /// `log2(x)`.
+    Log2,
+    /// `sqrt(x)`.
+    Sqrt,
+    /// `1 / x`.
+    Recip,
+}
+
+/// Two-input ALU operations.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `if a > b { a } else { b }` (so a NaN `a` yields `b`).
+    Max,
+    /// `a < b`, a Bool.
+    CmpLt,
+    /// `a != b`, a Bool.
+    CmpNe,
+    /// Integer division truncating toward zero; division by zero yields 0.
+    IDiv,
+    /// Remainder with the sign of the dividend; modulo zero yields 0.
+    Mod,
+}
+
+/// The combining operation of a REDUCE.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum ReduceOp {
+    /// Sum; identity 0.
+    Add,
+    /// Maximum; identity -inf (or the dtype's minimum).
+    Max,
+}
+
+impl ReduceOp {
+    /// The ALU op that combines two partial results.
+    pub fn binary(self) -> BinaryOp {
+        match self {
+            ReduceOp::Add => BinaryOp::Add,
+            ReduceOp::Max => BinaryOp::Max,
+        }
+    }
+
+    /// The identity element for `dtype`.
+    pub fn identity(self, dtype: DType) -> ConstValue {
+        match (self, dtype.is_float()) {
+            (ReduceOp::Add, true) => ConstValue::float(0.0),
+            (ReduceOp::Add, false) => ConstValue::Int(0),
+            (ReduceOp::Max, true) => ConstValue::float(f64::NEG_INFINITY),
+            (ReduceOp::Max, false) if dtype == DType::I32 => ConstValue::Int(i32::MIN as i64),
+            (ReduceOp::Max, false) => ConstValue::Int(i64::MIN),
+        }
+    }
+}
+
+/// A constant. Floats are stored as bits so that constants hash and compare structurally.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum ConstValue {
+    /// A truth value.
+    Bool(bool),
+    /// An integer (I32 constants are stored widened).
+    Int(i64),
+    /// A float, as the bits of an `f64`.
+    Float(u64),
+}
+
+impl ConstValue {
+    /// A float constant.
+    pub fn float(v: f64) -> Self {
+        ConstValue::Float(v.to_bits())
+    }
+
+    /// The value as an f64 (bools as 0/1).
+    pub fn as_f64(self) -> f64 {
+        match self {
+            ConstValue::Bool(b) => b as i64 as f64,
+            ConstValue::Int(i) => i as f64,
+            ConstValue::Float(bits) => f64::from_bits(bits),
+        }
+    }
+
+    /// The value as an i64 (floats truncated and saturated, NaN to 0, as Rust's `as`).
+    pub fn as_i64(self) -> i64 {
+        match self {
+            ConstValue::Bool(b) => b as i64,
+            ConstValue::Int(i) => i,
+            ConstValue::Float(bits) => f64::from_bits(bits) as i64,
+        }
+    }
+
+    /// The value converted to `dtype` with the IR's CAST semantics.
+    pub fn cast(self, dtype: DType) -> ConstValue {
+        match dtype {
+            DType::Bool => ConstValue::Bool(match self {
+                ConstValue::Bool(b) => b,
+                ConstValue::Int(i) => i != 0,
+                ConstValue::Float(bits) => f64::from_bits(bits) != 0.0,
+            }),
+            DType::I32 => ConstValue::Int(match self {
+                ConstValue::Float(bits) => f64::from_bits(bits) as i32 as i64,
+                other => other.as_i64() as i32 as i64,
+            }),
+            DType::I64 => ConstValue::Int(self.as_i64()),
+            // Integers round to f32 once (through f64 they could round twice).
+            DType::F32 => ConstValue::float(match self {
+                ConstValue::Int(i) => i as f32 as f64,
+                other => other.as_f64() as f32 as f64,
+            }),
+            DType::F64 => ConstValue::float(self.as_f64()),
+        }
+    }
+}
+
+impl fmt::Display for ConstValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ConstValue::Bool(b) => write!(f, "{b}"),
+            ConstValue::Int(i) => write!(f, "{i}"),
+            ConstValue::Float(bits) => {
+                let v = f64::from_bits(bits);
+                if v.is_infinite() {
+                    f.write_str(if v > 0.0 { "inf" } else { "-inf" })
+                } else if v == v.trunc() && v.abs() < 1e15 {
+                    write!(f, "{v:.1}")
+                } else {
+                    write!(f, "{v}")
+                }
+            }
+        }
+    }
+}
+
+/// Host data held by a tensor-level DATA leaf. Compared by identity, never by contents.
+#[derive(Clone)]
+pub struct DataRef(pub Arc<dyn std::any::Any + Send + Sync>);
+
+impl PartialEq for DataRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+impl Eq for DataRef {}
+impl Hash for DataRef {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (Arc::as_ptr(&self.0) as *const u8 as usize).hash(state)
+    }
+}
+impl fmt::Debug for DataRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DataRef({:p})", Arc::as_ptr(&self.0) as *const u8)
+    }
+}
+
+/// The operation of a node, with its non-UOp arguments.
+///
+/// Sources (`UOp` inputs) are listed in each variant's doc as `src[...]`.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum Op {
+    /// A constant scalar. No sources.
+    Const(ConstValue),
+    /// A kernel parameter: caller-owned memory of `len` elements, passed in argument `slot`.
+    Buffer { slot: usize, len: usize },
+    /// Kernel-local storage of `len` elements (a register or a stack array).
+    Alloc { slot: usize, len: usize },
+    /// A loop variable taking values `0..end`; `src[0]` is the end (an index expression).
+    Range { id: usize, axis: AxisType },
+    /// Closes a range: `src[0]` is the body (stores, sinks), `src[1]` the RANGE.
+    End,
+    /// `src[0]` viewed after all of `src[1..]` (stores, ENDs, or RANGEs to live inside).
+    After,
+    /// An address: `src[0]` a buffer view (BUFFER, ALLOC or AFTER of one), `src[1]` the element index.
+    Index,
+    /// Reads `src[0]`, an INDEX.
+    Load,
+    /// Writes `src[1]` to `src[0]`, an INDEX.
+    Store,
+    /// Groups effects; no value.
+    Sink,
+    /// A one-input ALU op on `src[0]`.
+    Unary(UnaryOp),
+    /// A two-input ALU op on `src[0]`, `src[1]`.
+    Binary(BinaryOp),
+    /// `src[0] ? src[1] : src[2]`.
+    Where,
+    /// `src[0]` converted to this node's dtype.
+    Cast,
+    /// A dense tile operation on f32 memory: an effect like STORE, whose sources are INDEX
+    /// nodes naming each operand's first element (see [`TileOp`]).
+    Tile(TileOp),
+    // ---- tensor level ----
+    /// A tensor-level input placeholder with the given shape (filled from argument `slot`).
+    Param { slot: usize, shape: Vec<usize> },
+    /// A realized tensor's host data (identity-compared), with its shape.
+    Data { data: DataRef, shape: Vec<usize> },
+    /// `src[0]` viewed with a new shape of the same element count.
+    Reshape(Vec<usize>),
+    /// `src[0]` broadcast: axes of size 1 stretched to the given shape.
+    Expand(Vec<usize>),
+    /// `src[0]` with its axes reordered: output axis k is input axis `perm[k]`.
+    Permute(Vec<usize>),
+    /// `src[0]` restricted to `begin..end` on each axis.
+    Shrink(Vec<(usize, usize)>),
+    /// Reduction of the trailing `axes` axes of `src[0]`.
+    Reduce { op: ReduceOp, axes: usize },
+    /// Marks `src[0]` to be materialized into its own buffer.
+    Stage,
+    /// `src[0]`, through which gradients do not flow.
+    Detach,
+    /// The sources (all of one shape) stacked along a new leading axis.
+    Stack,
+}
+
+impl Op {
+    /// True for ALU ops (including WHERE and CAST).
+    pub fn is_alu(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast)
+    }
+
+    /// True for tensor-level movement ops.
+    pub fn is_movement(&self) -> bool {
+        matches!(self, Op::Reshape(_) | Op::Expand(_) | Op::Permute(_) | Op::Shrink(_))
+    }
+
+    /// Upper-case name, as printed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Const(_) => "CONST",
+            Op::Buffer { .. } => "BUFFER",
+            Op::Alloc { .. } => "ALLOC",
+            Op::Range { .. } => "RANGE",
+            Op::End => "END",
+            Op::After => "AFTER",
+            Op::Index => "INDEX",
+            Op::Load => "LOAD",
+            Op::Store => "STORE",
+            Op::Sink => "SINK",
+            Op::Unary(u) => match u {
+                UnaryOp::Neg => "NEG",
+                UnaryOp::Exp2 => "EXP2",
+                UnaryOp::Log2 => "LOG2",
+                UnaryOp::Sqrt => "SQRT",
+                UnaryOp::Recip => "RECIP",
+            },
+            Op::Binary(b) => match b {
+                BinaryOp::Add => "ADD",
+                BinaryOp::Sub => "SUB",
+                BinaryOp::Mul => "MUL",
+                BinaryOp::Max => "MAX",
+                BinaryOp::CmpLt => "CMPLT",
+                BinaryOp::CmpNe => "CMPNE",
+                BinaryOp::IDiv => "IDIV",
+                BinaryOp::Mod => "MOD",
+            },
+            Op::Where => "WHERE",
+            Op::Cast => "CAST",
+            Op::Tile(TileOp::Gemm(_)) => "TILE_GEMM",
+            Op::Tile(TileOp::SoftmaxUpdate { .. }) => "TILE_SOFTMAX",
+            Op::Param { .. } => "PARAM",
+            Op::Data { .. } => "DATA",
+            Op::Reshape(_) => "RESHAPE",
+            Op::Expand(_) => "EXPAND",
+            Op::Permute(_) => "PERMUTE",
+            Op::Shrink(_) => "SHRINK",
+            Op::Reduce { .. } => "REDUCE",
+            Op::Stage => "STAGE",
+            Op::Detach => "DETACH",
+            Op::Stack => "STACK",
+        }
+    }
+}
+
+/// A dense operation on row-major f32 tiles (the CPU's "tensor core"): each operand is a
+/// `rows x cols` block starting at its INDEX, consecutive rows `ld` elements apart.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum TileOp {
+    /// `C = A · B`, or `C += A · B` with `accumulate`. Sources `[A, B, C]`. A is `m x k`
+    /// (stored `k x m` when `a_trans`), B is `k x n` (stored `n x k` when `b_trans`), C is `m x n`.
+    /// The descriptor is the micro-kernel's own ([`GemmShape`]), so the IR, its reference
+    /// expansion and the kernel it calls cannot disagree on a field.
+    Gemm(GemmShape),
+    /// One online-softmax step of FlashAttention-2 on a score tile. Sources
+    /// `[S, row_max, row_sum, O]`: S is `rows x cols` (stride `lds`) of base-2 scores,
+    /// row_max and row_sum hold `rows` values, O is `rows x d` (stride `ldo`). Per row:
+    /// `m' = max(m, max_j S)`, `a = exp2(m - m')`, `S = exp2(S - m')` (S becomes P),
+    /// `l = l a + sum_j P`, `O *= a`, `m = m'`. A row whose scores and max are all `-inf` keeps
+    /// `l` and `O` and gets `P = 0`.
+    SoftmaxUpdate {
+        /// Rows of S and O.
+        rows: usize,
+        /// Keys in the tile.
+        cols: usize,
+        /// Row stride of S.
+        lds: usize,
+        /// Columns of O touched.
+        d: usize,
+        /// Row stride of O.
+        ldo: usize,
+    },
+}
+
+/// How a [`TileOp`] uses one of its operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileOperand {
+    /// Elements from the operand's first one to one past the last it may touch.
+    pub extent: usize,
+    /// Read by the op.
+    pub reads: bool,
+    /// Written by the op.
+    pub writes: bool,
+}
+
+/// Elements a `rows x cols` block with row stride `ld` spans (0 when empty).
+pub fn block_extent(rows: usize, cols: usize, ld: usize) -> usize {
+    if rows == 0 || cols == 0 { 0 } else { (rows - 1).saturating_mul(ld).saturating_add(cols) }
+}
+
+impl TileOp {
+    /// The operands, in source order.
+    pub fn operands(&self) -> Vec<TileOperand> {
+        let op = |extent, reads, writes| TileOperand { extent, reads, writes };
+        match *self {
+            TileOp::Gemm(GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate }) => {
+                let (ar, ac) = if a_trans { (k, m) } else { (m, k) };
+                let (br, bc) = if b_trans { (n, k) } else { (k, n) };
+                let none = m == 0 || n == 0 || k == 0;
+                vec![
+                    op(if none { 0 } else { block_extent(ar, ac, lda) }, true, false),
+                    op(if none { 0 } else { block_extent(br, bc, ldb) }, true, false),
+                    op(block_extent(m, n, ldc), accumulate, true),
+                ]
+            }
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => vec![
+                op(block_extent(rows, cols, lds), true, true),
+                op(rows, true, true),
+                op(rows, true, true),
+                op(block_extent(rows, d, ldo), true, true),
+            ],
+        }
+    }
+
+    /// Rows and columns of each stored operand with its row stride, in source order.
+    pub fn blocks(&self) -> Vec<(usize, usize, usize)> {
+        match *self {
+            TileOp::Gemm(GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, .. }) => vec![
+                if a_trans { (k, m, lda) } else { (m, k, lda) },
+                if b_trans { (n, k, ldb) } else { (k, n, ldb) },
+                (m, n, ldc),
+            ],
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
+                vec![(rows, cols, lds), (1, rows, rows), (1, rows, rows), (rows, d, ldo)]
+            }
+        }
+    }
+
+    /// Floating-point operations of one execution (an exp2 counted as one).
+    pub fn flops(&self) -> u64 {
+        match *self {
+            TileOp::Gemm(GemmShape { m, n, k, .. }) => 2 * (m * n * k) as u64,
+            TileOp::SoftmaxUpdate { rows, cols, d, .. } => (rows * (4 * cols + d + 4)) as u64,
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Typed views of a node's sources: each accessor names the sources of one op, so code reads
+//! `store.index` rather than `src()[0]`, and a wrong op is a `None` rather than a wrong operand.
+
+use crate::ops::{AxisType, BinaryOp, Op, TileOp, UnaryOp};
+use crate::uop::UOp;
+use crate::verify::view_base;
+
+/// The sources of a STORE.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreView<'a> {
+    /// The INDEX written through.
+    pub index: &'a UOp,
+    /// The value written.
+    pub value: &'a UOp,
+}
+
+/// The sources of an INDEX.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexView<'a> {
+    /// The buffer view addressed: a BUFFER, an ALLOC, or an AFTER of one.
+    pub base: &'a UOp,
+    /// The element index into the view.
+    pub offset: &'a UOp,
+}
+
+/// The arguments of a RANGE.
+#[derive(Clone, Copy, Debug)]
+pub struct RangeView<'a> {
+    /// The loop's trip count (an index expression).
+    pub end: &'a UOp,
+    /// The range's id, unique within a program.
+    pub id: usize,
+    /// How the loop is executed.
+    pub axis: AxisType,
+}
+
+/// The sources of an END.
+#[derive(Clone, Copy, Debug)]
+pub struct EndView<'a> {
+    /// The effects the loop runs (stores, sinks).
+    pub body: &'a UOp,
+    /// The RANGE closed.
+    pub range: &'a UOp,
+}
+
+/// The sources of an AFTER.
+#[derive(Clone, Copy, Debug)]
+pub struct AfterView<'a> {
+    /// The view that is ordered.
+    pub base: &'a UOp,
+    /// What the view comes after: stores, ENDs, or RANGEs it lives inside.
+    pub deps: &'a [UOp],
+}
+
+/// The sources of a WHERE.
+#[derive(Clone, Copy, Debug)]
+pub struct WhereView<'a> {
+    /// The condition.
+    pub cond: &'a UOp,
+    /// The value where the condition holds.
+    pub then: &'a UOp,
+    /// The value where it does not.
+    pub otherwise: &'a UOp,
+}
+
+impl UOp {
+    /// The index and value of a STORE; `None` for any other op.
+    pub fn as_store(&self) -> Option<StoreView<'_>> {
+        match (self.op(), self.src()) {
+            (Op::Store, [index, value]) => Some(StoreView { index, value }),
+            _ => None,
+        }
+    }
+
+    /// The INDEX a LOAD reads; `None` for any other op.
+    pub fn as_load(&self) -> Option<&UOp> {
+        match (self.op(), self.src()) {
+            (Op::Load, [index]) => Some(index),
+            _ => None,
+        }
+    }
+
+    /// The INDEX a LOAD reads or a STORE writes; `None` for any other op.
+    pub fn memory_index(&self) -> Option<&UOp> {
+        self.as_load().or(self.as_store().map(|s| s.index))
+    }
+
+    /// The base view and element index of an INDEX; `None` for any other op.
+    pub fn as_index(&self) -> Option<IndexView<'_>> {
+        match (self.op(), self.src()) {
+            (Op::Index, [base, offset]) => Some(IndexView { base, offset }),
+            _ => None,
+        }
+    }
+
+    /// The end, id and axis of a RANGE; `None` for any other op.
+    pub fn as_range(&self) -> Option<RangeView<'_>> {
+        match (self.op(), self.src()) {
+            (&Op::Range { id, axis }, [end]) => Some(RangeView { end, id, axis }),
+            _ => None,
+        }
+    }
+
+    /// The body and range of an END; `None` for any other op.
+    pub fn as_end(&self) -> Option<EndView<'_>> {
+        match (self.op(), self.src()) {
+            (Op::End, [body, range]) => Some(EndView { body, range }),
+            _ => None,
+        }
+    }
+
+    /// The base view and dependencies of an AFTER; `None` for any other op.
+    pub fn as_after(&self) -> Option<AfterView<'_>> {
+        match (self.op(), self.src()) {
+            (Op::After, [base, deps @ ..]) => Some(AfterView { base, deps }),
+            _ => None,
+        }
+    }
+
+    /// The op and operands of a two-input ALU node; `None` for any other op.
+    pub fn as_binary(&self) -> Option<(BinaryOp, &UOp, &UOp)> {
+        match (self.op(), self.src()) {
+            (&Op::Binary(op), [a, b]) => Some((op, a, b)),
+            _ => None,
+        }
+    }
+
+    /// The op and operand of a one-input ALU node; `None` for any other op.
+    pub fn as_unary(&self) -> Option<(UnaryOp, &UOp)> {
+        match (self.op(), self.src()) {
+            (&Op::Unary(op), [a]) => Some((op, a)),
+            _ => None,
+        }
+    }
+
+    /// The condition and the two values of a WHERE; `None` for any other op.
+    pub fn as_where(&self) -> Option<WhereView<'_>> {
+        match (self.op(), self.src()) {
+            (Op::Where, [cond, then, otherwise]) => Some(WhereView { cond, then, otherwise }),
+            _ => None,
+        }
+    }
+
+    /// The operand a CAST converts; `None` for any other op.
+    pub fn as_cast(&self) -> Option<&UOp> {
+        match (self.op(), self.src()) {
+            (Op::Cast, [x]) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// The BUFFER or ALLOC an INDEX addresses, through AFTER chains; `None` for any other op
+    /// or a base that is neither.
+    pub fn indexed_base(&self) -> Option<&UOp> {
+        self.as_index().and_then(|i| view_base(i.base))
+    }
+
+    /// The operation of a TILE and its operand INDEX nodes (in [`TileOp::operands`] order);
+    /// `None` for any other op.
+    pub fn as_tile(&self) -> Option<(TileOp, &[UOp])> {
+        match self.op() {
+            &Op::Tile(op) => Some((op, self.src())),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::builder::{alloc, buffer, range};
+    use crate::dtype::DType;
+    use crate::ops::{AxisType, BinaryOp, UnaryOp};
+    use crate::uop::UOp;
+
+    fn program() -> (UOp, UOp, UOp, UOp) {
+        let r = range(8, 3, AxisType::Loop);
+        let a = buffer(0, DType::F32, 8);
+        let index = a.index(&r);
+        let store = index.store(index.load());
+        (r, a, index, store)
+    }
+
+    #[test]
+    fn store_and_load_name_their_sources() {
+        let (_, _, index, store) = program();
+        let s = store.as_store().expect("a STORE");
+        assert_eq!(s.index, &index);
+        assert_eq!(s.value.as_load(), Some(&index));
+        assert!(index.as_store().is_none());
+        assert!(store.as_load().is_none());
+        assert_eq!(store.memory_index(), Some(&index));
+        assert_eq!(s.value.memory_index(), Some(&index));
+        assert_eq!(index.memory_index(), None);
+    }
+
+    #[test]
+    fn index_names_base_and_offset() {
+        let (r, a, index, store) = program();
+        let i = index.as_index().expect("an INDEX");
+        assert_eq!((i.base, i.offset), (&a, &r));
+        assert!(store.as_index().is_none());
+        assert_eq!(index.indexed_base(), Some(&a));
+        let acc = alloc(1, DType::F32, 1);
+        assert_eq!(acc.after(std::slice::from_ref(&store)).index(0).indexed_base(), Some(&acc));
+        assert_eq!(a.indexed_base(), None);
+    }
+
+    #[test]
+    fn range_names_end_id_and_axis() {
+        let (r, a, _, _) = program();
+        let v = r.as_range().expect("a RANGE");
+        assert_eq!((v.end.const_int(), v.id, v.axis), (Some(8), 3, AxisType::Loop));
+        assert!(a.as_range().is_none());
+    }
+
+    #[test]
+    fn end_and_after_name_their_sources() {
+        let (r, _, _, store) = program();
+        let end = store.end(std::slice::from_ref(&r));
+        let e = end.as_end().expect("an END");
+        assert_eq!((e.body, e.range), (&store, &r));
+        let acc = alloc(0, DType::F32, 1);
+        let after = acc.after(&[end.clone()]);
+        let v = after.as_after().expect("an AFTER");
+        assert_eq!(v.base, &acc);
+        assert_eq!(v.deps, std::slice::from_ref(&end));
+        assert!(store.as_end().is_none());
+        assert!(end.as_after().is_none());
+    }
+
+    #[test]
+    fn alu_views_give_op_and_operands() {
+        let (r, _, index, _) = program();
+        let x = index.load();
+        let sum = x.binary(BinaryOp::Add, x.clone());
+        assert_eq!(
+            sum.as_binary().map(|(op, a, b)| (op, a.clone(), b.clone())),
+            Some((BinaryOp::Add, x.clone(), x.clone()))
+        );
+        let root = x.sqrt();
+        assert_eq!(root.as_unary().map(|(op, a)| (op, a.clone())), Some((UnaryOp::Sqrt, x.clone())));
+        let cond = r.lt(4);
+        let w = cond.where_(&x, &sum);
+        let v = w.as_where().expect("a WHERE");
+        assert_eq!((v.cond, v.then, v.otherwise), (&cond, &x, &sum));
+        let c = r.cast(DType::F32);
+        assert_eq!(c.as_cast(), Some(&r));
+        assert!(x.as_binary().is_none() && sum.as_unary().is_none());
+        assert!(sum.as_where().is_none() && x.as_cast().is_none() && x.as_tile().is_none());
+    }
+}
