@@ -18,6 +18,7 @@ pub const MAX_LOCAL_BYTES: usize = 256 * 1024;
 /// compiles, whose statement order (ties broken by that number) would then depend on which
 /// Programs happen to be alive. So the loop IR is kept as text, and the CLIF as Cranelift's
 /// function, formatted when first asked for.
+#[must_use = "a compiled program does nothing until it is run"]
 pub struct Program {
     pub(crate) name: String,
     pub(crate) entry: KernelFn,
@@ -63,6 +64,28 @@ fn check_supported(kernel: &PreparedKernel, name: &str) -> Result<Option<usize>,
 
 impl Program {
     /// Verifies, simplifies and compiles `program` with default options.
+    ///
+    /// ```rust
+    /// use uopc_ir::{AxisType, DType, buffer, range, sink};
+    /// use uopc_jit::Program;
+    ///
+    /// // out[i] = 2 * a[i] + 1 over 8 elements, one per THREAD iteration.
+    /// let (a, out) = (buffer(0, DType::F32, 8), buffer(1, DType::F32, 8));
+    /// let i = range(8, 0, AxisType::Thread);
+    /// let program = sink(&[out.index(&i).store(a.index(&i).load() * 2.0f32 + 1.0f32).end(&[i])]);
+    /// let prg = Program::compile(&program, "affine")?;
+    /// assert_eq!(prg.buffers().len(), 2);
+    ///
+    /// // An index the compiler cannot prove inside its buffer is refused.
+    /// let j = range(9, 0, AxisType::Loop);
+    /// let bad = sink(&[out.index(&j).store(a.index(&j).load()).end(&[j])]);
+    /// assert!(Program::compile(&bad, "out_of_bounds").is_err());
+    /// # Ok::<(), uopc_jit::JitError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Program::compile_with`].
     pub fn compile(program: &UOp, name: &str) -> Result<Program, JitError> {
         Program::compile_with(program, name, &JitOptions::default())
     }
@@ -70,8 +93,11 @@ impl Program {
     /// Verifies, simplifies and compiles `program`: [`uopc_ir::prepare`] checks, rewrites,
     /// analyses and linearizes it, then its translation is compiled into machine code.
     ///
-    /// Fails if the program is malformed, if any index cannot be proven inside its buffer, or if
-    /// its THREAD range does not have a constant trip count.
+    /// # Errors
+    ///
+    /// [`JitError::Ir`] if the program is malformed or an index cannot be proven inside its
+    /// buffer; [`JitError::Unsupported`] if its THREAD range has no constant trip count or its
+    /// ALLOCs exceed [`MAX_LOCAL_BYTES`]; the other variants if Cranelift fails.
     pub fn compile_with(program: &UOp, name: &str, opts: &JitOptions) -> Result<Program, JitError> {
         let t0 = Instant::now();
         let kernel =

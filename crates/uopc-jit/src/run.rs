@@ -50,6 +50,31 @@ impl Program {
 
     /// Runs the program: one argument per BUFFER slot, in slot order, of the exact dtype and
     /// length the program declares; buffers the program writes must be passed as writable.
+    ///
+    /// ```rust
+    /// use uopc_ir::{AxisType, DType, buffer, range, sink};
+    /// use uopc_jit::{Arg, BufRef, Program};
+    ///
+    /// let (a, out) = (buffer(0, DType::F32, 4), buffer(1, DType::F32, 4));
+    /// let i = range(4, 0, AxisType::Loop);
+    /// let prg = Program::compile(&sink(&[out.index(&i).store(a.index(&i).load() + 1.0f32).end(&[i])]), "inc")?;
+    /// let input = [1.0f32, 2.0, 3.0, 4.0];
+    /// let mut result = [0.0f32; 4];
+    /// prg.run(&mut [Arg::Read(BufRef::F32(&input)), Arg::WriteF32(&mut result)])?;
+    /// assert_eq!(result, [2.0, 3.0, 4.0, 5.0]);
+    ///
+    /// // A buffer of the wrong length is an error naming the slot, never an out-of-bounds run.
+    /// let mut short = [0.0f32; 3];
+    /// let err = prg.run(&mut [Arg::Read(BufRef::F32(&input)), Arg::WriteF32(&mut short)]).unwrap_err();
+    /// assert!(err.to_string().contains('1'), "{err}");
+    /// # Ok::<(), uopc_jit::JitError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`JitError::Argument`](crate::JitError::Argument) for a wrong number of arguments, a
+    /// wrong dtype or length, or a read-only argument for a written buffer, each naming the
+    /// slot.
     pub fn run(&self, args: &mut [Arg<'_>]) -> Result<(), JitError> {
         let ptrs = SharedPointers(self.checked_pointers(args)?);
         let entry = self.entry;
