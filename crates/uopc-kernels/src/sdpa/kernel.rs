@@ -38,7 +38,8 @@ impl Blocking {
     /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
     /// 128, since the masked half of each diagonal band grows with the rows. With fewer
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
-    /// blocks are then evened out (no mostly-empty last block), and split further if there
+    /// rows are a divisor of n_q when one lies within half of the most rows; otherwise query
+    /// blocks are evened out (no mostly-empty last block); they are split further if there
     /// would be fewer tasks than cores.
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
         let &SdpaConfig { batch, heads, kv_heads, n_q, n_k, d, .. } = config;
@@ -57,6 +58,13 @@ impl Blocking {
             let g = (1..=group).rev().find(|g| group.is_multiple_of(*g) && g * n_q <= max_rows).unwrap_or(1);
             (g, n_q)
         };
+        if heads_per_task == 1
+            && let Some(rows) = (max_rows.div_ceil(2)..=max_rows).rev().find(|r| n_q.is_multiple_of(*r))
+        {
+            // Rows that divide n_q exactly: no overlapping last block, and each task's output
+            // rows are contiguous, so the tasks are proven disjoint and run in parallel.
+            queries = rows;
+        }
         let mut blocks = n_q.div_ceil(queries);
         let tasks = batch * kv_heads * (group / heads_per_task) * blocks;
         if tasks < cores {
@@ -345,7 +353,16 @@ impl SdpaKernel {
         // l = 0: no key seen, zeros; l NaN: a NaN key was seen, NaN.
         let inv_l = l.ne(0.0f32).where_(l.recip(), f32c(0.0));
         let o = task.oi.after(after).index(&r * d + &e).load();
-        let at = &task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &row) * qsn + &e;
+        let contiguous = self.c.layout.strides(heads, n_q, d) == [heads * n_q * d, n_q * d, d];
+        let blocks = n_q.div_ceil(bq);
+        let at = if contiguous && n_q.is_multiple_of(bq) && (gs == 1 || blocks == 1) {
+            // Task t then owns the `gs * bq` output rows starting at row `t * gs * bq`: the
+            // index is written as `t * c + r` with `0 <= r < c`, the form from which the
+            // compiler proves that tasks write disjoint memory and runs them in parallel.
+            &task.t * (gs * bq * d) + (&hh * bq + &row) * d + &e
+        } else {
+            &task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &row) * qsn + &e
+        };
         let st = self.out.index(at).store(o * inv_l);
         sink(&[st.end(&[e, rq, hh, task.t.clone()])])
     }
