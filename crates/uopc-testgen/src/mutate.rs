@@ -2,7 +2,8 @@
 
 use crate::rng::Rng;
 use std::collections::HashMap;
-use uopc_ir::{AxisType, BinaryOp, ConstValue, DType, Op, ReduceOp, UOp, UnaryOp, idx};
+use uopc_ir::alu::{BINARY_OPS, UNARY_OPS};
+use uopc_ir::{AxisType, ConstValue, DType, Op, ReduceOp, UOp, idx};
 
 const DTYPES: [DType; 5] = [DType::Bool, DType::I32, DType::I64, DType::F32, DType::F64];
 
@@ -113,19 +114,8 @@ fn other_range(op: Op, d: DType, src: Vec<UOp>, rng: &mut Rng) -> UOp {
 /// Another op of the same kind as `op` (or, outside ALU ops, any op at all).
 fn other_op(op: Op, d: DType, src: Vec<UOp>, rng: &mut Rng) -> UOp {
     let new = match op {
-        Op::Binary(_) => Op::Binary(rng.pick(&[
-            BinaryOp::Add,
-            BinaryOp::Sub,
-            BinaryOp::Mul,
-            BinaryOp::Max,
-            BinaryOp::CmpLt,
-            BinaryOp::CmpNe,
-            BinaryOp::IDiv,
-            BinaryOp::Mod,
-        ])),
-        Op::Unary(_) => {
-            Op::Unary(rng.pick(&[UnaryOp::Neg, UnaryOp::Exp2, UnaryOp::Log2, UnaryOp::Sqrt, UnaryOp::Recip]))
-        }
+        Op::Binary(_) => Op::Binary(rng.pick(&BINARY_OPS)),
+        Op::Unary(_) => Op::Unary(rng.pick(&UNARY_OPS)),
         _ => rng.pick(&[
             Op::Load,
             Op::Store,
