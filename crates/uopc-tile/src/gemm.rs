@@ -149,6 +149,17 @@ pub fn gemm(isa: Isa, s: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) -> Res
 pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     match isa {
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees AVX-512 and the operand extents; the guard gives the
+        // layouts the dot-product kernel requires.
+        Isa::Avx512 if s.b_trans && !s.a_trans && s.k > 0 && s.m <= crate::x86::avx512::DOT_MAX_ROWS => unsafe {
+            crate::x86::avx512::gemm_bt_dots(s, a, b, c)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx512 if !s.b_trans && !s.a_trans && s.m <= crate::x86::avx512::DOT_MAX_ROWS => unsafe {
+            crate::x86::avx512::gemm_rows_streamed(s, a, b, c)
+        },
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller guarantees AVX-512 is available and the operand extents.
         Isa::Avx512 => unsafe { crate::blocked::drive::<crate::x86::avx512::Kernel>(s, a, b, c) },
         #[cfg(target_arch = "x86_64")]

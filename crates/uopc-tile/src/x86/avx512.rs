@@ -189,3 +189,138 @@ pub(crate) unsafe fn softmax_update(
         }
     }
 }
+
+/// Rows of A up to which [`gemm_bt_dots`] beats packing `B^T` for the register tile: the
+/// packed path copies and transposes every B panel however few rows then reuse it.
+pub(crate) const DOT_MAX_ROWS: usize = 4;
+
+/// `C (+)= A · B^T` with A row-major and B stored transposed (`n x k`, each row contiguous in
+/// k), as dot products: each row of A against 16 rows of B at a time, in 16 accumulators that
+/// one shuffle tree then reduces to 16 sums. No packing, so a GEMM of a few query rows against a
+/// block of keys (decode) reads each key once, straight from its storage.
+///
+/// # Safety
+///
+/// AVX-512F is available, `s.a_trans` is false, `s.b_trans` is true, and the pointers satisfy
+/// [`crate::gemm_unchecked`] for `s`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn gemm_bt_dots(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    let crate::GemmShape { m, n, k, lda, ldb, ldc, accumulate, .. } = *s;
+    for i in 0..m {
+        for j0 in (0..n).step_by(16) {
+            let live = 16.min(n - j0);
+            let mut acc = [_mm512_setzero_ps(); 16];
+            // Key by key, so each row of B is read front to back and the rows one after the
+            // other: a sequential stream the hardware prefetcher follows (in k-major order the
+            // 16 rows are 16 interleaved streams, and a long key cache is read at half speed).
+            for (jj, acc) in acc.iter_mut().enumerate() {
+                // Past the last live key the row of the last live key is read again (its sums
+                // are dropped at the store), so the loop keeps a constant trip count and the
+                // accumulators stay in registers.
+                let row = j0 + jj.min(live - 1);
+                for p in (0..k).step_by(16) {
+                    let mask = lanes(k - p);
+                    // SAFETY: row `i < m` of A spans `k` floats from `a + i * lda`, and row
+                    // `row < n` of B `k` floats from `b + row * ldb`; the loads are masked to
+                    // the `k - p` of them left.
+                    let (av, bv) = unsafe {
+                        (
+                            _mm512_maskz_loadu_ps(mask, a.add(i * lda + p)),
+                            _mm512_maskz_loadu_ps(mask, b.add(row * ldb + p)),
+                        )
+                    };
+                    *acc = _mm512_fmadd_ps(av, bv, *acc);
+                }
+            }
+            let sums = sum_lanes_16(&acc);
+            let keep = lanes(live);
+            // SAFETY: columns `j0 .. j0 + live` of row `i` of C, masked to `live` lanes.
+            unsafe {
+                let dst = c.add(i * ldc + j0);
+                let r = if accumulate { _mm512_add_ps(sums, _mm512_maskz_loadu_ps(keep, dst)) } else { sums };
+                _mm512_mask_storeu_ps(dst, keep, r);
+            }
+        }
+    }
+}
+
+/// Lane `j` of the result is the sum of the 16 lanes of `v[j]`: four levels of pairwise
+/// shuffles and adds (45 instructions for 16 sums, where 16 separate reductions take about 64).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn sum_lanes_16(v: &[__m512; 16]) -> __m512 {
+    // Level 1: per 128-bit lane, [a0+a2, b0+b2, a1+a3, b1+b3] for the pair (a, b) = (v[2i], v[2i+1]).
+    let l1: [__m512; 8] = std::array::from_fn(|i| {
+        let (x, y) = (v[2 * i], v[2 * i + 1]);
+        _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y))
+    });
+    // Level 2: per 128-bit lane, the lane's partial sums of four consecutive vectors, in order.
+    let l2: [__m512; 4] = std::array::from_fn(|i| {
+        let (x, y) = (_mm512_castps_pd(l1[2 * i]), _mm512_castps_pd(l1[2 * i + 1]));
+        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)))
+    });
+    // Levels 3 and 4: add the four 128-bit lanes' partial sums, keeping vector order.
+    let fold = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+        )
+    };
+    fold(fold(l2[0], l2[1]), fold(l2[2], l2[3]))
+}
+
+/// `C (+)= A · B` with A row-major and B untransposed, for at most [`DOT_MAX_ROWS`] rows of A:
+/// each row of C is built in `V` accumulators while B's rows stream past in storage order
+/// (`P · V` of decode reads each value row once, front to back; the register tile's 32-column
+/// panels would read every row once per panel).
+///
+/// # Safety
+///
+/// AVX-512F is available, `s.a_trans` and `s.b_trans` are false, and the pointers satisfy
+/// [`crate::gemm_unchecked`] for `s`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn gemm_rows_streamed(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    // SAFETY: forwarded; each width covers the columns it is given.
+    unsafe {
+        match s.n {
+            0..=16 => rows_streamed::<1>(s, a, b, c),
+            17..=32 => rows_streamed::<2>(s, a, b, c),
+            33..=64 => rows_streamed::<4>(s, a, b, c),
+            _ => rows_streamed::<8>(s, a, b, c),
+        }
+    }
+}
+
+/// [`gemm_rows_streamed`] with `16 V`-column strips of C in registers.
+///
+/// # Safety
+///
+/// As [`gemm_rows_streamed`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn rows_streamed<const V: usize>(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    let crate::GemmShape { m, n, k, lda, ldb, ldc, accumulate, .. } = *s;
+    for i in 0..m {
+        for j0 in (0..n).step_by(16 * V) {
+            let masks: [__mmask16; V] = std::array::from_fn(|v| lanes(n.saturating_sub(j0 + 16 * v)));
+            let mut acc = [_mm512_setzero_ps(); V];
+            for p in 0..k {
+                // SAFETY: `A[i, p]` with `i < m`, `p < k` lies in A.
+                let av = _mm512_set1_ps(unsafe { *a.add(i * lda + p) });
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: row `p < k` of B, columns `j0 + 16 v ..` masked to `< n`.
+                    let bv = unsafe { _mm512_maskz_loadu_ps(masks[v], b.add(p * ldb + j0 + 16 * v)) };
+                    *acc = _mm512_fmadd_ps(av, bv, *acc);
+                }
+            }
+            for (v, &r) in acc.iter().enumerate() {
+                // SAFETY: row `i` of C, columns `j0 + 16 v ..` masked to `< n`.
+                unsafe {
+                    let dst = c.add(i * ldc + j0 + 16 * v);
+                    let r =
+                        if accumulate { _mm512_add_ps(r, _mm512_maskz_loadu_ps(masks[v], dst)) } else { r };
+                    _mm512_mask_storeu_ps(dst, masks[v], r);
+                }
+            }
+        }
+    }
+}
