@@ -154,12 +154,73 @@ fn small_blockings_exercise_every_key_phase() {
             let c = SdpaConfig { causal, key_lengths: true, ..config(2, 4, 2, n_q, n_k, 8) };
             let case = Case::new(c, &mut rng);
             for blocking in [
-                Blocking { heads_per_task: 1, queries: 6, keys: 4 },
-                Blocking { heads_per_task: 2, queries: 16, keys: 7 },
-                Blocking { heads_per_task: 2, queries: 1, keys: 20 },
+                Blocking { heads_per_task: 1, queries: 6, keys: 4, splits: 1 },
+                Blocking { heads_per_task: 2, queries: 16, keys: 7, splits: 1 },
+                Blocking { heads_per_task: 2, queries: 1, keys: 20, splits: 1 },
             ] {
                 check(&case, &Sdpa::compile_with(&c, blocking).expect("compile"));
             }
+        }
+    }
+}
+
+#[test]
+fn split_keys_merge_to_the_same_attention() {
+    // Split-K: the keys of each row in 2..5 chunks (4-key blocks; the last chunk also takes the
+    // narrow block), with every mask kind, causal rows, key lengths that end a chunk early or
+    // leave whole chunks empty, GQA rows stacked into one task, and the BNHD layout.
+    let mut rng = Rng(11);
+    for (n_q, n_k) in [(1, 37), (3, 40), (2, 33)] {
+        for causal in [false, true] {
+            for mask in [MaskKind::None, MaskKind::Bool([2, 1, 1, n_k]), MaskKind::Bias([1, 4, n_q, n_k])] {
+                for layout in [Layout::Bhnd, Layout::Bnhd] {
+                    let c = SdpaConfig {
+                        causal,
+                        mask,
+                        layout,
+                        key_lengths: true,
+                        ..config(2, 4, 2, n_q, n_k, 8)
+                    };
+                    let mut case = Case::new(c, &mut rng);
+                    case.lens = Some(vec![rng.below(n_k + 1) as i32, [0, 5, n_k][rng.below(3)] as i32]);
+                    for (gs, want) in [(1, 2), (2, 3), (2, 5)] {
+                        // Even chunks, none empty (as the library evens them).
+                        let full = n_k / 4;
+                        let splits = full.div_ceil(full.div_ceil(want));
+                        let blocking = Blocking { heads_per_task: gs, queries: n_q, keys: 4, splits };
+                        let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
+                        assert!(sdpa.merge_program().is_some());
+                        check(&case, &sdpa);
+                    }
+                }
+            }
+        }
+    }
+    // The library splits the keys of a single long row, and the result is the same.
+    let c = config(1, 1, 1, 1, 4096, 32);
+    let sdpa = Sdpa::compile(&c).unwrap();
+    assert!(sdpa.blocking().splits > 1 || std::thread::available_parallelism().map_or(1, |n| n.get()) == 1);
+    assert!(sdpa.to_string().contains("split into") || sdpa.blocking().splits == 1, "{sdpa}");
+    check(&Case::new(c, &mut rng), &sdpa);
+    // A blocking whose last chunk would be empty is refused.
+    let bad = Blocking { heads_per_task: 1, queries: 1, keys: 64, splits: 60 };
+    assert!(Sdpa::compile_with(&c, bad).is_err());
+}
+
+#[test]
+fn key_lengths_skip_the_blocks_past_the_end() {
+    // With key lengths the kernel loops over the blocks up to the item's length only, so a
+    // short length costs little; checked on values here, on speed in `bench sdpa`.
+    let mut rng = Rng(13);
+    for causal in [false, true] {
+        let c = SdpaConfig { causal, key_lengths: true, ..config(4, 2, 2, 16, 70, 8) };
+        let mut case = Case::new(c, &mut rng);
+        case.lens = Some(vec![70, 33, 4, 0]);
+        for blocking in [
+            Sdpa::compile(&c).unwrap().blocking(),
+            Blocking { heads_per_task: 1, queries: 5, keys: 8, splits: 1 },
+        ] {
+            check(&case, &Sdpa::compile_with(&c, blocking).unwrap());
         }
     }
 }

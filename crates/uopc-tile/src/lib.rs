@@ -5,7 +5,7 @@
 //!
 //! * [`gemm`]: `C (+)= A · B` on f32 tiles with arbitrary leading dimensions and either operand
 //!   transposed, built around a register-blocked micro-kernel (8 x 32 on AVX-512, 6 x 16 on
-//!   AVX2+FMA); on AVX-512, products of at most four rows (decode's scores and `P · V`) skip
+//!   AVX2+FMA); on AVX-512, products of at most eight rows (decode's scores and `P · V`) skip
 //!   the packing and stream B in storage order instead.
 //! * [`softmax_update`]: one online-softmax step of FlashAttention-2 over a score tile in the
 //!   log2 domain, rescaling the running output rows.

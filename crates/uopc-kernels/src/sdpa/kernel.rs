@@ -15,6 +15,10 @@ pub struct Blocking {
     pub queries: usize,
     /// Keys per block.
     pub keys: usize,
+    /// Chunks the keys of one task's rows are split into, each its own task; above 1 the
+    /// tasks write partial softmax states that [`super::sdpa_merge_ir`] combines (split-K, for
+    /// decode shapes with too few rows to keep every core busy).
+    pub splits: usize,
 }
 
 /// Keys per block: a 64-key block of K and V (32 KiB each at D = 128) stays in L1/L2 while both
@@ -29,6 +33,14 @@ const CAUSAL_MAX_ROWS: usize = 2 * KEY_BLOCK;
 /// Stack the tiles of one task may take: the JIT's limit less room for the kernel's own frame.
 const TILE_BUDGET: usize = MAX_LOCAL_BYTES - 16 * 1024;
 
+/// Tasks per core below which the keys are split (when the rows cannot be): with four tasks
+/// per core, uneven task counts leave a core idle for at most a fifth of the run.
+const SPLIT_TASKS_PER_CORE: usize = 4;
+
+/// Full key blocks a chunk keeps at least, so the partial state each chunk writes and the
+/// merge reads (rows x (D + 2) floats) stays small next to the chunk's K and V.
+const MIN_CHUNK_BLOCKS: usize = 8;
+
 impl Blocking {
     /// Block sizes for `config` on `cores` cores.
     ///
@@ -40,7 +52,9 @@ impl Blocking {
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
     /// rows are a divisor of n_q when one lies within half of the most rows; otherwise query
     /// blocks are evened out (no mostly-empty last block); they are split further if there
-    /// would be fewer tasks than cores.
+    /// would be fewer tasks than cores. When one query block holds all rows and there are
+    /// fewer than four tasks per core, the keys are split into chunks of at least eight blocks
+    /// (split-K).
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
         let &SdpaConfig { batch, heads, kv_heads, n_q, n_k, d, .. } = config;
         let keys = KEY_BLOCK.min(n_k);
@@ -71,7 +85,30 @@ impl Blocking {
             blocks = (blocks * cores.div_ceil(tasks)).min(n_q);
         }
         queries = n_q.div_ceil(blocks);
-        Blocking { heads_per_task, queries, keys }
+        let tasks = batch * kv_heads * (group / heads_per_task) * n_q.div_ceil(queries);
+        let mut splits = 1;
+        if queries == n_q && tasks < SPLIT_TASKS_PER_CORE * cores {
+            let full = n_k / keys;
+            let want = (SPLIT_TASKS_PER_CORE * cores).div_ceil(tasks).min(full / MIN_CHUNK_BLOCKS).max(1);
+            // Even chunks, none of them empty.
+            splits = full.div_ceil(full.div_ceil(want));
+        }
+        Blocking { heads_per_task, queries, keys, splits }
+    }
+
+    /// Full key blocks per chunk of a split-K blocking (all full blocks when `splits == 1`).
+    pub fn chunk_blocks(&self, n_k: usize) -> usize {
+        (n_k / self.keys).div_ceil(self.splits)
+    }
+
+    /// THREAD tasks of the kernel for `config`.
+    pub fn tasks(&self, config: &SdpaConfig) -> usize {
+        let group = config.heads / config.kv_heads;
+        config.batch
+            * config.kv_heads
+            * (group / self.heads_per_task)
+            * config.n_q.div_ceil(self.queries)
+            * self.splits
     }
 }
 
@@ -85,6 +122,9 @@ pub(super) fn cores() -> usize {
 /// Buffers: 0 = q, 1 = k, 2 = v, 3 = output (lengths [`SdpaConfig::q_len`] and
 /// [`SdpaConfig::kv_len`], laid out as [`SdpaConfig::layout`]); then, in this order, the mask
 /// or bias (its broadcast shape's element count) and the `batch` i32 key lengths, if any.
+/// With `blocking.splits > 1`, slots 3, 4 and 5 are instead the partial states of the tasks
+/// for [`super::sdpa_merge_ir`]: output rows (`tasks x rows x D`), running maxima and running
+/// sums (`tasks x rows` each), and the mask and key lengths follow from slot 6.
 ///
 /// One THREAD task per (batch item, key/value head, group of query heads, query block): it
 /// copies its query rows of `heads_per_task` heads, times `scale * log2(e)`, into a stack tile
@@ -93,8 +133,11 @@ pub(super) fn cores() -> usize {
 /// be partly masked, the online-softmax tile update (one rescale of the output tile per block)
 /// and a tile GEMM `O += P · V`. Keys past the last full block go in one narrower block. Under
 /// the causal mask, blocks every row sees run unmasked, blocks after the last row's last key
-/// are skipped, and only the blocks in between are masked. The last query block starts early
-/// enough to be full (it overlaps the previous one) and writes only its own rows.
+/// are skipped, and only the blocks in between are masked; with key lengths, blocks past the
+/// item's length are skipped and only the block holding its end is masked. The last query
+/// block starts early enough to be full (it overlaps the previous one) and writes only its own
+/// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
+/// block.
 pub fn sdpa_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
     SdpaKernel::new(config, blocking).program()
 }
@@ -107,6 +150,8 @@ struct SdpaKernel {
     k: UOp,
     v: UOp,
     out: UOp,
+    /// Split-K partial states: maxima and sums (the output rows go to `out`).
+    partial: Option<(UOp, UOp)>,
     mask: Option<(UOp, [usize; 4])>,
     lens: Option<UOp>,
     pb: ProgramBuilder,
@@ -115,6 +160,7 @@ struct SdpaKernel {
 /// The THREAD task's indices and scratch views, shared by the parts of the program.
 struct Task {
     t: UOp,
+    split: UOp,
     item: UOp,
     kv_base: UOp,
     head0: UOp,
@@ -131,62 +177,120 @@ impl SdpaKernel {
     fn new(config: &SdpaConfig, blocking: &Blocking) -> Self {
         let c = *config;
         let f32t = DType::F32;
-        let (q, out) = (buffer(0, f32t, c.q_len()), buffer(3, f32t, c.q_len()));
+        let rows = blocking.heads_per_task * blocking.queries;
+        let q = buffer(0, f32t, c.q_len());
         let (k, v) = (buffer(1, f32t, c.kv_len()), buffer(2, f32t, c.kv_len()));
+        let (out, partial, mut slot) = if blocking.splits > 1 {
+            let states = blocking.tasks(config) * rows;
+            let partial = (buffer(4, f32t, states), buffer(5, f32t, states));
+            (buffer(3, f32t, states * c.d), Some(partial), 6)
+        } else {
+            (buffer(3, f32t, c.q_len()), None, 4)
+        };
         let mask = match c.mask {
             MaskKind::None => None,
-            MaskKind::Bool(s) => Some((buffer(4, DType::Bool, s.iter().product()), s)),
-            MaskKind::Bias(s) => Some((buffer(4, f32t, s.iter().product()), s)),
+            MaskKind::Bool(s) => Some((buffer(slot, DType::Bool, s.iter().product()), s)),
+            MaskKind::Bias(s) => Some((buffer(slot, f32t, s.iter().product()), s)),
         };
-        let lens_slot = if mask.is_some() { 5 } else { 4 };
-        let lens = c.key_lengths.then(|| buffer(lens_slot, DType::I32, c.batch));
-        let rows = blocking.heads_per_task * blocking.queries;
-        SdpaKernel { c, b: *blocking, rows, q, k, v, out, mask, lens, pb: ProgramBuilder::new() }
+        slot += usize::from(mask.is_some());
+        let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
+        SdpaKernel { c, b: *blocking, rows, q, k, v, out, partial, mask, lens, pb: ProgramBuilder::new() }
     }
 
     fn program(mut self) -> UOp {
         let task = self.task();
         let init = self.init(&task);
-        let Blocking { keys: bc, .. } = self.b;
+        let Blocking { keys: bc, splits, .. } = self.b;
         let n_k = self.c.n_k;
         let (full, rest) = (n_k / bc, n_k % bc);
-        let general = self.mask.is_some() || self.lens.is_some();
-        let done = if self.c.causal {
-            let off = self.c.causal_offset();
-            let bq = self.b.queries as i64;
-            // Keys every row of the block sees: j <= q0 + off; keys the last row sees: j < q0 + bq + off.
-            let seen_by_all = (&task.q0 + (off + 1)).maximum(idx(0));
-            let seen_by_last = (&task.q0 + (bq + off)).maximum(idx(0));
-            let clear = min_idx(&seen_by_all.idiv(bc as i64), &idx(full as i64));
-            let touched = min_idx(&(seen_by_last + (bc as i64 - 1)).idiv(bc as i64), &idx(full as i64));
-            let kb = self.pb.range(&clear, AxisType::Reduce);
-            let mut prev = init.clone();
-            prev.push(kb.clone());
-            let far = self.key_block(&task, &(&kb * bc), bc, &prev, general).end(&[kb]);
-            let kd = self.pb.range(&touched - &clear, AxisType::Reduce);
-            // The min only tells the verifier's interval bounds that the block stays inside
-            // the keys (they do not see that kd < touched - clear).
-            let first = min_idx(&((&clear + &kd) * bc), &idx(((full - 1) * bc) as i64));
-            let near = self.key_block(&task, &first, bc, &[far, kd.clone()], true).end(&[kd]);
-            if rest > 0 { self.key_block(&task, &idx((full * bc) as i64), rest, &[near], true) } else { near }
-        } else {
+        let masked_everywhere = self.mask.is_some();
+        let bounded = self.c.causal || self.lens.is_some();
+        let done = if splits == 1 && !bounded {
             let kb = self.pb.range(full, AxisType::Reduce);
             let mut prev = init.clone();
             prev.push(kb.clone());
-            let body = self.key_block(&task, &(&kb * bc), bc, &prev, general).end(&[kb]);
+            let body = self.key_block(&task, &(&kb * bc), bc, &prev, masked_everywhere).end(&[kb]);
             if rest > 0 {
-                self.key_block(&task, &idx((full * bc) as i64), rest, &[body], general)
+                self.key_block(&task, &idx((full * bc) as i64), rest, &[body], masked_everywhere)
             } else {
                 body
+            }
+        } else {
+            let (clear, touched) = self.block_bounds(&task, full);
+            // This task's blocks: [first, last) of the keys' full blocks.
+            let (first, lo, hi) = if splits == 1 {
+                (idx(0), clear, touched)
+            } else {
+                let cb = self.b.chunk_blocks(n_k);
+                let first = &task.split * cb;
+                let last = min_idx(&(&first + cb as i64), &idx(full as i64));
+                let clamp = |x: &UOp| min_idx(&x.maximum(&first), &last);
+                (first.clone(), clamp(&clear), clamp(&touched))
+            };
+            let last_block = idx(((full.max(1) - 1) * bc) as i64);
+            let mut prev = init.clone();
+            if !masked_everywhere {
+                let kb = self.pb.range(if splits == 1 { lo.clone() } else { &lo - &first }, AxisType::Reduce);
+                let start = if splits == 1 { &kb * bc } else { min_idx(&((&first + &kb) * bc), &last_block) };
+                let mut after = prev.clone();
+                after.push(kb.clone());
+                prev = vec![self.key_block(&task, &start, bc, &after, false).end(&[kb])];
+            }
+            let kd = self.pb.range(&hi - &lo, AxisType::Reduce);
+            // The min only tells the verifier's interval bounds that the block stays inside
+            // the keys (they do not see that kd < hi - lo).
+            let start = min_idx(&((&lo + &kd) * bc), &last_block);
+            prev.push(kd.clone());
+            let near = self.key_block(&task, &start, bc, &prev, true).end(&[kd]);
+            if rest == 0 {
+                near
+            } else if splits == 1 {
+                self.key_block(&task, &idx((full * bc) as i64), rest, &[near], true)
+            } else {
+                // The narrow block belongs to the last chunk: a range of one iteration there,
+                // of none elsewhere.
+                let tail =
+                    self.pb.range((&task.split + (2 - splits as i64)).maximum(idx(0)), AxisType::Reduce);
+                self.key_block(&task, &idx((full * bc) as i64), rest, &[near, tail.clone()], true)
+                    .end(&[tail])
             }
         };
         self.write(&task, &done)
     }
 
+    /// Full key blocks `[0, clear)` that every row of the task sees whole (no mask needed), and
+    /// `touched`: blocks from `touched` on are seen by no row (skipped); the blocks between
+    /// need the mask. Causal rows and key lengths bound both; a bool mask or bias makes every
+    /// block masked.
+    fn block_bounds(&self, task: &Task, full: usize) -> (UOp, UOp) {
+        let bc = self.b.keys as i64;
+        let (mut clear, mut touched) = (idx(full as i64), idx(full as i64));
+        if self.c.causal {
+            let off = self.c.causal_offset();
+            let bq = self.b.queries as i64;
+            // Keys every row of the block sees: j <= q0 + off; keys the last row sees: j < q0 + bq + off.
+            let seen_by_all = (&task.q0 + (off + 1)).maximum(idx(0));
+            let seen_by_last = (&task.q0 + (bq + off)).maximum(idx(0));
+            clear = min_idx(&seen_by_all.idiv(bc), &clear);
+            touched = min_idx(&(seen_by_last + (bc - 1)).idiv(bc), &touched);
+        }
+        if let Some(lens) = &self.lens {
+            // Run checks every length against 0..=n_k; the clamp gives the bounds proof the same.
+            let len = lens.index(&task.item).load().cast(DType::INDEX).maximum(idx(0));
+            let len = min_idx(&len, &idx(self.c.n_k as i64));
+            clear = min_idx(&len.idiv(bc), &clear);
+            touched = min_idx(&(len + (bc - 1)).idiv(bc), &touched);
+        }
+        if self.mask.is_some() {
+            clear = idx(0);
+        }
+        (clear, touched)
+    }
+
     /// The THREAD range, its decomposition and the task's scratch.
     fn task(&mut self) -> Task {
         let SdpaConfig { kv_heads, heads, n_q, n_k, d, .. } = self.c;
-        let Blocking { heads_per_task: gs, queries: bq, keys: bc } = self.b;
+        let Blocking { heads_per_task: gs, queries: bq, keys: bc, splits } = self.b;
         let group = heads / kv_heads;
         let subs = group / gs;
         let blocks = n_q.div_ceil(bq);
@@ -199,10 +303,12 @@ impl SdpaKernel {
             pb.alloc(f32t, self.rows),
             pb.alloc(f32t, self.rows),
         );
-        // t = ((item * kv_heads + kv_head) * subs + sub) * blocks + query block
-        let t = pb.range(self.c.batch * kv_heads * subs * blocks, AxisType::Thread);
-        let qblk = t.modulo(blocks as i64);
-        let rest = t.idiv(blocks as i64);
+        // t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split
+        let t = pb.range(self.c.batch * kv_heads * subs * blocks * splits, AxisType::Thread);
+        let split = t.modulo(splits as i64);
+        let rows_of = t.idiv(splits as i64);
+        let qblk = rows_of.modulo(blocks as i64);
+        let rest = rows_of.idiv(blocks as i64);
         let sub = rest.modulo(subs as i64);
         let item_kv = rest.idiv(subs as i64);
         let kv_head = item_kv.modulo(kv_heads as i64);
@@ -219,6 +325,7 @@ impl SdpaKernel {
             mi: mx.after(th),
             li: l.after(th),
             t,
+            split,
             item,
             kv_base,
             head0,
@@ -341,6 +448,20 @@ impl SdpaKernel {
         let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
         let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
         let after = std::slice::from_ref(done);
+        if let Some((pm, pl)) = &self.partial {
+            // Split-K: the task's unnormalized state, at `t * c + r` (disjoint per task).
+            let rows = self.rows;
+            let r = self.pb.range(rows, AxisType::Loop);
+            let at = &task.t * rows + &r;
+            let states = sink(&[
+                pm.index(&at).store(task.mi.after(after).index(&r).load()),
+                pl.index(&at).store(task.li.after(after).index(&r).load()),
+            ]);
+            let e = self.pb.range(d, AxisType::Loop);
+            let o = task.oi.after(after).index(&r * d + &e).load();
+            let st = self.out.index(&task.t * (rows * d) + &r * d + &e).store(o).end(&[e]);
+            return sink(&[sink(&[states, st]).end(&[r, task.t.clone()])]);
+        }
         // Rows of the (overlapping) last block that the block before it already wrote.
         let skip = (&task.qblk * bq - (n_q - bq) as i64).maximum(idx(0));
         let pb = &mut self.pb;

@@ -15,10 +15,12 @@
 //! attention it is checked against.
 
 mod kernel;
+mod merge;
 mod reference;
 
 use kernel::cores;
 pub use kernel::{Blocking, sdpa_ir};
+pub use merge::sdpa_merge_ir;
 pub use reference::reference_f64;
 
 use std::collections::HashMap;
@@ -257,6 +259,8 @@ pub struct Sdpa {
     config: SdpaConfig,
     blocking: Blocking,
     program: Program,
+    /// The merge of split-K partial states ([`sdpa_merge_ir`]), when the keys are split.
+    merge: Option<Program>,
 }
 
 impl Sdpa {
@@ -271,10 +275,15 @@ impl Sdpa {
     /// own choice is [`Blocking::choose`]).
     pub fn compile_with(config: &SdpaConfig, blocking: Blocking) -> Result<Sdpa, SdpaError> {
         config.validate()?;
+        let full_blocks = config.n_k / blocking.keys.max(1);
         let valid = blocking.heads_per_task >= 1
             && (config.heads / config.kv_heads).is_multiple_of(blocking.heads_per_task)
             && (1..=config.n_q).contains(&blocking.queries)
-            && (1..=config.n_k).contains(&blocking.keys);
+            && (1..=config.n_k).contains(&blocking.keys)
+            && (blocking.splits == 1
+                || (blocking.queries == config.n_q
+                    && (2..=full_blocks).contains(&blocking.splits)
+                    && blocking.chunk_blocks(config.n_k) * (blocking.splits - 1) < full_blocks));
         if !valid {
             return Err(JitError::Unsupported(format!(
                 "sdpa: blocking {blocking:?} does not fit {config:?}"
@@ -282,9 +291,14 @@ impl Sdpa {
             .into());
         }
         let program = Program::compile(&sdpa_ir(config, &blocking), "sdpa_flash_tile_ops")?;
-        let sdpa = Sdpa { config: *config, blocking, program };
+        let merge = if blocking.splits > 1 {
+            Some(Program::compile(&sdpa_merge_ir(config, &blocking), "sdpa_split_merge")?)
+        } else {
+            None
+        };
+        let sdpa = Sdpa { config: *config, blocking, program, merge };
         if uopc_tensor::debug_level() >= 1 {
-            eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.program.compile_seconds() * 1e3);
+            eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
         }
         Ok(sdpa)
     }
@@ -307,7 +321,23 @@ impl Sdpa {
         check("k", c.kv_len(), k.len())?;
         check("v", c.kv_len(), v.len())?;
         check("out", c.q_len(), out.len())?;
-        let mut args: Vec<Arg<'_>> = vec![q.into(), k.into(), v.into(), Arg::WriteF32(out)];
+        let b = &self.blocking;
+        // Split-K: the tasks' partial states, merged into `out` after the kernel.
+        let states = if self.merge.is_some() { b.tasks(c) * b.heads_per_task * b.queries } else { 0 };
+        let (mut part_m, mut part_l, mut part_o) =
+            (vec![0.0f32; states], vec![0.0f32; states], vec![0.0f32; states * c.d]);
+        let mut args: Vec<Arg<'_>> = if self.merge.is_some() {
+            vec![
+                q.into(),
+                k.into(),
+                v.into(),
+                Arg::WriteF32(&mut part_o),
+                Arg::WriteF32(&mut part_m),
+                Arg::WriteF32(&mut part_l),
+            ]
+        } else {
+            vec![q.into(), k.into(), v.into(), Arg::WriteF32(out)]
+        };
         let extra = |arg, expected: bool, given: bool| {
             if expected == given { Ok(()) } else { Err(SdpaError::Extra { arg, expected }) }
         };
@@ -336,7 +366,26 @@ impl Sdpa {
             args.push(Arg::Read(BufRef::I32(lens)));
         }
         self.program.run(&mut args)?;
+        drop(args);
+        if let Some(merge) = &self.merge {
+            merge.run(&mut [
+                (&part_m[..]).into(),
+                (&part_l[..]).into(),
+                (&part_o[..]).into(),
+                Arg::WriteF32(out),
+            ])?;
+        }
         Ok(())
+    }
+
+    /// Seconds spent compiling its kernels.
+    pub fn compile_seconds(&self) -> f64 {
+        self.program.compile_seconds() + self.merge.as_ref().map_or(0.0, Program::compile_seconds)
+    }
+
+    /// The merge kernel of split-K attention, when the keys are split.
+    pub fn merge_program(&self) -> Option<&Program> {
+        self.merge.as_ref()
     }
 
     /// The configuration it was compiled for.
@@ -361,7 +410,7 @@ impl fmt::Display for Sdpa {
         let b = &self.blocking;
         write!(
             f,
-            "sdpa flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}; tasks of {} head(s) x {} queries, keys in blocks of {}",
+            "sdpa flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}; tasks of {} head(s) x {} queries, keys in blocks of {}{}",
             c.batch,
             c.heads,
             c.kv_heads,
@@ -371,7 +420,12 @@ impl fmt::Display for Sdpa {
             if c.causal { " causal" } else { "" },
             b.heads_per_task,
             b.queries,
-            b.keys
+            b.keys,
+            if b.splits > 1 {
+                format!(", split into {} chunks merged by a second kernel", b.splits)
+            } else {
+                String::new()
+            }
         )
     }
 }

@@ -192,7 +192,7 @@ pub(crate) unsafe fn softmax_update(
 
 /// Rows of A up to which [`gemm_bt_dots`] beats packing `B^T` for the register tile: the
 /// packed path copies and transposes every B panel however few rows then reuse it.
-pub(crate) const DOT_MAX_ROWS: usize = 4;
+pub(crate) const DOT_MAX_ROWS: usize = 8;
 
 /// `C (+)= A · B^T` with A row-major and B stored transposed (`n x k`, each row contiguous in
 /// k), as dot products: each row of A against 16 rows of B at a time, in 16 accumulators that
@@ -206,9 +206,11 @@ pub(crate) const DOT_MAX_ROWS: usize = 4;
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn gemm_bt_dots(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     let crate::GemmShape { m, n, k, lda, ldb, ldc, accumulate, .. } = *s;
-    for i in 0..m {
-        for j0 in (0..n).step_by(16) {
-            let live = 16.min(n - j0);
+    // Key groups outside, rows inside: a group's 16 rows of B are read from memory once and
+    // from L1 for the other rows of A.
+    for j0 in (0..n).step_by(16) {
+        let live = 16.min(n - j0);
+        for i in 0..m {
             let mut acc = [_mm512_setzero_ps(); 16];
             // Key by key, so each row of B is read front to back and the rows one after the
             // other: a sequential stream the hardware prefetcher follows (in k-major order the
