@@ -74,11 +74,16 @@ struct Row {
     /// whole output would take longer than the bench).
     max_abs_err: f64,
     compile_ms: f64,
+    /// Decode cells (at most 16 query rows per key/value head): K and V bytes read per second,
+    /// and that as a share of the streaming-read bandwidth measured in the same run.
+    kv_gbs: Option<f64>,
+    percent_of_stream: Option<f64>,
 }
 
 #[derive(Serialize)]
 struct Report {
     widest_peak: Option<(&'static str, f64)>,
+    streaming_read_gbs: f64,
     threads: usize,
     results: Vec<Row>,
 }
@@ -140,6 +145,8 @@ struct Prepared {
 /// Runs the bench: `reps` timed runs per cell per round, cells interleaved within each round.
 pub fn run(cells: &[Cell], reps: usize, rounds: usize, json: Option<&std::path::Path>) -> ExitCode {
     let peak = crate::attention::measure_widest_peak();
+    // 256 MiB: past every cache, like the long key caches of the decode cells.
+    let stream = uopc::kernels::bandwidth::streaming_read_gbs(256, rayon::current_num_threads(), 5);
     let mut prepared = Vec::new();
     for cell in cells {
         let config = config(cell);
@@ -187,8 +194,16 @@ pub fn run(cells: &[Cell], reps: usize, rounds: usize, json: Option<&std::path::
     }
     let mut rows = Vec::new();
     println!(
-        "{:<28} {:>6} {:>9} {:>9} {:>8} {:>6} {:>9} {:>8}  kernel",
-        "B,H,HKV,NQ,NK,D", "causal", "median ms", "best ms", "GFLOP/s", "%peak", "max err", "compile"
+        "{:<28} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>9} {:>8}  kernel",
+        "B,H,HKV,NQ,NK,D",
+        "causal",
+        "median ms",
+        "best ms",
+        "GFLOP/s",
+        "%peak",
+        "%stream",
+        "max err",
+        "compile"
     );
     for p in prepared {
         let mut t = p.times.clone();
@@ -199,11 +214,19 @@ pub fn run(cells: &[Cell], reps: usize, rounds: usize, json: Option<&std::path::
         let pct = peak.map_or(f64::NAN, |(_, g)| 100.0 * gflops / g);
         let err = error(&p.config, &p.q, &p.k, &p.v, lens, &p.out);
         let b = p.sdpa.blocking();
-        let kernel = format!("flash_tile_ops {}x{}x{}", b.heads_per_task, b.queries, b.keys);
+        let mut kernel = format!("flash_tile_ops {}x{}x{}", b.heads_per_task, b.queries, b.keys);
+        if b.splits > 1 {
+            kernel += &format!(" split-K {}", b.splits);
+        }
+        let c = &p.config;
+        let decode = c.n_q * (c.heads / c.kv_heads) <= 16;
+        let kv_gbs = decode.then(|| (2 * c.kv_len() * 4) as f64 / (median * 1e-3) / 1e9);
+        let percent_of_stream = kv_gbs.map(|g| 100.0 * g / stream);
         let shape = p.cell.shape.map(|x| x.to_string()).join(",");
         let shape = if lens.is_some() { format!("{shape} len") } else { shape };
+        let stream_col = percent_of_stream.map_or("-".to_string(), |x| format!("{x:.0}%"));
         println!(
-            "{shape:<28} {:>6} {median:>9.3} {:>9.3} {gflops:>8.1} {pct:>6.1} {err:>9.1e} {:>6.1}ms  {kernel}",
+            "{shape:<28} {:>6} {median:>9.3} {:>9.3} {gflops:>8.1} {pct:>6.1} {stream_col:>8} {err:>9.1e} {:>6.1}ms  {kernel}",
             p.cell.causal, t[0], p.compile_ms
         );
         let [batch, heads, kv_heads, n_q, n_k, d] = p.cell.shape;
@@ -225,13 +248,21 @@ pub fn run(cells: &[Cell], reps: usize, rounds: usize, json: Option<&std::path::
             percent_of_widest_peak: pct,
             max_abs_err: err,
             compile_ms: p.compile_ms,
+            kv_gbs,
+            percent_of_stream,
         });
     }
     if let Some((name, g)) = peak {
         println!("widest FMA peak ({name}): {g:.1} GFLOP/s on {} threads", rayon::current_num_threads());
     }
+    println!("streaming read (256 MiB): {stream:.1} GB/s on {} threads", rayon::current_num_threads());
     if let Some(path) = json {
-        let report = Report { widest_peak: peak, threads: rayon::current_num_threads(), results: rows };
+        let report = Report {
+            widest_peak: peak,
+            streaming_read_gbs: stream,
+            threads: rayon::current_num_threads(),
+            results: rows,
+        };
         match serde_json::to_string_pretty(&report) {
             Ok(s) => {
                 if let Err(e) = std::fs::write(path, s) {
