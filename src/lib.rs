@@ -26,7 +26,9 @@ pub mod attention {
     pub use uopc_kernels::query_block;
     /// Attention for every shape (batched, GQA, masks, strided layouts) through one entry point.
     pub use uopc_kernels::sdpa;
-    pub use uopc_tensor::attention::attention;
+    /// The FlashAttention-2 kernel as a node of a lazy tensor graph, for every shape.
+    pub use uopc_kernels::sdpa::scaled_dot_product_attention;
+    pub use uopc_tensor::attention::{attention, try_attention};
 }
 
 /// The attention backward, unfused and with recompute.

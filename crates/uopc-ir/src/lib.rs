@@ -47,8 +47,8 @@ pub use simplify::{
     tables as simplify_tables,
 };
 pub use uop::{
-    AxisType, BinaryOp, ConstValue, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UOp, UnaryOp,
-    block_extent,
+    AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UOp,
+    UnaryOp, block_extent,
 };
 pub use verify::{verify, verify_simplified, view_base};
 pub use view::{AfterView, EndView, IndexView, RangeView, StoreView, WhereView};

@@ -256,6 +256,28 @@ pub enum Op {
     Detach,
     /// The sources (all of one shape) stacked along a new leading axis.
     Stack,
+    /// The output of a hand-written loop program over the sources (see [`CustomKernel`]).
+    Custom(CustomKernel),
+}
+
+/// A tensor-level node computed by a given loop program instead of one derived from the graph:
+/// a hand-written kernel (such as fused attention) placed in a graph, planned, cached and run
+/// like the kernels the compiler cuts itself.
+///
+/// The program's BUFFER slot `i < n` reads source `i`, materialized contiguous and row-major
+/// (`numel` of its shape); slot `n` is the output, `numel(shape)` elements of the node's dtype,
+/// which the program must write completely.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct CustomKernel {
+    /// The kernel's name in plans and debug output.
+    pub name: String,
+    /// The loop program.
+    pub program: crate::UOp,
+    /// The output shape.
+    pub shape: Vec<usize>,
+    /// The same value as a graph of ordinary tensor ops over the same sources, if there is
+    /// one: what autograd differentiates (and a reference for tests).
+    pub equivalent: Option<crate::UOp>,
 }
 
 impl Op {
@@ -313,6 +335,7 @@ impl Op {
             Op::Stage => "STAGE",
             Op::Detach => "DETACH",
             Op::Stack => "STACK",
+            Op::Custom(_) => "CUSTOM",
         }
     }
 }

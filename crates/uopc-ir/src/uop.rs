@@ -6,8 +6,8 @@
 
 use crate::dtype::DType;
 pub use crate::ops::{
-    AxisType, BinaryOp, ConstValue, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UnaryOp,
-    block_extent,
+    AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand,
+    UnaryOp, block_extent,
 };
 use std::collections::HashMap;
 use std::fmt;
@@ -197,6 +197,7 @@ impl UOp {
         let src_shape = |k: usize| self.0.src.get(k).map(|s| s.0.shape.get().cloned().unwrap_or_default());
         match &self.0.op {
             Op::Param { shape, .. } | Op::Data { shape, .. } => shape.clone(),
+            Op::Custom(c) => c.shape.clone(),
             Op::Reshape(s) | Op::Expand(s) => s.clone(),
             Op::Permute(p) => {
                 let s = src_shape(0).unwrap_or_default();

@@ -3,18 +3,24 @@
 use crate::error::{Result, shape_err};
 use crate::tensor::Tensor;
 
-/// `softmax(q k^T / sqrt(D)) v` for `q`: `(Nq, D)`, `k`: `(N, D)` and `v`: `(N, Dv)`.
+/// `softmax(q k^T / sqrt(D)) v` for `q`: `(.., Nq, D)`, `k`: `(.., N, D)` and `v`:
+/// `(.., N, Dv)`, leading axes (batch, heads) batched and equal.
 ///
-/// Realize it with default [`RealizeOptions`](crate::RealizeOptions) for the unfused plan
-/// (six kernels, the scores materialized) or with
-/// [`RealizeOptions::fused`](crate::RealizeOptions::fused) for the fully fused one.
+/// This is attention as the compiler sees a tensor expression: realize it with default
+/// [`RealizeOptions`](crate::RealizeOptions) for the unfused plan (six kernels for matrices,
+/// the scores materialized) or with [`RealizeOptions::fused`](crate::RealizeOptions::fused)
+/// for the fully fused one. The hand-written FlashAttention-2 kernel as a graph node is
+/// `uopc_kernels::sdpa::scaled_dot_product_attention`.
 ///
 /// # Errors
 ///
 /// A [`TensorError::Shape`](crate::TensorError::Shape) naming `attention` and the three
-/// shapes when they are not matrices of those shapes.
+/// shapes when they are not of those shapes.
 pub fn try_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     let (sq, sk, sv) = (q.shape(), k.shape(), v.shape());
+    if sq.len() > 2 && sk.len() == sq.len() && sv.len() == sq.len() {
+        return crate::masked::try_attention_masked(q, k, v, None, false).map_err(|e| e.in_op("attention"));
+    }
     if sq.len() != 2 || sk.len() != 2 || sv.len() != 2 || sq[1] != sk[1] || sk[0] != sv[0] {
         return Err(shape_err(
             "attention",

@@ -281,6 +281,18 @@ fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
                 .map(|k| Ok((k, g.try_slice(0, k, k + 1)?.try_reshape(&s)?)))
                 .collect::<Result<_>>()?
         }
+        Op::Custom(custom) => {
+            // The kernel's gradient is that of its equivalent graph over the same sources.
+            let Some(equivalent) = &custom.equivalent else {
+                return Err(TensorError::Unsupported(format!(
+                    "gradient: custom kernel {} has no equivalent graph to differentiate",
+                    custom.name
+                )));
+            };
+            let sources: Vec<Tensor> = u.src().iter().map(|s| t(s.clone())).collect();
+            let refs: Vec<&Tensor> = sources.iter().collect();
+            vjp(&t(equivalent.clone()), &refs, g)?.into_iter().enumerate().collect()
+        }
         // leaves, DETACH, and loop-IR nodes (never in a tensor graph)
         _ => vec![],
     })

@@ -152,6 +152,24 @@ struct Lowered {
 
 /// The loop program of the kernel that computes point `p`.
 fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions) -> Result<Lowered> {
+    if let Op::Custom(custom) = p.op() {
+        // The program is given; its slots are the sources, then the output.
+        let mut args: Vec<ArgSource> = p
+            .src()
+            .iter()
+            .map(|s| match s.op() {
+                Op::Param { slot, .. } => ArgSource::Input(*slot),
+                _ => buf_of[s],
+            })
+            .collect();
+        args.push(buf_of[p]);
+        return Ok(Lowered {
+            name: custom.name.clone(),
+            shape: custom.shape.clone(),
+            program: custom.program.clone(),
+            args,
+        });
+    }
     let (body, mut args) = kernel_body(p, buf_of);
     let name = kernel_name(&body);
     let mut ctx = Ctx::new(opts.opt.opts(&body), !opts.experiments.reshape_without_divmod_folding);

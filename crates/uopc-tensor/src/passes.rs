@@ -187,12 +187,21 @@ pub fn layout_pass_output(roots: &[UOp]) -> Vec<UOp> {
 /// are not already an input buffer. In execution (topological) order.
 pub fn materialize_points(roots: &[UOp], fuse_reduce: bool) -> Vec<UOp> {
     let root_set: HashSet<&UOp> = roots.iter().collect();
-    UOp::toposort(roots)
-        .into_iter()
+    let topo = UOp::toposort(roots);
+    // A custom kernel reads whole buffers: its sources that are not inputs are materialized.
+    let custom_sources: HashSet<&UOp> = topo
+        .iter()
+        .filter(|u| matches!(u.op(), Op::Custom(_)))
+        .flat_map(|u| u.src().iter())
+        .filter(|s| !matches!(s.op(), Op::Param { .. }))
+        .collect();
+    topo.iter()
         .filter(|u| {
-            matches!(u.op(), Op::Stage)
+            matches!(u.op(), Op::Stage | Op::Custom(_))
                 || (matches!(u.op(), Op::Reduce { .. }) && !fuse_reduce)
                 || (root_set.contains(u) && !matches!(u.op(), Op::Param { .. }))
+                || custom_sources.contains(u)
         })
+        .cloned()
         .collect()
 }

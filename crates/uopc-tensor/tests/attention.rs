@@ -78,3 +78,24 @@ fn fused_plan_has_no_n_by_n_buffer_at_any_size() {
         assert!(plan.temp_sizes().iter().all(|&t| t <= n * d), "N={n} D={d}: {plan}");
     }
 }
+
+#[test]
+fn the_one_liner_batches_leading_axes() {
+    // (2, 3, n, d): every (batch, head) slice against the 2-D reference.
+    let (n, d) = (9, 8);
+    let (q, k, v) = (normal(&[2, 3, n, d], 7), normal(&[2, 3, n, d], 8), normal(&[2, 3, n, d], 9));
+    let o = attention(&Tensor::from_array(&q), &Tensor::from_array(&k), &Tensor::from_array(&v));
+    let got = o.to_ndarray::<f32>().unwrap();
+    assert_eq!(got.shape(), &[2, 3, n, d]);
+    let slice = |x: &ArrayD<f32>, b: usize, h: usize| {
+        let s = x.index_axis(ndarray::Axis(0), b).index_axis(ndarray::Axis(0), h).to_owned();
+        s.into_dyn()
+    };
+    for b in 0..2 {
+        for h in 0..3 {
+            let want = reference(&slice(&q, b, h), &slice(&k, b, h), &slice(&v, b, h));
+            let e = abs_err(&slice(&got, b, h), &want);
+            assert!(e <= 1e-5, "slice ({b}, {h}): {e:e}");
+        }
+    }
+}

@@ -139,7 +139,14 @@ pub(super) fn cores() -> usize {
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
 /// block.
 pub fn sdpa_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking).program()
+    SdpaKernel::new(config, blocking, false).program()
+}
+
+/// [`sdpa_ir`] with the output in the last slot, after the mask or bias and the key lengths
+/// (the order of a tensor graph's kernel node: sources, then the output). `blocking.splits`
+/// must be 1.
+pub(crate) fn sdpa_ir_output_last(config: &SdpaConfig, blocking: &Blocking) -> UOp {
+    SdpaKernel::new(config, blocking, true).program()
 }
 
 struct SdpaKernel {
@@ -174,7 +181,7 @@ struct Task {
 }
 
 impl SdpaKernel {
-    fn new(config: &SdpaConfig, blocking: &Blocking) -> Self {
+    fn new(config: &SdpaConfig, blocking: &Blocking, output_last: bool) -> Self {
         let c = *config;
         let f32t = DType::F32;
         let rows = blocking.heads_per_task * blocking.queries;
@@ -184,6 +191,9 @@ impl SdpaKernel {
             let states = blocking.tasks(config) * rows;
             let partial = (buffer(4, f32t, states), buffer(5, f32t, states));
             (buffer(3, f32t, states * c.d), Some(partial), 6)
+        } else if output_last {
+            let extras = usize::from(c.mask != MaskKind::None) + usize::from(c.key_lengths);
+            (buffer(3 + extras, f32t, c.q_len()), None, 3)
         } else {
             (buffer(3, f32t, c.q_len()), None, 4)
         };

@@ -17,11 +17,13 @@
 mod kernel;
 mod merge;
 mod reference;
+mod tensor;
 
 use kernel::cores;
 pub use kernel::{Blocking, sdpa_ir};
 pub use merge::sdpa_merge_ir;
 pub use reference::reference_f64;
+pub use tensor::scaled_dot_product_attention;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -236,6 +238,14 @@ pub enum SdpaError {
         len: i32,
         /// Keys per head.
         n_k: usize,
+    },
+    /// A tensor argument's shape or dtype does not fit (the tensor entry point).
+    #[error("sdpa: `{arg}` {msg}")]
+    Shape {
+        /// The argument.
+        arg: &'static str,
+        /// What does not fit.
+        msg: String,
     },
     /// The JIT refused the program.
     #[error("sdpa: {0}")]

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp, const_of};
 
 mod convert;
+mod custom;
 mod display;
 mod elementwise;
 mod movement;

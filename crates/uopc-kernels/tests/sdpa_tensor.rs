@@ -1,0 +1,137 @@
+//! Attention on lazy tensors: the kernel node against the f64 reference, its place in plans,
+//! its gradient against an independent graph, and arguments that do not fit.
+
+use uopc_ir::DType;
+use uopc_kernels::sdpa::{Extras, MaskKind, SdpaConfig, reference_f64, scaled_dot_product_attention};
+use uopc_tensor::{RealizeOptions, Tensor, gradient, make_plan};
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 20001) as f32 / 10000.0 - 1.0
+        })
+        .collect()
+}
+
+fn max_err(got: &[f32], want: &[f64]) -> f64 {
+    got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).abs()).fold(0.0, f64::max)
+}
+
+#[test]
+fn batched_gqa_with_masks_matches_the_reference() {
+    let (b, h, hkv, n_q, n_k, d) = (2, 4, 2, 9, 13, 8);
+    let (qv, kv, vv) =
+        (values(b * h * n_q * d, 1), values(b * hkv * n_k * d, 2), values(b * hkv * n_k * d, 3));
+    let q = Tensor::from_vec(qv.clone(), &[b, h, n_q, d]);
+    let k = Tensor::from_vec(kv.clone(), &[b, hkv, n_k, d]);
+    let v = Tensor::from_vec(vv.clone(), &[b, hkv, n_k, d]);
+    // A bool mask over (B, 1, 1, n_k): padding; and a bias over (H, n_q, n_k).
+    let keep: Vec<bool> = (0..b * n_k).map(|i| i % n_k < [13, 6][i / n_k]).collect();
+    let bias: Vec<f32> =
+        values(h * n_q * n_k, 4).iter().map(|x| if *x > 0.8 { f32::NEG_INFINITY } else { *x }).collect();
+    for causal in [false, true] {
+        let ones: Vec<f32> = keep.iter().map(|&x| f32::from(u8::from(x))).collect();
+        let mask = Tensor::from_vec(ones, &[b, 1, 1, n_k]).try_ne(&Tensor::full(&[], 0.0)).unwrap();
+        assert_eq!(mask.dtype(), DType::Bool);
+        let out = scaled_dot_product_attention(&q, &k, &v, Some(&mask), causal, Some(0.3)).unwrap();
+        let config = SdpaConfig {
+            kv_heads: hkv,
+            causal,
+            scale: Some(0.3),
+            mask: MaskKind::Bool([b, 1, 1, n_k]),
+            ..SdpaConfig::new(b, h, n_q, n_k, d)
+        };
+        let want = reference_f64(&config, &qv, &kv, &vv, Extras { mask: Some(&keep), ..Extras::default() });
+        let got = out.to_ndarray::<f32>().unwrap();
+        assert!(max_err(got.as_slice().unwrap(), &want) < 2e-5);
+
+        let bias_t = Tensor::from_vec(bias.clone(), &[h, n_q, n_k]);
+        let out = scaled_dot_product_attention(&q, &k, &v, Some(&bias_t), causal, None).unwrap();
+        let config = SdpaConfig { mask: MaskKind::Bias([1, h, n_q, n_k]), scale: None, ..config };
+        let want = reference_f64(&config, &qv, &kv, &vv, Extras { bias: Some(&bias), ..Extras::default() });
+        let got = out.to_ndarray::<f32>().unwrap();
+        assert!(max_err(got.as_slice().unwrap(), &want) < 2e-5);
+    }
+}
+
+#[test]
+fn any_rank_from_one_head_to_several_batch_axes() {
+    // (n, D): one head; (2, 3, H, n, D): two batch axes, flattened.
+    for shape in [vec![17, 16], vec![2, 3, 2, 5, 4]] {
+        let n: usize = shape.iter().product();
+        let (qv, kv, vv) = (values(n, 5), values(n, 6), values(n, 7));
+        let t = |x: &[f32]| Tensor::from_vec(x.to_vec(), &shape);
+        let out = scaled_dot_product_attention(&t(&qv), &t(&kv), &t(&vv), None, true, None).unwrap();
+        let r = shape.len();
+        let (rows, d) = (shape[r - 2], shape[r - 1]);
+        let heads = n / (rows * d);
+        let config = SdpaConfig { causal: true, ..SdpaConfig::new(1, heads, rows, rows, d) };
+        let want = reference_f64(&config, &qv, &kv, &vv, Extras::default());
+        let got = out.to_ndarray::<f32>().unwrap();
+        assert_eq!(got.shape(), &shape[..]);
+        assert!(max_err(got.as_slice().unwrap(), &want) < 2e-5);
+    }
+}
+
+#[test]
+fn the_kernel_node_is_one_kernel_of_the_plan() {
+    let x = Tensor::from_vec(values(2 * 3 * 8 * 4, 8), &[2, 3, 8, 4]);
+    let k = Tensor::from_vec(values(2 * 3 * 8 * 4, 9), &[2, 3, 8, 4]);
+    // q computed by another kernel, the output consumed by a third.
+    let q = &x * 2.0;
+    let out = scaled_dot_product_attention(&q, &k, &k, None, false, None).unwrap();
+    let loss = out.sum(-1, false);
+    let plan = make_plan(&[loss.uop().clone()], &RealizeOptions::default()).unwrap();
+    let names = plan.kernel_names();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert_eq!(names[1], "sdpa_flash_tile_ops");
+    assert!(plan.kernels[1].uses_tile_ops());
+    // No temporary holds scores: the largest is q's size.
+    assert!(plan.temp_sizes().iter().all(|&s| s <= 2 * 3 * 8 * 4), "{:?}", plan.temp_sizes());
+}
+
+#[test]
+fn its_gradient_matches_the_unfused_graph() {
+    let (b, h, n, d) = (1, 2, 6, 4);
+    let mk = |seed| Tensor::from_vec(values(b * h * n * d, seed), &[b, h, n, d]);
+    let (q, k, v, w) = (mk(10), mk(11), mk(12), mk(13));
+    let fused = scaled_dot_product_attention(&q, &k, &v, None, false, None).unwrap();
+    let plain = uopc_tensor::masked::attention_masked(&q, &k, &v, None, false);
+    let g1 =
+        gradient(&(&fused * &w).sum(-1, false).sum(-1, false).sum(-1, false).sum(-1, false), &[&q, &k, &v])
+            .unwrap();
+    let g2 =
+        gradient(&(&plain * &w).sum(-1, false).sum(-1, false).sum(-1, false).sum(-1, false), &[&q, &k, &v])
+            .unwrap();
+    for (a, b) in g1.iter().zip(&g2) {
+        let (a, b) = (a.to_ndarray::<f32>().unwrap(), b.to_ndarray::<f32>().unwrap());
+        let diff = (&a - &b).mapv(f32::abs).iter().copied().fold(0.0, f32::max);
+        assert!(diff < 1e-5, "{diff}");
+        assert!(a.iter().any(|&x| x.abs() > 1e-3), "the gradient is not trivially zero");
+    }
+}
+
+#[test]
+fn arguments_that_do_not_fit_are_errors_naming_them() {
+    let t = |shape: &[usize]| Tensor::from_vec(vec![0.5f32; shape.iter().product()], shape);
+    let (q, k) = (t(&[1, 4, 8, 16]), t(&[1, 3, 8, 16]));
+    let msg = |r: Result<Tensor, uopc_kernels::sdpa::SdpaError>| r.unwrap_err().to_string();
+    assert!(msg(scaled_dot_product_attention(&q, &k, &k, None, false, None)).contains("kv_heads"));
+    let k = t(&[1, 2, 8, 16]);
+    assert!(msg(scaled_dot_product_attention(&q, &k, &t(&[1, 2, 8, 8]), None, false, None)).contains("`v`"));
+    assert!(
+        msg(scaled_dot_product_attention(&q, &t(&[2, 2, 8, 16]), &t(&[2, 2, 8, 16]), None, false, None))
+            .contains("`k`")
+    );
+    let bad_mask = t(&[1, 3, 8, 8]);
+    assert!(msg(scaled_dot_product_attention(&q, &k, &k, Some(&bad_mask), false, None)).contains("`mask`"));
+    let wide = t(&[8]).cast(DType::F64);
+    assert!(msg(scaled_dot_product_attention(&q, &k, &k, Some(&wide), false, None)).contains("`mask`"));
+    assert!(
+        msg(scaled_dot_product_attention(&q.cast(DType::F64), &k, &k, None, false, None)).contains("`q`")
+    );
+}
