@@ -1,5 +1,5 @@
-//! This CPU's FMA peak at each vector width the micro-kernels use: the ceilings their GEMMs
-//! (and the attention built on them) are measured against.
+//! This CPU's FMA peak at each vector width the micro-kernels use, and its AMX bf16 peak: the
+//! ceilings their GEMMs (and the attention built on them) are measured against.
 
 use crate::Isa;
 
@@ -97,4 +97,34 @@ mod x86 {
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
         lanes.iter().sum()
     }
+}
+
+/// `iters` rounds of four independent `tdpbf16ps` chains (each a 16 x 16 x 32 bf16 multiply
+/// into f32 tiles); returns the flops done, or `None` when AMX is not usable here.
+pub fn amx_bf16_chains(iters: u64) -> Option<f64> {
+    if !crate::Bf16Path::Amx.available() {
+        return None;
+    }
+    // SAFETY: AMX is usable (permission granted), checked just above.
+    Some(unsafe { crate::x86::amx::peak_chains(iters) })
+}
+
+/// Best GFLOP/s over `reps` runs of [`amx_bf16_chains`] on `threads` threads at once (each
+/// thread loads its own tile configuration); `None` without AMX.
+pub fn amx_bf16_peak_gflops(iters: u64, reps: usize, threads: usize) -> Option<f64> {
+    if !crate::Bf16Path::Amx.available() {
+        return None;
+    }
+    let threads = threads.max(1);
+    let mut best = f64::INFINITY;
+    let mut flops = 0.0;
+    for _ in 0..reps.max(1) {
+        let t = std::time::Instant::now();
+        flops = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..threads).map(|_| s.spawn(|| amx_bf16_chains(iters))).collect();
+            runs.into_iter().filter_map(|r| r.join().ok().flatten()).sum::<f64>()
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Some(flops / best / 1e9)
 }
