@@ -13,8 +13,8 @@
 //!   padded, because a tile load cannot stop at a row's end.
 //! * C is updated in 32 x 32 blocks, in place when whole, else through a local block.
 //!
-//! The k dimension is swept in slabs of [`KB_PER_SLAB`] blocks: one row block's A slab
-//! (`32 x 256` bf16, 16 KiB) stays in L1 while the packed B slab streams past it from L2.
+//! The k dimension is swept in slabs (`kb_per_slab`): one row block's A slab stays close while
+//! the packed B slab streams past it, and each slab reads and writes C once.
 
 use std::sync::OnceLock;
 
@@ -267,9 +267,20 @@ pub unsafe extern "C" fn uopc_tile_gemm_bf16_desc(
     0
 }
 
-/// k blocks (of 32) per slab: a row block's A slab is 32 x 256 bf16 (16 KiB), which stays in
-/// L1 while it meets every B panel of the slab.
-const KB_PER_SLAB: usize = 8;
+/// k blocks (of 32) per slab on `path`. Each slab passes over all of C once (loads and stores
+/// every block), so longer slabs cost less C traffic, while a row block's A slab (`32 x 32
+/// kb` bf16) should stay in L1 as it meets every B panel.
+///
+/// `vdpbf16ps` takes long enough per block that A coming from L2 costs nothing, so the slab
+/// spans up to 1024 k: a 1024-deep GEMM then reads C once. AMX does the same block about ten
+/// times faster, so it keeps its A slab (32 x 512, 32 KiB) within a 48 KiB L1 and pays one
+/// more pass over C per 512 k instead.
+fn kb_per_slab(path: Bf16Path) -> usize {
+    match path {
+        Bf16Path::Amx => 16,
+        _ => 32,
+    }
+}
 
 /// u16 in one packed tile pair (a B panel's k block, or a row block's A k block).
 const BLOCK: usize = 1024;
@@ -500,8 +511,9 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
         #[repr(C, align(64))]
         struct CBlock([f32; 1024]);
         let mut cblock = CBlock([0.0; 1024]);
-        for kb0 in (0..kblocks).step_by(KB_PER_SLAB) {
-            let kb1 = (kb0 + KB_PER_SLAB).min(kblocks);
+        let kbs = kb_per_slab(path);
+        for kb0 in (0..kblocks).step_by(kbs) {
+            let kb1 = (kb0 + kbs).min(kblocks);
             let load = accumulate || kb0 > 0;
             for ib in 0..rblocks {
                 let i0 = ib * 32;
@@ -549,6 +561,23 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
                         }
                         (cblock.0.as_mut_ptr(), 32)
                     };
+                    // The next C block: its rows are `ldc` apart, a stride no hardware prefetcher
+                    // follows, and when C is larger than the caches every row would otherwise
+                    // miss at the start of the block.
+                    #[cfg(target_arch = "x86_64")]
+                    if jp + 1 < panels {
+                        let next = c.wrapping_add(i0 * ldc + j0 + 32);
+                        for r in 0..rows {
+                            let p = next.wrapping_add(r * ldc).cast::<i8>();
+                            // SAFETY: prefetching never faults.
+                            unsafe {
+                                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p);
+                                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                                    p.wrapping_add(64),
+                                );
+                            }
+                        }
+                    }
                     let mut load_c = load;
                     for &(at, kb, nkb) in &pieces[..npieces] {
                         // SAFETY: the A piece covers 32 readable rows of `nkb` k blocks (whole
