@@ -1,7 +1,8 @@
 //! Throughput of the bf16 tile GEMM on each available path, 1 thread and 2 tasks, against the
 //! peak of the path's own instruction measured in the same run.
 //!
-//! Run: `cargo run --release -p uopc-tile --example bf16_bench [-- M N K]`.
+//! Run: `cargo run --release -p uopc-tile --example bf16_bench [-- M N K [AT BT]]`, where `AT`
+//! and `BT` are `t` (stored transposed) or `n`.
 //!
 //! Figures are medians of 11 timed calls, in rounds that alternate between the paths and
 //! thread counts so a burst of other work spoils some samples of each rather than all of one.
@@ -13,12 +14,14 @@ use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{Bf16Path, GemmShape, gemm_bf16_parallel, peak};
 
 fn main() {
-    let dims: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dims: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let (m, n, k) = match dims[..] {
         [m, n, k] => (m, n, k),
         _ => (1024, 1024, 1024),
     };
-    let s = GemmShape::dense(m, n, k, false, false, false);
+    let trans = |i: usize| args.get(i).is_some_and(|a| a == "t");
+    let s = GemmShape::dense(m, n, k, trans(3), trans(4), false);
     let mut rng = StdRng::seed_from_u64(1);
     let mut v =
         |len| -> Vec<bf16> { (0..len).map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0))).collect() };
@@ -52,7 +55,9 @@ fn main() {
             let pct =
                 peak.map_or("n/a".into(), |p| format!("{:.1}% of {p:.1}", 100.0 * g(x[x.len() / 2]) / p));
             println!(
-                "{path:>10} {m}x{n}x{k} {threads} thread(s): median {:.1} GFLOP/s (spread {:.1}..{:.1}), {pct}",
+                "{path:>10} {m}x{n}x{k} a_trans={} b_trans={} {threads} thread(s): median {:.1} GFLOP/s (spread {:.1}..{:.1}), {pct}",
+                s.a_trans,
+                s.b_trans,
                 g(x[x.len() / 2]),
                 g(x[x.len() - 1]),
                 g(x[0])

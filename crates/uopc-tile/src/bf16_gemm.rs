@@ -476,16 +476,18 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
         // SAFETY: the packing routines write inside their regions and read inside the
         // operands' extents (the contract of `gemm_bf16_unchecked`).
         unsafe {
+            // The portable path packs with portable code too, so forcing it tests code that
+            // needs no CPU features at all.
             #[cfg(target_arch = "x86_64")]
-            let vector_pack =
-                !s.b_trans && path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
+            let vector_pack = path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
             #[cfg(not(target_arch = "x86_64"))]
             let vector_pack = false;
-            if vector_pack {
+            match (vector_pack, s.b_trans) {
                 #[cfg(target_arch = "x86_64")]
-                crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n);
-            } else {
-                pack_b_scalar(bp, s, b);
+                (true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
+                #[cfg(target_arch = "x86_64")]
+                (true, true) => crate::x86::bf16::pack_b_cols(bp, b, s.ldb, k, n),
+                _ => pack_b_scalar(bp, s, b),
             }
             if in_place {
                 if a_tail_rows > 0 {
@@ -498,7 +500,12 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
                 }
             } else {
                 for ib in 0..rblocks {
-                    pack_a_block(ap_rows.add(ib * kblocks * BLOCK), s, a, ib * 32, 0, kblocks);
+                    let dst = ap_rows.add(ib * kblocks * BLOCK);
+                    match vector_pack {
+                        #[cfg(target_arch = "x86_64")]
+                        true => crate::x86::bf16::pack_a_cols(dst, a, lda, k, m, ib * 32),
+                        _ => pack_a_block(dst, s, a, ib * 32, 0, kblocks),
+                    }
                 }
             }
         }
