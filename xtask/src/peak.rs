@@ -13,8 +13,6 @@ use uopc_tile::{Bf16Path, GemmShape, gemm_bf16_parallel, peak};
 const GEMM_N: usize = 1024;
 /// Threads (and tasks) of the GEMM and of the multi-threaded peaks.
 const THREADS: usize = 2;
-/// Timed GEMM runs per path (after one untimed warm-up).
-const GEMM_REPS: usize = 15;
 
 #[derive(Serialize)]
 struct GemmRow {
@@ -35,7 +33,7 @@ struct Report {
     f32x4_peak_gflops: f64,
     avx2_fma_peak_gflops: Option<f64>,
     avx512_peak_gflops: Option<f64>,
-    /// `tdpbf16ps` chains on four accumulator tiles, [`THREADS`] threads.
+    /// Medians over the rounds. `tdpbf16ps` chains on four accumulator tiles, [`THREADS`] threads.
     amx_bf16_peak_gflops: Option<f64>,
     amx_bf16_peak_1t_gflops: Option<f64>,
     /// `vdpbf16ps` chains on 16 accumulators, [`THREADS`] threads.
@@ -65,30 +63,34 @@ pub fn run(json: Option<&Path>) -> ExitCode {
         wide.push(p);
     }
 
-    let amx = [1, THREADS].map(|t| peak::amx_bf16_peak_gflops(200_000, 5, t));
-    match amx {
-        [Some(one), Some(two)] => println!(
-            "AMX bf16 peak: {one:.1} GFLOP/s on 1 thread, {two:.1} on {THREADS} (tdpbf16ps chains, four accumulator tiles)"
-        ),
-        _ => println!(
-            "AMX bf16 peak: not available here (no AMX-TILE/AMX-BF16, no OS tile state, or no permission)"
-        ),
-    }
-    let dp = [1, THREADS].map(|t| peak::avx512_bf16_peak_gflops(2_000_000, 5, t));
-    match dp {
-        [Some(one), Some(two)] => println!(
-            "AVX512_BF16 peak: {one:.1} GFLOP/s on 1 thread, {two:.1} on {THREADS} (vdpbf16ps chains, 16 accumulators)"
-        ),
-        _ => println!("AVX512_BF16 peak: not available on this CPU"),
-    }
-
-    let rows = match rayon::ThreadPoolBuilder::new().num_threads(THREADS).build() {
-        Ok(pool) => pool.install(|| gemm_rows(amx[1], dp[1])),
+    let pool = match rayon::ThreadPoolBuilder::new().num_threads(THREADS).build() {
+        Ok(pool) => pool,
         Err(e) => {
             eprintln!("error: cannot start {THREADS} threads: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let m = pool.install(measure_bf16);
+    let med = |x: &[f64]| (!x.is_empty()).then(|| median(x));
+    let amx = [med(&m.amx[0]), med(&m.amx[1])];
+    let dp = [med(&m.dp[0]), med(&m.dp[1])];
+    match amx {
+        [Some(one), Some(two)] => println!(
+            "AMX bf16 peak: {one:.1} GFLOP/s on 1 thread, {two:.1} on {THREADS} (tdpbf16ps chains, four accumulator tiles; {})",
+            spread(&m.amx[1])
+        ),
+        _ => println!(
+            "AMX bf16 peak: not available here (no AMX-TILE/AMX-BF16, no OS tile state, or no permission)"
+        ),
+    }
+    match dp {
+        [Some(one), Some(two)] => println!(
+            "AVX512_BF16 peak: {one:.1} GFLOP/s on 1 thread, {two:.1} on {THREADS} (vdpbf16ps chains, 16 accumulators; {})",
+            spread(&m.dp[1])
+        ),
+        _ => println!("AVX512_BF16 peak: not available on this CPU"),
+    }
+    let rows = gemm_rows(&m, amx[1], dp[1]);
     let report = Report {
         threads: THREADS,
         f32x4_peak_gflops: f32x4,
@@ -120,10 +122,40 @@ pub fn run(json: Option<&Path>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Times the 1024^3 bf16 GEMM (row-major A and B, C overwritten) on every available vector
-/// path with [`THREADS`] tasks on the current pool, and checks sampled entries against f64.
-/// The portable path is left out: it exists for correctness, and would take minutes here.
-fn gemm_rows(amx_peak: Option<f64>, dp_peak: Option<f64>) -> Vec<GemmRow> {
+/// Samples of the bf16 figures, one per round for the peaks and [`GEMM_REPS`] per round for the
+/// GEMMs, in GFLOP/s.
+struct Bf16Samples {
+    /// AMX peak on 1 and [`THREADS`] threads (empty without AMX).
+    amx: [Vec<f64>; 2],
+    /// `vdpbf16ps` peak on 1 and [`THREADS`] threads (empty without AVX512_BF16).
+    dp: [Vec<f64>; 2],
+    /// The GEMM on each available vector path, with its sampled error.
+    gemm: Vec<(Bf16Path, Vec<f64>, f64)>,
+}
+
+/// Rounds over all bf16 measurements: each round measures every peak and then every GEMM, so
+/// load from other work on the machine moves a GEMM and the peak it is compared with alike.
+const ROUNDS: usize = 7;
+/// Timed GEMM runs per path and round.
+const GEMM_REPS: usize = 3;
+
+fn median(x: &[f64]) -> f64 {
+    let mut v = x.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn spread(x: &[f64]) -> String {
+    let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = x.iter().copied().fold(0.0, f64::max);
+    format!("spread {lo:.1}..{hi:.1} over {} samples", x.len())
+}
+
+/// Measures the bf16 peaks and the 1024^3 bf16 GEMM (row-major A and B, C overwritten) on
+/// every available vector path with [`THREADS`] tasks on the current pool, in [`ROUNDS`]
+/// interleaved rounds, and checks sampled GEMM entries against f64. The portable path is left
+/// out: it exists for correctness, and would take minutes here.
+fn measure_bf16() -> Bf16Samples {
     let n = GEMM_N;
     let s = GemmShape::dense(n, n, n, false, false, false);
     let mut rng = StdRng::seed_from_u64(7);
@@ -132,26 +164,39 @@ fn gemm_rows(amx_peak: Option<f64>, dp_peak: Option<f64>) -> Vec<GemmRow> {
     };
     let (a, b) = (values(n * n), values(n * n));
     let mut c = vec![0.0f32; n * n];
-    let mut rows = Vec::new();
+    let paths: Vec<Bf16Path> =
+        [Bf16Path::Amx, Bf16Path::Avx512Bf16].into_iter().filter(|p| p.available()).collect();
     for path in [Bf16Path::Amx, Bf16Path::Avx512Bf16] {
-        if !path.available() {
+        if !paths.contains(&path) {
             println!("bf16 GEMM {n}^3 on {path}: skipped, not available here");
-            continue;
         }
-        let run = |c: &mut [f32]| gemm_bf16_parallel(path, &s, &a, &b, c, THREADS).expect("valid operands");
-        run(&mut c);
-        let mut times: Vec<f64> = (0..GEMM_REPS)
-            .map(|_| {
+    }
+    let run = |path, c: &mut [f32]| gemm_bf16_parallel(path, &s, &a, &b, c, THREADS).expect("valid operands");
+    let mut out = Bf16Samples {
+        amx: [Vec::new(), Vec::new()],
+        dp: [Vec::new(), Vec::new()],
+        gemm: paths.iter().map(|&p| (p, Vec::new(), 0.0)).collect(),
+    };
+    for &path in &paths {
+        run(path, &mut c); // warm-up: page faults, packing buffers, the AMX permission
+    }
+    for _ in 0..ROUNDS {
+        for (i, threads) in [1, THREADS].into_iter().enumerate() {
+            out.amx[i].extend(peak::amx_bf16_peak_gflops(100_000, 2, threads));
+            out.dp[i].extend(peak::avx512_bf16_peak_gflops(1_000_000, 2, threads));
+        }
+        for (path, samples, _) in &mut out.gemm {
+            for _ in 0..GEMM_REPS {
                 let t = Instant::now();
-                run(&mut c);
-                t.elapsed().as_secs_f64()
-            })
-            .collect();
-        times.sort_by(f64::total_cmp);
-        let gflops = |t: f64| s.flops() / t / 1e9;
-        let (median, best) = (gflops(times[times.len() / 2]), gflops(times[0]));
+                run(*path, &mut c);
+                samples.push(s.flops() / t.elapsed().as_secs_f64() / 1e9);
+            }
+        }
+    }
+    for (path, _, err) in &mut out.gemm {
+        run(*path, &mut c);
         let mut sample = StdRng::seed_from_u64(8);
-        let max_rel_err = (0..256)
+        *err = (0..256)
             .map(|_| {
                 let (i, j) = (sample.random_range(0..n), sample.random_range(0..n));
                 let (mut exact, mut mag) = (0.0f64, 0.0f64);
@@ -163,12 +208,23 @@ fn gemm_rows(amx_peak: Option<f64>, dp_peak: Option<f64>) -> Vec<GemmRow> {
                 (f64::from(c[i * n + j]) - exact).abs() / mag.max(f64::MIN_POSITIVE)
             })
             .fold(0.0, f64::max);
-        let path_peak = if path == Bf16Path::Amx { amx_peak } else { dp_peak };
+    }
+    out
+}
+
+/// One row per measured GEMM path, printed and kept for the JSON report.
+fn gemm_rows(m: &Bf16Samples, amx_peak: Option<f64>, dp_peak: Option<f64>) -> Vec<GemmRow> {
+    let n = GEMM_N;
+    let mut rows = Vec::new();
+    for (path, samples, max_rel_err) in &m.gemm {
+        let (median, best) = (median(samples), samples.iter().copied().fold(0.0, f64::max));
+        let path_peak = if *path == Bf16Path::Amx { amx_peak } else { dp_peak };
         let pct = |p: Option<f64>| p.map(|p| 100.0 * median / p);
         let show = |p: Option<f64>| p.map_or("n/a".to_string(), |p| format!("{p:.1}%"));
         println!(
-            "bf16 GEMM {n}^3 on {path}, {THREADS} threads: median {median:.1} GFLOP/s (best {best:.1}), \
+            "bf16 GEMM {n}^3 on {path}, {THREADS} threads: median {median:.1} GFLOP/s ({}), \
              {} of the AMX peak, {} of its own instruction's peak; max rel err {max_rel_err:.1e}",
+            spread(samples),
             show(pct(amx_peak)),
             show(pct(path_peak)),
         );
@@ -178,7 +234,7 @@ fn gemm_rows(amx_peak: Option<f64>, dp_peak: Option<f64>) -> Vec<GemmRow> {
             best_gflops: best,
             percent_of_amx_peak: pct(amx_peak),
             percent_of_path_peak: pct(path_peak),
-            max_rel_err,
+            max_rel_err: *max_rel_err,
         });
     }
     rows
