@@ -5,7 +5,7 @@ use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{
     Bf16Path, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmShape, TileError, gemm_bf16, gemm_bf16_parallel,
-    uopc_tile_gemm_bf16,
+    uopc_tile_gemm_bf16, uopc_tile_gemm_bf16_desc,
 };
 
 /// Marks storage padding of C (between rows and past the last one); it must survive every call.
@@ -300,6 +300,7 @@ fn extern_entry_computes_and_refuses_bad_descriptors() {
         assert_eq!(uopc_tile_gemm_bf16(a, b, c, 37, 41, 43, 43, 43, 41, 8), -1, "unknown flag");
         assert_eq!(uopc_tile_gemm_bf16(a, b, c, 37, 41, 43, 42, 43, 41, 0), -1, "lda < k");
         assert_eq!(uopc_tile_gemm_bf16(std::ptr::null(), b, c, 37, 41, 43, 43, 43, 41, 0), -1, "null a");
+        assert_eq!(uopc_tile_gemm_bf16_desc(std::ptr::null(), a, b, c), -1, "null descriptor");
     }
     assert_eq!(got, before);
 }

@@ -266,3 +266,36 @@ pub(crate) unsafe fn peak_chains(iters: u64) -> f64 {
     std::hint::black_box(&out);
     iters as f64 * 4.0 * (16.0 * 16.0 * 32.0 * 2.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_config_is_palette_1_with_eight_16x64_tiles_and_zero_reserved_bytes() {
+        let b = &CONFIG.0;
+        assert_eq!(b[0], 1, "palette");
+        assert_eq!(b[1], 0, "start_row");
+        // Reserved bytes must be zero or `ldtilecfg` faults.
+        assert!(b[2..16].iter().all(|&x| x == 0));
+        for t in 0..8 {
+            assert_eq!(u16::from_le_bytes([b[16 + 2 * t], b[17 + 2 * t]]), 64, "colsb[{t}]");
+            assert_eq!(b[48 + t], 16, "rows[{t}]");
+        }
+        assert!(b[32..48].iter().all(|&x| x == 0), "colsb of tiles 8-15");
+        assert!(b[56..64].iter().all(|&x| x == 0), "rows of tiles 8-15");
+        assert_eq!(std::mem::align_of::<TileConfig>(), 64);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn cpuid_detection_agrees_with_the_kernels_cpu_flags() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return };
+        let Some(flags) = info.lines().find(|l| l.starts_with("flags")) else { return };
+        let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+        let kernel_says = has("amx_tile") && has("amx_bf16");
+        let (leaf7, amx) = (__cpuid_count(7, 0), CPUID7_EDX_AMX_TILE | CPUID7_EDX_AMX_BF16);
+        assert_eq!(leaf7.edx & amx == amx, kernel_says);
+        println!("AMX-TILE and AMX-BF16 per CPUID: {kernel_says}; usable in this process: {}", usable());
+    }
+}
