@@ -3,6 +3,7 @@
 mod attention;
 mod backward;
 mod masked;
+mod peak;
 mod reference;
 mod sdpa;
 mod svg;
@@ -33,8 +34,13 @@ enum Bench {
     /// Time unfused, fused and online attention against an f64 reference.
     Attention(AttentionArgs),
     /// Measure this machine's FMA peaks: F32X4 from JIT-compiled FMA chains (what Cranelift
-    /// code can reach), and the 256- and 512-bit peaks of the tile micro-kernels.
-    Peak,
+    /// code can reach), and the 256- and 512-bit peaks of the tile micro-kernels; then the bf16
+    /// peaks (AMX tiles, AVX512_BF16) on 1 and 2 threads and the 1024^3 bf16 tile GEMM on 2.
+    Peak {
+        /// Write every figure here as JSON (`amx_bf16_peak_gflops`, `amx_gemm_1024_gflops`, ...).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Causal attention (WHERE mask and ragged key loop) against non-causal, batched multi-head.
     Masked {
         /// Key (and query) lengths N (comma separated).
@@ -249,26 +255,6 @@ fn main() -> ExitCode {
             }
             masked::run_decode(&nk, d, heads, chunks, reps)
         }
-        Task::Bench { what: Bench::Peak } => match attention::measure_peak() {
-            Some(p) => {
-                println!(
-                    "F32X4 FMA peak: {p:.1} GFLOP/s on all cores (128-bit vectors: Cranelift's widest on x86-64)"
-                );
-                for (isa, what) in [(uopc_tile::Isa::Avx2Fma, "256-bit"), (uopc_tile::Isa::Avx512, "512-bit")]
-                {
-                    match attention::measure_wide_peak(isa) {
-                        Some(p) => {
-                            println!("{what} FMA peak: {p:.1} GFLOP/s on all cores ({isa} micro-kernels)")
-                        }
-                        None => println!("{what} FMA peak: not available on this CPU"),
-                    }
-                }
-                ExitCode::SUCCESS
-            }
-            None => {
-                eprintln!("error: could not compile or run the FMA loop on this machine");
-                ExitCode::FAILURE
-            }
-        },
+        Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
     }
 }

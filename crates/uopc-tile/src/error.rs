@@ -1,6 +1,6 @@
 //! The error type of the checked entry points.
 
-use crate::Isa;
+use crate::{Bf16Path, Isa};
 
 /// Why a checked tile operation refused to run. Nothing is read or written when one is returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -8,6 +8,10 @@ pub enum TileError {
     /// The requested instruction set is not supported by this CPU (or this build target).
     #[error("instruction set {0} is not available on this CPU")]
     IsaUnavailable(Isa),
+    /// The requested bf16 GEMM path cannot run here (missing instructions, OS support or
+    /// permission).
+    #[error("bf16 GEMM path {0} is not available on this machine")]
+    PathUnavailable(Bf16Path),
     /// A buffer is shorter than its shape and leading dimension require.
     #[error("operand {operand}: buffer holds {len} elements but the shape needs {needed}")]
     BufferTooSmall {

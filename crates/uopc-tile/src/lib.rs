@@ -10,16 +10,23 @@
 //! * [`softmax_update`]: one online-softmax step of FlashAttention-2 over a score tile in the
 //!   log2 domain, rescaling the running output rows.
 //!
+//! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
+//!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
+//!   bf16 and f16 conversions in [`convert`].
+//!
 //! Each operation has a checked safe entry point, an `unsafe` raw-pointer twin for callers that
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code
-//! ([`uopc_tile_gemm_f32`], [`uopc_tile_softmax_update_f32`]). Kernels are single-threaded: the
-//! caller owns parallelism.
+//! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_softmax_update_f32`]). Kernels
+//! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
+//! convenience that splits a GEMM across the caller's rayon pool.
 
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+mod bf16_gemm;
 #[cfg(target_arch = "x86_64")]
 mod blocked;
+pub mod convert;
 mod error;
 mod gemm;
 mod isa;
@@ -31,6 +38,10 @@ mod softmax;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use bf16_gemm::{
+    Bf16Path, gemm_bf16, gemm_bf16_parallel, gemm_bf16_unchecked, uopc_tile_gemm_bf16,
+    uopc_tile_gemm_bf16_desc,
+};
 pub use error::TileError;
 pub use gemm::{
     GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmDesc, GemmShape, gemm, gemm_unchecked,

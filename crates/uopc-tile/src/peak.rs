@@ -1,5 +1,5 @@
-//! This CPU's FMA peak at each vector width the micro-kernels use: the ceilings their GEMMs
-//! (and the attention built on them) are measured against.
+//! This CPU's FMA peak at each vector width the micro-kernels use, and its AMX bf16 peak: the
+//! ceilings their GEMMs (and the attention built on them) are measured against.
 
 use crate::Isa;
 
@@ -61,9 +61,61 @@ pub fn fma_peak_gflops(isa: Isa, iters: u64, reps: usize, threads: usize) -> Opt
     Some(flops / best / 1e9)
 }
 
+/// `iters` rounds of 16 independent `vdpbf16ps` chains (each instruction 16 lanes x 2 pairs of
+/// bf16 products); returns the flops done, or `None` without AVX512_BF16. This is the ceiling
+/// of [`crate::Bf16Path::Avx512Bf16`].
+pub fn avx512_bf16_chains(iters: u64) -> Option<f64> {
+    if !crate::Bf16Path::Avx512Bf16.available() {
+        return None;
+    }
+    // SAFETY: AVX-512F and AVX512_BF16 were detected just above.
+    std::hint::black_box(unsafe { x86::dpbf16(iters) });
+    Some(iters as f64 * 16.0 * 64.0)
+}
+
+/// Best GFLOP/s over `reps` runs of [`avx512_bf16_chains`] on `threads` threads at once;
+/// `None` without AVX512_BF16.
+pub fn avx512_bf16_peak_gflops(iters: u64, reps: usize, threads: usize) -> Option<f64> {
+    best_gflops(reps, threads, || avx512_bf16_chains(iters))
+}
+
+/// Best GFLOP/s over `reps` runs of `work` (which returns the flops it did) on `threads`
+/// threads at once; `None` if `work` does.
+fn best_gflops(reps: usize, threads: usize, work: impl Fn() -> Option<f64> + Sync) -> Option<f64> {
+    work()?;
+    let threads = threads.max(1);
+    let mut best = f64::INFINITY;
+    let mut flops = 0.0;
+    for _ in 0..reps.max(1) {
+        let t = std::time::Instant::now();
+        flops = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..threads).map(|_| s.spawn(&work)).collect();
+            runs.into_iter().filter_map(|r| r.join().ok().flatten()).sum::<f64>()
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Some(flops / best / 1e9)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// `iters` rounds of 16 independent `vdpbf16ps` chains on constant operands (1/64 in every
+    /// bf16, so the sums stay finite); returns a value so nothing folds.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub fn dpbf16(iters: u64) -> f32 {
+        // SAFETY: `__m512i` and `__m512bh` are both 64 plain bytes.
+        let x: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi16(0x3C80)) };
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_dpbf16_ps(*a, x, x);
+            }
+        }
+        let s = acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a));
+        _mm512_reduce_add_ps(s)
+    }
 
     /// `iters` rounds of 16 independent 512-bit FMA chains; returns a value so nothing folds.
     #[target_feature(enable = "avx512f")]
@@ -97,4 +149,20 @@ mod x86 {
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
         lanes.iter().sum()
     }
+}
+
+/// `iters` rounds of four independent `tdpbf16ps` chains (each a 16 x 16 x 32 bf16 multiply
+/// into f32 tiles); returns the flops done, or `None` when AMX is not usable here.
+pub fn amx_bf16_chains(iters: u64) -> Option<f64> {
+    if !crate::Bf16Path::Amx.available() {
+        return None;
+    }
+    // SAFETY: AMX is usable (permission granted), checked just above.
+    Some(unsafe { crate::x86::amx::peak_chains(iters) })
+}
+
+/// Best GFLOP/s over `reps` runs of [`amx_bf16_chains`] on `threads` threads at once (each
+/// thread loads its own tile configuration); `None` without AMX.
+pub fn amx_bf16_peak_gflops(iters: u64, reps: usize, threads: usize) -> Option<f64> {
+    best_gflops(reps, threads, || amx_bf16_chains(iters))
 }

@@ -1,9 +1,12 @@
-//! x86-64 kernels (AVX-512 and AVX2+FMA) and their shared packing routine.
+//! x86-64 kernels (AVX-512, AVX2+FMA, AMX and AVX512_BF16) and the f32 kernels' shared packing
+//! routine.
 
 use std::arch::x86_64::*;
 
+pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod bf16;
 
 /// Packs `B^T` into a panel of width `NR`: `dst[p * NR + j] = src[j * ldb + p]` for `p < kc`,
 /// `j < nr`, zero for `nr <= j < NR`.

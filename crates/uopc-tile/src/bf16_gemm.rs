@@ -1,0 +1,617 @@
+//! bf16 x bf16 -> f32 GEMM: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles,
+//! `vdpbf16ps` or portable Rust.
+//!
+//! All three paths share one blocked driver and one data layout, the one AMX needs:
+//!
+//! * B is packed once per call into 32-column panels. Panel `jp`, k block `kb` (32 k values)
+//!   is 1024 u16 at `(jp * kblocks + kb) * 1024`: two tiles of 16 rows x 32 u16, columns
+//!   `0..16` then `16..32`; row `r` holds the VNNI pairs `(B[2r, j], B[2r + 1, j])` for the
+//!   tile's 16 columns. k past the end and columns past `n` are zeros.
+//! * A is read in place as tiles (16 rows of 64 bytes at A's row stride) when it is stored
+//!   `m x k`; the ragged last row block and last k block, and a transposed A, are copied into
+//!   the same tile layout (k block `kb` of row block `ib` is 1024 u16, 32 rows of 32), zero
+//!   padded, because a tile load cannot stop at a row's end.
+//! * C is updated in 32 x 32 blocks, in place when whole, else through a local block.
+//!
+//! The k dimension is swept in slabs (`kb_per_slab`): one row block's A slab stays close while
+//! the packed B slab streams past it, and each slab reads and writes C once.
+
+use std::sync::OnceLock;
+
+use half::bf16;
+
+use crate::error::check_len;
+use crate::gemm::zero_c;
+use crate::{GemmDesc, GemmShape, TileError};
+
+/// A code path of [`gemm_bf16`].
+///
+/// Every entry point takes the path explicitly so tests and benchmarks can force any one the
+/// CPU has; [`Bf16Path::detect`] picks the fastest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bf16Path {
+    /// AMX tiles (`tdpbf16ps` on 16 x 32 x 16 blocks); needs AMX-TILE, AMX-BF16, OS support
+    /// for tile state and the Linux permission to use it.
+    Amx,
+    /// AVX-512 `vdpbf16ps` (AVX512_BF16 with AVX-512F and BW).
+    Avx512Bf16,
+    /// Plain Rust; available everywhere.
+    Portable,
+}
+
+impl Bf16Path {
+    /// All paths, fastest first.
+    pub const ALL: [Bf16Path; 3] = [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::Portable];
+
+    /// Whether this path can run here. For [`Bf16Path::Amx`] the first call asks the OS for
+    /// the tile-state permission (once per process); a refusal makes it unavailable.
+    pub fn available(self) -> bool {
+        match self {
+            Bf16Path::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Bf16Path::Amx => crate::x86::amx::usable(),
+            #[cfg(target_arch = "x86_64")]
+            Bf16Path::Avx512Bf16 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512bf16")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Bf16Path::Amx | Bf16Path::Avx512Bf16 => false,
+        }
+    }
+
+    /// The fastest available path; probed once, then cached.
+    pub fn detect() -> Bf16Path {
+        static DETECTED: OnceLock<Bf16Path> = OnceLock::new();
+        *DETECTED
+            .get_or_init(|| Bf16Path::ALL.into_iter().find(|p| p.available()).unwrap_or(Bf16Path::Portable))
+    }
+
+    /// A short lowercase name (`"amx"`, `"avx512bf16"`, `"portable"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Bf16Path::Amx => "amx",
+            Bf16Path::Avx512Bf16 => "avx512bf16",
+            Bf16Path::Portable => "portable",
+        }
+    }
+}
+
+impl std::fmt::Display for Bf16Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// `C (+)= A · B` with bf16 A and B and f32 C, every operand checked against `s` first.
+///
+/// `s` means what it means for the f32 [`crate::gemm`] (element counts, either operand
+/// transposed, `accumulate`). Products of bf16 values are exact in f32; the sums are rounded
+/// to f32, in an order that differs between paths. The AMX and `vdpbf16ps` paths treat
+/// subnormal inputs as zero and flush subnormal results to zero, as the instructions do.
+///
+/// # Errors
+///
+/// Nothing is read or written when one is returned: [`TileError::PathUnavailable`] if `path`
+/// cannot run here; the errors of [`GemmShape::extents`]; [`TileError::BufferTooSmall`] if a
+/// slice is shorter than its extent.
+///
+/// # Examples
+///
+/// ```rust
+/// use half::bf16;
+/// use uopc_tile::{Bf16Path, GemmShape, TileError, gemm_bf16};
+///
+/// let h = |x: f32| bf16::from_f32(x);
+/// let a = [h(1.0), h(2.0), h(3.0), h(4.0)]; // [[1, 2], [3, 4]]
+/// let b = [h(1.0), h(0.5), h(0.0), h(1.0)]; // [[1, 0.5], [0, 1]]
+/// let mut c = [f32::NAN; 4]; // not read: the shape overwrites C
+/// gemm_bf16(Bf16Path::detect(), &GemmShape::dense(2, 2, 2, false, false, false), &a, &b, &mut c)?;
+/// assert_eq!(c, [1.0, 2.5, 3.0, 5.5]);
+///
+/// let short = gemm_bf16(Bf16Path::Portable, &GemmShape::dense(2, 2, 2, false, false, false), &a, &b[..3], &mut c);
+/// assert_eq!(short, Err(TileError::BufferTooSmall { operand: "b", needed: 4, len: 3 }));
+/// # Ok::<(), TileError>(())
+/// ```
+pub fn gemm_bf16(
+    path: Bf16Path,
+    s: &GemmShape,
+    a: &[bf16],
+    b: &[bf16],
+    c: &mut [f32],
+) -> Result<(), TileError> {
+    check(path, s, a.len(), b.len(), c.len())?;
+    // SAFETY: the path is available, each slice covers its operand's extent, and `c` is a
+    // unique borrow, so it cannot overlap `a` or `b`.
+    unsafe { gemm_bf16_unchecked(path, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+    Ok(())
+}
+
+/// The checks of [`gemm_bf16`] on slice lengths.
+fn check(path: Bf16Path, s: &GemmShape, a: usize, b: usize, c: usize) -> Result<(), TileError> {
+    if !path.available() {
+        return Err(TileError::PathUnavailable(path));
+    }
+    let [na, nb, nc] = s.extents()?;
+    check_len("a", na, a)?;
+    check_len("b", nb, b)?;
+    check_len("c", nc, c)
+}
+
+/// [`gemm_bf16`] split into `tasks` column ranges (whole 32-column panels) run as rayon tasks
+/// on the calling pool, each packing its own part of B and loading its own tile configuration.
+/// `tasks` is clamped to the number of panels; 0 or 1 runs on the calling thread.
+///
+/// # Errors
+///
+/// Those of [`gemm_bf16`]; nothing is read or written when one is returned.
+pub fn gemm_bf16_parallel(
+    path: Bf16Path,
+    s: &GemmShape,
+    a: &[bf16],
+    b: &[bf16],
+    c: &mut [f32],
+    tasks: usize,
+) -> Result<(), TileError> {
+    check(path, s, a.len(), b.len(), c.len())?;
+    let panels = s.n.div_ceil(32);
+    let tasks = tasks.clamp(1, panels.max(1));
+    if tasks == 1 {
+        // SAFETY: checked above; `c` is a unique borrow.
+        unsafe { gemm_bf16_unchecked(path, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+        return Ok(());
+    }
+    /// Pointers handed to the tasks; each task writes a disjoint column range of C.
+    #[derive(Clone, Copy)]
+    struct Operands(*const bf16, *const bf16, *mut f32);
+    // SAFETY: the tasks read A and B (shared, unmodified during the call) and write disjoint
+    // columns of C, whose unique borrow this function holds until they all finish.
+    unsafe impl Send for Operands {}
+    // SAFETY: as above.
+    unsafe impl Sync for Operands {}
+    let ops = Operands(a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    let per_task = panels.div_ceil(tasks) * 32;
+    rayon::scope(|scope| {
+        for j0 in (0..s.n).step_by(per_task) {
+            let sub = GemmShape { n: per_task.min(s.n - j0), ..*s };
+            scope.spawn(move |_| {
+                let ops = ops;
+                let b_off = if s.b_trans { j0 * s.ldb } else { j0 };
+                // SAFETY: the sub-shape's extents lie inside the checked ones (columns
+                // `j0 .. j0 + sub.n` of B and C, same leading dimensions); the C columns of
+                // different tasks are disjoint.
+                unsafe { gemm_bf16_unchecked(path, &sub, ops.0, ops.1.add(b_off), ops.2.add(j0)) };
+            });
+        }
+    });
+    Ok(())
+}
+
+/// `C (+)= A · B` on raw pointers, without checks.
+///
+/// # Safety
+///
+/// * `path.available()` is true.
+/// * With `[na, nb, nc] = s.extents()` (which must be `Ok`): `a` is valid for reads of `na`
+///   bf16, `b` for reads of `nb`, and `c` for reads and writes of `nc` f32 (only writes when
+///   `!s.accumulate`); all aligned for their types (null is fine for an extent of 0).
+/// * The C region does not overlap A or B, and nothing else accesses it during the call.
+pub unsafe fn gemm_bf16_unchecked(
+    path: Bf16Path,
+    s: &GemmShape,
+    a: *const bf16,
+    b: *const bf16,
+    c: *mut f32,
+) {
+    // SAFETY: forwarded; bf16 is a transparent u16.
+    unsafe { drive(path, s, a.cast(), b.cast(), c) }
+}
+
+/// Flat C-ABI bf16 GEMM for JIT-compiled code: `C (+)= A · B` on the fastest path here.
+///
+/// Arguments, in order: `a`, `b` (pointers to bf16 bit patterns), `c` (pointer to f32), then
+/// the `i64`s `m`, `n`, `k`, `lda`, `ldb`, `ldc`, `flags`, as for [`crate::uopc_tile_gemm_f32`].
+///
+/// Returns 0 on success, or -1 without touching memory if a size is negative, `flags` has
+/// unknown bits, a leading dimension is too small, an extent overflows, or a pointer is null
+/// while its operand is non-empty.
+///
+/// # Safety
+///
+/// The pointers must satisfy the contract of [`gemm_bf16_unchecked`] for the decoded shape.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // a flat register-passed ABI is the point of this entry
+pub unsafe extern "C" fn uopc_tile_gemm_bf16(
+    a: *const bf16,
+    b: *const bf16,
+    c: *mut f32,
+    m: i64,
+    n: i64,
+    k: i64,
+    lda: i64,
+    ldb: i64,
+    ldc: i64,
+    flags: i64,
+) -> i32 {
+    let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
+    // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
+    unsafe { uopc_tile_gemm_bf16_desc(&desc, a, b, c) }
+}
+
+/// Descriptor-based C-ABI bf16 GEMM: `(desc, a, b, c) -> i32`, otherwise like
+/// [`uopc_tile_gemm_bf16`]. Returns -1 also when `desc` is null.
+///
+/// # Safety
+///
+/// `desc` is null or points to a readable [`GemmDesc`]; the pointers must satisfy the contract
+/// of [`gemm_bf16_unchecked`] for the decoded shape.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn uopc_tile_gemm_bf16_desc(
+    desc: *const GemmDesc,
+    a: *const bf16,
+    b: *const bf16,
+    c: *mut f32,
+) -> i32 {
+    if desc.is_null() {
+        return -1;
+    }
+    // SAFETY: non-null, and the caller guarantees it points to a readable descriptor.
+    let Some(s) = unsafe { desc.read_unaligned() }.shape() else { return -1 };
+    let Ok([na, nb, nc]) = s.extents() else { return -1 };
+    if (na > 0 && a.is_null()) || (nb > 0 && b.is_null()) || (nc > 0 && c.is_null()) {
+        return -1;
+    }
+    // SAFETY: the detected path is available; extents and pointers are the caller's contract.
+    unsafe { gemm_bf16_unchecked(Bf16Path::detect(), &s, a, b, c) };
+    0
+}
+
+/// k blocks (of 32) per slab on `path`. Each slab passes over all of C once (loads and stores
+/// every block), so longer slabs cost less C traffic, while a row block's A slab (`32 x 32
+/// kb` bf16) should stay in L1 as it meets every B panel.
+///
+/// `vdpbf16ps` takes long enough per block that A coming from L2 costs nothing, so the slab
+/// spans up to 1024 k: a 1024-deep GEMM then reads C once. AMX does the same block about ten
+/// times faster, so it keeps its A slab (32 x 512, 32 KiB) within a 48 KiB L1 and pays one
+/// more pass over C per 512 k instead.
+fn kb_per_slab(path: Bf16Path) -> usize {
+    match path {
+        Bf16Path::Amx => 16,
+        _ => 32,
+    }
+}
+
+/// u16 in one packed tile pair (a B panel's k block, or a row block's A k block).
+const BLOCK: usize = 1024;
+
+/// The A operand of one block, in the form every path's block kernel takes.
+#[derive(Clone, Copy)]
+pub(crate) struct ATiles {
+    /// Row 0 of the first k step.
+    pub ptr: *const u16,
+    /// Bytes between rows `r` and `r + 1` (for `r + 1 < 16`).
+    pub stride: usize,
+    /// Bytes from row `r` to row `16 + r`.
+    pub hi: usize,
+    /// Bytes from one k step (32 columns) to the next.
+    pub step: usize,
+}
+
+impl ATiles {
+    /// Row block `blk`, k block `kb` of a packed region holding `kblocks` k blocks per row
+    /// block.
+    fn packed(base: *const u16, blk: usize, kblocks: usize, kb: usize) -> ATiles {
+        ATiles { ptr: base.wrapping_add((blk * kblocks + kb) * BLOCK), stride: 64, hi: 1024, step: 2048 }
+    }
+}
+
+/// Runs one 32 x 32 block on `path`.
+///
+/// # Safety
+///
+/// The contract of `x86::amx::block` (with [`ATiles`] read as there), plus the CPU features of
+/// `path` and, for AMX, the tile configuration loaded on this thread.
+#[inline]
+unsafe fn block(
+    path: Bf16Path,
+    a: ATiles,
+    b: *const u16,
+    ksteps: usize,
+    c: *mut f32,
+    ldc: usize,
+    load_c: bool,
+) {
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: forwarded from this function's contract.
+        Bf16Path::Amx => unsafe { crate::x86::amx::block(a, b, ksteps, c, ldc, load_c) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: forwarded from this function's contract.
+        Bf16Path::Avx512Bf16 => unsafe { crate::x86::bf16::block(a, b, ksteps, c, ldc, load_c) },
+        // SAFETY: forwarded from this function's contract.
+        _ => unsafe { portable_block(a, b, ksteps, c, ldc, load_c) },
+    }
+}
+
+/// The portable block kernel: the arithmetic of `tdpbf16ps` in scalar Rust (each f32
+/// accumulator gains one pair of products per k pair).
+///
+/// # Safety
+///
+/// The memory contract of `x86::amx::block`.
+unsafe fn portable_block(a: ATiles, b: *const u16, ksteps: usize, c: *mut f32, ldc: usize, load_c: bool) {
+    let widen = |x: u16| f32::from_bits(u32::from(x) << 16);
+    for r in 0..32 {
+        let row =
+            a.ptr.cast::<u8>().wrapping_add(if r < 16 { r * a.stride } else { a.hi + (r - 16) * a.stride });
+        let mut acc = [0.0f32; 32];
+        // SAFETY: row `r` of C has 32 floats, readable when `load_c`.
+        let crow = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), 32) };
+        if load_c {
+            acc.copy_from_slice(crow);
+        }
+        for s in 0..ksteps {
+            // SAFETY: k step `s` of A row `r` is 32 readable u16; of the B panel, 1024.
+            let (ar, bs) = unsafe {
+                (
+                    std::slice::from_raw_parts(row.add(s * a.step).cast::<u16>(), 32),
+                    std::slice::from_raw_parts(b.add(s * BLOCK), BLOCK),
+                )
+            };
+            for pair in 0..16 {
+                let (a0, a1) = (widen(ar[2 * pair]), widen(ar[2 * pair + 1]));
+                for (j, x) in acc.iter_mut().enumerate() {
+                    let at = (j / 16) * 512 + pair * 32 + 2 * (j % 16);
+                    *x += a0 * widen(bs[at]) + a1 * widen(bs[at + 1]);
+                }
+            }
+        }
+        crow.copy_from_slice(&acc);
+    }
+}
+
+/// Packs B (any layout) into the panel layout of this module with scalar code.
+///
+/// # Safety
+///
+/// `dst` is writable for `n.div_ceil(32) * k.div_ceil(32) * 1024` u16; B's extent under `s`
+/// is readable.
+unsafe fn pack_b_scalar(dst: *mut u16, s: &GemmShape, b: *const u16) {
+    let kblocks = s.k.div_ceil(32);
+    let panels = s.n.div_ceil(32);
+    // SAFETY: the whole packed region is writable.
+    unsafe { std::ptr::write_bytes(dst, 0, panels * kblocks * BLOCK) };
+    for p in 0..s.k {
+        for j in 0..s.n {
+            let src = if s.b_trans { j * s.ldb + p } else { p * s.ldb + j };
+            let at = ((j / 32) * kblocks + p / 32) * BLOCK
+                + ((j % 32) / 16) * 512
+                + ((p % 32) / 2) * 32
+                + 2 * (j % 16)
+                + p % 2;
+            // SAFETY: `(p, j)` is inside B's extent; `at` inside the packed region.
+            unsafe { *dst.add(at) = *b.add(src) };
+        }
+    }
+}
+
+/// Copies rows `i0 .. i0 + 32` (those below `m`), k blocks `kb0 .. kb0 + nkb` of A into
+/// packed tiles at `dst` (`nkb * 1024` u16), zero-padding rows past `m` and k past `k`.
+///
+/// # Safety
+///
+/// `dst` is writable for `nkb * 1024` u16; A's extent under `s` is readable.
+unsafe fn pack_a_block(dst: *mut u16, s: &GemmShape, a: *const u16, i0: usize, kb0: usize, nkb: usize) {
+    // SAFETY: the region is writable.
+    unsafe { std::ptr::write_bytes(dst, 0, nkb * BLOCK) };
+    let rows = s.m.saturating_sub(i0).min(32);
+    for kb in 0..nkb {
+        let p0 = (kb0 + kb) * 32;
+        let cols = s.k.saturating_sub(p0).min(32);
+        for r in 0..rows {
+            let i = i0 + r;
+            // SAFETY: row `i < m`, columns `p0 .. p0 + cols <= k` lie in A's extent; the
+            // destination row is inside tile `kb`.
+            unsafe {
+                let d = dst.add(kb * BLOCK + r * 32);
+                if s.a_trans {
+                    for q in 0..cols {
+                        *d.add(q) = *a.add((p0 + q) * s.lda + i);
+                    }
+                } else {
+                    std::ptr::copy_nonoverlapping(a.add(i * s.lda + p0), d, cols);
+                }
+            }
+        }
+    }
+}
+
+/// Whether A is loaded as tiles straight from its storage (it is `m x k` with k contiguous);
+/// otherwise it is copied into tiles first.
+fn a_in_place(s: &GemmShape) -> bool {
+    !s.a_trans
+}
+
+/// The blocked driver shared by all paths.
+///
+/// # Safety
+///
+/// The contract of [`gemm_bf16_unchecked`].
+unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: *mut f32) {
+    let GemmShape { m, n, k, lda, ldc, accumulate, .. } = *s;
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            // SAFETY: C's extent is valid for writes.
+            unsafe { zero_c(s, c) };
+        }
+        return;
+    }
+    let kblocks = k.div_ceil(32);
+    let k_full = k / 32;
+    let panels = n.div_ceil(32);
+    let rblocks = m.div_ceil(32);
+    let m_full = m / 32;
+    let in_place = a_in_place(s);
+    // Packed A: every row block when copied; else the ragged row block (all k blocks) and the
+    // ragged k block of every whole row block.
+    let (a_tail_rows, a_tail_k) = if in_place {
+        (
+            if m_full < rblocks { kblocks * BLOCK } else { 0 },
+            if k_full < kblocks { m_full * BLOCK } else { 0 },
+        )
+    } else {
+        (rblocks * kblocks * BLOCK, 0)
+    };
+    let b_len = panels * kblocks * BLOCK;
+    let total = b_len + a_tail_rows + a_tail_k;
+    crate::pack::with_buffer(total.div_ceil(2), |buf| {
+        let bp = buf.cast::<u16>();
+        // SAFETY: the buffer holds `total` u16, split into the packed B, the row-tail (or
+        // whole) A region and the k-tail region, in that order.
+        let (ap_rows, ap_k) = unsafe { (bp.add(b_len), bp.add(b_len + a_tail_rows)) };
+        // SAFETY: the packing routines write inside their regions and read inside the
+        // operands' extents (the contract of `gemm_bf16_unchecked`).
+        unsafe {
+            // The portable path packs with portable code too, so forcing it tests code that
+            // needs no CPU features at all.
+            #[cfg(target_arch = "x86_64")]
+            let vector_pack = path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
+            #[cfg(not(target_arch = "x86_64"))]
+            let vector_pack = false;
+            match (vector_pack, s.b_trans) {
+                #[cfg(target_arch = "x86_64")]
+                (true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
+                #[cfg(target_arch = "x86_64")]
+                (true, true) => crate::x86::bf16::pack_b_cols(bp, b, s.ldb, k, n),
+                _ => pack_b_scalar(bp, s, b),
+            }
+            if in_place {
+                if a_tail_rows > 0 {
+                    pack_a_block(ap_rows, s, a, m_full * 32, 0, kblocks);
+                }
+                if a_tail_k > 0 {
+                    for ib in 0..m_full {
+                        pack_a_block(ap_k.add(ib * BLOCK), s, a, ib * 32, k_full, 1);
+                    }
+                }
+            } else {
+                for ib in 0..rblocks {
+                    let dst = ap_rows.add(ib * kblocks * BLOCK);
+                    match vector_pack {
+                        #[cfg(target_arch = "x86_64")]
+                        true => crate::x86::bf16::pack_a_cols(dst, a, lda, k, m, ib * 32),
+                        _ => pack_a_block(dst, s, a, ib * 32, 0, kblocks),
+                    }
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if path == Bf16Path::Amx {
+            // SAFETY: the path is available, so tile state is permitted.
+            unsafe { crate::x86::amx::configure() };
+        }
+        /// The 32 x 32 C block used when the real one is ragged.
+        #[repr(C, align(64))]
+        struct CBlock([f32; 1024]);
+        let mut cblock = CBlock([0.0; 1024]);
+        let kbs = kb_per_slab(path);
+        for kb0 in (0..kblocks).step_by(kbs) {
+            let kb1 = (kb0 + kbs).min(kblocks);
+            let load = accumulate || kb0 > 0;
+            for ib in 0..rblocks {
+                let i0 = ib * 32;
+                // The A pieces covering k blocks kb0..kb1: (tiles, first k block, k blocks).
+                let mut pieces = [(ATiles::packed(ap_rows, 0, 0, 0), 0, 0); 2];
+                let mut npieces = 0;
+                if !in_place {
+                    pieces[0] = (ATiles::packed(ap_rows, ib, kblocks, kb0), kb0, kb1 - kb0);
+                    npieces = 1;
+                } else if ib == m_full {
+                    pieces[0] = (ATiles::packed(ap_rows, 0, kblocks, kb0), kb0, kb1 - kb0);
+                    npieces = 1;
+                } else {
+                    let full_end = kb1.min(k_full);
+                    if full_end > kb0 {
+                        let row = a.wrapping_add(i0 * lda + kb0 * 32);
+                        let at = ATiles { ptr: row, stride: lda * 2, hi: 16 * lda * 2, step: 64 };
+                        pieces[0] = (at, kb0, full_end - kb0);
+                        npieces = 1;
+                    }
+                    if kb1 > k_full {
+                        pieces[npieces] = (ATiles::packed(ap_k, ib, 1, 0), k_full, 1);
+                        npieces += 1;
+                    }
+                }
+                for jp in 0..panels {
+                    let j0 = jp * 32;
+                    let (rows, cols) = ((m - i0).min(32), (n - j0).min(32));
+                    let whole = rows == 32 && cols == 32;
+                    let (cp, cld) = if whole {
+                        // SAFETY: the block lies inside C.
+                        (unsafe { c.add(i0 * ldc + j0) }, ldc)
+                    } else {
+                        if load {
+                            for r in 0..rows {
+                                // SAFETY: row `i0 + r < m`, columns `j0 .. j0 + cols <= n`.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        c.add((i0 + r) * ldc + j0),
+                                        cblock.0.as_mut_ptr().add(r * 32),
+                                        cols,
+                                    )
+                                };
+                            }
+                        }
+                        (cblock.0.as_mut_ptr(), 32)
+                    };
+                    // The next C block: its rows are `ldc` apart, a stride no hardware prefetcher
+                    // follows, and when C is larger than the caches every row would otherwise
+                    // miss at the start of the block.
+                    #[cfg(target_arch = "x86_64")]
+                    if jp + 1 < panels {
+                        let next = c.wrapping_add(i0 * ldc + j0 + 32);
+                        for r in 0..rows {
+                            let p = next.wrapping_add(r * ldc).cast::<i8>();
+                            // SAFETY: prefetching never faults.
+                            unsafe {
+                                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p);
+                                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                                    p.wrapping_add(64),
+                                );
+                            }
+                        }
+                    }
+                    let mut load_c = load;
+                    for &(at, kb, nkb) in &pieces[..npieces] {
+                        // SAFETY: the A piece covers 32 readable rows of `nkb` k blocks (whole
+                        // rows of A in place, or zero-padded packed tiles); the B panel's k
+                        // blocks `kb ..` are packed; the C block is 32 x 32 at stride `cld`.
+                        unsafe { block(path, at, bp.add((jp * kblocks + kb) * BLOCK), nkb, cp, cld, load_c) };
+                        load_c = true;
+                    }
+                    if !whole {
+                        for r in 0..rows {
+                            // SAFETY: as for the copy in.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    cblock.0.as_ptr().add(r * 32),
+                                    c.add((i0 + r) * ldc + j0),
+                                    cols,
+                                )
+                            };
+                        }
+                    }
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if path == Bf16Path::Amx {
+            // SAFETY: as for `configure`.
+            unsafe { crate::x86::amx::release() };
+        }
+    });
+}

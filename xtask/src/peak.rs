@@ -1,0 +1,241 @@
+//! `bench peak`: this machine's FMA peaks, its bf16 dot-product peaks (AMX tiles and
+//! AVX512_BF16), and the 1024^3 bf16 tile GEMM measured against them in the same run.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use serde::Serialize;
+use uopc_tile::{Bf16Path, GemmShape, gemm_bf16_parallel, peak};
+
+/// Size of the square bf16 GEMM.
+const GEMM_N: usize = 1024;
+/// Threads (and tasks) of the GEMM and of the multi-threaded peaks.
+const THREADS: usize = 2;
+
+#[derive(Serialize)]
+struct GemmRow {
+    path: &'static str,
+    median_gflops: f64,
+    best_gflops: f64,
+    /// Median against the AMX peak on [`THREADS`] threads (absent without AMX).
+    percent_of_amx_peak: Option<f64>,
+    /// Median against the peak of the path's own instruction on [`THREADS`] threads.
+    percent_of_path_peak: Option<f64>,
+    /// Largest error of 256 sampled entries against f64, relative to the sum of |products|.
+    max_rel_err: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    threads: usize,
+    f32x4_peak_gflops: f64,
+    avx2_fma_peak_gflops: Option<f64>,
+    avx512_peak_gflops: Option<f64>,
+    /// Medians over the rounds. `tdpbf16ps` chains on four accumulator tiles, [`THREADS`] threads.
+    amx_bf16_peak_gflops: Option<f64>,
+    amx_bf16_peak_1t_gflops: Option<f64>,
+    /// `vdpbf16ps` chains on 16 accumulators, [`THREADS`] threads.
+    avx512_bf16_peak_gflops: Option<f64>,
+    avx512_bf16_peak_1t_gflops: Option<f64>,
+    /// Median GFLOP/s of the 1024^3 bf16 GEMM on the AMX path, [`THREADS`] tasks.
+    amx_gemm_1024_gflops: Option<f64>,
+    gemm_bf16_1024: Vec<GemmRow>,
+}
+
+/// Runs `bench peak`, printing every figure and writing them to `json` when given.
+pub fn run(json: Option<&Path>) -> ExitCode {
+    let Some(f32x4) = crate::attention::measure_peak() else {
+        eprintln!("error: could not compile or run the FMA loop on this machine");
+        return ExitCode::FAILURE;
+    };
+    println!(
+        "F32X4 FMA peak: {f32x4:.1} GFLOP/s on all cores (128-bit vectors: Cranelift's widest on x86-64)"
+    );
+    let mut wide = Vec::new();
+    for (isa, what) in [(uopc_tile::Isa::Avx2Fma, "256-bit"), (uopc_tile::Isa::Avx512, "512-bit")] {
+        let p = crate::attention::measure_wide_peak(isa);
+        match p {
+            Some(p) => println!("{what} FMA peak: {p:.1} GFLOP/s on all cores ({isa} micro-kernels)"),
+            None => println!("{what} FMA peak: not available on this CPU"),
+        }
+        wide.push(p);
+    }
+
+    let pool = match rayon::ThreadPoolBuilder::new().num_threads(THREADS).build() {
+        Ok(pool) => pool,
+        Err(e) => {
+            eprintln!("error: cannot start {THREADS} threads: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let m = pool.install(measure_bf16);
+    let med = |x: &[f64]| (!x.is_empty()).then(|| median(x));
+    let amx = [med(&m.amx[0]), med(&m.amx[1])];
+    let dp = [med(&m.dp[0]), med(&m.dp[1])];
+    match amx {
+        [Some(one), Some(two)] => println!(
+            "AMX bf16 peak: {one:.1} GFLOP/s on 1 thread, {two:.1} on {THREADS} (tdpbf16ps chains, four accumulator tiles; {})",
+            spread(&m.amx[1])
+        ),
+        _ => println!(
+            "AMX bf16 peak: not available here (no AMX-TILE/AMX-BF16, no OS tile state, or no permission)"
+        ),
+    }
+    match dp {
+        [Some(one), Some(two)] => println!(
+            "AVX512_BF16 peak: {one:.1} GFLOP/s on 1 thread, {two:.1} on {THREADS} (vdpbf16ps chains, 16 accumulators; {})",
+            spread(&m.dp[1])
+        ),
+        _ => println!("AVX512_BF16 peak: not available on this CPU"),
+    }
+    let rows = gemm_rows(&m, amx[1], dp[1]);
+    let report = Report {
+        threads: THREADS,
+        f32x4_peak_gflops: f32x4,
+        avx2_fma_peak_gflops: wide[0],
+        avx512_peak_gflops: wide[1],
+        amx_bf16_peak_gflops: amx[1],
+        amx_bf16_peak_1t_gflops: amx[0],
+        avx512_bf16_peak_gflops: dp[1],
+        avx512_bf16_peak_1t_gflops: dp[0],
+        amx_gemm_1024_gflops: rows.iter().find(|r| r.path == Bf16Path::Amx.name()).map(|r| r.median_gflops),
+        gemm_bf16_1024: rows,
+    };
+    // f32 sums of n exact products are within (n + 1) u of the sum of |products| (u = 2^-24);
+    // twice that is the bound the tests use.
+    let bound = (GEMM_N + 2) as f64 * 2.0 * 2f64.powi(-24);
+    if report.gemm_bf16_1024.iter().any(|r| r.max_rel_err.is_nan() || r.max_rel_err > bound) {
+        eprintln!("error: a bf16 GEMM result is wrong (see max_rel_err above)");
+        return ExitCode::FAILURE;
+    }
+    if let Some(path) = json {
+        let written = serde_json::to_string_pretty(&report)
+            .map_err(|e| e.to_string())
+            .and_then(|s| std::fs::write(path, s).map_err(|e| format!("writing {}: {e}", path.display())));
+        if let Err(e) = written {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Samples of the bf16 figures, one per round for the peaks and [`GEMM_REPS`] per round for the
+/// GEMMs, in GFLOP/s.
+struct Bf16Samples {
+    /// AMX peak on 1 and [`THREADS`] threads (empty without AMX).
+    amx: [Vec<f64>; 2],
+    /// `vdpbf16ps` peak on 1 and [`THREADS`] threads (empty without AVX512_BF16).
+    dp: [Vec<f64>; 2],
+    /// The GEMM on each available vector path, with its sampled error.
+    gemm: Vec<(Bf16Path, Vec<f64>, f64)>,
+}
+
+/// Rounds over all bf16 measurements: each round measures every peak and then every GEMM, so
+/// load from other work on the machine moves a GEMM and the peak it is compared with alike.
+const ROUNDS: usize = 7;
+/// Timed GEMM runs per path and round.
+const GEMM_REPS: usize = 3;
+
+fn median(x: &[f64]) -> f64 {
+    let mut v = x.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn spread(x: &[f64]) -> String {
+    let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = x.iter().copied().fold(0.0, f64::max);
+    format!("spread {lo:.1}..{hi:.1} over {} samples", x.len())
+}
+
+/// Measures the bf16 peaks and the 1024^3 bf16 GEMM (row-major A and B, C overwritten) on
+/// every available vector path with [`THREADS`] tasks on the current pool, in [`ROUNDS`]
+/// interleaved rounds, and checks sampled GEMM entries against f64. The portable path is left
+/// out: it exists for correctness, and would take minutes here.
+fn measure_bf16() -> Bf16Samples {
+    let n = GEMM_N;
+    let s = GemmShape::dense(n, n, n, false, false, false);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut values = |len: usize| -> Vec<half::bf16> {
+        (0..len).map(|_| half::bf16::from_f32(rng.random_range(-1.0f32..1.0))).collect()
+    };
+    let (a, b) = (values(n * n), values(n * n));
+    let mut c = vec![0.0f32; n * n];
+    let paths: Vec<Bf16Path> =
+        [Bf16Path::Amx, Bf16Path::Avx512Bf16].into_iter().filter(|p| p.available()).collect();
+    for path in [Bf16Path::Amx, Bf16Path::Avx512Bf16] {
+        if !paths.contains(&path) {
+            println!("bf16 GEMM {n}^3 on {path}: skipped, not available here");
+        }
+    }
+    let run = |path, c: &mut [f32]| gemm_bf16_parallel(path, &s, &a, &b, c, THREADS).expect("valid operands");
+    let mut out = Bf16Samples {
+        amx: [Vec::new(), Vec::new()],
+        dp: [Vec::new(), Vec::new()],
+        gemm: paths.iter().map(|&p| (p, Vec::new(), 0.0)).collect(),
+    };
+    for &path in &paths {
+        run(path, &mut c); // warm-up: page faults, packing buffers, the AMX permission
+    }
+    for _ in 0..ROUNDS {
+        for (i, threads) in [1, THREADS].into_iter().enumerate() {
+            out.amx[i].extend(peak::amx_bf16_peak_gflops(100_000, 2, threads));
+            out.dp[i].extend(peak::avx512_bf16_peak_gflops(1_000_000, 2, threads));
+        }
+        for (path, samples, _) in &mut out.gemm {
+            for _ in 0..GEMM_REPS {
+                let t = Instant::now();
+                run(*path, &mut c);
+                samples.push(s.flops() / t.elapsed().as_secs_f64() / 1e9);
+            }
+        }
+    }
+    for (path, _, err) in &mut out.gemm {
+        run(*path, &mut c);
+        let mut sample = StdRng::seed_from_u64(8);
+        *err = (0..256)
+            .map(|_| {
+                let (i, j) = (sample.random_range(0..n), sample.random_range(0..n));
+                let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..n {
+                    let t = f64::from(a[i * n + p].to_f32()) * f64::from(b[p * n + j].to_f32());
+                    exact += t;
+                    mag += t.abs();
+                }
+                (f64::from(c[i * n + j]) - exact).abs() / mag.max(f64::MIN_POSITIVE)
+            })
+            .fold(0.0, f64::max);
+    }
+    out
+}
+
+/// One row per measured GEMM path, printed and kept for the JSON report.
+fn gemm_rows(m: &Bf16Samples, amx_peak: Option<f64>, dp_peak: Option<f64>) -> Vec<GemmRow> {
+    let n = GEMM_N;
+    let mut rows = Vec::new();
+    for (path, samples, max_rel_err) in &m.gemm {
+        let (median, best) = (median(samples), samples.iter().copied().fold(0.0, f64::max));
+        let path_peak = if *path == Bf16Path::Amx { amx_peak } else { dp_peak };
+        let pct = |p: Option<f64>| p.map(|p| 100.0 * median / p);
+        let show = |p: Option<f64>| p.map_or("n/a".to_string(), |p| format!("{p:.1}%"));
+        println!(
+            "bf16 GEMM {n}^3 on {path}, {THREADS} threads: median {median:.1} GFLOP/s ({}), \
+             {} of the AMX peak, {} of its own instruction's peak; max rel err {max_rel_err:.1e}",
+            spread(samples),
+            show(pct(amx_peak)),
+            show(pct(path_peak)),
+        );
+        rows.push(GemmRow {
+            path: path.name(),
+            median_gflops: median,
+            best_gflops: best,
+            percent_of_amx_peak: pct(amx_peak),
+            percent_of_path_peak: pct(path_peak),
+            max_rel_err: *max_rel_err,
+        });
+    }
+    rows
+}
