@@ -34,6 +34,9 @@ pub struct Linear {
     pub buffers: Vec<UOp>,
     /// ALLOC nodes, sorted by slot.
     pub allocs: Vec<UOp>,
+    /// VAR nodes (scalar arguments), sorted by slot. Like BUFFERs they are not statements:
+    /// a backend reads each once, before the first statement.
+    pub vars: Vec<UOp>,
     /// CONST nodes used by the program.
     pub consts: Vec<UOp>,
     /// The THREAD range, if any (always a top-level loop).
@@ -60,7 +63,7 @@ impl Linear {
 }
 
 fn is_hoisted(u: &UOp) -> bool {
-    matches!(u.op(), Op::Buffer { .. } | Op::Alloc { .. } | Op::Const(_))
+    matches!(u.op(), Op::Buffer { .. } | Op::Alloc { .. } | Op::Var { .. } | Op::Const(_))
 }
 
 fn union(a: &[UOp], b: &[UOp]) -> Vec<UOp> {
@@ -528,6 +531,11 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         Op::Alloc { slot, .. } => *slot,
         _ => 0,
     });
+    let mut vars: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Var { .. })).cloned().collect();
+    vars.sort_by_key(|u| match u.op() {
+        Op::Var { slot, .. } => *slot,
+        _ => 0,
+    });
     let consts = topo.iter().filter(|u| matches!(u.op(), Op::Const(_))).cloned().collect();
-    Ok(Linear { root, buffers, allocs, consts, thread, loop_paths: placement.path })
+    Ok(Linear { root, buffers, allocs, vars, consts, thread, loop_paths: placement.path })
 }

@@ -1,7 +1,8 @@
 //! Lowering of a prepared (linearized) loop program to Cranelift IR.
 //!
-//! The function signature is `(bufs: *const *mut u8, lo: i64, hi: i64)`: buffer pointers by
-//! slot, and the slice `lo..hi` of the THREAD range this call runs. Scalar accumulators become
+//! The function signature is `(bufs: *const *mut u8, lo: i64, hi: i64, vars: *const i64)`:
+//! buffer pointers by slot, the slice `lo..hi` of the THREAD range this call runs, and the
+//! values of the program's variables by slot (each read once, in the entry block). Scalar accumulators become
 //! `Variable`s (Cranelift builds the SSA), arrays indexed by a loop variable become stack slots.
 
 use crate::JitError;
@@ -56,6 +57,8 @@ pub(crate) struct Lowerer<'a, 'b> {
     pub b: &'a mut FunctionBuilder<'b>,
     vals: HashMap<UOp, Value>,
     buf_ptrs: HashMap<UOp, Value>,
+    /// Each VAR's value, loaded from `vars` in the entry block (so it dominates every use).
+    var_vals: HashMap<UOp, Value>,
     storage: HashMap<UOp, Storage>,
     range_vars: HashMap<UOp, Variable>,
     externs: Externs,
@@ -90,6 +93,7 @@ pub(crate) struct Lowerer<'a, 'b> {
     bufs: Value,
     lo: Value,
     hi: Value,
+    vars: Value,
 }
 
 impl<'a, 'b> Lowerer<'a, 'b> {
@@ -100,11 +104,13 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         bufs: Value,
         lo: Value,
         hi: Value,
+        vars: Value,
     ) -> Self {
         Lowerer {
             b,
             vals: HashMap::new(),
             buf_ptrs: HashMap::new(),
+            var_vals: HashMap::new(),
             storage: HashMap::new(),
             range_vars: HashMap::new(),
             externs,
@@ -124,6 +130,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             bufs,
             lo,
             hi,
+            vars,
         }
     }
 
@@ -134,6 +141,13 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             if let Op::Buffer { slot, .. } = buf.op() {
                 let p = self.b.ins().load(types::I64, mem(), self.bufs, (*slot as i32) * 8);
                 self.buf_ptrs.insert(buf.clone(), p);
+            }
+        }
+        for v in &lin.vars {
+            if let Op::Var { slot, .. } = v.op() {
+                // Checked against the VAR's bounds by the runner before the call.
+                let x = self.b.ins().load(types::I64, mem().with_readonly(), self.vars, (*slot as i32) * 8);
+                self.var_vals.insert(v.clone(), x);
             }
         }
         self.read_only = kernel.read_only.clone();
@@ -204,6 +218,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         }
         if let Some(v) = self.range_vars.get(u) {
             return Ok(self.b.use_var(*v));
+        }
+        if let Some(&v) = self.var_vals.get(u) {
+            return Ok(v);
         }
         self.vals
             .get(u)
