@@ -327,7 +327,18 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         let p = &path[r];
         let mut chain: Vec<UOp> = Vec::new();
         if let Some(deep) = p.iter().max_by_key(|x| path[*x].len()) {
-            chain = ordered[deep].clone();
+            // Properly nested, `deep` encloses fewer loops than `r` and was ordered before it.
+            let Some(outer) = ordered.get(deep) else {
+                return Err(IrError::new(
+                    IrErrorKind::Structure,
+                    r,
+                    format!(
+                        "the loops around this RANGE do not nest ({} is both inside and around it)",
+                        deep.short()
+                    ),
+                ));
+            };
+            chain = outer.clone();
             chain.push(deep.clone());
             if union(&chain, &[]) != *p {
                 return Err(IrError::new(
