@@ -223,3 +223,34 @@ fn a_thread_range_ending_at_a_load_is_refused_clearly() {
     let e = Program::compile(&program, "loaded").unwrap_err();
     assert!(e.to_string().contains("constants and variables"), "{e}");
 }
+
+#[test]
+fn a_register_tile_over_a_variable_reduce_loop() {
+    // out[c] = sum of a[4 k + c] for k < L, c < 4: four register accumulators updated in one
+    // innermost loop of variable length (the register-tile lowering, with its loop test at
+    // the top since the trip count is unknown).
+    let cap = 19;
+    let (a, out) = (buffer(0, DType::F32, 4 * cap), buffer(1, DType::F32, 4));
+    let acc = alloc(0, DType::F32, 4);
+    let k = range(var(0, 0, cap as i64), 0, AxisType::Reduce);
+    let init = sink(&(0..4).map(|c| acc.index(c).store(0.0f32)).collect::<Vec<_>>());
+    let inner = acc.after(&[init.clone(), k.clone()]);
+    let steps: Vec<UOp> =
+        (0..4).map(|c| inner.index(c).store(inner.index(c).load() + a.index(&k * 4 + c).load())).collect();
+    let done = acc.after(&[init, sink(&steps).end(&[k])]);
+    let program = sink(&(0..4).map(|c| out.index(c).store(done.index(c).load())).collect::<Vec<_>>());
+    let data = quarters(4 * cap, 5);
+    let inputs = [HostBuffer::F32(data.clone()), HostBuffer::F32(vec![7.0; 4])];
+    for (what, opts) in option_sets() {
+        let prg = Program::compile_with(&program, "register_tile", &opts).unwrap();
+        // The accumulators are one F32X4 when vectorizing: the fast path takes variable ends.
+        assert_eq!(prg.clif().contains("f32x4"), what != "scalar", "{what}");
+        for len in [0usize, 1, 2, 3, 10, cap] {
+            let want: Vec<f32> =
+                (0..4).map(|c| (0..len).map(|k| data[4 * k + c] as f64).sum::<f64>() as f32).collect();
+            let got = run_jit(&prg, &inputs, &[len as i64]);
+            assert_eq!(f32s(&got[1]), want, "{what}: L = {len}");
+            assert_eq!(got, run_interp(&program, &inputs, &[len as i64]), "{what}: L = {len}");
+        }
+    }
+}
