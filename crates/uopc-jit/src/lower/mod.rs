@@ -14,7 +14,8 @@ use cranelift_codegen::ir::{
 use cranelift_frontend::{FunctionBuilder, Variable};
 use std::collections::HashMap;
 use uopc_ir::{
-    BinaryOp, ConstValue, DType, Op, PreparedKernel, Stmt, TileOp, UOp, UnaryOp, split_linear, view_base,
+    BinaryOp, ConstValue, DType, IndexFormula, Op, PreparedKernel, Stmt, TileOp, UOp, UnaryOp, split_linear,
+    view_base,
 };
 
 mod loops;
@@ -24,7 +25,7 @@ mod scalar;
 mod tile;
 mod vector;
 
-use loops::{LoopTest, range_end};
+use loops::{LoopTest, Trips, range_end};
 use memory::{mem, split_constant_term};
 use scalar::clif_type;
 
