@@ -26,6 +26,41 @@ pub struct BufferSpec {
     pub written: bool,
 }
 
+/// What a compiled program expects in one variable slot: a scalar INDEX value in `lo..=hi`
+/// (a VAR of the program, [`crate::var`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VarSpec {
+    /// Variable position (variables are numbered `0..n`, apart from buffer slots).
+    pub slot: usize,
+    /// The smallest value the program accepts.
+    pub lo: i64,
+    /// The largest value the program accepts: every bounds proof holds up to it.
+    pub hi: i64,
+}
+
+impl VarSpec {
+    /// Whether `value` lies in `lo..=hi`.
+    pub fn admits(&self, value: i64) -> bool {
+        (self.lo..=self.hi).contains(&value)
+    }
+}
+
+impl std::fmt::Display for VarSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "variable {} in {}..={}", self.slot, self.lo, self.hi)
+    }
+}
+
+/// One [`VarSpec`] per VAR of `vars` (a [`Linear`]'s variables, sorted by slot).
+pub fn var_specs(vars: &[UOp]) -> Vec<VarSpec> {
+    vars.iter()
+        .filter_map(|v| match v.op() {
+            Op::Var { slot, lo, hi } => Some(VarSpec { slot: *slot, lo: *lo, hi: *hi }),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The BUFFERs and ALLOCs some STORE or tile op among `nodes` writes, in the order the writes
 /// appear (a base written twice is listed twice).
 pub fn written_bases<'a>(nodes: impl IntoIterator<Item = &'a UOp>) -> Vec<UOp> {

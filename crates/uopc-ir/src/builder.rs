@@ -89,6 +89,42 @@ pub fn alloc(slot: usize, dtype: DType, len: usize) -> UOp {
     UOp::new(Op::Alloc { slot, len }, dtype, vec![])
 }
 
+/// A scalar INDEX argument in variable slot `slot`, whose value the caller passes at every run
+/// and which is declared to lie in `lo..=hi` (see [`Op::Var`]).
+///
+/// Use it as a RANGE end (or anywhere in an index expression) where a size changes from call
+/// to call: the program is compiled once, and the verifier proves every access in bounds for
+/// every value in `lo..=hi`. Variable slots, like buffer slots, are argument positions: a
+/// program's variables use slots `0..n`.
+///
+/// # Examples
+///
+/// `out[0] = sum of the first L elements of a`, for any L in `0..=8`, run by the interpreter
+/// at L = 3:
+///
+/// ```rust
+/// use uopc_ir::interp::{Precision, run_with_vars};
+/// use uopc_ir::{AxisType, DType, HostBuffer, alloc, buffer, range, sink, var};
+///
+/// let (a, out, acc) = (buffer(0, DType::F32, 8), buffer(1, DType::F32, 1), alloc(0, DType::F32, 1));
+/// let j = range(var(0, 0, 8), 0, AxisType::Reduce);
+/// let init = acc.index(0).store(0.0f32);
+/// let acc_j = acc.after(&[init.clone(), j.clone()]);
+/// let add = acc_j.index(0).store(acc_j.index(0).load() + a.index(&j).load()).end(&[j]);
+/// let program = sink(&[out.index(0).store(acc.after(&[init, add]).index(0).load())]);
+///
+/// let mut bufs = [HostBuffer::F32((1..=8).map(|x| x as f32).collect()), HostBuffer::zeros(DType::F32, 1)];
+/// run_with_vars(&program, &mut bufs, &[3], Precision::Native)?;
+/// assert_eq!(bufs[1], HostBuffer::F32(vec![6.0]));
+/// // 9 is outside the declared 0..=8: an error, and nothing runs.
+/// assert!(run_with_vars(&program, &mut bufs, &[9], Precision::Native).is_err());
+/// # Ok::<(), uopc_ir::interp::InterpError>(())
+/// ```
+#[must_use]
+pub fn var(slot: usize, lo: i64, hi: i64) -> UOp {
+    UOp::new(Op::Var { slot, lo, hi }, DType::INDEX, vec![])
+}
+
 /// A loop variable `0..end` with a program-unique `id`. Loops nest in `id` order where they nest.
 ///
 /// Two calls with the same `end`, `id` and `axis` return the same node (hash-consing), so a

@@ -19,8 +19,8 @@ fn trip_count(range: &UOp) -> f64 {
     let end = range.as_range().expect("a RANGE").end;
     match end.const_int() {
         Some(n) => n.max(0) as f64,
-        // A ragged loop (end depends on an enclosing range): its average trip count, assuming
-        // the end varies linearly between its bounds.
+        // A ragged loop (end depends on an enclosing range) or one ending at a variable: its
+        // average trip count, assuming the end varies linearly between its bounds.
         None => ((end.vmin().max(0) + end.vmax().max(0)) as f64) / 2.0,
     }
 }

@@ -72,6 +72,27 @@ pub enum InterpError {
         /// The highest slot the program uses.
         highest: usize,
     },
+    /// The number of variable values given differs from the program's VAR slots.
+    #[error("the program has {expected} variable(s) but {given} value(s) were given")]
+    VarCount {
+        /// VAR slots in the program.
+        expected: usize,
+        /// Values passed.
+        given: usize,
+    },
+    /// A variable's value lies outside the bounds its VAR declares (every bounds proof of the
+    /// program assumed them).
+    #[error("variable {slot}: {given} is outside its declared bounds {lo}..={hi}")]
+    VarOutOfBounds {
+        /// The variable slot.
+        slot: usize,
+        /// The declared lower bound.
+        lo: i64,
+        /// The declared upper bound.
+        hi: i64,
+        /// The value passed.
+        given: i64,
+    },
     /// A load or store whose index is outside its buffer at run time.
     #[error("{node}: index {index} is outside {base}, which has {len} elements")]
     OutOfBounds {
@@ -131,7 +152,8 @@ const MAX_ALLOC_BYTES: usize = 1 << 30;
 ///
 /// # Errors
 ///
-/// [`InterpError::Ir`] when [`verify`] rejects the program; [`InterpError::ArgCount`],
+/// [`InterpError::Ir`] when [`verify`] rejects the program; [`InterpError::VarCount`] when it
+/// has variables (run it with [`run_with_vars`]); [`InterpError::ArgCount`],
 /// [`InterpError::ArgDType`], [`InterpError::ArgLen`] or [`InterpError::SlotGap`] when `bufs`
 /// does not match its BUFFERs; [`InterpError::OutOfBounds`], [`InterpError::Uninitialized`] or
 /// [`InterpError::Malformed`] for what only shows while running.
@@ -159,10 +181,47 @@ const MAX_ALLOC_BYTES: usize = 1 << 30;
 /// # Ok::<(), InterpError>(())
 /// ```
 pub fn run(program: &UOp, bufs: &mut [HostBuffer], precision: Precision) -> Result<(), InterpError> {
+    run_with_vars(program, bufs, &[], precision)
+}
+
+/// [`run`] for a program with variables ([`crate::var`]): `vars[k]` is the value of variable
+/// slot `k`, one per slot, each inside its VAR's declared `lo..=hi`.
+///
+/// Values are checked before anything runs, so a value outside the bounds the verifier's
+/// proofs assumed is an error, never an out-of-bounds access.
+///
+/// # Errors
+///
+/// As [`run`]; also [`InterpError::VarCount`] when `vars` does not have one value per
+/// variable slot, and [`InterpError::VarOutOfBounds`] for a value outside its bounds.
+pub fn run_with_vars(
+    program: &UOp,
+    bufs: &mut [HostBuffer],
+    vars: &[i64],
+    precision: Precision,
+) -> Result<(), InterpError> {
     let linear = verify(program)?;
     check_args(&linear, bufs)?;
-    let mut m = Machine::new(&linear, bufs, precision)?;
+    check_vars(&linear, vars)?;
+    let mut m = Machine::new(&linear, bufs, vars, precision)?;
     m.walk(&linear.root)
+}
+
+/// `vars` holds one in-bounds value per VAR slot (the verifier made the slots `0..n`).
+fn check_vars(linear: &Linear, vars: &[i64]) -> Result<(), InterpError> {
+    if vars.len() != linear.vars.len() {
+        return Err(InterpError::VarCount { expected: linear.vars.len(), given: vars.len() });
+    }
+    for v in &linear.vars {
+        let Op::Var { slot, lo, hi } = *v.op() else {
+            return Err(malformed(v, "listed as a VAR but is not one"));
+        };
+        let given = *vars.get(slot).ok_or_else(|| malformed(v, "variable slot beyond the values given"))?;
+        if !(lo..=hi).contains(&given) {
+            return Err(InterpError::VarOutOfBounds { slot, lo, hi, given });
+        }
+    }
+    Ok(())
 }
 
 fn check_args(linear: &Linear, bufs: &[HostBuffer]) -> Result<(), InterpError> {
@@ -223,6 +282,8 @@ struct Machine<'a> {
     allocs: Vec<HostBuffer>,
     written: Vec<Vec<bool>>,
     alloc_nodes: &'a [UOp],
+    /// Variable values by slot (checked against their bounds).
+    vars: &'a [i64],
     /// ALLOC node id -> position in `allocs`.
     alloc_index: HashMap<u64, usize>,
     /// Node id -> value. Ids are identities (UOps are interned), and unlike `UOp` keys they
@@ -235,6 +296,7 @@ impl<'a> Machine<'a> {
     fn new(
         linear: &'a Linear,
         bufs: &'a mut [HostBuffer],
+        vars: &'a [i64],
         precision: Precision,
     ) -> Result<Self, InterpError> {
         let mut allocs = Vec::with_capacity(linear.allocs.len());
@@ -264,6 +326,7 @@ impl<'a> Machine<'a> {
             allocs,
             written,
             alloc_nodes: &linear.allocs,
+            vars,
             alloc_index,
             env: HashMap::new(),
             precision,
@@ -341,8 +404,16 @@ impl<'a> Machine<'a> {
 
     /// Any evaluated node (constants on demand).
     fn lookup(&self, u: &UOp) -> Result<Val, InterpError> {
-        if let Op::Const(c) = u.op() {
-            return Ok(self.const_val(*c, u.dtype()));
+        match u.op() {
+            Op::Const(c) => return Ok(self.const_val(*c, u.dtype())),
+            Op::Var { slot, .. } => {
+                return self
+                    .vars
+                    .get(*slot)
+                    .map(|&v| Val::Int(v))
+                    .ok_or_else(|| malformed(u, "no value given"));
+            }
+            _ => {}
         }
         self.env.get(&u.id()).copied().ok_or_else(|| match u.op() {
             Op::Buffer { .. } | Op::Alloc { .. } => {
@@ -522,7 +593,7 @@ impl<'a> Machine<'a> {
         let d = u.dtype();
         let v = match u.op() {
             // Not statements: constants are evaluated on demand, storage exists for the run.
-            Op::Const(_) | Op::Buffer { .. } | Op::Alloc { .. } => return Ok(()),
+            Op::Const(_) | Op::Var { .. } | Op::Buffer { .. } | Op::Alloc { .. } => return Ok(()),
             Op::Range { .. } => return Err(malformed(u, "a RANGE is a loop, not a statement")),
             Op::End | Op::After | Op::Sink => Val::Unit,
             Op::Index => {

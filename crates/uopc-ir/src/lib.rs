@@ -14,6 +14,7 @@ mod dtype;
 mod error;
 mod estimate;
 mod expand;
+mod formula;
 mod host;
 pub mod interp;
 mod linearize;
@@ -26,14 +27,15 @@ mod uop;
 mod verify;
 mod view;
 
-pub use analysis::BufferSpec;
+pub use analysis::{BufferSpec, VarSpec};
 pub use builder::{
-    IntoIndex, ProgramBuilder, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink, tile,
+    IntoIndex, ProgramBuilder, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink, tile, var,
 };
 pub use dtype::DType;
 pub use error::{IrError, IrErrorKind};
 pub use estimate::{Estimates, estimate};
 pub use expand::expand_tile_ops;
+pub use formula::IndexFormula;
 pub use host::HostBuffer;
 pub use linearize::{Linear, Stmt, linearize, linearize_with, open_ranges, open_ranges_with};
 pub use prepare::{PrepareError, PrepareOptions, PreparedKernel, ThreadInfo, prepare};

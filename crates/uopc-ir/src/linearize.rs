@@ -34,6 +34,9 @@ pub struct Linear {
     pub buffers: Vec<UOp>,
     /// ALLOC nodes, sorted by slot.
     pub allocs: Vec<UOp>,
+    /// VAR nodes (scalar arguments), sorted by slot. Like BUFFERs they are not statements:
+    /// a backend reads each once, before the first statement.
+    pub vars: Vec<UOp>,
     /// CONST nodes used by the program.
     pub consts: Vec<UOp>,
     /// The THREAD range, if any (always a top-level loop).
@@ -60,7 +63,7 @@ impl Linear {
 }
 
 fn is_hoisted(u: &UOp) -> bool {
-    matches!(u.op(), Op::Buffer { .. } | Op::Alloc { .. } | Op::Const(_))
+    matches!(u.op(), Op::Buffer { .. } | Op::Alloc { .. } | Op::Var { .. } | Op::Const(_))
 }
 
 fn union(a: &[UOp], b: &[UOp]) -> Vec<UOp> {
@@ -324,7 +327,18 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         let p = &path[r];
         let mut chain: Vec<UOp> = Vec::new();
         if let Some(deep) = p.iter().max_by_key(|x| path[*x].len()) {
-            chain = ordered[deep].clone();
+            // Properly nested, `deep` encloses fewer loops than `r` and was ordered before it.
+            let Some(outer) = ordered.get(deep) else {
+                return Err(IrError::new(
+                    IrErrorKind::Structure,
+                    r,
+                    format!(
+                        "the loops around this RANGE do not nest ({} is both inside and around it)",
+                        deep.short()
+                    ),
+                ));
+            };
+            chain = outer.clone();
             chain.push(deep.clone());
             if union(&chain, &[]) != *p {
                 return Err(IrError::new(
@@ -528,6 +542,11 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         Op::Alloc { slot, .. } => *slot,
         _ => 0,
     });
+    let mut vars: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Var { .. })).cloned().collect();
+    vars.sort_by_key(|u| match u.op() {
+        Op::Var { slot, .. } => *slot,
+        _ => 0,
+    });
     let consts = topo.iter().filter(|u| matches!(u.op(), Op::Const(_))).cloned().collect();
-    Ok(Linear { root, buffers, allocs, consts, thread, loop_paths: placement.path })
+    Ok(Linear { root, buffers, allocs, vars, consts, thread, loop_paths: placement.path })
 }

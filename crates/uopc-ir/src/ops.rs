@@ -210,6 +210,15 @@ pub enum Op {
     Buffer { slot: usize, len: usize },
     /// Kernel-local storage of `len` elements (a register or a stack array).
     Alloc { slot: usize, len: usize },
+    /// A scalar kernel argument (a "variable"): an INDEX value the caller passes at every run,
+    /// in variable slot `slot`, declared to lie in `lo..=hi`. No sources.
+    ///
+    /// It is usable wherever an index expression is, above all as a RANGE end, so one
+    /// compiled program serves every value (a KV cache's length changing each step). Every
+    /// bounds proof treats it as the interval `[lo, hi]`: buffers keep their static lengths and
+    /// must hold for `hi`. Slots are argument positions, numbered densely from 0; runners reject
+    /// a value outside `lo..=hi` before anything runs.
+    Var { slot: usize, lo: i64, hi: i64 },
     /// A loop variable taking values `0..end`; `src[0]` is the end (an index expression).
     Range { id: usize, axis: AxisType },
     /// Closes a range: `src[0]` is the body (stores, sinks), `src[1]` the RANGE.
@@ -297,6 +306,7 @@ impl Op {
             Op::Const(_) => "CONST",
             Op::Buffer { .. } => "BUFFER",
             Op::Alloc { .. } => "ALLOC",
+            Op::Var { .. } => "VAR",
             Op::Range { .. } => "RANGE",
             Op::End => "END",
             Op::After => "AFTER",

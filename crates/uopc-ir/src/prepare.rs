@@ -6,12 +6,13 @@
 //! only translates (`uopc-jit` declares a function, emits its code, finalizes).
 
 use crate::analysis::{
-    BufferSpec, buffer_specs, contractible_muls, gemm_like, local_bytes, register_allocs,
-    threads_write_disjoint, written_bases,
+    BufferSpec, VarSpec, buffer_specs, contractible_muls, gemm_like, local_bytes, register_allocs,
+    threads_write_disjoint, var_specs, written_bases,
 };
 use crate::error::IrError;
 use crate::estimate::{Estimates, estimate};
 use crate::expand::expand_tile_ops;
+use crate::formula::IndexFormula;
 use crate::linearize::Linear;
 use crate::print::print_linear;
 use crate::simplify::simplify;
@@ -47,6 +48,9 @@ pub struct ThreadInfo {
     pub range: UOp,
     /// Its trip count, when that is a constant.
     pub extent: Option<usize>,
+    /// Its end as a formula of the program's variables, when it is built only of constants,
+    /// VARs and integer ALU ops: a runtime evaluates it before the call to split the work.
+    pub end: Option<IndexFormula>,
     /// Whether different iterations write disjoint memory ([`threads_write_disjoint`]): only
     /// then may they run at once.
     pub writes_disjoint: bool,
@@ -63,6 +67,9 @@ pub struct PreparedKernel {
     /// The argument slots of the program as written, in slot order. The simplified program
     /// may no longer touch every buffer, but a caller passes them all.
     pub buffers: Vec<BufferSpec>,
+    /// The variable slots of the program as written, in slot order (like `buffers`, a caller
+    /// passes a value for each even if simplification removed its every use).
+    pub vars: Vec<VarSpec>,
     /// The THREAD range, if there is one.
     pub thread: Option<ThreadInfo>,
     /// BUFFERs of the simplified program that no STORE or tile op writes.
@@ -88,9 +95,9 @@ impl PreparedKernel {
 
 /// Prepares `program` for a backend, each stage once:
 ///
-/// 1. verifies the program as written ([`verify`]): the argument slots come from it (the
-///    verifier linearizes it to check loop nesting and statement order; only its buffer
-///    list is kept);
+/// 1. verifies the program as written ([`verify`]): the argument slots and variables come
+///    from it (the verifier linearizes it to check loop nesting and statement order; only its
+///    buffer and variable lists are kept);
 /// 2. with [`PrepareOptions::expand_tile_ops`], expands tile ops and verifies the expansion
 ///    (it must order its stores like any program);
 /// 3. simplifies ([`simplify`]);
@@ -118,6 +125,7 @@ pub fn prepare(program: &UOp, opts: &PrepareOptions) -> Result<PreparedKernel, P
     let thread = linear.thread.as_ref().map(|t| ThreadInfo {
         range: t.clone(),
         extent: t.as_range().and_then(|r| r.end.const_int()).map(|n| n.max(0) as usize),
+        end: t.as_range().and_then(|r| IndexFormula::of(r.end)),
         writes_disjoint: threads_write_disjoint(&nodes, t),
     });
     let read_only = linear.buffers.iter().filter(|b| !written.contains(b)).cloned().collect();
@@ -131,6 +139,7 @@ pub fn prepare(program: &UOp, opts: &PrepareOptions) -> Result<PreparedKernel, P
         read_only,
         thread,
         buffers,
+        vars: var_specs(&as_written.vars),
         linear,
         program: simplified,
     })

@@ -48,6 +48,11 @@ pub fn print_linear(lin: &Linear) -> String {
             let _ = writeln!(p.out, "buf{slot}: {}[{len}]", b.dtype());
         }
     }
+    for v in &lin.vars {
+        if let Op::Var { slot, lo, hi } = v.op() {
+            let _ = writeln!(p.out, "var{slot}: {} in {lo}..={hi}", v.dtype());
+        }
+    }
     for a in &lin.allocs {
         if let Op::Alloc { slot, len } = a.op() {
             let _ = writeln!(p.out, "local acc{slot}: {}[{len}]", a.dtype());
@@ -91,6 +96,7 @@ impl Printer {
             Op::Range { id, .. } => format!("r{id}"),
             Op::Buffer { slot, .. } => format!("buf{slot}"),
             Op::Alloc { slot, .. } => format!("acc{slot}"),
+            Op::Var { slot, .. } => format!("var{slot}"),
             Op::After => self.expr(&u.src()[0]),
             Op::Index => {
                 let base = u.indexed_base().map(|b| self.expr(b)).unwrap_or_else(|| "?".into());

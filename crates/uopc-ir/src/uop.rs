@@ -254,6 +254,7 @@ impl UOp {
             Op::Const(c) => format!(" {c}"),
             Op::Buffer { slot, len } => format!(" slot={slot} len={len}"),
             Op::Alloc { slot, len } => format!(" slot={slot} len={len}"),
+            Op::Var { slot, lo, hi } => format!(" var{slot} [{lo}..={hi}]"),
             Op::Range { id, axis } => format!(" r{id} {}", axis.name()),
             _ => String::new(),
         };

@@ -46,7 +46,7 @@ fn err(kind: IrErrorKind, u: &UOp, reason: impl Into<String>) -> IrError {
 }
 
 fn is_value(u: &UOp) -> bool {
-    matches!(u.op(), Op::Const(_) | Op::Range { .. } | Op::Load) || u.op().is_alu()
+    matches!(u.op(), Op::Const(_) | Op::Var { .. } | Op::Range { .. } | Op::Load) || u.op().is_alu()
 }
 
 fn check_types(u: &UOp) -> Result<(), IrError> {
@@ -83,6 +83,23 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
             }
         }
         Op::Buffer { .. } | Op::Alloc { .. } => arity(0)?,
+        Op::Var { lo, hi, .. } => {
+            arity(0)?;
+            if u.dtype() != DType::INDEX {
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("a variable must be {}, is {}", DType::INDEX, u.dtype()),
+                ));
+            }
+            if lo > hi {
+                return Err(err(
+                    IrErrorKind::Structure,
+                    u,
+                    format!("declared bounds {lo}..={hi} are empty (lo must not exceed hi)"),
+                ));
+            }
+        }
         Op::Range { .. } => {
             arity(1)?;
             if !dt(0).is_int() {
@@ -241,11 +258,15 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
 
 /// Checks a loop program and returns its linearization.
 ///
-/// Rejects: ill-typed nodes; ENDs of ranges that are not open; ranges never ended; stores using
-/// a range they are not inside; loads of an ALLOC no store reaches; ALLOCs written inside a
-/// THREAD range but declared outside it; stores to buffers outside the THREAD range of a
-/// threaded program; indices not provably inside their buffer; loops that do not nest; two
-/// stores that may write one element with nothing ordering them.
+/// Rejects: ill-typed nodes; variables with empty bounds, two declarations of one variable
+/// slot, or variable slots that are not `0..n`; ENDs of ranges that are not open; ranges never
+/// ended; stores using a range they are not inside; loads of an ALLOC no store reaches; ALLOCs
+/// written inside a THREAD range but declared outside it; stores to buffers outside the THREAD
+/// range of a threaded program; indices not provably inside their buffer; loops that do not
+/// nest; two stores that may write one element with nothing ordering them.
+///
+/// Every bounds proof takes a variable ([`crate::var`]) to be any value of its declared
+/// `lo..=hi`, so a program proven here is in bounds for every value a runner admits.
 ///
 /// # Errors
 ///
@@ -304,6 +325,7 @@ fn verify_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
             }
         }
     }
+    check_var_slots(&topo, lenient)?;
     let rng = open_ranges_with(&topo, lenient)?;
     let linear = linearize_with(program, lenient)?;
     let scopes = declared_scopes(&topo, &rng);
@@ -337,6 +359,40 @@ fn verify_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         check_store_order(&topo)?;
     }
     Ok(linear)
+}
+
+/// One declaration per variable slot, and (as written, not `lenient`) slots `0..n` without a
+/// gap: values are passed by position, so a gap would leave a value matched to no VAR.
+/// Simplification may drop a variable's every use; the program still takes all its values.
+fn check_var_slots(topo: &[UOp], lenient: bool) -> Result<(), IrError> {
+    let mut by_slot: HashMap<usize, &UOp> = HashMap::new();
+    for u in topo {
+        if let Op::Var { slot, .. } = u.op()
+            && let Some(prev) = by_slot.insert(*slot, u)
+            && prev != u
+        {
+            return Err(err(
+                IrErrorKind::Structure,
+                u,
+                format!("variable slot {slot} is declared twice with different bounds ({})", prev.short()),
+            ));
+        }
+    }
+    if lenient {
+        return Ok(());
+    }
+    if let Some(missing) = (0..by_slot.len()).find(|k| !by_slot.contains_key(k)) {
+        let highest = by_slot.iter().max_by_key(|(k, _)| **k).map(|(_, u)| *u).expect("not empty");
+        return Err(err(
+            IrErrorKind::Structure,
+            highest,
+            format!(
+                "variable slots must be 0..{} without gaps, but no VAR has slot {missing}",
+                by_slot.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Two STOREs to one BUFFER or ALLOC where neither depends on the other (through data or

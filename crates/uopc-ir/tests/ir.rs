@@ -409,3 +409,18 @@ fn linearizer_stores_each_value_as_soon_as_it_is_ready() {
     }
     assert_eq!(most, 1, "{}", print_linear(&lin));
 }
+
+#[test]
+fn loops_each_inside_the_other_are_an_error_not_a_panic() {
+    // A simplified mutant: r2's loop runs inside r1's (its END's store reads r1), yet the store
+    // closing r1 reads a view ordered after r2's END; once r0 (one trip) is forced around the
+    // stores, neither path is the shorter one. The linearizer once indexed a missing entry.
+    let (flags, out, a) = (alloc(0, DType::Bool, 6), buffer(1, DType::Bool, 3), buffer(0, DType::F64, 3));
+    let (r0, r1, r2) =
+        (range(1, 0, AxisType::Loop), range(5, 1, AxisType::Loop), range(6, 2, AxisType::Loop));
+    let fill = flags.index(&r2).store(a.index((&r1 + &r2 * 2 + 1) % 3).load().cast(DType::Bool)).end(&[r2]);
+    let read = flags.after(&[fill]).index(((&r1 * 3) % 6).maximum(&r1)).load();
+    let program = sink(&[out.index(1).store(read).end(&[r1, r0])]);
+    let e = verify_simplified(&program).unwrap_err();
+    assert_eq!(e.kind, IrErrorKind::Structure, "{e}");
+}

@@ -40,4 +40,4 @@ pub use error::JitError;
 pub use isa::IsaError;
 pub use options::{JitOptions, OptLevel};
 pub use program::{MAX_LOCAL_BYTES, Program};
-pub use uopc_ir::{BufferSpec, Estimates};
+pub use uopc_ir::{BufferSpec, Estimates, VarSpec};

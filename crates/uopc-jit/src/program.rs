@@ -6,7 +6,9 @@ use cranelift_codegen::ir::Function;
 use cranelift_jit::JITModule;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
-use uopc_ir::{BufferSpec, Estimates, PrepareError, PrepareOptions, PreparedKernel, UOp, prepare};
+use uopc_ir::{
+    BufferSpec, Estimates, IndexFormula, PrepareError, PrepareOptions, PreparedKernel, UOp, VarSpec, prepare,
+};
 
 /// Stack bytes all ALLOCs of one program may use: rayon workers run on 2 MiB stacks.
 pub const MAX_LOCAL_BYTES: usize = 256 * 1024;
@@ -24,9 +26,10 @@ pub struct Program {
     pub(crate) entry: KernelFn,
     // Kept only to free the code on drop; JITModule is Send but not Sync, hence the Mutex.
     module: Mutex<Option<JITModule>>,
-    pub(crate) thread_extent: Option<usize>,
+    pub(crate) thread_extent: Option<ThreadExtent>,
     pub(crate) parallel: bool,
     specs: Vec<BufferSpec>,
+    vars: Vec<VarSpec>,
     function: Function,
     clif: OnceLock<String>,
     loop_ir: String,
@@ -35,22 +38,47 @@ pub struct Program {
     compile_seconds: f64,
 }
 
+/// The trip count of a THREAD range, known before the call: the runtime splits it into chunks.
+#[derive(Clone, Debug)]
+pub(crate) enum ThreadExtent {
+    /// A constant.
+    Fixed(usize),
+    /// A formula of the variables, evaluated from each run's values.
+    Formula(IndexFormula),
+}
+
+impl ThreadExtent {
+    /// The trip count for `vars` (already checked against their bounds); a negative end runs
+    /// no iteration.
+    pub(crate) fn eval(&self, vars: &[i64]) -> Option<usize> {
+        match self {
+            ThreadExtent::Fixed(n) => Some(*n),
+            ThreadExtent::Formula(f) => f.eval(vars).map(|n| usize::try_from(n.max(0)).unwrap_or(usize::MAX)),
+        }
+    }
+}
+
 /// The backend's limits on a prepared kernel: buffer slots without gaps (the kernel receives
-/// its pointers by slot), a constant THREAD trip count (the runtime splits it into chunks),
-/// and ALLOCs that fit a worker's stack. Returns the THREAD trip count.
-fn check_supported(kernel: &PreparedKernel, name: &str) -> Result<Option<usize>, JitError> {
+/// its pointers by slot), a THREAD trip count known before the call (a constant, or a formula
+/// of the variables: the runtime splits it into chunks), and ALLOCs that fit a worker's stack.
+/// Returns the THREAD trip count.
+fn check_supported(kernel: &PreparedKernel, name: &str) -> Result<Option<ThreadExtent>, JitError> {
     if let Some(k) = kernel.buffers.iter().enumerate().position(|(k, s)| s.slot != k) {
         return Err(JitError::Unsupported(format!(
             "buffer slots must be 0..n without gaps; missing slot {k}"
         )));
     }
     let extent = match &kernel.thread {
-        Some(t) => Some(t.extent.ok_or_else(|| {
-            JitError::Unsupported(format!(
-                "{}: the THREAD range needs a constant trip count",
-                t.range.short()
-            ))
-        })?),
+        Some(t) => Some(match (t.extent, &t.end) {
+            (Some(n), _) => ThreadExtent::Fixed(n),
+            (None, Some(f)) => ThreadExtent::Formula(f.clone()),
+            (None, None) => {
+                return Err(JitError::Unsupported(format!(
+                    "{}: the THREAD range's end must be built of constants and variables only",
+                    t.range.short()
+                )));
+            }
+        }),
         None => None,
     };
     if kernel.local_bytes > MAX_LOCAL_BYTES {
@@ -96,8 +124,9 @@ impl Program {
     /// # Errors
     ///
     /// [`JitError::Ir`] if the program is malformed or an index cannot be proven inside its
-    /// buffer; [`JitError::Unsupported`] if its THREAD range has no constant trip count or its
-    /// ALLOCs exceed [`MAX_LOCAL_BYTES`]; the other variants if Cranelift fails.
+    /// buffer; [`JitError::Unsupported`] if its THREAD range's end is not built of constants
+    /// and variables or its ALLOCs exceed [`MAX_LOCAL_BYTES`]; the other variants if Cranelift
+    /// fails.
     pub fn compile_with(program: &UOp, name: &str, opts: &JitOptions) -> Result<Program, JitError> {
         let t0 = Instant::now();
         let kernel =
@@ -116,6 +145,7 @@ impl Program {
             estimates: kernel.estimates,
             loop_ir: kernel.loop_ir(),
             specs: kernel.buffers,
+            vars: kernel.vars,
             function: compiled.function,
             clif: OnceLock::new(),
             machine_code: compiled.machine_code,
@@ -131,6 +161,12 @@ impl Program {
     /// The arguments the program expects, by slot.
     pub fn buffers(&self) -> &[BufferSpec] {
         &self.specs
+    }
+
+    /// The variables the program expects, by slot: one value per slot is passed to
+    /// [`Program::run_with_vars`], inside the slot's declared bounds.
+    pub fn vars(&self) -> &[VarSpec] {
+        &self.vars
     }
 
     /// The generated Cranelift IR, as text (formatted on first use).
@@ -179,6 +215,10 @@ impl Drop for Program {
 
 impl std::fmt::Debug for Program {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Program").field("name", &self.name).field("buffers", &self.specs).finish()
+        f.debug_struct("Program")
+            .field("name", &self.name)
+            .field("buffers", &self.specs)
+            .field("vars", &self.vars)
+            .finish()
     }
 }

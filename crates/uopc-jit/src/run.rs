@@ -23,7 +23,25 @@ impl SharedPointers {
 impl Program {
     /// Runs the program on f32 buffers: `inputs` fill the read-only slots and `outputs` the
     /// written ones, each in slot order.
+    ///
+    /// # Errors
+    ///
+    /// As [`Program::run`], and for a wrong number of inputs or outputs.
     pub fn run_f32(&self, inputs: &[&[f32]], outputs: &mut [&mut [f32]]) -> Result<(), JitError> {
+        self.run_f32_with_vars(inputs, outputs, &[])
+    }
+
+    /// [`Program::run_f32`] with the variables' values, as [`Program::run_with_vars`] takes them.
+    ///
+    /// # Errors
+    ///
+    /// As [`Program::run_with_vars`], and for a wrong number of inputs or outputs.
+    pub fn run_f32_with_vars(
+        &self,
+        inputs: &[&[f32]],
+        outputs: &mut [&mut [f32]],
+        vars: &[i64],
+    ) -> Result<(), JitError> {
         let specs = self.buffers();
         let n_in = specs.iter().filter(|s| !s.written).count();
         let n_out = specs.len() - n_in;
@@ -45,11 +63,12 @@ impl Program {
                 args.push(Arg::Read(BufRef::F32(ins.next().expect("counted above"))));
             }
         }
-        self.run(&mut args)
+        self.run_with_vars(&mut args, vars)
     }
 
-    /// Runs the program: one argument per BUFFER slot, in slot order, of the exact dtype and
-    /// length the program declares; buffers the program writes must be passed as writable.
+    /// Runs a program without variables: one argument per BUFFER slot, in slot order, of the
+    /// exact dtype and length the program declares; buffers the program writes must be passed
+    /// as writable.
     ///
     /// ```rust
     /// use uopc_ir::{AxisType, DType, buffer, range, sink};
@@ -74,23 +93,93 @@ impl Program {
     ///
     /// [`JitError::Argument`](crate::JitError::Argument) for a wrong number of arguments, a
     /// wrong dtype or length, or a read-only argument for a written buffer, each naming the
-    /// slot.
+    /// slot; for a program with variables ([`Program::vars`]), run it with
+    /// [`Program::run_with_vars`].
     pub fn run(&self, args: &mut [Arg<'_>]) -> Result<(), JitError> {
+        self.run_with_vars(args, &[])
+    }
+
+    /// Runs a program with variables ([`uopc_ir::var`]): `args` as for [`Program::run`], and
+    /// `vars[k]` the value of variable slot `k`, one per slot of [`Program::vars`].
+    ///
+    /// Every value is checked against its declared bounds before the call, so a value the
+    /// compiler's bounds proofs did not cover never reaches the machine code. The same compiled
+    /// program runs with any values inside the bounds: nothing is recompiled.
+    ///
+    /// ```rust
+    /// use uopc_ir::{AxisType, DType, buffer, range, sink, var};
+    /// use uopc_jit::{Arg, Program};
+    ///
+    /// // out[i] = a[i] + 1 for the first L elements of 8, L in 1..=8 given at each run.
+    /// let (a, out) = (buffer(0, DType::F32, 8), buffer(1, DType::F32, 8));
+    /// let i = range(var(0, 1, 8), 0, AxisType::Loop);
+    /// let prg = Program::compile(&sink(&[out.index(&i).store(a.index(&i).load() + 1.0f32).end(&[i])]), "prefix")?;
+    /// assert_eq!((prg.vars()[0].lo, prg.vars()[0].hi), (1, 8));
+    /// let input = [1.0f32; 8];
+    /// let mut result = [0.0f32; 8];
+    /// prg.run_with_vars(&mut [Arg::from(&input[..]), Arg::from(&mut result[..])], &[3])?;
+    /// assert_eq!(result, [2.0, 2.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    ///
+    /// // 9 is beyond the declared bounds: an error naming the variable, and nothing runs.
+    /// let err = prg.run_with_vars(&mut [Arg::from(&input[..]), Arg::from(&mut result[..])], &[9]).unwrap_err();
+    /// assert!(err.to_string().contains("variable 0"), "{err}");
+    /// # Ok::<(), uopc_jit::JitError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Program::run`]; also [`JitError::Argument`](crate::JitError::Argument) when `vars`
+    /// does not hold one value per variable slot, or a value lies outside its slot's bounds
+    /// (naming the slot and its bounds).
+    pub fn run_with_vars(&self, args: &mut [Arg<'_>], vars: &[i64]) -> Result<(), JitError> {
         let ptrs = SharedPointers(self.checked_pointers(args)?);
+        self.check_vars(vars)?;
+        let extent = match &self.thread_extent {
+            Some(t) => Some(t.eval(vars).ok_or_else(|| {
+                JitError::Internal(format!("{}: the THREAD trip count cannot be evaluated", self.name))
+            })?),
+            None => None,
+        };
         let entry = self.entry;
         let call = |lo: usize, hi: usize| {
             // SAFETY: every pointer is valid for its slot's declared dtype and length (checked
-            // by `checked_pointers`), and the verifier proved every index and tile operand of
-            // the compiled program inside its buffer's declared length, so the kernel touches
-            // only that memory. Written buffers are exclusive borrows: nothing else reads or
-            // writes them during the call. `lo..hi` lies within the THREAD range, and chunks
-            // run at once only when THREAD iterations were proven to write disjoint memory.
-            unsafe { entry(ptrs.as_ptr(), lo as i64, hi as i64) }
+            // by `checked_pointers`), every variable's value lies inside the bounds the
+            // verifier assumed (checked by `check_vars`; `vars` holds one per slot), and the
+            // verifier proved every index and tile operand of the compiled program inside its
+            // buffer's declared length for all such values, so the kernel touches only that
+            // memory. Written buffers are exclusive borrows: nothing else reads or writes them
+            // during the call. `lo..hi` lies within the THREAD range's trip count for these
+            // values, and chunks run at once only when THREAD iterations were proven to write
+            // disjoint memory.
+            unsafe { entry(ptrs.as_ptr(), lo as i64, hi as i64, vars.as_ptr()) }
         };
-        match self.thread_extent {
+        match extent {
             Some(n) if self.parallel && n > 1 => run_chunks(n, &call),
             Some(n) => call(0, n),
             None => call(0, 0),
+        }
+        Ok(())
+    }
+
+    /// One value per variable slot, each inside its declared bounds.
+    fn check_vars(&self, vars: &[i64]) -> Result<(), JitError> {
+        let specs = self.vars();
+        if vars.len() != specs.len() {
+            let hint = if vars.is_empty() { " (pass them with run_with_vars)" } else { "" };
+            return Err(JitError::Argument(format!(
+                "{}: expects {} variable value(s), got {}{hint}",
+                self.name,
+                specs.len(),
+                vars.len()
+            )));
+        }
+        for (s, &v) in specs.iter().zip(vars) {
+            if !s.admits(v) {
+                return Err(JitError::Argument(format!(
+                    "{}: variable {} must be in {}..={}, got {v}",
+                    self.name, s.slot, s.lo, s.hi
+                )));
+            }
         }
         Ok(())
     }

@@ -13,13 +13,15 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::Module;
 use uopc_ir::PreparedKernel;
 
-/// The signature of every kernel: `(bufs, lo, hi)` with `bufs` the buffer pointers by slot and
-/// `lo..hi` the slice of the THREAD range one call runs (`0..0` without a THREAD range).
+/// The signature of every kernel: `(bufs, lo, hi, vars)` with `bufs` the buffer pointers by
+/// slot, `lo..hi` the slice of the THREAD range one call runs (`0..0` without a THREAD range)
+/// and `vars` the variables' values by slot.
 ///
-/// Calling it is sound only with what [`crate::Program::run`] checks: a pointer per slot valid
-/// for the slot's declared dtype and length, written slots not aliased, and `0 <= lo <= hi <=`
-/// the THREAD range's trip count.
-pub(crate) type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64);
+/// Calling it is sound only with what [`crate::Program::run_with_vars`] checks: a pointer per
+/// slot valid for the slot's declared dtype and length, written slots not aliased, a value per
+/// variable slot inside its declared bounds (every bounds proof assumed them), and
+/// `0 <= lo <= hi <=` the THREAD range's trip count for those values.
+pub(crate) type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64, *const i64);
 
 /// A kernel in executable memory.
 pub(crate) struct Compiled {
@@ -49,6 +51,7 @@ pub(crate) fn compile(
     let mut ctx = module.make_context();
     ctx.set_disasm(false);
     ctx.func.signature.params.extend([
+        AbiParam::new(types::I64),
         AbiParam::new(types::I64),
         AbiParam::new(types::I64),
         AbiParam::new(types::I64),
@@ -86,7 +89,7 @@ fn translate(
     b.append_block_params_for_function_params(entry);
     b.switch_to_block(entry);
     let params = b.block_params(entry).to_vec();
-    let mut l = Lowerer::new(&mut b, callees, flags, params[0], params[1], params[2]);
+    let mut l = Lowerer::new(&mut b, callees, flags, params[0], params[1], params[2], params[3]);
     l.lower(kernel)?;
     b.ins().return_(&[]);
     b.seal_all_blocks();
@@ -102,7 +105,7 @@ fn finalize(mut module: JITModule, mut ctx: Context, function: Function) -> Resu
     module.clear_context(&mut ctx);
     module.finalize_definitions()?;
     let code = module.get_finalized_function(id);
-    // SAFETY: the function was declared with exactly the signature of `KernelFn` (three
+    // SAFETY: the function was declared with exactly the signature of `KernelFn` (four
     // pointer-sized integers, no result), and its code lives as long as `module`, which the
     // caller keeps beside the pointer and frees only when it is no longer called.
     let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };

@@ -34,6 +34,15 @@ fn has_float_alloc(program: &UOp) -> bool {
 
 /// Runs `prg` on copies of `inputs` (written slots passed mutably, per the program's specs).
 pub fn run_jit(prg: &Program, inputs: &[HostBuffer]) -> Result<Vec<HostBuffer>, String> {
+    run_jit_with_vars(prg, inputs, &[])
+}
+
+/// [`run_jit`] with a value per variable slot.
+pub fn run_jit_with_vars(
+    prg: &Program,
+    inputs: &[HostBuffer],
+    vars: &[i64],
+) -> Result<Vec<HostBuffer>, String> {
     let mut bufs = inputs.to_vec();
     let specs = prg.buffers().to_vec();
     if specs.len() != bufs.len() {
@@ -43,7 +52,7 @@ pub fn run_jit(prg: &Program, inputs: &[HostBuffer]) -> Result<Vec<HostBuffer>, 
     for (b, s) in bufs.iter_mut().zip(&specs) {
         args.push(if s.written { Arg::from(b) } else { Arg::from(&*b) });
     }
-    prg.run(&mut args).map_err(|e| format!("JIT run: {e}"))?;
+    prg.run_with_vars(&mut args, vars).map_err(|e| format!("JIT run: {e}"))?;
     drop(args);
     Ok(bufs)
 }
@@ -54,8 +63,18 @@ pub fn run_interp(
     inputs: &[HostBuffer],
     precision: Precision,
 ) -> Result<Vec<HostBuffer>, InterpError> {
+    run_interp_with_vars(program, inputs, &[], precision)
+}
+
+/// [`run_interp`] with a value per variable slot.
+pub fn run_interp_with_vars(
+    program: &UOp,
+    inputs: &[HostBuffer],
+    vars: &[i64],
+    precision: Precision,
+) -> Result<Vec<HostBuffer>, InterpError> {
     let mut bufs = inputs.to_vec();
-    interp::run(program, &mut bufs, precision)?;
+    interp::run_with_vars(program, &mut bufs, vars, precision)?;
     Ok(bufs)
 }
 
@@ -74,18 +93,20 @@ pub fn profile_of(seed: u64) -> Profile {
 
 /// Generates the case for `rng` and checks it: it verifies; the strict JIT build equals the
 /// interpreter (bit-exactly for Exact programs, within tolerance for Smooth ones); for Smooth
-/// programs the default build is within the magnitude-derived tolerance too.
+/// programs the default build is within the magnitude-derived tolerance too. Every run uses the
+/// case's variable values.
 pub fn check_case(rng: Rng, profile: Profile, opts: Options) -> Result<Case, String> {
     let start = rng.clone();
     let mut rng = rng;
     let case = generate(&mut rng, profile, Mode::Value, opts);
     let fail = |what: String| format!("{what}\n{profile:?} program:\n{}", describe(&case.program));
     verify(&case.program).map_err(|e| fail(format!("generated program does not verify: {e}")))?;
-    let want = run_interp(&case.program, &case.inputs, Precision::Native)
+    let vars = &case.vars;
+    let want = run_interp_with_vars(&case.program, &case.inputs, vars, Precision::Native)
         .map_err(|e| fail(format!("interpreter: {e}")))?;
     let strict = Program::compile_with(&case.program, "strict", &strict_options())
         .map_err(|e| fail(format!("compile: {e}")))?;
-    let got = run_jit(&strict, &case.inputs).map_err(fail)?;
+    let got = run_jit_with_vars(&strict, &case.inputs, vars).map_err(fail)?;
     match profile {
         Profile::Exact => {
             compare::exact_with(&got, &want, opts.signed_zeros)
@@ -94,25 +115,25 @@ pub fn check_case(rng: Rng, profile: Profile, opts: Options) -> Result<Case, Str
             let unoptimized = JitOptions { opt_level: OptLevel::None, ..strict_options() };
             let none = Program::compile_with(&case.program, "none", &unoptimized)
                 .map_err(|e| fail(format!("compile: {e}")))?;
-            let got = run_jit(&none, &case.inputs).map_err(fail)?;
+            let got = run_jit_with_vars(&none, &case.inputs, vars).map_err(fail)?;
             compare::exact_with(&got, &want, opts.signed_zeros)
                 .map_err(|e| fail(format!("opt_level=none JIT vs interpreter: {e}")))?;
             if !has_float_alloc(&case.program) {
                 let vec = Program::compile_with(&case.program, "vector", &vector_options())
                     .map_err(|e| fail(format!("compile: {e}")))?;
-                let got = run_jit(&vec, &case.inputs).map_err(fail)?;
+                let got = run_jit_with_vars(&vec, &case.inputs, vars).map_err(fail)?;
                 compare::exact_with(&got, &want, opts.signed_zeros)
                     .map_err(|e| fail(format!("vectorized JIT vs interpreter: {e}")))?;
             }
         }
         Profile::Smooth => {
             let twin = magnitude_twin(&start, opts);
-            let mag = run_interp(&twin, &case.inputs, Precision::F64)
+            let mag = run_interp_with_vars(&twin, &case.inputs, vars, Precision::F64)
                 .map_err(|e| fail(format!("magnitude twin: {e}\n{}", describe(&twin))))?;
             compare::within(&got, &want, &mag, case.sum_len, compare::SMOOTH_UNITS)
                 .map_err(|e| fail(format!("strict JIT vs interpreter: {e}")))?;
             let fast = Program::compile(&case.program, "fast").map_err(|e| fail(format!("compile: {e}")))?;
-            let got = run_jit(&fast, &case.inputs).map_err(fail)?;
+            let got = run_jit_with_vars(&fast, &case.inputs, vars).map_err(fail)?;
             compare::within(&got, &want, &mag, case.sum_len, compare::SMOOTH_UNITS)
                 .map_err(|e| fail(format!("default JIT vs interpreter: {e}")))?;
         }
@@ -213,7 +234,7 @@ pub fn check_mutant(rng: Rng, stats: &mut MutantStats, avoid_known_bugs: bool) -
         if let (Ok(lin), Some(bufs)) = (&raw, buffers_for(&m, &case.inputs))
             && iterations(lin) < 200_000
         {
-            let _ = run_interp(&m, &bufs, Precision::Native);
+            let _ = run_interp_with_vars(&m, &bufs, &case.vars, Precision::Native);
         }
         stats.rejected += 1;
         return Ok(());
@@ -232,7 +253,12 @@ pub fn check_mutant(rng: Rng, stats: &mut MutantStats, avoid_known_bugs: bool) -
         stats.skipped += 1;
         return Ok(());
     }
-    let want = match run_interp(&oracle, &bufs, Precision::Native) {
+    // A mutant may have lost or changed a variable: without a value for each, no oracle.
+    if prg.vars().len() != case.vars.len() || prg.vars().iter().zip(&case.vars).any(|(s, &v)| !s.admits(v)) {
+        stats.skipped += 1;
+        return Ok(());
+    }
+    let want = match run_interp_with_vars(&oracle, &bufs, &case.vars, Precision::Native) {
         Ok(w) => w,
         Err(InterpError::Uninitialized { .. }) => {
             // Reading never-written locals is garbage but memory-safe in the JIT; nothing to compare.
@@ -255,7 +281,7 @@ pub fn check_mutant(rng: Rng, stats: &mut MutantStats, avoid_known_bugs: bool) -
         stats.skipped += 1;
         return Ok(());
     }
-    let got = run_jit(&prg, &bufs).map_err(fail)?;
+    let got = run_jit_with_vars(&prg, &bufs, &case.vars).map_err(fail)?;
     if has_f32_exp2(&oracle) {
         stats.skipped += 1;
         return Ok(());

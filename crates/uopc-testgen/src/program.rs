@@ -15,10 +15,14 @@
 //! Every program is built so that it passes `uopc_ir::verify`: indices are proven in bounds by
 //! construction, every range is used by what its END closes, accumulators follow the canonical
 //! ALLOC pattern, and with a THREAD range every store's index is `t * S + r` with `0 <= r < S`.
+//!
+//! With [`Options::variables`], range ends (THREAD ones included) and index terms may be
+//! variables (`uopc_ir::var`): the bounds proofs then hold for their declared capacity, and a
+//! case carries one value per variable, its lower bound, its upper bound or one in between.
 
 use crate::rng::Rng;
 use std::collections::HashMap;
-use uopc_ir::{AxisType, ConstValue, DType, HostBuffer, Op, UOp, alloc, buffer, idx, range, sink};
+use uopc_ir::{AxisType, ConstValue, DType, HostBuffer, Op, UOp, alloc, buffer, idx, range, sink, var};
 
 mod exprs;
 
@@ -53,6 +57,9 @@ pub struct Options {
     pub vanishing_buffers: bool,
     /// Compare -0.0 and +0.0 as different (the harness's exact comparison; generation ignores it).
     pub signed_zeros: bool,
+    /// Allow variables (scalar arguments with declared bounds) as range ends and in index and
+    /// integer expressions.
+    pub variables: bool,
 }
 
 impl Default for Options {
@@ -62,6 +69,7 @@ impl Default for Options {
             foldable_ranges: true,
             vanishing_buffers: true,
             signed_zeros: true,
+            variables: true,
         }
     }
 }
@@ -73,6 +81,8 @@ pub struct Case {
     pub program: UOp,
     /// One buffer per BUFFER slot `0..n`; written ones are zero-filled.
     pub inputs: Vec<HostBuffer>,
+    /// One value per variable slot `0..n`, inside the variable's declared bounds.
+    pub vars: Vec<i64>,
     /// Which slots the program stores to.
     pub written: Vec<bool>,
     /// The profile it was generated with.
@@ -126,6 +136,8 @@ pub fn generate(rng: &mut Rng, profile: Profile, mode: Mode, opts: Options) -> C
         inputs: Vec::new(),
         next_range: 0,
         next_alloc: 0,
+        vars: Vec::new(),
+        var_values: Vec::new(),
         budget: 4,
         chain: 1,
         sum_len: 1,
@@ -146,6 +158,9 @@ struct Gen<'a> {
     inputs: Vec<UOp>,
     next_range: usize,
     next_alloc: usize,
+    /// The variables made so far (slot `k` at position `k`), and the value each runs with.
+    vars: Vec<UOp>,
+    var_values: Vec<i64>,
     /// Reductions and local arrays still allowed.
     budget: usize,
     /// Product of the trip bounds of the reductions being generated.
@@ -179,7 +194,14 @@ impl Gen<'_> {
         let thread = if self.rng.chance(40) {
             let lo = if self.opts.foldable_ranges { 1 } else { 2 };
             let t = if self.rng.chance(5) && self.opts.foldable_ranges { 0 } else { self.rng.between(lo, 6) };
-            Some(self.new_range(idx(t), AxisType::Thread))
+            // A THREAD range ending at a variable: its trip count is known only at the call.
+            let end = if self.opts.variables && t >= 1 && self.rng.chance(20) {
+                let low = self.rng.between(0, t);
+                self.new_var(low, t)
+            } else {
+                idx(t)
+            };
+            Some(self.new_range(end, AxisType::Thread))
         } else {
             None
         };
@@ -248,8 +270,9 @@ impl Gen<'_> {
             Some(t) => sink(&[sink(&stores).end(std::slice::from_ref(t))]),
             None => sink(&stores),
         };
-        let (program, inputs, written) = compact_slots(&program, inputs, written);
-        Case { program, inputs, written, profile: self.profile, sum_len: self.sum_len }
+        let (program, inputs, written, vars) =
+            compact_slots(&program, inputs, written, std::mem::take(&mut self.var_values));
+        Case { program, inputs, vars, written, profile: self.profile, sum_len: self.sum_len }
     }
 
     fn pick_dtype(&mut self) -> DType {
@@ -262,15 +285,45 @@ impl Gen<'_> {
         range(end, id, axis)
     }
 
+    /// A new variable declared in `lo..=hi` (`0 <= lo`), and the value this case runs it with:
+    /// either bound or one in between, so both extremes of every proof are exercised.
+    fn new_var(&mut self, lo: i64, hi: i64) -> UOp {
+        let v = var(self.vars.len(), lo, hi);
+        let value = match self.rng.below(3) {
+            0 => lo,
+            1 => hi,
+            _ => self.rng.between(lo, hi),
+        };
+        self.vars.push(v.clone());
+        self.var_values.push(value);
+        v
+    }
+
     fn new_alloc(&mut self, d: DType, len: usize) -> UOp {
         let slot = self.next_alloc;
         self.next_alloc += 1;
         alloc(slot, d, len)
     }
 
-    /// A range end: a constant, or an expression of an enclosing range.
+    /// A range end: a constant, a variable, or an expression of an enclosing range.
     fn range_end(&mut self, scope: &[UOp], reduce: bool) -> UOp {
         let room = 2048 / work(scope).max(1);
+        if self.opts.variables && self.rng.chance(8) {
+            // A variable's trips are bounded by its hi; it may run zero times unless that is
+            // to be avoided (at least 2 trips possible, so its uses cannot fold away).
+            let min_hi = if self.opts.foldable_ranges || reduce { 1 } else { 2 };
+            let cap = (room.min(17) as i64).max(0);
+            let reusable: Vec<UOp> =
+                self.vars.iter().filter(|v| v.vmax() <= cap && v.vmax() >= min_hi).cloned().collect();
+            if !reusable.is_empty() && self.rng.chance(40) {
+                return self.rng.pick(&reusable);
+            }
+            if cap >= min_hi {
+                let hi = self.rng.between(min_hi, cap);
+                let lo = self.rng.between(0, hi.min(3));
+                return self.new_var(lo, hi);
+            }
+        }
         if !scope.is_empty() && self.rng.chance(30) {
             let r = self.rng.pick(scope);
             let e = match self.rng.below(5) {
@@ -362,6 +415,11 @@ impl Gen<'_> {
                     e = e + r * g.rng.between(1, 3);
                 }
             }
+            for v in g.vars.clone() {
+                if g.rng.chance(30) {
+                    e = e + v * g.rng.between(1, 2);
+                }
+            }
             e
         };
         match self.rng.below(8) {
@@ -410,19 +468,30 @@ fn buf_len(b: &UOp) -> usize {
     }
 }
 
-/// Renumbers BUFFER slots to `0..n` over the buffers the program uses (arguments are matched
-/// to slots by position), dropping the inputs nothing reads.
+/// Renumbers BUFFER slots and variable slots to `0..n` over the buffers and variables the
+/// program uses (arguments are matched to slots by position), dropping the inputs nothing
+/// reads and the values of variables nothing uses.
 fn compact_slots(
     program: &UOp,
     inputs: Vec<HostBuffer>,
     written: Vec<bool>,
-) -> (UOp, Vec<HostBuffer>, Vec<bool>) {
+    var_values: Vec<i64>,
+) -> (UOp, Vec<HostBuffer>, Vec<bool>, Vec<i64>) {
     let topo = UOp::toposort(std::slice::from_ref(program));
     let mut used = vec![false; inputs.len()];
+    let mut var_used = vec![false; var_values.len()];
     for u in &topo {
-        if let Op::Buffer { slot, .. } = u.op() {
-            used[*slot] = true;
+        match u.op() {
+            Op::Buffer { slot, .. } => used[*slot] = true,
+            Op::Var { slot, .. } => var_used[*slot] = true,
+            _ => {}
         }
+    }
+    let mut new_var_slot = vec![0; var_values.len()];
+    let mut next_var = 0;
+    for (k, &u) in var_used.iter().enumerate() {
+        new_var_slot[k] = next_var;
+        next_var += u as usize;
     }
     let mut new_slot = vec![0; inputs.len()];
     let mut next = 0;
@@ -436,6 +505,7 @@ fn compact_slots(
             Op::Buffer { slot, len } => {
                 UOp::new(Op::Buffer { slot: new_slot[*slot], len: *len }, u.dtype(), vec![])
             }
+            Op::Var { slot, lo, hi } => var(new_var_slot[*slot], *lo, *hi),
             _ => u.with_src(u.src().iter().map(|s| map[s].clone()).collect()),
         };
         map.insert(u.clone(), v);
@@ -443,5 +513,6 @@ fn compact_slots(
     let keep = |k: &usize| used[*k];
     let inputs = inputs.into_iter().enumerate().filter(|(k, _)| keep(k)).map(|(_, b)| b).collect();
     let written = written.into_iter().enumerate().filter(|(k, _)| keep(k)).map(|(_, w)| w).collect();
-    (map[program].clone(), inputs, written)
+    let vars = var_values.into_iter().zip(var_used).filter(|(_, u)| *u).map(|(v, _)| v).collect();
+    (map[program].clone(), inputs, written, vars)
 }

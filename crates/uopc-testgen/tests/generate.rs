@@ -36,3 +36,25 @@ fn byte_sources_generate_valid_programs() {
         uopc_ir::verify(&case.program).unwrap_or_else(|e| panic!("{} bytes: {e}", bytes.len()));
     }
 }
+
+#[test]
+fn variables_get_one_admitted_value_per_slot() {
+    let (mut with_vars, mut at_lo, mut at_hi) = (0, 0, 0);
+    for seed in 0..500u64 {
+        let case = generate(&mut Rng::new(seed), Profile::Exact, Mode::Value, Options::default());
+        // verify numbers the variables 0..n; the case holds one value per slot, in bounds.
+        let lin = uopc_ir::verify(&case.program).unwrap();
+        assert_eq!(lin.vars.len(), case.vars.len(), "seed {seed}");
+        for (v, &value) in lin.vars.iter().zip(&case.vars) {
+            let uopc_ir::Op::Var { lo, hi, .. } = *v.op() else { unreachable!() };
+            assert!((lo..=hi).contains(&value), "seed {seed}: {value} outside {lo}..={hi}");
+            at_lo += (value == lo) as usize;
+            at_hi += (value == hi) as usize;
+        }
+        with_vars += !case.vars.is_empty() as usize;
+        let plain = Options { variables: false, ..Options::default() };
+        assert!(generate(&mut Rng::new(seed), Profile::Exact, Mode::Value, plain).vars.is_empty());
+    }
+    // Both bounds of the proofs are exercised, in a good share of the programs.
+    assert!(with_vars > 50 && at_lo > 10 && at_hi > 10, "{with_vars} programs, {at_lo} at lo, {at_hi} at hi");
+}

@@ -77,6 +77,7 @@ fn compute_bounds(u: &UOp) -> (i64, i64) {
             let v = c.as_i64();
             (v, v)
         }
+        Op::Var { lo, hi, .. } => (*lo, *hi),
         Op::Range { .. } => (0, s(0).1.saturating_sub(1).max(0)),
         Op::Unary(UnaryOp::Neg) => wide(-(s(0).1 as i128), -(s(0).0 as i128), full),
         Op::Binary(op) => {

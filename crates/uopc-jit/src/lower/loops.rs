@@ -18,6 +18,40 @@ pub(crate) enum LoopTest {
     Top,
 }
 
+/// The trip count of an innermost loop that may be unrolled or vectorized.
+#[derive(Clone, Copy)]
+pub(crate) enum Trips {
+    /// A constant.
+    Fixed(i64),
+    /// A formula of the program's variables, computed before the loop (`end`), at most `max`.
+    Runtime {
+        /// The trip count.
+        end: Value,
+        /// Its upper bound (the variables' declared bounds give it).
+        max: i64,
+    },
+}
+
+impl Trips {
+    /// The largest trip count possible.
+    pub(crate) fn max(self) -> i64 {
+        match self {
+            Trips::Fixed(n) => n,
+            Trips::Runtime { max, .. } => max,
+        }
+    }
+}
+
+/// Where the main loop of a loop unrolled `step` times ends: the largest multiple of `step` not
+/// above the trip count, a constant when the trip count is one.
+#[derive(Clone, Copy)]
+pub(crate) enum MainEnd {
+    /// A constant.
+    Fixed(i64),
+    /// Computed before the loop.
+    Runtime(Value),
+}
+
 /// Independent partial sums a split reduction keeps.
 const SPLIT: usize = 4;
 /// Innermost loops with at most this many statements are unrolled `SPLIT` times.
@@ -33,12 +67,12 @@ impl Lowerer<'_, '_> {
         }
         if !is_thread
             && innermost
-            && let Some(trips) = range_end(range)?.const_int()
+            && let Some(trips) = self.unrollable_trips(range)?
         {
             if self.vectorize && self.try_vectorize(range, body, trips)? {
                 return Ok(());
             }
-            if self.reassociate && trips >= 2 * SPLIT as i64 && body.len() <= MAX_UNROLLED_BODY {
+            if self.reassociate && trips.max() >= 2 * SPLIT as i64 && body.len() <= MAX_UNROLLED_BODY {
                 let accs = self.sum_accumulators(body);
                 return self.lower_split_reduction(range, body, trips, &accs);
             }
@@ -53,6 +87,70 @@ impl Lowerer<'_, '_> {
             l.range_vars.insert(range.clone(), iv);
             l.block(body)
         })
+    }
+
+    /// The trip count of `range` when its loop may be unrolled or vectorized: a constant, or a
+    /// formula of variables only (computed before the loop, with an upper bound from their
+    /// declared bounds). Ends that depend on an enclosing range or on memory keep the plain
+    /// loop.
+    fn unrollable_trips(&mut self, range: &UOp) -> Result<Option<Trips>, JitError> {
+        let end = range_end(range)?;
+        if let Some(n) = end.const_int() {
+            return Ok(Some(Trips::Fixed(n)));
+        }
+        let of_variables = IndexFormula::of(end).is_some()
+            && UOp::toposort(std::slice::from_ref(end)).iter().any(|u| matches!(u.op(), Op::Var { .. }));
+        if !of_variables {
+            return Ok(None);
+        }
+        Ok(Some(Trips::Runtime { end: self.val(end)?, max: end.vmax() }))
+    }
+
+    /// The end of the main loop of a loop unrolled `step` (a power of two) times: `trips`
+    /// rounded down to a multiple of `step`, 0 for a negative trip count.
+    pub(super) fn main_end(&mut self, trips: Trips, step: i64) -> MainEnd {
+        debug_assert!(step > 0 && (step & (step - 1)) == 0, "step {step} is a power of two");
+        match trips {
+            Trips::Fixed(n) => MainEnd::Fixed(n - n % step),
+            Trips::Runtime { end, .. } => {
+                let zero = self.b.ins().iconst(types::I64, 0);
+                let nonnegative = self.b.ins().smax(end, zero);
+                MainEnd::Runtime(self.b.ins().band_imm_s(nonnegative, -step))
+            }
+        }
+    }
+
+    /// The value of a main loop's end.
+    pub(super) fn main_end_value(&mut self, main: MainEnd) -> Value {
+        match main {
+            MainEnd::Fixed(m) => self.b.ins().iconst(types::I64, m),
+            MainEnd::Runtime(v) => v,
+        }
+    }
+
+    /// The iterations from `main` to the end of `range`, one at a time: the tail after an
+    /// unrolled or vectorized main loop.
+    pub(super) fn tail(
+        &mut self,
+        range: &UOp,
+        body: &[Stmt],
+        main: MainEnd,
+        trips: Trips,
+    ) -> Result<(), JitError> {
+        match (main, trips) {
+            (MainEnd::Fixed(m), Trips::Fixed(n)) => self.scalar_tail(range, body, m, n),
+            (main, trips) => {
+                let start = self.main_end_value(main);
+                let end = match trips {
+                    Trips::Fixed(n) => self.b.ins().iconst(types::I64, n),
+                    Trips::Runtime { end, .. } => end,
+                };
+                self.counted_loop(LoopTest::Bottom, start, end, 1, |l, iv| {
+                    l.range_vars.insert(range.clone(), iv);
+                    l.block(body)
+                })
+            }
+        }
     }
 
     /// Emits `for iv in (start..end).step_by(step) { body(iv) }`; `iv` is a Variable.
@@ -168,10 +266,9 @@ impl Lowerer<'_, '_> {
         &mut self,
         range: &UOp,
         body: &[Stmt],
-        trips: i64,
+        trips: Trips,
         accs: &[Variable],
     ) -> Result<(), JitError> {
-        let main = trips - trips % SPLIT as i64;
         // Enough independent chains to cover the add latency: a body that already has many
         // accumulators (a register tile) keeps one chain each and is only unrolled.
         let chains = match accs.len() {
@@ -205,7 +302,8 @@ impl Lowerer<'_, '_> {
             partials.push(row);
         }
         let zero = self.b.ins().iconst(types::I64, 0);
-        let end = self.b.ins().iconst(types::I64, main);
+        let main = self.main_end(trips, SPLIT as i64);
+        let end = self.main_end_value(main);
         let copy_iv = self.b.declare_var(types::I64);
         self.counted_loop(LoopTest::Bottom, zero, end, SPLIT as i64, |l, iv| {
             for k in 0..SPLIT {
@@ -231,7 +329,7 @@ impl Lowerer<'_, '_> {
             }
             self.b.def_var(acc, vals[0]);
         }
-        self.scalar_tail(range, body, main, trips)
+        self.tail(range, body, main, trips)
     }
 
     /// The iterations `from..trips` of `range`, one at a time: the tail after an unrolled or

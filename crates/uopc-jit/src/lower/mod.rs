@@ -1,7 +1,8 @@
 //! Lowering of a prepared (linearized) loop program to Cranelift IR.
 //!
-//! The function signature is `(bufs: *const *mut u8, lo: i64, hi: i64)`: buffer pointers by
-//! slot, and the slice `lo..hi` of the THREAD range this call runs. Scalar accumulators become
+//! The function signature is `(bufs: *const *mut u8, lo: i64, hi: i64, vars: *const i64)`:
+//! buffer pointers by slot, the slice `lo..hi` of the THREAD range this call runs, and the
+//! values of the program's variables by slot (each read once, in the entry block). Scalar accumulators become
 //! `Variable`s (Cranelift builds the SSA), arrays indexed by a loop variable become stack slots.
 
 use crate::JitError;
@@ -13,7 +14,8 @@ use cranelift_codegen::ir::{
 use cranelift_frontend::{FunctionBuilder, Variable};
 use std::collections::HashMap;
 use uopc_ir::{
-    BinaryOp, ConstValue, DType, Op, PreparedKernel, Stmt, TileOp, UOp, UnaryOp, split_linear, view_base,
+    BinaryOp, ConstValue, DType, IndexFormula, Op, PreparedKernel, Stmt, TileOp, UOp, UnaryOp, split_linear,
+    view_base,
 };
 
 mod loops;
@@ -23,7 +25,7 @@ mod scalar;
 mod tile;
 mod vector;
 
-use loops::{LoopTest, range_end};
+use loops::{LoopTest, Trips, range_end};
 use memory::{mem, split_constant_term};
 use scalar::clif_type;
 
@@ -56,6 +58,8 @@ pub(crate) struct Lowerer<'a, 'b> {
     pub b: &'a mut FunctionBuilder<'b>,
     vals: HashMap<UOp, Value>,
     buf_ptrs: HashMap<UOp, Value>,
+    /// Each VAR's value, loaded from `vars` in the entry block (so it dominates every use).
+    var_vals: HashMap<UOp, Value>,
     storage: HashMap<UOp, Storage>,
     range_vars: HashMap<UOp, Variable>,
     externs: Externs,
@@ -90,6 +94,7 @@ pub(crate) struct Lowerer<'a, 'b> {
     bufs: Value,
     lo: Value,
     hi: Value,
+    vars: Value,
 }
 
 impl<'a, 'b> Lowerer<'a, 'b> {
@@ -100,11 +105,13 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         bufs: Value,
         lo: Value,
         hi: Value,
+        vars: Value,
     ) -> Self {
         Lowerer {
             b,
             vals: HashMap::new(),
             buf_ptrs: HashMap::new(),
+            var_vals: HashMap::new(),
             storage: HashMap::new(),
             range_vars: HashMap::new(),
             externs,
@@ -124,6 +131,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             bufs,
             lo,
             hi,
+            vars,
         }
     }
 
@@ -134,6 +142,13 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             if let Op::Buffer { slot, .. } = buf.op() {
                 let p = self.b.ins().load(types::I64, mem(), self.bufs, (*slot as i32) * 8);
                 self.buf_ptrs.insert(buf.clone(), p);
+            }
+        }
+        for v in &lin.vars {
+            if let Op::Var { slot, .. } = v.op() {
+                // Checked against the VAR's bounds by the runner before the call.
+                let x = self.b.ins().load(types::I64, mem().with_readonly(), self.vars, (*slot as i32) * 8);
+                self.var_vals.insert(v.clone(), x);
             }
         }
         self.read_only = kernel.read_only.clone();
@@ -204,6 +219,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         }
         if let Some(v) = self.range_vars.get(u) {
             return Ok(self.b.use_var(*v));
+        }
+        if let Some(&v) = self.var_vals.get(u) {
+            return Ok(v);
         }
         self.vals
             .get(u)

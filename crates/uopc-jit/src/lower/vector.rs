@@ -70,7 +70,12 @@ fn lane_bitcast() -> MemFlagsData {
 
 impl Lowerer<'_, '_> {
     /// Lowers `range` vectorized if its body allows it; `Ok(false)` leaves it to the caller.
-    pub(super) fn try_vectorize(&mut self, range: &UOp, body: &[Stmt], trips: i64) -> Result<bool, JitError> {
+    pub(super) fn try_vectorize(
+        &mut self,
+        range: &UOp,
+        body: &[Stmt],
+        trips: Trips,
+    ) -> Result<bool, JitError> {
         let Some(plan) = self.vector_plan(range, body) else { return Ok(false) };
         // Copies hide the latency of the accumulator chains; an exp2 body is long enough to
         // hide it with two, and four would spill its polynomial constants and accumulators.
@@ -83,12 +88,11 @@ impl Lowerer<'_, '_> {
             3 | 4 => 2,
             _ => 1,
         };
-        let copies = (1..=copies).rev().find(|c| trips >= c * LANES).unwrap_or(0);
+        let copies = (1..=copies).rev().find(|c| trips.max() >= c * LANES).unwrap_or(0);
         if copies == 0 {
             return Ok(false);
         }
         let step = copies * LANES;
-        let main = trips - trips % step;
 
         // Loop-invariant parts of every address, computed once before the loop.
         let mut inserted = Vec::new();
@@ -147,7 +151,8 @@ impl Lowerer<'_, '_> {
         }
 
         let zero = self.b.ins().iconst(types::I64, 0);
-        let end = self.b.ins().iconst(types::I64, main);
+        let main = self.main_end(trips, step);
+        let end = self.main_end_value(main);
         self.counted_loop(LoopTest::Bottom, zero, end, step, |l, iv| {
             for (k, row) in partials.iter().enumerate() {
                 let base = l.b.use_var(iv);
@@ -174,7 +179,7 @@ impl Lowerer<'_, '_> {
         for key in inserted {
             self.vals.remove(&key);
         }
-        self.scalar_tail(range, body, main, trips)?;
+        self.tail(range, body, main, trips)?;
         Ok(true)
     }
 
@@ -296,7 +301,9 @@ impl Lowerer<'_, '_> {
         // A buffer stored in the loop may only be accessed at the iteration's own element, or
         // in a provably disjoint stretch: no value flows from one iteration to another
         // through memory.
-        let trips = range.src()[0].const_int()?;
+        // The most trips the loop can run (its end's upper bound: a constant, or what the
+        // variables' bounds allow).
+        let trips = range.src()[0].vmax();
         for list in per_base.values() {
             if !list.iter().any(|(_, _, st)| *st) {
                 continue;

@@ -19,8 +19,13 @@ impl Gen<'_> {
     pub(super) fn leaf(&mut self, d: DType, scope: &[UOp], depth: usize) -> E {
         match self.rng.below(10) {
             0 | 1 => self.constant(d),
-            2 if !scope.is_empty() => {
-                let r = self.rng.pick(scope);
+            2 if !scope.is_empty() || !self.vars.is_empty() => {
+                // A loop variable or a variable (both non-negative, so each is its own magnitude).
+                let r = if self.vars.is_empty() {
+                    self.rng.pick(scope)
+                } else {
+                    self.rng.pick(&[scope, &self.vars].concat())
+                };
                 let v = r.cast(d);
                 let m = (self.magnitude() && d.is_float()).then(|| v.clone());
                 E { v, m, vague: false }
