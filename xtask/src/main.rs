@@ -104,6 +104,10 @@ enum Bench {
         /// Write `{"results": [...]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Decode steps of a growing KV cache (capacity 4096) run through one cached compile;
+        /// default 1000 with the default matrix, none with --shape.
+        #[arg(long)]
+        decode_steps: Option<usize>,
     },
     /// Time the attention backward pass: autograd of the unfused graph against recompute.
     Backward {
@@ -196,7 +200,14 @@ fn main() -> ExitCode {
                 None => attention::run(&args),
             }
         }
-        Task::Bench { what: Bench::Sdpa { shapes, causal, key_lengths, reps, rounds, threads, json } } => {
+        Task::Bench {
+            what: Bench::Sdpa { shapes, causal, key_lengths, reps, rounds, threads, json, decode_steps },
+        } => {
+            let decode_steps = decode_steps.unwrap_or(if shapes.is_empty() { 1000 } else { 0 });
+            if decode_steps > sdpa::DECODE_CAPACITY {
+                eprintln!("error: --decode-steps is at most {}", sdpa::DECODE_CAPACITY);
+                return ExitCode::from(2);
+            }
             if reps == 0 || rounds == 0 || threads == Some(0) {
                 eprintln!("error: --reps, --rounds and --threads must be at least 1");
                 return ExitCode::from(2);
@@ -222,7 +233,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             }
-            let go = || sdpa::run(&cells, reps, rounds, json.as_deref());
+            let go = || sdpa::run(&cells, reps, rounds, decode_steps, json.as_deref());
             match threads {
                 Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
                     Ok(pool) => pool.install(go),

@@ -84,6 +84,7 @@ struct Row {
 struct Report {
     widest_peak: Option<(&'static str, f64)>,
     streaming_read_gbs: f64,
+    decode_steps: Option<DecodeSteps>,
     threads: usize,
     results: Vec<Row>,
 }
@@ -142,8 +143,66 @@ struct Prepared {
     times: Vec<f64>,
 }
 
-/// Runs the bench: `reps` timed runs per cell per round, cells interleaved within each round.
-pub fn run(cells: &[Cell], reps: usize, rounds: usize, json: Option<&std::path::Path>) -> ExitCode {
+/// KV capacity of the growing-cache decode run.
+pub const DECODE_CAPACITY: usize = 4096;
+
+/// The growing-cache decode run: `steps` decode steps of (1, 32, 8, 1, L, 128) at
+/// L = 1, 2, ..., `steps`, each through [`uopc::kernels::sdpa::attention`] on one
+/// configuration of capacity [`DECODE_CAPACITY`] with a runtime KV length.
+#[derive(Serialize)]
+struct DecodeSteps {
+    steps: usize,
+    capacity: usize,
+    compiles: usize,
+    median_step_ms: f64,
+    last_step_ms: f64,
+}
+
+fn decode_steps(steps: usize) -> Result<DecodeSteps, uopc::kernels::sdpa::SdpaError> {
+    let config = SdpaConfig {
+        kv_heads: 8,
+        runtime_kv_length: true,
+        ..SdpaConfig::new(1, 32, 1, DECODE_CAPACITY, 128)
+    };
+    let mut rng = StdRng::seed_from_u64(0xdec0de);
+    let mut fill = |n: usize| (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>();
+    let (q, k, v) = (fill(config.q_len()), fill(config.kv_len()), fill(config.kv_len()));
+    let mut out = vec![0.0; config.q_len()];
+    let before = uopc::kernels::sdpa::compile_count();
+    let mut times = Vec::with_capacity(steps);
+    for len in 1..=steps {
+        let start = Instant::now();
+        uopc::kernels::sdpa::attention(
+            &config,
+            &q,
+            &k,
+            &v,
+            Extras { kv_length: Some(len), ..Extras::default() },
+            &mut out,
+        )?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    let compiles = uopc::kernels::sdpa::compile_count() - before;
+    let last_step_ms = times.last().copied().unwrap_or(0.0);
+    times.sort_by(f64::total_cmp);
+    Ok(DecodeSteps {
+        steps,
+        capacity: DECODE_CAPACITY,
+        compiles,
+        median_step_ms: times[times.len() / 2],
+        last_step_ms,
+    })
+}
+
+/// Runs the bench: `reps` timed runs per cell per round, cells interleaved within each round;
+/// then `steps` decode steps of a growing KV cache (none when 0).
+pub fn run(
+    cells: &[Cell],
+    reps: usize,
+    rounds: usize,
+    steps: usize,
+    json: Option<&std::path::Path>,
+) -> ExitCode {
     let peak = crate::attention::measure_widest_peak();
     // 256 MiB: past every cache, like the long key caches of the decode cells.
     let stream = uopc::kernels::bandwidth::streaming_read_gbs(256, rayon::current_num_threads(), 5);
@@ -256,10 +315,28 @@ pub fn run(cells: &[Cell], reps: usize, rounds: usize, json: Option<&std::path::
         println!("widest FMA peak ({name}): {g:.1} GFLOP/s on {} threads", rayon::current_num_threads());
     }
     println!("streaming read (256 MiB): {stream:.1} GB/s on {} threads", rayon::current_num_threads());
+    let decode = if steps > 0 {
+        match decode_steps(steps) {
+            Ok(d) => {
+                println!(
+                    "{} decode steps of (1,32,8,1,L,128), L = 1..={} in a cache of {}: {} compile(s), median step {:.3} ms, last {:.3} ms",
+                    d.steps, d.steps, d.capacity, d.compiles, d.median_step_ms, d.last_step_ms
+                );
+                Some(d)
+            }
+            Err(e) => {
+                eprintln!("error: decode steps: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     if let Some(path) = json {
         let report = Report {
             widest_peak: peak,
             streaming_read_gbs: stream,
+            decode_steps: decode,
             threads: rayon::current_num_threads(),
             results: rows,
         };

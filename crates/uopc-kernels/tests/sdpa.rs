@@ -54,7 +54,12 @@ impl Case {
         Case { config, q, k, v, mask, bias, lens }
     }
     fn extras(&self) -> Extras<'_> {
-        Extras { mask: self.mask.as_deref(), bias: self.bias.as_deref(), key_lengths: self.lens.as_deref() }
+        Extras {
+            mask: self.mask.as_deref(),
+            bias: self.bias.as_deref(),
+            key_lengths: self.lens.as_deref(),
+            kv_length: None,
+        }
     }
     fn reference(&self) -> Vec<f64> {
         reference_f64(&self.config, &self.q, &self.k, &self.v, self.extras())
@@ -383,4 +388,76 @@ fn batched_heads_and_decode_run_tasks_in_parallel() {
         assert!(sdpa.program().is_parallel(), "{sdpa}");
         assert_eq!(n_q % sdpa.blocking().queries, 0, "{sdpa}");
     }
+}
+
+/// `case`'s keys and values cut to the first `len` rows of each head (BHND), for the f64
+/// reference of a cache holding `len` keys.
+fn first_keys(c: &SdpaConfig, x: &[f32], len: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(c.batch * c.kv_heads * len * c.d);
+    for head in x.chunks(c.n_k * c.d) {
+        out.extend_from_slice(&head[..len * c.d]);
+    }
+    out
+}
+
+#[test]
+fn one_compiled_program_serves_every_kv_length() {
+    let mut rng = Rng(23);
+    let capacity = 70;
+    for (n_q, causal, heads, kv_heads) in
+        [(1, false, 4, 1), (1, true, 4, 2), (3, true, 2, 2), (2, false, 2, 2)]
+    {
+        let c =
+            SdpaConfig { causal, runtime_kv_length: true, ..config(2, heads, kv_heads, n_q, capacity, 8) };
+        let case = Case::new(c, &mut rng);
+        let library = Sdpa::compile(&c).unwrap();
+        let split =
+            Sdpa::compile_with(&c, Blocking { heads_per_task: 1, queries: n_q, keys: 8, splits: 3 }).unwrap();
+        for sdpa in [&library, &split] {
+            for len in [1, 2, capacity / 2 + 1, capacity] {
+                let mut out = vec![f32::NAN; c.q_len()];
+                let extras = Extras { kv_length: Some(len), ..Extras::default() };
+                sdpa.run(&case.q, &case.k, &case.v, extras, &mut out).unwrap();
+                // The reference: a configuration of exactly `len` keys.
+                let cut = SdpaConfig { n_k: len, runtime_kv_length: false, ..c };
+                let (k, v) = (first_keys(&c, &case.k, len), first_keys(&c, &case.v, len));
+                let want = reference_f64(&cut, &case.q, &k, &v, Extras::default());
+                assert!(error(&out, &want) < 2e-5, "L = {len}, {sdpa}: {}", error(&out, &want));
+            }
+            // L = 0: no key, zeros; L > capacity: an error, nothing run.
+            let mut out = vec![1.0f32; c.q_len()];
+            sdpa.run(&case.q, &case.k, &case.v, Extras { kv_length: Some(0), ..Extras::default() }, &mut out)
+                .unwrap();
+            assert!(out.iter().all(|&x| x == 0.0));
+            let err = sdpa
+                .run(
+                    &case.q,
+                    &case.k,
+                    &case.v,
+                    Extras { kv_length: Some(capacity + 1), ..Extras::default() },
+                    &mut out,
+                )
+                .unwrap_err();
+            assert!(matches!(err, SdpaError::KvLength { len: 71, capacity: 70 }), "{err}");
+            let err = sdpa.run(&case.q, &case.k, &case.v, Extras::default(), &mut out).unwrap_err();
+            assert!(err.to_string().contains("kv_length"), "{err}");
+        }
+    }
+    // Through the cache: a growing cache compiles once.
+    let c = SdpaConfig { runtime_kv_length: true, ..config(1, 2, 2, 1, 64, 4) };
+    let case = Case::new(c, &mut rng);
+    let before = compile_count();
+    let mut out = vec![0.0f32; c.q_len()];
+    for len in 1..=64 {
+        attention(
+            &c,
+            &case.q,
+            &case.k,
+            &case.v,
+            Extras { kv_length: Some(len), ..Extras::default() },
+            &mut out,
+        )
+        .unwrap();
+    }
+    assert!(compile_count() - before <= 1);
 }

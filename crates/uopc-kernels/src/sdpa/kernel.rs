@@ -3,7 +3,7 @@
 use super::{MaskKind, SdpaConfig};
 use crate::masked::min_idx;
 use crate::online::LOG2E;
-use uopc_ir::{AxisType, DType, GemmShape, ProgramBuilder, TileOp, UOp, buffer, f32c, idx, sink, tile};
+use uopc_ir::{AxisType, DType, GemmShape, ProgramBuilder, TileOp, UOp, buffer, f32c, idx, sink, tile, var};
 use uopc_jit::MAX_LOCAL_BYTES;
 /// Block sizes of one compiled attention (see [`Blocking::choose`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,6 +161,9 @@ struct SdpaKernel {
     partial: Option<(UOp, UOp)>,
     mask: Option<(UOp, [usize; 4])>,
     lens: Option<UOp>,
+    /// The current KV length, a runtime variable in `0..=n_k`, with
+    /// [`SdpaConfig::runtime_kv_length`].
+    kv_length: Option<UOp>,
     pb: ProgramBuilder,
 }
 
@@ -204,7 +207,21 @@ impl SdpaKernel {
         };
         slot += usize::from(mask.is_some());
         let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
-        SdpaKernel { c, b: *blocking, rows, q, k, v, out, partial, mask, lens, pb: ProgramBuilder::new() }
+        let kv_length = c.runtime_kv_length.then(|| var(0, 0, c.n_k as i64));
+        SdpaKernel {
+            c,
+            b: *blocking,
+            rows,
+            q,
+            k,
+            v,
+            out,
+            partial,
+            mask,
+            lens,
+            kv_length,
+            pb: ProgramBuilder::new(),
+        }
     }
 
     fn program(mut self) -> UOp {
@@ -214,7 +231,7 @@ impl SdpaKernel {
         let n_k = self.c.n_k;
         let (full, rest) = (n_k / bc, n_k % bc);
         let masked_everywhere = self.mask.is_some();
-        let bounded = self.c.causal || self.lens.is_some();
+        let bounded = self.c.causal || self.lens.is_some() || self.kv_length.is_some();
         let done = if splits == 1 && !bounded {
             let kb = self.pb.range(full, AxisType::Reduce);
             let mut prev = init.clone();
@@ -276,11 +293,11 @@ impl SdpaKernel {
         let bc = self.b.keys as i64;
         let (mut clear, mut touched) = (idx(full as i64), idx(full as i64));
         if self.c.causal {
-            let off = self.c.causal_offset();
+            let off = self.causal_offset();
             let bq = self.b.queries as i64;
             // Keys every row of the block sees: j <= q0 + off; keys the last row sees: j < q0 + bq + off.
-            let seen_by_all = (&task.q0 + (off + 1)).maximum(idx(0));
-            let seen_by_last = (&task.q0 + (bq + off)).maximum(idx(0));
+            let seen_by_all = (&task.q0 + &off + 1).maximum(idx(0));
+            let seen_by_last = (&task.q0 + &off + bq).maximum(idx(0));
             clear = min_idx(&seen_by_all.idiv(bc), &clear);
             touched = min_idx(&(seen_by_last + (bc - 1)).idiv(bc), &touched);
         }
@@ -291,10 +308,23 @@ impl SdpaKernel {
             clear = min_idx(&len.idiv(bc), &clear);
             touched = min_idx(&(len + (bc - 1)).idiv(bc), &touched);
         }
+        if let Some(len) = &self.kv_length {
+            clear = min_idx(&len.idiv(bc), &clear);
+            touched = min_idx(&(len + (bc - 1)).idiv(bc), &touched);
+        }
         if self.mask.is_some() {
             clear = idx(0);
         }
         (clear, touched)
+    }
+
+    /// How far keys run ahead of queries under the causal mask (query `i` sees keys
+    /// `j <= i + offset`): `n_k - n_q`, or `L - n_q` for a runtime KV length `L`.
+    fn causal_offset(&self) -> UOp {
+        match &self.kv_length {
+            Some(len) => len - self.c.n_q as i64,
+            None => idx(self.c.causal_offset()),
+        }
     }
 
     /// The THREAD range, its decomposition and the task's scratch.
@@ -431,7 +461,10 @@ impl SdpaKernel {
         let mut score = cell.load();
         let mut keep = Vec::new();
         if self.c.causal {
-            keep.push(key.lt(&query + (self.c.causal_offset() + 1)));
+            keep.push(key.lt(&query + &self.causal_offset() + 1));
+        }
+        if let Some(len) = &self.kv_length {
+            keep.push(key.lt(len));
         }
         if let Some(lens) = &self.lens {
             keep.push(key.lt(lens.index(&task.item).load().cast(DType::INDEX)));

@@ -91,6 +91,10 @@ pub struct SdpaConfig {
     pub mask: MaskKind,
     /// Whether `run` takes per-batch key lengths: item `b` attends keys `j < len[b]` only.
     pub key_lengths: bool,
+    /// Whether `n_k` is a capacity and `run` takes the current KV length `L` (`0..=n_k`, the
+    /// keys `0..L` of each head are attended, the causal mask aligns queries to `L`): one
+    /// compiled program serves a KV cache at every length.
+    pub runtime_kv_length: bool,
 }
 
 impl SdpaConfig {
@@ -173,7 +177,7 @@ impl SdpaConfig {
         let s = *self;
         (
             [s.batch, s.heads, s.kv_heads, s.n_q, s.n_k, s.d],
-            (s.causal, s.key_lengths),
+            (s.causal, s.key_lengths, s.runtime_kv_length),
             s.scale.map(f32::to_bits),
             s.layout,
             s.mask,
@@ -247,6 +251,14 @@ pub enum SdpaError {
         /// What does not fit.
         msg: String,
     },
+    /// The current KV length is above the capacity `n_k`.
+    #[error("sdpa: kv_length {len} is above the capacity n_k = {capacity}")]
+    KvLength {
+        /// The given length.
+        len: usize,
+        /// The configuration's `n_k`.
+        capacity: usize,
+    },
     /// The JIT refused the program.
     #[error("sdpa: {0}")]
     Jit(#[from] JitError),
@@ -261,6 +273,8 @@ pub struct Extras<'a> {
     pub bias: Option<&'a [f32]>,
     /// `batch` key lengths, when [`SdpaConfig::key_lengths`] is set.
     pub key_lengths: Option<&'a [i32]>,
+    /// The current KV length, when [`SdpaConfig::runtime_kv_length`] is set.
+    pub kv_length: Option<usize>,
 }
 
 /// A compiled attention for one [`SdpaConfig`]; `Sync`, so one compile serves every thread.
@@ -354,6 +368,13 @@ impl Sdpa {
         extra("mask", matches!(c.mask, MaskKind::Bool(_)), extras.mask.is_some())?;
         extra("bias", matches!(c.mask, MaskKind::Bias(_)), extras.bias.is_some())?;
         extra("key_lengths", c.key_lengths, extras.key_lengths.is_some())?;
+        extra("kv_length", c.runtime_kv_length, extras.kv_length.is_some())?;
+        if let Some(len) = extras.kv_length
+            && len > c.n_k
+        {
+            return Err(SdpaError::KvLength { len, capacity: c.n_k });
+        }
+        let vars: Vec<i64> = extras.kv_length.map(|l| l as i64).into_iter().collect();
         let mask_len = match c.mask {
             MaskKind::Bool(s) | MaskKind::Bias(s) => s.iter().product(),
             MaskKind::None => 0,
@@ -375,7 +396,7 @@ impl Sdpa {
             }
             args.push(Arg::Read(BufRef::I32(lens)));
         }
-        self.program.run(&mut args)?;
+        self.program.run_with_vars(&mut args, &vars)?;
         drop(args);
         if let Some(merge) = &self.merge {
             merge.run(&mut [

@@ -19,14 +19,16 @@ pub fn reference_f64(config: &SdpaConfig, q: &[f32], k: &[f32], v: &[f32], extra
     let mut out = vec![0.0f64; c.q_len()];
     let mut scores: Vec<(usize, f64)> = Vec::with_capacity(c.n_k);
     for b in 0..c.batch {
-        let len = extras.key_lengths.map_or(c.n_k, |l| l[b].max(0) as usize);
+        let kv = extras.kv_length.unwrap_or(c.n_k);
+        let offset = kv as i64 - c.n_q as i64;
+        let len = extras.key_lengths.map_or(c.n_k, |l| l[b].max(0) as usize).min(kv);
         for h in 0..c.heads {
             let hk = h / group;
             for i in 0..c.n_q {
                 let qi = &q[b * qsb + h * qsh + i * qsn..][..c.d];
                 scores.clear();
                 for j in 0..c.n_k {
-                    if (c.causal && j as i64 > i as i64 + c.causal_offset()) || j >= len {
+                    if (c.causal && j as i64 > i as i64 + offset) || j >= len {
                         continue;
                     }
                     let at = b * mstr[0] + h * mstr[1] + i * mstr[2] + j * mstr[3];
