@@ -285,8 +285,11 @@ pub struct CustomKernel {
     /// The output shape.
     pub shape: Vec<usize>,
     /// The same value as a graph of ordinary tensor ops over the same sources, if there is
-    /// one: what autograd differentiates (and a reference for tests).
+    /// one: what autograd differentiates when there is no `vjp` (and a reference for tests).
     pub equivalent: Option<crate::UOp>,
+    /// A gradient rule the tensor layer attached (opaque here, compared by identity), which
+    /// autograd calls instead of differentiating `equivalent`.
+    pub vjp: Option<DataRef>,
 }
 
 impl Op {

@@ -282,7 +282,20 @@ fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
                 .collect::<Result<_>>()?
         }
         Op::Custom(custom) => {
-            // The kernel's gradient is that of its equivalent graph over the same sources.
+            if let Some(rule) = crate::tensor::custom_vjp(custom) {
+                let sources: Vec<Tensor> = u.src().iter().map(|s| t(s.clone())).collect();
+                let grads = rule(&sources, &out, g)?;
+                if grads.len() != sources.len() {
+                    return Err(TensorError::Unsupported(format!(
+                        "gradient: the rule of custom kernel {} gave {} cotangents for {} sources",
+                        custom.name,
+                        grads.len(),
+                        sources.len()
+                    )));
+                }
+                return Ok(grads.into_iter().enumerate().filter_map(|(k, x)| x.map(|x| (k, x))).collect());
+            }
+            // Otherwise the kernel's gradient is that of its equivalent graph over the same sources.
             let Some(equivalent) = &custom.equivalent else {
                 return Err(TensorError::Unsupported(format!(
                     "gradient: custom kernel {} has no equivalent graph to differentiate",

@@ -71,3 +71,29 @@ fn slots_that_do_not_fit_the_sources_are_errors() {
     let eq = Tensor::try_custom("axpy", axpy(6), &[&a, &a], &[6], DType::F32, Some(b)).unwrap_err();
     assert!(err(eq).contains("equivalent"));
 }
+
+#[test]
+fn an_attached_gradient_rule_replaces_the_equivalent() {
+    let (a, b) = (Tensor::from_vec(values(6, 5), &[6]), Tensor::from_vec(values(6, 6), &[6]));
+    // The rule is called with the sources, the node and the cotangent; here it is the exact
+    // gradient of 2a + b, built as another custom kernel for a and plainly for b.
+    let rule: std::sync::Arc<uopc_tensor::CustomVjp> =
+        std::sync::Arc::new(|src: &[Tensor], out: &Tensor, g: &Tensor| {
+            assert_eq!((src.len(), out.shape()), (2, g.shape()));
+            let twice = Tensor::try_custom("axpy", axpy(6), &[g, &(g * 0.0)], &[6], DType::F32, None)?;
+            Ok(vec![Some(twice), Some(g.clone())])
+        });
+    let y = Tensor::try_custom("axpy", axpy(6), &[&a, &b], &[6], DType::F32, None)
+        .unwrap()
+        .with_custom_vjp(rule)
+        .unwrap();
+    let g = gradient(&(&y * &y).sum(0, false), &[&a, &b]).unwrap();
+    let (ga, gb) = (g[0].to_ndarray::<f32>().unwrap(), g[1].to_ndarray::<f32>().unwrap());
+    for i in 0..6 {
+        let yv = 2.0 * values(6, 5)[i] + values(6, 6)[i];
+        assert!((ga[i] - 4.0 * yv).abs() < 1e-5 && (gb[i] - 2.0 * yv).abs() < 1e-5);
+    }
+    assert!(
+        a.with_custom_vjp(std::sync::Arc::new(|_: &[Tensor], _: &Tensor, _: &Tensor| Ok(vec![]))).is_err()
+    );
+}

@@ -3,7 +3,12 @@
 use super::Tensor;
 use crate::error::{Result, TensorError};
 use crate::util::numel;
-use uopc_ir::{CustomKernel, DType, Op, UOp};
+use std::sync::Arc;
+use uopc_ir::{CustomKernel, DType, DataRef, Op, UOp};
+
+/// The vector-Jacobian product of a custom kernel: given its sources, its output and the
+/// output's cotangent, the cotangent of each source (`None`: no gradient flows to it).
+pub type CustomVjp = dyn Fn(&[Tensor], &Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync;
 
 impl Tensor {
     /// A tensor computed by the hand-written loop `program` from `sources`: a kernel node that
@@ -72,8 +77,31 @@ impl Tensor {
             program,
             shape: shape.to_vec(),
             equivalent: equivalent.map(|e| e.uop().clone()),
+            vjp: None,
         };
         let src = sources.iter().map(|s| s.uop().clone()).collect();
         Ok(Tensor::from_uop(UOp::new(Op::Custom(kernel), dtype, src)))
     }
+
+    /// This custom kernel node with `vjp` as its gradient rule: autograd calls it (with the
+    /// node's sources, the node and its cotangent) instead of differentiating the equivalent
+    /// graph; typically it builds more custom kernels (a hand-written backward).
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Unsupported`] when this tensor is not a custom kernel node.
+    pub fn with_custom_vjp(&self, vjp: Arc<CustomVjp>) -> Result<Tensor> {
+        let Op::Custom(kernel) = self.uop().op() else {
+            return Err(TensorError::Unsupported(
+                "with_custom_vjp: the tensor is not a custom kernel".into(),
+            ));
+        };
+        let kernel = CustomKernel { vjp: Some(DataRef(Arc::new(vjp))), ..kernel.clone() };
+        Ok(Tensor::from_uop(UOp::new(Op::Custom(kernel), self.dtype(), self.uop().src().to_vec())))
+    }
+}
+
+/// The gradient rule attached to a custom kernel by [`Tensor::with_custom_vjp`].
+pub(crate) fn custom_vjp(kernel: &CustomKernel) -> Option<&Arc<CustomVjp>> {
+    kernel.vjp.as_ref().and_then(|h| h.0.downcast_ref::<Arc<CustomVjp>>())
 }

@@ -12,6 +12,8 @@ use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp, const_of};
 
 mod convert;
 mod custom;
+pub use custom::CustomVjp;
+pub(crate) use custom::custom_vjp;
 mod display;
 mod elementwise;
 mod movement;
