@@ -11,40 +11,48 @@ use uopc_ir::{AxisType, DType, GemmShape, Op, ReduceOp, TileOp, UOp, buffer, ran
 /// pay less packing, while 256 rows still leave several tasks per thread for a 1024-row GEMM.
 const ROWS_PER_TASK: usize = 256;
 
-/// A view of a `Param` as `base + i*s0 + j*s1 + k*s2` over the `[m, n, k]` iteration space.
+/// A view of a `Param` as `base + sum_a idx[a] * strides[a]` over the `[batch.., m, n, k]`
+/// iteration space.
 struct Affine {
     slot: usize,
     len: usize,
     base: usize,
-    strides: [usize; 3],
+    strides: Vec<usize>,
 }
 
 /// The affine form of `v`, if its offsets are affine (checked at the corners and a few
 /// interior points of the `shape` box).
-fn affine(v: &UOp, shape: &[usize; 3]) -> Option<Affine> {
+fn affine(v: &UOp, shape: &[usize]) -> Option<Affine> {
     let mut p = v.clone();
     while p.op().is_movement() {
         p = p.src()[0].clone();
     }
     let Op::Param { slot, shape: pshape } = p.op() else { return None };
-    if v.dtype() != DType::F32 || v.shape() != shape.as_slice() {
+    if v.dtype() != DType::F32 || v.shape() != shape {
         return None;
     }
-    let at = |i: usize, j: usize, k: usize| view_offset(v, vec![i, j, k]);
-    let base = at(0, 0, 0)?;
-    let step = |axis: usize| -> Option<usize> {
+    let r = shape.len();
+    let at = |idx: &[usize]| view_offset(v, idx.to_vec());
+    let base = at(&vec![0; r])?;
+    let mut strides = Vec::with_capacity(r);
+    for axis in 0..r {
         if shape[axis] < 2 {
-            return Some(0);
+            strides.push(0);
+            continue;
         }
-        let mut idx = [0usize; 3];
+        let mut idx = vec![0; r];
         idx[axis] = 1;
-        at(idx[0], idx[1], idx[2])?.checked_sub(base)
-    };
-    let strides = [step(0)?, step(1)?, step(2)?];
-    let [m, n, k] = *shape;
-    let probes = [(m - 1, n - 1, k - 1), (m / 2, n / 3, k / 2), (m - 1, 0, k / 3), (0, n - 1, k - 1)];
-    for (i, j, l) in probes {
-        if at(i, j, l)? != base + i * strides[0] + j * strides[1] + l * strides[2] {
+        strides.push(at(&idx)?.checked_sub(base)?);
+    }
+    let probes: [Vec<usize>; 4] = [
+        shape.iter().map(|&s| s - 1).collect(),
+        shape.iter().enumerate().map(|(a, &s)| s / (2 + a % 2)).collect(),
+        shape.iter().enumerate().map(|(a, &s)| if a % 2 == 0 { s - 1 } else { 0 }).collect(),
+        shape.iter().enumerate().map(|(a, &s)| if a % 2 == 1 { s - 1 } else { s / 3 }).collect(),
+    ];
+    for idx in &probes {
+        let want: usize = base + idx.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>();
+        if at(idx)? != want {
             return None;
         }
     }
@@ -63,32 +71,55 @@ fn layout(rows: usize, cols: usize, s_row: usize, s_col: usize) -> Option<(bool,
     }
 }
 
+/// The offset of batch item `item` (a flat index over `batch`) in an operand with the given
+/// batch strides: the item's coordinates by division and remainder, last axis fastest.
+fn batch_offset(item: &UOp, batch: &[usize], strides: &[usize]) -> UOp {
+    let mut offset = uopc_ir::idx(0);
+    let mut rest = item.clone();
+    for (&size, &stride) in batch.iter().zip(strides).rev() {
+        if stride != 0 && size > 1 {
+            offset = offset + rest.modulo(size as i64) * stride as i64;
+        }
+        rest = rest.idiv(size as i64);
+    }
+    offset
+}
+
 /// The loop program of a GEMM-shaped kernel `body` writing `out`, or `None` when the body is
-/// anything else (then it is rangeified as usual).
+/// anything else (then it is rangeified as usual). Leading axes of the body are batch axes:
+/// one THREAD iteration per batch item and block of output rows, each one tile GEMM.
 pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     let Op::Reduce { op: ReduceOp::Add, axes: 1 } = body.op() else { return None };
     let x = &body.src()[0];
-    let &[m, n, k] = x.shape() else { return None };
-    let Some((uopc_ir::BinaryOp::Mul, lhs, rhs)) = x.as_binary() else { return None };
-    if m == 0 || n == 0 || k == 0 {
+    let shape = x.shape().to_vec();
+    let r = shape.len();
+    if r < 3 || shape.contains(&0) {
         return None;
     }
-    let shape = [m, n, k];
+    let (batch, [m, n, k]) = (&shape[..r - 3], [shape[r - 3], shape[r - 2], shape[r - 1]]);
+    let Some((uopc_ir::BinaryOp::Mul, lhs, rhs)) = x.as_binary() else { return None };
     let (p, q) = (affine(lhs, &shape)?, affine(rhs, &shape)?);
+    let (im, in_, ik) = (r - 3, r - 2, r - 1);
     // A is broadcast along the output columns, B along the output rows.
-    let (a, b) = match (p.strides[1], q.strides[0]) {
+    let (a, b) = match (p.strides[in_], q.strides[im]) {
         (0, 0) => (p, q),
-        _ if q.strides[1] == 0 && p.strides[0] == 0 => (q, p),
+        _ if q.strides[in_] == 0 && p.strides[im] == 0 => (q, p),
         _ => return None,
     };
-    let (a_trans, lda) = layout(m, k, a.strides[0], a.strides[2])?;
-    let (b_trans, ldb) = layout(k, n, b.strides[2], b.strides[1])?;
+    let (a_trans, lda) = layout(m, k, a.strides[im], a.strides[ik])?;
+    let (b_trans, ldb) = layout(k, n, b.strides[ik], b.strides[in_])?;
     let rows = largest_divisor_at_most(m, ROWS_PER_TASK);
+    let blocks = m / rows;
+    let items: usize = batch.iter().product();
     let op = TileOp::Gemm(GemmShape { m: rows, n, k, lda, ldb, ldc: n, a_trans, b_trans, accumulate: false });
     let abuf = buffer(a.slot, DType::F32, a.len);
     let bbuf = buffer(b.slot, DType::F32, b.len);
-    let t = range(m / rows, 0, AxisType::Thread);
-    let a_start = &t * (rows * a.strides[0]) + a.base as i64;
-    let g = tile(op, &[abuf.index(a_start), bbuf.index(b.base as i64), out.index(&t * (rows * n))]);
+    // t = item * blocks + row block; the output is contiguous, so task t writes rows
+    // t * rows .. (t + 1) * rows of the flattened (items * m, n) result.
+    let t = range(items * blocks, 0, AxisType::Thread);
+    let (item, block) = (t.idiv(blocks as i64), t.modulo(blocks as i64));
+    let a_start = batch_offset(&item, batch, &a.strides) + &block * (rows * a.strides[im]) + a.base as i64;
+    let b_start = batch_offset(&item, batch, &b.strides) + b.base as i64;
+    let g = tile(op, &[abuf.index(a_start), bbuf.index(b_start), out.index(&t * (rows * n))]);
     Some(sink(&[sink(&[g]).end(&[t])]))
 }

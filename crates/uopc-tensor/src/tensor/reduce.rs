@@ -75,8 +75,11 @@ impl Tensor {
         ok(self.try_max(axis, keepdim))
     }
 
-    /// Matrix product of `(n, k)` and `(k, m)`, as broadcast-multiply-reduce: `(n, m, k)`
-    /// products summed over the last, contiguous axis.
+    /// Matrix product with numpy's rules: `(.., n, k) @ (.., k, m) -> (.., n, m)`, the leading
+    /// (batch) axes broadcast against each other; a 1-D operand is a vector (a row on the
+    /// left, a column on the right) and its axis is dropped from the result. Computed as
+    /// broadcast-multiply-reduce, `(.., n, m, k)` products summed over the last, contiguous
+    /// axis, which the optimizer maps onto tile GEMMs (one per batch item and row block).
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -84,24 +87,53 @@ impl Tensor {
     /// let id = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0], &[2, 2]);
     /// assert_eq!(a.try_matmul(&id)?.to_ndarray::<f32>()?, a.to_ndarray::<f32>()?);
     /// assert!(a.try_matmul(&Tensor::full(&[3, 2], 1.0)).is_err());
+    /// // A batch of three 2 x 2 matrices times one matrix, broadcast.
+    /// let batch = Tensor::full(&[3, 2, 2], 1.0);
+    /// assert_eq!(batch.try_matmul(&id)?.shape(), &[3, 2, 2]);
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `matmul` when the operands are not matrices
-    /// with `self`'s columns equal to `other`'s rows, or when the `(n, m, k)` product has more than 2^40
-    /// elements.
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `matmul` when an operand is a
+    /// scalar, the contracted sizes differ, the batch axes do not broadcast, or the product has
+    /// more than 2^40 elements.
     pub fn try_matmul(&self, other: &Tensor) -> Result<Tensor> {
         let (a, b) = (self.shape(), other.shape());
-        if a.len() != 2 || b.len() != 2 || a[1] != b[0] {
-            return Err(shape_err("matmul", format!("cannot multiply {a:?} by {b:?}")));
+        let err = || shape_err("matmul", format!("cannot multiply {a:?} by {b:?}"));
+        if a.is_empty() || b.is_empty() {
+            return Err(err());
         }
-        let (n, k, m) = (a[0], a[1], b[1]);
-        let product = || {
-            let x = self.try_reshape(&[n, 1, k])?.try_expand(&[n, m, k])?;
-            let y = other.try_transpose(0, 1)?.try_reshape(&[1, m, k])?.try_expand(&[n, m, k])?;
-            x.try_mul(&y)?.try_sum(-1, false)
+        let product = || -> Result<Tensor> {
+            // Vectors become matrices (1, k) and (k, 1); their axis is dropped at the end.
+            let x = if a.len() == 1 { self.try_reshape(&[1, a[0]])? } else { self.clone() };
+            let y = if b.len() == 1 { other.try_reshape(&[b[0], 1])? } else { other.clone() };
+            let (sx, sy) = (x.shape().to_vec(), y.shape().to_vec());
+            let (rx, ry) = (sx.len(), sy.len());
+            let (n, k, m) = (sx[rx - 2], sx[rx - 1], sy[ry - 1]);
+            if sy[ry - 2] != k {
+                return Err(err());
+            }
+            let batch = crate::tensor::broadcast_shape(&sx[..rx - 2], &sy[..ry - 2]).ok_or_else(err)?;
+            let with = |tail: &[usize]| -> Vec<usize> { batch.iter().chain(tail).copied().collect() };
+            let lift = |t: &Tensor, s: &[usize], tail: [usize; 3], mid: [usize; 3]| -> Result<Tensor> {
+                // Leading 1s to the batch rank, then the middle axis to broadcast over.
+                let ones = std::iter::repeat_n(1, batch.len() + 2 - s.len());
+                let full: Vec<usize> = ones.chain(s[..s.len() - 2].iter().copied()).chain(mid).collect();
+                t.try_reshape(&full)?.try_expand(&with(&tail))
+            };
+            let xs = lift(&x, &sx, [n, m, k], [n, 1, k])?;
+            let yt = y.try_transpose(-1, -2)?;
+            let ys = lift(&yt, &sy, [n, m, k], [1, m, k])?;
+            let out = xs.try_mul(&ys)?.try_sum(-1, false)?;
+            let mut shape = with(&[n, m]);
+            if b.len() == 1 {
+                shape.pop();
+            }
+            if a.len() == 1 {
+                shape.remove(shape.len() - if b.len() == 1 { 1 } else { 2 });
+            }
+            out.try_reshape(&shape)
         };
         product().map_err(|e| e.in_op("matmul"))
     }

@@ -1,0 +1,99 @@
+//! N-D matmul with numpy broadcasting against an f64 loop reference, and its plan: batched
+//! products of inputs are tile GEMMs.
+
+mod common;
+use common::*;
+use ndarray::{ArrayD, IxDyn};
+use uopc_tensor::*;
+
+/// numpy's matmul in f64 loops, for operands of rank >= 2 (batch axes broadcast).
+fn reference(a: &ArrayD<f32>, b: &ArrayD<f32>) -> ArrayD<f64> {
+    let (sa, sb) = (a.shape(), b.shape());
+    let (ra, rb) = (sa.len(), sb.len());
+    let (n, k, m) = (sa[ra - 2], sa[ra - 1], sb[rb - 1]);
+    let rank = ra.max(rb) - 2;
+    let pad = |s: &[usize]| -> Vec<usize> {
+        std::iter::repeat_n(1, rank + 2 - s.len()).chain(s[..s.len() - 2].iter().copied()).collect()
+    };
+    let (ba, bb) = (pad(sa), pad(sb));
+    let batch: Vec<usize> = ba.iter().zip(&bb).map(|(&x, &y)| x.max(y)).collect();
+    let items: usize = batch.iter().product();
+    let mut out = vec![0.0f64; items * n * m];
+    let (a, b) = (a.as_standard_layout().to_owned(), b.as_standard_layout().to_owned());
+    let (av, bv) = (a.as_slice().unwrap(), b.as_slice().unwrap());
+    for item in 0..items {
+        // Coordinates of the item, then each operand's own (broadcast axes at 0).
+        let (mut rest, mut oa, mut ob, mut sta, mut stb) = (item, 0, 0, 1, 1);
+        for ax in (0..rank).rev() {
+            let c = rest % batch[ax];
+            rest /= batch[ax];
+            oa += if ba[ax] == 1 { 0 } else { c * sta };
+            ob += if bb[ax] == 1 { 0 } else { c * stb };
+            sta *= ba[ax];
+            stb *= bb[ax];
+        }
+        for i in 0..n {
+            for j in 0..m {
+                out[(item * n + i) * m + j] = (0..k)
+                    .map(|p| f64::from(av[(oa * n + i) * k + p]) * f64::from(bv[(ob * k + p) * m + j]))
+                    .sum();
+            }
+        }
+    }
+    let shape: Vec<usize> = batch.iter().copied().chain([n, m]).collect();
+    ArrayD::from_shape_vec(IxDyn(&shape), out).unwrap()
+}
+
+#[test]
+fn batched_shapes_broadcast_like_numpy() {
+    let cases: [(&[usize], &[usize]); 6] = [
+        (&[2, 4, 5, 3], &[2, 4, 3, 7]),
+        (&[3, 5, 6], &[6, 4]),
+        (&[5, 6], &[2, 3, 6, 4]),
+        (&[2, 1, 5, 6], &[1, 3, 6, 2]),
+        (&[1, 17, 33], &[4, 33, 20]),
+        (&[7, 9], &[9, 11]),
+    ];
+    for (seed, (sa, sb)) in cases.iter().enumerate() {
+        let (a, b) = (normal(sa, seed as u64), normal(sb, 100 + seed as u64));
+        let got = Tensor::from_array(&a).matmul(&Tensor::from_array(&b)).to_ndarray::<f32>().unwrap();
+        // Each output is a k-term f32 dot product of standard normals: ~1e-6 relative.
+        assert_close(&got, &reference(&a, &b), 1e-4);
+    }
+}
+
+#[test]
+fn transposed_operands_and_vectors() {
+    let a = normal(&[3, 8, 5], 1);
+    let b = normal(&[3, 6, 8], 2);
+    // a^T @ b^T over the batch: both operands strided views of inputs.
+    let (ta, tb) = (Tensor::from_array(&a), Tensor::from_array(&b));
+    let got = ta.transpose(1, 2).matmul(&tb.transpose(1, 2)).to_ndarray::<f32>().unwrap();
+    let at = a.view().permuted_axes(vec![0, 2, 1]).to_owned().into_dyn();
+    let bt = b.view().permuted_axes(vec![0, 2, 1]).to_owned().into_dyn();
+    assert_close(&got, &reference(&at, &bt), 1e-4);
+    // vector @ batch and batch @ vector drop the vector's axis.
+    let v = normal(&[8], 3);
+    let left = Tensor::from_array(&v).matmul(&Tensor::from_array(&b).transpose(1, 2));
+    assert_eq!(left.shape(), &[3, 6]);
+    let right = Tensor::from_array(&a).transpose(1, 2).matmul(&Tensor::from_array(&v));
+    assert_eq!(right.shape(), &[3, 5]);
+    let want = reference(&at, &v.clone().into_shape_with_order(IxDyn(&[8, 1])).unwrap());
+    let got = right.to_ndarray::<f32>().unwrap();
+    for (g, w) in got.iter().zip(want.iter()) {
+        assert!((f64::from(*g) - w).abs() < 1e-4);
+    }
+    assert_eq!(Tensor::from_array(&a).try_matmul(&Tensor::full(&[5], 1.0)).unwrap().shape(), &[3, 8]);
+    assert!(Tensor::from_array(&a).try_matmul(&Tensor::full(&[3, 7, 2], 1.0)).is_err());
+    assert!(Tensor::full(&[2, 5, 8], 1.0).try_matmul(&Tensor::full(&[3, 8, 2], 1.0)).is_err());
+}
+
+#[test]
+fn a_batched_product_of_inputs_is_one_tile_gemm_kernel() {
+    let (a, b) = (normal(&[4, 12, 64, 32], 7), normal(&[4, 12, 32, 48], 8));
+    let c = Tensor::from_array(&a).matmul(&Tensor::from_array(&b));
+    let plan = make_plan(&[c.uop().clone()], &RealizeOptions::default()).unwrap();
+    assert_eq!(plan.kernels.len(), 1, "{:?}", plan.kernel_names());
+    assert!(plan.kernels[0].uses_tile_ops(), "the batched product runs as tile GEMMs");
+    assert_close(&c.to_ndarray::<f32>().unwrap(), &reference(&a, &b), 1e-4);
+}
