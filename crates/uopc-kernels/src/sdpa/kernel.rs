@@ -96,7 +96,18 @@ pub(super) fn cores() -> usize {
 /// are skipped, and only the blocks in between are masked. The last query block starts early
 /// enough to be full (it overlaps the previous one) and writes only its own rows.
 pub fn sdpa_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking).program()
+    SdpaKernel::new(config, blocking, false).program()
+}
+
+/// [`sdpa_ir`] that also stores each query row's base-2 log-sum-exp, what the backward pass
+/// recomputes the probabilities from: `lse2 = m + log2(l)` over the row's base-2 scores
+/// `scale * log2(e) * q · k` (plus `log2(e) * bias`), with `m` their maximum and `l` the sum
+/// of `exp2(score - m)` over the keys the row sees; `-inf` for a row that sees no key.
+///
+/// The lse buffer comes after every buffer of [`sdpa_ir`]: `batch * heads * n_q` f32s laid
+/// out `(batch, head, row)`, whatever the layout of q.
+pub fn sdpa_ir_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
+    SdpaKernel::new(config, blocking, true).program()
 }
 
 struct SdpaKernel {
@@ -109,6 +120,7 @@ struct SdpaKernel {
     out: UOp,
     mask: Option<(UOp, [usize; 4])>,
     lens: Option<UOp>,
+    lse: Option<UOp>,
     pb: ProgramBuilder,
 }
 
@@ -128,7 +140,7 @@ struct Task {
 }
 
 impl SdpaKernel {
-    fn new(config: &SdpaConfig, blocking: &Blocking) -> Self {
+    fn new(config: &SdpaConfig, blocking: &Blocking, save_lse: bool) -> Self {
         let c = *config;
         let f32t = DType::F32;
         let (q, out) = (buffer(0, f32t, c.q_len()), buffer(3, f32t, c.q_len()));
@@ -140,8 +152,10 @@ impl SdpaKernel {
         };
         let lens_slot = if mask.is_some() { 5 } else { 4 };
         let lens = c.key_lengths.then(|| buffer(lens_slot, DType::I32, c.batch));
+        let lse_slot = lens_slot + usize::from(lens.is_some());
+        let lse = save_lse.then(|| buffer(lse_slot, f32t, c.batch * c.heads * c.n_q));
         let rows = blocking.heads_per_task * blocking.queries;
-        SdpaKernel { c, b: *blocking, rows, q, k, v, out, mask, lens, pb: ProgramBuilder::new() }
+        SdpaKernel { c, b: *blocking, rows, q, k, v, out, mask, lens, lse, pb: ProgramBuilder::new() }
     }
 
     fn program(mut self) -> UOp {
@@ -355,7 +369,8 @@ impl SdpaKernel {
         let o = task.oi.after(after).index(&r * d + &e).load();
         let contiguous = self.c.layout.strides(heads, n_q, d) == [heads * n_q * d, n_q * d, d];
         let blocks = n_q.div_ceil(bq);
-        let at = if contiguous && n_q.is_multiple_of(bq) && (gs == 1 || blocks == 1) {
+        let own_rows = contiguous && n_q.is_multiple_of(bq) && (gs == 1 || blocks == 1);
+        let at = if own_rows {
             // Task t then owns the `gs * bq` output rows starting at row `t * gs * bq`: the
             // index is written as `t * c + r` with `0 <= r < c`, the form from which the
             // compiler proves that tasks write disjoint memory and runs them in parallel.
@@ -364,6 +379,15 @@ impl SdpaKernel {
             &task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &row) * qsn + &e
         };
         let st = self.out.index(at).store(o * inv_l);
-        sink(&[st.end(&[e, rq, hh, task.t.clone()])])
+        let Some(lse) = &self.lse else { return sink(&[st.end(&[e, rq, hh, task.t.clone()])]) };
+        // The same row numbering as the output's (so the same disjointness proof holds).
+        let lse_at = if own_rows {
+            &task.t * (gs * bq) + &hh * bq + &row
+        } else {
+            (&task.item * heads + &task.head0 + &hh) * n_q + &task.q0 + &row
+        };
+        let m = task.mi.after(after).index(&r).load();
+        let lse_st = lse.index(lse_at).store(m + l.log2());
+        sink(&[sink(&[st.end(&[e]), lse_st]).end(&[rq, hh, task.t.clone()])])
     }
 }

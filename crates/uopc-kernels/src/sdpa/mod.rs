@@ -14,11 +14,13 @@
 //! The kernel is FlashAttention-2 on tile ops (see [`sdpa_ir`]); [`reference_f64`] is the f64
 //! attention it is checked against.
 
+mod backward;
 mod kernel;
 mod reference;
 
+pub use backward::{BackwardBlocking, ForwardSaved, SdpaBackward, compiled_backward, sdpa_backward_ir};
 use kernel::cores;
-pub use kernel::{Blocking, sdpa_ir};
+pub use kernel::{Blocking, sdpa_ir, sdpa_ir_with_lse};
 pub use reference::reference_f64;
 
 use std::collections::HashMap;
