@@ -98,6 +98,10 @@ enum Bench {
         /// Write `{"results": [...]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Time the forward (with lse) plus the FlashAttention-2 backward instead (rows with
+        /// `pass: "backward"`); without --shape the default backward matrix.
+        #[arg(long)]
+        backward: bool,
     },
     /// Time the attention backward pass: autograd of the unfused graph against recompute.
     Backward {
@@ -190,12 +194,16 @@ fn main() -> ExitCode {
                 None => attention::run(&args),
             }
         }
-        Task::Bench { what: Bench::Sdpa { shapes, causal, key_lengths, reps, rounds, threads, json } } => {
+        Task::Bench {
+            what: Bench::Sdpa { shapes, causal, key_lengths, reps, rounds, threads, json, backward },
+        } => {
             if reps == 0 || rounds == 0 || threads == Some(0) {
                 eprintln!("error: --reps, --rounds and --threads must be at least 1");
                 return ExitCode::from(2);
             }
-            let cells = if shapes.is_empty() {
+            let cells = if shapes.is_empty() && backward {
+                sdpa::default_backward_cells()
+            } else if shapes.is_empty() {
                 sdpa::default_cells()
             } else {
                 shapes
@@ -216,7 +224,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             }
-            let go = || sdpa::run(&cells, reps, rounds, json.as_deref());
+            let go = || {
+                if backward {
+                    sdpa::run_backward(&cells, reps, rounds, json.as_deref())
+                } else {
+                    sdpa::run(&cells, reps, rounds, json.as_deref())
+                }
+            };
             match threads {
                 Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
                     Ok(pool) => pool.install(go),

@@ -6,7 +6,7 @@
 
 use uopc_kernels::sdpa::{
     BackwardBlocking, Blocking, Extras, ForwardSaved, Layout, MaskKind, SdpaBackward, SdpaConfig, SdpaError,
-    compiled_backward, reference_f64,
+    compiled_backward, reference_backward_f64, reference_f64,
 };
 
 /// A small seeded generator (xorshift), so the cases are reproducible without dependencies.
@@ -72,81 +72,9 @@ impl Case {
     }
 }
 
-/// Row-major strides of a mask of `shape`, 0 on broadcast axes.
-fn mask_strides(shape: [usize; 4]) -> [usize; 4] {
-    let mut strides = [0; 4];
-    let mut acc = 1;
-    for a in (0..4).rev() {
-        strides[a] = if shape[a] == 1 { 0 } else { acc };
-        acc *= shape[a];
-    }
-    strides
-}
-
-/// The exact attention backward in f64: per query row, the softmax over the keys it sees,
-/// `dP = dO v`, `dS = P (dP - sum P dP)`, and the three gradients; `[dq, dk, dv]`.
+/// The f64 reference backward of the case.
 fn reference_backward(case: &Case) -> [Vec<f64>; 3] {
-    let c = &case.config;
-    let group = c.heads / c.kv_heads;
-    let scale = f64::from(c.effective_scale());
-    let [qsb, qsh, qsn] = c.layout.strides(c.heads, c.n_q, c.d);
-    let [ksb, ksh, ksn] = c.layout.strides(c.kv_heads, c.n_k, c.d);
-    let mstr = match c.mask {
-        MaskKind::Bool(s) | MaskKind::Bias(s) => mask_strides(s),
-        MaskKind::None => [0; 4],
-    };
-    let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
-    let (q, k, v, d_o) = (f(&case.q), f(&case.k), f(&case.v), f(&case.d_o));
-    let (mut dq, mut dk, mut dv) = (vec![0.0; c.q_len()], vec![0.0; c.kv_len()], vec![0.0; c.kv_len()]);
-    for b in 0..c.batch {
-        let len = case.lens.as_ref().map_or(c.n_k, |l| l[b] as usize);
-        for h in 0..c.heads {
-            let hk = h / group;
-            for i in 0..c.n_q {
-                let qa = b * qsb + h * qsh + i * qsn;
-                let mut seen: Vec<(usize, f64)> = Vec::new();
-                for j in 0..c.n_k {
-                    if (c.causal && j as i64 > i as i64 + c.causal_offset()) || j >= len {
-                        continue;
-                    }
-                    let at = b * mstr[0] + h * mstr[1] + i * mstr[2] + j * mstr[3];
-                    if case.mask.as_ref().is_some_and(|m| !m[at]) {
-                        continue;
-                    }
-                    let ka = b * ksb + hk * ksh + j * ksn;
-                    let dot: f64 = (0..c.d).map(|e| q[qa + e] * k[ka + e]).sum();
-                    let s = dot * scale + case.bias.as_ref().map_or(0.0, |bias| f64::from(bias[at]));
-                    if s != f64::NEG_INFINITY {
-                        seen.push((j, s));
-                    }
-                }
-                if seen.is_empty() {
-                    continue;
-                }
-                let m = seen.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
-                let l: f64 = seen.iter().map(|s| (s.1 - m).exp()).sum();
-                let probs: Vec<(usize, f64, f64)> = seen
-                    .iter()
-                    .map(|&(j, s)| {
-                        let ka = b * ksb + hk * ksh + j * ksn;
-                        let dp: f64 = (0..c.d).map(|e| d_o[qa + e] * v[ka + e]).sum();
-                        (j, (s - m).exp() / l, dp)
-                    })
-                    .collect();
-                let delta: f64 = probs.iter().map(|&(_, p, dp)| p * dp).sum();
-                for &(j, p, dp) in &probs {
-                    let ka = b * ksb + hk * ksh + j * ksn;
-                    let ds = p * (dp - delta);
-                    for e in 0..c.d {
-                        dv[ka + e] += p * d_o[qa + e];
-                        dk[ka + e] += scale * ds * q[qa + e];
-                        dq[qa + e] += scale * ds * k[ka + e];
-                    }
-                }
-            }
-        }
-    }
-    [dq, dk, dv]
+    reference_backward_f64(&case.config, &case.q, &case.k, &case.v, &case.d_o, case.extras())
 }
 
 /// Largest absolute error; NaN anywhere fails.

@@ -15,10 +15,12 @@
 //! attention it is checked against.
 
 mod backward;
+mod backward_reference;
 mod kernel;
 mod reference;
 
 pub use backward::{BackwardBlocking, ForwardSaved, SdpaBackward, compiled_backward, sdpa_backward_ir};
+pub use backward_reference::reference_backward_f64;
 use kernel::cores;
 pub use kernel::{Blocking, sdpa_ir, sdpa_ir_with_lse};
 pub use reference::reference_f64;
