@@ -13,6 +13,9 @@
 //!
 //! The kernel is FlashAttention-2 on tile ops (see [`sdpa_ir`]); [`reference_f64`] is the f64
 //! attention it is checked against.
+//!
+//! [`SdpaBackward`] is its FlashAttention-2 backward (a forward that also saves the per-row
+//! log-sum-exp, then dQ, dK and dV on tile ops), checked against [`reference_backward_f64`].
 
 mod backward;
 mod backward_reference;
