@@ -108,6 +108,10 @@ enum Bench {
         /// default 1000 with the default matrix, none with --shape.
         #[arg(long)]
         decode_steps: Option<usize>,
+        /// Time the forward (with lse) plus the FlashAttention-2 backward instead (rows with
+        /// `pass: "backward"`); without --shape the default backward matrix.
+        #[arg(long)]
+        backward: bool,
     },
     /// Time the attention backward pass: autograd of the unfused graph against recompute.
     Backward {
@@ -201,9 +205,10 @@ fn main() -> ExitCode {
             }
         }
         Task::Bench {
-            what: Bench::Sdpa { shapes, causal, key_lengths, reps, rounds, threads, json, decode_steps },
+            what:
+                Bench::Sdpa { shapes, causal, key_lengths, reps, rounds, threads, json, decode_steps, backward },
         } => {
-            let decode_steps = decode_steps.unwrap_or(if shapes.is_empty() { 1000 } else { 0 });
+            let decode_steps = decode_steps.unwrap_or(if shapes.is_empty() && !backward { 1000 } else { 0 });
             if decode_steps > sdpa::DECODE_CAPACITY {
                 eprintln!("error: --decode-steps is at most {}", sdpa::DECODE_CAPACITY);
                 return ExitCode::from(2);
@@ -212,7 +217,9 @@ fn main() -> ExitCode {
                 eprintln!("error: --reps, --rounds and --threads must be at least 1");
                 return ExitCode::from(2);
             }
-            let cells = if shapes.is_empty() {
+            let cells = if shapes.is_empty() && backward {
+                sdpa::default_backward_cells()
+            } else if shapes.is_empty() {
                 sdpa::default_cells()
             } else {
                 shapes
@@ -233,7 +240,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             }
-            let go = || sdpa::run(&cells, reps, rounds, decode_steps, json.as_deref());
+            let go = || {
+                if backward {
+                    sdpa::run_backward(&cells, reps, rounds, json.as_deref())
+                } else {
+                    sdpa::run(&cells, reps, rounds, decode_steps, json.as_deref())
+                }
+            };
             match threads {
                 Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
                     Ok(pool) => pool.install(go),

@@ -93,6 +93,8 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
     Some(match t {
         TileOp::Gemm(g) => ops.gemm(g),
         TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo),
+        TileOp::SoftmaxRecompute { rows, cols, ld } => ops.recompute(rows, cols, ld),
+        TileOp::SoftmaxGrad { rows, cols, ld } => ops.grad(rows, cols, ld),
     })
 }
 
@@ -249,5 +251,33 @@ impl Operands<'_> {
         let untouched: Vec<usize> =
             [(cols == 0, 0), (d == 0, 3)].iter().filter(|x| x.0).map(|x| x.1).collect();
         self.keeping(nest, &untouched)
+    }
+
+    /// Per row, per column: `S = lse == -inf ? 0 : exp2(S - lse)`, in f64, rounded once.
+    fn recompute(self, rows: usize, cols: usize, ld: usize) -> UOp {
+        if rows == 0 || cols == 0 {
+            return self.nothing();
+        }
+        let r = self.fresh.range(rows, AxisType::Loop);
+        let j = self.fresh.range(cols, AxisType::Loop);
+        let l = self.at(1, r.clone()).load().cast(DType::F64);
+        let s = self.at(0, &r * ld as i64 + &j);
+        let p = l.ne(f64::NEG_INFINITY).where_((s.load().cast(DType::F64) - &l).exp2(), 0.0);
+        s.store(p.cast(DType::F32)).end(&[j, r])
+    }
+
+    /// Per row, per column: `dP = P == 0 ? 0 : P * (dP - delta)`, in f64, rounded once.
+    fn grad(self, rows: usize, cols: usize, ld: usize) -> UOp {
+        if rows == 0 || cols == 0 {
+            return self.nothing();
+        }
+        let r = self.fresh.range(rows, AxisType::Loop);
+        let j = self.fresh.range(cols, AxisType::Loop);
+        let dl = self.at(2, r.clone()).load().cast(DType::F64);
+        let at = &r * ld as i64 + &j;
+        let p = self.at(0, at.clone()).load().cast(DType::F64);
+        let g = self.at(1, at);
+        let ds = p.ne(0.0).where_(&p * (g.load().cast(DType::F64) - dl), 0.0);
+        g.store(ds.cast(DType::F32)).end(&[j, r])
     }
 }

@@ -557,6 +557,30 @@ impl<'a> Machine<'a> {
                     self.put(node, at[1], r, m_new)?;
                 }
             }
+            TileOp::SoftmaxRecompute { rows, cols, ld } => {
+                // With no columns the op touches nothing, not even the per-row scalars.
+                for r in 0..if cols == 0 { 0 } else { rows } {
+                    let l = self.get(node, at[1], r)?;
+                    for j in 0..cols {
+                        let x = self.get(node, at[0], r * ld + j)?;
+                        // A row that saw no key: P = 0 rather than exp2(-inf - -inf).
+                        let p = if l == f64::NEG_INFINITY { 0.0 } else { (x - l).exp2() };
+                        self.put(node, at[0], r * ld + j, p)?;
+                    }
+                }
+            }
+            TileOp::SoftmaxGrad { rows, cols, ld } => {
+                // With no columns the op touches nothing, not even the per-row scalars.
+                for r in 0..if cols == 0 { 0 } else { rows } {
+                    let dl = self.get(node, at[2], r)?;
+                    for j in 0..cols {
+                        let p = self.get(node, at[0], r * ld + j)?;
+                        let g = self.get(node, at[1], r * ld + j)?;
+                        // P == 0: a key outside the softmax, whose gradient is 0 whatever dP is.
+                        self.put(node, at[1], r * ld + j, if p == 0.0 { 0.0 } else { p * (g - dl) })?;
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -338,6 +338,8 @@ impl Op {
             Op::Cast => "CAST",
             Op::Tile(TileOp::Gemm(_)) => "TILE_GEMM",
             Op::Tile(TileOp::SoftmaxUpdate { .. }) => "TILE_SOFTMAX",
+            Op::Tile(TileOp::SoftmaxRecompute { .. }) => "TILE_SOFTMAX_RECOMPUTE",
+            Op::Tile(TileOp::SoftmaxGrad { .. }) => "TILE_SOFTMAX_GRAD",
             Op::Param { .. } => "PARAM",
             Op::Data { .. } => "DATA",
             Op::Reshape(_) => "RESHAPE",
@@ -380,6 +382,29 @@ pub enum TileOp {
         /// Row stride of O.
         ldo: usize,
     },
+    /// The probabilities of a score tile recomputed from the per-row base-2 log-sum-exp (the
+    /// backward pass of attention). Sources `[S, lse]`: S is `rows x cols` (stride `ld`) of
+    /// base-2 scores, lse holds `rows` values. Per row: `S = exp2(S - lse)` (S becomes P), and
+    /// a row with `lse = -inf` (it saw no key) gets `P = 0`. See `uopc_tile::softmax_recompute`.
+    SoftmaxRecompute {
+        /// Rows of S.
+        rows: usize,
+        /// Keys in the tile.
+        cols: usize,
+        /// Row stride of S.
+        ld: usize,
+    },
+    /// The softmax gradient of a tile. Sources `[P, dP, delta]`: P and dP are `rows x cols`
+    /// (stride `ld`), delta holds `rows` values. `dP = P * (dP - delta)` per row, exactly 0
+    /// where `P == 0` (a key outside the softmax leaks no NaN). See `uopc_tile::softmax_grad`.
+    SoftmaxGrad {
+        /// Rows of the tiles.
+        rows: usize,
+        /// Keys in the tile.
+        cols: usize,
+        /// Row stride of P and dP.
+        ld: usize,
+    },
 }
 
 /// How a [`TileOp`] uses one of its operands.
@@ -419,6 +444,17 @@ impl TileOp {
                 op(rows, true, true),
                 op(block_extent(rows, d, ldo), true, true),
             ],
+            TileOp::SoftmaxRecompute { rows, cols, ld } => {
+                vec![
+                    op(block_extent(rows, cols, ld), true, true),
+                    op(if cols == 0 { 0 } else { rows }, true, false),
+                ]
+            }
+            TileOp::SoftmaxGrad { rows, cols, ld } => vec![
+                op(block_extent(rows, cols, ld), true, false),
+                op(block_extent(rows, cols, ld), true, true),
+                op(if cols == 0 { 0 } else { rows }, true, false),
+            ],
         }
     }
 
@@ -433,6 +469,10 @@ impl TileOp {
             TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
                 vec![(rows, cols, lds), (1, rows, rows), (1, rows, rows), (rows, d, ldo)]
             }
+            TileOp::SoftmaxRecompute { rows, cols, ld } => vec![(rows, cols, ld), (1, rows, rows)],
+            TileOp::SoftmaxGrad { rows, cols, ld } => {
+                vec![(rows, cols, ld), (rows, cols, ld), (1, rows, rows)]
+            }
         }
     }
 
@@ -441,6 +481,8 @@ impl TileOp {
         match *self {
             TileOp::Gemm(GemmShape { m, n, k, .. }) => 2 * (m * n * k) as u64,
             TileOp::SoftmaxUpdate { rows, cols, d, .. } => (rows * (4 * cols + d + 4)) as u64,
+            TileOp::SoftmaxRecompute { rows, cols, .. } => (2 * rows * cols) as u64,
+            TileOp::SoftmaxGrad { rows, cols, .. } => (2 * rows * cols) as u64,
         }
     }
 }

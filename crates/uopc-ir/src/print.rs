@@ -162,6 +162,12 @@ impl Printer {
                             TileOp::SoftmaxUpdate { rows, cols, d, .. } => {
                                 format!("tile_softmax {rows}x{cols} d={d}")
                             }
+                            TileOp::SoftmaxRecompute { rows, cols, .. } => {
+                                format!("tile_softmax_recompute {rows}x{cols}")
+                            }
+                            TileOp::SoftmaxGrad { rows, cols, .. } => {
+                                format!("tile_softmax_grad {rows}x{cols}")
+                            }
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }

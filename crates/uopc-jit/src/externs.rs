@@ -18,6 +18,10 @@ pub(crate) enum Extern {
     TileGemm,
     /// [`uopc_tile::uopc_tile_softmax_update_f32`].
     TileSoftmax,
+    /// [`uopc_tile::uopc_tile_softmax_recompute_f32`].
+    TileSoftmaxRecompute,
+    /// [`uopc_tile::uopc_tile_softmax_grad_f32`].
+    TileSoftmaxGrad,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -32,8 +36,15 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 5] =
-        [Extern::Exp2F64, Extern::Log2F32, Extern::Log2F64, Extern::TileGemm, Extern::TileSoftmax];
+    pub const ALL: [Extern; 7] = [
+        Extern::Exp2F64,
+        Extern::Log2F32,
+        Extern::Log2F64,
+        Extern::TileGemm,
+        Extern::TileSoftmax,
+        Extern::TileSoftmaxRecompute,
+        Extern::TileSoftmaxGrad,
+    ];
 
     /// The symbol it is registered and declared under.
     pub fn symbol(self) -> &'static str {
@@ -43,6 +54,8 @@ impl Extern {
             Extern::Log2F64 => "uopc_log2_f64",
             Extern::TileGemm => "uopc_tile_gemm_f32",
             Extern::TileSoftmax => "uopc_tile_softmax_update_f32",
+            Extern::TileSoftmaxRecompute => "uopc_tile_softmax_recompute_f32",
+            Extern::TileSoftmaxGrad => "uopc_tile_softmax_grad_f32",
         }
     }
 
@@ -54,6 +67,8 @@ impl Extern {
             Extern::Log2F64 => uopc_log2_f64 as *const u8,
             Extern::TileGemm => uopc_tile::uopc_tile_gemm_f32 as *const u8,
             Extern::TileSoftmax => uopc_tile::uopc_tile_softmax_update_f32 as *const u8,
+            Extern::TileSoftmaxRecompute => uopc_tile::uopc_tile_softmax_recompute_f32 as *const u8,
+            Extern::TileSoftmaxGrad => uopc_tile::uopc_tile_softmax_grad_f32 as *const u8,
         }
     }
 
@@ -75,6 +90,10 @@ impl Extern {
             Extern::TileGemm => ints(sig, 10),
             // (s, row_max, row_sum, o, rows, cols, lds, ldo, d) -> status
             Extern::TileSoftmax => ints(sig, 9),
+            // (s, lse, rows, cols, ld) -> status
+            Extern::TileSoftmaxRecompute => ints(sig, 5),
+            // (p, dp, delta, rows, cols, ld) -> status
+            Extern::TileSoftmaxGrad => ints(sig, 6),
         }
     }
 
@@ -87,7 +106,7 @@ impl Extern {
 }
 
 /// Every extern declared in one module, by variant.
-pub(crate) struct DeclaredExterns([FuncId; 5]);
+pub(crate) struct DeclaredExterns([FuncId; 7]);
 
 impl DeclaredExterns {
     /// Declares every extern as an import of `module`.
@@ -109,7 +128,7 @@ impl DeclaredExterns {
 
 /// Every extern as a callee of the function being built.
 #[derive(Clone, Copy)]
-pub(crate) struct Externs([FuncRef; 5]);
+pub(crate) struct Externs([FuncRef; 7]);
 
 impl Externs {
     /// The callee for `e`.

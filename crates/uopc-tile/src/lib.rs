@@ -1,7 +1,8 @@
 //! CPU tile micro-kernels for uopc: the host's stand-in for a tensor core.
 //!
 //! JIT-compiled loop programs hand whole tiles to these kernels instead of emitting scalar
-//! loops for them. There are two operations, each in three instruction sets ([`Isa`]):
+//! loops for them. There are four operations, the first two in three instruction sets ([`Isa`]), the backward
+//! steps in two (AVX-512 and portable):
 //!
 //! * [`gemm`]: `C (+)= A · B` on f32 tiles with arbitrary leading dimensions and either operand
 //!   transposed, built around a register-blocked micro-kernel (8 x 32 on AVX-512, 6 x 16 on
@@ -9,6 +10,8 @@
 //!   the packing and stream B in storage order instead.
 //! * [`softmax_update`]: one online-softmax step of FlashAttention-2 over a score tile in the
 //!   log2 domain, rescaling the running output rows.
+//! * [`softmax_recompute`] and [`softmax_grad`]: the elementwise steps of the backward pass,
+//!   the probabilities from the saved log-sum-exp and `dS = P * (dP - Delta)`.
 //!
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
@@ -34,6 +37,7 @@ mod pack;
 #[cfg(target_arch = "x86_64")]
 pub mod peak;
 mod softmax;
+mod softmax_grad;
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -50,4 +54,8 @@ pub use gemm::{
 pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
 pub use softmax::{
     EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_unchecked, uopc_tile_softmax_update_f32,
+};
+pub use softmax_grad::{
+    ScoreTileShape, softmax_grad, softmax_grad_unchecked, softmax_recompute, softmax_recompute_unchecked,
+    uopc_tile_softmax_grad_f32, uopc_tile_softmax_recompute_f32,
 };

@@ -305,6 +305,18 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 }
                 self.externs.get(Extern::TileSoftmax)
             }
+            TileOp::SoftmaxRecompute { rows, cols, ld } => {
+                for v in [rows, cols, ld] {
+                    args.push(int(v as i64));
+                }
+                self.externs.get(Extern::TileSoftmaxRecompute)
+            }
+            TileOp::SoftmaxGrad { rows, cols, ld } => {
+                for v in [rows, cols, ld] {
+                    args.push(int(v as i64));
+                }
+                self.externs.get(Extern::TileSoftmaxGrad)
+            }
         };
         // The status is always 0: every argument the kernel checks was checked at compile time.
         self.b.ins().call(f, &args);

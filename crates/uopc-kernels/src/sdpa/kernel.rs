@@ -139,14 +139,25 @@ pub(super) fn cores() -> usize {
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
 /// block.
 pub fn sdpa_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, false).program()
+    SdpaKernel::new(config, blocking, false, false).program()
 }
 
 /// [`sdpa_ir`] with the output in the last slot, after the mask or bias and the key lengths
 /// (the order of a tensor graph's kernel node: sources, then the output). `blocking.splits`
 /// must be 1.
 pub(crate) fn sdpa_ir_output_last(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, true).program()
+    SdpaKernel::new(config, blocking, true, false).program()
+}
+
+/// [`sdpa_ir`] that also stores each query row's base-2 log-sum-exp, what the backward pass
+/// recomputes the probabilities from: `lse2 = m + log2(l)` over the row's base-2 scores
+/// `scale * log2(e) * q · k` (plus `log2(e) * bias`), with `m` their maximum and `l` the sum
+/// of `exp2(score - m)` over the keys the row sees; `-inf` for a row that sees no key.
+///
+/// The lse buffer comes after every buffer of [`sdpa_ir`]: `batch * heads * n_q` f32s laid
+/// out `(batch, head, row)`, whatever the layout of q.
+pub fn sdpa_ir_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
+    SdpaKernel::new(config, blocking, false, true).program()
 }
 
 struct SdpaKernel {
@@ -164,6 +175,8 @@ struct SdpaKernel {
     /// The current KV length, a runtime variable in `0..=n_k`, with
     /// [`SdpaConfig::runtime_kv_length`].
     kv_length: Option<UOp>,
+    /// Where each query row's base-2 log-sum-exp is stored, when the backward needs it.
+    lse: Option<UOp>,
     pb: ProgramBuilder,
 }
 
@@ -184,7 +197,7 @@ struct Task {
 }
 
 impl SdpaKernel {
-    fn new(config: &SdpaConfig, blocking: &Blocking, output_last: bool) -> Self {
+    fn new(config: &SdpaConfig, blocking: &Blocking, output_last: bool, save_lse: bool) -> Self {
         let c = *config;
         let f32t = DType::F32;
         let rows = blocking.heads_per_task * blocking.queries;
@@ -207,6 +220,10 @@ impl SdpaKernel {
         };
         slot += usize::from(mask.is_some());
         let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
+        slot += usize::from(lens.is_some());
+        // After every other buffer (the output-last form has no lse).
+        let lse_slot = if output_last { slot + 1 } else { slot };
+        let lse = save_lse.then(|| buffer(lse_slot, f32t, c.batch * c.heads * c.n_q));
         let kv_length = c.runtime_kv_length.then(|| var(0, 0, c.n_k as i64));
         SdpaKernel {
             c,
@@ -220,6 +237,7 @@ impl SdpaKernel {
             mask,
             lens,
             kv_length,
+            lse,
             pb: ProgramBuilder::new(),
         }
     }
@@ -519,7 +537,8 @@ impl SdpaKernel {
         let o = task.oi.after(after).index(&r * d + &e).load();
         let contiguous = self.c.layout.strides(heads, n_q, d) == [heads * n_q * d, n_q * d, d];
         let blocks = n_q.div_ceil(bq);
-        let at = if contiguous && n_q.is_multiple_of(bq) && (gs == 1 || blocks == 1) {
+        let own_rows = contiguous && n_q.is_multiple_of(bq) && (gs == 1 || blocks == 1);
+        let at = if own_rows {
             // Task t then owns the `gs * bq` output rows starting at row `t * gs * bq`: the
             // index is written as `t * c + r` with `0 <= r < c`, the form from which the
             // compiler proves that tasks write disjoint memory and runs them in parallel.
@@ -528,6 +547,15 @@ impl SdpaKernel {
             &task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &row) * qsn + &e
         };
         let st = self.out.index(at).store(o * inv_l);
-        sink(&[st.end(&[e, rq, hh, task.t.clone()])])
+        let Some(lse) = &self.lse else { return sink(&[st.end(&[e, rq, hh, task.t.clone()])]) };
+        // The same row numbering as the output's (so the same disjointness proof holds).
+        let lse_at = if own_rows {
+            &task.t * (gs * bq) + &hh * bq + &row
+        } else {
+            (&task.item * heads + &task.head0 + &hh) * n_q + &task.q0 + &row
+        };
+        let m = task.mi.after(after).index(&r).load();
+        let lse_st = lse.index(lse_at).store(m + l.log2());
+        sink(&[sink(&[st.end(&[e]), lse_st]).end(&[rq, hh, task.t.clone()])])
     }
 }

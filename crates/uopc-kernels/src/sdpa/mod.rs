@@ -13,14 +13,21 @@
 //!
 //! The kernel is FlashAttention-2 on tile ops (see [`sdpa_ir`]); [`reference_f64`] is the f64
 //! attention it is checked against.
+//!
+//! [`SdpaBackward`] is its FlashAttention-2 backward (a forward that also saves the per-row
+//! log-sum-exp, then dQ, dK and dV on tile ops), checked against [`reference_backward_f64`].
 
+mod backward;
+mod backward_reference;
 mod kernel;
 mod merge;
 mod reference;
 mod tensor;
 
+pub use backward::{BackwardBlocking, ForwardSaved, SdpaBackward, compiled_backward, sdpa_backward_ir};
+pub use backward_reference::reference_backward_f64;
 use kernel::cores;
-pub use kernel::{Blocking, sdpa_ir};
+pub use kernel::{Blocking, sdpa_ir, sdpa_ir_with_lse};
 pub use merge::sdpa_merge_ir;
 pub use reference::reference_f64;
 pub use tensor::scaled_dot_product_attention;
@@ -292,6 +299,8 @@ impl Sdpa {
     /// `UOPC_DEBUG` level 1 or more it prints its choice (the [`Display`](fmt::Display) line)
     /// and the compile time to stderr.
     pub fn compile(config: &SdpaConfig) -> Result<Sdpa, SdpaError> {
+        // Validated first: the block choice divides by the head grouping.
+        config.validate()?;
         Self::compile_with(config, Blocking::choose(config, cores()))
     }
 

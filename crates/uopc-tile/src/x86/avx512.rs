@@ -4,6 +4,7 @@ use std::arch::x86_64::*;
 
 use crate::blocked::{Tile, TileKernel};
 use crate::softmax::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape};
+use crate::softmax_grad::ScoreTileShape;
 
 /// The AVX-512 GEMM kernel.
 pub(crate) struct Kernel;
@@ -322,6 +323,77 @@ unsafe fn rows_streamed<const V: usize>(s: &crate::GemmShape, a: *const f32, b: 
                         if accumulate { _mm512_add_ps(r, _mm512_maskz_loadu_ps(masks[v], dst)) } else { r };
                     _mm512_mask_storeu_ps(dst, masks[v], r);
                 }
+            }
+        }
+    }
+}
+
+/// The probabilities recomputed from the log-sum-exp (see [`crate::softmax_recompute`]).
+///
+/// # Safety
+///
+/// AVX-512F is available and the pointers satisfy [`crate::softmax_recompute_unchecked`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn softmax_recompute(sh: &ScoreTileShape, s: *mut f32, lse: *const f32) {
+    let ScoreTileShape { rows, cols, ld } = *sh;
+    let full = cols - cols % 16;
+    let tail = lanes(cols % 16);
+    for r in 0..rows {
+        // SAFETY: row `r < rows` of S spans `cols` floats at `r * ld`; full vectors end at
+        // `full` and the tail is masked; `lse` holds `rows` floats.
+        unsafe {
+            let row = s.add(r * ld);
+            let l = *lse.add(r);
+            if l == f32::NEG_INFINITY {
+                for j in (0..full).step_by(16) {
+                    _mm512_storeu_ps(row.add(j), _mm512_setzero_ps());
+                }
+                _mm512_mask_storeu_ps(row.add(full), tail, _mm512_setzero_ps());
+                continue;
+            }
+            let lv = _mm512_set1_ps(l);
+            for j in (0..full).step_by(16) {
+                _mm512_storeu_ps(row.add(j), exp2(_mm512_sub_ps(_mm512_loadu_ps(row.add(j)), lv)));
+            }
+            if tail != 0 {
+                let x = _mm512_maskz_loadu_ps(tail, row.add(full));
+                _mm512_mask_storeu_ps(row.add(full), tail, exp2(_mm512_sub_ps(x, lv)));
+            }
+        }
+    }
+}
+
+/// `dP = P * (dP - delta)`, 0 where `P == 0` (see [`crate::softmax_grad`]).
+///
+/// # Safety
+///
+/// AVX-512F is available and the pointers satisfy [`crate::softmax_grad_unchecked`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn softmax_grad(sh: &ScoreTileShape, p: *const f32, dp: *mut f32, delta: *const f32) {
+    let ScoreTileShape { rows, cols, ld } = *sh;
+    let full = cols - cols % 16;
+    let tail = lanes(cols % 16);
+    let step = |pr: *const f32, dr: *mut f32, dl: __m512, m: __mmask16| {
+        // SAFETY: the callers pass lanes `m` of one row of each tile, inside their extents.
+        unsafe {
+            let pv = _mm512_maskz_loadu_ps(m, pr);
+            let g = _mm512_maskz_loadu_ps(m, dr);
+            // NEQ_UQ: a NaN P is "not equal" to 0, so it stays live and propagates.
+            let live = _mm512_mask_cmp_ps_mask::<_CMP_NEQ_UQ>(m, pv, _mm512_setzero_ps());
+            _mm512_mask_storeu_ps(dr, m, _mm512_maskz_mul_ps(live, pv, _mm512_sub_ps(g, dl)));
+        }
+    };
+    for r in 0..rows {
+        // SAFETY: row `r < rows` of each tile spans `cols` floats at `r * ld`; `delta` holds
+        // `rows` floats.
+        unsafe {
+            let (pr, dr) = (p.add(r * ld), dp.add(r * ld));
+            let dl = _mm512_set1_ps(*delta.add(r));
+            for j in (0..full).step_by(16) {
+                step(pr.add(j), dr.add(j), dl, 0xFFFF);
+            }
+            if tail != 0 {
+                step(pr.add(full), dr.add(full), dl, tail);
             }
         }
     }
