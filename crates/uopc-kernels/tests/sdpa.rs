@@ -369,7 +369,7 @@ fn no_buffer_scales_with_n_squared_and_causal_does_about_half_the_work() {
     }
     let (full, half) = (plain.program().estimates().flops, causal.program().estimates().flops);
     let ratio = half as f64 / full as f64;
-    assert!((0.45..0.6).contains(&ratio), "causal / full static FLOPs = {ratio}");
+    assert!((0.45..0.55).contains(&ratio), "causal / full static FLOPs = {ratio}");
 }
 
 /// Batched, multi-head, GQA and decode shapes whose query blocks divide n_q run their THREAD
