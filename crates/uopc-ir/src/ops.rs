@@ -275,7 +275,8 @@ pub enum Op {
 ///
 /// The program's BUFFER slot `i < n` reads source `i`, materialized contiguous and row-major
 /// (`numel` of its shape); slot `n` is the output, `numel(shape)` elements of the node's dtype,
-/// which the program must write completely.
+/// which the program must write completely (or slots `n ..` are the parts of the output, see
+/// `output_parts`).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct CustomKernel {
     /// The kernel's name in plans and debug output.
@@ -284,6 +285,10 @@ pub struct CustomKernel {
     pub program: crate::UOp,
     /// The output shape.
     pub shape: Vec<usize>,
+    /// Element counts of the program's output slots `n, n + 1, ..` when it writes several
+    /// f32 outputs (the node's value is their concatenation, `shape` being its flat length);
+    /// empty for the usual single output.
+    pub output_parts: Vec<usize>,
     /// The same value as a graph of ordinary tensor ops over the same sources, if there is
     /// one: what autograd differentiates when there is no `vjp` (and a reference for tests).
     pub equivalent: Option<crate::UOp>,

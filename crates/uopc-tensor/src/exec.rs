@@ -14,6 +14,9 @@ pub(crate) struct Exe {
     program: UOp,
     name: String,
     estimates: (u64, u64),
+    /// Element counts of the output slots when the program writes several (see
+    /// [`uopc_ir::CustomKernel::output_parts`]); empty for one output.
+    output_parts: Vec<usize>,
 }
 
 fn backend_err(kernel: &str, source: BackendError) -> TensorError {
@@ -27,7 +30,7 @@ impl Exe {
         let program =
             uopc_jit::Program::compile_with(program, name, &options).map_err(|e| backend_err(name, e))?;
         let e = program.estimates();
-        Ok(Exe { program, name: name.to_string(), estimates: (e.flops, e.bytes) })
+        Ok(Exe { program, name: name.to_string(), estimates: (e.flops, e.bytes), output_parts: Vec::new() })
     }
 
     #[cfg(not(feature = "jit"))]
@@ -37,7 +40,18 @@ impl Exe {
         let bytes = lin.buffers.iter().map(|b| b.dtype().size() as u64 * buffer_len(b) as u64).sum();
         let flops = crate::cost::static_flops(program)
             .map_err(|source| TensorError::Ir { kernel: name.to_string(), source })?;
-        Ok(Exe { program: program.clone(), name: name.to_string(), estimates: (flops, bytes) })
+        Ok(Exe {
+            program: program.clone(),
+            name: name.to_string(),
+            estimates: (flops, bytes),
+            output_parts: Vec::new(),
+        })
+    }
+
+    /// The kernel writes its output as consecutive parts of these lengths, one slot each.
+    pub(crate) fn with_output_parts(mut self, parts: Vec<usize>) -> Exe {
+        self.output_parts = parts;
+        self
     }
 
     /// The loop program as nested loops.
@@ -74,7 +88,24 @@ impl Exe {
     pub(crate) fn run(&self, inputs: &[&HostBuffer], out: &mut HostBuffer) -> Result<()> {
         use uopc_jit::Arg;
         let mut args: Vec<Arg<'_>> = inputs.iter().map(|b| Arg::from(*b)).collect();
-        args.push(Arg::from(out));
+        match (self.output_parts.len(), out) {
+            (0 | 1, out) => args.push(Arg::from(out)),
+            (_, HostBuffer::F32(v)) => {
+                let mut rest: &mut [f32] = v.as_mut_slice();
+                for &len in &self.output_parts {
+                    let len = len.min(rest.len());
+                    let (part, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                    args.push(Arg::WriteF32(part));
+                    rest = tail;
+                }
+            }
+            (_, _) => {
+                return Err(TensorError::Unsupported(format!(
+                    "kernel {}: several outputs must be f32",
+                    self.name
+                )));
+            }
+        }
         self.program.run(&mut args).map_err(|e| backend_err(&self.name, e))
     }
 
@@ -82,9 +113,23 @@ impl Exe {
     #[cfg(not(feature = "jit"))]
     pub(crate) fn run(&self, inputs: &[&HostBuffer], out: &mut HostBuffer) -> Result<()> {
         let mut bufs: Vec<HostBuffer> = inputs.iter().map(|b| (*b).clone()).collect();
-        bufs.push(std::mem::replace(out, HostBuffer::F32(Vec::new())));
+        let n = bufs.len();
+        if self.output_parts.len() > 1 {
+            let whole = out.to_f64_vec();
+            let mut at = 0;
+            for &len in &self.output_parts {
+                bufs.push(HostBuffer::F32(whole[at..at + len].iter().map(|&x| x as f32).collect()));
+                at += len;
+            }
+        } else {
+            bufs.push(std::mem::replace(out, HostBuffer::F32(Vec::new())));
+        }
         let res = uopc_ir::interp::run(&self.program, &mut bufs, uopc_ir::interp::Precision::Native);
-        *out = bufs.pop().expect("output pushed above");
+        *out = if self.output_parts.len() > 1 {
+            HostBuffer::F32(bufs.drain(n..).flat_map(|b| b.to_f64_vec()).map(|x| x as f32).collect())
+        } else {
+            bufs.pop().expect("output pushed above")
+        };
         res.map_err(|e| backend_err(&self.name, e))
     }
 }

@@ -148,6 +148,8 @@ struct Lowered {
     shape: Vec<usize>,
     program: UOp,
     args: Vec<ArgSource>,
+    /// The output slots' lengths when the program writes several parts of its output.
+    output_parts: Vec<usize>,
 }
 
 /// The loop program of the kernel that computes point `p`.
@@ -168,6 +170,7 @@ fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions)
             shape: custom.shape.clone(),
             program: custom.program.clone(),
             args,
+            output_parts: custom.output_parts.clone(),
         });
     }
     let (body, mut args) = kernel_body(p, buf_of);
@@ -181,7 +184,7 @@ fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions)
     };
     args.push(buf_of[p]);
     let (program, args) = compact_slots(program, args);
-    Ok(Lowered { name, shape: body.shape().to_vec(), program, args })
+    Ok(Lowered { name, shape: body.shape().to_vec(), program, args, output_parts: Vec::new() })
 }
 
 /// Cuts, lowers and compiles already canonical `roots` whose inputs are `inputs`.
@@ -220,8 +223,8 @@ pub(crate) fn build_plan(
     let schedule_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut kernels = Vec::with_capacity(lowered.len());
-    for Lowered { name, shape, program, args } in lowered {
-        let exe = Exe::compile(&program, &name, opts.scalar_codegen)?;
+    for Lowered { name, shape, program, args, output_parts } in lowered {
+        let exe = Exe::compile(&program, &name, opts.scalar_codegen)?.with_output_parts(output_parts);
         kernels.push(Kernel::new(name, shape, program, args, exe));
     }
     Ok(Plan {

@@ -97,3 +97,27 @@ fn an_attached_gradient_rule_replaces_the_equivalent() {
         a.with_custom_vjp(std::sync::Arc::new(|_: &[Tensor], _: &Tensor, _: &Tensor| Ok(vec![]))).is_err()
     );
 }
+
+#[test]
+fn a_program_with_two_outputs_is_one_node_of_both() {
+    let n = 5;
+    let (a, o0, o1) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n), buffer(2, DType::F32, 2 * n));
+    let i = range(n, 0, AxisType::Loop);
+    let prog = sink(&[
+        o0.index(&i).store(a.index(&i).load() * 2.0f32),
+        o1.index(&i * 2).store(a.index(&i).load() + 1.0f32),
+        o1.index(&i * 2 + 1).store(a.index(&i).load() - 1.0f32),
+    ]);
+    let prog = sink(&[prog.end(&[i])]);
+    let x = Tensor::from_vec(values(n, 7), &[n]);
+    let both = Tensor::try_custom_parts("two", prog, &[&x], &[n, 2 * n], None).unwrap();
+    assert_eq!(both.shape(), &[3 * n]);
+    let (first, second) = (both.slice(0, 0, n), both.slice(0, n, 3 * n).reshape(&[n, 2]));
+    let (f, s) = (first.to_ndarray::<f32>().unwrap(), (&second * 1.0).to_ndarray::<f32>().unwrap());
+    let xv = values(n, 7);
+    for k in 0..n {
+        assert_eq!(f[k], xv[k] * 2.0);
+        assert_eq!((s[[k, 0]], s[[k, 1]]), (xv[k] + 1.0, xv[k] - 1.0));
+    }
+    assert!(Tensor::try_custom_parts("two", axpy(5), &[&x], &[], None).is_err());
+}

@@ -33,8 +33,41 @@ impl Tensor {
         dtype: DType,
         equivalent: Option<Tensor>,
     ) -> Result<Tensor> {
+        Self::custom_node(name, program, sources, shape, dtype, &[numel(shape)], equivalent)
+    }
+
+    /// [`Tensor::try_custom`] for a program with several f32 outputs: slots `sources.len() ..`
+    /// hold `parts[0], parts[1], ..` elements, and the node is their concatenation, a flat f32
+    /// tensor of `parts.iter().sum()` elements (slice it to get each part).
+    ///
+    /// # Errors
+    ///
+    /// As [`Tensor::try_custom`]; also when `parts` is empty.
+    pub fn try_custom_parts(
+        name: &str,
+        program: UOp,
+        sources: &[&Tensor],
+        parts: &[usize],
+        equivalent: Option<Tensor>,
+    ) -> Result<Tensor> {
+        if parts.is_empty() {
+            return Err(TensorError::Shape { op: "custom", msg: format!("kernel {name}: no output parts") });
+        }
+        let total = parts.iter().sum::<usize>();
+        Self::custom_node(name, program, sources, &[total], DType::F32, parts, equivalent)
+    }
+
+    fn custom_node(
+        name: &str,
+        program: UOp,
+        sources: &[&Tensor],
+        shape: &[usize],
+        dtype: DType,
+        parts: &[usize],
+        equivalent: Option<Tensor>,
+    ) -> Result<Tensor> {
         let err = |msg: String| TensorError::Shape { op: "custom", msg: format!("kernel {name}: {msg}") };
-        let mut slots: Vec<Option<(DType, usize)>> = vec![None; sources.len() + 1];
+        let mut slots: Vec<Option<(DType, usize)>> = vec![None; sources.len() + parts.len()];
         for u in UOp::toposort(std::slice::from_ref(&program)) {
             if let Op::Buffer { slot, len } = u.op() {
                 let Some(entry) = slots.get_mut(*slot) else {
@@ -46,7 +79,7 @@ impl Tensor {
                 *entry = Some((u.dtype(), *len));
             }
         }
-        let wanted = sources.iter().map(|s| (s.dtype(), s.numel())).chain([(dtype, numel(shape))]);
+        let wanted = sources.iter().map(|s| (s.dtype(), s.numel())).chain(parts.iter().map(|&p| (dtype, p)));
         for (slot, (got, want)) in slots.iter().zip(wanted).enumerate() {
             match got {
                 None => return Err(err(format!("the program has no BUFFER slot {slot}"))),
@@ -76,6 +109,7 @@ impl Tensor {
             name: name.to_string(),
             program,
             shape: shape.to_vec(),
+            output_parts: if parts.len() > 1 { parts.to_vec() } else { Vec::new() },
             equivalent: equivalent.map(|e| e.uop().clone()),
             vjp: None,
         };
