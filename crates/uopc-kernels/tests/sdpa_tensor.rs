@@ -135,3 +135,54 @@ fn arguments_that_do_not_fit_are_errors_naming_them() {
         msg(scaled_dot_product_attention(&q.cast(DType::F64), &k, &k, None, false, None)).contains("`q`")
     );
 }
+
+#[test]
+fn the_gradient_runs_the_tile_backward_and_matches_f64() {
+    use uopc_kernels::sdpa::reference_backward_f64;
+    let (b, h, hkv, n_q, n_k, d) = (2, 4, 2, 11, 19, 8);
+    let (qv, kv, vv) =
+        (values(b * h * n_q * d, 21), values(b * hkv * n_k * d, 22), values(b * hkv * n_k * d, 23));
+    let dov = values(b * h * n_q * d, 24);
+    let bias: Vec<f32> =
+        values(b * n_k, 25).iter().map(|x| if *x > 0.7 { f32::NEG_INFINITY } else { *x }).collect();
+    for causal in [false, true] {
+        for with_bias in [false, true] {
+            let q = Tensor::from_vec(qv.clone(), &[b, h, n_q, d]);
+            let k = Tensor::from_vec(kv.clone(), &[b, hkv, n_k, d]);
+            let v = Tensor::from_vec(vv.clone(), &[b, hkv, n_k, d]);
+            let bias_t = Tensor::from_vec(bias.clone(), &[b, 1, 1, n_k]);
+            let mask = with_bias.then_some(&bias_t);
+            let out = scaled_dot_product_attention(&q, &k, &v, mask, causal, None).unwrap();
+            let w = Tensor::from_vec(dov.clone(), &[b, h, n_q, d]);
+            let loss = (&out * &w).sum(-1, false).sum(-1, false).sum(-1, false).sum(-1, false);
+            let grads = gradient(&loss, &[&q, &k, &v]).unwrap();
+            // The plan of the gradient holds the tile backward, not an n_q x n_k buffer.
+            let roots: Vec<_> = grads.iter().map(|g| g.uop().clone()).collect();
+            let plan = make_plan(&roots, &RealizeOptions::default()).unwrap();
+            assert!(plan.kernel_names().contains(&"sdpa_backward_tile_ops"), "{:?}", plan.kernel_names());
+            // The largest temporary is the packed dq, dk, dv; none holds the scores.
+            let (q_len, kv_len) = (b * h * n_q * d, b * hkv * n_k * d);
+            assert!(
+                plan.temp_sizes().iter().all(|&s| s <= q_len + 2 * kv_len && s != b * h * n_q * n_k),
+                "{:?}",
+                plan.temp_sizes()
+            );
+            let config = SdpaConfig {
+                kv_heads: hkv,
+                causal,
+                mask: if with_bias { MaskKind::Bias([b, 1, 1, n_k]) } else { MaskKind::None },
+                ..SdpaConfig::new(b, h, n_q, n_k, d)
+            };
+            let extras = Extras { bias: with_bias.then_some(&bias[..]), ..Extras::default() };
+            let want = reference_backward_f64(&config, &qv, &kv, &vv, &dov, extras);
+            for (g, w) in grads.iter().zip(&want) {
+                let got = g.to_ndarray::<f32>().unwrap();
+                // Sums of at most n_k products of values below 1 in f32: well under 1e-4.
+                let e = max_err(got.as_slice().unwrap(), w);
+                assert!(e < 1e-4, "causal {causal}, bias {with_bias}: {e}");
+                // Run again on the plan's pooled (now dirty) buffers: the same values.
+                assert_eq!(g.to_ndarray::<f32>().unwrap(), got);
+            }
+        }
+    }
+}

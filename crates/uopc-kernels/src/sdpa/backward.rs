@@ -142,6 +142,17 @@ pub fn sdpa_backward_ir(config: &SdpaConfig, blocking: &BackwardBlocking) -> UOp
     BackwardKernel::new(config, blocking).program()
 }
 
+/// The backward program of a tensor graph's kernel node for `config` (BHND): one chunk, so the
+/// targets are exactly dq, dk and dv, and each task zeroes its dq rows before accumulating
+/// into them (a node's output buffer holds garbage). Slots as [`sdpa_backward_ir`].
+pub(crate) fn sdpa_backward_ir_for_graph(config: &SdpaConfig) -> UOp {
+    let blocking = BackwardBlocking { chunks: 1, ..BackwardBlocking::choose(config, cores()) };
+    let mut kernel = BackwardKernel::new(config, &blocking);
+    debug_assert!(kernel.g.direct, "one chunk of a BHND configuration writes dq, dk, dv in place");
+    kernel.zero_dq = true;
+    kernel.program()
+}
+
 struct BackwardKernel {
     c: SdpaConfig,
     b: BackwardBlocking,
@@ -160,6 +171,8 @@ struct BackwardKernel {
     pb: ProgramBuilder,
     /// The effects (and ranges) the next step comes after.
     chain: Vec<UOp>,
+    /// Whether each task zeroes its dq rows first (else the caller passes zeros).
+    zero_dq: bool,
 }
 
 /// The task's indices and stack tiles.
@@ -213,6 +226,7 @@ impl BackwardKernel {
             g,
             pb: ProgramBuilder::new(),
             chain: Vec::new(),
+            zero_dq: false,
         }
     }
 
@@ -293,6 +307,13 @@ impl BackwardKernel {
         let kv_base = &item * ksb + &kv_head * ksh;
         let th = std::slice::from_ref(&t);
         self.chain = vec![t.clone()];
+        if self.zero_dq {
+            // The task's dq rows are `t * c + r`: every query row of its group's heads.
+            let per_task = self.g.group * self.c.n_q * d;
+            let z = self.pb.range(per_task, AxisType::Loop);
+            let zero = self.dq.index(&t * per_task + &z).store(0.0f32).end(&[z]);
+            self.chain = vec![t.clone(), zero];
+        }
         Task {
             kt: kt.after(th),
             vt: vt.after(th),

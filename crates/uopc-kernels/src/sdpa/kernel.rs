@@ -149,6 +149,12 @@ pub(crate) fn sdpa_ir_output_last(config: &SdpaConfig, blocking: &Blocking) -> U
     SdpaKernel::new(config, blocking, true, false).program()
 }
 
+/// [`sdpa_ir_output_last`] whose output is two consecutive slots: the attention output, then
+/// each query row's base-2 log-sum-exp (as [`sdpa_ir_with_lse`] stores it).
+pub(crate) fn sdpa_ir_output_last_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
+    SdpaKernel::new(config, blocking, true, true).program()
+}
+
 /// [`sdpa_ir`] that also stores each query row's base-2 log-sum-exp, what the backward pass
 /// recomputes the probabilities from: `lse2 = m + log2(l)` over the row's base-2 scores
 /// `scale * log2(e) * q · k` (plus `log2(e) * bias`), with `m` their maximum and `l` the sum
@@ -221,7 +227,7 @@ impl SdpaKernel {
         slot += usize::from(mask.is_some());
         let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
         slot += usize::from(lens.is_some());
-        // After every other buffer (the output-last form has no lse).
+        // After every other buffer (in the output-last form, right after the output).
         let lse_slot = if output_last { slot + 1 } else { slot };
         let lse = save_lse.then(|| buffer(lse_slot, f32t, c.batch * c.heads * c.n_q));
         let kv_length = c.runtime_kv_length.then(|| var(0, 0, c.n_k as i64));

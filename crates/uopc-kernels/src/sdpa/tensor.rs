@@ -1,10 +1,13 @@
 //! Attention on lazy tensors: [`scaled_dot_product_attention`] puts the FlashAttention-2
 //! kernel into a tensor graph as one kernel node.
 
-use super::kernel::{cores, sdpa_ir_output_last};
+use super::backward::sdpa_backward_ir_for_graph;
+use super::kernel::{cores, sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
 use super::{Blocking, MaskKind, SdpaConfig, SdpaError};
-use uopc_ir::DType;
-use uopc_tensor::{Tensor, TensorError};
+use std::collections::HashMap;
+use std::sync::Arc;
+use uopc_ir::{DType, Op, UOp, buffer};
+use uopc_tensor::{CustomVjp, Tensor, TensorError};
 
 /// The score a masked key gets in the gradient's reference graph: finite, so a fully masked
 /// row computes `exp(0)` over finite values instead of `-inf - (-inf)`, and its indicator
@@ -23,9 +26,12 @@ const MASKED_SCORE: f32 = -1.0e30;
 /// queries to the end of the keys (query `i` sees keys `j <= i + n_k - n_q`); `scale` is
 /// `1 / sqrt(D)` when `None`. Rows that see no key give zeros. The output has q's shape.
 ///
-/// The gradient (through [`uopc_tensor::gradient`]) is that of the unfused attention graph
-/// over the same inputs, which materializes the `n_q x n_k` scores; the decode shapes that
-/// [`super::Sdpa`] splits over the keys (split-K) run unsplit here.
+/// The gradient (through [`uopc_tensor::gradient`]) runs the FlashAttention-2 backward of
+/// [`super::SdpaBackward`] as kernel nodes: the forward again with the log-sum-exp, `Delta`,
+/// then one kernel for dq, dk and dv (no `n_q x n_k` buffer); the mask or bias gets no
+/// gradient. The unfused graph over the same inputs stays attached as the node's equivalent
+/// (a reference). The decode shapes that [`super::Sdpa`] splits over the keys (split-K) run
+/// unsplit here.
 ///
 /// # Errors
 ///
@@ -78,8 +84,81 @@ pub fn scaled_dot_product_attention(
         unfused(q, k, v, mask, &config).map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
     let mut sources = vec![q, k, v];
     sources.extend(mask);
-    Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, DType::F32, Some(equivalent))
-        .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })
+    let node = Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, DType::F32, Some(equivalent))
+        .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
+    let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| {
+        backward_nodes(&config, &blocking, src, d_o)
+    });
+    node.with_custom_vjp(rule).map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })
+}
+
+/// The cotangents of `[q, k, v, mask]` for output cotangent `d_o`, as kernel nodes.
+fn backward_nodes(
+    c: &SdpaConfig,
+    blocking: &Blocking,
+    src: &[Tensor],
+    d_o: &Tensor,
+) -> Result<Vec<Option<Tensor>>, TensorError> {
+    let (q, k, v) = (&src[0], &src[1], &src[2]);
+    let mask = src.get(3);
+    let (q_len, kv_len, rows) = (c.q_len(), c.kv_len(), c.batch * c.heads * c.n_q);
+    let mut fwd_sources = vec![q, k, v];
+    fwd_sources.extend(mask);
+    let forward = Tensor::try_custom_parts(
+        "sdpa_forward_lse",
+        sdpa_ir_output_last_with_lse(c, blocking),
+        &fwd_sources,
+        &[q_len, rows],
+        None,
+    )?;
+    let o = forward.try_slice(0, 0, q_len)?.try_reshape(&[rows, c.d])?;
+    let lse = forward.try_slice(0, q_len, q_len + rows)?;
+    // scale * Delta, Delta_i = dO_i . O_i: what the backward program takes.
+    let d_o = d_o.detach();
+    let delta = d_o
+        .try_reshape(&[rows, c.d])?
+        .try_mul(&o)?
+        .try_sum(-1, false)?
+        .try_mul(&Tensor::full(&[], c.effective_scale()))?;
+    let mut bwd_sources = vec![q, k, v, &d_o, &lse, &delta];
+    bwd_sources.extend(mask);
+    // The program's slots are q, k, v, dO, lse, Delta, dq, dk, dv, mask; a node's are its
+    // sources, then its outputs: the mask moves before the outputs.
+    let extras = usize::from(mask.is_some());
+    let program = renumber_slots(&sdpa_backward_ir_for_graph(c), |slot| match slot {
+        6..=8 => slot + extras,
+        9 => 6,
+        other => other,
+    });
+    let grads = Tensor::try_custom_parts(
+        "sdpa_backward_tile_ops",
+        program,
+        &bwd_sources,
+        &[q_len, kv_len, kv_len],
+        None,
+    )?;
+    let part = |from: usize, len: usize, like: &Tensor| {
+        grads.try_slice(0, from, from + len)?.try_reshape(like.shape())
+    };
+    let mut out =
+        vec![Some(part(0, q_len, q)?), Some(part(q_len, kv_len, k)?), Some(part(q_len + kv_len, kv_len, v)?)];
+    if mask.is_some() {
+        out.push(None);
+    }
+    Ok(out)
+}
+
+/// `program` with every BUFFER slot `s` renumbered to `to(s)`.
+fn renumber_slots(program: &UOp, to: impl Fn(usize) -> usize) -> UOp {
+    let mut map: HashMap<UOp, UOp> = HashMap::new();
+    for u in UOp::toposort(std::slice::from_ref(program)) {
+        let new = match u.op() {
+            Op::Buffer { slot, len } => buffer(to(*slot), u.dtype(), *len),
+            _ => u.with_src(u.src().iter().map(|s| map[s].clone()).collect()),
+        };
+        map.insert(u, new);
+    }
+    map[program].clone()
 }
 
 /// The mask kind of `m` against q's shape `sq`: its shape, padded with leading 1s, must have
