@@ -39,6 +39,12 @@ pub fn exact_with(got: &[HostBuffer], want: &[HostBuffer], signed_zeros: bool) -
             (HostBuffer::F64(a), HostBuffer::F64(b)) => {
                 a.iter().zip(b).position(|(x, y)| !floats_equal(*x, *y))
             }
+            (HostBuffer::BF16(a), HostBuffer::BF16(b)) => {
+                a.iter().zip(b).position(|(x, y)| !floats_equal(x.to_f64(), y.to_f64()))
+            }
+            (HostBuffer::F16(a), HostBuffer::F16(b)) => {
+                a.iter().zip(b).position(|(x, y)| !floats_equal(x.to_f64(), y.to_f64()))
+            }
             _ => (0..g.len()).find(|&i| g.get_f64(i).to_bits() != w.get_f64(i).to_bits()),
         };
         if let Some(i) = bad {
@@ -55,6 +61,8 @@ fn show(b: &HostBuffer, i: usize) -> String {
         HostBuffer::I64(v) => format!("{}", v[i]),
         HostBuffer::F32(v) => format!("{:e} ({:#010x})", v[i], v[i].to_bits()),
         HostBuffer::F64(v) => format!("{:e} ({:#018x})", v[i], v[i].to_bits()),
+        HostBuffer::BF16(v) => format!("{:e} ({:#06x})", v[i].to_f32(), v[i].to_bits()),
+        HostBuffer::F16(v) => format!("{:e} ({:#06x})", v[i].to_f32(), v[i].to_bits()),
     }
 }
 

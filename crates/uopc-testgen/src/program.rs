@@ -337,6 +337,12 @@ impl Gen<'_> {
             DType::I64 => HostBuffer::I64((0..len).map(|_| self.int_value(d)).collect()),
             DType::F32 => HostBuffer::F32((0..len).map(|_| self.float_value() as f32).collect()),
             DType::F64 => HostBuffer::F64((0..len).map(|_| self.float_value()).collect()),
+            DType::BF16 => {
+                HostBuffer::BF16((0..len).map(|_| half::bf16::from_f64(self.float_value())).collect())
+            }
+            DType::F16 => {
+                HostBuffer::F16((0..len).map(|_| half::f16::from_f64(self.float_value())).collect())
+            }
         }
     }
 

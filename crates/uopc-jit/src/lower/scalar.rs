@@ -9,6 +9,8 @@ pub(crate) fn clif_type(d: DType) -> Type {
         DType::I64 => types::I64,
         DType::F32 => types::F32,
         DType::F64 => types::F64,
+        // Carried as the f32 each widens to (see `half.rs`).
+        DType::BF16 | DType::F16 => types::F32,
     }
 }
 
@@ -177,6 +179,14 @@ impl Lowerer<'_, '_> {
         let (tf, tt) = (clif_type(from), clif_type(to));
         Ok(match (from, to) {
             _ if from == to => x,
+            // Widening is free (the f32 is the value); a 16-bit source is exact in f32, so the
+            // narrowing from it or from an f32 rounds once. From f64 the rounding is direct (an
+            // f32 step between could round twice), in the host's conversion.
+            (f, DType::F32) if f.is_half() => x,
+            (f, DType::F64) if f.is_half() => self.b.ins().fpromote(types::F64, x),
+            (DType::F64, DType::BF16) => self.call(self.externs.get(Extern::F64ToBf16), x),
+            (DType::F64, DType::F16) => self.call(self.externs.get(Extern::F64ToF16), x),
+            (_, t) if t.is_half() => self.half_round(t, x),
             (DType::F32, DType::F64) => self.b.ins().fpromote(types::F64, x),
             (DType::F64, DType::F32) => self.b.ins().fdemote(types::F32, x),
             (f, DType::Bool) if f.is_float() => {
