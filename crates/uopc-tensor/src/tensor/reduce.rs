@@ -1,12 +1,17 @@
 //! Reductions along one axis, and the ops built from them: matmul and softmax.
 
-use super::{LOG2E, Tensor, ok};
+use super::{LOG2E, Tensor, ok, promote};
 use crate::error::{Result, shape_err};
 use uopc_ir::{DType, Op, ReduceOp, UOp};
 
 impl Tensor {
     fn try_reduce(&self, op: ReduceOp, axis: isize, keepdim: bool, name: &'static str) -> Result<Tensor> {
         let a = self.axis(name, axis)?;
+        if self.dtype().is_half() {
+            // Accumulated in f32, rounded once at the end.
+            let r = self.cast(DType::F32).try_reduce(op, axis, keepdim, name)?;
+            return Ok(r.cast(self.dtype()));
+        }
         let n = self.ndim();
         let x = if self.dtype() == DType::Bool { self.cast(DType::F32) } else { self.clone() };
         let x = if a == n - 1 {
@@ -98,6 +103,11 @@ impl Tensor {
             return Err(shape_err("matmul", format!("cannot multiply {a:?} by {b:?}")));
         }
         let (n, k, m) = (a[0], a[1], b[1]);
+        let d = promote(self.dtype(), other.dtype());
+        if d.is_half() {
+            // Products and their sum in f32 (a bf16 product is exact in f32), rounded once.
+            return Ok(self.cast(DType::F32).try_matmul(&other.cast(DType::F32))?.cast(d));
+        }
         let product = || {
             let x = self.try_reshape(&[n, 1, k])?.try_expand(&[n, m, k])?;
             let y = other.try_transpose(0, 1)?.try_reshape(&[1, m, k])?.try_expand(&[n, m, k])?;
@@ -130,6 +140,9 @@ impl Tensor {
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `softmax` when `axis` is out of range.
     pub fn try_softmax(&self, axis: isize) -> Result<Tensor> {
         self.axis("softmax", axis)?;
+        if self.dtype().is_half() {
+            return Ok(self.via_f32(|x| x.softmax(axis)));
+        }
         let softmax = || {
             let x = self.float();
             let m = x.try_max(axis, true)?;
