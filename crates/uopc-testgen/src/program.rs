@@ -115,6 +115,8 @@ fn fconst(v: f64, d: DType) -> UOp {
 const FLOATS: [DType; 2] = [DType::F32, DType::F64];
 const INTS: [DType; 2] = [DType::I32, DType::I64];
 const ALL: [DType; 5] = [DType::Bool, DType::I32, DType::I64, DType::F32, DType::F64];
+/// Storage-only buffer dtypes: loaded and widened with a CAST, stored after a rounding CAST.
+const HALVES: [DType; 2] = [DType::BF16, DType::F16];
 
 /// Generates a case. `rng` is consumed; clone it first to generate the Magnitude twin.
 pub fn generate(rng: &mut Rng, profile: Profile, mode: Mode, opts: Options) -> Case {
@@ -200,8 +202,16 @@ impl Gen<'_> {
                 scope.push(r);
             }
             let depth = 1 + self.rng.below(4) as usize;
-            let value = self.expr(d, &scope, depth);
-            let stored = if self.magnitude() && d.is_float() { value.mag() } else { value.v.clone() };
+            let stored = if d.is_half() {
+                // Computed in f32 or f64, rounded by the CAST (the magnitude too, which only
+                // needs to be the right size).
+                let wide = self.rng.pick(&FLOATS);
+                let value = self.expr(wide, &scope, depth);
+                if self.magnitude() { value.mag().cast(d) } else { value.v.cast(d) }
+            } else {
+                let value = self.expr(d, &scope, depth);
+                if self.magnitude() && d.is_float() { value.mag() } else { value.v.clone() }
+            };
             let inner: Vec<UOp> = scope.iter().filter(|r| Some(*r) != thread.as_ref()).cloned().collect();
             // Row-major position over the inner loops, each with radix its bound.
             let mut rest = idx(0);
@@ -252,7 +262,11 @@ impl Gen<'_> {
         Case { program, inputs, written, profile: self.profile, sum_len: self.sum_len }
     }
 
+    /// A buffer's dtype: expressions are never of a 16-bit dtype, only buffers are.
     fn pick_dtype(&mut self) -> DType {
+        if self.rng.chance(10) {
+            return self.rng.pick(&HALVES);
+        }
         if self.rng.chance(50) { self.rng.pick(&FLOATS) } else { self.rng.pick(&ALL) }
     }
 
