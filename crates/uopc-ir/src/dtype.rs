@@ -23,7 +23,8 @@ pub enum DType {
     /// carried as the f32 it widens to exactly; the only ops defined on it are LOAD, STORE,
     /// CAST (to and from F32 and F64, or the other 16-bit type), WHERE and constants, so
     /// arithmetic happens in f32 after an explicit widening CAST. A CAST to BF16 rounds to
-    /// nearest, ties to even; a NaN stays a quiet NaN and an infinity stays infinite.
+    /// nearest, ties to even (from F64 through f32, as torch converts); a NaN stays a quiet NaN
+    /// and an infinity stays infinite.
     BF16,
     /// IEEE binary16 (5 exponent bits, 10 mantissa bits), a storage type with the same rules
     /// as [`DType::BF16`]: values carried as their exact f32, arithmetic only after a CAST,

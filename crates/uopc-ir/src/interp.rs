@@ -25,7 +25,7 @@ pub enum Precision {
     #[default]
     Native,
     /// Every float op in f64: the accuracy reference. Loads from F32 (and BF16, F16) buffers
-    /// widen, stores to them narrow (rounding once, from the f64 value), F32 constants keep
+    /// widen, stores to them narrow (to BF16 and F16 through f32, as their CASTs round), F32 constants keep
     /// their f32 value, and F32 ALLOCs (kernel-local registers) hold f64 so accumulators do
     /// not round between iterations. CAST to F32, BF16 or F16 keeps the f64 value.
     F64,
@@ -512,9 +512,10 @@ impl<'a> Machine<'a> {
             (Some(HostBuffer::F64(v)), Val::F64(x)) => v[k] = x,
             // A native 16-bit value is exact, so this conversion only re-encodes it.
             (Some(HostBuffer::BF16(v)), Val::F32(x)) => v[k] = bf16::from_f32(x),
-            (Some(HostBuffer::BF16(v)), Val::F64(x)) if narrow => v[k] = bf16::from_f64(x),
+            // From f64 through f32, as the CAST from F64 rounds.
+            (Some(HostBuffer::BF16(v)), Val::F64(x)) if narrow => v[k] = bf16::from_f32(x as f32),
             (Some(HostBuffer::F16(v)), Val::F32(x)) => v[k] = f16::from_f32(x),
-            (Some(HostBuffer::F16(v)), Val::F64(x)) if narrow => v[k] = f16::from_f64(x),
+            (Some(HostBuffer::F16(v)), Val::F64(x)) if narrow => v[k] = f16::from_f32(x as f32),
             (buf, val) => {
                 let d = buf.map_or_else(|| "missing".to_string(), |b| b.dtype().to_string());
                 return Err(malformed(node, format!("stores {val:?} into {d} storage")));

