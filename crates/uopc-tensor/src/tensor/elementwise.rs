@@ -41,9 +41,8 @@ impl Tensor {
     /// ```
     ///
     /// Casts to `bf16` and `f16` round to nearest even (from f64 through f32, as torch does);
-    /// those between a 16-bit float and an
-    /// integer or bool go through f32 (the IR converts 16-bit floats only to and from floats),
-    /// so a large integer may round twice.
+    /// those between a 16-bit float and an integer or bool go through f32 (the IR converts
+    /// 16-bit floats only to and from floats), so a large integer may round twice.
     pub fn cast(&self, dtype: DType) -> Tensor {
         let float_like = |d: DType| d.is_float() || d.is_half();
         let (from, to) = (self.dtype(), dtype);
