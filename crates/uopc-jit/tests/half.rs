@@ -17,10 +17,31 @@ fn cast_program(from: DType, to: DType, n: usize) -> UOp {
     sink(&[out.index(&i).store(v).end(&[i])])
 }
 
+/// Runs a one-input, one-output program compiled with the default options (vectorized: every
+/// loop here is, but those over f64 memory) and scalar: both must give the same bits.
 fn run(program: &UOp, bufs: &mut [HostBuffer]) {
-    let prg = Program::compile(program, "half").unwrap();
-    let (inputs, outputs) = bufs.split_at_mut(1);
-    prg.run(&mut [Arg::from(&inputs[0]), Arg::from(&mut outputs[0])]).unwrap();
+    let mut results = Vec::new();
+    for opts in [uopc_jit::JitOptions::default(), uopc_jit::JitOptions::scalar()] {
+        let prg = Program::compile_with(program, "half", &opts).unwrap();
+        if opts.vectorize && bufs.iter().all(|b| b.dtype() != DType::F64) {
+            assert!(prg.clif().contains("f32x4"), "not vectorized:\n{}", prg.loop_ir());
+        }
+        let mut mine = bufs.to_vec();
+        let (inputs, outputs) = mine.split_at_mut(1);
+        prg.run(&mut [Arg::from(&inputs[0]), Arg::from(&mut outputs[0])]).unwrap();
+        results.push(mine);
+    }
+    let bits = |b: &HostBuffer| (0..b.len()).map(|i| b.get_f64(i).to_bits()).collect::<Vec<_>>();
+    let (v, s) = (bits(&results[0][1]), bits(&results[1][1]));
+    if let Some(i) = (0..v.len()).find(|&i| v[i] != s[i]) {
+        let input = results[0][0].get_f64(i);
+        panic!(
+            "element {i} (input {input:e}): default build {:e}, scalar {:e}",
+            f64::from_bits(v[i]),
+            f64::from_bits(s[i])
+        );
+    }
+    bufs.clone_from_slice(&results[0]);
 }
 
 fn all_bf16() -> Vec<bf16> {
@@ -216,6 +237,44 @@ fn interpreter_and_jit_agree_on_16_bit_buffers() {
         let expect = if x < y { bf16::from_f32(x * y + 0.1) } else { bf16::from_f32(-1.5) };
         assert_eq!(out[k], expect, "element {k}");
     }
+}
+
+#[test]
+fn vectorized_16_bit_loops_match_the_interpreter() {
+    // Contiguous 16-bit loads, a broadcast (stride 0) and a strided gather, arithmetic in f32,
+    // rounding stores of both types; 1003 iterations leave a scalar tail.
+    let n = 1003;
+    let (a, b, c) = (buffer(0, DType::BF16, n), buffer(1, DType::F16, 2 * n), buffer(2, DType::BF16, 1));
+    let (out, out16) = (buffer(3, DType::BF16, n), buffer(4, DType::F16, n));
+    let i = range(n, 0, AxisType::Loop);
+    let x = a.index(&i).load().cast(DType::F32);
+    let y = b.index(&i * 2 + 1).load().cast(DType::F32);
+    let s = c.index(0).load().cast(DType::F32);
+    let program = sink(&[
+        out.index(&i).store((&x * &s + &y).cast(DType::BF16)),
+        out16.index(&i).store(((&x - &y) * 2.0f32).cast(DType::F16)).end(&[i.clone()]),
+    ]);
+    let program = sink(&[program.src()[0].clone().end(&[i]), program.src()[1].clone()]);
+    let fresh = || {
+        [
+            HostBuffer::BF16((0..n).map(|k| bf16::from_f32((k as f32 * 0.731).sin() * 2e4)).collect()),
+            HostBuffer::F16((0..2 * n).map(|k| f16::from_f32((k as f32 * 0.377).cos() * 3e4)).collect()),
+            HostBuffer::BF16(vec![bf16::from_f32(-1.75)]),
+            HostBuffer::zeros(DType::BF16, n),
+            HostBuffer::zeros(DType::F16, n),
+        ]
+    };
+    let mut want = fresh();
+    interp::run(&program, &mut want, Precision::Native).unwrap();
+    let prg = Program::compile(&program, "vector16").unwrap();
+    assert!(prg.clif().contains("uload16x4"), "{}", prg.clif());
+    let mut got = fresh();
+    let [a, b, c, out, out16] = &mut got;
+    prg.run(&mut [Arg::from(&*a), Arg::from(&*b), Arg::from(&*c), Arg::from(out), Arg::from(out16)]).unwrap();
+    assert_eq!(got, want);
+    // Large values: f16 outputs overflow to infinity in some lanes.
+    let HostBuffer::F16(v) = &want[4] else { unreachable!() };
+    assert!(v.iter().any(|h| h.is_infinite()) && v.iter().any(|h| h.is_finite()));
 }
 
 #[test]
