@@ -150,3 +150,20 @@ fn f16_softmax_matches_f64() -> Result<(), uopc_tensor::TensorError> {
     }
     Ok(())
 }
+
+#[test]
+fn gradients_flow_through_16_bit_tensors() -> Result<(), uopc_tensor::TensorError> {
+    let v = [0.5f32, -1.25, 3.0, 7.5];
+    // A bf16 parameter: d/dx sum(x * x) = 2x, exact in bf16 for these values.
+    let x = Tensor::from_vec(v.iter().map(|&a| bf16::from_f32(a)).collect(), &[4]);
+    let g = uopc_tensor::gradient(&(&x * &x).sum(0, false), &[&x])?;
+    assert_eq!(g[0].dtype(), DType::BF16);
+    let got: Vec<f32> = g[0].to_ndarray::<bf16>()?.iter().map(|h| h.to_f32()).collect();
+    assert_eq!(got, v.iter().map(|a| 2.0 * a).collect::<Vec<_>>());
+    // An f32 parameter through a rounding to f16 and back: the casts pass the gradient on.
+    let y = Tensor::from_vec(v.to_vec(), &[4]);
+    let loss = (y.cast(DType::F16).cast(DType::F32) * 3.0).sum(0, false);
+    let g = uopc_tensor::gradient(&loss, &[&y])?;
+    assert_eq!(g[0].to_ndarray::<f32>()?.as_slice(), Some(&[3.0f32; 4][..]));
+    Ok(())
+}
