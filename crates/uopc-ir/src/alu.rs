@@ -82,7 +82,8 @@ pub fn int_mod(a: i64, b: i64) -> i64 {
 }
 
 /// `op a` for a node of `dtype`; `None` when the op has no meaning on `a` (a float op on an
-/// integer, any op on a bool or a 16-bit float). `exp2(-inf) == 0`, as `f32::exp2`/`f64::exp2` give.
+/// integer, any op on a bool or a 16-bit float). `exp2(-inf) == 0`, as `f32::exp2`/`f64::exp2`
+/// give.
 pub fn unary(op: UnaryOp, a: Scalar, dtype: DType) -> Option<Scalar> {
     // 16-bit floats are storage types: arithmetic on them is a CAST to F32 away.
     if dtype.is_half() {

@@ -3,8 +3,7 @@
 //!
 //! The interpreter evaluates a tile op in f64 and rounds each result to f32 once when it is
 //! written. The expansion does the same: operands (f32, or a GEMM's bf16 A and B) are loaded
-//! and CAST to F64, accumulators are
-//! F64 ALLOCs, and only the value stored is CAST back to F32. So `interp::run` gives the same
+//! and CAST to F64, accumulators are F64 ALLOCs, and only the value stored is CAST back to F32. So `interp::run` gives the same
 //! bits for a program and its expansion, in both precisions. The JIT with strict options
 //! (`JitOptions::scalar()`) does too: its F64 EXP2 is the same `f64::exp2`.
 //!

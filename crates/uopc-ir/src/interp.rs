@@ -25,9 +25,10 @@ pub enum Precision {
     #[default]
     Native,
     /// Every float op in f64: the accuracy reference. Loads from F32 (and BF16, F16) buffers
-    /// widen, stores to them narrow (to BF16 and F16 through f32, as their CASTs round), F32 constants keep
-    /// their f32 value, and F32 ALLOCs (kernel-local registers) hold f64 so accumulators do
-    /// not round between iterations. CAST to F32, BF16 or F16 keeps the f64 value.
+    /// widen, stores to them narrow (to BF16 and F16 through f32, as their CASTs round), F32
+    /// constants keep their f32 value, and F32 ALLOCs (kernel-local registers) hold f64 so
+    /// accumulators do not round between iterations. CAST to F32, BF16 or F16 keeps the f64
+    /// value.
     F64,
 }
 
