@@ -46,7 +46,10 @@ impl Scalar {
         match c.cast(dtype) {
             ConstValue::Bool(b) => Scalar::Bool(b),
             ConstValue::Int(i) => Scalar::Int(i),
-            ConstValue::Float(bits) if dtype == DType::F32 => Scalar::F32(f64::from_bits(bits) as f32),
+            // 16-bit values are carried as the f32 they widen to.
+            ConstValue::Float(bits) if dtype == DType::F32 || dtype.is_half() => {
+                Scalar::F32(f64::from_bits(bits) as f32)
+            }
             ConstValue::Float(bits) => Scalar::F64(f64::from_bits(bits)),
         }
     }
@@ -79,8 +82,13 @@ pub fn int_mod(a: i64, b: i64) -> i64 {
 }
 
 /// `op a` for a node of `dtype`; `None` when the op has no meaning on `a` (a float op on an
-/// integer, any op on a bool). `exp2(-inf) == 0`, as `f32::exp2`/`f64::exp2` give.
+/// integer, any op on a bool or a 16-bit float). `exp2(-inf) == 0`, as `f32::exp2`/`f64::exp2`
+/// give.
 pub fn unary(op: UnaryOp, a: Scalar, dtype: DType) -> Option<Scalar> {
+    // 16-bit floats are storage types: arithmetic on them is a CAST to F32 away.
+    if dtype.is_half() {
+        return None;
+    }
     macro_rules! float {
         ($x:expr, $ctor:path) => {
             $ctor(match op {
@@ -101,9 +109,12 @@ pub fn unary(op: UnaryOp, a: Scalar, dtype: DType) -> Option<Scalar> {
 }
 
 /// `a op b` for a node of `dtype`; `None` when the operands' representations differ or the op
-/// has no meaning on them (IDIV/MOD on floats, arithmetic on bools). MAX is
+/// has no meaning on them (IDIV/MOD on floats, arithmetic on bools or 16-bit floats). MAX is
 /// `if a > b { a } else { b }`, so a NaN left operand yields the right one, as the JIT's does.
 pub fn binary(op: BinaryOp, a: Scalar, b: Scalar, dtype: DType) -> Option<Scalar> {
+    if dtype.is_half() {
+        return None;
+    }
     macro_rules! float {
         ($x:expr, $y:expr, $ctor:path) => {
             match op {
@@ -140,9 +151,14 @@ pub fn binary(op: BinaryOp, a: Scalar, b: Scalar, dtype: DType) -> Option<Scalar
 }
 
 /// CAST to `to` with Rust `as` semantics: floats to ints saturate (NaN to 0), anything to Bool
-/// is `x != 0`, I64 to I32 wraps, ints round to f32 once.
+/// is `x != 0`, I64 to I32 wraps, ints round to f32 once. A CAST to BF16 or F16 rounds to
+/// nearest even and yields the rounded value as an f32 (how 16-bit values are carried); NaNs
+/// come out quiet. From F64 it rounds to f32 first, as torch's conversion does (one extra
+/// rounding, at most 2^-24 relative, that saves every backend a second conversion routine).
 pub fn cast(a: Scalar, to: DType) -> Scalar {
     match to {
+        DType::BF16 => Scalar::F32(half::bf16::from_f32(as_f32(a)).to_f32()),
+        DType::F16 => Scalar::F32(half::f16::from_f32(as_f32(a)).to_f32()),
         DType::Bool => Scalar::Bool(match a {
             Scalar::Bool(b) => b,
             Scalar::Int(i) => i != 0,
@@ -157,18 +173,23 @@ pub fn cast(a: Scalar, to: DType) -> Scalar {
             (Scalar::F64(x), DType::I32) => x as i32 as i64,
             (Scalar::F64(x), _) => x as i64,
         }),
-        DType::F32 => Scalar::F32(match a {
-            Scalar::Bool(b) => b as u8 as f32,
-            Scalar::Int(i) => i as f32,
-            Scalar::F32(x) => x,
-            Scalar::F64(x) => x as f32,
-        }),
+        DType::F32 => Scalar::F32(as_f32(a)),
         DType::F64 => Scalar::F64(match a {
             Scalar::Bool(b) => b as u8 as f64,
             Scalar::Int(i) => i as f64,
             Scalar::F32(x) => x as f64,
             Scalar::F64(x) => x,
         }),
+    }
+}
+
+/// The CAST to F32.
+fn as_f32(a: Scalar) -> f32 {
+    match a {
+        Scalar::Bool(b) => b as u8 as f32,
+        Scalar::Int(i) => i as f32,
+        Scalar::F32(x) => x,
+        Scalar::F64(x) => x as f32,
     }
 }
 

@@ -15,6 +15,21 @@ pub enum DType {
     F32,
     /// 64-bit IEEE float.
     F64,
+    /// bfloat16 (8 exponent bits, 7 mantissa bits: the top half of an f32), a storage type.
+    ///
+    /// A LOAD from a BF16 buffer is a BF16 value, and a STORE into one takes a BF16 value: the
+    /// IR keeps the 16-bit dtype on values and converts with explicit CASTs, so every
+    /// conversion is a node the verifier, simplify and the backends see. A BF16 value is
+    /// carried as the f32 it widens to exactly; the only ops defined on it are LOAD, STORE,
+    /// CAST (to and from F32 and F64, or the other 16-bit type), WHERE and constants, so
+    /// arithmetic happens in f32 after an explicit widening CAST. A CAST to BF16 rounds to
+    /// nearest, ties to even (from F64 through f32, as torch converts); a NaN stays a quiet NaN
+    /// and an infinity stays infinite.
+    BF16,
+    /// IEEE binary16 (5 exponent bits, 10 mantissa bits), a storage type with the same rules
+    /// as [`DType::BF16`]: values carried as their exact f32, arithmetic only after a CAST,
+    /// rounding to nearest even on the CAST to F16 (subnormals kept, overflow to infinity).
+    F16,
 }
 
 impl DType {
@@ -25,14 +40,21 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::Bool => 1,
+            DType::BF16 | DType::F16 => 2,
             DType::I32 | DType::F32 => 4,
             DType::I64 | DType::F64 => 8,
         }
     }
 
-    /// True for F32 and F64.
+    /// True for F32 and F64, the float types arithmetic is defined on.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64)
+    }
+
+    /// True for the 16-bit storage floats BF16 and F16 (not [`DType::is_float`]: no arithmetic
+    /// is defined on them, so code that computes on floats never meets one unawares).
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16)
     }
 
     /// True for I32 and I64.
@@ -48,6 +70,8 @@ impl DType {
             DType::I64 => "i64",
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
         }
     }
 }

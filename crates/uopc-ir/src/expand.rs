@@ -2,8 +2,8 @@
 //! INDEX, LOAD, STORE, ALU, END) with the interpreter's semantics.
 //!
 //! The interpreter evaluates a tile op in f64 and rounds each result to f32 once when it is
-//! written. The expansion does the same: operands are loaded and CAST to F64, accumulators are
-//! F64 ALLOCs, and only the value stored is CAST back to F32. So `interp::run` gives the same
+//! written. The expansion does the same: operands (f32, or a GEMM's bf16 A and B) are loaded
+//! and CAST to F64, accumulators are F64 ALLOCs, and only the value stored is CAST back to F32. So `interp::run` gives the same
 //! bits for a program and its expansion, in both precisions. The JIT with strict options
 //! (`JitOptions::scalar()`) does too: its F64 EXP2 is the same `f64::exp2`.
 //!
@@ -100,7 +100,11 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
 
 fn well_formed(t: TileOp, src: &[UOp]) -> bool {
     src.len() == t.operands().len()
-        && src.iter().all(|x| matches!(x.op(), Op::Index) && x.src().len() == 2 && x.dtype() == DType::F32)
+        && src.iter().enumerate().all(|(k, x)| {
+            // A GEMM's A and B may be bf16: loaded, then widened by the CAST to F64.
+            let bf16_ok = matches!(t, TileOp::Gemm(_)) && k < 2 && x.dtype() == DType::BF16;
+            matches!(x.op(), Op::Index) && x.src().len() == 2 && (x.dtype() == DType::F32 || bf16_ok)
+        })
 }
 
 /// The next unused RANGE id and ALLOC slot.

@@ -1,6 +1,7 @@
 //! Host-side typed buffers, shared by the interpreter, the JIT runtime and tensors.
 
 use crate::dtype::DType;
+use half::{bf16, f16};
 
 /// An owned, typed array of elements on the host.
 #[derive(Clone, Debug, PartialEq)]
@@ -15,6 +16,10 @@ pub enum HostBuffer {
     F32(Vec<f32>),
     /// 64-bit floats.
     F64(Vec<f64>),
+    /// bfloat16s (the `half` crate's type, so ndarray and other crates' data passes as is).
+    BF16(Vec<bf16>),
+    /// IEEE half-precision floats.
+    F16(Vec<f16>),
 }
 
 impl HostBuffer {
@@ -26,6 +31,8 @@ impl HostBuffer {
             DType::I64 => HostBuffer::I64(vec![0; len]),
             DType::F32 => HostBuffer::F32(vec![0.0; len]),
             DType::F64 => HostBuffer::F64(vec![0.0; len]),
+            DType::BF16 => HostBuffer::BF16(vec![bf16::ZERO; len]),
+            DType::F16 => HostBuffer::F16(vec![f16::ZERO; len]),
         }
     }
 
@@ -37,6 +44,8 @@ impl HostBuffer {
             HostBuffer::I64(_) => DType::I64,
             HostBuffer::F32(_) => DType::F32,
             HostBuffer::F64(_) => DType::F64,
+            HostBuffer::BF16(_) => DType::BF16,
+            HostBuffer::F16(_) => DType::F16,
         }
     }
 
@@ -48,6 +57,8 @@ impl HostBuffer {
             HostBuffer::I64(v) => v.len(),
             HostBuffer::F32(v) => v.len(),
             HostBuffer::F64(v) => v.len(),
+            HostBuffer::BF16(v) => v.len(),
+            HostBuffer::F16(v) => v.len(),
         }
     }
 
@@ -78,6 +89,8 @@ impl HostBuffer {
             HostBuffer::I64(v) => v[i] as f64,
             HostBuffer::F32(v) => v[i] as f64,
             HostBuffer::F64(v) => v[i],
+            HostBuffer::BF16(v) => v[i].to_f64(),
+            HostBuffer::F16(v) => v[i].to_f64(),
         }
     }
 

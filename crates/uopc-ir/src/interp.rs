@@ -14,6 +14,7 @@ use crate::host::HostBuffer;
 use crate::linearize::{Linear, Stmt};
 use crate::uop::{BinaryOp, ConstValue, GemmShape, Op, TileOp, UOp, UnaryOp};
 use crate::verify::{verify, view_base};
+use half::{bf16, f16};
 use std::collections::HashMap;
 
 /// How float arithmetic is carried out.
@@ -23,10 +24,11 @@ pub enum Precision {
     /// result is rounded to f32.
     #[default]
     Native,
-    /// Every float op in f64: the accuracy reference. Loads from F32 buffers widen, stores to
-    /// F32 BUFFERs narrow, F32 constants keep their f32 value, and F32 ALLOCs (kernel-local
-    /// registers) hold f64 so accumulators do not round between iterations. CAST to F32 keeps
-    /// the f64 value.
+    /// Every float op in f64: the accuracy reference. Loads from F32 (and BF16, F16) buffers
+    /// widen, stores to them narrow (to BF16 and F16 through f32, as their CASTs round), F32
+    /// constants keep their f32 value, and F32 ALLOCs (kernel-local registers) hold f64 so
+    /// accumulators do not round between iterations. CAST to F32, BF16 or F16 keeps the f64
+    /// value.
     F64,
 }
 
@@ -395,7 +397,8 @@ impl<'a> Machine<'a> {
             ConstValue::Float(bits) => {
                 let v = f64::from_bits(bits);
                 match (dtype, self.precision) {
-                    (DType::F32, Precision::Native) => Val::F32(v as f32),
+                    // 16-bit constants are carried as the f32 they widen to (`cast` rounded them).
+                    (DType::F32 | DType::BF16 | DType::F16, Precision::Native) => Val::F32(v as f32),
                     _ => Val::F64(v),
                 }
             }
@@ -444,8 +447,8 @@ impl<'a> Machine<'a> {
             (DType::Bool, Val::Bool(_))
             | (DType::I32 | DType::I64, Val::Int(_))
             | (DType::F64, Val::F64(_)) => true,
-            (DType::F32, Val::F32(_)) => self.precision == Precision::Native,
-            (DType::F32, Val::F64(_)) => self.precision == Precision::F64,
+            (DType::F32 | DType::BF16 | DType::F16, Val::F32(_)) => self.precision == Precision::Native,
+            (DType::F32 | DType::BF16 | DType::F16, Val::F64(_)) => self.precision == Precision::F64,
             _ => false,
         }
     }
@@ -491,6 +494,10 @@ impl<'a> Machine<'a> {
             Some(HostBuffer::F32(v)) if widen => Val::F64(v[k] as f64),
             Some(HostBuffer::F32(v)) => Val::F32(v[k]),
             Some(HostBuffer::F64(v)) => Val::F64(v[k]),
+            Some(HostBuffer::BF16(v)) if widen => Val::F64(v[k].to_f64()),
+            Some(HostBuffer::BF16(v)) => Val::F32(v[k].to_f32()),
+            Some(HostBuffer::F16(v)) if widen => Val::F64(v[k].to_f64()),
+            Some(HostBuffer::F16(v)) => Val::F32(v[k].to_f32()),
             None => return Err(malformed(node, "loads from storage that does not exist")),
         })
     }
@@ -599,6 +606,12 @@ impl<'a> Machine<'a> {
             (Some(HostBuffer::F32(v)), Val::F32(x)) => v[k] = x,
             (Some(HostBuffer::F32(v)), Val::F64(x)) if narrow => v[k] = x as f32,
             (Some(HostBuffer::F64(v)), Val::F64(x)) => v[k] = x,
+            // A native 16-bit value is exact, so this conversion only re-encodes it.
+            (Some(HostBuffer::BF16(v)), Val::F32(x)) => v[k] = bf16::from_f32(x),
+            // From f64 through f32, as the CAST from F64 rounds.
+            (Some(HostBuffer::BF16(v)), Val::F64(x)) if narrow => v[k] = bf16::from_f32(x as f32),
+            (Some(HostBuffer::F16(v)), Val::F32(x)) => v[k] = f16::from_f32(x),
+            (Some(HostBuffer::F16(v)), Val::F64(x)) if narrow => v[k] = f16::from_f32(x as f32),
             (buf, val) => {
                 let d = buf.map_or_else(|| "missing".to_string(), |b| b.dtype().to_string());
                 return Err(malformed(node, format!("stores {val:?} into {d} storage")));
@@ -673,10 +686,11 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
-    /// CAST with the semantics of [`alu::cast`]; in the f64 reference mode a CAST to F32
-    /// keeps the f64 value (F32 values are held in f64 there).
+    /// CAST with the semantics of [`alu::cast`]; in the f64 reference mode a CAST to F32, BF16
+    /// or F16 keeps the f64 value (values of those dtypes are held in f64 there).
     fn cast(&self, v: Val, to: DType) -> Val {
-        let to = if self.precision == Precision::F64 && to == DType::F32 { DType::F64 } else { to };
+        let narrow_float = to == DType::F32 || to.is_half();
+        let to = if self.precision == Precision::F64 && narrow_float { DType::F64 } else { to };
         // Effects and addresses are never cast by a verified program; they read as zero.
         let v = v.scalar().unwrap_or(Scalar::Int(0));
         alu::cast(v, to).into()

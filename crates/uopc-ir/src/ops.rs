@@ -155,6 +155,13 @@ impl ConstValue {
                 other => other.as_f64() as f32 as f64,
             }),
             DType::F64 => ConstValue::float(self.as_f64()),
+            // Through the F32 value (as the CAST from F64 rounds), then to nearest even.
+            DType::BF16 => {
+                ConstValue::float(half::bf16::from_f32(self.cast(DType::F32).as_f64() as f32).to_f64())
+            }
+            DType::F16 => {
+                ConstValue::float(half::f16::from_f32(self.cast(DType::F32).as_f64() as f32).to_f64())
+            }
         }
     }
 }
@@ -360,8 +367,11 @@ impl Op {
     }
 }
 
-/// A dense operation on row-major f32 tiles (the CPU's "tensor core"): each operand is a
-/// `rows x cols` block starting at its INDEX, consecutive rows `ld` elements apart.
+/// A dense operation on row-major tiles (the CPU's "tensor core"): each operand is a
+/// `rows x cols` block starting at its INDEX, consecutive rows `ld` elements apart (extents and
+/// strides count elements of the operand's own dtype). Operands are f32, except that a GEMM's A
+/// and B may both be BF16 (C stays f32): the operand dtypes, not the op, say which kernel runs,
+/// so one descriptor serves both and the expansion widens bf16 with an explicit CAST.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum TileOp {
     /// `C = A · B`, or `C += A · B` with `accumulate`. Sources `[A, B, C]`. A is `m x k`

@@ -3,7 +3,7 @@
 use crate::dtype::DType;
 use crate::error::{IrError, IrErrorKind};
 use crate::linearize::{Linear, linearize_with, open_ranges_with};
-use crate::uop::{AxisType, BinaryOp, ConstValue, Op, UOp, UnaryOp};
+use crate::uop::{AxisType, BinaryOp, ConstValue, Op, TileOp, UOp, UnaryOp};
 use std::collections::{HashMap, HashSet};
 
 /// The BUFFER or ALLOC at the base of a view (through AFTER chains), if any.
@@ -74,8 +74,7 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                 (ConstValue::Bool(_), DType::Bool) => true,
                 (ConstValue::Int(v), DType::I32) => i32::try_from(*v).is_ok(),
                 (ConstValue::Int(_), DType::I64) => true,
-                (ConstValue::Float(_), d) => d.is_float(),
-                (ConstValue::Int(_), d) => d.is_float(),
+                (ConstValue::Float(_), d) | (ConstValue::Int(_), d) => d.is_float() || d.is_half(),
                 _ => false,
             };
             if !fits {
@@ -161,7 +160,9 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
         Op::Unary(op) => {
             arity(1)?;
             let float_only = !matches!(op, UnaryOp::Neg);
-            if dt(0) != u.dtype() || (float_only && !u.dtype().is_float()) || u.dtype() == DType::Bool {
+            // 16-bit floats are storage types: arithmetic on them needs a CAST to F32 first.
+            let no_arithmetic = u.dtype() == DType::Bool || u.dtype().is_half();
+            if dt(0) != u.dtype() || (float_only && !u.dtype().is_float()) || no_arithmetic {
                 return Err(err(
                     IrErrorKind::DType,
                     u,
@@ -183,6 +184,7 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                 return Err(err(IrErrorKind::DType, u, format!("result must be {want}, is {}", u.dtype())));
             }
             let ok = match op {
+                _ if dt(0).is_half() => false,
                 BinaryOp::IDiv | BinaryOp::Mod => dt(0).is_int(),
                 BinaryOp::CmpNe => true,
                 _ => dt(0) != DType::Bool,
@@ -208,7 +210,23 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                 ));
             }
         }
-        Op::Cast => arity(1)?,
+        Op::Cast => {
+            arity(1)?;
+            // A 16-bit float converts only to and from floats: its rounding is defined from an
+            // f32 or an f64 value, and integers reach it through an explicit CAST to F32.
+            let float_like = |d: DType| d.is_float() || d.is_half();
+            if (u.dtype().is_half() || dt(0).is_half()) && !(float_like(u.dtype()) && float_like(dt(0))) {
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!(
+                        "CAST from {} to {} (16-bit floats cast only to and from floats)",
+                        dt(0),
+                        u.dtype()
+                    ),
+                ));
+            }
+        }
         Op::After if u.dtype() != dt(0) => {
             return Err(err(
                 IrErrorKind::DType,
@@ -227,11 +245,20 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                         format!("operand {} is not an INDEX", x.short()),
                     ));
                 }
-                if x.dtype() != DType::F32 {
+            }
+            // A GEMM multiplies f32 or bf16 operands (both alike) into an f32 C; every other
+            // operand is f32.
+            let inputs = match t {
+                TileOp::Gemm(_) if dt(0) == DType::BF16 => DType::BF16,
+                _ => DType::F32,
+            };
+            for (k, x) in s.iter().enumerate() {
+                let want = if matches!(t, TileOp::Gemm(_)) && k < 2 { inputs } else { DType::F32 };
+                if x.dtype() != want {
                     return Err(err(
                         IrErrorKind::DType,
                         u,
-                        format!("operand {} is {}, not f32", x.short(), x.dtype()),
+                        format!("operand {} is {}, not {want}", x.short(), x.dtype()),
                     ));
                 }
             }

@@ -1,5 +1,6 @@
 //! The arguments of one run: borrowed host memory, read-only or writable.
 
+use half::{bf16, f16};
 use uopc_ir::{DType, HostBuffer};
 
 /// A read-only argument.
@@ -14,6 +15,10 @@ pub enum BufRef<'a> {
     F32(&'a [f32]),
     /// f64s.
     F64(&'a [f64]),
+    /// bfloat16s.
+    BF16(&'a [bf16]),
+    /// IEEE half-precision floats.
+    F16(&'a [f16]),
 }
 
 /// One argument of [`crate::Program::run`]: read-only or writable memory.
@@ -36,6 +41,16 @@ impl<'a> From<&'a mut [f32]> for Arg<'a> {
         Arg::WriteF32(v)
     }
 }
+impl<'a> From<&'a [bf16]> for Arg<'a> {
+    fn from(v: &'a [bf16]) -> Self {
+        Arg::Read(BufRef::BF16(v))
+    }
+}
+impl<'a> From<&'a [f16]> for Arg<'a> {
+    fn from(v: &'a [f16]) -> Self {
+        Arg::Read(BufRef::F16(v))
+    }
+}
 impl<'a> From<&'a HostBuffer> for Arg<'a> {
     fn from(b: &'a HostBuffer) -> Self {
         Arg::Read(match b {
@@ -44,6 +59,8 @@ impl<'a> From<&'a HostBuffer> for Arg<'a> {
             HostBuffer::I64(v) => BufRef::I64(v),
             HostBuffer::F32(v) => BufRef::F32(v),
             HostBuffer::F64(v) => BufRef::F64(v),
+            HostBuffer::BF16(v) => BufRef::BF16(v),
+            HostBuffer::F16(v) => BufRef::F16(v),
         })
     }
 }
@@ -71,6 +88,8 @@ impl Arg<'_> {
                 BufRef::I64(v) => (DType::I64, v.len(), false, v.as_ptr() as *mut u8),
                 BufRef::F32(v) => (DType::F32, v.len(), false, v.as_ptr() as *mut u8),
                 BufRef::F64(v) => (DType::F64, v.len(), false, v.as_ptr() as *mut u8),
+                BufRef::BF16(v) => (DType::BF16, v.len(), false, v.as_ptr() as *mut u8),
+                BufRef::F16(v) => (DType::F16, v.len(), false, v.as_ptr() as *mut u8),
             },
             Arg::WriteF32(v) => (DType::F32, v.len(), true, v.as_ptr() as *mut u8),
             Arg::Write(b) => {
@@ -80,6 +99,8 @@ impl Arg<'_> {
                     HostBuffer::I64(v) => v.as_ptr() as *mut u8,
                     HostBuffer::F32(v) => v.as_ptr() as *mut u8,
                     HostBuffer::F64(v) => v.as_ptr() as *mut u8,
+                    HostBuffer::BF16(v) => v.as_ptr() as *mut u8,
+                    HostBuffer::F16(v) => v.as_ptr() as *mut u8,
                 };
                 (b.dtype(), b.len(), true, p)
             }

@@ -22,6 +22,9 @@ pub(crate) enum Extern {
     TileSoftmaxRecompute,
     /// [`uopc_tile::uopc_tile_softmax_grad_f32`].
     TileSoftmaxGrad,
+    /// [`uopc_tile::uopc_tile_gemm_bf16`] (the flat form of `uopc_tile_gemm_bf16_desc`, so
+    /// the descriptor's fields pass in registers as for the f32 GEMM).
+    TileGemmBf16,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -36,7 +39,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 7] = [
+    pub const ALL: [Extern; 8] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -44,6 +47,7 @@ impl Extern {
         Extern::TileSoftmax,
         Extern::TileSoftmaxRecompute,
         Extern::TileSoftmaxGrad,
+        Extern::TileGemmBf16,
     ];
 
     /// The symbol it is registered and declared under.
@@ -56,6 +60,7 @@ impl Extern {
             Extern::TileSoftmax => "uopc_tile_softmax_update_f32",
             Extern::TileSoftmaxRecompute => "uopc_tile_softmax_recompute_f32",
             Extern::TileSoftmaxGrad => "uopc_tile_softmax_grad_f32",
+            Extern::TileGemmBf16 => "uopc_tile_gemm_bf16",
         }
     }
 
@@ -69,6 +74,7 @@ impl Extern {
             Extern::TileSoftmax => uopc_tile::uopc_tile_softmax_update_f32 as *const u8,
             Extern::TileSoftmaxRecompute => uopc_tile::uopc_tile_softmax_recompute_f32 as *const u8,
             Extern::TileSoftmaxGrad => uopc_tile::uopc_tile_softmax_grad_f32 as *const u8,
+            Extern::TileGemmBf16 => uopc_tile::uopc_tile_gemm_bf16 as *const u8,
         }
     }
 
@@ -87,7 +93,7 @@ impl Extern {
             Extern::Exp2F64 | Extern::Log2F64 => unary(sig, types::F64),
             Extern::Log2F32 => unary(sig, types::F32),
             // (a, b, c, m, n, k, lda, ldb, ldc, flags) -> status
-            Extern::TileGemm => ints(sig, 10),
+            Extern::TileGemm | Extern::TileGemmBf16 => ints(sig, 10),
             // (s, row_max, row_sum, o, rows, cols, lds, ldo, d) -> status
             Extern::TileSoftmax => ints(sig, 9),
             // (s, lse, rows, cols, ld) -> status
@@ -106,7 +112,7 @@ impl Extern {
 }
 
 /// Every extern declared in one module, by variant.
-pub(crate) struct DeclaredExterns([FuncId; 7]);
+pub(crate) struct DeclaredExterns([FuncId; Extern::ALL.len()]);
 
 impl DeclaredExterns {
     /// Declares every extern as an import of `module`.
@@ -128,7 +134,7 @@ impl DeclaredExterns {
 
 /// Every extern as a callee of the function being built.
 #[derive(Clone, Copy)]
-pub(crate) struct Externs([FuncRef; 7]);
+pub(crate) struct Externs([FuncRef; Extern::ALL.len()]);
 
 impl Externs {
     /// The callee for `e`.

@@ -18,7 +18,14 @@
 use crate::error::{Result, TensorError};
 use crate::tensor::Tensor;
 use std::collections::{HashMap, HashSet};
-use uopc_ir::{BinaryOp, Op, ReduceOp, UOp, UnaryOp, const_of};
+use uopc_ir::{BinaryOp, DType, Op, ReduceOp, UOp, UnaryOp, const_of};
+
+/// Whether gradients flow through values of `d`: floats, 16-bit ones included (16-bit tensors
+/// compute in f32 between casts, so their gradients flow through those casts, and a 16-bit
+/// parameter gets a 16-bit gradient).
+fn differentiable(d: DType) -> bool {
+    d.is_float() || d.is_half()
+}
 
 /// Gradients of `loss` with respect to each of `params`, as lazy tensors of the parameters'
 /// shapes and dtypes.
@@ -37,7 +44,8 @@ use uopc_ir::{BinaryOp, Op, ReduceOp, UOp, UnaryOp, const_of};
 ///
 /// # Errors
 ///
-/// [`TensorError::DType`] naming `gradient` when `loss` or a parameter is not a float tensor.
+/// [`TensorError::DType`] naming `gradient` when `loss` or a parameter is not a float tensor
+/// (f32, f64, bf16 or f16).
 pub fn gradient(loss: &Tensor, params: &[&Tensor]) -> Result<Vec<Tensor>> {
     let seed = filled(loss, 1.0);
     vjp(loss, params, &seed)
@@ -52,10 +60,10 @@ pub fn gradient(loss: &Tensor, params: &[&Tensor]) -> Result<Vec<Tensor>> {
 /// [`TensorError::DType`] naming `gradient` when `output` or a parameter is not a float tensor,
 /// [`TensorError::Shape`] when `cotangent`'s shape is not `output`'s.
 pub fn vjp(output: &Tensor, params: &[&Tensor], cotangent: &Tensor) -> Result<Vec<Tensor>> {
-    if !output.dtype().is_float() {
+    if !differentiable(output.dtype()) {
         return Err(TensorError::DType { op: "gradient", msg: format!("output is {}", output.dtype()) });
     }
-    if let Some(p) = params.iter().find(|p| !p.dtype().is_float()) {
+    if let Some(p) = params.iter().find(|p| !differentiable(p.dtype())) {
         return Err(TensorError::DType {
             op: "gradient",
             msg: format!("parameter {p:?} is not a float tensor"),
@@ -72,8 +80,9 @@ pub fn vjp(output: &Tensor, params: &[&Tensor], cotangent: &Tensor) -> Result<Ve
     // Nodes through which some parameter reaches the output: only these get gradients.
     let mut live: HashSet<UOp> = HashSet::new();
     for u in &topo {
-        let flows =
-            u.dtype().is_float() && !matches!(u.op(), Op::Detach) && u.src().iter().any(|s| live.contains(s));
+        let flows = differentiable(u.dtype())
+            && !matches!(u.op(), Op::Detach)
+            && u.src().iter().any(|s| live.contains(s));
         if targets.contains(u) || flows {
             live.insert(u.clone());
         }
@@ -180,7 +189,7 @@ fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
         Op::Stage => vec![(0, g.clone())],
         Op::Cast => {
             let x = src(0);
-            if x.dtype().is_float() { vec![(0, g.cast(x.dtype()))] } else { vec![] }
+            if differentiable(x.dtype()) { vec![(0, g.cast(x.dtype()))] } else { vec![] }
         }
         Op::Unary(op) => {
             let x = src(0);

@@ -1,7 +1,7 @@
 //! Comparing the buffers two executions of one program produced.
 
 use std::cmp::Ordering;
-use uopc_ir::HostBuffer;
+use uopc_ir::{DType, HostBuffer};
 
 /// Machine epsilon of f32: every Smooth tolerance is in these units, since f32 rounding (or the
 /// JIT's f32 EXP2 polynomial, within 2 ulp) dominates whenever an f32 is on the path.
@@ -39,6 +39,12 @@ pub fn exact_with(got: &[HostBuffer], want: &[HostBuffer], signed_zeros: bool) -
             (HostBuffer::F64(a), HostBuffer::F64(b)) => {
                 a.iter().zip(b).position(|(x, y)| !floats_equal(*x, *y))
             }
+            (HostBuffer::BF16(a), HostBuffer::BF16(b)) => {
+                a.iter().zip(b).position(|(x, y)| !floats_equal(x.to_f64(), y.to_f64()))
+            }
+            (HostBuffer::F16(a), HostBuffer::F16(b)) => {
+                a.iter().zip(b).position(|(x, y)| !floats_equal(x.to_f64(), y.to_f64()))
+            }
             _ => (0..g.len()).find(|&i| g.get_f64(i).to_bits() != w.get_f64(i).to_bits()),
         };
         if let Some(i) = bad {
@@ -55,11 +61,14 @@ fn show(b: &HostBuffer, i: usize) -> String {
         HostBuffer::I64(v) => format!("{}", v[i]),
         HostBuffer::F32(v) => format!("{:e} ({:#010x})", v[i], v[i].to_bits()),
         HostBuffer::F64(v) => format!("{:e} ({:#018x})", v[i], v[i].to_bits()),
+        HostBuffer::BF16(v) => format!("{:e} ({:#06x})", v[i].to_f32(), v[i].to_bits()),
+        HostBuffer::F16(v) => format!("{:e} ({:#06x})", v[i].to_f32(), v[i].to_bits()),
     }
 }
 
 /// Integers and bools exactly; floats within `units * EPS * (1 + sum_len) * magnitude`, where
-/// `magnitude` is the element of `mag` (the Magnitude twin's result). NaN equals NaN, infinities
+/// `magnitude` is the element of `mag` (the Magnitude twin's result), and 16-bit floats within
+/// that plus one 16-bit rounding step of the magnitude. NaN equals NaN, infinities
 /// of one sign are equal, and an infinite or NaN magnitude accepts anything.
 pub fn within(
     got: &[HostBuffer],
@@ -76,17 +85,25 @@ pub fn within(
         if g.dtype() != w.dtype() || g.len() != w.len() || m.len() != g.len() {
             return Err(format!("slot {slot}: shapes differ"));
         }
-        if !g.dtype().is_float() {
+        if !g.dtype().is_float() && !g.dtype().is_half() {
             exact(std::slice::from_ref(g), std::slice::from_ref(w))
                 .map_err(|e| format!("slot {slot}: {e}"))?;
             continue;
         }
+        // A 16-bit result is an f32 or f64 one rounded: results within tolerance before the
+        // rounding may land one 16-bit step apart (relative 2^-7 for bf16, 2^-10 for f16, or
+        // the smallest subnormal step).
+        let (step, tiny) = match g.dtype() {
+            DType::BF16 => (2f64.powi(-7), 2f64.powi(-133)),
+            DType::F16 => (2f64.powi(-10), 2f64.powi(-24)),
+            _ => (0.0, 0.0),
+        };
         for i in 0..g.len() {
             let (x, y, mm) = (g.get_f64(i), w.get_f64(i), m.get_f64(i).abs());
             if floats_equal(x, y) || x == y || !mm.is_finite() {
                 continue;
             }
-            let tol = scale * mm;
+            let tol = scale * mm * (1.0 + step) + step * mm + tiny;
             // A NaN on one side only is incomparable, hence a failure.
             let ok = matches!((x - y).abs().partial_cmp(&tol), Some(Ordering::Less | Ordering::Equal));
             if !ok {

@@ -125,6 +125,8 @@ fn fconst(v: f64, d: DType) -> UOp {
 const FLOATS: [DType; 2] = [DType::F32, DType::F64];
 const INTS: [DType; 2] = [DType::I32, DType::I64];
 const ALL: [DType; 5] = [DType::Bool, DType::I32, DType::I64, DType::F32, DType::F64];
+/// Storage-only buffer dtypes: loaded and widened with a CAST, stored after a rounding CAST.
+const HALVES: [DType; 2] = [DType::BF16, DType::F16];
 
 /// Generates a case. `rng` is consumed; clone it first to generate the Magnitude twin.
 pub fn generate(rng: &mut Rng, profile: Profile, mode: Mode, opts: Options) -> Case {
@@ -222,8 +224,16 @@ impl Gen<'_> {
                 scope.push(r);
             }
             let depth = 1 + self.rng.below(4) as usize;
-            let value = self.expr(d, &scope, depth);
-            let stored = if self.magnitude() && d.is_float() { value.mag() } else { value.v.clone() };
+            let stored = if d.is_half() {
+                // Computed in f32 or f64, rounded by the CAST (the magnitude too, which only
+                // needs to be the right size).
+                let wide = self.rng.pick(&FLOATS);
+                let value = self.expr(wide, &scope, depth);
+                if self.magnitude() { value.mag().cast(d) } else { value.v.cast(d) }
+            } else {
+                let value = self.expr(d, &scope, depth);
+                if self.magnitude() && d.is_float() { value.mag() } else { value.v.clone() }
+            };
             let inner: Vec<UOp> = scope.iter().filter(|r| Some(*r) != thread.as_ref()).cloned().collect();
             // Row-major position over the inner loops, each with radix its bound.
             let mut rest = idx(0);
@@ -275,7 +285,11 @@ impl Gen<'_> {
         Case { program, inputs, vars, written, profile: self.profile, sum_len: self.sum_len }
     }
 
+    /// A buffer's dtype: expressions are never of a 16-bit dtype, only buffers are.
     fn pick_dtype(&mut self) -> DType {
+        if self.rng.chance(10) {
+            return self.rng.pick(&HALVES);
+        }
         if self.rng.chance(50) { self.rng.pick(&FLOATS) } else { self.rng.pick(&ALL) }
     }
 
@@ -390,6 +404,12 @@ impl Gen<'_> {
             DType::I64 => HostBuffer::I64((0..len).map(|_| self.int_value(d)).collect()),
             DType::F32 => HostBuffer::F32((0..len).map(|_| self.float_value() as f32).collect()),
             DType::F64 => HostBuffer::F64((0..len).map(|_| self.float_value()).collect()),
+            DType::BF16 => {
+                HostBuffer::BF16((0..len).map(|_| half::bf16::from_f64(self.float_value())).collect())
+            }
+            DType::F16 => {
+                HostBuffer::F16((0..len).map(|_| half::f16::from_f64(self.float_value())).collect())
+            }
         }
     }
 

@@ -82,16 +82,30 @@ impl GemmShape {
 /// `tasks` THREAD iterations, each `C_t (+)= A_t · B` on its own rows; every buffer has one
 /// element past the last block, which nothing may write.
 pub fn gemm_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
+    gemm_case_of(g, tasks, seed, DType::F32)
+}
+
+/// [`gemm_case`] with bf16 A and B (the same values rounded to bf16) and an f32 C: the GEMM
+/// the IR runs on the bf16 micro-kernels.
+pub fn gemm_bf16_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
+    gemm_case_of(g, tasks, seed, DType::BF16)
+}
+
+fn gemm_case_of(g: GemmShape, tasks: usize, seed: u64, ab: DType) -> Case {
     let (a_len, b_len, c_len) = (g.a_len(), g.b_len(), g.c_len());
-    let a = buffer(0, DType::F32, a_len * tasks + 1);
-    let b = buffer(1, DType::F32, b_len + 1);
+    let a = buffer(0, ab, a_len * tasks + 1);
+    let b = buffer(1, ab, b_len + 1);
     let c = buffer(2, DType::F32, c_len * tasks + 1);
     let t = range(tasks, 0, AxisType::Thread);
     let operands = [a.index(&t * a_len + g.offset as i64), b.index(g.offset as i64), c.index(&t * c_len)];
     let program = sink(&[sink(&[tile(g.op(), &operands)]).end(&[t])]);
+    let operand = |v: Vec<f32>| match ab {
+        DType::BF16 => HostBuffer::BF16(v.into_iter().map(half::bf16::from_f32).collect()),
+        _ => HostBuffer::F32(v),
+    };
     let inputs = vec![
-        HostBuffer::F32(values(a_len * tasks + 1, seed)),
-        HostBuffer::F32(values(b_len + 1, seed + 1)),
+        operand(values(a_len * tasks + 1, seed)),
+        operand(values(b_len + 1, seed + 1)),
         HostBuffer::F32(values(c_len * tasks + 1, seed + 2)),
     ];
     Case { program, inputs }
@@ -244,9 +258,14 @@ pub fn f32s(b: &HostBuffer) -> &[f32] {
     }
 }
 
-/// The bits of every element of every buffer (NaNs compare equal to themselves).
+/// The bits of every element of every f32 or bf16 buffer (NaNs compare equal to themselves).
 pub fn bits(bufs: &[HostBuffer]) -> Vec<Vec<u32>> {
-    bufs.iter().map(|b| f32s(b).iter().map(|x| x.to_bits()).collect()).collect()
+    bufs.iter()
+        .map(|b| match b {
+            HostBuffer::BF16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+            _ => f32s(b).iter().map(|x| x.to_bits()).collect(),
+        })
+        .collect()
 }
 
 /// Whether `program` still has a tile op.

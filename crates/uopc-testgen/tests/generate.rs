@@ -58,3 +58,25 @@ fn variables_get_one_admitted_value_per_slot() {
     // Both bounds of the proofs are exercised, in a good share of the programs.
     assert!(with_vars > 50 && at_lo > 10 && at_hi > 10, "{with_vars} programs, {at_lo} at lo, {at_hi} at hi");
 }
+
+#[test]
+fn some_programs_read_and_write_16_bit_buffers() {
+    use uopc_ir::{DType, HostBuffer};
+    // (loads, stores) of each 16-bit dtype over the seeds, for both profiles.
+    let mut seen = [[0usize; 2]; 2];
+    for seed in 0..400u64 {
+        for profile in [Profile::Exact, Profile::Smooth] {
+            let case = generate(&mut Rng::new(seed), profile, Mode::Value, Options::default());
+            for (b, written) in case.inputs.iter().zip(&case.written) {
+                let k = match b {
+                    HostBuffer::BF16(_) => 0,
+                    HostBuffer::F16(_) => 1,
+                    _ => continue,
+                };
+                assert!(matches!(b.dtype(), DType::BF16 | DType::F16));
+                seen[k][*written as usize] += 1;
+            }
+        }
+    }
+    assert!(seen.iter().flatten().all(|&n| n >= 10), "16-bit buffers (read, written): {seen:?}");
+}

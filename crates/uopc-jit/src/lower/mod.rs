@@ -18,6 +18,7 @@ use uopc_ir::{
     view_base,
 };
 
+mod half;
 mod loops;
 mod memory;
 mod packed_store;
@@ -208,6 +209,8 @@ impl<'a, 'b> Lowerer<'a, 'b> {
     fn constant(&mut self, c: ConstValue, d: DType) -> Value {
         match d {
             DType::F32 => self.b.ins().f32const(c.as_f64() as f32),
+            // The f32 that carries the 16-bit value (the constant rounded to `d` first).
+            DType::BF16 | DType::F16 => self.b.ins().f32const(c.cast(d).as_f64() as f32),
             DType::F64 => self.b.ins().f64const(c.as_f64()),
             _ => self.b.ins().iconst(clif_type(d), c.cast(d).as_i64()),
         }
@@ -232,12 +235,16 @@ impl<'a, 'b> Lowerer<'a, 'b> {
     fn stmt(&mut self, u: &UOp) -> Result<(), JitError> {
         let v = match u.op() {
             Op::Load if let Some(index) = u.as_load() => match self.address_parts(index)? {
+                Ok((addr, offset)) if u.dtype().is_half() => self.half_load(u.dtype(), addr, offset),
                 Ok((addr, offset)) => self.b.ins().load(clif_type(u.dtype()), mem(), addr, offset),
                 Err(var) => self.b.use_var(var),
             },
             Op::Store if let Some(s) = u.as_store() => {
                 let x = self.val(s.value)?;
                 match self.address_parts(s.index)? {
+                    Ok((addr, offset)) if s.value.dtype().is_half() => {
+                        self.half_store(s.value.dtype(), x, addr, offset);
+                    }
                     Ok((addr, offset)) => {
                         self.b.ins().store(mem(), x, addr, offset);
                     }
@@ -297,7 +304,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 for v in [g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.flags] {
                     args.push(int(v));
                 }
-                self.externs.get(Extern::TileGemm)
+                // The operands' dtype picks the kernel (the verifier made A and B alike).
+                let bf16 = u.src()[0].dtype() == DType::BF16;
+                self.externs.get(if bf16 { Extern::TileGemmBf16 } else { Extern::TileGemm })
             }
             TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
                 for v in [rows, cols, lds, ldo, d] {

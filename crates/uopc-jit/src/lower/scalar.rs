@@ -9,6 +9,8 @@ pub(crate) fn clif_type(d: DType) -> Type {
         DType::I64 => types::I64,
         DType::F32 => types::F32,
         DType::F64 => types::F64,
+        // Carried as the f32 each widens to (see `half.rs`).
+        DType::BF16 | DType::F16 => types::F32,
     }
 }
 
@@ -177,6 +179,16 @@ impl Lowerer<'_, '_> {
         let (tf, tt) = (clif_type(from), clif_type(to));
         Ok(match (from, to) {
             _ if from == to => x,
+            // Widening is free (the f32 is the value); a 16-bit source is exact in f32, so the
+            // narrowing from it or from an f32 rounds once; from f64 through f32, as the IR
+            // defines it.
+            (f, DType::F32) if f.is_half() => x,
+            (f, DType::F64) if f.is_half() => self.b.ins().fpromote(types::F64, x),
+            (DType::F64, t) if t.is_half() => {
+                let narrow = self.b.ins().fdemote(types::F32, x);
+                self.half_round(t, narrow)
+            }
+            (_, t) if t.is_half() => self.half_round(t, x),
             (DType::F32, DType::F64) => self.b.ins().fpromote(types::F64, x),
             (DType::F64, DType::F32) => self.b.ins().fdemote(types::F32, x),
             (f, DType::Bool) if f.is_float() => {

@@ -267,14 +267,21 @@ impl Lowerer<'_, '_> {
                 }
                 DType::F32 => match u.op() {
                     Op::Binary(_) | Op::Where => {}
+                    // Widening a 16-bit value: its f32 is the value already.
+                    Op::Cast if u.src()[0].dtype().is_half() => {}
                     Op::Unary(UnaryOp::Log2) | Op::Cast => return None,
                     Op::Unary(_) => {}
                     _ => return None,
                 },
+                // Rounding f32 (or other 16-bit) lanes to 16 bits: lane-wise integer and float ops.
+                d if d.is_half()
+                    && matches!(u.op(), Op::Cast)
+                    && (u.src()[0].dtype() == DType::F32 || u.src()[0].dtype().is_half()) => {}
                 _ => return None,
             }
         }
-        // Memory: f32 only, affine in the loop variable, invariant parts computable outside.
+        // Memory: f32, bf16 or f16, affine in the loop variable, invariant parts computable
+        // outside.
         let mut access: HashMap<UOp, Access> = HashMap::new();
         let mut per_base: HashMap<UOp, Vec<(i64, UOp, bool)>> = HashMap::new();
         for u in &nodes {
@@ -284,7 +291,7 @@ impl Lowerer<'_, '_> {
                 continue;
             }
             let base = view_base(&index.src()[0])?;
-            if base.dtype() != DType::F32 {
+            if base.dtype() != DType::F32 && !base.dtype().is_half() {
                 return None;
             }
             let (stride, rest) = split_linear(&index.src()[1], range)?;
@@ -435,6 +442,13 @@ impl Lowerer<'_, '_> {
                         }
                     }
                 }
+                // The plan admits only casts from f32 or 16-bit values to f32 or 16-bit types:
+                // widening is the value itself, narrowing rounds each lane.
+                Op::Cast if u.dtype().is_half() => match self.lanes_of(&vals, &u.src()[0])? {
+                    Lanes::Uniform(v) => Lanes::Uniform(self.half_round(u.dtype(), v)),
+                    Lanes::Vector(v) => Lanes::Vector(self.half_round(u.dtype(), v)),
+                },
+                Op::Cast => self.lanes_of(&vals, &u.src()[0])?,
                 Op::Unary(op) => {
                     let x = self.lanes_of(&vals, &u.src()[0])?;
                     let v = match x {
@@ -475,10 +489,20 @@ impl Lowerer<'_, '_> {
             let a = &at.plan.access[index];
             let base = self.base_address(index)?;
             let (rest, offset) = at.rest_vals[index];
+            let d = index.dtype();
             match a.stride {
+                0 if d.is_half() => {
+                    let addr = self.sized_element_address(base, rest, d);
+                    Lanes::Uniform(self.half_load(d, addr, offset))
+                }
                 0 => {
                     let addr = self.element_address(base, rest);
                     Lanes::Uniform(self.b.ins().load(types::F32, mem(), addr, offset))
+                }
+                1 if d.is_half() => {
+                    let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, at.first));
+                    let addr = self.sized_element_address(base, i, d);
+                    Lanes::Vector(self.half_load_x4(d, vec_flags(), addr, offset))
                 }
                 1 => {
                     let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, at.first));
@@ -492,8 +516,12 @@ impl Lowerer<'_, '_> {
                         let t = self.b.ins().iadd_imm_s(at.first, lane);
                         let off = self.b.ins().imul_imm_s(t, stride);
                         let i = self.b.ins().iadd(rest, off);
-                        let addr = self.element_address(base, i);
-                        let x = self.b.ins().load(types::F32, mem(), addr, offset);
+                        let addr = self.sized_element_address(base, i, d);
+                        let x = if d.is_half() {
+                            self.half_load(d, addr, offset)
+                        } else {
+                            self.b.ins().load(types::F32, mem(), addr, offset)
+                        };
                         v = Some(match v {
                             None => self.b.ins().splat(types::F32X4, x),
                             Some(w) => self.b.ins().insertlane(w, x, lane as u8),
@@ -524,10 +552,21 @@ impl Lowerer<'_, '_> {
             let base = self.base_address(index)?;
             let (rest, offset) = at.rest_vals[index];
             let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, at.first));
-            let addr = self.element_address(base, i);
-            self.b.ins().store(vec_flags(), x, addr, offset);
+            let d = index.dtype();
+            let addr = self.sized_element_address(base, i, d);
+            if d.is_half() {
+                self.half_store_x4(d, vec_flags(), x, addr, offset);
+            } else {
+                self.b.ins().store(vec_flags(), x, addr, offset);
+            }
         }
         Ok(())
+    }
+
+    /// `base + i * size`: the address of element `i` of a buffer of `d`.
+    fn sized_element_address(&mut self, base: Value, i: Value, d: DType) -> Value {
+        let off = self.scale_index(i, d.size() as i64);
+        self.b.ins().iadd(base, off)
     }
 
     /// Operands as values of one type: all scalar, or all F32X4 (uniform ones splatted).

@@ -27,6 +27,14 @@ fn element(f: &mut fmt::Formatter<'_>, host: &HostBuffer, i: usize) -> fmt::Resu
             None => write!(f, "{:?}", v[i]),
         },
         HostBuffer::F64(v) => float(f, v[i]),
+        HostBuffer::BF16(v) => match f.precision() {
+            Some(_) => float(f, v[i].to_f64()),
+            None => write!(f, "{:?}", v[i].to_f32()),
+        },
+        HostBuffer::F16(v) => match f.precision() {
+            Some(_) => float(f, v[i].to_f64()),
+            None => write!(f, "{:?}", v[i].to_f32()),
+        },
     }
 }
 

@@ -7,11 +7,21 @@ use uopc_ir::{BinaryOp, DType, Op, UOp, UnaryOp, const_of};
 const LN2: f64 = std::f64::consts::LN_2;
 
 impl Tensor {
+    /// This tensor as a float tensor: floats (16-bit ones included) as they are, others as f32.
     pub(crate) fn float(&self) -> Tensor {
-        if self.dtype().is_float() { self.clone() } else { self.cast(DType::F32) }
+        if self.dtype().is_float() || self.dtype().is_half() { self.clone() } else { self.cast(DType::F32) }
+    }
+
+    /// `f` computed on this 16-bit tensor widened to f32, rounded back to its dtype: 16-bit
+    /// tensors store 16 bits and compute in f32, as torch's do.
+    pub(crate) fn via_f32(&self, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
+        f(&self.cast(DType::F32)).cast(self.dtype())
     }
 
     fn unary(&self, op: UnaryOp) -> Tensor {
+        if self.dtype().is_half() {
+            return self.via_f32(|x| x.unary(op));
+        }
         let x = if matches!(op, UnaryOp::Neg) && self.dtype() != DType::Bool {
             self.clone()
         } else {
@@ -29,7 +39,16 @@ impl Tensor {
     /// assert_eq!(x.cast(uopc_ir::DType::F64).to_ndarray::<f64>()?.as_slice(), Some(&[0.5, 1.5][..]));
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
+    ///
+    /// Casts to `bf16` and `f16` round to nearest even (from f64 through f32, as torch does);
+    /// those between a 16-bit float and an integer or bool go through f32 (the IR converts
+    /// 16-bit floats only to and from floats), so a large integer may round twice.
     pub fn cast(&self, dtype: DType) -> Tensor {
+        let float_like = |d: DType| d.is_float() || d.is_half();
+        let (from, to) = (self.dtype(), dtype);
+        if from != to && (from.is_half() || to.is_half()) && !(float_like(from) && float_like(to)) {
+            return Tensor { uop: self.uop.cast(DType::F32).cast(to) };
+        }
         Tensor { uop: self.uop.cast(dtype) }
     }
 
@@ -93,6 +112,11 @@ impl Tensor {
 
     fn try_binary(&self, other: &Tensor, op: BinaryOp, name: &'static str) -> Result<Tensor> {
         let (mut a, mut b) = self.broadcast_pair(other, name)?;
+        let half = a.dtype();
+        if half.is_half() {
+            let r = a.cast(DType::F32).try_binary(&b.cast(DType::F32), op, name)?;
+            return Ok(if r.dtype() == DType::Bool { r } else { r.cast(half) });
+        }
         let arith = !matches!(op, BinaryOp::CmpNe);
         if arith && a.dtype() == DType::Bool {
             a = a.cast(DType::F32);
@@ -103,6 +127,10 @@ impl Tensor {
     }
 
     pub(crate) fn scalar_op(&self, op: BinaryOp, v: f32, reversed: bool) -> Tensor {
+        if self.dtype().is_half() {
+            let r = self.cast(DType::F32).scalar_op(op, v, reversed);
+            return if r.dtype() == DType::Bool { r } else { r.cast(self.dtype()) };
+        }
         let x = if self.dtype() == DType::Bool { self.cast(DType::F32) } else { self.clone() };
         let c = const_of(v as f64, x.dtype());
         let dtype = if matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) { DType::Bool } else { x.dtype() };

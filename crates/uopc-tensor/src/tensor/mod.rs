@@ -45,6 +45,32 @@ impl Element for f32 {
     }
 }
 
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::BF16(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::BF16(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::F16(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::F16(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
 impl Element for f64 {
     const DTYPE: DType = DType::F64;
     fn into_host(v: Vec<Self>) -> HostBuffer {
@@ -133,7 +159,17 @@ pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 }
 
 pub(crate) fn promote(a: DType, b: DType) -> DType {
-    a.max(b)
+    match (a.is_half(), b.is_half()) {
+        // bf16 and f16 meet in f32, which holds both exactly (as torch promotes them).
+        (true, true) if a != b => DType::F32,
+        // A 16-bit float beside an f32 or f64 widens to it; beside an integer or a bool it is
+        // the float the pair computes in.
+        (true, _) if b.is_float() => b,
+        (_, true) if a.is_float() => a,
+        (true, _) => a,
+        (_, true) => b,
+        _ => a.max(b),
+    }
 }
 
 impl Tensor {

@@ -1,12 +1,17 @@
 //! Reductions along one axis, and the ops built from them: matmul and softmax.
 
-use super::{LOG2E, Tensor, ok};
+use super::{LOG2E, Tensor, ok, promote};
 use crate::error::{Result, shape_err};
 use uopc_ir::{DType, Op, ReduceOp, UOp};
 
 impl Tensor {
     fn try_reduce(&self, op: ReduceOp, axis: isize, keepdim: bool, name: &'static str) -> Result<Tensor> {
         let a = self.axis(name, axis)?;
+        if self.dtype().is_half() {
+            // Accumulated in f32, rounded once at the end.
+            let r = self.cast(DType::F32).try_reduce(op, axis, keepdim, name)?;
+            return Ok(r.cast(self.dtype()));
+        }
         let n = self.ndim();
         let x = if self.dtype() == DType::Bool { self.cast(DType::F32) } else { self.clone() };
         let x = if a == n - 1 {
@@ -104,6 +109,11 @@ impl Tensor {
         if a.is_empty() || b.is_empty() {
             return Err(err());
         }
+        let d = promote(self.dtype(), other.dtype());
+        if d.is_half() {
+            // Products and their sum in f32 (a bf16 product is exact in f32), rounded once.
+            return Ok(self.cast(DType::F32).try_matmul(&other.cast(DType::F32))?.cast(d));
+        }
         let product = || -> Result<Tensor> {
             // Vectors become matrices (1, k) and (k, 1); their axis is dropped at the end.
             let x = if a.len() == 1 { self.try_reshape(&[1, a[0]])? } else { self.clone() };
@@ -162,6 +172,9 @@ impl Tensor {
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `softmax` when `axis` is out of range.
     pub fn try_softmax(&self, axis: isize) -> Result<Tensor> {
         self.axis("softmax", axis)?;
+        if self.dtype().is_half() {
+            return Ok(self.via_f32(|x| x.softmax(axis)));
+        }
         let softmax = || {
             let x = self.float();
             let m = x.try_max(axis, true)?;

@@ -44,7 +44,7 @@ impl Gen<'_> {
             same
         } else if self.smooth() && !d.is_float() {
             // Smooth programs never turn floats into integers or bools.
-            self.inputs.iter().filter(|b| !b.dtype().is_float()).cloned().collect()
+            self.inputs.iter().filter(|b| !b.dtype().is_float() && !b.dtype().is_half()).cloned().collect()
         } else {
             self.inputs.clone()
         };
@@ -54,6 +54,8 @@ impl Gen<'_> {
         let b = self.rng.pick(&usable);
         let i = self.index(buf_len(&b), scope, depth.min(2));
         let x = b.index(i).load();
+        // A 16-bit load is widened first: the only ops on 16-bit values are casts to floats.
+        let x = if x.dtype().is_half() { x.cast(if d == DType::F64 { d } else { DType::F32 }) } else { x };
         let e = E { m: (self.magnitude() && x.dtype().is_float()).then(|| abs(&x)), v: x, vague: false };
         self.cast(e, d)
     }

@@ -1,0 +1,169 @@
+//! 16-bit tensors: ndarray round trips of `half::bf16` and `half::f16`, casts against the
+//! `half` crate, and small bf16 / f16 computations against f64 with tolerances from the types'
+//! precision (a rounding to bf16 is within 2^-8 relative, to f16 within 2^-11).
+
+use half::{bf16, f16};
+use uopc_ir::DType;
+use uopc_tensor::{Tensor, ndarray};
+
+/// Unit roundoff of bf16 (8 significant bits) and f16 (11).
+const BF16_U: f64 = 1.0 / 256.0;
+const F16_U: f64 = 1.0 / 2048.0;
+/// Unit roundoff of f32, in which 16-bit tensors compute.
+const F32_U: f64 = f32::EPSILON as f64 / 2.0;
+
+/// Deterministic values in [-scale, scale).
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn bf16s(n: usize, seed: u64, scale: f32) -> Vec<bf16> {
+    values(n, seed, scale).into_iter().map(bf16::from_f32).collect()
+}
+
+#[test]
+fn bf16_and_f16_arrays_round_trip() -> Result<(), uopc_tensor::TensorError> {
+    let every_bf16: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).filter(|x| !x.is_nan()).collect();
+    let n = every_bf16.len();
+    let a = ndarray::Array1::from(every_bf16.clone());
+    let t = Tensor::try_from_array(&a)?;
+    assert_eq!(t.dtype(), DType::BF16);
+    assert_eq!(t.to_ndarray::<bf16>()?.as_slice(), Some(&every_bf16[..]));
+    // Through a kernel: widened to f32 and narrowed back, each exactly.
+    let back = t.cast(DType::F32).cast(DType::BF16).to_ndarray::<bf16>()?;
+    assert_eq!(back.as_slice(), Some(&every_bf16[..]));
+    let wide = t.to_ndarray::<f32>()?;
+    assert!(wide.iter().zip(&every_bf16).all(|(w, h)| w.to_bits() == h.to_f32().to_bits()));
+
+    let every_f16: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).filter(|x| !x.is_nan()).collect();
+    let t = Tensor::try_from(ndarray::Array1::from(every_f16.clone()))?;
+    assert_eq!(t.dtype(), DType::F16);
+    assert_eq!(t.to_ndarray::<f16>()?.as_slice(), Some(&every_f16[..]));
+    let wide = t.to_ndarray::<f64>()?;
+    assert!(wide.iter().zip(&every_f16).all(|(w, h)| *w == h.to_f64()));
+    assert!(n > 60_000);
+    Ok(())
+}
+
+#[test]
+fn casts_to_16_bit_round_like_half() -> Result<(), uopc_tensor::TensorError> {
+    let x = values(4096, 7, 70_000.0);
+    let t = Tensor::from_vec(x.clone(), &[64, 64]);
+    let b = t.cast(DType::BF16).to_ndarray::<bf16>()?;
+    let h = t.cast(DType::F16).to_ndarray::<f16>()?;
+    for (k, &v) in x.iter().enumerate() {
+        assert_eq!(b.as_slice().unwrap()[k], bf16::from_f32(v), "{v}");
+        assert_eq!(h.as_slice().unwrap()[k].to_bits(), f16::from_f32(v).to_bits(), "{v}");
+    }
+    // Integers reach 16-bit floats through f32; 16-bit floats reach integers the same way.
+    let ints = Tensor::from_vec(vec![3.0f32, -7.0, 1000.0, 257.0], &[4]).cast(DType::I32);
+    let as_bf16 = ints.cast(DType::BF16).to_ndarray::<bf16>()?;
+    assert_eq!(as_bf16.iter().map(|x| x.to_f32()).collect::<Vec<_>>(), [3.0, -7.0, 1000.0, 256.0]);
+    let back = ints.cast(DType::BF16).cast(DType::I32).cast(DType::F64).to_ndarray::<f64>()?;
+    assert_eq!(back.as_slice(), Some(&[3.0, -7.0, 1000.0, 256.0][..]));
+    Ok(())
+}
+
+#[test]
+fn bf16_elementwise_ops_compute_in_f32_and_round_once_each() -> Result<(), uopc_tensor::TensorError> {
+    let n = 2048;
+    let (a, b, c) = (bf16s(n, 1, 4.0), bf16s(n, 2, 4.0), bf16s(n, 3, 4.0));
+    let t = |v: &[bf16]| Tensor::from_vec(v.to_vec(), &[n]);
+    let y = (t(&a) * t(&b) + t(&c)).relu();
+    assert_eq!(y.dtype(), DType::BF16);
+    let got = y.to_ndarray::<bf16>()?;
+    for k in 0..n {
+        let (x, w, z) = (a[k].to_f64(), b[k].to_f64(), c[k].to_f64());
+        let want = (x * w + z).max(0.0);
+        // Two roundings to bf16 (the product, the sum), each within u of its result.
+        let tol = BF16_U * (2.0 * (x * w).abs() + z.abs()) * (1.0 + 2.0 * BF16_U);
+        let g = got[k].to_f64();
+        assert!((g - want).abs() <= tol, "element {k}: {g} vs {want} (tol {tol})");
+    }
+    // With an f32 operand the result is f32, with no 16-bit rounding at all.
+    let mixed = (t(&a) + Tensor::from_vec(vec![0.25f32; n], &[n])).to_ndarray::<f32>()?;
+    assert!(mixed.iter().zip(&a).all(|(m, x)| *m == x.to_f32() + 0.25));
+    Ok(())
+}
+
+#[test]
+fn bf16_sum_and_matmul_accumulate_in_f32() -> Result<(), uopc_tensor::TensorError> {
+    let (rows, cols) = (16, 512);
+    let x = bf16s(rows * cols, 4, 1.0);
+    let sums = Tensor::from_vec(x.clone(), &[rows, cols]).sum(1, false);
+    assert_eq!(sums.dtype(), DType::BF16);
+    let sums = sums.to_ndarray::<bf16>()?;
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let want: f64 = row.iter().map(|v| v.to_f64()).sum();
+        let magnitude: f64 = row.iter().map(|v| v.to_f64().abs()).sum();
+        // f32 sums (cols of them) and one rounding to bf16 at the end.
+        let tol = BF16_U * want.abs() + cols as f64 * F32_U * magnitude * 1.01;
+        let g = sums[r].to_f64();
+        assert!((g - want).abs() <= tol, "row {r}: {g} vs {want} (tol {tol})");
+    }
+
+    let (n, k, m) = (24, 96, 40);
+    let (a, b) = (bf16s(n * k, 5, 1.0), bf16s(k * m, 6, 1.0));
+    let product = Tensor::from_vec(a.clone(), &[n, k]).matmul(&Tensor::from_vec(b.clone(), &[k, m]));
+    assert_eq!(product.dtype(), DType::BF16);
+    let got = product.to_ndarray::<bf16>()?;
+    for i in 0..n {
+        for j in 0..m {
+            let terms = (0..k).map(|p| a[i * k + p].to_f64() * b[p * m + j].to_f64());
+            let (want, magnitude) = terms.fold((0.0, 0.0), |(s, g), t| (s + t, g + t.abs()));
+            let tol = BF16_U * want.abs() + k as f64 * F32_U * magnitude * 1.01;
+            let g = got[[i, j]].to_f64();
+            assert!((g - want).abs() <= tol, "({i},{j}): {g} vs {want} (tol {tol})");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn f16_softmax_matches_f64() -> Result<(), uopc_tensor::TensorError> {
+    let (rows, cols) = (8, 100);
+    let x: Vec<f16> = values(rows * cols, 9, 6.0).into_iter().map(f16::from_f32).collect();
+    let p = Tensor::from_vec(x.clone(), &[rows, cols]).softmax(-1);
+    assert_eq!(p.dtype(), DType::F16);
+    let got = p.to_ndarray::<f16>()?;
+    for r in 0..rows {
+        let row: Vec<f64> = x[r * cols..(r + 1) * cols].iter().map(|v| v.to_f64()).collect();
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let total: f64 = row.iter().map(|v| (v - max).exp()).sum();
+        for (j, v) in row.iter().enumerate() {
+            let want = (v - max).exp() / total;
+            // The f32 softmax (its exp2 within a few f32 ulps) rounded once to f16: within u
+            // relative, or half the subnormal spacing (2^-25) below f16's normal range.
+            let tol = F16_U * want + 64.0 * F32_U * want + 2f64.powi(-25);
+            let g = got[[r, j]].to_f64();
+            assert!((g - want).abs() <= tol, "({r},{j}): {g} vs {want}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gradients_flow_through_16_bit_tensors() -> Result<(), uopc_tensor::TensorError> {
+    let v = [0.5f32, -1.25, 3.0, 7.5];
+    // A bf16 parameter: d/dx sum(x * x) = 2x, exact in bf16 for these values.
+    let x = Tensor::from_vec(v.iter().map(|&a| bf16::from_f32(a)).collect(), &[4]);
+    let g = uopc_tensor::gradient(&(&x * &x).sum(0, false), &[&x])?;
+    assert_eq!(g[0].dtype(), DType::BF16);
+    let got: Vec<f32> = g[0].to_ndarray::<bf16>()?.iter().map(|h| h.to_f32()).collect();
+    assert_eq!(got, v.iter().map(|a| 2.0 * a).collect::<Vec<_>>());
+    // An f32 parameter through a rounding to f16 and back: the casts pass the gradient on.
+    let y = Tensor::from_vec(v.to_vec(), &[4]);
+    let loss = (y.cast(DType::F16).cast(DType::F32) * 3.0).sum(0, false);
+    let g = uopc_tensor::gradient(&loss, &[&y])?;
+    assert_eq!(g[0].to_ndarray::<f32>()?.as_slice(), Some(&[3.0f32; 4][..]));
+    Ok(())
+}
