@@ -26,14 +26,13 @@
 //! copy of dK and dV, all O(N * D).
 
 use super::kernel::{Blocking, cores, sdpa_ir_with_lse};
-use super::{Extras, Layout, MaskKind, SdpaConfig, SdpaError};
+use super::{ConfigCache, Extras, Layout, MaskKind, SdpaConfig, SdpaError, cached, check, push_extras};
 use crate::masked::min_idx;
 use crate::online::LOG2E;
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use uopc_ir::{AxisType, DType, GemmShape, ProgramBuilder, TileOp, UOp, buffer, f32c, idx, sink, tile};
-use uopc_jit::{Arg, BufRef, JitError, MAX_LOCAL_BYTES, Program};
+use uopc_jit::{Arg, JitError, MAX_LOCAL_BYTES, Program};
 
 /// Block sizes and work split of one compiled backward pass (see [`BackwardBlocking::choose`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -775,43 +774,6 @@ impl fmt::Display for SdpaBackward {
     }
 }
 
-fn check(arg: &'static str, expected: usize, got: usize) -> Result<(), SdpaError> {
-    if expected == got { Ok(()) } else { Err(SdpaError::Length { arg, expected, got }) }
-}
-
-/// Checks `extras` against the configuration and appends the mask or bias and the key
-/// lengths, in the programs' buffer order.
-fn push_extras<'a>(c: &SdpaConfig, extras: Extras<'a>, args: &mut Vec<Arg<'a>>) -> Result<(), SdpaError> {
-    let extra = |arg, expected: bool, given: bool| {
-        if expected == given { Ok(()) } else { Err(SdpaError::Extra { arg, expected }) }
-    };
-    extra("mask", matches!(c.mask, MaskKind::Bool(_)), extras.mask.is_some())?;
-    extra("bias", matches!(c.mask, MaskKind::Bias(_)), extras.bias.is_some())?;
-    extra("key_lengths", c.key_lengths, extras.key_lengths.is_some())?;
-    let mask_len = match c.mask {
-        MaskKind::Bool(s) | MaskKind::Bias(s) => s.iter().product(),
-        MaskKind::None => 0,
-    };
-    if let Some(m) = extras.mask {
-        check("mask", mask_len, m.len())?;
-        args.push(Arg::Read(BufRef::Bool(m)));
-    }
-    if let Some(b) = extras.bias {
-        check("bias", mask_len, b.len())?;
-        args.push(Arg::Read(BufRef::F32(b)));
-    }
-    if let Some(lens) = extras.key_lengths {
-        check("key_lengths", c.batch, lens.len())?;
-        if let Some((item, &len)) =
-            lens.iter().enumerate().find(|(_, l)| !(0..=c.n_k as i64).contains(&i64::from(**l)))
-        {
-            return Err(SdpaError::KeyLength { item, len, n_k: c.n_k });
-        }
-        args.push(Arg::Read(BufRef::I32(lens)));
-    }
-    Ok(())
-}
-
 /// Dot product with eight independent partial sums (vectorizable).
 fn dot(x: &[f32], y: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
@@ -825,34 +787,10 @@ fn dot(x: &[f32], y: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// The process-wide cache's key: a configuration compared by value, the scale by its bits.
-#[derive(Clone, Copy)]
-struct Key(SdpaConfig);
-
-impl PartialEq for Key {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.key() == other.0.key()
-    }
-}
-impl Eq for Key {}
-impl std::hash::Hash for Key {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.key().hash(state);
-    }
-}
-
-static CACHE: OnceLock<Mutex<HashMap<Key, Arc<SdpaBackward>>>> = OnceLock::new();
+static CACHE: ConfigCache<SdpaBackward> = OnceLock::new();
 
 /// The compiled backward (with its forward-with-lse) for `config`, compiled on first use and
 /// shared by every later call in the process, like [`super::compiled`].
 pub fn compiled_backward(config: &SdpaConfig) -> Result<Arc<SdpaBackward>, SdpaError> {
-    let cache = CACHE.get_or_init(Default::default);
-    let key = Key(*config);
-    if let Some(hit) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(Arc::clone(hit));
-    }
-    // Compiled outside the lock; a racing compile of one configuration is harmless.
-    let fresh = Arc::new(SdpaBackward::compile(config)?);
-    let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
-    Ok(Arc::clone(map.entry(key).or_insert(fresh)))
+    Ok(cached(&CACHE, config, SdpaBackward::compile)?.0)
 }

@@ -347,9 +347,6 @@ impl Sdpa {
         out: &mut [f32],
     ) -> Result<(), SdpaError> {
         let c = &self.config;
-        let check = |arg, expected, got| {
-            if expected == got { Ok(()) } else { Err(SdpaError::Length { arg, expected, got }) }
-        };
         check("q", c.q_len(), q.len())?;
         check("k", c.kv_len(), k.len())?;
         check("v", c.kv_len(), v.len())?;
@@ -371,40 +368,16 @@ impl Sdpa {
         } else {
             vec![q.into(), k.into(), v.into(), Arg::WriteF32(out)]
         };
-        let extra = |arg, expected: bool, given: bool| {
-            if expected == given { Ok(()) } else { Err(SdpaError::Extra { arg, expected }) }
-        };
-        extra("mask", matches!(c.mask, MaskKind::Bool(_)), extras.mask.is_some())?;
-        extra("bias", matches!(c.mask, MaskKind::Bias(_)), extras.bias.is_some())?;
-        extra("key_lengths", c.key_lengths, extras.key_lengths.is_some())?;
-        extra("kv_length", c.runtime_kv_length, extras.kv_length.is_some())?;
+        push_extras(c, extras, &mut args)?;
+        if c.runtime_kv_length != extras.kv_length.is_some() {
+            return Err(SdpaError::Extra { arg: "kv_length", expected: c.runtime_kv_length });
+        }
         if let Some(len) = extras.kv_length
             && len > c.n_k
         {
             return Err(SdpaError::KvLength { len, capacity: c.n_k });
         }
         let vars: Vec<i64> = extras.kv_length.map(|l| l as i64).into_iter().collect();
-        let mask_len = match c.mask {
-            MaskKind::Bool(s) | MaskKind::Bias(s) => s.iter().product(),
-            MaskKind::None => 0,
-        };
-        if let Some(m) = extras.mask {
-            check("mask", mask_len, m.len())?;
-            args.push(Arg::Read(BufRef::Bool(m)));
-        }
-        if let Some(b) = extras.bias {
-            check("bias", mask_len, b.len())?;
-            args.push(Arg::Read(BufRef::F32(b)));
-        }
-        if let Some(lens) = extras.key_lengths {
-            check("key_lengths", c.batch, lens.len())?;
-            if let Some((item, &len)) =
-                lens.iter().enumerate().find(|(_, l)| !(0..=c.n_k as i64).contains(&i64::from(**l)))
-            {
-                return Err(SdpaError::KeyLength { item, len, n_k: c.n_k });
-            }
-            args.push(Arg::Read(BufRef::I32(lens)));
-        }
         self.program.run_with_vars(&mut args, &vars)?;
         drop(args);
         if let Some(merge) = &self.merge {
@@ -470,7 +443,7 @@ impl fmt::Display for Sdpa {
     }
 }
 
-/// The process-wide cache's key: a configuration compared by value, the scale by its bits.
+/// The process-wide caches' key: a configuration compared by value, the scale by its bits.
 #[derive(Clone, Copy)]
 struct Key(SdpaConfig);
 
@@ -486,25 +459,40 @@ impl std::hash::Hash for Key {
     }
 }
 
-type Cache = Mutex<HashMap<Key, Arc<Sdpa>>>;
+/// A process-wide cache of compiled programs, one per configuration (configurations are
+/// few, so it is not bounded).
+type ConfigCache<T> = OnceLock<Mutex<HashMap<Key, Arc<T>>>>;
 
-static CACHE: OnceLock<Cache> = OnceLock::new();
-static COMPILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// The compiled attention for `config`, compiled on first use and shared by every later call
-/// in the process (configurations are few, so the cache is not bounded).
-pub fn compiled(config: &SdpaConfig) -> Result<Arc<Sdpa>, SdpaError> {
-    let cache = CACHE.get_or_init(Default::default);
+/// The entry of `config` in `cache`, compiled by `compile` on first use; `true` with a
+/// program this call compiled.
+fn cached<T>(
+    cache: &ConfigCache<T>,
+    config: &SdpaConfig,
+    compile: impl FnOnce(&SdpaConfig) -> Result<T, SdpaError>,
+) -> Result<(Arc<T>, bool), SdpaError> {
+    let cache = cache.get_or_init(Default::default);
     let key = Key(*config);
     if let Some(hit) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(Arc::clone(hit));
+        return Ok((Arc::clone(hit), false));
     }
     // Compile outside the lock, so other configurations are not held up; a racing compile of
     // the same configuration is harmless, the first one stored wins.
-    let fresh = Arc::new(Sdpa::compile(config)?);
-    COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let fresh = Arc::new(compile(config)?);
     let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
-    Ok(Arc::clone(map.entry(key).or_insert(fresh)))
+    Ok((Arc::clone(map.entry(key).or_insert(fresh)), true))
+}
+
+static CACHE: ConfigCache<Sdpa> = OnceLock::new();
+static COMPILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The compiled attention for `config`, compiled on first use and shared by every later call
+/// in the process.
+pub fn compiled(config: &SdpaConfig) -> Result<Arc<Sdpa>, SdpaError> {
+    let (sdpa, fresh) = cached(&CACHE, config, Sdpa::compile)?;
+    if fresh {
+        COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(sdpa)
 }
 
 /// How many programs [`compiled`] (and so [`attention`]) has compiled in this process.
@@ -522,4 +510,42 @@ pub fn attention(
     out: &mut [f32],
 ) -> Result<(), SdpaError> {
     compiled(config)?.run(q, k, v, extras, out)
+}
+
+/// `Ok` when a slice argument has the length the configuration needs.
+fn check(arg: &'static str, expected: usize, got: usize) -> Result<(), SdpaError> {
+    if expected == got { Ok(()) } else { Err(SdpaError::Length { arg, expected, got }) }
+}
+
+/// Checks `extras` against the configuration and appends the mask or bias and the key
+/// lengths, in the programs' buffer order.
+fn push_extras<'a>(c: &SdpaConfig, extras: Extras<'a>, args: &mut Vec<Arg<'a>>) -> Result<(), SdpaError> {
+    let extra = |arg, expected: bool, given: bool| {
+        if expected == given { Ok(()) } else { Err(SdpaError::Extra { arg, expected }) }
+    };
+    extra("mask", matches!(c.mask, MaskKind::Bool(_)), extras.mask.is_some())?;
+    extra("bias", matches!(c.mask, MaskKind::Bias(_)), extras.bias.is_some())?;
+    extra("key_lengths", c.key_lengths, extras.key_lengths.is_some())?;
+    let mask_len = match c.mask {
+        MaskKind::Bool(s) | MaskKind::Bias(s) => s.iter().product(),
+        MaskKind::None => 0,
+    };
+    if let Some(m) = extras.mask {
+        check("mask", mask_len, m.len())?;
+        args.push(Arg::Read(BufRef::Bool(m)));
+    }
+    if let Some(b) = extras.bias {
+        check("bias", mask_len, b.len())?;
+        args.push(Arg::Read(BufRef::F32(b)));
+    }
+    if let Some(lens) = extras.key_lengths {
+        check("key_lengths", c.batch, lens.len())?;
+        if let Some((item, &len)) =
+            lens.iter().enumerate().find(|(_, l)| !(0..=c.n_k as i64).contains(&i64::from(**l)))
+        {
+            return Err(SdpaError::KeyLength { item, len, n_k: c.n_k });
+        }
+        args.push(Arg::Read(BufRef::I32(lens)));
+    }
+    Ok(())
 }
