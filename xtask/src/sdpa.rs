@@ -163,6 +163,33 @@ struct Prepared {
     times: Vec<f64>,
 }
 
+/// `rounds` rounds over `cells`, interleaved so load changes hit every cell alike: per cell
+/// one untimed run (pages touched, caches and branch predictors warm), then `reps` timed runs
+/// whose milliseconds go to the cell's times (`parts` gives its cell and times). An error
+/// of a run is printed with the cell's shape.
+fn time_interleaved<P>(
+    cells: &mut [P],
+    rounds: usize,
+    reps: usize,
+    parts: impl Fn(&mut P) -> (&Cell, &mut Vec<f64>),
+    mut run: impl FnMut(&mut P) -> Result<(), String>,
+) -> Result<(), ExitCode> {
+    for _ in 0..rounds {
+        for p in cells.iter_mut() {
+            if let Err(e) = run(p) {
+                eprintln!("error: {:?}: {e}", parts(p).0.shape);
+                return Err(ExitCode::FAILURE);
+            }
+            for _ in 0..reps {
+                let start = Instant::now();
+                let _ = run(p);
+                parts(p).1.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// KV capacity of the growing-cache decode run.
 pub const DECODE_CAPACITY: usize = 4096;
 
@@ -256,20 +283,12 @@ pub fn run(
             times: Vec::new(),
         });
     }
-    for _ in 0..rounds {
-        for p in &mut prepared {
-            let extras = Extras { key_lengths: p.cell.key_lengths.as_deref(), ..Extras::default() };
-            // One untimed run per round: pages touched, caches and branch predictors warm.
-            if let Err(e) = p.sdpa.run(&p.q, &p.k, &p.v, extras, &mut p.out) {
-                eprintln!("error: {:?}: {e}", p.cell.shape);
-                return ExitCode::FAILURE;
-            }
-            for _ in 0..reps {
-                let start = Instant::now();
-                let _ = p.sdpa.run(&p.q, &p.k, &p.v, extras, &mut p.out);
-                p.times.push(start.elapsed().as_secs_f64() * 1e3);
-            }
-        }
+    let step = |p: &mut Prepared| {
+        let extras = Extras { key_lengths: p.cell.key_lengths.as_deref(), ..Extras::default() };
+        p.sdpa.run(&p.q, &p.k, &p.v, extras, &mut p.out).map_err(|e| e.to_string())
+    };
+    if let Err(code) = time_interleaved(&mut prepared, rounds, reps, |p| (&p.cell, &mut p.times), step) {
+        return code;
     }
     let mut rows = Vec::new();
     println!(
@@ -479,19 +498,10 @@ pub fn run_backward(cells: &[Cell], reps: usize, rounds: usize, json: Option<&st
             times: Vec::new(),
         });
     }
-    for _ in 0..rounds {
-        for p in &mut prepared {
-            // One untimed run per round: pages touched, caches and branch predictors warm.
-            if let Err(e) = p.step() {
-                eprintln!("error: {:?}: {e}", p.cell.shape);
-                return ExitCode::FAILURE;
-            }
-            for _ in 0..reps {
-                let start = Instant::now();
-                let _ = p.step();
-                p.times.push(start.elapsed().as_secs_f64() * 1e3);
-            }
-        }
+    if let Err(code) =
+        time_interleaved(&mut prepared, rounds, reps, |p| (&p.cell, &mut p.times), |p| p.step())
+    {
+        return code;
     }
     let mut rows = Vec::new();
     println!(
