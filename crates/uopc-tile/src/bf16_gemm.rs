@@ -253,15 +253,10 @@ pub unsafe extern "C" fn uopc_tile_gemm_bf16_desc(
     b: *const bf16,
     c: *mut f32,
 ) -> i32 {
-    if desc.is_null() {
+    // SAFETY: forwarded from our caller.
+    let Some(s) = (unsafe { crate::gemm::decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) }) else {
         return -1;
-    }
-    // SAFETY: non-null, and the caller guarantees it points to a readable descriptor.
-    let Some(s) = unsafe { desc.read_unaligned() }.shape() else { return -1 };
-    let Ok([na, nb, nc]) = s.extents() else { return -1 };
-    if (na > 0 && a.is_null()) || (nb > 0 && b.is_null()) || (nc > 0 && c.is_null()) {
-        return -1;
-    }
+    };
     // SAFETY: the detected path is available; extents and pointers are the caller's contract.
     unsafe { gemm_bf16_unchecked(Bf16Path::detect(), &s, a, b, c) };
     0

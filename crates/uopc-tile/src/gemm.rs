@@ -285,18 +285,28 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_desc(
     b: *const f32,
     c: *mut f32,
 ) -> i32 {
-    if desc.is_null() {
-        return -1;
-    }
-    // SAFETY: non-null, and the caller guarantees it points to a readable descriptor.
-    let Some(s) = unsafe { desc.read_unaligned() }.shape() else { return -1 };
-    let Ok([na, nb, nc]) = s.extents() else { return -1 };
-    if (na > 0 && a.is_null()) || (nb > 0 && b.is_null()) || (nc > 0 && c.is_null()) {
-        return -1;
-    }
+    // SAFETY: forwarded from our caller.
+    let Some(s) = (unsafe { decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) }) else { return -1 };
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
     unsafe { gemm_unchecked(Isa::detect(), &s, a, b, c) };
     0
+}
+
+/// The shape a C-ABI entry's descriptor encodes, or `None` (the entry returns -1) when `desc`
+/// is null, a field is invalid, the extents overflow, or an operand with elements is null
+/// (`null` says which of A, B, C are).
+///
+/// # Safety
+///
+/// `desc` is null or points to a readable [`GemmDesc`].
+pub(crate) unsafe fn decode_desc(desc: *const GemmDesc, null: [bool; 3]) -> Option<GemmShape> {
+    if desc.is_null() {
+        return None;
+    }
+    // SAFETY: non-null, and the caller guarantees it points to a readable descriptor.
+    let s = unsafe { desc.read_unaligned() }.shape()?;
+    let extents = s.extents().ok()?;
+    extents.iter().zip(null).all(|(&e, null)| e == 0 || !null).then_some(s)
 }
 
 /// `C = 0` for `k == 0` without accumulation.
