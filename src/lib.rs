@@ -50,6 +50,8 @@ pub mod masked_attention {
     pub use uopc_kernels::reference::masked_attention_reference;
 }
 
+pub mod gpt;
+
 /// The UOp IR (re-export of `uopc-ir`).
 pub mod ir {
     pub use uopc_ir::*;

@@ -3,6 +3,7 @@
 mod attention;
 mod backward;
 mod masked;
+mod matmul;
 mod peak;
 mod reference;
 mod sdpa;
@@ -38,6 +39,28 @@ enum Bench {
     /// peaks (AMX tiles, AVX512_BF16) on 1 and 2 threads and the 1024^3 bf16 tile GEMM on 2.
     Peak {
         /// Write every figure here as JSON (`amx_bf16_peak_gflops`, `amx_gemm_1024_gflops`, ...).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// `Tensor::matmul` through the whole Tensor path, in the orientations of a linear layer
+    /// (`ab`), its input gradient (`a-bt`) and its weight gradient (`at-b`).
+    Matmul {
+        /// `M,K,N` (repeatable) [default: 128,768,3072 2048,768,3072 2048,3072,768].
+        #[arg(long = "shape", value_parser = matmul::parse_shape)]
+        shapes: Vec<[usize; 3]>,
+        /// Orientations (comma separated).
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "ab,a-bt,at-b")]
+        forms: Vec<matmul::Form>,
+        /// Timed realizes per cell and round.
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+        /// Interleaved rounds over all cells.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Threads (a rayon pool of this size around the whole bench).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Write `{"results": [{m, k, n, form, median_ms, best_ms, gflops, ...}]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -278,6 +301,24 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             masked::run_decode(&nk, d, heads, chunks, reps)
+        }
+        Task::Bench { what: Bench::Matmul { shapes, forms, reps, rounds, threads, json } } => {
+            if reps == 0 || rounds == 0 || threads == Some(0) || forms.is_empty() {
+                eprintln!("error: --reps, --rounds and --threads must be at least 1, and --forms not empty");
+                return ExitCode::from(2);
+            }
+            let shapes = if shapes.is_empty() { matmul::default_shapes() } else { shapes };
+            let go = || matmul::run(&shapes, &forms, reps, rounds, json.as_deref());
+            match threads {
+                Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
+                    Ok(pool) => pool.install(go),
+                    Err(e) => {
+                        eprintln!("error: cannot start {t} threads: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                None => go(),
+            }
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
     }

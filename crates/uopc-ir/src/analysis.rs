@@ -7,6 +7,7 @@
 //! answers can be tested without generating code.
 
 use crate::dtype::DType;
+use crate::formula::IndexFormula;
 use crate::linearize::{Linear, Stmt};
 use crate::simplify::split_linear;
 use crate::uop::{BinaryOp, Op, UOp, UnaryOp};
@@ -107,6 +108,23 @@ pub fn threads_write_disjoint(topo: &[UOp], thread: &UOp) -> bool {
     if thread.as_range().is_some_and(|r| r.end.vmax() <= 1) {
         return true; // one iteration cannot race with itself
     }
+    strided_writes_disjoint(topo, thread) || enumerated_footprints_disjoint(topo, thread)
+}
+
+/// The BUFFERs some STORE or tile op among `topo` writes, each once.
+fn written_buffers(topo: &[UOp]) -> Vec<UOp> {
+    let mut written: Vec<UOp> = Vec::new();
+    for b in written_bases(topo) {
+        if matches!(b.op(), Op::Buffer { .. }) && !written.contains(&b) {
+            written.push(b);
+        }
+    }
+    written
+}
+
+/// The symbolic test of [`threads_write_disjoint`]: every access to a written buffer is
+/// `c * t + r` with `0 <= r` and `r + extent <= c`.
+fn strided_writes_disjoint(topo: &[UOp], thread: &UOp) -> bool {
     let mut stride: HashMap<UOp, i64> = HashMap::new();
     // A tile operand touches a block of elements from its INDEX on, not one element.
     let mut extent: HashMap<UOp, i64> = HashMap::new();
@@ -118,8 +136,7 @@ pub fn threads_write_disjoint(topo: &[UOp], thread: &UOp) -> bool {
             }
         }
     }
-    let written: Vec<UOp> =
-        written_bases(topo).into_iter().filter(|b| matches!(b.op(), Op::Buffer { .. })).collect();
+    let written = written_buffers(topo);
     for u in topo {
         let Some(index) = u.as_index() else { continue };
         let Some(base) = view_base(index.base) else { continue };
@@ -136,6 +153,77 @@ pub fn threads_write_disjoint(topo: &[UOp], thread: &UOp) -> bool {
         }
     }
     true
+}
+
+/// The most footprint rows [`enumerated_footprints_disjoint`] enumerates: beyond it the
+/// answer is "not proven" (the program runs serially) rather than a slow compile.
+const MAX_ENUMERATED_ROWS: usize = 1 << 18;
+
+/// Rows, columns and row stride of the block of elements an access touches from its offset.
+type Block = (usize, usize, usize);
+
+/// The exhaustive test of [`threads_write_disjoint`], for accesses the symbolic test cannot
+/// split (a 2-D grid of GEMM tiles, whose offset is `(t / nb) * R + (t % nb) * C`): when every
+/// access to a written buffer has an offset that depends on `thread` alone, and `thread` has a
+/// constant trip count, each iteration's footprint (a tile operand's `rows x cols` block with
+/// its row stride, one element otherwise) is computed for every iteration and the row
+/// intervals of different iterations are checked not to overlap.
+fn enumerated_footprints_disjoint(topo: &[UOp], thread: &UOp) -> bool {
+    let Some(trips) = thread.as_range().and_then(|r| r.end.const_int()) else { return false };
+    let Ok(trips) = usize::try_from(trips) else { return false };
+    // (rows, cols, row stride) of each tile operand, by its INDEX node.
+    let mut blocks: HashMap<UOp, Block> = HashMap::new();
+    for u in topo {
+        if let Op::Tile(t) = u.op() {
+            for (x, block) in u.src().iter().zip(t.blocks()) {
+                blocks.insert(x.clone(), block);
+            }
+        }
+    }
+    let written = written_buffers(topo);
+    let mut per_buffer: HashMap<UOp, Vec<(IndexFormula, Block)>> = HashMap::new();
+    let mut rows_total = 0usize;
+    for u in topo {
+        let Some(index) = u.as_index() else { continue };
+        let Some(base) = view_base(index.base) else { continue };
+        if !written.contains(base) {
+            continue;
+        }
+        let Some(offset) = IndexFormula::over_ranges(index.offset, std::slice::from_ref(thread)) else {
+            return false;
+        };
+        let block = blocks.get(u).copied().unwrap_or((1, 1, 1));
+        rows_total = rows_total.saturating_add(block.0.saturating_mul(trips));
+        if rows_total > MAX_ENUMERATED_ROWS {
+            return false;
+        }
+        per_buffer.entry(base.clone()).or_default().push((offset, block));
+    }
+    per_buffer.values().all(|accesses| {
+        // (start, end, iteration) of every row of every access, in element units.
+        let mut rows: Vec<(i64, i64, usize)> = Vec::new();
+        for t in 0..trips {
+            for (offset, (r, c, ld)) in accesses.iter().filter(|(_, (r, c, _))| *r > 0 && *c > 0) {
+                let Some(start) = offset.eval(&[t as i64]) else { return false };
+                rows.extend((0..*r).map(|i| {
+                    let first = start + (i * ld) as i64;
+                    (first, first + *c as i64, t)
+                }));
+            }
+        }
+        rows.sort_unstable();
+        // Sweep in start order, holding the furthest end seen and its iteration: a row of another
+        // iteration starting before that end overlaps it.
+        let mut reach: Option<(i64, usize)> = None;
+        for &(start, end, t) in &rows {
+            match reach {
+                Some((far, owner)) if start < far && owner != t => return false,
+                Some((far, _)) if far >= end => {}
+                _ => reach = Some((end, t)),
+            }
+        }
+        true
+    })
 }
 
 /// The statements of `lin` that are ops (not loops), depth first.
@@ -297,6 +385,32 @@ mod tests {
             let program = sink(&[sink(&[g]).end(&[t.clone()])]);
             assert_eq!(threads_write_disjoint(&topo(&program), &t), disjoint, "ldc {ldc}");
         }
+    }
+
+    #[test]
+    fn a_grid_of_tiles_is_disjoint_when_its_tiles_do_not_overlap() {
+        // C is 4 x 12, cut into 2 x 3 tiles of 2 rows: iteration t writes the tile at row block
+        // t / 3 and column block t % 3. Tiles 4 wide fit; 5 wide overlap the next column block.
+        for (cols, disjoint) in [(4, true), (5, false)] {
+            let (a, b, c) = (buffer(0, DType::F32, 8), buffer(1, DType::F32, 24), buffer(2, DType::F32, 49));
+            let t = range(6, 0, AxisType::Thread);
+            let shape = GemmShape { m: 2, n: cols, k: 2, lda: 2, ldb: 12, ldc: 12, ..GemmShape::default() };
+            let at = t.idiv(3) * 24 + t.modulo(3) * 4;
+            let g = tile(TileOp::Gemm(shape), &[a.index(0), b.index(t.modulo(3) * 4), c.index(at)]);
+            let program = sink(&[sink(&[g]).end(&[t.clone()])]);
+            assert_eq!(threads_write_disjoint(&topo(&program), &t), disjoint, "{cols} columns");
+        }
+    }
+
+    #[test]
+    fn footprints_that_depend_on_an_inner_loop_are_not_enumerated() {
+        // out[(t % 2) * 4 + j]: iterations 0 and 2 write the same elements, and the offset
+        // mentions the inner range j, so neither test can prove anything.
+        let out = buffer(0, DType::F32, 8);
+        let t = range(4, 0, AxisType::Thread);
+        let j = range(4, 1, AxisType::Loop);
+        let program = sink(&[out.index(t.modulo(2) * 4 + &j).store(1.0f32).end(&[j, t.clone()])]);
+        assert!(!threads_write_disjoint(&topo(&program), &t));
     }
 
     #[test]

@@ -44,6 +44,18 @@ impl IndexFormula {
     /// constants, VARs and integer or bool ALU ops (a RANGE, a LOAD), or is not an integer.
     #[must_use]
     pub fn of(expr: &UOp) -> Option<IndexFormula> {
+        IndexFormula::build(expr, &[])
+    }
+
+    /// The formula of `expr` with the RANGE nodes of `ranges` read as variables `0..`
+    /// (`ranges[k]` is variable `k`), so a range's iterations can be enumerated; `None` when it
+    /// mentions anything else that varies (another RANGE, a VAR, a LOAD).
+    #[must_use]
+    pub fn over_ranges(expr: &UOp, ranges: &[UOp]) -> Option<IndexFormula> {
+        IndexFormula::build(expr, ranges)
+    }
+
+    fn build(expr: &UOp, ranges: &[UOp]) -> Option<IndexFormula> {
         if !expr.dtype().is_int() {
             return None;
         }
@@ -55,6 +67,9 @@ impl IndexFormula {
             }
             let s = |k: usize| u.src().get(k).and_then(|x| at.get(x).copied());
             let step = match u.op() {
+                _ if !ranges.is_empty() && matches!(u.op(), Op::Range { .. } | Op::Var { .. }) => {
+                    Step::Var(ranges.iter().position(|r| *r == u)?)
+                }
                 Op::Const(c) => Step::Const(Scalar::of_const(*c, u.dtype())),
                 Op::Var { slot, .. } => Step::Var(*slot),
                 Op::Unary(op) => Step::Unary(*op, s(0)?, u.dtype()),

@@ -137,7 +137,11 @@ fn prepare_graph(roots: &[UOp], opts: &RealizeOptions) -> Vec<UOp> {
     match opts.opt.layout() {
         Layout::None => {}
         Layout::ReduceContiguous => graph = layout_pass(&graph),
-        Layout::OutputContiguous => graph = layout_pass_output(&graph),
+        Layout::OutputContiguous => {
+            // Only a reduce that is its own kernel becomes a tile GEMM.
+            let tile_gemms = opts.opt.tile_ops() && !opts.fuse_reduce;
+            graph = layout_pass_output(&graph, |r| tile_gemms && crate::tilemap::reads_operands_in_place(r));
+        }
     }
     graph
 }

@@ -165,11 +165,15 @@ pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
 /// broadcast buffer with a non-unit stride along the last output axis (the tile's columns)
 /// gets a copy in which that axis is contiguous, taken before the broadcast (Q K^T reads K
 /// transposed: the copy is `e_1_64_1024` in attention). Inputs already contiguous along it,
-/// like V in P V, are read in place.
-pub fn layout_pass_output(roots: &[UOp]) -> Vec<UOp> {
+/// like V in P V, are read in place, and so are both operands of a reduce for which
+/// `in_place` holds (a tile GEMM reads transposed operands itself).
+pub fn layout_pass_output(roots: &[UOp], in_place: impl Fn(&UOp) -> bool) -> Vec<UOp> {
     let mut todo: HashSet<UOp> = HashSet::new();
     for r in UOp::toposort(roots) {
         let Op::Reduce { axes, .. } = r.op() else { continue };
+        if in_place(&r) {
+            continue;
+        }
         let x = &r.src()[0];
         let n = x.shape().len();
         if n < 2 || *axes != 1 || x.shape()[n - 2] <= 1 {

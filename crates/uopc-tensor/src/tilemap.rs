@@ -11,6 +11,27 @@ use uopc_ir::{AxisType, DType, GemmShape, Op, ReduceOp, TileOp, UOp, buffer, ran
 /// pay less packing, while 256 rows still leave several tasks per thread for a 1024-row GEMM.
 const ROWS_PER_TASK: usize = 256;
 
+/// THREAD iterations per pool thread a GEMM is cut into when its row blocks alone are too few
+/// (a 128-token layer is one row block): enough that uneven finishing times even out.
+const TASKS_PER_THREAD: usize = 4;
+
+/// The narrowest column block a GEMM is cut into: a few micro-kernel panels (32 columns on
+/// AVX-512), so each call still streams its packed B panel through the whole row block.
+const MIN_COLUMNS_PER_TASK: usize = 128;
+
+/// Columns per THREAD iteration for `tasks` row-block tasks of an `n`-column output on
+/// `threads` cores: all of `n`, or the widest divisor of `n` of at least
+/// [`MIN_COLUMNS_PER_TASK`] that makes enough tasks.
+fn columns_per_task(n: usize, tasks: usize, threads: usize) -> usize {
+    let want = threads * TASKS_PER_THREAD;
+    if tasks >= want {
+        return n;
+    }
+    let blocks = want.div_ceil(tasks);
+    let cols = largest_divisor_at_most(n, n / blocks);
+    if cols >= MIN_COLUMNS_PER_TASK { cols } else { n }
+}
+
 /// A view of a `Param` as `base + sum_a idx[a] * strides[a]` over the `[batch.., m, n, k]`
 /// iteration space.
 struct Affine {
@@ -85,10 +106,23 @@ fn batch_offset(item: &UOp, batch: &[usize], strides: &[usize]) -> UOp {
     offset
 }
 
-/// The loop program of a GEMM-shaped kernel `body` writing `out`, or `None` when the body is
-/// anything else (then it is rangeified as usual). Leading axes of the body are batch axes:
-/// one THREAD iteration per batch item and block of output rows, each one tile GEMM.
-pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
+/// The two operands of a GEMM-shaped reduce, as the tile GEMM reads them in place.
+struct Operands {
+    /// The `[batch.., m, n, k]` product shape.
+    shape: Vec<usize>,
+    /// The operand broadcast along the output columns, with its layout.
+    a: Affine,
+    a_trans: bool,
+    lda: usize,
+    /// The operand broadcast along the output rows, with its layout.
+    b: Affine,
+    b_trans: bool,
+    ldb: usize,
+}
+
+/// The operands of `body` when it is `sum_k A[.., i, k] * B[.., k, j]` over two row-major or
+/// transposed f32 views of `Param`s: the shape a tile GEMM computes without copying either.
+fn gemm_operands(body: &UOp) -> Option<Operands> {
     let Op::Reduce { op: ReduceOp::Add, axes: 1 } = body.op() else { return None };
     let x = &body.src()[0];
     let shape = x.shape().to_vec();
@@ -96,7 +130,7 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     if r < 3 || shape.contains(&0) {
         return None;
     }
-    let (batch, [m, n, k]) = (&shape[..r - 3], [shape[r - 3], shape[r - 2], shape[r - 1]]);
+    let [m, n, k] = [shape[r - 3], shape[r - 2], shape[r - 1]];
     let Some((uopc_ir::BinaryOp::Mul, lhs, rhs)) = x.as_binary() else { return None };
     let (p, q) = (affine(lhs, &shape)?, affine(rhs, &shape)?);
     let (im, in_, ik) = (r - 3, r - 2, r - 1);
@@ -108,18 +142,54 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     };
     let (a_trans, lda) = layout(m, k, a.strides[im], a.strides[ik])?;
     let (b_trans, ldb) = layout(k, n, b.strides[ik], b.strides[in_])?;
+    Some(Operands { shape, a, a_trans, lda, b, b_trans, ldb })
+}
+
+/// Whether the reduce `body` becomes a tile GEMM that reads both operands where they are, so
+/// a layout pass copying one of them contiguous would only add a pass.
+pub(crate) fn reads_operands_in_place(body: &UOp) -> bool {
+    gemm_operands(body).is_some()
+}
+
+/// The loop program of a GEMM-shaped kernel `body` writing `out`, or `None` when the body is
+/// anything else (then it is rangeified as usual). Leading axes of the body are batch axes:
+/// one THREAD iteration per batch item, block of output rows and block of output columns,
+/// each one tile GEMM.
+pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
+    let Operands { shape, a, a_trans, lda, b, b_trans, ldb } = gemm_operands(body)?;
+    let r = shape.len();
+    let (batch, [m, n, k]) = (&shape[..r - 3], [shape[r - 3], shape[r - 2], shape[r - 1]]);
+    let (im, in_) = (r - 3, r - 2);
     let rows = largest_divisor_at_most(m, ROWS_PER_TASK);
-    let blocks = m / rows;
     let items: usize = batch.iter().product();
-    let op = TileOp::Gemm(GemmShape { m: rows, n, k, lda, ldb, ldc: n, a_trans, b_trans, accumulate: false });
+    let row_tasks = items * (m / rows);
+    // The machine's core count, not the calling pool's: a cached plan serves every pool.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let cols = columns_per_task(n, row_tasks, cores);
+    let (row_blocks, col_blocks) = (m / rows, n / cols);
+    let op = TileOp::Gemm(GemmShape {
+        m: rows,
+        n: cols,
+        k,
+        lda,
+        ldb,
+        ldc: n,
+        a_trans,
+        b_trans,
+        accumulate: false,
+    });
     let abuf = buffer(a.slot, DType::F32, a.len);
     let bbuf = buffer(b.slot, DType::F32, b.len);
-    // t = item * blocks + row block; the output is contiguous, so task t writes rows
-    // t * rows .. (t + 1) * rows of the flattened (items * m, n) result.
-    let t = range(items * blocks, 0, AxisType::Thread);
-    let (item, block) = (t.idiv(blocks as i64), t.modulo(blocks as i64));
+    // t = (item * row_blocks + row block) * col_blocks + column block. The output is
+    // contiguous, so task t writes rows `rows * (t / col_blocks)..` of the flattened
+    // (items * m, n) result, in columns `cols * (t % col_blocks)..`.
+    let t = range(row_tasks * col_blocks, 0, AxisType::Thread);
+    let (row_task, col_block) = (t.idiv(col_blocks as i64), t.modulo(col_blocks as i64));
+    let (item, block) = (row_task.idiv(row_blocks as i64), row_task.modulo(row_blocks as i64));
     let a_start = batch_offset(&item, batch, &a.strides) + &block * (rows * a.strides[im]) + a.base as i64;
-    let b_start = batch_offset(&item, batch, &b.strides) + b.base as i64;
-    let g = tile(op, &[abuf.index(a_start), bbuf.index(b_start), out.index(&t * (rows * n))]);
+    let b_start =
+        batch_offset(&item, batch, &b.strides) + &col_block * (cols * b.strides[in_]) + b.base as i64;
+    let c_start = &row_task * (rows * n) + &col_block * cols;
+    let g = tile(op, &[abuf.index(a_start), bbuf.index(b_start), out.index(c_start)]);
     Some(sink(&[sink(&[g]).end(&[t])]))
 }

@@ -97,3 +97,30 @@ fn a_batched_product_of_inputs_is_one_tile_gemm_kernel() {
     assert!(plan.kernels[0].uses_tile_ops(), "the batched product runs as tile GEMMs");
     assert_close(&c.to_ndarray::<f32>().unwrap(), &reference(&a, &b), 1e-4);
 }
+
+#[test]
+fn a_few_row_product_is_split_over_columns_and_runs_in_parallel() {
+    // 32 rows are one row block: the output columns are cut into blocks so every core gets
+    // tasks, and the THREAD range must still be proven race-free to run in parallel.
+    let (a, b) = (normal(&[32, 96], 9), normal(&[96, 1024], 10));
+    for transposed_b in [false, true] {
+        let tb = if transposed_b {
+            let bt = b.view().reversed_axes().as_standard_layout().to_owned().into_dyn();
+            Tensor::from_array(&bt).t()
+        } else {
+            Tensor::from_array(&b)
+        };
+        let c = Tensor::from_array(&a).matmul(&tb);
+        let plan = make_plan(&[c.uop().clone()], &RealizeOptions::default()).unwrap();
+        assert_eq!(plan.kernels.len(), 1, "{:?}", plan.kernel_names());
+        let prepared =
+            uopc_ir::prepare(&plan.kernels[0].program, &uopc_ir::PrepareOptions::default()).unwrap();
+        let thread = prepared.thread.expect("a THREAD range");
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        if cores > 1 {
+            assert!(thread.extent.unwrap() > 1, "columns split for {cores} cores");
+        }
+        assert!(thread.writes_disjoint, "column blocks proven disjoint");
+        assert_close(&c.to_ndarray::<f32>().unwrap(), &reference(&a, &b), 1e-4);
+    }
+}

@@ -104,10 +104,10 @@ fn unfused_attention_plan_with_the_4x4_tile_transposes_v() {
 }
 
 #[test]
-fn default_unfused_plan_transposes_k_instead_of_v() {
+fn register_tiled_unfused_plan_transposes_k_instead_of_v() {
     // Register tiles pack neighbouring output columns: Q K^T wants K^T contiguous along the
     // keys (a copy), P V reads V as it is.
-    let plan = attention_plan(1024, 64, &RealizeOptions::default());
+    let plan = attention_plan(1024, 64, &RealizeOptions::default().with_opt(DefaultOpt::loops()));
     assert_eq!(
         plan.kernel_names(),
         ["e_1_64_1024", "r_1024_1024", "r_1024", "r_1024", "e_1024_1024", "r_1024_64"]
@@ -116,6 +116,17 @@ fn default_unfused_plan_transposes_k_instead_of_v() {
     // the copy of K feeds the score kernel, the original V the last one
     assert_eq!(plan.kernels[1].args, [ArgSource::Input(0), ArgSource::Temp(0), ArgSource::Temp(1)]);
     assert!(plan.kernels[5].args.contains(&ArgSource::Input(2)), "{plan}");
+}
+
+#[test]
+fn default_unfused_plan_reads_k_and_v_in_place() {
+    // Both products are tile GEMMs, which read a transposed operand themselves: no copies.
+    let plan = attention_plan(1024, 64, &RealizeOptions::default());
+    assert_eq!(plan.kernel_names(), ["r_1024_1024", "r_1024", "r_1024", "e_1024_1024", "r_1024_64"]);
+    assert_eq!(plan.temp_sizes(), [1048576, 1024, 1024, 1048576]);
+    assert_eq!(plan.kernels[0].args, [ArgSource::Input(0), ArgSource::Input(1), ArgSource::Temp(0)]);
+    let tile_kernels: Vec<usize> = (0..5).filter(|&i| plan.kernels[i].uses_tile_ops()).collect();
+    assert_eq!(tile_kernels, [0, 4], "{plan}");
 }
 
 #[test]
@@ -277,11 +288,18 @@ fn layout_pass_copies_only_strided_reduce_inputs() {
     let k2 = Tensor::from_vec(vec![0.5f32; 16 * 64], &[16, 64]);
     let plan = make_plan(&[q.matmul(&k2).uop().clone()], &tile_4x4).unwrap();
     assert_eq!(plan.kernel_names(), ["e_1_64_16", "r_64_64"]);
-    // the output-contiguous layout is the other way round
-    let plan = make_plan(&[q.matmul(&k.t()).uop().clone()], &RealizeOptions::default()).unwrap();
+    // the output-contiguous layout of register tiles is the other way round
+    let loops = RealizeOptions::default().with_opt(DefaultOpt::loops());
+    let plan = make_plan(&[q.matmul(&k.t()).uop().clone()], &loops).unwrap();
     assert_eq!(plan.kernel_names(), ["e_1_16_64", "r_64_64"]);
-    let plan = make_plan(&[q.matmul(&k2).uop().clone()], &RealizeOptions::default()).unwrap();
+    let plan = make_plan(&[q.matmul(&k2).uop().clone()], &loops).unwrap();
     assert_eq!(plan.kernel_names(), ["r_64_64"]);
+    // tile GEMMs (the default) read either orientation in place
+    for b in [k.t(), k2.clone()] {
+        let plan = make_plan(&[q.matmul(&b).uop().clone()], &RealizeOptions::default()).unwrap();
+        assert_eq!(plan.kernel_names(), ["r_64_64"]);
+        assert!(plan.kernels[0].uses_tile_ops());
+    }
     // NoOpt runs no layout pass
     let plan = make_plan(&[q.matmul(&k2).uop().clone()], &RealizeOptions::default().with_opt(NoOpt)).unwrap();
     assert_eq!(plan.kernel_names(), ["r_64_64"]);

@@ -1,0 +1,211 @@
+//! `bench matmul`: `Tensor::matmul` through the whole Tensor path (plan cache, kernels, output
+//! allocation), in the three orientations a linear layer and its gradient produce.
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde::Serialize;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+use uopc::tensor::{RealizeOptions, Tensor, realize};
+
+/// Which operand is stored transposed: `x @ W` (forward), `dy @ W^T` (input gradient) and
+/// `x^T @ dy` (weight gradient).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Form {
+    /// `A @ B` with both operands row-major.
+    Ab,
+    /// `A @ B^T`, B stored row-major as (N, K).
+    ABt,
+    /// `A^T @ B`, A stored row-major as (K, M).
+    AtB,
+}
+
+/// Parses `M,K,N`.
+pub fn parse_shape(s: &str) -> Result<[usize; 3], String> {
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{s}: {e}"))?;
+    match <[usize; 3]>::try_from(v) {
+        Ok(shape) if !shape.contains(&0) => Ok(shape),
+        _ => Err(format!("{s}: expected M,K,N, each positive")),
+    }
+}
+
+/// The default shapes: a GPT-2-small MLP's first layer on 128 and 2048 tokens, and its second.
+pub fn default_shapes() -> Vec<[usize; 3]> {
+    vec![[128, 768, 3072], [2048, 768, 3072], [2048, 3072, 768]]
+}
+
+#[derive(Serialize)]
+struct Row {
+    m: usize,
+    k: usize,
+    n: usize,
+    form: Form,
+    median_ms: f64,
+    best_ms: f64,
+    gflops: f64,
+    kernels: usize,
+    tile_gemm_kernels: usize,
+    max_abs_err: f64,
+    compile_ms: f64,
+}
+
+struct Cell {
+    shape: [usize; 3],
+    form: Form,
+    c: Tensor,
+    reference: Vec<f64>,
+    samples: Vec<f64>,
+    kernels: usize,
+    tile_gemm_kernels: usize,
+    compile_ms: f64,
+    max_abs_err: f64,
+}
+
+fn random(len: usize, rng: &mut StdRng) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// `C = A B` in f64 from row-major `a` (M, K) and `b` (K, N).
+fn reference(a: &[f32], b: &[f32], [m, k, n]: [usize; 3]) -> Vec<f64> {
+    let mut c = vec![0.0f64; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let x = a[i * k + p] as f64;
+            for (j, out) in c[i * n..(i + 1) * n].iter_mut().enumerate() {
+                *out += x * b[p * n + j] as f64;
+            }
+        }
+    }
+    c
+}
+
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = x[r * cols + c];
+        }
+    }
+    t
+}
+
+fn cell(shape: [usize; 3], form: Form, rng: &mut StdRng) -> Cell {
+    let [m, k, n] = shape;
+    let (a, b) = (random(m * k, rng), random(k * n, rng));
+    let reference = reference(&a, &b, shape);
+    let c = match form {
+        Form::Ab => Tensor::from_vec(a, &[m, k]).matmul(&Tensor::from_vec(b, &[k, n])),
+        Form::ABt => Tensor::from_vec(a, &[m, k]).matmul(&Tensor::from_vec(transpose(&b, k, n), &[n, k]).t()),
+        Form::AtB => Tensor::from_vec(transpose(&a, m, k), &[k, m]).t().matmul(&Tensor::from_vec(b, &[k, n])),
+    };
+    Cell {
+        shape,
+        form,
+        c,
+        reference,
+        samples: Vec::new(),
+        kernels: 0,
+        tile_gemm_kernels: 0,
+        compile_ms: 0.0,
+        max_abs_err: 0.0,
+    }
+}
+
+fn median(x: &[f64]) -> f64 {
+    let mut v = x.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `bench matmul`: every (shape, form) cell once to compile and check against f64, then
+/// `rounds` interleaved rounds of `reps` timed realizes each.
+pub fn run(
+    shapes: &[[usize; 3]],
+    forms: &[Form],
+    reps: usize,
+    rounds: usize,
+    json: Option<&Path>,
+) -> ExitCode {
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut cells: Vec<Cell> = shapes
+        .iter()
+        .flat_map(|&s| forms.iter().map(move |&f| (s, f)))
+        .map(|(s, f)| cell(s, f, &mut rng))
+        .collect();
+    let opts = RealizeOptions::default();
+    for c in &mut cells {
+        match realize(&[&c.c], &opts) {
+            Ok((out, report)) => {
+                c.compile_ms = (report.schedule_seconds + report.compile_seconds) * 1e3;
+                c.kernels = report.kernels.len();
+                c.tile_gemm_kernels = report.kernels.iter().filter(|k| k.tile_ops).count();
+                let got = match out[0].to_ndarray::<f32>() {
+                    Ok(v) => v,
+                    Err(e) => {
+                        eprintln!("error: {:?}: {e}", c.shape);
+                        return ExitCode::FAILURE;
+                    }
+                };
+                c.max_abs_err =
+                    got.iter().zip(&c.reference).map(|(&g, &r)| (g as f64 - r).abs()).fold(0.0, f64::max);
+            }
+            Err(e) => {
+                eprintln!("error: {:?} {:?}: {e}", c.shape, c.form);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    for _ in 0..rounds {
+        for c in &mut cells {
+            for _ in 0..reps {
+                let start = Instant::now();
+                let _ = realize(&[&c.c], &opts);
+                c.samples.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    println!(
+        "{:>5} {:>5} {:>5}  {:<5} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10}",
+        "M", "K", "N", "form", "median ms", "best ms", "GFLOP/s", "kernels", "max err", "compile ms"
+    );
+    let mut rows = Vec::new();
+    for c in &cells {
+        let [m, k, n] = c.shape;
+        let (med, best) = (median(&c.samples), c.samples.iter().copied().fold(f64::INFINITY, f64::min));
+        let gflops = 2.0 * (m * k * n) as f64 / (med * 1e-3) / 1e9;
+        let form =
+            serde_json::to_value(c.form).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+        println!(
+            "{m:>5} {k:>5} {n:>5}  {form:<5} {med:>10.3} {best:>10.3} {gflops:>8.1} {:>4} ({} tile) {:>10.1e} {:>10.1}",
+            c.kernels, c.tile_gemm_kernels, c.max_abs_err, c.compile_ms
+        );
+        rows.push(Row {
+            m,
+            k,
+            n,
+            form: c.form,
+            median_ms: med,
+            best_ms: best,
+            gflops,
+            kernels: c.kernels,
+            tile_gemm_kernels: c.tile_gemm_kernels,
+            max_abs_err: c.max_abs_err,
+            compile_ms: c.compile_ms,
+        });
+    }
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&serde_json::json!({ "results": rows }))
+            .expect("rows serialize to JSON");
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
