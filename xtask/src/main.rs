@@ -2,6 +2,7 @@
 
 mod attention;
 mod backward;
+mod block;
 mod masked;
 mod matmul;
 mod peak;
@@ -39,6 +40,28 @@ enum Bench {
     /// peaks (AMX tiles, AVX512_BF16) on 1 and 2 threads and the 1024^3 bf16 tile GEMM on 2.
     Peak {
         /// Write every figure here as JSON (`amx_bf16_peak_gflops`, `amx_gemm_1024_gflops`, ...).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// The GPT-2-small transformer block of `uopc::gpt` through the Tensor API: forward, and
+    /// forward plus backward (every parameter's gradient and the input's).
+    Block {
+        /// Batch items.
+        #[arg(long, default_value_t = 4)]
+        batch: usize,
+        /// Tokens per item.
+        #[arg(long, default_value_t = 512)]
+        tokens: usize,
+        /// Timed realizes per pass and round.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Interleaved rounds over both passes.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Threads (a rayon pool of this size around the whole bench).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Write `{"results": [{pass, batch, n, d_model, heads, median_ms, best_ms, kernels}]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -301,6 +324,23 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             masked::run_decode(&nk, d, heads, chunks, reps)
+        }
+        Task::Bench { what: Bench::Block { batch, tokens, reps, rounds, threads, json } } => {
+            if batch == 0 || tokens == 0 || reps == 0 || rounds == 0 || threads == Some(0) {
+                eprintln!("error: --batch, --tokens, --reps, --rounds and --threads must be at least 1");
+                return ExitCode::from(2);
+            }
+            let go = || block::run(batch, tokens, reps, rounds, json.as_deref());
+            match threads {
+                Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
+                    Ok(pool) => pool.install(go),
+                    Err(e) => {
+                        eprintln!("error: cannot start {t} threads: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                None => go(),
+            }
         }
         Task::Bench { what: Bench::Matmul { shapes, forms, reps, rounds, threads, json } } => {
             if reps == 0 || rounds == 0 || threads == Some(0) || forms.is_empty() {

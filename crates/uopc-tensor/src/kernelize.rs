@@ -5,7 +5,7 @@ use crate::error::{Result, TensorError};
 use crate::exec::Exe;
 use crate::opt::{Layout, has_reduce};
 use crate::options::RealizeOptions;
-use crate::passes::{layout_pass, layout_pass_output, materialize_points, run_pass, stage_broadcast_compute};
+use crate::passes::{layout_pass, materialize_points, run_pass, stage_broadcast_compute};
 use crate::plan::{ArgSource, Kernel, OutSpec, Plan};
 use crate::rangeify::{Ctx, lower};
 use crate::util::numel;
@@ -140,7 +140,11 @@ fn prepare_graph(roots: &[UOp], opts: &RealizeOptions) -> Vec<UOp> {
         Layout::OutputContiguous => {
             // Only a reduce that is its own kernel becomes a tile GEMM.
             let tile_gemms = opts.opt.tile_ops() && !opts.fuse_reduce;
-            graph = layout_pass_output(&graph, |r| tile_gemms && crate::tilemap::reads_operands_in_place(r));
+            graph = crate::passes::layout_pass_output_with(
+                &graph,
+                |r| tile_gemms && crate::tilemap::reads_operands_in_place(r),
+                |r| if tile_gemms { crate::tilemap::operands_to_stage(r) } else { Vec::new() },
+            );
         }
     }
     graph

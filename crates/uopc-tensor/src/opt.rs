@@ -173,6 +173,45 @@ pub(crate) fn broadcast_along(body: &UOp, axis: usize) -> bool {
     })
 }
 
+/// Whether some input of reduce kernel `body` is read down a column: one of its views has
+/// stride 1 along output axis `axis` and another stride along the reduced (last) axis, like
+/// the column sums of a bias gradient. Upcasting `axis` then makes each reduce step load
+/// neighbouring elements into neighbouring accumulators instead of striding.
+pub(crate) fn reduces_down_columns(body: &UOp, axis: usize) -> bool {
+    let Some(r) =
+        UOp::toposort(std::slice::from_ref(body)).into_iter().find(|u| matches!(u.op(), Op::Reduce { .. }))
+    else {
+        return false;
+    };
+    let x = &r.src()[0];
+    let rank = x.shape().len();
+    if rank < 2 || axis + 1 >= rank {
+        return false;
+    }
+    let is_view = |u: &UOp| u.op().is_movement() || matches!(u.op(), Op::Param { .. });
+    let mut stack = vec![x.clone()];
+    while let Some(u) = stack.pop() {
+        if is_view(&u) {
+            let at = |a: Option<usize>| {
+                let mut idx = vec![0; rank];
+                if let Some(a) = a {
+                    idx[a] = 1;
+                }
+                view_offset(&u, idx)
+            };
+            if let (Some(o), Some(along), Some(down)) = (at(None), at(Some(axis)), at(Some(rank - 1)))
+                && along == o + 1
+                && down > o + 1
+            {
+                return true;
+            }
+        } else if u.op().is_alu() {
+            stack.extend(u.src().iter().cloned());
+        }
+    }
+    false
+}
+
 /// The default: register-tile reduce kernels and thread the first output axis.
 ///
 /// A kernel with a reduce gets its last two output axes upcast by `tile` (a rank-1 output gets
@@ -233,7 +272,7 @@ impl Optimizer for DefaultOpt {
                 if amount > 1
                     && size >= amount
                     && size.is_multiple_of(amount)
-                    && (!self.upcast_needs_reuse || broadcast_along(body, a))
+                    && (!self.upcast_needs_reuse || broadcast_along(body, a) || reduces_down_columns(body, a))
                 {
                     o.upcast.push((a, amount));
                 }

@@ -168,10 +168,26 @@ pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
 /// like V in P V, are read in place, and so are both operands of a reduce for which
 /// `in_place` holds (a tile GEMM reads transposed operands itself).
 pub fn layout_pass_output(roots: &[UOp], in_place: impl Fn(&UOp) -> bool) -> Vec<UOp> {
+    layout_pass_output_with(roots, in_place, |_| Vec::new())
+}
+
+/// [`layout_pass_output`], also staging the nodes `stage_for(reduce)` names for each reduce
+/// (the operands a tile GEMM cannot read in place, which it can once they are copied).
+pub(crate) fn layout_pass_output_with(
+    roots: &[UOp],
+    in_place: impl Fn(&UOp) -> bool,
+    stage_for: impl Fn(&UOp) -> Vec<UOp>,
+) -> Vec<UOp> {
     let mut todo: HashSet<UOp> = HashSet::new();
+    let mut plain: HashSet<UOp> = HashSet::new();
     for r in UOp::toposort(roots) {
         let Op::Reduce { axes, .. } = r.op() else { continue };
         if in_place(&r) {
+            continue;
+        }
+        let staged = stage_for(&r);
+        if !staged.is_empty() {
+            plain.extend(staged);
             continue;
         }
         let x = &r.src()[0];
@@ -181,10 +197,11 @@ pub fn layout_pass_output(roots: &[UOp], in_place: impl Fn(&UOp) -> bool) -> Vec
         }
         todo.extend(strided_broadcast_views(x, n - 2));
     }
+    let roots = stage_all(roots, plain);
     if todo.is_empty() {
-        return roots.to_vec();
+        return roots;
     }
-    run_pass(&STAGE, roots, &mut StageMarked { todo, columns_last: true })
+    run_pass(&STAGE, &roots, &mut StageMarked { todo, columns_last: true })
 }
 
 /// The nodes that get their own buffer: STAGEs, REDUCEs (unless `fuse_reduce`), and roots that

@@ -120,6 +120,23 @@ struct Operands {
     ldb: usize,
 }
 
+/// The operands of the product `x`, a MUL under any chain of movement ops, each as a view
+/// through that chain: a movement op of a product is the product of the moved operands. A
+/// gradient's sum over a broadcast axis permutes the product so the axis is last.
+fn product_operands(x: &UOp) -> Option<(UOp, UOp)> {
+    let mut chain = Vec::new();
+    let mut p = x.clone();
+    while p.op().is_movement() {
+        chain.push(p.clone());
+        p = p.src()[0].clone();
+    }
+    let Some((uopc_ir::BinaryOp::Mul, lhs, rhs)) = p.as_binary() else { return None };
+    let moved = |operand: &UOp| {
+        chain.iter().rev().fold(operand.clone(), |v, m| UOp::new(m.op().clone(), v.dtype(), vec![v]))
+    };
+    Some((moved(lhs), moved(rhs)))
+}
+
 /// The operands of `body` when it is `sum_k A[.., i, k] * B[.., k, j]` over two row-major or
 /// transposed f32 views of `Param`s: the shape a tile GEMM computes without copying either.
 fn gemm_operands(body: &UOp) -> Option<Operands> {
@@ -131,8 +148,8 @@ fn gemm_operands(body: &UOp) -> Option<Operands> {
         return None;
     }
     let [m, n, k] = [shape[r - 3], shape[r - 2], shape[r - 1]];
-    let Some((uopc_ir::BinaryOp::Mul, lhs, rhs)) = x.as_binary() else { return None };
-    let (p, q) = (affine(lhs, &shape)?, affine(rhs, &shape)?);
+    let (lhs, rhs) = product_operands(x)?;
+    let (p, q) = (affine(&lhs, &shape)?, affine(&rhs, &shape)?);
     let (im, in_, ik) = (r - 3, r - 2, r - 1);
     // A is broadcast along the output columns, B along the output rows.
     let (a, b) = match (p.strides[in_], q.strides[im]) {
@@ -143,6 +160,60 @@ fn gemm_operands(body: &UOp) -> Option<Operands> {
     let (a_trans, lda) = layout(m, k, a.strides[im], a.strides[ik])?;
     let (b_trans, ldb) = layout(k, n, b.strides[ik], b.strides[in_])?;
     Some(Operands { shape, a, a_trans, lda, b, b_trans, ldb })
+}
+
+/// The operands of a GEMM-shaped reduce (a product of two broadcast views summed over the last
+/// axis) that a tile GEMM cannot read in place, each as the un-broadcast view below its
+/// outermost EXPAND: staging that view (a contiguous copy, into which its producer fuses) lets
+/// the product run as a tile GEMM, where otherwise it would be a loop nest. An operand that is
+/// not broadcast disqualifies the reduce (it is not a matrix product).
+pub(crate) fn operands_to_stage(body: &UOp) -> Vec<UOp> {
+    let Op::Reduce { op: ReduceOp::Add, axes: 1 } = body.op() else { return Vec::new() };
+    let x = &body.src()[0];
+    let shape = x.shape().to_vec();
+    if shape.len() < 3 || shape.contains(&0) || x.dtype() != DType::F32 {
+        return Vec::new();
+    }
+    let Some((lhs, rhs)) = product_operands(x) else { return Vec::new() };
+    let below_broadcast = |v: &UOp| {
+        let mut w = v.clone();
+        while w.op().is_movement() {
+            if matches!(w.op(), Op::Expand(_)) {
+                return Some(w.src()[0].clone());
+            }
+            w = w.src()[0].clone();
+        }
+        None
+    };
+    let mut stage = Vec::new();
+    for v in [&lhs, &rhs] {
+        let Some(base) = below_broadcast(v) else { return Vec::new() };
+        if over_materialized(v).is_none_or(|p| affine(&p, &shape).is_none()) {
+            stage.push(base);
+        }
+    }
+    stage
+}
+
+/// View `v` with the node below its movement chain read as the contiguous buffer it will be
+/// (a `Param` of its shape) when that node is materialized anyway (a STAGE, a REDUCE or a custom
+/// kernel; reduces are their own kernels whenever tile GEMMs are made); `None` when the node
+/// is computed elementwise and would fuse into the reader.
+fn over_materialized(v: &UOp) -> Option<UOp> {
+    let mut chain = Vec::new();
+    let mut base = v.clone();
+    while base.op().is_movement() {
+        chain.push(base.clone());
+        base = base.src()[0].clone();
+    }
+    let buffer = match base.op() {
+        Op::Param { .. } => base,
+        Op::Stage | Op::Reduce { .. } | Op::Custom(_) => {
+            UOp::new(Op::Param { slot: 0, shape: base.shape().to_vec() }, base.dtype(), vec![])
+        }
+        _ => return None,
+    };
+    Some(chain.iter().rev().fold(buffer, |w, m| UOp::new(m.op().clone(), w.dtype(), vec![w])))
 }
 
 /// Whether the reduce `body` becomes a tile GEMM that reads both operands where they are, so
