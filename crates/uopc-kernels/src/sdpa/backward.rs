@@ -32,7 +32,7 @@ use super::{ConfigCache, Extras, Layout, MaskKind, SdpaConfig, SdpaError, cached
 use crate::masked::min_idx;
 use crate::online::LOG2E;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use uopc_ir::{AxisType, DType, GemmShape, ProgramBuilder, TileOp, UOp, buffer, f32c, idx, sink, tile};
 use uopc_jit::{Arg, JitError, MAX_LOCAL_BYTES, Program};
 
@@ -178,8 +178,8 @@ impl Geometry {
 ///
 /// Buffers: 0 = q, 1 = k, 2 = v, 3 = dO (laid out as [`SdpaConfig::layout`]), 4 = the
 /// forward's base-2 lse and 5 = `scale * Delta` (each `(batch, head, row)`, `B * H * n_q`),
-/// 6 = the dq target, which must hold zeros (`tasks * group * n_q * D`: task-major, one
-/// `(group head, row, d)` block per task), 7 and 8 = the dk and dv targets (task-major, the
+/// 6 = the dq target (`tasks * group * n_q * D`: task-major, one `(group head, row, d)` block
+/// per task, which the task zeroes before accumulating into it), 7 and 8 = the dk and dv targets (task-major, the
 /// task's key rows in slot order); then the mask or bias and the key lengths, if any. With
 /// one chunk and the BHND layout the three targets are exactly the caller's dq, dk and dv.
 /// The bias gets no gradient (see [`sdpa_backward_ir_with_bias_grad`]).
@@ -211,12 +211,11 @@ pub fn sdpa_backward_ir_with_bias_grad(
 }
 
 /// The backward program of a tensor graph's kernel node for `config` (BHND): one chunk, so the
-/// targets are exactly dq, dk and dv, and each task zeroes its dq rows before accumulating
-/// into them (a node's output buffer holds garbage). Slots as [`sdpa_backward_ir`].
+/// targets are exactly dq, dk and dv (each task zeroes its dq rows, as always, which matters
+/// here because a node's output buffer holds garbage). Slots as [`sdpa_backward_ir`].
 pub(crate) fn sdpa_backward_ir_for_graph(config: &SdpaConfig) -> UOp {
-    let mut kernel = BackwardKernel::new(config, &graph_blocking(config), Outputs::GRADS);
+    let kernel = BackwardKernel::new(config, &graph_blocking(config), Outputs::GRADS);
     debug_assert!(kernel.g.direct, "one chunk of a BHND configuration writes dq, dk, dv in place");
-    kernel.zero_dq = true;
     kernel.program()
 }
 
@@ -271,8 +270,6 @@ struct BackwardKernel {
     pb: ProgramBuilder,
     /// The effects (and ranges) the next step comes after.
     chain: Vec<UOp>,
-    /// Whether each task zeroes its dq rows first (else the caller passes zeros).
-    zero_dq: bool,
 }
 
 /// The task's indices and stack tiles.
@@ -329,7 +326,6 @@ impl BackwardKernel {
             g,
             pb: ProgramBuilder::new(),
             chain: Vec::new(),
-            zero_dq: false,
         }
     }
 
@@ -410,8 +406,9 @@ impl BackwardKernel {
         let kv_base = &item * ksb + &kv_head * ksh;
         let th = std::slice::from_ref(&t);
         self.chain = vec![t.clone()];
-        if self.zero_dq {
-            // The task's dq rows are `t * c + r`: every query row of its group's heads.
+        if self.outputs.grads {
+            // The task's dq rows are `t * c + r`: every query row of its group's heads. Zeroed
+            // here, in parallel, rather than by the caller, so no target needs clearing.
             let per_task = self.g.group * self.c.n_q * d;
             let z = self.pb.range(per_task, AxisType::Loop);
             // After the THREAD range, so that it stays inside it even when there is one task
@@ -671,6 +668,8 @@ pub struct SdpaBackward {
     /// the first [`SdpaBackward::run_with_bias_grad`], so that a bias without a gradient costs
     /// neither its compile nor its writes.
     bias_grad: OnceLock<Program>,
+    /// The dq partials and task-major dk and dv of chunked or BHND-strided runs, reused.
+    scratch: Mutex<Vec<f32>>,
 }
 
 impl SdpaBackward {
@@ -718,6 +717,7 @@ impl SdpaBackward {
             forward: fwd,
             program,
             bias_grad: OnceLock::new(),
+            scratch: Mutex::new(Vec::new()),
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!(
@@ -865,13 +865,20 @@ impl SdpaBackward {
             program.run(&mut args)
         };
         if g.direct {
-            dq.fill(0.0);
             run(dq, dk, dv, extra_args)?;
         } else {
-            let mut dq_t = vec![0.0f32; g.dq_len(c)];
-            let (mut dk_t, mut dv_t) = (vec![0.0f32; g.dkv_len(c)], vec![0.0f32; g.dkv_len(c)]);
-            run(&mut dq_t, &mut dk_t, &mut dv_t, extra_args)?;
-            self.gather(&g, [&dq_t, &dk_t, &dv_t], [dq, dk, dv]);
+            // The chunks' targets, kept between runs: each task zeroes its dq rows and writes
+            // all of its dk and dv rows, so nothing needs clearing here, and a fresh (zeroed,
+            // page-faulted) allocation per run is avoided. A run that finds the buffer taken
+            // by a concurrent run allocates its own.
+            let mut scratch = std::mem::take(&mut *self.scratch.lock().unwrap_or_else(|e| e.into_inner()));
+            let (dq_len, dkv_len) = (g.dq_len(c), g.dkv_len(c));
+            scratch.resize(dq_len + 2 * dkv_len, 0.0);
+            let (dq_t, dkv_t) = scratch.split_at_mut(dq_len);
+            let (dk_t, dv_t) = dkv_t.split_at_mut(dkv_len);
+            run(dq_t, dk_t, dv_t, extra_args)?;
+            self.gather(&g, [dq_t, dk_t, dv_t], [dq, dk, dv]);
+            *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = scratch;
         }
         if let Some(out) = dbias_sum {
             self.sum_bias_partials(&g, &dbias_partials, out);
