@@ -346,7 +346,7 @@ fn display_names_the_kernel_and_blocks() {
     assert!(
         text.contains("flash_tile_ops")
             && text.contains("4 head(s) x 1 queries")
-            && text.contains("blocks of 64"),
+            && text.contains("blocks of 512"),
         "{text}"
     );
 }

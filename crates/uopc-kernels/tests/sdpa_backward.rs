@@ -77,8 +77,8 @@ impl Case {
     }
 }
 
-/// The f64 reference backward of the case.
-fn reference_backward(case: &Case) -> [Vec<f64>; 3] {
+/// The f64 reference backward of the case: dq, dk, dv and dbias.
+fn reference_backward(case: &Case) -> [Vec<f64>; 4] {
     reference_backward_f64(&case.config, &case.q, &case.k, &case.v, &case.d_o, case.extras())
 }
 
@@ -119,6 +119,160 @@ fn check(case: &Case, bwd: &SdpaBackward) {
         let err = error(g, w);
         assert!(err <= tol, "{bwd} ({c:?}): {name} max error {err} > {tol}");
     }
+}
+
+/// Forward, then the backward with the bias's gradient: `[dq, dk, dv, dbias]`, starting as
+/// NaN so that an unwritten element fails.
+fn gradients_with_bias(case: &Case, bwd: &SdpaBackward) -> [Vec<f32>; 4] {
+    let c = &case.config;
+    let mut o = vec![f32::NAN; c.q_len()];
+    let mut lse = vec![f32::NAN; bwd.lse_len()];
+    bwd.forward(&case.q, &case.k, &case.v, case.extras(), &mut o, &mut lse).expect("forward");
+    let (mut dq, mut dk, mut dv) =
+        (vec![f32::NAN; c.q_len()], vec![f32::NAN; c.kv_len()], vec![f32::NAN; c.kv_len()]);
+    let mut dbias = vec![f32::NAN; case.bias.as_ref().expect("a bias case").len()];
+    let saved = ForwardSaved { q: &case.q, k: &case.k, v: &case.v, o: &o, lse: &lse };
+    bwd.run_with_bias_grad(saved, &case.d_o, case.extras(), [&mut dq, &mut dk, &mut dv], &mut dbias)
+        .expect("backward with dbias");
+    [dq, dk, dv, dbias]
+}
+
+/// All four gradients against the f64 reference. dq, dk and dv as in [`check`], and the
+/// same as [`gradients`] gives (the dbias program differs only by its extra writes). A dbias
+/// element sums one `dS` term per (item, head, row, key) it broadcasts over; each term is a
+/// product of O(1) values with a few f32 roundings, so 2e-6 per summed term again bounds it.
+fn check_with_bias(case: &Case, bwd: &SdpaBackward) {
+    let c = &case.config;
+    let MaskKind::Bias(shape) = c.mask else { panic!("not a bias case") };
+    let got = gradients_with_bias(case, bwd);
+    let want = reference_backward(case);
+    let terms = c.n_k.max(c.heads / c.kv_heads * c.n_q) as f64;
+    let tol = 2e-5_f64.max(2e-6 * terms);
+    for (name, g, w) in [("dq", &got[0], &want[0]), ("dk", &got[1], &want[1]), ("dv", &got[2], &want[2])] {
+        let err = error(g, w);
+        assert!(err <= tol, "{bwd} ({c:?}): {name} max error {err} > {tol}");
+    }
+    let full = [c.batch, c.heads, c.n_q, c.n_k];
+    let summed: usize = (0..4).map(|a| if shape[a] == 1 { full[a] } else { 1 }).product();
+    let tol = 2e-5_f64.max(2e-6 * summed as f64);
+    let err = error(&got[3], &want[3]);
+    assert!(err <= tol, "{bwd} ({c:?}): dbias max error {err} > {tol}");
+    // Softmax ignores a shift shared by a row's keys: a bias broadcast over keys has a zero
+    // gradient (checked above against the reference's ~0); any other gets a real one.
+    if shape[3] != 1 {
+        assert!(want[3].iter().any(|x| x.abs() > 1e-3), "the bias gradient is not trivially zero");
+    }
+    let plain = gradients(case, bwd);
+    for g in 0..3 {
+        assert_eq!(plain[g], got[g], "{bwd}: gradient {g} depends on whether dbias is written");
+    }
+}
+
+/// Every broadcast pattern of a bias over (B, H, n_q, n_k), 1 or full on each axis.
+fn bias_shapes(full: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
+    (0..16usize).map(move |bits| std::array::from_fn(|a| if bits >> a & 1 == 1 { 1 } else { full[a] }))
+}
+
+#[test]
+fn bias_gradient_for_every_broadcast_pattern() {
+    let mut rng = Rng(53);
+    for (i, shape) in bias_shapes([2, 4, 9, 13]).enumerate() {
+        let c = SdpaConfig {
+            causal: i % 3 == 1,
+            key_lengths: i % 4 == 2,
+            layout: if i % 5 == 3 { Layout::Bnhd } else { Layout::Bhnd },
+            mask: MaskKind::Bias(shape),
+            ..config(2, 4, 2, 9, 13, 8)
+        };
+        let mut case = Case::new(c, &mut rng);
+        if let Some(lens) = case.lens.as_mut() {
+            // Not 0 for item 0, so that some terms reach a bias shared over items.
+            lens[0] = 7;
+        }
+        check_with_bias(&case, &SdpaBackward::compile(&c).expect("compile"));
+    }
+}
+
+#[test]
+fn bias_gradient_with_chunked_key_blocks_gqa_and_odd_sizes() {
+    // Chunks > 1: tasks of one head share the rows of a bias broadcast over keys, and the
+    // regions' key slots are not in key order.
+    let mut rng = Rng(59);
+    for (n, (queries, keys, chunks)) in
+        [(16, 16, 3), (7, 5, 2), (3, 64, 4), (20, 9, 1)].into_iter().enumerate()
+    {
+        for shape in [[1, 1, 70, 100], [1, 2, 1, 100], [1, 2, 70, 1], [1, 1, 1, 1]] {
+            let c = SdpaConfig {
+                causal: n % 2 == 0,
+                mask: MaskKind::Bias(shape),
+                ..config(1, 2, 1, 70, 100, 12)
+            };
+            let case = Case::new(c, &mut rng);
+            let bwd = SdpaBackward::compile_with(
+                &c,
+                Blocking::choose(&c, 2),
+                BackwardBlocking { queries, keys, chunks },
+            )
+            .expect("compile");
+            check_with_bias(&case, &bwd);
+        }
+    }
+    for (h, hkv, d) in [(8, 1, 3), (8, 2, 64), (3, 3, 127)] {
+        for shape in [[2, h, 33, 65], [1, h, 1, 65], [2, 1, 33, 1]] {
+            let c = SdpaConfig { mask: MaskKind::Bias(shape), ..config(2, h, hkv, 33, 65, d) };
+            check_with_bias(&Case::new(c, &mut rng), &SdpaBackward::compile(&c).expect("compile"));
+        }
+    }
+}
+
+#[test]
+fn bias_gradient_against_central_finite_differences() {
+    let mut rng = Rng(61);
+    for (causal, shape) in [(false, [1, 2, 3, 5]), (true, [1, 1, 1, 5]), (false, [2, 1, 3, 1])] {
+        let c = SdpaConfig { causal, mask: MaskKind::Bias(shape), ..config(2, 2, 1, 3, 5, 4) };
+        let case = Case::new(c, &mut rng);
+        let got = gradients_with_bias(&case, &SdpaBackward::compile(&c).unwrap());
+        let bias = case.bias.as_ref().unwrap();
+        // As for q, k, v below: h = 2^-7, the loss in f64, O(h^2) truncation well under 1e-3.
+        let h = 1.0f32 / 128.0;
+        for idx in 0..bias.len() {
+            if bias[idx] == f32::NEG_INFINITY {
+                assert_eq!(got[3][idx], 0.0, "a masked key gets no gradient");
+                continue;
+            }
+            let at = |delta: f32| {
+                let mut b = bias.clone();
+                b[idx] += delta;
+                let o =
+                    reference_f64(&c, &case.q, &case.k, &case.v, Extras { bias: Some(&b), ..case.extras() });
+                o.iter().zip(&case.d_o).map(|(&x, &g)| x * f64::from(g)).sum::<f64>()
+            };
+            let fd = (at(h) - at(-h)) / (2.0 * f64::from(h));
+            assert!(
+                (fd - f64::from(got[3][idx])).abs() < 1e-3,
+                "bias[{idx}]: fd {fd}, backward {}",
+                got[3][idx]
+            );
+        }
+    }
+}
+
+#[test]
+fn bias_gradient_arguments_are_checked() {
+    let c = config(1, 2, 1, 4, 6, 8);
+    let bwd = SdpaBackward::compile(&c).unwrap();
+    let (q, kv, lse) = (vec![0.0f32; c.q_len()], vec![0.0f32; c.kv_len()], vec![0.0f32; bwd.lse_len()]);
+    let saved = ForwardSaved { q: &q, k: &kv, v: &kv, o: &q, lse: &lse };
+    let (mut dq, mut dk, mut dv) = (q.clone(), kv.clone(), kv.clone());
+    let err =
+        bwd.run_with_bias_grad(saved, &q, Extras::default(), [&mut dq, &mut dk, &mut dv], &mut [0.0; 24]);
+    assert!(matches!(err, Err(SdpaError::Extra { arg: "dbias", expected: false })), "{err:?}");
+    let c = SdpaConfig { mask: MaskKind::Bias([1, 1, 4, 6]), ..c };
+    let bwd = SdpaBackward::compile(&c).unwrap();
+    let bias = [0.5f32; 24];
+    let extras = Extras { bias: Some(&bias), ..Extras::default() };
+    let err = bwd.run_with_bias_grad(saved, &q, extras, [&mut dq, &mut dk, &mut dv], &mut [0.0; 23]);
+    assert!(matches!(err, Err(SdpaError::Length { arg: "dbias", expected: 24, got: 23 })), "{err:?}");
 }
 
 fn check_config(config: SdpaConfig, rng: &mut Rng) {

@@ -186,3 +186,118 @@ fn the_gradient_runs_the_tile_backward_and_matches_f64() {
         }
     }
 }
+
+/// The bias's gradient through the Tensor API: against the f64 reference for biases broadcast
+/// in several ways, against central finite differences of the f64 forward, and only in the
+/// plan when the bias's gradient is asked for.
+#[test]
+fn the_bias_gradient_runs_its_own_kernel_only_when_asked_for() {
+    use uopc_kernels::sdpa::reference_backward_f64;
+    let (b, h, hkv, n_q, n_k, d) = (2, 4, 2, 7, 11, 8);
+    let (qv, kv, vv) =
+        (values(b * h * n_q * d, 31), values(b * hkv * n_k * d, 32), values(b * hkv * n_k * d, 33));
+    let dov = values(b * h * n_q * d, 34);
+    // (tensor shape, its (B, H, n_q, n_k) form)
+    for (causal, shape, kind) in [
+        (false, vec![b, h, n_q, n_k], [b, h, n_q, n_k]),
+        (true, vec![h, n_q, n_k], [1, h, n_q, n_k]),
+        (false, vec![b, 1, 1, n_k], [b, 1, 1, n_k]),
+        (true, vec![n_q, n_k], [1, 1, n_q, n_k]),
+    ] {
+        let len: usize = shape.iter().product();
+        let bias: Vec<f32> =
+            values(len, 35).iter().map(|x| if *x > 0.85 { f32::NEG_INFINITY } else { 2.0 * x }).collect();
+        let q = Tensor::from_vec(qv.clone(), &[b, h, n_q, d]);
+        let k = Tensor::from_vec(kv.clone(), &[b, hkv, n_k, d]);
+        let v = Tensor::from_vec(vv.clone(), &[b, hkv, n_k, d]);
+        let bias_t = Tensor::from_vec(bias.clone(), &shape);
+        let out = scaled_dot_product_attention(&q, &k, &v, Some(&bias_t), causal, None).unwrap();
+        let w = Tensor::from_vec(dov.clone(), &[b, h, n_q, d]);
+        let loss = (&out * &w).sum(-1, false).sum(-1, false).sum(-1, false).sum(-1, false);
+
+        let without = gradient(&loss, &[&q, &k, &v]).unwrap();
+        let roots: Vec<_> = without.iter().map(|g| g.uop().clone()).collect();
+        let plan = make_plan(&roots, &RealizeOptions::default()).unwrap();
+        let names = plan.kernel_names();
+        assert!(!names.contains(&"sdpa_backward_bias_grad_tile_ops"), "{names:?}");
+
+        let grads = gradient(&loss, &[&q, &k, &v, &bias_t]).unwrap();
+        let roots: Vec<_> = grads.iter().map(|g| g.uop().clone()).collect();
+        let plan = make_plan(&roots, &RealizeOptions::default()).unwrap();
+        assert!(
+            plan.kernel_names().contains(&"sdpa_backward_bias_grad_tile_ops"),
+            "{:?}",
+            plan.kernel_names()
+        );
+        assert_eq!(grads[3].shape(), &shape[..]);
+        let config = SdpaConfig {
+            kv_heads: hkv,
+            causal,
+            mask: MaskKind::Bias(kind),
+            ..SdpaConfig::new(b, h, n_q, n_k, d)
+        };
+        let extras = Extras { bias: Some(&bias), ..Extras::default() };
+        let want = reference_backward_f64(&config, &qv, &kv, &vv, &dov, extras);
+        for (g, w) in grads.iter().zip(&want) {
+            let got = g.to_ndarray::<f32>().unwrap();
+            // At most b * h * n_q = 56 summed dS terms of O(1) values per dbias element.
+            let e = max_err(got.as_slice().unwrap(), w);
+            assert!(e < 1e-4, "{shape:?} causal {causal}: {e}");
+        }
+        assert!(want[3].iter().any(|x| x.abs() > 1e-3), "the bias gradient is not trivially zero");
+
+        // Central differences of the f64 loss at a few elements (h = 2^-7; O(h^2) error).
+        let dbias = grads[3].to_ndarray::<f32>().unwrap();
+        let dbias = dbias.as_slice().unwrap();
+        for idx in [0, len / 3, len / 2, len - 1] {
+            if bias[idx] == f32::NEG_INFINITY {
+                assert_eq!(dbias[idx], 0.0);
+                continue;
+            }
+            let at = |delta: f32| {
+                let mut bb = bias.clone();
+                bb[idx] += delta;
+                let o =
+                    reference_f64(&config, &qv, &kv, &vv, Extras { bias: Some(&bb), ..Extras::default() });
+                o.iter().zip(&dov).map(|(&x, &g)| x * f64::from(g)).sum::<f64>()
+            };
+            let step = 1.0f32 / 128.0;
+            let fd = (at(step) - at(-step)) / (2.0 * f64::from(step));
+            assert!(
+                (fd - f64::from(dbias[idx])).abs() < 1e-3,
+                "bias[{idx}]: fd {fd}, gradient {}",
+                dbias[idx]
+            );
+        }
+    }
+}
+
+/// One head of rank 2 (a single backward task, whose THREAD index folds to a constant): the
+/// kernels still zero and write every element of their outputs.
+#[test]
+fn one_head_gradients_with_a_bias() {
+    use uopc_kernels::sdpa::reference_backward_f64;
+    let (n, d) = (10, 4);
+    let (qv, kv, vv, dov) = (values(n * d, 41), values(n * d, 42), values(n * d, 43), values(n * d, 44));
+    let bias = values(n * n, 45);
+    let t = |x: &[f32], shape: &[usize]| Tensor::from_vec(x.to_vec(), shape);
+    let (q, k, v, b) = (t(&qv, &[n, d]), t(&kv, &[n, d]), t(&vv, &[n, d]), t(&bias, &[n, n]));
+    let out = scaled_dot_product_attention(&q, &k, &v, Some(&b), true, None).unwrap();
+    let loss = (&out * &t(&dov, &[n, d])).sum(-1, false).sum(-1, false);
+    let grads = gradient(&loss, &[&q, &k, &v, &b]).unwrap();
+    let config =
+        SdpaConfig { causal: true, mask: MaskKind::Bias([1, 1, n, n]), ..SdpaConfig::new(1, 1, n, n, d) };
+    let want = reference_backward_f64(
+        &config,
+        &qv,
+        &kv,
+        &vv,
+        &dov,
+        Extras { bias: Some(&bias), ..Extras::default() },
+    );
+    for (g, w) in grads.iter().zip(&want) {
+        let got = g.to_ndarray::<f32>().unwrap();
+        // Sums of at most n = 10 products of values below 1 in f32.
+        assert!(max_err(got.as_slice().unwrap(), w) < 1e-5);
+    }
+}

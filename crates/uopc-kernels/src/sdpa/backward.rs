@@ -6,7 +6,9 @@
 //! `dS = P * (dP - Delta)` (the gradient at the scaled scores), and
 //! `dV = P^T dO`, `dK = scale * dS^T Q`, `dQ = scale * dS K`. The scale is folded in once:
 //! the task's copy of `V^T` and `Delta` are multiplied by it, so `dP` and `dS` come out scaled
-//! and the dK and dQ GEMMs need no further pass. The bias gets no gradient here.
+//! and the dK and dQ GEMMs need no further pass. An additive bias's gradient is `dS` itself
+//! (summed over the bias's broadcast axes); a second program writes it when asked for
+//! ([`sdpa_backward_ir_with_bias_grad`]), so the plain backward never pays for its writes.
 //!
 //! **Work split.** One THREAD task per (batch item, key/value head, chunk). A task loops over
 //! its key blocks; for each it copies `K^T` (times `scale * log2(e)`) and `V^T` (times `scale`)
@@ -30,7 +32,7 @@ use super::{ConfigCache, Extras, Layout, MaskKind, SdpaConfig, SdpaError, cached
 use crate::masked::min_idx;
 use crate::online::LOG2E;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use uopc_ir::{AxisType, DType, GemmShape, ProgramBuilder, TileOp, UOp, buffer, f32c, idx, sink, tile};
 use uopc_jit::{Arg, JitError, MAX_LOCAL_BYTES, Program};
 
@@ -98,6 +100,11 @@ struct Geometry {
     task_rows: usize,
     /// Whether the program writes the caller's dq, dk and dv in place.
     direct: bool,
+    /// With an additive bias: the extents `[heads, rows, keys]` of one task's region of the
+    /// dbias target, each 1 where the bias broadcasts (the task sums its terms there).
+    bias_region: Option<[usize; 3]>,
+    /// Whether that target is exactly the caller's dbias (no two tasks share an element).
+    bias_direct: bool,
 }
 
 impl Geometry {
@@ -115,6 +122,44 @@ impl Geometry {
             slots,
             task_rows: slots * b.keys + rest_k,
             direct: b.chunks == 1 && c.layout == Layout::Bhnd,
+            bias_region: match c.mask {
+                MaskKind::Bias(shape) => Some([
+                    if shape[1] != 1 { c.heads / c.kv_heads } else { 1 },
+                    if shape[2] != 1 { c.n_q } else { 1 },
+                    if shape[3] != 1 { slots * b.keys + rest_k } else { 1 },
+                ]),
+                _ => None,
+            },
+            // Tasks differ in (item, key/value head, chunk): they share a bias element only
+            // where the bias broadcasts over an axis that tells them apart.
+            bias_direct: match c.mask {
+                MaskKind::Bias(shape) => {
+                    b.chunks == 1 && (c.batch == 1 || shape[0] != 1) && (c.kv_heads == 1 || shape[1] != 1)
+                }
+                _ => false,
+            },
+        }
+    }
+
+    /// Elements of one task's region of the dbias target (0 without a bias).
+    fn bias_task_len(&self) -> usize {
+        self.bias_region.map_or(0, |r| r.iter().product())
+    }
+
+    /// Elements of the dbias target: one region per task.
+    fn dbias_len(&self) -> usize {
+        self.tasks * self.bias_task_len()
+    }
+
+    /// The key of row `slot` of chunk `chunk`'s region (slot order, as dk and dv), if that
+    /// slot holds a key block of the chunk.
+    fn slot_key(&self, b: &BackwardBlocking, chunk: usize, slot: usize) -> Option<usize> {
+        let (sb, j) = (slot / b.keys, slot % b.keys);
+        if sb < self.slots {
+            let kb = chunk + sb * b.chunks;
+            (kb < self.full_kb).then_some(kb * b.keys + j)
+        } else {
+            (chunk == 0 && j < self.rest_k).then_some(self.full_kb * b.keys + j)
         }
     }
 
@@ -133,23 +178,75 @@ impl Geometry {
 ///
 /// Buffers: 0 = q, 1 = k, 2 = v, 3 = dO (laid out as [`SdpaConfig::layout`]), 4 = the
 /// forward's base-2 lse and 5 = `scale * Delta` (each `(batch, head, row)`, `B * H * n_q`),
-/// 6 = the dq target, which must hold zeros (`tasks * group * n_q * D`: task-major, one
-/// `(group head, row, d)` block per task), 7 and 8 = the dk and dv targets (task-major, the
+/// 6 = the dq target (`tasks * group * n_q * D`: task-major, one `(group head, row, d)` block
+/// per task, which the task zeroes before accumulating into it), 7 and 8 = the dk and dv targets (task-major, the
 /// task's key rows in slot order); then the mask or bias and the key lengths, if any. With
 /// one chunk and the BHND layout the three targets are exactly the caller's dq, dk and dv.
+/// The bias gets no gradient (see [`sdpa_backward_ir_with_bias_grad`]).
 pub fn sdpa_backward_ir(config: &SdpaConfig, blocking: &BackwardBlocking) -> UOp {
-    BackwardKernel::new(config, blocking).program()
+    BackwardKernel::new(config, blocking, Outputs::GRADS).program()
+}
+
+/// [`sdpa_backward_ir`] that also writes the gradient of an additive bias ([`MaskKind::Bias`]),
+/// `dS = P * (dP - Delta)` summed over the bias's broadcast axes, into one more buffer after
+/// all the others: the dbias target, task-major, one `[heads, rows, keys]` region per task
+/// (the group's heads, the query rows and the task's key rows in slot order, each extent 1
+/// where the bias broadcasts). Each task zeroes its region and sums its own terms into it, so
+/// no element is written by two tasks; tasks that share a bias element (a bias broadcast over
+/// batch items or key/value heads, or over keys split into chunks) leave partials for the
+/// caller to add. With one chunk and a bias that is full over the tasks' axes the region is
+/// exactly the bias's row-major layout.
+///
+/// # Errors
+///
+/// [`SdpaError::Extra`] naming `dbias` when `config` has no bias (nothing to differentiate).
+pub fn sdpa_backward_ir_with_bias_grad(
+    config: &SdpaConfig,
+    blocking: &BackwardBlocking,
+) -> Result<UOp, SdpaError> {
+    if !matches!(config.mask, MaskKind::Bias(_)) {
+        return Err(SdpaError::Extra { arg: "dbias", expected: false });
+    }
+    Ok(BackwardKernel::new(config, blocking, Outputs { grads: true, bias: true }).program())
 }
 
 /// The backward program of a tensor graph's kernel node for `config` (BHND): one chunk, so the
-/// targets are exactly dq, dk and dv, and each task zeroes its dq rows before accumulating
-/// into them (a node's output buffer holds garbage). Slots as [`sdpa_backward_ir`].
+/// targets are exactly dq, dk and dv (each task zeroes its dq rows, as always, which matters
+/// here because a node's output buffer holds garbage). Slots as [`sdpa_backward_ir`].
 pub(crate) fn sdpa_backward_ir_for_graph(config: &SdpaConfig) -> UOp {
-    let blocking = BackwardBlocking { chunks: 1, ..BackwardBlocking::choose(config, cores()) };
-    let mut kernel = BackwardKernel::new(config, &blocking);
+    let kernel = BackwardKernel::new(config, &graph_blocking(config), Outputs::GRADS);
     debug_assert!(kernel.g.direct, "one chunk of a BHND configuration writes dq, dk, dv in place");
-    kernel.zero_dq = true;
     kernel.program()
+}
+
+/// The one-chunk blocking of the tensor graph's backward kernels.
+fn graph_blocking(config: &SdpaConfig) -> BackwardBlocking {
+    BackwardBlocking { chunks: 1, ..BackwardBlocking::choose(config, cores()) }
+}
+
+/// The bias-gradient program of a tensor graph's kernel node for `config` (BHND, with a bias):
+/// S, P, dP and dS recomputed as in [`sdpa_backward_ir_for_graph`], but only dS is kept, into
+/// the dbias target of [`sdpa_backward_ir_with_bias_grad`] (slot 9 + 1: after the bias). Its
+/// own node, so that a graph whose bias needs no gradient never runs it. Also returns the
+/// extents `[tasks, heads, rows, keys]` of that target.
+pub(crate) fn sdpa_bias_grad_ir_for_graph(config: &SdpaConfig) -> (UOp, [usize; 4]) {
+    let kernel = BackwardKernel::new(config, &graph_blocking(config), Outputs { grads: false, bias: true });
+    let [h, r, k] = kernel.g.bias_region.expect("the configuration has a bias");
+    let tasks = kernel.g.tasks;
+    (kernel.program(), [tasks, h, r, k])
+}
+
+/// Which gradients a backward program writes.
+#[derive(Clone, Copy)]
+struct Outputs {
+    /// dq, dk and dv.
+    grads: bool,
+    /// The additive bias's.
+    bias: bool,
+}
+
+impl Outputs {
+    const GRADS: Outputs = Outputs { grads: true, bias: false };
 }
 
 struct BackwardKernel {
@@ -167,11 +264,12 @@ struct BackwardKernel {
     dv: UOp,
     mask: Option<(UOp, [usize; 4])>,
     lens: Option<UOp>,
+    /// The dbias target, when the program writes it.
+    dbias: Option<UOp>,
+    outputs: Outputs,
     pb: ProgramBuilder,
     /// The effects (and ranges) the next step comes after.
     chain: Vec<UOp>,
-    /// Whether each task zeroes its dq rows first (else the caller passes zeros).
-    zero_dq: bool,
 }
 
 /// The task's indices and stack tiles.
@@ -197,7 +295,7 @@ struct KeyBlock {
 }
 
 impl BackwardKernel {
-    fn new(config: &SdpaConfig, blocking: &BackwardBlocking) -> Self {
+    fn new(config: &SdpaConfig, blocking: &BackwardBlocking, outputs: Outputs) -> Self {
         let c = *config;
         let g = Geometry::new(&c, blocking);
         let f32t = DType::F32;
@@ -208,7 +306,10 @@ impl BackwardKernel {
             MaskKind::Bias(s) => Some((buffer(9, f32t, s.iter().product()), s)),
         };
         let lens_slot = if mask.is_some() { 10 } else { 9 };
+        let dbias_slot = lens_slot + usize::from(c.key_lengths);
         BackwardKernel {
+            dbias: outputs.bias.then(|| buffer(dbias_slot, f32t, g.dbias_len())),
+            outputs,
             q: buffer(0, f32t, c.q_len()),
             k: buffer(1, f32t, c.kv_len()),
             v: buffer(2, f32t, c.kv_len()),
@@ -225,7 +326,6 @@ impl BackwardKernel {
             g,
             pb: ProgramBuilder::new(),
             chain: Vec::new(),
-            zero_dq: false,
         }
     }
 
@@ -306,12 +406,23 @@ impl BackwardKernel {
         let kv_base = &item * ksb + &kv_head * ksh;
         let th = std::slice::from_ref(&t);
         self.chain = vec![t.clone()];
-        if self.zero_dq {
-            // The task's dq rows are `t * c + r`: every query row of its group's heads.
+        if self.outputs.grads {
+            // The task's dq rows are `t * c + r`: every query row of its group's heads. Zeroed
+            // here, in parallel, rather than by the caller, so no target needs clearing.
             let per_task = self.g.group * self.c.n_q * d;
             let z = self.pb.range(per_task, AxisType::Loop);
-            let zero = self.dq.index(&t * per_task + &z).store(0.0f32).end(&[z]);
-            self.chain = vec![t.clone(), zero];
+            // After the THREAD range, so that it stays inside it even when there is one task
+            // (whose index then folds to a constant).
+            let zero = self.dq.after(th).index(&t * per_task + &z).store(0.0f32).end(&[z]);
+            self.chain.push(zero);
+        }
+        if let Some(dbias) = &self.dbias {
+            // The terms are summed into the region (broadcast axes, and key blocks that no
+            // query row sees leave elements untouched), so it starts at zero.
+            let per_task = self.g.bias_task_len();
+            let z = self.pb.range(per_task, AxisType::Loop);
+            let zero = dbias.after(th).index(&t * per_task + &z).store(0.0f32).end(&[z]);
+            self.chain.push(zero);
         }
         Task {
             kt: kt.after(th),
@@ -345,6 +456,12 @@ impl BackwardKernel {
             self.at(&task.vt, to).store(self.v.index(src).load() * vscale),
         ])
         .end(&[e, j]);
+        if !self.outputs.grads {
+            self.chain = vec![copy];
+            let group = self.g.group;
+            self.looped(idx(group as i64), AxisType::Reduce, |me, hh| me.query_blocks(task, kb, hh));
+            return;
+        }
         let z = self.pb.range(cols * d, AxisType::Loop);
         let zero = sink(&[
             self.at(&task.dk_acc, z.clone()).store(0.0f32),
@@ -435,6 +552,12 @@ impl BackwardKernel {
             TileOp::SoftmaxGrad { rows, cols, ld: cols },
             &[(&s, idx(0)), (&dp, idx(0)), (&delta, row_at)],
         );
+        if self.dbias.is_some() {
+            self.bias_grad_tile(task, kb, hh, q0, rows);
+        }
+        if !self.outputs.grads {
+            return;
+        }
         // dV += P^T dO, dK += dS^T Q (dS carries the scale).
         self.step(
             gemm(cols, d, rows, cols, qsn, d, true, true),
@@ -449,6 +572,33 @@ impl BackwardKernel {
         let (k, dq) = (self.k.clone(), self.dq.clone());
         let k_at = &task.kv_base + &kb.k0 * ksn;
         self.step(gemm(rows, d, cols, cols, ksn, d, false, true), &[(&dp, idx(0)), (&k, k_at), (&dq, dq_at)]);
+    }
+
+    /// The loop over the gradient tile that adds `dS = (scale dS) / scale` into the task's
+    /// dbias region: the element of head `hh`, row `q0 + r`, key slot `slot_row + c`, with 0
+    /// in place of each broadcast coordinate (terms that meet there are summed in order).
+    fn bias_grad_tile(&mut self, task: &Task, kb: &KeyBlock, hh: &UOp, q0: &UOp, rows: usize) {
+        let (Some(dbias), Some([_, region_rows, region_keys])) = (self.dbias.clone(), self.g.bias_region)
+        else {
+            return;
+        };
+        let MaskKind::Bias(shape) = self.c.mask else { return };
+        let cols = kb.cols;
+        let rq = self.pb.range(rows, AxisType::Loop);
+        let cc = self.pb.range(cols, AxisType::Loop);
+        let head = if shape[1] != 1 { hh.clone() } else { idx(0) };
+        let row = if shape[2] != 1 { q0 + &rq } else { idx(0) };
+        let key = if shape[3] != 1 { &kb.slot_row + &cc } else { idx(0) };
+        let at =
+            &task.t * self.g.bias_task_len() + (head * region_rows as i64 + row) * region_keys as i64 + key;
+        let unscale = (1.0 / f64::from(self.c.effective_scale())) as f32;
+        let d_score = self.at(&task.dp, &rq * cols + &cc).load() * unscale;
+        // Inside both loops, after the previous sums: a broadcast coordinate repeats the
+        // element across iterations, so the load must not be hoisted past the stores.
+        let mut deps = self.chain.clone();
+        deps.extend([rq.clone(), cc.clone()]);
+        let cell = dbias.after(&deps).index(at);
+        self.chain = vec![cell.store(cell.load() + d_score).end(&[cc, rq])];
     }
 
     /// The loop over the score tile that adds the bias and sets the keys a row does not see
@@ -514,6 +664,12 @@ pub struct SdpaBackward {
     blocking: BackwardBlocking,
     forward: Program,
     program: Program,
+    /// The backward that also writes dbias ([`sdpa_backward_ir_with_bias_grad`]), compiled on
+    /// the first [`SdpaBackward::run_with_bias_grad`], so that a bias without a gradient costs
+    /// neither its compile nor its writes.
+    bias_grad: OnceLock<Program>,
+    /// The dq partials and task-major dk and dv of chunked or BHND-strided runs, reused.
+    scratch: Mutex<Vec<f32>>,
 }
 
 impl SdpaBackward {
@@ -554,7 +710,15 @@ impl SdpaBackward {
         }
         let fwd = Program::compile(&sdpa_ir_with_lse(config, &forward), "sdpa_forward_lse")?;
         let program = Program::compile(&sdpa_backward_ir(config, &blocking), "sdpa_backward_tile_ops")?;
-        let b = SdpaBackward { config: *config, forward_blocking: forward, blocking, forward: fwd, program };
+        let b = SdpaBackward {
+            config: *config,
+            forward_blocking: forward,
+            blocking,
+            forward: fwd,
+            program,
+            bias_grad: OnceLock::new(),
+            scratch: Mutex::new(Vec::new()),
+        };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!(
                 "{b}; compiled in {:.1} ms",
@@ -597,7 +761,8 @@ impl SdpaBackward {
     /// The gradients of the attention at `saved` (what [`SdpaBackward::forward`] read and
     /// produced) for the output gradient `d_o`, into `dq` (q's length) and `dk`, `dv` (k's).
     /// `extras` must be the forward's. Every length is checked, each error naming its
-    /// argument. Rows that saw no key get zero gradients. The bias gets no gradient.
+    /// argument. Rows that saw no key get zero gradients. The bias gets no gradient (see
+    /// [`SdpaBackward::run_with_bias_grad`]).
     pub fn run(
         &self,
         saved: ForwardSaved<'_>,
@@ -606,6 +771,53 @@ impl SdpaBackward {
         dq: &mut [f32],
         dk: &mut [f32],
         dv: &mut [f32],
+    ) -> Result<(), SdpaError> {
+        self.run_inner(saved, d_o, extras, [dq, dk, dv], None)
+    }
+
+    /// [`SdpaBackward::run`] into `[dq, dk, dv]` that also writes the gradient of the
+    /// additive bias into `dbias` (the bias's shape and length): `dS = P * (dP - Delta)`
+    /// summed over the axes the bias broadcasts along, zero where no row sees the key. The
+    /// first call compiles the program that writes it (then kept in `self`), so a bias
+    /// without a gradient costs nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`SdpaBackward::run`]; [`SdpaError::Extra`] naming `dbias` when the configuration has
+    /// no bias, [`SdpaError::Length`] naming it when its length is not the bias's.
+    pub fn run_with_bias_grad(
+        &self,
+        saved: ForwardSaved<'_>,
+        d_o: &[f32],
+        extras: Extras<'_>,
+        [dq, dk, dv]: [&mut [f32]; 3],
+        dbias: &mut [f32],
+    ) -> Result<(), SdpaError> {
+        let MaskKind::Bias(shape) = self.config.mask else {
+            return Err(SdpaError::Extra { arg: "dbias", expected: false });
+        };
+        check("dbias", shape.iter().product(), dbias.len())?;
+        self.run_inner(saved, d_o, extras, [dq, dk, dv], Some(dbias))
+    }
+
+    /// The compiled backward that also writes dbias, compiled on first use.
+    fn bias_grad_program(&self) -> Result<&Program, SdpaError> {
+        if let Some(p) = self.bias_grad.get() {
+            return Ok(p);
+        }
+        let ir = sdpa_backward_ir_with_bias_grad(&self.config, &self.blocking)?;
+        let program = Program::compile(&ir, "sdpa_backward_bias_grad_tile_ops")?;
+        // A racing compile is harmless: the first one stored is used.
+        Ok(self.bias_grad.get_or_init(|| program))
+    }
+
+    fn run_inner(
+        &self,
+        saved: ForwardSaved<'_>,
+        d_o: &[f32],
+        extras: Extras<'_>,
+        [dq, dk, dv]: [&mut [f32]; 3],
+        dbias: Option<&mut [f32]>,
     ) -> Result<(), SdpaError> {
         let c = &self.config;
         check("q", c.q_len(), saved.q.len())?;
@@ -621,6 +833,22 @@ impl SdpaBackward {
         let delta = self.delta(saved.o, d_o);
         let mut extra_args = Vec::new();
         push_extras(c, extras, &mut extra_args)?;
+        let program = if dbias.is_some() { self.bias_grad_program()? } else { &self.program };
+        // The dbias target: the caller's dbias when no two tasks share an element, else the
+        // tasks' partials, added into dbias after the kernel.
+        let mut dbias_partials = match &dbias {
+            Some(_) if !g.bias_direct => vec![0.0f32; g.dbias_len()],
+            _ => Vec::new(),
+        };
+        let (dbias_direct, dbias_sum) = match dbias {
+            Some(out) if g.bias_direct => (Some(out), None),
+            other => (None, other),
+        };
+        if let Some(target) = dbias_direct {
+            extra_args.push(Arg::WriteF32(target));
+        } else if dbias_sum.is_some() {
+            extra_args.push(Arg::WriteF32(&mut dbias_partials));
+        }
         let run = |dq_t: &mut [f32], dk_t: &mut [f32], dv_t: &mut [f32], extra: Vec<Arg<'_>>| {
             let mut args: Vec<Arg<'_>> = vec![
                 saved.q.into(),
@@ -634,18 +862,61 @@ impl SdpaBackward {
                 Arg::WriteF32(dv_t),
             ];
             args.extend(extra);
-            self.program.run(&mut args)
+            program.run(&mut args)
         };
         if g.direct {
-            dq.fill(0.0);
             run(dq, dk, dv, extra_args)?;
-            return Ok(());
+        } else {
+            // The chunks' targets, kept between runs: each task zeroes its dq rows and writes
+            // all of its dk and dv rows, so nothing needs clearing here, and a fresh (zeroed,
+            // page-faulted) allocation per run is avoided. A run that finds the buffer taken
+            // by a concurrent run allocates its own.
+            let mut scratch = std::mem::take(&mut *self.scratch.lock().unwrap_or_else(|e| e.into_inner()));
+            let (dq_len, dkv_len) = (g.dq_len(c), g.dkv_len(c));
+            scratch.resize(dq_len + 2 * dkv_len, 0.0);
+            let (dq_t, dkv_t) = scratch.split_at_mut(dq_len);
+            let (dk_t, dv_t) = dkv_t.split_at_mut(dkv_len);
+            run(dq_t, dk_t, dv_t, extra_args)?;
+            self.gather(&g, [dq_t, dk_t, dv_t], [dq, dk, dv]);
+            *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = scratch;
         }
-        let mut dq_t = vec![0.0f32; g.dq_len(c)];
-        let (mut dk_t, mut dv_t) = (vec![0.0f32; g.dkv_len(c)], vec![0.0f32; g.dkv_len(c)]);
-        run(&mut dq_t, &mut dk_t, &mut dv_t, extra_args)?;
-        self.gather(&g, [&dq_t, &dk_t, &dv_t], [dq, dk, dv]);
+        if let Some(out) = dbias_sum {
+            self.sum_bias_partials(&g, &dbias_partials, out);
+        }
         Ok(())
+    }
+
+    /// Adds the tasks' dbias regions (see [`sdpa_backward_ir_with_bias_grad`]) into `dbias`,
+    /// each element to the bias element it stands for.
+    fn sum_bias_partials(&self, g: &Geometry, partials: &[f32], dbias: &mut [f32]) {
+        let c = &self.config;
+        let (MaskKind::Bias(shape), Some([heads, rows, keys])) = (c.mask, g.bias_region) else { return };
+        let [sb, sh, sq, sk] = SdpaConfig::mask_strides(shape);
+        let chunks = self.blocking.chunks;
+        dbias.fill(0.0);
+        let mut regions = partials.chunks_exact(g.bias_task_len());
+        for item in 0..c.batch {
+            for kvh in 0..c.kv_heads {
+                for ch in 0..chunks {
+                    let region = regions.next().expect("one region per task");
+                    for hh in 0..heads {
+                        for i in 0..rows {
+                            let base = item * sb + (kvh * g.group + hh) * sh + i * sq;
+                            let from = &region[(hh * rows + i) * keys..][..keys];
+                            if keys == 1 {
+                                dbias[base] += from[0];
+                                continue;
+                            }
+                            for (slot, &x) in from.iter().enumerate() {
+                                if let Some(key) = g.slot_key(&self.blocking, ch, slot) {
+                                    dbias[base + key * sk] += x;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// `scale * Delta`, with `Delta_i = dO_i · O_i` per row, `(batch, head, row)`.

@@ -37,9 +37,20 @@ const TILE_BUDGET: usize = MAX_LOCAL_BYTES - 16 * 1024;
 /// per core, uneven task counts leave a core idle for at most a fifth of the run.
 const SPLIT_TASKS_PER_CORE: usize = 4;
 
-/// Full key blocks a chunk keeps at least, so the partial state each chunk writes and the
-/// merge reads (rows x (D + 2) floats) stays small next to the chunk's K and V.
-const MIN_CHUNK_BLOCKS: usize = 8;
+/// Keys a chunk keeps at least (and at least one block), so the partial state each chunk
+/// writes and the merge reads (rows x (D + 2) floats) stays small next to the chunk's K and V.
+const MIN_CHUNK_KEYS: usize = 8 * KEY_BLOCK;
+
+/// Rows per task up to which the tile GEMMs stream K and V rows straight from memory instead
+/// of packing register-tile panels (the AVX-512 dot-product and row-streamed kernels).
+const FEW_ROWS: usize = 8;
+
+/// Keys per block for tasks of at most [`FEW_ROWS`] rows (decode). Such a task does little
+/// arithmetic per key, so what each block costs regardless of its width (three tile calls,
+/// the softmax update's per-row reductions, one rescale pass over the output tile) is a large
+/// share of it; the streamed kernels read each K and V row once whatever the block's width, so
+/// a wide block costs no cache reuse. The score tile stays small (rows x 512 floats).
+const STREAMED_KEY_BLOCK: usize = 512;
 
 impl Blocking {
     /// Block sizes for `config` on `cores` cores.
@@ -52,9 +63,10 @@ impl Blocking {
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
     /// rows are a divisor of n_q when one lies within half of the most rows; otherwise query
     /// blocks are evened out (no mostly-empty last block); they are split further if there
-    /// would be fewer tasks than cores. When one query block holds all rows and there are
-    /// fewer than four tasks per core, the keys are split into chunks of at least eight blocks
-    /// (split-K).
+    /// would be fewer tasks than cores. Keys come in blocks of 64, or of 512 when a task has at
+    /// most 8 rows (those stream K and V, and a wide block spreads the per-block costs). When
+    /// one query block holds all rows and there are fewer than four tasks per core, the keys
+    /// are split into chunks of at least 512 keys and one block (split-K).
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
         let &SdpaConfig { batch, heads, kv_heads, n_q, n_k, d, .. } = config;
         let keys = KEY_BLOCK.min(n_k);
@@ -86,10 +98,14 @@ impl Blocking {
         }
         queries = n_q.div_ceil(blocks);
         let tasks = batch * kv_heads * (group / heads_per_task) * n_q.div_ceil(queries);
+        let rows = heads_per_task * queries;
+        let wide = STREAMED_KEY_BLOCK.min(n_k);
+        let keys = if rows <= FEW_ROWS && 4 * rows * (2 * d + wide + 2) <= TILE_BUDGET { wide } else { keys };
         let mut splits = 1;
         if queries == n_q && tasks < SPLIT_TASKS_PER_CORE * cores {
             let full = n_k / keys;
-            let want = (SPLIT_TASKS_PER_CORE * cores).div_ceil(tasks).min(full / MIN_CHUNK_BLOCKS).max(1);
+            let want =
+                (SPLIT_TASKS_PER_CORE * cores).div_ceil(tasks).min((n_k / MIN_CHUNK_KEYS).min(full)).max(1);
             // Even chunks, none of them empty.
             splits = full.div_ceil(full.div_ceil(want));
         }

@@ -15,7 +15,8 @@
 //! attention it is checked against.
 //!
 //! [`SdpaBackward`] is its FlashAttention-2 backward (a forward that also saves the per-row
-//! log-sum-exp, then dQ, dK and dV on tile ops), checked against [`reference_backward_f64`].
+//! log-sum-exp, then dQ, dK and dV, and the bias's gradient when asked for, on tile ops),
+//! checked against [`reference_backward_f64`].
 
 mod backward;
 mod backward_reference;
@@ -24,7 +25,10 @@ mod merge;
 mod reference;
 mod tensor;
 
-pub use backward::{BackwardBlocking, ForwardSaved, SdpaBackward, compiled_backward, sdpa_backward_ir};
+pub use backward::{
+    BackwardBlocking, ForwardSaved, SdpaBackward, compiled_backward, sdpa_backward_ir,
+    sdpa_backward_ir_with_bias_grad,
+};
 pub use backward_reference::reference_backward_f64;
 use kernel::cores;
 pub use kernel::{Blocking, sdpa_ir, sdpa_ir_with_lse};

@@ -29,11 +29,14 @@ pub fn reference_f64(config: &SdpaConfig, q: &[f32], k: &[f32], v: &[f32], extra
 }
 
 /// Where one query row of the f64 references lives: its offset in q (and the output), the
-/// offset of its key/value head in k and v, and the element stride between keys.
+/// offset of its key/value head in k and v, the element stride between keys, and the offset
+/// and key stride of its row in the mask or bias (0 on broadcast axes).
 pub(super) struct RowAt {
     pub q: usize,
     pub kv: usize,
     pub key_stride: usize,
+    pub mask: usize,
+    pub mask_key_stride: usize,
 }
 
 /// Calls `row` for every query row with the keys it sees and their scores in f64
@@ -80,7 +83,8 @@ pub(super) fn for_each_row(
                         scores.push((j, s));
                     }
                 }
-                row(RowAt { q: q_at, kv: kv_at, key_stride: ksn }, &scores);
+                let mask = b * mstr[0] + h * mstr[1] + i * mstr[2];
+                row(RowAt { q: q_at, kv: kv_at, key_stride: ksn, mask, mask_key_stride: mstr[3] }, &scores);
             }
         }
     }

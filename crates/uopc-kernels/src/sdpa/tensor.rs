@@ -1,7 +1,7 @@
 //! Attention on lazy tensors: [`scaled_dot_product_attention`] puts the FlashAttention-2
 //! kernel into a tensor graph as one kernel node.
 
-use super::backward::sdpa_backward_ir_for_graph;
+use super::backward::{sdpa_backward_ir_for_graph, sdpa_bias_grad_ir_for_graph};
 use super::kernel::{cores, sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
 use super::{Blocking, MaskKind, SdpaConfig, SdpaError};
 use std::collections::HashMap;
@@ -28,8 +28,10 @@ const MASKED_SCORE: f32 = -1.0e30;
 ///
 /// The gradient (through [`uopc_tensor::gradient`]) runs the FlashAttention-2 backward of
 /// [`super::SdpaBackward`] as kernel nodes: the forward again with the log-sum-exp, `Delta`,
-/// then one kernel for dq, dk and dv (no `n_q x n_k` buffer); the mask or bias gets no
-/// gradient. The unfused graph over the same inputs stays attached as the node's equivalent
+/// then one kernel for dq, dk and dv (no `n_q x n_k` buffer). An f32 bias gets its gradient
+/// (`dS`, summed over its broadcast axes) from a kernel node of its own, which recomputes the
+/// scores: a gradient rule cannot tell whether the bias's gradient is wanted, and as a node of
+/// its own it runs only when it is. A bool mask gets none. The unfused graph over the same inputs stays attached as the node's equivalent
 /// (a reference). The decode shapes that [`super::Sdpa`] splits over the keys (split-K) run
 /// unsplit here.
 ///
@@ -142,10 +144,48 @@ fn backward_nodes(
     };
     let mut out =
         vec![Some(part(0, q_len, q)?), Some(part(q_len, kv_len, k)?), Some(part(q_len + kv_len, kv_len, v)?)];
-    if mask.is_some() {
-        out.push(None);
+    match (mask, c.mask) {
+        (Some(bias), MaskKind::Bias(shape)) => out.push(Some(bias_grad_node(c, shape, &bwd_sources, bias)?)),
+        (Some(_), _) => out.push(None),
+        (None, _) => {}
     }
     Ok(out)
+}
+
+/// The gradient of the bias `bias` (of kind `MaskKind::Bias(shape)`): the tasks' dbias
+/// regions from [`sdpa_bias_grad_ir_for_graph`], summed over the tasks that share an element
+/// (batch items and key/value heads the bias broadcasts along), in the bias's own shape.
+/// `sources` are the backward node's (q, k, v, dO, lse, Delta, bias).
+fn bias_grad_node(
+    c: &SdpaConfig,
+    shape: [usize; 4],
+    sources: &[&Tensor],
+    bias: &Tensor,
+) -> Result<Tensor, TensorError> {
+    let (program, [tasks, heads, rows, keys]) = sdpa_bias_grad_ir_for_graph(c);
+    // The program's slots are q, k, v, dO, lse, Delta, bias (9), dbias (10).
+    let program = renumber_slots(&program, |slot| match slot {
+        9 => 6,
+        10 => 7,
+        other => other,
+    });
+    let partials = Tensor::try_custom(
+        "sdpa_backward_bias_grad_tile_ops",
+        program,
+        sources,
+        &[tasks * heads * rows * keys],
+        DType::F32,
+        None,
+    )?;
+    // One chunk per (item, key/value head): the regions are (B, H_kv, heads, rows, keys).
+    let mut g = partials.try_reshape(&[c.batch, c.kv_heads, heads, rows, keys])?;
+    if shape[0] == 1 {
+        g = g.try_sum(0, true)?;
+    }
+    if shape[1] == 1 {
+        g = g.try_sum(1, true)?;
+    }
+    g.try_reshape(bias.shape())
 }
 
 /// `program` with every BUFFER slot `s` renumbered to `to(s)`.
