@@ -16,7 +16,9 @@ pub use custom::CustomVjp;
 pub(crate) use custom::custom_vjp;
 mod display;
 mod elementwise;
+mod math;
 mod movement;
+mod nn;
 mod operators;
 mod reduce;
 
@@ -224,6 +226,13 @@ impl Tensor {
     #[track_caller]
     pub fn from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Tensor {
         ok(Tensor::try_from_vec(data, shape))
+    }
+
+    /// A Bool tensor of `shape` holding `data` (masks built on the host).
+    pub(crate) fn bool_data(data: Vec<bool>, shape: &[usize]) -> Result<Tensor> {
+        check_size("bool_data", shape)?;
+        debug_assert_eq!(data.len(), numel(shape));
+        Ok(Tensor::data(HostBuffer::Bool(data), shape))
     }
 
     /// A 0-d tensor holding `v`.
