@@ -275,3 +275,27 @@ fn gradients_of_the_reductions_and_normalizations() {
     let ln = [rand64(&[3, 5], -2.0, 2.0, 22), rand64(&[5], 0.5, 1.5, 23), rand64(&[5], -1.0, 1.0, 24)];
     check("layer_norm", &ln, |t| t[0].layer_norm(Some(&t[1]), Some(&t[2]), 1e-5));
 }
+
+#[test]
+fn nan_propagates_through_max_min_relu_and_clamp_like_torch() {
+    let nan = f32::NAN;
+    let x = Tensor::from_vec(vec![nan, 1.0, 2.0], &[3]);
+    assert!(vals32(&x.max(0, false))[0].is_nan(), "max([NaN, 1, 2]) = NaN");
+    assert!(vals32(&x.min(0, false))[0].is_nan(), "min([NaN, 1, 2]) = NaN");
+    let r = vals32(&x.relu());
+    assert!(r[0].is_nan() && r[1..] == [1.0, 2.0], "relu: {r:?}");
+    let c = vals32(&x.clamp(Some(1.5), Some(1.8)));
+    assert!(c[0].is_nan() && c[1..] == [1.5, 1.8], "clamp: {c:?}");
+    let y = Tensor::from_vec(vec![0.0f32, nan, 5.0], &[3]);
+    let (mx, mn) = (vals32(&x.maximum(&y)), vals32(&x.minimum(&y)));
+    assert!(mx[0].is_nan() && mx[1].is_nan() && mx[2] == 5.0, "maximum: {mx:?}");
+    assert!(mn[0].is_nan() && mn[1].is_nan() && mn[2] == 2.0, "minimum: {mn:?}");
+    // Long rows take the vectorized reduction: a NaN in its body, in its tail, or in no row.
+    let (rows, cols) = (4, 67);
+    let mut v: Vec<f32> = (0..rows * cols).map(|k| ((k * 13) % 29) as f32).collect();
+    v[5] = nan;
+    v[cols + 66] = nan;
+    v[2 * cols + 33] = nan;
+    let m = vals32(&Tensor::from_vec(v, &[rows, cols]).max(1, false));
+    assert!(m[0].is_nan() && m[1].is_nan() && m[2].is_nan() && m[3] == 28.0, "row maxima: {m:?}");
+}
