@@ -55,6 +55,28 @@ fn host<'a>(
 /// As [`make_plan`](crate::make_plan), and [`TensorError::Backend`](crate::TensorError::Backend) when a
 /// kernel fails to run.
 pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor>, RealizeReport)> {
+    if tensors.iter().any(|t| t.numel() == 0) {
+        // Empty tensors have nothing to compute: they come back as empty data, the others
+        // are realized together as usual.
+        let nonempty: Vec<&Tensor> = tensors.iter().copied().filter(|t| t.numel() > 0).collect();
+        let (done, report) = if nonempty.is_empty() {
+            (Vec::new(), RealizeReport::default())
+        } else {
+            realize(&nonempty, opts)?
+        };
+        let mut done = done.into_iter();
+        let out = tensors
+            .iter()
+            .map(|t| {
+                if t.numel() == 0 {
+                    Tensor::empty(t.shape(), t.dtype())
+                } else {
+                    done.next().expect("one result per non-empty tensor")
+                }
+            })
+            .collect();
+        return Ok((out, report));
+    }
     let t0 = Instant::now();
     let roots: Vec<UOp> = tensors.iter().map(|t| t.uop().clone()).collect();
     let (canon, leaves) = canonicalize(&roots);

@@ -61,11 +61,14 @@ impl Tensor {
     }
     /// A tensor of this tensor's shape filled with `v`.
     pub(crate) fn filled_like(&self, v: f64) -> Tensor {
-        let c = self.lit(v);
-        if self.ndim() == 0 {
-            return c;
+        self.lit(v).filled_to(self.shape())
+    }
+    /// This 0-d tensor broadcast to `shape`.
+    pub(crate) fn filled_to(&self, shape: &[usize]) -> Tensor {
+        if shape.is_empty() {
+            return self.clone();
         }
-        c.reshape(&vec![1; self.ndim()]).expand(self.shape())
+        self.reshape(&vec![1; shape.len()]).expand(shape)
     }
     /// `self < v` for a constant `v`.
     fn lt_lit(&self, v: f64) -> Tensor {

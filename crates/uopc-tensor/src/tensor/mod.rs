@@ -136,13 +136,6 @@ pub(crate) fn check_size(op: &'static str, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn check_nonzero(op: &'static str, shape: &[usize]) -> Result<()> {
-    if shape.contains(&0) {
-        return Err(shape_err(op, format!("shape {shape:?} has a zero-sized axis, which is not supported")));
-    }
-    Ok(())
-}
-
 /// The numpy broadcast of two shapes, if they are compatible.
 pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
@@ -198,9 +191,10 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `from_vec` when `data` does not have exactly
-    /// as many elements as `shape`, or `shape` has a zero-sized axis or more than 2^40 elements.
+    /// as many elements as `shape` (none for a shape with a zero-sized axis), or `shape` has
+    /// more than 2^40 elements.
     pub fn try_from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Result<Tensor> {
-        check_nonzero("from_vec", shape)?;
+        check_size("from_vec", shape)?;
         if data.len() != numel(shape) {
             return Err(shape_err(
                 "from_vec",
@@ -221,11 +215,17 @@ impl Tensor {
     ///
     /// # Panics
     ///
-    /// On a length that does not fill `shape` or a zero-sized axis (the error [`Tensor::try_from_vec`]
-    /// returns).
+    /// On a length that does not fill `shape` (the error [`Tensor::try_from_vec`] returns).
     #[track_caller]
     pub fn from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Tensor {
         ok(Tensor::try_from_vec(data, shape))
+    }
+
+    /// A tensor of `shape` and `dtype` with no elements (`shape` has a zero-sized axis): what
+    /// every op whose result is empty stands for, so no kernel ever sees an empty axis.
+    pub(crate) fn empty(shape: &[usize], dtype: DType) -> Tensor {
+        debug_assert_eq!(numel(shape), 0);
+        Tensor::data(HostBuffer::zeros(dtype, 0), shape)
     }
 
     /// A Bool tensor of `shape` holding `data` (masks built on the host).
@@ -250,20 +250,25 @@ impl Tensor {
 
     /// A tensor of `shape` filled with `v` (a broadcast constant: no memory until realized).
     ///
+    /// Shapes with a zero-sized axis are allowed, here and in every op: such a tensor has no
+    /// elements, ops on it give empty results without running a kernel, a sum over an empty
+    /// axis is 0 and a max over one is an error (as in torch).
+    ///
     /// ```rust
     /// use uopc_tensor::Tensor;
     /// let ones = Tensor::try_full(&[2, 3], 1.0)?;
     /// assert_eq!(ones.sum(1, false).to_ndarray::<f32>()?.as_slice(), Some(&[3.0, 3.0][..]));
-    /// assert!(Tensor::try_full(&[0, 3], 1.0).is_err());
+    /// let none = Tensor::try_full(&[0, 3], 1.0)?;
+    /// assert_eq!((&none * 2.0).to_ndarray::<f32>()?.shape(), [0, 3]);
+    /// assert_eq!(none.sum(0, false).to_ndarray::<f32>()?.as_slice(), Some(&[0.0; 3][..]));
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has a zero-sized axis or
-    /// more than 2^40 elements.
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has more than 2^40
+    /// elements.
     pub fn try_full(shape: &[usize], v: f32) -> Result<Tensor> {
-        check_nonzero("full", shape)?;
         check_size("full", shape)?;
         let c = Tensor { uop: const_of(v as f64, DType::F32) };
         if shape.is_empty() {
@@ -276,7 +281,7 @@ impl Tensor {
     ///
     /// # Panics
     ///
-    /// On a zero-sized axis or more than 2^40 elements (the error [`Tensor::try_full`] returns).
+    /// On more than 2^40 elements (the error [`Tensor::try_full`] returns).
     #[track_caller]
     pub fn full(shape: &[usize], v: f32) -> Tensor {
         ok(Tensor::try_full(shape, v))
