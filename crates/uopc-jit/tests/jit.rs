@@ -403,7 +403,7 @@ fn max_propagates_nan_in_scalar_vector_and_reduction_code() {
     let n = x.len();
     let (a, b, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n), buffer(2, DType::F32, n));
     let i = range(n, 0, AxisType::Loop);
-    let p = sink(&[out.index(&i).store(a.index(&i).load().maximum(&b.index(&i).load())).end(&[i])]);
+    let p = sink(&[out.index(&i).store(a.index(&i).load().maximum(b.index(&i).load())).end(&[i])]);
     let inputs =
         vec![HostBuffer::F32(x.to_vec()), HostBuffer::F32(y.to_vec()), HostBuffer::zeros(DType::F32, n)];
     let (jit, reference) = both_ways(&p, inputs);
