@@ -32,6 +32,12 @@ pub trait Element: Copy + Send + Sync + 'static {
     fn into_host(v: Vec<Self>) -> HostBuffer;
     /// The elements of a host buffer of this dtype.
     fn from_host(h: &HostBuffer) -> Option<&[Self]>;
+    /// `s` as f32s when `Self` is `f32`: the dtype the JIT can write straight into a caller's
+    /// memory (see [`Tensor::realize_into`]).
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        let _ = s;
+        None
+    }
 }
 
 impl Element for f32 {
@@ -44,6 +50,9 @@ impl Element for f32 {
             HostBuffer::F32(v) => Some(v),
             _ => None,
         }
+    }
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        Some(s)
     }
 }
 
