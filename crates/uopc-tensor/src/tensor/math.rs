@@ -5,7 +5,9 @@
 //! autograd differentiates the graph), written so that no branch can overflow into a NaN:
 //! each `where` feeds its unused branch an input that keeps it finite, because autograd
 //! multiplies the unused branch's gradient by zero, and `0 * inf` would be NaN. Constants are
-//! of the tensor's own dtype (f64 tensors get f64 constants); 16-bit tensors compute in f32.
+//! of the tensor's own dtype (f64 tensors get f64 constants); 16-bit tensors compute in f32,
+//! and integer and bool tensors give f32 results (except `abs` and `minimum`, which keep
+//! integers).
 
 use super::{Tensor, ok};
 use crate::error::Result;
@@ -92,7 +94,7 @@ impl Tensor {
     }
 
     /// `|x|`, as `x < 0 ? -x : x` (NaN stays NaN; `abs(-0.0)` is `-0.0`, and the gradient at 0
-    /// is 1).
+    /// is 1); integer tensors stay integers (wrapping at the minimum, as torch's do).
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -101,6 +103,9 @@ impl Tensor {
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
     pub fn abs(&self) -> Tensor {
+        if self.dtype().is_int() {
+            return Tensor::select(&self.lt_lit(0.0), &self.neg(), self);
+        }
         self.float_fn(|x| Tensor::select(&x.lt_lit(0.0), &x.neg(), x))
     }
 

@@ -24,7 +24,20 @@ mod reduce;
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
 
-/// Element types a tensor can be built from and read back as.
+/// Element types a tensor can be built from and read back as: `f32`, `f64`, `bf16`, `f16`,
+/// `i32`, `i64` and `bool`.
+///
+/// Integer tensors take the ops that make sense for them (arithmetic that wraps, `maximum`,
+/// `minimum`, `abs`, comparisons, `where`, sums and maxima, matmul, casts); float functions
+/// and true division give f32 results, and there is no gradient through integers.
+///
+/// ```rust
+/// use uopc_tensor::Tensor;
+/// let x = Tensor::from_vec(vec![3i32, 1], &[2]);
+/// assert_eq!((&x * &x).sum(0, false).to_ndarray::<i32>()?[[]], 10);
+/// assert_eq!(x.lt(&Tensor::from_vec(vec![2i32, 2], &[2])).to_ndarray::<bool>()?.as_slice(), Some(&[false, true][..]));
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
 pub trait Element: Copy + Send + Sync + 'static {
     /// The matching IR dtype.
     const DTYPE: DType;
@@ -77,6 +90,45 @@ impl Element for half::f16 {
     fn from_host(h: &HostBuffer) -> Option<&[Self]> {
         match h {
             HostBuffer::F16(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::I32(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::I32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::I64(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::Bool(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::Bool(v) => Some(v),
             _ => None,
         }
     }
