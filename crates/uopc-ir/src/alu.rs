@@ -109,8 +109,9 @@ pub fn unary(op: UnaryOp, a: Scalar, dtype: DType) -> Option<Scalar> {
 }
 
 /// `a op b` for a node of `dtype`; `None` when the operands' representations differ or the op
-/// has no meaning on them (IDIV/MOD on floats, arithmetic on bools or 16-bit floats). MAX is
-/// `if a > b { a } else { b }`, so a NaN left operand yields the right one, as the JIT's does.
+/// has no meaning on them (IDIV/MOD on floats, arithmetic on bools or 16-bit floats). MAX
+/// propagates NaN (`a` when it is NaN, else `if a > b { a } else { b }`, which yields a NaN
+/// `b`), as the JIT's compare-and-selects do.
 pub fn binary(op: BinaryOp, a: Scalar, b: Scalar, dtype: DType) -> Option<Scalar> {
     if dtype.is_half() {
         return None;
@@ -121,7 +122,7 @@ pub fn binary(op: BinaryOp, a: Scalar, b: Scalar, dtype: DType) -> Option<Scalar
                 BinaryOp::Add => $ctor($x + $y),
                 BinaryOp::Sub => $ctor($x - $y),
                 BinaryOp::Mul => $ctor($x * $y),
-                BinaryOp::Max => $ctor(if $x > $y { $x } else { $y }),
+                BinaryOp::Max => $ctor(if $x.is_nan() || $x > $y { $x } else { $y }),
                 BinaryOp::CmpLt => Scalar::Bool($x < $y),
                 BinaryOp::CmpNe => Scalar::Bool($x != $y),
                 BinaryOp::IDiv | BinaryOp::Mod => return None,
@@ -224,11 +225,16 @@ mod tests {
     }
 
     #[test]
-    fn max_with_a_nan_left_operand_yields_the_right_one() {
+    fn max_propagates_a_nan_from_either_side() {
         let m = binary(BinaryOp::Max, Scalar::F32(f32::NAN), Scalar::F32(2.0), DType::F32);
-        assert_eq!(m, Some(Scalar::F32(2.0)));
+        assert!(matches!(m, Some(Scalar::F32(x)) if x.is_nan()));
         let m = binary(BinaryOp::Max, Scalar::F64(2.0), Scalar::F64(f64::NAN), DType::F64);
         assert!(matches!(m, Some(Scalar::F64(x)) if x.is_nan()));
+        let m = binary(BinaryOp::Max, Scalar::F32(f32::NEG_INFINITY), Scalar::F32(-1.0), DType::F32);
+        assert_eq!(m, Some(Scalar::F32(-1.0)));
+        // Of two equal zeros, the right one.
+        let m = binary(BinaryOp::Max, Scalar::F64(0.0), Scalar::F64(-0.0), DType::F64);
+        assert!(matches!(m, Some(Scalar::F64(x)) if x == 0.0 && x.is_sign_negative()));
     }
 
     #[test]

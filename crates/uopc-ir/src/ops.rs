@@ -59,7 +59,9 @@ pub enum BinaryOp {
     Sub,
     /// `a * b`.
     Mul,
-    /// `if a > b { a } else { b }` (so a NaN `a` yields `b`).
+    /// The NaN-propagating maximum, as torch's and numpy's: NaN if either operand is NaN
+    /// (a NaN `a` is returned as is), otherwise `if a > b { a } else { b }` (so of two equal
+    /// zeros it yields `b`). Reductions built on it propagate NaN too.
     Max,
     /// `a < b`, a Bool.
     CmpLt,

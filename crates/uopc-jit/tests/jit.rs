@@ -371,3 +371,47 @@ fn is_vector_store(line: &str) -> bool {
     let l = line.trim_start();
     l.starts_with("store notrap v") || l.starts_with("store.f32x4 ")
 }
+
+#[test]
+fn max_propagates_nan_in_scalar_vector_and_reduction_code() {
+    // Row maxima (vectorized for m >= 4, with scalar tails) with a NaN at the start, in the
+    // vector body, in the tail, or nowhere; and an elementwise MAX with NaN on either side.
+    for m in [3usize, 8, 37, 64] {
+        let n = 4;
+        let mut a: Vec<f32> = (0..n * m).map(|x| ((x * 37) % 11) as f32 - 5.0).collect();
+        let nan_at = [Some(0), Some(m / 2), Some(m - 1), None];
+        for (r, at) in nan_at.iter().enumerate() {
+            if let Some(c) = at {
+                a[r * m + c] = f32::NAN;
+            }
+        }
+        let inputs = vec![
+            HostBuffer::F32(a.clone()),
+            HostBuffer::F32(vec![1.0; m]),
+            HostBuffer::zeros(DType::F32, n),
+            HostBuffer::zeros(DType::F32, n),
+        ];
+        let (jit, reference) = both_ways(&matvec_and_rowmax(n, m), inputs);
+        assert_eq!(format!("{jit:?}"), format!("{reference:?}"), "m={m}: JIT and interpreter agree");
+        let HostBuffer::F32(mx) = &jit[3] else { unreachable!() };
+        for (r, at) in nan_at.iter().enumerate() {
+            assert_eq!(mx[r].is_nan(), at.is_some(), "m={m} row {r}: {}", mx[r]);
+        }
+    }
+    let x = [f32::NAN, -1.0, 2.0, f32::NAN, 0.0, -0.0, f32::NEG_INFINITY, 3.0, f32::NAN];
+    let y = [1.0, f32::NAN, f32::NAN, f32::NAN, -0.0, 0.0, -5.0, f32::INFINITY, -1.0];
+    let n = x.len();
+    let (a, b, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n), buffer(2, DType::F32, n));
+    let i = range(n, 0, AxisType::Loop);
+    let p = sink(&[out.index(&i).store(a.index(&i).load().maximum(b.index(&i).load())).end(&[i])]);
+    let inputs =
+        vec![HostBuffer::F32(x.to_vec()), HostBuffer::F32(y.to_vec()), HostBuffer::zeros(DType::F32, n)];
+    let (jit, reference) = both_ways(&p, inputs);
+    let HostBuffer::F32(got) = &jit[2] else { unreachable!() };
+    let want = [f32::NAN, f32::NAN, f32::NAN, f32::NAN, -0.0, 0.0, -5.0, f32::INFINITY, f32::NAN];
+    for k in 0..n {
+        let same = (got[k].is_nan() && want[k].is_nan()) || got[k].to_bits() == want[k].to_bits();
+        assert!(same, "max({}, {}) = {} (want {})", x[k], y[k], got[k], want[k]);
+    }
+    assert_eq!(format!("{jit:?}"), format!("{reference:?}"));
+}

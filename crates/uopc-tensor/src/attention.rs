@@ -28,8 +28,11 @@ pub fn try_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         ));
     }
     let d = sq[1] as f32;
-    let scores = q.try_matmul(&k.try_transpose(0, 1)?)? * (1.0 / d.sqrt());
-    scores.try_softmax(-1)?.try_matmul(v).map_err(|e| e.in_op("attention"))
+    let attend = || -> Result<Tensor> {
+        let scores = q.try_matmul(&k.try_transpose(0, 1)?)? * (1.0 / d.sqrt());
+        scores.try_softmax(-1)?.try_matmul(v)
+    };
+    attend().map_err(|e| e.in_op("attention"))
 }
 
 /// [`try_attention`], panicking on shapes that do not fit.

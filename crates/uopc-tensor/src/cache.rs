@@ -163,10 +163,22 @@ pub(crate) fn plan_for(canon: &[UOp], leaves: &[UOp], opts: &RealizeOptions) -> 
     Ok((plan, false))
 }
 
-/// Refuses canonical roots with a zero-sized axis (no kernel is built for them).
+/// Refuses graphs with a zero-sized axis anywhere: no kernel is built for one. The Tensor
+/// ops never put an empty node under a non-empty one (an empty result is an empty leaf, a
+/// sum over an empty axis a constant) and [`realize`](crate::realize) returns empty roots
+/// without planning, so this only meets an op that cannot take empty inputs (a custom
+/// kernel such as attention) and names it.
 pub(crate) fn check_nonempty(canon: &[UOp]) -> Result<()> {
     if canon.iter().any(|r| r.shape().contains(&0)) {
         return Err(TensorError::Unsupported("tensors with a zero-sized axis".into()));
+    }
+    let topo = UOp::toposort(canon);
+    if let Some(u) = topo.iter().find(|u| u.src().iter().any(|s| s.shape().contains(&0))) {
+        let shapes: Vec<&[usize]> = u.src().iter().map(|s| s.shape()).collect();
+        return Err(TensorError::Unsupported(format!(
+            "{} of inputs shaped {shapes:?}: it cannot take a zero-sized axis",
+            u.op().name()
+        )));
     }
     Ok(())
 }

@@ -83,6 +83,34 @@ impl Exe {
         self.estimates
     }
 
+    /// Whether the program writes its output slot as one buffer (not in parts).
+    pub(crate) fn writes_one_output(&self) -> bool {
+        self.output_parts.len() <= 1
+    }
+
+    /// [`Exe::run`] with a caller's f32 memory as the (single) output.
+    #[cfg(feature = "jit")]
+    pub(crate) fn run_into_f32(&self, inputs: &[&HostBuffer], out: &mut [f32]) -> Result<()> {
+        use uopc_jit::Arg;
+        let mut args: Vec<Arg<'_>> = inputs.iter().map(|b| Arg::from(*b)).collect();
+        args.push(Arg::WriteF32(out));
+        self.program.run(&mut args).map_err(|e| backend_err(&self.name, e))
+    }
+
+    /// [`Exe::run`] with a caller's f32 memory as the (single) output; the interpreter runs
+    /// on owned buffers, so this one copies in and out.
+    #[cfg(not(feature = "jit"))]
+    pub(crate) fn run_into_f32(&self, inputs: &[&HostBuffer], out: &mut [f32]) -> Result<()> {
+        let mut buf = HostBuffer::F32(out.to_vec());
+        let res = self.run(inputs, &mut buf);
+        if let HostBuffer::F32(v) = &buf
+            && v.len() == out.len()
+        {
+            out.copy_from_slice(v);
+        }
+        res
+    }
+
     /// Runs with `inputs` in slots `0..n` and `out` in the last slot.
     #[cfg(feature = "jit")]
     pub(crate) fn run(&self, inputs: &[&HostBuffer], out: &mut HostBuffer) -> Result<()> {

@@ -6,12 +6,16 @@ use crate::debug;
 use crate::error::Result;
 use crate::options::RealizeOptions;
 use crate::passes::canonicalize;
-use crate::plan::{ArgSource, OutSpec};
+use crate::plan::{ArgSource, OutSpec, Plan};
 use crate::report::{KernelTiming, RealizeReport};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
-use uopc_ir::{DataRef, HostBuffer, Op, UOp};
+use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp};
+
+fn placeholder() -> HostBuffer {
+    HostBuffer::F32(Vec::new())
+}
 
 fn data_of(leaf: &UOp) -> Arc<HostBuffer> {
     match leaf.op() {
@@ -55,6 +59,53 @@ fn host<'a>(
 /// As [`make_plan`](crate::make_plan), and [`TensorError::Backend`](crate::TensorError::Backend) when a
 /// kernel fails to run.
 pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor>, RealizeReport)> {
+    if tensors.iter().any(|t| t.numel() == 0) {
+        // Empty tensors have nothing to compute: they come back as empty data, the others
+        // are realized together as usual.
+        let nonempty: Vec<&Tensor> = tensors.iter().copied().filter(|t| t.numel() > 0).collect();
+        let (done, report) = if nonempty.is_empty() {
+            (Vec::new(), RealizeReport::default())
+        } else {
+            realize(&nonempty, opts)?
+        };
+        let mut done = done.into_iter();
+        let out = tensors
+            .iter()
+            .map(|t| {
+                if t.numel() == 0 {
+                    Tensor::empty(t.shape(), t.dtype())
+                } else {
+                    done.next().expect("one result per non-empty tensor")
+                }
+            })
+            .collect();
+        return Ok((out, report));
+    }
+    let (out, report, _) = realize_impl(tensors, opts, None)?;
+    Ok((out, report))
+}
+
+/// Whether `plan`'s only root can be computed straight into a caller's f32 buffer: it is an
+/// output buffer that no kernel reads back and that each kernel writing it writes whole.
+fn direct_output(plan: &Plan) -> Option<usize> {
+    let [OutSpec::Output(o)] = plan.outs[..] else { return None };
+    let target = ArgSource::Output(o);
+    let fits = plan.outputs[o].0 == DType::F32
+        && plan.kernels.iter().all(|k| {
+            let (out, ins) = k.args.split_last().expect("a kernel has an output");
+            !ins.contains(&target) && (*out != target || k.exe.writes_one_output())
+        });
+    fits.then_some(o)
+}
+
+/// [`realize`] of non-empty `tensors`; with `direct`, the one root is written into it when
+/// [`direct_output`] allows (the third value says whether it was; the returned tensor is then
+/// a placeholder the caller must not read).
+pub(crate) fn realize_impl(
+    tensors: &[&Tensor],
+    opts: &RealizeOptions,
+    mut direct: Option<&mut [f32]>,
+) -> Result<(Vec<Tensor>, RealizeReport, bool)> {
     let t0 = Instant::now();
     let roots: Vec<UOp> = tensors.iter().map(|t| t.uop().clone()).collect();
     let (canon, leaves) = canonicalize(&roots);
@@ -66,14 +117,22 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
     }
     let inputs: Vec<Arc<HostBuffer>> = leaves.iter().map(data_of).collect();
     let mut temps = plan.take_temps();
-    let mut outs: Vec<HostBuffer> = plan.outputs.iter().map(|&(d, n)| HostBuffer::zeros(d, n)).collect();
+    let direct_slot = match &mut direct {
+        Some(buf) if buf.len() == roots[0].shape().iter().product::<usize>() => {
+            direct_output(&plan).inspect(|_| buf.fill(0.0))
+        }
+        _ => None,
+    };
+    // The caller's buffer stands in for the direct output: no allocation for it.
+    let mut outs: Vec<HostBuffer> = (plan.outputs.iter().enumerate())
+        .map(|(k, &(d, n))| if Some(k) == direct_slot { placeholder() } else { HostBuffer::zeros(d, n) })
+        .collect();
     let mut report = RealizeReport {
         cache_hit,
         schedule_seconds: if cache_hit { 0.0 } else { plan.schedule_seconds },
         compile_seconds: if cache_hit { 0.0 } else { plan.compile_seconds },
         ..Default::default()
     };
-    let placeholder = || HostBuffer::F32(Vec::new());
     for k in &plan.kernels {
         let (out_ref, in_refs) = k.args.split_last().expect("a kernel has an output");
         // take the output out of its vector so the inputs can be borrowed alongside it
@@ -83,13 +142,18 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
             ArgSource::Input(_) => unreachable!("kernels never write inputs"),
         };
         let ins: Vec<&HostBuffer> = in_refs.iter().map(|&r| host(r, &inputs, &temps, &outs)).collect();
+        let into_caller = matches!(*out_ref, ArgSource::Output(i) if Some(i) == direct_slot);
+        let mut run = || match (&mut direct, into_caller) {
+            (Some(buf), true) => k.exe.run_into_f32(&ins, buf),
+            _ => k.exe.run(&ins, &mut out),
+        };
         let t = Instant::now();
-        let mut res = k.exe.run(&ins, &mut out);
+        let mut res = run();
         let seconds = t.elapsed().as_secs_f64();
         let mut again_seconds = None;
         if level >= 3 && res.is_ok() {
             let t = Instant::now();
-            res = k.exe.run(&ins, &mut out);
+            res = run();
             again_seconds = Some(t.elapsed().as_secs_f64());
         }
         match *out_ref {
@@ -134,5 +198,5 @@ pub fn realize(tensors: &[&Tensor], opts: &RealizeOptions) -> Result<(Vec<Tensor
     if level >= 1 {
         eprintln!("{}", debug::summary_line(&report));
     }
-    Ok((result, report))
+    Ok((result, report, direct_slot.is_some()))
 }

@@ -31,6 +31,10 @@ pub struct RealizeReport {
     pub cache_hit: bool,
     /// Wall seconds of the whole realize call.
     pub total_seconds: f64,
+    /// For [`Tensor::realize_into`](crate::Tensor::realize_into): whether the last kernel
+    /// wrote the caller's buffer itself (false: the result was computed into the plan's
+    /// buffer and copied, or there was nothing to compute).
+    pub wrote_caller_buffer: bool,
 }
 
 impl RealizeReport {

@@ -10,61 +10,11 @@
 //! pin down the tie rule exactly.
 
 mod common;
-use common::uniform;
+use common::{check, rand64, uniform};
 use ndarray::{ArrayD, IxDyn};
 use uopc_ir::DType;
 use uopc_tensor::attention::attention;
 use uopc_tensor::*;
-
-const H: f64 = 1e-5;
-const TOL: f64 = 1e-6;
-
-fn rand64(shape: &[usize], lo: f32, hi: f32, seed: u64) -> ArrayD<f64> {
-    uniform(shape, lo, hi, seed).mapv(|x| x as f64)
-}
-
-fn scalar_of(t: &Tensor) -> f64 {
-    *t.to_ndarray::<f64>().expect("loss realizes").iter().next().expect("one element")
-}
-
-/// Largest finite-difference error of `gradient` over every element of every input.
-fn grad_err(inputs: &[ArrayD<f64>], f: &dyn Fn(&[Tensor]) -> Tensor) -> f64 {
-    let tensors = |ins: &[ArrayD<f64>]| -> Vec<Tensor> { ins.iter().map(Tensor::from_array).collect() };
-    let ts = tensors(inputs);
-    let out = f(&ts);
-    assert_eq!(out.dtype(), DType::F64, "the check runs in f64");
-    let w = rand64(out.shape(), -1.0, 1.0, 99);
-    let loss_of = |ts: &[Tensor]| {
-        let o = f(ts);
-        (o * Tensor::from_array(&w)).reshape(&[w.len()]).sum(0, false)
-    };
-    let loss = loss_of(&ts);
-    let refs: Vec<&Tensor> = ts.iter().collect();
-    let grads = gradient(&loss, &refs).expect("gradient builds");
-    let (got, _) = realize(&grads.iter().collect::<Vec<_>>(), &RealizeOptions::default()).expect("realizes");
-    let mut worst: f64 = 0.0;
-    for (k, a) in inputs.iter().enumerate() {
-        let g = got[k].to_ndarray::<f64>().expect("f64 gradient");
-        assert_eq!(g.shape(), a.shape(), "gradient {k} has the parameter's shape");
-        for (e, &ge) in g.iter().enumerate() {
-            let eval = |delta: f64| {
-                let mut ins = inputs.to_vec();
-                ins[k].as_slice_mut().expect("standard layout")[e] += delta;
-                scalar_of(&loss_of(&tensors(&ins)))
-            };
-            let num = (eval(H) - eval(-H)) / (2.0 * H);
-            worst = worst.max((ge - num).abs() / (1.0 + num.abs()));
-        }
-    }
-    worst
-}
-
-#[track_caller]
-fn check(name: &str, inputs: &[ArrayD<f64>], f: impl Fn(&[Tensor]) -> Tensor) {
-    let err = grad_err(inputs, &f);
-    eprintln!("{name}: max finite-difference error {err:.1e}");
-    assert!(err <= TOL, "{name}: finite-difference error {err:e}");
-}
 
 #[test]
 fn binary_ops_with_broadcasting() {

@@ -166,5 +166,9 @@ fn folding_follows_the_interpreter_s_arithmetic() {
     let wrapped = UOp::new(Op::Const(crate::uop::ConstValue::Int(0)), DType::I32, vec![]);
     assert_eq!(fold(&bin(BinaryOp::Mul, &big, &big)), Some(wrapped));
     assert_eq!(fold(&idx(-7).idiv(idx(2))), Some(idx(-3)));
-    assert_eq!(fold(&f32c(f32::NAN).maximum(f32c(2.0))), Some(f32c(2.0)));
+    // MAX propagates NaN from either side.
+    for max in [f32c(f32::NAN).maximum(f32c(2.0)), f32c(2.0).maximum(f32c(f32::NAN))] {
+        let folded = fold(&max).and_then(|c| c.const_value());
+        assert!(matches!(folded, Some(c) if c.as_f64().is_nan()), "{folded:?}");
+    }
 }

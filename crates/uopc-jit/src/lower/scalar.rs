@@ -94,10 +94,14 @@ impl Lowerer<'_, '_> {
         self.b.ins().bitcast(ty, flags, scaled)
     }
 
-    /// `(a > b) ? a : b` (the interpreter's MAX, NaN and signed zeros included), spelled
-    /// `(b < a) ? a : b`: the form x64 lowers to one maxss / maxps instead of a branch.
+    /// The IR's NaN-propagating MAX (the interpreter's, signed zeros included) as two
+    /// compare-and-selects: `(b < a) ? a : b`, the form x64 lowers to one maxss / maxps (which
+    /// yields `b` when either is NaN, so a NaN `b` comes through), then `a` itself where `a`
+    /// is NaN (an unordered self-compare and a blend), instead of the ten-instruction
+    /// IEEE `fmax` sequence.
     pub(super) fn fmax(&mut self, a: Value, b: Value) -> Value {
-        self.fselect(FloatCC::LessThan, b, a, a, b)
+        let greater = self.fselect(FloatCC::LessThan, b, a, a, b);
+        self.fselect(FloatCC::Unordered, a, a, a, greater)
     }
 
     /// An f32 constant, splatted when `ty` is a vector type.

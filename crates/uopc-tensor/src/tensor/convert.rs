@@ -8,9 +8,9 @@
 use super::{Element, Tensor};
 use crate::error::{Result, TensorError};
 use crate::options::RealizeOptions;
-use crate::realize::realize;
+use crate::realize::{realize, realize_impl};
 use crate::report::RealizeReport;
-use ndarray::{Array, ArrayBase, ArrayD, Dimension, IxDyn};
+use ndarray::{Array, ArrayBase, ArrayD, DataMut, Dimension, IxDyn};
 use uopc_ir::{HostBuffer, Op};
 
 impl Tensor {
@@ -26,8 +26,7 @@ impl Tensor {
     ///
     /// # Errors
     ///
-    /// A [`TensorError::Shape`] naming `from_array` when the array has a zero-length axis or
-    /// more than 2^40 elements.
+    /// A [`TensorError::Shape`] naming `from_array` when the array has more than 2^40 elements.
     pub fn try_from_array<E: Element, S: ndarray::Data<Elem = E>, D: Dimension>(
         a: &ArrayBase<S, D>,
     ) -> Result<Tensor> {
@@ -43,7 +42,7 @@ impl Tensor {
     ///
     /// # Panics
     ///
-    /// On a zero-length axis or more than 2^40 elements.
+    /// On more than 2^40 elements.
     #[track_caller]
     pub fn from_array<E: Element, S: ndarray::Data<Elem = E>, D: Dimension>(a: &ArrayBase<S, D>) -> Tensor {
         super::ok(Tensor::try_from_array(a))
@@ -125,6 +124,145 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Computes this tensor into `out` (row-major, `numel` elements of the tensor's dtype).
+    ///
+    /// An f32 result whose plan ends in a kernel that writes the output buffer whole is
+    /// computed straight into `out` (zeroed first, as the plan's own output buffers are),
+    /// with no buffer of its own and no copy; any other result (other dtypes, an input
+    /// returned as it is, a plan that reads its output back) is computed as by
+    /// [`Tensor::realize`] and copied into `out` once.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], &[3]);
+    /// let mut out = [0.0f32; 3];
+    /// (&x * 2.0).relu().realize_into(&mut out)?;
+    /// assert_eq!(out, [2.0, 0.0, 6.0]);
+    /// assert!(x.realize_into(&mut [0.0f32; 2]).is_err()); // 2 slots for 3 elements
+    /// assert!(x.realize_into(&mut [0.0f64; 3]).is_err()); // f64 memory for an f32 tensor
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::DType`] naming `realize_into` when `E` is not the tensor's dtype (cast
+    /// the tensor first: a silent conversion would hide a second buffer),
+    /// [`TensorError::Shape`] naming `realize_into` when `out` does not have exactly `numel`
+    /// elements; otherwise as [`Tensor::realize`].
+    pub fn realize_into<E: Element>(&self, out: &mut [E]) -> Result<()> {
+        self.realize_into_with(out, &RealizeOptions::default()).map(|_| ())
+    }
+
+    /// [`Tensor::realize_into`] with explicit realize options, returning the report (whose
+    /// `wrote_caller_buffer` says whether `out` was written by the kernel itself).
+    ///
+    /// # Errors
+    ///
+    /// As [`Tensor::realize_into`].
+    pub fn realize_into_with<E: Element>(
+        &self,
+        out: &mut [E],
+        opts: &RealizeOptions,
+    ) -> Result<RealizeReport> {
+        if E::DTYPE != self.dtype() {
+            return Err(TensorError::DType {
+                op: "realize_into",
+                msg: format!("out holds {} but the tensor is {}", E::DTYPE, self.dtype()),
+            });
+        }
+        if out.len() != self.numel() {
+            return Err(TensorError::Shape {
+                op: "realize_into",
+                msg: format!(
+                    "out has {} elements for a tensor of shape {:?} ({} elements)",
+                    out.len(),
+                    self.shape(),
+                    self.numel()
+                ),
+            });
+        }
+        if self.numel() == 0 {
+            return Ok(RealizeReport::default());
+        }
+        if !self.is_realized()
+            && let Some(direct) = E::as_f32_mut(out)
+        {
+            let (result, mut report, wrote) = realize_impl(&[self], opts, Some(direct))?;
+            if wrote {
+                report.wrote_caller_buffer = true;
+                return Ok(report);
+            }
+            copy_data(&result[0], out)?;
+            return Ok(report);
+        }
+        let (result, report) = if self.is_realized() {
+            (self.clone(), RealizeReport::default())
+        } else {
+            self.realize_with(opts)?
+        };
+        copy_data(&result, out)?;
+        Ok(report)
+    }
+
+    /// Computes this tensor into an ndarray of the same shape, any layout: a standard-layout
+    /// array is written as a slice by [`Tensor::realize_into`] (straight from the kernel when
+    /// it can be), any other (a transposed or strided view) gets the elements copied in
+    /// logical order.
+    ///
+    /// ```rust
+    /// use uopc_tensor::{Tensor, ndarray::Array2};
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    /// let mut out = Array2::<f32>::zeros((3, 2));
+    /// x.realize_into_array(&mut out.view_mut().reversed_axes())?; // a transposed view
+    /// assert_eq!(out, uopc_tensor::ndarray::arr2(&[[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]));
+    /// assert!(x.realize_into_array(&mut out).is_err()); // (3, 2) for a (2, 3) tensor
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`] naming `realize_into` when `out`'s shape is not the tensor's;
+    /// otherwise as [`Tensor::realize_into`].
+    pub fn realize_into_array<E: Element, S: DataMut<Elem = E>, D: Dimension>(
+        &self,
+        out: &mut ArrayBase<S, D>,
+    ) -> Result<()> {
+        if out.shape() != self.shape() {
+            return Err(TensorError::Shape {
+                op: "realize_into",
+                msg: format!("out has shape {:?} for a tensor of shape {:?}", out.shape(), self.shape()),
+            });
+        }
+        if let Some(slice) = out.as_slice_mut() {
+            return self.realize_into(slice);
+        }
+        if E::DTYPE != self.dtype() {
+            return Err(TensorError::DType {
+                op: "realize_into",
+                msg: format!("out holds {} but the tensor is {}", E::DTYPE, self.dtype()),
+            });
+        }
+        let t = if self.is_realized() { self.clone() } else { self.realize()? };
+        let data = host_elements::<E>(&t)?;
+        out.iter_mut().zip(data).for_each(|(o, &v)| *o = v);
+        Ok(())
+    }
+}
+
+/// The elements of a data-backed tensor as `E`.
+fn host_elements<E: Element>(t: &Tensor) -> Result<&[E]> {
+    let host = t.host_data().expect("realized tensors are backed by data");
+    E::from_host(host)
+        .ok_or_else(|| TensorError::DType { op: "realize_into", msg: format!("data is {}", host.dtype()) })
+}
+
+/// Copies a data-backed tensor's elements into `out` (of the same length).
+fn copy_data<E: Element>(t: &Tensor, out: &mut [E]) -> Result<()> {
+    out.copy_from_slice(host_elements(t)?);
+    Ok(())
+}
+
 /// An owned array becomes a tensor without a copy when it is in standard layout (its buffer is
 /// moved into the tensor), with one copy otherwise.
 ///
@@ -132,7 +270,7 @@ impl Tensor {
 /// use uopc_tensor::{Tensor, ndarray::Array2};
 /// let t = Tensor::try_from(Array2::<f32>::ones((2, 3)))?;
 /// assert_eq!(t.shape(), [2, 3]);
-/// assert!(Tensor::try_from(Array2::<f32>::ones((0, 3))).is_err()); // no zero-length axes
+/// assert_eq!(Tensor::try_from(Array2::<f32>::ones((0, 3)))?.shape(), [0, 3]); // empty is fine
 /// # Ok::<(), uopc_tensor::TensorError>(())
 /// ```
 impl<E: Element, D: Dimension> TryFrom<Array<E, D>> for Tensor {

@@ -1,10 +1,8 @@
 //! Elementwise operations: casts, unary math, broadcasting binary ops, comparisons, `where`.
 
-use super::{LOG2E, Tensor, broadcast_shape, ok, promote};
+use super::{Tensor, broadcast_shape, ok, promote};
 use crate::error::{Result, shape_err};
 use uopc_ir::{BinaryOp, DType, Op, UOp, UnaryOp, const_of};
-
-const LN2: f64 = std::f64::consts::LN_2;
 
 impl Tensor {
     /// This tensor as a float tensor: floats (16-bit ones included) as they are, others as f32.
@@ -60,7 +58,7 @@ impl Tensor {
     pub fn exp2(&self) -> Tensor {
         self.unary(UnaryOp::Exp2)
     }
-    /// `e^x`, as `exp2(x * log2 e)`.
+    /// `e^x`, as `exp2(x * log2 e)` with `log2 e` of the tensor's dtype.
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -69,15 +67,15 @@ impl Tensor {
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
     pub fn exp(&self) -> Tensor {
-        (self.float() * LOG2E as f32).exp2()
+        if self.dtype().is_half() { self.via_f32(|x| x.exp_exact()) } else { self.float().exp_exact() }
     }
     /// `log2(x)`.
     pub fn log2(&self) -> Tensor {
         self.unary(UnaryOp::Log2)
     }
-    /// Natural logarithm, as `log2(x) * ln 2`.
+    /// Natural logarithm, as `log2(x) * ln 2` with `ln 2` of the tensor's dtype.
     pub fn log(&self) -> Tensor {
-        self.log2() * LN2 as f32
+        if self.dtype().is_half() { self.via_f32(|x| x.ln_exact()) } else { self.float().ln_exact() }
     }
     /// Square root.
     pub fn sqrt(&self) -> Tensor {
@@ -100,7 +98,7 @@ impl Tensor {
     }
 
     /// Both operands broadcast to their common shape (numpy rules) and promoted to one dtype.
-    fn broadcast_pair(&self, other: &Tensor, op: &'static str) -> Result<(Tensor, Tensor)> {
+    pub(super) fn broadcast_pair(&self, other: &Tensor, op: &'static str) -> Result<(Tensor, Tensor)> {
         let shape = broadcast_shape(self.shape(), other.shape()).ok_or_else(|| {
             shape_err(op, format!("shapes {:?} and {:?} do not broadcast", self.shape(), other.shape()))
         })?;

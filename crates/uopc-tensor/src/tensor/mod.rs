@@ -16,13 +16,28 @@ pub use custom::CustomVjp;
 pub(crate) use custom::custom_vjp;
 mod display;
 mod elementwise;
+mod math;
 mod movement;
+mod nn;
 mod operators;
 mod reduce;
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
 
-/// Element types a tensor can be built from and read back as.
+/// Element types a tensor can be built from and read back as: `f32`, `f64`, `bf16`, `f16`,
+/// `i32`, `i64` and `bool`.
+///
+/// Integer tensors take the ops that make sense for them (arithmetic that wraps, `maximum`,
+/// `minimum`, `abs`, comparisons, `where`, sums and maxima, matmul, casts); float functions
+/// and true division give f32 results, and there is no gradient through integers.
+///
+/// ```rust
+/// use uopc_tensor::Tensor;
+/// let x = Tensor::from_vec(vec![3i32, 1], &[2]);
+/// assert_eq!((&x * &x).sum(0, false).to_ndarray::<i32>()?[[]], 10);
+/// assert_eq!(x.lt(&Tensor::from_vec(vec![2i32, 2], &[2])).to_ndarray::<bool>()?.as_slice(), Some(&[false, true][..]));
+/// # Ok::<(), uopc_tensor::TensorError>(())
+/// ```
 pub trait Element: Copy + Send + Sync + 'static {
     /// The matching IR dtype.
     const DTYPE: DType;
@@ -30,6 +45,12 @@ pub trait Element: Copy + Send + Sync + 'static {
     fn into_host(v: Vec<Self>) -> HostBuffer;
     /// The elements of a host buffer of this dtype.
     fn from_host(h: &HostBuffer) -> Option<&[Self]>;
+    /// `s` as f32s when `Self` is `f32`: the dtype the JIT can write straight into a caller's
+    /// memory (see [`Tensor::realize_into`]).
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        let _ = s;
+        None
+    }
 }
 
 impl Element for f32 {
@@ -42,6 +63,9 @@ impl Element for f32 {
             HostBuffer::F32(v) => Some(v),
             _ => None,
         }
+    }
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        Some(s)
     }
 }
 
@@ -66,6 +90,45 @@ impl Element for half::f16 {
     fn from_host(h: &HostBuffer) -> Option<&[Self]> {
         match h {
             HostBuffer::F16(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::I32(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::I32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::I64(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    fn into_host(v: Vec<Self>) -> HostBuffer {
+        HostBuffer::Bool(v)
+    }
+    fn from_host(h: &HostBuffer) -> Option<&[Self]> {
+        match h {
+            HostBuffer::Bool(v) => Some(v),
             _ => None,
         }
     }
@@ -134,13 +197,6 @@ pub(crate) fn check_size(op: &'static str, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn check_nonzero(op: &'static str, shape: &[usize]) -> Result<()> {
-    if shape.contains(&0) {
-        return Err(shape_err(op, format!("shape {shape:?} has a zero-sized axis, which is not supported")));
-    }
-    Ok(())
-}
-
 /// The numpy broadcast of two shapes, if they are compatible.
 pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
@@ -196,9 +252,10 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `from_vec` when `data` does not have exactly
-    /// as many elements as `shape`, or `shape` has a zero-sized axis or more than 2^40 elements.
+    /// as many elements as `shape` (none for a shape with a zero-sized axis), or `shape` has
+    /// more than 2^40 elements.
     pub fn try_from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Result<Tensor> {
-        check_nonzero("from_vec", shape)?;
+        check_size("from_vec", shape)?;
         if data.len() != numel(shape) {
             return Err(shape_err(
                 "from_vec",
@@ -219,11 +276,24 @@ impl Tensor {
     ///
     /// # Panics
     ///
-    /// On a length that does not fill `shape` or a zero-sized axis (the error [`Tensor::try_from_vec`]
-    /// returns).
+    /// On a length that does not fill `shape` (the error [`Tensor::try_from_vec`] returns).
     #[track_caller]
     pub fn from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Tensor {
         ok(Tensor::try_from_vec(data, shape))
+    }
+
+    /// A tensor of `shape` and `dtype` with no elements (`shape` has a zero-sized axis): what
+    /// every op whose result is empty stands for, so no kernel ever sees an empty axis.
+    pub(crate) fn empty(shape: &[usize], dtype: DType) -> Tensor {
+        debug_assert_eq!(numel(shape), 0);
+        Tensor::data(HostBuffer::zeros(dtype, 0), shape)
+    }
+
+    /// A Bool tensor of `shape` holding `data` (masks built on the host).
+    pub(crate) fn bool_data(data: Vec<bool>, shape: &[usize]) -> Result<Tensor> {
+        check_size("bool_data", shape)?;
+        debug_assert_eq!(data.len(), numel(shape));
+        Ok(Tensor::data(HostBuffer::Bool(data), shape))
     }
 
     /// A 0-d tensor holding `v`.
@@ -241,20 +311,25 @@ impl Tensor {
 
     /// A tensor of `shape` filled with `v` (a broadcast constant: no memory until realized).
     ///
+    /// Shapes with a zero-sized axis are allowed, here and in every op: such a tensor has no
+    /// elements, ops on it give empty results without running a kernel, a sum over an empty
+    /// axis is 0 and a max over one is an error (as in torch).
+    ///
     /// ```rust
     /// use uopc_tensor::Tensor;
     /// let ones = Tensor::try_full(&[2, 3], 1.0)?;
     /// assert_eq!(ones.sum(1, false).to_ndarray::<f32>()?.as_slice(), Some(&[3.0, 3.0][..]));
-    /// assert!(Tensor::try_full(&[0, 3], 1.0).is_err());
+    /// let none = Tensor::try_full(&[0, 3], 1.0)?;
+    /// assert_eq!((&none * 2.0).to_ndarray::<f32>()?.shape(), [0, 3]);
+    /// assert_eq!(none.sum(0, false).to_ndarray::<f32>()?.as_slice(), Some(&[0.0; 3][..]));
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has a zero-sized axis or
-    /// more than 2^40 elements.
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has more than 2^40
+    /// elements.
     pub fn try_full(shape: &[usize], v: f32) -> Result<Tensor> {
-        check_nonzero("full", shape)?;
         check_size("full", shape)?;
         let c = Tensor { uop: const_of(v as f64, DType::F32) };
         if shape.is_empty() {
@@ -267,7 +342,7 @@ impl Tensor {
     ///
     /// # Panics
     ///
-    /// On a zero-sized axis or more than 2^40 elements (the error [`Tensor::try_full`] returns).
+    /// On more than 2^40 elements (the error [`Tensor::try_full`] returns).
     #[track_caller]
     pub fn full(shape: &[usize], v: f32) -> Tensor {
         ok(Tensor::try_full(shape, v))

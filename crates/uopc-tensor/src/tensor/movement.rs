@@ -1,6 +1,6 @@
 //! Movement operations: views of the same elements in another shape or order, and joins.
 
-use super::{Tensor, check_nonzero, check_size, ok};
+use super::{Tensor, check_size, ok};
 use crate::error::{Result, shape_err};
 use crate::util::numel;
 use uopc_ir::{Op, UOp};
@@ -19,9 +19,8 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `reshape` when `shape` has another element
-    /// count, a zero-sized axis or more than 2^40 elements.
+    /// count or more than 2^40 elements.
     pub fn try_reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        check_nonzero("reshape", shape)?;
         check_size("reshape", shape)?;
         if numel(shape) != self.numel() {
             return Err(shape_err("reshape", format!("cannot reshape {:?} to {shape:?}", self.shape())));
@@ -62,13 +61,11 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `expand` when the ranks differ, an axis that
-    /// is not 1 changes size, or `shape` has a zero-sized axis or more than 2^40 elements.
+    /// is not 1 changes size (a size-1 axis may expand to 0, as numpy broadcasts), or `shape`
+    /// has more than 2^40 elements.
     pub fn try_expand(&self, shape: &[usize]) -> Result<Tensor> {
         let s = self.shape();
-        if s.len() != shape.len()
-            || s.iter().zip(shape).any(|(&a, &b)| a != b && a != 1)
-            || shape.contains(&0)
-        {
+        if s.len() != shape.len() || s.iter().zip(shape).any(|(&a, &b)| a != b && a != 1) {
             return Err(shape_err("expand", format!("cannot expand {s:?} to {shape:?}")));
         }
         check_size("expand", shape)?;
@@ -198,10 +195,11 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `shrink` when there is not one bound per axis
-    /// or a bound is empty or reaches past its axis.
+    /// or a bound is reversed (`begin > end`) or reaches past its axis; an empty bound gives an
+    /// empty result.
     pub fn try_shrink(&self, bounds: &[(usize, usize)]) -> Result<Tensor> {
         let s = self.shape();
-        if bounds.len() != s.len() || bounds.iter().zip(s).any(|(&(b, e), &n)| b >= e || e > n) {
+        if bounds.len() != s.len() || bounds.iter().zip(s).any(|(&(b, e), &n)| b > e || e > n) {
             return Err(shape_err("shrink", format!("bounds {bounds:?} do not fit shape {s:?}")));
         }
         if bounds.iter().zip(s).all(|(&(b, e), &n)| b == 0 && e == n) {
@@ -231,7 +229,7 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `slice` when the axis is out of range or
-    /// `begin..end` is empty or reaches past it.
+    /// `begin..end` is reversed or reaches past it.
     pub fn try_slice(&self, axis: isize, begin: usize, end: usize) -> Result<Tensor> {
         let a = self.axis("slice", axis)?;
         let mut b: Vec<(usize, usize)> = self.shape().iter().map(|&n| (0, n)).collect();
@@ -322,8 +320,16 @@ impl Tensor {
                 ));
             }
         }
+        let mut shape = first.shape().to_vec();
+        shape[a] = tensors.iter().map(|t| t.shape()[a]).sum();
+        if crate::util::numel(&shape) == 0 {
+            let d = tensors.iter().map(|t| t.dtype()).max().expect("non-empty");
+            return Ok(Tensor::empty(&shape, d));
+        }
+        // Parts empty along `axis` contribute nothing (and would make the gcd below 0).
+        let tensors: Vec<&Tensor> = tensors.iter().copied().filter(|t| t.shape()[a] > 0).collect();
         if tensors.len() == 1 {
-            return Ok((*first).clone());
+            return Ok(tensors[0].clone());
         }
         fn gcd(a: usize, b: usize) -> usize {
             if b == 0 { a } else { gcd(b, a % b) }
@@ -337,8 +343,6 @@ impl Tensor {
         }
         let refs: Vec<&Tensor> = chunks.iter().collect();
         let stacked = Tensor::try_stack(&refs, a as isize)?; // (.., C, g, ..)
-        let mut shape = first.shape().to_vec();
-        shape[a] = chunks.len() * g;
         stacked.try_reshape(&shape)
     }
     /// [`Tensor::try_cat`], panicking on incompatible shapes.

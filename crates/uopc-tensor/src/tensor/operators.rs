@@ -1,5 +1,7 @@
 //! The std operators (`+ - * /`, unary `-`) on tensors and `f32` scalars; they panic where the
-//! `try_` methods return an error, at the caller's location.
+//! `try_` methods return an error, at the caller's location. An integer tensor with an `f32`
+//! scalar computes in f32, as torch promotes an integer tensor with a Python float (so
+//! `x * 2.5` never truncates the scalar).
 
 use super::{Tensor, ok};
 use std::ops;
@@ -62,12 +64,27 @@ macro_rules! tensor_binop {
     };
 }
 
-tensor_binop!(Add, add, try_add, |t: &Tensor, v| t.scalar_op(BinaryOp::Add, v, false), |v, t: &Tensor| t
-    .scalar_op(BinaryOp::Add, v, true));
-tensor_binop!(Sub, sub, try_sub, |t: &Tensor, v| t.scalar_op(BinaryOp::Sub, v, false), |v, t: &Tensor| t
-    .scalar_op(BinaryOp::Sub, v, true));
-tensor_binop!(Mul, mul, try_mul, |t: &Tensor, v| t.scalar_op(BinaryOp::Mul, v, false), |v, t: &Tensor| t
-    .scalar_op(BinaryOp::Mul, v, true));
+tensor_binop!(
+    Add,
+    add,
+    try_add,
+    |t: &Tensor, v| t.float().scalar_op(BinaryOp::Add, v, false),
+    |v, t: &Tensor| t.float().scalar_op(BinaryOp::Add, v, true)
+);
+tensor_binop!(
+    Sub,
+    sub,
+    try_sub,
+    |t: &Tensor, v| t.float().scalar_op(BinaryOp::Sub, v, false),
+    |v, t: &Tensor| t.float().scalar_op(BinaryOp::Sub, v, true)
+);
+tensor_binop!(
+    Mul,
+    mul,
+    try_mul,
+    |t: &Tensor, v| t.float().scalar_op(BinaryOp::Mul, v, false),
+    |v, t: &Tensor| t.float().scalar_op(BinaryOp::Mul, v, true)
+);
 tensor_binop!(
     Div,
     div,

@@ -7,6 +7,15 @@ use uopc_ir::{DType, Op, ReduceOp, UOp};
 impl Tensor {
     fn try_reduce(&self, op: ReduceOp, axis: isize, keepdim: bool, name: &'static str) -> Result<Tensor> {
         let a = self.axis(name, axis)?;
+        if op == ReduceOp::Max && self.shape()[a] == 0 {
+            return Err(shape_err(
+                name,
+                format!(
+                    "axis {axis} of shape {:?} has size 0 (a maximum of nothing is undefined)",
+                    self.shape()
+                ),
+            ));
+        }
         if self.dtype().is_half() {
             // Accumulated in f32, rounded once at the end.
             let r = self.cast(DType::F32).try_reduce(op, axis, keepdim, name)?;
@@ -14,6 +23,20 @@ impl Tensor {
         }
         let n = self.ndim();
         let x = if self.dtype() == DType::Bool { self.cast(DType::F32) } else { self.clone() };
+        if x.numel() == 0 {
+            // Nothing to run: an empty result, or the sum over an empty axis, 0.
+            let mut shape = self.shape().to_vec();
+            if keepdim {
+                shape[a] = 1;
+            } else {
+                shape.remove(a);
+            }
+            return Ok(if crate::util::numel(&shape) == 0 {
+                Tensor::empty(&shape, x.dtype())
+            } else {
+                x.lit(0.0).filled_to(&shape)
+            });
+        }
         let x = if a == n - 1 {
             x
         } else {

@@ -1,0 +1,325 @@
+//! Reductions and normalizations built from `sum` and `max`: `min`, `mean`, `var`,
+//! `logsumexp`, `log_softmax`, `cross_entropy`, `layer_norm`.
+//!
+//! Each is a composition of existing ops, so fusion and autograd apply unchanged; the
+//! exponentials are max-subtracted (the max detached: it cancels in the value, and its own
+//! gradient would only add the tie-splitting of `max`'s rule to a sum that is zero anyway).
+
+use super::{Tensor, ok};
+use crate::error::{Result, shape_err};
+use uopc_ir::DType;
+
+impl Tensor {
+    /// Minimum over `axis`, as `-max(-x)`: NaN in a row gives NaN, like torch.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![3.0f32, -1.0, 2.0, 5.0], &[2, 2]);
+    /// assert_eq!(x.try_min(1, false)?.to_ndarray::<f32>()?.as_slice(), Some(&[-1.0, 2.0][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `min` when `axis` is out of range or
+    /// has size 0 (a minimum of nothing is undefined, as in torch).
+    pub fn try_min(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.axis("min", axis)?;
+        Ok(self.neg().try_max(axis, keepdim).map_err(|e| e.in_op("min"))?.neg())
+    }
+    /// [`Tensor::try_min`], panicking on an invalid axis.
+    ///
+    /// # Panics
+    ///
+    /// On an axis out of range or of size 0 (the error [`Tensor::try_min`] returns).
+    #[track_caller]
+    pub fn min(&self, axis: isize, keepdim: bool) -> Tensor {
+        ok(self.try_min(axis, keepdim))
+    }
+
+    /// Mean over `axis`: the sum times `1/n` (a constant of the tensor's dtype); NaN over an
+    /// axis of size 0, like torch.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0, 6.0], &[2, 2]);
+    /// assert_eq!(x.try_mean(-1, false)?.to_ndarray::<f64>()?.as_slice(), Some(&[1.5, 4.5][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `mean` when `axis` is out of range.
+    pub fn try_mean(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let a = self.axis("mean", axis)?;
+        if self.dtype().is_half() {
+            return Ok(self.via_f32(|x| x.mean(axis, keepdim)));
+        }
+        let n = self.shape()[a] as f64;
+        Ok(self.float().try_sum(axis, keepdim).map_err(|e| e.in_op("mean"))?.mul_lit(1.0 / n))
+    }
+    /// [`Tensor::try_mean`], panicking on an invalid axis.
+    ///
+    /// # Panics
+    ///
+    /// On an axis out of range (the error [`Tensor::try_mean`] returns).
+    #[track_caller]
+    pub fn mean(&self, axis: isize, keepdim: bool) -> Tensor {
+        ok(self.try_mean(axis, keepdim))
+    }
+
+    /// Variance over `axis` with torch's `correction`: `sum((x - mean)^2) / (n - correction)`
+    /// (0 is the population variance, 1 the unbiased sample variance), two passes for
+    /// accuracy. `n <= correction` divides by zero (inf, or NaN for a zero sum), as torch does.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0, 4.0], &[4]);
+    /// assert_eq!(x.try_var(0, 0, false)?.to_ndarray::<f64>()?[[]], 1.25);
+    /// assert!((x.try_var(0, 1, false)?.to_ndarray::<f64>()?[[]] - 5.0 / 3.0).abs() < 1e-15);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `var` when `axis` is out of range.
+    pub fn try_var(&self, axis: isize, correction: usize, keepdim: bool) -> Result<Tensor> {
+        let a = self.axis("var", axis)?;
+        if self.dtype().is_half() {
+            return Ok(self.via_f32(|x| x.var(axis, correction, keepdim)));
+        }
+        let var = || -> Result<Tensor> {
+            let x = self.float();
+            let d = x.try_sub(&x.try_mean(axis, true)?)?;
+            let dof = self.shape()[a].saturating_sub(correction) as f64;
+            Ok((&d * &d).try_sum(axis, keepdim)?.mul_lit(1.0 / dof))
+        };
+        var().map_err(|e| e.in_op("var"))
+    }
+    /// [`Tensor::try_var`], panicking on an invalid axis.
+    ///
+    /// # Panics
+    ///
+    /// On an axis out of range (the error [`Tensor::try_var`] returns).
+    #[track_caller]
+    pub fn var(&self, axis: isize, correction: usize, keepdim: bool) -> Tensor {
+        ok(self.try_var(axis, correction, keepdim))
+    }
+
+    /// The row maximum with infinities replaced by 0 and gradients stopped: the shift that
+    /// keeps `exp(x - shift)` in range (an all `-inf` row must give `exp(-inf) = 0`, not NaN).
+    fn finite_shift(&self, axis: isize) -> Result<Tensor> {
+        let m = self.try_max(axis, true)?.detach();
+        let zero = m.lit(0.0);
+        let above_neg_inf = m.try_gt(&m.lit(f64::NEG_INFINITY))?.try_where(&m, &zero)?;
+        m.try_lt(&m.lit(f64::INFINITY))?.try_where(&above_neg_inf, &zero)
+    }
+
+    /// `log(sum(exp(x)))` over `axis`, computed as `m + log(sum(exp(x - m)))` with `m` the
+    /// row maximum, so large values do not overflow (`logsumexp([1000, 1000]) = 1000 + ln 2`);
+    /// a row of `-inf` gives `-inf`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1000.0f32, 1000.0], &[2]);
+    /// let y = x.try_logsumexp(0, false)?.to_ndarray::<f32>()?;
+    /// assert!((y[[]] - (1000.0 + std::f32::consts::LN_2)).abs() < 1e-3);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `logsumexp` when `axis` is out of
+    /// range or has size 0.
+    pub fn try_logsumexp(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let a = self.axis("logsumexp", axis)?;
+        if self.dtype().is_half() {
+            return Ok(self.via_f32(|x| x.logsumexp(axis, keepdim)));
+        }
+        let lse = || -> Result<Tensor> {
+            let x = self.float();
+            let m = x.finite_shift(axis)?;
+            let s = x.try_sub(&m)?.exp_exact().try_sum(axis, true)?.ln_exact().try_add(&m)?;
+            if keepdim {
+                return Ok(s);
+            }
+            let mut shape = self.shape().to_vec();
+            shape.remove(a);
+            s.try_reshape(&shape)
+        };
+        lse().map_err(|e| e.in_op("logsumexp"))
+    }
+    /// [`Tensor::try_logsumexp`], panicking on an invalid axis.
+    ///
+    /// # Panics
+    ///
+    /// On an axis out of range or of size 0 (the error [`Tensor::try_logsumexp`] returns).
+    #[track_caller]
+    pub fn logsumexp(&self, axis: isize, keepdim: bool) -> Tensor {
+        ok(self.try_logsumexp(axis, keepdim))
+    }
+
+    /// `log(softmax(x))` along `axis`, in the max-subtracted form `(x - m) - log(sum(exp(x - m)))`
+    /// (never `log` of an underflowed 0 where the value is representable).
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![0.0f32, -200.0], &[2]);
+    /// let y = x.try_log_softmax(0)?.to_ndarray::<f32>()?;
+    /// assert!(y[0].abs() < 1e-6 && (y[1] + 200.0).abs() < 1e-4);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `log_softmax` when `axis` is out of
+    /// range or has size 0.
+    pub fn try_log_softmax(&self, axis: isize) -> Result<Tensor> {
+        self.axis("log_softmax", axis)?;
+        if self.dtype().is_half() {
+            return Ok(self.via_f32(|x| x.log_softmax(axis)));
+        }
+        let lsm = || -> Result<Tensor> {
+            let x = self.float();
+            let shifted = x.try_sub(&x.finite_shift(axis)?)?;
+            shifted.try_sub(&shifted.exp_exact().try_sum(axis, true)?.ln_exact())
+        };
+        lsm().map_err(|e| e.in_op("log_softmax"))
+    }
+    /// [`Tensor::try_log_softmax`], panicking on an invalid axis.
+    ///
+    /// # Panics
+    ///
+    /// On an axis out of range or of size 0 (the error [`Tensor::try_log_softmax`] returns).
+    #[track_caller]
+    pub fn log_softmax(&self, axis: isize) -> Tensor {
+        ok(self.try_log_softmax(axis))
+    }
+
+    /// Cross-entropy of logits `(N, C)` against class indices, averaged over the `N` rows
+    /// (torch's `cross_entropy` with the default mean reduction): `-mean_i log_softmax(x)[i, t_i]`.
+    ///
+    /// The targets are a host slice of `N` class indices rather than a tensor, because they
+    /// are data the caller has, and checking them here (each below `C`) turns an index out of
+    /// range into an error at this call instead of a silently wrong loss. The picked
+    /// log-probabilities are selected with a one-hot mask (built on the host, `N * C` values
+    /// of the logits' dtype), so the loss and its gradient (`softmax - one_hot`, over `N`) are
+    /// one fused graph.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let logits = Tensor::from_vec(vec![2.0f64, 0.0, 0.0, 1.0], &[2, 2]);
+    /// let loss = logits.try_cross_entropy(&[0, 1])?.to_ndarray::<f64>()?[[]];
+    /// let expect = ((1.0 + (-2.0f64).exp()).ln() + (1.0 + (-1.0f64).exp()).ln()) / 2.0;
+    /// assert!((loss - expect).abs() < 1e-15);
+    /// assert!(logits.try_cross_entropy(&[0, 2]).is_err()); // class 2 of 2
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `cross_entropy` when the logits are
+    /// not 2-D with at least one class, `targets` does not have one index per row, or an index
+    /// is not below the number of classes.
+    pub fn try_cross_entropy(&self, targets: &[usize]) -> Result<Tensor> {
+        let &[n, c] = self.shape() else {
+            return Err(shape_err("cross_entropy", format!("logits must be (N, C), not {:?}", self.shape())));
+        };
+        if c == 0 {
+            return Err(shape_err("cross_entropy", "logits have no classes (C = 0)"));
+        }
+        if targets.len() != n {
+            return Err(shape_err(
+                "cross_entropy",
+                format!("targets has {} indices for {n} rows of logits", targets.len()),
+            ));
+        }
+        if let Some((row, &t)) = targets.iter().enumerate().find(|&(_, &t)| t >= c) {
+            return Err(shape_err("cross_entropy", format!("targets[{row}] = {t} is not below C = {c}")));
+        }
+        if self.dtype().is_half() {
+            return Ok(self.via_f32(|x| ok(x.try_cross_entropy(targets))));
+        }
+        let ce = || -> Result<Tensor> {
+            let x = self.float();
+            let mut hot = vec![false; n * c];
+            for (row, &t) in targets.iter().enumerate() {
+                hot[row * c + t] = true;
+            }
+            let mask = Tensor::bool_data(hot, &[n, c])?;
+            let lsm = x.try_log_softmax(-1)?;
+            // `where`, not a product with the mask: a `-inf` log-probability off target would
+            // give `0 * -inf = NaN`.
+            let picked = mask.try_where(&lsm, &lsm.lit(0.0))?.try_sum(-1, false)?;
+            Ok(picked.try_mean(0, false)?.neg())
+        };
+        ce().map_err(|e| e.in_op("cross_entropy"))
+    }
+    /// [`Tensor::try_cross_entropy`], panicking where it returns an error.
+    ///
+    /// # Panics
+    ///
+    /// On the errors [`Tensor::try_cross_entropy`] returns.
+    #[track_caller]
+    pub fn cross_entropy(&self, targets: &[usize]) -> Tensor {
+        ok(self.try_cross_entropy(targets))
+    }
+
+    /// Layer normalization over the last axis (torch's `layer_norm` with
+    /// `normalized_shape = [last]`): `(x - mean) / sqrt(var + eps)` with the population
+    /// variance, then `* weight` and `+ bias` when given (each of shape `[last]`).
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f64, 3.0], &[1, 2]);
+    /// let w = Tensor::from_vec(vec![2.0f64, 2.0], &[2]);
+    /// let y = x.try_layer_norm(Some(&w), None, 0.0)?.to_ndarray::<f64>()?;
+    /// assert_eq!(y.as_slice(), Some(&[-2.0, 2.0][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `layer_norm` when `self` is 0-d, or
+    /// `weight` or `bias` is not of shape `[last]` (the message names which).
+    pub fn try_layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+        let Some(&last) = self.shape().last() else {
+            return Err(shape_err("layer_norm", "input is 0-d; it needs an axis to normalize"));
+        };
+        for (name, p) in [("weight", weight), ("bias", bias)] {
+            if let Some(p) = p
+                && p.shape() != [last]
+            {
+                return Err(shape_err(
+                    "layer_norm",
+                    format!("{name} has shape {:?}, not [{last}] (the input's last axis)", p.shape()),
+                ));
+            }
+        }
+        let ln = || -> Result<Tensor> {
+            let half = self.dtype().is_half();
+            let x = if half { self.cast(DType::F32) } else { self.float() };
+            let centered = x.try_sub(&x.try_mean(-1, true)?)?;
+            let var = (&centered * &centered).try_mean(-1, true)?;
+            let mut y = centered.try_mul(&var.add_lit(eps).sqrt().recip())?;
+            let widen = |p: &Tensor| if half { p.cast(DType::F32) } else { p.clone() };
+            if let Some(w) = weight {
+                y = y.try_mul(&widen(w))?;
+            }
+            if let Some(b) = bias {
+                y = y.try_add(&widen(b))?;
+            }
+            Ok(if half { y.cast(self.dtype()) } else { y })
+        };
+        ln().map_err(|e| e.in_op("layer_norm"))
+    }
+    /// [`Tensor::try_layer_norm`], panicking where it returns an error.
+    ///
+    /// # Panics
+    ///
+    /// On the errors [`Tensor::try_layer_norm`] returns.
+    #[track_caller]
+    pub fn layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Tensor {
+        ok(self.try_layer_norm(weight, bias, eps))
+    }
+}
