@@ -1,6 +1,6 @@
 //! A GPT-2 transformer block written with the Tensor API: pre-LayerNorm, a fused QKV
 //! projection, causal attention through [`scaled_dot_product_attention`], a GELU (tanh) MLP and
-//! residuals; plus an f64 reference of its forward pass to check it against.
+//! residuals ([`Tensor::gelu_tanh`], [`Tensor::layer_norm`]); plus an f64 reference of its forward pass to check it against.
 //!
 //! ```rust
 //! use uopc::gpt::{GptBlock, GptConfig};
@@ -80,24 +80,11 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
-    /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last axis (biased variance).
+    /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last axis (biased variance), as
+    /// [`Tensor::try_layer_norm`].
     pub fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor, GptError> {
-        let width = *x.shape().last().ok_or_else(|| GptError::Shape("layer norm of a scalar".into()))?;
-        let inv = 1.0 / width as f32;
-        let centered = x.try_sub(&(x.try_sum(-1, true)? * inv))?;
-        let var = centered.try_mul(&centered)?.try_sum(-1, true)? * inv;
-        let normed = centered.try_mul(&(var + eps).sqrt().recip())?;
-        Ok(normed.try_mul(&self.weight)?.try_add(&self.bias)?)
+        Ok(x.try_layer_norm(Some(&self.weight), Some(&self.bias), f64::from(eps))?)
     }
-}
-
-/// GELU with the tanh approximation GPT-2 uses:
-/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with `tanh(u) = 1 - 2 / (e^{2u} + 1)`,
-/// which saturates to `+-1` instead of overflowing.
-pub fn gelu_tanh(x: &Tensor) -> Tensor {
-    let u = (x + &(x * x * x * 0.044715f32)) * (2.0f32 / std::f32::consts::PI).sqrt();
-    let tanh = 1.0f32 - 2.0f32 * ((u * 2.0f32).exp() + 1.0f32).recip();
-    x * 0.5f32 * (tanh + 1.0f32)
 }
 
 /// One pre-LayerNorm transformer block.
@@ -215,7 +202,7 @@ impl GptBlock {
         let attn = scaled_dot_product_attention(&part(0)?, &part(1)?, &part(2)?, None, true, None)?;
         let merged = attn.try_permute(&[0, 2, 1, 3])?.try_reshape(&[b * t, c])?;
         let x1 = rows.try_add(&self.attn_out.forward(&merged)?)?;
-        let hidden = gelu_tanh(&self.fc.forward(&self.ln2.forward(&x1, eps)?)?);
+        let hidden = self.fc.forward(&self.ln2.forward(&x1, eps)?)?.gelu_tanh();
         let out = x1.try_add(&self.proj.forward(&hidden)?)?;
         Ok(out.try_reshape(&[b, t, c])?)
     }

@@ -188,25 +188,37 @@ pub(crate) fn reduces_down_columns(body: &UOp, axis: usize) -> bool {
     if rank < 2 || axis + 1 >= rank {
         return false;
     }
-    let is_view = |u: &UOp| u.op().is_movement() || matches!(u.op(), Op::Param { .. });
-    let mut stack = vec![x.clone()];
-    while let Some(u) = stack.pop() {
-        if is_view(&u) {
-            let at = |a: Option<usize>| {
-                let mut idx = vec![0; rank];
-                if let Some(a) = a {
-                    idx[a] = 1;
-                }
-                view_offset(&u, idx)
-            };
-            if let (Some(o), Some(along), Some(down)) = (at(None), at(Some(axis)), at(Some(rank - 1)))
-                && along == o + 1
-                && down > o + 1
-            {
-                return true;
+    // Movement ops above an ALU op move its operands alike (a gradient's sum permutes its
+    // product), so they are carried down and re-applied to each operand's view.
+    let mut stack: Vec<(UOp, Vec<UOp>)> = vec![(x.clone(), Vec::new())];
+    while let Some((u, above)) = stack.pop() {
+        // Top to bottom: the ops above `u`, then `u`'s own.
+        let mut chain = above;
+        let mut base = u.clone();
+        while base.op().is_movement() {
+            chain.push(base.clone());
+            base = base.src()[0].clone();
+        }
+        if base.op().is_alu() {
+            stack.extend(base.src().iter().map(|s| (s.clone(), chain.clone())));
+            continue;
+        }
+        if !matches!(base.op(), Op::Param { .. }) {
+            continue;
+        }
+        let view = chain.iter().rev().fold(base, |w, m| UOp::new(m.op().clone(), w.dtype(), vec![w]));
+        let at = |a: Option<usize>| {
+            let mut idx = vec![0; rank];
+            if let Some(a) = a {
+                idx[a] = 1;
             }
-        } else if u.op().is_alu() {
-            stack.extend(u.src().iter().cloned());
+            view_offset(&view, idx)
+        };
+        if let (Some(o), Some(along), Some(down)) = (at(None), at(Some(axis)), at(Some(rank - 1)))
+            && along == o + 1
+            && down > o + 1
+        {
+            return true;
         }
     }
     false
