@@ -8,7 +8,7 @@
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use uopc::Tensor;
-use uopc::gpt::{GptBlock, GptConfig, GptError, reference_forward_f64};
+use uopc::gpt::{GptBlock, GptConfig, GptError, normal, reference_forward_f64};
 use uopc::tensor::{RealizeOptions, gradient, realize};
 
 const VOCAB: usize = 16;
@@ -22,17 +22,6 @@ struct Model {
     blocks: [GptBlock; 2],
     final_norm: (Tensor, Tensor),
     unembed: Tensor,
-}
-
-fn normal(shape: &[usize], std: f32, rng: &mut StdRng) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            let (u, v): (f32, f32) = (rng.random_range(f32::EPSILON..1.0), rng.random_range(0.0..1.0));
-            std * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
-        })
-        .collect();
-    Tensor::from_vec(data, shape)
 }
 
 impl Model {

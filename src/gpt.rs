@@ -106,9 +106,11 @@ pub struct GptBlock {
     pub proj: Linear,
 }
 
-fn normal(shape: &[usize], std: f32, rng: &mut StdRng) -> Tensor {
+/// A tensor of `shape` drawn from N(0, `std`^2) by `rng` (Box-Muller), for seeded
+/// initializations.
+pub fn normal(shape: &[usize], std: f32, rng: &mut StdRng) -> Tensor {
     let n: usize = shape.iter().product();
-    // Box-Muller: two uniforms give one standard normal.
+    // Two uniforms give one standard normal.
     let data: Vec<f32> = (0..n)
         .map(|_| {
             let (u, v): (f32, f32) = (rng.random_range(f32::EPSILON..1.0), rng.random_range(0.0..1.0));

@@ -7,6 +7,8 @@ use serde::Serialize;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
+
+use crate::peak::median;
 use uopc::gpt::{GptBlock, GptConfig};
 use uopc::tensor::{RealizeOptions, Tensor, gradient, realize};
 
@@ -27,12 +29,6 @@ struct Row {
 fn random(shape: &[usize], rng: &mut StdRng) -> Tensor {
     let n: usize = shape.iter().product();
     Tensor::from_vec((0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>(), shape)
-}
-
-fn median(x: &[f64]) -> f64 {
-    let mut v = x.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Runs `bench block` on `(batch, tokens)` inputs: each pass once to compile, then `rounds`

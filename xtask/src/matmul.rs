@@ -7,6 +7,8 @@ use serde::Serialize;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
+
+use crate::peak::median;
 use uopc::tensor::{RealizeOptions, Tensor, realize};
 
 /// Which operand is stored transposed: `x @ W` (forward), `dy @ W^T` (input gradient) and
@@ -115,12 +117,6 @@ fn cell(shape: [usize; 3], form: Form, rng: &mut StdRng) -> Cell {
         compile_ms: 0.0,
         max_abs_err: 0.0,
     }
-}
-
-fn median(x: &[f64]) -> f64 {
-    let mut v = x.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Runs `bench matmul`: every (shape, form) cell once to compile and check against f64, then

@@ -139,7 +139,8 @@ const ROUNDS: usize = 7;
 /// Timed GEMM runs per path and round.
 const GEMM_REPS: usize = 3;
 
-fn median(x: &[f64]) -> f64 {
+/// The median of unsorted samples (the upper one of an even count).
+pub(crate) fn median(x: &[f64]) -> f64 {
     let mut v = x.to_vec();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
