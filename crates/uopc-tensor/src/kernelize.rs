@@ -129,7 +129,7 @@ fn compact_slots(program: UOp, args: Vec<ArgSource>) -> (UOp, Vec<ArgSource>) {
 
 /// The graph passes `opts` ask for, in order: broadcast staging, then the optimizer's layout.
 fn prepare_graph(roots: &[UOp], opts: &RealizeOptions) -> Vec<UOp> {
-    let mut graph = roots.to_vec();
+    let mut graph = crate::passes::push_views_into_reduces(roots);
     // fuse_reduce asks for "never write the big intermediate", so don't stage broadcasts either
     if !opts.fuse_reduce || opts.experiments.stage_broadcasts_when_fused {
         graph = stage_broadcast_compute(&graph, 4);

@@ -76,6 +76,77 @@ fn stage_marked(u: &UOp, cx: &mut RuleCx<'_, StageMarked>) -> Option<UOp> {
     Some(UOp::new(Op::Permute(inverse), d, vec![stage(moved)]))
 }
 
+/// Views pushed into reduces: a chain of PERMUTEs and RESHAPEs over a REDUCE of the trailing
+/// axis is the same reduce over the input moved by that chain with the reduced axis kept last
+/// (the reduced axis is innermost, so reshaping the others and permuting them commutes with
+/// summing it). A gradient's `dW` is the transpose of the product it sums; pushed in, the product
+/// writes `dW`'s layout itself instead of a transposing copy running after it. Only chains whose
+/// every node (the reduce included) has one user are moved, so nothing is computed twice.
+struct PushViews {
+    users: HashMap<UOp, usize>,
+}
+
+static VIEWS_INTO_REDUCES: LazyLock<RuleTable<PushViews>> = LazyLock::new(|| {
+    RuleTable::new(
+        "views_into_reduces",
+        vec![Rule::with_cx(
+            "permute_into_reduce",
+            Pattern::ops(&[Op::Permute(Vec::new())]),
+            permute_into_reduce,
+        )],
+    )
+});
+static PUSH_VIEWS: LazyLock<Pass<'static, PushViews>> =
+    LazyLock::new(|| Pass::new("push_views", vec![&*VIEWS_INTO_REDUCES], Revisit::Never));
+
+fn permute_into_reduce(u: &UOp, cx: &mut RuleCx<'_, PushViews>) -> Option<UOp> {
+    // Use counts are of the graph as it was: walk the original chain to check them, and the
+    // rewritten one (the same ops over rewritten sources) to build from.
+    let users = &cx.state.users;
+    let single = |x: &UOp| users.get(x).copied().unwrap_or(0) <= 1;
+    let mut original = cx.original().src()[0].clone();
+    let mut chain = vec![u.clone()];
+    let mut below = u.src()[0].clone();
+    while matches!(below.op(), Op::Permute(_) | Op::Reshape(_)) {
+        if !single(&original) {
+            return None;
+        }
+        chain.push(below.clone());
+        below = below.src()[0].clone();
+        original = original.src()[0].clone();
+    }
+    let Op::Reduce { op, axes: 1 } = below.op() else { return None };
+    if !single(&original) {
+        return None;
+    }
+    let x = &below.src()[0];
+    let r = *x.shape().last()?;
+    let moved = chain.iter().rev().try_fold(x.clone(), |v, m| {
+        let op = match m.op() {
+            Op::Permute(p) => Op::Permute(p.iter().copied().chain([p.len()]).collect()),
+            Op::Reshape(shape) => Op::Reshape(shape.iter().copied().chain([r]).collect()),
+            _ => return None,
+        };
+        Some(UOp::new(op, v.dtype(), vec![v]))
+    })?;
+    Some(UOp::new(Op::Reduce { op: *op, axes: 1 }, below.dtype(), vec![moved]))
+}
+
+/// `roots` with every PERMUTE (and the RESHAPEs under it) over a single-use REDUCE moved into
+/// the reduce's input (see [`PushViews`]).
+pub fn push_views_into_reduces(roots: &[UOp]) -> Vec<UOp> {
+    let mut users: HashMap<UOp, usize> = HashMap::new();
+    for u in UOp::toposort(roots) {
+        for s in u.src() {
+            *users.entry(s.clone()).or_default() += 1;
+        }
+    }
+    for r in roots {
+        *users.entry(r.clone()).or_default() += 1;
+    }
+    run_pass(&PUSH_VIEWS, roots, &mut PushViews { users })
+}
+
 /// The canonical form of a graph, its plan-cache key: DETACH removed and each distinct DATA
 /// leaf replaced by `Param { slot, shape }` in first-use order. Returns the canonical roots
 /// and the DATA leaves in slot order.

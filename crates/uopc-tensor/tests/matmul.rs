@@ -124,3 +124,20 @@ fn a_few_row_product_is_split_over_columns_and_runs_in_parallel() {
         assert_close(&c.to_ndarray::<f32>().unwrap(), &reference(&a, &b), 1e-4);
     }
 }
+
+#[test]
+fn a_weight_gradient_is_one_tile_gemm_writing_its_own_layout() {
+    // dW = x^T dy is the transpose of the product autograd sums; pushed into the reduce, the
+    // product writes W's (in, out) layout itself: no transposing copy after it.
+    let (x, w, r) = (normal(&[64, 48], 11), normal(&[48, 80], 12), normal(&[64, 80], 13));
+    let (tx, tw, tr) = (Tensor::from_array(&x), Tensor::from_array(&w), Tensor::from_array(&r));
+    let loss = (&tx.matmul(&tw) * &tr).reshape(&[64 * 80]).sum(0, false);
+    let dw = gradient(&loss, &[&tw]).unwrap().remove(0);
+    let plan = make_plan(&[dw.uop().clone()], &RealizeOptions::default()).unwrap();
+    // dy = r * d(sum)/dy is computed, so it is staged for the GEMM; the GEMM is the last kernel
+    // and writes (48, 80) directly.
+    assert_eq!(plan.kernel_names(), ["e_64_80", "r_48_80"]);
+    assert!(plan.kernels[1].uses_tile_ops());
+    let xt = x.view().reversed_axes().as_standard_layout().to_owned().into_dyn();
+    assert_close(&dw.to_ndarray::<f32>().unwrap(), &reference(&xt, &r), 1e-4);
+}
