@@ -191,14 +191,29 @@ fn stage_all(roots: &[UOp], todo: HashSet<UOp>) -> Vec<UOp> {
 /// Fusing is only free if nothing is recomputed. A computed tensor EXPANDed by `factor` or more
 /// (a LayerNorm output feeding a matmul) would be recomputed for every copy, so it is staged
 /// when recomputing it costs at least 4096 ALU-op-elements.
+///
+/// The copy is taken in the layout its reader sees when only PERMUTEs and RESHAPEs, each with
+/// one user, lie between the computed tensor and the broadcast: the same values and work, and a
+/// GEMM reading the copy finds it row-major (the gradient of a fused QKV projection is
+/// assembled as (3, B, H, T, D) and read as (B T, 3 H D)).
 pub fn stage_broadcast_compute(roots: &[UOp], factor: usize) -> Vec<UOp> {
+    let topo = UOp::toposort(roots);
+    let mut users: HashMap<&UOp, usize> = HashMap::new();
+    for u in &topo {
+        for s in u.src() {
+            *users.entry(s).or_default() += 1;
+        }
+    }
     let mut todo = HashSet::new();
-    for u in UOp::toposort(roots) {
+    for u in &topo {
         if !matches!(u.op(), Op::Expand(_)) || numel(u.shape()) < factor * numel(u.src()[0].shape()) {
             continue;
         }
+        // The movement chain below the broadcast, top first, and the node under it.
+        let mut chain = Vec::new();
         let mut base = u.src()[0].clone();
         while base.op().is_movement() {
+            chain.push(base.clone());
             base = base.src()[0].clone();
         }
         if base.op().is_alu()
@@ -206,7 +221,27 @@ pub fn stage_broadcast_compute(roots: &[UOp], factor: usize) -> Vec<UOp> {
             && !base.shape().is_empty()
             && fused_work(&base) >= 4096
         {
-            todo.insert(base);
+            // The highest node of the chain reached from the base through single-user
+            // PERMUTEs and RESHAPEs only.
+            let mut staged = base.clone();
+            let single = |x: &UOp| users.get(x).copied().unwrap_or(0) <= 1;
+            // A RESHAPE that only adds or drops unit axes moves no element: the copy stops
+            // below it, keeping its own shape.
+            let moves_elements = |m: &UOp| {
+                let non_unit = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+                match m.op() {
+                    Op::Permute(_) => true,
+                    Op::Reshape(_) => non_unit(m.shape()) != non_unit(m.src()[0].shape()),
+                    _ => false,
+                }
+            };
+            for m in chain.iter().rev() {
+                if !moves_elements(m) || !single(&staged) {
+                    break;
+                }
+                staged = m.clone();
+            }
+            todo.insert(staged);
         }
     }
     stage_all(roots, todo)
