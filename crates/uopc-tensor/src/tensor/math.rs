@@ -224,7 +224,9 @@ impl Tensor {
     }
 
     /// GELU, tanh approximation (GPT-2's, torch's `gelu(approximate="tanh")`):
-    /// `x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    /// `x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, computed as `x sigmoid(2 u)` with
+    /// `u = sqrt(2/pi) (x + 0.044715 x^3)` (the same function, since `(1 + tanh u) / 2 =
+    /// sigmoid(2u)`), which needs one exponential and no series.
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -235,8 +237,8 @@ impl Tensor {
     pub fn gelu_tanh(&self) -> Tensor {
         self.float_fn(|x| {
             let cube = &(x * x) * x;
-            let inner = (x + &cube.mul_lit(0.044_715)).mul_lit((2.0 / std::f64::consts::PI).sqrt());
-            (x * &inner.tanh().add_lit(1.0)).mul_lit(0.5)
+            let twice_inner = (x + &cube.mul_lit(0.044_715)).mul_lit(2.0 * (2.0 / std::f64::consts::PI).sqrt());
+            x * &twice_inner.sigmoid()
         })
     }
 
