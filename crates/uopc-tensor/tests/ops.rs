@@ -267,10 +267,16 @@ fn errors_name_the_public_op_the_user_called() {
     assert_eq!(e, "le: shapes [2, 3] and [4] do not broadcast");
     let e = err(x.try_gt(&Tensor::full(&[4], 1.0)));
     assert_eq!(e, "gt: shapes [2, 3] and [4] do not broadcast");
-    // a product too large for one tensor fails in matmul, not in the expand it is built from
-    let (tall, wide) = (Tensor::full(&[1 << 14, 1 << 13], 1.0), Tensor::full(&[1 << 13, 1 << 14], 1.0));
+    // a result too large for one tensor fails in matmul
+    let (tall, wide) = (Tensor::full(&[1 << 21, 2], 1.0), Tensor::full(&[2, 1 << 20], 1.0));
     let e = err(tall.try_matmul(&wide));
     assert!(e.starts_with("matmul: ") && e.contains("2^40"), "{e}");
+    // the virtual (n, m, k) product is bounded by index arithmetic only: a 16384^2 x 16384^2
+    // product (2^42 multiply-adds, a 1 GiB result) plans as one tile GEMM
+    let big = Tensor::full(&[1 << 14, 1 << 14], 1.0);
+    let plan = make_plan(&[big.matmul(&big).uop().clone()], &RealizeOptions::default()).unwrap();
+    assert!(plan.kernels.iter().any(|k| k.uses_tile_ops()), "{:?}", plan.kernel_names());
+    assert_eq!(plan.outputs, [(uopc_ir::DType::F32, 1 << 28)]);
     let e = err(uopc_tensor::attention::try_attention(&x, &x, &Tensor::full(&[3, 3], 1.0)));
     assert!(e.starts_with("attention: ") && e.contains("[2, 3]") && e.contains("[3, 3]"), "{e}");
     let q = Tensor::full(&[2, 4, 8], 1.0);

@@ -237,7 +237,8 @@ impl Tensor {
     pub fn gelu_tanh(&self) -> Tensor {
         self.float_fn(|x| {
             let cube = &(x * x) * x;
-            let twice_inner = (x + &cube.mul_lit(0.044_715)).mul_lit(2.0 * (2.0 / std::f64::consts::PI).sqrt());
+            let twice_inner =
+                (x + &cube.mul_lit(0.044_715)).mul_lit(2.0 * (2.0 / std::f64::consts::PI).sqrt());
             x * &twice_inner.sigmoid()
         })
     }

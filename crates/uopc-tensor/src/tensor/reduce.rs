@@ -124,9 +124,11 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `matmul` when an operand is a
-    /// scalar, the contracted sizes differ, the batch axes do not broadcast, or the product has
-    /// more than 2^40 elements.
+    /// scalar, the contracted sizes differ, the batch axes do not broadcast, the result has more
+    /// than 2^40 elements, or the product more than 2^56 multiply-adds.
     pub fn try_matmul(&self, other: &Tensor) -> Result<Tensor> {
+        /// The most multiply-adds one product may have: its indices stay far inside i64.
+        const MAX_VIRTUAL_ELEMENTS: usize = 1 << 56;
         let (a, b) = (self.shape(), other.shape());
         let err = || shape_err("matmul", format!("cannot multiply {a:?} by {b:?}"));
         if a.is_empty() || b.is_empty() {
@@ -149,16 +151,32 @@ impl Tensor {
             }
             let batch = crate::tensor::broadcast_shape(&sx[..rx - 2], &sy[..ry - 2]).ok_or_else(err)?;
             let with = |tail: &[usize]| -> Vec<usize> { batch.iter().chain(tail).copied().collect() };
-            let lift = |t: &Tensor, s: &[usize], tail: [usize; 3], mid: [usize; 3]| -> Result<Tensor> {
+            let out_shape = with(&[n, m]);
+            crate::tensor::check_size("matmul", &out_shape)?;
+            let product_shape = with(&[n, m, k]);
+            // The (.., n, m, k) product is virtual (a tile GEMM or a loop nest sums it without
+            // storing it), so only index arithmetic bounds it, not the tensor element limit.
+            if crate::util::numel(&product_shape) > MAX_VIRTUAL_ELEMENTS {
+                return Err(shape_err(
+                    "matmul",
+                    format!("the product {product_shape:?} has more than 2^56 multiply-adds"),
+                ));
+            }
+            // Both operands in the promoted dtype (bool products count in f32), as `mul` would.
+            let d = if d == DType::Bool { DType::F32 } else { d };
+            let lift = |t: &Tensor, s: &[usize], mid: [usize; 3]| -> Result<Tensor> {
+                let t = t.cast(d);
                 // Leading 1s to the batch rank, then the middle axis to broadcast over.
                 let ones = std::iter::repeat_n(1, batch.len() + 2 - s.len());
                 let full: Vec<usize> = ones.chain(s[..s.len() - 2].iter().copied()).chain(mid).collect();
-                t.try_reshape(&full)?.try_expand(&with(&tail))
+                let t = t.try_reshape(&full)?;
+                Ok(Tensor { uop: UOp::new(Op::Expand(product_shape.clone()), d, vec![t.uop]) })
             };
-            let xs = lift(&x, &sx, [n, m, k], [n, 1, k])?;
+            let xs = lift(&x, &sx, [n, 1, k])?;
             let yt = y.try_transpose(-1, -2)?;
-            let ys = lift(&yt, &sy, [n, m, k], [1, m, k])?;
-            let out = xs.try_mul(&ys)?.try_sum(-1, false)?;
+            let ys = lift(&yt, &sy, [1, m, k])?;
+            let prod = Tensor { uop: UOp::new(Op::Binary(uopc_ir::BinaryOp::Mul), d, vec![xs.uop, ys.uop]) };
+            let out = prod.try_sum(-1, false)?;
             let mut shape = with(&[n, m]);
             if b.len() == 1 {
                 shape.pop();
