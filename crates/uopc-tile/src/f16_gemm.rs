@@ -1,9 +1,10 @@
 //! f16 x f16 -> f32 GEMM: `C (+)= A · B` with f16 operands and an f32 result, on the f32
 //! micro-kernels.
 //!
-//! The operands are widened to f32 one k slab at a time (`vcvtph2ps` on AVX-512, the `half`
-//! crate's conversion elsewhere) and each slab runs through [`crate::gemm_unchecked`], the first slab overwriting
-//! C (unless the shape accumulates) and the rest adding to it. Widening is exact and every f16
+//! The operands are widened to f32 one k slab at a time, B also one block of columns at a time
+//! (`vcvtph2ps` on AVX-512, the `half` crate's conversion elsewhere), and each block runs
+//! through [`crate::gemm_unchecked`], the first slab overwriting C (unless the shape
+//! accumulates) and the rest adding to it. Widening is exact and every f16
 //! product is exact in f32, so the result is the f32 GEMM of the exact inputs; the widening
 //! touches each input once per call (`m k + k n` elements against the `2 m n k` flops of the
 //! product), which is why this path runs at the speed of the f32 kernels.
@@ -21,6 +22,10 @@ use crate::{GemmDesc, GemmShape, Isa, TileError};
 
 /// k values widened per slab: the f32 driver's own k slab, so each slab is one pass of it.
 const KC: usize = 256;
+/// Columns of B widened per block: a `KC x NC` f32 block (512 KiB) stays in L2 while the f32
+/// driver packs it, where widening all of a wide B first would write it out to memory and
+/// read it back.
+const NC: usize = 512;
 
 thread_local! {
     /// The widened A and B slabs; separate from the f32 driver's packing buffer, which the
@@ -90,15 +95,15 @@ pub unsafe fn gemm_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f16, b: *con
         return;
     }
     let kc_max = KC.min(k);
-    let (a_len, b_len) = (m * kc_max, kc_max * n);
+    let (a_len, b_len) = (m * kc_max, kc_max * NC.min(n));
     let run = |wide: &mut [f32]| {
         let (wa, wb) = wide.split_at_mut(a_len);
         for p0 in (0..k).step_by(KC) {
             let kc = KC.min(k - p0);
-            // The slab's A is `m x kc` (rows of A from column p0), or `kc x m` when transposed;
-            // B's is `kc x n`, or `n x kc`: each widened densely, keeping its orientation.
-            // SAFETY: every row read lies inside the operand's extent (rows `< m` or `< n`,
-            // columns `p0 .. p0 + kc <= k`, or the transposed rows `p0 .. p0 + kc`).
+            // The slab's A is `m x kc` (rows of A from column p0), or `kc x m` when transposed,
+            // widened densely in its orientation, once for all column blocks.
+            // SAFETY: every row read lies inside A's extent (rows `< m`, columns `p0 .. p0 +
+            // kc <= k`, or the transposed rows `p0 .. p0 + kc`, columns `< m`).
             unsafe {
                 if a_trans {
                     for p in 0..kc {
@@ -109,26 +114,36 @@ pub unsafe fn gemm_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f16, b: *con
                         widen(a.add(i * lda + p0), &mut wa[i * kc..(i + 1) * kc]);
                     }
                 }
-                if b_trans {
-                    for j in 0..n {
-                        widen(b.add(j * ldb + p0), &mut wb[j * kc..(j + 1) * kc]);
-                    }
-                } else {
-                    for p in 0..kc {
-                        widen(b.add((p0 + p) * ldb), &mut wb[p * n..(p + 1) * n]);
+            }
+            for j0 in (0..n).step_by(NC) {
+                let nc = NC.min(n - j0);
+                // B's block is `kc x nc`, or `nc x kc` when transposed.
+                // SAFETY: rows `p0 .. p0 + kc`, columns `j0 .. j0 + nc` of B (or the
+                // transposed rows `j0 .. j0 + nc`, columns `p0 .. p0 + kc`) lie in its extent.
+                unsafe {
+                    if b_trans {
+                        for j in 0..nc {
+                            widen(b.add((j0 + j) * ldb + p0), &mut wb[j * kc..(j + 1) * kc]);
+                        }
+                    } else {
+                        for p in 0..kc {
+                            widen(b.add((p0 + p) * ldb + j0), &mut wb[p * nc..(p + 1) * nc]);
+                        }
                     }
                 }
+                let block = GemmShape {
+                    n: nc,
+                    k: kc,
+                    lda: if a_trans { m } else { kc },
+                    ldb: if b_trans { kc } else { nc },
+                    accumulate: s.accumulate || p0 > 0,
+                    ..*s
+                };
+                // SAFETY: the widened slabs are dense `block` operands (extents `m kc` and
+                // `kc nc`, inside `wa` and `wb`); C's columns `j0 .. j0 + nc` are the caller's,
+                // disjoint from this thread's buffer.
+                unsafe { crate::gemm_unchecked(isa, &block, wa.as_ptr(), wb.as_ptr(), c.add(j0)) };
             }
-            let slab = GemmShape {
-                k: kc,
-                lda: if a_trans { m } else { kc },
-                ldb: if b_trans { kc } else { n },
-                accumulate: s.accumulate || p0 > 0,
-                ..*s
-            };
-            // SAFETY: the widened slabs are dense `slab` operands (extents `m kc` and `kc n`,
-            // inside `wa` and `wb`); C is the caller's, disjoint from this thread's buffer.
-            unsafe { crate::gemm_unchecked(isa, &slab, wa.as_ptr(), wb.as_ptr(), c) };
         }
     };
     let total = a_len + b_len;

@@ -87,8 +87,8 @@ fn check(c: &Case, got: &[f32], what: &str) {
     }
 }
 
-/// Random shapes with tails in m, n and k (around the register tiles and the 256-deep k slab
-/// the operands are widened in), both transposes, accumulation on and off, padded leading
+/// Random shapes with tails in m, n and k (around the register tiles, the 256-deep k slabs
+/// and the 512-column blocks the operands are widened in), both transposes, accumulation on and off, padded leading
 /// dimensions, and few-row products (the AVX-512 streamed paths).
 fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
     let dim = |rng: &mut StdRng| match rng.random_range(0..4) {
@@ -104,6 +104,9 @@ fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
         GemmShape::dense(1, 1, 1, false, false, false),
         GemmShape::dense(4, 70, 513, false, true, true),
         GemmShape::dense(70, 20, 769, true, false, false),
+        // Past the 512-column blocks B is widened in, with and without a k tail.
+        GemmShape::dense(9, 1100, 300, true, true, true),
+        GemmShape::dense(20, 1030, 40, false, false, false),
     ];
     for _ in 0..count {
         let k = if rng.random_range(0..5) == 0 { rng.random_range(250..600) } else { dim(rng) };
