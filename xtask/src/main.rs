@@ -74,6 +74,9 @@ enum Bench {
         /// Orientations (comma separated).
         #[arg(long, value_enum, value_delimiter = ',', default_value = "ab,a-bt,at-b")]
         forms: Vec<matmul::Form>,
+        /// Element types of the operands and product (comma separated; each one a cell).
+        #[arg(long = "dtype", value_enum, value_delimiter = ',', default_value = "f32")]
+        dtypes: Vec<matmul::Dtype>,
         /// Timed realizes per cell and round.
         #[arg(long, default_value_t = 10)]
         reps: usize,
@@ -342,13 +345,15 @@ fn main() -> ExitCode {
                 None => go(),
             }
         }
-        Task::Bench { what: Bench::Matmul { shapes, forms, reps, rounds, threads, json } } => {
-            if reps == 0 || rounds == 0 || threads == Some(0) || forms.is_empty() {
-                eprintln!("error: --reps, --rounds and --threads must be at least 1, and --forms not empty");
+        Task::Bench { what: Bench::Matmul { shapes, forms, dtypes, reps, rounds, threads, json } } => {
+            if reps == 0 || rounds == 0 || threads == Some(0) || forms.is_empty() || dtypes.is_empty() {
+                eprintln!(
+                    "error: --reps, --rounds and --threads must be at least 1, and --forms and --dtype not empty"
+                );
                 return ExitCode::from(2);
             }
             let shapes = if shapes.is_empty() { matmul::default_shapes() } else { shapes };
-            let go = || matmul::run(&shapes, &forms, reps, rounds, json.as_deref());
+            let go = || matmul::run(&shapes, &forms, &dtypes, reps, rounds, json.as_deref());
             match threads {
                 Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
                     Ok(pool) => pool.install(go),

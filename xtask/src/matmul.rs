@@ -1,5 +1,6 @@
 //! `bench matmul`: `Tensor::matmul` through the whole Tensor path (plan cache, kernels, output
-//! allocation), in the three orientations a linear layer and its gradient produce.
+//! allocation), in the three orientations a linear layer and its gradient produce, on f32,
+//! bf16 or f16 tensors.
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -22,6 +23,38 @@ pub enum Form {
     ABt,
     /// `A^T @ B`, A stored row-major as (K, M).
     AtB,
+}
+
+/// The element type of both operands and the product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    /// f32 tensors (the f32 tile GEMM).
+    F32,
+    /// bf16 tensors: the bf16 tile GEMM, f32 sums, the product rounded to bf16.
+    Bf16,
+    /// f16 tensors: the f16 GEMM (widened to f32), the product rounded to f16.
+    F16,
+}
+
+impl Dtype {
+    /// `x` rounded to this type, as f32.
+    fn round(self, x: f32) -> f32 {
+        match self {
+            Dtype::F32 => x,
+            Dtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+            Dtype::F16 => half::f16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// A tensor of this type holding `x` (already rounded to it, so exactly).
+    fn tensor(self, x: Vec<f32>, shape: &[usize]) -> Tensor {
+        match self {
+            Dtype::F32 => Tensor::from_vec(x, shape),
+            Dtype::Bf16 => Tensor::from_vec(x.into_iter().map(half::bf16::from_f32).collect(), shape),
+            Dtype::F16 => Tensor::from_vec(x.into_iter().map(half::f16::from_f32).collect(), shape),
+        }
+    }
 }
 
 /// Parses `M,K,N`.
@@ -48,6 +81,7 @@ struct Row {
     k: usize,
     n: usize,
     form: Form,
+    dtype: Dtype,
     median_ms: f64,
     best_ms: f64,
     gflops: f64,
@@ -60,6 +94,7 @@ struct Row {
 struct Cell {
     shape: [usize; 3],
     form: Form,
+    dtype: Dtype,
     c: Tensor,
     reference: Vec<f64>,
     samples: Vec<f64>,
@@ -97,18 +132,23 @@ fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-fn cell(shape: [usize; 3], form: Form, rng: &mut StdRng) -> Cell {
+fn cell(shape: [usize; 3], form: Form, dtype: Dtype, rng: &mut StdRng) -> Cell {
     let [m, k, n] = shape;
-    let (a, b) = (random(m * k, rng), random(k * n, rng));
+    // The inputs are rounded to the dtype first, so the reference is the exact product of the
+    // values the GEMM sees; its error is then only the f32 sums and the final rounding.
+    let mut values = |len| random(len, rng).into_iter().map(|x| dtype.round(x)).collect::<Vec<_>>();
+    let (a, b) = (values(m * k), values(k * n));
     let reference = reference(&a, &b, shape);
+    let t = |x, shape: &[usize]| dtype.tensor(x, shape);
     let c = match form {
-        Form::Ab => Tensor::from_vec(a, &[m, k]).matmul(&Tensor::from_vec(b, &[k, n])),
-        Form::ABt => Tensor::from_vec(a, &[m, k]).matmul(&Tensor::from_vec(transpose(&b, k, n), &[n, k]).t()),
-        Form::AtB => Tensor::from_vec(transpose(&a, m, k), &[k, m]).t().matmul(&Tensor::from_vec(b, &[k, n])),
+        Form::Ab => t(a, &[m, k]).matmul(&t(b, &[k, n])),
+        Form::ABt => t(a, &[m, k]).matmul(&t(transpose(&b, k, n), &[n, k]).t()),
+        Form::AtB => t(transpose(&a, m, k), &[k, m]).t().matmul(&t(b, &[k, n])),
     };
     Cell {
         shape,
         form,
+        dtype,
         c,
         reference,
         samples: Vec::new(),
@@ -119,11 +159,12 @@ fn cell(shape: [usize; 3], form: Form, rng: &mut StdRng) -> Cell {
     }
 }
 
-/// Runs `bench matmul`: every (shape, form) cell once to compile and check against f64, then
-/// `rounds` interleaved rounds of `reps` timed realizes each.
+/// Runs `bench matmul`: every (shape, form, dtype) cell once to compile and check against
+/// f64, then `rounds` interleaved rounds of `reps` timed realizes each.
 pub fn run(
     shapes: &[[usize; 3]],
     forms: &[Form],
+    dtypes: &[Dtype],
     reps: usize,
     rounds: usize,
     json: Option<&Path>,
@@ -131,8 +172,8 @@ pub fn run(
     let mut rng = StdRng::seed_from_u64(7);
     let mut cells: Vec<Cell> = shapes
         .iter()
-        .flat_map(|&s| forms.iter().map(move |&f| (s, f)))
-        .map(|(s, f)| cell(s, f, &mut rng))
+        .flat_map(|&s| forms.iter().flat_map(move |&f| dtypes.iter().map(move |&d| (s, f, d))))
+        .map(|(s, f, d)| cell(s, f, d, &mut rng))
         .collect();
     let opts = RealizeOptions::default();
     for c in &mut cells {
@@ -167,18 +208,20 @@ pub fn run(
         }
     }
     println!(
-        "{:>5} {:>5} {:>5}  {:<5} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10}",
-        "M", "K", "N", "form", "median ms", "best ms", "GFLOP/s", "kernels", "max err", "compile ms"
+        "{:>5} {:>5} {:>5}  {:<5} {:<5} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10}",
+        "M", "K", "N", "form", "dtype", "median ms", "best ms", "GFLOP/s", "kernels", "max err", "compile ms"
     );
     let mut rows = Vec::new();
     for c in &cells {
         let [m, k, n] = c.shape;
         let (med, best) = (median(&c.samples), c.samples.iter().copied().fold(f64::INFINITY, f64::min));
         let gflops = 2.0 * (m * k * n) as f64 / (med * 1e-3) / 1e9;
-        let form =
-            serde_json::to_value(c.form).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+        let name = |v: serde_json::Result<serde_json::Value>| {
+            v.ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+        };
+        let (form, dtype) = (name(serde_json::to_value(c.form)), name(serde_json::to_value(c.dtype)));
         println!(
-            "{m:>5} {k:>5} {n:>5}  {form:<5} {med:>10.3} {best:>10.3} {gflops:>8.1} {:>4} ({} tile) {:>10.1e} {:>10.1}",
+            "{m:>5} {k:>5} {n:>5}  {form:<5} {dtype:<5} {med:>10.3} {best:>10.3} {gflops:>8.1} {:>4} ({} tile) {:>10.1e} {:>10.1}",
             c.kernels, c.tile_gemm_kernels, c.max_abs_err, c.compile_ms
         );
         rows.push(Row {
@@ -186,6 +229,7 @@ pub fn run(
             k,
             n,
             form: c.form,
+            dtype: c.dtype,
             median_ms: med,
             best_ms: best,
             gflops,

@@ -1,5 +1,6 @@
 //! `bench peak`: this machine's FMA peaks, its bf16 dot-product peaks (AMX tiles and
-//! AVX512_BF16), and the 1024^3 bf16 tile GEMM measured against them in the same run.
+//! AVX512_BF16), the 1024^3 bf16 tile GEMM measured against them in the same run, and the
+//! 1024^3 f16 GEMM beside the f32 one against the f32 FMA peak.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -7,7 +8,7 @@ use std::time::Instant;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use serde::Serialize;
-use uopc_tile::{Bf16Path, GemmShape, gemm_bf16_parallel, peak};
+use uopc_tile::{Bf16Path, GemmShape, Isa, gemm_bf16_parallel, gemm_f16_unchecked, gemm_unchecked, peak};
 
 /// Size of the square bf16 GEMM.
 const GEMM_N: usize = 1024;
@@ -42,6 +43,21 @@ struct Report {
     /// Median GFLOP/s of the 1024^3 bf16 GEMM on the AMX path, [`THREADS`] tasks.
     amx_gemm_1024_gflops: Option<f64>,
     gemm_bf16_1024: Vec<GemmRow>,
+    /// The 1024^3 f16 GEMM (widened to f32 on the fastest ISA's f32 kernels) and the f32 GEMM
+    /// of the same values, [`THREADS`] row-block tasks each, in interleaved rounds.
+    gemm_f16_1024: WideGemmRow,
+    gemm_f32_1024: WideGemmRow,
+}
+
+/// A GEMM on the f32 FMA kernels, against the widest f32 FMA peak measured in the same run.
+#[derive(Serialize)]
+struct WideGemmRow {
+    isa: &'static str,
+    median_gflops: f64,
+    best_gflops: f64,
+    percent_of_f32_fma_peak: Option<f64>,
+    /// Largest error of 256 sampled entries against f64, relative to the sum of |products|.
+    max_rel_err: f64,
 }
 
 /// Runs `bench peak`, printing every figure and writing them to `json` when given.
@@ -91,6 +107,8 @@ pub fn run(json: Option<&Path>) -> ExitCode {
         _ => println!("AVX512_BF16 peak: not available on this CPU"),
     }
     let rows = gemm_rows(&m, amx[1], dp[1]);
+    let fma_peak = wide[1].or(wide[0]);
+    let [f16_row, f32_row] = pool.install(|| measure_f16_and_f32(fma_peak));
     let report = Report {
         threads: THREADS,
         f32x4_peak_gflops: f32x4,
@@ -102,12 +120,18 @@ pub fn run(json: Option<&Path>) -> ExitCode {
         avx512_bf16_peak_1t_gflops: dp[0],
         amx_gemm_1024_gflops: rows.iter().find(|r| r.path == Bf16Path::Amx.name()).map(|r| r.median_gflops),
         gemm_bf16_1024: rows,
+        gemm_f16_1024: f16_row,
+        gemm_f32_1024: f32_row,
     };
     // f32 sums of n exact products are within (n + 1) u of the sum of |products| (u = 2^-24);
     // twice that is the bound the tests use.
     let bound = (GEMM_N + 2) as f64 * 2.0 * 2f64.powi(-24);
-    if report.gemm_bf16_1024.iter().any(|r| r.max_rel_err.is_nan() || r.max_rel_err > bound) {
-        eprintln!("error: a bf16 GEMM result is wrong (see max_rel_err above)");
+    let wrong = |e: f64| e.is_nan() || e > bound;
+    if report.gemm_bf16_1024.iter().any(|r| wrong(r.max_rel_err))
+        || wrong(report.gemm_f16_1024.max_rel_err)
+        || wrong(report.gemm_f32_1024.max_rel_err)
+    {
+        eprintln!("error: a 16-bit or f32 GEMM result is wrong (see max_rel_err above)");
         return ExitCode::FAILURE;
     }
     if let Some(path) = json {
@@ -239,4 +263,96 @@ fn gemm_rows(m: &Bf16Samples, amx_peak: Option<f64>, dp_peak: Option<f64>) -> Ve
         });
     }
     rows
+}
+
+/// Measures the 1024^3 f16 GEMM and the f32 GEMM of the same (f16-exact) values on
+/// [`Isa::detect`], each as [`THREADS`] row-block tasks on the current pool, in [`ROUNDS`]
+/// rounds alternating the two, and checks sampled entries of each against f64.
+fn measure_f16_and_f32(fma_peak: Option<f64>) -> [WideGemmRow; 2] {
+    let n = GEMM_N;
+    let isa = Isa::detect();
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut values = |len: usize| -> Vec<half::f16> {
+        (0..len).map(|_| half::f16::from_f32(rng.random_range(-1.0f32..1.0))).collect()
+    };
+    let (a16, b16) = (values(n * n), values(n * n));
+    let (a32, b32): (Vec<f32>, Vec<f32>) =
+        (a16.iter().map(|x| x.to_f32()).collect(), b16.iter().map(|x| x.to_f32()).collect());
+    let rows = n.div_ceil(THREADS);
+    let s = GemmShape::dense(n, n, n, false, false, false);
+    // Each task multiplies its block of A's rows by all of B into the same rows of C.
+    let run = |wide: bool, c: &mut [f32]| {
+        rayon::scope(|scope| {
+            for (t, block) in c.chunks_mut(rows * n).enumerate() {
+                let sub = GemmShape { m: block.len() / n, ..s };
+                let (a16, a32, b16, b32) = (&a16, &a32, &b16, &b32);
+                scope.spawn(move |_| {
+                    let at = t * rows * n;
+                    // SAFETY: the ISA was detected; A's rows `t * rows ..` (sub.m of them), all
+                    // of B and this task's own block of C cover the sub-shape's extents.
+                    unsafe {
+                        if wide {
+                            gemm_unchecked(isa, &sub, a32[at..].as_ptr(), b32.as_ptr(), block.as_mut_ptr());
+                        } else {
+                            gemm_f16_unchecked(
+                                isa,
+                                &sub,
+                                a16[at..].as_ptr(),
+                                b16.as_ptr(),
+                                block.as_mut_ptr(),
+                            );
+                        }
+                    }
+                });
+            }
+        });
+    };
+    let mut c = vec![0.0f32; n * n];
+    let mut samples = [Vec::new(), Vec::new()];
+    run(false, &mut c);
+    run(true, &mut c);
+    for _ in 0..ROUNDS {
+        for (k, wide) in [false, true].into_iter().enumerate() {
+            for _ in 0..GEMM_REPS {
+                let t = Instant::now();
+                run(wide, &mut c);
+                samples[k].push(s.flops() / t.elapsed().as_secs_f64() / 1e9);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (k, wide) in [false, true].into_iter().enumerate() {
+        run(wide, &mut c);
+        let mut sample = StdRng::seed_from_u64(10);
+        let max_rel_err = (0..256)
+            .map(|_| {
+                let (i, j) = (sample.random_range(0..n), sample.random_range(0..n));
+                let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..n {
+                    let t = f64::from(a32[i * n + p]) * f64::from(b32[p * n + j]);
+                    exact += t;
+                    mag += t.abs();
+                }
+                (f64::from(c[i * n + j]) - exact).abs() / mag.max(f64::MIN_POSITIVE)
+            })
+            .fold(0.0, f64::max);
+        let x = &samples[k];
+        let (median, best) = (median(x), x.iter().copied().fold(0.0, f64::max));
+        let pct = fma_peak.map(|p| 100.0 * median / p);
+        println!(
+            "{} GEMM {n}^3 on {isa}, {THREADS} threads: median {median:.1} GFLOP/s ({}), {} of the f32 FMA \
+             peak; max rel err {max_rel_err:.1e}",
+            if wide { "f32" } else { "f16" },
+            spread(x),
+            pct.map_or("n/a".to_string(), |p| format!("{p:.1}%")),
+        );
+        out.push(WideGemmRow {
+            isa: isa.name(),
+            median_gflops: median,
+            best_gflops: best,
+            percent_of_f32_fma_peak: pct,
+            max_rel_err,
+        });
+    }
+    out.try_into().unwrap_or_else(|_| unreachable!("two rows"))
 }

@@ -101,9 +101,9 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
 fn well_formed(t: TileOp, src: &[UOp]) -> bool {
     src.len() == t.operands().len()
         && src.iter().enumerate().all(|(k, x)| {
-            // A GEMM's A and B may be bf16: loaded, then widened by the CAST to F64.
-            let bf16_ok = matches!(t, TileOp::Gemm(_)) && k < 2 && x.dtype() == DType::BF16;
-            matches!(x.op(), Op::Index) && x.src().len() == 2 && (x.dtype() == DType::F32 || bf16_ok)
+            // A GEMM's A and B may be bf16 or f16: loaded, then widened by the CAST to F64.
+            let half_ok = matches!(t, TileOp::Gemm(_)) && k < 2 && x.dtype().is_half();
+            matches!(x.op(), Op::Index) && x.src().len() == 2 && (x.dtype() == DType::F32 || half_ok)
         })
 }
 

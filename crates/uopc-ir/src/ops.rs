@@ -372,8 +372,9 @@ impl Op {
 /// A dense operation on row-major tiles (the CPU's "tensor core"): each operand is a
 /// `rows x cols` block starting at its INDEX, consecutive rows `ld` elements apart (extents and
 /// strides count elements of the operand's own dtype). Operands are f32, except that a GEMM's A
-/// and B may both be BF16 (C stays f32): the operand dtypes, not the op, say which kernel runs,
-/// so one descriptor serves both and the expansion widens bf16 with an explicit CAST.
+/// and B may both be BF16 or both F16 (C stays f32): the operand dtypes, not the op, say which
+/// kernel runs, so one descriptor serves all three and the expansion widens 16-bit operands
+/// with an explicit CAST.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum TileOp {
     /// `C = A · B`, or `C += A · B` with `accumulate`. Sources `[A, B, C]`. A is `m x k`

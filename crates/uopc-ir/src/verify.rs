@@ -246,10 +246,10 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                     ));
                 }
             }
-            // A GEMM multiplies f32 or bf16 operands (both alike) into an f32 C; every other
-            // operand is f32.
+            // A GEMM multiplies f32, bf16 or f16 operands (both alike) into an f32 C; every
+            // other operand is f32.
             let inputs = match t {
-                TileOp::Gemm(_) if dt(0) == DType::BF16 => DType::BF16,
+                TileOp::Gemm(_) if dt(0).is_half() => dt(0),
                 _ => DType::F32,
             };
             for (k, x) in s.iter().enumerate() {

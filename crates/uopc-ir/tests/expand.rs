@@ -59,6 +59,16 @@ proptest! {
     }
 
     #[test]
+    fn expanded_f16_gemm_is_the_interpreters_bit_for_bit(
+        m in 1usize..20, n in 1usize..20, k in 0usize..20,
+        a_trans: bool, b_trans: bool, accumulate: bool,
+        pad in 0usize..3, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
+    ) {
+        let g = GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, offset };
+        check_expansion(&gemm_f16_case(g, tasks, seed));
+    }
+
+    #[test]
     fn expanded_softmax_update_is_the_interpreters_bit_for_bit(
         rows in 1usize..10, cols in 0usize..40, d in 0usize..20, pad in 0usize..3,
         offset in 0usize..3, tasks in 1usize..3, special: bool, seed in 0u64..1000,

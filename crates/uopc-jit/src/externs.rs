@@ -25,6 +25,8 @@ pub(crate) enum Extern {
     /// [`uopc_tile::uopc_tile_gemm_bf16`] (the flat form of `uopc_tile_gemm_bf16_desc`, so
     /// the descriptor's fields pass in registers as for the f32 GEMM).
     TileGemmBf16,
+    /// [`uopc_tile::uopc_tile_gemm_f16`] (flat, like the bf16 one).
+    TileGemmF16,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -39,7 +41,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 8] = [
+    pub const ALL: [Extern; 9] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -48,6 +50,7 @@ impl Extern {
         Extern::TileSoftmaxRecompute,
         Extern::TileSoftmaxGrad,
         Extern::TileGemmBf16,
+        Extern::TileGemmF16,
     ];
 
     /// The symbol it is registered and declared under.
@@ -61,6 +64,7 @@ impl Extern {
             Extern::TileSoftmaxRecompute => "uopc_tile_softmax_recompute_f32",
             Extern::TileSoftmaxGrad => "uopc_tile_softmax_grad_f32",
             Extern::TileGemmBf16 => "uopc_tile_gemm_bf16",
+            Extern::TileGemmF16 => "uopc_tile_gemm_f16",
         }
     }
 
@@ -75,6 +79,7 @@ impl Extern {
             Extern::TileSoftmaxRecompute => uopc_tile::uopc_tile_softmax_recompute_f32 as *const u8,
             Extern::TileSoftmaxGrad => uopc_tile::uopc_tile_softmax_grad_f32 as *const u8,
             Extern::TileGemmBf16 => uopc_tile::uopc_tile_gemm_bf16 as *const u8,
+            Extern::TileGemmF16 => uopc_tile::uopc_tile_gemm_f16 as *const u8,
         }
     }
 
@@ -93,7 +98,7 @@ impl Extern {
             Extern::Exp2F64 | Extern::Log2F64 => unary(sig, types::F64),
             Extern::Log2F32 => unary(sig, types::F32),
             // (a, b, c, m, n, k, lda, ldb, ldc, flags) -> status
-            Extern::TileGemm | Extern::TileGemmBf16 => ints(sig, 10),
+            Extern::TileGemm | Extern::TileGemmBf16 | Extern::TileGemmF16 => ints(sig, 10),
             // (s, row_max, row_sum, o, rows, cols, lds, ldo, d) -> status
             Extern::TileSoftmax => ints(sig, 9),
             // (s, lse, rows, cols, ld) -> status

@@ -1,7 +1,7 @@
 //! BF16 and F16 through the JIT: conversions exhaustive over all 65,536 bit patterns of each
 //! type against the `half` crate, f32 values around every rounding midpoint, f64 ones, the
-//! interpreter against the JIT on programs mixing 16-bit buffers, and the bf16 tile GEMM of a
-//! compiled program against an f64 reference.
+//! interpreter against the JIT on programs mixing 16-bit buffers, and the bf16 and f16 tile
+//! GEMMs of a compiled program against an f64 reference.
 
 use half::{bf16, f16};
 use uopc_ir::interp::{self, Precision};
@@ -305,28 +305,36 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-#[test]
-fn bf16_tile_gemm_in_a_compiled_program_matches_f64() {
+/// A tile GEMM on `dtype` (BF16 or F16) A and B in a compiled program, and its reference
+/// expansion through the interpreter, against an f64 product of the same 16-bit inputs.
+fn half_tile_gemm_matches_f64(dtype: DType) {
+    let narrow = |v: Vec<f32>| match dtype {
+        DType::BF16 => HostBuffer::BF16(v.into_iter().map(bf16::from_f32).collect()),
+        _ => HostBuffer::F16(v.into_iter().map(f16::from_f32).collect()),
+    };
+    let wide = |h: &HostBuffer, at: usize| match h {
+        HostBuffer::BF16(v) => v[at].to_f64(),
+        HostBuffer::F16(v) => v[at].to_f64(),
+        _ => unreachable!("16-bit operands"),
+    };
     for (m, n, k, a_trans, b_trans, accumulate) in [
         (37, 45, 70, false, false, false),
         (64, 32, 96, true, false, true),
         (5, 130, 33, false, true, false),
         (33, 17, 1, true, true, true),
+        (40, 24, 300, true, false, false),
     ] {
         let g = GemmShape::dense(m, n, k, a_trans, b_trans, accumulate);
         let (na, nb, nc) = (m * k, k * n, m * n);
-        let a: Vec<bf16> = values(na, 1).into_iter().map(bf16::from_f32).collect();
-        let b: Vec<bf16> = values(nb, 2).into_iter().map(bf16::from_f32).collect();
+        let (a, b) = (narrow(values(na, 1)), narrow(values(nb, 2)));
         let c0 = values(nc, 3);
-        let (ab, bb, cb) =
-            (buffer(0, DType::BF16, na), buffer(1, DType::BF16, nb), buffer(2, DType::F32, nc));
+        let (ab, bb, cb) = (buffer(0, dtype, na), buffer(1, dtype, nb), buffer(2, DType::F32, nc));
         let program = sink(&[tile(TileOp::Gemm(g), &[ab.index(0), bb.index(0), cb.index(0)])]);
-        let prg = Program::compile(&program, "gemm_bf16").unwrap();
+        let prg = Program::compile(&program, "gemm_half").unwrap();
         let mut c = c0.clone();
-        prg.run(&mut [Arg::from(&a[..]), Arg::from(&b[..]), Arg::from(&mut c[..])]).unwrap();
+        prg.run(&mut [Arg::from(&a), Arg::from(&b), Arg::from(&mut c[..])]).unwrap();
         // The reference expansion through the interpreter, too.
-        let mut bufs =
-            [HostBuffer::BF16(a.clone()), HostBuffer::BF16(b.clone()), HostBuffer::F32(c0.clone())];
+        let mut bufs = [a.clone(), b.clone(), HostBuffer::F32(c0.clone())];
         interp::run(&expand_tile_ops(&program), &mut bufs, Precision::Native).unwrap();
         let HostBuffer::F32(expanded) = &bufs[2] else { unreachable!() };
         for i in 0..m {
@@ -334,20 +342,40 @@ fn bf16_tile_gemm_in_a_compiled_program_matches_f64() {
                 let mut want = if accumulate { c0[i * n + j] as f64 } else { 0.0 };
                 let mut magnitude = want.abs();
                 for p in 0..k {
-                    let x = a[if a_trans { p * m + i } else { i * k + p }].to_f64();
-                    let y = b[if b_trans { j * k + p } else { p * n + j }].to_f64();
+                    let x = wide(&a, if a_trans { p * m + i } else { i * k + p });
+                    let y = wide(&b, if b_trans { j * k + p } else { p * n + j });
                     want += x * y;
                     magnitude += (x * y).abs();
                 }
-                // bf16 products are exact in f32; only the f32 sums round (k + 1 of them,
-                // each within 2^-24 of the running magnitude).
+                // Products of two bf16 (8 significant bits each) or two f16 (11) are exact in
+                // f32; only the f32 sums round (k + 1 of them, each within 2^-24 of the
+                // running magnitude).
                 let tol = (k as f64 + 2.0) * f32::EPSILON as f64 * magnitude;
                 let got = c[i * n + j] as f64;
-                assert!((got - want).abs() <= tol, "{m}x{n}x{k} ({i},{j}): {got} vs {want}");
-                assert!((expanded[i * n + j] as f64 - want).abs() <= tol, "expansion ({i},{j})");
+                assert!((got - want).abs() <= tol, "{dtype} {m}x{n}x{k} ({i},{j}): {got} vs {want}");
+                assert!((expanded[i * n + j] as f64 - want).abs() <= tol, "{dtype} expansion ({i},{j})");
             }
         }
     }
+}
+
+#[test]
+fn bf16_tile_gemm_in_a_compiled_program_matches_f64() {
+    half_tile_gemm_matches_f64(DType::BF16);
+}
+
+#[test]
+fn f16_tile_gemm_in_a_compiled_program_matches_f64() {
+    let prg_clif = {
+        let g = GemmShape::dense(2, 2, 2, false, false, false);
+        let (a, b, c) = (buffer(0, DType::F16, 4), buffer(1, DType::F16, 4), buffer(2, DType::F32, 4));
+        let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
+        Program::compile(&p, "gemm_f16").unwrap().clif().to_string()
+    };
+    // The f16 kernel, not the bf16 or f32 one: the call goes to the extern declared ninth
+    // (`Extern::ALL` order), after the bf16 GEMM's.
+    assert!(prg_clif.contains("call fn8("), "{prg_clif}");
+    half_tile_gemm_matches_f64(DType::F16);
 }
 
 #[test]
@@ -360,4 +388,14 @@ fn bf16_tile_gemm_operands_are_checked() {
     let (a, b, c) = (buffer(0, DType::BF16, 15), buffer(1, DType::BF16, 16), buffer(2, DType::F32, 16));
     let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
     assert_eq!(verify(&p).unwrap_err().kind, IrErrorKind::OutOfBounds);
+    // A and B alike: bf16 with f16 is refused, f16 with f16 accepted; C stays f32.
+    for (da, db, dc, ok) in [
+        (DType::BF16, DType::F16, DType::F32, false),
+        (DType::F16, DType::F16, DType::F16, false),
+        (DType::F16, DType::F16, DType::F32, true),
+    ] {
+        let (a, b, c) = (buffer(0, da, 16), buffer(1, db, 16), buffer(2, dc, 16));
+        let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
+        assert_eq!(verify(&p).is_ok(), ok, "{da} x {db} -> {dc}");
+    }
 }

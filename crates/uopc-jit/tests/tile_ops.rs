@@ -73,6 +73,25 @@ proptest! {
         prop_assert_eq!(f32s(&jit[2]).last(), f32s(&reference[2]).last());
     }
 
+    /// The same GEMMs with f16 A and B: the f16 GEMM (widened to f32) against the interpreter.
+    #[test]
+    fn tile_gemm_f16_matches_the_reference(
+        m in 1usize..40, n in 1usize..70, k in 1usize..40,
+        a_trans: bool, b_trans: bool, accumulate: bool,
+        pad in 0usize..5, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
+    ) {
+        let g = GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, offset };
+        let case = gemm_f16_case(g, tasks, seed);
+        let (jit, reference) = run_both(&case.program, case.inputs);
+        // f16 products are exact in f32, so only the f32 sums round: the f32 bound above
+        let tol = 2.0 * (k as f32 + 2.0) * f32::EPSILON;
+        for (x, y) in f32s(&jit[2]).iter().zip(f32s(&reference[2])) {
+            prop_assert!((x - y).abs() <= tol, "{x} vs {y} (tol {tol})");
+        }
+        // Nothing past the blocks was written (the buffers' last elements).
+        prop_assert_eq!(f32s(&jit[2]).last(), f32s(&reference[2]).last());
+    }
+
     /// With `special_rows`, the first rows are all `-inf`, a first block, masked, and a late
     /// maximum (see `softmax_case`).
     #[test]

@@ -36,6 +36,8 @@ fn columns_per_task(n: usize, tasks: usize, threads: usize) -> usize {
 /// iteration space.
 struct Affine {
     slot: usize,
+    /// The stored element type: f32, or bf16 / f16 widened to f32 by the view.
+    dtype: DType,
     len: usize,
     base: usize,
     strides: Vec<usize>,
@@ -44,12 +46,16 @@ struct Affine {
 /// The affine form of `v`, if its offsets are affine (checked at the corners and a few
 /// interior points of the `shape` box).
 fn affine(v: &UOp, shape: &[usize]) -> Option<Affine> {
+    if v.dtype() != DType::F32 {
+        return None;
+    }
+    let v = &without_widening(v);
     let mut p = v.clone();
     while p.op().is_movement() {
         p = p.src()[0].clone();
     }
     let Op::Param { slot, shape: pshape } = p.op() else { return None };
-    if v.dtype() != DType::F32 || v.shape() != shape {
+    if v.shape() != shape {
         return None;
     }
     let r = shape.len();
@@ -77,7 +83,38 @@ fn affine(v: &UOp, shape: &[usize]) -> Option<Affine> {
             return None;
         }
     }
-    Some(Affine { slot: *slot, len: pshape.iter().product::<usize>().max(1), base, strides })
+    Some(Affine {
+        slot: *slot,
+        dtype: p.dtype(),
+        len: pshape.iter().product::<usize>().max(1),
+        base,
+        strides,
+    })
+}
+
+/// `v` read from the 16-bit `Param` below it when `v` is movement ops over a widening CAST of
+/// movement ops over one (a bf16 or f16 matmul's operand, perhaps transposed before the
+/// widening), so the GEMM of that dtype reads the stored 16-bit values in place and widens
+/// them itself; otherwise `v` unchanged.
+fn without_widening(v: &UOp) -> UOp {
+    let mut chain = Vec::new();
+    let mut p = v.clone();
+    while p.op().is_movement() {
+        chain.push(p.clone());
+        p = p.src()[0].clone();
+    }
+    if !matches!(p.op(), Op::Cast) || !p.src()[0].dtype().is_half() {
+        return v.clone();
+    }
+    let stored = p.src()[0].clone();
+    let mut below = stored.clone();
+    while below.op().is_movement() {
+        below = below.src()[0].clone();
+    }
+    if !matches!(below.op(), Op::Param { .. }) {
+        return v.clone();
+    }
+    chain.iter().rev().fold(stored, |w, m| UOp::new(m.op().clone(), w.dtype(), vec![w]))
 }
 
 /// `Some((transposed, leading dimension))` when a `rows x cols` operand with strides
@@ -138,7 +175,8 @@ fn product_operands(x: &UOp) -> Option<(UOp, UOp)> {
 }
 
 /// The operands of `body` when it is `sum_k A[.., i, k] * B[.., k, j]` over two row-major or
-/// transposed f32 views of `Param`s: the shape a tile GEMM computes without copying either.
+/// transposed f32 views of `Param`s (or of two bf16 or two f16 `Param`s widened to f32): the
+/// shape a tile GEMM computes without copying either.
 fn gemm_operands(body: &UOp) -> Option<Operands> {
     let Op::Reduce { op: ReduceOp::Add, axes: 1 } = body.op() else { return None };
     let x = &body.src()[0];
@@ -157,6 +195,10 @@ fn gemm_operands(body: &UOp) -> Option<Operands> {
         _ if q.strides[in_] == 0 && p.strides[im] == 0 => (q, p),
         _ => return None,
     };
+    // One GEMM kernel per operand dtype: both f32, both bf16 or both f16.
+    if a.dtype != b.dtype {
+        return None;
+    }
     let (a_trans, lda) = layout(m, k, a.strides[im], a.strides[ik])?;
     let (b_trans, ldb) = layout(k, n, b.strides[ik], b.strides[in_])?;
     Some(Operands { shape, a, a_trans, lda, b, b_trans, ldb })
@@ -249,8 +291,8 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
         b_trans,
         accumulate: false,
     });
-    let abuf = buffer(a.slot, DType::F32, a.len);
-    let bbuf = buffer(b.slot, DType::F32, b.len);
+    let abuf = buffer(a.slot, a.dtype, a.len);
+    let bbuf = buffer(b.slot, b.dtype, b.len);
     // t = (item * row_blocks + row block) * col_blocks + column block. The output is
     // contiguous, so task t writes rows `rows * (t / col_blocks)..` of the flattened
     // (items * m, n) result, in columns `cols * (t % col_blocks)..`.

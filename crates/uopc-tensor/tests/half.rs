@@ -167,3 +167,83 @@ fn gradients_flow_through_16_bit_tensors() -> Result<(), uopc_tensor::TensorErro
     assert_eq!(g[0].to_ndarray::<f32>()?.as_slice(), Some(&[3.0f32; 4][..]));
     Ok(())
 }
+
+/// A 16-bit value of `dtype` as f64, from the tensor's own storage.
+fn stored(dtype: DType, bits: u16) -> f64 {
+    if dtype == DType::BF16 { bf16::from_bits(bits).to_f64() } else { f16::from_bits(bits).to_f64() }
+}
+
+/// `count` random values of `dtype` in [-1, 1) as a tensor of `shape`, and their bit patterns.
+fn half_tensor(dtype: DType, shape: &[usize], seed: u64) -> (Tensor, Vec<u16>) {
+    let n = shape.iter().product();
+    let x = values(n, seed, 1.0);
+    if dtype == DType::BF16 {
+        let h: Vec<bf16> = x.into_iter().map(bf16::from_f32).collect();
+        (Tensor::from_vec(h.clone(), shape), h.iter().map(|v| v.to_bits()).collect())
+    } else {
+        let h: Vec<f16> = x.into_iter().map(f16::from_f32).collect();
+        (Tensor::from_vec(h.clone(), shape), h.iter().map(|v| v.to_bits()).collect())
+    }
+}
+
+#[test]
+fn half_matmuls_run_on_the_16_bit_tile_gemm_and_round_once() -> Result<(), uopc_tensor::TensorError> {
+    use uopc_tensor::{RealizeOptions, make_plan};
+    // (batch of A, batch of B, B stored transposed): batched, broadcast and transposed forms.
+    let (m, k, n) = (40, 96, 50);
+    for dtype in [DType::BF16, DType::F16] {
+        for (batch_a, batch_b, b_trans) in
+            [(vec![], vec![], false), (vec![2, 3], vec![2, 3], false), (vec![2, 1], vec![3], true)]
+        {
+            let (a, av) = half_tensor(dtype, &[batch_a.clone(), vec![m, k]].concat(), 11);
+            let b_shape = [batch_b.clone(), if b_trans { vec![n, k] } else { vec![k, n] }].concat();
+            let (b, bv) = half_tensor(dtype, &b_shape, 12);
+            let b = if b_trans { b.t() } else { b };
+            let c = a.matmul(&b);
+            assert_eq!(c.dtype(), dtype);
+            let plan = make_plan(&[c.uop().clone()], &RealizeOptions::default()).unwrap();
+            let names = plan.kernel_names();
+            // The GEMM reads both 16-bit inputs where they are (no widening copies), then one
+            // elementwise pass rounds its f32 result to the 16-bit output.
+            let gemms: Vec<_> = plan.kernels.iter().filter(|k| k.uses_tile_ops()).collect();
+            assert_eq!(gemms.len(), 1, "{dtype}: {names:?}");
+            assert_eq!(plan.kernels.len(), 2, "{dtype}: {names:?}");
+            let reads: Vec<DType> = uopc_ir::UOp::toposort(std::slice::from_ref(&gemms[0].program))
+                .iter()
+                .filter(|u| matches!(u.op(), uopc_ir::Op::Buffer { .. }))
+                .map(|u| u.dtype())
+                .collect();
+            assert_eq!(reads.iter().filter(|d| **d == dtype).count(), 2, "{dtype}: buffers {reads:?}");
+
+            let got: Vec<f64> = match dtype {
+                DType::BF16 => c.to_ndarray::<bf16>()?.iter().map(|v| v.to_f64()).collect(),
+                _ => c.to_ndarray::<f16>()?.iter().map(|v| v.to_f64()).collect(),
+            };
+            let items: usize = c.shape()[..c.shape().len() - 2].iter().product();
+            let (items_a, items_b) = (batch_a.iter().product::<usize>(), batch_b.iter().product::<usize>());
+            let unit = if dtype == DType::BF16 { BF16_U } else { F16_U };
+            for item in 0..items {
+                // Batch broadcasting: (2, 1) against (3) gives (2, 3); A's item is the row,
+                // B's the column; equal batches pair items one to one.
+                let (ia, ib) = if items_a == items_b { (item, item) } else { (item / 3, item % 3) };
+                for i in 0..m {
+                    for j in 0..n {
+                        let terms = (0..k).map(|p| {
+                            let x = stored(dtype, av[ia * m * k + i * k + p]);
+                            let y =
+                                stored(dtype, bv[ib * k * n + if b_trans { j * k + p } else { p * n + j }]);
+                            x * y
+                        });
+                        let (want, magnitude) = terms.fold((0.0, 0.0), |(s, g), t| (s + t, g + t.abs()));
+                        // Exact 16-bit products, f32 sums (k of them), one rounding to 16 bits
+                        // at the end (u relative, or half f16's subnormal spacing, 2^-25).
+                        let tol = unit * want.abs() + k as f64 * F32_U * magnitude * 1.01 + 2f64.powi(-25);
+                        let g = got[item * m * n + i * n + j];
+                        assert!((g - want).abs() <= tol, "{dtype} item {item} ({i},{j}): {g} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -91,6 +91,12 @@ pub fn gemm_bf16_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
     gemm_case_of(g, tasks, seed, DType::BF16)
 }
 
+/// [`gemm_case`] with f16 A and B (the same values rounded to f16) and an f32 C: the GEMM the
+/// IR runs on the f16 kernel.
+pub fn gemm_f16_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
+    gemm_case_of(g, tasks, seed, DType::F16)
+}
+
 fn gemm_case_of(g: GemmShape, tasks: usize, seed: u64, ab: DType) -> Case {
     let (a_len, b_len, c_len) = (g.a_len(), g.b_len(), g.c_len());
     let a = buffer(0, ab, a_len * tasks + 1);
@@ -101,6 +107,7 @@ fn gemm_case_of(g: GemmShape, tasks: usize, seed: u64, ab: DType) -> Case {
     let program = sink(&[sink(&[tile(g.op(), &operands)]).end(&[t])]);
     let operand = |v: Vec<f32>| match ab {
         DType::BF16 => HostBuffer::BF16(v.into_iter().map(half::bf16::from_f32).collect()),
+        DType::F16 => HostBuffer::F16(v.into_iter().map(half::f16::from_f32).collect()),
         _ => HostBuffer::F32(v),
     };
     let inputs = vec![
@@ -258,11 +265,13 @@ pub fn f32s(b: &HostBuffer) -> &[f32] {
     }
 }
 
-/// The bits of every element of every f32 or bf16 buffer (NaNs compare equal to themselves).
+/// The bits of every element of every f32, bf16 or f16 buffer (NaNs compare equal to
+/// themselves).
 pub fn bits(bufs: &[HostBuffer]) -> Vec<Vec<u32>> {
     bufs.iter()
         .map(|b| match b {
             HostBuffer::BF16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+            HostBuffer::F16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
             _ => f32s(b).iter().map(|x| x.to_bits()).collect(),
         })
         .collect()

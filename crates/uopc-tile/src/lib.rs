@@ -16,10 +16,13 @@
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
 //!   bf16 and f16 conversions in [`convert`].
+//! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 one k slab at a time
+//!   for the f32 micro-kernels of an [`Isa`].
 //!
 //! Each operation has a checked safe entry point, an `unsafe` raw-pointer twin for callers that
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code
-//! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_softmax_update_f32`]). Kernels
+//! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
+//! [`uopc_tile_softmax_update_f32`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
 
@@ -31,6 +34,7 @@ mod bf16_gemm;
 mod blocked;
 pub mod convert;
 mod error;
+mod f16_gemm;
 mod gemm;
 mod isa;
 mod pack;
@@ -47,6 +51,7 @@ pub use bf16_gemm::{
     uopc_tile_gemm_bf16_desc,
 };
 pub use error::TileError;
+pub use f16_gemm::{gemm_f16, gemm_f16_unchecked, uopc_tile_gemm_f16, uopc_tile_gemm_f16_desc};
 pub use gemm::{
     GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmDesc, GemmShape, gemm, gemm_unchecked,
     uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,

@@ -305,8 +305,11 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                     args.push(int(v));
                 }
                 // The operands' dtype picks the kernel (the verifier made A and B alike).
-                let bf16 = u.src()[0].dtype() == DType::BF16;
-                self.externs.get(if bf16 { Extern::TileGemmBf16 } else { Extern::TileGemm })
+                self.externs.get(match u.src()[0].dtype() {
+                    DType::BF16 => Extern::TileGemmBf16,
+                    DType::F16 => Extern::TileGemmF16,
+                    _ => Extern::TileGemm,
+                })
             }
             TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
                 for v in [rows, cols, lds, ldo, d] {

@@ -136,7 +136,9 @@ impl Tensor {
         }
         let d = promote(self.dtype(), other.dtype());
         if d.is_half() {
-            // Products and their sum in f32 (a bf16 product is exact in f32), rounded once.
+            // Products and their sum in f32 (a bf16 or f16 product is exact in f32), rounded
+            // once. The tile GEMM of the 16-bit dtype sees through the widening and reads the
+            // stored inputs in place.
             return Ok(self.cast(DType::F32).try_matmul(&other.cast(DType::F32))?.cast(d));
         }
         let product = || -> Result<Tensor> {
