@@ -316,3 +316,13 @@ fn shape_errors_name_both_shapes_and_the_caller() {
     let (file, l) = loc.expect("a location");
     assert!(file.ends_with("ops.rs") && l == line, "panicked at {file}:{l}, expected ops.rs:{line}");
 }
+
+#[test]
+fn scalar_division_of_an_f64_tensor_uses_the_f64_reciprocal() {
+    let xs = vec![1.0f64, 2.0, 300.0, -7.5, 1e-3];
+    let got = (Tensor::from_vec(xs.clone(), &[5]) / 3.0).to_ndarray::<f64>().unwrap();
+    for (g, x) in got.iter().zip(&xs) {
+        // x * (1/3) in f64 is within one rounding of x / 3; an f32 1/3 would be off by 1e-8.
+        assert!((g - x / 3.0).abs() <= 2.0 * f64::EPSILON * (x / 3.0).abs(), "{x} / 3 = {g}");
+    }
+}

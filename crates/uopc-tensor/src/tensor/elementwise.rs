@@ -124,13 +124,13 @@ impl Tensor {
         Ok(Tensor { uop: UOp::new(Op::Binary(op), dtype, vec![a.uop, b.uop]) })
     }
 
-    pub(crate) fn scalar_op(&self, op: BinaryOp, v: f32, reversed: bool) -> Tensor {
+    pub(crate) fn scalar_op(&self, op: BinaryOp, v: f64, reversed: bool) -> Tensor {
         if self.dtype().is_half() {
             let r = self.cast(DType::F32).scalar_op(op, v, reversed);
             return if r.dtype() == DType::Bool { r } else { r.cast(self.dtype()) };
         }
         let x = if self.dtype() == DType::Bool { self.cast(DType::F32) } else { self.clone() };
-        let c = const_of(v as f64, x.dtype());
+        let c = const_of(v, x.dtype());
         let dtype = if matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) { DType::Bool } else { x.dtype() };
         let src = if reversed { vec![c, x.uop] } else { vec![x.uop, c] };
         Tensor { uop: UOp::new(Op::Binary(op), dtype, src) }

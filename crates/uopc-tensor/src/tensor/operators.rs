@@ -1,5 +1,8 @@
 //! The std operators (`+ - * /`, unary `-`) on tensors and `f32` scalars; they panic where the
-//! `try_` methods return an error, at the caller's location. An integer tensor with an `f32`
+//! `try_` methods return an error, at the caller's location. The scalar (and, for `/`, its
+//! reciprocal) becomes a constant of the tensor's own dtype, so `x / 3.0` on an f64 tensor
+//! multiplies by the f64 1/3; a scalar that f32 cannot hold exactly (0.1) is rounded to f32
+//! first, so exact f64 constants are f64 tensors (`Tensor::from_vec(vec![0.1f64], &[1])`). An integer tensor with an `f32`
 //! scalar computes in f32, as torch promotes an integer tensor with a Python float (so
 //! `x * 2.5` never truncates the scalar).
 
@@ -40,25 +43,25 @@ macro_rules! tensor_binop {
         impl ops::$trait<f32> for &Tensor {
             type Output = Tensor;
             fn $method(self, rhs: f32) -> Tensor {
-                $op(self, rhs)
+                $op(self, f64::from(rhs))
             }
         }
         impl ops::$trait<f32> for Tensor {
             type Output = Tensor;
             fn $method(self, rhs: f32) -> Tensor {
-                $op(&self, rhs)
+                $op(&self, f64::from(rhs))
             }
         }
         impl ops::$trait<&Tensor> for f32 {
             type Output = Tensor;
             fn $method(self, rhs: &Tensor) -> Tensor {
-                $rev(self, rhs)
+                $rev(f64::from(self), rhs)
             }
         }
         impl ops::$trait<Tensor> for f32 {
             type Output = Tensor;
             fn $method(self, rhs: Tensor) -> Tensor {
-                $rev(self, &rhs)
+                $rev(f64::from(self), &rhs)
             }
         }
     };
@@ -89,7 +92,7 @@ tensor_binop!(
     Div,
     div,
     try_div,
-    |t: &Tensor, v: f32| t.float().scalar_op(BinaryOp::Mul, 1.0 / v, false),
+    |t: &Tensor, v: f64| t.float().scalar_op(BinaryOp::Mul, 1.0 / v, false),
     |v, t: &Tensor| t.float().recip().scalar_op(BinaryOp::Mul, v, false)
 );
 
