@@ -12,6 +12,16 @@ use crate::peak::median;
 use uopc::gpt::{GptBlock, GptConfig};
 use uopc::tensor::{RealizeOptions, Tensor, gradient, realize};
 
+/// One tile-GEMM kernel the compiler cut (not an attention node) of a pass: its median time
+/// over the timed realizes and its share of the widest FMA peak measured in the same run.
+#[derive(Serialize)]
+struct GemmKernel {
+    name: String,
+    median_ms: f64,
+    gflops: f64,
+    percent_of_widest_peak: f64,
+}
+
 #[derive(Serialize)]
 struct Row {
     pass: &'static str,
@@ -24,6 +34,7 @@ struct Row {
     kernels: usize,
     tile_gemm_kernels: usize,
     compile_ms: f64,
+    gemm_kernels: Vec<GemmKernel>,
 }
 
 fn random(shape: &[usize], rng: &mut StdRng) -> Tensor {
@@ -75,6 +86,7 @@ pub fn run(batch: usize, tokens: usize, reps: usize, rounds: usize, json: Option
                 kernels: report.kernels.len(),
                 tile_gemm_kernels: report.kernels.iter().filter(|k| k.tile_ops).count(),
                 compile_ms: (report.schedule_seconds + report.compile_seconds) * 1e3,
+                gemm_kernels: Vec::new(),
             }),
             Err(e) => {
                 eprintln!("error: {pass}: {e}");
@@ -82,27 +94,64 @@ pub fn run(batch: usize, tokens: usize, reps: usize, rounds: usize, json: Option
             }
         }
     }
+    // Per pass and tile-GEMM kernel (by position in the plan): name, static FLOPs, seconds.
+    let mut gemm_samples: Vec<Vec<(String, u64, Vec<f64>)>> = vec![Vec::new(); passes.len()];
     for _ in 0..rounds {
         for (k, (_, outs)) in passes.iter().enumerate() {
             for _ in 0..reps {
                 let start = Instant::now();
-                let _ = realize(outs, &opts);
+                let report = realize(outs, &opts).map(|(_, r)| r);
                 samples[k].push(start.elapsed().as_secs_f64() * 1e3);
+                let Ok(report) = report else { continue };
+                // The compiler's GEMM kernels (reduces, `r_...`); the attention nodes' static
+                // FLOPs count the causal blocks they skip, so they are timed by `bench sdpa`.
+                let gemms = report.kernels.iter().filter(|t| t.tile_ops && t.name.starts_with("r_"));
+                for (j, t) in gemms.enumerate() {
+                    if gemm_samples[k].len() <= j {
+                        gemm_samples[k].push((t.name.clone(), t.flops, Vec::new()));
+                    }
+                    gemm_samples[k][j].2.push(t.seconds);
+                }
             }
         }
     }
+    let peak = crate::attention::measure_widest_peak();
     println!(
         "GPT-2-small block, batch {batch} x {tokens} tokens, d_model {}, {} heads",
         config.d_model, config.heads
     );
     println!("{:<17} {:>10} {:>10} {:>14} {:>11}", "pass", "median ms", "best ms", "kernels", "compile ms");
-    for (row, s) in rows.iter_mut().zip(&samples) {
+    for ((row, s), gemms) in rows.iter_mut().zip(&samples).zip(&gemm_samples) {
         row.median_ms = median(s);
         row.best_ms = s.iter().copied().fold(f64::INFINITY, f64::min);
         println!(
             "{:<17} {:>10.1} {:>10.1} {:>5} ({:>2} tile) {:>11.1}",
             row.pass, row.median_ms, row.best_ms, row.kernels, row.tile_gemm_kernels, row.compile_ms
         );
+        row.gemm_kernels = gemms
+            .iter()
+            .map(|(name, flops, secs)| {
+                let seconds = median(secs);
+                let gflops = *flops as f64 / seconds / 1e9;
+                GemmKernel {
+                    name: name.clone(),
+                    median_ms: seconds * 1e3,
+                    gflops,
+                    percent_of_widest_peak: peak.map_or(f64::NAN, |(_, p)| 100.0 * gflops / p),
+                }
+            })
+            .collect();
+    }
+    if let Some((name, p)) = peak {
+        println!("\nGEMM kernels (median of the timed realizes; widest FMA peak, {name}: {p:.1} GFLOP/s)");
+    }
+    for row in &rows {
+        for g in &row.gemm_kernels {
+            println!(
+                "  {:<17} {:<26} {:>9.2} ms {:>8.1} GFLOP/s {:>6.1}%",
+                row.pass, g.name, g.median_ms, g.gflops, g.percent_of_widest_peak
+            );
+        }
     }
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&serde_json::json!({ "results": rows }))
