@@ -118,6 +118,15 @@ impl Blocking {
         Blocking { heads_per_task, queries, keys, splits }
     }
 
+    /// Rows of each sub-tile that a causal task's diagonal band runs in, when the band is
+    /// split (see [`sdpa_ir`]): `Some` for a causal task of one head's queries taller than one
+    /// key block.
+    pub fn causal_sub_tile_rows(&self, config: &SdpaConfig) -> Option<usize> {
+        let rows = self.heads_per_task * self.queries;
+        (config.causal && self.splits == 1 && self.heads_per_task == 1 && rows > CAUSAL_SUB_ROWS)
+            .then_some(CAUSAL_SUB_ROWS)
+    }
+
     /// Full key blocks per chunk of a split-K blocking (all full blocks when `splits == 1`).
     pub fn chunk_blocks(&self, n_k: usize) -> usize {
         (n_k / self.keys).div_ceil(self.splits)
@@ -300,7 +309,7 @@ impl SdpaKernel {
             } else {
                 body
             }
-        } else if splits == 1 && self.c.causal && self.b.heads_per_task == 1 && self.rows > CAUSAL_SUB_ROWS {
+        } else if self.b.causal_sub_tile_rows(&self.c).is_some() {
             self.causal_sub_tiles(&task, &init, full, rest)
         } else {
             let (clear, touched) = self.block_bounds(&task, full, self.all_rows());
