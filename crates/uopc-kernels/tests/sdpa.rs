@@ -108,6 +108,27 @@ fn head_dims_and_gqa_ratios() {
     }
 }
 
+/// Causal tasks taller than one key block run their diagonal band in 64-row sub-tiles: with
+/// tasks of full, ragged (100 = 64 + 36 rows) and overlapping last query blocks, queries
+/// behind and ahead of the keys, each alone and with key lengths, a bool mask or a bias.
+#[test]
+fn causal_sub_tiles_with_every_mask_kind() {
+    let mut rng = Rng(17);
+    for (n_q, n_k) in [(256, 256), (300, 301), (200, 500), (384, 200)] {
+        for (mask, lens) in [
+            (MaskKind::None, false),
+            (MaskKind::None, true),
+            (MaskKind::Bool([2, 1, n_q, n_k]), false),
+            (MaskKind::Bias([1, 4, n_q, n_k]), true),
+        ] {
+            let c = SdpaConfig { causal: true, mask, key_lengths: lens, ..config(2, 4, 2, n_q, n_k, 16) };
+            let sdpa = Sdpa::compile(&c).expect("compile");
+            assert!(sdpa.to_string().contains("sub-tiles of 64 rows"), "{sdpa}");
+            check(&Case::new(c, &mut rng), &sdpa);
+        }
+    }
+}
+
 #[test]
 fn odd_and_unequal_lengths_with_and_without_causal() {
     let mut rng = Rng(11);

@@ -25,10 +25,16 @@ pub struct Blocking {
 /// GEMMs of the block read it, and 64 columns fill the score micro-kernel's 4 x 16-lane rows.
 const KEY_BLOCK: usize = 64;
 
-/// Rows per task under the causal mask: one key block, so each query block has a single
-/// diagonal block whose masked half is wasted (at n = 1024 the static FLOPs are about 0.53 of
-/// the unmasked kernel's, 0.56 with 128 rows, 0.63 with 256).
-const CAUSAL_MAX_ROWS: usize = KEY_BLOCK;
+/// Rows per task under the causal mask. The blocks every row sees run on all rows; the
+/// diagonal band runs in sub-tiles of [`CAUSAL_SUB_ROWS`] rows, each over the blocks its own
+/// rows see, so the static FLOPs are those of 64-row tasks (about 0.53 of the unmasked
+/// kernel's at n = 1024) while the blocks below the band pack each K/V block once per 128
+/// rows.
+const CAUSAL_MAX_ROWS: usize = 2 * KEY_BLOCK;
+
+/// Rows of one sub-tile of a causal task's diagonal band: one key block, so each sub-tile has
+/// a single diagonal block whose masked half is wasted.
+const CAUSAL_SUB_ROWS: usize = KEY_BLOCK;
 
 /// Stack the tiles of one task may take: the JIT's limit less room for the kernel's own frame.
 const TILE_BUDGET: usize = MAX_LOCAL_BYTES - 16 * 1024;
@@ -59,7 +65,7 @@ impl Blocking {
     /// and the running max and sum) must fit the JIT's stack limit less 16 KiB; within that,
     /// rows are as many as possible, up to 256 (a multiple of 16), because every task re-packs
     /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
-    /// 128, since the masked half of each diagonal band grows with the rows. With fewer
+    /// 128, whose diagonal band runs in 64-row sub-tiles (see [`sdpa_ir`]). With fewer
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
     /// rows are a divisor of n_q when one lies within half of the most rows; otherwise query
     /// blocks are evened out (no mostly-empty last block); they are split further if there
@@ -112,6 +118,15 @@ impl Blocking {
         Blocking { heads_per_task, queries, keys, splits }
     }
 
+    /// Rows of each sub-tile that a causal task's diagonal band runs in, when the band is
+    /// split (see [`sdpa_ir`]): `Some` for a causal task of one head's queries taller than one
+    /// key block.
+    pub fn causal_sub_tile_rows(&self, config: &SdpaConfig) -> Option<usize> {
+        let rows = self.heads_per_task * self.queries;
+        (config.causal && self.splits == 1 && self.heads_per_task == 1 && rows > CAUSAL_SUB_ROWS)
+            .then_some(CAUSAL_SUB_ROWS)
+    }
+
     /// Full key blocks per chunk of a split-K blocking (all full blocks when `splits == 1`).
     pub fn chunk_blocks(&self, n_k: usize) -> usize {
         (n_k / self.keys).div_ceil(self.splits)
@@ -149,8 +164,12 @@ pub(super) fn cores() -> usize {
 /// be partly masked, the online-softmax tile update (one rescale of the output tile per block)
 /// and a tile GEMM `O += P · V`. Keys past the last full block go in one narrower block. Under
 /// the causal mask, blocks every row sees run unmasked, blocks after the last row's last key
-/// are skipped, and only the blocks in between are masked; with key lengths, blocks past the
-/// item's length are skipped and only the block holding its end is masked. The last query
+/// are skipped, and only the blocks in between are masked; a task of one head's queries
+/// taller than 64 rows runs that diagonal band in sub-tiles of 64 rows, each over the blocks
+/// its rows see (so it does the work of 64-row tasks, with the blocks below the band packed
+/// once per task). With key lengths, blocks past the item's length are skipped and only the
+/// block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
+/// over each row's masked suffix of the block only. The last query
 /// block starts early enough to be full (it overlaps the previous one) and writes only its own
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
 /// block.
@@ -200,6 +219,13 @@ struct SdpaKernel {
     /// Where each query row's base-2 log-sum-exp is stored, when the backward needs it.
     lse: Option<UOp>,
     pb: ProgramBuilder,
+}
+
+/// Rows `r0 .. r0 + rows` of a task's tiles (all of them, or one causal sub-tile).
+#[derive(Clone, Copy)]
+struct Span {
+    r0: usize,
+    rows: usize,
 }
 
 /// The THREAD task's indices and scratch views, shared by the parts of the program.
@@ -276,14 +302,17 @@ impl SdpaKernel {
             let kb = self.pb.range(full, AxisType::Reduce);
             let mut prev = init.clone();
             prev.push(kb.clone());
-            let body = self.key_block(&task, &(&kb * bc), bc, &prev, masked_everywhere).end(&[kb]);
+            let all = self.all_rows();
+            let body = self.key_block(&task, &(&kb * bc), bc, &prev, masked_everywhere, all).end(&[kb]);
             if rest > 0 {
-                self.key_block(&task, &idx((full * bc) as i64), rest, &[body], masked_everywhere)
+                self.key_block(&task, &idx((full * bc) as i64), rest, &[body], masked_everywhere, all)
             } else {
                 body
             }
+        } else if self.b.causal_sub_tile_rows(&self.c).is_some() {
+            self.causal_sub_tiles(&task, &init, full, rest)
         } else {
-            let (clear, touched) = self.block_bounds(&task, full);
+            let (clear, touched) = self.block_bounds(&task, full, self.all_rows());
             // This task's blocks: [first, last) of the keys' full blocks.
             let (first, lo, hi) = if splits == 1 {
                 (idx(0), clear, touched)
@@ -301,43 +330,104 @@ impl SdpaKernel {
                 let start = if splits == 1 { &kb * bc } else { min_idx(&((&first + &kb) * bc), &last_block) };
                 let mut after = prev.clone();
                 after.push(kb.clone());
-                prev = vec![self.key_block(&task, &start, bc, &after, false).end(&[kb])];
+                prev = vec![self.key_block(&task, &start, bc, &after, false, self.all_rows()).end(&[kb])];
             }
             let kd = self.pb.range(&hi - &lo, AxisType::Reduce);
             // The min only tells the verifier's interval bounds that the block stays inside
             // the keys (they do not see that kd < hi - lo).
             let start = min_idx(&((&lo + &kd) * bc), &last_block);
             prev.push(kd.clone());
-            let near = self.key_block(&task, &start, bc, &prev, true).end(&[kd]);
+            let near = self.key_block(&task, &start, bc, &prev, true, self.all_rows()).end(&[kd]);
             if rest == 0 {
                 near
             } else if splits == 1 {
-                self.key_block(&task, &idx((full * bc) as i64), rest, &[near], true)
+                self.key_block(&task, &idx((full * bc) as i64), rest, &[near], true, self.all_rows())
             } else {
                 // The narrow block belongs to the last chunk: a range of one iteration there,
                 // of none elsewhere.
                 let tail =
                     self.pb.range((&task.split + (2 - splits as i64)).maximum(idx(0)), AxisType::Reduce);
-                self.key_block(&task, &idx((full * bc) as i64), rest, &[near, tail.clone()], true)
-                    .end(&[tail])
+                self.key_block(
+                    &task,
+                    &idx((full * bc) as i64),
+                    rest,
+                    &[near, tail.clone()],
+                    true,
+                    self.all_rows(),
+                )
+                .end(&[tail])
             }
         };
         self.write(&task, &done)
     }
 
-    /// Full key blocks `[0, clear)` that every row of the task sees whole (no mask needed), and
-    /// `touched`: blocks from `touched` on are seen by no row (skipped); the blocks between
-    /// need the mask. Causal rows and key lengths bound both; a bool mask or bias makes every
-    /// block masked.
-    fn block_bounds(&self, task: &Task, full: usize) -> (UOp, UOp) {
+    /// All rows of the task.
+    fn all_rows(&self) -> Span {
+        Span { r0: 0, rows: self.rows }
+    }
+
+    /// The key loops of a causal task taller than one sub-tile (one query block of one head):
+    /// the full blocks every row sees on all rows, unmasked; then per sub-tile of
+    /// [`CAUSAL_SUB_ROWS`] rows the further blocks its rows see whole (unmasked) and those
+    /// they see in part (masked); last the narrow block of `rest` keys, if any, on all rows.
+    fn causal_sub_tiles(&mut self, task: &Task, init: &[UOp], full: usize, rest: usize) -> UOp {
+        let bc = self.b.keys;
+        let masked_everywhere = self.mask.is_some();
+        let last_block = idx(((full.max(1) - 1) * bc) as i64);
+        let all = self.all_rows();
+        let (clear_all, _) = self.block_bounds(task, full, all);
+        let mut prev = init.to_vec();
+        if !masked_everywhere {
+            let kb = self.pb.range(clear_all.clone(), AxisType::Reduce);
+            let mut after = prev.clone();
+            after.push(kb.clone());
+            prev = vec![self.key_block(task, &(&kb * bc), bc, &after, false, all).end(&[kb])];
+        }
+        for r0 in (0..self.rows).step_by(CAUSAL_SUB_ROWS) {
+            let span = Span { r0, rows: CAUSAL_SUB_ROWS.min(self.rows - r0) };
+            let (clear, touched) = self.block_bounds(task, full, span);
+            // The sub-tile's rows see at least the blocks every row sees: [clear_all, clear)
+            // whole, [clear, touched) in part. The mins only tell the verifier's interval
+            // bounds that each block stays inside the keys.
+            if !masked_everywhere {
+                let ku = self.pb.range(&clear - &clear_all, AxisType::Reduce);
+                let start = min_idx(&((&clear_all + &ku) * bc), &last_block);
+                let mut after = prev.clone();
+                after.push(ku.clone());
+                prev = vec![self.key_block(task, &start, bc, &after, false, span).end(&[ku])];
+            }
+            let lo = if masked_everywhere { clear_all.clone() } else { clear.clone() };
+            let kd = self.pb.range(&touched - &lo, AxisType::Reduce);
+            let start = min_idx(&((&lo + &kd) * bc), &last_block);
+            let mut after = prev.clone();
+            after.push(kd.clone());
+            prev = vec![self.key_block(task, &start, bc, &after, true, span).end(&[kd])];
+        }
+        if rest == 0 {
+            prev.pop().unwrap_or_else(|| sink(init))
+        } else {
+            self.key_block(task, &idx((full * bc) as i64), rest, &prev, true, all)
+        }
+    }
+
+    /// Full key blocks `[0, clear)` that every row of `span` sees whole (no mask needed), and
+    /// `touched`: blocks from `touched` on are seen by no row of it (skipped); the blocks
+    /// between need the mask. Causal rows and key lengths bound both; a bool mask or bias makes
+    /// every block masked.
+    fn block_bounds(&self, task: &Task, full: usize, span: Span) -> (UOp, UOp) {
         let bc = self.b.keys as i64;
         let (mut clear, mut touched) = (idx(full as i64), idx(full as i64));
         if self.c.causal {
             let off = self.causal_offset();
-            let bq = self.b.queries as i64;
-            // Keys every row of the block sees: j <= q0 + off; keys the last row sees: j < q0 + bq + off.
-            let seen_by_all = (&task.q0 + &off + 1).maximum(idx(0));
-            let seen_by_last = (&task.q0 + &off + bq).maximum(idx(0));
+            // With stacked heads (heads_per_task > 1) a span is all rows, each head's queries.
+            let (first, bq) = if span.rows == self.rows {
+                (task.q0.clone(), self.b.queries as i64)
+            } else {
+                (&task.q0 + span.r0 as i64, span.rows as i64)
+            };
+            // Keys every row of the span sees: j <= first + off; keys its last row sees: j < first + bq + off.
+            let seen_by_all = (&first + &off + 1).maximum(idx(0));
+            let seen_by_last = (&first + &off + bq).maximum(idx(0));
             clear = min_idx(&seen_by_all.idiv(bc), &clear);
             touched = min_idx(&(seen_by_last + (bc - 1)).idiv(bc), &touched);
         }
@@ -436,12 +526,22 @@ impl SdpaKernel {
         vec![load_q, init_o, init_ml]
     }
 
-    /// One key block of `cols` keys starting at key `first`, after the effects `prev`: the
-    /// score GEMM, the mask loop when `masked`, the softmax tile update and the `P · V` GEMM.
-    fn key_block(&mut self, task: &Task, first: &UOp, cols: usize, prev: &[UOp], masked: bool) -> UOp {
+    /// One key block of `cols` keys starting at key `first`, for the rows `span` of the task,
+    /// after the effects `prev`: the score GEMM, the mask loop when `masked`, the softmax tile
+    /// update and the `P · V` GEMM.
+    fn key_block(
+        &mut self,
+        task: &Task,
+        first: &UOp,
+        cols: usize,
+        prev: &[UOp],
+        masked: bool,
+        span: Span,
+    ) -> UOp {
         let SdpaConfig { kv_heads, n_k, d, .. } = self.c;
         let [_, _, ksn] = self.c.layout.strides(kv_heads, n_k, d);
-        let rows = self.rows;
+        let Span { r0, rows } = span;
+        let (at_d, at_s) = ((r0 * d) as i64, (r0 * cols) as i64);
         let scores = TileOp::Gemm(GemmShape {
             m: rows,
             n: cols,
@@ -454,10 +554,12 @@ impl SdpaKernel {
             accumulate: false,
         });
         let kv_at = &task.kv_base + first * ksn;
-        let mut g1 =
-            tile(scores, &[task.qt.after(prev).index(0), self.k.index(&kv_at), task.si.after(prev).index(0)]);
+        let mut g1 = tile(
+            scores,
+            &[task.qt.after(prev).index(at_d), self.k.index(&kv_at), task.si.after(prev).index(at_s)],
+        );
         if masked {
-            g1 = self.mask_block(task, first, cols, g1);
+            g1 = self.mask_block(task, first, cols, g1, span);
         }
         let after_g1 = std::slice::from_ref(&g1);
         let mut state = prev.to_vec();
@@ -466,10 +568,10 @@ impl SdpaKernel {
         let sm = tile(
             update,
             &[
-                task.si.after(after_g1).index(0),
-                task.mi.after(&state).index(0),
-                task.li.after(&state).index(0),
-                task.oi.after(&state).index(0),
+                task.si.after(after_g1).index(at_s),
+                task.mi.after(&state).index(r0 as i64),
+                task.li.after(&state).index(r0 as i64),
+                task.oi.after(&state).index(at_d),
             ],
         );
         let after_sm = std::slice::from_ref(&sm);
@@ -484,20 +586,29 @@ impl SdpaKernel {
             b_trans: false,
             accumulate: true,
         });
-        tile(pv, &[task.si.after(after_sm).index(0), self.v.index(&kv_at), task.oi.after(after_sm).index(0)])
+        tile(
+            pv,
+            &[task.si.after(after_sm).index(at_s), self.v.index(&kv_at), task.oi.after(after_sm).index(at_d)],
+        )
     }
 
     /// The loop over a score tile (after `scores`) that adds the bias and sets the keys a row
     /// does not see to `-inf`: causal, past the item's key length, or false in the bool mask.
-    fn mask_block(&mut self, task: &Task, first: &UOp, cols: usize, scores: UOp) -> UOp {
+    /// Only the rows `span` of the tile are touched (all of them with stacked heads).
+    fn mask_block(&mut self, task: &Task, first: &UOp, cols: usize, scores: UOp, span: Span) -> UOp {
         let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
+        // A sub-tile is a span of one head's query rows (heads_per_task is 1 then).
+        let (r0, bq) = if span.rows == self.rows { (0, bq) } else { (span.r0, span.rows) };
+        if self.mask.is_none() {
+            return self.mask_suffix(task, first, cols, scores, Span { r0, rows: bq });
+        }
         let pb = &mut self.pb;
         let hh = pb.range(gs, AxisType::Loop);
         let rq = pb.range(bq, AxisType::Loop);
         let cc = pb.range(cols, AxisType::Loop);
-        let cell = task.si.after(&[scores]).index((&hh * bq + &rq) * cols + &cc);
+        let cell = task.si.after(&[scores]).index((&hh * bq + &rq + r0 as i64) * cols + &cc);
         let key = first + &cc;
-        let query = &task.q0 + &rq;
+        let query = &task.q0 + &rq + r0 as i64;
         let mut score = cell.load();
         let mut keep = Vec::new();
         if self.c.causal {
@@ -522,6 +633,42 @@ impl SdpaKernel {
             score = c.where_(&score, f32c(f32::NEG_INFINITY));
         }
         cell.store(score).end(&[cc, rq, hh])
+    }
+
+    /// [`Self::mask_block`] without a bool mask or bias: each row of the tile (rows `r0 .. r0 +
+    /// rows` of each stacked head) sees the keys below one bound (its causal limit, the KV
+    /// length, the item's key length, whichever is least), so only the row's masked suffix of
+    /// the block is touched, set to `-inf` without reading it (a compare and select per
+    /// score cost about 4% of a causal run, its diagonal blocks' GEMMs taking little more).
+    fn mask_suffix(&mut self, task: &Task, first: &UOp, cols: usize, scores: UOp, span: Span) -> UOp {
+        let gs = self.b.heads_per_task;
+        let Span { r0, rows } = span;
+        let offset = self.c.causal.then(|| self.causal_offset());
+        let pb = &mut self.pb;
+        let hh = pb.range(gs, AxisType::Loop);
+        let rq = pb.range(rows, AxisType::Loop);
+        let query = &task.q0 + &rq + r0 as i64;
+        let mut bounds = Vec::new();
+        if let Some(off) = offset {
+            bounds.push(&query + &off + 1);
+        }
+        if let Some(len) = &self.kv_length {
+            bounds.push(len.clone());
+        }
+        if let Some(lens) = &self.lens {
+            bounds.push(lens.index(&task.item).load().cast(DType::INDEX));
+        }
+        let Some(bound) = bounds.into_iter().reduce(|a, b| min_idx(&a, &b)) else { return scores };
+        // The row's first masked column of the block, in 0..=cols.
+        let start = min_idx(&(&bound - first).maximum(idx(0)), &idx(cols as i64));
+        // Counted down from the last column, so every index is inside the row whatever the
+        // suffix's length (the verifier's intervals cannot tie the column to `start`).
+        let rc = pb.range(-&start + cols as i64, AxisType::Loop);
+        let cell = task
+            .si
+            .after(&[scores])
+            .index((&hh * rows + &rq + r0 as i64) * cols + (-&rc + (cols as i64 - 1)));
+        cell.store(f32c(f32::NEG_INFINITY)).end(&[rc, rq, hh])
     }
 
     /// The division of the task's output rows by their sums (0 for a row that saw no key)

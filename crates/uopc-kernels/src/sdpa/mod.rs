@@ -427,7 +427,7 @@ impl fmt::Display for Sdpa {
         let b = &self.blocking;
         write!(
             f,
-            "sdpa flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}; tasks of {} head(s) x {} queries, keys in blocks of {}{}",
+            "sdpa flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}; tasks of {} head(s) x {} queries, keys in blocks of {}{}{}",
             c.batch,
             c.heads,
             c.kv_heads,
@@ -438,6 +438,10 @@ impl fmt::Display for Sdpa {
             b.heads_per_task,
             b.queries,
             b.keys,
+            match b.causal_sub_tile_rows(c) {
+                Some(rows) => format!(", the diagonal band in sub-tiles of {rows} rows"),
+                None => String::new(),
+            },
             if b.splits > 1 {
                 format!(", split into {} chunks merged by a second kernel", b.splits)
             } else {
