@@ -58,12 +58,8 @@ impl Model {
 
     /// The mean cross-entropy of predicting `targets` from `tokens` (each `BATCH x TOKENS`).
     fn loss(&self, tokens: &[usize], targets: &[usize]) -> Result<Tensor, GptError> {
-        // The embedding lookup as a one-hot product, so its gradient is a matmul too.
-        let mut one_hot = vec![0.0f32; tokens.len() * VOCAB];
-        for (row, &t) in tokens.iter().enumerate() {
-            one_hot[row * VOCAB + t] = 1.0;
-        }
-        let x = Tensor::from_vec(one_hot, &[tokens.len(), VOCAB]).try_matmul(&self.embed)?;
+        // The embedding lookup (a one-hot product inside, so its gradient is a matmul too).
+        let x = self.embed.try_index_select(tokens)?;
         let mut h = x.try_reshape(&[BATCH, TOKENS, CONFIG.d_model])?;
         for b in &self.blocks {
             h = b.forward(&h)?;
