@@ -1,6 +1,6 @@
 //! Kernel opts (upcast, unroll, thread) and the optimizers that choose them per kernel.
 
-use crate::view::view_offset;
+use crate::view::{movement_chain, reapply, view_offset};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Deref;
@@ -193,12 +193,9 @@ pub(crate) fn reduces_down_columns(body: &UOp, axis: usize) -> bool {
     let mut stack: Vec<(UOp, Vec<UOp>)> = vec![(x.clone(), Vec::new())];
     while let Some((u, above)) = stack.pop() {
         // Top to bottom: the ops above `u`, then `u`'s own.
+        let (own, base) = movement_chain(&u);
         let mut chain = above;
-        let mut base = u.clone();
-        while base.op().is_movement() {
-            chain.push(base.clone());
-            base = base.src()[0].clone();
-        }
+        chain.extend(own);
         if base.op().is_alu() {
             stack.extend(base.src().iter().map(|s| (s.clone(), chain.clone())));
             continue;
@@ -206,7 +203,7 @@ pub(crate) fn reduces_down_columns(body: &UOp, axis: usize) -> bool {
         if !matches!(base.op(), Op::Param { .. }) {
             continue;
         }
-        let view = chain.iter().rev().fold(base, |w, m| UOp::new(m.op().clone(), w.dtype(), vec![w]));
+        let view = reapply(&chain, base);
         let at = |a: Option<usize>| {
             let mut idx = vec![0; rank];
             if let Some(a) = a {

@@ -3,7 +3,7 @@
 //! materialization points.
 
 use crate::util::numel;
-use crate::view::strided_broadcast_views;
+use crate::view::{movement_chain, strided_broadcast_views};
 use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 use uopc_ir::rewrite::RuleCx;
@@ -210,12 +210,7 @@ pub fn stage_broadcast_compute(roots: &[UOp], factor: usize) -> Vec<UOp> {
             continue;
         }
         // The movement chain below the broadcast, top first, and the node under it.
-        let mut chain = Vec::new();
-        let mut base = u.src()[0].clone();
-        while base.op().is_movement() {
-            chain.push(base.clone());
-            base = base.src()[0].clone();
-        }
+        let (chain, base) = movement_chain(&u.src()[0]);
         if base.op().is_alu()
             && !matches!(base.op(), Op::Cast)
             && !base.shape().is_empty()

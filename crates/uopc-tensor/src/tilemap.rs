@@ -4,7 +4,7 @@
 //! score tile to its matrix unit.
 
 use crate::util::largest_divisor_at_most;
-use crate::view::view_offset;
+use crate::view::{movement_chain, reapply, view_offset};
 use uopc_ir::{AxisType, DType, GemmShape, Op, ReduceOp, TileOp, UOp, buffer, range, sink, tile};
 
 /// Output rows per THREAD iteration: every call packs all of B once, so fewer, larger calls
@@ -97,24 +97,15 @@ fn affine(v: &UOp, shape: &[usize]) -> Option<Affine> {
 /// widening), so the GEMM of that dtype reads the stored 16-bit values in place and widens
 /// them itself; otherwise `v` unchanged.
 fn without_widening(v: &UOp) -> UOp {
-    let mut chain = Vec::new();
-    let mut p = v.clone();
-    while p.op().is_movement() {
-        chain.push(p.clone());
-        p = p.src()[0].clone();
-    }
+    let (chain, p) = movement_chain(v);
     if !matches!(p.op(), Op::Cast) || !p.src()[0].dtype().is_half() {
         return v.clone();
     }
     let stored = p.src()[0].clone();
-    let mut below = stored.clone();
-    while below.op().is_movement() {
-        below = below.src()[0].clone();
-    }
-    if !matches!(below.op(), Op::Param { .. }) {
+    if !matches!(movement_chain(&stored).1.op(), Op::Param { .. }) {
         return v.clone();
     }
-    chain.iter().rev().fold(stored, |w, m| UOp::new(m.op().clone(), w.dtype(), vec![w]))
+    reapply(&chain, stored)
 }
 
 /// `Some((transposed, leading dimension))` when a `rows x cols` operand with strides
@@ -161,17 +152,9 @@ struct Operands {
 /// through that chain: a movement op of a product is the product of the moved operands. A
 /// gradient's sum over a broadcast axis permutes the product so the axis is last.
 fn product_operands(x: &UOp) -> Option<(UOp, UOp)> {
-    let mut chain = Vec::new();
-    let mut p = x.clone();
-    while p.op().is_movement() {
-        chain.push(p.clone());
-        p = p.src()[0].clone();
-    }
+    let (chain, p) = movement_chain(x);
     let Some((uopc_ir::BinaryOp::Mul, lhs, rhs)) = p.as_binary() else { return None };
-    let moved = |operand: &UOp| {
-        chain.iter().rev().fold(operand.clone(), |v, m| UOp::new(m.op().clone(), v.dtype(), vec![v]))
-    };
-    Some((moved(lhs), moved(rhs)))
+    Some((reapply(&chain, lhs.clone()), reapply(&chain, rhs.clone())))
 }
 
 /// The operands of `body` when it is `sum_k A[.., i, k] * B[.., k, j]` over two row-major or
@@ -242,12 +225,7 @@ pub(crate) fn operands_to_stage(body: &UOp) -> Vec<UOp> {
 /// kernel; reduces are their own kernels whenever tile GEMMs are made); `None` when the node
 /// is computed elementwise and would fuse into the reader.
 fn over_materialized(v: &UOp) -> Option<UOp> {
-    let mut chain = Vec::new();
-    let mut base = v.clone();
-    while base.op().is_movement() {
-        chain.push(base.clone());
-        base = base.src()[0].clone();
-    }
+    let (chain, base) = movement_chain(v);
     let buffer = match base.op() {
         Op::Param { .. } => base,
         Op::Stage | Op::Reduce { .. } | Op::Custom(_) => {
@@ -255,7 +233,7 @@ fn over_materialized(v: &UOp) -> Option<UOp> {
         }
         _ => return None,
     };
-    Some(chain.iter().rev().fold(buffer, |w, m| UOp::new(m.op().clone(), w.dtype(), vec![w])))
+    Some(reapply(&chain, buffer))
 }
 
 /// Whether the reduce `body` becomes a tile GEMM that reads both operands where they are, so

@@ -43,6 +43,23 @@ pub(crate) fn view_offset(v: &UOp, index: Vec<usize>) -> Option<usize> {
     }
 }
 
+/// The movement ops from `v` down to the first node that is not one, top first, and that node.
+pub(crate) fn movement_chain(v: &UOp) -> (Vec<UOp>, UOp) {
+    let mut chain = Vec::new();
+    let mut base = v.clone();
+    while base.op().is_movement() {
+        chain.push(base.clone());
+        base = base.src()[0].clone();
+    }
+    (chain, base)
+}
+
+/// The movement ops of `chain` (top first, as [`movement_chain`] lists them) applied again over
+/// `base`, which must have the shape the lowest of them read.
+pub(crate) fn reapply(chain: &[UOp], base: UOp) -> UOp {
+    chain.iter().rev().fold(base, |w, m| UOp::new(m.op().clone(), w.dtype(), vec![w]))
+}
+
 /// The views a reduce input `x` reads whose stride along `axis` is neither 0 (broadcast) nor
 /// 1 (contiguous), each as the un-broadcast view below its outermost EXPAND: without a
 /// broadcast every element is read once, and a copy would only add a pass.
