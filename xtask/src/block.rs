@@ -1,8 +1,8 @@
 //! `bench block`: the GPT-2-small block of [`uopc::gpt`] through the Tensor API, forward and
 //! forward plus backward (the gradient of every parameter and of the input).
 
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use std::path::Path;
 use std::process::ExitCode;
@@ -38,8 +38,7 @@ struct Row {
 }
 
 fn random(shape: &[usize], rng: &mut StdRng) -> Tensor {
-    let n: usize = shape.iter().product();
-    Tensor::from_vec((0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>(), shape)
+    Tensor::from_vec(crate::matmul::random(shape.iter().product(), rng), shape)
 }
 
 /// Runs `bench block` on `(batch, tokens)` inputs: each pass once to compile, then `rounds`

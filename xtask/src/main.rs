@@ -228,6 +228,22 @@ fn parse_tile(s: &str) -> Result<(usize, usize), String> {
     Ok((parse(a)?, parse(b)?))
 }
 
+/// `go` on a rayon pool of `threads` threads, or on the global pool without a count. The
+/// kernels run on whichever pool calls them, so a pool of the asked size around a whole bench
+/// sets the thread count of every kernel and peak it measures.
+fn with_threads(threads: Option<usize>, go: impl FnOnce() -> ExitCode + Send) -> ExitCode {
+    match threads {
+        Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
+            Ok(pool) => pool.install(go),
+            Err(e) => {
+                eprintln!("error: cannot start {t} threads: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        None => go(),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.task {
@@ -241,16 +257,7 @@ fn main() -> ExitCode {
                     eprintln!("error: --threads must be at least 1");
                     ExitCode::from(2)
                 }
-                // The kernels run on whichever rayon pool calls them, so a pool of the asked
-                // size around the whole bench sets the thread count of every kernel and peak.
-                Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
-                    Ok(pool) => pool.install(|| attention::run(&args)),
-                    Err(e) => {
-                        eprintln!("error: cannot start {t} threads: {e}");
-                        ExitCode::FAILURE
-                    }
-                },
-                None => attention::run(&args),
+                threads => with_threads(threads, || attention::run(&args)),
             }
         }
         Task::Bench {
@@ -296,16 +303,7 @@ fn main() -> ExitCode {
                     sdpa::run(&cells, reps, rounds, decode_steps, json.as_deref())
                 }
             };
-            match threads {
-                Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
-                    Ok(pool) => pool.install(go),
-                    Err(e) => {
-                        eprintln!("error: cannot start {t} threads: {e}");
-                        ExitCode::FAILURE
-                    }
-                },
-                None => go(),
-            }
+            with_threads(threads, go)
         }
         Task::Bench { what: Bench::Backward { n, d, reps } } => {
             if n.is_empty() || n.contains(&0) || d == 0 {
@@ -334,16 +332,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let go = || block::run(batch, tokens, reps, rounds, json.as_deref());
-            match threads {
-                Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
-                    Ok(pool) => pool.install(go),
-                    Err(e) => {
-                        eprintln!("error: cannot start {t} threads: {e}");
-                        ExitCode::FAILURE
-                    }
-                },
-                None => go(),
-            }
+            with_threads(threads, go)
         }
         Task::Bench { what: Bench::Matmul { shapes, forms, dtypes, reps, rounds, threads, json } } => {
             if reps == 0 || rounds == 0 || threads == Some(0) || forms.is_empty() || dtypes.is_empty() {
@@ -354,16 +343,7 @@ fn main() -> ExitCode {
             }
             let shapes = if shapes.is_empty() { matmul::default_shapes() } else { shapes };
             let go = || matmul::run(&shapes, &forms, &dtypes, reps, rounds, json.as_deref());
-            match threads {
-                Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
-                    Ok(pool) => pool.install(go),
-                    Err(e) => {
-                        eprintln!("error: cannot start {t} threads: {e}");
-                        ExitCode::FAILURE
-                    }
-                },
-                None => go(),
-            }
+            with_threads(threads, go)
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
     }

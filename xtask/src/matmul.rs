@@ -104,7 +104,8 @@ struct Cell {
     max_abs_err: f64,
 }
 
-fn random(len: usize, rng: &mut StdRng) -> Vec<f32> {
+/// `len` values uniform in [-1, 1).
+pub(crate) fn random(len: usize, rng: &mut StdRng) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
