@@ -5,7 +5,7 @@ use crate::error::{Result, TensorError};
 use crate::exec::Exe;
 use crate::opt::{Layout, has_reduce};
 use crate::options::RealizeOptions;
-use crate::passes::{layout_pass, materialize_points, run_pass, stage_broadcast_compute};
+use crate::passes::{materialize_points, run_pass, stage_broadcast_compute};
 use crate::plan::{ArgSource, Kernel, OutSpec, Plan};
 use crate::rangeify::{Ctx, lower};
 use crate::util::numel;
@@ -130,19 +130,26 @@ fn compact_slots(program: UOp, args: Vec<ArgSource>) -> (UOp, Vec<ArgSource>) {
 /// The graph passes `opts` ask for, in order: broadcast staging, then the optimizer's layout.
 fn prepare_graph(roots: &[UOp], opts: &RealizeOptions) -> Vec<UOp> {
     let mut graph = crate::passes::push_views_into_reduces(roots);
+    // Only a fused plan computes a maximum and the sums that wait for it in one kernel.
+    if opts.fuse_reduce && !opts.experiments.no_online_reductions {
+        graph = crate::online::online_reductions(&graph);
+    }
     // fuse_reduce asks for "never write the big intermediate", so don't stage broadcasts either
     if !opts.fuse_reduce || opts.experiments.stage_broadcasts_when_fused {
         graph = stage_broadcast_compute(&graph, 4);
     }
+    let grouped = crate::online::grouped_reduces(&graph);
     match opts.opt.layout() {
         Layout::None => {}
-        Layout::ReduceContiguous => graph = layout_pass(&graph),
+        Layout::ReduceContiguous => {
+            graph = crate::passes::layout_pass_except(&graph, |r| grouped.contains(r))
+        }
         Layout::OutputContiguous => {
             // Only a reduce that is its own kernel becomes a tile GEMM.
             let tile_gemms = opts.opt.tile_ops() && !opts.fuse_reduce;
             graph = crate::passes::layout_pass_output_with(
                 &graph,
-                |r| tile_gemms && crate::tilemap::reads_operands_in_place(r),
+                |r| (tile_gemms && crate::tilemap::reads_operands_in_place(r)) || grouped.contains(r),
                 |r| if tile_gemms { crate::tilemap::operands_to_stage(r) } else { Vec::new() },
             );
         }

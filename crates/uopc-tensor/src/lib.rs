@@ -33,6 +33,7 @@ mod error;
 mod exec;
 mod kernelize;
 pub mod masked;
+mod online;
 mod opt;
 mod options;
 mod passes;
@@ -55,6 +56,7 @@ pub use debug::{DEBUG_ENV, debug_level, set_debug_level};
 pub use error::{Result, TensorError};
 /// The ndarray version this crate converts to and from, so callers need not pin it themselves.
 pub use ndarray;
+pub use online::online_reductions;
 pub use opt::{
     DefaultOpt, FixedOpts, FlashOpt, Layout, NoOpt, Optimizer, OptimizerKey, Opts, SharedOptimizer,
 };

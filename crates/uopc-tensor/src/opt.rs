@@ -305,8 +305,11 @@ impl Optimizer for DefaultOpt {
 
 /// The optimizer for fully fused attention: upcast the last output axis by
 /// `min(size, max_upcast)` (16 by default) so each recomputed q.k value feeds that many output
-/// accumulators, and thread axis 0 (one query row per iteration). Each group of output columns
-/// makes its own pass over the keys: two softmax passes plus `D / upcast` output passes.
+/// accumulators, and thread axis 0 (one query row per iteration). Written as sums that wait for
+/// the maximum, each group of output columns makes its own pass over the keys: two softmax
+/// passes plus `D / upcast` output passes. Once they are online sums (see
+/// [`online_reductions`](crate::online_reductions)), a last axis of up to 128 is upcast whole,
+/// so the maximum, the normalizer and every output column share one pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FlashOpt {
     /// Largest upcast of the last output axis.
@@ -324,7 +327,11 @@ impl Optimizer for FlashOpt {
         let shape = body.shape();
         let mut o = Opts::default();
         if let Some(&last) = shape.last() {
-            o.upcast.push((shape.len() - 1, last.min(self.max_upcast.max(1))));
+            // An online group shares one pass over the keys only when every output column of
+            // a row is accumulated in it, so its last axis is upcast whole.
+            let whole = last <= ONLINE_MAX_UPCAST && has_online_sum(body);
+            let upcast = if whole { last } else { last.min(self.max_upcast.max(1)) };
+            o.upcast.push((shape.len() - 1, upcast));
         }
         if shape.first().is_some_and(|&s| s > 1) {
             o.thread = Some(0);
@@ -334,6 +341,14 @@ impl Optimizer for FlashOpt {
     fn cache_key(&self) -> OptimizerKey {
         OptimizerKey::Flash(*self)
     }
+}
+
+/// The widest last axis [`FlashOpt`] upcasts whole for an online group: past it, the
+/// accumulators of one row no longer fit the registers and one pass per column group is cheaper.
+const ONLINE_MAX_UPCAST: usize = 128;
+
+fn has_online_sum(body: &UOp) -> bool {
+    UOp::toposort(std::slice::from_ref(body)).iter().any(|u| crate::online::OnlineSum::of(u).is_some())
 }
 
 /// No opts and no layout pass: plain sequential loops, the reference lowering.

@@ -64,6 +64,11 @@ pub struct Experiments {
     /// Stage expensive broadcasts even when `fuse_reduce` is set: fully fused attention then
     /// stores the N x N probabilities P before multiplying them by V.
     pub stage_broadcasts_when_fused: bool,
+    /// Leave sums that wait for a maximum over their own axis as written (no
+    /// [`online_reductions`](crate::online_reductions)): fully fused attention then makes a
+    /// pass over the keys for the maximum, one for the normalizer and one per group of output
+    /// columns, recomputing every q.k product in each.
+    pub no_online_reductions: bool,
 }
 
 impl Experiments {

@@ -247,9 +247,14 @@ pub fn stage_broadcast_compute(roots: &[UOp], factor: usize) -> Vec<UOp> {
 /// so the copy is small and every re-read is contiguous (P V reads V transposed: the copy is
 /// `e_1_64_1024` in attention).
 pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
+    layout_pass_except(roots, |_| false)
+}
+
+/// [`layout_pass`] leaving the inputs of the reduces for which `in_place` holds as they are.
+pub(crate) fn layout_pass_except(roots: &[UOp], in_place: impl Fn(&UOp) -> bool) -> Vec<UOp> {
     let mut todo = HashSet::new();
     for r in UOp::toposort(roots) {
-        if !matches!(r.op(), Op::Reduce { .. }) {
+        if !matches!(r.op(), Op::Reduce { .. }) || in_place(&r) {
             continue;
         }
         let x = &r.src()[0];

@@ -20,7 +20,18 @@ fn attention_plan(n: usize, d: usize, opts: &RealizeOptions) -> Arc<Plan> {
 }
 
 fn unsimplified(o: RealizeOptions) -> RealizeOptions {
-    o.with_experiments(Experiments { reshape_without_divmod_folding: true, ..Experiments::default() })
+    o.with_experiments(Experiments {
+        reshape_without_divmod_folding: true,
+        no_online_reductions: true,
+        ..Experiments::default()
+    })
+}
+
+/// Fully fused, with the softmax sums left as written: each waits for the row maximum, the
+/// chapter's fused form.
+fn written_fused() -> RealizeOptions {
+    RealizeOptions::fused()
+        .with_experiments(Experiments { no_online_reductions: true, ..Experiments::default() })
 }
 
 /// Every statement with the product of the trip counts of the loops around it (the THREAD
@@ -130,8 +141,17 @@ fn default_unfused_plan_reads_k_and_v_in_place() {
 }
 
 #[test]
-fn fused_attention_plan_is_a_copy_of_v_and_one_kernel() {
+fn fused_attention_plan_is_one_kernel_reading_its_inputs_in_place() {
     let plan = attention_plan(1024, 64, &RealizeOptions::fused());
+    assert_eq!(plan.kernel_names(), ["r_1024_64"]);
+    assert!(plan.temp_sizes().is_empty(), "{plan}");
+    let args = [ArgSource::Input(0), ArgSource::Input(1), ArgSource::Input(2), ArgSource::Output(0)];
+    assert_eq!(plan.kernels[0].args, args);
+}
+
+#[test]
+fn written_fused_attention_plan_is_a_copy_of_v_and_one_kernel() {
+    let plan = attention_plan(1024, 64, &written_fused());
     assert_eq!(plan.kernel_names(), ["e_1_64_1024", "r_1024_64"]);
     assert_eq!(plan.temp_sizes(), [65536]);
     // the only temporary is the transposed copy of V, read by the fused kernel
@@ -174,7 +194,7 @@ fn assert_row_accumulators_once_per_row(plan: &Plan) -> std::result::Result<(), 
 
 #[test]
 fn fused_row_max_and_sum_are_initialised_once_per_row() {
-    let plan = attention_plan(512, 64, &RealizeOptions::fused());
+    let plan = attention_plan(512, 64, &written_fused());
     assert_row_accumulators_once_per_row(&plan).unwrap();
 }
 
@@ -189,10 +209,24 @@ fn fused_flops_grow_as_n_squared() {
 #[test]
 fn flash_opt_computes_each_qk_six_times_per_row() {
     let (n, d) = (256, 64);
-    let plan = attention_plan(n, d, &RealizeOptions::fused());
+    let plan = attention_plan(n, d, &written_fused());
     let per_pair = qk_products(plan.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
     // two softmax passes (max, sum) plus 64/16 = 4 output passes
     assert_eq!(per_pair, 6.0);
+}
+
+#[test]
+fn online_sums_compute_each_qk_once() {
+    for (n, d) in [(256, 64), (64, 128)] {
+        let plan = attention_plan(n, d, &RealizeOptions::fused());
+        let per_pair = qk_products(plan.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
+        // the maximum, the normalizer and every output column share one pass over the keys
+        assert_eq!(per_pair, 1.0, "n {n}, d {d}");
+    }
+    // past the widest whole upcast, one pass per group of 16 output columns
+    let plan = attention_plan(64, 256, &RealizeOptions::fused());
+    let per_pair = qk_products(plan.kernels.last().unwrap()) as f64 / (64.0 * 64.0 * 256.0);
+    assert_eq!(per_pair, 1.0 + 256.0 / 16.0);
 }
 
 #[test]
@@ -355,9 +389,9 @@ fn static_flops_agree_with_the_backend_estimate() {
 fn fused_upcast_variants_trade_passes_over_the_keys_for_accumulators() {
     let (n, d) = (256, 64);
     // FlashOpt's upcast of 16: six computations of each q.k (2 softmax + 64/16 output passes)
-    let u16 = attention_plan(n, d, &RealizeOptions::fused());
+    let u16 = attention_plan(n, d, &written_fused());
     // upcast the whole head: 2 + 64/64 = three passes
-    let u64_opts = RealizeOptions::fused().with_opt(FlashOpt { max_upcast: 64 });
+    let u64_opts = written_fused().with_opt(FlashOpt { max_upcast: 64 });
     let u64 = attention_plan(n, d, &u64_opts);
     let per_pair = |p: &Plan| qk_products(p.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
     assert_eq!(per_pair(&u16), 6.0);

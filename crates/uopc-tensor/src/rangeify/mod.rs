@@ -9,7 +9,16 @@ use crate::error::{Result, TensorError};
 use crate::opt::Opts;
 use crate::util::numel;
 use std::collections::HashMap;
-use uopc_ir::{AxisType, Op, ReduceOp, SimplifyOptions, UOp, alloc, buffer, idx, range, simplify_memo, sink};
+use uopc_ir::{
+    AxisType, ConstValue, DType, Op, ReduceOp, SimplifyOptions, UOp, alloc, buffer, idx, range,
+    simplify_memo, sink,
+};
+
+mod online;
+use online::{Groups, Running, Scope};
+
+/// A memo key: a node, the index it is read at, and the running maximum it is read under.
+type Key = (UOp, Vec<UOp>, Option<Scope>);
 
 /// One axis of a loop nest: its value is `base * amount + c` for each `c < amount`, where
 /// `base` is a RANGE or the constant 0.
@@ -26,8 +35,10 @@ pub struct Ctx {
     pub opts: Opts,
     /// Fold IDIV and MOD when simplifying the indices made by the RESHAPE rule.
     fold_reshape_divmod: bool,
-    memo: HashMap<(UOp, Vec<UOp>), UOp>,
+    memo: HashMap<Key, UOp>,
     reduce_parts: HashMap<(UOp, Vec<UOp>), Vec<Part>>,
+    groups: Groups,
+    running: HashMap<(UOp, UOp, Vec<UOp>), Vec<Running>>,
     enclosing: HashMap<UOp, Vec<UOp>>,
     simp: HashMap<UOp, UOp>,
     simp_raw: HashMap<UOp, UOp>,
@@ -45,6 +56,8 @@ impl Ctx {
             fold_reshape_divmod,
             memo: HashMap::new(),
             reduce_parts: HashMap::new(),
+            groups: Groups::default(),
+            running: HashMap::new(),
             enclosing: HashMap::new(),
             simp: HashMap::new(),
             simp_raw: HashMap::new(),
@@ -145,36 +158,58 @@ fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
     out
 }
 
+/// The index into the source of movement op `u` that `u` reads at `index` (a RESHAPE's is
+/// left unsimplified; any other op reads its source at `index`).
+pub(crate) fn movement_source_index(u: &UOp, index: &[UOp]) -> Vec<UOp> {
+    let Some(src) = u.src().first() else { return index.to_vec() };
+    match u.op() {
+        Op::Reshape(shape) => unravel(&ravel(index, shape), src.shape()),
+        Op::Expand(shape) => index
+            .iter()
+            .zip(src.shape().iter().zip(shape))
+            .map(|(i, (&s, &n))| if s == 1 && n != 1 { idx(0) } else { i.clone() })
+            .collect(),
+        Op::Permute(perm) => {
+            let mut inv = vec![idx(0); index.len()];
+            for (k, &p) in perm.iter().enumerate() {
+                inv[p] = index[k].clone();
+            }
+            inv
+        }
+        Op::Shrink(bounds) => {
+            index.iter().zip(bounds).map(|(i, &(b, _))| if b == 0 { i.clone() } else { i + b }).collect()
+        }
+        _ => index.to_vec(),
+    }
+}
+
 enum Frame {
-    Visit(UOp, Vec<UOp>),
-    Combine(UOp, Vec<UOp>, Vec<(UOp, Vec<UOp>)>),
+    Visit(Key),
+    Combine(Key, Vec<Key>),
 }
 
 impl Ctx {
     /// The scalar value of tensor node `u` at `index` (explicit stack: kernel bodies can be deep).
-    fn rangeify(&mut self, u: &UOp, index: Vec<UOp>) -> Result<UOp> {
-        let root_key = (u.clone(), index.clone());
-        let mut stack = vec![Frame::Visit(u.clone(), index)];
+    fn rangeify(&mut self, u: &UOp, index: Vec<UOp>, scope: Option<Scope>) -> Result<UOp> {
+        let root_key = (u.clone(), index, scope);
+        let mut stack = vec![Frame::Visit(root_key.clone())];
         while let Some(f) = stack.pop() {
             match f {
-                Frame::Visit(u, index) => {
-                    let key = (u, index);
+                Frame::Visit(key) => {
                     if self.memo.contains_key(&key) {
                         continue;
                     }
-                    let kids = self.children(&key.0, &key.1)?;
-                    let visits: Vec<Frame> =
-                        kids.iter().rev().map(|(n, i)| Frame::Visit(n.clone(), i.clone())).collect();
-                    stack.push(Frame::Combine(key.0, key.1, kids));
+                    let kids = self.children(&key.0, &key.1, key.2.as_ref())?;
+                    let visits: Vec<Frame> = kids.iter().rev().map(|k| Frame::Visit(k.clone())).collect();
+                    stack.push(Frame::Combine(key, kids));
                     stack.extend(visits);
                 }
-                Frame::Combine(u, index, kids) => {
-                    let key = (u, index);
+                Frame::Combine(key, kids) => {
                     if self.memo.contains_key(&key) {
                         continue;
                     }
                     let vals: Vec<UOp> = kids.iter().map(|k| self.memo[k].clone()).collect();
-                    let r = self.combine(&key.0, &key.1, vals)?;
+                    let r = self.combine(&key.0, &key.1, key.2.as_ref(), vals)?;
                     self.memo.insert(key, r);
                 }
             }
@@ -182,8 +217,25 @@ impl Ctx {
         Ok(self.memo[&root_key].clone())
     }
 
+    /// The values needed to compute `u` at `index` under `scope`, each with the scope it is
+    /// read under: a source inherits the running maximum when it reads that maximum, and a
+    /// REDUCE other than the maximum itself is always its own, finished value.
+    fn children(&mut self, u: &UOp, index: &[UOp], scope: Option<&Scope>) -> Result<Vec<Key>> {
+        if let Some(kids) = self.online_children(u, index, scope) {
+            return Ok(kids);
+        }
+        let kids = self.plain_children(u, index)?;
+        Ok(kids
+            .into_iter()
+            .map(|(n, i)| {
+                let s = scope.filter(|s| self.groups.reads(&n, &s.max)).cloned();
+                (n, i, s)
+            })
+            .collect())
+    }
+
     /// The `(node, index)` values needed to compute `u` at `index`.
-    fn children(&mut self, u: &UOp, index: &[UOp]) -> Result<Vec<(UOp, Vec<UOp>)>> {
+    fn plain_children(&mut self, u: &UOp, index: &[UOp]) -> Result<Vec<(UOp, Vec<UOp>)>> {
         let src = u.src();
         let one = |i: Vec<UOp>| vec![(src[0].clone(), i)];
         Ok(match u.op() {
@@ -193,10 +245,10 @@ impl Ctx {
                 .iter()
                 .map(|s| (s.clone(), if s.shape().is_empty() { vec![] } else { index.to_vec() }))
                 .collect(),
-            Op::Reshape(shape) => {
+            Op::Reshape(_) => {
                 // Simplify now: ((i*N + j)//N) % N mentions j but *is* i. Which loops a reduce
                 // sits in, and the memo keys, must both see the truth.
-                let raw = unravel(&ravel(index, shape), src[0].shape());
+                let raw = movement_source_index(u, index);
                 let new: Vec<UOp> = if self.fold_reshape_divmod {
                     raw.iter().map(|i| self.simplify(i)).collect()
                 } else {
@@ -205,23 +257,7 @@ impl Ctx {
                 };
                 one(new)
             }
-            Op::Expand(shape) => one(index
-                .iter()
-                .zip(src[0].shape().iter().zip(shape))
-                .map(|(i, (&s, &n))| if s == 1 && n != 1 { idx(0) } else { i.clone() })
-                .collect()),
-            Op::Permute(perm) => {
-                let mut inv = vec![idx(0); index.len()];
-                for (k, &p) in perm.iter().enumerate() {
-                    inv[p] = index[k].clone();
-                }
-                one(inv)
-            }
-            Op::Shrink(bounds) => one(index
-                .iter()
-                .zip(bounds)
-                .map(|(i, &(b, _))| if b == 0 { i.clone() } else { i + b })
-                .collect()),
+            Op::Expand(_) | Op::Permute(_) | Op::Shrink(_) => one(movement_source_index(u, index)),
             Op::Stack => {
                 let rest = index[1..].to_vec();
                 match index[0].const_int() {
@@ -229,33 +265,13 @@ impl Ctx {
                     None => src.iter().map(|s| (s.clone(), rest.clone())).collect(),
                 }
             }
-            Op::Reduce { axes, .. } => {
-                let xs = src[0].shape();
-                let rshape = xs[xs.len() - axes..].to_vec();
-                let rkey = (u.clone(), ranges_in(index));
-                let parts = match self.reduce_parts.get(&rkey) {
-                    Some(p) => p.clone(),
-                    None => {
-                        // Unrolled copies of one reduce (same ranges, other constants) share one loop.
-                        let mut enclosing = self.closure(&rkey.1);
-                        let mut parts = Vec::new();
-                        for (k, &s) in rshape.iter().enumerate() {
-                            let amount = if k + 1 == rshape.len() { self.opts.unroll.max(1) } else { 1 };
-                            let p = self.axis_part(s, amount, AxisType::Reduce, &enclosing);
-                            if is_range(&p.base) {
-                                enclosing.push(p.base.clone());
-                            }
-                            parts.push(p);
-                        }
-                        self.reduce_parts.insert(rkey, parts.clone());
-                        parts
-                    }
-                };
-                combos(&parts)
+            Op::Reduce { .. } => {
+                let unroll = self.opts.unroll.max(1);
+                self.reduce_loop(u, u, ranges_in(index), unroll)
                     .into_iter()
                     .map(|c| {
                         let mut i = index.to_vec();
-                        i.extend(c.iter().map(|x| self.simplify(x)));
+                        i.extend(c);
                         (src[0].clone(), i)
                     })
                     .collect()
@@ -267,7 +283,10 @@ impl Ctx {
     }
 
     /// Builds the value of `u` at `index` from its children's values.
-    fn combine(&mut self, u: &UOp, index: &[UOp], vals: Vec<UOp>) -> Result<UOp> {
+    fn combine(&mut self, u: &UOp, index: &[UOp], scope: Option<&Scope>, vals: Vec<UOp>) -> Result<UOp> {
+        if let Some(v) = self.online_combine(u, index, scope, &vals)? {
+            return Ok(v);
+        }
         Ok(match u.op() {
             Op::Const(_) => u.clone(),
             Op::Param { slot, shape } => {
@@ -292,6 +311,35 @@ impl Ctx {
         })
     }
 
+    /// The loop over reduce `u`'s axes inside the loops of `ranges`, owned by `owner` (reduces
+    /// with one owner and the same ranges share it: the unrolled copies of one reduce, or the
+    /// members of an online group), as the reduce index of each unrolled copy. The last axis is
+    /// unrolled by `unroll` when that divides it.
+    fn reduce_loop(&mut self, u: &UOp, owner: &UOp, ranges: Vec<UOp>, unroll: usize) -> Vec<Vec<UOp>> {
+        let xs = u.src()[0].shape();
+        let Op::Reduce { axes, .. } = u.op() else { return vec![Vec::new()] };
+        let rshape = xs[xs.len() - axes..].to_vec();
+        let rkey = (owner.clone(), ranges);
+        let parts = match self.reduce_parts.get(&rkey) {
+            Some(p) => p.clone(),
+            None => {
+                let mut enclosing = self.closure(&rkey.1);
+                let mut parts = Vec::new();
+                for (k, &s) in rshape.iter().enumerate() {
+                    let amount = if k + 1 == rshape.len() { unroll } else { 1 };
+                    let p = self.axis_part(s, amount, AxisType::Reduce, &enclosing);
+                    if is_range(&p.base) {
+                        enclosing.push(p.base.clone());
+                    }
+                    parts.push(p);
+                }
+                self.reduce_parts.insert(rkey, parts.clone());
+                parts
+            }
+        };
+        combos(&parts).into_iter().map(|c| c.iter().map(|x| self.simplify(x)).collect()).collect()
+    }
+
     /// The accumulator of one copy of a reduce: an ALLOC initialised inside the loops of the
     /// output index, updated in the reduce loops and read after them.
     fn reduce_acc(&mut self, u: &UOp, rop: ReduceOp, index: &[UOp], mut vals: Vec<UOp>) -> UOp {
@@ -305,28 +353,41 @@ impl Ctx {
                 .map(|c| if c.len() == 2 { combine(&c[0], &c[1]) } else { c[0].clone() })
                 .collect();
         }
-        let rkey = (u.clone(), ranges_in(index));
-        let real: Vec<UOp> =
-            self.reduce_parts[&rkey].iter().map(|p| p.base.clone()).filter(is_range).collect();
+        let ranges = ranges_in(index);
+        let real = self.loop_ranges(u, &ranges);
         if real.is_empty() {
             return vals.swap_remove(0);
         }
-        let acc = alloc(self.next_alloc, dtype, 1);
-        self.next_alloc += 1;
-        // The accumulator lives inside exactly the loops the output index uses (plus the loops
-        // around those, so the loop nest stays a chain)...
-        let scope = self.closure(&rkey.1);
-        let acc0 = if scope.is_empty() { acc } else { acc.after(&scope) };
-        let ident = UOp::new(Op::Const(rop.identity(dtype)), dtype, vec![]);
-        let init = acc0.index(0).store(ident);
-        // ...is re-read every iteration of the reduce loops...
-        let mut deps = vec![init];
-        deps.extend(real.iter().cloned());
-        let accl = acc0.after(&deps);
+        let (acc0, accl) = self.accumulator(dtype, rop.identity(dtype), &ranges, &real);
         let upd = accl.index(0).store(combine(&accl.index(0).load(), &vals[0]));
         let inner_first: Vec<UOp> = real.iter().rev().cloned().collect();
         // ...and is read once more after the loops end.
         acc0.after(&[upd.end(&inner_first)]).index(0).load()
+    }
+
+    /// The RANGEs of the loop [`Ctx::reduce_loop`] made for `owner` inside `ranges`, outermost
+    /// first (none when every reduced axis has size 1).
+    fn loop_ranges(&self, owner: &UOp, ranges: &[UOp]) -> Vec<UOp> {
+        let key = (owner.clone(), ranges.to_vec());
+        self.reduce_parts[&key].iter().map(|p| p.base.clone()).filter(is_range).collect()
+    }
+
+    /// A one-element accumulator for a loop over `real` inside the loops of `ranges`, set to
+    /// `ident` before the loop: the ALLOC as seen after the loop's parents (`acc0`) and as seen
+    /// in each iteration (`accl`).
+    fn accumulator(&mut self, dtype: DType, ident: ConstValue, ranges: &[UOp], real: &[UOp]) -> (UOp, UOp) {
+        let acc = alloc(self.next_alloc, dtype, 1);
+        self.next_alloc += 1;
+        // The accumulator lives inside exactly the loops the output index uses (plus the loops
+        // around those, so the loop nest stays a chain)...
+        let scope = self.closure(ranges);
+        let acc0 = if scope.is_empty() { acc } else { acc.after(&scope) };
+        let init = acc0.index(0).store(UOp::new(Op::Const(ident), dtype, vec![]));
+        // ...and is re-read every iteration of the reduce loops.
+        let mut deps = vec![init];
+        deps.extend(real.iter().cloned());
+        let accl = acc0.after(&deps);
+        (acc0, accl)
     }
 }
 
@@ -339,6 +400,7 @@ impl Ctx {
 /// replaced by `Param`s).
 pub fn lower(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Result<UOp> {
     let shape = body.shape().to_vec();
+    ctx.groups = Groups::of(body);
     let mut parts = Vec::with_capacity(shape.len());
     let mut outer: Vec<UOp> = Vec::new();
     for (k, &s) in shape.iter().enumerate() {
@@ -352,7 +414,7 @@ pub fn lower(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Result<UOp> {
     let mut stores = Vec::new();
     for c in combos(&parts) {
         let index: Vec<UOp> = c.iter().map(|x| ctx.simplify(x)).collect();
-        let v = ctx.rangeify(body, index.clone())?;
+        let v = ctx.rangeify(body, index.clone(), None)?;
         let v = if v.dtype() == out.dtype() { v } else { v.cast(out.dtype()) };
         let flat = ravel(&index, &shape);
         let flat = ctx.simplify(&flat);

@@ -1,0 +1,224 @@
+//! Lowering of online sums (see [`crate::online`]): a sum that reads a maximum over its own axis
+//! is accumulated in the same loop as that maximum's running value and rescaled whenever the
+//! running value grows.
+//!
+//! The members of one group (a REDUCE MAX and the online sums of it) whose outputs are read in
+//! the same loops share one reduce loop, owned by the maximum: the maximum's accumulator is the
+//! running value, each sum's summand is evaluated with the running value in place of the
+//! maximum (its nodes are memoized under a [`Scope`]), and the finished maximum, if anything
+//! reads it, is the running value after the loop. A sum whose summand reads another member of
+//! its group (a softmax whose division was not hoisted) needs that member finished and gets a
+//! loop of its own, with its own running value.
+
+use super::{Ctx, Key, ranges_in};
+use crate::error::{Result, TensorError};
+use crate::online::OnlineSum;
+use std::collections::{HashMap, HashSet};
+use uopc_ir::{BinaryOp, ConstValue, Op, ReduceOp, UOp};
+
+/// What a node is read under: the running value of `max` in the loop `owner` has inside the
+/// loops of `ranges`, before this iteration's element (`old`) or after it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Scope {
+    pub(super) max: UOp,
+    owner: UOp,
+    ranges: Vec<UOp>,
+    old: bool,
+}
+
+/// One running maximum: read at `index` (the maximum's own output index), its value before and
+/// after each iteration's element, the END that closes its update and its finished value.
+#[derive(Clone, Debug)]
+pub(super) struct Running {
+    index: Vec<UOp>,
+    old: UOp,
+    new: UOp,
+    end: Option<UOp>,
+    finished: UOp,
+}
+
+/// The online groups of one kernel body.
+#[derive(Debug, Default)]
+pub(super) struct Groups {
+    /// Per maximum with online sums, every node that reads it without passing through another
+    /// REDUCE (the maximum included).
+    readers: HashMap<UOp, HashSet<UOp>>,
+    /// Per online sum, the node whose loop it is accumulated in.
+    owner: HashMap<UOp, UOp>,
+}
+
+impl Groups {
+    /// The groups of `body`.
+    pub(super) fn of(body: &UOp) -> Groups {
+        let topo = UOp::toposort(std::slice::from_ref(body));
+        let sums: Vec<(UOp, OnlineSum)> =
+            topo.iter().filter_map(|u| OnlineSum::of(u).map(|o| (u.clone(), o))).collect();
+        let mut readers: HashMap<UOp, HashSet<UOp>> = HashMap::new();
+        for (_, o) in &sums {
+            if readers.contains_key(&o.max) {
+                continue;
+            }
+            let mut set = HashSet::from([o.max.clone()]);
+            for u in &topo {
+                if !matches!(u.op(), Op::Reduce { .. }) && u.src().iter().any(|s| set.contains(s)) {
+                    set.insert(u.clone());
+                }
+            }
+            readers.insert(o.max.clone(), set);
+        }
+        let mut owner = HashMap::new();
+        for (s, o) in &sums {
+            let cone = UOp::toposort(std::slice::from_ref(&o.summand));
+            let waits_for_member =
+                cone.iter().any(|c| c != s && OnlineSum::of(c).is_some_and(|other| other.max == o.max));
+            owner.insert(s.clone(), if waits_for_member { s.clone() } else { o.max.clone() });
+        }
+        Groups { readers, owner }
+    }
+
+    /// Whether `u` reads `max` within its group (so it is evaluated under `max`'s scope).
+    pub(super) fn reads(&self, u: &UOp, max: &UOp) -> bool {
+        self.readers.get(max).is_some_and(|r| r.contains(u))
+    }
+
+    fn is_grouped_max(&self, u: &UOp) -> bool {
+        self.readers.contains_key(u)
+    }
+}
+
+impl Ctx {
+    /// The children of the nodes lowering treats specially, or `None` for the others: the
+    /// maximum read under a scope (its input at the scope's loop index), an online sum (its
+    /// summand under a fresh scope) and a grouped maximum read finished (its input in the
+    /// group's loop).
+    pub(super) fn online_children(
+        &mut self,
+        u: &UOp,
+        index: &[UOp],
+        scope: Option<&Scope>,
+    ) -> Option<Vec<Key>> {
+        let with = |mut index: Vec<UOp>, tail: Vec<UOp>| {
+            index.extend(tail);
+            index
+        };
+        if let Some(s) = scope.filter(|s| s.max == *u) {
+            let r = self.reduce_loop(u, &s.owner, s.ranges.clone(), 1).swap_remove(0);
+            return Some(vec![(u.src()[0].clone(), with(index.to_vec(), r), None)]);
+        }
+        if scope.is_some() {
+            return None;
+        }
+        if let Some(o) = OnlineSum::of(u) {
+            let owner = self.groups.owner[u].clone();
+            let ranges = ranges_in(index);
+            let r = self.reduce_loop(u, &owner, ranges.clone(), 1).swap_remove(0);
+            let s = Scope { max: o.max.clone(), owner, ranges, old: false };
+            let summand_scope = self.groups.reads(&o.summand, &o.max).then_some(s);
+            return Some(vec![(o.summand, with(index.to_vec(), r), summand_scope)]);
+        }
+        if self.groups.is_grouped_max(u) {
+            let r = self.reduce_loop(u, u, ranges_in(index), 1).swap_remove(0);
+            return Some(vec![(u.src()[0].clone(), with(index.to_vec(), r), None)]);
+        }
+        None
+    }
+
+    /// The values of the nodes [`Ctx::online_children`] handles, from their children's values.
+    pub(super) fn online_combine(
+        &mut self,
+        u: &UOp,
+        index: &[UOp],
+        scope: Option<&Scope>,
+        vals: &[UOp],
+    ) -> Result<Option<UOp>> {
+        if let Some(s) = scope.filter(|s| s.max == *u) {
+            let run = self.running_max(u, index, &s.owner, &s.ranges, &vals[0]);
+            return Ok(Some(if s.old { run.old } else { run.new }));
+        }
+        if scope.is_some() {
+            return Ok(None);
+        }
+        if let Some(o) = OnlineSum::of(u) {
+            return self.online_sum(u, &o, index, &vals[0]).map(Some);
+        }
+        if self.groups.is_grouped_max(u) {
+            return Ok(Some(self.running_max(u, index, u, &ranges_in(index), &vals[0]).finished));
+        }
+        Ok(None)
+    }
+
+    /// The running value of `max` at `index` in `owner`'s loop inside `ranges`, made on first
+    /// use from `y`, the maximum's input at this iteration.
+    fn running_max(&mut self, max: &UOp, index: &[UOp], owner: &UOp, ranges: &[UOp], y: &UOp) -> Running {
+        let key = (max.clone(), owner.clone(), ranges.to_vec());
+        if let Some(r) = self.running.get(&key).and_then(|rs| rs.iter().find(|r| r.index == index)) {
+            return r.clone();
+        }
+        let dtype = max.dtype();
+        let ident = ReduceOp::Max.identity(dtype);
+        let real = self.loop_ranges(owner, ranges);
+        let run = if real.is_empty() {
+            let neg_inf = UOp::new(Op::Const(ident), dtype, vec![]);
+            Running { index: index.to_vec(), old: neg_inf, new: y.clone(), end: None, finished: y.clone() }
+        } else {
+            let (acc0, accl) = self.accumulator(dtype, ident, ranges, &real);
+            let old = accl.index(0).load();
+            let new = UOp::new(Op::Binary(BinaryOp::Max), dtype, vec![old.clone(), y.clone()]);
+            let inner_first: Vec<UOp> = real.iter().rev().cloned().collect();
+            let end = accl.index(0).store(new.clone()).end(&inner_first);
+            let finished = acc0.after(std::slice::from_ref(&end)).index(0).load();
+            Running { index: index.to_vec(), old, new, end: Some(end), finished }
+        };
+        self.running.entry(key).or_default().push(run.clone());
+        run
+    }
+
+    /// The accumulator of online sum `u` at `index`, whose summand at this iteration (computed
+    /// with the running maximum) is `term`: `acc * exp2(k * (g(m0) - g(m1))) + term` each
+    /// iteration, the factor exactly 1 when the shift did not move (so a row whose shift stays
+    /// at `-inf` does not turn `0 * NaN` into its sum).
+    fn online_sum(&mut self, u: &UOp, o: &OnlineSum, index: &[UOp], term: &UOp) -> Result<UOp> {
+        let owner = self.groups.owner[u].clone();
+        let ranges = ranges_in(index);
+        let real = self.loop_ranges(&owner, &ranges);
+        if real.is_empty() {
+            return Ok(term.clone());
+        }
+        let key = (o.max.clone(), owner.clone(), ranges.clone());
+        let runs = self.running.get(&key).cloned().unwrap_or_default();
+        let dtype = u.dtype();
+        let (acc0, accl) = self.accumulator(dtype, ConstValue::float(0.0), &ranges, &real);
+        let acc = accl.index(0).load();
+        let inner_first: Vec<UOp> = real.iter().rev().cloned().collect();
+        let (rescaled, run_end) = match &runs[..] {
+            // The summand's reads of the maximum simplified away: a plain sum.
+            [] => (acc, None),
+            [run] => {
+                let shift_at = |ctx: &mut Ctx, old: bool| {
+                    let s = Scope { max: o.max.clone(), owner: owner.clone(), ranges: ranges.clone(), old };
+                    ctx.rangeify(&o.shift, run.index.clone(), Some(s))
+                };
+                let (g_old, g_new) = (shift_at(self, true)?, shift_at(self, false)?);
+                let bin = |op: BinaryOp, a: &UOp, b: &UOp| {
+                    UOp::new(Op::Binary(op), dtype, vec![a.clone(), b.clone()])
+                };
+                let factor = bin(BinaryOp::Mul, &o.scale, &bin(BinaryOp::Sub, &g_old, &g_new)).exp2();
+                let factor = g_old
+                    .ne(&g_new)
+                    .where_(&factor, UOp::new(Op::Const(ConstValue::float(1.0)), dtype, vec![]));
+                (bin(BinaryOp::Mul, &acc, &factor), run.end.clone())
+            }
+            _ => {
+                return Err(TensorError::Unsupported(format!(
+                    "rangeify: an online sum reads its maximum at {} indices in one loop",
+                    runs.len()
+                )));
+            }
+        };
+        let upd =
+            accl.index(0).store(UOp::new(Op::Binary(BinaryOp::Add), dtype, vec![rescaled, term.clone()]));
+        let mut ends = vec![upd.end(&inner_first)];
+        ends.extend(run_end);
+        Ok(acc0.after(&ends).index(0).load())
+    }
+}
