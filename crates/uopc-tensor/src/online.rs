@@ -12,7 +12,8 @@
 //!   sums no longer wait for each other.
 //! - `rescale_by_running_max` (`exp(u - w) = exp(u - v) * exp(v - w)`): a sum whose summand is
 //!   `exp2(k * (t - h)) * f`, with `k > 0`, `h` a function of one maximum `m` over the same
-//!   axis extents and invariant along the summed axes, and `t` and `f` independent of `m`, is
+//!   axis extents and invariant along the summed axes, `t` (a view of) `m`'s own input and `f`
+//!   independent of `m`, is
 //!   marked as an online sum of `m`. Rangeify then keeps `m`'s running value next to the sum's
 //!   accumulator and, whenever it grows from `m0` to `m1`, multiplies the accumulator by
 //!   `exp2(k * (g(m0) - g(m1)))` before adding the new term (computed with `m1`). At the end
@@ -242,8 +243,13 @@ fn maxima_read(u: &UOp) -> HashSet<UOp> {
     found
 }
 
-/// Whether `g` is computed from `max` and constants alone by elementwise ops.
+/// Whether `g` is computed from `max` and constants alone by elementwise ops and RESHAPEs (a
+/// kept axis of size 1), with as many elements as `max`: then `g` reshaped to `max`'s shape,
+/// read at `max`'s index, is `g` of `max` there.
 fn elementwise_of(g: &UOp, max: &UOp) -> bool {
+    if crate::util::numel(g.shape()) != crate::util::numel(max.shape()) {
+        return false;
+    }
     let mut todo = vec![g.clone()];
     let mut seen = HashSet::new();
     while let Some(x) = todo.pop() {
@@ -252,7 +258,9 @@ fn elementwise_of(g: &UOp, max: &UOp) -> bool {
         }
         match x.op() {
             Op::Const(_) => {}
-            op if op.is_alu() => todo.extend(x.src().iter().cloned()),
+            op if op.is_alu() || matches!(op, Op::Detach | Op::Reshape(_)) => {
+                todo.extend(x.src().iter().cloned())
+            }
             _ => return false,
         }
     }
@@ -295,13 +303,21 @@ fn rescale_by_running_max(u: &UOp) -> Option<UOp> {
     }
     let (chain, e) = crate::view::movement_chain(factor);
     let (t, h, k) = shifted_exp2(&e)?;
-    if maxima_read(&t).contains(&max) {
+    // The exponent subtracts the maximum of its own input: while that maximum is -inf, so is
+    // every term's `t`, and the terms seen before the first finite value are all 0.
+    let base = |u: &UOp| crate::view::movement_chain(u).1;
+    if base(&t) != base(&max.src()[0]) {
         return None;
     }
     let (_, shift) = crate::view::movement_chain(&h);
-    if shift.shape() != max.shape() || !elementwise_of(&shift, &max) {
+    if !elementwise_of(&shift, &max) {
         return None;
     }
+    let shift = if shift.shape() == max.shape() {
+        shift
+    } else {
+        UOp::new(Op::Reshape(max.shape().to_vec()), shift.dtype(), vec![shift])
+    };
     // The shift must be the same for every term of one sum: invariant along the summed axes.
     let index = symbolic_index(s_shape);
     let h_at_summand = crate::view::reapply(&chain, h.clone());

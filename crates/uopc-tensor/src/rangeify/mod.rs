@@ -15,7 +15,7 @@ use uopc_ir::{
 };
 
 mod online;
-use online::{Groups, Running, Scope};
+use online::{Groups, Reader, Running, Scope};
 
 /// A memo key: a node, the index it is read at, and the running maximum it is read under.
 type Key = (UOp, Vec<UOp>, Option<Scope>);
@@ -39,6 +39,8 @@ pub struct Ctx {
     reduce_parts: HashMap<(UOp, Vec<UOp>), Vec<Part>>,
     groups: Groups,
     running: HashMap<(UOp, UOp, Vec<UOp>), Vec<Running>>,
+    /// Per online sum's scope, the index at which its summand read the maximum.
+    read_at: HashMap<Reader, Vec<UOp>>,
     enclosing: HashMap<UOp, Vec<UOp>>,
     simp: HashMap<UOp, UOp>,
     simp_raw: HashMap<UOp, UOp>,
@@ -58,6 +60,7 @@ impl Ctx {
             reduce_parts: HashMap::new(),
             groups: Groups::default(),
             running: HashMap::new(),
+            read_at: HashMap::new(),
             enclosing: HashMap::new(),
             simp: HashMap::new(),
             simp_raw: HashMap::new(),

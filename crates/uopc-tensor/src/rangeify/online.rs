@@ -11,19 +11,43 @@
 //! loop of its own, with its own running value.
 
 use super::{Ctx, Key, ranges_in};
-use crate::error::{Result, TensorError};
+use crate::error::Result;
 use crate::online::OnlineSum;
 use std::collections::{HashMap, HashSet};
 use uopc_ir::{BinaryOp, ConstValue, Op, ReduceOp, UOp};
 
 /// What a node is read under: the running value of `max` in the loop `owner` has inside the
-/// loops of `ranges`, before this iteration's element (`old`) or after it.
+/// loops of `ranges`, before this iteration's element (`old`) or after it, for the online sum
+/// read at `at` (unrolled copies of one sum can read the maxima of different rows).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) struct Scope {
     pub(super) max: UOp,
     owner: UOp,
     ranges: Vec<UOp>,
+    at: Vec<UOp>,
     old: bool,
+}
+
+/// Which online sum a scope serves: its maximum, its loop and its output index.
+pub(super) type Reader = (UOp, UOp, Vec<UOp>, Vec<UOp>);
+
+impl Scope {
+    fn reader(&self) -> Reader {
+        (self.max.clone(), self.owner.clone(), self.ranges.clone(), self.at.clone())
+    }
+}
+
+/// The running maximum as a summand reads it: `-inf` (only `-inf`s so far) read as 0. With
+/// `-inf` itself the first terms would be `exp2(k * (-inf - -inf))`, NaN, where the written sum
+/// has 0: the exponent subtracts the maximum of its own input (the rule checks that), so while
+/// that maximum is `-inf` every term is `exp2(-inf) = 0` with the stand-in, and the rescaling
+/// by `exp2(k * (g(-inf) - g(m1)))` (0 for the softmax family) when the first finite value
+/// arrives keeps the sum exact. Only a row that stays at `-inf` differs from the written sum:
+/// 0 instead of NaN.
+fn stand_in(m: &UOp) -> UOp {
+    let dtype = m.dtype();
+    let c = |v: f64| UOp::new(Op::Const(ConstValue::float(v)), dtype, vec![]);
+    m.ne(c(f64::NEG_INFINITY)).where_(m, c(0.0))
 }
 
 /// One running maximum: read at `index` (the maximum's own output index), its value before and
@@ -112,7 +136,7 @@ impl Ctx {
             let owner = self.groups.owner[u].clone();
             let ranges = ranges_in(index);
             let r = self.reduce_loop(u, &owner, ranges.clone(), 1).swap_remove(0);
-            let s = Scope { max: o.max.clone(), owner, ranges, old: false };
+            let s = Scope { max: o.max.clone(), owner, ranges, at: index.to_vec(), old: false };
             let summand_scope = self.groups.reads(&o.summand, &o.max).then_some(s);
             return Some(vec![(o.summand, with(index.to_vec(), r), summand_scope)]);
         }
@@ -133,7 +157,8 @@ impl Ctx {
     ) -> Result<Option<UOp>> {
         if let Some(s) = scope.filter(|s| s.max == *u) {
             let run = self.running_max(u, index, &s.owner, &s.ranges, &vals[0]);
-            return Ok(Some(if s.old { run.old } else { run.new }));
+            self.read_at.insert(s.reader(), index.to_vec());
+            return Ok(Some(if s.old { run.old } else { stand_in(&run.new) }));
         }
         if scope.is_some() {
             return Ok(None);
@@ -184,35 +209,34 @@ impl Ctx {
         if real.is_empty() {
             return Ok(term.clone());
         }
-        let key = (o.max.clone(), owner.clone(), ranges.clone());
-        let runs = self.running.get(&key).cloned().unwrap_or_default();
+        let scope = Scope {
+            max: o.max.clone(),
+            owner: owner.clone(),
+            ranges: ranges.clone(),
+            at: index.to_vec(),
+            old: false,
+        };
+        let run = self.read_at.get(&scope.reader()).and_then(|at| {
+            let key = (o.max.clone(), owner.clone(), ranges.clone());
+            self.running.get(&key)?.iter().find(|r| r.index == *at).cloned()
+        });
         let dtype = u.dtype();
         let (acc0, accl) = self.accumulator(dtype, ConstValue::float(0.0), &ranges, &real);
         let acc = accl.index(0).load();
         let inner_first: Vec<UOp> = real.iter().rev().cloned().collect();
-        let (rescaled, run_end) = match &runs[..] {
+        let (rescaled, run_end) = match run {
             // The summand's reads of the maximum simplified away: a plain sum.
-            [] => (acc, None),
-            [run] => {
-                let shift_at = |ctx: &mut Ctx, old: bool| {
-                    let s = Scope { max: o.max.clone(), owner: owner.clone(), ranges: ranges.clone(), old };
-                    ctx.rangeify(&o.shift, run.index.clone(), Some(s))
-                };
-                let (g_old, g_new) = (shift_at(self, true)?, shift_at(self, false)?);
+            None => (acc, None),
+            Some(run) => {
+                let g_old =
+                    self.rangeify(&o.shift, run.index.clone(), Some(Scope { old: true, ..scope.clone() }))?;
+                let g_new = self.rangeify(&o.shift, run.index.clone(), Some(scope))?;
                 let bin = |op: BinaryOp, a: &UOp, b: &UOp| {
                     UOp::new(Op::Binary(op), dtype, vec![a.clone(), b.clone()])
                 };
                 let factor = bin(BinaryOp::Mul, &o.scale, &bin(BinaryOp::Sub, &g_old, &g_new)).exp2();
-                let factor = g_old
-                    .ne(&g_new)
-                    .where_(&factor, UOp::new(Op::Const(ConstValue::float(1.0)), dtype, vec![]));
-                (bin(BinaryOp::Mul, &acc, &factor), run.end.clone())
-            }
-            _ => {
-                return Err(TensorError::Unsupported(format!(
-                    "rangeify: an online sum reads its maximum at {} indices in one loop",
-                    runs.len()
-                )));
+                let one = UOp::new(Op::Const(ConstValue::float(1.0)), dtype, vec![]);
+                (bin(BinaryOp::Mul, &acc, &g_old.ne(&g_new).where_(&factor, one)), run.end.clone())
             }
         };
         let upd =

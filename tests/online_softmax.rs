@@ -1,0 +1,336 @@
+//! The online-reduction rewrite: which graphs it rewrites and which it refuses, values of the
+//! rewritten plans against f64 references (random graphs, late maxima, masked and fully
+//! masked rows), and the structure of fully fused attention after it.
+
+use ndarray::{Array2, ArrayD, Axis, IxDyn};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use uopc::ir::{Op, Stmt, UOp, linearize, view_base};
+use uopc::tensor::{ArgSource, Experiments, Plan, canonicalize, online_reductions, static_flops};
+use uopc::{RealizeOptions, Tensor, make_plan};
+
+fn written() -> RealizeOptions {
+    RealizeOptions::fused()
+        .with_experiments(Experiments { no_online_reductions: true, ..Experiments::default() })
+}
+
+/// The online sums `online_reductions` makes of `t`'s graph.
+fn online_sums(t: &Tensor) -> usize {
+    // realize rewrites the canonical graph (DETACH removed)
+    let (canonical, _) = canonicalize(std::slice::from_ref(t.uop()));
+    let rewritten = online_reductions(&canonical);
+    UOp::toposort(&rewritten)
+        .iter()
+        .filter(|u| matches!(u.op(), Op::Reduce { .. }) && u.src().len() == 4)
+        .count()
+}
+
+fn random(rows: usize, cols: usize, scale: f32, seed: u64) -> Array2<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    Array2::from_shape_simple_fn((rows, cols), || rng.random_range(-scale..scale))
+}
+
+/// Softmax of each row in f64, NaN for a row without a finite entry (as the graph gives).
+fn softmax_f64(x: &Array2<f64>) -> Array2<f64> {
+    let mut out = x.clone();
+    for mut row in out.rows_mut() {
+        let m = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+        row.mapv_inplace(|v| (v - m).exp());
+        let s = row.sum();
+        row.mapv_inplace(|v| v / s);
+    }
+    out
+}
+
+/// logsumexp of each row in f64 (`-inf` for a row of `-inf`).
+fn logsumexp_f64(x: &Array2<f64>) -> Vec<f64> {
+    x.rows()
+        .into_iter()
+        .map(|row| {
+            let m = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            if !m.is_finite() {
+                return m;
+            }
+            m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
+        })
+        .collect()
+}
+
+fn to_f64(a: &Array2<f32>) -> Array2<f64> {
+    a.mapv(f64::from)
+}
+
+/// Largest difference, NaN only matching NaN and infinities matching themselves.
+fn max_err(got: &ArrayD<f32>, want: &ArrayD<f64>) -> f64 {
+    assert_eq!(got.shape(), want.shape());
+    got.iter()
+        .zip(want.iter())
+        .map(|(&g, &w)| {
+            let g = f64::from(g);
+            match (g.is_nan(), w.is_nan()) {
+                (true, true) => 0.0,
+                (false, false) if g == w => 0.0,
+                (false, false) => (g - w).abs() / w.abs().max(1.0),
+                _ => f64::INFINITY,
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+fn realize(t: &Tensor, opts: &RealizeOptions) -> ArrayD<f32> {
+    t.realize_with(opts).expect("realizes").0.to_ndarray::<f32>().expect("f32")
+}
+
+#[test]
+fn softmax_family_sums_become_online() {
+    let x = Tensor::from_array(&random(4, 33, 3.0, 1));
+    let v = Tensor::from_array(&random(33, 5, 1.0, 2));
+    // softmax: its normalizer
+    assert_eq!(online_sums(&x.softmax(-1)), 1);
+    // softmax-weighted sum: the normalizer and P.V (once the division is hoisted)
+    assert_eq!(online_sums(&x.softmax(-1).matmul(&v)), 2);
+    assert_eq!(online_sums(&x.logsumexp(-1, false)), 1);
+    assert_eq!(online_sums(&x.log_softmax(-1)), 1);
+    assert_eq!(online_sums(&x.cross_entropy(&[0, 5, 32, 7])), 1);
+}
+
+#[test]
+fn sums_without_a_rescaling_law_are_left_as_written() {
+    let x = Tensor::from_array(&random(4, 9, 2.0, 3));
+    let m = x.max(-1, true);
+    // the maximum enters additively: no rescaling law
+    let additive = (&x - &m).sum(-1, false);
+    // a second factor reads the maximum too (an entropy-like sum)
+    let p = (&x - &m).exp();
+    let entropy = (&p * &(&x - &m)).sum(-1, false);
+    // a maximum over the other axis varies along the summed one
+    let other_axis = (&x - &x.max(0, true)).exp().sum(-1, false);
+    for (name, t) in [("additive", &additive), ("entropy", &entropy), ("other axis", &other_axis)] {
+        assert_eq!(online_sums(t), 0, "{name}");
+    }
+    // and each still computes what it says
+    let xs = to_f64(&random(4, 9, 2.0, 3));
+    let rowmax: Vec<f64> =
+        xs.rows().into_iter().map(|r| r.fold(f64::NEG_INFINITY, |a, &b| a.max(b))).collect();
+    let want: Vec<f64> = xs
+        .rows()
+        .into_iter()
+        .zip(&rowmax)
+        .map(|(r, &m)| r.iter().map(|&v| (v - m).exp() * (v - m)).sum())
+        .collect();
+    let got = realize(&entropy, &RealizeOptions::fused());
+    let want = ArrayD::from_shape_vec(IxDyn(&[4]), want).unwrap();
+    assert!(max_err(&got, &want) < 1e-5);
+}
+
+/// Every row ascending: each key is a new maximum, so every accumulator must be rescaled at
+/// every step. An accumulator left unrescaled keeps weights `exp(x_j - m_j)` of about 1 for
+/// every earlier key and is off by far more than the tolerance.
+#[test]
+fn late_maxima_rescale_every_dependent_accumulator() {
+    let (n, d) = (48, 24);
+    let mut x = random(6, n, 4.0, 4);
+    for mut row in x.rows_mut() {
+        let mut v: Vec<f32> = row.to_vec();
+        v.sort_by(f32::total_cmp);
+        row.assign(&ndarray::ArrayView1::from(&v[..]));
+    }
+    let v = random(n, d, 1.0, 5);
+    let out = Tensor::from_array(&x).softmax(-1).matmul(&Tensor::from_array(&v));
+    let want = softmax_f64(&to_f64(&x)).dot(&to_f64(&v)).into_dyn();
+    for opts in [RealizeOptions::fused(), written(), RealizeOptions::default()] {
+        let err = max_err(&realize(&out, &opts), &want);
+        // f32 sums of 48 terms of O(1): about 1e-6
+        assert!(err < 2e-5, "error {err}");
+    }
+    let lse = Tensor::from_array(&x).logsumexp(-1, false);
+    let want = ArrayD::from_shape_vec(IxDyn(&[6]), logsumexp_f64(&to_f64(&x))).unwrap();
+    assert!(max_err(&realize(&lse, &RealizeOptions::fused()), &want) < 1e-5);
+}
+
+/// One random consumer of a max-subtracted sum over rows that may hold `-inf` (masked keys),
+/// including rows that are fully masked.
+fn random_case(seed: u64) -> (String, Tensor, ArrayD<f64>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let rows = rng.random_range(1..6usize);
+    let cols = rng.random_range(1..70usize);
+    let scale = [0.5f32, 4.0, 60.0][rng.random_range(0..3usize)];
+    let mut x = random(rows, cols, scale, seed ^ 0xabc);
+    let masked = rng.random_bool(0.5);
+    if masked {
+        for (i, mut row) in x.rows_mut().into_iter().enumerate() {
+            let full = i == 0 && rng.random_bool(0.5);
+            for v in row.iter_mut() {
+                if full || rng.random_bool(0.3) {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    let xs = to_f64(&x);
+    let t = Tensor::from_array(&x);
+    let kind = rng.random_range(0..5usize);
+    let name = format!("seed {seed}: {rows}x{cols} scale {scale} masked {masked} kind {kind}");
+    match kind {
+        0 => (name, t.softmax(-1), softmax_f64(&xs).into_dyn()),
+        1 => {
+            let lse = ArrayD::from_shape_vec(IxDyn(&[rows]), logsumexp_f64(&xs)).unwrap();
+            (name, t.logsumexp(-1, false), lse)
+        }
+        2 => {
+            let lse = logsumexp_f64(&xs);
+            let mut want = xs.clone();
+            for (mut row, l) in want.rows_mut().into_iter().zip(lse) {
+                row.mapv_inplace(|v| if l.is_finite() { v - l } else { f64::NAN });
+            }
+            let want = want.mapv(|v| if v.is_nan() { f64::NAN } else { v });
+            // a fully masked row: x - m is -inf - 0 = -inf, minus log 0 = -inf: NaN
+            (name, t.log_softmax(-1), want.into_dyn())
+        }
+        3 => {
+            let w = random(cols, 3, 1.0, seed ^ 0x77);
+            let want = softmax_f64(&xs).dot(&to_f64(&w)).into_dyn();
+            (name, t.softmax(-1).matmul(&Tensor::from_array(&w)), want)
+        }
+        _ => {
+            let v = random(rows, cols, 1.0, seed ^ 0x99);
+            // softmax times a value of the same shape, summed: a weighted row mean
+            let p = softmax_f64(&xs);
+            let want: Vec<f64> =
+                (0..rows).map(|i| (0..cols).map(|j| p[[i, j]] * f64::from(v[[i, j]])).sum()).collect();
+            let want = ArrayD::from_shape_vec(IxDyn(&[rows]), want).unwrap();
+            (name, (&t.softmax(-1) * &Tensor::from_array(&v)).sum(-1, false), want)
+        }
+    }
+}
+
+#[test]
+fn random_softmax_graphs_match_f64_with_and_without_the_rewrite() {
+    let cases: u64 =
+        std::env::var("UOPC_GRAPH_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(200).min(400);
+    let mut rewritten = 0;
+    for seed in 0..cases {
+        let (name, t, want) = random_case(seed);
+        rewritten += usize::from(online_sums(&t) > 0);
+        for (label, opts) in [("online", RealizeOptions::fused()), ("written", written())] {
+            let err = max_err(&realize(&t, &opts), &want);
+            // relative to max(|value|, 1); f32 sums of at most 70 terms, exponents up to 120
+            assert!(err < 1e-4, "{name} ({label}): error {err}");
+        }
+    }
+    assert_eq!(rewritten as u64, cases, "every case has a sum the rewrite takes");
+}
+
+#[test]
+fn cross_entropy_gradient_through_online_sums_matches_f64() {
+    let (n, c) = (5, 37);
+    let x = random(n, c, 6.0, 9);
+    let targets = [3usize, 0, 36, 17, 17];
+    let logits = Tensor::from_array(&x);
+    let loss = logits.cross_entropy(&targets);
+    let grad = uopc::tensor::gradient(&loss, &[&logits]).unwrap().remove(0);
+    let mut want = softmax_f64(&to_f64(&x));
+    for (i, &t) in targets.iter().enumerate() {
+        want[[i, t]] -= 1.0;
+    }
+    let want = (want / n as f64).into_dyn();
+    assert!(online_sums(&grad) >= 1);
+    let err = max_err(&realize(&grad, &RealizeOptions::fused()), &want);
+    assert!(err < 1e-6, "error {err}");
+}
+
+/// Executed MULs of a load of input `a` by a load of input `b` in `plan`'s kernels.
+fn products_of_inputs(plan: &Plan, a: usize, b: usize) -> u64 {
+    fn go(body: &[Stmt], mult: u64, a: usize, b: usize, total: &mut u64) {
+        let slot = |u: &UOp| match u.op() {
+            Op::Load => view_base(&u.src()[0].src()[0]).and_then(|x| match x.op() {
+                Op::Buffer { slot, .. } => Some(*slot),
+                _ => None,
+            }),
+            _ => None,
+        };
+        for s in body {
+            match s {
+                Stmt::Loop { range, body } => {
+                    let trip = range.src()[0].const_int().unwrap_or(0).max(0) as u64;
+                    go(body, mult * trip, a, b, total);
+                }
+                Stmt::Op(u) if matches!(u.op(), Op::Binary(uopc::ir::BinaryOp::Mul)) => {
+                    let s = [slot(&u.src()[0]), slot(&u.src()[1])];
+                    if s == [Some(a), Some(b)] || s == [Some(b), Some(a)] {
+                        *total += mult;
+                    }
+                }
+                Stmt::Op(_) => {}
+            }
+        }
+    }
+    let mut total = 0;
+    for kernel in &plan.kernels {
+        let pos = |x| kernel.args.iter().position(|y| *y == ArgSource::Input(x));
+        if let (Some(pa), Some(pb)) = (pos(a), pos(b)) {
+            go(&linearize(&kernel.program).unwrap().root, 1, pa, pb, &mut total);
+        }
+    }
+    total
+}
+
+/// Whether every store to a local accumulator sits inside the THREAD loop.
+fn accumulators_inside_thread(program: &UOp) -> bool {
+    fn go(body: &[Stmt], in_thread: bool, thread: &UOp) -> bool {
+        body.iter().all(|s| match s {
+            Stmt::Loop { range, body } => go(body, in_thread || range == thread, thread),
+            Stmt::Op(u) if matches!(u.op(), Op::Store) => {
+                let local = view_base(&u.src()[0]).is_some_and(|b| matches!(b.op(), Op::Alloc { .. }));
+                !local || in_thread
+            }
+            Stmt::Op(_) => true,
+        })
+    }
+    let lin = linearize(program).unwrap();
+    let Some(thread) = lin.thread.clone() else { return false };
+    go(&lin.root, false, &thread)
+}
+
+#[test]
+fn fused_attention_is_one_pass_over_the_keys() {
+    let (n, d) = (128, 64);
+    let q = Tensor::from_array(&random(n, d, 1.0, 11));
+    let k = Tensor::from_array(&random(n, d, 1.0, 12));
+    let v = Tensor::from_array(&random(n, d, 1.0, 13));
+    let out = uopc::attention::attention(&q, &k, &v);
+    let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
+    assert_eq!(plan.kernels.len(), 1, "{plan}");
+    assert!(plan.temp_sizes().iter().all(|&t| t < n * n), "no N x N buffer: {plan}");
+    assert_eq!(products_of_inputs(&plan, 0, 1), (n * n * d) as u64, "q.k once per (query, key) pair");
+    assert!(accumulators_inside_thread(&plan.kernels[0].program));
+    // the rewritten plan does the work of the hand-written online-softmax program
+    let derived = static_flops(&plan.kernels[0].program).unwrap() as f64;
+    let hand = static_flops(&uopc::attention::online_attention_ir(n, d)).unwrap() as f64;
+    assert!((derived / hand - 1.0).abs() < 0.10, "static FLOPs {derived} against the hand-written {hand}");
+    // the written form: QK^T once per pass
+    let plan = make_plan(std::slice::from_ref(out.uop()), &written()).unwrap();
+    assert_eq!(products_of_inputs(&plan, 0, 1), 6 * (n * n * d) as u64);
+}
+
+#[test]
+fn fused_batched_masked_attention_matches_the_unfused_plan() {
+    let shape = [2usize, 3, 40, 16];
+    let mk = |seed: u64| {
+        let mut rng = StdRng::seed_from_u64(seed);
+        ArrayD::from_shape_simple_fn(IxDyn(&shape), || rng.random_range(-1.0f32..1.0))
+    };
+    let (q, k, v) = (Tensor::from_array(&mk(21)), Tensor::from_array(&mk(22)), Tensor::from_array(&mk(23)));
+    // a mask with one fully masked query row per head
+    let mut mask = ArrayD::from_shape_simple_fn(IxDyn(&[40, 40]), || 1.0f32);
+    mask.index_axis_mut(Axis(0), 5).fill(0.0);
+    let mask = Tensor::from_array(&mask);
+    for causal in [false, true] {
+        let out = uopc::tensor::masked::attention_masked(&q, &k, &v, Some(&mask), causal);
+        let unfused = realize(&out, &RealizeOptions::default()).mapv(f64::from);
+        let fused = realize(&out, &RealizeOptions::fused());
+        assert!(max_err(&fused, &unfused) < 1e-5, "causal {causal}");
+        // the fully masked row gives zeros
+        assert!(fused.index_axis(Axis(2), 5).iter().all(|&x| x == 0.0));
+    }
+}
