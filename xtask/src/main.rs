@@ -6,6 +6,7 @@ mod block;
 mod masked;
 mod matmul;
 mod peak;
+mod reductions;
 mod reference;
 mod sdpa;
 mod svg;
@@ -89,6 +90,25 @@ enum Bench {
         /// Write `{"results": [{m, k, n, form, median_ms, best_ms, gflops, ...}]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
+    },
+    /// Max-subtracted sums over long rows (logsumexp, cross-entropy, its gradient): fused with
+    /// online sums, fused as written and unfused, against the streaming read bandwidth.
+    Reductions {
+        /// Rows of the logits.
+        #[arg(long, default_value_t = 256)]
+        rows: usize,
+        /// Columns (classes) of the logits.
+        #[arg(long, default_value_t = 32000)]
+        cols: usize,
+        /// Timed realizes per cell and round.
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+        /// Interleaved rounds over all cells.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Threads (a rayon pool of this size around the whole bench).
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Causal attention (WHERE mask and ragged key loop) against non-causal, batched multi-head.
     Masked {
@@ -325,6 +345,13 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             masked::run_decode(&nk, d, heads, chunks, reps)
+        }
+        Task::Bench { what: Bench::Reductions { rows, cols, reps, rounds, threads } } => {
+            if rows == 0 || cols == 0 || reps == 0 || rounds == 0 || threads == Some(0) {
+                eprintln!("error: --rows, --cols, --reps, --rounds and --threads must be at least 1");
+                return ExitCode::from(2);
+            }
+            with_threads(threads, || reductions::run(rows, cols, reps, rounds))
         }
         Task::Bench { what: Bench::Block { batch, tokens, reps, rounds, threads, json } } => {
             if batch == 0 || tokens == 0 || reps == 0 || rounds == 0 || threads == Some(0) {

@@ -37,6 +37,35 @@ impl Scope {
     }
 }
 
+/// Elements of the summed axis an online loop takes per iteration: the maximum and the
+/// rescaling factor are computed once for all of them, their terms are independent.
+const ONLINE_UNROLL: usize = 8;
+
+/// The unroll of `u`'s online loop: the largest divisor of its last reduced axis up to
+/// [`ONLINE_UNROLL`] (one for every member of a group, whose axes are alike).
+fn online_unroll(u: &UOp) -> usize {
+    let extent = u.src()[0].shape().last().copied().unwrap_or(1);
+    crate::util::largest_divisor_at_most(extent, ONLINE_UNROLL)
+}
+
+/// `vals` combined by `op` in a balanced tree (`vals` is not empty).
+fn tree(op: BinaryOp, vals: &[UOp]) -> UOp {
+    let mut vals = vals.to_vec();
+    while vals.len() > 1 {
+        vals = vals
+            .chunks(2)
+            .map(|c| {
+                if c.len() == 2 {
+                    UOp::new(Op::Binary(op), c[0].dtype(), vec![c[0].clone(), c[1].clone()])
+                } else {
+                    c[0].clone()
+                }
+            })
+            .collect();
+    }
+    vals.swap_remove(0)
+}
+
 /// The running maximum as a summand reads it: `-inf` (only `-inf`s so far) read as 0. With
 /// `-inf` itself the first terms would be `exp2(k * (-inf - -inf))`, NaN, where the written sum
 /// has 0: the exponent subtracts the maximum of its own input (the rule checks that), so while
@@ -121,13 +150,16 @@ impl Ctx {
         index: &[UOp],
         scope: Option<&Scope>,
     ) -> Option<Vec<Key>> {
-        let with = |mut index: Vec<UOp>, tail: Vec<UOp>| {
-            index.extend(tail);
-            index
-        };
+        // One key per unrolled copy of the loop index, each read under `scope`.
+        let each =
+            |ctx: &mut Ctx, owner: &UOp, ranges: Vec<UOp>, src: &UOp, scope: Option<Scope>| -> Vec<Key> {
+                ctx.reduce_loop(u, owner, ranges, online_unroll(u))
+                    .into_iter()
+                    .map(|r| (src.clone(), index.iter().cloned().chain(r).collect(), scope.clone()))
+                    .collect()
+            };
         if let Some(s) = scope.filter(|s| s.max == *u) {
-            let r = self.reduce_loop(u, &s.owner, s.ranges.clone(), 1).swap_remove(0);
-            return Some(vec![(u.src()[0].clone(), with(index.to_vec(), r), None)]);
+            return Some(each(self, &s.owner, s.ranges.clone(), &u.src()[0], None));
         }
         if scope.is_some() {
             return None;
@@ -135,14 +167,18 @@ impl Ctx {
         if let Some(o) = OnlineSum::of(u) {
             let owner = self.groups.owner[u].clone();
             let ranges = ranges_in(index);
-            let r = self.reduce_loop(u, &owner, ranges.clone(), 1).swap_remove(0);
-            let s = Scope { max: o.max.clone(), owner, ranges, at: index.to_vec(), old: false };
+            let s = Scope {
+                max: o.max.clone(),
+                owner: owner.clone(),
+                ranges: ranges.clone(),
+                at: index.to_vec(),
+                old: false,
+            };
             let summand_scope = self.groups.reads(&o.summand, &o.max).then_some(s);
-            return Some(vec![(o.summand, with(index.to_vec(), r), summand_scope)]);
+            return Some(each(self, &owner, ranges, &o.summand, summand_scope));
         }
         if self.groups.is_grouped_max(u) {
-            let r = self.reduce_loop(u, u, ranges_in(index), 1).swap_remove(0);
-            return Some(vec![(u.src()[0].clone(), with(index.to_vec(), r), None)]);
+            return Some(each(self, u, ranges_in(index), &u.src()[0], None));
         }
         None
     }
@@ -156,7 +192,7 @@ impl Ctx {
         vals: &[UOp],
     ) -> Result<Option<UOp>> {
         if let Some(s) = scope.filter(|s| s.max == *u) {
-            let run = self.running_max(u, index, &s.owner, &s.ranges, &vals[0]);
+            let run = self.running_max(u, index, &s.owner, &s.ranges, &tree(BinaryOp::Max, vals));
             self.read_at.insert(s.reader(), index.to_vec());
             return Ok(Some(if s.old { run.old } else { stand_in(&run.new) }));
         }
@@ -164,10 +200,11 @@ impl Ctx {
             return Ok(None);
         }
         if let Some(o) = OnlineSum::of(u) {
-            return self.online_sum(u, &o, index, &vals[0]).map(Some);
+            return self.online_sum(u, &o, index, &tree(BinaryOp::Add, vals)).map(Some);
         }
         if self.groups.is_grouped_max(u) {
-            return Ok(Some(self.running_max(u, index, u, &ranges_in(index), &vals[0]).finished));
+            let y = tree(BinaryOp::Max, vals);
+            return Ok(Some(self.running_max(u, index, u, &ranges_in(index), &y).finished));
         }
         Ok(None)
     }
