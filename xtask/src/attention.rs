@@ -42,8 +42,14 @@ pub enum Variant {
     #[value(name = "unfused_loops")]
     #[serde(rename = "unfused_loops")]
     UnfusedLoops,
-    /// The Tensor expression with `fuse_reduce` and the flash optimizer.
+    /// The Tensor expression with `fuse_reduce` and the flash optimizer: the softmax sums
+    /// become online sums, one pass over the keys.
     Fused,
+    /// `fused` with the sums left as written (`Experiments::no_online_reductions`): a pass
+    /// for the maximum, one for the normalizer, one per 16 output columns.
+    #[value(name = "fused_written")]
+    #[serde(rename = "fused_written")]
+    FusedWritten,
     /// The hand-written online-softmax loop program.
     Online,
     /// Online softmax with a block of query rows per THREAD iteration.
@@ -87,6 +93,7 @@ impl Variant {
             Variant::Unfused => "unfused",
             Variant::UnfusedLoops => "unfused_loops",
             Variant::Fused => "fused",
+            Variant::FusedWritten => "fused_written",
             Variant::Online => "online",
             Variant::OnlineQb => "online_qb",
             Variant::FusedUpcast64 => "fused_upcast64",
@@ -103,9 +110,18 @@ impl Variant {
             Variant::Unfused => Some(RealizeOptions::default()),
             Variant::UnfusedLoops => Some(RealizeOptions::default().with_opt(DefaultOpt::loops())),
             Variant::Fused => Some(RealizeOptions::fused()),
-            Variant::FusedUpcast64 => Some(RealizeOptions::fused().with_opt(FlashOpt { max_upcast: 64 })),
+            Variant::FusedWritten => Some(
+                RealizeOptions::fused()
+                    .with_experiments(Experiments { no_online_reductions: true, ..Experiments::default() }),
+            ),
+            Variant::FusedUpcast64 => Some(
+                RealizeOptions::fused()
+                    .with_opt(FlashOpt { max_upcast: 64 })
+                    .with_experiments(Experiments { no_online_reductions: true, ..Experiments::default() }),
+            ),
             Variant::FusedStaged => Some(RealizeOptions::fused().with_experiments(Experiments {
                 stage_broadcasts_when_fused: true,
+                no_online_reductions: true,
                 ..Experiments::default()
             })),
             Variant::Online

@@ -15,6 +15,7 @@ fn color(v: Variant) -> &'static str {
         Variant::Unfused => "#1f77b4",
         Variant::UnfusedLoops => "#aec7e8",
         Variant::Fused => "#d62728",
+        Variant::FusedWritten => "#ff9896",
         Variant::Online => "#2ca02c",
         Variant::OnlineQb => "#17becf",
         Variant::FusedUpcast64 => "#ff7f0e",
