@@ -5,7 +5,7 @@
 use ndarray::{Array2, ArrayD, Axis, IxDyn};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use uopc::ir::{Op, Stmt, UOp, linearize, view_base};
+use uopc::ir::{Op, Stmt, TileOp, UOp, linearize, view_base};
 use uopc::tensor::{ArgSource, Experiments, Plan, canonicalize, online_reductions, static_flops};
 use uopc::{RealizeOptions, Tensor, make_plan};
 
@@ -261,6 +261,14 @@ fn products_of_inputs(plan: &Plan, a: usize, b: usize) -> u64 {
                         *total += mult;
                     }
                 }
+                // a tile GEMM of a block of one input by a block of the other
+                Stmt::Op(u) if matches!(u.op(), Op::Tile(TileOp::Gemm(_))) => {
+                    let Op::Tile(TileOp::Gemm(g)) = u.op() else { continue };
+                    let s = [index_slot(&u.src()[0]), index_slot(&u.src()[1])];
+                    if s == [Some(a), Some(b)] || s == [Some(b), Some(a)] {
+                        *total += mult * (g.m * g.n * g.k) as u64;
+                    }
+                }
                 Stmt::Op(_) => {}
             }
         }
@@ -273,6 +281,14 @@ fn products_of_inputs(plan: &Plan, a: usize, b: usize) -> u64 {
         }
     }
     total
+}
+
+/// The slot of the buffer an INDEX node points into.
+fn index_slot(index: &UOp) -> Option<usize> {
+    view_base(&index.src()[0]).and_then(|x| match x.op() {
+        Op::Buffer { slot, .. } => Some(*slot),
+        _ => None,
+    })
 }
 
 /// Whether every store to a local accumulator sits inside the THREAD loop.
@@ -301,6 +317,7 @@ fn fused_attention_is_one_pass_over_the_keys() {
     let out = uopc::attention::attention(&q, &k, &v);
     let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
     assert_eq!(plan.kernels.len(), 1, "{plan}");
+    assert!(plan.kernels[0].uses_tile_ops(), "score and P.V products on tile GEMMs: {plan}");
     assert!(plan.temp_sizes().iter().all(|&t| t < n * n), "no N x N buffer: {plan}");
     assert_eq!(products_of_inputs(&plan, 0, 1), (n * n * d) as u64, "q.k once per (query, key) pair");
     assert!(accumulators_inside_thread(&plan.kernels[0].program));
@@ -334,4 +351,66 @@ fn fused_batched_masked_attention_matches_the_unfused_plan() {
         // the fully masked row gives zeros
         assert!(fused.index_axis(Axis(2), 5).iter().all(|&x| x == 0.0));
     }
+}
+
+/// `softmax(q k^T / sqrt(d)) v` per leading index of `(.., n, d)` arrays, in f64.
+fn attention_f64(q: &ArrayD<f32>, k: &ArrayD<f32>, v: &ArrayD<f32>) -> ArrayD<f64> {
+    let r = q.ndim();
+    let (n_q, d) = (q.shape()[r - 2], q.shape()[r - 1]);
+    let (n_k, dv) = (k.shape()[r - 2], v.shape()[r - 1]);
+    let lead: usize = q.shape()[..r - 2].iter().product();
+    let flat = |a: &ArrayD<f32>, rows: usize, cols: usize| {
+        a.as_standard_layout().to_owned().into_shape_with_order((lead, rows, cols)).unwrap().mapv(f64::from)
+    };
+    let (q3, k3, v3) = (flat(q, n_q, d), flat(k, n_k, d), flat(v, n_k, dv));
+    let mut out = ndarray::Array3::<f64>::zeros((lead, n_q, dv));
+    for b in 0..lead {
+        let s = q3.index_axis(Axis(0), b).dot(&k3.index_axis(Axis(0), b).t()) / (d as f64).sqrt();
+        let p = softmax_f64(&s);
+        out.index_axis_mut(Axis(0), b).assign(&p.dot(&v3.index_axis(Axis(0), b)));
+    }
+    let mut shape = q.shape()[..r - 1].to_vec();
+    shape.push(dv);
+    out.into_shape_with_order(IxDyn(&shape)).unwrap()
+}
+
+#[test]
+fn fused_attention_on_tile_ops_matches_f64_for_every_shape() {
+    let mk = |shape: &[usize], seed: u64| {
+        let mut rng = StdRng::seed_from_u64(seed);
+        ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.random_range(-1.5f32..1.5))
+    };
+    // (batch, heads, n_q, n_k, d): a key count that leaves a partial key block, n_q != n_k,
+    // one query (decode), head sizes off the SIMD width
+    for (i, &(b, h, n_q, n_k, d)) in
+        [(1, 1, 64, 64, 16), (2, 3, 40, 130, 24), (1, 2, 256, 256, 64), (1, 4, 1, 300, 32), (1, 1, 96, 200, 7)]
+            .iter()
+            .enumerate()
+    {
+        let seed = 100 + 3 * i as u64;
+        let (q, k, v) = (mk(&[b, h, n_q, d], seed), mk(&[b, h, n_k, d], seed + 1), mk(&[b, h, n_k, d], seed + 2));
+        let want = attention_f64(&q, &k, &v);
+        let out = uopc::tensor::masked::attention_masked(
+            &Tensor::from_array(&q),
+            &Tensor::from_array(&k),
+            &Tensor::from_array(&v),
+            None,
+            false,
+        );
+        let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
+        assert!(plan.kernels.len() == 1 && plan.kernels[0].uses_tile_ops(), "{plan}");
+        // f32 scores and sums over at most 300 keys of O(1) terms
+        let err = max_err(&realize(&out, &RealizeOptions::fused()), &want);
+        assert!(err < 2e-5, "({b}, {h}, {n_q}, {n_k}, {d}): error {err}");
+    }
+    // heads read in place from the (B, N, H, D) layout a fused projection writes
+    let (b, n, h, d) = (2, 48, 3, 16);
+    let x = [mk(&[b, n, h, d], 1), mk(&[b, n, h, d], 2), mk(&[b, n, h, d], 3)];
+    let heads = |a: &ArrayD<f32>| a.view().permuted_axes(IxDyn(&[0, 2, 1, 3])).to_owned();
+    let want = attention_f64(&heads(&x[0]), &heads(&x[1]), &heads(&x[2]));
+    let t = |a: &ArrayD<f32>| Tensor::from_array(a).permute(&[0, 2, 1, 3]);
+    let out = uopc::tensor::masked::attention_masked(&t(&x[0]), &t(&x[1]), &t(&x[2]), None, false);
+    let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
+    assert!(plan.kernels.len() == 1 && plan.kernels[0].uses_tile_ops(), "strided heads read in place: {plan}");
+    assert!(max_err(&realize(&out, &RealizeOptions::fused()), &want) < 2e-5);
 }

@@ -192,7 +192,12 @@ fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions)
     let name = kernel_name(&body);
     let mut ctx = Ctx::new(opts.opt.opts(&body), !opts.experiments.reshape_without_divmod_folding);
     let out = buffer(args.len(), p.dtype(), numel(p.shape()));
-    let tiled = if opts.opt.tile_ops() { crate::tilemap::lower_gemm(&body, &out) } else { None };
+    let tiled = if opts.opt.tile_ops() {
+        crate::tilemap::lower_gemm(&body, &out)
+            .or_else(|| crate::online_tiles::lower_online_attention(&body, &out))
+    } else {
+        None
+    };
     let program = match tiled {
         Some(program) => program,
         None => lower(&body, &out, &mut ctx)?,

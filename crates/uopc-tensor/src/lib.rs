@@ -34,6 +34,7 @@ mod exec;
 mod kernelize;
 pub mod masked;
 mod online;
+mod online_tiles;
 mod opt;
 mod options;
 mod passes;

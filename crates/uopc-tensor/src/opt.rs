@@ -338,6 +338,10 @@ impl Optimizer for FlashOpt {
         }
         o
     }
+    /// An online group over a matrix product (fully fused attention) becomes tile ops.
+    fn tile_ops(&self) -> bool {
+        true
+    }
     fn cache_key(&self) -> OptimizerKey {
         OptimizerKey::Flash(*self)
     }

@@ -34,18 +34,18 @@ fn columns_per_task(n: usize, tasks: usize, threads: usize) -> usize {
 
 /// A view of a `Param` as `base + sum_a idx[a] * strides[a]` over the `[batch.., m, n, k]`
 /// iteration space.
-struct Affine {
-    slot: usize,
+pub(crate) struct Affine {
+    pub(crate) slot: usize,
     /// The stored element type: f32, or bf16 / f16 widened to f32 by the view.
-    dtype: DType,
-    len: usize,
-    base: usize,
-    strides: Vec<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) len: usize,
+    pub(crate) base: usize,
+    pub(crate) strides: Vec<usize>,
 }
 
 /// The affine form of `v`, if its offsets are affine (checked at the corners and a few
 /// interior points of the `shape` box).
-fn affine(v: &UOp, shape: &[usize]) -> Option<Affine> {
+pub(crate) fn affine(v: &UOp, shape: &[usize]) -> Option<Affine> {
     if v.dtype() != DType::F32 {
         return None;
     }
@@ -110,7 +110,7 @@ fn without_widening(v: &UOp) -> UOp {
 
 /// `Some((transposed, leading dimension))` when a `rows x cols` operand with strides
 /// `(along rows, along cols)` is row-major (unit column stride) or transposed (unit row stride).
-fn layout(rows: usize, cols: usize, s_row: usize, s_col: usize) -> Option<(bool, usize)> {
+pub(crate) fn layout(rows: usize, cols: usize, s_row: usize, s_col: usize) -> Option<(bool, usize)> {
     if (s_col == 1 || cols == 1) && (rows == 1 || s_row >= cols) {
         Some((false, if rows == 1 { cols } else { s_row }))
     } else if (s_row == 1 || rows == 1) && (cols == 1 || s_col >= rows) {
@@ -122,7 +122,7 @@ fn layout(rows: usize, cols: usize, s_row: usize, s_col: usize) -> Option<(bool,
 
 /// The offset of batch item `item` (a flat index over `batch`) in an operand with the given
 /// batch strides: the item's coordinates by division and remainder, last axis fastest.
-fn batch_offset(item: &UOp, batch: &[usize], strides: &[usize]) -> UOp {
+pub(crate) fn batch_offset(item: &UOp, batch: &[usize], strides: &[usize]) -> UOp {
     let mut offset = uopc_ir::idx(0);
     let mut rest = item.clone();
     for (&size, &stride) in batch.iter().zip(strides).rev() {
@@ -135,17 +135,17 @@ fn batch_offset(item: &UOp, batch: &[usize], strides: &[usize]) -> UOp {
 }
 
 /// The two operands of a GEMM-shaped reduce, as the tile GEMM reads them in place.
-struct Operands {
+pub(crate) struct Operands {
     /// The `[batch.., m, n, k]` product shape.
-    shape: Vec<usize>,
+    pub(crate) shape: Vec<usize>,
     /// The operand broadcast along the output columns, with its layout.
-    a: Affine,
-    a_trans: bool,
-    lda: usize,
+    pub(crate) a: Affine,
+    pub(crate) a_trans: bool,
+    pub(crate) lda: usize,
     /// The operand broadcast along the output rows, with its layout.
-    b: Affine,
-    b_trans: bool,
-    ldb: usize,
+    pub(crate) b: Affine,
+    pub(crate) b_trans: bool,
+    pub(crate) ldb: usize,
 }
 
 /// The operands of the product `x`, a MUL under any chain of movement ops, each as a view
@@ -160,7 +160,7 @@ fn product_operands(x: &UOp) -> Option<(UOp, UOp)> {
 /// The operands of `body` when it is `sum_k A[.., i, k] * B[.., k, j]` over two row-major or
 /// transposed f32 views of `Param`s (or of two bf16 or two f16 `Param`s widened to f32): the
 /// shape a tile GEMM computes without copying either.
-fn gemm_operands(body: &UOp) -> Option<Operands> {
+pub(crate) fn gemm_operands(body: &UOp) -> Option<Operands> {
     let Op::Reduce { op: ReduceOp::Add, axes: 1 } = body.op() else { return None };
     let x = &body.src()[0];
     let shape = x.shape().to_vec();

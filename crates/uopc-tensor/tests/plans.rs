@@ -85,16 +85,30 @@ fn buffer_slot(load: &UOp) -> Option<usize> {
 fn qk_products(kernel: &Kernel) -> u64 {
     let slot_of = |b: ArgSource| kernel.args.iter().position(|a| *a == b).expect("kernel reads q and k");
     let (q, k) = (slot_of(ArgSource::Input(0)), slot_of(ArgSource::Input(1)));
+    let pair = |s: &[Option<usize>]| s == [Some(q), Some(k)] || s == [Some(k), Some(q)];
     weighted(&kernel.program)
         .into_iter()
-        .filter(|(u, _, _)| {
-            matches!(u.op(), Op::Binary(uopc_ir::BinaryOp::Mul)) && {
+        .map(|(u, m, _)| match u.op() {
+            Op::Binary(uopc_ir::BinaryOp::Mul) => {
                 let s: Vec<Option<usize>> = u.src().iter().map(buffer_slot).collect();
-                s == [Some(q), Some(k)] || s == [Some(k), Some(q)]
+                if pair(&s) { m } else { 0 }
             }
+            // a tile GEMM of a block of q by a block of k: m x n x k products
+            Op::Tile(uopc_ir::TileOp::Gemm(g)) => {
+                let s: Vec<Option<usize>> = u.src()[..2].iter().map(index_slot).collect();
+                if pair(&s) { m * (g.m * g.n * g.k) as u64 } else { 0 }
+            }
+            _ => 0,
         })
-        .map(|(_, m, _)| m)
         .sum()
+}
+
+/// The slot of the buffer an INDEX node points into.
+fn index_slot(index: &UOp) -> Option<usize> {
+    match uopc_ir::view_base(&index.src()[0])?.op() {
+        Op::Buffer { slot, .. } => Some(*slot),
+        _ => None,
+    }
 }
 
 fn plan_flops(plan: &Plan) -> u64 {
@@ -217,16 +231,19 @@ fn flash_opt_computes_each_qk_six_times_per_row() {
 
 #[test]
 fn online_sums_compute_each_qk_once() {
-    for (n, d) in [(256, 64), (64, 128)] {
+    for (n, d) in [(256, 64), (64, 128), (64, 256), (100, 24)] {
+        // on tile ops: per block of keys, one score tile GEMM
         let plan = attention_plan(n, d, &RealizeOptions::fused());
+        assert!(plan.kernels[0].uses_tile_ops(), "{plan}");
         let per_pair = qk_products(plan.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
-        // the maximum, the normalizer and every output column share one pass over the keys
         assert_eq!(per_pair, 1.0, "n {n}, d {d}");
+        // as loops: the maximum, the normalizer and every output column share one pass
+        let whole_head = Opts { upcast: vec![(1, d)], thread: Some(0), ..Opts::default() };
+        let loops = attention_plan(n, d, &RealizeOptions::fused().with_opt(FixedOpts(whole_head)));
+        assert!(!loops.kernels[0].uses_tile_ops(), "{loops}");
+        let per_pair = qk_products(loops.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
+        assert_eq!(per_pair, 1.0, "n {n}, d {d}, loops");
     }
-    // past the widest whole upcast, one pass per group of 16 output columns
-    let plan = attention_plan(64, 256, &RealizeOptions::fused());
-    let per_pair = qk_products(plan.kernels.last().unwrap()) as f64 / (64.0 * 64.0 * 256.0);
-    assert_eq!(per_pair, 1.0 + 256.0 / 16.0);
 }
 
 #[test]

@@ -1,0 +1,268 @@
+//! Maps an online group whose scores are a matrix product onto tile ops: the structure of
+//! FlashAttention-2 reached from the rewritten graph instead of written by hand.
+//!
+//! After [`online_reductions`](crate::online_reductions), a softmax-weighted sum of a product
+//! reads `O / l` with `O = sum_j exp2(k (s_j - m)) v_j` and `l = sum_j exp2(k (s_j - m))` online
+//! sums of one maximum `m = max_j s_j`, and `s = c * (A B)` a GEMM over two strided inputs. Rangeify
+//! lowers that to one loop over the keys with scalar accumulators; this lowering instead keeps a
+//! block of rows per THREAD task and, per block of keys, computes the scores with a tile GEMM,
+//! scales them to base 2, applies the online-softmax tile update (running max and sum, `O`
+//! rescaled once per block) and adds `P V` with a second tile GEMM; the score and output tiles
+//! live on the stack and `O / l` is stored once at the end. Anything else (a mask, another
+//! consumer, a value that is not an input read in place) is left to rangeify.
+
+use crate::online::OnlineSum;
+use crate::tilemap::{Affine, affine, batch_offset, gemm_operands, layout};
+use crate::util::largest_divisor_at_most;
+use crate::view::movement_chain;
+use uopc_ir::{
+    AxisType, BinaryOp, DType, GemmShape, Op, ProgramBuilder, TileOp, UOp, UnaryOp, buffer, f32c, sink, tile,
+};
+
+/// Keys per block: one score tile row spans this many keys.
+const KEY_BLOCK: usize = 128;
+/// Most query rows per THREAD task (the score GEMM packs each key block once per task).
+const MAX_ROWS: usize = 256;
+/// Most bytes of a task's output tile (rows x value width): the tile is rescaled and added to
+/// once per key block, so it should stay in L2.
+const OUTPUT_TILE_BYTES: usize = 128 * 1024;
+/// Fewest rows per task when tasks are split for more parallelism.
+const MIN_ROWS: usize = 32;
+/// THREAD tasks wanted per core, so uneven finishing times even out.
+const TASKS_PER_CORE: usize = 4;
+
+/// A strided input operand of one of the two products, with its layout for the tile GEMM.
+struct Operand {
+    view: Affine,
+    trans: bool,
+    ld: usize,
+}
+
+/// What the tile program needs from a matched group.
+struct Attention {
+    batch: Vec<usize>,
+    n_q: usize,
+    n_k: usize,
+    d: usize,
+    dv: usize,
+    q: Operand,
+    k: Operand,
+    v: Operand,
+    /// Stride of Q along the query rows, K and V along the keys.
+    q_row: usize,
+    k_row: usize,
+    v_row: usize,
+    /// Base-2 score scale: `k * c`.
+    scale: f32,
+}
+
+fn scalar_const(u: &UOp) -> Option<f64> {
+    (matches!(u.op(), Op::Const(_)) && u.shape().is_empty()).then(|| u.const_value())?.map(|c| c.as_f64())
+}
+
+fn base(u: &UOp) -> UOp {
+    movement_chain(u).1
+}
+
+/// `u` as a product of two factors, either order.
+fn mul_pair(u: &UOp) -> Option<(UOp, UOp)> {
+    let Some((BinaryOp::Mul, a, b)) = u.as_binary() else { return None };
+    Some((a.clone(), b.clone()))
+}
+
+/// `exp2(k * (t - h))` as `(t, h, k)`.
+fn exp2_shift(e: &UOp) -> Option<(UOp, UOp, f64)> {
+    let Op::Unary(UnaryOp::Exp2) = e.op() else { return None };
+    let (a, b) = mul_pair(&e.src()[0])?;
+    let (diff, k) = match (scalar_const(&a), scalar_const(&b)) {
+        (_, Some(k)) => (a, k),
+        (Some(k), _) => (b, k),
+        _ => return None,
+    };
+    let Some((BinaryOp::Sub, t, h)) = diff.as_binary() else { return None };
+    Some((t.clone(), h.clone(), k))
+}
+
+/// The group `body` computes, if it is `O / l` over scores that are a scaled matrix product
+/// (see the module docs).
+fn matched(body: &UOp) -> Option<Attention> {
+    if body.dtype() != DType::F32 {
+        return None;
+    }
+    let (x, y) = mul_pair(body)?;
+    let (sum, norm) = if OnlineSum::of(&x).is_some() { (x, y) } else { (y, x) };
+    let o = OnlineSum::of(&sum)?;
+    if o.shift != o.max {
+        return None;
+    }
+    // norm = 1 / l, read through views, with l the normalizer of the same maximum.
+    let recip = base(&norm);
+    let Op::Unary(UnaryOp::Recip) = recip.op() else { return None };
+    let l = OnlineSum::of(&base(&recip.src()[0]))?;
+    if l.max != o.max {
+        return None;
+    }
+    // O's summand is a view of the exponential times a view of V; l's is the exponential.
+    let (f1, f2) = mul_pair(&o.summand)?;
+    let (e_view, v_view) =
+        if matches!(base(&f1).op(), Op::Unary(UnaryOp::Exp2)) { (f1, f2) } else { (f2, f1) };
+    let e = base(&e_view);
+    if base(&l.summand) != e {
+        return None;
+    }
+    let (t, h, k) = exp2_shift(&e)?;
+    let scores = o.max.src()[0].clone();
+    if base(&t) != scores || base(&h) != o.max || k <= 0.0 {
+        return None;
+    }
+    let (s, c) = match mul_pair(&scores) {
+        Some((a, b)) => match (scalar_const(&a), scalar_const(&b)) {
+            (_, Some(c)) => (a, c),
+            (Some(c), _) => (b, c),
+            _ => return None,
+        },
+        None => (scores.clone(), 1.0),
+    };
+    let ops = gemm_operands(&s)?;
+    if ops.a.dtype != DType::F32 {
+        return None;
+    }
+    let r = ops.shape.len();
+    let (n_q, n_k, d) = (ops.shape[r - 3], ops.shape[r - 2], ops.shape[r - 1]);
+    let batch = ops.shape[..r - 3].to_vec();
+    // The value operand over [batch.., n_q, dv, n_k]: broadcast along the queries.
+    let vs = o.summand.shape().to_vec();
+    if vs.len() != r || vs[..r - 3] != batch[..] || vs[r - 3] != n_q || vs[r - 1] != n_k {
+        return None;
+    }
+    let dv = vs[r - 2];
+    if body.shape() != &vs[..r - 1] {
+        return None;
+    }
+    let v = affine(&v_view, &vs)?;
+    if v.dtype != DType::F32 || (n_q > 1 && v.strides[r - 3] != 0) {
+        return None;
+    }
+    let (v_trans, ldv) = layout(n_k, dv, v.strides[r - 1], v.strides[r - 2])?;
+    let (q_row, k_row, v_row) = (ops.a.strides[r - 3], ops.b.strides[r - 2], v.strides[r - 1]);
+    Some(Attention {
+        batch,
+        n_q,
+        n_k,
+        d,
+        dv,
+        q: Operand { view: ops.a, trans: ops.a_trans, ld: ops.lda },
+        k: Operand { view: ops.b, trans: ops.b_trans, ld: ops.ldb },
+        v: Operand { view: v, trans: v_trans, ld: ldv },
+        q_row,
+        k_row,
+        v_row,
+        scale: (k * c) as f32,
+    })
+}
+
+/// Query rows per THREAD task: a divisor of `n_q` of at most [`MAX_ROWS`] whose output tile
+/// fits [`OUTPUT_TILE_BYTES`], halved (down to [`MIN_ROWS`]) while there are fewer than
+/// [`TASKS_PER_CORE`] tasks per core.
+fn rows_per_task(n_q: usize, dv: usize, items: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let cap = (OUTPUT_TILE_BYTES / (4 * dv.max(1))).clamp(1, MAX_ROWS);
+    let mut rows = largest_divisor_at_most(n_q, cap);
+    while items * (n_q / rows) < TASKS_PER_CORE * cores && rows / 2 >= MIN_ROWS {
+        rows = largest_divisor_at_most(n_q, rows / 2);
+    }
+    rows
+}
+
+/// The tile-op program of kernel `body` writing `out`, or `None` when `body` is not an online
+/// group over a matrix product (see the module docs).
+pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
+    let a = matched(body)?;
+    let items: usize = a.batch.iter().product();
+    let br = rows_per_task(a.n_q, a.dv, items);
+    let bc = KEY_BLOCK.min(a.n_k);
+    let (blocks_per_item, f32t) = (a.n_q / br, DType::F32);
+    let mut pb = ProgramBuilder::new();
+    let (s, o, mx, l) =
+        (pb.alloc(f32t, br * bc), pb.alloc(f32t, br * a.dv), pb.alloc(f32t, br), pb.alloc(f32t, br));
+    let t = pb.range(items * blocks_per_item, AxisType::Thread);
+    let th = std::slice::from_ref(&t);
+    let (si, oi, mi, li) = (s.after(th), o.after(th), mx.after(th), l.after(th));
+    let z = pb.range(br * a.dv, AxisType::Loop);
+    let init_o = oi.index(&z).store(0.0f32).end(&[z]);
+    let rr = pb.range(br, AxisType::Loop);
+    let init_ml =
+        sink(&[mi.index(&rr).store(f32c(f32::NEG_INFINITY)), li.index(&rr).store(0.0f32)]).end(&[rr]);
+    let (item, block) = (t.idiv(blocks_per_item as i64), t.modulo(blocks_per_item as i64));
+    let start = |x: &Affine| batch_offset(&item, &a.batch, &x.strides) + x.base as i64;
+    let q_first = start(&a.q.view) + &block * (br * a.q_row);
+    let (k_first, v_first) = (start(&a.k.view), start(&a.v.view));
+    let buf = |x: &Affine| buffer(x.slot, x.dtype, x.len);
+    let (qb, kb, vb) = (buf(&a.q.view), buf(&a.k.view), buf(&a.v.view));
+    // One key block of `cols` keys from key `first`: scores, base-2 scaling, update, P V.
+    let key_block = |pb: &mut ProgramBuilder, first: &UOp, cols: usize, prev: &[UOp]| -> UOp {
+        let scores = TileOp::Gemm(GemmShape {
+            m: br,
+            n: cols,
+            k: a.d,
+            lda: a.q.ld,
+            ldb: a.k.ld,
+            ldc: cols,
+            a_trans: a.q.trans,
+            b_trans: a.k.trans,
+            accumulate: false,
+        });
+        let g1 = tile(
+            scores,
+            &[qb.index(&q_first), kb.index(&k_first + first * a.k_row as i64), si.after(prev).index(0)],
+        );
+        let e = pb.range(br * cols, AxisType::Loop);
+        let after_g1 = si.after(std::slice::from_ref(&g1));
+        let scaled = after_g1.index(&e).store(after_g1.index(&e).load() * a.scale).end(&[e]);
+        let mut state = prev.to_vec();
+        state.push(scaled.clone());
+        let update = TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d: a.dv, ldo: a.dv };
+        let sm = tile(
+            update,
+            &[
+                si.after(std::slice::from_ref(&scaled)).index(0),
+                mi.after(&state).index(0),
+                li.after(&state).index(0),
+                oi.after(&state).index(0),
+            ],
+        );
+        let after_sm = std::slice::from_ref(&sm);
+        let pv = TileOp::Gemm(GemmShape {
+            m: br,
+            n: a.dv,
+            k: cols,
+            lda: cols,
+            ldb: a.v.ld,
+            ldc: a.dv,
+            a_trans: false,
+            b_trans: a.v.trans,
+            accumulate: true,
+        });
+        tile(
+            pv,
+            &[
+                si.after(after_sm).index(0),
+                vb.index(&v_first + first * a.v_row as i64),
+                oi.after(after_sm).index(0),
+            ],
+        )
+    };
+    let full = a.n_k / bc;
+    let j = pb.range(full, AxisType::Reduce);
+    let mut done = key_block(&mut pb, &(&j * bc), bc, &[init_o, init_ml, j.clone()]).end(&[j]);
+    if a.n_k % bc != 0 {
+        done = key_block(&mut pb, &uopc_ir::idx((full * bc) as i64), a.n_k % bc, &[done]);
+    }
+    let after = std::slice::from_ref(&done);
+    let (e, rr) = (pb.range(a.dv, AxisType::Loop), pb.range(br, AxisType::Loop));
+    let total = li.after(after).index(&rr).load();
+    let st = out
+        .index((&t * br + &rr) * a.dv + &e)
+        .store(oi.after(after).index(&rr * a.dv + &e).load() * total.recip());
+    Some(sink(&[st.end(&[e, rr, t.clone()])]))
+}
