@@ -345,6 +345,9 @@ fn fused_batched_masked_attention_matches_the_unfused_plan() {
     let mask = Tensor::from_array(&mask);
     for causal in [false, true] {
         let out = uopc::tensor::masked::attention_masked(&q, &k, &v, Some(&mask), causal);
+        let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
+        // the mask is applied to each score tile, the row indicator when the output is stored
+        assert!(plan.kernels.iter().any(|k| k.uses_tile_ops()), "causal {causal}: {plan}");
         let unfused = realize(&out, &RealizeOptions::default()).mapv(f64::from);
         let fused = realize(&out, &RealizeOptions::fused());
         assert!(max_err(&fused, &unfused) < 1e-5, "causal {causal}");
@@ -382,13 +385,19 @@ fn fused_attention_on_tile_ops_matches_f64_for_every_shape() {
     };
     // (batch, heads, n_q, n_k, d): a key count that leaves a partial key block, n_q != n_k,
     // one query (decode), head sizes off the SIMD width
-    for (i, &(b, h, n_q, n_k, d)) in
-        [(1, 1, 64, 64, 16), (2, 3, 40, 130, 24), (1, 2, 256, 256, 64), (1, 4, 1, 300, 32), (1, 1, 96, 200, 7)]
-            .iter()
-            .enumerate()
+    for (i, &(b, h, n_q, n_k, d)) in [
+        (1, 1, 64, 64, 16),
+        (2, 3, 40, 130, 24),
+        (1, 2, 256, 256, 64),
+        (1, 4, 1, 300, 32),
+        (1, 1, 96, 200, 7),
+    ]
+    .iter()
+    .enumerate()
     {
         let seed = 100 + 3 * i as u64;
-        let (q, k, v) = (mk(&[b, h, n_q, d], seed), mk(&[b, h, n_k, d], seed + 1), mk(&[b, h, n_k, d], seed + 2));
+        let (q, k, v) =
+            (mk(&[b, h, n_q, d], seed), mk(&[b, h, n_k, d], seed + 1), mk(&[b, h, n_k, d], seed + 2));
         let want = attention_f64(&q, &k, &v);
         let out = uopc::tensor::masked::attention_masked(
             &Tensor::from_array(&q),
@@ -411,6 +420,36 @@ fn fused_attention_on_tile_ops_matches_f64_for_every_shape() {
     let t = |a: &ArrayD<f32>| Tensor::from_array(a).permute(&[0, 2, 1, 3]);
     let out = uopc::tensor::masked::attention_masked(&t(&x[0]), &t(&x[1]), &t(&x[2]), None, false);
     let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
-    assert!(plan.kernels.len() == 1 && plan.kernels[0].uses_tile_ops(), "strided heads read in place: {plan}");
+    assert!(
+        plan.kernels.len() == 1 && plan.kernels[0].uses_tile_ops(),
+        "strided heads read in place: {plan}"
+    );
     assert!(max_err(&realize(&out, &RealizeOptions::fused()), &want) < 2e-5);
+}
+
+#[test]
+fn masks_and_biases_written_in_the_graph_go_through_the_tile_path() {
+    let (n_q, n_k, d) = (48, 72, 16);
+    let q = Tensor::from_array(&random(n_q, d, 1.0, 31));
+    let k = Tensor::from_array(&random(n_k, d, 1.0, 32));
+    let v = Tensor::from_array(&random(n_k, d, 1.0, 33));
+    let bias = random(n_q, n_k, 2.0, 34);
+    let mut keep = vec![true; n_q * n_k];
+    for (i, x) in keep.iter_mut().enumerate() {
+        // row 7 sees no key; elsewhere every third key is hidden
+        *x = i / n_k != 7 && i % 3 != 0;
+    }
+    let keep = Tensor::from_vec(keep, &[n_q, n_k]);
+    let scores = q.matmul(&k.transpose(0, 1)) * 0.25;
+    let biased = &scores + &Tensor::from_array(&bias);
+    let masked = keep.where_(&scores, &Tensor::full(&[], f32::NEG_INFINITY));
+    for (name, s) in [("bias", biased), ("-inf mask", masked)] {
+        let out = s.softmax(-1).matmul(&v);
+        let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
+        assert!(plan.kernels.len() == 1 && plan.kernels[0].uses_tile_ops(), "{name}: {plan}");
+        let unfused = realize(&out, &RealizeOptions::default()).mapv(f64::from);
+        let fused = realize(&out, &RealizeOptions::fused());
+        // the row that sees no key is NaN in both (0 / 0), as the graph says
+        assert!(max_err(&fused, &unfused) < 1e-5, "{name}");
+    }
 }

@@ -8,15 +8,22 @@
 //! block of rows per THREAD task and, per block of keys, computes the scores with a tile GEMM,
 //! scales them to base 2, applies the online-softmax tile update (running max and sum, `O`
 //! rescaled once per block) and adds `P V` with a second tile GEMM; the score and output tiles
-//! live on the stack and `O / l` is stored once at the end. Anything else (a mask, another
-//! consumer, a value that is not an input read in place) is left to rangeify.
+//! live on the stack, and the body is stored once at the end. What surrounds the two products
+//! is read off the graph by rangeify: the scores' own elementwise function of the product (a
+//! mask `where(keep, s, -inf)`, an additive bias, a scale) is evaluated on each score tile
+//! before the update, and the body's function of `O` and `l` (the division, a row indicator)
+//! when the output is stored. A group whose values are not inputs read in place, or whose body
+//! reads the scores other than through the two sums, is left to rangeify.
 
 use crate::online::OnlineSum;
+use crate::opt::Opts;
+use crate::rangeify::{Ctx, Known};
 use crate::tilemap::{Affine, affine, batch_offset, gemm_operands, layout};
 use crate::util::largest_divisor_at_most;
 use crate::view::movement_chain;
+use std::collections::HashSet;
 use uopc_ir::{
-    AxisType, BinaryOp, DType, GemmShape, Op, ProgramBuilder, TileOp, UOp, UnaryOp, buffer, f32c, sink, tile,
+    AxisType, BinaryOp, DType, GemmShape, Op, TileOp, UOp, UnaryOp, buffer, f32c, idx, sink, tile,
 };
 
 /// Keys per block: one score tile row spans this many keys.
@@ -52,8 +59,14 @@ struct Attention {
     q_row: usize,
     k_row: usize,
     v_row: usize,
-    /// Base-2 score scale: `k * c`.
-    scale: f32,
+    /// The online sums `O` (over `[batch.., n_q, dv]`) and `l` (over `[batch.., n_q]`).
+    sum: UOp,
+    norm: UOp,
+    /// The scores `s` (the maximum's input) and the product they are a function of.
+    scores: UOp,
+    product: UOp,
+    /// `k` of `exp2(k * (s - m))`.
+    base2: f32,
 }
 
 fn scalar_const(u: &UOp) -> Option<f64> {
@@ -83,26 +96,59 @@ fn exp2_shift(e: &UOp) -> Option<(UOp, UOp, f64)> {
     Some((t.clone(), h.clone(), k))
 }
 
-/// The group `body` computes, if it is `O / l` over scores that are a scaled matrix product
-/// (see the module docs).
+/// The nodes `root` reads, not looking past the nodes in `stop`.
+fn reads_until(root: &UOp, stop: &[&UOp]) -> HashSet<UOp> {
+    let mut seen = HashSet::new();
+    let mut todo = vec![root.clone()];
+    while let Some(u) = todo.pop() {
+        if !seen.insert(u.clone()) || stop.contains(&&u) {
+            continue;
+        }
+        todo.extend(u.src().iter().cloned());
+    }
+    seen
+}
+
+/// The product the scores are an elementwise function of: the one REDUCE they read, a GEMM of
+/// two inputs over the scores' own index space, every other leaf an input or a constant.
+fn score_product(scores: &UOp) -> Option<UOp> {
+    let mut product = None;
+    for u in reads_until(scores, &[]) {
+        match u.op() {
+            Op::Reduce { .. } if product.is_none() => product = Some(u),
+            Op::Reduce { .. } | Op::Custom(_) | Op::Stage => return None,
+            _ => {}
+        }
+    }
+    let product = product?;
+    // Nothing between the scores and the product may move the index.
+    let moved = reads_until(scores, &[&product])
+        .iter()
+        .any(|u| u.op().is_movement() && reads_until(u, &[]).contains(&product));
+    (!moved && product.shape() == scores.shape()).then_some(product)
+}
+
+/// The group `body` computes, if it is a function of `O` and `l` of an online group over a
+/// matrix product (see the module docs).
 fn matched(body: &UOp) -> Option<Attention> {
     if body.dtype() != DType::F32 {
         return None;
     }
-    let (x, y) = mul_pair(body)?;
-    let (sum, norm) = if OnlineSum::of(&x).is_some() { (x, y) } else { (y, x) };
-    let o = OnlineSum::of(&sum)?;
-    if o.shift != o.max {
+    let sums: Vec<UOp> = UOp::toposort(std::slice::from_ref(body))
+        .into_iter()
+        .filter(|u| OnlineSum::of(u).is_some())
+        .collect();
+    let [a, b] = &sums[..] else { return None };
+    let (oa, ob) = (OnlineSum::of(a)?, OnlineSum::of(b)?);
+    // l sums the exponential alone; O sums it times the value.
+    let ((sum, o), (norm, l)) = if oa.summand.shape().len() > ob.summand.shape().len() {
+        ((a, oa), (b, ob))
+    } else {
+        ((b, ob), (a, oa))
+    };
+    if o.max != l.max || o.shift != o.max || l.shift != l.max {
         return None;
     }
-    // norm = 1 / l, read through views, with l the normalizer of the same maximum.
-    let recip = base(&norm);
-    let Op::Unary(UnaryOp::Recip) = recip.op() else { return None };
-    let l = OnlineSum::of(&base(&recip.src()[0]))?;
-    if l.max != o.max {
-        return None;
-    }
-    // O's summand is a view of the exponential times a view of V; l's is the exponential.
     let (f1, f2) = mul_pair(&o.summand)?;
     let (e_view, v_view) =
         if matches!(base(&f1).op(), Op::Unary(UnaryOp::Exp2)) { (f1, f2) } else { (f2, f1) };
@@ -115,15 +161,13 @@ fn matched(body: &UOp) -> Option<Attention> {
     if base(&t) != scores || base(&h) != o.max || k <= 0.0 {
         return None;
     }
-    let (s, c) = match mul_pair(&scores) {
-        Some((a, b)) => match (scalar_const(&a), scalar_const(&b)) {
-            (_, Some(c)) => (a, c),
-            (Some(c), _) => (b, c),
-            _ => return None,
-        },
-        None => (scores.clone(), 1.0),
-    };
-    let ops = gemm_operands(&s)?;
+    let product = score_product(&scores)?;
+    // The body reads the scores only through the two sums.
+    let outside = reads_until(body, &[sum, norm]);
+    if outside.contains(&o.max) || outside.contains(&product) {
+        return None;
+    }
+    let ops = gemm_operands(&product)?;
     if ops.a.dtype != DType::F32 {
         return None;
     }
@@ -136,7 +180,7 @@ fn matched(body: &UOp) -> Option<Attention> {
         return None;
     }
     let dv = vs[r - 2];
-    if body.shape() != &vs[..r - 1] {
+    if body.shape() != &vs[..r - 1] || norm.shape() != &vs[..r - 2] {
         return None;
     }
     let v = affine(&v_view, &vs)?;
@@ -157,7 +201,11 @@ fn matched(body: &UOp) -> Option<Attention> {
         q_row,
         k_row,
         v_row,
-        scale: (k * c) as f32,
+        sum: sum.clone(),
+        norm: norm.clone(),
+        scores,
+        product,
+        base2: k as f32,
     })
 }
 
@@ -174,33 +222,54 @@ fn rows_per_task(n_q: usize, dv: usize, items: usize) -> usize {
     rows
 }
 
-/// The tile-op program of kernel `body` writing `out`, or `None` when `body` is not an online
-/// group over a matrix product (see the module docs).
+/// The coordinates of batch item `item` (a flat index over `batch`, last axis fastest).
+fn batch_coords(item: &UOp, batch: &[usize]) -> Vec<UOp> {
+    let mut coords = vec![idx(0); batch.len()];
+    let mut rest = item.clone();
+    for (a, &size) in batch.iter().enumerate().rev() {
+        if size > 1 {
+            coords[a] = rest.modulo(size as i64);
+        }
+        rest = rest.idiv(size as i64);
+    }
+    coords
+}
+
+/// The tile-op program of kernel `body` writing `out`, or `None` when `body` is not a function
+/// of an online group over a matrix product (see the module docs).
 pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
     let a = matched(body)?;
     let items: usize = a.batch.iter().product();
     let br = rows_per_task(a.n_q, a.dv, items);
     let bc = KEY_BLOCK.min(a.n_k);
     let (blocks_per_item, f32t) = (a.n_q / br, DType::F32);
-    let mut pb = ProgramBuilder::new();
-    let (s, o, mx, l) =
-        (pb.alloc(f32t, br * bc), pb.alloc(f32t, br * a.dv), pb.alloc(f32t, br), pb.alloc(f32t, br));
-    let t = pb.range(items * blocks_per_item, AxisType::Thread);
+    let mut cx = Ctx::new(Opts::default(), true);
+    let (s, o, mx, l) = (
+        cx.fresh_alloc(f32t, br * bc),
+        cx.fresh_alloc(f32t, br * a.dv),
+        cx.fresh_alloc(f32t, br),
+        cx.fresh_alloc(f32t, br),
+    );
+    let t = cx.fresh_range(items * blocks_per_item, AxisType::Thread, &[]);
     let th = std::slice::from_ref(&t);
     let (si, oi, mi, li) = (s.after(th), o.after(th), mx.after(th), l.after(th));
-    let z = pb.range(br * a.dv, AxisType::Loop);
+    let z = cx.fresh_range(br * a.dv, AxisType::Loop, th);
     let init_o = oi.index(&z).store(0.0f32).end(&[z]);
-    let rr = pb.range(br, AxisType::Loop);
+    let rr = cx.fresh_range(br, AxisType::Loop, th);
     let init_ml =
         sink(&[mi.index(&rr).store(f32c(f32::NEG_INFINITY)), li.index(&rr).store(0.0f32)]).end(&[rr]);
     let (item, block) = (t.idiv(blocks_per_item as i64), t.modulo(blocks_per_item as i64));
+    let coords = batch_coords(&item, &a.batch);
+    let row0 = &block * br as i64;
     let start = |x: &Affine| batch_offset(&item, &a.batch, &x.strides) + x.base as i64;
     let q_first = start(&a.q.view) + &block * (br * a.q_row);
     let (k_first, v_first) = (start(&a.k.view), start(&a.v.view));
     let buf = |x: &Affine| buffer(x.slot, x.dtype, x.len);
     let (qb, kb, vb) = (buf(&a.q.view), buf(&a.k.view), buf(&a.v.view));
-    // One key block of `cols` keys from key `first`: scores, base-2 scaling, update, P V.
-    let key_block = |pb: &mut ProgramBuilder, first: &UOp, cols: usize, prev: &[UOp]| -> UOp {
+    let zeros = vec![0usize; a.batch.len()];
+    // One key block of `cols` keys from key `first`, inside the loops `outer`: scores, their
+    // function in base 2, the update, P V.
+    let key_block = |cx: &mut Ctx, first: &UOp, cols: usize, prev: &[UOp], outer: &[UOp]| -> Option<UOp> {
         let scores = TileOp::Gemm(GemmShape {
             m: br,
             n: cols,
@@ -216,9 +285,18 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
             scores,
             &[qb.index(&q_first), kb.index(&k_first + first * a.k_row as i64), si.after(prev).index(0)],
         );
-        let e = pb.range(br * cols, AxisType::Loop);
-        let after_g1 = si.after(std::slice::from_ref(&g1));
-        let scaled = after_g1.index(&e).store(after_g1.index(&e).load() * a.scale).end(&[e]);
+        let tile_s = si.after(std::slice::from_ref(&g1));
+        let ri = cx.fresh_range(br, AxisType::Loop, outer);
+        let inner: Vec<UOp> = outer.iter().cloned().chain([ri.clone()]).collect();
+        let ci = cx.fresh_range(cols, AxisType::Loop, &inner);
+        let mut origin = coords.clone();
+        origin.extend([row0.clone(), first.clone()]);
+        let strides: Vec<usize> = zeros.iter().copied().chain([cols, 1]).collect();
+        cx.assume(&a.product, Known { buffer: tile_s.clone(), origin, strides });
+        let mut at = coords.clone();
+        at.extend([&row0 + &ri, first + &ci]);
+        let y = cx.value_at(&a.scores, at).ok()?;
+        let scaled = tile_s.index(&ri * cols as i64 + &ci).store(y * a.base2).end(&[ci, ri]);
         let mut state = prev.to_vec();
         state.push(scaled.clone());
         let update = TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d: a.dv, ldo: a.dv };
@@ -243,26 +321,44 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
             b_trans: a.v.trans,
             accumulate: true,
         });
-        tile(
+        Some(tile(
             pv,
             &[
                 si.after(after_sm).index(0),
                 vb.index(&v_first + first * a.v_row as i64),
                 oi.after(after_sm).index(0),
             ],
-        )
+        ))
     };
     let full = a.n_k / bc;
-    let j = pb.range(full, AxisType::Reduce);
-    let mut done = key_block(&mut pb, &(&j * bc), bc, &[init_o, init_ml, j.clone()]).end(&[j]);
+    let j = cx.fresh_range(full, AxisType::Reduce, th);
+    let mut done =
+        key_block(&mut cx, &(&j * bc), bc, &[init_o, init_ml, j.clone()], &[t.clone(), j.clone()])?.end(&[j]);
     if a.n_k % bc != 0 {
-        done = key_block(&mut pb, &uopc_ir::idx((full * bc) as i64), a.n_k % bc, &[done]);
+        done = key_block(&mut cx, &idx((full * bc) as i64), a.n_k % bc, &[done], th)?;
     }
+    // The body at each output element, O and l read from the task's tiles.
     let after = std::slice::from_ref(&done);
-    let (e, rr) = (pb.range(a.dv, AxisType::Loop), pb.range(br, AxisType::Loop));
-    let total = li.after(after).index(&rr).load();
-    let st = out
-        .index((&t * br + &rr) * a.dv + &e)
-        .store(oi.after(after).index(&rr * a.dv + &e).load() * total.recip());
+    let rr = cx.fresh_range(br, AxisType::Loop, th);
+    let e = cx.fresh_range(a.dv, AxisType::Loop, &[t.clone(), rr.clone()]);
+    let mut origin = coords.clone();
+    origin.extend([row0.clone(), idx(0)]);
+    cx.assume(
+        &a.sum,
+        Known {
+            buffer: oi.after(after),
+            origin: origin.clone(),
+            strides: zeros.iter().copied().chain([a.dv, 1]).collect(),
+        },
+    );
+    origin.pop();
+    cx.assume(
+        &a.norm,
+        Known { buffer: li.after(after), origin, strides: zeros.iter().copied().chain([1]).collect() },
+    );
+    let mut at = coords.clone();
+    at.extend([&row0 + &rr, e.clone()]);
+    let value = cx.value_at(body, at).ok()?;
+    let st = out.index((&t * br + &rr) * a.dv + &e).store(value);
     Some(sink(&[st.end(&[e, rr, t.clone()])]))
 }

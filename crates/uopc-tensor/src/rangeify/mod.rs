@@ -17,6 +17,18 @@ use uopc_ir::{
 mod online;
 use online::{Groups, Reader, Running, Scope};
 
+/// Where a node's values already are: at `index`, element `sum_a (index[a] - origin[a]) *
+/// strides[a]` of `buffer` (axes of stride 0 are not read).
+#[derive(Clone, Debug)]
+pub(crate) struct Known {
+    /// The buffer (or local tile) holding the values, as the program sees it at the read.
+    pub buffer: UOp,
+    /// The index of its first element.
+    pub origin: Vec<UOp>,
+    /// Its stride along each axis of the node.
+    pub strides: Vec<usize>,
+}
+
 /// A memo key: a node, the index it is read at, and the running maximum it is read under.
 type Key = (UOp, Vec<UOp>, Option<Scope>);
 
@@ -41,6 +53,8 @@ pub struct Ctx {
     running: HashMap<(UOp, UOp, Vec<UOp>), Vec<Running>>,
     /// Per online sum's scope, the index at which its summand read the maximum.
     read_at: HashMap<Reader, Vec<UOp>>,
+    /// Nodes whose values a caller computed elsewhere (see [`Ctx::assume`]).
+    known: HashMap<UOp, Known>,
     enclosing: HashMap<UOp, Vec<UOp>>,
     simp: HashMap<UOp, UOp>,
     simp_raw: HashMap<UOp, UOp>,
@@ -61,12 +75,36 @@ impl Ctx {
             groups: Groups::default(),
             running: HashMap::new(),
             read_at: HashMap::new(),
+            known: HashMap::new(),
             enclosing: HashMap::new(),
             simp: HashMap::new(),
             simp_raw: HashMap::new(),
             next_range: 0,
             next_alloc: 0,
         }
+    }
+
+    /// Reads of `u` are loads from where `known` says its values are, instead of computing it
+    /// (a lowering that computes part of a body with tile ops lets rangeify do the rest).
+    pub(crate) fn assume(&mut self, u: &UOp, known: Known) {
+        self.known.insert(u.clone(), known);
+    }
+
+    /// The value of tensor node `u` at `index`, with the reads [`Ctx::assume`] set up.
+    pub(crate) fn value_at(&mut self, u: &UOp, index: Vec<UOp>) -> Result<UOp> {
+        self.rangeify(u, index, None)
+    }
+
+    /// A fresh RANGE of `end` iterations inside the loops `enclosing`, for a program built
+    /// around this context (its ids never collide with the ones rangeify makes).
+    pub(crate) fn fresh_range(&mut self, end: usize, axis: AxisType, enclosing: &[UOp]) -> UOp {
+        self.new_range(end, axis, enclosing.to_vec())
+    }
+
+    /// A fresh local ALLOC of `len` elements, as [`Ctx::fresh_range`] for ranges.
+    pub(crate) fn fresh_alloc(&mut self, dtype: DType, len: usize) -> UOp {
+        self.next_alloc += 1;
+        alloc(self.next_alloc - 1, dtype, len)
     }
 
     fn simplify(&mut self, u: &UOp) -> UOp {
@@ -224,6 +262,9 @@ impl Ctx {
     /// read under: a source inherits the running maximum when it reads that maximum, and a
     /// REDUCE other than the maximum itself is always its own, finished value.
     fn children(&mut self, u: &UOp, index: &[UOp], scope: Option<&Scope>) -> Result<Vec<Key>> {
+        if self.known.contains_key(u) {
+            return Ok(Vec::new());
+        }
         if let Some(kids) = self.online_children(u, index, scope) {
             return Ok(kids);
         }
@@ -287,6 +328,16 @@ impl Ctx {
 
     /// Builds the value of `u` at `index` from its children's values.
     fn combine(&mut self, u: &UOp, index: &[UOp], scope: Option<&Scope>, vals: Vec<UOp>) -> Result<UOp> {
+        if let Some(k) = self.known.get(u).cloned() {
+            let mut offset = idx(0);
+            for ((i, o), &s) in index.iter().zip(&k.origin).zip(&k.strides) {
+                if s != 0 {
+                    offset = offset + (i - o) * s as i64;
+                }
+            }
+            let offset = self.simplify(&offset);
+            return Ok(k.buffer.index(offset).load());
+        }
         if let Some(v) = self.online_combine(u, index, scope, &vals)? {
             return Ok(v);
         }
