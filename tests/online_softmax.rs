@@ -391,6 +391,7 @@ fn fused_attention_on_tile_ops_matches_f64_for_every_shape() {
         (1, 2, 256, 256, 64),
         (1, 4, 1, 300, 32),
         (1, 1, 96, 200, 7),
+        (1, 8, 256, 256, 128),
     ]
     .iter()
     .enumerate()

@@ -3,6 +3,7 @@
 mod attention;
 mod backward;
 mod block;
+mod derived;
 mod masked;
 mod matmul;
 mod peak;
@@ -90,6 +91,19 @@ enum Bench {
         /// Write `{"results": [{m, k, n, form, median_ms, best_ms, gflops, ...}]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
+    },
+    /// Attention as a fused Tensor expression (the derived online softmax on tile ops) against
+    /// the attention API's kernel, on batched multi-head and causal shapes.
+    Derived {
+        /// Timed runs per form and round.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Threads (a rayon pool of this size around the whole bench).
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Max-subtracted sums over long rows (logsumexp, cross-entropy, its gradient): fused with
     /// online sums, fused as written and unfused, against the streaming read bandwidth.
@@ -345,6 +359,13 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             masked::run_decode(&nk, d, heads, chunks, reps)
+        }
+        Task::Bench { what: Bench::Derived { reps, rounds, threads } } => {
+            if reps == 0 || rounds == 0 || threads == Some(0) {
+                eprintln!("error: --reps, --rounds and --threads must be at least 1");
+                return ExitCode::from(2);
+            }
+            with_threads(threads, || derived::run(reps, rounds))
         }
         Task::Bench { what: Bench::Reductions { rows, cols, reps, rounds, threads } } => {
             if rows == 0 || cols == 0 || reps == 0 || rounds == 0 || threads == Some(0) {

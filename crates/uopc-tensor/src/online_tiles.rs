@@ -30,9 +30,10 @@ use uopc_ir::{
 const KEY_BLOCK: usize = 128;
 /// Most query rows per THREAD task (the score GEMM packs each key block once per task).
 const MAX_ROWS: usize = 256;
-/// Most bytes of a task's output tile (rows x value width): the tile is rescaled and added to
-/// once per key block, so it should stay in L2.
-const OUTPUT_TILE_BYTES: usize = 128 * 1024;
+/// Most bytes of a task's tiles (scores, output, running max and sum), which live on the stack
+/// of a worker thread (the JIT allows 256 KiB of ALLOCs) and are reread every key block, so
+/// should stay in L2.
+const TILE_BYTES: usize = 192 * 1024;
 /// Fewest rows per task when tasks are split for more parallelism.
 const MIN_ROWS: usize = 32;
 /// THREAD tasks wanted per core, so uneven finishing times even out.
@@ -209,12 +210,12 @@ fn matched(body: &UOp) -> Option<Attention> {
     })
 }
 
-/// Query rows per THREAD task: a divisor of `n_q` of at most [`MAX_ROWS`] whose output tile
-/// fits [`OUTPUT_TILE_BYTES`], halved (down to [`MIN_ROWS`]) while there are fewer than
-/// [`TASKS_PER_CORE`] tasks per core.
-fn rows_per_task(n_q: usize, dv: usize, items: usize) -> usize {
+/// Query rows per THREAD task: a divisor of `n_q` of at most [`MAX_ROWS`] whose tiles (a
+/// row of `keys` scores, `dv` outputs, its max and sum) fit [`TILE_BYTES`], halved (down to
+/// [`MIN_ROWS`]) while there are fewer than [`TASKS_PER_CORE`] tasks per core.
+fn rows_per_task(n_q: usize, keys: usize, dv: usize, items: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let cap = (OUTPUT_TILE_BYTES / (4 * dv.max(1))).clamp(1, MAX_ROWS);
+    let cap = (TILE_BYTES / (4 * (keys + dv + 2))).clamp(1, MAX_ROWS);
     let mut rows = largest_divisor_at_most(n_q, cap);
     while items * (n_q / rows) < TASKS_PER_CORE * cores && rows / 2 >= MIN_ROWS {
         rows = largest_divisor_at_most(n_q, rows / 2);
@@ -240,8 +241,8 @@ fn batch_coords(item: &UOp, batch: &[usize]) -> Vec<UOp> {
 pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
     let a = matched(body)?;
     let items: usize = a.batch.iter().product();
-    let br = rows_per_task(a.n_q, a.dv, items);
     let bc = KEY_BLOCK.min(a.n_k);
+    let br = rows_per_task(a.n_q, bc, a.dv, items);
     let (blocks_per_item, f32t) = (a.n_q / br, DType::F32);
     let mut cx = Ctx::new(Opts::default(), true);
     let (s, o, mx, l) = (

@@ -231,7 +231,7 @@ fn flash_opt_computes_each_qk_six_times_per_row() {
 
 #[test]
 fn online_sums_compute_each_qk_once() {
-    for (n, d) in [(256, 64), (64, 128), (64, 256), (100, 24)] {
+    for (n, d) in [(256, 64), (64, 128), (64, 256), (100, 24), (1024, 128)] {
         // on tile ops: per block of keys, one score tile GEMM
         let plan = attention_plan(n, d, &RealizeOptions::fused());
         assert!(plan.kernels[0].uses_tile_ops(), "{plan}");
