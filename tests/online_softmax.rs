@@ -318,6 +318,8 @@ fn fused_attention_is_one_pass_over_the_keys() {
     let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
     assert_eq!(plan.kernels.len(), 1, "{plan}");
     assert!(plan.kernels[0].uses_tile_ops(), "score and P.V products on tile GEMMs: {plan}");
+    // the plan says what was derived
+    assert!(plan.to_string().contains("[2 online sums on tile ops"), "{plan}");
     assert!(plan.temp_sizes().iter().all(|&t| t < n * n), "no N x N buffer: {plan}");
     assert_eq!(products_of_inputs(&plan, 0, 1), (n * n * d) as u64, "q.k once per (query, key) pair");
     assert!(accumulators_inside_thread(&plan.kernels[0].program));

@@ -165,6 +165,8 @@ struct Lowered {
     args: Vec<ArgSource>,
     /// The output slots' lengths when the program writes several parts of its output.
     output_parts: Vec<usize>,
+    /// What was derived for it (see [`Kernel::derived`]).
+    derived: String,
 }
 
 /// The loop program of the kernel that computes point `p`.
@@ -186,25 +188,32 @@ fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions)
             program: custom.program.clone(),
             args,
             output_parts: custom.output_parts.clone(),
+            derived: String::new(),
         });
     }
     let (body, mut args) = kernel_body(p, buf_of);
     let name = kernel_name(&body);
     let mut ctx = Ctx::new(opts.opt.opts(&body), !opts.experiments.reshape_without_divmod_folding);
     let out = buffer(args.len(), p.dtype(), numel(p.shape()));
-    let tiled = if opts.opt.tile_ops() {
-        crate::tilemap::lower_gemm(&body, &out)
-            .or_else(|| crate::online_tiles::lower_online_attention(&body, &out))
+    let online = crate::online::online_sums_in(&body);
+    let gemm = if opts.opt.tile_ops() { crate::tilemap::lower_gemm(&body, &out) } else { None };
+    let online_tiles = if opts.opt.tile_ops() && gemm.is_none() {
+        crate::online_tiles::lower_online_attention(&body, &out)
     } else {
         None
     };
-    let program = match tiled {
+    let derived = match (online, &online_tiles) {
+        (0, _) => String::new(),
+        (n, Some(_)) => format!("{n} online sums on tile ops: score GEMM, softmax update, P.V GEMM"),
+        (n, None) => format!("{n} online sums in one loop"),
+    };
+    let program = match gemm.or(online_tiles) {
         Some(program) => program,
         None => lower(&body, &out, &mut ctx)?,
     };
     args.push(buf_of[p]);
     let (program, args) = compact_slots(program, args);
-    Ok(Lowered { name, shape: body.shape().to_vec(), program, args, output_parts: Vec::new() })
+    Ok(Lowered { name, shape: body.shape().to_vec(), program, args, output_parts: Vec::new(), derived })
 }
 
 /// Cuts, lowers and compiles already canonical `roots` whose inputs are `inputs`.
@@ -243,9 +252,9 @@ pub(crate) fn build_plan(
     let schedule_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut kernels = Vec::with_capacity(lowered.len());
-    for Lowered { name, shape, program, args, output_parts } in lowered {
+    for Lowered { name, shape, program, args, output_parts, derived } in lowered {
         let exe = Exe::compile(&program, &name, opts.scalar_codegen)?.with_output_parts(output_parts);
-        kernels.push(Kernel::new(name, shape, program, args, exe));
+        kernels.push(Kernel::new(name, shape, program, args, exe).with_derived(derived));
     }
     Ok(Plan {
         kernels,

@@ -87,6 +87,11 @@ pub fn online_reductions(roots: &[UOp]) -> Vec<UOp> {
     crate::passes::run_pass(&ONLINE_PASS, roots, &mut ())
 }
 
+/// How many online sums `body` holds.
+pub(crate) fn online_sums_in(body: &UOp) -> usize {
+    UOp::toposort(std::slice::from_ref(body)).iter().filter(|u| OnlineSum::of(u).is_some()).count()
+}
+
 /// The REDUCEs an online group computes in its loop: its online sums, their maxima and every
 /// reduce their summands and maxima read. Fused into one pass over the summed axis, each of
 /// them reads one row of its operands at a time, so a layout copy that makes another axis

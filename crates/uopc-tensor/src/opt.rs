@@ -329,7 +329,7 @@ impl Optimizer for FlashOpt {
         if let Some(&last) = shape.last() {
             // An online group shares one pass over the keys only when every output column of
             // a row is accumulated in it, so its last axis is upcast whole.
-            let whole = last <= ONLINE_MAX_UPCAST && has_online_sum(body);
+            let whole = last <= ONLINE_MAX_UPCAST && crate::online::online_sums_in(body) > 0;
             let upcast = if whole { last } else { last.min(self.max_upcast.max(1)) };
             o.upcast.push((shape.len() - 1, upcast));
         }
@@ -350,10 +350,6 @@ impl Optimizer for FlashOpt {
 /// The widest last axis [`FlashOpt`] upcasts whole for an online group: past it, the
 /// accumulators of one row no longer fit the registers and one pass per column group is cheaper.
 const ONLINE_MAX_UPCAST: usize = 128;
-
-fn has_online_sum(body: &UOp) -> bool {
-    UOp::toposort(std::slice::from_ref(body)).iter().any(|u| crate::online::OnlineSum::of(u).is_some())
-}
 
 /// No opts and no layout pass: plain sequential loops, the reference lowering.
 #[derive(Clone, Copy, Debug, Default)]

@@ -43,6 +43,9 @@ pub struct Kernel {
     pub bytes: u64,
     pub(crate) exe: Exe,
     tile_ops: bool,
+    /// What the compiler derived for this kernel beyond plain lowering, for the plan's
+    /// `Display` (empty when nothing): the online sums it accumulates and how they are lowered.
+    pub derived: String,
 }
 
 impl Kernel {
@@ -58,7 +61,13 @@ impl Kernel {
         let (flops, bytes) = exe.estimates();
         let tile_ops =
             UOp::toposort(std::slice::from_ref(&program)).iter().any(|u| matches!(u.op(), Op::Tile(_)));
-        Kernel { name, shape, program, args, flops, bytes, exe, tile_ops }
+        Kernel { name, shape, program, args, flops, bytes, exe, tile_ops, derived: String::new() }
+    }
+
+    /// This kernel with `derived` set (see [`Kernel::derived`]).
+    pub(crate) fn with_derived(mut self, derived: String) -> Kernel {
+        self.derived = derived;
+        self
     }
 
     /// Whether the program calls tile ops (a GEMM mapped onto the micro-kernels).
@@ -154,7 +163,12 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "plan: {} kernels", self.kernels.len())?;
         for k in &self.kernels {
-            writeln!(f, "  {:<24} args {:?}", k.name, k.args)?;
+            write!(f, "  {:<24} args {:?}", k.name, k.args)?;
+            if k.derived.is_empty() {
+                writeln!(f)?;
+            } else {
+                writeln!(f, "  [{}]", k.derived)?;
+            }
         }
         writeln!(f, "  temps {:?}", self.temps)?;
         writeln!(f, "  outputs {:?}", self.outputs)?;
