@@ -12,10 +12,12 @@ use crate::dtype::DType;
 use crate::error::IrError;
 use crate::host::HostBuffer;
 use crate::linearize::{Linear, Stmt};
-use crate::uop::{BinaryOp, ConstValue, GemmShape, Op, TileOp, UOp, UnaryOp};
+use crate::uop::{BinaryOp, ConstValue, Op, UOp, UnaryOp};
 use crate::verify::{verify, view_base};
 use half::{bf16, f16};
 use std::collections::HashMap;
+
+mod tiles;
 
 /// How float arithmetic is carried out.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -500,96 +502,6 @@ impl<'a> Machine<'a> {
             Some(HostBuffer::F16(v)) => Val::F32(v[k].to_f32()),
             None => return Err(malformed(node, "loads from storage that does not exist")),
         })
-    }
-
-    /// Reads an f32 element as f64 (bounds- and initialization-checked).
-    fn get(&self, node: &UOp, (mem, start): (Mem, i64), offset: usize) -> Result<f64, InterpError> {
-        match self.load(node, mem, start + offset as i64)? {
-            Val::F32(x) => Ok(x as f64),
-            Val::F64(x) => Ok(x),
-            v => Err(malformed(node, format!("tile operand holds {v:?}, not a float"))),
-        }
-    }
-
-    /// Writes an f32 element (rounded in native precision).
-    fn put(
-        &mut self,
-        node: &UOp,
-        (mem, start): (Mem, i64),
-        offset: usize,
-        x: f64,
-    ) -> Result<(), InterpError> {
-        let v = if self.precision == Precision::F64 { Val::F64(x) } else { Val::F32(x as f32) };
-        self.store(node, mem, start + offset as i64, v)
-    }
-
-    /// The reference semantics of a tile op: plain loops, every access checked.
-    fn tile(&mut self, node: &UOp, t: TileOp, at: &[(Mem, i64)]) -> Result<(), InterpError> {
-        match t {
-            TileOp::Gemm(GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate }) => {
-                for i in 0..m {
-                    for j in 0..n {
-                        let mut acc = if accumulate { self.get(node, at[2], i * ldc + j)? } else { 0.0 };
-                        for p in 0..k {
-                            let a = self.get(node, at[0], if a_trans { p * lda + i } else { i * lda + p })?;
-                            let b = self.get(node, at[1], if b_trans { j * ldb + p } else { p * ldb + j })?;
-                            acc += a * b;
-                        }
-                        self.put(node, at[2], i * ldc + j, acc)?;
-                    }
-                }
-            }
-            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
-                for r in 0..rows {
-                    let m_old = self.get(node, at[1], r)?;
-                    let mut m_new = m_old;
-                    for j in 0..cols {
-                        m_new = m_new.max(self.get(node, at[0], r * lds + j)?);
-                    }
-                    // An all -inf row: P = 0, l and O unchanged.
-                    let dead = m_new == f64::NEG_INFINITY;
-                    let alpha = if dead { 1.0 } else { (m_old - m_new).exp2() };
-                    let mut sum = 0.0;
-                    for j in 0..cols {
-                        let p = if dead { 0.0 } else { (self.get(node, at[0], r * lds + j)? - m_new).exp2() };
-                        self.put(node, at[0], r * lds + j, p)?;
-                        sum += p;
-                    }
-                    let l = self.get(node, at[2], r)?;
-                    self.put(node, at[2], r, l * alpha + sum)?;
-                    for e in 0..d {
-                        let o = self.get(node, at[3], r * ldo + e)?;
-                        self.put(node, at[3], r * ldo + e, o * alpha)?;
-                    }
-                    self.put(node, at[1], r, m_new)?;
-                }
-            }
-            TileOp::SoftmaxRecompute { rows, cols, ld } => {
-                // With no columns the op touches nothing, not even the per-row scalars.
-                for r in 0..if cols == 0 { 0 } else { rows } {
-                    let l = self.get(node, at[1], r)?;
-                    for j in 0..cols {
-                        let x = self.get(node, at[0], r * ld + j)?;
-                        // A row that saw no key: P = 0 rather than exp2(-inf - -inf).
-                        let p = if l == f64::NEG_INFINITY { 0.0 } else { (x - l).exp2() };
-                        self.put(node, at[0], r * ld + j, p)?;
-                    }
-                }
-            }
-            TileOp::SoftmaxGrad { rows, cols, ld } => {
-                // With no columns the op touches nothing, not even the per-row scalars.
-                for r in 0..if cols == 0 { 0 } else { rows } {
-                    let dl = self.get(node, at[2], r)?;
-                    for j in 0..cols {
-                        let p = self.get(node, at[0], r * ld + j)?;
-                        let g = self.get(node, at[1], r * ld + j)?;
-                        // P == 0: a key outside the softmax, whose gradient is 0 whatever dP is.
-                        self.put(node, at[1], r * ld + j, if p == 0.0 { 0.0 } else { p * (g - dl) })?;
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     fn store(&mut self, node: &UOp, mem: Mem, index: i64, val: Val) -> Result<(), InterpError> {
