@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 use uopc::attention::{attention, online_attention_ir};
 use uopc::flash_tiled::{FlashTileOps, TILE_OPS_TILING};
-use uopc::ir::{BinaryOp, Op, Stmt, UOp, linearize, view_base};
+use uopc::ir::{BinaryOp, Op, Stmt, TileOp, UOp, linearize, view_base};
 use uopc::jit::Program;
 use uopc::kernels::reference::{attention_f64, max_abs_err};
 use uopc::tensor::{ArgSource, Plan};
@@ -53,7 +53,16 @@ fn fmt_bytes(b: usize) -> String {
     }
 }
 
-/// Executed MULs of a load of Q (input 0) by a load of K (input 1): the q.k products.
+/// The slot of the buffer an INDEX node points into.
+fn index_slot(index: &UOp) -> Option<usize> {
+    view_base(&index.src()[0]).and_then(|b| match b.op() {
+        Op::Buffer { slot, .. } => Some(*slot),
+        _ => None,
+    })
+}
+
+/// Executed q.k products: MULs of a load of Q (input 0) by a load of K (input 1), and the
+/// products of tile GEMMs of a block of one by a block of the other.
 fn qk_products(plan: &Plan) -> u64 {
     fn go(body: &[Stmt], mult: u64, q: usize, k: usize, total: &mut u64) {
         let slot = |u: &UOp| match u.op() {
@@ -73,6 +82,14 @@ fn qk_products(plan: &Plan) -> u64 {
                     let s = [slot(&u.src()[0]), slot(&u.src()[1])];
                     if s == [Some(q), Some(k)] || s == [Some(k), Some(q)] {
                         *total += mult;
+                    }
+                }
+                // A tile GEMM of a block of Q by a block of K: rows x keys x d products.
+                Stmt::Op(u) if matches!(u.op(), Op::Tile(TileOp::Gemm(_))) => {
+                    let Op::Tile(TileOp::Gemm(g)) = u.op() else { continue };
+                    let s = [index_slot(&u.src()[0]), index_slot(&u.src()[1])];
+                    if s == [Some(q), Some(k)] || s == [Some(k), Some(q)] {
+                        *total += mult * (g.m * g.n * g.k) as u64;
                     }
                 }
                 Stmt::Op(_) => {}
@@ -108,9 +125,8 @@ fn describe(plan: &Plan, n: usize, d: usize) -> String {
         c => format!("materializes {} of scores in {c} N*N buffers", fmt_bytes(nn.iter().sum())),
     };
     let per_pair = qk_products(plan) as f64 / (n * n * d) as f64;
-    if per_pair > 1.0 {
-        desc += &format!(", QK^T computed {per_pair:.0} times");
-    }
+    let times = if per_pair == 1.0 { "once".to_string() } else { format!("{per_pair:.0} times") };
+    desc += &format!(", QK^T computed {times}");
     desc
 }
 
