@@ -456,3 +456,44 @@ fn masks_and_biases_written_in_the_graph_go_through_the_tile_path() {
         assert!(max_err(&fused, &unfused) < 1e-5, "{name}");
     }
 }
+
+#[test]
+fn long_rows_are_taken_in_blocks_and_stay_exact() {
+    // 4096 columns: blocks of 512, a block maximum and a block sum per block
+    let (rows, cols) = (3, 4096);
+    let mut x = random(rows, cols, 30.0, 41);
+    // the maximum of row 1 in its last block, row 2 ascending (a new maximum in every block),
+    // a masked stretch in row 0
+    x[[1, cols - 3]] = 200.0;
+    let mut asc: Vec<f32> = x.row(2).to_vec();
+    asc.sort_by(f32::total_cmp);
+    x.row_mut(2).assign(&ndarray::ArrayView1::from(&asc[..]));
+    for j in 0..1500 {
+        x[[0, j]] = f32::NEG_INFINITY;
+    }
+    let t = Tensor::from_array(&x);
+    let want = ArrayD::from_shape_vec(IxDyn(&[rows]), logsumexp_f64(&to_f64(&x))).unwrap();
+    let plan =
+        make_plan(std::slice::from_ref(t.logsumexp(-1, false).uop()), &RealizeOptions::fused()).unwrap();
+    assert_eq!(plan.kernels.len(), 1, "{plan}");
+    // a loop over the 8 blocks holding the loops over a block's 512 columns
+    fn trips(body: &[Stmt], outer: Option<i64>, found: &mut bool) {
+        for s in body {
+            if let Stmt::Loop { range, body } = s {
+                let trip = range.src()[0].const_int();
+                *found |= outer == Some(8) && trip == Some(512);
+                trips(body, trip, found);
+            }
+        }
+    }
+    let mut blocked = false;
+    trips(&linearize(&plan.kernels[0].program).unwrap().root, None, &mut blocked);
+    assert!(blocked, "no loop over blocks of 512");
+    let err = max_err(&realize(&t.logsumexp(-1, false), &RealizeOptions::fused()), &want);
+    assert!(err < 1e-5, "logsumexp error {err}");
+    let v = random(cols, 2, 1.0, 42);
+    let want = softmax_f64(&to_f64(&x)).dot(&to_f64(&v)).into_dyn();
+    let err =
+        max_err(&realize(&t.softmax(-1).matmul(&Tensor::from_array(&v)), &RealizeOptions::fused()), &want);
+    assert!(err < 1e-5, "softmax . v error {err}");
+}

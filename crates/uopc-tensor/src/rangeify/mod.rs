@@ -373,6 +373,12 @@ impl Ctx {
         let xs = u.src()[0].shape();
         let Op::Reduce { axes, .. } = u.op() else { return vec![Vec::new()] };
         let rshape = xs[xs.len() - axes..].to_vec();
+        self.loop_over(&rshape, owner, ranges, unroll)
+    }
+
+    /// The loop over `rshape` owned by `owner` inside the loops of `ranges` (see
+    /// [`Ctx::reduce_loop`]).
+    fn loop_over(&mut self, rshape: &[usize], owner: &UOp, ranges: Vec<UOp>, unroll: usize) -> Vec<Vec<UOp>> {
         let rkey = (owner.clone(), ranges);
         let parts = match self.reduce_parts.get(&rkey) {
             Some(p) => p.clone(),
@@ -408,7 +414,8 @@ impl Ctx {
                 .collect();
         }
         let ranges = ranges_in(index);
-        let real = self.loop_ranges(u, &ranges);
+        let owner = self.groups.loop_owner(u);
+        let real = self.loop_ranges(&owner, &ranges);
         if real.is_empty() {
             return vals.swap_remove(0);
         }

@@ -37,6 +37,38 @@ impl Scope {
     }
 }
 
+/// The shortest axis an online loop takes in blocks: below it the unrolled loop is as fast.
+const BLOCKED_MIN: usize = 2048;
+/// The widest block: a block of a row is read twice (for its maximum, then its sums), so it
+/// should stay in L1.
+const MAX_BLOCK: usize = 512;
+/// The narrowest block worth its two plain loops.
+const MIN_BLOCK: usize = 64;
+
+/// `(blocks, width)` when the online loop of `u` (a grouped maximum or an online sum) runs
+/// over a long single axis in blocks: per block, a plain reduce for the block's maximum, then
+/// one for each sum's block sum read with the new running maximum, then one rescaling. The
+/// plain reduces vectorize as any reduce does; the running state changes once per block. The
+/// block's inputs are computed twice, so only a maximum of values that are read, not computed
+/// by a reduce (logits, not attention scores), is taken in blocks.
+fn block_of(u: &UOp) -> Option<(usize, usize)> {
+    let Op::Reduce { axes: 1, .. } = u.op() else { return None };
+    let n = *u.src()[0].shape().last()?;
+    let max = if is_max(u) { u.clone() } else { OnlineSum::of(u)?.max };
+    let input = &max.src()[0];
+    let computed =
+        UOp::toposort(std::slice::from_ref(input)).iter().any(|x| matches!(x.op(), Op::Reduce { .. }));
+    if n < BLOCKED_MIN || computed {
+        return None;
+    }
+    let width = crate::util::largest_divisor_at_most(n, MAX_BLOCK);
+    (width >= MIN_BLOCK).then_some((n / width, width))
+}
+
+fn is_max(u: &UOp) -> bool {
+    matches!(u.op(), Op::Reduce { op: ReduceOp::Max, .. })
+}
+
 /// Elements of the summed axis an online loop takes per iteration: the maximum and the
 /// rescaling factor are computed once for all of them, their terms are independent.
 const ONLINE_UNROLL: usize = 8;
@@ -98,6 +130,9 @@ pub(super) struct Groups {
     readers: HashMap<UOp, HashSet<UOp>>,
     /// Per online sum, the node whose loop it is accumulated in.
     owner: HashMap<UOp, UOp>,
+    /// The block reduces of long groups (see [`block_of`]), each with the node owning its
+    /// loop: all block sums of one group share one loop, after the block maximum's.
+    block_owner: HashMap<UOp, UOp>,
 }
 
 impl Groups {
@@ -126,7 +161,12 @@ impl Groups {
                 cone.iter().any(|c| c != s && OnlineSum::of(c).is_some_and(|other| other.max == o.max));
             owner.insert(s.clone(), if waits_for_member { s.clone() } else { o.max.clone() });
         }
-        Groups { readers, owner }
+        Groups { readers, owner, block_owner: HashMap::new() }
+    }
+
+    /// The node whose loop reduce `u` runs in: a block sum's group marker, else `u` itself.
+    pub(super) fn loop_owner(&self, u: &UOp) -> UOp {
+        self.block_owner.get(u).cloned().unwrap_or_else(|| u.clone())
     }
 
     /// Whether `u` reads `max` within its group (so it is evaluated under `max`'s scope).
@@ -140,6 +180,32 @@ impl Groups {
 }
 
 impl Ctx {
+    /// The reduce over blocks of `width` of `src`'s last axis: the block maximum of a
+    /// maximum's input, or (with `sum_of`, the group's maximum) the block sum of a summand,
+    /// registered so that it reads the running maximum and shares its group's block-sum loop.
+    fn block_reduce(&mut self, src: &UOp, width: usize, sum_of: Option<&UOp>) -> UOp {
+        let mut shape = src.shape().to_vec();
+        let n = shape.pop().unwrap_or(1);
+        shape.extend([n / width, width]);
+        let d = src.dtype();
+        let blocked = UOp::new(Op::Reshape(shape), d, vec![src.clone()]);
+        let op = if sum_of.is_some() { ReduceOp::Add } else { ReduceOp::Max };
+        let reduce = UOp::new(Op::Reduce { op, axes: 1 }, d, vec![blocked.clone()]);
+        if let Some(max) = sum_of {
+            if let Some(r) = self.groups.readers.get_mut(max) {
+                r.insert(blocked);
+            }
+            // One marker per group owns the loop all its block sums share.
+            let marker = UOp::new(
+                Op::Reshape(vec![1]),
+                max.dtype(),
+                vec![UOp::new(Op::Reshape(vec![]), max.dtype(), vec![max.clone()])],
+            );
+            self.groups.block_owner.insert(reduce.clone(), marker);
+        }
+        reduce
+    }
+
     /// The children of the nodes lowering treats specially, or `None` for the others: the
     /// maximum read under a scope (its input at the scope's loop index), an online sum (its
     /// summand under a fresh scope) and a grouped maximum read finished (its input in the
@@ -150,14 +216,32 @@ impl Ctx {
         index: &[UOp],
         scope: Option<&Scope>,
     ) -> Option<Vec<Key>> {
-        // One key per unrolled copy of the loop index, each read under `scope`.
+        // One key per unrolled copy of the loop index, each read under `scope`; for a long
+        // axis, one key per block: the block's reduce of `src` (a max or a sum) at the block.
         let each =
             |ctx: &mut Ctx, owner: &UOp, ranges: Vec<UOp>, src: &UOp, scope: Option<Scope>| -> Vec<Key> {
+                if let Some((blocks, width)) = block_of(u) {
+                    let rb = ctx.loop_over(&[blocks], owner, ranges, 1).swap_remove(0);
+                    // a maximum reads its block maxima; a sum, its block sums under its scope
+                    let sum_of = if is_max(u) { None } else { scope.as_ref().map(|s| s.max.clone()) };
+                    let inner = ctx.block_reduce(src, width, sum_of.as_ref());
+                    return vec![(inner, index.iter().cloned().chain(rb).collect(), scope)];
+                }
                 ctx.reduce_loop(u, owner, ranges, online_unroll(u))
                     .into_iter()
                     .map(|r| (src.clone(), index.iter().cloned().chain(r).collect(), scope.clone()))
                     .collect()
             };
+        if let Some(owner) = self.groups.block_owner.get(u).cloned() {
+            // a block sum of a long group: its loop is shared by the group's block sums
+            let unroll = self.opts.unroll.max(1);
+            return Some(
+                self.reduce_loop(u, &owner, ranges_in(index), unroll)
+                    .into_iter()
+                    .map(|r| (u.src()[0].clone(), index.iter().cloned().chain(r).collect(), scope.cloned()))
+                    .collect(),
+            );
+        }
         if let Some(s) = scope.filter(|s| s.max == *u) {
             return Some(each(self, &s.owner, s.ranges.clone(), &u.src()[0], None));
         }
