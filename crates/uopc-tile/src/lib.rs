@@ -42,6 +42,7 @@ mod pack;
 pub mod peak;
 mod softmax;
 mod softmax_grad;
+mod softmax_rounded;
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -63,4 +64,7 @@ pub use softmax::{
 pub use softmax_grad::{
     ScoreTileShape, softmax_grad, softmax_grad_unchecked, softmax_recompute, softmax_recompute_unchecked,
     uopc_tile_softmax_grad_f32, uopc_tile_softmax_recompute_f32,
+};
+pub use softmax_rounded::{
+    RoundedProb, softmax_update_rounded, softmax_update_rounded_unchecked, uopc_tile_softmax_update_rounded,
 };
