@@ -464,3 +464,33 @@ fn the_kernel_runs_16_bit_tile_ops() {
     assert!(!text.contains("tile_softmax "), "no f32 softmax step in a bf16 kernel");
     assert!(sdpa.to_string().contains(" bf16"), "{sdpa}");
 }
+
+#[test]
+fn the_tensor_op_takes_16_bit_tensors() {
+    use uopc_kernels::sdpa::scaled_dot_product_attention;
+    use uopc_tensor::{Tensor, gradient};
+    let mut rng = Rng(41);
+    let (b, h, hkv, n_q, n_k, d) = (2, 4, 2, 33, 70, 16);
+    let c = SdpaConfig { causal: true, ..config(b, h, hkv, n_q, n_k, d) };
+    let case = Case::<bf16>::new(c, &mut rng);
+    let tensor = |x: &[bf16], rows: usize, heads: usize| Tensor::from_vec(x.to_vec(), &[b, heads, rows, d]);
+    let (q, k, v) = (tensor(&case.q, n_q, h), tensor(&case.k, n_k, hkv), tensor(&case.v, n_k, hkv));
+    let out = scaled_dot_product_attention(&q, &k, &v, None, true, None).unwrap();
+    assert_eq!(out.dtype(), DType::BF16);
+    let got = widen(out.to_ndarray::<bf16>().unwrap().as_slice().unwrap());
+    let err = error(&got, &case.reference(Extras::default()));
+    assert!(err <= tolerance::<bf16>(), "tensor op: {err}");
+    // The same kernel as the slice entry point (one query block per task, no split-K here).
+    let sdpa = Sdpa::compile(&case.config).unwrap();
+    let mut direct = vec![bf16::ZERO; c.q_len()];
+    sdpa.run(&case.q, &case.k, &case.v, Extras::default(), &mut direct).unwrap();
+    assert_eq!(got, widen(&direct), "tensor node and Sdpa::run agree bit for bit");
+
+    // Mixed dtypes name the argument; the gradient says the backward is f32 only.
+    let k32 = k.cast(DType::F32);
+    let err = scaled_dot_product_attention(&q, &k32, &v, None, false, None).unwrap_err();
+    assert!(matches!(err, SdpaError::Shape { arg: "k", .. }) && err.to_string().contains("f32"), "{err}");
+    let loss = out.cast(DType::F32).sum(-1, false).sum(-1, false).sum(-1, false).sum(-1, false);
+    let grad = gradient(&loss, &[&q]).map(|_| ()).unwrap_err().to_string();
+    assert!(grad.contains("f32 only"), "{grad}");
+}
