@@ -463,7 +463,7 @@ unsafe fn dots_by_row(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mu
 /// shuffles and adds (45 instructions for 16 sums, where 16 separate reductions take about 64).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-fn sum_lanes_16(v: &[__m512; 16]) -> __m512 {
+pub(crate) fn sum_lanes_16(v: &[__m512; 16]) -> __m512 {
     // Level 1: per 128-bit lane, [a0+a2, b0+b2, a1+a3, b1+b3] for the pair (a, b) = (v[2i], v[2i+1]).
     let l1: [__m512; 8] = std::array::from_fn(|i| {
         let (x, y) = (v[2 * i], v[2 * i + 1]);
