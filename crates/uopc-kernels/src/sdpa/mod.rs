@@ -14,6 +14,13 @@
 //! The kernel is FlashAttention-2 on tile ops (see [`sdpa_ir`]); [`reference_f64`] is the f64
 //! attention it is checked against.
 //!
+//! **16-bit inputs**: with [`SdpaConfig::dtype`] `BF16` or `F16`, q, k, v and the output are
+//! `half::bf16` or `half::f16` ([`Sdpa::run`] is generic over the element type, and
+//! [`Sdpa::run_values`] checks each argument's); both GEMMs run on the 16-bit tile GEMMs with
+//! f32 sums, the softmax in f32, the probabilities rounded once to the input type for `P · V`
+//! and the output once at the end (see [`SdpaDType`] for the error this costs). Masks, bias
+//! and key lengths are as for f32. The backward is f32 only.
+//!
 //! [`SdpaBackward`] is its FlashAttention-2 backward (a forward that also saves the per-row
 //! log-sum-exp, then dQ, dK and dV, and the bias's gradient when asked for, on tile ops),
 //! checked against [`reference_backward_f64`].
