@@ -47,12 +47,6 @@ unsafe fn widen16<const F16: bool>(p: *const u16, n: usize) -> __m512 {
     }
 }
 
-/// One 16-bit value as f32.
-#[inline]
-fn widen1<const F16: bool>(x: u16) -> f32 {
-    if F16 { half::f16::from_bits(x).to_f32() } else { f32::from_bits(u32::from(x) << 16) }
-}
-
 /// Lane mask of the first `n` (clamped to 16) lanes.
 #[inline]
 fn lanes(n: usize) -> __mmask16 {
@@ -100,13 +94,14 @@ unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: *const u16, b
     for p0 in (0..s.k).step_by(KC) {
         let kc = KC.min(s.k - p0);
         for i in 0..M {
-            for p in 0..kc.next_multiple_of(16) {
-                // SAFETY: row `i < m`, column `p0 + p < k` of A lies in its extent; `wa` holds
-                // `HALF_ROWS_MAX` rows of `KC >= kc` rounded up to 16 (KC is a multiple of 16).
-                // Past `kc`, zeros, so the dot products read whole vectors.
+            for p in (0..kc).step_by(16) {
+                // SAFETY: row `i < m`, columns `p0 + p .. p0 + min(p + 16, kc)` of A lie in its
+                // extent; `wa` holds `HALF_ROWS_MAX` rows of `KC >= kc` rounded up to 16 (KC is
+                // a multiple of 16). Past `kc` the lanes are zeros, so the dot products read
+                // whole vectors.
                 unsafe {
-                    let x = if p < kc { widen1::<F16>(*a.add(i * s.lda + p0 + p)) } else { 0.0 };
-                    wa.add(i * KC + p).write(x);
+                    let x = widen16::<F16>(a.add(i * s.lda + p0 + p), kc - p);
+                    _mm512_storeu_ps(wa.add(i * KC + p), x);
                 }
             }
         }
