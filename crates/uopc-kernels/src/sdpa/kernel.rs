@@ -63,8 +63,8 @@ impl Blocking {
     ///
     /// The task's tiles (scaled Q and output, `rows x D` each, the `rows x keys` score tile,
     /// and the running max and sum; with a 16-bit dtype the query tile in that dtype and a
-    /// `rows x keys` tile of rounded probabilities besides) must fit the JIT's stack limit less 16 KiB; within that,
-    /// rows are as many as possible, up to 256 (a multiple of 16), because every task re-packs
+    /// `rows x keys` tile of rounded probabilities besides) must fit the JIT's stack limit
+    /// less 16 KiB; within that, rows are as many as possible, up to 256 (a multiple of 16), because every task re-packs
     /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
     /// 128, whose diagonal band runs in 64-row sub-tiles (see [`sdpa_ir`]). With fewer
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
@@ -166,7 +166,7 @@ pub(super) fn cores() -> usize {
 /// FlashAttention-2 on tile ops for `config` with block sizes `blocking`.
 ///
 /// Buffers: 0 = q, 1 = k, 2 = v, 3 = output (lengths [`SdpaConfig::q_len`] and
-/// [`SdpaConfig::kv_len`], laid out as [`SdpaConfig::layout`]); then, in this order, the mask
+/// [`SdpaConfig::kv_len`], laid out as [`SdpaConfig::layout`], of [`SdpaConfig::dtype`]); then, in this order, the mask
 /// or bias (its broadcast shape's element count) and the `batch` i32 key lengths, if any.
 /// With `blocking.splits > 1`, slots 3, 4 and 5 are instead the partial states of the tasks
 /// for [`super::sdpa_merge_ir`]: output rows (`tasks x rows x D`), running maxima and running
@@ -184,7 +184,11 @@ pub(super) fn cores() -> usize {
 /// its rows see (so it does the work of 64-row tasks, with the blocks below the band packed
 /// once per task). With key lengths, blocks past the item's length are skipped and only the
 /// block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
-/// over each row's masked suffix of the block only. The last query
+/// over each row's masked suffix of the block only. With a 16-bit dtype the query rows are
+/// copied as they are, both GEMMs take 16-bit operands (f32 scores and output tile), and
+/// [`TileOp::SoftmaxUpdateRounded`] scales the scores (unless a mask loop that reads every
+/// score already did) and writes P, rounded to the dtype, into a tile of its own for `P · V`;
+/// the output is rounded once when stored. The last query
 /// block starts early enough to be full (it overlaps the previous one) and writes only its own
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
 /// block.
