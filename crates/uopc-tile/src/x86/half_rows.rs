@@ -171,8 +171,11 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
     }
 }
 
-/// One slab of `C (+)= A · B`: C in strips of 32 columns held in `2 M` accumulators, each row
-/// of B's slab read once per strip (one 64-byte piece of it) and multiplied into all `M` rows.
+/// One slab of `C (+)= A · B`: C in strips of `16 V` columns held in `M V` accumulators
+/// (`V = 8, 8, 4, 4, 2, 2, 2, 2` vectors for 1 to 8 rows, within 16 registers up to four
+/// rows), each row of B's slab read once per strip and multiplied into all `M` rows. Wide
+/// strips read B's rows in long runs (at `P · V`'s widths, D <= 128, whole rows for up to two
+/// rows of A), which the hardware prefetcher follows better than one 64-byte piece per row.
 ///
 /// # Safety
 ///
@@ -188,49 +191,63 @@ unsafe fn slab_b<const M: usize, const F16: bool>(
     c: *mut f32,
     load_c: bool,
 ) {
-    for j0 in (0..s.n).step_by(32) {
-        let width = 32.min(s.n - j0);
-        let (w0, w1) = (width.min(16), width.saturating_sub(16));
-        let (m0, m1) = (lanes(w0), lanes(w1));
-        let mut acc = [[_mm512_setzero_ps(); 2]; M];
+    // SAFETY: forwarded, with the strip width for M rows.
+    unsafe {
+        match M {
+            1 | 2 => strips::<M, 8, F16>(s, wa, p0, kc, b, c, load_c),
+            3 | 4 => strips::<M, 4, F16>(s, wa, p0, kc, b, c, load_c),
+            _ => strips::<M, 2, F16>(s, wa, p0, kc, b, c, load_c),
+        }
+    }
+}
+
+/// [`slab_b`] with strips of `V` vectors.
+///
+/// # Safety
+///
+/// As [`slab_b`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn strips<const M: usize, const V: usize, const F16: bool>(
+    s: &GemmShape,
+    wa: *const f32,
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    for j0 in (0..s.n).step_by(16 * V) {
+        let width = (16 * V).min(s.n - j0);
+        // Vectors of this strip that hold columns, and the lanes of each.
+        let live = width.div_ceil(16);
+        let cols = |v: usize| width.saturating_sub(16 * v).min(16);
+        let mut acc = [[_mm512_setzero_ps(); V]; M];
         if load_c {
             for (i, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: columns `j0 .. j0 + width` of row `i < m` of C, masked to them.
-                unsafe {
-                    let row = c.add(i * s.ldc + j0);
-                    acc[0] = _mm512_maskz_loadu_ps(m0, row);
-                    if w1 > 0 {
-                        acc[1] = _mm512_maskz_loadu_ps(m1, row.add(16));
-                    }
+                for (v, acc) in acc.iter_mut().enumerate().take(live) {
+                    // SAFETY: columns `j0 + 16 v ..` of row `i < m` of C, masked to the strip.
+                    *acc = unsafe { _mm512_maskz_loadu_ps(lanes(cols(v)), c.add(i * s.ldc + j0 + 16 * v)) };
                 }
             }
         }
         for p in 0..kc {
-            // SAFETY: row `p0 + p < k` of B holds columns `j0 .. j0 + width`.
-            let (b0, b1) = unsafe {
-                let row = b.add((p0 + p) * s.ldb + j0);
-                (
-                    widen16::<F16>(row, w0),
-                    if w1 > 0 { widen16::<F16>(row.add(16), w1) } else { _mm512_setzero_ps() },
-                )
-            };
+            let mut bv = [_mm512_setzero_ps(); V];
+            for (v, bv) in bv.iter_mut().enumerate().take(live) {
+                // SAFETY: row `p0 + p < k` of B holds columns `j0 .. j0 + width`.
+                *bv = unsafe { widen16::<F16>(b.add((p0 + p) * s.ldb + j0 + 16 * v), cols(v)) };
+            }
             for (i, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: `wa` row `i < M`, column `p < kc` was written by `slabs`.
                 let av = _mm512_set1_ps(unsafe { *wa.add(i * KC + p) });
-                acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
-                if w1 > 0 {
-                    acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+                for (acc, bv) in acc.iter_mut().zip(&bv).take(live) {
+                    *acc = _mm512_fmadd_ps(av, *bv, *acc);
                 }
             }
         }
         for (i, acc) in acc.iter().enumerate() {
-            // SAFETY: as for the loads above.
-            unsafe {
-                let row = c.add(i * s.ldc + j0);
-                _mm512_mask_storeu_ps(row, m0, acc[0]);
-                if w1 > 0 {
-                    _mm512_mask_storeu_ps(row.add(16), m1, acc[1]);
-                }
+            for (v, acc) in acc.iter().enumerate().take(live) {
+                // SAFETY: as for the loads above.
+                unsafe { _mm512_mask_storeu_ps(c.add(i * s.ldc + j0 + 16 * v), lanes(cols(v)), *acc) };
             }
         }
     }
