@@ -119,7 +119,7 @@ unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: *const u16, b
 
 /// One slab of `C (+)= A · B^T`: keys (columns of C) in groups of `16 / M`, whose `M x (16 /
 /// M)` dot products one shuffle tree sums; each key's row of B (its `kc` values from `p0`) is
-/// read once, 16 values at a time, and multiplied into all `M` rows of A.
+/// read once, front to back 16 values at a time, and multiplied into all `M` rows of A.
 ///
 /// # Safety
 ///
@@ -140,11 +140,14 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
         let live = group.min(s.n - j0);
         // Accumulator `i * group + g` is row `i`, key `j0 + g`; the unused ones stay 0.
         let mut acc = [_mm512_setzero_ps(); 16];
-        for t in (0..kc).step_by(16) {
-            for g in 0..group {
-                // Past the last live key the last live key's row is read again (its sums are
-                // dropped below), so the trip count stays constant.
-                let j = j0 + g.min(live - 1);
+        // Key by key, each key's row front to back: B is read as one sequential stream, the
+        // order the hardware prefetcher follows (the group's rows side by side stalled on
+        // their loads).
+        for g in 0..group {
+            // Past the last live key the last live key's row is read again (its sums are
+            // dropped below), so the trip count stays constant.
+            let j = j0 + g.min(live - 1);
+            for t in (0..kc).step_by(16) {
                 // SAFETY: row `j < n` of B holds columns `p0 + t .. p0 + t + min(16, kc - t)`.
                 let bv = unsafe { widen16::<F16>(b.add(j * s.ldb + p0 + t), kc - t) };
                 for i in 0..M {
