@@ -195,6 +195,10 @@ enum Bench {
         /// `pass: "backward"`); without --shape the default backward matrix.
         #[arg(long)]
         backward: bool,
+        /// Element type of q, k, v and the output: f32, bf16 or f16 (repeatable: each cell
+        /// runs in each, interleaved in the same rounds); default f32. The backward is f32 only.
+        #[arg(long = "dtype", value_parser = sdpa::parse_dtype)]
+        dtypes: Vec<uopc::kernels::sdpa::SdpaDType>,
     },
     /// Time the attention backward pass: autograd of the unfused graph against recompute.
     Backward {
@@ -296,8 +300,27 @@ fn main() -> ExitCode {
         }
         Task::Bench {
             what:
-                Bench::Sdpa { shapes, causal, key_lengths, reps, rounds, threads, json, decode_steps, backward },
+                Bench::Sdpa {
+                    shapes,
+                    causal,
+                    key_lengths,
+                    reps,
+                    rounds,
+                    threads,
+                    json,
+                    decode_steps,
+                    backward,
+                    mut dtypes,
+                },
         } => {
+            if dtypes.is_empty() {
+                dtypes.push(uopc::kernels::sdpa::SdpaDType::F32);
+            }
+            dtypes.dedup();
+            if backward && dtypes.iter().any(|&d| d != uopc::kernels::sdpa::SdpaDType::F32) {
+                eprintln!("error: --backward is f32 only (the 16-bit attention has no backward yet)");
+                return ExitCode::from(2);
+            }
             let decode_steps = decode_steps.unwrap_or(if shapes.is_empty() && !backward { 1000 } else { 0 });
             if decode_steps > sdpa::DECODE_CAPACITY {
                 eprintln!("error: --decode-steps is at most {}", sdpa::DECODE_CAPACITY);
@@ -334,7 +357,7 @@ fn main() -> ExitCode {
                 if backward {
                     sdpa::run_backward(&cells, reps, rounds, json.as_deref())
                 } else {
-                    sdpa::run(&cells, reps, rounds, decode_steps, json.as_deref())
+                    sdpa::run(&cells, &dtypes, reps, rounds, decode_steps, json.as_deref())
                 }
             };
             with_threads(threads, go)

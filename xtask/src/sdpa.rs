@@ -1,14 +1,26 @@
 //! `bench sdpa`: the one attention entry point on model shapes, timed in interleaved rounds,
 //! with useful GFLOP/s, the share of the widest FMA peak and the error against f64.
 
+use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Instant;
 use uopc::kernels::sdpa::{
-    Extras, ForwardSaved, Sdpa, SdpaBackward, SdpaConfig, reference_backward_f64, reference_f64,
+    Extras, ForwardSaved, Sdpa, SdpaBackward, SdpaConfig, SdpaDType, Values, ValuesMut,
+    reference_backward_f64, reference_f64,
 };
+
+/// Parses an element type: `f32`, `bf16` or `f16`.
+pub fn parse_dtype(s: &str) -> Result<SdpaDType, String> {
+    match s {
+        "f32" => Ok(SdpaDType::F32),
+        "bf16" => Ok(SdpaDType::BF16),
+        "f16" => Ok(SdpaDType::F16),
+        _ => Err(format!("{s}: expected f32, bf16 or f16")),
+    }
+}
 
 /// One cell of the matrix: `[B, H, H_kv, n_q, n_k, D]`, causal or not, optional key lengths.
 #[derive(Clone, Debug)]
@@ -151,15 +163,56 @@ fn error(c: &SdpaConfig, q: &[f32], k: &[f32], v: &[f32], lens: Option<&[i32]>, 
     uopc::kernels::reference::max_abs_err(&out[..sub.q_len()], &want)
 }
 
+/// q, k, v and the output of one cell in its element type.
+enum Operands {
+    F32([Vec<f32>; 4]),
+    BF16([Vec<bf16>; 4]),
+    F16([Vec<f16>; 4]),
+}
+
+impl Operands {
+    /// `q, k, v` rounded to `dtype`, and a zero output of `out_len`.
+    fn new(dtype: SdpaDType, q: &[f32], k: &[f32], v: &[f32], out_len: usize) -> Operands {
+        fn all<T: Copy>(f: impl Fn(f32) -> T, q: &[f32], k: &[f32], v: &[f32], n: usize) -> [Vec<T>; 4] {
+            let conv = |x: &[f32]| x.iter().map(|&x| f(x)).collect::<Vec<T>>();
+            [conv(q), conv(k), conv(v), vec![f(0.0); n]]
+        }
+        match dtype {
+            SdpaDType::F32 => Operands::F32(all(|x| x, q, k, v, out_len)),
+            SdpaDType::BF16 => Operands::BF16(all(bf16::from_f32, q, k, v, out_len)),
+            SdpaDType::F16 => Operands::F16(all(f16::from_f32, q, k, v, out_len)),
+        }
+    }
+
+    fn run(&mut self, sdpa: &Sdpa, extras: Extras<'_>) -> Result<(), String> {
+        let r = match self {
+            Operands::F32([q, k, v, o]) => sdpa.run(q, k, v, extras, o),
+            Operands::BF16([q, k, v, o]) => {
+                sdpa.run_values(Values::BF16(q), Values::BF16(k), Values::BF16(v), extras, ValuesMut::BF16(o))
+            }
+            Operands::F16([q, k, v, o]) => {
+                sdpa.run_values(Values::F16(q), Values::F16(k), Values::F16(v), extras, ValuesMut::F16(o))
+            }
+        };
+        r.map_err(|e| e.to_string())
+    }
+
+    /// Operand `i` (0 = q, 1 = k, 2 = v, 3 = the output), widened exactly to f32.
+    fn widened(&self, i: usize) -> Vec<f32> {
+        match self {
+            Operands::F32(x) => x[i].clone(),
+            Operands::BF16(x) => x[i].iter().map(|h| h.to_f32()).collect(),
+            Operands::F16(x) => x[i].iter().map(|h| h.to_f32()).collect(),
+        }
+    }
+}
+
 struct Prepared {
     cell: Cell,
     config: SdpaConfig,
     sdpa: Sdpa,
     compile_ms: f64,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    out: Vec<f32>,
+    operands: Operands,
     times: Vec<f64>,
 }
 
@@ -241,10 +294,12 @@ fn decode_steps(steps: usize) -> Result<DecodeSteps, uopc::kernels::sdpa::SdpaEr
     })
 }
 
-/// Runs the bench: `reps` timed runs per cell per round, cells interleaved within each round;
-/// then `steps` decode steps of a growing KV cache (none when 0).
+/// Runs the bench: each cell in each of `dtypes` (the same inputs rounded to each), `reps`
+/// timed runs per cell per round, cells and dtypes interleaved within each round; then
+/// `steps` decode steps of a growing KV cache (none when 0).
 pub fn run(
     cells: &[Cell],
+    dtypes: &[SdpaDType],
     reps: usize,
     rounds: usize,
     steps: usize,
@@ -254,13 +309,15 @@ pub fn run(
     // 256 MiB: past every cache, like the long key caches of the decode cells.
     let stream = uopc::kernels::bandwidth::streaming_read_gbs(256, rayon::current_num_threads(), 5);
     let mut prepared = Vec::new();
-    for cell in cells {
-        let config = config(cell);
+    for (cell, &dtype) in cells.iter().flat_map(|c| dtypes.iter().map(move |d| (c, d))) {
+        let config = SdpaConfig { dtype, ..config(cell) };
         let mut rng = StdRng::seed_from_u64(
             0x5d9a ^ cell.shape.iter().fold(0u64, |h, &x| h.wrapping_mul(31) ^ x as u64),
         );
         let mut fill = |n: usize, s: f32| (0..n).map(|_| rng.random_range(-s..s)).collect::<Vec<f32>>();
         let (q, k, v) = (fill(config.q_len(), 2.0), fill(config.kv_len(), 2.0), fill(config.kv_len(), 1.0));
+        let operands = Operands::new(dtype, &q, &k, &v, config.q_len());
+        drop((q, k, v));
         let start = Instant::now();
         let sdpa = match Sdpa::compile(&config) {
             Ok(s) => s,
@@ -270,29 +327,29 @@ pub fn run(
             }
         };
         let compile_ms = start.elapsed().as_secs_f64() * 1e3;
-        let out = vec![0.0; config.q_len()];
-        prepared.push(Prepared {
-            cell: cell.clone(),
-            config,
-            sdpa,
-            compile_ms,
-            q,
-            k,
-            v,
-            out,
-            times: Vec::new(),
-        });
+        prepared.push(Prepared { cell: cell.clone(), config, sdpa, compile_ms, operands, times: Vec::new() });
     }
     let step = |p: &mut Prepared| {
         let extras = Extras { key_lengths: p.cell.key_lengths.as_deref(), ..Extras::default() };
-        p.sdpa.run(&p.q, &p.k, &p.v, extras, &mut p.out).map_err(|e| e.to_string())
+        p.operands.run(&p.sdpa, extras)
     };
     if let Err(code) = time_interleaved(&mut prepared, rounds, reps, |p| (&p.cell, &mut p.times), step) {
         return code;
     }
     let mut rows = Vec::new();
+    // With 16-bit cells the table says which peak its percentages are of, and gets a dtype
+    // column; an f32-only run prints the table as it always has.
+    let half_cells = dtypes.iter().any(|&d| d != SdpaDType::F32);
+    if half_cells {
+        println!(
+            "%peak is of the widest f32 FMA peak for every dtype: the 16-bit GEMMs run on {} here, and no \
+             16-bit (AMX) peak is measured",
+            uopc_tile::Bf16Path::detect()
+        );
+    }
     println!(
-        "{:<28} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>9} {:>8}  kernel",
+        "{}{:<28} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>9} {:>8}  kernel",
+        if half_cells { "dtype " } else { "" },
         "B,H,HKV,NQ,NK,D",
         "causal",
         "median ms",
@@ -310,7 +367,9 @@ pub fn run(
         let lens = p.cell.key_lengths.as_deref();
         let gflops = 4.0 * p.config.d as f64 * useful_pairs(&p.config, lens) / (median * 1e-3) / 1e9;
         let pct = peak.map_or(f64::NAN, |(_, g)| 100.0 * gflops / g);
-        let err = error(&p.config, &p.q, &p.k, &p.v, lens, &p.out);
+        // Against the f64 attention of the inputs as the kernel got them (rounded to its dtype).
+        let o = &p.operands;
+        let err = error(&p.config, &o.widened(0), &o.widened(1), &o.widened(2), lens, &o.widened(3));
         let b = p.sdpa.blocking();
         let mut kernel = format!("flash_tile_ops {}x{}x{}", b.heads_per_task, b.queries, b.keys);
         if b.splits > 1 {
@@ -318,13 +377,15 @@ pub fn run(
         }
         let c = &p.config;
         let decode = c.n_q * (c.heads / c.kv_heads) <= 16;
-        let kv_gbs = decode.then(|| (2 * c.kv_len() * 4) as f64 / (median * 1e-3) / 1e9);
+        let element_bytes = if c.dtype == SdpaDType::F32 { 4 } else { 2 };
+        let kv_gbs = decode.then(|| (2 * c.kv_len() * element_bytes) as f64 / (median * 1e-3) / 1e9);
         let percent_of_stream = kv_gbs.map(|g| 100.0 * g / stream);
         let shape = p.cell.shape.map(|x| x.to_string()).join(",");
         let shape = if lens.is_some() { format!("{shape} len") } else { shape };
         let stream_col = percent_of_stream.map_or("-".to_string(), |x| format!("{x:.0}%"));
+        let dtype_col = if half_cells { format!("{:<6}", c.dtype) } else { String::new() };
         println!(
-            "{shape:<28} {:>6} {median:>9.3} {:>9.3} {gflops:>8.1} {pct:>6.1} {stream_col:>8} {err:>9.1e} {:>6.1}ms  {kernel}",
+            "{dtype_col}{shape:<28} {:>6} {median:>9.3} {:>9.3} {gflops:>8.1} {pct:>6.1} {stream_col:>8} {err:>9.1e} {:>6.1}ms  {kernel}",
             p.cell.causal, t[0], p.compile_ms
         );
         let [batch, heads, kv_heads, n_q, n_k, d] = p.cell.shape;
@@ -337,7 +398,7 @@ pub fn run(
             d,
             causal: p.cell.causal,
             key_lengths: p.cell.key_lengths.clone(),
-            dtype: "f32",
+            dtype: c.dtype.name(),
             pass: "forward",
             kernel,
             median_ms: median,

@@ -92,7 +92,10 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
     let ops = Operands { src: u.src(), scope, fresh: &mut cx.state.fresh };
     Some(match t {
         TileOp::Gemm(g) => ops.gemm(g),
-        TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo),
+        TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo, None),
+        TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {
+            ops.softmax(rows, cols, lds, d, ldo, Some((ldp, f32::from_bits(scale))))
+        }
         TileOp::SoftmaxRecompute { rows, cols, ld } => ops.recompute(rows, cols, ld),
         TileOp::SoftmaxGrad { rows, cols, ld } => ops.grad(rows, cols, ld),
     })
@@ -101,8 +104,13 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
 fn well_formed(t: TileOp, src: &[UOp]) -> bool {
     src.len() == t.operands().len()
         && src.iter().enumerate().all(|(k, x)| {
-            // A GEMM's A and B may be bf16 or f16: loaded, then widened by the CAST to F64.
-            let half_ok = matches!(t, TileOp::Gemm(_)) && k < 2 && x.dtype().is_half();
+            // A GEMM's A and B may be bf16 or f16 (loaded, then widened by the CAST to F64),
+            // and so may the rounded softmax's P (stored through a CAST).
+            let half_ok = match t {
+                TileOp::Gemm(_) => k < 2,
+                TileOp::SoftmaxUpdateRounded { .. } => k == 4,
+                _ => false,
+            } && x.dtype().is_half();
             matches!(x.op(), Op::Index) && x.src().len() == 2 && (x.dtype() == DType::F32 || half_ok)
         })
 }
@@ -202,7 +210,19 @@ impl Operands<'_> {
     /// Per row, in the interpreter's order: the running max over the scores, `alpha`, P over
     /// S with its sum, `l = l alpha + sum`, `O *= alpha`, the new max. A row whose max stays
     /// `-inf` gets `alpha = 1` and `P = 0` (so no `exp2(-inf - -inf)` NaN reaches memory).
-    fn softmax(self, rows: usize, cols: usize, lds: usize, d: usize, ldo: usize) -> UOp {
+    ///
+    /// With `rounded = Some((ldp, scale))` this is [`TileOp::SoftmaxUpdateRounded`]: the
+    /// scores are multiplied by `scale` when loaded, S is left as it is, and P goes to operand
+    /// 4 (stride `ldp`) rounded to its dtype, the sum adding the rounded values.
+    fn softmax(
+        self,
+        rows: usize,
+        cols: usize,
+        lds: usize,
+        d: usize,
+        ldo: usize,
+        rounded: Option<(usize, f32)>,
+    ) -> UOp {
         if rows == 0 {
             return self.nothing();
         }
@@ -211,6 +231,10 @@ impl Operands<'_> {
         let row_max = self.at(1, r.clone());
         let m_old = row_max.load().cast(DType::F64);
         let score = |ops: &Self, j: &UOp| ops.at(0, &r * lds as i64 + j);
+        let scaled = |s: &UOp| match rounded {
+            Some((_, scale)) => s.load().cast(DType::F64) * f64::from(scale),
+            None => s.load().cast(DType::F64),
+        };
 
         let m_new = if cols == 0 {
             m_old.clone()
@@ -219,7 +243,7 @@ impl Operands<'_> {
             let acc = self.fresh.accumulator(&row_scope);
             let start = acc.index(0).store(&m_old);
             let inner = acc.after(&[start, j.clone()]);
-            let s = score(&self, &j).load().cast(DType::F64);
+            let s = scaled(&score(&self, &j));
             // `f64::max` exactly: a NaN score is skipped (MAX keeps its right operand), and
             // a NaN running max gives way to the score.
             let m = inner.index(0).load();
@@ -237,8 +261,15 @@ impl Operands<'_> {
             let start = acc.index(0).store(0.0);
             let inner = acc.after(&[start, j.clone()]);
             let s = score(&self, &j);
-            let p = live.where_((s.load().cast(DType::F64) - &m_new).exp2(), 0.0);
-            let write_p = s.store(p.cast(DType::F32));
+            let p = live.where_((scaled(&s) - &m_new).exp2(), 0.0);
+            let (write_p, p) = match rounded {
+                Some((ldp, _)) => {
+                    let dst = self.at(4, &r * ldp as i64 + &j);
+                    let stored = p.cast(self.src[4].dtype());
+                    (dst.store(&stored), stored.cast(DType::F64))
+                }
+                None => (s.store(p.cast(DType::F32)), p),
+            };
             let step = inner.index(0).store(inner.index(0).load() + p);
             acc.after(&[sink(&[write_p, step]).end(&[j])]).index(0).load()
         };
@@ -252,8 +283,11 @@ impl Operands<'_> {
         }
         effects.push(row_max.store(m_new.cast(DType::F32)));
         let nest = sink(&effects).end(&[r]);
-        let untouched: Vec<usize> =
-            [(cols == 0, 0), (d == 0, 3)].iter().filter(|x| x.0).map(|x| x.1).collect();
+        let untouched: Vec<usize> = [(cols == 0, 0), (d == 0, 3), (rounded.is_some() && cols == 0, 4)]
+            .iter()
+            .filter(|x| x.0)
+            .map(|x| x.1)
+            .collect();
         self.keeping(nest, &untouched)
     }
 

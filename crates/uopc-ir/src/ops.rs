@@ -352,6 +352,7 @@ impl Op {
             Op::Cast => "CAST",
             Op::Tile(TileOp::Gemm(_)) => "TILE_GEMM",
             Op::Tile(TileOp::SoftmaxUpdate { .. }) => "TILE_SOFTMAX",
+            Op::Tile(TileOp::SoftmaxUpdateRounded { .. }) => "TILE_SOFTMAX_ROUNDED",
             Op::Tile(TileOp::SoftmaxRecompute { .. }) => "TILE_SOFTMAX_RECOMPUTE",
             Op::Tile(TileOp::SoftmaxGrad { .. }) => "TILE_SOFTMAX_GRAD",
             Op::Param { .. } => "PARAM",
@@ -374,7 +375,7 @@ impl Op {
 /// strides count elements of the operand's own dtype). Operands are f32, except that a GEMM's A
 /// and B may both be BF16 or both F16 (C stays f32): the operand dtypes, not the op, say which
 /// kernel runs, so one descriptor serves all three and the expansion widens 16-bit operands
-/// with an explicit CAST.
+/// with an explicit CAST; and the P tile of [`TileOp::SoftmaxUpdateRounded`] is BF16 or F16.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum TileOp {
     /// `C = A · B`, or `C += A · B` with `accumulate`. Sources `[A, B, C]`. A is `m x k`
@@ -399,6 +400,30 @@ pub enum TileOp {
         d: usize,
         /// Row stride of O.
         ldo: usize,
+    },
+    /// The online-softmax step of 16-bit attention. Sources `[S, row_max, row_sum, O, P]`:
+    /// S (f32, `rows x cols`, stride `lds`) holds unscaled scores and is only read; P
+    /// (`rows x cols`, stride `ldp`) is BF16 or F16 and only written; row_max, row_sum and O
+    /// as in [`TileOp::SoftmaxUpdate`]. Per row, with `x = scale * S` (`scale` is an f32's
+    /// bits, so the op stays `Eq` and `Hash`): `m' = max(m, max_j x)`, `a = exp2(m - m')`,
+    /// `P = round(exp2(x - m'))` to P's dtype, `l = l a + sum_j P` (the rounded weights the
+    /// `P · V` GEMM applies), `O *= a`, `m = m'`. A row whose scaled scores and max are all
+    /// `-inf` keeps `l` and `O` and gets `P = 0`. See `uopc_tile::softmax_update_rounded`.
+    SoftmaxUpdateRounded {
+        /// Rows of S, P and O.
+        rows: usize,
+        /// Keys in the tile.
+        cols: usize,
+        /// Row stride of S.
+        lds: usize,
+        /// Columns of O touched.
+        d: usize,
+        /// Row stride of O.
+        ldo: usize,
+        /// Row stride of P.
+        ldp: usize,
+        /// The factor applied to every score, as `f32::to_bits`.
+        scale: u32,
     },
     /// The probabilities of a score tile recomputed from the per-row base-2 log-sum-exp (the
     /// backward pass of attention). Sources `[S, lse]`: S is `rows x cols` (stride `ld`) of
@@ -462,6 +487,13 @@ impl TileOp {
                 op(rows, true, true),
                 op(block_extent(rows, d, ldo), true, true),
             ],
+            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, .. } => vec![
+                op(block_extent(rows, cols, lds), true, false),
+                op(rows, true, true),
+                op(rows, true, true),
+                op(block_extent(rows, d, ldo), true, true),
+                op(block_extent(rows, cols, ldp), false, true),
+            ],
             TileOp::SoftmaxRecompute { rows, cols, ld } => {
                 vec![
                     op(block_extent(rows, cols, ld), true, true),
@@ -487,6 +519,9 @@ impl TileOp {
             TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
                 vec![(rows, cols, lds), (1, rows, rows), (1, rows, rows), (rows, d, ldo)]
             }
+            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, .. } => {
+                vec![(rows, cols, lds), (1, rows, rows), (1, rows, rows), (rows, d, ldo), (rows, cols, ldp)]
+            }
             TileOp::SoftmaxRecompute { rows, cols, ld } => vec![(rows, cols, ld), (1, rows, rows)],
             TileOp::SoftmaxGrad { rows, cols, ld } => {
                 vec![(rows, cols, ld), (rows, cols, ld), (1, rows, rows)]
@@ -499,6 +534,8 @@ impl TileOp {
         match *self {
             TileOp::Gemm(GemmShape { m, n, k, .. }) => 2 * (m * n * k) as u64,
             TileOp::SoftmaxUpdate { rows, cols, d, .. } => (rows * (4 * cols + d + 4)) as u64,
+            // The scaling multiply per score besides the f32 step's work.
+            TileOp::SoftmaxUpdateRounded { rows, cols, d, .. } => (rows * (5 * cols + d + 4)) as u64,
             TileOp::SoftmaxRecompute { rows, cols, .. } => (2 * rows * cols) as u64,
             TileOp::SoftmaxGrad { rows, cols, .. } => (2 * rows * cols) as u64,
         }

@@ -162,6 +162,12 @@ impl Printer {
                             TileOp::SoftmaxUpdate { rows, cols, d, .. } => {
                                 format!("tile_softmax {rows}x{cols} d={d}")
                             }
+                            TileOp::SoftmaxUpdateRounded { rows, cols, d, scale, .. } => {
+                                format!(
+                                    "tile_softmax_rounded {rows}x{cols} d={d} scale={}",
+                                    f32::from_bits(*scale)
+                                )
+                            }
                             TileOp::SoftmaxRecompute { rows, cols, .. } => {
                                 format!("tile_softmax_recompute {rows}x{cols}")
                             }

@@ -246,14 +246,28 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                     ));
                 }
             }
-            // A GEMM multiplies f32, bf16 or f16 operands (both alike) into an f32 C; every
-            // other operand is f32.
+            // A GEMM multiplies f32, bf16 or f16 operands (both alike) into an f32 C; the
+            // rounded softmax writes its P tile (operand 4) in BF16 or F16 only; every other
+            // operand is f32.
+            if matches!(t, TileOp::SoftmaxUpdateRounded { .. }) && !s[4].dtype().is_half() {
+                return Err(err(
+                    IrErrorKind::DType,
+                    u,
+                    format!("P operand {} is {}, not BF16 or F16", s[4].short(), s[4].dtype()),
+                ));
+            }
             let inputs = match t {
                 TileOp::Gemm(_) if dt(0).is_half() => dt(0),
+                TileOp::SoftmaxUpdateRounded { .. } => s[4].dtype(),
                 _ => DType::F32,
             };
             for (k, x) in s.iter().enumerate() {
-                let want = if matches!(t, TileOp::Gemm(_)) && k < 2 { inputs } else { DType::F32 };
+                let half_operand = match t {
+                    TileOp::Gemm(_) => k < 2,
+                    TileOp::SoftmaxUpdateRounded { .. } => k == 4,
+                    _ => false,
+                };
+                let want = if half_operand { inputs } else { DType::F32 };
                 if x.dtype() != want {
                     return Err(err(
                         IrErrorKind::DType,

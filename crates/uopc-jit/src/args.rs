@@ -29,6 +29,10 @@ pub enum Arg<'a> {
     Write(&'a mut HostBuffer),
     /// Writable f32 memory.
     WriteF32(&'a mut [f32]),
+    /// Writable bfloat16 memory (a caller's slice, without moving it into a [`HostBuffer`]).
+    WriteBF16(&'a mut [bf16]),
+    /// Writable IEEE half-precision memory.
+    WriteF16(&'a mut [f16]),
 }
 
 impl<'a> From<&'a [f32]> for Arg<'a> {
@@ -39,6 +43,16 @@ impl<'a> From<&'a [f32]> for Arg<'a> {
 impl<'a> From<&'a mut [f32]> for Arg<'a> {
     fn from(v: &'a mut [f32]) -> Self {
         Arg::WriteF32(v)
+    }
+}
+impl<'a> From<&'a mut [bf16]> for Arg<'a> {
+    fn from(v: &'a mut [bf16]) -> Self {
+        Arg::WriteBF16(v)
+    }
+}
+impl<'a> From<&'a mut [f16]> for Arg<'a> {
+    fn from(v: &'a mut [f16]) -> Self {
+        Arg::WriteF16(v)
     }
 }
 impl<'a> From<&'a [bf16]> for Arg<'a> {
@@ -92,6 +106,8 @@ impl Arg<'_> {
                 BufRef::F16(v) => (DType::F16, v.len(), false, v.as_ptr() as *mut u8),
             },
             Arg::WriteF32(v) => (DType::F32, v.len(), true, v.as_ptr() as *mut u8),
+            Arg::WriteBF16(v) => (DType::BF16, v.len(), true, v.as_ptr() as *mut u8),
+            Arg::WriteF16(v) => (DType::F16, v.len(), true, v.as_ptr() as *mut u8),
             Arg::Write(b) => {
                 let p = match &**b {
                     HostBuffer::Bool(v) => v.as_ptr() as *mut u8,

@@ -27,6 +27,8 @@ pub(crate) enum Extern {
     TileGemmBf16,
     /// [`uopc_tile::uopc_tile_gemm_f16`] (flat, like the bf16 one).
     TileGemmF16,
+    /// [`uopc_tile::uopc_tile_softmax_update_rounded`].
+    TileSoftmaxRounded,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -41,7 +43,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 9] = [
+    pub const ALL: [Extern; 10] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -51,6 +53,7 @@ impl Extern {
         Extern::TileSoftmaxGrad,
         Extern::TileGemmBf16,
         Extern::TileGemmF16,
+        Extern::TileSoftmaxRounded,
     ];
 
     /// The symbol it is registered and declared under.
@@ -65,6 +68,7 @@ impl Extern {
             Extern::TileSoftmaxGrad => "uopc_tile_softmax_grad_f32",
             Extern::TileGemmBf16 => "uopc_tile_gemm_bf16",
             Extern::TileGemmF16 => "uopc_tile_gemm_f16",
+            Extern::TileSoftmaxRounded => "uopc_tile_softmax_update_rounded",
         }
     }
 
@@ -80,6 +84,7 @@ impl Extern {
             Extern::TileSoftmaxGrad => uopc_tile::uopc_tile_softmax_grad_f32 as *const u8,
             Extern::TileGemmBf16 => uopc_tile::uopc_tile_gemm_bf16 as *const u8,
             Extern::TileGemmF16 => uopc_tile::uopc_tile_gemm_f16 as *const u8,
+            Extern::TileSoftmaxRounded => uopc_tile::uopc_tile_softmax_update_rounded as *const u8,
         }
     }
 
@@ -101,6 +106,8 @@ impl Extern {
             Extern::TileGemm | Extern::TileGemmBf16 | Extern::TileGemmF16 => ints(sig, 10),
             // (s, row_max, row_sum, o, rows, cols, lds, ldo, d) -> status
             Extern::TileSoftmax => ints(sig, 9),
+            // (s, row_max, row_sum, o, p, rows, cols, lds, ldo, d, ldp, scale, is_f16) -> status
+            Extern::TileSoftmaxRounded => ints(sig, 13),
             // (s, lse, rows, cols, ld) -> status
             Extern::TileSoftmaxRecompute => ints(sig, 5),
             // (p, dp, delta, rows, cols, ld) -> status

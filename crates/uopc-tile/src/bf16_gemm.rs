@@ -89,7 +89,10 @@ impl std::fmt::Display for Bf16Path {
 /// `s` means what it means for the f32 [`crate::gemm`] (element counts, either operand
 /// transposed, `accumulate`). Products of bf16 values are exact in f32; the sums are rounded
 /// to f32, in an order that differs between paths. The AMX and `vdpbf16ps` paths treat
-/// subnormal inputs as zero and flush subnormal results to zero, as the instructions do.
+/// subnormal inputs as zero and flush subnormal results to zero, as the instructions do,
+/// except for products of at most 8 rows of A (not transposed): those widen B to f32 in
+/// registers as they stream it (packing it would cost as much as the product) and are exact
+/// f32 FMAs, subnormals included.
 ///
 /// # Errors
 ///
@@ -443,6 +446,14 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
             // SAFETY: C's extent is valid for writes.
             unsafe { zero_c(s, c) };
         }
+        return;
+    }
+    // A few rows of A cannot amortize packing B: stream it (both vector paths have AVX-512F).
+    #[cfg(target_arch = "x86_64")]
+    if path != Bf16Path::Portable && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
+        // SAFETY: AVX-512F comes with either vector path; the shape is in the kernel's range
+        // and the pointers are this function's contract.
+        unsafe { crate::x86::half_rows::gemm::<false>(s, a, b, c) };
         return;
     }
     let kblocks = k.div_ceil(32);

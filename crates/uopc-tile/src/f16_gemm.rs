@@ -94,6 +94,15 @@ pub unsafe fn gemm_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f16, b: *con
         unsafe { crate::gemm_unchecked(isa, s, std::ptr::null(), std::ptr::null(), c) };
         return;
     }
+    // A few rows of A cannot amortize widening B into a buffer: stream it, widening in
+    // registers (the same exact f32 products).
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && m <= crate::x86::half_rows::HALF_ROWS_MAX && !a_trans {
+        // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and the
+        // pointers are this function's contract (f16 is a transparent u16).
+        unsafe { crate::x86::half_rows::gemm::<true>(s, a.cast(), b.cast(), c) };
+        return;
+    }
     let kc_max = KC.min(k);
     let (a_len, b_len) = (m * kc_max, kc_max * NC.min(n));
     let run = |wide: &mut [f32]| {

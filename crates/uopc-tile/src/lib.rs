@@ -1,8 +1,9 @@
 //! CPU tile micro-kernels for uopc: the host's stand-in for a tensor core.
 //!
 //! JIT-compiled loop programs hand whole tiles to these kernels instead of emitting scalar
-//! loops for them. There are four operations, the first two in three instruction sets ([`Isa`]), the backward
-//! steps in two (AVX-512 and portable):
+//! loops for them. The first two operations below run in three instruction sets ([`Isa`]),
+//! the softmax steps of 16-bit attention and of the backward pass in two (AVX-512 and
+//! portable):
 //!
 //! * [`gemm`]: `C (+)= A · B` on f32 tiles with arbitrary leading dimensions and either operand
 //!   transposed, built around a register-blocked micro-kernel (8 x 32 on AVX-512, 6 x 16 on
@@ -10,6 +11,9 @@
 //!   the packing and stream B in storage order instead.
 //! * [`softmax_update`]: one online-softmax step of FlashAttention-2 over a score tile in the
 //!   log2 domain, rescaling the running output rows.
+//! * [`softmax_update_rounded`]: the same step for 16-bit attention, scaling the scores first
+//!   and writing the probabilities rounded to bf16 or f16 into their own tile (AVX-512 and
+//!   portable).
 //! * [`softmax_recompute`] and [`softmax_grad`]: the elementwise steps of the backward pass,
 //!   the probabilities from the saved log-sum-exp and `dS = P * (dP - Delta)`.
 //!
@@ -17,12 +21,13 @@
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
 //!   bf16 and f16 conversions in [`convert`].
 //! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 one k slab at a time
-//!   for the f32 micro-kernels of an [`Isa`].
+//!   for the f32 micro-kernels of an [`Isa`]. Both stream B without packing it when A has at
+//!   most eight rows (decode), widening it in registers on AVX-512.
 //!
 //! Each operation has a checked safe entry point, an `unsafe` raw-pointer twin for callers that
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code
 //! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
-//! [`uopc_tile_softmax_update_f32`]). Kernels
+//! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
 
@@ -42,6 +47,7 @@ mod pack;
 pub mod peak;
 mod softmax;
 mod softmax_grad;
+mod softmax_rounded;
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -63,4 +69,7 @@ pub use softmax::{
 pub use softmax_grad::{
     ScoreTileShape, softmax_grad, softmax_grad_unchecked, softmax_recompute, softmax_recompute_unchecked,
     uopc_tile_softmax_grad_f32, uopc_tile_softmax_recompute_f32,
+};
+pub use softmax_rounded::{
+    RoundedProb, softmax_update_rounded, softmax_update_rounded_unchecked, uopc_tile_softmax_update_rounded,
 };

@@ -304,3 +304,41 @@ fn extern_entry_computes_and_refuses_bad_descriptors() {
     }
     assert_eq!(got, before);
 }
+
+/// Products of at most eight rows of A (not transposed) stream B without packing it on the
+/// vector paths: every row count, both layouts of B, k around the 512-deep slab and the
+/// 16-wide vectors, n around the 32-column strips, with and without accumulation and padding.
+fn few_row_shapes() -> Vec<GemmShape> {
+    let mut out = Vec::new();
+    for m in 1..=8 {
+        for (t, (n, k)) in
+            [(1, 1), (15, 17), (16, 16), (33, 513), (100, 64), (31, 1100), (64, 512)].into_iter().enumerate()
+        {
+            for b_trans in [false, true] {
+                let mut s = GemmShape::dense(m, n, k, false, b_trans, (m + t) % 2 == 0);
+                s.lda += t % 3;
+                s.ldb += t % 2;
+                s.ldc += (m + t) % 3;
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn few_rows_against_f64_on_every_available_path() {
+    let mut rng = StdRng::seed_from_u64(8);
+    for path in Bf16Path::ALL {
+        if !have(path) {
+            continue;
+        }
+        for s in few_row_shapes() {
+            let case = make_case(&mut rng, s);
+            let mut got = case.c0.clone();
+            gemm_bf16(path, &s, &case.a, &case.b, &mut got).expect("valid operands");
+            check(&case, &got, &format!("{path} {s:?}"));
+        }
+        println!("ran: {path} on the few-row shapes");
+    }
+}

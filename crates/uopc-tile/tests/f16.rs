@@ -278,3 +278,34 @@ fn extern_entry_computes_and_refuses_bad_descriptors() {
     }
     assert_eq!(got, before);
 }
+
+/// Products of at most eight rows of A (not transposed) stream and widen B in registers on
+/// AVX-512: every row count, both layouts of B, k around the 512-deep slab and the 16-wide
+/// vectors, n around the 32-column strips, with and without accumulation and padding.
+#[test]
+fn few_rows_against_f64_on_every_available_isa() {
+    let mut rng = StdRng::seed_from_u64(9);
+    for isa in Isa::ALL {
+        if !have(isa) {
+            continue;
+        }
+        for m in 1..=8 {
+            for (t, (n, k)) in [(1, 1), (15, 17), (16, 16), (33, 513), (100, 64), (31, 1100), (64, 512)]
+                .into_iter()
+                .enumerate()
+            {
+                for b_trans in [false, true] {
+                    let mut s = GemmShape::dense(m, n, k, false, b_trans, (m + t) % 2 == 0);
+                    s.lda += t % 3;
+                    s.ldb += t % 2;
+                    s.ldc += (m + t) % 3;
+                    let case = make_case(&mut rng, s, if t % 3 == 2 { 300.0 } else { 1.0 });
+                    let mut got = case.c0.clone();
+                    gemm_f16(isa, &s, &case.a, &case.b, &mut got).expect("valid operands");
+                    check(&case, &got, &format!("{isa} {s:?}"));
+                }
+            }
+        }
+        println!("ran: f16 GEMM on {isa}, few-row shapes");
+    }
+}

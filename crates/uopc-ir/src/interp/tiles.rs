@@ -67,6 +67,34 @@ impl Machine<'_> {
                     self.put(node, at[1], r, m_new)?;
                 }
             }
+            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {
+                let scale = f64::from(f32::from_bits(scale));
+                for r in 0..rows {
+                    let m_old = self.get(node, at[1], r)?;
+                    let mut m_new = m_old;
+                    for j in 0..cols {
+                        m_new = m_new.max(scale * self.get(node, at[0], r * lds + j)?);
+                    }
+                    // An all -inf row: P = 0, l and O unchanged.
+                    let dead = m_new == f64::NEG_INFINITY;
+                    let alpha = if dead { 1.0 } else { (m_old - m_new).exp2() };
+                    let mut sum = 0.0;
+                    for j in 0..cols {
+                        let x = scale * self.get(node, at[0], r * lds + j)?;
+                        let p = if dead { 0.0 } else { (x - m_new).exp2() };
+                        // Stored rounded to P's dtype, and summed as stored.
+                        self.put(node, at[4], r * ldp + j, p)?;
+                        sum += self.get(node, at[4], r * ldp + j)?;
+                    }
+                    let l = self.get(node, at[2], r)?;
+                    self.put(node, at[2], r, l * alpha + sum)?;
+                    for e in 0..d {
+                        let o = self.get(node, at[3], r * ldo + e)?;
+                        self.put(node, at[3], r * ldo + e, o * alpha)?;
+                    }
+                    self.put(node, at[1], r, m_new)?;
+                }
+            }
             TileOp::SoftmaxRecompute { rows, cols, ld } => {
                 // With no columns the op touches nothing, not even the per-row scalars.
                 for r in 0..if cols == 0 { 0 } else { rows } {

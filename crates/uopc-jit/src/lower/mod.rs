@@ -317,6 +317,15 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 }
                 self.externs.get(Extern::TileSoftmax)
             }
+            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {
+                for v in [rows, cols, lds, ldo, d, ldp] {
+                    args.push(int(v as i64));
+                }
+                args.push(int(i64::from(scale)));
+                // The verifier made P BF16 or F16.
+                args.push(int(i64::from(u.src()[4].dtype() == DType::F16)));
+                self.externs.get(Extern::TileSoftmaxRounded)
+            }
             TileOp::SoftmaxRecompute { rows, cols, ld } => {
                 for v in [rows, cols, ld] {
                     args.push(int(v as i64));

@@ -702,6 +702,14 @@ impl SdpaBackward {
             )
             .into());
         }
+        if config.dtype != super::SdpaDType::F32 {
+            return Err(JitError::Unsupported(format!(
+                "sdpa backward: the backward is f32 only, and this configuration's dtype is {}; \
+                 run the forward and backward on f32 copies of q, k and v",
+                config.dtype
+            ))
+            .into());
+        }
         if !fwd_valid || !blocking.valid(config) {
             return Err(JitError::Unsupported(format!(
                 "sdpa backward: blocking {forward:?} / {blocking:?} does not fit {config:?}"

@@ -1,6 +1,6 @@
 //! The FlashAttention-2 kernel of [`super`]: block sizes and the loop program.
 
-use super::{MaskKind, SdpaConfig};
+use super::{MaskKind, SdpaConfig, SdpaDType};
 use crate::masked::min_idx;
 use crate::online::LOG2E;
 use uopc_ir::{AxisType, DType, GemmShape, ProgramBuilder, TileOp, UOp, buffer, f32c, idx, sink, tile, var};
@@ -62,8 +62,9 @@ impl Blocking {
     /// Block sizes for `config` on `cores` cores.
     ///
     /// The task's tiles (scaled Q and output, `rows x D` each, the `rows x keys` score tile,
-    /// and the running max and sum) must fit the JIT's stack limit less 16 KiB; within that,
-    /// rows are as many as possible, up to 256 (a multiple of 16), because every task re-packs
+    /// and the running max and sum; with a 16-bit dtype the query tile in that dtype and a
+    /// `rows x keys` tile of rounded probabilities besides) must fit the JIT's stack limit
+    /// less 16 KiB; within that, rows are as many as possible, up to 256 (a multiple of 16), because every task re-packs
     /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
     /// 128, whose diagonal band runs in 64-row sub-tiles (see [`sdpa_ir`]). With fewer
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
@@ -76,7 +77,7 @@ impl Blocking {
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
         let &SdpaConfig { batch, heads, kv_heads, n_q, n_k, d, .. } = config;
         let keys = KEY_BLOCK.min(n_k);
-        let per_row = 4 * (2 * d + keys + 2);
+        let per_row = tile_bytes_per_row(config.dtype, d, keys);
         let fit = (TILE_BUDGET / per_row).max(1);
         let mut max_rows = if fit >= 16 { (fit / 16 * 16).min(256) } else { fit };
         if config.causal {
@@ -106,7 +107,11 @@ impl Blocking {
         let tasks = batch * kv_heads * (group / heads_per_task) * n_q.div_ceil(queries);
         let rows = heads_per_task * queries;
         let wide = STREAMED_KEY_BLOCK.min(n_k);
-        let keys = if rows <= FEW_ROWS && 4 * rows * (2 * d + wide + 2) <= TILE_BUDGET { wide } else { keys };
+        let keys = if rows <= FEW_ROWS && rows * tile_bytes_per_row(config.dtype, d, wide) <= TILE_BUDGET {
+            wide
+        } else {
+            keys
+        };
         let mut splits = 1;
         if queries == n_q && tasks < SPLIT_TASKS_PER_CORE * cores {
             let full = n_k / keys;
@@ -143,6 +148,16 @@ impl Blocking {
     }
 }
 
+/// Stack bytes one task row takes with blocks of `keys` keys: the query and output rows, the
+/// score row and the running max and sum; 16-bit attention keeps its query row in the input
+/// dtype and adds the row of rounded probabilities.
+fn tile_bytes_per_row(dtype: SdpaDType, d: usize, keys: usize) -> usize {
+    match dtype {
+        SdpaDType::F32 => 4 * (2 * d + keys + 2),
+        SdpaDType::BF16 | SdpaDType::F16 => 2 * d + 4 * d + 4 * keys + 2 * keys + 8,
+    }
+}
+
 /// The cores the THREAD range is spread over.
 pub(super) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -151,7 +166,7 @@ pub(super) fn cores() -> usize {
 /// FlashAttention-2 on tile ops for `config` with block sizes `blocking`.
 ///
 /// Buffers: 0 = q, 1 = k, 2 = v, 3 = output (lengths [`SdpaConfig::q_len`] and
-/// [`SdpaConfig::kv_len`], laid out as [`SdpaConfig::layout`]); then, in this order, the mask
+/// [`SdpaConfig::kv_len`], laid out as [`SdpaConfig::layout`], of [`SdpaConfig::dtype`]); then, in this order, the mask
 /// or bias (its broadcast shape's element count) and the `batch` i32 key lengths, if any.
 /// With `blocking.splits > 1`, slots 3, 4 and 5 are instead the partial states of the tasks
 /// for [`super::sdpa_merge_ir`]: output rows (`tasks x rows x D`), running maxima and running
@@ -169,7 +184,11 @@ pub(super) fn cores() -> usize {
 /// its rows see (so it does the work of 64-row tasks, with the blocks below the band packed
 /// once per task). With key lengths, blocks past the item's length are skipped and only the
 /// block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
-/// over each row's masked suffix of the block only. The last query
+/// over each row's masked suffix of the block only. With a 16-bit dtype the query rows are
+/// copied as they are, both GEMMs take 16-bit operands (f32 scores and output tile), and
+/// [`TileOp::SoftmaxUpdateRounded`] scales the scores (unless a mask loop that reads every
+/// score already did) and writes P, rounded to the dtype, into a tile of its own for `P · V`;
+/// the output is rounded once when stored. The last query
 /// block starts early enough to be full (it overlaps the previous one) and writes only its own
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
 /// block.
@@ -218,6 +237,8 @@ struct SdpaKernel {
     kv_length: Option<UOp>,
     /// Where each query row's base-2 log-sum-exp is stored, when the backward needs it.
     lse: Option<UOp>,
+    /// The 16-bit dtype of q, k, v and the output, when not f32.
+    half: Option<DType>,
     pb: ProgramBuilder,
 }
 
@@ -242,24 +263,27 @@ struct Task {
     oi: UOp,
     mi: UOp,
     li: UOp,
+    /// The rounded probabilities of 16-bit attention.
+    pi: Option<UOp>,
 }
 
 impl SdpaKernel {
     fn new(config: &SdpaConfig, blocking: &Blocking, output_last: bool, save_lse: bool) -> Self {
         let c = *config;
         let f32t = DType::F32;
+        let el = c.dtype.dtype();
         let rows = blocking.heads_per_task * blocking.queries;
-        let q = buffer(0, f32t, c.q_len());
-        let (k, v) = (buffer(1, f32t, c.kv_len()), buffer(2, f32t, c.kv_len()));
+        let q = buffer(0, el, c.q_len());
+        let (k, v) = (buffer(1, el, c.kv_len()), buffer(2, el, c.kv_len()));
         let (out, partial, mut slot) = if blocking.splits > 1 {
             let states = blocking.tasks(config) * rows;
             let partial = (buffer(4, f32t, states), buffer(5, f32t, states));
             (buffer(3, f32t, states * c.d), Some(partial), 6)
         } else if output_last {
             let extras = usize::from(c.mask != MaskKind::None) + usize::from(c.key_lengths);
-            (buffer(3 + extras, f32t, c.q_len()), None, 3)
+            (buffer(3 + extras, el, c.q_len()), None, 3)
         } else {
-            (buffer(3, f32t, c.q_len()), None, 4)
+            (buffer(3, el, c.q_len()), None, 4)
         };
         let mask = match c.mask {
             MaskKind::None => None,
@@ -286,6 +310,7 @@ impl SdpaKernel {
             lens,
             kv_length,
             lse,
+            half: (el != f32t).then_some(el),
             pb: ProgramBuilder::new(),
         }
     }
@@ -467,12 +492,13 @@ impl SdpaKernel {
         let f32t = DType::F32;
         let pb = &mut self.pb;
         let (qt, s, o, mx, l) = (
-            pb.alloc(f32t, self.rows * d),
+            pb.alloc(self.half.unwrap_or(f32t), self.rows * d),
             pb.alloc(f32t, self.rows * bc.min(n_k)),
             pb.alloc(f32t, self.rows * d),
             pb.alloc(f32t, self.rows),
             pb.alloc(f32t, self.rows),
         );
+        let p = self.half.map(|el| pb.alloc(el, self.rows * bc.min(n_k)));
         // t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split
         let t = pb.range(self.c.batch * kv_heads * subs * blocks * splits, AxisType::Thread);
         let split = t.modulo(splits as i64);
@@ -494,6 +520,7 @@ impl SdpaKernel {
             oi: o.after(th),
             mi: mx.after(th),
             li: l.after(th),
+            pi: p.map(|p| p.after(th)),
             t,
             split,
             item,
@@ -516,7 +543,9 @@ impl SdpaKernel {
         let rq = pb.range(bq, AxisType::Loop);
         let e = pb.range(d, AxisType::Loop);
         let src = self.q.index(&task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &rq) * qsn + &e);
-        let load_q = task.qt.index((&hh * bq + &rq) * d + &e).store(src.load() * qscale).end(&[e, rq, hh]);
+        // A 16-bit query is copied exactly; its scale is applied to the f32 scores instead.
+        let value = if self.half.is_some() { src.load() } else { src.load() * qscale };
+        let load_q = task.qt.index((&hh * bq + &rq) * d + &e).store(value).end(&[e, rq, hh]);
         let z = pb.range(self.rows * d, AxisType::Loop);
         let init_o = task.oi.index(&z).store(0.0f32).end(&[z]);
         let r = pb.range(self.rows, AxisType::Loop);
@@ -558,23 +587,47 @@ impl SdpaKernel {
             scores,
             &[task.qt.after(prev).index(at_d), self.k.index(&kv_at), task.si.after(prev).index(at_s)],
         );
+        // 16-bit attention scales the f32 scores in the softmax step (its query tile is the
+        // exact input), except after a mask loop that reads every score: that loop scales
+        // them before adding the bias. The suffix form, which writes -inf without reading,
+        // leaves the scaling to the softmax step, which keeps -inf only for a positive scale.
+        let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
+        let mut softmax_scale = qscale;
         if masked {
-            g1 = self.mask_block(task, first, cols, g1, span);
+            let scaled_by_loop = self.half.is_some() && (self.mask.is_some() || qscale <= 0.0);
+            if scaled_by_loop {
+                softmax_scale = 1.0;
+            }
+            g1 = self.mask_block(task, first, cols, g1, span, scaled_by_loop.then_some(qscale));
         }
         let after_g1 = std::slice::from_ref(&g1);
         let mut state = prev.to_vec();
         state.push(g1.clone());
-        let update = TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d };
-        let sm = tile(
-            update,
-            &[
-                task.si.after(after_g1).index(at_s),
-                task.mi.after(&state).index(r0 as i64),
-                task.li.after(&state).index(r0 as i64),
-                task.oi.after(&state).index(at_d),
-            ],
-        );
+        let mut operands = vec![
+            task.si.after(after_g1).index(at_s),
+            task.mi.after(&state).index(r0 as i64),
+            task.li.after(&state).index(r0 as i64),
+            task.oi.after(&state).index(at_d),
+        ];
+        let update = match &task.pi {
+            Some(p) => {
+                operands.push(p.after(&state).index(at_s));
+                TileOp::SoftmaxUpdateRounded {
+                    rows,
+                    cols,
+                    lds: cols,
+                    d,
+                    ldo: d,
+                    ldp: cols,
+                    scale: softmax_scale.to_bits(),
+                }
+            }
+            None => TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d },
+        };
+        let sm = tile(update, &operands);
         let after_sm = std::slice::from_ref(&sm);
+        // P: the rounded tile, or the f32 score tile the f32 step overwrote.
+        let probs = task.pi.as_ref().unwrap_or(&task.si);
         let pv = TileOp::Gemm(GemmShape {
             m: rows,
             n: d,
@@ -588,18 +641,28 @@ impl SdpaKernel {
         });
         tile(
             pv,
-            &[task.si.after(after_sm).index(at_s), self.v.index(&kv_at), task.oi.after(after_sm).index(at_d)],
+            &[probs.after(after_sm).index(at_s), self.v.index(&kv_at), task.oi.after(after_sm).index(at_d)],
         )
     }
 
     /// The loop over a score tile (after `scores`) that adds the bias and sets the keys a row
     /// does not see to `-inf`: causal, past the item's key length, or false in the bool mask.
-    /// Only the rows `span` of the tile are touched (all of them with stacked heads).
-    fn mask_block(&mut self, task: &Task, first: &UOp, cols: usize, scores: UOp, span: Span) -> UOp {
+    /// Only the rows `span` of the tile are touched (all of them with stacked heads). With
+    /// `scale`, every score of the rows is multiplied by it first (16-bit attention's unscaled
+    /// scores).
+    fn mask_block(
+        &mut self,
+        task: &Task,
+        first: &UOp,
+        cols: usize,
+        scores: UOp,
+        span: Span,
+        scale: Option<f32>,
+    ) -> UOp {
         let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
         // A sub-tile is a span of one head's query rows (heads_per_task is 1 then).
         let (r0, bq) = if span.rows == self.rows { (0, bq) } else { (span.r0, span.rows) };
-        if self.mask.is_none() {
+        if self.mask.is_none() && scale.is_none() {
             return self.mask_suffix(task, first, cols, scores, Span { r0, rows: bq });
         }
         let pb = &mut self.pb;
@@ -609,7 +672,10 @@ impl SdpaKernel {
         let cell = task.si.after(&[scores]).index((&hh * bq + &rq + r0 as i64) * cols + &cc);
         let key = first + &cc;
         let query = &task.q0 + &rq + r0 as i64;
-        let mut score = cell.load();
+        let mut score = match scale {
+            Some(s) => cell.load() * s,
+            None => cell.load(),
+        };
         let mut keep = Vec::new();
         if self.c.causal {
             keep.push(key.lt(&query + &self.causal_offset() + 1));
@@ -715,7 +781,11 @@ impl SdpaKernel {
         } else {
             &task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &row) * qsn + &e
         };
-        let st = self.out.index(at).store(o * inv_l);
+        let value = match self.half {
+            Some(el) => (o * inv_l).cast(el),
+            None => o * inv_l,
+        };
+        let st = self.out.index(at).store(value);
         let Some(lse) = &self.lse else { return sink(&[st.end(&[e, rq, hh, task.t.clone()])]) };
         // The same row numbering as the output's (so the same disjointness proof holds).
         let lse_at = if own_rows {

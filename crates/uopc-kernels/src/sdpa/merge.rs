@@ -12,7 +12,7 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, f32c, sink};
 /// weighs 0, a row no chunk saw a key of gives zeros (`l = 0`), and a NaN state makes the row
 /// NaN. Buffers: 0 = maxima, 1 = sums, 2 = output rows (as [`super::sdpa_ir`] writes them for
 /// `blocking`, which must have `splits > 1` and one query block), 3 = the output, laid out as
-/// `config.layout`. One THREAD iteration per output row (of a head and query).
+/// `config.layout` and of `config.dtype`. One THREAD iteration per output row (of a head and query).
 pub fn sdpa_merge_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
     let &SdpaConfig { batch, heads, kv_heads, n_q, d, .. } = config;
     let &Blocking { heads_per_task: gs, queries, splits, .. } = blocking;
@@ -21,7 +21,8 @@ pub fn sdpa_merge_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
     let f32t = DType::F32;
     let states = groups * splits * rows;
     let (pm, pl, po) = (buffer(0, f32t, states), buffer(1, f32t, states), buffer(2, f32t, states * d));
-    let out = buffer(3, f32t, config.q_len());
+    let el = config.dtype.dtype();
+    let out = buffer(3, el, config.q_len());
     let mut pb = ProgramBuilder::new();
     let (m, l, o) = (pb.alloc(f32t, 1), pb.alloc(f32t, 1), pb.alloc(f32t, d));
 
@@ -69,6 +70,8 @@ pub fn sdpa_merge_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
         let query = row.modulo(queries as i64);
         item * qsb + head * qsh + query * qsn + &e2
     };
-    let st = out.index(at).store(oi.after(done).index(&e2).load() * inv_l);
+    let row = oi.after(done).index(&e2).load() * inv_l;
+    // Rounded once, into the dtype of the output.
+    let st = out.index(at).store(if el == f32t { row } else { row.cast(el) });
     sink(&[st.end(&[e2, t])])
 }

@@ -14,6 +14,13 @@
 //! The kernel is FlashAttention-2 on tile ops (see [`sdpa_ir`]); [`reference_f64`] is the f64
 //! attention it is checked against.
 //!
+//! **16-bit inputs**: with [`SdpaConfig::dtype`] `BF16` or `F16`, q, k, v and the output are
+//! `half::bf16` or `half::f16` ([`Sdpa::run`] is generic over the element type, and
+//! [`Sdpa::run_values`] checks each argument's); both GEMMs run on the 16-bit tile GEMMs with
+//! f32 sums, the softmax in f32, the probabilities rounded once to the input type for `P · V`
+//! and the output once at the end (see [`SdpaDType`] for the error this costs). Masks, bias
+//! and key lengths are as for f32. The backward is f32 only.
+//!
 //! [`SdpaBackward`] is its FlashAttention-2 backward (a forward that also saves the per-row
 //! log-sum-exp, then dQ, dK and dV, and the bias's gradient when asked for, on tile ops),
 //! checked against [`reference_backward_f64`].
@@ -36,10 +43,12 @@ pub use merge::sdpa_merge_ir;
 pub use reference::reference_f64;
 pub use tensor::scaled_dot_product_attention;
 
+use half::{bf16, f16};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 use thiserror::Error;
+use uopc_ir::DType;
 use uopc_jit::{Arg, BufRef, JitError, Program};
 
 /// How q, k, v and the output are laid out in memory; the head dimension is always contiguous.
@@ -77,6 +86,176 @@ pub enum MaskKind {
     Bias([usize; 4]),
 }
 
+/// The element type of q, k, v and the output (masks, biases, key lengths and the split-K
+/// partial states are the same for every one).
+///
+/// With `BF16` or `F16` both GEMMs of a key block run on 16-bit tile GEMMs with f32
+/// accumulation (q and k read as stored, f32 scores; the probabilities rounded to the input
+/// dtype in the softmax step's pass, then multiplied with v in place), the softmax is computed
+/// in f32 and the output is rounded once at the end. `F16` rounds P to f16 as `BF16` rounds
+/// it to bf16: the f16 GEMM takes both operands in one dtype, and f16's 11 significant bits
+/// keep each weight within 2^-11 of itself, a quarter of the error that f16 storage of v
+/// already carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum SdpaDType {
+    /// 32-bit floats.
+    #[default]
+    F32,
+    /// bfloat16 (8 significant bits, f32's exponent range).
+    BF16,
+    /// IEEE half precision (11 significant bits, largest finite value 65504).
+    F16,
+}
+
+impl SdpaDType {
+    /// The IR dtype of the buffers.
+    pub fn dtype(self) -> DType {
+        match self {
+            SdpaDType::F32 => DType::F32,
+            SdpaDType::BF16 => DType::BF16,
+            SdpaDType::F16 => DType::F16,
+        }
+    }
+
+    /// A short lowercase name (`"f32"`, `"bf16"`, `"f16"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SdpaDType::F32 => "f32",
+            SdpaDType::BF16 => "bf16",
+            SdpaDType::F16 => "f16",
+        }
+    }
+}
+
+impl fmt::Display for SdpaDType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// The read-only values of one argument of [`Sdpa::run_values`], in any of the supported
+/// element types (the run checks it against the configuration's).
+#[derive(Clone, Copy, Debug)]
+pub enum Values<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// bf16 values.
+    BF16(&'a [bf16]),
+    /// f16 values.
+    F16(&'a [f16]),
+}
+
+/// The writable output of [`Sdpa::run_values`].
+#[derive(Debug)]
+pub enum ValuesMut<'a> {
+    /// f32 values.
+    F32(&'a mut [f32]),
+    /// bf16 values.
+    BF16(&'a mut [bf16]),
+    /// f16 values.
+    F16(&'a mut [f16]),
+}
+
+impl<'a> Values<'a> {
+    fn dtype(&self) -> SdpaDType {
+        match self {
+            Values::F32(_) => SdpaDType::F32,
+            Values::BF16(_) => SdpaDType::BF16,
+            Values::F16(_) => SdpaDType::F16,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::BF16(v) => v.len(),
+            Values::F16(v) => v.len(),
+        }
+    }
+
+    fn arg(self) -> Arg<'a> {
+        match self {
+            Values::F32(v) => v.into(),
+            Values::BF16(v) => v.into(),
+            Values::F16(v) => v.into(),
+        }
+    }
+}
+
+impl ValuesMut<'_> {
+    fn dtype(&self) -> SdpaDType {
+        match self {
+            ValuesMut::F32(_) => SdpaDType::F32,
+            ValuesMut::BF16(_) => SdpaDType::BF16,
+            ValuesMut::F16(_) => SdpaDType::F16,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            ValuesMut::F32(v) => v.len(),
+            ValuesMut::BF16(v) => v.len(),
+            ValuesMut::F16(v) => v.len(),
+        }
+    }
+
+    fn arg(&mut self) -> Arg<'_> {
+        match self {
+            ValuesMut::F32(v) => Arg::WriteF32(v),
+            ValuesMut::BF16(v) => Arg::WriteBF16(v),
+            ValuesMut::F16(v) => Arg::WriteF16(v),
+        }
+    }
+}
+
+/// An element type [`Sdpa::run`] takes q, k, v and the output in: `f32`, `bf16` or `f16`
+/// (sealed: exactly the [`SdpaDType`]s).
+pub trait SdpaElement: Copy + sealed::Sealed {
+    /// Its [`SdpaDType`].
+    const DTYPE: SdpaDType;
+    /// The slice as [`Values`].
+    fn values(x: &[Self]) -> Values<'_>;
+    /// The slice as [`ValuesMut`].
+    fn values_mut(x: &mut [Self]) -> ValuesMut<'_>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
+}
+
+impl SdpaElement for f32 {
+    const DTYPE: SdpaDType = SdpaDType::F32;
+    fn values(x: &[Self]) -> Values<'_> {
+        Values::F32(x)
+    }
+    fn values_mut(x: &mut [Self]) -> ValuesMut<'_> {
+        ValuesMut::F32(x)
+    }
+}
+
+impl SdpaElement for bf16 {
+    const DTYPE: SdpaDType = SdpaDType::BF16;
+    fn values(x: &[Self]) -> Values<'_> {
+        Values::BF16(x)
+    }
+    fn values_mut(x: &mut [Self]) -> ValuesMut<'_> {
+        ValuesMut::BF16(x)
+    }
+}
+
+impl SdpaElement for f16 {
+    const DTYPE: SdpaDType = SdpaDType::F16;
+    fn values(x: &[Self]) -> Values<'_> {
+        Values::F16(x)
+    }
+    fn values_mut(x: &mut [Self]) -> ValuesMut<'_> {
+        ValuesMut::F16(x)
+    }
+}
+
 /// Everything that selects a compiled attention program.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SdpaConfig {
@@ -106,6 +285,8 @@ pub struct SdpaConfig {
     /// keys `0..L` of each head are attended, the causal mask aligns queries to `L`): one
     /// compiled program serves a KV cache at every length.
     pub runtime_kv_length: bool,
+    /// The element type of q, k, v and the output (f32 by default).
+    pub dtype: SdpaDType,
 }
 
 impl SdpaConfig {
@@ -192,6 +373,7 @@ impl SdpaConfig {
             s.scale.map(f32::to_bits),
             s.layout,
             s.mask,
+            s.dtype,
         )
     }
 }
@@ -226,6 +408,16 @@ pub enum SdpaError {
     /// The scale is NaN or infinite.
     #[error("sdpa: scale {0} is not finite")]
     Scale(f32),
+    /// An argument's element type is not the configuration's.
+    #[error("sdpa: `{arg}` holds {got} values; the configuration's dtype is {expected}")]
+    DType {
+        /// The argument.
+        arg: &'static str,
+        /// The configuration's element type.
+        expected: SdpaDType,
+        /// The argument's.
+        got: SdpaDType,
+    },
     /// A slice has the wrong length.
     #[error("sdpa: `{arg}` has {got} elements; the configuration needs {expected}")]
     Length {
@@ -340,17 +532,37 @@ impl Sdpa {
         Ok(sdpa)
     }
 
-    /// `out = softmax(scale * q k^T + bias, masked) v`, into the caller's `out` (q's length).
-    /// Every length is checked, and `extras` must hold exactly what the configuration needs.
-    pub fn run(
+    /// `out = softmax(scale * q k^T + bias, masked) v`, into the caller's `out` (q's length),
+    /// with q, k, v and the output in the configuration's [`SdpaDType`] (`f32`, `bf16` or
+    /// `f16`). Every length and the element type are checked, and `extras` must hold exactly
+    /// what the configuration needs.
+    pub fn run<T: SdpaElement>(
         &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        q: &[T],
+        k: &[T],
+        v: &[T],
         extras: Extras<'_>,
-        out: &mut [f32],
+        out: &mut [T],
+    ) -> Result<(), SdpaError> {
+        self.run_values(T::values(q), T::values(k), T::values(v), extras, T::values_mut(out))
+    }
+
+    /// [`Sdpa::run`] with each argument's element type chosen at run time: an argument whose
+    /// type is not the configuration's is an [`SdpaError::DType`] naming it.
+    pub fn run_values(
+        &self,
+        q: Values<'_>,
+        k: Values<'_>,
+        v: Values<'_>,
+        extras: Extras<'_>,
+        mut out: ValuesMut<'_>,
     ) -> Result<(), SdpaError> {
         let c = &self.config;
+        for (arg, got) in [("q", q.dtype()), ("k", k.dtype()), ("v", v.dtype()), ("out", out.dtype())] {
+            if got != c.dtype {
+                return Err(SdpaError::DType { arg, expected: c.dtype, got });
+            }
+        }
         check("q", c.q_len(), q.len())?;
         check("k", c.kv_len(), k.len())?;
         check("v", c.kv_len(), v.len())?;
@@ -362,15 +574,15 @@ impl Sdpa {
             (vec![0.0f32; states], vec![0.0f32; states], vec![0.0f32; states * c.d]);
         let mut args: Vec<Arg<'_>> = if self.merge.is_some() {
             vec![
-                q.into(),
-                k.into(),
-                v.into(),
+                q.arg(),
+                k.arg(),
+                v.arg(),
                 Arg::WriteF32(&mut part_o),
                 Arg::WriteF32(&mut part_m),
                 Arg::WriteF32(&mut part_l),
             ]
         } else {
-            vec![q.into(), k.into(), v.into(), Arg::WriteF32(out)]
+            vec![q.arg(), k.arg(), v.arg(), out.arg()]
         };
         push_extras(c, extras, &mut args)?;
         if c.runtime_kv_length != extras.kv_length.is_some() {
@@ -385,12 +597,7 @@ impl Sdpa {
         self.program.run_with_vars(&mut args, &vars)?;
         drop(args);
         if let Some(merge) = &self.merge {
-            merge.run(&mut [
-                (&part_m[..]).into(),
-                (&part_l[..]).into(),
-                (&part_o[..]).into(),
-                Arg::WriteF32(out),
-            ])?;
+            merge.run(&mut [(&part_m[..]).into(), (&part_l[..]).into(), (&part_o[..]).into(), out.arg()])?;
         }
         Ok(())
     }
@@ -427,13 +634,14 @@ impl fmt::Display for Sdpa {
         let b = &self.blocking;
         write!(
             f,
-            "sdpa flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}; tasks of {} head(s) x {} queries, keys in blocks of {}{}{}",
+            "sdpa flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}{}; tasks of {} head(s) x {} queries, keys in blocks of {}{}{}",
             c.batch,
             c.heads,
             c.kv_heads,
             c.n_q,
             c.n_k,
             c.d,
+            if c.dtype == SdpaDType::F32 { String::new() } else { format!(" {}", c.dtype) },
             if c.causal { " causal" } else { "" },
             b.heads_per_task,
             b.queries,
@@ -509,13 +717,13 @@ pub fn compile_count() -> usize {
 }
 
 /// [`Sdpa::run`] of the cached compile of `config` (see [`compiled`]).
-pub fn attention(
+pub fn attention<T: SdpaElement>(
     config: &SdpaConfig,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    q: &[T],
+    k: &[T],
+    v: &[T],
     extras: Extras<'_>,
-    out: &mut [f32],
+    out: &mut [T],
 ) -> Result<(), SdpaError> {
     compiled(config)?.run(q, k, v, extras, out)
 }

@@ -3,7 +3,7 @@
 
 use super::backward::{sdpa_backward_ir_for_graph, sdpa_bias_grad_ir_for_graph};
 use super::kernel::{cores, sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
-use super::{Blocking, MaskKind, SdpaConfig, SdpaError};
+use super::{Blocking, MaskKind, SdpaConfig, SdpaDType, SdpaError};
 use std::collections::HashMap;
 use std::sync::Arc;
 use uopc_ir::{DType, Op, UOp, buffer};
@@ -24,7 +24,9 @@ const MASKED_SCORE: f32 = -1.0e30;
 /// heads are batch axes, which must match. `mask` broadcasts to `(.., H, n_q, n_k)`: a bool
 /// tensor (`true` = attend) or an f32 additive bias (`-inf` masks a key). `causal` aligns
 /// queries to the end of the keys (query `i` sees keys `j <= i + n_k - n_q`); `scale` is
-/// `1 / sqrt(D)` when `None`. Rows that see no key give zeros. The output has q's shape.
+/// `1 / sqrt(D)` when `None`. Rows that see no key give zeros. The output has q's shape and
+/// dtype: q, k and v are all f32, all bf16 or all f16 (see [`SdpaDType`]; a 16-bit node's
+/// gradient is an error saying the backward is f32 only).
 ///
 /// The gradient (through [`uopc_tensor::gradient`]) runs the FlashAttention-2 backward of
 /// [`super::SdpaBackward`] as kernel nodes: the forward again with the log-sum-exp, `Delta`,
@@ -48,9 +50,18 @@ pub fn scaled_dot_product_attention(
     scale: Option<f32>,
 ) -> Result<Tensor, SdpaError> {
     let shape_err = |arg: &'static str, msg: String| SdpaError::Shape { arg, msg };
+    let dtype = match q.dtype() {
+        DType::F32 => SdpaDType::F32,
+        DType::BF16 => SdpaDType::BF16,
+        DType::F16 => SdpaDType::F16,
+        other => return Err(shape_err("q", format!("is {other}; attention takes f32, bf16 or f16"))),
+    };
     for (arg, t) in [("q", q), ("k", k), ("v", v)] {
-        if t.dtype() != DType::F32 {
-            return Err(shape_err(arg, format!("is {}; attention takes f32", t.dtype())));
+        if t.dtype() != q.dtype() {
+            return Err(shape_err(
+                arg,
+                format!("is {}, q is {}: q, k and v must have one dtype", t.dtype(), q.dtype()),
+            ));
         }
         if t.ndim() < 2 {
             return Err(shape_err(arg, format!("{:?} is not (.., n, d)", t.shape())));
@@ -75,20 +86,35 @@ pub fn scaled_dot_product_attention(
     let batch: usize = sq[..lead].iter().product();
     let (heads, kv_heads) = (head_axis(sq), head_axis(sk));
     let (n_q, n_k, d) = (sq[r - 2], sk[r - 2], sq[r - 1]);
-    let mut config = SdpaConfig { kv_heads, causal, scale, ..SdpaConfig::new(batch, heads, n_q, n_k, d) };
+    let mut config =
+        SdpaConfig { kv_heads, causal, scale, dtype, ..SdpaConfig::new(batch, heads, n_q, n_k, d) };
     if let Some(m) = mask {
         config.mask = mask_kind(m, &config, sq)?;
     }
     config.validate()?;
     let blocking = Blocking { splits: 1, ..Blocking::choose(&config, cores()) };
     let program = sdpa_ir_output_last(&config, &blocking);
-    let equivalent =
-        unfused(q, k, v, mask, &config).map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
+    // The reference graph of 16-bit inputs runs in f32 and rounds its result once, as the
+    // kernel does.
+    let equivalent = if dtype == SdpaDType::F32 {
+        unfused(q, k, v, mask, &config)
+    } else {
+        let wide = |t: &Tensor| t.cast(DType::F32);
+        unfused(&wide(q), &wide(k), &wide(v), mask, &config).map(|o| o.cast(q.dtype()))
+    }
+    .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
     let mut sources = vec![q, k, v];
     sources.extend(mask);
-    let node = Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, DType::F32, Some(equivalent))
+    let node = Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, q.dtype(), Some(equivalent))
         .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
     let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| {
+        if config.dtype != SdpaDType::F32 {
+            return Err(TensorError::Unsupported(format!(
+                "scaled_dot_product_attention: the gradient of {} attention is not implemented (the \
+                 FlashAttention-2 backward is f32 only); cast q, k and v to f32 to differentiate it",
+                config.dtype
+            )));
+        }
         backward_nodes(&config, &blocking, src, d_o)
     });
     node.with_custom_vjp(rule).map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })

@@ -191,6 +191,113 @@ pub(crate) unsafe fn softmax_update(
     }
 }
 
+/// The rounded softmax step over all rows (see [`crate::softmax_update_rounded`]): P goes to a
+/// 16-bit tile (`f16` when `is_f16`, else bf16 bits), and the running sum adds the rounded
+/// values.
+///
+/// # Safety
+///
+/// AVX-512F is available and the pointers satisfy
+/// [`crate::softmax_update_rounded_unchecked`] (with `p` the 16-bit tile's bits).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn softmax_update_rounded(
+    sh: &SoftmaxShape,
+    ldp: usize,
+    scale: f32,
+    is_f16: bool,
+    s: *const f32,
+    row_max: *mut f32,
+    row_sum: *mut f32,
+    o: *mut f32,
+    p: *mut u16,
+) {
+    let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let sv = _mm512_set1_ps(scale);
+    let (cfull, dfull) = (cols - cols % 16, d - d % 16);
+    let (ctail, dtail) = (lanes(cols % 16), lanes(d % 16));
+    // 16 probabilities rounded: the 16-bit patterns, and the rounded values widened back.
+    let round = |e: __m512| -> (__m256i, __m512) {
+        if is_f16 {
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(e);
+            (h, _mm512_cvtph_ps(h))
+        } else {
+            let bits = crate::x86::bf16::narrow_bf16(_mm512_castps_si512(e));
+            (_mm512_cvtepi32_epi16(bits), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits)))
+        }
+    };
+    // A tail of `n < 16` 16-bit values, through a local vector (a masked 16-bit store needs
+    // AVX-512BW, which this ISA level does not require).
+    let store_tail = |dst: *mut u16, h: __m256i, n: usize| {
+        let mut buf = [0u16; 16];
+        // SAFETY: `buf` holds 16 u16s (32 bytes); `dst` holds `n <= 16` writable u16s (the
+        // caller's row extent), disjoint from `buf`.
+        unsafe {
+            _mm256_storeu_si256(buf.as_mut_ptr().cast(), h);
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, n);
+        }
+    };
+    let ntail = cols % 16;
+    for r in 0..rows {
+        // SAFETY: row `r < rows` of S spans `cols` floats, of P `cols` u16s and of O `d`
+        // floats; full vectors end at `cfull`/`dfull`, and the tails are masked or copied, so
+        // nothing outside the rows is touched.
+        unsafe {
+            let srow = s.add(r * lds);
+            let prow = p.add(r * ldp);
+            let mut mx = neg_inf;
+            for j in (0..cfull).step_by(16) {
+                mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv));
+            }
+            if ctail != 0 {
+                let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv);
+                mx = _mm512_mask_max_ps(mx, ctail, mx, x);
+            }
+            let m_old = *row_max.add(r);
+            let m_new = m_old.max(_mm512_reduce_max_ps(mx));
+            if m_new == f32::NEG_INFINITY {
+                // Nothing seen yet: P = 0, and the running sum and output stay as they are.
+                for j in (0..cfull).step_by(16) {
+                    _mm256_storeu_si256(prow.add(j).cast(), _mm256_setzero_si256());
+                }
+                if ntail != 0 {
+                    store_tail(prow.add(cfull), _mm256_setzero_si256(), ntail);
+                }
+                continue;
+            }
+            let alpha = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
+            let mv = _mm512_set1_ps(m_new);
+            let mut sum = _mm512_setzero_ps();
+            for j in (0..cfull).step_by(16) {
+                let e = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(srow.add(j)), sv, mv));
+                let (h, back) = round(e);
+                _mm256_storeu_si256(prow.add(j).cast(), h);
+                sum = _mm512_add_ps(sum, back);
+            }
+            if ntail != 0 {
+                let e = exp2(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv, mv));
+                let (h, back) = round(e);
+                store_tail(prow.add(cfull), h, ntail);
+                sum = _mm512_mask_add_ps(sum, ctail, sum, back);
+            }
+            *row_sum.add(r) = *row_sum.add(r) * alpha + _mm512_reduce_add_ps(sum);
+            *row_max.add(r) = m_new;
+            if alpha != 1.0 && d > 0 {
+                let orow = o.add(r * ldo);
+                let av = _mm512_set1_ps(alpha);
+                for j in (0..dfull).step_by(16) {
+                    _mm512_storeu_ps(orow.add(j), _mm512_mul_ps(_mm512_loadu_ps(orow.add(j)), av));
+                }
+                if dtail != 0 {
+                    let x = _mm512_maskz_loadu_ps(dtail, orow.add(dfull));
+                    _mm512_mask_storeu_ps(orow.add(dfull), dtail, _mm512_mul_ps(x, av));
+                }
+            }
+        }
+    }
+}
+
 /// Rows of A up to which [`gemm_bt_dots`] beats packing `B^T` for the register tile: the
 /// packed path copies and transposes every B panel however few rows then reuse it.
 pub(crate) const DOT_MAX_ROWS: usize = 8;
@@ -356,7 +463,7 @@ unsafe fn dots_by_row(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mu
 /// shuffles and adds (45 instructions for 16 sums, where 16 separate reductions take about 64).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-fn sum_lanes_16(v: &[__m512; 16]) -> __m512 {
+pub(crate) fn sum_lanes_16(v: &[__m512; 16]) -> __m512 {
     // Level 1: per 128-bit lane, [a0+a2, b0+b2, a1+a3, b1+b3] for the pair (a, b) = (v[2i], v[2i+1]).
     let l1: [__m512; 8] = std::array::from_fn(|i| {
         let (x, y) = (v[2 * i], v[2 * i + 1]);

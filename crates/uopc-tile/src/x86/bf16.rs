@@ -12,7 +12,7 @@ use crate::convert;
 /// same rounding and NaN rule as [`convert::bf16_from_f32`].
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn narrow_bf16(x: __m512i) -> __m512i {
+pub(crate) fn narrow_bf16(x: __m512i) -> __m512i {
     let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF));
     let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
     let high = _mm512_srli_epi32::<16>(x);

@@ -7,6 +7,7 @@ pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod bf16;
+pub(crate) mod half_rows;
 
 /// Packs `B^T` into a panel of width `NR`: `dst[p * NR + j] = src[j * ldb + p]` for `p < kc`,
 /// `j < nr`, zero for `nr <= j < NR`.

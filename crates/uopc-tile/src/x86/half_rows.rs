@@ -1,0 +1,257 @@
+//! 16-bit GEMMs of at most [`HALF_ROWS_MAX`] rows of A (decode's scores and `P · V`): B is
+//! read once in storage order and widened to f32 in registers, with no packing.
+//!
+//! The blocked bf16 driver packs B into VNNI panels and the f16 one widens B into a buffer,
+//! each a pass over B that a product with few rows of A cannot amortize: with one to eight
+//! rows every element of B takes part in at most eight FMAs, so the pass costs about as much
+//! as the product. Widening in registers is exact (a bf16 is the top half of an f32; f16
+//! converts with `vcvtph2ps`) and the products are f32 FMAs of exact values, so the result is
+//! the f32 GEMM of the widened inputs; subnormal inputs count as they are (unlike AMX and
+//! `vdpbf16ps`, which flush them).
+
+use std::arch::x86_64::*;
+
+use crate::GemmShape;
+
+/// Rows of A up to which a 16-bit GEMM takes this path.
+pub(crate) const HALF_ROWS_MAX: usize = 8;
+
+/// k values of A widened per slab (into an `8 x 512` f32 buffer on the stack, 16 KiB).
+const KC: usize = 512;
+
+/// 16 consecutive 16-bit values at `p` (bf16 bits, or f16 when `F16`) as f32; only the first
+/// `n <= 16` are read, the other lanes are 0.
+///
+/// # Safety
+///
+/// AVX-512F is available and `p` is valid for reads of `n` u16s.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn widen16<const F16: bool>(p: *const u16, n: usize) -> __m512 {
+    let h = if n >= 16 {
+        // SAFETY: 16 u16s (32 bytes) are readable at `p`.
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    } else {
+        // A masked 16-bit load needs AVX-512BW, which this ISA level does not require.
+        let mut buf = [0u16; 16];
+        // SAFETY: `n < 16` u16s are readable at `p`; `buf` holds 16.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            _mm256_loadu_si256(buf.as_ptr().cast())
+        }
+    };
+    if F16 {
+        _mm512_cvtph_ps(h)
+    } else {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+}
+
+/// Lane mask of the first `n` (clamped to 16) lanes.
+#[inline]
+fn lanes(n: usize) -> __mmask16 {
+    if n >= 16 { 0xFFFF } else { (1u16 << n) - 1 }
+}
+
+/// `C (+)= A · B` (or `A · B^T` with `s.b_trans`) for `s.m <= HALF_ROWS_MAX` rows, A not
+/// transposed; 16-bit A and B (f16 when `F16`, else bf16 bits), f32 C.
+///
+/// # Safety
+///
+/// AVX-512F is available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`, `s.n > 0`, `s.k > 0`;
+/// the pointers satisfy the contract of [`crate::gemm_bf16_unchecked`] for `s`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: *const u16, b: *const u16, c: *mut f32) {
+    // SAFETY: forwarded, each instance with its own row count.
+    unsafe {
+        match s.m {
+            1 => slabs::<1, F16>(s, a, b, c),
+            2 => slabs::<2, F16>(s, a, b, c),
+            3 => slabs::<3, F16>(s, a, b, c),
+            4 => slabs::<4, F16>(s, a, b, c),
+            5 => slabs::<5, F16>(s, a, b, c),
+            6 => slabs::<6, F16>(s, a, b, c),
+            7 => slabs::<7, F16>(s, a, b, c),
+            8 => slabs::<8, F16>(s, a, b, c),
+            _ => {}
+        }
+    }
+}
+
+/// [`gemm`] for `M == s.m` rows: per slab of [`KC`] k values, A's slab widened into a local
+/// buffer (rows `KC` floats apart, zero past the slab's end to a multiple of 16), then the
+/// slab's product added into C (stored into it by the first slab unless accumulating).
+///
+/// # Safety
+///
+/// As [`gemm`], with `M == s.m`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: *const u16, b: *const u16, c: *mut f32) {
+    // Left uninitialized (zeroing all of it would cost more than a one-row product): the
+    // slab kernels read only rows `< M`, columns `< kc` rounded up to 16, written below.
+    let mut buf = std::mem::MaybeUninit::<[f32; HALF_ROWS_MAX * KC]>::uninit();
+    let wa = buf.as_mut_ptr().cast::<f32>();
+    for p0 in (0..s.k).step_by(KC) {
+        let kc = KC.min(s.k - p0);
+        for i in 0..M {
+            for p in (0..kc).step_by(16) {
+                // SAFETY: row `i < m`, columns `p0 + p .. p0 + min(p + 16, kc)` of A lie in its
+                // extent; `wa` holds `HALF_ROWS_MAX` rows of `KC >= kc` rounded up to 16 (KC is
+                // a multiple of 16). Past `kc` the lanes are zeros, so the dot products read
+                // whole vectors.
+                unsafe {
+                    let x = widen16::<F16>(a.add(i * s.lda + p0 + p), kc - p);
+                    _mm512_storeu_ps(wa.add(i * KC + p), x);
+                }
+            }
+        }
+        let load_c = s.accumulate || p0 > 0;
+        // SAFETY: forwarded; `wa` holds the slab's rows as documented, written above.
+        unsafe {
+            if s.b_trans {
+                slab_bt::<M, F16>(s, wa, p0, kc, b, c, load_c);
+            } else {
+                slab_b::<M, F16>(s, wa, p0, kc, b, c, load_c);
+            }
+        }
+    }
+}
+
+/// One slab of `C (+)= A · B^T`: keys (columns of C) in groups of `16 / M`, whose `M x (16 /
+/// M)` dot products one shuffle tree sums; each key's row of B (its `kc` values from `p0`) is
+/// read once, front to back 16 values at a time, and multiplied into all `M` rows of A.
+///
+/// # Safety
+///
+/// As [`slabs`], with `s.b_trans`, `p0 + kc <= k` and `wa` holding the slab (rows `KC`
+/// floats apart, `kc` rounded up to 16 written, zero past `kc`).
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn slab_bt<const M: usize, const F16: bool>(
+    s: &GemmShape,
+    wa: *const f32,
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    let group = 16 / M;
+    for j0 in (0..s.n).step_by(group) {
+        let live = group.min(s.n - j0);
+        // Accumulator `i * group + g` is row `i`, key `j0 + g`; the unused ones stay 0.
+        let mut acc = [_mm512_setzero_ps(); 16];
+        // Key by key, each key's row front to back: B is read as one sequential stream, the
+        // order the hardware prefetcher follows (the group's rows side by side stalled on
+        // their loads).
+        for g in 0..group {
+            // Past the last live key the last live key's row is read again (its sums are
+            // dropped below), so the trip count stays constant.
+            let j = j0 + g.min(live - 1);
+            for t in (0..kc).step_by(16) {
+                // SAFETY: row `j < n` of B holds columns `p0 + t .. p0 + t + min(16, kc - t)`.
+                let bv = unsafe { widen16::<F16>(b.add(j * s.ldb + p0 + t), kc - t) };
+                for i in 0..M {
+                    // SAFETY: `wa` row `i` is readable to `t + 16 <= KC` (kc rounded up to 16
+                    // is at most KC, a multiple of 16).
+                    let av = unsafe { _mm512_loadu_ps(wa.add(i * KC + t)) };
+                    acc[i * group + g] = _mm512_fmadd_ps(av, bv, acc[i * group + g]);
+                }
+            }
+        }
+        let mut sums = [0.0f32; 16];
+        // SAFETY: `sums` holds 16 floats.
+        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), crate::x86::avx512::sum_lanes_16(&acc)) };
+        for i in 0..M {
+            for g in 0..live {
+                // SAFETY: C[i, j0 + g] with `i < m`, `j0 + g < n` lies in C's extent.
+                unsafe {
+                    let at = c.add(i * s.ldc + j0 + g);
+                    let sum = sums[i * group + g];
+                    *at = if load_c { *at + sum } else { sum };
+                }
+            }
+        }
+    }
+}
+
+/// One slab of `C (+)= A · B`: C in strips of `16 V` columns held in `M V` accumulators
+/// (`V = 8, 8, 4, 4, 2, 2, 2, 2` vectors for 1 to 8 rows, within 16 registers up to four
+/// rows), each row of B's slab read once per strip and multiplied into all `M` rows. Wide
+/// strips read B's rows in long runs (at `P · V`'s widths, D <= 128, whole rows for up to two
+/// rows of A), which the hardware prefetcher follows better than one 64-byte piece per row.
+///
+/// # Safety
+///
+/// As [`slabs`], with `!s.b_trans`, `p0 + kc <= k` and `wa` holding the slab (rows `KC`
+/// floats apart, `kc` written).
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn slab_b<const M: usize, const F16: bool>(
+    s: &GemmShape,
+    wa: *const f32,
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    // SAFETY: forwarded, with the strip width for M rows.
+    unsafe {
+        match M {
+            1 | 2 => strips::<M, 8, F16>(s, wa, p0, kc, b, c, load_c),
+            3 | 4 => strips::<M, 4, F16>(s, wa, p0, kc, b, c, load_c),
+            _ => strips::<M, 2, F16>(s, wa, p0, kc, b, c, load_c),
+        }
+    }
+}
+
+/// [`slab_b`] with strips of `V` vectors.
+///
+/// # Safety
+///
+/// As [`slab_b`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn strips<const M: usize, const V: usize, const F16: bool>(
+    s: &GemmShape,
+    wa: *const f32,
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    for j0 in (0..s.n).step_by(16 * V) {
+        let width = (16 * V).min(s.n - j0);
+        // Vectors of this strip that hold columns, and the lanes of each.
+        let live = width.div_ceil(16);
+        let cols = |v: usize| width.saturating_sub(16 * v).min(16);
+        let mut acc = [[_mm512_setzero_ps(); V]; M];
+        if load_c {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate().take(live) {
+                    // SAFETY: columns `j0 + 16 v ..` of row `i < m` of C, masked to the strip.
+                    *acc = unsafe { _mm512_maskz_loadu_ps(lanes(cols(v)), c.add(i * s.ldc + j0 + 16 * v)) };
+                }
+            }
+        }
+        for p in 0..kc {
+            let mut bv = [_mm512_setzero_ps(); V];
+            for (v, bv) in bv.iter_mut().enumerate().take(live) {
+                // SAFETY: row `p0 + p < k` of B holds columns `j0 .. j0 + width`.
+                *bv = unsafe { widen16::<F16>(b.add((p0 + p) * s.ldb + j0 + 16 * v), cols(v)) };
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: `wa` row `i < M`, column `p < kc` was written by `slabs`.
+                let av = _mm512_set1_ps(unsafe { *wa.add(i * KC + p) });
+                for (acc, bv) in acc.iter_mut().zip(&bv).take(live) {
+                    *acc = _mm512_fmadd_ps(av, *bv, *acc);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (v, acc) in acc.iter().enumerate().take(live) {
+                // SAFETY: as for the loads above.
+                unsafe { _mm512_mask_storeu_ps(c.add(i * s.ldc + j0 + 16 * v), lanes(cols(v)), *acc) };
+            }
+        }
+    }
+}
