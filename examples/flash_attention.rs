@@ -14,10 +14,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 use uopc::attention::{attention, online_attention_ir};
 use uopc::flash_tiled::{FlashTileOps, TILE_OPS_TILING};
-use uopc::ir::{BinaryOp, Op, Stmt, TileOp, UOp, linearize, view_base};
 use uopc::jit::Program;
 use uopc::kernels::reference::{attention_f64, max_abs_err};
-use uopc::tensor::{ArgSource, Plan};
+use uopc::tensor::{ArgSource, Plan, input_products};
 use uopc::{RealizeOptions, Tensor, make_plan, realize};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -53,61 +52,6 @@ fn fmt_bytes(b: usize) -> String {
     }
 }
 
-/// The slot of the buffer an INDEX node points into.
-fn index_slot(index: &UOp) -> Option<usize> {
-    view_base(&index.src()[0]).and_then(|b| match b.op() {
-        Op::Buffer { slot, .. } => Some(*slot),
-        _ => None,
-    })
-}
-
-/// Executed q.k products: MULs of a load of Q (input 0) by a load of K (input 1), and the
-/// products of tile GEMMs of a block of one by a block of the other.
-fn qk_products(plan: &Plan) -> u64 {
-    fn go(body: &[Stmt], mult: u64, q: usize, k: usize, total: &mut u64) {
-        let slot = |u: &UOp| match u.op() {
-            Op::Load => view_base(&u.src()[0].src()[0]).and_then(|b| match b.op() {
-                Op::Buffer { slot, .. } => Some(*slot),
-                _ => None,
-            }),
-            _ => None,
-        };
-        for s in body {
-            match s {
-                Stmt::Loop { range, body } => {
-                    let trip = range.src()[0].const_int().unwrap_or(0).max(0) as u64;
-                    go(body, mult * trip, q, k, total);
-                }
-                Stmt::Op(u) if matches!(u.op(), Op::Binary(BinaryOp::Mul)) => {
-                    let s = [slot(&u.src()[0]), slot(&u.src()[1])];
-                    if s == [Some(q), Some(k)] || s == [Some(k), Some(q)] {
-                        *total += mult;
-                    }
-                }
-                // A tile GEMM of a block of Q by a block of K: rows x keys x d products.
-                Stmt::Op(u) if matches!(u.op(), Op::Tile(TileOp::Gemm(_))) => {
-                    let Op::Tile(TileOp::Gemm(g)) = u.op() else { continue };
-                    let s = [index_slot(&u.src()[0]), index_slot(&u.src()[1])];
-                    if s == [Some(q), Some(k)] || s == [Some(k), Some(q)] {
-                        *total += mult * (g.m * g.n * g.k) as u64;
-                    }
-                }
-                Stmt::Op(_) => {}
-            }
-        }
-    }
-    let mut total = 0;
-    for kernel in &plan.kernels {
-        let pos = |b| kernel.args.iter().position(|a| *a == b);
-        if let (Some(q), Some(k), Ok(lin)) =
-            (pos(ArgSource::Input(0)), pos(ArgSource::Input(1)), linearize(&kernel.program))
-        {
-            go(&lin.root, 1, q, k, &mut total);
-        }
-    }
-    total
-}
-
 /// What the plan keeps in memory, and how often it computes q.k, from the plan itself.
 fn describe(plan: &Plan, n: usize, d: usize) -> String {
     let nn: Vec<usize> = plan
@@ -124,7 +68,8 @@ fn describe(plan: &Plan, n: usize, d: usize) -> String {
         1 => format!("materializes {} of scores", fmt_bytes(nn[0])),
         c => format!("materializes {} of scores in {c} N*N buffers", fmt_bytes(nn.iter().sum())),
     };
-    let per_pair = qk_products(plan) as f64 / (n * n * d) as f64;
+    // q.k products: MULs of loads of Q (input 0) and K (input 1), and their tile GEMMs
+    let per_pair = input_products(plan, 0, 1).unwrap_or(0) as f64 / (n * n * d) as f64;
     let times = if per_pair == 1.0 { "once".to_string() } else { format!("{per_pair:.0} times") };
     desc += &format!(", QK^T computed {times}");
     desc

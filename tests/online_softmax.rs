@@ -5,8 +5,8 @@
 use ndarray::{Array2, ArrayD, Axis, IxDyn};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use uopc::ir::{Op, Stmt, TileOp, UOp, linearize, view_base};
-use uopc::tensor::{ArgSource, Experiments, Plan, canonicalize, online_reductions, static_flops};
+use uopc::ir::{Op, Stmt, UOp, linearize, view_base};
+use uopc::tensor::{Experiments, canonicalize, input_products, online_reductions, static_flops};
 use uopc::{RealizeOptions, Tensor, make_plan};
 
 fn written() -> RealizeOptions {
@@ -239,58 +239,6 @@ fn cross_entropy_gradient_through_online_sums_matches_f64() {
     assert!(err < 1e-6, "error {err}");
 }
 
-/// Executed MULs of a load of input `a` by a load of input `b` in `plan`'s kernels.
-fn products_of_inputs(plan: &Plan, a: usize, b: usize) -> u64 {
-    fn go(body: &[Stmt], mult: u64, a: usize, b: usize, total: &mut u64) {
-        let slot = |u: &UOp| match u.op() {
-            Op::Load => view_base(&u.src()[0].src()[0]).and_then(|x| match x.op() {
-                Op::Buffer { slot, .. } => Some(*slot),
-                _ => None,
-            }),
-            _ => None,
-        };
-        for s in body {
-            match s {
-                Stmt::Loop { range, body } => {
-                    let trip = range.src()[0].const_int().unwrap_or(0).max(0) as u64;
-                    go(body, mult * trip, a, b, total);
-                }
-                Stmt::Op(u) if matches!(u.op(), Op::Binary(uopc::ir::BinaryOp::Mul)) => {
-                    let s = [slot(&u.src()[0]), slot(&u.src()[1])];
-                    if s == [Some(a), Some(b)] || s == [Some(b), Some(a)] {
-                        *total += mult;
-                    }
-                }
-                // a tile GEMM of a block of one input by a block of the other
-                Stmt::Op(u) if matches!(u.op(), Op::Tile(TileOp::Gemm(_))) => {
-                    let Op::Tile(TileOp::Gemm(g)) = u.op() else { continue };
-                    let s = [index_slot(&u.src()[0]), index_slot(&u.src()[1])];
-                    if s == [Some(a), Some(b)] || s == [Some(b), Some(a)] {
-                        *total += mult * (g.m * g.n * g.k) as u64;
-                    }
-                }
-                Stmt::Op(_) => {}
-            }
-        }
-    }
-    let mut total = 0;
-    for kernel in &plan.kernels {
-        let pos = |x| kernel.args.iter().position(|y| *y == ArgSource::Input(x));
-        if let (Some(pa), Some(pb)) = (pos(a), pos(b)) {
-            go(&linearize(&kernel.program).unwrap().root, 1, pa, pb, &mut total);
-        }
-    }
-    total
-}
-
-/// The slot of the buffer an INDEX node points into.
-fn index_slot(index: &UOp) -> Option<usize> {
-    view_base(&index.src()[0]).and_then(|x| match x.op() {
-        Op::Buffer { slot, .. } => Some(*slot),
-        _ => None,
-    })
-}
-
 /// Whether every store to a local accumulator sits inside the THREAD loop.
 fn accumulators_inside_thread(program: &UOp) -> bool {
     fn go(body: &[Stmt], in_thread: bool, thread: &UOp) -> bool {
@@ -321,7 +269,7 @@ fn fused_attention_is_one_pass_over_the_keys() {
     // the plan says what was derived
     assert!(plan.to_string().contains("[2 online sums on tile ops"), "{plan}");
     assert!(plan.temp_sizes().iter().all(|&t| t < n * n), "no N x N buffer: {plan}");
-    assert_eq!(products_of_inputs(&plan, 0, 1), (n * n * d) as u64, "q.k once per (query, key) pair");
+    assert_eq!(input_products(&plan, 0, 1).unwrap(), (n * n * d) as u64, "q.k once per (query, key) pair");
     assert!(accumulators_inside_thread(&plan.kernels[0].program));
     // the rewritten plan does the work of the hand-written FlashAttention-2 kernel
     let derived = static_flops(&plan.kernels[0].program).unwrap() as f64;
@@ -330,7 +278,7 @@ fn fused_attention_is_one_pass_over_the_keys() {
     assert!((derived / hand - 1.0).abs() < 0.10, "static FLOPs {derived} against the hand-written {hand}");
     // the written form: QK^T once per pass
     let plan = make_plan(std::slice::from_ref(out.uop()), &written()).unwrap();
-    assert_eq!(products_of_inputs(&plan, 0, 1), 6 * (n * n * d) as u64);
+    assert_eq!(input_products(&plan, 0, 1).unwrap(), 6 * (n * n * d) as u64);
 }
 
 #[test]

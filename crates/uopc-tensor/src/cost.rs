@@ -31,3 +31,51 @@ pub fn static_flops(program: &UOp) -> Result<u64, IrError> {
     }
     Ok(go(&lin.root, 1))
 }
+
+/// Products of an element of input `a` by an element of input `b` one run of `plan` executes:
+/// MULs of a load of one by a load of the other, and `m n k` per tile GEMM of a block of one
+/// by a block of the other, each times the trip counts of the loops around it. For attention
+/// with Q and K as inputs 0 and 1, `n_q n_k d` means each q.k product is computed once.
+///
+/// # Errors
+///
+/// The [`IrError`] of linearizing a kernel's program when it is not a well-formed loop program.
+pub fn input_products(plan: &crate::Plan, a: usize, b: usize) -> Result<u64, IrError> {
+    fn slot(index: &UOp) -> Option<usize> {
+        match uopc_ir::view_base(&index.src()[0])?.op() {
+            Op::Buffer { slot, .. } => Some(*slot),
+            _ => None,
+        }
+    }
+    fn go(body: &[Stmt], mult: u64, pair: &dyn Fn([Option<usize>; 2]) -> bool) -> u64 {
+        let load_slot = |u: &UOp| if matches!(u.op(), Op::Load) { slot(&u.src()[0]) } else { None };
+        body.iter()
+            .map(|s| match s {
+                Stmt::Loop { range, body } => {
+                    let trip = range.src()[0].const_int().unwrap_or(0).max(0) as u64;
+                    go(body, mult * trip, pair)
+                }
+                Stmt::Op(u) => match u.op() {
+                    Op::Binary(uopc_ir::BinaryOp::Mul)
+                        if pair([load_slot(&u.src()[0]), load_slot(&u.src()[1])]) =>
+                    {
+                        mult
+                    }
+                    Op::Tile(uopc_ir::TileOp::Gemm(g)) if pair([slot(&u.src()[0]), slot(&u.src()[1])]) => {
+                        mult * (g.m * g.n * g.k) as u64
+                    }
+                    _ => 0,
+                },
+            })
+            .sum()
+    }
+    let mut total = 0;
+    for kernel in &plan.kernels {
+        let pos = |x| kernel.args.iter().position(|y| *y == crate::ArgSource::Input(x));
+        if let (Some(pa), Some(pb)) = (pos(a), pos(b)) {
+            let pair = move |s: [Option<usize>; 2]| s == [Some(pa), Some(pb)] || s == [Some(pb), Some(pa)];
+            total += go(&linearize(&kernel.program)?.root, 1, &pair);
+        }
+    }
+    Ok(total)
+}

@@ -52,7 +52,7 @@ pub use cache::{
     DEFAULT_PLAN_CACHE_LIMIT, PlanCacheStats, clear_plan_cache, make_plan, plan_cache_limit,
     plan_cache_stats, set_plan_cache_limit,
 };
-pub use cost::static_flops;
+pub use cost::{input_products, static_flops};
 pub use debug::{DEBUG_ENV, debug_level, set_debug_level};
 pub use error::{Result, TensorError};
 /// The ndarray version this crate converts to and from, so callers need not pin it themselves.
