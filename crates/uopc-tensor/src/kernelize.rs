@@ -9,7 +9,7 @@ use crate::passes::{layout_pass, materialize_points, run_pass, stage_broadcast_c
 use crate::plan::{ArgSource, Kernel, OutSpec, Plan};
 use crate::rangeify::{Ctx, lower};
 use crate::util::numel;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
@@ -158,10 +158,17 @@ struct Lowered {
     args: Vec<ArgSource>,
     /// The output slots' lengths when the program writes several parts of its output.
     output_parts: Vec<usize>,
+    /// Whether the kernel is a tile GEMM with its consumer's elementwise ops fused in.
+    epilogue: bool,
 }
 
 /// The loop program of the kernel that computes point `p`.
-fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions) -> Result<Lowered> {
+fn lower_point(
+    p: &UOp,
+    buf_of: &HashMap<UOp, ArgSource>,
+    opts: &RealizeOptions,
+    with_epilogue: &HashSet<UOp>,
+) -> Result<Lowered> {
     if let Op::Custom(custom) = p.op() {
         // The program is given; its slots are the sources, then the output.
         let mut args: Vec<ArgSource> = p
@@ -179,6 +186,7 @@ fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions)
             program: custom.program.clone(),
             args,
             output_parts: custom.output_parts.clone(),
+            epilogue: false,
         });
     }
     let (body, mut args) = kernel_body(p, buf_of);
@@ -186,13 +194,19 @@ fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions)
     let mut ctx = Ctx::new(opts.opt.opts(&body), !opts.experiments.reshape_without_divmod_folding);
     let out = buffer(args.len(), p.dtype(), numel(p.shape()));
     let tiled = if opts.opt.tile_ops() { crate::tilemap::lower_gemm(&body, &out) } else { None };
-    let program = match tiled {
-        Some(program) => program,
-        None => lower(&body, &out, &mut ctx)?,
+    // A kernel the cut gave a GEMM epilogue falls back to the generic lowering (the GEMM as a
+    // loop nest) should its body not lower as one after all: slower, never wrong.
+    let fused =
+        if with_epilogue.contains(p) { crate::epilogue::lower_gemm_epilogue(&body, &out) } else { None };
+    let epilogue = fused.is_some();
+    let program = match (tiled, fused) {
+        (Some(program), _) => program,
+        (None, Some(program)) => program?,
+        (None, None) => lower(&body, &out, &mut ctx)?,
     };
     args.push(buf_of[p]);
     let (program, args) = compact_slots(program, args);
-    Ok(Lowered { name, shape: body.shape().to_vec(), program, args, output_parts: Vec::new() })
+    Ok(Lowered { name, shape: body.shape().to_vec(), program, args, output_parts: Vec::new(), epilogue })
 }
 
 /// Cuts, lowers and compiles already canonical `roots` whose inputs are `inputs`.
@@ -205,6 +219,17 @@ pub(crate) fn build_plan(
     let rewrites_before = uopc_ir::rewrite_counts();
     let graph = prepare_graph(roots, opts);
     let points = materialize_points(&graph, opts.fuse_reduce);
+    let (points, with_epilogue) = if opts.opt.tile_ops() && !opts.fuse_reduce {
+        // Whether a reduce runs as a tile GEMM depends only on its own kernel body, which
+        // fusing other kernels does not change: ask it of the body it has in this cut.
+        let tentative: HashMap<UOp, ArgSource> =
+            points.iter().enumerate().map(|(k, p)| (p.clone(), ArgSource::Temp(k))).collect();
+        crate::epilogue::fuse_gemm_epilogues(&graph, points, |r| {
+            crate::tilemap::reads_operands_in_place(&kernel_body(r, &tentative).0)
+        })
+    } else {
+        (points, HashSet::new())
+    };
     let mut buf_of: HashMap<UOp, ArgSource> = HashMap::new();
     let mut outputs = Vec::new();
     let mut outs = Vec::new();
@@ -227,13 +252,14 @@ pub(crate) fn build_plan(
         });
     }
     check_memory(&temps, &outputs)?;
-    let lowered = points.iter().map(|p| lower_point(p, &buf_of, opts)).collect::<Result<Vec<_>>>()?;
+    let lowered =
+        points.iter().map(|p| lower_point(p, &buf_of, opts, &with_epilogue)).collect::<Result<Vec<_>>>()?;
     let schedule_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut kernels = Vec::with_capacity(lowered.len());
-    for Lowered { name, shape, program, args, output_parts } in lowered {
+    for Lowered { name, shape, program, args, output_parts, epilogue } in lowered {
         let exe = Exe::compile(&program, &name, opts.scalar_codegen)?.with_output_parts(output_parts);
-        kernels.push(Kernel::new(name, shape, program, args, exe));
+        kernels.push(Kernel::new(name, shape, program, args, exe).with_epilogue(epilogue));
     }
     Ok(Plan {
         kernels,

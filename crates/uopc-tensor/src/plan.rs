@@ -43,6 +43,7 @@ pub struct Kernel {
     pub bytes: u64,
     pub(crate) exe: Exe,
     tile_ops: bool,
+    epilogue: bool,
 }
 
 impl Kernel {
@@ -58,12 +59,34 @@ impl Kernel {
         let (flops, bytes) = exe.estimates();
         let tile_ops =
             UOp::toposort(std::slice::from_ref(&program)).iter().any(|u| matches!(u.op(), Op::Tile(_)));
-        Kernel { name, shape, program, args, flops, bytes, exe, tile_ops }
+        Kernel { name, shape, program, args, flops, bytes, exe, tile_ops, epilogue: false }
+    }
+
+    /// This kernel, marked as a tile GEMM with a fused epilogue when `epilogue` holds.
+    pub(crate) fn with_epilogue(self, epilogue: bool) -> Kernel {
+        Kernel { epilogue, ..self }
     }
 
     /// Whether the program calls tile ops (a GEMM mapped onto the micro-kernels).
     pub fn uses_tile_ops(&self) -> bool {
         self.tile_ops
+    }
+
+    /// Whether the kernel is a tile GEMM that also computes its consumer's elementwise ops (a
+    /// bias, an activation, a residual add, a cast) on each output block before storing it,
+    /// where otherwise those would be a kernel of their own reading the GEMM output back.
+    pub fn has_epilogue(&self) -> bool {
+        self.epilogue
+    }
+
+    /// What the kernel runs on, for printed plans: `[tile gemm]`, `[tile gemm + epilogue]`,
+    /// or nothing for a kernel of loops only.
+    pub fn kind_label(&self) -> &'static str {
+        match (self.tile_ops, self.epilogue) {
+            (true, true) => "[tile gemm + epilogue]",
+            (true, false) => "[tile gemm]",
+            _ => "",
+        }
     }
 }
 
@@ -154,7 +177,7 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "plan: {} kernels", self.kernels.len())?;
         for k in &self.kernels {
-            writeln!(f, "  {:<24} args {:?}", k.name, k.args)?;
+            writeln!(f, "  {:<24} args {:?} {}", k.name, k.args, k.kind_label())?;
         }
         writeln!(f, "  temps {:?}", self.temps)?;
         writeln!(f, "  outputs {:?}", self.outputs)?;

@@ -330,6 +330,16 @@ impl Ctx {
     }
 }
 
+impl Ctx {
+    /// The scalar value of `body` at `index` (one expression per axis of `body`'s shape, each
+    /// simplified here): the expression `lower` stores for that element, for a kernel that
+    /// builds its own loops and stores around it (a GEMM epilogue).
+    pub(crate) fn value_at(&mut self, body: &UOp, index: &[UOp]) -> Result<UOp> {
+        let index: Vec<UOp> = index.iter().map(|i| self.simplify(i)).collect();
+        self.rangeify(body, index)
+    }
+}
+
 /// Lowers a kernel body (tensor level, inputs as `Param`s with kernel-local slots) to a loop
 /// program that stores every element of `body` into `out`, a BUFFER of `body`'s element count.
 ///
