@@ -11,15 +11,17 @@
 use crate::error::Result;
 use crate::opt::Opts;
 use crate::rangeify::Ctx;
-use crate::tilemap::GemmTasks;
+use crate::tilemap::{BlockLimit, GemmTasks};
 use crate::util::numel;
 use std::collections::{HashMap, HashSet};
 use uopc_ir::{AxisType, DType, Op, UOp, alloc, range, simplify, sink};
 
-/// The most elements of a task's f32 scratch block (the GEMM result before a cast to another
-/// dtype): 128 KiB, which stays in the core's L2 between the GEMM and the epilogue and is a
-/// small part of any worker thread's stack, where the block lives.
-const SCRATCH_ELEMENTS: usize = 32 * 1024;
+/// The most elements of a task's output block in a kernel with an epilogue: 128 KiB of f32,
+/// which stays in the core's L2 between the GEMM writing it and the epilogue reading it back
+/// (the whole-row blocks of a plain GEMM task, 3 MiB for 256 rows of 3072, would not), and,
+/// as the f32 scratch block of a non-f32 output, is a small part of any worker thread's stack,
+/// where it lives.
+const BLOCK_ELEMENTS: usize = 32 * 1024;
 
 /// The node a point's kernel body starts from: a STAGE is a copy of its source.
 fn body_start(p: &UOp) -> UOp {
@@ -194,8 +196,8 @@ fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
 /// columns innermost, which the backend vectorizes) that reads the GEMM's value back and
 /// applies the rest of the body at the element's output index (other inputs read there: a
 /// bias along the rows, a residual). An f32 output is its own block (the GEMM writes it, the
-/// epilogue rewrites it in place); any other dtype gets an f32 scratch block per task, and
-/// the task's block is kept to [`SCRATCH_ELEMENTS`].
+/// epilogue rewrites it in place); any other dtype gets an f32 scratch block per task. Either
+/// way the task's block is kept to [`BLOCK_ELEMENTS`].
 pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> {
     let Op::Buffer { slot: out_slot, .. } = out.op() else { return None };
     let nodes = UOp::toposort(std::slice::from_ref(body));
@@ -205,7 +207,9 @@ pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> 
         return None;
     }
     let in_place = out.dtype() == DType::F32;
-    let tasks = GemmTasks::new(gemm, if in_place { None } else { Some(SCRATCH_ELEMENTS) })?;
+    // A scratch block lives on the stack: its bound is a must. An output block may be wider.
+    let limit = BlockLimit { elements: BLOCK_ELEMENTS, required: !in_place };
+    let tasks = GemmTasks::new(gemm, Some(limit))?;
     let n = tasks.output_shape().last().copied().unwrap_or(1);
     let (rows, cols) = (tasks.rows, tasks.cols);
     // Range 0 is the THREAD range over the tasks.

@@ -219,7 +219,8 @@ pub(crate) fn build_plan(
     let rewrites_before = uopc_ir::rewrite_counts();
     let graph = prepare_graph(roots, opts);
     let points = materialize_points(&graph, opts.fuse_reduce);
-    let (points, with_epilogue) = if opts.opt.tile_ops() && !opts.fuse_reduce {
+    let epilogues = opts.opt.tile_ops() && !opts.fuse_reduce && !opts.experiments.unfused_gemm_epilogues;
+    let (points, with_epilogue) = if epilogues {
         // Whether a reduce runs as a tile GEMM depends only on its own kernel body, which
         // fusing other kernels does not change: ask it of the body it has in this cut.
         let tentative: HashMap<UOp, ArgSource> =

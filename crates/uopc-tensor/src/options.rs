@@ -64,6 +64,10 @@ pub struct Experiments {
     /// Stage expensive broadcasts even when `fuse_reduce` is set: fully fused attention then
     /// stores the N x N probabilities P before multiplying them by V.
     pub stage_broadcasts_when_fused: bool,
+    /// Do not fuse elementwise consumers into tile GEMMs: a GEMM writes its whole output, and
+    /// its bias, activation, residual or rounding cast runs as a kernel of its own that reads
+    /// the output back (the plans before GEMM epilogues, for comparing the two).
+    pub unfused_gemm_epilogues: bool,
 }
 
 impl Experiments {

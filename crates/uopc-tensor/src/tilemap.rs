@@ -242,6 +242,19 @@ pub(crate) fn reads_operands_in_place(body: &UOp) -> bool {
     gemm_operands(body).is_some()
 }
 
+/// The narrowest column block a task's block-size limit narrows a GEMM task to: two
+/// AVX-512 micro-kernel panels.
+const MIN_LIMITED_COLUMNS: usize = 32;
+
+/// An upper bound on the elements of one task's output block (see [`GemmTasks::new`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockLimit {
+    /// The most elements of a block.
+    pub elements: usize,
+    /// Whether the bound must hold even at the cost of fewer rows per task.
+    pub required: bool,
+}
+
 /// One GEMM kernel cut into THREAD tasks: task `t` computes the `rows x cols` block of the
 /// flattened `(items * m, n)` result whose first row is `rows * row_task` and first column
 /// `cols * col_block`, where `t = row_task * col_blocks + col_block`.
@@ -263,22 +276,34 @@ pub(crate) struct GemmTasks {
 }
 
 impl GemmTasks {
-    /// The cut of GEMM-shaped `body` into tasks, or `None` when `body` is not one. With
-    /// `max_block`, a task's block holds at most that many elements (as far as a divisor of
-    /// the columns allows), so a per-task scratch block stays small.
-    pub(crate) fn new(body: &UOp, max_block: Option<usize>) -> Option<GemmTasks> {
+    /// The cut of GEMM-shaped `body` into tasks, or `None` when `body` is not one.
+    ///
+    /// With a `limit`, a task's block should hold at most `limit.elements` elements: the
+    /// columns are narrowed to a smaller divisor of themselves, though not below
+    /// [`MIN_LIMITED_COLUMNS`] (narrower calls would spend their time packing). Past that,
+    /// with `limit.required`, the rows are cut instead, so the block always fits (a scratch
+    /// block on the stack); otherwise the block stays wider than the limit.
+    pub(crate) fn new(body: &UOp, limit: Option<BlockLimit>) -> Option<GemmTasks> {
         let operands = gemm_operands(body)?;
         let r = operands.shape.len();
         let [m, n] = [operands.shape[r - 3], operands.shape[r - 2]];
-        let rows = largest_divisor_at_most(m, ROWS_PER_TASK);
+        let mut rows = largest_divisor_at_most(m, ROWS_PER_TASK);
         let items: usize = operands.shape[..r - 3].iter().product();
-        let row_tasks = items * (m / rows);
         // The machine's core count, not the calling pool's: a cached plan serves every pool.
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let mut cols = columns_per_task(n, row_tasks, cores);
-        if let Some(limit) = max_block {
-            cols = largest_divisor_at_most(cols, (limit / rows).max(1));
+        let mut cols = columns_per_task(n, items * (m / rows), cores);
+        if let Some(BlockLimit { elements, required }) = limit {
+            let narrow = largest_divisor_at_most(cols, (elements / rows).max(1));
+            if narrow >= MIN_LIMITED_COLUMNS.min(cols) {
+                cols = narrow;
+            } else if required {
+                rows = largest_divisor_at_most(m, (elements / cols).max(1));
+                if rows * cols > elements {
+                    cols = largest_divisor_at_most(cols, (elements / rows).max(1));
+                }
+            }
         }
+        let row_tasks = items * (m / rows);
         let (row_blocks, col_blocks) = (m / rows, n / cols);
         let task = range(row_tasks * col_blocks, 0, AxisType::Thread);
         let mut tasks = GemmTasks {

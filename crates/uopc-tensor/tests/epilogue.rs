@@ -36,6 +36,19 @@ fn gemms(plan: &Plan) -> Vec<(String, bool)> {
     plan.kernels.iter().filter(|k| k.uses_tile_ops()).map(|k| (k.name.clone(), k.has_epilogue())).collect()
 }
 
+/// Whether kernel `k`'s THREAD tasks are proven to write disjoint memory, so they run in
+/// parallel (a kernel of one task counts as parallel).
+fn runs_in_parallel(k: &Kernel) -> bool {
+    let prepared = uopc_ir::prepare(&k.program, &uopc_ir::PrepareOptions::default()).expect("prepares");
+    prepared.thread.is_none_or(|t| t.writes_disjoint || t.extent == Some(1))
+}
+
+/// The THREAD tasks of kernel `k`.
+fn tasks(k: &Kernel) -> usize {
+    let prepared = uopc_ir::prepare(&k.program, &uopc_ir::PrepareOptions::default()).expect("prepares");
+    prepared.thread.and_then(|t| t.extent).unwrap_or(1)
+}
+
 // Sizes: 96 rows (not a multiple of the 256-row task block), k = 80, 144 columns; each output
 // is an 80-term f32 dot product of values in [-1, 1), rounding error ~ 80 * 2^-24 * |terms|,
 // far below the 1e-5 (relative to 1 + |want|) asserted.
@@ -72,13 +85,19 @@ fn residual_and_scale_fuse_and_an_unfused_plan_has_one_kernel_more() {
     let plan = plan_of(&y);
     assert_eq!(gemms(&plan), [(format!("r_{N}_{M}"), true)], "{plan}");
     assert_eq!(plan.kernels.len(), 1);
+    // The experiment switch brings back the separate elementwise kernel.
+    let unfused = RealizeOptions::default()
+        .with_experiments(Experiments { unfused_gemm_epilogues: true, ..Experiments::default() });
+    let split = make_plan(&[y.uop().clone()], &unfused).unwrap();
+    assert_eq!(split.kernel_names(), [format!("r_{N}_{M}"), format!("e_{N}_{M}")], "{split}");
+    assert!(split.kernels[0].uses_tile_ops() && !split.kernels[0].has_epilogue());
+    let want = matmul64(&f64s(&x), &f64s(&w)) * 0.5 + f64s(&r);
+    assert_close(&y.to_ndarray_with::<f32>(&unfused).unwrap(), &want, 1e-5);
     // The same product with loops instead of tile GEMMs: the reduce is its own kernel.
     let loops =
         make_plan(&[y.uop().clone()], &RealizeOptions::default().with_opt(DefaultOpt::loops())).unwrap();
     assert_eq!(loops.kernels.len(), 2, "{loops}");
-    let got = y.to_ndarray::<f32>().unwrap();
-    let want = matmul64(&f64s(&x), &f64s(&w)) * 0.5 + f64s(&r);
-    assert_close(&got, &want, 1e-5);
+    assert_close(&y.to_ndarray::<f32>().unwrap(), &want, 1e-5);
 }
 
 #[test]
@@ -130,6 +149,30 @@ fn a_residual_read_through_a_reshape_of_the_rows_fuses() {
 }
 
 #[test]
+fn blocks_of_few_rows_split_over_columns_run_in_parallel() {
+    // 16 rows are one row block: the tasks are column blocks, each GEMM block and its
+    // epilogue a 16 x (a divisor of 1024) block of rows 1024 apart, which the backend must
+    // still prove disjoint to run them at once.
+    let (x, w, b) = (
+        uniform(&[16, 64], -1.0, 1.0, 26),
+        uniform(&[64, 1024], -1.0, 1.0, 27),
+        uniform(&[1024], -1.0, 1.0, 28),
+    );
+    let (tx, tw, tb) = (Tensor::from_array(&x), Tensor::from_array(&w), Tensor::from_array(&b));
+    let y = (tx.matmul(&tw) + &tb).relu();
+    let plan = plan_of(&y);
+    assert_eq!(gemms(&plan), [("r_16_1024".to_string(), true)], "{plan}");
+    assert!(tasks(&plan.kernels[0]) > 1, "{}", plan.kernels[0].program.short());
+    assert!(runs_in_parallel(&plan.kernels[0]));
+    let h = matmul64(&f64s(&x), &f64s(&w));
+    let mut want = h.clone();
+    for ((i, j), v) in h.into_dimensionality::<ndarray::Ix2>().unwrap().indexed_iter() {
+        want[[i, j]] = (v + f64::from(b[[j]])).max(0.0);
+    }
+    assert_close(&y.to_ndarray::<f32>().unwrap(), &want, 1e-5);
+}
+
+#[test]
 fn bf16_matmul_rounds_in_the_gemm_kernel() {
     // 200 x 96 @ 96 x 272: the per-task f32 scratch block limits the columns per task.
     let (n, k, m) = (200, 96, 272);
@@ -140,6 +183,7 @@ fn bf16_matmul_rounds_in_the_gemm_kernel() {
     let plan = plan_of(&y);
     assert_eq!(gemms(&plan), [(format!("r_{n}_{m}"), true)], "{plan}");
     assert_eq!(plan.kernels.len(), 1, "{plan}");
+    assert!(tasks(&plan.kernels[0]) > 1 && runs_in_parallel(&plan.kernels[0]), "{plan}");
     let got = y.to_ndarray::<bf16>().unwrap().mapv(|v| v.to_f32());
     let wide = |a: &ArrayD<bf16>| a.mapv(|v| f64::from(v.to_f32()));
     let want = matmul64(&wide(&x), &wide(&w));
