@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::peak::median;
+use crate::peak::{median, process_cpu_seconds};
 use uopc::gpt::{GptBlock, GptConfig};
 use uopc::tensor::{Experiments, RealizeOptions, Tensor, gradient, realize};
 
@@ -31,6 +31,8 @@ struct Row {
     heads: usize,
     median_ms: f64,
     best_ms: f64,
+    /// Median CPU milliseconds of the process (all threads) per realize.
+    cpu_median_ms: f64,
     kernels: usize,
     tile_gemm_kernels: usize,
     compile_ms: f64,
@@ -89,6 +91,7 @@ pub fn run(
     }
     let mut rows = Vec::new();
     let mut samples = vec![Vec::new(); passes.len()];
+    let mut cpu_samples = vec![Vec::new(); passes.len()];
     for (pass, outs, opts) in &passes {
         match realize(outs, opts) {
             Ok((_, report)) => rows.push(Row {
@@ -99,6 +102,7 @@ pub fn run(
                 heads: config.heads,
                 median_ms: 0.0,
                 best_ms: 0.0,
+                cpu_median_ms: 0.0,
                 kernels: report.kernels.len(),
                 tile_gemm_kernels: report.kernels.iter().filter(|k| k.tile_ops).count(),
                 compile_ms: (report.schedule_seconds + report.compile_seconds) * 1e3,
@@ -115,9 +119,12 @@ pub fn run(
     for _ in 0..rounds {
         for (k, (_, outs, opts)) in passes.iter().enumerate() {
             for _ in 0..reps {
-                let start = Instant::now();
+                let (start, cpu_start) = (Instant::now(), process_cpu_seconds());
                 let report = realize(outs, opts).map(|(_, r)| r);
                 samples[k].push(start.elapsed().as_secs_f64() * 1e3);
+                if let (Some(a), Some(b)) = (cpu_start, process_cpu_seconds()) {
+                    cpu_samples[k].push((b - a) * 1e3);
+                }
                 let Ok(report) = report else { continue };
                 // The compiler's GEMM kernels (reduces, `r_...`); the attention nodes' static
                 // FLOPs count the causal blocks they skip, so they are timed by `bench sdpa`.
@@ -136,13 +143,23 @@ pub fn run(
         "GPT-2-small block, batch {batch} x {tokens} tokens, d_model {}, {} heads",
         config.d_model, config.heads
     );
-    println!("{:<34} {:>10} {:>10} {:>14} {:>11}", "pass", "median ms", "best ms", "kernels", "compile ms");
-    for ((row, s), gemms) in rows.iter_mut().zip(&samples).zip(&gemm_samples) {
+    println!(
+        "{:<34} {:>10} {:>10} {:>10} {:>14} {:>11}",
+        "pass", "median ms", "best ms", "cpu ms", "kernels", "compile ms"
+    );
+    for (((row, s), cpu), gemms) in rows.iter_mut().zip(&samples).zip(&cpu_samples).zip(&gemm_samples) {
         row.median_ms = median(s);
         row.best_ms = s.iter().copied().fold(f64::INFINITY, f64::min);
+        row.cpu_median_ms = if cpu.is_empty() { f64::NAN } else { median(cpu) };
         println!(
-            "{:<34} {:>10.1} {:>10.1} {:>5} ({:>2} tile) {:>11.1}",
-            row.pass, row.median_ms, row.best_ms, row.kernels, row.tile_gemm_kernels, row.compile_ms
+            "{:<34} {:>10.1} {:>10.1} {:>10.1} {:>5} ({:>2} tile) {:>11.1}",
+            row.pass,
+            row.median_ms,
+            row.best_ms,
+            row.cpu_median_ms,
+            row.kernels,
+            row.tile_gemm_kernels,
+            row.compile_ms
         );
         row.gemm_kernels = gemms
             .iter()
