@@ -94,8 +94,9 @@ fn reads_elementwise(start: &UOp, gemm: &UOp, points: &HashSet<UOp>) -> bool {
 /// the kernel of their consumer instead of being kernels of their own. Returns the remaining
 /// points, in the same order, and the consumer points that now carry a GEMM epilogue.
 ///
-/// A reduce is fused when `is_tile_gemm` holds for it (it will run as a tile GEMM, which
-/// writes a block of output per task), it is not a root, exactly one other kernel reads it,
+/// A reduce is fused when `is_tile_gemm` holds for it and its consumer's dtype (it runs as a
+/// tile GEMM, which writes a block of output per task, and its blocks suit an epilogue: see
+/// [`epilogue_pays`]), it is not a root, exactly one other kernel reads it,
 /// and that kernel reads it only elementwise at its own output index ([`reads_elementwise`]):
 /// the fused kernel then saves one write and one read of the whole GEMM output, and computes
 /// nothing twice. It is refused when another kernel reads the GEMM output too (transposed, or
@@ -105,7 +106,7 @@ fn reads_elementwise(start: &UOp, gemm: &UOp, points: &HashSet<UOp>) -> bool {
 pub(crate) fn fuse_gemm_epilogues(
     roots: &[UOp],
     points: Vec<UOp>,
-    is_tile_gemm: impl Fn(&UOp) -> bool,
+    is_tile_gemm: impl Fn(&UOp, DType) -> bool,
 ) -> (Vec<UOp>, HashSet<UOp>) {
     let point_set: HashSet<UOp> = points.iter().cloned().collect();
     let root_set: HashSet<&UOp> = roots.iter().collect();
@@ -128,7 +129,7 @@ pub(crate) fn fuse_gemm_epilogues(
         if with_epilogue.contains(consumer)
             || matches!(consumer.op(), Op::Custom(_))
             || !reads_elementwise(&body_start(consumer), gemm, &point_set)
-            || !is_tile_gemm(gemm)
+            || !is_tile_gemm(gemm, consumer.dtype())
         {
             continue;
         }
@@ -137,6 +138,22 @@ pub(crate) fn fuse_gemm_epilogues(
     }
     let points = points.into_iter().filter(|p| !fused.contains(p)).collect();
     (points, with_epilogue)
+}
+
+/// Whether the GEMM kernel `body` pays for an epilogue writing `dtype`: an f32 output is the
+/// GEMM's own block, so nothing changes but the blocks' width; any other output needs an f32
+/// scratch block that must fit [`BLOCK_ELEMENTS`], and when that forces smaller blocks than
+/// the plain GEMM's with a transposed A, repacking A for every narrower block costs more than
+/// the separate rounding pass it saves.
+pub(crate) fn epilogue_pays(body: &UOp, dtype: DType) -> bool {
+    if dtype == DType::F32 {
+        return true;
+    }
+    let limit = BlockLimit { elements: BLOCK_ELEMENTS, required: true };
+    match (GemmTasks::new(body, None), GemmTasks::new(body, Some(limit))) {
+        (Some(plain), Some(limited)) => !limited.repacks_transposed_a(&plain),
+        _ => false,
+    }
 }
 
 /// `root` with every node for which `replace` gives a node replaced by it (and not walked

@@ -225,8 +225,9 @@ pub(crate) fn build_plan(
         // fusing other kernels does not change: ask it of the body it has in this cut.
         let tentative: HashMap<UOp, ArgSource> =
             points.iter().enumerate().map(|(k, p)| (p.clone(), ArgSource::Temp(k))).collect();
-        crate::epilogue::fuse_gemm_epilogues(&graph, points, |r| {
-            crate::tilemap::reads_operands_in_place(&kernel_body(r, &tentative).0)
+        crate::epilogue::fuse_gemm_epilogues(&graph, points, |r, dtype| {
+            let body = kernel_body(r, &tentative).0;
+            crate::tilemap::reads_operands_in_place(&body) && crate::epilogue::epilogue_pays(&body, dtype)
         })
     } else {
         (points, HashSet::new())

@@ -282,7 +282,8 @@ impl GemmTasks {
     /// columns are narrowed to a smaller divisor of themselves, though not below
     /// [`MIN_LIMITED_COLUMNS`] (narrower calls would spend their time packing). Past that,
     /// with `limit.required`, the rows are cut instead, so the block always fits (a scratch
-    /// block on the stack); otherwise the block stays wider than the limit.
+    /// block on the stack); otherwise the block stays wider than the limit, as it does for a
+    /// transposed A.
     pub(crate) fn new(body: &UOp, limit: Option<BlockLimit>) -> Option<GemmTasks> {
         let operands = gemm_operands(body)?;
         let r = operands.shape.len();
@@ -292,6 +293,9 @@ impl GemmTasks {
         // The machine's core count, not the calling pool's: a cached plan serves every pool.
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let mut cols = columns_per_task(n, items * (m / rows), cores);
+        // Narrower column blocks repack a transposed A once more each (it is copied into strips
+        // per call), which costs more than the epilogue saves unless the block must fit.
+        let limit = limit.filter(|l| l.required || !operands.a_trans);
         if let Some(BlockLimit { elements, required }) = limit {
             let narrow = largest_divisor_at_most(cols, (elements / rows).max(1));
             if narrow >= MIN_LIMITED_COLUMNS.min(cols) {
@@ -334,6 +338,13 @@ impl GemmTasks {
             + &col_block * (self.cols * b.strides[in_])
             + b.base as i64;
         (a_start, b_start)
+    }
+
+    /// Whether the tasks' blocks are narrower (or shorter) than the plain GEMM's, so each
+    /// call packs less of B but its share of A once more, while A is transposed (copied into
+    /// strips by every call): then the cut costs more packing than a block in cache saves.
+    pub(crate) fn repacks_transposed_a(&self, plain: &GemmTasks) -> bool {
+        self.operands.a_trans && (self.cols < plain.cols || self.rows < plain.rows)
     }
 
     /// The `[batch.., m, n]` output shape.
