@@ -177,7 +177,9 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "plan: {} kernels", self.kernels.len())?;
         for k in &self.kernels {
-            writeln!(f, "  {:<24} args {:?} {}", k.name, k.args, k.kind_label())?;
+            let label = k.kind_label();
+            let sep = if label.is_empty() { "" } else { " " };
+            writeln!(f, "  {:<24} args {:?}{sep}{label}", k.name, k.args)?;
         }
         writeln!(f, "  temps {:?}", self.temps)?;
         writeln!(f, "  outputs {:?}", self.outputs)?;
