@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::peak::median;
+use crate::peak::{median, process_cpu_seconds};
 use uopc::gpt::{GptBlock, GptConfig};
-use uopc::tensor::{RealizeOptions, Tensor, gradient, realize};
+use uopc::tensor::{Experiments, RealizeOptions, Tensor, gradient, realize};
 
 /// One tile-GEMM kernel the compiler cut (not an attention node) of a pass: its median time
 /// over the timed realizes and its share of the widest FMA peak measured in the same run.
@@ -24,13 +24,15 @@ struct GemmKernel {
 
 #[derive(Serialize)]
 struct Row {
-    pass: &'static str,
+    pass: String,
     batch: usize,
     n: usize,
     d_model: usize,
     heads: usize,
     median_ms: f64,
     best_ms: f64,
+    /// Median CPU milliseconds of the process (all threads) per realize.
+    cpu_median_ms: f64,
     kernels: usize,
     tile_gemm_kernels: usize,
     compile_ms: f64,
@@ -42,8 +44,16 @@ fn random(shape: &[usize], rng: &mut StdRng) -> Tensor {
 }
 
 /// Runs `bench block` on `(batch, tokens)` inputs: each pass once to compile, then `rounds`
-/// interleaved rounds of `reps` timed realizes of each.
-pub fn run(batch: usize, tokens: usize, reps: usize, rounds: usize, json: Option<&Path>) -> ExitCode {
+/// interleaved rounds of `reps` timed realizes of each; with `compare_unfused_epilogues`, each
+/// pass also with its GEMM epilogues unfused, in the same rounds.
+pub fn run(
+    batch: usize,
+    tokens: usize,
+    reps: usize,
+    rounds: usize,
+    compare_unfused_epilogues: bool,
+    json: Option<&Path>,
+) -> ExitCode {
     let config = GptConfig::gpt2_small();
     let block = GptBlock::random(config, 1);
     let mut rng = StdRng::seed_from_u64(2);
@@ -67,21 +77,32 @@ pub fn run(batch: usize, tokens: usize, reps: usize, rounds: usize, json: Option
             return ExitCode::FAILURE;
         }
     };
-    let passes: [(&'static str, Vec<&Tensor>); 2] =
-        [("forward", vec![&y]), ("forward_backward", grads.iter().collect())];
-    let opts = RealizeOptions::default();
+    let fused = RealizeOptions::default();
+    let unfused = RealizeOptions::default()
+        .with_experiments(Experiments { unfused_gemm_epilogues: true, ..Experiments::default() });
+    let mut variants = vec![("", &fused)];
+    if compare_unfused_epilogues {
+        variants.push(("_unfused_epilogues", &unfused));
+    }
+    let mut passes: Vec<(String, Vec<&Tensor>, &RealizeOptions)> = Vec::new();
+    for (suffix, opts) in variants {
+        passes.push((format!("forward{suffix}"), vec![&y], opts));
+        passes.push((format!("forward_backward{suffix}"), grads.iter().collect(), opts));
+    }
     let mut rows = Vec::new();
     let mut samples = vec![Vec::new(); passes.len()];
-    for (pass, outs) in &passes {
-        match realize(outs, &opts) {
+    let mut cpu_samples = vec![Vec::new(); passes.len()];
+    for (pass, outs, opts) in &passes {
+        match realize(outs, opts) {
             Ok((_, report)) => rows.push(Row {
-                pass,
+                pass: pass.clone(),
                 batch,
                 n: tokens,
                 d_model: config.d_model,
                 heads: config.heads,
                 median_ms: 0.0,
                 best_ms: 0.0,
+                cpu_median_ms: 0.0,
                 kernels: report.kernels.len(),
                 tile_gemm_kernels: report.kernels.iter().filter(|k| k.tile_ops).count(),
                 compile_ms: (report.schedule_seconds + report.compile_seconds) * 1e3,
@@ -96,11 +117,14 @@ pub fn run(batch: usize, tokens: usize, reps: usize, rounds: usize, json: Option
     // Per pass and tile-GEMM kernel (by position in the plan): name, static FLOPs, seconds.
     let mut gemm_samples: Vec<Vec<(String, u64, Vec<f64>)>> = vec![Vec::new(); passes.len()];
     for _ in 0..rounds {
-        for (k, (_, outs)) in passes.iter().enumerate() {
+        for (k, (_, outs, opts)) in passes.iter().enumerate() {
             for _ in 0..reps {
-                let start = Instant::now();
-                let report = realize(outs, &opts).map(|(_, r)| r);
+                let (start, cpu_start) = (Instant::now(), process_cpu_seconds());
+                let report = realize(outs, opts).map(|(_, r)| r);
                 samples[k].push(start.elapsed().as_secs_f64() * 1e3);
+                if let (Some(a), Some(b)) = (cpu_start, process_cpu_seconds()) {
+                    cpu_samples[k].push((b - a) * 1e3);
+                }
                 let Ok(report) = report else { continue };
                 // The compiler's GEMM kernels (reduces, `r_...`); the attention nodes' static
                 // FLOPs count the causal blocks they skip, so they are timed by `bench sdpa`.
@@ -119,13 +143,23 @@ pub fn run(batch: usize, tokens: usize, reps: usize, rounds: usize, json: Option
         "GPT-2-small block, batch {batch} x {tokens} tokens, d_model {}, {} heads",
         config.d_model, config.heads
     );
-    println!("{:<17} {:>10} {:>10} {:>14} {:>11}", "pass", "median ms", "best ms", "kernels", "compile ms");
-    for ((row, s), gemms) in rows.iter_mut().zip(&samples).zip(&gemm_samples) {
+    println!(
+        "{:<34} {:>10} {:>10} {:>10} {:>14} {:>11}",
+        "pass", "median ms", "best ms", "cpu ms", "kernels", "compile ms"
+    );
+    for (((row, s), cpu), gemms) in rows.iter_mut().zip(&samples).zip(&cpu_samples).zip(&gemm_samples) {
         row.median_ms = median(s);
         row.best_ms = s.iter().copied().fold(f64::INFINITY, f64::min);
+        row.cpu_median_ms = if cpu.is_empty() { f64::NAN } else { median(cpu) };
         println!(
-            "{:<17} {:>10.1} {:>10.1} {:>5} ({:>2} tile) {:>11.1}",
-            row.pass, row.median_ms, row.best_ms, row.kernels, row.tile_gemm_kernels, row.compile_ms
+            "{:<34} {:>10.1} {:>10.1} {:>10.1} {:>5} ({:>2} tile) {:>11.1}",
+            row.pass,
+            row.median_ms,
+            row.best_ms,
+            row.cpu_median_ms,
+            row.kernels,
+            row.tile_gemm_kernels,
+            row.compile_ms
         );
         row.gemm_kernels = gemms
             .iter()
@@ -147,7 +181,7 @@ pub fn run(batch: usize, tokens: usize, reps: usize, rounds: usize, json: Option
     for row in &rows {
         for g in &row.gemm_kernels {
             println!(
-                "  {:<17} {:<26} {:>9.2} ms {:>8.1} GFLOP/s {:>6.1}%",
+                "  {:<34} {:<26} {:>9.2} ms {:>8.1} GFLOP/s {:>6.1}%",
                 row.pass, g.name, g.median_ms, g.gflops, g.percent_of_widest_peak
             );
         }

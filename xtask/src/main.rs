@@ -63,6 +63,11 @@ enum Bench {
         /// Threads (a rayon pool of this size around the whole bench).
         #[arg(long)]
         threads: Option<usize>,
+        /// Also time both passes with GEMM epilogues unfused
+        /// (`Experiments::unfused_gemm_epilogues`), interleaved with the fused passes in every
+        /// round: extra rows `forward_unfused_epilogues` and `forward_backward_unfused_epilogues`.
+        #[arg(long)]
+        compare_unfused_epilogues: bool,
         /// Write `{"results": [{pass, batch, n, d_model, heads, median_ms, best_ms, kernels}]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -88,6 +93,10 @@ enum Bench {
         /// Threads (a rayon pool of this size around the whole bench).
         #[arg(long)]
         threads: Option<usize>,
+        /// Also time every cell with its GEMM epilogue (a 16-bit product's rounding cast)
+        /// unfused (`Experiments::unfused_gemm_epilogues`), interleaved with the fused cells.
+        #[arg(long)]
+        compare_unfused_epilogues: bool,
         /// Write `{"results": [{m, k, n, form, median_ms, best_ms, gflops, ...}]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -397,15 +406,20 @@ fn main() -> ExitCode {
             }
             with_threads(threads, || reductions::run(rows, cols, reps, rounds))
         }
-        Task::Bench { what: Bench::Block { batch, tokens, reps, rounds, threads, json } } => {
+        Task::Bench {
+            what: Bench::Block { batch, tokens, reps, rounds, threads, compare_unfused_epilogues, json },
+        } => {
             if batch == 0 || tokens == 0 || reps == 0 || rounds == 0 || threads == Some(0) {
                 eprintln!("error: --batch, --tokens, --reps, --rounds and --threads must be at least 1");
                 return ExitCode::from(2);
             }
-            let go = || block::run(batch, tokens, reps, rounds, json.as_deref());
+            let go = || block::run(batch, tokens, reps, rounds, compare_unfused_epilogues, json.as_deref());
             with_threads(threads, go)
         }
-        Task::Bench { what: Bench::Matmul { shapes, forms, dtypes, reps, rounds, threads, json } } => {
+        Task::Bench {
+            what:
+                Bench::Matmul { shapes, forms, dtypes, reps, rounds, threads, compare_unfused_epilogues, json },
+        } => {
             if reps == 0 || rounds == 0 || threads == Some(0) || forms.is_empty() || dtypes.is_empty() {
                 eprintln!(
                     "error: --reps, --rounds and --threads must be at least 1, and --forms and --dtype not empty"
@@ -413,7 +427,17 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let shapes = if shapes.is_empty() { matmul::default_shapes() } else { shapes };
-            let go = || matmul::run(&shapes, &forms, &dtypes, reps, rounds, json.as_deref());
+            let go = || {
+                matmul::run(
+                    &shapes,
+                    &forms,
+                    &dtypes,
+                    reps,
+                    rounds,
+                    compare_unfused_epilogues,
+                    json.as_deref(),
+                )
+            };
             with_threads(threads, go)
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),

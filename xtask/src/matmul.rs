@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use crate::peak::median;
-use uopc::tensor::{RealizeOptions, Tensor, realize};
+use uopc::tensor::{Experiments, RealizeOptions, Tensor, realize};
 
 /// Which operand is stored transposed: `x @ W` (forward), `dy @ W^T` (input gradient) and
 /// `x^T @ dy` (weight gradient).
@@ -89,8 +89,12 @@ struct Row {
     tile_gemm_kernels: usize,
     max_abs_err: f64,
     compile_ms: f64,
+    /// Timed with `Experiments::unfused_gemm_epilogues` (the rounding cast of a 16-bit product
+    /// as a kernel of its own).
+    unfused_epilogues: bool,
 }
 
+#[derive(Clone)]
 struct Cell {
     shape: [usize; 3],
     form: Form,
@@ -102,6 +106,7 @@ struct Cell {
     tile_gemm_kernels: usize,
     compile_ms: f64,
     max_abs_err: f64,
+    unfused_epilogues: bool,
 }
 
 /// `len` values uniform in [-1, 1).
@@ -157,17 +162,21 @@ fn cell(shape: [usize; 3], form: Form, dtype: Dtype, rng: &mut StdRng) -> Cell {
         tile_gemm_kernels: 0,
         compile_ms: 0.0,
         max_abs_err: 0.0,
+        unfused_epilogues: false,
     }
 }
 
 /// Runs `bench matmul`: every (shape, form, dtype) cell once to compile and check against
-/// f64, then `rounds` interleaved rounds of `reps` timed realizes each.
+/// f64, then `rounds` interleaved rounds of `reps` timed realizes each; with
+/// `compare_unfused_epilogues`, every cell also with its GEMM epilogue unfused, in the same
+/// rounds.
 pub fn run(
     shapes: &[[usize; 3]],
     forms: &[Form],
     dtypes: &[Dtype],
     reps: usize,
     rounds: usize,
+    compare_unfused_epilogues: bool,
     json: Option<&Path>,
 ) -> ExitCode {
     let mut rng = StdRng::seed_from_u64(7);
@@ -176,9 +185,15 @@ pub fn run(
         .flat_map(|&s| forms.iter().flat_map(move |&f| dtypes.iter().map(move |&d| (s, f, d))))
         .map(|(s, f, d)| cell(s, f, d, &mut rng))
         .collect();
-    let opts = RealizeOptions::default();
+    if compare_unfused_epilogues {
+        cells = cells.into_iter().flat_map(|c| [c.clone(), Cell { unfused_epilogues: true, ..c }]).collect();
+    }
+    let fused = RealizeOptions::default();
+    let unfused = RealizeOptions::default()
+        .with_experiments(Experiments { unfused_gemm_epilogues: true, ..Experiments::default() });
+    let opts_of = |c: &Cell| if c.unfused_epilogues { unfused.clone() } else { fused.clone() };
     for c in &mut cells {
-        match realize(&[&c.c], &opts) {
+        match realize(&[&c.c], &opts_of(c)) {
             Ok((out, report)) => {
                 c.compile_ms = (report.schedule_seconds + report.compile_seconds) * 1e3;
                 c.kernels = report.kernels.len();
@@ -201,6 +216,7 @@ pub fn run(
     }
     for _ in 0..rounds {
         for c in &mut cells {
+            let opts = opts_of(c);
             for _ in 0..reps {
                 let start = Instant::now();
                 let _ = realize(&[&c.c], &opts);
@@ -209,7 +225,7 @@ pub fn run(
         }
     }
     println!(
-        "{:>5} {:>5} {:>5}  {:<5} {:<5} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10}",
+        "{:>5} {:>5} {:>5}  {:<5} {:<5} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10}  epilogue",
         "M", "K", "N", "form", "dtype", "median ms", "best ms", "GFLOP/s", "kernels", "max err", "compile ms"
     );
     let mut rows = Vec::new();
@@ -222,8 +238,12 @@ pub fn run(
         };
         let (form, dtype) = (name(serde_json::to_value(c.form)), name(serde_json::to_value(c.dtype)));
         println!(
-            "{m:>5} {k:>5} {n:>5}  {form:<5} {dtype:<5} {med:>10.3} {best:>10.3} {gflops:>8.1} {:>4} ({} tile) {:>10.1e} {:>10.1}",
-            c.kernels, c.tile_gemm_kernels, c.max_abs_err, c.compile_ms
+            "{m:>5} {k:>5} {n:>5}  {form:<5} {dtype:<5} {med:>10.3} {best:>10.3} {gflops:>8.1} {:>4} ({} tile) {:>10.1e} {:>10.1}  {}",
+            c.kernels,
+            c.tile_gemm_kernels,
+            c.max_abs_err,
+            c.compile_ms,
+            if c.unfused_epilogues { "unfused" } else { "fused" }
         );
         rows.push(Row {
             m,
@@ -238,6 +258,7 @@ pub fn run(
             tile_gemm_kernels: c.tile_gemm_kernels,
             max_abs_err: c.max_abs_err,
             compile_ms: c.compile_ms,
+            unfused_epilogues: c.unfused_epilogues,
         });
     }
     if let Some(path) = json {

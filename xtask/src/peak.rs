@@ -170,6 +170,16 @@ pub(crate) fn median(x: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// CPU seconds this process has used so far, all threads together (`None` where the clock
+/// is unavailable). On a machine other jobs load, a realize's wall time includes waiting for
+/// a core; its CPU time is what its kernels cost.
+pub(crate) fn process_cpu_seconds() -> Option<f64> {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid, writable timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    (rc == 0).then_some(t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9)
+}
+
 fn spread(x: &[f64]) -> String {
     let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = x.iter().copied().fold(0.0, f64::max);

@@ -162,12 +162,45 @@ const MAX_ENUMERATED_ROWS: usize = 1 << 18;
 /// Rows, columns and row stride of the block of elements an access touches from its offset.
 type Block = (usize, usize, usize);
 
+/// The offset and footprint of a plain (non-tile) access at `offset` inside THREAD range
+/// `thread`: `offset` as `f(thread) + s_r * r + s_c * c` over at most two inner loops `r < R`,
+/// `c < C` of constant trip counts, with `s_c = 1` and `s_r >= C` when there are two (an
+/// epilogue walking a `R x C` block of rows `s_r` apart) or any positive stride for one. The
+/// footprint is the block `(R, C, s_r)`; `None` when the offset is of no such form.
+fn loop_footprint(offset: &UOp, thread: &UOp) -> Option<(IndexFormula, Block)> {
+    let mut inner: Vec<UOp> = offset.ranges_mentioned().into_iter().filter(|r| r != thread).collect();
+    inner.sort();
+    inner.dedup();
+    let mut rest = offset.clone();
+    // (stride, trip count) per inner loop.
+    let mut loops: Vec<(usize, usize)> = Vec::new();
+    for r in &inner {
+        let trips = usize::try_from(r.as_range()?.end.const_int()?).ok()?;
+        let (stride, without) = split_linear(&rest, r)?;
+        rest = without;
+        if trips > 1 {
+            loops.push((usize::try_from(stride).ok().filter(|&s| s > 0)?, trips));
+        }
+    }
+    let formula = IndexFormula::over_ranges(&rest, std::slice::from_ref(thread))?;
+    loops.sort_unstable();
+    let block = match loops.as_slice() {
+        [] => (1, 1, 1),
+        [(1, c)] => (1, *c, 1),
+        [(stride, rows)] => (*rows, 1, *stride),
+        [(1, c), (stride, rows)] if stride >= c => (*rows, *c, *stride),
+        _ => return None,
+    };
+    Some((formula, block))
+}
+
 /// The exhaustive test of [`threads_write_disjoint`], for accesses the symbolic test cannot
 /// split (a 2-D grid of GEMM tiles, whose offset is `(t / nb) * R + (t % nb) * C`): when every
-/// access to a written buffer has an offset that depends on `thread` alone, and `thread` has a
+/// access to a written buffer has an offset that depends on `thread` alone, or walks a block
+/// in at most two inner loops from such an offset ([`loop_footprint`]), and `thread` has a
 /// constant trip count, each iteration's footprint (a tile operand's `rows x cols` block with
-/// its row stride, one element otherwise) is computed for every iteration and the row
-/// intervals of different iterations are checked not to overlap.
+/// its row stride, the loops' block, or one element) is computed for every iteration and the
+/// row intervals of different iterations are checked not to overlap.
 fn enumerated_footprints_disjoint(topo: &[UOp], thread: &UOp) -> bool {
     let Some(trips) = thread.as_range().and_then(|r| r.end.const_int()) else { return false };
     let Ok(trips) = usize::try_from(trips) else { return false };
@@ -189,10 +222,16 @@ fn enumerated_footprints_disjoint(topo: &[UOp], thread: &UOp) -> bool {
         if !written.contains(base) {
             continue;
         }
-        let Some(offset) = IndexFormula::over_ranges(index.offset, std::slice::from_ref(thread)) else {
-            return false;
+        let (offset, block) = match blocks.get(u) {
+            Some(&block) => match IndexFormula::over_ranges(index.offset, std::slice::from_ref(thread)) {
+                Some(offset) => (offset, block),
+                None => return false,
+            },
+            None => match loop_footprint(index.offset, thread) {
+                Some(footprint) => footprint,
+                None => return false,
+            },
         };
-        let block = blocks.get(u).copied().unwrap_or((1, 1, 1));
         rows_total = rows_total.saturating_add(block.0.saturating_mul(trips));
         if rows_total > MAX_ENUMERATED_ROWS {
             return false;
@@ -403,13 +442,35 @@ mod tests {
     }
 
     #[test]
-    fn footprints_that_depend_on_an_inner_loop_are_not_enumerated() {
-        // out[(t % 2) * 4 + j]: iterations 0 and 2 write the same elements, and the offset
-        // mentions the inner range j, so neither test can prove anything.
+    fn footprints_that_depend_on_an_inner_loop_are_enumerated_as_blocks() {
+        // out[(t % 2) * 4 + j]: iterations 0 and 2 write the same four elements.
         let out = buffer(0, DType::F32, 8);
         let t = range(4, 0, AxisType::Thread);
         let j = range(4, 1, AxisType::Loop);
         let program = sink(&[out.index(t.modulo(2) * 4 + &j).store(1.0f32).end(&[j, t.clone()])]);
+        assert!(!threads_write_disjoint(&topo(&program), &t));
+        // A 4 x 12 output cut into 2 x 3 blocks of 2 rows, each walked by a row and a column
+        // loop (a GEMM epilogue): blocks 4 wide fit, 5 wide overlap the next column block.
+        for (cols, disjoint) in [(4, true), (5, false)] {
+            let out = buffer(0, DType::F32, 64);
+            let t = range(6, 0, AxisType::Thread);
+            let (r, c) = (range(2, 1, AxisType::Loop), range(cols, 2, AxisType::Loop));
+            let at = t.idiv(3) * 24 + t.modulo(3) * 4 + &r * 12 + &c;
+            let read = out.index(&at).load();
+            let program = sink(&[out.index(&at).store(read + 1.0f32).end(&[c, r]).end(&[t.clone()])]);
+            assert_eq!(threads_write_disjoint(&topo(&program), &t), disjoint, "{cols} columns");
+        }
+        // Rows closer together than the block is wide (r * 3 + c with c < 4) are no block:
+        // only the symbolic test can prove such accesses disjoint (here t * 32 does).
+        let out = buffer(0, DType::F32, 64);
+        let t = range(2, 0, AxisType::Thread);
+        let (r, c) = (range(2, 1, AxisType::Loop), range(4, 2, AxisType::Loop));
+        let walk = [c.clone(), r.clone()];
+        let program = sink(&[out.index(&t * 32 + &r * 3 + &c).store(1.0f32).end(&walk).end(&[t.clone()])]);
+        assert!(threads_write_disjoint(&topo(&program), &t));
+        let t = range(8, 0, AxisType::Thread);
+        let program =
+            sink(&[out.index(t.modulo(2) * 32 + &r * 3 + &c).store(1.0f32).end(&[c, r]).end(&[t.clone()])]);
         assert!(!threads_write_disjoint(&topo(&program), &t));
     }
 

@@ -51,8 +51,10 @@ pub fn kernel_line(k: &KernelTiming) -> String {
     if let Some(again) = k.again_seconds {
         let _ = write!(line, "   again {:8.3} ms", again * 1e3);
     }
-    if k.tile_ops {
-        line.push_str("   [tile gemm]");
+    match (k.tile_ops, k.epilogue) {
+        (true, true) => line.push_str("   [tile gemm + epilogue]"),
+        (true, false) => line.push_str("   [tile gemm]"),
+        _ => {}
     }
     line
 }

@@ -9,7 +9,7 @@ use crate::passes::{materialize_points, run_pass, stage_broadcast_compute};
 use crate::plan::{ArgSource, Kernel, OutSpec, Plan};
 use crate::rangeify::{Ctx, lower};
 use crate::util::numel;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
@@ -167,10 +167,17 @@ struct Lowered {
     output_parts: Vec<usize>,
     /// What was derived for it (see [`Kernel::derived`]).
     derived: String,
+    /// Whether the kernel is a tile GEMM with its consumer's elementwise ops fused in.
+    epilogue: bool,
 }
 
 /// The loop program of the kernel that computes point `p`.
-fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions) -> Result<Lowered> {
+fn lower_point(
+    p: &UOp,
+    buf_of: &HashMap<UOp, ArgSource>,
+    opts: &RealizeOptions,
+    with_epilogue: &HashSet<UOp>,
+) -> Result<Lowered> {
     if let Op::Custom(custom) = p.op() {
         // The program is given; its slots are the sources, then the output.
         let mut args: Vec<ArgSource> = p
@@ -189,6 +196,7 @@ fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions)
             args,
             output_parts: custom.output_parts.clone(),
             derived: String::new(),
+            epilogue: false,
         });
     }
     let (body, mut args) = kernel_body(p, buf_of);
@@ -196,8 +204,13 @@ fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions)
     let mut ctx = Ctx::new(opts.opt.opts(&body), !opts.experiments.reshape_without_divmod_folding);
     let out = buffer(args.len(), p.dtype(), numel(p.shape()));
     let online = crate::online::online_sums_in(&body);
-    let gemm = if opts.opt.tile_ops() { crate::tilemap::lower_gemm(&body, &out) } else { None };
-    let online_tiles = if opts.opt.tile_ops() && gemm.is_none() {
+    let tiled = if opts.opt.tile_ops() { crate::tilemap::lower_gemm(&body, &out) } else { None };
+    // A kernel the cut gave a GEMM epilogue falls back to the generic lowering (the GEMM as a
+    // loop nest) should its body not lower as one after all: slower, never wrong.
+    let fused =
+        if with_epilogue.contains(p) { crate::epilogue::lower_gemm_epilogue(&body, &out) } else { None };
+    let epilogue = fused.is_some();
+    let online_tiles = if opts.opt.tile_ops() && tiled.is_none() && fused.is_none() {
         crate::online_tiles::lower_online_attention(&body, &out)
     } else {
         None
@@ -207,13 +220,15 @@ fn lower_point(p: &UOp, buf_of: &HashMap<UOp, ArgSource>, opts: &RealizeOptions)
         (n, Some(_)) => format!("{n} online sums on tile ops: score GEMM, softmax update, P.V GEMM"),
         (n, None) => format!("{n} online sums in one loop"),
     };
-    let program = match gemm.or(online_tiles) {
-        Some(program) => program,
-        None => lower(&body, &out, &mut ctx)?,
+    let program = match (tiled.or(online_tiles), fused) {
+        (Some(program), _) => program,
+        (None, Some(program)) => program?,
+        (None, None) => lower(&body, &out, &mut ctx)?,
     };
     args.push(buf_of[p]);
     let (program, args) = compact_slots(program, args);
-    Ok(Lowered { name, shape: body.shape().to_vec(), program, args, output_parts: Vec::new(), derived })
+    let shape = body.shape().to_vec();
+    Ok(Lowered { name, shape, program, args, output_parts: Vec::new(), derived, epilogue })
 }
 
 /// Cuts, lowers and compiles already canonical `roots` whose inputs are `inputs`.
@@ -226,6 +241,19 @@ pub(crate) fn build_plan(
     let rewrites_before = uopc_ir::rewrite_counts();
     let graph = prepare_graph(roots, opts);
     let points = materialize_points(&graph, opts.fuse_reduce);
+    let epilogues = opts.opt.tile_ops() && !opts.fuse_reduce && !opts.experiments.unfused_gemm_epilogues;
+    let (points, with_epilogue) = if epilogues {
+        // Whether a reduce runs as a tile GEMM depends only on its own kernel body, which
+        // fusing other kernels does not change: ask it of the body it has in this cut.
+        let tentative: HashMap<UOp, ArgSource> =
+            points.iter().enumerate().map(|(k, p)| (p.clone(), ArgSource::Temp(k))).collect();
+        crate::epilogue::fuse_gemm_epilogues(&graph, points, |r, dtype| {
+            let body = kernel_body(r, &tentative).0;
+            crate::tilemap::reads_operands_in_place(&body) && crate::epilogue::epilogue_pays(&body, dtype)
+        })
+    } else {
+        (points, HashSet::new())
+    };
     let mut buf_of: HashMap<UOp, ArgSource> = HashMap::new();
     let mut outputs = Vec::new();
     let mut outs = Vec::new();
@@ -248,13 +276,15 @@ pub(crate) fn build_plan(
         });
     }
     check_memory(&temps, &outputs)?;
-    let lowered = points.iter().map(|p| lower_point(p, &buf_of, opts)).collect::<Result<Vec<_>>>()?;
+    let lowered =
+        points.iter().map(|p| lower_point(p, &buf_of, opts, &with_epilogue)).collect::<Result<Vec<_>>>()?;
     let schedule_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut kernels = Vec::with_capacity(lowered.len());
-    for Lowered { name, shape, program, args, output_parts, derived } in lowered {
+    for Lowered { name, shape, program, args, output_parts, derived, epilogue } in lowered {
         let exe = Exe::compile(&program, &name, opts.scalar_codegen)?.with_output_parts(output_parts);
-        kernels.push(Kernel::new(name, shape, program, args, exe).with_derived(derived));
+        let kernel = Kernel::new(name, shape, program, args, exe).with_epilogue(epilogue);
+        kernels.push(kernel.with_derived(derived));
     }
     Ok(Plan {
         kernels,

@@ -29,6 +29,7 @@ pub mod autograd;
 mod cache;
 mod cost;
 pub mod debug;
+mod epilogue;
 mod error;
 mod exec;
 mod kernelize;

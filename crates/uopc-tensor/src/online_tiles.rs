@@ -296,7 +296,7 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
         cx.assume(&a.product, Known { buffer: tile_s.clone(), origin, strides });
         let mut at = coords.clone();
         at.extend([&row0 + &ri, first + &ci]);
-        let y = cx.value_at(&a.scores, at).ok()?;
+        let y = cx.value_at(&a.scores, &at).ok()?;
         let scaled = tile_s.index(&ri * cols as i64 + &ci).store(y * a.base2).end(&[ci, ri]);
         let mut state = prev.to_vec();
         state.push(scaled.clone());
@@ -359,7 +359,7 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
     );
     let mut at = coords.clone();
     at.extend([&row0 + &rr, e.clone()]);
-    let value = cx.value_at(body, at).ok()?;
+    let value = cx.value_at(body, &at).ok()?;
     let st = out.index((&t * br + &rr) * a.dv + &e).store(value);
     Some(sink(&[st.end(&[e, rr, t.clone()])]))
 }

@@ -69,6 +69,10 @@ pub struct Experiments {
     /// pass over the keys for the maximum, one for the normalizer and one per group of output
     /// columns, recomputing every q.k product in each.
     pub no_online_reductions: bool,
+    /// Do not fuse elementwise consumers into tile GEMMs: a GEMM writes its whole output, and
+    /// its bias, activation, residual or rounding cast runs as a kernel of its own that reads
+    /// the output back (the plans before GEMM epilogues, for comparing the two).
+    pub unfused_gemm_epilogues: bool,
 }
 
 impl Experiments {

@@ -46,6 +46,7 @@ pub struct Kernel {
     /// What the compiler derived for this kernel beyond plain lowering, for the plan's
     /// `Display` (empty when nothing): the online sums it accumulates and how they are lowered.
     pub derived: String,
+    epilogue: bool,
 }
 
 impl Kernel {
@@ -61,7 +62,18 @@ impl Kernel {
         let (flops, bytes) = exe.estimates();
         let tile_ops =
             UOp::toposort(std::slice::from_ref(&program)).iter().any(|u| matches!(u.op(), Op::Tile(_)));
-        Kernel { name, shape, program, args, flops, bytes, exe, tile_ops, derived: String::new() }
+        Kernel {
+            name,
+            shape,
+            program,
+            args,
+            flops,
+            bytes,
+            exe,
+            tile_ops,
+            derived: String::new(),
+            epilogue: false,
+        }
     }
 
     /// This kernel with `derived` set (see [`Kernel::derived`]).
@@ -70,9 +82,31 @@ impl Kernel {
         self
     }
 
+    /// This kernel, marked as a tile GEMM with a fused epilogue when `epilogue` holds.
+    pub(crate) fn with_epilogue(self, epilogue: bool) -> Kernel {
+        Kernel { epilogue, ..self }
+    }
+
     /// Whether the program calls tile ops (a GEMM mapped onto the micro-kernels).
     pub fn uses_tile_ops(&self) -> bool {
         self.tile_ops
+    }
+
+    /// Whether the kernel is a tile GEMM that also computes its consumer's elementwise ops (a
+    /// bias, an activation, a residual add, a cast) on each output block before storing it,
+    /// where otherwise those would be a kernel of their own reading the GEMM output back.
+    pub fn has_epilogue(&self) -> bool {
+        self.epilogue
+    }
+
+    /// What the kernel runs on, for printed plans: `[tile gemm]`, `[tile gemm + epilogue]`,
+    /// or nothing for a kernel of loops only.
+    pub fn kind_label(&self) -> &'static str {
+        match (self.tile_ops, self.epilogue) {
+            (true, true) => "[tile gemm + epilogue]",
+            (true, false) => "[tile gemm]",
+            _ => "",
+        }
     }
 }
 
@@ -163,11 +197,13 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "plan: {} kernels", self.kernels.len())?;
         for k in &self.kernels {
-            write!(f, "  {:<24} args {:?}", k.name, k.args)?;
+            let label = k.kind_label();
+            let sep = if label.is_empty() { "" } else { " " };
+            write!(f, "  {:<24} args {:?}{sep}{label}", k.name, k.args)?;
             if k.derived.is_empty() {
                 writeln!(f)?;
             } else {
-                writeln!(f, "  [{}]", k.derived)?;
+                writeln!(f, " [{}]", k.derived)?;
             }
         }
         writeln!(f, "  temps {:?}", self.temps)?;

@@ -169,6 +169,7 @@ pub(crate) fn realize_impl(
             bytes: k.bytes,
             again_seconds,
             tile_ops: k.uses_tile_ops(),
+            epilogue: k.has_epilogue(),
         };
         if level >= 2 {
             eprintln!("{}", debug::kernel_line(&timing));

@@ -16,6 +16,9 @@ pub struct KernelTiming {
     pub again_seconds: Option<f64>,
     /// The kernel calls tile ops (the micro-kernels) rather than running loops only.
     pub tile_ops: bool,
+    /// The kernel is a tile GEMM with its consumer's elementwise ops fused onto each output
+    /// block ([`Kernel::has_epilogue`](crate::Kernel::has_epilogue)).
+    pub epilogue: bool,
 }
 
 /// What one realize did and how long it took.

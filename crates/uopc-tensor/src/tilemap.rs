@@ -242,45 +242,164 @@ pub(crate) fn reads_operands_in_place(body: &UOp) -> bool {
     gemm_operands(body).is_some()
 }
 
+/// The narrowest column block a task's block-size limit narrows a GEMM task to: two
+/// AVX-512 micro-kernel panels.
+const MIN_LIMITED_COLUMNS: usize = 32;
+
+/// An upper bound on the elements of one task's output block (see [`GemmTasks::new`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockLimit {
+    /// The most elements of a block.
+    pub elements: usize,
+    /// Whether the bound must hold even at the cost of fewer rows per task.
+    pub required: bool,
+}
+
+/// One GEMM kernel cut into THREAD tasks: task `t` computes the `rows x cols` block of the
+/// flattened `(items * m, n)` result whose first row is `rows * row_task` and first column
+/// `cols * col_block`, where `t = row_task * col_blocks + col_block`.
+pub(crate) struct GemmTasks {
+    operands: Operands,
+    /// Output rows of one task's block.
+    pub rows: usize,
+    /// Output columns of one task's block.
+    pub cols: usize,
+    /// Row blocks per batch item, and column blocks.
+    row_blocks: usize,
+    col_blocks: usize,
+    /// The THREAD range over the tasks (range id 0).
+    pub task: UOp,
+    /// The flat offsets in A and B of the task's blocks (made first, so the nodes of a plain
+    /// GEMM kernel are made in the same order as always and its code is unchanged).
+    a_start: UOp,
+    b_start: UOp,
+}
+
+impl GemmTasks {
+    /// The cut of GEMM-shaped `body` into tasks, or `None` when `body` is not one.
+    ///
+    /// With a `limit`, a task's block should hold at most `limit.elements` elements: the
+    /// columns are narrowed to a smaller divisor of themselves, though not below
+    /// [`MIN_LIMITED_COLUMNS`] (narrower calls would spend their time packing). Past that,
+    /// with `limit.required`, the rows are cut instead, so the block always fits (a scratch
+    /// block on the stack); otherwise the block stays wider than the limit, as it does for a
+    /// transposed A.
+    pub(crate) fn new(body: &UOp, limit: Option<BlockLimit>) -> Option<GemmTasks> {
+        let operands = gemm_operands(body)?;
+        let r = operands.shape.len();
+        let [m, n] = [operands.shape[r - 3], operands.shape[r - 2]];
+        let mut rows = largest_divisor_at_most(m, ROWS_PER_TASK);
+        let items: usize = operands.shape[..r - 3].iter().product();
+        // The machine's core count, not the calling pool's: a cached plan serves every pool.
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let mut cols = columns_per_task(n, items * (m / rows), cores);
+        // Narrower column blocks repack a transposed A once more each (it is copied into strips
+        // per call), which costs more than the epilogue saves unless the block must fit.
+        let limit = limit.filter(|l| l.required || !operands.a_trans);
+        if let Some(BlockLimit { elements, required }) = limit {
+            let narrow = largest_divisor_at_most(cols, (elements / rows).max(1));
+            if narrow >= MIN_LIMITED_COLUMNS.min(cols) {
+                cols = narrow;
+            } else if required {
+                rows = largest_divisor_at_most(m, (elements / cols).max(1));
+                if rows * cols > elements {
+                    cols = largest_divisor_at_most(cols, (elements / rows).max(1));
+                }
+            }
+        }
+        let row_tasks = items * (m / rows);
+        let (row_blocks, col_blocks) = (m / rows, n / cols);
+        let task = range(row_tasks * col_blocks, 0, AxisType::Thread);
+        let mut tasks = GemmTasks {
+            operands,
+            rows,
+            cols,
+            row_blocks,
+            col_blocks,
+            task,
+            a_start: uopc_ir::idx(0),
+            b_start: uopc_ir::idx(0),
+        };
+        (tasks.a_start, tasks.b_start) = tasks.operand_starts();
+        Some(tasks)
+    }
+
+    /// The flat offsets in A and in B of the task's first row block and column block.
+    fn operand_starts(&self) -> (UOp, UOp) {
+        let Operands { shape, a, b, .. } = &self.operands;
+        let r = shape.len();
+        let batch = &shape[..r - 3];
+        let (im, in_) = (r - 3, r - 2);
+        let (row_task, col_block) = self.blocks();
+        let (item, block) = (row_task.idiv(self.row_blocks as i64), row_task.modulo(self.row_blocks as i64));
+        let a_start =
+            batch_offset(&item, batch, &a.strides) + &block * (self.rows * a.strides[im]) + a.base as i64;
+        let b_start = batch_offset(&item, batch, &b.strides)
+            + &col_block * (self.cols * b.strides[in_])
+            + b.base as i64;
+        (a_start, b_start)
+    }
+
+    /// Whether the tasks' blocks are narrower (or shorter) than the plain GEMM's, so each
+    /// call packs less of B but its share of A once more, while A is transposed (copied into
+    /// strips by every call): then the cut costs more packing than a block in cache saves.
+    pub(crate) fn repacks_transposed_a(&self, plain: &GemmTasks) -> bool {
+        self.operands.a_trans && (self.cols < plain.cols || self.rows < plain.rows)
+    }
+
+    /// The `[batch.., m, n]` output shape.
+    pub(crate) fn output_shape(&self) -> &[usize] {
+        &self.operands.shape[..self.operands.shape.len() - 1]
+    }
+
+    /// The task's row block over all batch items, and its column block.
+    fn blocks(&self) -> (UOp, UOp) {
+        let t = &self.task;
+        (t.idiv(self.col_blocks as i64), t.modulo(self.col_blocks as i64))
+    }
+
+    /// The flat offset in the contiguous output of the task's first element.
+    pub(crate) fn output_start(&self) -> UOp {
+        let n = self.output_shape().last().copied().unwrap_or(1);
+        let (row_task, col_block) = self.blocks();
+        &row_task * (self.rows * n) + &col_block * self.cols
+    }
+
+    /// The task's first row in the flattened `(items * m, n)` output, and its first column.
+    pub(crate) fn first_row_and_column(&self) -> (UOp, UOp) {
+        let (row_task, col_block) = self.blocks();
+        (&row_task * self.rows, &col_block * self.cols)
+    }
+
+    /// The task's tile GEMM, writing its block at `dst` (the INDEX of the block's first
+    /// element) with `ldc` elements between rows.
+    pub(crate) fn gemm(&self, dst: UOp, ldc: usize) -> UOp {
+        let Operands { shape, a, a_trans, lda, b, b_trans, ldb } = &self.operands;
+        let op = TileOp::Gemm(GemmShape {
+            m: self.rows,
+            n: self.cols,
+            k: shape[shape.len() - 1],
+            lda: *lda,
+            ldb: *ldb,
+            ldc,
+            a_trans: *a_trans,
+            b_trans: *b_trans,
+            accumulate: false,
+        });
+        let abuf = buffer(a.slot, a.dtype, a.len);
+        let bbuf = buffer(b.slot, b.dtype, b.len);
+        tile(op, &[abuf.index(&self.a_start), bbuf.index(&self.b_start), dst])
+    }
+}
+
 /// The loop program of a GEMM-shaped kernel `body` writing `out`, or `None` when the body is
 /// anything else (then it is rangeified as usual). Leading axes of the body are batch axes:
 /// one THREAD iteration per batch item, block of output rows and block of output columns,
 /// each one tile GEMM.
 pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
-    let Operands { shape, a, a_trans, lda, b, b_trans, ldb } = gemm_operands(body)?;
-    let r = shape.len();
-    let (batch, [m, n, k]) = (&shape[..r - 3], [shape[r - 3], shape[r - 2], shape[r - 1]]);
-    let (im, in_) = (r - 3, r - 2);
-    let rows = largest_divisor_at_most(m, ROWS_PER_TASK);
-    let items: usize = batch.iter().product();
-    let row_tasks = items * (m / rows);
-    // The machine's core count, not the calling pool's: a cached plan serves every pool.
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let cols = columns_per_task(n, row_tasks, cores);
-    let (row_blocks, col_blocks) = (m / rows, n / cols);
-    let op = TileOp::Gemm(GemmShape {
-        m: rows,
-        n: cols,
-        k,
-        lda,
-        ldb,
-        ldc: n,
-        a_trans,
-        b_trans,
-        accumulate: false,
-    });
-    let abuf = buffer(a.slot, a.dtype, a.len);
-    let bbuf = buffer(b.slot, b.dtype, b.len);
-    // t = (item * row_blocks + row block) * col_blocks + column block. The output is
-    // contiguous, so task t writes rows `rows * (t / col_blocks)..` of the flattened
-    // (items * m, n) result, in columns `cols * (t % col_blocks)..`.
-    let t = range(row_tasks * col_blocks, 0, AxisType::Thread);
-    let (row_task, col_block) = (t.idiv(col_blocks as i64), t.modulo(col_blocks as i64));
-    let (item, block) = (row_task.idiv(row_blocks as i64), row_task.modulo(row_blocks as i64));
-    let a_start = batch_offset(&item, batch, &a.strides) + &block * (rows * a.strides[im]) + a.base as i64;
-    let b_start =
-        batch_offset(&item, batch, &b.strides) + &col_block * (cols * b.strides[in_]) + b.base as i64;
-    let c_start = &row_task * (rows * n) + &col_block * cols;
-    let g = tile(op, &[abuf.index(a_start), bbuf.index(b_start), out.index(c_start)]);
-    Some(sink(&[sink(&[g]).end(&[t])]))
+    let tasks = GemmTasks::new(body, None)?;
+    let n = tasks.output_shape().last().copied().unwrap_or(1);
+    // The output is contiguous: each task's block is a stretch of rows `n` apart.
+    let g = tasks.gemm(out.index(tasks.output_start()), n);
+    Some(sink(&[sink(&[g]).end(std::slice::from_ref(&tasks.task))]))
 }

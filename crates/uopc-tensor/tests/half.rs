@@ -203,17 +203,19 @@ fn half_matmuls_run_on_the_16_bit_tile_gemm_and_round_once() -> Result<(), uopc_
             assert_eq!(c.dtype(), dtype);
             let plan = make_plan(&[c.uop().clone()], &RealizeOptions::default()).unwrap();
             let names = plan.kernel_names();
-            // The GEMM reads both 16-bit inputs where they are (no widening copies), then one
-            // elementwise pass rounds its f32 result to the 16-bit output.
+            // The GEMM reads both 16-bit inputs where they are (no widening copies), and its
+            // epilogue rounds each f32 block to the 16-bit output in the same kernel.
             let gemms: Vec<_> = plan.kernels.iter().filter(|k| k.uses_tile_ops()).collect();
             assert_eq!(gemms.len(), 1, "{dtype}: {names:?}");
-            assert_eq!(plan.kernels.len(), 2, "{dtype}: {names:?}");
+            assert_eq!(plan.kernels.len(), 1, "{dtype}: {names:?}");
+            assert!(gemms[0].has_epilogue(), "{dtype}: {plan}");
             let reads: Vec<DType> = uopc_ir::UOp::toposort(std::slice::from_ref(&gemms[0].program))
                 .iter()
                 .filter(|u| matches!(u.op(), uopc_ir::Op::Buffer { .. }))
                 .map(|u| u.dtype())
                 .collect();
-            assert_eq!(reads.iter().filter(|d| **d == dtype).count(), 2, "{dtype}: buffers {reads:?}");
+            // The two inputs and the output.
+            assert_eq!(reads.iter().filter(|d| **d == dtype).count(), 3, "{dtype}: buffers {reads:?}");
 
             let got: Vec<f64> = match dtype {
                 DType::BF16 => c.to_ndarray::<bf16>()?.iter().map(|v| v.to_f64()).collect(),

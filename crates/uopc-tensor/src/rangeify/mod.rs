@@ -90,11 +90,6 @@ impl Ctx {
         self.known.insert(u.clone(), known);
     }
 
-    /// The value of tensor node `u` at `index`, with the reads [`Ctx::assume`] set up.
-    pub(crate) fn value_at(&mut self, u: &UOp, index: Vec<UOp>) -> Result<UOp> {
-        self.rangeify(u, index, None)
-    }
-
     /// A fresh RANGE of `end` iterations inside the loops `enclosing`, for a program built
     /// around this context (its ids never collide with the ones rangeify makes).
     pub(crate) fn fresh_range(&mut self, end: usize, axis: AxisType, enclosing: &[UOp]) -> UOp {
@@ -449,6 +444,17 @@ impl Ctx {
         deps.extend(real.iter().cloned());
         let accl = acc0.after(&deps);
         (acc0, accl)
+    }
+}
+
+impl Ctx {
+    /// The scalar value of `body` at `index` (one expression per axis of `body`'s shape, each
+    /// simplified here): the expression `lower` stores for that element, for a kernel that
+    /// builds its own loops and stores around it (a GEMM epilogue, an online group on tile
+    /// ops), with the reads [`Ctx::assume`] set up.
+    pub(crate) fn value_at(&mut self, body: &UOp, index: &[UOp]) -> Result<UOp> {
+        let index: Vec<UOp> = index.iter().map(|i| self.simplify(i)).collect();
+        self.rangeify(body, index, None)
     }
 }
 

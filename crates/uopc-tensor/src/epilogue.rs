@@ -1,0 +1,277 @@
+//! GEMM epilogues: the elementwise consumers of a tile GEMM (a bias, an activation, a residual
+//! add, a scale, the rounding cast of a 16-bit matmul) computed on each task's output block
+//! right after the GEMM wrote it, while it is in cache, instead of in a kernel of their own
+//! that reads the whole GEMM output back from memory.
+//!
+//! Two halves: [`fuse_gemm_epilogues`] decides, on the cut graph, which GEMM reduces stop
+//! being kernels of their own (the kernel of their one consumer computes them), and
+//! [`lower_gemm_epilogue`] lowers such a consumer kernel as a tile GEMM per task followed by
+//! a loop over the task's block that rangeifies the rest of the body on top of it.
+
+use crate::error::Result;
+use crate::opt::Opts;
+use crate::rangeify::Ctx;
+use crate::tilemap::{BlockLimit, GemmTasks};
+use crate::util::numel;
+use std::collections::{HashMap, HashSet};
+use uopc_ir::{AxisType, DType, Op, UOp, alloc, range, simplify, sink};
+
+/// The most elements of a task's output block in a kernel with an epilogue: 128 KiB of f32,
+/// which stays in the core's L2 between the GEMM writing it and the epilogue reading it back
+/// (the whole-row blocks of a plain GEMM task, 3 MiB for 256 rows of 3072, would not), and,
+/// as the f32 scratch block of a non-f32 output, is a small part of any worker thread's stack,
+/// where it lives.
+const BLOCK_ELEMENTS: usize = 32 * 1024;
+
+/// The node a point's kernel body starts from: a STAGE is a copy of its source.
+fn body_start(p: &UOp) -> UOp {
+    if matches!(p.op(), Op::Stage) { p.src()[0].clone() } else { p.clone() }
+}
+
+/// The other points the kernel of point `p` reads (its body's leaves that are points).
+fn points_read(p: &UOp, points: &HashSet<UOp>) -> Vec<UOp> {
+    if matches!(p.op(), Op::Custom(_)) {
+        // A custom kernel reads its sources whole.
+        return p.src().to_vec();
+    }
+    let mut read = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![body_start(p)];
+    while let Some(u) = stack.pop() {
+        if !seen.insert(u.clone()) {
+            continue;
+        }
+        if u != *p && points.contains(&u) {
+            read.push(u);
+            continue;
+        }
+        stack.extend(u.src().iter().cloned());
+    }
+    read
+}
+
+/// Whether the kernel body starting at `start` reads `gemm` only elementwise, so it needs the
+/// GEMM's value at its own output element and nowhere else: every node on a path from `start`
+/// down to `gemm` is an ALU op or a RESHAPE (which keeps every element's row-major position;
+/// a permute, broadcast or shrink would read other elements, a reduce a whole row of them).
+/// Points other than `gemm` (and `start`, the point whose body this is) are leaves of the
+/// body and are not walked into.
+fn reads_elementwise(start: &UOp, gemm: &UOp, points: &HashSet<UOp>) -> bool {
+    if start == gemm || numel(start.shape()) != numel(gemm.shape()) {
+        return false;
+    }
+    // Post-order over the body: whether each node reaches `gemm`.
+    let mut reaches: HashMap<UOp, bool> = HashMap::new();
+    let mut stack = vec![(start.clone(), false)];
+    while let Some((u, ready)) = stack.pop() {
+        if reaches.contains_key(&u) {
+            continue;
+        }
+        if u == *gemm {
+            reaches.insert(u, true);
+            continue;
+        }
+        if (u != *start && points.contains(&u)) || u.src().is_empty() {
+            reaches.insert(u, false);
+            continue;
+        }
+        if !ready {
+            stack.push((u.clone(), true));
+            stack.extend(u.src().iter().map(|s| (s.clone(), false)));
+            continue;
+        }
+        let r = u.src().iter().any(|s| reaches[s]);
+        if r && !(u.op().is_alu() || matches!(u.op(), Op::Reshape(_))) {
+            return false;
+        }
+        reaches.insert(u, r);
+    }
+    reaches[start]
+}
+
+/// The cost model's decision for GEMM epilogues: which GEMM reduces among `points` (the
+/// materialization points of the graph under `roots`, in execution order) are computed inside
+/// the kernel of their consumer instead of being kernels of their own. Returns the remaining
+/// points, in the same order, and the consumer points that now carry a GEMM epilogue.
+///
+/// A reduce is fused when `is_tile_gemm` holds for it and its consumer's dtype (it runs as a
+/// tile GEMM, which writes a block of output per task, and its blocks suit an epilogue: see
+/// [`epilogue_pays`]), it is not a root, exactly one other kernel reads it,
+/// and that kernel reads it only elementwise at its own output index ([`reads_elementwise`]):
+/// the fused kernel then saves one write and one read of the whole GEMM output, and computes
+/// nothing twice. It is refused when another kernel reads the GEMM output too (transposed, or
+/// summed by a reduction): that read forces the output to be materialized anyway, and the
+/// fused form would save only the consumer's read while writing a second buffer. A consumer
+/// takes at most one GEMM, so each fused kernel is one GEMM and its epilogue.
+pub(crate) fn fuse_gemm_epilogues(
+    roots: &[UOp],
+    points: Vec<UOp>,
+    is_tile_gemm: impl Fn(&UOp, DType) -> bool,
+) -> (Vec<UOp>, HashSet<UOp>) {
+    let point_set: HashSet<UOp> = points.iter().cloned().collect();
+    let root_set: HashSet<&UOp> = roots.iter().collect();
+    let mut readers: HashMap<UOp, Vec<UOp>> = HashMap::new();
+    for p in &points {
+        for r in points_read(p, &point_set) {
+            let list = readers.entry(r).or_default();
+            if !list.contains(p) {
+                list.push(p.clone());
+            }
+        }
+    }
+    let mut fused: HashSet<UOp> = HashSet::new();
+    let mut with_epilogue: HashSet<UOp> = HashSet::new();
+    for gemm in &points {
+        if !matches!(gemm.op(), Op::Reduce { .. }) || root_set.contains(gemm) {
+            continue;
+        }
+        let [consumer] = readers.get(gemm).map_or(&[][..], Vec::as_slice) else { continue };
+        if with_epilogue.contains(consumer)
+            || matches!(consumer.op(), Op::Custom(_))
+            || !reads_elementwise(&body_start(consumer), gemm, &point_set)
+            || !is_tile_gemm(gemm, consumer.dtype())
+        {
+            continue;
+        }
+        fused.insert(gemm.clone());
+        with_epilogue.insert(consumer.clone());
+    }
+    let points = points.into_iter().filter(|p| !fused.contains(p)).collect();
+    (points, with_epilogue)
+}
+
+/// Whether the GEMM kernel `body` pays for an epilogue writing `dtype`: an f32 output is the
+/// GEMM's own block, so nothing changes but the blocks' width; any other output needs an f32
+/// scratch block that must fit [`BLOCK_ELEMENTS`], and when that forces smaller blocks than
+/// the plain GEMM's with a transposed A, repacking A for every narrower block costs more than
+/// the separate rounding pass it saves.
+pub(crate) fn epilogue_pays(body: &UOp, dtype: DType) -> bool {
+    if dtype == DType::F32 {
+        return true;
+    }
+    let limit = BlockLimit { elements: BLOCK_ELEMENTS, required: true };
+    match (GemmTasks::new(body, None), GemmTasks::new(body, Some(limit))) {
+        (Some(plain), Some(limited)) => !limited.repacks_transposed_a(&plain),
+        _ => false,
+    }
+}
+
+/// `root` with every node for which `replace` gives a node replaced by it (and not walked
+/// into), the nodes above rebuilt over their new sources.
+fn replace_nodes(root: &UOp, replace: impl Fn(&UOp) -> Option<UOp>) -> UOp {
+    let mut map: HashMap<UOp, UOp> = HashMap::new();
+    let mut stack = vec![(root.clone(), false)];
+    while let Some((u, ready)) = stack.pop() {
+        if map.contains_key(&u) {
+            continue;
+        }
+        if let Some(new) = replace(&u) {
+            map.insert(u, new);
+            continue;
+        }
+        if u.src().is_empty() {
+            map.insert(u.clone(), u);
+            continue;
+        }
+        if !ready {
+            stack.push((u.clone(), true));
+            stack.extend(u.src().iter().map(|s| (s.clone(), false)));
+            continue;
+        }
+        let src: Vec<UOp> = u.src().iter().map(|s| map[s].clone()).collect();
+        let new = if src.as_slice() == u.src() { u.clone() } else { u.with_src(src) };
+        map.insert(u, new);
+    }
+    map[root].clone()
+}
+
+/// `value` with every INDEX into `placeholder` replaced by `by`, the INDEX of the one element
+/// those reads are known to address.
+fn redirect_reads(value: &UOp, placeholder: &UOp, by: &UOp) -> UOp {
+    replace_nodes(value, |u| (matches!(u.op(), Op::Index) && u.src()[0] == *placeholder).then(|| by.clone()))
+}
+
+/// The per-axis index in `shape` of the row-major offset `flat`, each axis simplified.
+fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
+    let mut index = vec![uopc_ir::idx(0); shape.len()];
+    let mut stride = 1usize;
+    for k in (0..shape.len()).rev() {
+        if shape[k] != 1 {
+            index[k] = simplify(&flat.idiv(stride as i64).modulo(shape[k] as i64));
+        }
+        stride *= shape[k];
+    }
+    index
+}
+
+/// The loop program of a kernel `body` (inputs as `Param`s with slots below `out`'s) that is
+/// elementwise ops and reshapes over one GEMM-shaped reduce, writing `out`; `None` when `body`
+/// is not of that form or the reduce is not a tile GEMM (then the body is rangeified as
+/// usual, the reduce as a loop nest).
+///
+/// Each THREAD task runs the tile GEMM of its output block, then a loop over the block (its
+/// columns innermost, which the backend vectorizes) that reads the GEMM's value back and
+/// applies the rest of the body at the element's output index (other inputs read there: a
+/// bias along the rows, a residual). An f32 output is its own block (the GEMM writes it, the
+/// epilogue rewrites it in place); any other dtype gets an f32 scratch block per task. Either
+/// way the task's block is kept to [`BLOCK_ELEMENTS`].
+pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> {
+    let Op::Buffer { slot: out_slot, .. } = out.op() else { return None };
+    let nodes = UOp::toposort(std::slice::from_ref(body));
+    let mut reduces = nodes.iter().filter(|u| matches!(u.op(), Op::Reduce { .. }));
+    let gemm = reduces.next()?;
+    if reduces.next().is_some() || !reads_elementwise(body, gemm, &HashSet::new()) {
+        return None;
+    }
+    let in_place = out.dtype() == DType::F32;
+    // A scratch block lives on the stack: its bound is a must. An output block may be wider.
+    let limit = BlockLimit { elements: BLOCK_ELEMENTS, required: !in_place };
+    let tasks = GemmTasks::new(gemm, Some(limit))?;
+    let n = tasks.output_shape().last().copied().unwrap_or(1);
+    let (rows, cols) = (tasks.rows, tasks.cols);
+    // Range 0 is the THREAD range over the tasks.
+    let row = range(rows, 1, AxisType::Loop);
+    let col = range(cols, 2, AxisType::Loop);
+    let start = tasks.output_start();
+    let scratch = alloc(0, DType::F32, rows * cols).after(std::slice::from_ref(&tasks.task));
+    // The element's row-major offset, in the GEMM's output and in the body's alike (only
+    // elementwise ops and reshapes lie between them).
+    let flat = simplify(&(&start + &row * n + &col));
+    // Its index in the body's shape: when the body keeps the GEMM's rows of `n` (a reshape
+    // that only splits or merges the leading axes), the row and column separately, so a
+    // bias along the rows is read at the column alone and a residual affinely in it.
+    let shape = body.shape();
+    let index = match shape.split_last() {
+        Some((&last, lead)) if last == n => {
+            let (first_row, first_col) = tasks.first_row_and_column();
+            let mut index = unravel(&simplify(&(first_row + &row)), lead);
+            index.push(simplify(&(first_col + &col)));
+            index
+        }
+        _ => unravel(&flat, shape),
+    };
+    // The GEMM's values stand in the body as a buffer of a slot no input uses. The body reads
+    // them only at the element's own offset (only elementwise ops and reshapes lie between),
+    // so each such read becomes a read of the element's place in the task's block.
+    let placeholder_param =
+        UOp::new(Op::Param { slot: out_slot + 1, shape: gemm.shape().to_vec() }, DType::F32, vec![]);
+    let placeholder = uopc_ir::buffer(out_slot + 1, DType::F32, numel(gemm.shape()));
+    let stand_in = replace_nodes(body, |u| (u == gemm).then(|| placeholder_param.clone()));
+    let mut ctx = Ctx::new(Opts::default(), true);
+    let v = match ctx.value_at(&stand_in, &index) {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
+    let (g, at_block) = if in_place {
+        (tasks.gemm(out.index(&start), n), flat.clone())
+    } else {
+        (tasks.gemm(scratch.index(0), cols), simplify(&(&row * cols + &col)))
+    };
+    let block = if in_place { out.clone() } else { scratch }.after(std::slice::from_ref(&g));
+    let v = redirect_reads(&v, &placeholder, &block.index(&at_block));
+    let v = if v.dtype() == out.dtype() { v } else { v.cast(out.dtype()) };
+    let store = out.index(flat).store(v);
+    // The GEMM is the task's first effect (the epilogue's loads wait for it), in the task.
+    let task_body = sink(&[g, store.end(&[col, row])]);
+    Some(Ok(sink(&[task_body.end(std::slice::from_ref(&tasks.task))])))
+}
