@@ -23,18 +23,6 @@ pub const CELLS: [Cell; 6] = [
     (1, 1, 4096, 64, true),
 ];
 
-fn inputs(len: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
-
 /// Runs the bench: per cell, the fused Tensor form and the API kernel, compiled once, then
 /// `rounds` interleaved rounds of `reps` timed runs each.
 pub fn run(reps: usize, rounds: usize) -> ExitCode {
@@ -44,7 +32,7 @@ pub fn run(reps: usize, rounds: usize) -> ExitCode {
     );
     for &(b, h, n, d, causal) in &CELLS {
         let len = b * h * n * d;
-        let data: Vec<Vec<f32>> = (0..3).map(|i| inputs(len, 11 + i)).collect();
+        let data: Vec<Vec<f32>> = (0..3).map(|i| crate::masked::inputs(len, 11 + i, 1.0)).collect();
         let tensors: Vec<Tensor> = data.iter().map(|x| Tensor::from_vec(x.clone(), &[b, h, n, d])).collect();
         let out = attention_masked(&tensors[0], &tensors[1], &tensors[2], None, causal);
         let opts = RealizeOptions::fused();

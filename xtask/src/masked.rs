@@ -13,7 +13,8 @@ use uopc::masked_attention::{
 /// Outputs are convex combinations of values in [-1, 1): see `attention::TOLERANCE`.
 const TOLERANCE: f64 = 1e-4;
 
-fn inputs(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+/// `len` values uniform in `[-scale, scale)` from a xorshift seeded by `seed`.
+pub(crate) fn inputs(len: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
         .map(|_| {
