@@ -43,57 +43,14 @@ impl Machine<'_> {
                 }
             }
             TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
-                for r in 0..rows {
-                    let m_old = self.get(node, at[1], r)?;
-                    let mut m_new = m_old;
-                    for j in 0..cols {
-                        m_new = m_new.max(self.get(node, at[0], r * lds + j)?);
-                    }
-                    // An all -inf row: P = 0, l and O unchanged.
-                    let dead = m_new == f64::NEG_INFINITY;
-                    let alpha = if dead { 1.0 } else { (m_old - m_new).exp2() };
-                    let mut sum = 0.0;
-                    for j in 0..cols {
-                        let p = if dead { 0.0 } else { (self.get(node, at[0], r * lds + j)? - m_new).exp2() };
-                        self.put(node, at[0], r * lds + j, p)?;
-                        sum += p;
-                    }
-                    let l = self.get(node, at[2], r)?;
-                    self.put(node, at[2], r, l * alpha + sum)?;
-                    for e in 0..d {
-                        let o = self.get(node, at[3], r * ldo + e)?;
-                        self.put(node, at[3], r * ldo + e, o * alpha)?;
-                    }
-                    self.put(node, at[1], r, m_new)?;
-                }
+                let shape = UpdateShape { rows, cols, lds, d, ldo, ldp: lds, scale: 1.0 };
+                self.softmax_update(node, at, at[0], shape, false)?;
             }
             TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {
                 let scale = f64::from(f32::from_bits(scale));
-                for r in 0..rows {
-                    let m_old = self.get(node, at[1], r)?;
-                    let mut m_new = m_old;
-                    for j in 0..cols {
-                        m_new = m_new.max(scale * self.get(node, at[0], r * lds + j)?);
-                    }
-                    // An all -inf row: P = 0, l and O unchanged.
-                    let dead = m_new == f64::NEG_INFINITY;
-                    let alpha = if dead { 1.0 } else { (m_old - m_new).exp2() };
-                    let mut sum = 0.0;
-                    for j in 0..cols {
-                        let x = scale * self.get(node, at[0], r * lds + j)?;
-                        let p = if dead { 0.0 } else { (x - m_new).exp2() };
-                        // Stored rounded to P's dtype, and summed as stored.
-                        self.put(node, at[4], r * ldp + j, p)?;
-                        sum += self.get(node, at[4], r * ldp + j)?;
-                    }
-                    let l = self.get(node, at[2], r)?;
-                    self.put(node, at[2], r, l * alpha + sum)?;
-                    for e in 0..d {
-                        let o = self.get(node, at[3], r * ldo + e)?;
-                        self.put(node, at[3], r * ldo + e, o * alpha)?;
-                    }
-                    self.put(node, at[1], r, m_new)?;
-                }
+                let shape = UpdateShape { rows, cols, lds, d, ldo, ldp, scale };
+                // P is stored rounded to its dtype, and summed as stored.
+                self.softmax_update(node, at, at[4], shape, true)?;
             }
             TileOp::SoftmaxRecompute { rows, cols, ld } => {
                 // With no columns the op touches nothing, not even the per-row scalars.
@@ -122,4 +79,54 @@ impl Machine<'_> {
         }
         Ok(())
     }
+
+    /// One online-softmax step over `[S, row_max, row_sum, O]` at `at`, the scores scaled by
+    /// `shape.scale` and P written at `p` (S itself, or a tile of the rounded dtype); the row
+    /// sum adds P as stored when `sum_stored`, else as computed.
+    fn softmax_update(
+        &mut self,
+        node: &UOp,
+        at: &[(Mem, i64)],
+        p: (Mem, i64),
+        shape: UpdateShape,
+        sum_stored: bool,
+    ) -> Result<(), InterpError> {
+        let UpdateShape { rows, cols, lds, d, ldo, ldp, scale } = shape;
+        for r in 0..rows {
+            let m_old = self.get(node, at[1], r)?;
+            let mut m_new = m_old;
+            for j in 0..cols {
+                m_new = m_new.max(scale * self.get(node, at[0], r * lds + j)?);
+            }
+            // An all -inf row: P = 0, l and O unchanged.
+            let dead = m_new == f64::NEG_INFINITY;
+            let alpha = if dead { 1.0 } else { (m_old - m_new).exp2() };
+            let mut sum = 0.0;
+            for j in 0..cols {
+                let x = scale * self.get(node, at[0], r * lds + j)?;
+                let pj = if dead { 0.0 } else { (x - m_new).exp2() };
+                self.put(node, p, r * ldp + j, pj)?;
+                sum += if sum_stored { self.get(node, p, r * ldp + j)? } else { pj };
+            }
+            let l = self.get(node, at[2], r)?;
+            self.put(node, at[2], r, l * alpha + sum)?;
+            for e in 0..d {
+                let o = self.get(node, at[3], r * ldo + e)?;
+                self.put(node, at[3], r * ldo + e, o * alpha)?;
+            }
+            self.put(node, at[1], r, m_new)?;
+        }
+        Ok(())
+    }
+}
+
+/// The extents of one softmax step: rows, keys, the strides of S, O and P, the score scale.
+struct UpdateShape {
+    rows: usize,
+    cols: usize,
+    lds: usize,
+    d: usize,
+    ldo: usize,
+    ldp: usize,
+    scale: f64,
 }
