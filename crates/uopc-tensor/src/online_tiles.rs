@@ -267,7 +267,7 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
     let (k_first, v_first) = (start(&a.k.view), start(&a.v.view));
     let buf = |x: &Affine| buffer(x.slot, x.dtype, x.len);
     let (qb, kb, vb) = (buf(&a.q.view), buf(&a.k.view), buf(&a.v.view));
-    let zeros = vec![0usize; a.batch.len()];
+    let task = Task { coords: coords.clone(), row0: row0.clone(), rows: br };
     // One key block of `cols` keys from key `first`, inside the loops `outer`: scores, their
     // function in base 2, the update, P V.
     let key_block = |cx: &mut Ctx, first: &UOp, cols: usize, prev: &[UOp], outer: &[UOp]| -> Option<UOp> {
@@ -287,17 +287,7 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
             &[qb.index(&q_first), kb.index(&k_first + first * a.k_row as i64), si.after(prev).index(0)],
         );
         let tile_s = si.after(std::slice::from_ref(&g1));
-        let ri = cx.fresh_range(br, AxisType::Loop, outer);
-        let inner: Vec<UOp> = outer.iter().cloned().chain([ri.clone()]).collect();
-        let ci = cx.fresh_range(cols, AxisType::Loop, &inner);
-        let mut origin = coords.clone();
-        origin.extend([row0.clone(), first.clone()]);
-        let strides: Vec<usize> = zeros.iter().copied().chain([cols, 1]).collect();
-        cx.assume(&a.product, Known { buffer: tile_s.clone(), origin, strides });
-        let mut at = coords.clone();
-        at.extend([&row0 + &ri, first + &ci]);
-        let y = cx.value_at(&a.scores, &at).ok()?;
-        let scaled = tile_s.index(&ri * cols as i64 + &ci).store(y * a.base2).end(&[ci, ri]);
+        let scaled = scores_on_tile(cx, &a, &task, &tile_s, first, cols, outer)?;
         let mut state = prev.to_vec();
         state.push(scaled.clone());
         let update = TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d: a.dv, ldo: a.dv };
@@ -340,26 +330,67 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
     }
     // The body at each output element, O and l read from the task's tiles.
     let after = std::slice::from_ref(&done);
-    let rr = cx.fresh_range(br, AxisType::Loop, th);
+    store_body(&mut cx, &a, &task, body, out, (&oi.after(after), &li.after(after)), &t)
+}
+
+/// Where a THREAD task's block of query rows is: its batch coordinates, its first row and its
+/// row count.
+struct Task {
+    coords: Vec<UOp>,
+    row0: UOp,
+    rows: usize,
+}
+
+/// The scores' own function of the product (scale, mask, bias, as the graph writes it),
+/// evaluated by rangeify on the score tile `tile_s` of `cols` keys from `first` inside the loops
+/// `outer` and scaled to base 2 in place: the effect that ends the loops over the tile.
+fn scores_on_tile(
+    cx: &mut Ctx,
+    a: &Attention,
+    task: &Task,
+    tile_s: &UOp,
+    first: &UOp,
+    cols: usize,
+    outer: &[UOp],
+) -> Option<UOp> {
+    let ri = cx.fresh_range(task.rows, AxisType::Loop, outer);
+    let inner: Vec<UOp> = outer.iter().cloned().chain([ri.clone()]).collect();
+    let ci = cx.fresh_range(cols, AxisType::Loop, &inner);
+    let mut origin = task.coords.clone();
+    origin.extend([task.row0.clone(), first.clone()]);
+    let strides: Vec<usize> = vec![0; a.batch.len()].into_iter().chain([cols, 1]).collect();
+    cx.assume(&a.product, Known { buffer: tile_s.clone(), origin, strides });
+    let mut at = task.coords.clone();
+    at.extend([&task.row0 + &ri, first + &ci]);
+    let y = cx.value_at(&a.scores, &at).ok()?;
+    Some(tile_s.index(&ri * cols as i64 + &ci).store(y * a.base2).end(&[ci, ri]))
+}
+
+/// The stores of `body` at every output element of the task in THREAD iteration `t`, `O` and
+/// `l` read from the task's finished output tile and row sums (`tiles`).
+fn store_body(
+    cx: &mut Ctx,
+    a: &Attention,
+    task: &Task,
+    body: &UOp,
+    out: &UOp,
+    tiles: (&UOp, &UOp),
+    t: &UOp,
+) -> Option<UOp> {
+    let th = std::slice::from_ref(t);
+    let rr = cx.fresh_range(task.rows, AxisType::Loop, th);
     let e = cx.fresh_range(a.dv, AxisType::Loop, &[t.clone(), rr.clone()]);
-    let mut origin = coords.clone();
-    origin.extend([row0.clone(), idx(0)]);
-    cx.assume(
-        &a.sum,
-        Known {
-            buffer: oi.after(after),
-            origin: origin.clone(),
-            strides: zeros.iter().copied().chain([a.dv, 1]).collect(),
-        },
-    );
+    let zeros = vec![0usize; a.batch.len()];
+    let mut origin = task.coords.clone();
+    origin.extend([task.row0.clone(), idx(0)]);
+    let o_strides = zeros.iter().copied().chain([a.dv, 1]).collect();
+    cx.assume(&a.sum, Known { buffer: tiles.0.clone(), origin: origin.clone(), strides: o_strides });
     origin.pop();
-    cx.assume(
-        &a.norm,
-        Known { buffer: li.after(after), origin, strides: zeros.iter().copied().chain([1]).collect() },
-    );
-    let mut at = coords.clone();
-    at.extend([&row0 + &rr, e.clone()]);
+    let l_strides = zeros.iter().copied().chain([1]).collect();
+    cx.assume(&a.norm, Known { buffer: tiles.1.clone(), origin, strides: l_strides });
+    let mut at = task.coords.clone();
+    at.extend([&task.row0 + &rr, e.clone()]);
     let value = cx.value_at(body, &at).ok()?;
-    let st = out.index((&t * br + &rr) * a.dv + &e).store(value);
+    let st = out.index((t * task.rows + &rr) * a.dv + &e).store(value);
     Some(sink(&[st.end(&[e, rr, t.clone()])]))
 }
