@@ -70,45 +70,9 @@ fn acc_inits(program: &UOp) -> Vec<(f64, usize)> {
         .collect()
 }
 
-fn buffer_slot(load: &UOp) -> Option<usize> {
-    if !matches!(load.op(), Op::Load) {
-        return None;
-    }
-    match uopc_ir::view_base(&load.src()[0].src()[0])?.op() {
-        Op::Buffer { slot, .. } => Some(*slot),
-        _ => None,
-    }
-}
-
-/// How many q.k products the kernel executes in total: MULs of a load of `q` by a load of `k`,
-/// weighted by their loop trip counts.
-fn qk_products(kernel: &Kernel) -> u64 {
-    let slot_of = |b: ArgSource| kernel.args.iter().position(|a| *a == b).expect("kernel reads q and k");
-    let (q, k) = (slot_of(ArgSource::Input(0)), slot_of(ArgSource::Input(1)));
-    let pair = |s: &[Option<usize>]| s == [Some(q), Some(k)] || s == [Some(k), Some(q)];
-    weighted(&kernel.program)
-        .into_iter()
-        .map(|(u, m, _)| match u.op() {
-            Op::Binary(uopc_ir::BinaryOp::Mul) => {
-                let s: Vec<Option<usize>> = u.src().iter().map(buffer_slot).collect();
-                if pair(&s) { m } else { 0 }
-            }
-            // a tile GEMM of a block of q by a block of k: m x n x k products
-            Op::Tile(uopc_ir::TileOp::Gemm(g)) => {
-                let s: Vec<Option<usize>> = u.src()[..2].iter().map(index_slot).collect();
-                if pair(&s) { m * (g.m * g.n * g.k) as u64 } else { 0 }
-            }
-            _ => 0,
-        })
-        .sum()
-}
-
-/// The slot of the buffer an INDEX node points into.
-fn index_slot(index: &UOp) -> Option<usize> {
-    match uopc_ir::view_base(&index.src()[0])?.op() {
-        Op::Buffer { slot, .. } => Some(*slot),
-        _ => None,
-    }
+/// How many q.k products the plan executes in total (q and k are inputs 0 and 1).
+fn qk_products(plan: &Plan) -> u64 {
+    input_products(plan, 0, 1).expect("programs linearize")
 }
 
 fn plan_flops(plan: &Plan) -> u64 {
@@ -224,7 +188,7 @@ fn fused_flops_grow_as_n_squared() {
 fn flash_opt_computes_each_qk_six_times_per_row() {
     let (n, d) = (256, 64);
     let plan = attention_plan(n, d, &written_fused());
-    let per_pair = qk_products(plan.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
+    let per_pair = qk_products(&plan) as f64 / (n * n * d) as f64;
     // two softmax passes (max, sum) plus 64/16 = 4 output passes
     assert_eq!(per_pair, 6.0);
 }
@@ -235,13 +199,13 @@ fn online_sums_compute_each_qk_once() {
         // on tile ops: per block of keys, one score tile GEMM
         let plan = attention_plan(n, d, &RealizeOptions::fused());
         assert!(plan.kernels[0].uses_tile_ops(), "{plan}");
-        let per_pair = qk_products(plan.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
+        let per_pair = qk_products(&plan) as f64 / (n * n * d) as f64;
         assert_eq!(per_pair, 1.0, "n {n}, d {d}");
         // as loops: the maximum, the normalizer and every output column share one pass
         let whole_head = Opts { upcast: vec![(1, d)], thread: Some(0), ..Opts::default() };
         let loops = attention_plan(n, d, &RealizeOptions::fused().with_opt(FixedOpts(whole_head)));
         assert!(!loops.kernels[0].uses_tile_ops(), "{loops}");
-        let per_pair = qk_products(loops.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
+        let per_pair = qk_products(&loops) as f64 / (n * n * d) as f64;
         assert_eq!(per_pair, 1.0, "n {n}, d {d}, loops");
     }
 }
@@ -254,7 +218,7 @@ fn without_reshape_simplification_the_fused_kernel_is_cubic() {
     let bad256 = attention_plan(256, 64, &unsimplified(RealizeOptions::fused()));
     let ratio = plan_flops(&bad512) as f64 / plan_flops(&bad256) as f64;
     assert!(ratio > 7.0, "the unsimplified plan should be cubic, ratio {ratio}");
-    let per_pair = qk_products(bad256.kernels.last().unwrap()) as f64 / (256.0 * 256.0 * 64.0);
+    let per_pair = qk_products(&bad256) as f64 / (256.0 * 256.0 * 64.0);
     assert!(per_pair > 6.0 * 100.0, "q.k computed {per_pair} times per pair");
 }
 
@@ -410,7 +374,7 @@ fn fused_upcast_variants_trade_passes_over_the_keys_for_accumulators() {
     // upcast the whole head: 2 + 64/64 = three passes
     let u64_opts = written_fused().with_opt(FlashOpt { max_upcast: 64 });
     let u64 = attention_plan(n, d, &u64_opts);
-    let per_pair = |p: &Plan| qk_products(p.kernels.last().unwrap()) as f64 / (n * n * d) as f64;
+    let per_pair = |p: &Plan| qk_products(p) as f64 / (n * n * d) as f64;
     assert_eq!(per_pair(&u16), 6.0);
     assert_eq!(per_pair(&u64), 3.0);
     assert_eq!(u64.temp_sizes(), [d * n], "still no N x N buffer");
