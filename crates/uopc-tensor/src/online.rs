@@ -274,7 +274,7 @@ fn elementwise_of(g: &UOp, max: &UOp) -> bool {
 
 /// `exp2(k * (t - h))` (either operand order of the product) as `(t, h, k)`, `k` a positive
 /// 0-d constant.
-fn shifted_exp2(e: &UOp) -> Option<(UOp, UOp, UOp)> {
+pub(crate) fn shifted_exp2(e: &UOp) -> Option<(UOp, UOp, UOp)> {
     let Op::Unary(UnaryOp::Exp2) = e.op() else { return None };
     let z = &e.src()[0];
     let Op::Binary(BinaryOp::Mul) = z.op() else { return None };

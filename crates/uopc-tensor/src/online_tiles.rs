@@ -70,10 +70,6 @@ struct Attention {
     base2: f32,
 }
 
-fn scalar_const(u: &UOp) -> Option<f64> {
-    (matches!(u.op(), Op::Const(_)) && u.shape().is_empty()).then(|| u.const_value())?.map(|c| c.as_f64())
-}
-
 fn base(u: &UOp) -> UOp {
     movement_chain(u).1
 }
@@ -82,19 +78,6 @@ fn base(u: &UOp) -> UOp {
 fn mul_pair(u: &UOp) -> Option<(UOp, UOp)> {
     let Some((BinaryOp::Mul, a, b)) = u.as_binary() else { return None };
     Some((a.clone(), b.clone()))
-}
-
-/// `exp2(k * (t - h))` as `(t, h, k)`.
-fn exp2_shift(e: &UOp) -> Option<(UOp, UOp, f64)> {
-    let Op::Unary(UnaryOp::Exp2) = e.op() else { return None };
-    let (a, b) = mul_pair(&e.src()[0])?;
-    let (diff, k) = match (scalar_const(&a), scalar_const(&b)) {
-        (_, Some(k)) => (a, k),
-        (Some(k), _) => (b, k),
-        _ => return None,
-    };
-    let Some((BinaryOp::Sub, t, h)) = diff.as_binary() else { return None };
-    Some((t.clone(), h.clone(), k))
 }
 
 /// The nodes `root` reads, not looking past the nodes in `stop`.
@@ -157,9 +140,9 @@ fn matched(body: &UOp) -> Option<Attention> {
     if base(&l.summand) != e {
         return None;
     }
-    let (t, h, k) = exp2_shift(&e)?;
+    let (t, h, k) = crate::online::shifted_exp2(&e)?;
     let scores = o.max.src()[0].clone();
-    if base(&t) != scores || base(&h) != o.max || k <= 0.0 {
+    if base(&t) != scores || base(&h) != o.max {
         return None;
     }
     let product = score_product(&scores)?;
@@ -206,7 +189,7 @@ fn matched(body: &UOp) -> Option<Attention> {
         norm: norm.clone(),
         scores,
         product,
-        base2: k as f32,
+        base2: k.const_value()?.as_f64() as f32,
     })
 }
 
