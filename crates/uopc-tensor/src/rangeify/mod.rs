@@ -10,7 +10,7 @@ use crate::opt::Opts;
 use crate::util::numel;
 use std::collections::HashMap;
 use uopc_ir::{
-    AxisType, ConstValue, DType, Op, ReduceOp, SimplifyOptions, UOp, alloc, buffer, idx, range,
+    AxisType, BinaryOp, ConstValue, DType, Op, ReduceOp, SimplifyOptions, UOp, alloc, buffer, idx, range,
     simplify_memo, sink,
 };
 
@@ -397,25 +397,19 @@ impl Ctx {
 
     /// The accumulator of one copy of a reduce: an ALLOC initialised inside the loops of the
     /// output index, updated in the reduce loops and read after them.
-    fn reduce_acc(&mut self, u: &UOp, rop: ReduceOp, index: &[UOp], mut vals: Vec<UOp>) -> UOp {
+    fn reduce_acc(&mut self, u: &UOp, rop: ReduceOp, index: &[UOp], vals: Vec<UOp>) -> UOp {
         let dtype = u.dtype();
-        let combine =
-            |a: &UOp, b: &UOp| UOp::new(Op::Binary(rop.binary()), dtype, vec![a.clone(), b.clone()]);
-        while vals.len() > 1 {
-            // unrolled reduce axis: a balanced tree
-            vals = vals
-                .chunks(2)
-                .map(|c| if c.len() == 2 { combine(&c[0], &c[1]) } else { c[0].clone() })
-                .collect();
-        }
+        // unrolled reduce axis: its copies combined in a balanced tree
+        let value = balanced(rop.binary(), &vals);
         let ranges = ranges_in(index);
         let owner = self.groups.loop_owner(u);
         let real = self.loop_ranges(&owner, &ranges);
         if real.is_empty() {
-            return vals.swap_remove(0);
+            return value;
         }
         let (acc0, accl) = self.accumulator(dtype, rop.identity(dtype), &ranges, &real);
-        let upd = accl.index(0).store(combine(&accl.index(0).load(), &vals[0]));
+        let update = UOp::new(Op::Binary(rop.binary()), dtype, vec![accl.index(0).load(), value]);
+        let upd = accl.index(0).store(update);
         let inner_first: Vec<UOp> = real.iter().rev().cloned().collect();
         // ...and is read once more after the loops end.
         acc0.after(&[upd.end(&inner_first)]).index(0).load()
@@ -456,6 +450,22 @@ impl Ctx {
         let index: Vec<UOp> = index.iter().map(|i| self.simplify(i)).collect();
         self.rangeify(body, index, None)
     }
+}
+
+/// `vals` combined by `op` in a balanced tree, pairs left to right (`vals` is not empty).
+fn balanced(op: BinaryOp, vals: &[UOp]) -> UOp {
+    let mut vals = vals.to_vec();
+    while vals.len() > 1 {
+        vals = vals
+            .chunks(2)
+            .map(|c| match c {
+                [a, b] => UOp::new(Op::Binary(op), a.dtype(), vec![a.clone(), b.clone()]),
+                [a] => a.clone(),
+                _ => unreachable!("chunks of at most two"),
+            })
+            .collect();
+    }
+    vals.swap_remove(0)
 }
 
 /// Lowers a kernel body (tensor level, inputs as `Param`s with kernel-local slots) to a loop

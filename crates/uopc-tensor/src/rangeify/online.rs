@@ -10,7 +10,7 @@
 //! its group (a softmax whose division was not hoisted) needs that member finished and gets a
 //! loop of its own, with its own running value.
 
-use super::{Ctx, Key, ranges_in};
+use super::{Ctx, Key, balanced, ranges_in};
 use crate::error::Result;
 use crate::online::OnlineSum;
 use std::collections::{HashMap, HashSet};
@@ -78,24 +78,6 @@ const ONLINE_UNROLL: usize = 8;
 fn online_unroll(u: &UOp) -> usize {
     let extent = u.src()[0].shape().last().copied().unwrap_or(1);
     crate::util::largest_divisor_at_most(extent, ONLINE_UNROLL)
-}
-
-/// `vals` combined by `op` in a balanced tree (`vals` is not empty).
-fn tree(op: BinaryOp, vals: &[UOp]) -> UOp {
-    let mut vals = vals.to_vec();
-    while vals.len() > 1 {
-        vals = vals
-            .chunks(2)
-            .map(|c| {
-                if c.len() == 2 {
-                    UOp::new(Op::Binary(op), c[0].dtype(), vec![c[0].clone(), c[1].clone()])
-                } else {
-                    c[0].clone()
-                }
-            })
-            .collect();
-    }
-    vals.swap_remove(0)
 }
 
 /// The running maximum as a summand reads it: `-inf` (only `-inf`s so far) read as 0. With
@@ -276,7 +258,7 @@ impl Ctx {
         vals: &[UOp],
     ) -> Result<Option<UOp>> {
         if let Some(s) = scope.filter(|s| s.max == *u) {
-            let run = self.running_max(u, index, &s.owner, &s.ranges, &tree(BinaryOp::Max, vals));
+            let run = self.running_max(u, index, &s.owner, &s.ranges, &balanced(BinaryOp::Max, vals));
             self.read_at.insert(s.reader(), index.to_vec());
             return Ok(Some(if s.old { run.old } else { stand_in(&run.new) }));
         }
@@ -284,10 +266,10 @@ impl Ctx {
             return Ok(None);
         }
         if let Some(o) = OnlineSum::of(u) {
-            return self.online_sum(u, &o, index, &tree(BinaryOp::Add, vals)).map(Some);
+            return self.online_sum(u, &o, index, &balanced(BinaryOp::Add, vals)).map(Some);
         }
         if self.groups.is_grouped_max(u) {
-            let y = tree(BinaryOp::Max, vals);
+            let y = balanced(BinaryOp::Max, vals);
             return Ok(Some(self.running_max(u, index, u, &ranges_in(index), &y).finished));
         }
         Ok(None)
