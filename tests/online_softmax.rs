@@ -445,3 +445,106 @@ fn long_rows_are_taken_in_blocks_and_stay_exact() {
         max_err(&realize(&t.softmax(-1).matmul(&Tensor::from_array(&v)), &RealizeOptions::fused()), &want);
     assert!(err < 1e-5, "softmax . v error {err}");
 }
+
+/// Causal `softmax(q k^T / sqrt(d)) v` per leading index of `(.., n, d)` arrays in f64, with
+/// queries aligned to the end of the keys and a row that sees no key giving zeros.
+fn causal_attention_f64(
+    q: &ArrayD<f32>,
+    k: &ArrayD<f32>,
+    v: &ArrayD<f32>,
+    window: Option<usize>,
+) -> ArrayD<f64> {
+    let r = q.ndim();
+    let (n_q, d, n_k, dv) = (q.shape()[r - 2], q.shape()[r - 1], k.shape()[r - 2], v.shape()[r - 1]);
+    let lead: usize = q.shape()[..r - 2].iter().product();
+    let flat = |a: &ArrayD<f32>, rows: usize, cols: usize| {
+        a.as_standard_layout().to_owned().into_shape_with_order((lead, rows, cols)).unwrap().mapv(f64::from)
+    };
+    let (q3, k3, v3) = (flat(q, n_q, d), flat(k, n_k, d), flat(v, n_k, dv));
+    let mut out = ndarray::Array3::<f64>::zeros((lead, n_q, dv));
+    for b in 0..lead {
+        for i in 0..n_q {
+            let last = i as i64 + n_k as i64 - n_q as i64;
+            let first = window.map_or(0, |w| last - w as i64 + 1);
+            let seen: Vec<usize> = (0..n_k).filter(|&j| (j as i64) <= last && j as i64 >= first).collect();
+            let s: Vec<f64> = seen
+                .iter()
+                .map(|&j| {
+                    q3.slice(ndarray::s![b, i, ..]).dot(&k3.slice(ndarray::s![b, j, ..])) / (d as f64).sqrt()
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for (&j, x) in seen.iter().zip(&s) {
+                let p = (x - m).exp() / total;
+                out.slice_mut(ndarray::s![b, i, ..]).scaled_add(p, &v3.slice(ndarray::s![b, j, ..]));
+            }
+        }
+    }
+    let mut shape = q.shape()[..r - 1].to_vec();
+    shape.push(dv);
+    out.into_shape_with_order(IxDyn(&shape)).unwrap()
+}
+
+/// Whether the loop over key blocks of the fused kernel ends at an expression of the THREAD
+/// index (blocks past the task's last visible key skipped) rather than at a constant.
+fn key_loop_ends_with_the_task(program: &UOp) -> bool {
+    UOp::toposort(std::slice::from_ref(program)).iter().any(|u| {
+        matches!(u.op(), Op::Range { axis: uopc::ir::AxisType::Reduce, .. })
+            && u.src()[0].const_int().is_none()
+    })
+}
+
+#[test]
+fn fused_causal_attention_skips_the_key_blocks_past_the_diagonal() {
+    let mk = |shape: &[usize], seed: u64| {
+        let mut rng = StdRng::seed_from_u64(seed);
+        ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.random_range(-1.5f32..1.5))
+    };
+    // (batch, heads, n_q, n_k, d): square, fewer queries than keys with a partial last key
+    // block, more queries than keys (the first rows see no key)
+    for (i, &(b, h, n_q, n_k, d)) in
+        [(1, 2, 512, 512, 32), (2, 1, 200, 456, 16), (1, 1, 300, 140, 16)].iter().enumerate()
+    {
+        let seed = 200 + 3 * i as u64;
+        let (q, k, v) =
+            (mk(&[b, h, n_q, d], seed), mk(&[b, h, n_k, d], seed + 1), mk(&[b, h, n_k, d], seed + 2));
+        let t = |a: &ArrayD<f32>| Tensor::from_array(a);
+        let out = uopc::tensor::masked::attention_masked(&t(&q), &t(&k), &t(&v), None, true);
+        let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
+        assert!(plan.kernels.len() == 1 && plan.kernels[0].uses_tile_ops(), "{plan}");
+        let program = &plan.kernels[0].program;
+        assert!(key_loop_ends_with_the_task(program), "({n_q}, {n_k}): no key block skipped\n{plan}");
+        if n_q <= n_k {
+            // the mask became loop bounds: no per-element select is left
+            let selects = UOp::toposort(std::slice::from_ref(program))
+                .iter()
+                .filter(|u| matches!(u.op(), Op::Where))
+                .count();
+            assert_eq!(selects, 0, "({n_q}, {n_k}): the causal mask is evaluated per element");
+        }
+        let err = max_err(&realize(&out, &RealizeOptions::fused()), &causal_attention_f64(&q, &k, &v, None));
+        assert!(err < 2e-5, "({b}, {h}, {n_q}, {n_k}, {d}): error {err}");
+    }
+    // a sliding window of 100 keys written in the graph: the end is read off the causal
+    // half, the window's start is left to the per-element mask
+    let (n, d) = (384, 16);
+    let (q, k, v) = (mk(&[1, 1, n, d], 1), mk(&[1, 1, n, d], 2), mk(&[1, 1, n, d], 3));
+    let pos = |len: usize, shape: &[usize]| Tensor::arange(len).reshape(shape);
+    let int = |v: f32| Tensor::full(&[], v).cast(uopc::ir::DType::I64);
+    // i - j, an i64 tensor: key j is seen when 0 <= i - j < 100
+    let ahead = &pos(n, &[n, 1]) - &pos(n, &[1, n]);
+    let keep = ahead
+        .lt(&int(100.0))
+        .where_(&ahead.ge(&int(0.0)), &Tensor::full(&[], 0.0).cast(uopc::ir::DType::Bool));
+    let qt = Tensor::from_array(&q);
+    let scores = qt.matmul(&Tensor::from_array(&k).transpose(-2, -1)) * 0.25;
+    let out = keep
+        .where_(&scores, &Tensor::full(&[], f32::NEG_INFINITY))
+        .softmax(-1)
+        .matmul(&Tensor::from_array(&v));
+    let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
+    assert!(plan.kernels.len() == 1 && key_loop_ends_with_the_task(&plan.kernels[0].program), "{plan}");
+    let err = max_err(&realize(&out, &RealizeOptions::fused()), &causal_attention_f64(&q, &k, &v, Some(100)));
+    assert!(err < 2e-5, "sliding window: error {err}");
+}

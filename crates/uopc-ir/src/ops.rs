@@ -258,6 +258,11 @@ pub enum Op {
     Param { slot: usize, shape: Vec<usize> },
     /// A realized tensor's host data (identity-compared), with its shape.
     Data { data: DataRef, shape: Vec<usize> },
+    /// The positions `0, 1, .., n - 1` as a tensor of shape `[n]` in the node's dtype: a value
+    /// computed from the index, never read from memory, so a comparison of positions (a causal
+    /// or banded mask) stays an expression of the loop ranges the compiler can reason about.
+    /// No sources.
+    Arange(usize),
     /// `src[0]` viewed with a new shape of the same element count.
     Reshape(Vec<usize>),
     /// `src[0]` broadcast: axes of size 1 stretched to the given shape.
@@ -356,6 +361,7 @@ impl Op {
             Op::Tile(TileOp::SoftmaxRecompute { .. }) => "TILE_SOFTMAX_RECOMPUTE",
             Op::Tile(TileOp::SoftmaxGrad { .. }) => "TILE_SOFTMAX_GRAD",
             Op::Param { .. } => "PARAM",
+            Op::Arange(_) => "ARANGE",
             Op::Data { .. } => "DATA",
             Op::Reshape(_) => "RESHAPE",
             Op::Expand(_) => "EXPAND",

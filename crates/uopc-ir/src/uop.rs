@@ -198,6 +198,7 @@ impl UOp {
         match &self.0.op {
             Op::Param { shape, .. } | Op::Data { shape, .. } => shape.clone(),
             Op::Custom(c) => c.shape.clone(),
+            Op::Arange(n) => vec![*n],
             Op::Reshape(s) | Op::Expand(s) => s.clone(),
             Op::Permute(p) => {
                 let s = src_shape(0).unwrap_or_default();

@@ -2,6 +2,7 @@
 
 use crate::error::{Result, shape_err};
 use crate::tensor::Tensor;
+use uopc_ir::DType;
 
 /// The score a masked key gets before the softmax. Finite on purpose: with `-inf`, a row whose
 /// keys are all masked would compute `-inf - (-inf) = NaN` when the row max is subtracted.
@@ -9,15 +10,13 @@ const MASKED_SCORE: f32 = -1.0e30;
 
 /// The `(n_q, n_k)` causal mask as 0/1 floats: query `i` sees keys `j <= i + n_k - n_q`
 /// (queries aligned to the end of the keys).
-///
-/// # Panics
-///
-/// When `n_q` or `n_k` is 0 (tensors have no zero-sized axes).
 pub fn causal_mask(n_q: usize, n_k: usize) -> Tensor {
-    let off = n_k as i64 - n_q as i64;
-    let m: Vec<f32> =
-        (0..n_q * n_k).map(|x| (((x % n_k) as i64) <= (x / n_k) as i64 + off) as i32 as f32).collect();
-    Tensor::from_vec(m, &[n_q, n_k])
+    // Positions, not data: the fused kernel reads the mask's bound off the comparison and skips
+    // the key blocks past the diagonal.
+    let off = Tensor::from_uop(uopc_ir::const_of(n_k as f64 - n_q as f64, DType::I64));
+    let rows = &Tensor::arange(n_q).reshape(&[n_q, 1]) + &off;
+    let keys = Tensor::arange(n_k).reshape(&[1, n_k]);
+    keys.le(&rows).cast(DType::F32)
 }
 
 /// Whether numpy broadcasting stretches `from` to exactly `to`.
@@ -97,6 +96,15 @@ fn masked_attention_graph(
     let Some(keep) = keep else {
         return batched_matmul_t(&scores.try_softmax(-1)?, &v.try_transpose(-2, -1)?);
     };
+    if mask.is_none() && n_q <= n_k {
+        // Causal alone, every query sees key 0: no row is fully masked, so masked scores can be
+        // -inf (adding exactly nothing, which lets the fused kernel skip the blocks past the
+        // diagonal) and no row needs zeroing.
+        let masked = keep
+            .try_ne(&Tensor::full(&[], 0.0))?
+            .try_where(&scores, &Tensor::full(&[], f32::NEG_INFINITY))?;
+        return batched_matmul_t(&masked.try_softmax(-1)?, &v.try_transpose(-2, -1)?);
+    }
     let masked =
         keep.try_ne(&Tensor::full(&[], 0.0))?.try_where(&scores, &Tensor::full(&[], MASKED_SCORE))?;
     // A fully masked row has uniform weights over MASKED_SCORE; the indicator "this row

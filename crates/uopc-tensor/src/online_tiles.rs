@@ -23,7 +23,8 @@ use crate::util::largest_divisor_at_most;
 use crate::view::movement_chain;
 use std::collections::HashSet;
 use uopc_ir::{
-    AxisType, BinaryOp, DType, GemmShape, Op, TileOp, UOp, UnaryOp, buffer, f32c, idx, sink, tile,
+    AxisType, BinaryOp, DType, GemmShape, Op, TileOp, UOp, UnaryOp, buffer, f32c, guard_end, guard_exact_end,
+    idx, linear_in, simplify, sink, tile,
 };
 
 /// Keys per block: one score tile row spans this many keys.
@@ -253,67 +254,173 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
     let task = Task { coords: coords.clone(), row0: row0.clone(), rows: br };
     // One key block of `cols` keys from key `first`, inside the loops `outer`: scores, their
     // function in base 2, the update, P V.
-    let key_block = |cx: &mut Ctx, first: &UOp, cols: usize, prev: &[UOp], outer: &[UOp]| -> Option<UOp> {
-        let scores = TileOp::Gemm(GemmShape {
-            m: br,
-            n: cols,
-            k: a.d,
-            lda: a.q.ld,
-            ldb: a.k.ld,
-            ldc: cols,
-            a_trans: a.q.trans,
-            b_trans: a.k.trans,
-            accumulate: false,
-        });
-        let g1 = tile(
-            scores,
-            &[qb.index(&q_first), kb.index(&k_first + first * a.k_row as i64), si.after(prev).index(0)],
-        );
-        let tile_s = si.after(std::slice::from_ref(&g1));
-        let scaled = scores_on_tile(cx, &a, &task, &tile_s, first, cols, outer)?;
-        let mut state = prev.to_vec();
-        state.push(scaled.clone());
-        let update = TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d: a.dv, ldo: a.dv };
-        let sm = tile(
-            update,
-            &[
-                si.after(std::slice::from_ref(&scaled)).index(0),
-                mi.after(&state).index(0),
-                li.after(&state).index(0),
-                oi.after(&state).index(0),
-            ],
-        );
-        let after_sm = std::slice::from_ref(&sm);
-        let pv = TileOp::Gemm(GemmShape {
-            m: br,
-            n: a.dv,
-            k: cols,
-            lda: cols,
-            ldb: a.v.ld,
-            ldc: a.dv,
-            a_trans: false,
-            b_trans: a.v.trans,
-            accumulate: true,
-        });
-        Some(tile(
-            pv,
-            &[
-                si.after(after_sm).index(0),
-                vb.index(&v_first + first * a.v_row as i64),
-                oi.after(after_sm).index(0),
-            ],
-        ))
-    };
+    // `prefix`: the mask is exactly a prefix of each row's keys (see `masked_suffixes`).
+    let key_block =
+        |cx: &mut Ctx, first: &UOp, cols: usize, prev: &[UOp], outer: &[UOp], prefix: bool| -> Option<UOp> {
+            let scores = TileOp::Gemm(GemmShape {
+                m: br,
+                n: cols,
+                k: a.d,
+                lda: a.q.ld,
+                ldb: a.k.ld,
+                ldc: cols,
+                a_trans: a.q.trans,
+                b_trans: a.k.trans,
+                accumulate: false,
+            });
+            let g1 = tile(
+                scores,
+                &[qb.index(&q_first), kb.index(&k_first + first * a.k_row as i64), si.after(prev).index(0)],
+            );
+            let tile_s = si.after(std::slice::from_ref(&g1));
+            let scaled = match a.scores.as_where().filter(|_| prefix) {
+                // the unmasked scores on the whole tile (a vectorized loop), then -inf over each
+                // row's masked suffix
+                Some(w) => {
+                    let plain = scores_on_tile(cx, &a, &task, (&tile_s, w.then), first, cols, outer)?;
+                    masked_suffixes(cx, &a, &task, &si.after(&[g1.clone(), plain]), first, cols, outer)?
+                }
+                None => scores_on_tile(cx, &a, &task, (&tile_s, &a.scores), first, cols, outer)?,
+            };
+            let mut state = prev.to_vec();
+            state.push(scaled.clone());
+            let update = TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d: a.dv, ldo: a.dv };
+            let sm = tile(
+                update,
+                &[
+                    si.after(std::slice::from_ref(&scaled)).index(0),
+                    mi.after(&state).index(0),
+                    li.after(&state).index(0),
+                    oi.after(&state).index(0),
+                ],
+            );
+            let after_sm = std::slice::from_ref(&sm);
+            let pv = TileOp::Gemm(GemmShape {
+                m: br,
+                n: a.dv,
+                k: cols,
+                lda: cols,
+                ldb: a.v.ld,
+                ldc: a.dv,
+                a_trans: false,
+                b_trans: a.v.trans,
+                accumulate: true,
+            });
+            Some(tile(
+                pv,
+                &[
+                    si.after(after_sm).index(0),
+                    vb.index(&v_first + first * a.v_row as i64),
+                    oi.after(after_sm).index(0),
+                ],
+            ))
+        };
     let full = a.n_k / bc;
-    let j = cx.fresh_range(full, AxisType::Reduce, th);
+    // Key blocks past every key the task's rows can see are skipped; at least one block runs,
+    // so a task whose rows see no key ends in the state a fully masked block leaves.
+    let seen = visible_keys(&mut cx, &a, &task, &t, body);
+    let blocks = seen.as_ref().map_or(idx(full as i64), |v| v.full_blocks(full, bc));
+    // simplified now: rangeify simplifies the indices it reads at, and a RANGE whose end it
+    // rewrote would be another node
+    let j = cx.fresh_range(simplify(&blocks), AxisType::Reduce, th);
+    let prefix = seen.as_ref().is_some_and(|v| v.prefix);
+    let deps = [init_o, init_ml, j.clone()];
     let mut done =
-        key_block(&mut cx, &(&j * bc), bc, &[init_o, init_ml, j.clone()], &[t.clone(), j.clone()])?.end(&[j]);
+        key_block(&mut cx, &(&j * bc), bc, &deps, &[t.clone(), j.clone()], prefix)?.end(&[j.clone()]);
     if a.n_k % bc != 0 {
-        done = key_block(&mut cx, &idx((full * bc) as i64), a.n_k % bc, &[done], th)?;
+        let first = idx((full * bc) as i64);
+        done = match &seen {
+            None => key_block(&mut cx, &first, a.n_k % bc, &[done], th, false)?,
+            Some(v) => {
+                // the partial last block, when some row sees into it: a loop of 0 or 1 trips
+                let runs = min_index(&idx(1), &(&v.end - (full * bc) as i64).maximum(0));
+                let tail = cx.fresh_range(simplify(&runs), AxisType::Reduce, th);
+                let deps = [done, tail.clone()];
+                key_block(&mut cx, &first, a.n_k % bc, &deps, &[t.clone(), tail.clone()], v.prefix)?
+                    .end(&[tail])
+            }
+        };
     }
     // The body at each output element, O and l read from the task's tiles.
     let after = std::slice::from_ref(&done);
     store_body(&mut cx, &a, &task, body, out, (&oi.after(after), &li.after(after)), &t)
+}
+
+/// The smaller of two index expressions, written so value bounds see it (the bound of a
+/// WHERE would be the larger of its arms').
+fn min_index(a: &UOp, b: &UOp) -> UOp {
+    -(-a).maximum(-b)
+}
+
+/// The keys the rows of `task` can see, when the scores are `where(keep, x, masked)` and `keep`'s
+/// end along the keys can be read off its loop form (see [`guard_end`]); `None` when the scores
+/// have another form or `keep` gives no end.
+///
+/// Key blocks past the end are skipped, which is exact when `masked` is `-inf` (such a score
+/// changes neither the running maximum nor the sums). A finite `masked` score (at most
+/// [`MASKED_AT_MOST`]) adds nothing to a row that sees some key, but a row that sees none
+/// averages the values of the keys it runs over, so then the body must zero such rows: it is a
+/// product with the row indicator `max_j keep` (what [`masked`](crate::masked) builds).
+fn visible_keys(cx: &mut Ctx, a: &Attention, task: &Task, t: &UOp, body: &UOp) -> Option<Visible> {
+    let w = a.scores.as_where()?;
+    let masked = base(w.otherwise).const_value()?.as_f64();
+    let exact = masked == f64::NEG_INFINITY || (masked <= MASKED_AT_MOST && zeroes_unseen_rows(body, w.cond));
+    if !exact || reads_until(w.cond, &[]).contains(&a.product) {
+        return None;
+    }
+    let th = std::slice::from_ref(t);
+    let (row, key) =
+        (cx.fresh_range(task.rows, AxisType::Loop, th), cx.fresh_range(a.n_k, AxisType::Loop, th));
+    let mut at = task.coords.clone();
+    at.extend([&task.row0 + &row, key.clone()]);
+    let keep = simplify(&cx.value_at(w.cond, &at).ok()?);
+    // the latest row's end, when the end moves monotonically with the row
+    let (coef, rest) = linear_in(&simplify(&guard_end(&keep, &key)?), &row)?;
+    let end = simplify(&if coef > 0 { rest + coef * (task.rows as i64 - 1) } else { rest });
+    let prefix = guard_exact_end(&keep, &key).and_then(|e| linear_in(&simplify(&e), &row)).is_some();
+    Some(Visible { end, prefix })
+}
+
+/// The keys a THREAD task's rows see (see [`visible_keys`]).
+struct Visible {
+    /// Past this key no row sees any.
+    end: UOp,
+    /// Whether each row sees exactly the keys before an end that is linear in the row.
+    prefix: bool,
+}
+
+impl Visible {
+    /// How many of the `full` key blocks of `bc` keys the task runs: up to the one holding
+    /// `end`, and at least one.
+    fn full_blocks(&self, full: usize, bc: usize) -> UOp {
+        let holding_end = (self.end.maximum(0) + (bc as i64 - 1)).idiv(bc as i64);
+        min_index(&idx(full as i64), &holding_end.maximum(1))
+    }
+}
+
+/// The largest finite masked score that adds exactly nothing to a row that sees a key:
+/// `exp2(k (masked - max))` underflows to 0 for any realistic maximum.
+const MASKED_AT_MOST: f64 = -1.0e30;
+
+/// Whether `body` is a product (through views) with a factor `max_j keep` over the keys, for
+/// the condition `cond = keep != 0`: zero on every row whose keys are all masked.
+fn zeroes_unseen_rows(body: &UOp, cond: &UOp) -> bool {
+    let Some((BinaryOp::CmpNe, x, zero)) = cond.as_binary() else { return false };
+    if base(zero).const_value().map(|c| c.as_f64()) != Some(0.0) {
+        return false;
+    }
+    let keep = base(x);
+    let mut factors = vec![base(body)];
+    while let Some(f) = factors.pop() {
+        if let Some((BinaryOp::Mul, l, r)) = f.as_binary() {
+            factors.extend([base(l), base(r)]);
+        } else if matches!(f.op(), Op::Reduce { op: uopc_ir::ReduceOp::Max, axes: 1 })
+            && base(&f.src()[0]) == keep
+        {
+            return true;
+        }
+    }
+    false
 }
 
 /// Where a THREAD task's block of query rows is: its batch coordinates, its first row and its
@@ -324,6 +431,34 @@ struct Task {
     rows: usize,
 }
 
+/// For scores `where(keep, x, -inf)` whose `keep` is exactly "key below an end of the row" (see
+/// [`guard_exact_end`]), the masked score over each row's masked suffix of the tile `tile_s` of `cols` keys
+/// from `first`, after its unmasked scores were written: per row, a loop over the masked keys
+/// only, run from the tile row's end so its bounds are the row's.
+fn masked_suffixes(
+    cx: &mut Ctx,
+    a: &Attention,
+    task: &Task,
+    tile_s: &UOp,
+    first: &UOp,
+    cols: usize,
+    outer: &[UOp],
+) -> Option<UOp> {
+    let w = a.scores.as_where()?;
+    let ri = cx.fresh_range(task.rows, AxisType::Loop, outer);
+    let inner: Vec<UOp> = outer.iter().cloned().chain([ri.clone()]).collect();
+    let key = cx.fresh_range(a.n_k, AxisType::Loop, &inner);
+    let mut at = task.coords.clone();
+    at.extend([&task.row0 + &ri, key.clone()]);
+    let end = guard_exact_end(&simplify(&cx.value_at(w.cond, &at).ok()?), &key)?;
+    let seen = min_index(&idx(cols as i64), &(end - first).maximum(0));
+    let c = cx.fresh_range(simplify(&(idx(cols as i64) - seen)), AxisType::Loop, &inner);
+    let at_c = &ri * cols as i64 + (cols as i64 - 1) - &c;
+    // the masked score as the graph gives it, in base 2 like the others
+    let masked = base(w.otherwise).const_value()?.as_f64() as f32 * a.base2;
+    Some(tile_s.after(std::slice::from_ref(&ri)).index(at_c).store(f32c(masked)).end(&[c, ri]))
+}
+
 /// The scores' own function of the product (scale, mask, bias, as the graph writes it),
 /// evaluated by rangeify on the score tile `tile_s` of `cols` keys from `first` inside the loops
 /// `outer` and scaled to base 2 in place: the effect that ends the loops over the tile.
@@ -331,7 +466,7 @@ fn scores_on_tile(
     cx: &mut Ctx,
     a: &Attention,
     task: &Task,
-    tile_s: &UOp,
+    (tile_s, scores): (&UOp, &UOp),
     first: &UOp,
     cols: usize,
     outer: &[UOp],
@@ -345,7 +480,7 @@ fn scores_on_tile(
     cx.assume(&a.product, Known { buffer: tile_s.clone(), origin, strides });
     let mut at = task.coords.clone();
     at.extend([&task.row0 + &ri, first + &ci]);
-    let y = cx.value_at(&a.scores, &at).ok()?;
+    let y = cx.value_at(scores, &at).ok()?;
     Some(tile_s.index(&ri * cols as i64 + &ci).store(y * a.base2).end(&[ci, ri]))
 }
 

@@ -10,8 +10,8 @@ use crate::opt::Opts;
 use crate::util::numel;
 use std::collections::HashMap;
 use uopc_ir::{
-    AxisType, BinaryOp, ConstValue, DType, Op, ReduceOp, SimplifyOptions, UOp, alloc, buffer, idx, range,
-    simplify_memo, sink,
+    AxisType, BinaryOp, ConstValue, DType, IntoIndex, Op, ReduceOp, SimplifyOptions, UOp, alloc, buffer, idx,
+    range, simplify_memo, sink,
 };
 
 mod online;
@@ -90,9 +90,10 @@ impl Ctx {
         self.known.insert(u.clone(), known);
     }
 
-    /// A fresh RANGE of `end` iterations inside the loops `enclosing`, for a program built
-    /// around this context (its ids never collide with the ones rangeify makes).
-    pub(crate) fn fresh_range(&mut self, end: usize, axis: AxisType, enclosing: &[UOp]) -> UOp {
+    /// A fresh RANGE of `end` iterations (a count, or an index expression of the enclosing
+    /// loops) inside the loops `enclosing`, for a program built around this context (its ids
+    /// never collide with the ones rangeify makes).
+    pub(crate) fn fresh_range(&mut self, end: impl IntoIndex, axis: AxisType, enclosing: &[UOp]) -> UOp {
         self.new_range(end, axis, enclosing.to_vec())
     }
 
@@ -106,7 +107,7 @@ impl Ctx {
         simplify_memo(u, SimplifyOptions::default(), &mut self.simp)
     }
 
-    fn new_range(&mut self, end: usize, axis: AxisType, enclosing: Vec<UOp>) -> UOp {
+    fn new_range(&mut self, end: impl IntoIndex, axis: AxisType, enclosing: Vec<UOp>) -> UOp {
         let r = range(end, self.next_range, axis);
         self.next_range += 1;
         self.enclosing.insert(r.clone(), enclosing);
@@ -278,7 +279,7 @@ impl Ctx {
         let src = u.src();
         let one = |i: Vec<UOp>| vec![(src[0].clone(), i)];
         Ok(match u.op() {
-            Op::Const(_) | Op::Param { .. } => vec![],
+            Op::Const(_) | Op::Param { .. } | Op::Arange(_) => vec![],
             Op::Stage | Op::Detach => one(index.to_vec()),
             op if op.is_alu() => src
                 .iter()
@@ -338,6 +339,9 @@ impl Ctx {
         }
         Ok(match u.op() {
             Op::Const(_) => u.clone(),
+            // a position is its index; an index is an I64 expression
+            Op::Arange(_) if u.dtype() == DType::I64 => index[0].clone(),
+            Op::Arange(_) => index[0].cast(u.dtype()),
             Op::Param { slot, shape } => {
                 let flat = ravel(index, shape);
                 let flat = self.simplify(&flat);

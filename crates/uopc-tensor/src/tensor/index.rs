@@ -8,7 +8,10 @@ use uopc_ir::DType;
 
 impl Tensor {
     /// `0, 1, .., n - 1` as an i64 tensor of shape `[n]` (numpy's and torch's integer
-    /// `arange`); cast it for a float range.
+    /// `arange`); cast it for a float range. Lazy: kernels compute each position from their
+    /// loop index rather than reading it, so masks built by comparing positions (see
+    /// [`masked::causal_mask`](crate::masked::causal_mask)) let the compiler see which blocks
+    /// they hide.
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -17,7 +20,7 @@ impl Tensor {
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
     pub fn arange(n: usize) -> Tensor {
-        Tensor::from_vec((0..n as i64).collect::<Vec<i64>>(), &[n])
+        Tensor { uop: uopc_ir::UOp::new(uopc_ir::Op::Arange(n), DType::I64, vec![]) }
     }
 
     /// One f32 row per index, 1 at the index's class and 0 elsewhere: shape `[indices.len(),
