@@ -2,7 +2,8 @@
 //! kernel into a tensor graph as one kernel node.
 
 use super::backward::{sdpa_backward_ir_for_graph, sdpa_bias_grad_ir_for_graph};
-use super::kernel::{cores, sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
+use super::blocking::cores;
+use super::kernel::{sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
 use super::{Blocking, MaskKind, SdpaConfig, SdpaDType, SdpaError};
 use std::collections::HashMap;
 use std::sync::Arc;
