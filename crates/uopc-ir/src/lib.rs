@@ -45,8 +45,8 @@ pub use rewrite::{
     take_rewrite_counts,
 };
 pub use simplify::{
-    SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_with, split_linear,
-    tables as simplify_tables,
+    SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_program, simplify_with,
+    split_linear, tables as simplify_tables,
 };
 pub use uop::{
     AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UOp,
