@@ -554,17 +554,17 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
     let mut buffers: Vec<UOp> =
         topo.iter().filter(|u| matches!(u.op(), Op::Buffer { .. })).cloned().collect();
     buffers.sort_by_key(|u| match u.op() {
-        Op::Buffer { slot, .. } => *slot,
+        Op::Buffer { slot, .. } => slot.index(),
         _ => 0,
     });
     let mut allocs: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Alloc { .. })).cloned().collect();
     allocs.sort_by_key(|u| match u.op() {
-        Op::Alloc { slot, .. } => *slot,
+        Op::Alloc { slot, .. } => slot.index(),
         _ => 0,
     });
     let mut vars: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Var { .. })).cloned().collect();
     vars.sort_by_key(|u| match u.op() {
-        Op::Var { slot, .. } => *slot,
+        Op::Var { slot, .. } => slot.index(),
         _ => 0,
     });
     let consts = topo.iter().filter(|u| matches!(u.op(), Op::Const(_))).cloned().collect();

@@ -220,7 +220,7 @@ fn renumber_slots(program: &UOp, to: impl Fn(usize) -> usize) -> UOp {
     let mut map: HashMap<UOp, UOp> = HashMap::new();
     for u in UOp::toposort(std::slice::from_ref(program)) {
         let new = match u.op() {
-            Op::Buffer { slot, len } => buffer(to(*slot), u.dtype(), *len),
+            Op::Buffer { slot, len } => buffer(to(slot.index()), u.dtype(), *len),
             _ => u.with_src(u.src().iter().map(|s| map[s].clone()).collect()),
         };
         map.insert(u, new);
