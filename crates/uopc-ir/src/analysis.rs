@@ -56,7 +56,7 @@ impl std::fmt::Display for VarSpec {
 pub fn var_specs(vars: &[UOp]) -> Vec<VarSpec> {
     vars.iter()
         .filter_map(|v| match v.op() {
-            Op::Var { slot, lo, hi } => Some(VarSpec { slot: *slot, lo: *lo, hi: *hi }),
+            Op::Var { slot, lo, hi } => Some(VarSpec { slot: slot.index(), lo: *lo, hi: *hi }),
             _ => None,
         })
         .collect()
@@ -88,9 +88,12 @@ pub fn buffer_specs(buffers: &[UOp], written: &[UOp]) -> Vec<BufferSpec> {
     buffers
         .iter()
         .filter_map(|b| match b.op() {
-            Op::Buffer { slot, len } => {
-                Some(BufferSpec { slot: *slot, dtype: b.dtype(), len: *len, written: written.contains(b) })
-            }
+            Op::Buffer { slot, len } => Some(BufferSpec {
+                slot: slot.index(),
+                dtype: b.dtype(),
+                len: *len,
+                written: written.contains(b),
+            }),
             _ => None,
         })
         .collect()

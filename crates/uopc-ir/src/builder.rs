@@ -5,6 +5,7 @@
 //! it with an error naming it.
 
 use crate::dtype::DType;
+use crate::ids::{AllocSlot, BufferSlot, RangeId, VarSlot};
 use crate::uop::{AxisType, BinaryOp, ConstValue, Op, TileOp, UOp, UnaryOp};
 use std::ops;
 
@@ -55,8 +56,8 @@ pub fn boolc(v: bool) -> UOp {
 /// # Ok::<(), uopc_ir::interp::InterpError>(())
 /// ```
 #[must_use]
-pub fn buffer(slot: usize, dtype: DType, len: usize) -> UOp {
-    UOp::new(Op::Buffer { slot, len }, dtype, vec![])
+pub fn buffer(slot: impl Into<BufferSlot>, dtype: DType, len: usize) -> UOp {
+    UOp::new(Op::Buffer { slot: slot.into(), len }, dtype, vec![])
 }
 
 /// Kernel-local storage of `len` elements; `slot` distinguishes allocations.
@@ -85,8 +86,8 @@ pub fn buffer(slot: usize, dtype: DType, len: usize) -> UOp {
 /// # Ok::<(), uopc_ir::interp::InterpError>(())
 /// ```
 #[must_use]
-pub fn alloc(slot: usize, dtype: DType, len: usize) -> UOp {
-    UOp::new(Op::Alloc { slot, len }, dtype, vec![])
+pub fn alloc(slot: impl Into<AllocSlot>, dtype: DType, len: usize) -> UOp {
+    UOp::new(Op::Alloc { slot: slot.into(), len }, dtype, vec![])
 }
 
 /// A scalar INDEX argument in variable slot `slot`, whose value the caller passes at every run
@@ -121,8 +122,8 @@ pub fn alloc(slot: usize, dtype: DType, len: usize) -> UOp {
 /// # Ok::<(), uopc_ir::interp::InterpError>(())
 /// ```
 #[must_use]
-pub fn var(slot: usize, lo: i64, hi: i64) -> UOp {
-    UOp::new(Op::Var { slot, lo, hi }, DType::INDEX, vec![])
+pub fn var(slot: impl Into<VarSlot>, lo: i64, hi: i64) -> UOp {
+    UOp::new(Op::Var { slot: slot.into(), lo, hi }, DType::INDEX, vec![])
 }
 
 /// A loop variable `0..end` with a program-unique `id`. Loops nest in `id` order where they nest.
@@ -152,8 +153,8 @@ pub fn var(slot: usize, lo: i64, hi: i64) -> UOp {
 /// # Ok::<(), uopc_ir::interp::InterpError>(())
 /// ```
 #[must_use]
-pub fn range(end: impl IntoIndex, id: usize, axis: AxisType) -> UOp {
-    UOp::new(Op::Range { id, axis }, DType::INDEX, vec![end.into_index()])
+pub fn range(end: impl IntoIndex, id: impl Into<RangeId>, axis: AxisType) -> UOp {
+    UOp::new(Op::Range { id: id.into(), axis }, DType::INDEX, vec![end.into_index()])
 }
 
 /// Groups effects (stores, ENDs) into one node.
@@ -463,9 +464,9 @@ impl ops::Neg for &UOp {
 /// let cols = b.range(4, AxisType::Loop);
 /// // Same end and axis, yet two loops: the builder gave them ids 0 and 1.
 /// assert_ne!(rows, cols);
-/// assert!(matches!(cols.op(), Op::Range { id: 1, .. }));
+/// assert!(matches!(cols.op(), Op::Range { id, .. } if id.index() == 1));
 /// let acc = b.alloc(DType::F32, 1);
-/// assert!(matches!(acc.op(), Op::Alloc { slot: 0, len: 1 }));
+/// assert!(matches!(acc.op(), Op::Alloc { slot, len: 1 } if slot.index() == 0));
 /// assert_eq!((b.ranges(), b.allocs()), (2, 1));
 /// ```
 #[derive(Debug, Default)]
@@ -514,14 +515,14 @@ mod tests {
         let mut b = ProgramBuilder::new();
         let r0 = b.range(4, AxisType::Thread);
         let r1 = b.range(4, AxisType::Thread);
-        assert!(matches!(r0.op(), Op::Range { id: 0, axis: AxisType::Thread }));
-        assert!(matches!(r1.op(), Op::Range { id: 1, .. }));
+        assert!(matches!(r0.op(), Op::Range { id, axis: AxisType::Thread } if id.index() == 0));
+        assert!(matches!(r1.op(), Op::Range { id, .. } if id.index() == 1));
         // Same end and axis, yet two loops: the ids keep them apart.
         assert_ne!(r0, r1);
         let a0 = b.alloc(DType::F32, 1);
         let a1 = b.alloc(DType::F32, 1);
-        assert!(matches!(a0.op(), Op::Alloc { slot: 0, len: 1 }));
-        assert!(matches!(a1.op(), Op::Alloc { slot: 1, len: 1 }));
+        assert!(matches!(a0.op(), Op::Alloc { slot, len: 1 } if slot.index() == 0));
+        assert!(matches!(a1.op(), Op::Alloc { slot, len: 1 } if slot.index() == 1));
         assert_eq!((b.ranges(), b.allocs()), (2, 2));
     }
 }

@@ -49,8 +49,8 @@ pub fn expand_tile_ops(program: &UOp) -> UOp {
     let mut fresh = Fresh { range_id: 0, alloc_slot: 0 };
     for u in &topo {
         match u.op() {
-            Op::Range { id, .. } => fresh.range_id = fresh.range_id.max(id + 1),
-            Op::Alloc { slot, .. } => fresh.alloc_slot = fresh.alloc_slot.max(slot + 1),
+            Op::Range { id, .. } => fresh.range_id = fresh.range_id.max(id.index() + 1),
+            Op::Alloc { slot, .. } => fresh.alloc_slot = fresh.alloc_slot.max(slot.index() + 1),
             _ => {}
         }
     }

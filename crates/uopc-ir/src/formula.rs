@@ -71,7 +71,7 @@ impl IndexFormula {
                     Step::Var(ranges.iter().position(|r| *r == u)?)
                 }
                 Op::Const(c) => Step::Const(Scalar::of_const(*c, u.dtype())),
-                Op::Var { slot, .. } => Step::Var(*slot),
+                Op::Var { slot, .. } => Step::Var(slot.index()),
                 Op::Unary(op) => Step::Unary(*op, s(0)?, u.dtype()),
                 Op::Binary(op) => Step::Binary(*op, s(0)?, s(1)?, u.dtype()),
                 Op::Where => Step::Where(s(0)?, s(1)?, s(2)?),

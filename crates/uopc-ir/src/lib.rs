@@ -17,6 +17,7 @@ mod expand;
 mod formula;
 mod guard;
 mod host;
+mod ids;
 pub mod interp;
 mod linearize;
 mod ops;
@@ -39,6 +40,7 @@ pub use expand::expand_tile_ops;
 pub use formula::IndexFormula;
 pub use guard::{guard_end, guard_exact_end, linear_in};
 pub use host::HostBuffer;
+pub use ids::{AllocSlot, BufferSlot, RangeId, VarSlot};
 pub use linearize::{Linear, Stmt, linearize, linearize_with, open_ranges, open_ranges_with};
 pub use prepare::{PrepareError, PrepareOptions, PreparedKernel, ThreadInfo, prepare};
 pub use print::{print_graph, print_linear, print_program};
@@ -47,8 +49,8 @@ pub use rewrite::{
     take_rewrite_counts,
 };
 pub use simplify::{
-    SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_with, split_linear,
-    tables as simplify_tables,
+    SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_program, simplify_with,
+    split_linear, tables as simplify_tables,
 };
 pub use uop::{
     AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UOp,

@@ -3,7 +3,8 @@
 //! Every node is placed in the innermost loop among the ranges it depends on, so loop-invariant
 //! work stays outside. A range's enclosing loops are read from its END: `END(x, r)` depends on
 //! exactly the ranges around `r`. Within one loop body, statements are ordered by data
-//! dependencies, AFTER edges, and "loads through a view come before stores through it"; among
+//! dependencies, AFTER edges, and "loads through a view come before stores through it" (an AFTER
+//! whose dependencies are all RANGEs counts as the view it wraps); among
 //! statements free to go next, a store goes first (its value dies there), then the oldest.
 
 use crate::error::{IrError, IrErrorKind};
@@ -235,9 +236,28 @@ impl Placement {
     }
 }
 
-/// The buffer view a LOAD or STORE goes through (the INDEX's first source).
+/// The buffer view a LOAD or STORE goes through (the INDEX's first source), as
+/// [`ordering_view`] sees it.
 fn view_of(mem: &UOp) -> Option<&UOp> {
-    mem.src().first().filter(|i| matches!(i.op(), Op::Index)).and_then(|i| i.src().first())
+    mem.src().first().and_then(index_view)
+}
+
+/// The view an INDEX addresses, as [`ordering_view`] sees it.
+fn index_view(index: &UOp) -> Option<&UOp> {
+    index.as_index().map(|i| ordering_view(i.base))
+}
+
+/// `view` seen through the AFTERs whose dependencies are all RANGEs: such an AFTER only keeps
+/// its users inside those loops and orders them after no store, so a load through it comes
+/// before the stores through the view it wraps, as a load through that view would.
+fn ordering_view(mut view: &UOp) -> &UOp {
+    while let Some(after) = view.as_after()
+        && !after.deps.is_empty()
+        && after.deps.iter().all(|d| matches!(d.op(), Op::Range { .. }))
+    {
+        view = after.base;
+    }
+    view
 }
 
 /// Linearizes `program` (usually a SINK) into nested, ordered statements.
@@ -452,7 +472,7 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
             }
             Op::Tile(t) => {
                 for (x, o) in u.src().iter().zip(t.operands()) {
-                    let Some(v) = x.src().first().filter(|_| matches!(x.op(), Op::Index)) else { continue };
+                    let Some(v) = index_view(x) else { continue };
                     if o.writes {
                         stores_by_view.entry(v.clone()).or_default().push(u.clone());
                     }
@@ -534,17 +554,17 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
     let mut buffers: Vec<UOp> =
         topo.iter().filter(|u| matches!(u.op(), Op::Buffer { .. })).cloned().collect();
     buffers.sort_by_key(|u| match u.op() {
-        Op::Buffer { slot, .. } => *slot,
+        Op::Buffer { slot, .. } => slot.index(),
         _ => 0,
     });
     let mut allocs: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Alloc { .. })).cloned().collect();
     allocs.sort_by_key(|u| match u.op() {
-        Op::Alloc { slot, .. } => *slot,
+        Op::Alloc { slot, .. } => slot.index(),
         _ => 0,
     });
     let mut vars: Vec<UOp> = topo.iter().filter(|u| matches!(u.op(), Op::Var { .. })).cloned().collect();
     vars.sort_by_key(|u| match u.op() {
-        Op::Var { slot, .. } => *slot,
+        Op::Var { slot, .. } => slot.index(),
         _ => 0,
     });
     let consts = topo.iter().filter(|u| matches!(u.op(), Op::Const(_))).cloned().collect();

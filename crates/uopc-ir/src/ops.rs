@@ -2,6 +2,7 @@
 //! reduction ops, constants, host data, tile operations.
 
 use crate::dtype::DType;
+use crate::ids::{AllocSlot, BufferSlot, RangeId, VarSlot};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -216,9 +217,9 @@ pub enum Op {
     /// A constant scalar. No sources.
     Const(ConstValue),
     /// A kernel parameter: caller-owned memory of `len` elements, passed in argument `slot`.
-    Buffer { slot: usize, len: usize },
+    Buffer { slot: BufferSlot, len: usize },
     /// Kernel-local storage of `len` elements (a register or a stack array).
-    Alloc { slot: usize, len: usize },
+    Alloc { slot: AllocSlot, len: usize },
     /// A scalar kernel argument (a "variable"): an INDEX value the caller passes at every run,
     /// in variable slot `slot`, declared to lie in `lo..=hi`. No sources.
     ///
@@ -227,9 +228,9 @@ pub enum Op {
     /// bounds proof treats it as the interval `[lo, hi]`: buffers keep their static lengths and
     /// must hold for `hi`. Slots are argument positions, numbered densely from 0; runners reject
     /// a value outside `lo..=hi` before anything runs.
-    Var { slot: usize, lo: i64, hi: i64 },
+    Var { slot: VarSlot, lo: i64, hi: i64 },
     /// A loop variable taking values `0..end`; `src[0]` is the end (an index expression).
-    Range { id: usize, axis: AxisType },
+    Range { id: RangeId, axis: AxisType },
     /// Closes a range: `src[0]` is the body (stores, sinks), `src[1]` the RANGE.
     End,
     /// `src[0]` viewed after all of `src[1..]` (stores, ENDs, or RANGEs to live inside).

@@ -15,7 +15,7 @@ use crate::expand::expand_tile_ops;
 use crate::formula::IndexFormula;
 use crate::linearize::Linear;
 use crate::print::print_linear;
-use crate::simplify::simplify;
+use crate::simplify::simplify_program;
 use crate::uop::UOp;
 use crate::verify::{verify, verify_simplified};
 use std::collections::HashSet;
@@ -100,7 +100,7 @@ impl PreparedKernel {
 ///    buffer and variable lists are kept);
 /// 2. with [`PrepareOptions::expand_tile_ops`], expands tile ops and verifies the expansion
 ///    (it must order its stores like any program);
-/// 3. simplifies ([`simplify`]);
+/// 3. simplifies ([`simplify_program`]: loads of memory the program writes keep their loops);
 /// 4. checks and linearizes the simplified program ([`verify_simplified`]): every index of the
 ///    code a backend emits is proven inside its buffer here;
 /// 5. answers the analyses of [`PreparedKernel`] on it, and counts its work.
@@ -118,7 +118,7 @@ pub fn prepare(program: &UOp, opts: &PrepareOptions) -> Result<PreparedKernel, P
         // The lenient check of the simplified program below does not look at store order.
         verify(&expanded).map_err(PrepareError::Expansion)?;
     }
-    let simplified = simplify(&expanded);
+    let simplified = simplify_program(&expanded);
     let linear = verify_simplified(&simplified)?;
     let nodes = UOp::toposort(std::slice::from_ref(&simplified));
     let written = written_bases(&nodes);

@@ -350,8 +350,13 @@ fn verify_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
     let mut slots: HashMap<(bool, usize), UOp> = HashMap::new();
     for u in &topo {
         check_types(u)?;
-        if let Op::Buffer { slot, .. } | Op::Alloc { slot, .. } = u.op() {
-            let key = (matches!(u.op(), Op::Buffer { .. }), *slot);
+        let slot = match u.op() {
+            Op::Buffer { slot, .. } => Some(slot.index()),
+            Op::Alloc { slot, .. } => Some(slot.index()),
+            _ => None,
+        };
+        if let Some(slot) = slot {
+            let key = (matches!(u.op(), Op::Buffer { .. }), slot);
             if let Some(prev) = slots.insert(key, u.clone())
                 && prev != *u
             {
@@ -409,7 +414,7 @@ fn check_var_slots(topo: &[UOp], lenient: bool) -> Result<(), IrError> {
     let mut by_slot: HashMap<usize, &UOp> = HashMap::new();
     for u in topo {
         if let Op::Var { slot, .. } = u.op()
-            && let Some(prev) = by_slot.insert(*slot, u)
+            && let Some(prev) = by_slot.insert(slot.index(), u)
             && prev != u
         {
             return Err(err(

@@ -1,6 +1,7 @@
 //! Typed views of a node's sources: each accessor names the sources of one op, so code reads
 //! `store.index` rather than `src()[0]`, and a wrong op is a `None` rather than a wrong operand.
 
+use crate::ids::RangeId;
 use crate::ops::{AxisType, BinaryOp, Op, TileOp, UnaryOp};
 use crate::uop::UOp;
 use crate::verify::view_base;
@@ -29,7 +30,7 @@ pub struct RangeView<'a> {
     /// The loop's trip count (an index expression).
     pub end: &'a UOp,
     /// The range's id, unique within a program.
-    pub id: usize,
+    pub id: RangeId,
     /// How the loop is executed.
     pub axis: AxisType,
 }
@@ -209,7 +210,7 @@ mod tests {
     fn range_names_end_id_and_axis() {
         let (r, a, _, _) = program();
         let v = r.as_range().expect("a RANGE");
-        assert_eq!((v.end.const_int(), v.id, v.axis), (Some(8), 3, AxisType::Loop));
+        assert_eq!((v.end.const_int(), v.id.index(), v.axis), (Some(8), 3, AxisType::Loop));
         assert!(a.as_range().is_none());
     }
 

@@ -210,7 +210,7 @@ fn new_ranges_and_allocs_do_not_reuse_ids_or_slots() {
     let nodes = UOp::toposort(std::slice::from_ref(&expanded));
     let mut range_ids: Vec<usize> = nodes
         .iter()
-        .filter_map(|u| if let Op::Range { id, .. } = u.op() { Some(*id) } else { None })
+        .filter_map(|u| if let Op::Range { id, .. } = u.op() { Some(id.index()) } else { None })
         .collect();
     range_ids.sort();
     let count = range_ids.len();
@@ -219,7 +219,7 @@ fn new_ranges_and_allocs_do_not_reuse_ids_or_slots() {
     assert!(count > 2 && range_ids[2..].iter().all(|&id| id > 9), "{range_ids:?}");
     let slots: Vec<usize> = nodes
         .iter()
-        .filter_map(|u| if let Op::Alloc { slot, .. } = u.op() { Some(*slot) } else { None })
+        .filter_map(|u| if let Op::Alloc { slot, .. } = u.op() { Some(slot.index()) } else { None })
         .collect();
     assert!(slots.contains(&4) && slots.iter().filter(|&&s| s != 4).all(|&s| s > 4), "{slots:?}");
 

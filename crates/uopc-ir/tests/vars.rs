@@ -99,7 +99,7 @@ fn variable_slots_are_dense_declared_once_and_bounded() {
     let e = verify(&store(var(0, 5, 4))).unwrap_err();
     assert!(e.reason.contains("empty"), "{e}");
 
-    let narrow = UOp::new(Op::Var { slot: 0, lo: 0, hi: 3 }, DType::I32, vec![]);
+    let narrow = UOp::new(Op::Var { slot: VarSlot::new(0), lo: 0, hi: 3 }, DType::I32, vec![]);
     let out32 = buffer(0, DType::I32, 1);
     let e = verify(&sink(&[out32.index(0).store(narrow)])).unwrap_err();
     assert_eq!(e.kind, IrErrorKind::DType, "{e}");

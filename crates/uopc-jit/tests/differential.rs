@@ -119,6 +119,27 @@ fn jit_and_interp(
     (got, want)
 }
 
+/// A load of memory the loop writes, inside the loop only through a range of one trip:
+/// simplification folds that range out of its index, and the JIT must still read it in every
+/// iteration of the enclosing loop (iteration 1 reads what iteration 0 stored), as the
+/// interpreter does. A store that does not depend on it must still come after it.
+#[test]
+fn load_of_written_memory_stays_in_the_loop_of_a_folded_range() {
+    let (b, out) = (buffer(0, DType::F32, 4), buffer(1, DType::F32, 3));
+    let r0 = range(3, 0, AxisType::Loop);
+    let r1 = range(1, 1, AxisType::Loop);
+    let x = b.index(&r1 * 2).load();
+    let body = sink(&[b.index(&r0 + &r1).store(&x + 1.0f32), out.index(&r0 + &r1).store(x)]);
+    let p = sink(&[body.end(&[r1]).end(&[r0])]);
+    let inputs = vec![HostBuffer::F32(vec![10.0, 20.0, 30.0, 40.0]), HostBuffer::zeros(DType::F32, 3)];
+    let (got, want) = jit_and_interp(&p, inputs);
+    assert_eq!(
+        want,
+        vec![HostBuffer::F32(vec![11.0, 12.0, 12.0, 40.0]), HostBuffer::F32(vec![10.0, 11.0, 11.0])]
+    );
+    assert_eq!(got, Ok(want));
+}
+
 #[test]
 fn zero_trip_range_does_not_run_its_body() {
     let (a, out, out2) = (buffer(0, DType::F32, 1), buffer(1, DType::F32, 1), buffer(2, DType::F32, 1));

@@ -344,7 +344,7 @@ pub fn recompute_memory(n: usize, d: usize) -> MemoryUse {
     // O (slot 3), LSE (5) and Delta (7) of the dQ program; Delta is shared with dK/dV.
     let temps: Vec<(UOp, usize)> = dq_s
         .iter()
-        .filter(|(u, _)| matches!(u.op(), Op::Buffer { slot: 3 | 5 | 7, .. }))
+        .filter(|(u, _)| matches!(u.op(), Op::Buffer { slot, .. } if matches!(slot.index(), 3 | 5 | 7)))
         .chain(dq_s.iter().chain(&dkdv_s).filter(|(u, _)| matches!(u.op(), Op::Alloc { .. })))
         .cloned()
         .collect();

@@ -197,7 +197,7 @@ fn recompute_programs_are_parallel_and_keep_scratch_per_thread() {
             .iter()
             .filter(|u| matches!(u.op(), Op::Store))
             .filter_map(|st| match view_base(&st.src()[0].src()[0])?.op() {
-                Op::Buffer { slot, .. } => Some(*slot),
+                Op::Buffer { slot, .. } => Some(slot.index()),
                 _ => None,
             })
             .collect();

@@ -43,7 +43,7 @@ pub fn static_flops(program: &UOp) -> Result<u64, IrError> {
 pub fn input_products(plan: &crate::Plan, a: usize, b: usize) -> Result<u64, IrError> {
     fn slot(index: &UOp) -> Option<usize> {
         match uopc_ir::view_base(&index.src()[0])?.op() {
-            Op::Buffer { slot, .. } => Some(*slot),
+            Op::Buffer { slot, .. } => Some(slot.index()),
             _ => None,
         }
     }

@@ -254,8 +254,8 @@ pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> 
     // them only at the element's own offset (only elementwise ops and reshapes lie between),
     // so each such read becomes a read of the element's place in the task's block.
     let placeholder_param =
-        UOp::new(Op::Param { slot: out_slot + 1, shape: gemm.shape().to_vec() }, DType::F32, vec![]);
-    let placeholder = uopc_ir::buffer(out_slot + 1, DType::F32, numel(gemm.shape()));
+        UOp::new(Op::Param { slot: out_slot.index() + 1, shape: gemm.shape().to_vec() }, DType::F32, vec![]);
+    let placeholder = uopc_ir::buffer(out_slot.index() + 1, DType::F32, numel(gemm.shape()));
     let stand_in = replace_nodes(body, |u| (u == gemm).then(|| placeholder_param.clone()));
     let mut ctx = Ctx::new(Opts::default(), true);
     let v = match ctx.value_at(&stand_in, &index) {

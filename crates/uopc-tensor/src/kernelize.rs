@@ -92,7 +92,7 @@ fn kernel_name(body: &UOp) -> String {
 /// Slot compaction: each BUFFER's slot becomes its position among the used slots (the state,
 /// sorted).
 static SLOTS: LazyLock<RuleTable<Vec<usize>>> = LazyLock::new(|| {
-    let any_buffer = Op::Buffer { slot: 0, len: 0 };
+    let any_buffer = Op::Buffer { slot: uopc_ir::BufferSlot::new(0), len: 0 };
     RuleTable::new(
         "slots",
         vec![Rule::with_cx("renumber_buffer", Pattern::ops(&[any_buffer]), renumber_buffer)],
@@ -103,8 +103,8 @@ static COMPACT_SLOTS: LazyLock<Pass<'static, Vec<usize>>> =
 
 fn renumber_buffer(u: &UOp, cx: &mut RuleCx<'_, Vec<usize>>) -> Option<UOp> {
     let Op::Buffer { slot, len } = u.op() else { return None };
-    let k = cx.state.binary_search(slot).expect("every slot of the program is among the used ones");
-    (k != *slot).then(|| buffer(k, u.dtype(), *len))
+    let k = cx.state.binary_search(&slot.index()).expect("every slot of the program is among the used ones");
+    (k != slot.index()).then(|| buffer(k, u.dtype(), *len))
 }
 
 /// Renumbers BUFFER slots so the program's slots are `0..n` (an input rangeify never reached,
@@ -113,7 +113,7 @@ fn compact_slots(program: UOp, args: Vec<ArgSource>) -> (UOp, Vec<ArgSource>) {
     let mut used: Vec<usize> = UOp::toposort(std::slice::from_ref(&program))
         .iter()
         .filter_map(|u| match u.op() {
-            Op::Buffer { slot, .. } => Some(*slot),
+            Op::Buffer { slot, .. } => Some(slot.index()),
             _ => None,
         })
         .collect();

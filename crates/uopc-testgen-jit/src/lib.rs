@@ -162,7 +162,7 @@ fn buffers_for(program: &UOp, like: &[HostBuffer]) -> Option<Vec<HostBuffer>> {
     let mut specs: Vec<(usize, DType, usize)> = UOp::toposort(std::slice::from_ref(program))
         .iter()
         .filter_map(|u| match u.op() {
-            Op::Buffer { slot, len } => Some((*slot, u.dtype(), *len)),
+            Op::Buffer { slot, len } => Some((slot.index(), u.dtype(), *len)),
             _ => None,
         })
         .collect();

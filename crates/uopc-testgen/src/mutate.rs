@@ -3,7 +3,7 @@
 use crate::rng::Rng;
 use std::collections::HashMap;
 use uopc_ir::alu::{BINARY_OPS, UNARY_OPS};
-use uopc_ir::{AxisType, ConstValue, DType, Op, ReduceOp, UOp, idx};
+use uopc_ir::{AxisType, ConstValue, DType, Op, RangeId, ReduceOp, UOp, idx};
 
 const DTYPES: [DType; 5] = [DType::Bool, DType::I32, DType::I64, DType::F32, DType::F64];
 
@@ -73,18 +73,23 @@ fn mutate_once(program: &UOp, rng: &mut Rng) -> UOp {
 
 /// `op` with another length or slot when it is a BUFFER or ALLOC.
 fn other_length(op: Op, d: DType, src: Vec<UOp>, rng: &mut Rng) -> UOp {
-    match op {
-        Op::Buffer { slot, len } | Op::Alloc { slot, len } => {
+    let slot_len = match op {
+        Op::Buffer { slot, len } => Some((slot.index(), len)),
+        Op::Alloc { slot, len } => Some((slot.index(), len)),
+        _ => None,
+    };
+    match slot_len {
+        Some((slot, len)) => {
             let len2 = rng.pick(&[0, len.saturating_sub(1), len + 1, len * 2, 1 << 40, usize::MAX]);
             let slot2 = if rng.chance(30) { slot + rng.below(3) as usize } else { slot };
             let new = if matches!(op, Op::Buffer { .. }) {
-                Op::Buffer { slot: slot2, len: len2 }
+                Op::Buffer { slot: slot2.into(), len: len2 }
             } else {
-                Op::Alloc { slot: slot2, len: len2 }
+                Op::Alloc { slot: slot2.into(), len: len2 }
             };
             UOp::new(new, d, src)
         }
-        _ => UOp::new(op, d, src),
+        None => UOp::new(op, d, src),
     }
 }
 
@@ -104,7 +109,7 @@ fn other_range(op: Op, d: DType, src: Vec<UOp>, rng: &mut Rng) -> UOp {
             } else {
                 src.first().cloned().unwrap_or_else(|| idx(3))
             };
-            let id2 = if rng.chance(20) { id + 1 } else { id };
+            let id2 = if rng.chance(20) { RangeId::new(id.index() + 1) } else { id };
             UOp::new(Op::Range { id: id2, axis }, d, vec![end])
         }
         _ => UOp::new(op, d, src),

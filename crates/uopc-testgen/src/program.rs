@@ -502,8 +502,8 @@ fn compact_slots(
     let mut var_used = vec![false; var_values.len()];
     for u in &topo {
         match u.op() {
-            Op::Buffer { slot, .. } => used[*slot] = true,
-            Op::Var { slot, .. } => var_used[*slot] = true,
+            Op::Buffer { slot, .. } => used[slot.index()] = true,
+            Op::Var { slot, .. } => var_used[slot.index()] = true,
             _ => {}
         }
     }
@@ -523,9 +523,9 @@ fn compact_slots(
     for u in &topo {
         let v = match u.op() {
             Op::Buffer { slot, len } => {
-                UOp::new(Op::Buffer { slot: new_slot[*slot], len: *len }, u.dtype(), vec![])
+                UOp::new(Op::Buffer { slot: new_slot[slot.index()].into(), len: *len }, u.dtype(), vec![])
             }
-            Op::Var { slot, lo, hi } => var(new_var_slot[*slot], *lo, *hi),
+            Op::Var { slot, lo, hi } => var(new_var_slot[slot.index()], *lo, *hi),
             _ => u.with_src(u.src().iter().map(|s| map[s].clone()).collect()),
         };
         map.insert(u.clone(), v);

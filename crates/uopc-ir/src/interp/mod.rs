@@ -220,9 +220,10 @@ fn check_vars(linear: &Linear, vars: &[i64]) -> Result<(), InterpError> {
         let Op::Var { slot, lo, hi } = *v.op() else {
             return Err(malformed(v, "listed as a VAR but is not one"));
         };
-        let given = *vars.get(slot).ok_or_else(|| malformed(v, "variable slot beyond the values given"))?;
+        let given =
+            *vars.get(slot.index()).ok_or_else(|| malformed(v, "variable slot beyond the values given"))?;
         if !(lo..=hi).contains(&given) {
-            return Err(InterpError::VarOutOfBounds { slot, lo, hi, given });
+            return Err(InterpError::VarOutOfBounds { slot: slot.index(), lo, hi, given });
         }
     }
     Ok(())
@@ -234,11 +235,11 @@ fn check_args(linear: &Linear, bufs: &[HostBuffer]) -> Result<(), InterpError> {
     let mut lens = Vec::with_capacity(linear.buffers.len());
     for (k, b) in linear.buffers.iter().enumerate() {
         match b.op() {
-            Op::Buffer { slot, len } if *slot == k => lens.push(*len),
+            Op::Buffer { slot, len } if slot.index() == k => lens.push(*len),
             Op::Buffer { slot, .. } => {
                 let highest = match linear.buffers.last().map(UOp::op) {
-                    Some(Op::Buffer { slot, .. }) => *slot,
-                    _ => *slot,
+                    Some(Op::Buffer { slot, .. }) => slot.index(),
+                    _ => slot.index(),
                 };
                 return Err(InterpError::SlotGap { slot: k, highest });
             }
@@ -414,7 +415,7 @@ impl<'a> Machine<'a> {
             Op::Var { slot, .. } => {
                 return self
                     .vars
-                    .get(*slot)
+                    .get(slot.index())
                     .map(|&v| Val::Int(v))
                     .ok_or_else(|| malformed(u, "no value given"));
             }
@@ -549,7 +550,7 @@ impl<'a> Machine<'a> {
                 let base = view_base(src(u, 0)?)
                     .ok_or_else(|| malformed(u, "INDEX of something that is not a view"))?;
                 let mem = match base.op() {
-                    Op::Buffer { slot, .. } => Mem::Buffer(*slot),
+                    Op::Buffer { slot, .. } => Mem::Buffer(slot.index()),
                     _ => Mem::Alloc(
                         *self
                             .alloc_index

@@ -3,6 +3,7 @@
 use super::*;
 use crate::builder::idx;
 use crate::dtype::DType;
+use crate::ids::BufferSlot;
 use crate::uop::{BinaryOp, ConstValue, Op, UOp};
 
 fn int(u: &UOp) -> Option<i64> {
@@ -148,13 +149,19 @@ fn deep_graphs_rewrite_without_recursion_and_counts_accumulate_per_thread() {
 fn a_renaming_pass_rewrites_nodes_equal_to_earlier_results() {
     fn shift_down(u: &UOp) -> Option<UOp> {
         match u.op() {
-            Op::Buffer { slot, len } if *slot > 0 => Some(crate::buffer(slot - 1, u.dtype(), *len)),
+            Op::Buffer { slot, len } if slot.index() > 0 => {
+                Some(crate::buffer(slot.index() - 1, u.dtype(), *len))
+            }
             _ => None,
         }
     }
     let rename = RuleTable::new(
         "slots",
-        vec![Rule::new("shift_down", Pattern::ops(&[Op::Buffer { slot: 0, len: 0 }]), shift_down)],
+        vec![Rule::new(
+            "shift_down",
+            Pattern::ops(&[Op::Buffer { slot: BufferSlot::new(0), len: 0 }]),
+            shift_down,
+        )],
     );
     let pass = Pass::new("rename", vec![&rename], Revisit::Never);
     let (b1, b2) = (crate::buffer(1, DType::F32, 4), crate::buffer(2, DType::F32, 4));
@@ -165,7 +172,7 @@ fn a_renaming_pass_rewrites_nodes_equal_to_earlier_results() {
     let slots: Vec<usize> = UOp::toposort(std::slice::from_ref(&out))
         .iter()
         .filter_map(|u| match u.op() {
-            Op::Buffer { slot, .. } => Some(*slot),
+            Op::Buffer { slot, .. } => Some(slot.index()),
             _ => None,
         })
         .collect();

@@ -11,6 +11,7 @@
 
 mod bounds;
 mod linear;
+mod program;
 mod rules;
 #[cfg(test)]
 mod tests;
@@ -18,6 +19,7 @@ mod tests;
 use crate::rewrite::{Pass, Revisit, RuleTable};
 use crate::uop::{Op, UOp};
 use linear::LinearForm;
+pub use program::simplify_program;
 use std::collections::HashMap;
 use std::sync::LazyLock;
 

@@ -141,14 +141,19 @@ impl<'a, 'b> Lowerer<'a, 'b> {
         let lin = &kernel.linear;
         for buf in &lin.buffers {
             if let Op::Buffer { slot, .. } = buf.op() {
-                let p = self.b.ins().load(types::I64, mem(), self.bufs, (*slot as i32) * 8);
+                let p = self.b.ins().load(types::I64, mem(), self.bufs, (slot.index() as i32) * 8);
                 self.buf_ptrs.insert(buf.clone(), p);
             }
         }
         for v in &lin.vars {
             if let Op::Var { slot, .. } = v.op() {
                 // Checked against the VAR's bounds by the runner before the call.
-                let x = self.b.ins().load(types::I64, mem().with_readonly(), self.vars, (*slot as i32) * 8);
+                let x = self.b.ins().load(
+                    types::I64,
+                    mem().with_readonly(),
+                    self.vars,
+                    (slot.index() as i32) * 8,
+                );
                 self.var_vals.insert(v.clone(), x);
             }
         }

@@ -2,7 +2,8 @@
 //! kernel into a tensor graph as one kernel node.
 
 use super::backward::{sdpa_backward_ir_for_graph, sdpa_bias_grad_ir_for_graph};
-use super::kernel::{cores, sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
+use super::blocking::cores;
+use super::kernel::{sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
 use super::{Blocking, MaskKind, SdpaConfig, SdpaDType, SdpaError};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -219,7 +220,7 @@ fn renumber_slots(program: &UOp, to: impl Fn(usize) -> usize) -> UOp {
     let mut map: HashMap<UOp, UOp> = HashMap::new();
     for u in UOp::toposort(std::slice::from_ref(program)) {
         let new = match u.op() {
-            Op::Buffer { slot, len } => buffer(to(*slot), u.dtype(), *len),
+            Op::Buffer { slot, len } => buffer(to(slot.index()), u.dtype(), *len),
             _ => u.with_src(u.src().iter().map(|s| map[s].clone()).collect()),
         };
         map.insert(u, new);

@@ -70,7 +70,7 @@ impl Tensor {
         let mut slots: Vec<Option<(DType, usize)>> = vec![None; sources.len() + parts.len()];
         for u in UOp::toposort(std::slice::from_ref(&program)) {
             if let Op::Buffer { slot, len } = u.op() {
-                let Some(entry) = slots.get_mut(*slot) else {
+                let Some(entry) = slots.get_mut(slot.index()) else {
                     return Err(err(format!(
                         "BUFFER slot {slot} has no source (there are {})",
                         sources.len()

@@ -1,0 +1,331 @@
+//! [`SdpaBackward`]: the compiled forward-with-lse and backward, their compile and their runs.
+
+use super::{BackwardBlocking, Geometry, sdpa_backward_ir, sdpa_backward_ir_with_bias_grad};
+use crate::sdpa::blocking::{Blocking, cores};
+use crate::sdpa::kernel::sdpa_ir_with_lse;
+use crate::sdpa::{ConfigCache, Extras, MaskKind, SdpaConfig, SdpaError, cached, check, push_extras};
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use uopc_jit::{Arg, JitError, Program};
+
+/// What the forward pass keeps for the backward: its inputs, its output and the per-row lse.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardSaved<'a> {
+    /// q, as given to the forward.
+    pub q: &'a [f32],
+    /// k.
+    pub k: &'a [f32],
+    /// v.
+    pub v: &'a [f32],
+    /// The forward's output.
+    pub o: &'a [f32],
+    /// The forward's base-2 log-sum-exp, `(batch, head, row)` ([`SdpaBackward::lse_len`]).
+    pub lse: &'a [f32],
+}
+
+/// A compiled forward-with-lse and FlashAttention-2 backward for one [`SdpaConfig`]; `Sync`,
+/// so one compile serves every thread. The pair a vector-Jacobian product needs: run
+/// [`SdpaBackward::forward`] (which keeps the lse), then [`SdpaBackward::run`] with the
+/// output's gradient.
+#[derive(Debug)]
+pub struct SdpaBackward {
+    pub(super) config: SdpaConfig,
+    pub(super) forward_blocking: Blocking,
+    pub(super) blocking: BackwardBlocking,
+    pub(super) forward: Program,
+    pub(super) program: Program,
+    /// The backward that also writes dbias ([`sdpa_backward_ir_with_bias_grad`]), compiled on
+    /// the first [`SdpaBackward::run_with_bias_grad`], so that a bias without a gradient costs
+    /// neither its compile nor its writes.
+    pub(super) bias_grad: OnceLock<Program>,
+    /// The dq partials and task-major dk and dv of chunked or BHND-strided runs, reused.
+    pub(super) scratch: Mutex<Vec<f32>>,
+}
+
+impl SdpaBackward {
+    /// Validates `config`, chooses block sizes for this machine and compiles both programs.
+    /// At `UOPC_DEBUG` level 1 or more it prints its choice (the [`Display`](fmt::Display)
+    /// line) and the compile time to stderr.
+    pub fn compile(config: &SdpaConfig) -> Result<SdpaBackward, SdpaError> {
+        config.validate()?;
+        let cores = cores();
+        // The forward runs unsplit: split-K tasks write partial states, not the rows' lse.
+        let forward = Blocking { splits: 1, ..Blocking::choose(config, cores) };
+        Self::compile_with(config, forward, BackwardBlocking::choose(config, cores))
+    }
+
+    /// [`SdpaBackward::compile`] with the given block sizes (for experiments and tests).
+    pub fn compile_with(
+        config: &SdpaConfig,
+        forward: Blocking,
+        blocking: BackwardBlocking,
+    ) -> Result<SdpaBackward, SdpaError> {
+        config.validate()?;
+        let fwd_valid = forward.heads_per_task >= 1
+            && (config.heads / config.kv_heads).is_multiple_of(forward.heads_per_task)
+            && (1..=config.n_q).contains(&forward.queries)
+            && (1..=config.n_k).contains(&forward.keys)
+            && forward.splits == 1;
+        if config.runtime_kv_length {
+            return Err(JitError::Unsupported(
+                "sdpa backward: a runtime KV length (decode) has no backward; use a fixed n_k".into(),
+            )
+            .into());
+        }
+        if config.dtype != crate::sdpa::SdpaDType::F32 {
+            return Err(JitError::Unsupported(format!(
+                "sdpa backward: the backward is f32 only, and this configuration's dtype is {}; \
+                 run the forward and backward on f32 copies of q, k and v",
+                config.dtype
+            ))
+            .into());
+        }
+        if !fwd_valid || !blocking.valid(config) {
+            return Err(JitError::Unsupported(format!(
+                "sdpa backward: blocking {forward:?} / {blocking:?} does not fit {config:?}"
+            ))
+            .into());
+        }
+        let fwd = Program::compile(&sdpa_ir_with_lse(config, &forward), "sdpa_forward_lse")?;
+        let program = Program::compile(&sdpa_backward_ir(config, &blocking), "sdpa_backward_tile_ops")?;
+        let b = SdpaBackward {
+            config: *config,
+            forward_blocking: forward,
+            blocking,
+            forward: fwd,
+            program,
+            bias_grad: OnceLock::new(),
+            scratch: Mutex::new(Vec::new()),
+        };
+        if uopc_tensor::debug_level() >= 1 {
+            eprintln!(
+                "{b}; compiled in {:.1} ms",
+                (b.forward.compile_seconds() + b.program.compile_seconds()) * 1e3
+            );
+        }
+        Ok(b)
+    }
+
+    /// Elements of the lse buffer: `batch * heads * n_q`.
+    pub fn lse_len(&self) -> usize {
+        self.config.batch * self.config.heads * self.config.n_q
+    }
+
+    /// The attention forward (as [`Sdpa::run`](crate::sdpa::Sdpa::run)) that also stores each query row's
+    /// base-2 log-sum-exp into `lse` ([`SdpaBackward::lse_len`] elements, `(batch, head, row)`;
+    /// see [`sdpa_ir_with_lse`]), which [`SdpaBackward::run`] needs.
+    pub fn forward(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        extras: Extras<'_>,
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) -> Result<(), SdpaError> {
+        let c = &self.config;
+        check("q", c.q_len(), q.len())?;
+        check("k", c.kv_len(), k.len())?;
+        check("v", c.kv_len(), v.len())?;
+        check("out", c.q_len(), out.len())?;
+        check("lse", self.lse_len(), lse.len())?;
+        let mut args: Vec<Arg<'_>> = vec![q.into(), k.into(), v.into(), Arg::WriteF32(out)];
+        push_extras(c, extras, &mut args)?;
+        args.push(Arg::WriteF32(lse));
+        self.forward.run(&mut args)?;
+        Ok(())
+    }
+
+    /// The gradients of the attention at `saved` (what [`SdpaBackward::forward`] read and
+    /// produced) for the output gradient `d_o`, into `dq` (q's length) and `dk`, `dv` (k's).
+    /// `extras` must be the forward's. Every length is checked, each error naming its
+    /// argument. Rows that saw no key get zero gradients. The bias gets no gradient (see
+    /// [`SdpaBackward::run_with_bias_grad`]).
+    pub fn run(
+        &self,
+        saved: ForwardSaved<'_>,
+        d_o: &[f32],
+        extras: Extras<'_>,
+        dq: &mut [f32],
+        dk: &mut [f32],
+        dv: &mut [f32],
+    ) -> Result<(), SdpaError> {
+        self.run_inner(saved, d_o, extras, [dq, dk, dv], None)
+    }
+
+    /// [`SdpaBackward::run`] into `[dq, dk, dv]` that also writes the gradient of the
+    /// additive bias into `dbias` (the bias's shape and length): `dS = P * (dP - Delta)`
+    /// summed over the axes the bias broadcasts along, zero where no row sees the key. The
+    /// first call compiles the program that writes it (then kept in `self`), so a bias
+    /// without a gradient costs nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`SdpaBackward::run`]; [`SdpaError::Extra`] naming `dbias` when the configuration has
+    /// no bias, [`SdpaError::Length`] naming it when its length is not the bias's.
+    pub fn run_with_bias_grad(
+        &self,
+        saved: ForwardSaved<'_>,
+        d_o: &[f32],
+        extras: Extras<'_>,
+        [dq, dk, dv]: [&mut [f32]; 3],
+        dbias: &mut [f32],
+    ) -> Result<(), SdpaError> {
+        let MaskKind::Bias(shape) = self.config.mask else {
+            return Err(SdpaError::Extra { arg: "dbias", expected: false });
+        };
+        check("dbias", shape.iter().product(), dbias.len())?;
+        self.run_inner(saved, d_o, extras, [dq, dk, dv], Some(dbias))
+    }
+
+    /// The compiled backward that also writes dbias, compiled on first use.
+    fn bias_grad_program(&self) -> Result<&Program, SdpaError> {
+        if let Some(p) = self.bias_grad.get() {
+            return Ok(p);
+        }
+        let ir = sdpa_backward_ir_with_bias_grad(&self.config, &self.blocking)?;
+        let program = Program::compile(&ir, "sdpa_backward_bias_grad_tile_ops")?;
+        // A racing compile is harmless: the first one stored is used.
+        Ok(self.bias_grad.get_or_init(|| program))
+    }
+
+    fn run_inner(
+        &self,
+        saved: ForwardSaved<'_>,
+        d_o: &[f32],
+        extras: Extras<'_>,
+        [dq, dk, dv]: [&mut [f32]; 3],
+        dbias: Option<&mut [f32]>,
+    ) -> Result<(), SdpaError> {
+        let c = &self.config;
+        check("q", c.q_len(), saved.q.len())?;
+        check("k", c.kv_len(), saved.k.len())?;
+        check("v", c.kv_len(), saved.v.len())?;
+        check("o", c.q_len(), saved.o.len())?;
+        check("lse", self.lse_len(), saved.lse.len())?;
+        check("d_o", c.q_len(), d_o.len())?;
+        check("dq", c.q_len(), dq.len())?;
+        check("dk", c.kv_len(), dk.len())?;
+        check("dv", c.kv_len(), dv.len())?;
+        let g = Geometry::new(c, &self.blocking);
+        let delta = self.delta(saved.o, d_o);
+        let mut extra_args = Vec::new();
+        push_extras(c, extras, &mut extra_args)?;
+        let program = if dbias.is_some() { self.bias_grad_program()? } else { &self.program };
+        // The dbias target: the caller's dbias when no two tasks share an element, else the
+        // tasks' partials, added into dbias after the kernel.
+        let mut dbias_partials = match &dbias {
+            Some(_) if !g.bias_direct => vec![0.0f32; g.dbias_len()],
+            _ => Vec::new(),
+        };
+        let (dbias_direct, dbias_sum) = match dbias {
+            Some(out) if g.bias_direct => (Some(out), None),
+            other => (None, other),
+        };
+        if let Some(target) = dbias_direct {
+            extra_args.push(Arg::WriteF32(target));
+        } else if dbias_sum.is_some() {
+            extra_args.push(Arg::WriteF32(&mut dbias_partials));
+        }
+        let run = |dq_t: &mut [f32], dk_t: &mut [f32], dv_t: &mut [f32], extra: Vec<Arg<'_>>| {
+            let mut args: Vec<Arg<'_>> = vec![
+                saved.q.into(),
+                saved.k.into(),
+                saved.v.into(),
+                d_o.into(),
+                saved.lse.into(),
+                delta.as_slice().into(),
+                Arg::WriteF32(dq_t),
+                Arg::WriteF32(dk_t),
+                Arg::WriteF32(dv_t),
+            ];
+            args.extend(extra);
+            program.run(&mut args)
+        };
+        if g.direct {
+            run(dq, dk, dv, extra_args)?;
+        } else {
+            // The chunks' targets, kept between runs: each task zeroes its dq rows and writes
+            // all of its dk and dv rows, so nothing needs clearing here, and a fresh (zeroed,
+            // page-faulted) allocation per run is avoided. A run that finds the buffer taken
+            // by a concurrent run allocates its own.
+            let mut scratch = std::mem::take(&mut *self.scratch.lock().unwrap_or_else(|e| e.into_inner()));
+            let (dq_len, dkv_len) = (g.dq_len(c), g.dkv_len(c));
+            scratch.resize(dq_len + 2 * dkv_len, 0.0);
+            let (dq_t, dkv_t) = scratch.split_at_mut(dq_len);
+            let (dk_t, dv_t) = dkv_t.split_at_mut(dkv_len);
+            run(dq_t, dk_t, dv_t, extra_args)?;
+            self.gather(&g, [dq_t, dk_t, dv_t], [dq, dk, dv]);
+            *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = scratch;
+        }
+        if let Some(out) = dbias_sum {
+            self.sum_bias_partials(&g, &dbias_partials, out);
+        }
+        Ok(())
+    }
+
+    /// Bytes of the buffers one [`SdpaBackward::run`] allocates besides its arguments: Delta,
+    /// and the chunked dq partials and task-major dk and dv when not written in place.
+    pub fn temporary_bytes(&self) -> usize {
+        let c = &self.config;
+        let g = Geometry::new(c, &self.blocking);
+        let delta = self.lse_len();
+        let targets = if g.direct { 0 } else { g.dq_len(c) + 2 * g.dkv_len(c) };
+        4 * (delta + targets)
+    }
+
+    /// The configuration it was compiled for.
+    pub fn config(&self) -> &SdpaConfig {
+        &self.config
+    }
+
+    /// The backward's block sizes.
+    pub fn blocking(&self) -> BackwardBlocking {
+        self.blocking
+    }
+
+    /// The forward-with-lse's block sizes.
+    pub fn forward_blocking(&self) -> Blocking {
+        self.forward_blocking
+    }
+
+    /// The compiled forward-with-lse.
+    pub fn forward_program(&self) -> &Program {
+        &self.forward
+    }
+
+    /// The compiled backward kernel (loop IR, estimates, compile time).
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+}
+
+impl fmt::Display for SdpaBackward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        let b = &self.blocking;
+        write!(
+            f,
+            "sdpa backward flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}; key blocks of {} in {} chunk(s) per head, query blocks of {}, dQ accumulated in place{}",
+            c.batch,
+            c.heads,
+            c.kv_heads,
+            c.n_q,
+            c.n_k,
+            c.d,
+            if c.causal { " causal" } else { "" },
+            b.keys,
+            b.chunks,
+            b.queries,
+            if b.chunks > 1 { " per chunk, partials summed" } else { "" }
+        )
+    }
+}
+
+static CACHE: ConfigCache<SdpaBackward> = OnceLock::new();
+
+/// The compiled backward (with its forward-with-lse) for `config`, compiled on first use and
+/// shared by every later call in the process, like [`compiled`](crate::sdpa::compiled).
+pub fn compiled_backward(config: &SdpaConfig) -> Result<Arc<SdpaBackward>, SdpaError> {
+    Ok(cached(&CACHE, config, SdpaBackward::compile)?.0)
+}

@@ -1,0 +1,163 @@
+//! The block sizes of the forward kernel ([`Blocking`]) and how they are chosen for a
+//! configuration and a machine.
+
+use super::{SdpaConfig, SdpaDType};
+use uopc_jit::MAX_LOCAL_BYTES;
+
+/// Block sizes of one compiled attention (see [`Blocking::choose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocking {
+    /// Query heads of one key/value group stacked into one task's tile (they share every K/V
+    /// block the task loads).
+    pub heads_per_task: usize,
+    /// Query rows per head in one task.
+    pub queries: usize,
+    /// Keys per block.
+    pub keys: usize,
+    /// Chunks the keys of one task's rows are split into, each its own task; above 1 the
+    /// tasks write partial softmax states that [`super::sdpa_merge_ir`] combines (split-K, for
+    /// decode shapes with too few rows to keep every core busy).
+    pub splits: usize,
+}
+
+/// Keys per block: a 64-key block of K and V (32 KiB each at D = 128) stays in L1/L2 while both
+/// GEMMs of the block read it, and 64 columns fill the score micro-kernel's 4 x 16-lane rows.
+const KEY_BLOCK: usize = 64;
+
+/// Rows per task under the causal mask. The blocks every row sees run on all rows; the
+/// diagonal band runs in sub-tiles of [`CAUSAL_SUB_ROWS`] rows, each over the blocks its own
+/// rows see, so the static FLOPs are those of 64-row tasks (about 0.53 of the unmasked
+/// kernel's at n = 1024) while the blocks below the band pack each K/V block once per 128
+/// rows.
+const CAUSAL_MAX_ROWS: usize = 2 * KEY_BLOCK;
+
+/// Rows of one sub-tile of a causal task's diagonal band: one key block, so each sub-tile has
+/// a single diagonal block whose masked half is wasted.
+pub(super) const CAUSAL_SUB_ROWS: usize = KEY_BLOCK;
+
+/// Stack the tiles of one task may take: the JIT's limit less room for the kernel's own frame.
+const TILE_BUDGET: usize = MAX_LOCAL_BYTES - 16 * 1024;
+
+/// Tasks per core below which the keys are split (when the rows cannot be): with four tasks
+/// per core, uneven task counts leave a core idle for at most a fifth of the run.
+const SPLIT_TASKS_PER_CORE: usize = 4;
+
+/// Keys a chunk keeps at least (and at least one block), so the partial state each chunk
+/// writes and the merge reads (rows x (D + 2) floats) stays small next to the chunk's K and V.
+const MIN_CHUNK_KEYS: usize = 8 * KEY_BLOCK;
+
+/// Rows per task up to which the tile GEMMs stream K and V rows straight from memory instead
+/// of packing register-tile panels (the AVX-512 dot-product and row-streamed kernels).
+const FEW_ROWS: usize = 8;
+
+/// Keys per block for tasks of at most [`FEW_ROWS`] rows (decode). Such a task does little
+/// arithmetic per key, so what each block costs regardless of its width (three tile calls,
+/// the softmax update's per-row reductions, one rescale pass over the output tile) is a large
+/// share of it; the streamed kernels read each K and V row once whatever the block's width, so
+/// a wide block costs no cache reuse. The score tile stays small (rows x 512 floats).
+const STREAMED_KEY_BLOCK: usize = 512;
+
+impl Blocking {
+    /// Block sizes for `config` on `cores` cores.
+    ///
+    /// The task's tiles (scaled Q and output, `rows x D` each, the `rows x keys` score tile,
+    /// and the running max and sum; with a 16-bit dtype the query tile in that dtype and a
+    /// `rows x keys` tile of rounded probabilities besides) must fit the JIT's stack limit
+    /// less 16 KiB; within that, rows are as many as possible, up to 256 (a multiple of 16), because every task re-packs
+    /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
+    /// 128, whose diagonal band runs in 64-row sub-tiles (see [`sdpa_ir`](super::sdpa_ir)). With fewer
+    /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
+    /// rows are a divisor of n_q when one lies within half of the most rows; otherwise query
+    /// blocks are evened out (no mostly-empty last block); they are split further if there
+    /// would be fewer tasks than cores. Keys come in blocks of 64, or of 512 when a task has at
+    /// most 8 rows (those stream K and V, and a wide block spreads the per-block costs). When
+    /// one query block holds all rows and there are fewer than four tasks per core, the keys
+    /// are split into chunks of at least 512 keys and one block (split-K).
+    pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
+        let &SdpaConfig { batch, heads, kv_heads, n_q, n_k, d, .. } = config;
+        let keys = KEY_BLOCK.min(n_k);
+        let per_row = tile_bytes_per_row(config.dtype, d, keys);
+        let fit = (TILE_BUDGET / per_row).max(1);
+        let mut max_rows = if fit >= 16 { (fit / 16 * 16).min(256) } else { fit };
+        if config.causal {
+            // The diagonal band of a block wastes about (rows + keys) / 2 masked pairs per row.
+            max_rows = max_rows.min(CAUSAL_MAX_ROWS);
+        }
+        let group = heads / kv_heads;
+        let (heads_per_task, mut queries) = if n_q >= max_rows {
+            (1, max_rows)
+        } else {
+            let g = (1..=group).rev().find(|g| group.is_multiple_of(*g) && g * n_q <= max_rows).unwrap_or(1);
+            (g, n_q)
+        };
+        if heads_per_task == 1
+            && let Some(rows) = (max_rows.div_ceil(2)..=max_rows).rev().find(|r| n_q.is_multiple_of(*r))
+        {
+            // Rows that divide n_q exactly: no overlapping last block, and each task's output
+            // rows are contiguous, so the tasks are proven disjoint and run in parallel.
+            queries = rows;
+        }
+        let mut blocks = n_q.div_ceil(queries);
+        let tasks = batch * kv_heads * (group / heads_per_task) * blocks;
+        if tasks < cores {
+            blocks = (blocks * cores.div_ceil(tasks)).min(n_q);
+        }
+        queries = n_q.div_ceil(blocks);
+        let tasks = batch * kv_heads * (group / heads_per_task) * n_q.div_ceil(queries);
+        let rows = heads_per_task * queries;
+        let wide = STREAMED_KEY_BLOCK.min(n_k);
+        let keys = if rows <= FEW_ROWS && rows * tile_bytes_per_row(config.dtype, d, wide) <= TILE_BUDGET {
+            wide
+        } else {
+            keys
+        };
+        let mut splits = 1;
+        if queries == n_q && tasks < SPLIT_TASKS_PER_CORE * cores {
+            let full = n_k / keys;
+            let want =
+                (SPLIT_TASKS_PER_CORE * cores).div_ceil(tasks).min((n_k / MIN_CHUNK_KEYS).min(full)).max(1);
+            // Even chunks, none of them empty.
+            splits = full.div_ceil(full.div_ceil(want));
+        }
+        Blocking { heads_per_task, queries, keys, splits }
+    }
+
+    /// Rows of each sub-tile that a causal task's diagonal band runs in, when the band is
+    /// split (see [`sdpa_ir`](super::sdpa_ir)): `Some` for a causal task of one head's queries
+    /// taller than one key block.
+    pub fn causal_sub_tile_rows(&self, config: &SdpaConfig) -> Option<usize> {
+        let rows = self.heads_per_task * self.queries;
+        (config.causal && self.splits == 1 && self.heads_per_task == 1 && rows > CAUSAL_SUB_ROWS)
+            .then_some(CAUSAL_SUB_ROWS)
+    }
+
+    /// Full key blocks per chunk of a split-K blocking (all full blocks when `splits == 1`).
+    pub fn chunk_blocks(&self, n_k: usize) -> usize {
+        (n_k / self.keys).div_ceil(self.splits)
+    }
+
+    /// THREAD tasks of the kernel for `config`.
+    pub fn tasks(&self, config: &SdpaConfig) -> usize {
+        let group = config.heads / config.kv_heads;
+        config.batch
+            * config.kv_heads
+            * (group / self.heads_per_task)
+            * config.n_q.div_ceil(self.queries)
+            * self.splits
+    }
+}
+
+/// Stack bytes one task row takes with blocks of `keys` keys: the query and output rows, the
+/// score row and the running max and sum; 16-bit attention keeps its query row in the input
+/// dtype and adds the row of rounded probabilities.
+fn tile_bytes_per_row(dtype: SdpaDType, d: usize, keys: usize) -> usize {
+    match dtype {
+        SdpaDType::F32 => 4 * (2 * d + keys + 2),
+        SdpaDType::BF16 | SdpaDType::F16 => 2 * d + 4 * d + 4 * keys + 2 * keys + 8,
+    }
+}
+
+/// The cores the THREAD range is spread over.
+pub(super) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}

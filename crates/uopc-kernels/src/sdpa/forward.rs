@@ -1,0 +1,188 @@
+//! [`Sdpa`]: one compiled attention forward, its compile and its run.
+
+use super::blocking::cores;
+use super::{
+    Blocking, Extras, SdpaConfig, SdpaDType, SdpaElement, SdpaError, Values, ValuesMut, check, push_extras,
+    sdpa_ir, sdpa_merge_ir,
+};
+use std::fmt;
+use uopc_jit::{Arg, JitError, Program};
+
+/// A compiled attention for one [`SdpaConfig`]; `Sync`, so one compile serves every thread.
+#[derive(Debug)]
+pub struct Sdpa {
+    config: SdpaConfig,
+    blocking: Blocking,
+    program: Program,
+    /// The merge of split-K partial states ([`sdpa_merge_ir`]), when the keys are split.
+    merge: Option<Program>,
+}
+
+impl Sdpa {
+    /// Validates `config`, chooses block sizes for this machine and compiles the kernel. At
+    /// `UOPC_DEBUG` level 1 or more it prints its choice (the [`Display`](fmt::Display) line)
+    /// and the compile time to stderr.
+    pub fn compile(config: &SdpaConfig) -> Result<Sdpa, SdpaError> {
+        // Validated first: the block choice divides by the head grouping.
+        config.validate()?;
+        Self::compile_with(config, Blocking::choose(config, cores()))
+    }
+
+    /// [`Sdpa::compile`] with the given block sizes (for experiments and tests; the library's
+    /// own choice is [`Blocking::choose`]).
+    pub fn compile_with(config: &SdpaConfig, blocking: Blocking) -> Result<Sdpa, SdpaError> {
+        config.validate()?;
+        let full_blocks = config.n_k / blocking.keys.max(1);
+        let valid = blocking.heads_per_task >= 1
+            && (config.heads / config.kv_heads).is_multiple_of(blocking.heads_per_task)
+            && (1..=config.n_q).contains(&blocking.queries)
+            && (1..=config.n_k).contains(&blocking.keys)
+            && (blocking.splits == 1
+                || (blocking.queries == config.n_q
+                    && (2..=full_blocks).contains(&blocking.splits)
+                    && blocking.chunk_blocks(config.n_k) * (blocking.splits - 1) < full_blocks));
+        if !valid {
+            return Err(JitError::Unsupported(format!(
+                "sdpa: blocking {blocking:?} does not fit {config:?}"
+            ))
+            .into());
+        }
+        let program = Program::compile(&sdpa_ir(config, &blocking), "sdpa_flash_tile_ops")?;
+        let merge = if blocking.splits > 1 {
+            Some(Program::compile(&sdpa_merge_ir(config, &blocking), "sdpa_split_merge")?)
+        } else {
+            None
+        };
+        let sdpa = Sdpa { config: *config, blocking, program, merge };
+        if uopc_tensor::debug_level() >= 1 {
+            eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
+        }
+        Ok(sdpa)
+    }
+
+    /// `out = softmax(scale * q k^T + bias, masked) v`, into the caller's `out` (q's length),
+    /// with q, k, v and the output in the configuration's [`SdpaDType`] (`f32`, `bf16` or
+    /// `f16`). Every length and the element type are checked, and `extras` must hold exactly
+    /// what the configuration needs.
+    pub fn run<T: SdpaElement>(
+        &self,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        extras: Extras<'_>,
+        out: &mut [T],
+    ) -> Result<(), SdpaError> {
+        self.run_values(T::values(q), T::values(k), T::values(v), extras, T::values_mut(out))
+    }
+
+    /// [`Sdpa::run`] with each argument's element type chosen at run time: an argument whose
+    /// type is not the configuration's is an [`SdpaError::DType`] naming it.
+    pub fn run_values(
+        &self,
+        q: Values<'_>,
+        k: Values<'_>,
+        v: Values<'_>,
+        extras: Extras<'_>,
+        mut out: ValuesMut<'_>,
+    ) -> Result<(), SdpaError> {
+        let c = &self.config;
+        for (arg, got) in [("q", q.dtype()), ("k", k.dtype()), ("v", v.dtype()), ("out", out.dtype())] {
+            if got != c.dtype {
+                return Err(SdpaError::DType { arg, expected: c.dtype, got });
+            }
+        }
+        check("q", c.q_len(), q.len())?;
+        check("k", c.kv_len(), k.len())?;
+        check("v", c.kv_len(), v.len())?;
+        check("out", c.q_len(), out.len())?;
+        let b = &self.blocking;
+        // Split-K: the tasks' partial states, merged into `out` after the kernel.
+        let states = if self.merge.is_some() { b.tasks(c) * b.heads_per_task * b.queries } else { 0 };
+        let (mut part_m, mut part_l, mut part_o) =
+            (vec![0.0f32; states], vec![0.0f32; states], vec![0.0f32; states * c.d]);
+        let mut args: Vec<Arg<'_>> = if self.merge.is_some() {
+            vec![
+                q.arg(),
+                k.arg(),
+                v.arg(),
+                Arg::WriteF32(&mut part_o),
+                Arg::WriteF32(&mut part_m),
+                Arg::WriteF32(&mut part_l),
+            ]
+        } else {
+            vec![q.arg(), k.arg(), v.arg(), out.arg()]
+        };
+        push_extras(c, extras, &mut args)?;
+        if c.runtime_kv_length != extras.kv_length.is_some() {
+            return Err(SdpaError::Extra { arg: "kv_length", expected: c.runtime_kv_length });
+        }
+        if let Some(len) = extras.kv_length
+            && len > c.n_k
+        {
+            return Err(SdpaError::KvLength { len, capacity: c.n_k });
+        }
+        let vars: Vec<i64> = extras.kv_length.map(|l| l as i64).into_iter().collect();
+        self.program.run_with_vars(&mut args, &vars)?;
+        drop(args);
+        if let Some(merge) = &self.merge {
+            merge.run(&mut [(&part_m[..]).into(), (&part_l[..]).into(), (&part_o[..]).into(), out.arg()])?;
+        }
+        Ok(())
+    }
+
+    /// Seconds spent compiling its kernels.
+    pub fn compile_seconds(&self) -> f64 {
+        self.program.compile_seconds() + self.merge.as_ref().map_or(0.0, Program::compile_seconds)
+    }
+
+    /// The merge kernel of split-K attention, when the keys are split.
+    pub fn merge_program(&self) -> Option<&Program> {
+        self.merge.as_ref()
+    }
+
+    /// The configuration it was compiled for.
+    pub fn config(&self) -> &SdpaConfig {
+        &self.config
+    }
+
+    /// The block sizes it uses.
+    pub fn blocking(&self) -> Blocking {
+        self.blocking
+    }
+
+    /// The compiled kernel (loop IR, estimates, compile time).
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+}
+
+impl fmt::Display for Sdpa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        let b = &self.blocking;
+        write!(
+            f,
+            "sdpa flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}{}; tasks of {} head(s) x {} queries, keys in blocks of {}{}{}",
+            c.batch,
+            c.heads,
+            c.kv_heads,
+            c.n_q,
+            c.n_k,
+            c.d,
+            if c.dtype == SdpaDType::F32 { String::new() } else { format!(" {}", c.dtype) },
+            if c.causal { " causal" } else { "" },
+            b.heads_per_task,
+            b.queries,
+            b.keys,
+            match b.causal_sub_tile_rows(c) {
+                Some(rows) => format!(", the diagonal band in sub-tiles of {rows} rows"),
+                None => String::new(),
+            },
+            if b.splits > 1 {
+                format!(", split into {} chunks merged by a second kernel", b.splits)
+            } else {
+                String::new()
+            }
+        )
+    }
+}

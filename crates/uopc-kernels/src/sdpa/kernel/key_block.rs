@@ -1,0 +1,199 @@
+//! One key block of a task: the score GEMM, the mask loop, the online-softmax tile update
+//! and the `P · V` GEMM.
+
+use super::{SdpaKernel, Span, Task};
+use crate::masked::min_idx;
+use crate::online::LOG2E;
+use crate::sdpa::{Blocking, MaskKind, SdpaConfig};
+use uopc_ir::{AxisType, DType, GemmShape, TileOp, UOp, f32c, idx, tile};
+
+impl SdpaKernel {
+    /// One key block of `cols` keys starting at key `first`, for the rows `span` of the task,
+    /// after the effects `prev`: the score GEMM, the mask loop when `masked`, the softmax tile
+    /// update and the `P · V` GEMM.
+    pub(super) fn key_block(
+        &mut self,
+        task: &Task,
+        first: &UOp,
+        cols: usize,
+        prev: &[UOp],
+        masked: bool,
+        span: Span,
+    ) -> UOp {
+        let SdpaConfig { kv_heads, n_k, d, .. } = self.c;
+        let [_, _, ksn] = self.c.layout.strides(kv_heads, n_k, d);
+        let Span { r0, rows } = span;
+        let (at_d, at_s) = ((r0 * d) as i64, (r0 * cols) as i64);
+        let scores = TileOp::Gemm(GemmShape {
+            m: rows,
+            n: cols,
+            k: d,
+            lda: d,
+            ldb: ksn,
+            ldc: cols,
+            a_trans: false,
+            b_trans: true,
+            accumulate: false,
+        });
+        let kv_at = &task.kv_base + first * ksn;
+        let mut g1 = tile(
+            scores,
+            &[task.qt.after(prev).index(at_d), self.k.index(&kv_at), task.si.after(prev).index(at_s)],
+        );
+        // 16-bit attention scales the f32 scores in the softmax step (its query tile is the
+        // exact input), except after a mask loop that reads every score: that loop scales
+        // them before adding the bias. The suffix form, which writes -inf without reading,
+        // leaves the scaling to the softmax step, which keeps -inf only for a positive scale.
+        let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
+        let mut softmax_scale = qscale;
+        if masked {
+            let scaled_by_loop = self.half.is_some() && (self.mask.is_some() || qscale <= 0.0);
+            if scaled_by_loop {
+                softmax_scale = 1.0;
+            }
+            g1 = self.mask_block(task, first, cols, g1, span, scaled_by_loop.then_some(qscale));
+        }
+        let after_g1 = std::slice::from_ref(&g1);
+        let mut state = prev.to_vec();
+        state.push(g1.clone());
+        let mut operands = vec![
+            task.si.after(after_g1).index(at_s),
+            task.mi.after(&state).index(r0 as i64),
+            task.li.after(&state).index(r0 as i64),
+            task.oi.after(&state).index(at_d),
+        ];
+        let update = match &task.pi {
+            Some(p) => {
+                operands.push(p.after(&state).index(at_s));
+                TileOp::SoftmaxUpdateRounded {
+                    rows,
+                    cols,
+                    lds: cols,
+                    d,
+                    ldo: d,
+                    ldp: cols,
+                    scale: softmax_scale.to_bits(),
+                }
+            }
+            None => TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d },
+        };
+        let sm = tile(update, &operands);
+        let after_sm = std::slice::from_ref(&sm);
+        // P: the rounded tile, or the f32 score tile the f32 step overwrote.
+        let probs = task.pi.as_ref().unwrap_or(&task.si);
+        let pv = TileOp::Gemm(GemmShape {
+            m: rows,
+            n: d,
+            k: cols,
+            lda: cols,
+            ldb: ksn,
+            ldc: d,
+            a_trans: false,
+            b_trans: false,
+            accumulate: true,
+        });
+        tile(
+            pv,
+            &[probs.after(after_sm).index(at_s), self.v.index(&kv_at), task.oi.after(after_sm).index(at_d)],
+        )
+    }
+
+    /// The loop over a score tile (after `scores`) that adds the bias and sets the keys a row
+    /// does not see to `-inf`: causal, past the item's key length, or false in the bool mask.
+    /// Only the rows `span` of the tile are touched (all of them with stacked heads). With
+    /// `scale`, every score of the rows is multiplied by it first (16-bit attention's unscaled
+    /// scores).
+    pub(super) fn mask_block(
+        &mut self,
+        task: &Task,
+        first: &UOp,
+        cols: usize,
+        scores: UOp,
+        span: Span,
+        scale: Option<f32>,
+    ) -> UOp {
+        let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
+        // A sub-tile is a span of one head's query rows (heads_per_task is 1 then).
+        let (r0, bq) = if span.rows == self.rows { (0, bq) } else { (span.r0, span.rows) };
+        if self.mask.is_none() && scale.is_none() {
+            return self.mask_suffix(task, first, cols, scores, Span { r0, rows: bq });
+        }
+        let pb = &mut self.pb;
+        let hh = pb.range(gs, AxisType::Loop);
+        let rq = pb.range(bq, AxisType::Loop);
+        let cc = pb.range(cols, AxisType::Loop);
+        let cell = task.si.after(&[scores]).index((&hh * bq + &rq + r0 as i64) * cols + &cc);
+        let key = first + &cc;
+        let query = &task.q0 + &rq + r0 as i64;
+        let mut score = match scale {
+            Some(s) => cell.load() * s,
+            None => cell.load(),
+        };
+        let mut keep = Vec::new();
+        if self.c.causal {
+            keep.push(key.lt(&query + &self.causal_offset() + 1));
+        }
+        if let Some(len) = &self.kv_length {
+            keep.push(key.lt(len));
+        }
+        if let Some(lens) = &self.lens {
+            keep.push(key.lt(lens.index(&task.item).load().cast(DType::INDEX)));
+        }
+        if let Some((buf, shape)) = &self.mask {
+            let [sb, sh, sq, sk] = SdpaConfig::mask_strides(*shape);
+            let at = &task.item * sb + (&task.head0 + &hh) * sh + &query * sq + &key * sk;
+            let x = buf.index(at).load();
+            match self.c.mask {
+                MaskKind::Bool(_) => keep.push(x),
+                _ => score = score + x * (LOG2E as f32),
+            }
+        }
+        for c in keep {
+            score = c.where_(&score, f32c(f32::NEG_INFINITY));
+        }
+        cell.store(score).end(&[cc, rq, hh])
+    }
+
+    /// [`Self::mask_block`] without a bool mask or bias: each row of the tile (rows `r0 .. r0 +
+    /// rows` of each stacked head) sees the keys below one bound (its causal limit, the KV
+    /// length, the item's key length, whichever is least), so only the row's masked suffix of
+    /// the block is touched, set to `-inf` without reading it (a compare and select per
+    /// score cost about 4% of a causal run, its diagonal blocks' GEMMs taking little more).
+    pub(super) fn mask_suffix(
+        &mut self,
+        task: &Task,
+        first: &UOp,
+        cols: usize,
+        scores: UOp,
+        span: Span,
+    ) -> UOp {
+        let gs = self.b.heads_per_task;
+        let Span { r0, rows } = span;
+        let offset = self.c.causal.then(|| self.causal_offset());
+        let pb = &mut self.pb;
+        let hh = pb.range(gs, AxisType::Loop);
+        let rq = pb.range(rows, AxisType::Loop);
+        let query = &task.q0 + &rq + r0 as i64;
+        let mut bounds = Vec::new();
+        if let Some(off) = offset {
+            bounds.push(&query + &off + 1);
+        }
+        if let Some(len) = &self.kv_length {
+            bounds.push(len.clone());
+        }
+        if let Some(lens) = &self.lens {
+            bounds.push(lens.index(&task.item).load().cast(DType::INDEX));
+        }
+        let Some(bound) = bounds.into_iter().reduce(|a, b| min_idx(&a, &b)) else { return scores };
+        // The row's first masked column of the block, in 0..=cols.
+        let start = min_idx(&(&bound - first).maximum(idx(0)), &idx(cols as i64));
+        // Counted down from the last column, so every index is inside the row whatever the
+        // suffix's length (the verifier's intervals cannot tie the column to `start`).
+        let rc = pb.range(-&start + cols as i64, AxisType::Loop);
+        let cell = task
+            .si
+            .after(&[scores])
+            .index((&hh * rows + &rq + r0 as i64) * cols + (-&rc + (cols as i64 - 1)));
+        cell.store(f32c(f32::NEG_INFINITY)).end(&[rc, rq, hh])
+    }
+}

@@ -1,0 +1,234 @@
+//! The FlashAttention-2 loop program of [`super`] for a configuration and its [`Blocking`].
+
+mod key_block;
+mod key_loops;
+mod task;
+
+use super::{Blocking, MaskKind, SdpaConfig};
+use crate::masked::min_idx;
+use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
+
+/// FlashAttention-2 on tile ops for `config` with block sizes `blocking`.
+///
+/// Buffers: 0 = q, 1 = k, 2 = v, 3 = output (lengths [`SdpaConfig::q_len`] and
+/// [`SdpaConfig::kv_len`], laid out as [`SdpaConfig::layout`], of [`SdpaConfig::dtype`]); then, in this order, the mask
+/// or bias (its broadcast shape's element count) and the `batch` i32 key lengths, if any.
+/// With `blocking.splits > 1`, slots 3, 4 and 5 are instead the partial states of the tasks
+/// for [`super::sdpa_merge_ir`]: output rows (`tasks x rows x D`), running maxima and running
+/// sums (`tasks x rows` each), and the mask and key lengths follow from slot 6.
+///
+/// One THREAD task per (batch item, key/value head, group of query heads, query block): it
+/// copies its query rows of `heads_per_task` heads, times `scale * log2(e)`, into a stack tile
+/// (so strided q costs nothing later and the softmax works in base 2), then streams the keys of
+/// its key/value head in blocks: a tile GEMM for the scores, the mask loop where the block can
+/// be partly masked, the online-softmax tile update (one rescale of the output tile per block)
+/// and a tile GEMM `O += P · V`. Keys past the last full block go in one narrower block. Under
+/// the causal mask, blocks every row sees run unmasked, blocks after the last row's last key
+/// are skipped, and only the blocks in between are masked; a task of one head's queries
+/// taller than 64 rows runs that diagonal band in sub-tiles of 64 rows, each over the blocks
+/// its rows see (so it does the work of 64-row tasks, with the blocks below the band packed
+/// once per task). With key lengths, blocks past the item's length are skipped and only the
+/// block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
+/// over each row's masked suffix of the block only. With a 16-bit dtype the query rows are
+/// copied as they are, both GEMMs take 16-bit operands (f32 scores and output tile), and
+/// [`TileOp::SoftmaxUpdateRounded`](uopc_ir::TileOp::SoftmaxUpdateRounded) scales the scores
+/// (unless a mask loop that reads every
+/// score already did) and writes P, rounded to the dtype, into a tile of its own for `P · V`;
+/// the output is rounded once when stored. The last query
+/// block starts early enough to be full (it overlaps the previous one) and writes only its own
+/// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
+/// block.
+pub fn sdpa_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
+    SdpaKernel::new(config, blocking, false, false).program()
+}
+
+/// [`sdpa_ir`] with the output in the last slot, after the mask or bias and the key lengths
+/// (the order of a tensor graph's kernel node: sources, then the output). `blocking.splits`
+/// must be 1.
+pub(crate) fn sdpa_ir_output_last(config: &SdpaConfig, blocking: &Blocking) -> UOp {
+    SdpaKernel::new(config, blocking, true, false).program()
+}
+
+/// [`sdpa_ir_output_last`] whose output is two consecutive slots: the attention output, then
+/// each query row's base-2 log-sum-exp (as [`sdpa_ir_with_lse`] stores it).
+pub(crate) fn sdpa_ir_output_last_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
+    SdpaKernel::new(config, blocking, true, true).program()
+}
+
+/// [`sdpa_ir`] that also stores each query row's base-2 log-sum-exp, what the backward pass
+/// recomputes the probabilities from: `lse2 = m + log2(l)` over the row's base-2 scores
+/// `scale * log2(e) * q · k` (plus `log2(e) * bias`), with `m` their maximum and `l` the sum
+/// of `exp2(score - m)` over the keys the row sees; `-inf` for a row that sees no key.
+///
+/// The lse buffer comes after every buffer of [`sdpa_ir`]: `batch * heads * n_q` f32s laid
+/// out `(batch, head, row)`, whatever the layout of q.
+pub fn sdpa_ir_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
+    SdpaKernel::new(config, blocking, false, true).program()
+}
+
+struct SdpaKernel {
+    c: SdpaConfig,
+    b: Blocking,
+    rows: usize,
+    q: UOp,
+    k: UOp,
+    v: UOp,
+    out: UOp,
+    /// Split-K partial states: maxima and sums (the output rows go to `out`).
+    partial: Option<(UOp, UOp)>,
+    mask: Option<(UOp, [usize; 4])>,
+    lens: Option<UOp>,
+    /// The current KV length, a runtime variable in `0..=n_k`, with
+    /// [`SdpaConfig::runtime_kv_length`].
+    kv_length: Option<UOp>,
+    /// Where each query row's base-2 log-sum-exp is stored, when the backward needs it.
+    lse: Option<UOp>,
+    /// The 16-bit dtype of q, k, v and the output, when not f32.
+    half: Option<DType>,
+    pb: ProgramBuilder,
+}
+
+/// Rows `r0 .. r0 + rows` of a task's tiles (all of them, or one causal sub-tile).
+#[derive(Clone, Copy)]
+struct Span {
+    r0: usize,
+    rows: usize,
+}
+
+/// The THREAD task's indices and scratch views, shared by the parts of the program.
+struct Task {
+    t: UOp,
+    split: UOp,
+    item: UOp,
+    kv_base: UOp,
+    head0: UOp,
+    q0: UOp,
+    qblk: UOp,
+    qt: UOp,
+    si: UOp,
+    oi: UOp,
+    mi: UOp,
+    li: UOp,
+    /// The rounded probabilities of 16-bit attention.
+    pi: Option<UOp>,
+}
+
+impl SdpaKernel {
+    fn new(config: &SdpaConfig, blocking: &Blocking, output_last: bool, save_lse: bool) -> Self {
+        let c = *config;
+        let f32t = DType::F32;
+        let el = c.dtype.dtype();
+        let rows = blocking.heads_per_task * blocking.queries;
+        let q = buffer(0, el, c.q_len());
+        let (k, v) = (buffer(1, el, c.kv_len()), buffer(2, el, c.kv_len()));
+        let (out, partial, mut slot) = if blocking.splits > 1 {
+            let states = blocking.tasks(config) * rows;
+            let partial = (buffer(4, f32t, states), buffer(5, f32t, states));
+            (buffer(3, f32t, states * c.d), Some(partial), 6)
+        } else if output_last {
+            let extras = usize::from(c.mask != MaskKind::None) + usize::from(c.key_lengths);
+            (buffer(3 + extras, el, c.q_len()), None, 3)
+        } else {
+            (buffer(3, el, c.q_len()), None, 4)
+        };
+        let mask = match c.mask {
+            MaskKind::None => None,
+            MaskKind::Bool(s) => Some((buffer(slot, DType::Bool, s.iter().product()), s)),
+            MaskKind::Bias(s) => Some((buffer(slot, f32t, s.iter().product()), s)),
+        };
+        slot += usize::from(mask.is_some());
+        let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
+        slot += usize::from(lens.is_some());
+        // After every other buffer (in the output-last form, right after the output).
+        let lse_slot = if output_last { slot + 1 } else { slot };
+        let lse = save_lse.then(|| buffer(lse_slot, f32t, c.batch * c.heads * c.n_q));
+        let kv_length = c.runtime_kv_length.then(|| var(0, 0, c.n_k as i64));
+        SdpaKernel {
+            c,
+            b: *blocking,
+            rows,
+            q,
+            k,
+            v,
+            out,
+            partial,
+            mask,
+            lens,
+            kv_length,
+            lse,
+            half: (el != f32t).then_some(el),
+            pb: ProgramBuilder::new(),
+        }
+    }
+
+    fn program(mut self) -> UOp {
+        let task = self.task();
+        let init = self.init(&task);
+        let Blocking { keys: bc, splits, .. } = self.b;
+        let n_k = self.c.n_k;
+        let (full, rest) = (n_k / bc, n_k % bc);
+        let masked_everywhere = self.mask.is_some();
+        let bounded = self.c.causal || self.lens.is_some() || self.kv_length.is_some();
+        let done = if splits == 1 && !bounded {
+            let kb = self.pb.range(full, AxisType::Reduce);
+            let mut prev = init.clone();
+            prev.push(kb.clone());
+            let all = self.all_rows();
+            let body = self.key_block(&task, &(&kb * bc), bc, &prev, masked_everywhere, all).end(&[kb]);
+            if rest > 0 {
+                self.key_block(&task, &idx((full * bc) as i64), rest, &[body], masked_everywhere, all)
+            } else {
+                body
+            }
+        } else if self.b.causal_sub_tile_rows(&self.c).is_some() {
+            self.causal_sub_tiles(&task, &init, full, rest)
+        } else {
+            let (clear, touched) = self.block_bounds(&task, full, self.all_rows());
+            // This task's blocks: [first, last) of the keys' full blocks.
+            let (first, lo, hi) = if splits == 1 {
+                (idx(0), clear, touched)
+            } else {
+                let cb = self.b.chunk_blocks(n_k);
+                let first = &task.split * cb;
+                let last = min_idx(&(&first + cb as i64), &idx(full as i64));
+                let clamp = |x: &UOp| min_idx(&x.maximum(&first), &last);
+                (first.clone(), clamp(&clear), clamp(&touched))
+            };
+            let last_block = idx(((full.max(1) - 1) * bc) as i64);
+            let mut prev = init.clone();
+            if !masked_everywhere {
+                let kb = self.pb.range(if splits == 1 { lo.clone() } else { &lo - &first }, AxisType::Reduce);
+                let start = if splits == 1 { &kb * bc } else { min_idx(&((&first + &kb) * bc), &last_block) };
+                let mut after = prev.clone();
+                after.push(kb.clone());
+                prev = vec![self.key_block(&task, &start, bc, &after, false, self.all_rows()).end(&[kb])];
+            }
+            let kd = self.pb.range(&hi - &lo, AxisType::Reduce);
+            // The min only tells the verifier's interval bounds that the block stays inside
+            // the keys (they do not see that kd < hi - lo).
+            let start = min_idx(&((&lo + &kd) * bc), &last_block);
+            prev.push(kd.clone());
+            let near = self.key_block(&task, &start, bc, &prev, true, self.all_rows()).end(&[kd]);
+            if rest == 0 {
+                near
+            } else if splits == 1 {
+                self.key_block(&task, &idx((full * bc) as i64), rest, &[near], true, self.all_rows())
+            } else {
+                // The narrow block belongs to the last chunk: a range of one iteration there,
+                // of none elsewhere.
+                let tail =
+                    self.pb.range((&task.split + (2 - splits as i64)).maximum(idx(0)), AxisType::Reduce);
+                self.key_block(
+                    &task,
+                    &idx((full * bc) as i64),
+                    rest,
+                    &[near, tail.clone()],
+                    true,
+                    self.all_rows(),
+                )
+                .end(&[tail])
+            }
+        };
+        self.write(&task, &done)
+    }
+}

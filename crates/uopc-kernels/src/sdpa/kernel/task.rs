@@ -1,0 +1,144 @@
+//! A task's THREAD range and scratch tiles, their initialization, and the final normalized
+//! store of its output rows.
+
+use super::{SdpaKernel, Task};
+use crate::masked::min_idx;
+use crate::online::LOG2E;
+use crate::sdpa::{Blocking, SdpaConfig};
+use uopc_ir::{AxisType, DType, UOp, f32c, idx, sink};
+
+impl SdpaKernel {
+    /// The THREAD range, its decomposition and the task's scratch.
+    pub(super) fn task(&mut self) -> Task {
+        let SdpaConfig { kv_heads, heads, n_q, n_k, d, .. } = self.c;
+        let Blocking { heads_per_task: gs, queries: bq, keys: bc, splits } = self.b;
+        let group = heads / kv_heads;
+        let subs = group / gs;
+        let blocks = n_q.div_ceil(bq);
+        let f32t = DType::F32;
+        let pb = &mut self.pb;
+        let (qt, s, o, mx, l) = (
+            pb.alloc(self.half.unwrap_or(f32t), self.rows * d),
+            pb.alloc(f32t, self.rows * bc.min(n_k)),
+            pb.alloc(f32t, self.rows * d),
+            pb.alloc(f32t, self.rows),
+            pb.alloc(f32t, self.rows),
+        );
+        let p = self.half.map(|el| pb.alloc(el, self.rows * bc.min(n_k)));
+        // t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split
+        let t = pb.range(self.c.batch * kv_heads * subs * blocks * splits, AxisType::Thread);
+        let split = t.modulo(splits as i64);
+        let rows_of = t.idiv(splits as i64);
+        let qblk = rows_of.modulo(blocks as i64);
+        let rest = rows_of.idiv(blocks as i64);
+        let sub = rest.modulo(subs as i64);
+        let item_kv = rest.idiv(subs as i64);
+        let kv_head = item_kv.modulo(kv_heads as i64);
+        let item = item_kv.idiv(kv_heads as i64);
+        let [ksb, ksh, _] = self.c.layout.strides(kv_heads, n_k, d);
+        let kv_base = &item * ksb + &kv_head * ksh;
+        let head0 = &kv_head * group + &sub * gs;
+        let q0 = min_idx(&(&qblk * bq), &idx((n_q - bq) as i64));
+        let th = std::slice::from_ref(&t);
+        Task {
+            qt: qt.after(th),
+            si: s.after(th),
+            oi: o.after(th),
+            mi: mx.after(th),
+            li: l.after(th),
+            pi: p.map(|p| p.after(th)),
+            t,
+            split,
+            item,
+            kv_base,
+            head0,
+            q0,
+            qblk,
+        }
+    }
+
+    /// The scaled copy of the task's queries, the zeroed output tile and the running max and
+    /// sum, as effects the key loops come after.
+    pub(super) fn init(&mut self, task: &Task) -> Vec<UOp> {
+        let SdpaConfig { heads, n_q, d, .. } = self.c;
+        let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
+        let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
+        let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
+        let pb = &mut self.pb;
+        let hh = pb.range(gs, AxisType::Loop);
+        let rq = pb.range(bq, AxisType::Loop);
+        let e = pb.range(d, AxisType::Loop);
+        let src = self.q.index(&task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &rq) * qsn + &e);
+        // A 16-bit query is copied exactly; its scale is applied to the f32 scores instead.
+        let value = if self.half.is_some() { src.load() } else { src.load() * qscale };
+        let load_q = task.qt.index((&hh * bq + &rq) * d + &e).store(value).end(&[e, rq, hh]);
+        let z = pb.range(self.rows * d, AxisType::Loop);
+        let init_o = task.oi.index(&z).store(0.0f32).end(&[z]);
+        let r = pb.range(self.rows, AxisType::Loop);
+        let init_ml =
+            sink(&[task.mi.index(&r).store(f32c(f32::NEG_INFINITY)), task.li.index(&r).store(0.0f32)])
+                .end(&[r]);
+        vec![load_q, init_o, init_ml]
+    }
+
+    /// The division of the task's output rows by their sums (0 for a row that saw no key)
+    /// after the key loops `done`, stored into the output; and the program's SINK.
+    pub(super) fn write(&mut self, task: &Task, done: &UOp) -> UOp {
+        let SdpaConfig { heads, n_q, d, .. } = self.c;
+        let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
+        let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
+        let after = std::slice::from_ref(done);
+        if let Some((pm, pl)) = &self.partial {
+            // Split-K: the task's unnormalized state, at `t * c + r` (disjoint per task).
+            let rows = self.rows;
+            let r = self.pb.range(rows, AxisType::Loop);
+            let at = &task.t * rows + &r;
+            let states = sink(&[
+                pm.index(&at).store(task.mi.after(after).index(&r).load()),
+                pl.index(&at).store(task.li.after(after).index(&r).load()),
+            ]);
+            let e = self.pb.range(d, AxisType::Loop);
+            let o = task.oi.after(after).index(&r * d + &e).load();
+            let st = self.out.index(&task.t * (rows * d) + &r * d + &e).store(o).end(&[e]);
+            return sink(&[sink(&[states, st]).end(&[r, task.t.clone()])]);
+        }
+        // Rows of the (overlapping) last block that the block before it already wrote.
+        let skip = (&task.qblk * bq - (n_q - bq) as i64).maximum(idx(0));
+        let pb = &mut self.pb;
+        let hh = pb.range(gs, AxisType::Loop);
+        let rq = pb.range(-&skip + bq as i64, AxisType::Loop);
+        let e = pb.range(d, AxisType::Loop);
+        let row = min_idx(&(&skip + &rq), &idx(bq as i64 - 1));
+        let r = &hh * bq + &row;
+        let l = task.li.after(after).index(&r).load();
+        // l = 0: no key seen, zeros; l NaN: a NaN key was seen, NaN.
+        let inv_l = l.ne(0.0f32).where_(l.recip(), f32c(0.0));
+        let o = task.oi.after(after).index(&r * d + &e).load();
+        let contiguous = self.c.layout.strides(heads, n_q, d) == [heads * n_q * d, n_q * d, d];
+        let blocks = n_q.div_ceil(bq);
+        let own_rows = contiguous && n_q.is_multiple_of(bq) && (gs == 1 || blocks == 1);
+        let at = if own_rows {
+            // Task t then owns the `gs * bq` output rows starting at row `t * gs * bq`: the
+            // index is written as `t * c + r` with `0 <= r < c`, the form from which the
+            // compiler proves that tasks write disjoint memory and runs them in parallel.
+            &task.t * (gs * bq * d) + (&hh * bq + &row) * d + &e
+        } else {
+            &task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &row) * qsn + &e
+        };
+        let value = match self.half {
+            Some(el) => (o * inv_l).cast(el),
+            None => o * inv_l,
+        };
+        let st = self.out.index(at).store(value);
+        let Some(lse) = &self.lse else { return sink(&[st.end(&[e, rq, hh, task.t.clone()])]) };
+        // The same row numbering as the output's (so the same disjointness proof holds).
+        let lse_at = if own_rows {
+            &task.t * (gs * bq) + &hh * bq + &row
+        } else {
+            (&task.item * heads + &task.head0 + &hh) * n_q + &task.q0 + &row
+        };
+        let m = task.mi.after(after).index(&r).load();
+        let lse_st = lse.index(lse_at).store(m + l.log2());
+        sink(&[sink(&[st.end(&[e]), lse_st]).end(&[rq, hh, task.t.clone()])])
+    }
+}
