@@ -22,6 +22,8 @@ mod movement;
 mod nn;
 mod operators;
 mod reduce;
+mod scalar;
+pub use scalar::Scalar;
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
 
