@@ -16,6 +16,7 @@ pub use custom::CustomVjp;
 pub(crate) use custom::custom_vjp;
 mod display;
 mod elementwise;
+mod gather;
 mod index;
 mod math;
 mod movement;
