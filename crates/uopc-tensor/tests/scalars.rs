@@ -174,6 +174,10 @@ fn scalar_taking_methods_use_the_tensors_dtype() {
         assert_eq!(got, if a < 0.0 { 0.1 } else { a });
     }
     assert_eq!(i32s(&Tensor::from_vec(vec![1i32, 2], &[2]).full_like(2.9)), [2, 2]);
+    // Constructors with a dtype convert the fill once to it; the plain ones stay f32.
+    assert_eq!(f64s(&Tensor::full_dtype(&[2], 0.1, DType::F64)), [0.1, 0.1]);
+    assert_eq!(f64s(&Tensor::full(&[1], 0.1).cast(DType::F64)), [f64::from(0.1f32)]);
+    assert_eq!(i64s(&Tensor::full_dtype(&[1], i64::MAX, DType::I64)), [i64::MAX]);
 }
 
 // Constants inside composed f64 functions are f64: a GPT-2 GELU written with operators and
