@@ -168,6 +168,13 @@ fn gradients_match_finite_differences() {
     check("gather axis 0", std::slice::from_ref(&src), |t| t[0].try_gather(0, &idx).unwrap());
     // Through a nonlinear consumer, so the cotangent differs per element.
     check("gather then tanh", std::slice::from_ref(&src), |t| t[0].try_gather(0, &idx).unwrap().tanh());
+    // Second derivatives: the scatter-add's own gradient is the selection again.
+    let w = Tensor::from_array(&rand64(&[3, 6, 5], -1.0, 1.0, 8));
+    check("gradient of index_select", std::slice::from_ref(&src), |t| {
+        let picked = t[0].try_index_select(1, &rows).unwrap();
+        let loss = (&(&(&picked * &picked) * &picked) * &w).reshape(&[90]).sum(0, false);
+        gradient(&loss, &[&t[0]]).unwrap().remove(0)
+    });
 }
 
 // The gradient is the scatter-add of the cotangent: with the cotangent w, the source element

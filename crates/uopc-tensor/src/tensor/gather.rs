@@ -1,6 +1,7 @@
 //! Selection by a tensor of indices: `index_select` (torch's: one index per position along an
 //! axis) and `gather` (torch's: one index per output element), each a hand-written loop kernel
-//! whose gradient is a scatter-add kernel.
+//! whose gradient is a scatter-add kernel, whose gradient in turn is the selection (so
+//! derivatives of any order exist).
 //!
 //! The indices are data, so no compile-time proof can keep them in bounds. They are realized
 //! and checked on the host when the op is built (an out-of-range index is an error naming the
@@ -135,8 +136,21 @@ impl Selection {
         sink(&[store.end(&innermost_first)])
     }
 
+    /// The selection of `src` by `indices` (realized and checked), as a kernel node whose
+    /// gradient rule is the scatter-add.
+    fn gather(&self, src: &Tensor, indices: &Tensor) -> Result<Tensor> {
+        let d = src.dtype();
+        if numel(&self.out) == 0 {
+            return Ok(Tensor::empty(&self.out, d));
+        }
+        let program = self.gather_program(d, indices.dtype());
+        let node = Tensor::try_custom(self.kind.op(), program, &[src, indices], &self.out, d, None)?;
+        Ok(with_rule(&node, shared_vjp(self.kind, self.axis, Pass::Forward)))
+    }
+
     /// The cotangent of the source from the output's cotangent `cot`, by the scatter-add
-    /// kernel (16-bit cotangents accumulate in f32 and are rounded once at the end).
+    /// kernel (16-bit cotangents accumulate in f32 and are rounded once at the end), as a node
+    /// whose own gradient rule is the selection again (so second derivatives exist).
     fn scatter_add(&self, cot: &Tensor, indices: &Tensor) -> Result<Tensor> {
         let d = cot.dtype();
         if d.is_half() {
@@ -148,24 +162,57 @@ impl Selection {
                 msg: format!("no gradient flows through a {d} selection"),
             });
         }
+        if numel(&self.out) == 0 {
+            return Tensor::try_full_dtype(&self.src, 0, d);
+        }
         let program = self.scatter_add_program(d, indices.dtype());
-        Tensor::try_custom(self.kind.backward_name(), program, &[cot, indices], &self.src, d, None)
+        let node =
+            Tensor::try_custom(self.kind.backward_name(), program, &[cot, indices], &self.src, d, None)?;
+        Ok(with_rule(&node, shared_vjp(self.kind, self.axis, Pass::Backward)))
     }
 }
 
-/// The gradient rule of the selections of `kind` along `axis`, one shared value per pair: a
-/// custom kernel's rule is part of its node (compared by identity), so a fresh rule per call
-/// would make every call a new plan to compile.
-fn shared_vjp(kind: Kind, axis: usize) -> DataRef {
-    static RULES: LazyLock<Mutex<HashMap<(Kind, usize), DataRef>>> = LazyLock::new(Default::default);
+/// Which kernel of a selection a gradient rule belongs to.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Pass {
+    /// The selection (sources: the tensor, the indices); its gradient is the scatter-add.
+    Forward,
+    /// The scatter-add (sources: the cotangent, the indices); its gradient is the selection.
+    Backward,
+}
+
+/// `node` (a custom kernel node) with `rule` as its gradient rule.
+fn with_rule(node: &Tensor, rule: DataRef) -> Tensor {
+    let Op::Custom(kernel) = node.uop().op() else { unreachable!("try_custom builds a custom node") };
+    let kernel = CustomKernel { vjp: Some(rule), ..kernel.clone() };
+    Tensor::from_uop(UOp::new(Op::Custom(kernel), node.dtype(), node.uop().src().to_vec()))
+}
+
+/// What a shared gradient rule is for: the selection's kind, its axis, and the kernel.
+type RuleKey = (Kind, usize, Pass);
+
+/// The gradient rule of the `pass` kernels of the selections of `kind` along `axis`, one
+/// shared value per triple: a custom kernel's rule is part of its node (compared by identity),
+/// so a fresh rule per call would make every call a new plan to compile.
+fn shared_vjp(kind: Kind, axis: usize, pass: Pass) -> DataRef {
+    static RULES: LazyLock<Mutex<HashMap<RuleKey, DataRef>>> = LazyLock::new(Default::default);
     let mut rules = RULES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     rules
-        .entry((kind, axis))
+        .entry((kind, axis, pass))
         .or_insert_with(|| {
             let rule: Arc<CustomVjp> = Arc::new(move |sources: &[Tensor], out: &Tensor, cot: &Tensor| {
-                let sel =
-                    Selection { kind, src: sources[0].shape().to_vec(), out: out.shape().to_vec(), axis };
-                Ok(vec![Some(sel.scatter_add(cot, &sources[1])?), None])
+                // sources[1] holds the indices in both passes; the selection's source shape is
+                // the forward source's, or the scatter-add's output.
+                let (src, selected) = match pass {
+                    Pass::Forward => (sources[0].shape(), out.shape()),
+                    Pass::Backward => (out.shape(), sources[0].shape()),
+                };
+                let sel = Selection { kind, src: src.to_vec(), out: selected.to_vec(), axis };
+                let grad = match pass {
+                    Pass::Forward => sel.scatter_add(cot, &sources[1])?,
+                    Pass::Backward => sel.gather(cot, &sources[1])?,
+                };
+                Ok(vec![Some(grad), None])
             });
             DataRef(Arc::new(rule))
         })
@@ -314,14 +361,6 @@ impl Tensor {
                 format!("indices[{at}] = {v} is outside 0..{len}, the length of axis {}", sel.axis),
             ));
         }
-        let d = self.dtype();
-        if numel(&sel.out) == 0 {
-            return Ok(Tensor::empty(&sel.out, d));
-        }
-        let program = sel.gather_program(d, realized.dtype());
-        let node = Tensor::try_custom(op, program, &[self, &realized], &sel.out, d, None)?;
-        let Op::Custom(kernel) = node.uop().op() else { unreachable!("try_custom builds a custom node") };
-        let kernel = CustomKernel { vjp: Some(shared_vjp(sel.kind, sel.axis)), ..kernel.clone() };
-        Ok(Tensor::from_uop(UOp::new(Op::Custom(kernel), d, node.uop().src().to_vec())))
+        sel.gather(self, &realized)
     }
 }
