@@ -58,8 +58,8 @@ impl Model {
 
     /// The mean cross-entropy of predicting `targets` from `tokens` (each `BATCH x TOKENS`).
     fn loss(&self, tokens: &[usize], targets: &[usize]) -> Result<Tensor, GptError> {
-        // The embedding lookup (a one-hot product inside, so its gradient is a matmul too).
-        let x = self.embed.try_index_select(tokens)?;
+        // The embedding lookup: a gather kernel, whose gradient is a scatter-add.
+        let x = self.embed.try_index_select_rows(tokens)?;
         let mut h = x.try_reshape(&[BATCH, TOKENS, CONFIG.d_model])?;
         for b in &self.blocks {
             h = b.forward(&h)?;

@@ -70,4 +70,4 @@ pub use plan::{ArgSource, Kernel, OutSpec, Plan};
 pub use rangeify::{Ctx, lower};
 pub use realize::realize;
 pub use report::{KernelTiming, RealizeReport};
-pub use tensor::{CustomVjp, Element, Tensor};
+pub use tensor::{CustomVjp, Element, Scalar, Tensor};

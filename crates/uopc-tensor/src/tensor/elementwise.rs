@@ -2,7 +2,7 @@
 
 use super::{Tensor, broadcast_shape, ok, promote};
 use crate::error::{Result, shape_err};
-use uopc_ir::{BinaryOp, DType, Op, UOp, UnaryOp, const_of};
+use uopc_ir::{BinaryOp, ConstValue, DType, Op, UOp, UnaryOp, const_of};
 
 impl Tensor {
     /// This tensor as a float tensor: floats (16-bit ones included) as they are, others as f32.
@@ -94,7 +94,7 @@ impl Tensor {
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
     pub fn relu(&self) -> Tensor {
-        self.scalar_op(BinaryOp::Max, 0.0, false)
+        self.scalar_op(BinaryOp::Max, ConstValue::float(0.0), false)
     }
 
     /// Both operands broadcast to their common shape (numpy rules) and promoted to one dtype.
@@ -124,13 +124,16 @@ impl Tensor {
         Ok(Tensor { uop: UOp::new(Op::Binary(op), dtype, vec![a.uop, b.uop]) })
     }
 
-    pub(crate) fn scalar_op(&self, op: BinaryOp, v: f64, reversed: bool) -> Tensor {
+    /// `self op v` (or `v op self` when `reversed`) with the constant `v` converted once to
+    /// the dtype the operation computes in: this tensor's, f32 for a bool tensor, f32 (then
+    /// rounded back) for a 16-bit one.
+    pub(crate) fn scalar_op(&self, op: BinaryOp, v: ConstValue, reversed: bool) -> Tensor {
         if self.dtype().is_half() {
             let r = self.cast(DType::F32).scalar_op(op, v, reversed);
             return if r.dtype() == DType::Bool { r } else { r.cast(self.dtype()) };
         }
         let x = if self.dtype() == DType::Bool { self.cast(DType::F32) } else { self.clone() };
-        let c = const_of(v, x.dtype());
+        let c = UOp::new(Op::Const(v.cast(x.dtype())), x.dtype(), vec![]);
         let dtype = if matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) { DType::Bool } else { x.dtype() };
         let src = if reversed { vec![c, x.uop] } else { vec![x.uop, c] };
         Tensor { uop: UOp::new(Op::Binary(op), dtype, src) }
@@ -341,7 +344,7 @@ impl Tensor {
         let b = if self.dtype() == DType::Bool {
             self.clone()
         } else {
-            self.scalar_op(BinaryOp::CmpNe, 0.0, false)
+            self.scalar_op(BinaryOp::CmpNe, ConstValue::float(0.0), false)
         };
         let t = const_of(1.0, DType::Bool);
         let f = const_of(0.0, DType::Bool);

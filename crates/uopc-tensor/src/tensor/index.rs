@@ -1,10 +1,9 @@
-//! Index-built tensors: `arange`, one-hot rows from class indices, and row selection
-//! (`index_select` along the first axis, an embedding lookup), all from indices held on the
-//! host.
+//! Index-built tensors: `arange`, one-hot rows from class indices, row selection by host
+//! indices (`index_select_rows`, an embedding lookup on tile GEMMs), and selection by a tensor
+//! of indices (`index_select`, `gather`, in the `gather` module).
 
 use super::Tensor;
 use crate::error::{Result, shape_err};
-use uopc_ir::DType;
 
 impl Tensor {
     /// `0, 1, .., n - 1` as an i64 tensor of shape `[n]` (numpy's and torch's integer
@@ -52,44 +51,35 @@ impl Tensor {
         Tensor::try_from_vec(rows, &[indices.len(), classes])
     }
 
-    /// Rows `indices` of this tensor along its first axis, in order (repeats allowed): shape
-    /// `[indices.len(), ..rest]`. Computed as a one-hot matrix times the rows, which is exact
-    /// (each output is one product by 1 plus zeros) and gives the rows their gradient through
-    /// `matmul` (an embedding lookup).
+    /// Rows `indices` (host indices) of this tensor along its first axis, in order (repeats
+    /// allowed): shape `[indices.len(), ..rest]`, any dtype. This is
+    /// [`Tensor::try_index_select`] along axis 0 with the indices as an i64 tensor: a copy of
+    /// the rows (exact), whose gradient is the scatter-add of the cotangent's rows (an
+    /// embedding lookup).
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
     /// let table = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2]);
-    /// let picked = table.try_index_select(&[2, 2, 0])?;
+    /// let picked = table.try_index_select_rows(&[2, 2, 0])?;
     /// assert_eq!(picked.to_ndarray::<f32>()?.as_slice(), Some(&[5.0, 6.0, 5.0, 6.0, 1.0, 2.0][..]));
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `index_select` when this tensor is
-    /// 0-d, not a float tensor, or an index is not below its first axis.
-    pub fn try_index_select(&self, indices: &[usize]) -> Result<Tensor> {
-        let shape = self.shape().to_vec();
-        let Some(&rows) = shape.first() else {
-            return Err(shape_err("index_select", "the tensor is 0-d; it has no rows to select"));
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `index_select_rows` when this
+    /// tensor is 0-d or an index is not below its first axis.
+    pub fn try_index_select_rows(&self, indices: &[usize]) -> Result<Tensor> {
+        let op = "index_select_rows";
+        let Some(&rows) = self.shape().first() else {
+            return Err(shape_err(op, "the tensor is 0-d; it has no rows to select"));
         };
-        let d = self.dtype();
-        if !(d.is_float() || d.is_half()) {
-            return Err(shape_err(
-                "index_select",
-                format!("rows of a {d:?} tensor; it needs a float tensor"),
-            ));
-        }
         if let Some((at, &i)) = indices.iter().enumerate().find(|&(_, &i)| i >= rows) {
-            return Err(shape_err("index_select", format!("indices[{at}] = {i} is not below {rows} rows")));
+            return Err(shape_err(op, format!("indices[{at}] = {i} is not below {rows} rows")));
         }
-        let rest: Vec<usize> = shape[1..].to_vec();
-        let width: usize = rest.iter().product();
-        let one_hot = Tensor::try_one_hot(indices, rows)?;
-        let one_hot = if d == DType::F32 { one_hot } else { one_hot.cast(d) };
-        let picked = one_hot.try_matmul(&self.try_reshape(&[rows, width])?)?;
-        let out: Vec<usize> = std::iter::once(indices.len()).chain(rest).collect();
-        picked.try_reshape(&out)
+        // Below `rows <= 2^40` (the element cap), so each index fits an i64.
+        let as_i64: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
+        let tensor = Tensor::try_from_vec(as_i64, &[indices.len()])?;
+        self.try_index_select(0, &tensor).map_err(|e| e.in_op(op))
     }
 }

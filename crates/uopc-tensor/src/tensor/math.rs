@@ -9,9 +9,10 @@
 //! and integer and bool tensors give f32 results (except `abs` and `minimum`, which keep
 //! integers).
 
+use super::scalar::{Scalar, sealed::Sealed};
 use super::{Tensor, ok};
 use crate::error::Result;
-use uopc_ir::{BinaryOp, DType, Op, UOp, const_of};
+use uopc_ir::{BinaryOp, ConstValue, DType, Op, UOp, const_of};
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
 const LN2: f64 = std::f64::consts::LN_2;
@@ -290,36 +291,36 @@ impl Tensor {
         ok(self.try_pow(exponent))
     }
 
-    /// `self ^ p` for a scalar `p`: integer powers with |p| <= 16 by repeated squaring (exact
-    /// products, and gradients defined at 0), `p = ±0.5` by `sqrt`, others as [`Tensor::pow`].
+    /// `self ^ p` for a scalar `p` (converted to the tensor's dtype, so an f64 tensor gets the
+    /// f64 `p`): integer powers with |p| <= 16 by repeated squaring (exact products, and
+    /// gradients defined at 0), `p = ±0.5` by `sqrt`, others as [`Tensor::pow`]. An integer
+    /// tensor with a non-negative integer `p` stays an integer tensor (products that wrap, as
+    /// torch's do); with any other `p` it computes in f32.
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
     /// let x = Tensor::from_vec(vec![-3.0f32, 2.0], &[2]);
     /// assert_eq!(x.pow_scalar(3.0).to_ndarray::<f32>()?.as_slice(), Some(&[-27.0, 8.0][..]));
     /// assert_eq!(x.pow_scalar(-1.0).to_ndarray::<f32>()?.as_slice(), Some(&[-1.0 / 3.0, 0.5][..]));
+    /// let n = Tensor::from_vec(vec![-3i64, 2], &[2]);
+    /// assert_eq!(n.pow_scalar(3).to_ndarray::<i64>()?.as_slice(), Some(&[-27, 8][..]));
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
-    pub fn pow_scalar(&self, p: f64) -> Tensor {
+    pub fn pow_scalar(&self, p: impl Scalar) -> Tensor {
+        let p = p.operand();
+        if self.dtype().is_int()
+            && let ConstValue::Int(n) = p.value
+            && n >= 0
+        {
+            return if n == 0 { self.filled_like(1.0) } else { self.power_by_squaring(n.unsigned_abs()) };
+        }
+        let p = p.as_f64();
         self.float_fn(|x| {
             if p == 0.0 {
                 return x.filled_like(1.0);
             }
             if p.fract() == 0.0 && p.abs() <= 16.0 {
-                let (mut result, mut square, mut n) = (None::<Tensor>, x.clone(), p.abs() as u32);
-                while n > 0 {
-                    if n & 1 == 1 {
-                        result = Some(match result {
-                            Some(r) => &r * &square,
-                            None => square.clone(),
-                        });
-                    }
-                    n >>= 1;
-                    if n > 0 {
-                        square = &square * &square;
-                    }
-                }
-                let r = result.expect("p != 0 has a set bit");
+                let r = x.power_by_squaring(p.abs() as u64);
                 return if p < 0.0 { r.recip() } else { r };
             }
             if p.abs() == 0.5 {
@@ -328,6 +329,66 @@ impl Tensor {
             }
             x.pow(&x.lit(p))
         })
+    }
+
+    /// `self ^ n` for `n >= 1` as products of repeated squares (`log2 n` squarings).
+    fn power_by_squaring(&self, n: u64) -> Tensor {
+        debug_assert!(n >= 1);
+        let (mut result, mut square, mut n) = (None::<Tensor>, self.clone(), n);
+        while n > 0 {
+            if n & 1 == 1 {
+                result = Some(match result {
+                    Some(r) => &r * &square,
+                    None => square.clone(),
+                });
+            }
+            n >>= 1;
+            if n > 0 {
+                square = &square * &square;
+            }
+        }
+        result.expect("n >= 1 has a set bit")
+    }
+
+    /// A 0-d tensor of this tensor's dtype holding `v` converted once to it (integers from a
+    /// float truncate, as a cast does): the scalar operand of a broadcasting op, such as a
+    /// branch of [`Tensor::try_where`], that must not round `v` through f32 on an f64 tensor.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![-1.0f64, 2.0], &[2]);
+    /// let y = x.lt(&x.scalar_like(0)).try_where(&x.scalar_like(0.1), &x)?;
+    /// assert_eq!(y.to_ndarray::<f64>()?.as_slice(), Some(&[0.1, 2.0][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    pub fn scalar_like(&self, v: impl Scalar) -> Tensor {
+        self.const_like(v.operand().value)
+    }
+
+    /// `v` as a 0-d constant of this tensor's dtype.
+    fn const_like(&self, v: ConstValue) -> Tensor {
+        let d = self.dtype();
+        Tensor::from_uop(UOp::new(Op::Const(v.cast(d)), d, vec![]))
+    }
+
+    /// `self < other` for operands of one dtype, each of the result's shape or 0-d (no
+    /// broadcast nodes: a 0-d constant broadcasts implicitly).
+    fn compare_lt(&self, other: &Tensor) -> Tensor {
+        let src = vec![self.uop().clone(), other.uop().clone()];
+        Tensor::from_uop(UOp::new(Op::Binary(BinaryOp::CmpLt), DType::Bool, src))
+    }
+
+    /// A tensor of this tensor's shape and dtype filled with `v` (converted as
+    /// [`Tensor::scalar_like`] converts it): torch's `full_like`, a broadcast constant.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![0.0f64; 3], &[3]);
+    /// assert_eq!(x.full_like(0.1).to_ndarray::<f64>()?.as_slice(), Some(&[0.1; 3][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    pub fn full_like(&self, v: impl Scalar) -> Tensor {
+        self.scalar_like(v).filled_to(self.shape())
     }
 
     /// Elementwise minimum with broadcasting, `-max(-a, -b)`: NaN if either operand is NaN,
@@ -360,25 +421,35 @@ impl Tensor {
 
     /// `x` limited to `[min, max]` (either bound optional), as torch's `clamp`: the lower bound
     /// first, then the upper, so `min > max` gives `max` everywhere; NaN stays NaN; the
-    /// gradient is 1 inside the bounds (on them included) and 0 outside.
+    /// gradient is 1 inside the bounds (on them included) and 0 outside. The bounds take the
+    /// tensor's dtype (f64 bounds on an f64 tensor); an integer tensor with integer bounds
+    /// stays an integer tensor, with float bounds it computes in f32. With neither bound the
+    /// bound type must be named (`clamp(None::<f64>, None)`).
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
     /// let y = Tensor::from_vec(vec![-2.0f32, 0.5, 9.0], &[3]).clamp(Some(0.0), Some(1.0));
     /// assert_eq!(y.to_ndarray::<f32>()?.as_slice(), Some(&[0.0, 0.5, 1.0][..]));
+    /// let n = Tensor::from_vec(vec![-2i32, 5, 9], &[3]).clamp(Some(0), Some(6));
+    /// assert_eq!(n.to_ndarray::<i32>()?.as_slice(), Some(&[0, 5, 6][..]));
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
-    pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Tensor {
-        self.float_fn(|x| {
+    pub fn clamp<S: Scalar>(&self, min: Option<S>, max: Option<S>) -> Tensor {
+        let (min, max) = (min.map(Sealed::operand), max.map(Sealed::operand));
+        let limit = |x: &Tensor| {
             let mut y = x.clone();
             if let Some(lo) = min {
-                y = Tensor::select(&y.lt_lit(lo), &y.lit(lo), &y);
+                let lo = y.const_like(lo.value);
+                y = Tensor::select(&y.compare_lt(&lo), &lo, &y);
             }
             if let Some(hi) = max {
-                y = Tensor::select(&y.gt_lit(hi), &y.lit(hi), &y);
+                let hi = y.const_like(hi.value);
+                y = Tensor::select(&hi.compare_lt(&y), &hi, &y);
             }
             y
-        })
+        };
+        let integral_bounds = min.iter().chain(&max).all(|b| b.dtype.is_int());
+        if self.dtype().is_int() && integral_bounds { limit(self) } else { self.float_fn(limit) }
     }
 }
 

@@ -8,7 +8,7 @@ use crate::error::{Result, shape_err};
 use crate::util::numel;
 use std::fmt;
 use std::sync::Arc;
-use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp, const_of};
+use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp};
 
 mod convert;
 mod custom;
@@ -16,12 +16,15 @@ pub use custom::CustomVjp;
 pub(crate) use custom::custom_vjp;
 mod display;
 mod elementwise;
+mod gather;
 mod index;
 mod math;
 mod movement;
 mod nn;
 mod operators;
 mod reduce;
+mod scalar;
+pub use scalar::Scalar;
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
 
@@ -297,7 +300,9 @@ impl Tensor {
         Ok(Tensor::data(HostBuffer::Bool(data), shape))
     }
 
-    /// A 0-d tensor holding `v`.
+    /// A 0-d f32 tensor holding `v` (f32 is the default float, as in torch; for a constant of
+    /// a tensor's own dtype use [`Tensor::scalar_like`], for another dtype
+    /// [`Tensor::try_full_dtype`] with an empty shape).
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -310,7 +315,9 @@ impl Tensor {
         Tensor::data(HostBuffer::F32(vec![v]), &[])
     }
 
-    /// A tensor of `shape` filled with `v` (a broadcast constant: no memory until realized).
+    /// An f32 tensor of `shape` filled with `v` (a broadcast constant: no memory until
+    /// realized); [`Tensor::try_full_dtype`] makes other dtypes, [`Tensor::full_like`] a
+    /// tensor's own.
     ///
     /// Shapes with a zero-sized axis are allowed, here and in every op: such a tensor has no
     /// elements, ops on it give empty results without running a kernel, a sum over an empty
@@ -331,12 +338,43 @@ impl Tensor {
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has more than 2^40
     /// elements.
     pub fn try_full(shape: &[usize], v: f32) -> Result<Tensor> {
+        Tensor::try_full_dtype(shape, v, DType::F32)
+    }
+
+    /// A tensor of `shape` and `dtype` filled with `v`, converted once to `dtype` (so an f64
+    /// fill of 0.1 is the f64 0.1; a float fill of an integer dtype truncates, as a cast does).
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// use uopc_ir::DType;
+    /// let tenth = Tensor::try_full_dtype(&[2], 0.1, DType::F64)?;
+    /// assert_eq!(tenth.to_ndarray::<f64>()?.as_slice(), Some(&[0.1, 0.1][..]));
+    /// let big = Tensor::try_full_dtype(&[], (1i64 << 60) + 1, DType::I64)?;
+    /// assert_eq!(big.to_ndarray::<i64>()?[[]], (1 << 60) + 1);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has more than 2^40
+    /// elements.
+    pub fn try_full_dtype(shape: &[usize], v: impl Scalar, dtype: DType) -> Result<Tensor> {
         check_size("full", shape)?;
-        let c = Tensor { uop: const_of(v as f64, DType::F32) };
+        let c = Tensor { uop: UOp::new(Op::Const(v.operand().value.cast(dtype)), dtype, vec![]) };
         if shape.is_empty() {
             return Ok(c);
         }
         c.try_reshape(&vec![1; shape.len()]).and_then(|t| t.try_expand(shape)).map_err(|e| e.in_op("full"))
+    }
+
+    /// [`Tensor::try_full_dtype`], panicking on an oversized shape.
+    ///
+    /// # Panics
+    ///
+    /// On more than 2^40 elements (the error [`Tensor::try_full_dtype`] returns).
+    #[track_caller]
+    pub fn full_dtype(shape: &[usize], v: impl Scalar, dtype: DType) -> Tensor {
+        ok(Tensor::try_full_dtype(shape, v, dtype))
     }
 
     /// [`Tensor::try_full`], panicking on a zero-sized axis or an oversized shape.
