@@ -19,7 +19,7 @@ impl Tensor {
     /// # Ok::<(), uopc_tensor::TensorError>(())
     /// ```
     pub fn arange(n: usize) -> Tensor {
-        Tensor { uop: uopc_ir::UOp::new(uopc_ir::Op::Arange(n), DType::I64, vec![]) }
+        Tensor { uop: uopc_ir::UOp::new(uopc_ir::Op::Arange(n), uopc_ir::DType::I64, vec![]) }
     }
 
     /// One f32 row per index, 1 at the index's class and 0 elsewhere: shape `[indices.len(),
