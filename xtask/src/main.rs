@@ -205,7 +205,8 @@ enum Bench {
         #[arg(long)]
         backward: bool,
         /// Element type of q, k, v and the output: f32, bf16 or f16 (repeatable: each cell
-        /// runs in each, interleaved in the same rounds); default f32. The backward is f32 only.
+        /// runs in each, interleaved in the same rounds); default f32. --backward times f32 only (the
+        /// 16-bit backward is the f32 one on widened inputs).
         #[arg(long = "dtype", value_parser = sdpa::parse_dtype)]
         dtypes: Vec<uopc::kernels::sdpa::SdpaDType>,
     },
@@ -327,7 +328,9 @@ fn main() -> ExitCode {
             }
             dtypes.dedup();
             if backward && dtypes.iter().any(|&d| d != uopc::kernels::sdpa::SdpaDType::F32) {
-                eprintln!("error: --backward is f32 only (the 16-bit attention has no backward yet)");
+                eprintln!(
+                    "error: --backward times f32 only (the 16-bit backward runs the f32 one on widened inputs)"
+                );
                 return ExitCode::from(2);
             }
             let decode_steps = decode_steps.unwrap_or(if shapes.is_empty() && !backward { 1000 } else { 0 });

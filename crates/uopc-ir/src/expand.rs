@@ -264,9 +264,13 @@ impl Operands<'_> {
             let p = live.where_((scaled(&s) - &m_new).exp2(), 0.0);
             let (write_p, p) = match rounded {
                 Some((ldp, _)) => {
-                    let dst = self.at(4, &r * ldp as i64 + &j);
-                    let stored = p.cast(self.src[4].dtype());
-                    (dst.store(&stored), stored.cast(DType::F64))
+                    let offset = &r * ldp as i64 + &j;
+                    let write = self.at(4, offset.clone()).store(p.cast(self.src[4].dtype()));
+                    // The sum adds P as stored, read back: a CAST to a 16-bit type keeps the f64
+                    // value in the interpreter's f64 mode, a store into P's buffer rounds in both.
+                    let (view, first) = self.operand(4);
+                    let stored = view.after(std::slice::from_ref(&write)).index(first + offset).load();
+                    (write, stored.cast(DType::F64))
                 }
                 None => (s.store(p.cast(DType::F32)), p),
             };

@@ -76,6 +76,17 @@ proptest! {
         let s = SoftmaxShape { rows, cols, d, pad, offset };
         check_expansion(&softmax_case(s, tasks, special, seed));
     }
+
+    #[test]
+    fn expanded_rounded_softmax_update_is_the_interpreters_bit_for_bit(
+        rows in 1usize..10, cols in 0usize..40, d in 0usize..20, pad in 0usize..3,
+        offset in 0usize..3, tasks in 1usize..3, special: bool, f16_probs: bool,
+        scale in prop::sample::select(vec![0.125f32, 1.0, std::f32::consts::LOG2_E]), seed in 0u64..1000,
+    ) {
+        let s = SoftmaxShape { rows, cols, d, pad, offset };
+        let p_dtype = if f16_probs { DType::F16 } else { DType::BF16 };
+        check_expansion(&softmax_rounded_case(s, p_dtype, scale, tasks, special, seed));
+    }
 }
 
 #[test]

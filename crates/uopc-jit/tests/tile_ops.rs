@@ -109,4 +109,34 @@ proptest! {
             }
         }
     }
+
+    /// The rounded step of 16-bit attention: P in bf16 or f16, scores scaled inside the op,
+    /// the same special rows. The JIT's exp2 is within ~1.2e-7 of the interpreter's f64 one,
+    /// so a probability can round to the neighbouring 16-bit value, one unit in the last place
+    /// (at most `2^(1-p)` of it, p the type's significant bits) away, and a row sum then
+    /// differs by up to `cols` such units.
+    #[test]
+    fn tile_softmax_rounded_matches_the_reference(
+        rows in 1usize..20, cols in 1usize..50, d in 1usize..40, pad in 0usize..3,
+        f16_probs: bool, scale in prop::sample::select(vec![0.125f32, 1.0, std::f32::consts::LOG2_E]),
+        special_rows in any::<bool>(), seed in 0u64..1000,
+    ) {
+        let (p_dtype, ulp) = if f16_probs { (DType::F16, 2f64.powi(-10)) } else { (DType::BF16, 2f64.powi(-7)) };
+        let s = SoftmaxShape { rows, cols, d, pad, offset: 0 };
+        let case = softmax_rounded_case(s, p_dtype, scale, 1, special_rows, seed);
+        let (jit, reference) = run_both(&case.program, case.inputs);
+        for slot in 0..5 {
+            for i in 0..jit[slot].len() {
+                let (x, y) = (jit[slot].get_f64(i), reference[slot].get_f64(i));
+                let tol = match slot {
+                    // P: one unit of the 16-bit type (plus f16's subnormal step).
+                    4 => ulp * y.abs() + 2f64.powi(-24),
+                    2 => 1e-5 * (1.0 + y.abs()) + cols as f64 * ulp,
+                    _ => 1e-5 * (1.0 + y.abs()),
+                };
+                let ok = x == y || (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol;
+                prop_assert!(ok, "buffer {slot}[{i}]: {x} vs {y}");
+            }
+        }
+    }
 }

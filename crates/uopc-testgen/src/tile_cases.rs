@@ -187,6 +187,49 @@ pub fn softmax_case(s: SoftmaxShape, tasks: usize, special: bool, seed: u64) -> 
     Case { program, inputs }
 }
 
+/// [`softmax_case`] for [`TileOp::SoftmaxUpdateRounded`]: the same score, max, sum and output
+/// blocks (the special rows included), with the scores scaled by `scale` inside the op and the
+/// probabilities written, rounded to `p_dtype` (BF16 or F16), into a fifth buffer (slot 4) of
+/// P blocks whose rows are padded like S's, which starts as NaNs so that any element the op
+/// should write and does not shows.
+pub fn softmax_rounded_case(
+    s: SoftmaxShape,
+    p_dtype: DType,
+    scale: f32,
+    tasks: usize,
+    special: bool,
+    seed: u64,
+) -> Case {
+    let f32_case = softmax_case(s, tasks, special, seed);
+    let lens = s.lens();
+    let p_len = lens[0];
+    let SoftmaxShape { rows, cols, d, pad, .. } = s;
+    let op = TileOp::SoftmaxUpdateRounded {
+        rows,
+        cols,
+        lds: cols + pad,
+        d,
+        ldo: d + pad,
+        ldp: cols + pad,
+        scale: scale.to_bits(),
+    };
+    let mut bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
+    bufs.push(buffer(4, p_dtype, p_len * tasks + 1));
+    let t = range(tasks, 0, AxisType::Thread);
+    let operands: Vec<UOp> = bufs
+        .iter()
+        .zip(lens.iter().copied().chain([p_len]))
+        .map(|(b, len)| b.index(&t * len + s.offset as i64))
+        .collect();
+    let program = sink(&[sink(&[tile(op, &operands)]).end(&[t])]);
+    let mut inputs = f32_case.inputs;
+    inputs.push(match p_dtype {
+        DType::BF16 => HostBuffer::BF16(vec![half::bf16::NAN; p_len * tasks + 1]),
+        _ => HostBuffer::F16(vec![half::f16::NAN; p_len * tasks + 1]),
+    });
+    Case { program, inputs }
+}
+
 /// FlashAttention on tile ops, like `uopc::flash_tile_ops_ir` in small: per THREAD block of
 /// `br` queries, over key blocks of `bc`: S = Q K^T into a scratch ALLOC, the softmax update,
 /// O += P V, all ordered by AFTER; then out = O / l. Q holds base-2 scores' scale already.

@@ -1,10 +1,17 @@
-//! The blocked GEMM driver shared by the vector ISAs.
+//! The blocked GEMM driver shared by the vector ISAs and by the f32 and f16 operand types.
 //!
 //! [`drive`] wraps an ISA-specific register tile ([`TileKernel`]) in cache blocking: k is
 //! split into `KC` slabs, and each slab of B is packed into contiguous `NR`-wide panels
 //! (transposing it if needed, zero-padding the ragged last one) that stay in L1 while rows of A
-//! stream past them. A is read in place (one scalar per row and k step is all the kernel
-//! needs), except that a transposed A is copied into `MR`-wide strips when that pays.
+//! stream past them. An f32 A is read in place (one scalar per row and k step is all the
+//! kernel needs), except that a transposed A is copied into `MR`-wide strips when that pays.
+//!
+//! The operands' element type is a parameter ([`Element`]): f16 operands are widened to f32
+//! exactly by the same packing (B's panels, and A's block, which the kernel cannot read as
+//! f16), so an f16 GEMM makes one pass over its inputs, as the f32 one does, and then runs
+//! the f32 register tile.
+
+use half::f16;
 
 use crate::GemmShape;
 use crate::gemm::zero_c;
@@ -64,6 +71,89 @@ pub(crate) trait TileKernel {
     /// The CPU supports the kernel's ISA, `dst` is writable for `kc * NR` floats and `src`
     /// readable at every `j * ldb + p` above.
     unsafe fn pack_bt(dst: *mut f32, src: *const f32, ldb: usize, kc: usize, nr: usize);
+
+    /// [`TileKernel::pack_b`] from f16 storage, each value widened exactly to f32.
+    ///
+    /// # Safety
+    ///
+    /// As [`TileKernel::pack_b`], and F16C is available.
+    unsafe fn pack_b_f16(dst: *mut f32, src: *const f16, ldb: usize, kc: usize, nr: usize);
+
+    /// [`TileKernel::pack_bt`] from f16 storage, each value widened exactly to f32.
+    ///
+    /// # Safety
+    ///
+    /// As [`TileKernel::pack_bt`], and F16C is available.
+    unsafe fn pack_bt_f16(dst: *mut f32, src: *const f16, ldb: usize, kc: usize, nr: usize);
+}
+
+/// An element type [`drive`] takes A and B in; the register tile computes in f32.
+pub(crate) trait Element: Copy {
+    /// The register tile reads this type where it lies (f32 only): then A and small untransposed
+    /// B slabs are not copied. Other types are always packed, which widens them.
+    const READ_IN_PLACE: bool;
+
+    /// Widens `n` consecutive values: `dst[i] = src[i]` as f32, for `i < n`.
+    ///
+    /// # Safety
+    ///
+    /// `src` readable and `dst` writable for `n` elements, not overlapping; the CPU features of
+    /// the type's packing (F16C for f16) are available.
+    unsafe fn widen(dst: *mut f32, src: *const Self, n: usize);
+
+    /// [`TileKernel::pack_b`] of `K`, from this type.
+    ///
+    /// # Safety
+    ///
+    /// As [`TileKernel::pack_b`], with the features [`Element::widen`] needs.
+    unsafe fn pack_b<K: TileKernel>(dst: *mut f32, src: *const Self, ldb: usize, kc: usize, nr: usize);
+
+    /// [`TileKernel::pack_bt`] of `K`, from this type.
+    ///
+    /// # Safety
+    ///
+    /// As [`TileKernel::pack_bt`], with the features [`Element::widen`] needs.
+    unsafe fn pack_bt<K: TileKernel>(dst: *mut f32, src: *const Self, ldb: usize, kc: usize, nr: usize);
+}
+
+impl Element for f32 {
+    const READ_IN_PLACE: bool = true;
+
+    // Inlined so that a constant `n` (a strip's width) compiles to vector moves.
+    #[inline(always)]
+    unsafe fn widen(dst: *mut f32, src: *const f32, n: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) }
+    }
+
+    unsafe fn pack_b<K: TileKernel>(dst: *mut f32, src: *const f32, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { K::pack_b(dst, src, ldb, kc, nr) }
+    }
+
+    unsafe fn pack_bt<K: TileKernel>(dst: *mut f32, src: *const f32, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { K::pack_bt(dst, src, ldb, kc, nr) }
+    }
+}
+
+impl Element for f16 {
+    const READ_IN_PLACE: bool = false;
+
+    unsafe fn widen(dst: *mut f32, src: *const f16, n: usize) {
+        // SAFETY: the caller's contract (F16C included).
+        unsafe { crate::x86::widen_f16(dst, src, n) }
+    }
+
+    unsafe fn pack_b<K: TileKernel>(dst: *mut f32, src: *const f16, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { K::pack_b_f16(dst, src, ldb, kc, nr) }
+    }
+
+    unsafe fn pack_bt<K: TileKernel>(dst: *mut f32, src: *const f16, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { K::pack_bt_f16(dst, src, ldb, kc, nr) }
+    }
 }
 
 /// k slab: a 32-wide B panel of `KC` rows is 32 KiB, about what L1 can keep beside A's rows.
@@ -77,12 +167,13 @@ const PACK_FLOATS: usize = 1 << 17;
 /// larger slab no longer stays in L1, so it is packed (`docs/bench/tile-gemm-in-place.json`).
 const IN_PLACE_FLOATS: usize = 1 << 13;
 
-/// The blocked driver shared by the vector ISAs.
+/// The blocked driver shared by the vector ISAs, on operands of type `E`.
 ///
 /// # Safety
 ///
-/// The contract of [`crate::gemm_unchecked`], with `K`'s ISA available.
-pub(crate) unsafe fn drive<K: TileKernel>(s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+/// The contract of [`crate::gemm_unchecked`] (A and B counted in `E`s), with `K`'s ISA and
+/// the features `E`'s widening needs available.
+pub(crate) unsafe fn drive<K: TileKernel, E: Element>(s: &GemmShape, a: *const E, b: *const E, c: *mut f32) {
     let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, .. } = *s;
     if m == 0 || n == 0 {
         return;
@@ -98,12 +189,12 @@ pub(crate) unsafe fn drive<K: TileKernel>(s: &GemmShape, a: *const f32, b: *cons
     let nc_max = (PACK_FLOATS / kc_max / K::NR).max(1) * K::NR;
     let mc_max = (MC / K::MR).max(1) * K::MR;
     // B is packed a whole `kc x nc` block at a time (transposed or not), followed in the buffer
-    // by the packed `mc x kc` block of A when A is stored transposed.
+    // by the packed `mc x kc` block of A when A is copied.
     let b_floats = kc_max * nc_max.min(n.next_multiple_of(K::NR));
-    // Copying a transposed A pays when its strips are reused across several B panels, or when
-    // `lda` is a multiple of 128 floats: then the rows of a strip map to at most 8 of L1's 64
-    // sets, and a long strip no longer fits them.
-    let pack_a = a_trans && (n >= 4 * K::NR || lda.is_multiple_of(128));
+    // Copying a transposed f32 A pays when its strips are reused across several B panels, or
+    // when `lda` is a multiple of 128 floats: then the rows of a strip map to at most 8 of L1's
+    // 64 sets, and a long strip no longer fits them. Any other type is copied (widened) always.
+    let pack_a = !E::READ_IN_PLACE || (a_trans && (n >= 4 * K::NR || lda.is_multiple_of(128)));
     let a_floats = if pack_a { kc_max * mc_max.min(m.next_multiple_of(K::MR)) } else { 0 };
     pack::with_buffer(b_floats + a_floats, |buf| {
         // SAFETY: the buffer holds `b_floats + a_floats` floats.
@@ -111,7 +202,7 @@ pub(crate) unsafe fn drive<K: TileKernel>(s: &GemmShape, a: *const f32, b: *cons
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
             let accumulate = s.accumulate || pc > 0;
-            let in_place = !b_trans && kc * ldb <= IN_PLACE_FLOATS;
+            let in_place = E::READ_IN_PLACE && !b_trans && kc * ldb <= IN_PLACE_FLOATS;
             for jc in (0..n).step_by(nc_max) {
                 let nc = nc_max.min(n - jc);
                 for jr in (0..nc).step_by(K::NR) {
@@ -124,26 +215,34 @@ pub(crate) unsafe fn drive<K: TileKernel>(s: &GemmShape, a: *const f32, b: *cons
                     // `pc ..`) lies in B's storage.
                     unsafe {
                         if b_trans {
-                            K::pack_bt(buf.add(jr * kc), b.add((jc + jr) * ldb + pc), ldb, kc, nr);
+                            E::pack_bt::<K>(buf.add(jr * kc), b.add((jc + jr) * ldb + pc), ldb, kc, nr);
                         } else {
-                            K::pack_b(buf.add(jr * kc), b.add(pc * ldb + jc + jr), ldb, kc, nr);
+                            E::pack_b::<K>(buf.add(jr * kc), b.add(pc * ldb + jc + jr), ldb, kc, nr);
                         }
                     }
                 }
                 for ic in (0..m).step_by(mc_max) {
                     let mc = mc_max.min(m - ic);
-                    if pack_a {
+                    if pack_a && a_trans {
                         // SAFETY: the A part of the buffer holds `kc * mc.next_multiple_of(MR)`
                         // floats; the source rows `pc .. pc + kc`, columns `ic .. ic + mc` lie in
                         // A's `k x m` storage.
-                        unsafe { pack_a_trans::<K>(abuf, a.add(pc * lda + ic), lda, kc, mc) };
+                        unsafe { pack_a_trans::<K, E>(abuf, a.add(pc * lda + ic), lda, kc, mc) };
+                    } else if pack_a {
+                        for i in 0..mc {
+                            // SAFETY: row `i` of the dense `mc x kc` block fits the A part of
+                            // the buffer; row `ic + i < m`, columns `pc .. pc + kc <= k` of A
+                            // lie in its `m x k` storage.
+                            unsafe { E::widen(abuf.add(i * kc), a.add((ic + i) * lda + pc), kc) };
+                        }
                     }
                     for jr in (0..nc).step_by(K::NR) {
                         let nr = K::NR.min(nc - jr);
                         let (bp, bld) = if in_place && nr == K::NR {
                             // SAFETY: a full panel read in place lies in B's storage (rows
-                            // `pc .. pc + kc`, columns `jc + jr .. jc + jr + NR <= n`).
-                            (unsafe { b.add(pc * ldb + jc + jr) }, ldb)
+                            // `pc .. pc + kc`, columns `jc + jr .. jc + jr + NR <= n`), whose
+                            // elements are f32 (`READ_IN_PLACE`).
+                            (unsafe { b.add(pc * ldb + jc + jr) }.cast::<f32>(), ldb)
                         } else {
                             // SAFETY: panel `jr / NR` of the packed block.
                             (unsafe { buf.add(jr * kc) }.cast_const(), K::NR)
@@ -154,12 +253,12 @@ pub(crate) unsafe fn drive<K: TileKernel>(s: &GemmShape, a: *const f32, b: *cons
                             // stays within their extents (or A's packed strip `ir / MR`), and
                             // B's panel was packed above.
                             unsafe {
-                                let (ap, alda) = if pack_a {
-                                    (abuf.add(ir * kc).cast_const(), K::MR)
-                                } else if a_trans {
-                                    (a.add(pc * lda + i), lda)
-                                } else {
-                                    (a.add(i * lda + pc), lda)
+                                let (ap, alda) = match (pack_a, a_trans) {
+                                    (true, true) => (abuf.add(ir * kc).cast_const(), K::MR),
+                                    (true, false) => (abuf.add(ir * kc).cast_const(), kc),
+                                    // Not packed, so `E` is f32 (`READ_IN_PLACE`).
+                                    (false, true) => (a.add(pc * lda + i).cast::<f32>(), lda),
+                                    (false, false) => (a.add(i * lda + pc).cast::<f32>(), lda),
                                 };
                                 let tile = Tile {
                                     mr: K::MR.min(mc - ir),
@@ -190,13 +289,19 @@ pub(crate) unsafe fn drive<K: TileKernel>(s: &GemmShape, a: *const f32, b: *cons
 /// A transposed A already gives the kernel `MR` adjacent floats per k step, but with a large
 /// power-of-two `lda` the `kc` rows of a strip all fall into one L1 set and evict each other;
 /// the packed strips are contiguous instead. Lanes past `mc` in the last strip are not written
-/// (the kernel never reads them).
+/// (the kernel never reads them). Other element types than f32 are widened on the way.
 ///
 /// # Safety
 ///
 /// `dst` writable for `kc * mc.next_multiple_of(MR)` floats; `src` readable at `p * lda + j`
-/// for `p < kc`, `j < mc`.
-unsafe fn pack_a_trans<K: TileKernel>(dst: *mut f32, src: *const f32, lda: usize, kc: usize, mc: usize) {
+/// for `p < kc`, `j < mc`; the features of [`Element::widen`] available.
+unsafe fn pack_a_trans<K: TileKernel, E: Element>(
+    dst: *mut f32,
+    src: *const E,
+    lda: usize,
+    kc: usize,
+    mc: usize,
+) {
     for s0 in (0..mc).step_by(K::MR) {
         let w = K::MR.min(mc - s0);
         for p in 0..kc {
@@ -205,9 +310,9 @@ unsafe fn pack_a_trans<K: TileKernel>(dst: *mut f32, src: *const f32, lda: usize
             unsafe {
                 let (from, to) = (src.add(p * lda + s0), dst.add(s0 * kc + p * K::MR));
                 if w == K::MR {
-                    std::ptr::copy_nonoverlapping(from, to, K::MR);
+                    E::widen(to, from, K::MR);
                 } else {
-                    std::ptr::copy_nonoverlapping(from, to, w);
+                    E::widen(to, from, w);
                 }
             }
         }

@@ -1,37 +1,25 @@
 //! f16 x f16 -> f32 GEMM: `C (+)= A · B` with f16 operands and an f32 result, on the f32
 //! micro-kernels.
 //!
-//! The operands are widened to f32 one k slab at a time, B also one block of columns at a time
-//! (`vcvtph2ps` on AVX-512, the `half` crate's conversion elsewhere), and each block runs
-//! through [`crate::gemm_unchecked`], the first slab overwriting C (unless the shape
-//! accumulates) and the rest adding to it. Widening is exact and every f16
-//! product is exact in f32, so the result is the f32 GEMM of the exact inputs; the widening
-//! touches each input once per call (`m k + k n` elements against the `2 m n k` flops of the
-//! product), which is why this path runs at the speed of the f32 kernels.
+//! On AVX-512 and AVX2 the operands go through the f32 GEMM's own blocked driver, whose
+//! packing widens them (`vcvtph2ps`): each k slab of B into the register tile's panels, and
+//! each block of A into a dense f32 block (the tile broadcasts single values of A, which it
+//! cannot do from f16 without a conversion per use). So an f16 GEMM makes one pass over its
+//! inputs, as an f32 one packing its B does; only small untransposed B slabs, which the f32
+//! driver reads in place, cost f16 a packing pass that f32 skips. Widening is exact and every
+//! f16 product is exact in f32, so the result is the f32 GEMM of the exact inputs. Products
+//! of at most eight rows stream B in storage order instead, widening it in registers
+//! (`x86::half_rows`). The portable path, and a CPU without F16C, widen the operands whole
+//! and run the f32 GEMM.
 //!
 //! The alternative, narrowing f16 to bf16 for `vdpbf16ps`, would drop 3 of f16's 11
 //! significant bits from every input (and overflow nothing, but round everything), so results
 //! would no longer match an f32 computation on the same f16 data.
 
-use std::cell::RefCell;
-
 use half::f16;
 
 use crate::error::check_len;
 use crate::{GemmDesc, GemmShape, Isa, TileError};
-
-/// k values widened per slab: the f32 driver's own k slab, so each slab is one pass of it.
-const KC: usize = 256;
-/// Columns of B widened per block: a `KC x NC` f32 block (512 KiB) stays in L2 while the f32
-/// driver packs it, where widening all of a wide B first would write it out to memory and
-/// read it back.
-const NC: usize = 512;
-
-thread_local! {
-    /// The widened A and B slabs; separate from the f32 driver's packing buffer, which the
-    /// slab GEMMs use while these are borrowed.
-    static WIDE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
 
 /// `C (+)= A · B` with f16 A and B and f32 C, every operand checked against `s` first.
 ///
@@ -87,98 +75,63 @@ pub fn gemm_f16(isa: Isa, s: &GemmShape, a: &[f16], b: &[f16], c: &mut [f32]) ->
 ///   `!s.accumulate`); all aligned for their types (null is fine for an extent of 0).
 /// * The C region does not overlap A or B, and nothing else accesses it during the call.
 pub unsafe fn gemm_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f16, b: *const f16, c: *mut f32) {
-    let GemmShape { m, n, k, a_trans, b_trans, lda, ldb, .. } = *s;
+    let GemmShape { m, n, k, .. } = *s;
     if m == 0 || n == 0 || k == 0 {
         // No input is read; the f32 GEMM zeroes C (or leaves it) exactly as this would.
         // SAFETY: the extents of A and B are not touched for these shapes; C's is the caller's.
         unsafe { crate::gemm_unchecked(isa, s, std::ptr::null(), std::ptr::null(), c) };
         return;
     }
-    // A few rows of A cannot amortize widening B into a buffer: stream it, widening in
-    // registers (the same exact f32 products).
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && m <= crate::x86::half_rows::HALF_ROWS_MAX && !a_trans {
-        // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and the
-        // pointers are this function's contract (f16 is a transparent u16).
-        unsafe { crate::x86::half_rows::gemm::<true>(s, a.cast(), b.cast(), c) };
-        return;
-    }
-    let kc_max = KC.min(k);
-    let (a_len, b_len) = (m * kc_max, kc_max * NC.min(n));
-    let run = |wide: &mut [f32]| {
-        let (wa, wb) = wide.split_at_mut(a_len);
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
-            // The slab's A is `m x kc` (rows of A from column p0), or `kc x m` when transposed,
-            // widened densely in its orientation, once for all column blocks.
-            // SAFETY: every row read lies inside A's extent (rows `< m`, columns `p0 .. p0 +
-            // kc <= k`, or the transposed rows `p0 .. p0 + kc`, columns `< m`).
-            unsafe {
-                if a_trans {
-                    for p in 0..kc {
-                        widen(a.add((p0 + p) * lda), &mut wa[p * m..(p + 1) * m]);
-                    }
-                } else {
-                    for i in 0..m {
-                        widen(a.add(i * lda + p0), &mut wa[i * kc..(i + 1) * kc]);
-                    }
+    {
+        // A few rows of A cannot amortize packing B: stream it, widening in registers (the
+        // same exact f32 products).
+        if isa == Isa::Avx512 && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
+            // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and
+            // the pointers are this function's contract (f16 is a transparent u16).
+            unsafe { crate::x86::half_rows::gemm::<true>(s, a.cast(), b.cast(), c) };
+            return;
+        }
+        if std::arch::is_x86_feature_detected!("f16c") {
+            match isa {
+                Isa::Avx512 => {
+                    // SAFETY: the ISA and F16C are available; the operands are the caller's.
+                    return unsafe { crate::blocked::drive::<crate::x86::avx512::Kernel, f16>(s, a, b, c) };
                 }
-            }
-            for j0 in (0..n).step_by(NC) {
-                let nc = NC.min(n - j0);
-                // B's block is `kc x nc`, or `nc x kc` when transposed.
-                // SAFETY: rows `p0 .. p0 + kc`, columns `j0 .. j0 + nc` of B (or the
-                // transposed rows `j0 .. j0 + nc`, columns `p0 .. p0 + kc`) lie in its extent.
-                unsafe {
-                    if b_trans {
-                        for j in 0..nc {
-                            widen(b.add((j0 + j) * ldb + p0), &mut wb[j * kc..(j + 1) * kc]);
-                        }
-                    } else {
-                        for p in 0..kc {
-                            widen(b.add((p0 + p) * ldb + j0), &mut wb[p * nc..(p + 1) * nc]);
-                        }
-                    }
+                Isa::Avx2Fma => {
+                    // SAFETY: as above.
+                    return unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, f16>(s, a, b, c) };
                 }
-                let block = GemmShape {
-                    n: nc,
-                    k: kc,
-                    lda: if a_trans { m } else { kc },
-                    ldb: if b_trans { kc } else { nc },
-                    accumulate: s.accumulate || p0 > 0,
-                    ..*s
-                };
-                // SAFETY: the widened slabs are dense `block` operands (extents `m kc` and
-                // `kc nc`, inside `wa` and `wb`); C's columns `j0 .. j0 + nc` are the caller's,
-                // disjoint from this thread's buffer.
-                unsafe { crate::gemm_unchecked(isa, &block, wa.as_ptr(), wb.as_ptr(), c.add(j0)) };
+                Isa::Portable => {}
             }
         }
-    };
-    let total = a_len + b_len;
-    let borrowed = WIDE.try_with(|cell| {
-        cell.try_borrow_mut().ok().map(|mut buf| {
-            if buf.len() < total {
-                buf.resize(total, 0.0);
-            }
-            run(&mut buf[..total]);
-        })
-    });
-    if !matches!(borrowed, Ok(Some(()))) {
-        // Thread teardown or a re-entrant call: a buffer of its own.
-        run(&mut vec![0.0; total]);
     }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { widened(isa, s, a, b, c) }
 }
 
-/// Widens `dst.len()` f16 values from `src` into `dst`.
+/// The fallback: A's and B's stored rows widened into f32 copies of their storage (same
+/// leading dimensions, padding zero), then the f32 GEMM on `isa`.
 ///
 /// # Safety
 ///
-/// `src` is valid for reads of `dst.len()` f16.
-unsafe fn widen(src: *const f16, dst: &mut [f32]) {
-    // SAFETY: the caller's contract.
-    let src = unsafe { std::slice::from_raw_parts(src, dst.len()) };
-    crate::convert::f16_to_f32_slice(src, dst).expect("equal lengths");
+/// The contract of [`gemm_f16_unchecked`], with `m`, `n`, `k` all positive.
+unsafe fn widened(isa: Isa, s: &GemmShape, a: *const f16, b: *const f16, c: *mut f32) {
+    let Ok([na, nb, _]) = s.extents() else { return };
+    let widen_all = |src: *const f16, len: usize, (rows, cols): (usize, usize), ld: usize| {
+        let mut wide = vec![0.0f32; len];
+        for r in 0..rows {
+            // SAFETY: stored row `r` spans `cols` elements at `r * ld`, inside the operand's
+            // extent `len` (the caller's contract).
+            let row = unsafe { std::slice::from_raw_parts(src.add(r * ld), cols) };
+            crate::convert::f16_to_f32_slice(row, &mut wide[r * ld..r * ld + cols]).expect("equal lengths");
+        }
+        wide
+    };
+    let wa = widen_all(a, na, s.a_dims(), s.lda);
+    let wb = widen_all(b, nb, s.b_dims(), s.ldb);
+    // SAFETY: the copies have the operands' extents and layout; C is the caller's.
+    unsafe { crate::gemm_unchecked(isa, s, wa.as_ptr(), wb.as_ptr(), c) };
 }
 
 /// Flat C-ABI f16 GEMM for JIT-compiled code: `C (+)= A · B` on the fastest ISA here.

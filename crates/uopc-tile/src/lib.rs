@@ -20,9 +20,9 @@
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
 //!   bf16 and f16 conversions in [`convert`].
-//! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 one k slab at a time
-//!   for the f32 micro-kernels of an [`Isa`]. Both stream B without packing it when A has at
-//!   most eight rows (decode), widening it in registers on AVX-512.
+//! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 by the f32 GEMM's own
+//!   packing for the f32 micro-kernels of an [`Isa`]. Both stream B without packing it when A
+//!   has at most eight rows (decode), widening it in registers on AVX-512.
 //!
 //! Each operation has a checked safe entry point, an `unsafe` raw-pointer twin for callers that
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code

@@ -87,8 +87,8 @@ fn check(c: &Case, got: &[f32], what: &str) {
     }
 }
 
-/// Random shapes with tails in m, n and k (around the register tiles, the 256-deep k slabs
-/// and the 512-column blocks the operands are widened in), both transposes, accumulation on and off, padded leading
+/// Random shapes with tails in m, n and k (around the register tiles, and the blocked driver's
+/// 256-deep k slabs, 256-row blocks of A and 512-column blocks of B, all widened while packed), both transposes, accumulation on and off, padded leading
 /// dimensions, and few-row products (the AVX-512 streamed paths).
 fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
     let dim = |rng: &mut StdRng| match rng.random_range(0..4) {
@@ -104,9 +104,12 @@ fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
         GemmShape::dense(1, 1, 1, false, false, false),
         GemmShape::dense(4, 70, 513, false, true, true),
         GemmShape::dense(70, 20, 769, true, false, false),
-        // Past the 512-column blocks B is widened in, with and without a k tail.
+        // Past the 512-column blocks B is packed in, with and without a k tail.
         GemmShape::dense(9, 1100, 300, true, true, true),
         GemmShape::dense(20, 1030, 40, false, false, false),
+        // Past the 256-row blocks A is packed in, in both of its orientations.
+        GemmShape::dense(300, 40, 100, true, false, false),
+        GemmShape::dense(270, 70, 50, false, true, true),
     ];
     for _ in 0..count {
         let k = if rng.random_range(0..5) == 0 { rng.random_range(250..600) } else { dim(rng) };
@@ -176,6 +179,33 @@ fn every_f16_value_passes_through_exactly() {
         gemm_f16(isa, &s, &all, &[f16::ONE], &mut c).unwrap();
         for (x, g) in all.iter().zip(&c) {
             assert_eq!(*g, x.to_f32(), "{isa}: {x:?} (bits {:#06x})", x.to_bits());
+        }
+        // The same column stored as a transposed A (one stored row), which is widened by the
+        // strip packing.
+        let st = GemmShape::dense(all.len(), 1, 1, true, false, false);
+        let mut c = vec![f32::NAN; all.len()];
+        gemm_f16(isa, &st, &all, &[f16::ONE], &mut c).unwrap();
+        for (x, g) in all.iter().zip(&c) {
+            assert_eq!(*g, x.to_f32(), "{isa}, A transposed: {x:?} (bits {:#06x})", x.to_bits());
+        }
+    }
+}
+
+#[test]
+fn every_f16_value_in_b_passes_through_exactly() {
+    // Nine rows of ones (more than the few-row path takes, so B is packed) times a row of
+    // every non-NaN f16, stored as is and transposed: every row of C must be B widened.
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).filter(|x| !x.is_nan()).collect();
+    let ones = [f16::ONE; 9];
+    for isa in Isa::ALL.into_iter().filter(|&i| have(i)) {
+        for b_trans in [false, true] {
+            let s = GemmShape::dense(9, all.len(), 1, false, b_trans, false);
+            let mut c = vec![f32::NAN; 9 * all.len()];
+            gemm_f16(isa, &s, &ones, &all, &mut c).unwrap();
+            for (idx, g) in c.iter().enumerate() {
+                let x = all[idx % all.len()];
+                assert_eq!(*g, x.to_f32(), "{isa}, b_trans {b_trans}: {x:?} (bits {:#06x})", x.to_bits());
+            }
         }
     }
 }

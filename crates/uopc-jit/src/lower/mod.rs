@@ -74,6 +74,9 @@ pub(crate) struct Lowerer<'a, 'b> {
     /// Accumulators a register tile left in an F32X4: variable -> (vector, lane, the
     /// variables of all four lanes). Valid until the variable is stored again.
     tile_results: HashMap<u32, (Value, usize, [Variable; 4])>,
+    /// Values widened from a 16-bit load: value -> (its dtype, the loaded encoding). Storing
+    /// one back to the same dtype needs no rounding, only the NaN quieting the widening did.
+    half_loaded: HashMap<Value, (DType, Value)>,
     /// BUFFERs the program never stores to: their loads may be flagged `readonly`, which lets
     /// Cranelift place them next to their use (a load next to a splat is one broadcast load).
     read_only: std::collections::HashSet<UOp>,
@@ -128,6 +131,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             copy_addrs: None,
             read_only: Default::default(),
             tile_results: HashMap::new(),
+            half_loaded: HashMap::new(),
             contracted: Default::default(),
             bufs,
             lo,

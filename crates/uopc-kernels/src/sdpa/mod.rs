@@ -19,13 +19,15 @@
 //! [`Sdpa::run_values`] checks each argument's); both GEMMs run on the 16-bit tile GEMMs with
 //! f32 sums, the softmax in f32, the probabilities rounded once to the input type for `P · V`
 //! and the output once at the end (see [`SdpaDType`] for the error this costs). Masks, bias
-//! and key lengths are as for f32. The backward is f32 only.
+//! and key lengths are as for f32. Their backward, [`SdpaBackwardHalf`], runs the f32 one on
+//! the widened inputs and rounds the gradients to the input type.
 //!
 //! [`SdpaBackward`] is its FlashAttention-2 backward (a forward that also saves the per-row
 //! log-sum-exp, then dQ, dK and dV, and the bias's gradient when asked for, on tile ops),
 //! checked against [`reference_backward_f64`].
 
 mod backward;
+mod backward_half;
 mod backward_reference;
 mod blocking;
 mod cache;
@@ -43,6 +45,7 @@ pub use backward::{
     BackwardBlocking, ForwardSaved, SdpaBackward, compiled_backward, sdpa_backward_ir,
     sdpa_backward_ir_with_bias_grad,
 };
+pub use backward_half::SdpaBackwardHalf;
 pub use backward_reference::reference_backward_f64;
 pub use blocking::Blocking;
 use cache::{ConfigCache, cached};

@@ -27,7 +27,8 @@ const MASKED_SCORE: f32 = -1.0e30;
 /// queries to the end of the keys (query `i` sees keys `j <= i + n_k - n_q`); `scale` is
 /// `1 / sqrt(D)` when `None`. Rows that see no key give zeros. The output has q's shape and
 /// dtype: q, k and v are all f32, all bf16 or all f16 (see [`SdpaDType`]; a 16-bit node's
-/// gradient is an error saying the backward is f32 only).
+/// gradient is the f32 backward of its widened inputs, rounded to its dtype, as
+/// [`super::SdpaBackwardHalf`] computes it).
 ///
 /// The gradient (through [`uopc_tensor::gradient`]) runs the FlashAttention-2 backward of
 /// [`super::SdpaBackward`] as kernel nodes: the forward again with the log-sum-exp, `Delta`,
@@ -110,11 +111,7 @@ pub fn scaled_dot_product_attention(
         .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
     let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| {
         if config.dtype != SdpaDType::F32 {
-            return Err(TensorError::Unsupported(format!(
-                "scaled_dot_product_attention: the gradient of {} attention is not implemented (the \
-                 FlashAttention-2 backward is f32 only); cast q, k and v to f32 to differentiate it",
-                config.dtype
-            )));
+            return half_backward_nodes(&config, src, d_o);
         }
         backward_nodes(&config, &blocking, src, d_o)
     });
@@ -177,6 +174,23 @@ fn backward_nodes(
         (None, _) => {}
     }
     Ok(out)
+}
+
+/// The cotangents of 16-bit attention: [`backward_nodes`] of the f32 twin of `c` (its own
+/// blocking) on q, k, v and `d_o` widened to f32, with dq, dk and dv rounded to the inputs'
+/// dtype; a bias's gradient stays f32, as the bias is.
+fn half_backward_nodes(
+    c: &SdpaConfig,
+    src: &[Tensor],
+    d_o: &Tensor,
+) -> Result<Vec<Option<Tensor>>, TensorError> {
+    let wide_config = SdpaConfig { dtype: SdpaDType::F32, ..*c };
+    let blocking = Blocking { splits: 1, ..Blocking::choose(&wide_config, cores()) };
+    let dtype = src[0].dtype();
+    let mut wide: Vec<Tensor> = src[..3].iter().map(|t| t.cast(DType::F32)).collect();
+    wide.extend(src.get(3).cloned());
+    let grads = backward_nodes(&wide_config, &blocking, &wide, &d_o.cast(DType::F32))?;
+    Ok(grads.into_iter().enumerate().map(|(i, g)| if i < 3 { g.map(|g| g.cast(dtype)) } else { g }).collect())
 }
 
 /// The gradient of the bias `bias` (of kind `MaskKind::Bias(shape)`): the tasks' dbias

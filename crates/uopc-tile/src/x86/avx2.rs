@@ -26,6 +26,16 @@ impl TileKernel for Kernel {
         // SAFETY: forwarded from the trait contract (AVX2 implies AVX).
         unsafe { super::pack_bt::<16>(dst, src, ldb, kc, nr) }
     }
+
+    unsafe fn pack_b_f16(dst: *mut f32, src: *const half::f16, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: forwarded from the trait contract (F16C included).
+        unsafe { super::pack_b_f16::<16>(dst, src, ldb, kc, nr) }
+    }
+
+    unsafe fn pack_bt_f16(dst: *mut f32, src: *const half::f16, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: forwarded from the trait contract (F16C included).
+        unsafe { super::pack_bt_f16::<16>(dst, src, ldb, kc, nr) }
+    }
 }
 
 /// Picks the monomorphized tile for `t`'s row count, width and A layout.

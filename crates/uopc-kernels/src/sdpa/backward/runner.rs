@@ -74,8 +74,8 @@ impl SdpaBackward {
         }
         if config.dtype != crate::sdpa::SdpaDType::F32 {
             return Err(JitError::Unsupported(format!(
-                "sdpa backward: the backward is f32 only, and this configuration's dtype is {}; \
-                 run the forward and backward on f32 copies of q, k and v",
+                "sdpa backward: SdpaBackward takes f32 configurations, and this one's dtype is {}; \
+                 SdpaBackwardHalf is the backward of 16-bit attention",
                 config.dtype
             ))
             .into());
