@@ -42,22 +42,22 @@ pub fn static_flops(program: &UOp) -> Result<u64, IrError> {
 /// The [`IrError`] of linearizing a kernel's program when it is not a well-formed loop program.
 pub fn input_products(plan: &crate::Plan, a: usize, b: usize) -> Result<u64, IrError> {
     fn slot(index: &UOp) -> Option<usize> {
-        match uopc_ir::view_base(&index.src()[0])?.op() {
+        match uopc_ir::view_base(index.as_index()?.base)?.op() {
             Op::Buffer { slot, .. } => Some(slot.index()),
             _ => None,
         }
     }
     fn go(body: &[Stmt], mult: u64, pair: &dyn Fn([Option<usize>; 2]) -> bool) -> u64 {
-        let load_slot = |u: &UOp| if matches!(u.op(), Op::Load) { slot(&u.src()[0]) } else { None };
+        let load_slot = |u: &UOp| u.as_load().and_then(slot);
         body.iter()
             .map(|s| match s {
                 Stmt::Loop { range, body } => {
-                    let trip = range.src()[0].const_int().unwrap_or(0).max(0) as u64;
+                    let trip = range.as_range().and_then(|r| r.end.const_int()).unwrap_or(0).max(0) as u64;
                     go(body, mult * trip, pair)
                 }
                 Stmt::Op(u) => match u.op() {
                     Op::Binary(uopc_ir::BinaryOp::Mul)
-                        if pair([load_slot(&u.src()[0]), load_slot(&u.src()[1])]) =>
+                        if u.as_binary().is_some_and(|(_, a, b)| pair([load_slot(a), load_slot(b)])) =>
                     {
                         mult
                     }

@@ -79,13 +79,11 @@ fn pin_loads(topo: &[UOp], pins: &HashMap<UOp, Vec<UOp>>) -> UOp {
         let src: Vec<UOp> = u.src().iter().map(|s| rebuilt[s].clone()).collect();
         let mut v = u.with_src(src);
         if let Some(ranges) = pins.get(u) {
-            let index = &v.src()[0];
+            let index = v.as_load().expect("only LOADs are pinned");
             let view = index.as_index().expect("a LOAD of a written base reads an INDEX");
             let ranges: Vec<UOp> = ranges.iter().map(|r| rebuilt[r].clone()).collect();
             let pinned_index = index.with_src(vec![view.base.after(&ranges), view.offset.clone()]);
-            let mut load_src = v.src().to_vec();
-            load_src[0] = pinned_index;
-            v = v.with_src(load_src);
+            v = v.with_src(vec![pinned_index]);
         }
         rebuilt.insert(u, v);
     }

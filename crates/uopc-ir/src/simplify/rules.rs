@@ -150,8 +150,9 @@ fn fold_cast(u: &UOp) -> Option<UOp> {
 /// `where(c, a, b)` of three constants: the branch `c` selects.
 fn fold_where(u: &UOp) -> Option<UOp> {
     const_operands(u)?;
-    let take_first = u.src()[0].const_value()?.as_i64() != 0;
-    Some(u.src()[if take_first { 1 } else { 2 }].clone())
+    let w = u.as_where()?;
+    let take_first = w.cond.const_value()?.as_i64() != 0;
+    Some(if take_first { w.then } else { w.otherwise }.clone())
 }
 
 /// An integer or bool ALU node whose bounds are one value is that constant.
@@ -173,9 +174,9 @@ fn fold_value_known_from_bounds(u: &UOp) -> Option<UOp> {
 
 // ---- algebraic identities ----
 
-/// Source `k`'s value as an f64, if it is a constant.
-fn const_f64(u: &UOp, k: usize) -> Option<f64> {
-    u.src().get(k).and_then(|s| s.const_value()).map(|c| c.as_f64())
+/// `x`'s value as an f64, if it is a constant.
+fn const_f64(x: &UOp) -> Option<f64> {
+    x.const_value().map(|c| c.as_f64())
 }
 
 fn is_neg_zero(v: f64) -> bool {
@@ -184,43 +185,44 @@ fn is_neg_zero(v: f64) -> bool {
 
 /// `-(-x) == x`.
 fn neg_of_neg(u: &UOp) -> Option<UOp> {
-    let inner = &u.src()[0];
-    matches!(inner.op(), Op::Unary(UnaryOp::Neg)).then(|| inner.src()[0].clone())
+    let (_, inner) = u.as_unary()?;
+    match inner.as_unary()? {
+        (UnaryOp::Neg, x) => Some(x.clone()),
+        _ => None,
+    }
 }
 
 /// `x * 1.0 == 1.0 * x == x` for floats.
 fn float_mul_by_one(u: &UOp) -> Option<UOp> {
-    if !u.dtype().is_float() {
-        return None;
+    let (_, a, b) = u.as_binary().filter(|_| u.dtype().is_float())?;
+    if const_f64(b) == Some(1.0) {
+        return Some(a.clone());
     }
-    if const_f64(u, 1) == Some(1.0) {
-        return Some(u.src()[0].clone());
-    }
-    (const_f64(u, 0) == Some(1.0)).then(|| u.src()[1].clone())
+    (const_f64(a) == Some(1.0)).then(|| b.clone())
 }
 
 /// `x + (-0.0) == x` for every float x; `x + 0.0` is not (`-0.0 + 0.0 == +0.0`).
 fn float_add_negative_zero(u: &UOp) -> Option<UOp> {
-    if !u.dtype().is_float() {
-        return None;
+    let (_, a, b) = u.as_binary().filter(|_| u.dtype().is_float())?;
+    if const_f64(b).is_some_and(is_neg_zero) {
+        return Some(a.clone());
     }
-    if const_f64(u, 1).is_some_and(is_neg_zero) {
-        return Some(u.src()[0].clone());
-    }
-    const_f64(u, 0).is_some_and(is_neg_zero).then(|| u.src()[1].clone())
+    const_f64(a).is_some_and(is_neg_zero).then(|| b.clone())
 }
 
 /// `x - (+0.0) == x` for every float x.
 fn float_sub_positive_zero(u: &UOp) -> Option<UOp> {
-    let positive_zero = const_f64(u, 1).is_some_and(|v| v == 0.0 && !is_neg_zero(v));
-    (u.dtype().is_float() && positive_zero).then(|| u.src()[0].clone())
+    let (_, a, b) = u.as_binary()?;
+    let positive_zero = const_f64(b).is_some_and(|v| v == 0.0 && !is_neg_zero(v));
+    (u.dtype().is_float() && positive_zero).then(|| a.clone())
 }
 
 // ---- selections ----
 
 /// `where(c, x, x) == x`.
 fn where_of_equal_branches(u: &UOp) -> Option<UOp> {
-    (u.src()[1] == u.src()[2]).then(|| u.src()[1].clone())
+    let w = u.as_where()?;
+    (w.then == w.otherwise).then(|| w.then.clone())
 }
 
 /// Integer `max(a, b)` is `a` when `a >= b` for all values in their bounds (and `b` likewise).
@@ -228,11 +230,12 @@ fn max_of_ordered_operands(u: &UOp) -> Option<UOp> {
     if !u.dtype().is_int() {
         return None;
     }
-    let (a, b) = (u.src()[0].bounds(), u.src()[1].bounds());
+    let (_, x, y) = u.as_binary()?;
+    let (a, b) = (x.bounds(), y.bounds());
     if a.0 >= b.1 {
-        return Some(u.src()[0].clone());
+        return Some(x.clone());
     }
-    (b.0 >= a.1).then(|| u.src()[1].clone())
+    (b.0 >= a.1).then(|| y.clone())
 }
 
 // ---- linear sums ----
@@ -254,7 +257,8 @@ fn by_constant(u: &UOp) -> Option<(&UOp, i64)> {
     if !u.dtype().is_int() {
         return None;
     }
-    Some((&u.src()[0], u.src()[1].const_int()?))
+    let (_, x, c) = u.as_binary()?;
+    Some((x, c.const_int()?))
 }
 
 /// `(x, c)` for `x op c` with a constant `c > 1` and `x >= 0`: the rules that split linear
@@ -275,9 +279,11 @@ fn mod_by_one(u: &UOp) -> Option<UOp> {
 
 /// `(y, a)` when `x` is `y // a` with `y >= 0` and a constant `a > 0`.
 fn nonnegative_idiv(x: &UOp) -> Option<(&UOp, i64)> {
-    let a = x.src().get(1).and_then(|s| s.const_int());
-    match (x.op(), a) {
-        (Op::Binary(BinaryOp::IDiv), Some(a)) if a > 0 && x.src()[0].vmin() >= 0 => Some((&x.src()[0], a)),
+    match x.as_binary()? {
+        (BinaryOp::IDiv, y, a) => {
+            let a = a.const_int()?;
+            (a > 0 && y.vmin() >= 0).then_some((y, a))
+        }
         _ => None,
     }
 }
@@ -354,7 +360,7 @@ fn mod_drop_multiples(u: &UOp) -> Option<UOp> {
 /// `(x, y)` for an integer `x op y` with a divisor that is not a constant, `0 <= x` and
 /// `x < y` for all values in their bounds. (Constant divisors are the rules above's.)
 fn smaller_than_divisor(u: &UOp) -> Option<&UOp> {
-    let (x, y) = (&u.src()[0], &u.src()[1]);
+    let (_, x, y) = u.as_binary()?;
     (u.dtype().is_int() && y.const_int().is_none() && x.vmin() >= 0 && x.vmax() < y.vmin()).then_some(x)
 }
 

@@ -235,20 +235,16 @@ impl Lowerer<'_, '_> {
         }
         for s in body {
             let Stmt::Op(u) = s else { return Vec::new() };
-            if !matches!(u.op(), Op::Load | Op::Store) {
-                continue;
-            }
-            let Some(var) = self.register_of(&u.src()[0]) else { continue };
+            let Some(index) = u.memory_index() else { continue };
+            let Some(var) = self.register_of(index) else { continue };
             *touched.entry(var.as_u32()).or_default() += 1;
-            if let Op::Store = u.op() {
-                let v = &u.src()[1];
+            if let Some(store) = u.as_store() {
+                let v = store.value;
                 // `acc = acc + x` where the loaded accumulator feeds nothing else: a sum whose
                 // terms do not read the running value, so it may be split.
                 let is_sum = matches!(v.op(), Op::Binary(BinaryOp::Add))
                     && v.dtype().is_float()
-                    && v.src().iter().any(|x| {
-                        matches!(x.op(), Op::Load) && x.src()[0] == u.src()[0] && uses.get(x) == Some(&1)
-                    });
+                    && v.src().iter().any(|x| x.as_load() == Some(index) && uses.get(x) == Some(&1));
                 if is_sum {
                     found.push(var);
                 }

@@ -7,9 +7,9 @@ use super::*;
 /// byte offset when it fits a memory op's immediate.
 pub(crate) fn split_constant_term(e: &UOp, size: i64) -> Option<(UOp, i32)> {
     let bytes = |c: i64| i32::try_from(c.checked_mul(size)?).ok();
-    match (e.op(), e.const_int()) {
+    match (e.as_binary(), e.const_int()) {
         (_, Some(c)) => Some((uopc_ir::idx(0), bytes(c)?)),
-        (Op::Binary(BinaryOp::Add), None) => Some((e.src()[0].clone(), bytes(e.src()[1].const_int()?)?)),
+        (Some((BinaryOp::Add, x, c)), None) => Some((x.clone(), bytes(c.const_int()?)?)),
         _ => None,
     }
 }
@@ -72,7 +72,7 @@ impl Lowerer<'_, '_> {
             return Ok(Err(self.partial.iter().find(|(a, _)| *a == var).map_or(var, |(_, p)| *p)));
         }
         let size = index.dtype().size() as i64;
-        let idx = &index.src()[1];
+        let idx = index.as_index().ok_or_else(|| malformed(index))?.offset;
         // Copy k of an unrolled tile step: the address of copy 0 plus k strides.
         if let Some((range, k, first)) = &mut self.copy_addrs
             && let Some(&(addr, offset)) = first.get(index)

@@ -47,6 +47,12 @@ pub(crate) struct Flags {
     pub keeps_order: bool,
 }
 
+/// The error for a node whose sources are not those its op needs (the verifier rules that
+/// out, so reaching it is a bug in an earlier stage).
+fn malformed(u: &UOp) -> JitError {
+    JitError::Internal(format!("{} with sources its op does not take", u.short()))
+}
+
 /// Addresses (base value, immediate offset) of the INDEXes one unrolled step accessed.
 pub(crate) type StepAddresses = HashMap<UOp, (Value, i32)>;
 
@@ -268,12 +274,10 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             // Emitted inside its ADD as an fma.
             Op::Binary(BinaryOp::Mul) if self.contracted.contains(u) => return Ok(()),
             Op::Binary(BinaryOp::Add) if u.src().iter().any(|s| self.contracted.contains(s)) => {
-                let (m, other) = if self.contracted.contains(&u.src()[0]) {
-                    (&u.src()[0], &u.src()[1])
-                } else {
-                    (&u.src()[1], &u.src()[0])
-                };
-                let (a, b) = (self.val(&m.src()[0])?, self.val(&m.src()[1])?);
+                let (_, x, y) = u.as_binary().ok_or_else(|| malformed(u))?;
+                let (m, other) = if self.contracted.contains(x) { (x, y) } else { (y, x) };
+                let (_, ma, mb) = m.as_binary().ok_or_else(|| malformed(m))?;
+                let (a, b) = (self.val(ma)?, self.val(mb)?);
                 let c = self.val(other)?;
                 self.b.ins().fma(a, b, c)
             }

@@ -54,12 +54,9 @@ impl Lowerer<'_, '_> {
             .skip(from)
             .position(|s| match s {
                 Stmt::Loop { .. } => true,
-                Stmt::Op(u) => {
-                    matches!(u.op(), Op::Store)
-                        && self
-                            .register_of(&u.src()[0])
-                            .is_some_and(|r| self.tile_results.contains_key(&r.as_u32()))
-                }
+                Stmt::Op(u) => u.as_store().is_some_and(|st| {
+                    self.register_of(st.index).is_some_and(|r| self.tile_results.contains_key(&r.as_u32()))
+                }),
             })
             .map_or(body.len(), |e| from + e);
         let body = &body[..end];
@@ -74,8 +71,9 @@ impl Lowerer<'_, '_> {
         // Candidate stores: to memory, f32, their value reading some tile vector.
         let reads_tile = |l: &Self, v: &UOp| {
             UOp::toposort(std::slice::from_ref(v)).iter().any(|x| {
-                matches!(x.op(), Op::Load)
-                    && l.register_of(&x.src()[0]).is_some_and(|r| l.tile_results.contains_key(&r.as_u32()))
+                x.as_load().is_some_and(|i| {
+                    l.register_of(i).is_some_and(|r| l.tile_results.contains_key(&r.as_u32()))
+                })
             })
         };
         let stores: Vec<(usize, &UOp)> = body
@@ -120,8 +118,11 @@ impl Lowerer<'_, '_> {
                 Some(lanes)
             });
             let Some(group) = group else { continue };
-            let values: [UOp; LANES] = std::array::from_fn(|k| group[k].1.src()[1].clone());
-            let index = group[0].1.src()[0].clone();
+            let Some(stores) = group.iter().map(|(_, s)| s.as_store()).collect::<Option<Vec<_>>>() else {
+                continue;
+            };
+            let values: [UOp; LANES] = std::array::from_fn(|k| stores[k].value.clone());
+            let index = stores[0].index.clone();
             let mut leaves = Vec::new();
             let mut shared = Vec::new();
             if !self.lanes_pack(&values, &mut leaves, &mut shared, &mut diff) {
@@ -149,7 +150,7 @@ impl Lowerer<'_, '_> {
             keep.extend(shared);
             // Lane 0's addresses are the vector accesses' addresses.
             keep.insert(index.clone());
-            keep.extend(leaves.iter().step_by(LANES).map(|l| l.src()[0].clone()));
+            keep.extend(leaves.iter().step_by(LANES).filter_map(|l| l.memory_index().cloned()));
             found.at.insert(last, PackedStore { values, index });
         }
         if !found.at.is_empty() {
@@ -171,7 +172,8 @@ impl Lowerer<'_, '_> {
     ) -> bool {
         let own: HashSet<&UOp> = group.iter().map(|(_, s)| *s).collect();
         let leaf_set: HashSet<&UOp> = leaves.iter().collect();
-        let store_base = view_base(&index.src()[0]);
+        let Some(store_at) = index.as_index() else { return false };
+        let store_base = view_base(store_at.base);
         let mut safe = true;
         for s in window {
             let Stmt::Op(u) = s else { continue };
@@ -193,7 +195,7 @@ impl Lowerer<'_, '_> {
                 // a lane's own element (read before it is written either way).
                 // (`leaves` holds four lanes at a time, so a leaf's lane is its position
                 // mod 4.)
-                let own_lane = if own.contains(u) { diff(ui, &index.src()[1]).const_int() } else { None };
+                let own_lane = if own.contains(u) { diff(ui, store_at.offset).const_int() } else { None };
                 for (n, leaf) in leaves.iter().enumerate() {
                     if view_base(access(leaf).base) != ub {
                         continue;
@@ -204,11 +206,11 @@ impl Lowerer<'_, '_> {
                     safe &= hi < 0 || lo > 0 || same_lane;
                 }
                 if !own.contains(u) && ub == store_base {
-                    safe &= outside(diff(ui, &index.src()[1]));
+                    safe &= outside(diff(ui, store_at.offset));
                 }
             } else if ub == store_base {
                 // A load outside the group must not see the moved stores late.
-                safe &= outside(diff(ui, &index.src()[1]));
+                safe &= outside(diff(ui, store_at.offset));
             }
         }
         safe
@@ -253,7 +255,8 @@ impl Lowerer<'_, '_> {
         if !matches!(u.op(), Op::Load) {
             return Some(LaneNode::Op);
         }
-        let regs: Option<Vec<Variable>> = lanes.iter().map(|x| self.register_of(&x.src()[0])).collect();
+        let regs: Option<Vec<Variable>> =
+            lanes.iter().map(|x| x.as_load().and_then(|i| self.register_of(i))).collect();
         if let Some(regs) = regs {
             let first = self.tile_results.get(&regs[0].as_u32())?;
             let same_vector = regs
@@ -265,7 +268,7 @@ impl Lowerer<'_, '_> {
         let view = access(u);
         let base = view_base(view.base)?;
         let contiguous = lanes.iter().enumerate().all(|(k, x)| {
-            self.register_of(&x.src()[0]).is_none()
+            x.as_load().is_some_and(|i| self.register_of(i).is_none())
                 && view_base(access(x).base) == Some(base)
                 && diff(access(x).offset, view.offset).const_int() == Some(k as i64)
         });

@@ -16,7 +16,8 @@ pub(crate) fn clif_type(d: DType) -> Type {
 
 impl Lowerer<'_, '_> {
     pub(super) fn unary(&mut self, op: UnaryOp, u: &UOp) -> Result<Value, JitError> {
-        let x = self.val(&u.src()[0])?;
+        let (_, operand) = u.as_unary().ok_or_else(|| malformed(u))?;
+        let x = self.val(operand)?;
         let d = u.dtype();
         Ok(match (op, d) {
             (UnaryOp::Neg, d) if d.is_float() => self.b.ins().fneg(x),
@@ -111,7 +112,7 @@ impl Lowerer<'_, '_> {
     }
 
     pub(super) fn binary(&mut self, op: BinaryOp, u: &UOp) -> Result<Value, JitError> {
-        let (sa, sb) = (&u.src()[0], &u.src()[1]);
+        let (_, sa, sb) = u.as_binary().ok_or_else(|| malformed(u))?;
         let d = sa.dtype();
         let a = self.val(sa)?;
         if d.is_float() {
@@ -177,9 +178,10 @@ impl Lowerer<'_, '_> {
     }
 
     pub(super) fn cast(&mut self, u: &UOp) -> Result<Value, JitError> {
-        let from = u.src()[0].dtype();
+        let operand = u.as_cast().ok_or_else(|| malformed(u))?;
+        let from = operand.dtype();
         let to = u.dtype();
-        let x = self.val(&u.src()[0])?;
+        let x = self.val(operand)?;
         let (tf, tt) = (clif_type(from), clif_type(to));
         Ok(match (from, to) {
             _ if from == to => x,

@@ -310,7 +310,8 @@ impl Lowerer<'_, '_> {
         }
         let v = if lanes.iter().all(|x| x == u) {
             let s = if self.splat_loads.contains(u) {
-                let Ok((addr, offset)) = self.address_parts(&u.src()[0])? else {
+                let index = u.as_load().ok_or_else(|| malformed(u))?;
+                let Ok((addr, offset)) = self.address_parts(index)? else {
                     return Err(JitError::Internal("splat load of a register".into()));
                 };
                 let flags = self.load_flags(u, MemFlagsData::trusted());
@@ -326,7 +327,8 @@ impl Lowerer<'_, '_> {
             match u.op() {
                 Op::Load => {
                     // find_packs proved lane k reads element i + k: one unaligned vector load.
-                    let Ok((addr, offset)) = self.address_parts(&u.src()[0])? else {
+                    let index = u.as_load().ok_or_else(|| malformed(u))?;
+                    let Ok((addr, offset)) = self.address_parts(index)? else {
                         return Err(JitError::Internal("packed load of a register".into()));
                     };
                     let flags = self.load_flags(u, MemFlagsData::new().with_notrap());
@@ -393,7 +395,8 @@ impl Lowerer<'_, '_> {
     /// scalar FMA is computed here.
     fn scalar_value(&mut self, u: &UOp) -> Result<Value, JitError> {
         if self.contracted.contains(u) && !self.vals.contains_key(u) {
-            let (a, b) = (self.val(&u.src()[0])?, self.val(&u.src()[1])?);
+            let (_, x, y) = u.as_binary().ok_or_else(|| malformed(u))?;
+            let (a, b) = (self.val(x)?, self.val(y)?);
             let v = self.b.ins().fmul(a, b);
             self.vals.insert(u.clone(), v);
             return Ok(v);
@@ -473,14 +476,18 @@ impl LaneCtx<'_> {
             return false;
         }
         if let Op::Load = a.op() {
-            let (ia, ib) = (&a.src()[0], &b.src()[0]);
-            let (Some(va), Some(vb)) = (view_base(&ia.src()[0]), view_base(&ib.src()[0])) else {
+            let (Some(ia), Some(ib)) =
+                (a.as_load().and_then(UOp::as_index), b.as_load().and_then(UOp::as_index))
+            else {
                 return false;
             };
-            if va != vb || !(self.in_memory)(va) || ia.src()[1].dtype() != ib.src()[1].dtype() {
+            let (Some(va), Some(vb)) = (view_base(ia.base), view_base(ib.base)) else {
+                return false;
+            };
+            if va != vb || !(self.in_memory)(va) || ia.offset.dtype() != ib.offset.dtype() {
                 return false;
             }
-            let diff = simplify_memo(&(&ib.src()[1] - &ia.src()[1]), Default::default(), memo);
+            let diff = simplify_memo(&(ib.offset - ia.offset), Default::default(), memo);
             if diff.const_int() != Some(step) {
                 return false;
             }

@@ -105,7 +105,7 @@ impl Lowerer<'_, '_> {
         let mut rest_of_expr: HashMap<UOp, Value> = HashMap::new();
         // In body order, so the code emitted does not depend on hash order.
         let indices = body.iter().filter_map(|s| match s {
-            Stmt::Op(u) if matches!(u.op(), Op::Load | Op::Store) => Some(&u.src()[0]),
+            Stmt::Op(u) => u.memory_index(),
             _ => None,
         });
         for index in indices {
@@ -216,19 +216,18 @@ impl Lowerer<'_, '_> {
         let mut accs: Vec<(Variable, Reduction)> = Vec::new();
         let mut reg_uses: HashMap<u32, usize> = HashMap::new();
         for u in &nodes {
-            if let Op::Load | Op::Store = u.op()
-                && let Some(var) = self.register_of(&u.src()[0])
+            if let Some(index) = u.memory_index()
+                && let Some(var) = self.register_of(index)
             {
                 *reg_uses.entry(var.as_u32()).or_default() += 1;
-                if let Op::Store = u.op() {
-                    let v = &u.src()[1];
+                if let Some(store) = u.as_store() {
+                    let v = store.value;
                     let red = match v.op() {
                         Op::Binary(BinaryOp::Add) => Reduction::Sum,
                         Op::Binary(BinaryOp::Max) => Reduction::Max,
                         _ => return None,
                     };
-                    let load =
-                        v.src().iter().find(|x| matches!(x.op(), Op::Load) && x.src()[0] == u.src()[0])?;
+                    let load = v.src().iter().find(|x| x.as_load() == Some(index))?;
                     if v.dtype() != DType::F32 || users.get(load).map(Vec::len) != Some(1) {
                         return None;
                     }
@@ -248,27 +247,26 @@ impl Lowerer<'_, '_> {
             let used_by = users.get(u).cloned().unwrap_or_default();
             match u.dtype() {
                 d if d.is_int() => {
-                    let only_addresses = used_by.iter().all(|w| {
-                        (matches!(w.op(), Op::Index) && w.src()[1] == **u) || index_math.contains(*w)
-                    });
+                    let only_addresses = used_by
+                        .iter()
+                        .all(|w| w.as_index().is_some_and(|i| i.offset == *u) || index_math.contains(*w));
                     if !only_addresses || !u.op().is_alu() {
                         return None;
                     }
                     index_math.insert((*u).clone());
                 }
                 DType::Bool => {
-                    let float_compare = matches!(u.op(), Op::Binary(BinaryOp::CmpLt | BinaryOp::CmpNe))
-                        && u.src()[0].dtype() == DType::F32;
-                    if !float_compare
-                        || !used_by.iter().all(|w| matches!(w.op(), Op::Where) && w.src()[0] == **u)
-                    {
+                    let float_compare = u.as_binary().is_some_and(|(op, a, _)| {
+                        matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) && a.dtype() == DType::F32
+                    });
+                    if !float_compare || !used_by.iter().all(|w| w.as_where().is_some_and(|w| w.cond == *u)) {
                         return None;
                     }
                 }
                 DType::F32 => match u.op() {
                     Op::Binary(_) | Op::Where => {}
                     // Widening a 16-bit value: its f32 is the value already.
-                    Op::Cast if u.src()[0].dtype().is_half() => {}
+                    Op::Cast if u.as_cast().is_some_and(|x| x.dtype().is_half()) => {}
                     Op::Unary(UnaryOp::Log2) | Op::Cast => return None,
                     Op::Unary(_) => {}
                     _ => return None,
@@ -276,7 +274,7 @@ impl Lowerer<'_, '_> {
                 // Rounding f32 (or other 16-bit) lanes to 16 bits: lane-wise integer and float ops.
                 d if d.is_half()
                     && matches!(u.op(), Op::Cast)
-                    && (u.src()[0].dtype() == DType::F32 || u.src()[0].dtype().is_half()) => {}
+                    && u.as_cast().is_some_and(|x| x.dtype() == DType::F32 || x.dtype().is_half()) => {}
                 _ => return None,
             }
         }
@@ -285,16 +283,16 @@ impl Lowerer<'_, '_> {
         let mut access: HashMap<UOp, Access> = HashMap::new();
         let mut per_base: HashMap<UOp, Vec<(i64, UOp, bool)>> = HashMap::new();
         for u in &nodes {
-            let (Op::Load | Op::Store) = u.op() else { continue };
-            let index = &u.src()[0];
+            let Some(index) = u.memory_index() else { continue };
             if self.register_of(index).is_some() {
                 continue;
             }
-            let base = view_base(&index.src()[0])?;
+            let addressed = index.as_index()?;
+            let base = view_base(addressed.base)?;
             if base.dtype() != DType::F32 && !base.dtype().is_half() {
                 return None;
             }
-            let (stride, rest) = split_linear(&index.src()[1], range)?;
+            let (stride, rest) = split_linear(addressed.offset, range)?;
             if !self.index_expr_available(&rest, &in_body) {
                 return None;
             }
@@ -310,7 +308,7 @@ impl Lowerer<'_, '_> {
         // through memory.
         // The most trips the loop can run (its end's upper bound: a constant, or what the
         // variables' bounds allow).
-        let trips = range.src()[0].vmax();
+        let trips = range.as_range()?.end.vmax();
         for list in per_base.values() {
             if !list.iter().any(|(_, _, st)| *st) {
                 continue;
@@ -395,12 +393,10 @@ impl Lowerer<'_, '_> {
                 }
                 Op::Binary(BinaryOp::Mul) if self.contracted.contains(u) => continue,
                 Op::Binary(BinaryOp::Add) if u.src().iter().any(|s| self.contracted.contains(s)) => {
-                    let (m, other) = if self.contracted.contains(&u.src()[0]) {
-                        (&u.src()[0], &u.src()[1])
-                    } else {
-                        (&u.src()[1], &u.src()[0])
-                    };
-                    let ops = [&m.src()[0], &m.src()[1], other];
+                    let (_, x, y) = u.as_binary().ok_or_else(|| malformed(u))?;
+                    let (m, other) = if self.contracted.contains(x) { (x, y) } else { (y, x) };
+                    let (_, ma, mb) = m.as_binary().ok_or_else(|| malformed(m))?;
+                    let ops = [ma, mb, other];
                     let lanes: Vec<Lanes> =
                         ops.iter().map(|x| self.lanes_of(&vals, x)).collect::<Result<_, _>>()?;
                     let [a, b, c] = self.unify(&lanes)[..] else { unreachable!("three operands") };
@@ -408,7 +404,8 @@ impl Lowerer<'_, '_> {
                     self.wrap(&lanes, r)
                 }
                 Op::Binary(op) => {
-                    let lanes = [self.lanes_of(&vals, &u.src()[0])?, self.lanes_of(&vals, &u.src()[1])?];
+                    let (_, x, y) = u.as_binary().ok_or_else(|| malformed(u))?;
+                    let lanes = [self.lanes_of(&vals, x)?, self.lanes_of(&vals, y)?];
                     let [a, b] = self.unify(&lanes)[..] else { unreachable!("two operands") };
                     let r = match op {
                         BinaryOp::Add => self.b.ins().fadd(a, b),
@@ -424,10 +421,11 @@ impl Lowerer<'_, '_> {
                     self.wrap(&lanes, r)
                 }
                 Op::Where => {
+                    let w = u.as_where().ok_or_else(|| malformed(u))?;
                     let lanes = [
-                        self.lanes_of(&vals, &u.src()[0])?,
-                        self.lanes_of(&vals, &u.src()[1])?,
-                        self.lanes_of(&vals, &u.src()[2])?,
+                        self.lanes_of(&vals, w.cond)?,
+                        self.lanes_of(&vals, w.then)?,
+                        self.lanes_of(&vals, w.otherwise)?,
                     ];
                     match lanes {
                         [Lanes::Uniform(c), ..] => {
@@ -444,13 +442,15 @@ impl Lowerer<'_, '_> {
                 }
                 // The plan admits only casts from f32 or 16-bit values to f32 or 16-bit types:
                 // widening is the value itself, narrowing rounds each lane.
-                Op::Cast if u.dtype().is_half() => match self.lanes_of(&vals, &u.src()[0])? {
-                    Lanes::Uniform(v) => Lanes::Uniform(self.half_round(u.dtype(), v)),
-                    Lanes::Vector(v) => Lanes::Vector(self.half_round(u.dtype(), v)),
-                },
-                Op::Cast => self.lanes_of(&vals, &u.src()[0])?,
+                Op::Cast if u.dtype().is_half() => {
+                    match self.lanes_of(&vals, u.as_cast().ok_or_else(|| malformed(u))?)? {
+                        Lanes::Uniform(v) => Lanes::Uniform(self.half_round(u.dtype(), v)),
+                        Lanes::Vector(v) => Lanes::Vector(self.half_round(u.dtype(), v)),
+                    }
+                }
+                Op::Cast => self.lanes_of(&vals, u.as_cast().ok_or_else(|| malformed(u))?)?,
                 Op::Unary(op) => {
-                    let x = self.lanes_of(&vals, &u.src()[0])?;
+                    let x = self.lanes_of(&vals, u.as_unary().ok_or_else(|| malformed(u))?.1)?;
                     let v = match x {
                         Lanes::Uniform(v) | Lanes::Vector(v) => v,
                     };
@@ -481,7 +481,7 @@ impl Lowerer<'_, '_> {
         at: &VectorStep<'_>,
         lane0: &mut HashMap<Value, Value>,
     ) -> Result<Lanes, JitError> {
-        let index = &u.src()[0];
+        let index = u.as_load().ok_or_else(|| malformed(u))?;
         let lanes = if let Some(var) = self.register_of(index) {
             let p = at.partial_of(var);
             Lanes::Vector(self.b.use_var(p))
@@ -542,8 +542,9 @@ impl Lowerer<'_, '_> {
         vals: &HashMap<UOp, Lanes>,
         lane0: &mut HashMap<Value, Value>,
     ) -> Result<(), JitError> {
-        let index = &u.src()[0];
-        let x = self.lanes_of(vals, &u.src()[1])?;
+        let store = u.as_store().ok_or_else(|| malformed(u))?;
+        let index = store.index;
+        let x = self.lanes_of(vals, store.value)?;
         let x = self.vector(x);
         if let Some(var) = self.register_of(index) {
             let p = at.partial_of(var);
