@@ -5,23 +5,8 @@ use uopc_kernels::sdpa::{
     Blocking, Extras, Layout, MaskKind, Sdpa, SdpaConfig, SdpaError, attention, compile_count, reference_f64,
 };
 
-/// A small seeded generator (xorshift), so the cases are reproducible without dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn values(&mut self, len: usize) -> Vec<f32> {
-        (0..len).map(|_| (self.next() % 20001) as f32 / 10000.0 - 1.0).collect()
-    }
-}
+mod support;
+use support::Rng;
 
 struct Case {
     config: SdpaConfig,

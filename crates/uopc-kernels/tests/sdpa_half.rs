@@ -14,54 +14,12 @@
 use half::{bf16, f16};
 use uopc_ir::DType;
 use uopc_kernels::sdpa::{
-    Blocking, Extras, Layout, MaskKind, Sdpa, SdpaBackward, SdpaConfig, SdpaDType, SdpaElement, SdpaError,
-    Values, ValuesMut, attention, reference_f64,
+    Blocking, Extras, Layout, MaskKind, Sdpa, SdpaBackward, SdpaConfig, SdpaDType, SdpaError, Values,
+    ValuesMut, attention, reference_f64,
 };
 
-/// A small seeded generator (xorshift), so the cases are reproducible without dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn values(&mut self, len: usize) -> Vec<f32> {
-        (0..len).map(|_| (self.next() % 20001) as f32 / 10000.0 - 1.0).collect()
-    }
-}
-
-/// The 16-bit types under test, with what the tests need of each.
-trait Half: SdpaElement + std::fmt::Debug {
-    const UNIT_ROUNDOFF: f64;
-    fn from(x: f32) -> Self;
-    fn to(self) -> f32;
-}
-
-impl Half for bf16 {
-    const UNIT_ROUNDOFF: f64 = 1.0 / 256.0;
-    fn from(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    fn to(self) -> f32 {
-        self.to_f32()
-    }
-}
-
-impl Half for f16 {
-    const UNIT_ROUNDOFF: f64 = 1.0 / 2048.0;
-    fn from(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    fn to(self) -> f32 {
-        self.to_f32()
-    }
-}
+mod support;
+use support::{Half, Rng};
 
 /// The bound derived in the module docs, for values of magnitude at most 1.
 fn tolerance<T: Half>() -> f64 {

@@ -12,57 +12,12 @@
 use half::{bf16, f16};
 use uopc_ir::DType;
 use uopc_kernels::sdpa::{
-    Extras, MaskKind, SdpaBackward, SdpaBackwardHalf, SdpaConfig, SdpaDType, SdpaElement, SdpaError,
+    Extras, MaskKind, SdpaBackward, SdpaBackwardHalf, SdpaConfig, SdpaDType, SdpaError,
     reference_backward_f64,
 };
 
-/// A small seeded generator (xorshift), so the cases are reproducible without dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn values(&mut self, len: usize) -> Vec<f32> {
-        (0..len).map(|_| (self.next() % 20001) as f32 / 10000.0 - 1.0).collect()
-    }
-}
-
-/// The 16-bit types under test.
-trait Half: SdpaElement + std::fmt::Debug + PartialEq {
-    const UNIT_ROUNDOFF: f64;
-    const NAN: Self;
-    fn from(x: f32) -> Self;
-    fn to(self) -> f32;
-}
-
-impl Half for bf16 {
-    const UNIT_ROUNDOFF: f64 = 1.0 / 256.0;
-    const NAN: Self = bf16::NAN;
-    fn from(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    fn to(self) -> f32 {
-        self.to_f32()
-    }
-}
-
-impl Half for f16 {
-    const UNIT_ROUNDOFF: f64 = 1.0 / 2048.0;
-    const NAN: Self = f16::NAN;
-    fn from(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    fn to(self) -> f32 {
-        self.to_f32()
-    }
-}
+mod support;
+use support::{Half, Rng};
 
 fn widen<T: Half>(x: &[T]) -> Vec<f32> {
     x.iter().map(|&x| x.to()).collect()
