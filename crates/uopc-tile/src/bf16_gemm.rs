@@ -437,7 +437,7 @@ fn a_in_place(s: &GemmShape) -> bool {
 ///
 /// The contract of [`gemm_bf16_unchecked`].
 unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: *mut f32) {
-    let GemmShape { m, n, k, lda, ldc, accumulate, .. } = *s;
+    let GemmShape { m, n, k, ldc, accumulate, .. } = *s;
     if m == 0 || n == 0 {
         return;
     }
@@ -479,42 +479,11 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
         // SAFETY: the buffer holds `total` u16, split into the packed B, the row-tail (or
         // whole) A region and the k-tail region, in that order.
         let (ap_rows, ap_k) = unsafe { (bp.add(b_len), bp.add(b_len + a_tail_rows)) };
-        // SAFETY: the packing routines write inside their regions and read inside the
-        // operands' extents (the contract of `gemm_bf16_unchecked`).
+        // SAFETY: the regions are as `pack_operands` needs them (see the split above), and the
+        // operands' extents are this function's contract.
         unsafe {
-            // The portable path packs with portable code too, so forcing it tests code that
-            // needs no CPU features at all.
-            #[cfg(target_arch = "x86_64")]
-            let vector_pack = path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
-            #[cfg(not(target_arch = "x86_64"))]
-            let vector_pack = false;
-            match (vector_pack, s.b_trans) {
-                #[cfg(target_arch = "x86_64")]
-                (true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
-                #[cfg(target_arch = "x86_64")]
-                (true, true) => crate::x86::bf16::pack_b_cols(bp, b, s.ldb, k, n),
-                _ => pack_b_scalar(bp, s, b),
-            }
-            if in_place {
-                if a_tail_rows > 0 {
-                    pack_a_block(ap_rows, s, a, m_full * 32, 0, kblocks);
-                }
-                if a_tail_k > 0 {
-                    for ib in 0..m_full {
-                        pack_a_block(ap_k.add(ib * BLOCK), s, a, ib * 32, k_full, 1);
-                    }
-                }
-            } else {
-                for ib in 0..rblocks {
-                    let dst = ap_rows.add(ib * kblocks * BLOCK);
-                    match vector_pack {
-                        #[cfg(target_arch = "x86_64")]
-                        true => crate::x86::bf16::pack_a_cols(dst, a, lda, k, m, ib * 32),
-                        _ => pack_a_block(dst, s, a, ib * 32, 0, kblocks),
-                    }
-                }
-            }
-        }
+            pack_operands(path, s, a, b, bp, (ap_rows, ap_k), (in_place, a_tail_rows > 0, a_tail_k > 0))
+        };
         #[cfg(target_arch = "x86_64")]
         if path == Bf16Path::Amx {
             // SAFETY: the path is available, so tile state is permitted.
@@ -530,28 +499,7 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
             let load = accumulate || kb0 > 0;
             for ib in 0..rblocks {
                 let i0 = ib * 32;
-                // The A pieces covering k blocks kb0..kb1: (tiles, first k block, k blocks).
-                let mut pieces = [(ATiles::packed(ap_rows, 0, 0, 0), 0, 0); 2];
-                let mut npieces = 0;
-                if !in_place {
-                    pieces[0] = (ATiles::packed(ap_rows, ib, kblocks, kb0), kb0, kb1 - kb0);
-                    npieces = 1;
-                } else if ib == m_full {
-                    pieces[0] = (ATiles::packed(ap_rows, 0, kblocks, kb0), kb0, kb1 - kb0);
-                    npieces = 1;
-                } else {
-                    let full_end = kb1.min(k_full);
-                    if full_end > kb0 {
-                        let row = a.wrapping_add(i0 * lda + kb0 * 32);
-                        let at = ATiles { ptr: row, stride: lda * 2, hi: 16 * lda * 2, step: 64 };
-                        pieces[0] = (at, kb0, full_end - kb0);
-                        npieces = 1;
-                    }
-                    if kb1 > k_full {
-                        pieces[npieces] = (ATiles::packed(ap_k, ib, 1, 0), k_full, 1);
-                        npieces += 1;
-                    }
-                }
+                let (pieces, npieces) = a_pieces(s, a, (ap_rows, ap_k), in_place, ib, (kb0, kb1));
                 for jp in 0..panels {
                     let j0 = jp * 32;
                     let (rows, cols) = ((m - i0).min(32), (n - j0).min(32));
@@ -574,22 +522,9 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
                         }
                         (cblock.0.as_mut_ptr(), 32)
                     };
-                    // The next C block: its rows are `ldc` apart, a stride no hardware prefetcher
-                    // follows, and when C is larger than the caches every row would otherwise
-                    // miss at the start of the block.
                     #[cfg(target_arch = "x86_64")]
                     if jp + 1 < panels {
-                        let next = c.wrapping_add(i0 * ldc + j0 + 32);
-                        for r in 0..rows {
-                            let p = next.wrapping_add(r * ldc).cast::<i8>();
-                            // SAFETY: prefetching never faults.
-                            unsafe {
-                                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p);
-                                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                                    p.wrapping_add(64),
-                                );
-                            }
-                        }
+                        prefetch_rows(c.wrapping_add(i0 * ldc + j0 + 32), ldc, rows);
                     }
                     let mut load_c = load;
                     for &(at, kb, nkb) in &pieces[..npieces] {
@@ -620,4 +555,113 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
             unsafe { crate::x86::amx::release() };
         }
     });
+}
+
+/// Prefetches `rows` rows of the C block at `first` (rows `ldc` apart, a stride no hardware
+/// prefetcher follows: when C is larger than the caches every row would otherwise miss at the
+/// start of the block).
+#[cfg(target_arch = "x86_64")]
+fn prefetch_rows(first: *mut f32, ldc: usize, rows: usize) {
+    for r in 0..rows {
+        let p = first.wrapping_add(r * ldc).cast::<i8>();
+        // SAFETY: prefetching never faults.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p);
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(64));
+        }
+    }
+}
+
+/// Packs B (all panels) into `bp` and, as [`drive`] lays them out, A's packed regions
+/// `(rows, k_tail)`; `(in_place, row_tail, k_tail)` say which A pieces are packed.
+///
+/// # Safety
+///
+/// The regions hold what [`drive`] sizes them for, and the operands' extents are valid (the
+/// contract of `gemm_bf16_unchecked`).
+unsafe fn pack_operands(
+    path: Bf16Path,
+    s: &GemmShape,
+    a: *const u16,
+    b: *const u16,
+    bp: *mut u16,
+    (ap_rows, ap_k): (*mut u16, *mut u16),
+    (in_place, row_tail, k_tail): (bool, bool, bool),
+) {
+    let GemmShape { m, n, k, lda, .. } = *s;
+    let kblocks = k.div_ceil(32);
+    let (k_full, m_full, rblocks) = (k / 32, m / 32, m.div_ceil(32));
+    // SAFETY: the packing routines write inside their regions and read inside the operands'
+    // extents (this function's contract).
+    unsafe {
+        // The portable path packs with portable code too, so forcing it tests code that needs
+        // no CPU features at all.
+        #[cfg(target_arch = "x86_64")]
+        let vector_pack = path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
+        #[cfg(not(target_arch = "x86_64"))]
+        let vector_pack = false;
+        match (vector_pack, s.b_trans) {
+            #[cfg(target_arch = "x86_64")]
+            (true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
+            #[cfg(target_arch = "x86_64")]
+            (true, true) => crate::x86::bf16::pack_b_cols(bp, b, s.ldb, k, n),
+            _ => pack_b_scalar(bp, s, b),
+        }
+        if in_place {
+            if row_tail {
+                pack_a_block(ap_rows, s, a, m_full * 32, 0, kblocks);
+            }
+            if k_tail {
+                for ib in 0..m_full {
+                    pack_a_block(ap_k.add(ib * BLOCK), s, a, ib * 32, k_full, 1);
+                }
+            }
+        } else {
+            for ib in 0..rblocks {
+                let dst = ap_rows.add(ib * kblocks * BLOCK);
+                match vector_pack {
+                    #[cfg(target_arch = "x86_64")]
+                    true => crate::x86::bf16::pack_a_cols(dst, a, lda, k, m, ib * 32),
+                    _ => pack_a_block(dst, s, a, ib * 32, 0, kblocks),
+                }
+            }
+        }
+    }
+}
+
+/// The A pieces covering k blocks `kb0..kb1` of row block `ib`, as [`drive`] laid A out
+/// (packed regions `(rows, k_tail)`): `(tiles, first k block, k blocks)`, and how many there
+/// are (one, or two when whole rows read in place end in a packed ragged k block).
+fn a_pieces(
+    s: &GemmShape,
+    a: *const u16,
+    (ap_rows, ap_k): (*mut u16, *mut u16),
+    in_place: bool,
+    ib: usize,
+    (kb0, kb1): (usize, usize),
+) -> ([(ATiles, usize, usize); 2], usize) {
+    let kblocks = s.k.div_ceil(32);
+    let (k_full, m_full) = (s.k / 32, s.m / 32);
+    let mut pieces = [(ATiles::packed(ap_rows, 0, 0, 0), 0, 0); 2];
+    let mut npieces = 0;
+    if !in_place {
+        pieces[0] = (ATiles::packed(ap_rows, ib, kblocks, kb0), kb0, kb1 - kb0);
+        npieces = 1;
+    } else if ib == m_full {
+        pieces[0] = (ATiles::packed(ap_rows, 0, kblocks, kb0), kb0, kb1 - kb0);
+        npieces = 1;
+    } else {
+        let full_end = kb1.min(k_full);
+        if full_end > kb0 {
+            let row = a.wrapping_add(ib * 32 * s.lda + kb0 * 32);
+            let at = ATiles { ptr: row, stride: s.lda * 2, hi: 16 * s.lda * 2, step: 64 };
+            pieces[0] = (at, kb0, full_end - kb0);
+            npieces = 1;
+        }
+        if kb1 > k_full {
+            pieces[npieces] = (ATiles::packed(ap_k, ib, 1, 0), k_full, 1);
+            npieces += 1;
+        }
+    }
+    (pieces, npieces)
 }
