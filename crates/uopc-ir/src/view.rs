@@ -2,7 +2,7 @@
 //! `store.index` rather than `src()[0]`, and a wrong op is a `None` rather than a wrong operand.
 
 use crate::ids::RangeId;
-use crate::ops::{AxisType, BinaryOp, Op, ReduceOp, TileOp, UnaryOp};
+use crate::ops::{AxisType, BinaryOp, GemmShape, Op, ReduceOp, TileOp, UnaryOp};
 use crate::uop::UOp;
 use crate::verify::view_base;
 
@@ -87,6 +87,19 @@ pub struct OnlineSources<'a> {
     pub shift: &'a UOp,
     /// `k` of the summand's `exp2(k * (t - g(max)))`.
     pub scale: &'a UOp,
+}
+
+/// The sources of a TILE GEMM, `C (+)= A * B`.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmView<'a> {
+    /// The shapes, strides and transposition flags.
+    pub shape: GemmShape,
+    /// The INDEX of A's first element.
+    pub a: &'a UOp,
+    /// The INDEX of B's first element.
+    pub b: &'a UOp,
+    /// The INDEX of C's first element.
+    pub c: &'a UOp,
 }
 
 impl UOp {
@@ -179,6 +192,14 @@ impl UOp {
     /// or a base that is neither.
     pub fn indexed_base(&self) -> Option<&UOp> {
         self.as_index().and_then(|i| view_base(i.base))
+    }
+
+    /// The shape and operand INDEX nodes of a TILE GEMM; `None` for any other op.
+    pub fn as_gemm(&self) -> Option<GemmView<'_>> {
+        match (self.op(), self.src()) {
+            (&Op::Tile(TileOp::Gemm(shape)), [a, b, c]) => Some(GemmView { shape, a, b, c }),
+            _ => None,
+        }
     }
 
     /// The op, reduced axis count, input and (for an online sum) rescaling sources of a REDUCE;
@@ -325,6 +346,31 @@ mod tests {
         assert_eq!(c.as_cast(), Some(&r));
         assert!(x.as_binary().is_none() && sum.as_unary().is_none());
         assert!(sum.as_where().is_none() && x.as_cast().is_none() && x.as_tile().is_none());
+        assert!(x.as_gemm().is_none());
+    }
+
+    #[test]
+    fn gemm_names_its_operands() {
+        use crate::builder::tile;
+        use crate::ops::{GemmShape, TileOp};
+        let (a, b, c) = (buffer(0, DType::F32, 6), buffer(1, DType::F32, 6), buffer(2, DType::F32, 4));
+        let (ia, ib, ic) = (a.index(0), b.index(0), c.index(0));
+        let shape = GemmShape {
+            m: 2,
+            n: 2,
+            k: 3,
+            lda: 3,
+            ldb: 2,
+            ldc: 2,
+            a_trans: false,
+            b_trans: false,
+            accumulate: false,
+        };
+        let gemm = tile(TileOp::Gemm(shape), &[ia.clone(), ib.clone(), ic.clone()]);
+        let g = gemm.as_gemm().expect("a GEMM");
+        assert_eq!((g.shape, g.a, g.b, g.c), (shape, &ia, &ib, &ic));
+        let short = tile(TileOp::Gemm(shape), &[ia.clone(), ib.clone()]);
+        assert!(short.as_gemm().is_none() && ia.as_gemm().is_none());
     }
 
     #[test]
