@@ -57,4 +57,6 @@ pub use uop::{
     UnaryOp, block_extent,
 };
 pub use verify::{verify, verify_simplified, view_base};
-pub use view::{AfterView, EndView, IndexView, RangeView, StoreView, WhereView};
+pub use view::{
+    AfterView, EndView, GemmView, IndexView, OnlineSources, RangeView, ReduceView, StoreView, WhereView,
+};

@@ -96,19 +96,16 @@ fn ranges_of_enclosing_ends(topo: &[UOp]) -> HashMap<UOp, Vec<UOp>> {
     let mut around: HashMap<UOp, Vec<UOp>> = HashMap::new();
     for u in topo.iter().rev() {
         let outer = around.get(u).cloned().unwrap_or_default();
-        match u.op() {
-            Op::End if u.src().len() == 2 => {
-                let inner = union(&outer, &u.src()[1..2]);
-                let e = around.entry(u.src()[0].clone()).or_default();
-                *e = union(e, &inner);
+        if let Some(end) = u.as_end() {
+            let inner = union(&outer, std::slice::from_ref(end.range));
+            let e = around.entry(end.body.clone()).or_default();
+            *e = union(e, &inner);
+        } else if matches!(u.op(), Op::Sink) {
+            // A SINK groups effects: each runs inside whatever encloses the group.
+            for s in u.src() {
+                let e = around.entry(s.clone()).or_default();
+                *e = union(e, &outer);
             }
-            Op::Sink => {
-                for s in u.src() {
-                    let e = around.entry(s.clone()).or_default();
-                    *e = union(e, &outer);
-                }
-            }
-            _ => {}
         }
     }
     around.retain(|u, _| matches!(u.op(), Op::Store | Op::Tile(_)));
@@ -143,7 +140,10 @@ pub fn open_ranges_with(topo: &[UOp], lenient: bool) -> Result<HashMap<UOp, Vec<
         match u.op() {
             Op::Range { .. } => r = union(&r, std::slice::from_ref(u)),
             Op::End => {
-                let closed = &u.src()[1];
+                let Some(end) = u.as_end() else {
+                    return Err(IrError::new(IrErrorKind::Structure, u, "END needs a body and a RANGE"));
+                };
+                let closed = end.range;
                 if !matches!(closed.op(), Op::Range { .. }) {
                     return Err(IrError::new(
                         IrErrorKind::Structure,
@@ -151,7 +151,7 @@ pub fn open_ranges_with(topo: &[UOp], lenient: bool) -> Result<HashMap<UOp, Vec<
                         "END's second source is not a RANGE",
                     ));
                 }
-                if !rng[&u.src()[0]].contains(closed) && !lenient {
+                if !rng[end.body].contains(closed) && !lenient {
                     return Err(IrError::new(
                         IrErrorKind::RangeNotOpen,
                         u,
@@ -316,8 +316,9 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
     // Enclosing ranges of each loop, from its END(s).
     let mut path: HashMap<UOp, Vec<UOp>> = HashMap::new();
     for u in &topo {
-        if matches!(u.op(), Op::End) {
-            let r = &u.src()[1];
+        // Every END was checked above to close a RANGE.
+        if let Some(end) = u.as_end() {
+            let r = end.range;
             let p = rng[u].clone();
             match path.get(r) {
                 Some(q) if *q != p => {
@@ -368,7 +369,10 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
                 ));
             }
         }
-        if !rng[&r.src()[0]].iter().all(|x| chain.contains(x)) {
+        let Some(range) = r.as_range() else {
+            return Err(IrError::new(IrErrorKind::Structure, r, "RANGE needs exactly one source, its end"));
+        };
+        if !rng[range.end].iter().all(|x| chain.contains(x)) {
             return Err(IrError::new(
                 IrErrorKind::Structure,
                 r,

@@ -97,28 +97,40 @@ impl Printer {
             Op::Buffer { slot, .. } => format!("buf{slot}"),
             Op::Alloc { slot, .. } => format!("acc{slot}"),
             Op::Var { slot, .. } => format!("var{slot}"),
-            Op::After => self.expr(&u.src()[0]),
-            Op::Index => {
-                let base = u.indexed_base().map(|b| self.expr(b)).unwrap_or_else(|| "?".into());
-                format!("{base}[{}]", self.expr(&u.src()[1]))
+            Op::After | Op::Index | Op::Load | Op::Binary(_) | Op::Unary(_) | Op::Where | Op::Cast => {
+                self.value_expr(u)
             }
-            Op::Load => self.expr(&u.src()[0]),
-            Op::Binary(BinaryOp::Max) => {
-                format!("max({}, {})", self.expr(&u.src()[0]), self.expr(&u.src()[1]))
-            }
-            Op::Binary(op) => {
-                format!("({} {} {})", self.expr(&u.src()[0]), binary_symbol(*op), self.expr(&u.src()[1]))
-            }
-            Op::Unary(UnaryOp::Neg) => format!("-{}", self.expr(&u.src()[0])),
-            Op::Unary(_) => format!("{}({})", u.op().name().to_lowercase(), self.expr(&u.src()[0])),
-            Op::Where => format!(
-                "({} ? {} : {})",
-                self.expr(&u.src()[0]),
-                self.expr(&u.src()[1]),
-                self.expr(&u.src()[2])
-            ),
-            Op::Cast => format!("({}){}", u.dtype(), self.expr(&u.src()[0])),
             other => format!("<{}>", other.name()),
+        }
+    }
+
+    /// The text of a node computed from its sources, through the op's typed view; a node whose
+    /// sources do not fit its op prints as `<OP?>`, since the printer must show what a failed
+    /// verification is about rather than panic on it.
+    fn value_expr(&self, u: &UOp) -> String {
+        if let Some(a) = u.as_after() {
+            self.expr(a.base)
+        } else if let Some(i) = u.as_index() {
+            let base = u.indexed_base().map(|b| self.expr(b)).unwrap_or_else(|| "?".into());
+            format!("{base}[{}]", self.expr(i.offset))
+        } else if let Some(index) = u.as_load() {
+            self.expr(index)
+        } else if let Some((op, a, b)) = u.as_binary() {
+            match op {
+                BinaryOp::Max => format!("max({}, {})", self.expr(a), self.expr(b)),
+                _ => format!("({} {} {})", self.expr(a), binary_symbol(op), self.expr(b)),
+            }
+        } else if let Some((op, a)) = u.as_unary() {
+            match op {
+                UnaryOp::Neg => format!("-{}", self.expr(a)),
+                _ => format!("{}({})", u.op().name().to_lowercase(), self.expr(a)),
+            }
+        } else if let Some(w) = u.as_where() {
+            format!("({} ? {} : {})", self.expr(w.cond), self.expr(w.then), self.expr(w.otherwise))
+        } else if let Some(x) = u.as_cast() {
+            format!("({}){}", u.dtype(), self.expr(x))
+        } else {
+            format!("<{}?>", u.op().name())
         }
     }
 

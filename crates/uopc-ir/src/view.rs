@@ -2,7 +2,7 @@
 //! `store.index` rather than `src()[0]`, and a wrong op is a `None` rather than a wrong operand.
 
 use crate::ids::RangeId;
-use crate::ops::{AxisType, BinaryOp, Op, TileOp, UnaryOp};
+use crate::ops::{AxisType, BinaryOp, GemmShape, Op, ReduceOp, TileOp, UnaryOp};
 use crate::uop::UOp;
 use crate::verify::view_base;
 
@@ -62,6 +62,44 @@ pub struct WhereView<'a> {
     pub then: &'a UOp,
     /// The value where it does not.
     pub otherwise: &'a UOp,
+}
+
+/// The sources of a tensor-level REDUCE.
+#[derive(Clone, Copy, Debug)]
+pub struct ReduceView<'a> {
+    /// How elements are combined.
+    pub op: ReduceOp,
+    /// How many trailing axes of `input` are reduced.
+    pub axes: usize,
+    /// The tensor reduced.
+    pub input: &'a UOp,
+    /// The rescaling sources of an online sum, `None` for a plain reduction.
+    pub online: Option<OnlineSources<'a>>,
+}
+
+/// The three extra sources of a REDUCE marked as an online sum: they tell rangeify how to
+/// rescale the accumulator as a running maximum grows (see uopc-tensor's `online` module).
+#[derive(Clone, Copy, Debug)]
+pub struct OnlineSources<'a> {
+    /// The maximum whose running value the accumulator follows.
+    pub max: &'a UOp,
+    /// `g(max)`, the node the summand's exponent subtracts.
+    pub shift: &'a UOp,
+    /// `k` of the summand's `exp2(k * (t - g(max)))`.
+    pub scale: &'a UOp,
+}
+
+/// The sources of a TILE GEMM, `C (+)= A * B`.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmView<'a> {
+    /// The shapes, strides and transposition flags.
+    pub shape: GemmShape,
+    /// The INDEX of A's first element.
+    pub a: &'a UOp,
+    /// The INDEX of B's first element.
+    pub b: &'a UOp,
+    /// The INDEX of C's first element.
+    pub c: &'a UOp,
 }
 
 impl UOp {
@@ -156,6 +194,66 @@ impl UOp {
         self.as_index().and_then(|i| view_base(i.base))
     }
 
+    /// The shape and operand INDEX nodes of a TILE GEMM; `None` for any other op.
+    pub fn as_gemm(&self) -> Option<GemmView<'_>> {
+        match (self.op(), self.src()) {
+            (&Op::Tile(TileOp::Gemm(shape)), [a, b, c]) => Some(GemmView { shape, a, b, c }),
+            _ => None,
+        }
+    }
+
+    /// The op, reduced axis count, input and (for an online sum) rescaling sources of a REDUCE;
+    /// `None` for any other op or a REDUCE with neither one nor four sources.
+    pub fn as_reduce(&self) -> Option<ReduceView<'_>> {
+        let &Op::Reduce { op, axes } = self.op() else { return None };
+        match self.src() {
+            [input] => Some(ReduceView { op, axes, input, online: None }),
+            [input, max, shift, scale] => {
+                Some(ReduceView { op, axes, input, online: Some(OnlineSources { max, shift, scale }) })
+            }
+            _ => None,
+        }
+    }
+
+    /// The tensor a movement op (RESHAPE, EXPAND, PERMUTE, SHRINK) views; `None` for any
+    /// other op, so a walk down a chain of views stops at the first node that computes.
+    pub fn as_movement(&self) -> Option<&UOp> {
+        match (self.op(), self.src()) {
+            (Op::Reshape(_) | Op::Expand(_) | Op::Permute(_) | Op::Shrink(_), [x]) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// The tensor an EXPAND broadcasts; `None` for any other op.
+    pub fn as_expand(&self) -> Option<&UOp> {
+        match (self.op(), self.src()) {
+            (Op::Expand(_), [x]) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// The tensor a STAGE marks for materializing; `None` for any other op.
+    pub fn as_stage(&self) -> Option<&UOp> {
+        match (self.op(), self.src()) {
+            (Op::Stage, [x]) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// The tensor a DETACH stops gradients at; `None` for any other op.
+    pub fn as_detach(&self) -> Option<&UOp> {
+        match (self.op(), self.src()) {
+            (Op::Detach, [x]) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// A STAGE's source, or the node itself when it is no STAGE: the value either way, for
+    /// code that treats a staged tensor like the tensor it stages.
+    pub fn unstaged(&self) -> &UOp {
+        self.as_stage().unwrap_or(self)
+    }
+
     /// The operation of a TILE and its operand INDEX nodes (in [`TileOp::operands`] order);
     /// `None` for any other op.
     pub fn as_tile(&self) -> Option<(TileOp, &[UOp])> {
@@ -248,5 +346,69 @@ mod tests {
         assert_eq!(c.as_cast(), Some(&r));
         assert!(x.as_binary().is_none() && sum.as_unary().is_none());
         assert!(sum.as_where().is_none() && x.as_cast().is_none() && x.as_tile().is_none());
+        assert!(x.as_gemm().is_none());
+    }
+
+    #[test]
+    fn gemm_names_its_operands() {
+        use crate::builder::tile;
+        use crate::ops::{GemmShape, TileOp};
+        let (a, b, c) = (buffer(0, DType::F32, 6), buffer(1, DType::F32, 6), buffer(2, DType::F32, 4));
+        let (ia, ib, ic) = (a.index(0), b.index(0), c.index(0));
+        let shape = GemmShape {
+            m: 2,
+            n: 2,
+            k: 3,
+            lda: 3,
+            ldb: 2,
+            ldc: 2,
+            a_trans: false,
+            b_trans: false,
+            accumulate: false,
+        };
+        let gemm = tile(TileOp::Gemm(shape), &[ia.clone(), ib.clone(), ic.clone()]);
+        let g = gemm.as_gemm().expect("a GEMM");
+        assert_eq!((g.shape, g.a, g.b, g.c), (shape, &ia, &ib, &ic));
+        let short = tile(TileOp::Gemm(shape), &[ia.clone(), ib.clone()]);
+        assert!(short.as_gemm().is_none() && ia.as_gemm().is_none());
+    }
+
+    #[test]
+    fn tensor_level_views_name_their_sources() {
+        use crate::ops::{Op, ReduceOp};
+        let x = UOp::new(Op::Param { slot: 0, shape: vec![2, 3] }, DType::F32, vec![]);
+        let node = |op: Op, src: Vec<UOp>| UOp::new(op, DType::F32, src);
+        let sum = node(Op::Reduce { op: ReduceOp::Add, axes: 1 }, vec![x.clone()]);
+        let r = sum.as_reduce().expect("a REDUCE");
+        assert_eq!((r.op, r.axes, r.input), (ReduceOp::Add, 1, &x));
+        assert!(r.online.is_none());
+        let max = node(Op::Reduce { op: ReduceOp::Max, axes: 1 }, vec![x.clone()]);
+        let scale = UOp::new(Op::Const(crate::ConstValue::float(1.0)), DType::F32, vec![]);
+        let online = node(
+            Op::Reduce { op: ReduceOp::Add, axes: 1 },
+            vec![x.clone(), max.clone(), max.clone(), scale.clone()],
+        );
+        let o = online.as_reduce().and_then(|r| r.online).expect("an online sum");
+        assert_eq!((o.max, o.shift, o.scale), (&max, &max, &scale));
+        let two = node(Op::Reduce { op: ReduceOp::Add, axes: 1 }, vec![x.clone(), max.clone()]);
+        assert!(two.as_reduce().is_none() && x.as_reduce().is_none());
+
+        let reshaped = node(Op::Reshape(vec![6]), vec![x.clone()]);
+        let expanded = node(Op::Expand(vec![4, 2, 3]), vec![x.clone()]);
+        let permuted = node(Op::Permute(vec![1, 0]), vec![x.clone()]);
+        let shrunk = node(Op::Shrink(vec![(0, 1), (0, 3)]), vec![x.clone()]);
+        for view in [&reshaped, &expanded, &permuted, &shrunk] {
+            assert_eq!(view.as_movement(), Some(&x));
+        }
+        assert_eq!(expanded.as_expand(), Some(&x));
+        assert!(reshaped.as_expand().is_none() && sum.as_movement().is_none());
+
+        let staged = node(Op::Stage, vec![sum.clone()]);
+        let detached = node(Op::Detach, vec![x.clone()]);
+        assert_eq!(staged.as_stage(), Some(&sum));
+        assert_eq!(detached.as_detach(), Some(&x));
+        assert!(detached.as_stage().is_none() && staged.as_detach().is_none());
+        assert_eq!(staged.unstaged(), &sum);
+        assert_eq!(sum.unstaged(), &sum);
     }
 }

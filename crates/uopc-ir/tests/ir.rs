@@ -76,22 +76,24 @@ fn eval(u: &UOp, env: &[(UOp, i64)]) -> i64 {
     if let Some((_, v)) = env.iter().find(|(r, _)| r == u) {
         return *v;
     }
-    match u.op() {
-        Op::Const(c) => c.as_i64(),
-        Op::Binary(op) => {
-            let (a, b) = (eval(&u.src()[0], env), eval(&u.src()[1], env));
-            match op {
-                BinaryOp::Add => a + b,
-                BinaryOp::Sub => a - b,
-                BinaryOp::Mul => a * b,
-                BinaryOp::IDiv => int_div(a, b),
-                BinaryOp::Mod => int_mod(a, b),
-                BinaryOp::Max => a.max(b),
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        Op::Unary(UnaryOp::Neg) => -eval(&u.src()[0], env),
-        other => panic!("unexpected {other:?}"),
+    if let Op::Const(c) = u.op() {
+        return c.as_i64();
+    }
+    if let Some((op, a, b)) = u.as_binary() {
+        let (a, b) = (eval(a, env), eval(b, env));
+        return match op {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::IDiv => int_div(a, b),
+            BinaryOp::Mod => int_mod(a, b),
+            BinaryOp::Max => a.max(b),
+            other => panic!("unexpected {other:?}"),
+        };
+    }
+    match u.as_unary() {
+        Some((UnaryOp::Neg, a)) => -eval(a, env),
+        _ => panic!("unexpected {:?}", u.op()),
     }
 }
 

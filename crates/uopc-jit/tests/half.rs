@@ -260,7 +260,8 @@ fn vectorized_16_bit_loops_match_the_interpreter() {
         out.index(&i).store((&x * &s + &y).cast(DType::BF16)),
         out16.index(&i).store(((&x - &y) * 2.0f32).cast(DType::F16)).end(&[i.clone()]),
     ]);
-    let program = sink(&[program.src()[0].clone().end(&[i]), program.src()[1].clone()]);
+    let [first, second] = program.src() else { unreachable!("a SINK of the two stores built above") };
+    let program = sink(&[first.clone().end(&[i]), second.clone()]);
     let fresh = || {
         [
             HostBuffer::BF16((0..n).map(|k| bf16::from_f32((k as f32 * 0.731).sin() * 2e4)).collect()),

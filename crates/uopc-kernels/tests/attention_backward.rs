@@ -2,7 +2,7 @@
 //! Tensor graph (run in f64 as the reference, and in f32 as the bench's `backward_unfused`),
 //! against plain f64 loops, and structurally (buffer sizes, parallelism) at N = 4096.
 
-use uopc_ir::{AxisType, Op, Stmt, verify, view_base};
+use uopc_ir::{AxisType, Op, Stmt, verify};
 use uopc_jit::Program;
 use uopc_kernels::backward::*;
 use uopc_tensor::{RealizeOptions, Tensor, realize};
@@ -195,8 +195,7 @@ fn recompute_programs_are_parallel_and_keep_scratch_per_thread() {
     let written = |p: &uopc_ir::UOp| -> Vec<usize> {
         let mut v: Vec<usize> = uopc_ir::UOp::toposort(std::slice::from_ref(p))
             .iter()
-            .filter(|u| matches!(u.op(), Op::Store))
-            .filter_map(|st| match view_base(&st.src()[0].src()[0])?.op() {
+            .filter_map(|st| match st.as_store()?.index.indexed_base()?.op() {
                 Op::Buffer { slot, .. } => Some(slot.index()),
                 _ => None,
             })

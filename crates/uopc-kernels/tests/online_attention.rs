@@ -71,8 +71,7 @@ fn online_running_state_is_declared_inside_the_thread_loop() {
     let init_of = |slot: usize| {
         body.iter().any(|s| match s {
             Stmt::Op(u) => {
-                matches!(u.op(), Op::Store)
-                    && matches!(uopc_ir::view_base(&u.src()[0].src()[0]).map(|b| b.op().clone()), Some(Op::Alloc { slot: s2, .. }) if s2.index() == slot)
+                matches!(u.as_store().and_then(|st| st.index.indexed_base()).map(|b| b.op().clone()), Some(Op::Alloc { slot: s2, .. }) if s2.index() == slot)
             }
             _ => false,
         })

@@ -98,6 +98,7 @@ pub fn vjp(output: &Tensor, params: &[&Tensor], cotangent: &Tensor) -> Result<Ve
         // Parameters keep their accumulated gradient; interior ones also pass it on.
         let Some(g) = grads.get(u).cloned() else { continue };
         for (k, contrib) in backward_rule(u, &g)? {
+            // By position: the rule names each contribution's source by its index.
             let s = &u.src()[k];
             if !live.contains(s) {
                 continue;
@@ -183,6 +184,8 @@ fn sum_trailing_keep(x: &Tensor, axes: usize) -> Result<Tensor> {
 /// The contribution of `g` (the gradient of node `u`) to each differentiable source, by
 /// source position.
 fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
+    // Source `k` as a tensor: the rules below answer by source position, so they read their
+    // operands by the same positions.
     let src = |k: usize| t(u.src()[k].clone());
     let out = t(u.clone());
     Ok(match u.op() {
@@ -225,9 +228,10 @@ fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
             let (c, zero) = (src(0), scalar_like(g, 0.0));
             vec![(1, c.try_where(g, &zero)?), (2, c.try_where(&zero, g)?)]
         }
-        Op::Reshape(_) => vec![(0, g.try_reshape(u.src()[0].shape())?)],
+        Op::Reshape(_) => vec![(0, g.try_reshape(src(0).shape())?)],
         Op::Expand(shape) => {
-            let s = u.src()[0].shape();
+            let x = src(0);
+            let s = x.shape();
             let mut gx = g.clone();
             for (k, (&from, &to)) in s.iter().zip(shape).enumerate() {
                 if from == 1 && to != 1 {
@@ -245,7 +249,8 @@ fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
         }
         Op::Shrink(bounds) => {
             // pad back with zeros, one axis at a time
-            let full = u.src()[0].shape();
+            let x = src(0);
+            let full = x.shape();
             let mut gx = g.clone();
             for (a, (&(lo, hi), &n)) in bounds.iter().zip(full).enumerate() {
                 if lo == 0 && hi == n {
@@ -285,7 +290,7 @@ fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
             }
         }
         Op::Stack => {
-            let s = u.src()[0].shape().to_vec();
+            let s = src(0).shape().to_vec();
             (0..u.src().len())
                 .map(|k| Ok((k, g.try_slice(0, k, k + 1)?.try_reshape(&s)?)))
                 .collect::<Result<_>>()?

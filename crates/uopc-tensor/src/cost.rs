@@ -61,8 +61,10 @@ pub fn input_products(plan: &crate::Plan, a: usize, b: usize) -> Result<u64, IrE
                     {
                         mult
                     }
-                    Op::Tile(uopc_ir::TileOp::Gemm(g)) if pair([slot(&u.src()[0]), slot(&u.src()[1])]) => {
-                        mult * (g.m * g.n * g.k) as u64
+                    Op::Tile(uopc_ir::TileOp::Gemm(_))
+                        if u.as_gemm().is_some_and(|g| pair([slot(g.a), slot(g.b)])) =>
+                    {
+                        u.as_gemm().map_or(0, |g| mult * (g.shape.m * g.shape.n * g.shape.k) as u64)
                     }
                     _ => 0,
                 },

@@ -25,7 +25,7 @@ const BLOCK_ELEMENTS: usize = 32 * 1024;
 
 /// The node a point's kernel body starts from: a STAGE is a copy of its source.
 fn body_start(p: &UOp) -> UOp {
-    if matches!(p.op(), Op::Stage) { p.src()[0].clone() } else { p.clone() }
+    p.unstaged().clone()
 }
 
 /// The other points the kernel of point `p` reads (its body's leaves that are points).
@@ -188,7 +188,7 @@ fn replace_nodes(root: &UOp, replace: impl Fn(&UOp) -> Option<UOp>) -> UOp {
 /// `value` with every INDEX into `placeholder` replaced by `by`, the INDEX of the one element
 /// those reads are known to address.
 fn redirect_reads(value: &UOp, placeholder: &UOp, by: &UOp) -> UOp {
-    replace_nodes(value, |u| (matches!(u.op(), Op::Index) && u.src()[0] == *placeholder).then(|| by.clone()))
+    replace_nodes(value, |u| u.as_index().is_some_and(|i| i.base == placeholder).then(|| by.clone()))
 }
 
 /// The per-axis index in `shape` of the row-major offset `flat`, each axis simplified.

@@ -41,7 +41,7 @@ fn check_memory(temps: &[(DType, usize)], outputs: &[(DType, usize)]) -> Result<
 /// The kernel body of point `p`: its computation with other points and inputs replaced by
 /// `Param`s numbered in first-use order; also returns the buffer behind each local slot.
 fn kernel_body(p: &UOp, buf_of: &HashMap<UOp, ArgSource>) -> (UOp, Vec<ArgSource>) {
-    let start = if matches!(p.op(), Op::Stage) { p.src()[0].clone() } else { p.clone() };
+    let start = p.unstaged().clone();
     let mut locals: Vec<ArgSource> = Vec::new();
     let mut map: HashMap<UOp, UOp> = HashMap::new();
     let mut stack = vec![(start.clone(), false)];

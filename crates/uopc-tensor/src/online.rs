@@ -53,13 +53,13 @@ impl OnlineSum {
     /// once the maximum is materialized by another kernel it is only an input, and the sum is
     /// an ordinary one).
     pub(crate) fn of(u: &UOp) -> Option<OnlineSum> {
-        let Op::Reduce { op: ReduceOp::Add, .. } = u.op() else { return None };
-        let [summand, max, shift, scale] = u.src() else { return None };
-        matches!(max.op(), Op::Reduce { op: ReduceOp::Max, .. }).then(|| OnlineSum {
-            summand: summand.clone(),
-            max: max.clone(),
-            shift: shift.clone(),
-            scale: scale.clone(),
+        let reduce = u.as_reduce().filter(|r| r.op == ReduceOp::Add)?;
+        let online = reduce.online?;
+        matches!(online.max.op(), Op::Reduce { op: ReduceOp::Max, .. }).then(|| OnlineSum {
+            summand: reduce.input.clone(),
+            max: online.max.clone(),
+            shift: online.shift.clone(),
+            scale: online.scale.clone(),
         })
     }
 }
@@ -133,18 +133,21 @@ fn varies_along(
         return v;
     }
     let mentions = |i: &[UOp]| i.iter().flat_map(|x| x.ranges_mentioned()).any(|r| along.contains(&r));
-    let v = match u.op() {
-        Op::Const(_) => false,
-        op if op.is_alu() => {
-            u.src().iter().any(|s| !s.shape().is_empty() && varies_along(s, index, along, memo))
+    let v = if let Some(viewed) = u.as_movement() {
+        let inner = movement_source_index(u, index);
+        let inner: Vec<UOp> = inner.iter().map(uopc_ir::simplify).collect();
+        varies_along(viewed, &inner, along, memo)
+    } else if let Some(x) = u.as_detach() {
+        varies_along(x, index, along, memo)
+    } else {
+        match u.op() {
+            Op::Const(_) => false,
+            // Generic over the operands: any one that varies makes the result vary.
+            op if op.is_alu() => {
+                u.src().iter().any(|s| !s.shape().is_empty() && varies_along(s, index, along, memo))
+            }
+            _ => mentions(index),
         }
-        op if op.is_movement() => {
-            let inner = movement_source_index(u, index);
-            let inner: Vec<UOp> = inner.iter().map(uopc_ir::simplify).collect();
-            varies_along(&u.src()[0], &inner, along, memo)
-        }
-        Op::Detach => varies_along(&u.src()[0], index, along, memo),
-        _ => mentions(index),
     };
     memo.insert(key, v);
     v
@@ -162,14 +165,17 @@ fn factors(f: &UOp) -> Vec<UOp> {
             continue;
         }
         let (chain, base) = crate::view::movement_chain(&u);
-        let pushable = !chain.is_empty()
-            && matches!(base.op(), Op::Binary(BinaryOp::Mul))
-            && base.src().iter().all(|s| s.shape() == base.shape() || is_scalar_const(s));
-        if pushable {
+        let product = match base.as_binary() {
+            Some((BinaryOp::Mul, a, b)) if !chain.is_empty() => Some((a, b)),
+            _ => None,
+        };
+        let pushable =
+            product.filter(|(a, b)| [a, b].iter().all(|s| s.shape() == base.shape() || is_scalar_const(s)));
+        if let Some((a, b)) = pushable {
             let moved = |s: &UOp| {
                 if is_scalar_const(s) { s.clone() } else { crate::view::reapply(&chain, s.clone()) }
             };
-            let (a, b) = (moved(&base.src()[0]), moved(&base.src()[1]));
+            let (a, b) = (moved(a), moved(b));
             todo.push(UOp::new(Op::Binary(BinaryOp::Mul), u.dtype(), vec![a, b]));
             continue;
         }
@@ -275,16 +281,14 @@ fn elementwise_of(g: &UOp, max: &UOp) -> bool {
 /// `exp2(k * (t - h))` (either operand order of the product) as `(t, h, k)`, `k` a positive
 /// 0-d constant.
 pub(crate) fn shifted_exp2(e: &UOp) -> Option<(UOp, UOp, UOp)> {
-    let Op::Unary(UnaryOp::Exp2) = e.op() else { return None };
-    let z = &e.src()[0];
-    let Op::Binary(BinaryOp::Mul) = z.op() else { return None };
-    let [a, b] = z.src() else { return None };
+    let (UnaryOp::Exp2, z) = e.as_unary()? else { return None };
+    let (BinaryOp::Mul, a, b) = z.as_binary()? else { return None };
     let (diff, k) = if is_scalar_const(b) { (a, b) } else { (b, a) };
     if !is_scalar_const(k) || k.const_value()?.as_f64() <= 0.0 {
         return None;
     }
-    let Op::Binary(BinaryOp::Sub) = diff.op() else { return None };
-    Some((diff.src()[0].clone(), diff.src()[1].clone(), k.clone()))
+    let (BinaryOp::Sub, t, h) = diff.as_binary()? else { return None };
+    Some((t.clone(), h.clone(), k.clone()))
 }
 
 /// Marks `sum(exp2(k * (t - g(m))) * f)` as an online sum of `m` when the law of the module
@@ -300,8 +304,9 @@ fn rescale_by_running_max(u: &UOp) -> Option<UOp> {
         return None;
     }
     let max = maxima.iter().next()?.clone();
-    let Op::Reduce { axes: max_axes, .. } = max.op() else { return None };
-    let y_shape = max.src()[0].shape();
+    let max_view = max.as_reduce()?;
+    let (max_axes, max_input) = (max_view.axes, max_view.input);
+    let y_shape = max_input.shape();
     let s_shape = summand.shape();
     if y_shape[y_shape.len() - max_axes..] != s_shape[s_shape.len() - axes..] {
         return None;
@@ -311,7 +316,7 @@ fn rescale_by_running_max(u: &UOp) -> Option<UOp> {
     // The exponent subtracts the maximum of its own input: while that maximum is -inf, so is
     // every term's `t`, and the terms seen before the first finite value are all 0.
     let base = |u: &UOp| crate::view::movement_chain(u).1;
-    if base(&t) != base(&max.src()[0]) {
+    if base(&t) != base(max_input) {
         return None;
     }
     let (_, shift) = crate::view::movement_chain(&h);

@@ -142,7 +142,7 @@ fn matched(body: &UOp) -> Option<Attention> {
         return None;
     }
     let (t, h, k) = crate::online::shifted_exp2(&e)?;
-    let scores = o.max.src()[0].clone();
+    let scores = o.max.as_reduce()?.input.clone();
     if base(&t) != scores || base(&h) != o.max {
         return None;
     }
@@ -414,8 +414,9 @@ fn zeroes_unseen_rows(body: &UOp, cond: &UOp) -> bool {
     while let Some(f) = factors.pop() {
         if let Some((BinaryOp::Mul, l, r)) = f.as_binary() {
             factors.extend([base(l), base(r)]);
-        } else if matches!(f.op(), Op::Reduce { op: uopc_ir::ReduceOp::Max, axes: 1 })
-            && base(&f.src()[0]) == keep
+        } else if f
+            .as_reduce()
+            .is_some_and(|r| (r.op, r.axes) == (uopc_ir::ReduceOp::Max, 1) && base(r.input) == keep)
         {
             return true;
         }

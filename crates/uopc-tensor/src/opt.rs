@@ -183,7 +183,7 @@ pub(crate) fn reduces_down_columns(body: &UOp, axis: usize) -> bool {
     else {
         return false;
     };
-    let x = &r.src()[0];
+    let Some(x) = r.as_reduce().map(|r| r.input) else { return false };
     let rank = x.shape().len();
     if rank < 2 || axis + 1 >= rank {
         return false;

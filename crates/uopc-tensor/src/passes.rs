@@ -26,7 +26,7 @@ static CANONICAL: LazyLock<RuleTable<Vec<UOp>>> = LazyLock::new(|| {
         "canonical",
         vec![
             Rule::with_cx("data_to_param", Pattern::ops(&[data]), data_to_param),
-            Rule::with_cx("drop_detach", Pattern::ops(&[Op::Detach]), |u, _| Some(u.src()[0].clone())),
+            Rule::with_cx("drop_detach", Pattern::ops(&[Op::Detach]), |u, _| u.as_detach().cloned()),
         ],
     )
 });
@@ -104,22 +104,22 @@ fn permute_into_reduce(u: &UOp, cx: &mut RuleCx<'_, PushViews>) -> Option<UOp> {
     // rewritten one (the same ops over rewritten sources) to build from.
     let users = &cx.state.users;
     let single = |x: &UOp| users.get(x).copied().unwrap_or(0) <= 1;
-    let mut original = cx.original().src()[0].clone();
+    let mut original = cx.original().as_movement()?.clone();
     let mut chain = vec![u.clone()];
-    let mut below = u.src()[0].clone();
+    let mut below = u.as_movement()?.clone();
     while matches!(below.op(), Op::Permute(_) | Op::Reshape(_)) {
         if !single(&original) {
             return None;
         }
         chain.push(below.clone());
-        below = below.src()[0].clone();
-        original = original.src()[0].clone();
+        below = below.as_movement()?.clone();
+        original = original.as_movement()?.clone();
     }
-    let Op::Reduce { op, axes: 1 } = below.op() else { return None };
+    let reduce = below.as_reduce().filter(|r| r.axes == 1)?;
     if !single(&original) {
         return None;
     }
-    let x = &below.src()[0];
+    let x = reduce.input;
     let r = *x.shape().last()?;
     let moved = chain.iter().rev().try_fold(x.clone(), |v, m| {
         let op = match m.op() {
@@ -129,7 +129,7 @@ fn permute_into_reduce(u: &UOp, cx: &mut RuleCx<'_, PushViews>) -> Option<UOp> {
         };
         Some(UOp::new(op, v.dtype(), vec![v]))
     })?;
-    Some(UOp::new(Op::Reduce { op: *op, axes: 1 }, below.dtype(), vec![moved]))
+    Some(UOp::new(Op::Reduce { op: reduce.op, axes: 1 }, below.dtype(), vec![moved]))
 }
 
 /// `roots` with every PERMUTE (and the RESHAPEs under it) over a single-use REDUCE moved into
@@ -206,11 +206,12 @@ pub fn stage_broadcast_compute(roots: &[UOp], factor: usize) -> Vec<UOp> {
     }
     let mut todo = HashSet::new();
     for u in &topo {
-        if !matches!(u.op(), Op::Expand(_)) || numel(u.shape()) < factor * numel(u.src()[0].shape()) {
+        let Some(broadcast) = u.as_expand() else { continue };
+        if numel(u.shape()) < factor * numel(broadcast.shape()) {
             continue;
         }
         // The movement chain below the broadcast, top first, and the node under it.
-        let (chain, base) = movement_chain(&u.src()[0]);
+        let (chain, base) = movement_chain(broadcast);
         if base.op().is_alu()
             && !matches!(base.op(), Op::Cast)
             && !base.shape().is_empty()
@@ -226,7 +227,9 @@ pub fn stage_broadcast_compute(roots: &[UOp], factor: usize) -> Vec<UOp> {
                 let non_unit = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
                 match m.op() {
                     Op::Permute(_) => true,
-                    Op::Reshape(_) => non_unit(m.shape()) != non_unit(m.src()[0].shape()),
+                    Op::Reshape(_) => {
+                        m.as_movement().is_some_and(|x| non_unit(m.shape()) != non_unit(x.shape()))
+                    }
                     _ => false,
                 }
             };
@@ -254,10 +257,11 @@ pub fn layout_pass(roots: &[UOp]) -> Vec<UOp> {
 pub(crate) fn layout_pass_except(roots: &[UOp], in_place: impl Fn(&UOp) -> bool) -> Vec<UOp> {
     let mut todo = HashSet::new();
     for r in UOp::toposort(roots) {
-        if !matches!(r.op(), Op::Reduce { .. }) || in_place(&r) {
+        let Some(reduce) = r.as_reduce() else { continue };
+        if in_place(&r) {
             continue;
         }
-        let x = &r.src()[0];
+        let x = reduce.input;
         let n = x.shape().len();
         if n == 0 || x.shape()[n - 1] <= 1 {
             continue;
@@ -287,7 +291,7 @@ pub(crate) fn layout_pass_output_with(
     let mut todo: HashSet<UOp> = HashSet::new();
     let mut plain: HashSet<UOp> = HashSet::new();
     for r in UOp::toposort(roots) {
-        let Op::Reduce { axes, .. } = r.op() else { continue };
+        let Some(reduce) = r.as_reduce() else { continue };
         if in_place(&r) {
             continue;
         }
@@ -296,9 +300,9 @@ pub(crate) fn layout_pass_output_with(
             plain.extend(staged);
             continue;
         }
-        let x = &r.src()[0];
+        let x = reduce.input;
         let n = x.shape().len();
-        if n < 2 || *axes != 1 || x.shape()[n - 2] <= 1 {
+        if n < 2 || reduce.axes != 1 || x.shape()[n - 2] <= 1 {
             continue;
         }
         todo.extend(strided_broadcast_views(x, n - 2));

@@ -51,8 +51,8 @@ pub(crate) fn affine(v: &UOp, shape: &[usize]) -> Option<Affine> {
     }
     let v = &without_widening(v);
     let mut p = v.clone();
-    while p.op().is_movement() {
-        p = p.src()[0].clone();
+    while let Some(viewed) = p.as_movement().cloned() {
+        p = viewed;
     }
     let Op::Param { slot, shape: pshape } = p.op() else { return None };
     if v.shape() != shape {
@@ -98,10 +98,9 @@ pub(crate) fn affine(v: &UOp, shape: &[usize]) -> Option<Affine> {
 /// them itself; otherwise `v` unchanged.
 fn without_widening(v: &UOp) -> UOp {
     let (chain, p) = movement_chain(v);
-    if !matches!(p.op(), Op::Cast) || !p.src()[0].dtype().is_half() {
+    let Some(stored) = p.as_cast().filter(|x| x.dtype().is_half()).cloned() else {
         return v.clone();
-    }
-    let stored = p.src()[0].clone();
+    };
     if !matches!(movement_chain(&stored).1.op(), Op::Param { .. }) {
         return v.clone();
     }
@@ -161,8 +160,7 @@ fn product_operands(x: &UOp) -> Option<(UOp, UOp)> {
 /// transposed f32 views of `Param`s (or of two bf16 or two f16 `Param`s widened to f32): the
 /// shape a tile GEMM computes without copying either.
 pub(crate) fn gemm_operands(body: &UOp) -> Option<Operands> {
-    let Op::Reduce { op: ReduceOp::Add, axes: 1 } = body.op() else { return None };
-    let x = &body.src()[0];
+    let x = body.as_reduce().filter(|r| (r.op, r.axes) == (ReduceOp::Add, 1))?.input;
     let shape = x.shape().to_vec();
     let r = shape.len();
     if r < 3 || shape.contains(&0) {
@@ -193,8 +191,9 @@ pub(crate) fn gemm_operands(body: &UOp) -> Option<Operands> {
 /// the product run as a tile GEMM, where otherwise it would be a loop nest. An operand that is
 /// not broadcast disqualifies the reduce (it is not a matrix product).
 pub(crate) fn operands_to_stage(body: &UOp) -> Vec<UOp> {
-    let Op::Reduce { op: ReduceOp::Add, axes: 1 } = body.op() else { return Vec::new() };
-    let x = &body.src()[0];
+    let Some(x) = body.as_reduce().filter(|r| (r.op, r.axes) == (ReduceOp::Add, 1)).map(|r| r.input) else {
+        return Vec::new();
+    };
     let shape = x.shape().to_vec();
     if shape.len() < 3 || shape.contains(&0) || x.dtype() != DType::F32 {
         return Vec::new();
@@ -202,11 +201,11 @@ pub(crate) fn operands_to_stage(body: &UOp) -> Vec<UOp> {
     let Some((lhs, rhs)) = product_operands(x) else { return Vec::new() };
     let below_broadcast = |v: &UOp| {
         let mut w = v.clone();
-        while w.op().is_movement() {
+        while let Some(viewed) = w.as_movement().cloned() {
             if matches!(w.op(), Op::Expand(_)) {
-                return Some(w.src()[0].clone());
+                return Some(viewed);
             }
-            w = w.src()[0].clone();
+            w = viewed;
         }
         None
     };

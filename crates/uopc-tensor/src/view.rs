@@ -47,9 +47,8 @@ pub(crate) fn view_offset(v: &UOp, index: Vec<usize>) -> Option<usize> {
 pub(crate) fn movement_chain(v: &UOp) -> (Vec<UOp>, UOp) {
     let mut chain = Vec::new();
     let mut base = v.clone();
-    while base.op().is_movement() {
-        chain.push(base.clone());
-        base = base.src()[0].clone();
+    while let Some(viewed) = base.as_movement().cloned() {
+        chain.push(std::mem::replace(&mut base, viewed));
     }
     (chain, base)
 }
@@ -87,15 +86,14 @@ pub(crate) fn strided_broadcast_views(x: &UOp, axis: usize) -> Vec<UOp> {
             continue;
         }
         let mut w = v.clone();
-        while w.op().is_movement() {
+        while let Some(viewed) = w.as_movement().cloned() {
             if matches!(w.op(), Op::Expand(_)) {
-                let cand = w.src()[0].clone();
-                if cand.op().is_movement() && cand.shape().len() == xs.len() {
-                    found.push(cand);
+                if viewed.op().is_movement() && viewed.shape().len() == xs.len() {
+                    found.push(viewed);
                 }
                 break;
             }
-            w = w.src()[0].clone();
+            w = viewed;
         }
     }
     found

@@ -41,7 +41,8 @@ fn weighted(program: &UOp) -> Vec<(UOp, u64, usize)> {
         for s in body {
             match s {
                 Stmt::Loop { range, body } => {
-                    let trip = range.src()[0].const_int().expect("constant trip count") as u64;
+                    let trip =
+                        range.as_range().and_then(|r| r.end.const_int()).expect("constant trip count") as u64;
                     go(body, mult * trip, depth + 1, out);
                 }
                 Stmt::Op(u) => out.push((u.clone(), mult, depth)),
@@ -60,11 +61,9 @@ fn acc_inits(program: &UOp) -> Vec<(f64, usize)> {
     weighted(program)
         .into_iter()
         .filter_map(|(u, _, depth)| {
-            if !matches!(u.op(), Op::Store) {
-                return None;
-            }
-            let base = uopc_ir::view_base(&u.src()[0].src()[0])?;
-            let c = u.src()[1].const_value()?;
+            let store = u.as_store()?;
+            let base = store.index.indexed_base()?;
+            let c = store.value.const_value()?;
             matches!(base.op(), Op::Alloc { .. }).then(|| (c.as_f64(), depth))
         })
         .collect()
@@ -284,7 +283,7 @@ fn unroll_combines_copies_in_one_loop() {
         .walk()
         .iter()
         .filter_map(|(_, s)| match s {
-            Stmt::Loop { range, .. } => range.src()[0].const_int(),
+            Stmt::Loop { range, .. } => range.as_range().and_then(|r| r.end.const_int()),
             _ => None,
         })
         .collect();

@@ -12,22 +12,26 @@ fn int(u: &UOp) -> Option<i64> {
 
 /// `a + b` of two constants becomes their sum.
 fn add_consts(u: &UOp) -> Option<UOp> {
-    Some(idx(int(&u.src()[0])? + int(&u.src()[1])?))
+    let (_, a, b) = u.as_binary()?;
+    Some(idx(int(a)? + int(b)?))
 }
 
 /// `x * 1` becomes `x`.
 fn mul_one(u: &UOp) -> Option<UOp> {
-    (int(&u.src()[1]) == Some(1)).then(|| u.src()[0].clone())
+    let (_, x, one) = u.as_binary()?;
+    (int(one) == Some(1)).then(|| x.clone())
 }
 
 /// `x - y` becomes `x + (-1 * y)`: builds a node the pass has not seen.
 fn sub_to_add(u: &UOp) -> Option<UOp> {
-    Some(u.src()[0].binary(BinaryOp::Add, u.src()[1].binary(BinaryOp::Mul, idx(-1))))
+    let (_, x, y) = u.as_binary()?;
+    Some(x.binary(BinaryOp::Add, y.binary(BinaryOp::Mul, idx(-1))))
 }
 
 /// `c * -1` of a constant becomes `-c`.
 fn fold_neg(u: &UOp) -> Option<UOp> {
-    Some(idx(int(&u.src()[0])?.checked_mul(int(&u.src()[1])?)?))
+    let (_, a, b) = u.as_binary()?;
+    Some(idx(int(a)?.checked_mul(int(b)?)?))
 }
 
 fn table() -> RuleTable {
@@ -72,7 +76,8 @@ fn never_revisit_keeps_the_first_replacement() {
 #[test]
 fn the_round_bound_stops_a_cycling_rule() {
     fn swap(u: &UOp) -> Option<UOp> {
-        Some(u.src()[1].binary(BinaryOp::Max, u.src()[0].clone()))
+        let (_, a, b) = u.as_binary()?;
+        Some(b.binary(BinaryOp::Max, a.clone()))
     }
     let t =
         RuleTable::new("cycle", vec![Rule::new("swap", Pattern::ops(&[Op::Binary(BinaryOp::Max)]), swap)]);

@@ -70,6 +70,8 @@ fn compute_bounds(u: &UOp) -> (i64, i64) {
     if !well_formed(u) {
         return dtype_bounds(d);
     }
+    // Source `k`'s bounds, by position: the arms below are written over the operand order of
+    // each op, which `well_formed` has checked.
     let s = |k: usize| u.src()[k].node_bounds().unwrap_or(dtype_bounds(u.src()[k].dtype()));
     let full = dtype_bounds(d);
     let b = match u.op() {
@@ -134,7 +136,7 @@ fn compute_bounds(u: &UOp) -> (i64, i64) {
                 (a.0.min(b.0), a.1.max(b.1))
             }
         }
-        Op::Cast if !u.src()[0].dtype().is_float() => {
+        Op::Cast if u.as_cast().is_some_and(|x| !x.dtype().is_float()) => {
             let a = s(0);
             if a.0 >= full.0 && a.1 <= full.1 { a } else { full }
         }

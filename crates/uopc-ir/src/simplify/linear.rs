@@ -113,9 +113,9 @@ pub(super) fn konst(v: i64, dtype: DType) -> UOp {
 
 /// Whether `u` is ADD, SUB, NEG, or MUL by an integer constant: the ops a linear form absorbs.
 pub(super) fn is_linear_op(u: &UOp) -> bool {
-    match u.op() {
-        Op::Binary(BinaryOp::Add | BinaryOp::Sub) | Op::Unary(UnaryOp::Neg) => true,
-        Op::Binary(BinaryOp::Mul) => u.src()[0].const_int().is_some() || u.src()[1].const_int().is_some(),
-        _ => false,
+    match u.as_binary() {
+        Some((BinaryOp::Add | BinaryOp::Sub, ..)) => true,
+        Some((BinaryOp::Mul, a, b)) => a.const_int().is_some() || b.const_int().is_some(),
+        _ => matches!(u.op(), Op::Unary(UnaryOp::Neg)),
     }
 }

@@ -318,9 +318,9 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                     args.push(int(v));
                 }
                 // The operands' dtype picks the kernel (the verifier made A and B alike).
-                self.externs.get(match u.src()[0].dtype() {
-                    DType::BF16 => Extern::TileGemmBf16,
-                    DType::F16 => Extern::TileGemmF16,
+                self.externs.get(match u.as_gemm().map(|g| g.a.dtype()) {
+                    Some(DType::BF16) => Extern::TileGemmBf16,
+                    Some(DType::F16) => Extern::TileGemmF16,
                     _ => Extern::TileGemm,
                 })
             }
@@ -335,7 +335,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                     args.push(int(v as i64));
                 }
                 args.push(int(i64::from(scale)));
-                // The verifier made P BF16 or F16.
+                // The verifier made P (the fifth operand, in `TileOp::operands` order) BF16 or F16.
                 args.push(int(i64::from(u.src()[4].dtype() == DType::F16)));
                 self.externs.get(Extern::TileSoftmaxRounded)
             }

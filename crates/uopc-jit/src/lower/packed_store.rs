@@ -236,6 +236,7 @@ impl Lowerer<'_, '_> {
                 leaves.extend(lanes.iter().cloned());
                 true
             }
+            // Generic over the op's sources: the lanes pack when each source position does.
             Some(LaneNode::Op) => (0..lanes[0].src().len())
                 .all(|i| self.lanes_pack(&lanes.clone().map(|x| x.src()[i].clone()), leaves, shared, diff)),
         }

@@ -369,8 +369,8 @@ impl Ctx {
     /// members of an online group), as the reduce index of each unrolled copy. The last axis is
     /// unrolled by `unroll` when that divides it.
     fn reduce_loop(&mut self, u: &UOp, owner: &UOp, ranges: Vec<UOp>, unroll: usize) -> Vec<Vec<UOp>> {
-        let xs = u.src()[0].shape();
-        let Op::Reduce { axes, .. } = u.op() else { return vec![Vec::new()] };
+        let Some(reduce) = u.as_reduce() else { return vec![Vec::new()] };
+        let (xs, axes) = (reduce.input.shape(), reduce.axes);
         let rshape = xs[xs.len() - axes..].to_vec();
         self.loop_over(&rshape, owner, ranges, unroll)
     }

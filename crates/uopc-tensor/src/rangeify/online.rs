@@ -52,10 +52,10 @@ const MIN_BLOCK: usize = 64;
 /// block's inputs are computed twice, so only a maximum of values that are read, not computed
 /// by a reduce (logits, not attention scores), is taken in blocks.
 fn block_of(u: &UOp) -> Option<(usize, usize)> {
-    let Op::Reduce { axes: 1, .. } = u.op() else { return None };
-    let n = *u.src()[0].shape().last()?;
+    let reduce = u.as_reduce().filter(|r| r.axes == 1)?;
+    let n = *reduce.input.shape().last()?;
     let max = if is_max(u) { u.clone() } else { OnlineSum::of(u)?.max };
-    let input = &max.src()[0];
+    let input = max.as_reduce()?.input;
     let computed =
         UOp::toposort(std::slice::from_ref(input)).iter().any(|x| matches!(x.op(), Op::Reduce { .. }));
     if n < BLOCKED_MIN || computed {
@@ -76,7 +76,7 @@ const ONLINE_UNROLL: usize = 8;
 /// The unroll of `u`'s online loop: the largest divisor of its last reduced axis up to
 /// [`ONLINE_UNROLL`] (one for every member of a group, whose axes are alike).
 fn online_unroll(u: &UOp) -> usize {
-    let extent = u.src()[0].shape().last().copied().unwrap_or(1);
+    let extent = u.as_reduce().and_then(|r| r.input.shape().last().copied()).unwrap_or(1);
     crate::util::largest_divisor_at_most(extent, ONLINE_UNROLL)
 }
 
@@ -217,15 +217,16 @@ impl Ctx {
         if let Some(owner) = self.groups.block_owner.get(u).cloned() {
             // a block sum of a long group: its loop is shared by the group's block sums
             let unroll = self.opts.unroll.max(1);
+            let input = u.as_reduce()?.input;
             return Some(
                 self.reduce_loop(u, &owner, ranges_in(index), unroll)
                     .into_iter()
-                    .map(|r| (u.src()[0].clone(), index.iter().cloned().chain(r).collect(), scope.cloned()))
+                    .map(|r| (input.clone(), index.iter().cloned().chain(r).collect(), scope.cloned()))
                     .collect(),
             );
         }
         if let Some(s) = scope.filter(|s| s.max == *u) {
-            return Some(each(self, &s.owner, s.ranges.clone(), &u.src()[0], None));
+            return Some(each(self, &s.owner, s.ranges.clone(), u.as_reduce()?.input, None));
         }
         if scope.is_some() {
             return None;
@@ -244,7 +245,7 @@ impl Ctx {
             return Some(each(self, &owner, ranges, &o.summand, summand_scope));
         }
         if self.groups.is_grouped_max(u) {
-            return Some(each(self, u, ranges_in(index), &u.src()[0], None));
+            return Some(each(self, u, ranges_in(index), u.as_reduce()?.input, None));
         }
         None
     }

@@ -28,10 +28,10 @@ impl Tensor {
         if shape == self.shape() {
             return Ok(self.clone());
         }
-        let base = if matches!(self.uop.op(), Op::Reshape(_)) {
-            self.uop.src()[0].clone()
-        } else {
-            self.uop.clone()
+        // A reshape of a reshape is one reshape of the inner source.
+        let base = match (self.uop.op(), self.uop.as_movement()) {
+            (Op::Reshape(_), Some(inner)) => inner.clone(),
+            _ => self.uop.clone(),
         };
         if base.shape() == shape {
             return Ok(Tensor { uop: base });
@@ -72,8 +72,7 @@ impl Tensor {
         if s == shape {
             return Ok(self.clone());
         }
-        let base =
-            if matches!(self.uop.op(), Op::Expand(_)) { self.uop.src()[0].clone() } else { self.uop.clone() };
+        let base = self.uop.as_expand().unwrap_or(&self.uop).clone();
         Ok(Tensor { uop: UOp::new(Op::Expand(shape.to_vec()), self.dtype(), vec![base]) })
     }
     /// [`Tensor::try_expand`], panicking on incompatible shapes.
@@ -131,9 +130,9 @@ impl Tensor {
                 format!("{perm:?} is not a permutation of the axes of {:?}", self.shape()),
             ));
         }
-        let (base, perm) = match self.uop.op() {
-            Op::Permute(inner) => {
-                (self.uop.src()[0].clone(), perm.iter().map(|&p| inner[p]).collect::<Vec<_>>())
+        let (base, perm) = match (self.uop.op(), self.uop.as_movement()) {
+            (Op::Permute(inner), Some(viewed)) => {
+                (viewed.clone(), perm.iter().map(|&p| inner[p]).collect::<Vec<_>>())
             }
             _ => (self.uop.clone(), perm.to_vec()),
         };
