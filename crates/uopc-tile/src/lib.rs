@@ -20,7 +20,7 @@
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
 //!   bf16 and f16 conversions in [`convert`].
-//! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 by the f32 GEMM's own
+//! * [`gemm_f16`]: the same with f16 operands ([`gemm_f32_f16`]: f32 A, f16 B), widened exactly to f32 by the f32 GEMM's own
 //!   packing for the f32 micro-kernels of an [`Isa`]. Both stream B without packing it when A
 //!   has at most eight rows (decode), widening it in registers on AVX-512.
 //!
@@ -57,7 +57,10 @@ pub use bf16_gemm::{
     uopc_tile_gemm_bf16_desc,
 };
 pub use error::TileError;
-pub use f16_gemm::{gemm_f16, gemm_f16_unchecked, uopc_tile_gemm_f16, uopc_tile_gemm_f16_desc};
+pub use f16_gemm::{
+    gemm_f16, gemm_f16_unchecked, gemm_f32_f16, gemm_f32_f16_unchecked, uopc_tile_gemm_f16,
+    uopc_tile_gemm_f16_desc, uopc_tile_gemm_f32_f16,
+};
 pub use gemm::{
     GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmDesc, GemmShape, gemm, gemm_unchecked,
     uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
