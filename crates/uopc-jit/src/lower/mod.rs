@@ -313,10 +313,11 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 for v in [g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.flags] {
                     args.push(int(v));
                 }
-                // The operands' dtype picks the kernel (the verifier made A and B alike).
-                self.externs.get(match u.src()[0].dtype() {
-                    DType::BF16 => Extern::TileGemmBf16,
-                    DType::F16 => Extern::TileGemmF16,
+                // The operands' dtypes pick the kernel (the verifier allowed only these pairs).
+                self.externs.get(match (u.src()[0].dtype(), u.src()[1].dtype()) {
+                    (DType::BF16, _) => Extern::TileGemmBf16,
+                    (DType::F16, _) => Extern::TileGemmF16,
+                    (_, DType::F16) => Extern::TileGemmF32F16,
                     _ => Extern::TileGemm,
                 })
             }
