@@ -20,13 +20,16 @@
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
 //!   bf16 and f16 conversions in [`convert`].
-//! * [`gemm_f16`]: the same with f16 operands ([`gemm_f32_f16`]: f32 A, f16 B), widened exactly to f32 by the f32 GEMM's own
-//!   packing for the f32 micro-kernels of an [`Isa`]. Both stream B without packing it when A
-//!   has at most eight rows (decode), widening it in registers on AVX-512.
+//! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 by the f32 GEMM's own
+//!   packing for the f32 micro-kernels of an [`Isa`]; [`gemm_f32_f16`] takes an f32 A (read
+//!   as it is) with an f16 B, for a caller that keeps A widened across calls. All of them
+//!   stream B without packing it when A has at most eight rows (decode), widening it in
+//!   registers on AVX-512.
 //!
 //! Each operation has a checked safe entry point, an `unsafe` raw-pointer twin for callers that
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code
 //! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
+//! [`uopc_tile_gemm_f32_f16`],
 //! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
