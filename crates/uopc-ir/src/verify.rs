@@ -246,9 +246,10 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                     ));
                 }
             }
-            // A GEMM multiplies f32, bf16 or f16 operands (both alike) into an f32 C; the
-            // rounded softmax writes its P tile (operand 4) in BF16 or F16 only; every other
-            // operand is f32.
+            // A GEMM multiplies f32, bf16 or f16 operands (both alike, or an f32 A with an f16
+            // B, which the tile library widens while packing B) into an f32 C; the rounded
+            // softmax writes its P tile (operand 4) in BF16 or F16 only; every other operand
+            // is f32.
             if matches!(t, TileOp::SoftmaxUpdateRounded { .. }) && !s[4].dtype().is_half() {
                 return Err(err(
                     IrErrorKind::DType,
@@ -256,18 +257,30 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                     format!("P operand {} is {}, not BF16 or F16", s[4].short(), s[4].dtype()),
                 ));
             }
-            let inputs = match t {
-                TileOp::Gemm(_) if dt(0).is_half() => dt(0),
-                TileOp::SoftmaxUpdateRounded { .. } => s[4].dtype(),
-                _ => DType::F32,
-            };
+            if matches!(t, TileOp::Gemm(_)) {
+                let (a, b) = (dt(0), dt(1));
+                let paired = a == b && (a == DType::F32 || a.is_half());
+                let widened_b = a == DType::F32 && b == DType::F16;
+                if !(paired || widened_b) {
+                    return Err(err(
+                        IrErrorKind::DType,
+                        u,
+                        format!(
+                            "GEMM operands A {} ({a}) and B {} ({b}): want both F32, both BF16, \
+                             both F16, or F32 A with F16 B",
+                            s[0].short(),
+                            s[1].short()
+                        ),
+                    ));
+                }
+            }
             for (k, x) in s.iter().enumerate() {
-                let half_operand = match t {
-                    TileOp::Gemm(_) => k < 2,
-                    TileOp::SoftmaxUpdateRounded { .. } => k == 4,
-                    _ => false,
+                let want = match t {
+                    // Checked together above.
+                    TileOp::Gemm(_) if k < 2 => continue,
+                    TileOp::SoftmaxUpdateRounded { .. } if k == 4 => continue,
+                    _ => DType::F32,
                 };
-                let want = if half_operand { inputs } else { DType::F32 };
                 if x.dtype() != want {
                     return Err(err(
                         IrErrorKind::DType,

@@ -29,6 +29,8 @@ pub(crate) enum Extern {
     TileGemmF16,
     /// [`uopc_tile::uopc_tile_softmax_update_rounded`].
     TileSoftmaxRounded,
+    /// [`uopc_tile::uopc_tile_gemm_f32_f16`] (flat: f32 A, f16 B).
+    TileGemmF32F16,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -43,7 +45,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 10] = [
+    pub const ALL: [Extern; 11] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -54,6 +56,7 @@ impl Extern {
         Extern::TileGemmBf16,
         Extern::TileGemmF16,
         Extern::TileSoftmaxRounded,
+        Extern::TileGemmF32F16,
     ];
 
     /// The symbol it is registered and declared under.
@@ -68,6 +71,7 @@ impl Extern {
             Extern::TileSoftmaxGrad => "uopc_tile_softmax_grad_f32",
             Extern::TileGemmBf16 => "uopc_tile_gemm_bf16",
             Extern::TileGemmF16 => "uopc_tile_gemm_f16",
+            Extern::TileGemmF32F16 => "uopc_tile_gemm_f32_f16",
             Extern::TileSoftmaxRounded => "uopc_tile_softmax_update_rounded",
         }
     }
@@ -84,6 +88,7 @@ impl Extern {
             Extern::TileSoftmaxGrad => uopc_tile::uopc_tile_softmax_grad_f32 as *const u8,
             Extern::TileGemmBf16 => uopc_tile::uopc_tile_gemm_bf16 as *const u8,
             Extern::TileGemmF16 => uopc_tile::uopc_tile_gemm_f16 as *const u8,
+            Extern::TileGemmF32F16 => uopc_tile::uopc_tile_gemm_f32_f16 as *const u8,
             Extern::TileSoftmaxRounded => uopc_tile::uopc_tile_softmax_update_rounded as *const u8,
         }
     }
@@ -103,7 +108,9 @@ impl Extern {
             Extern::Exp2F64 | Extern::Log2F64 => unary(sig, types::F64),
             Extern::Log2F32 => unary(sig, types::F32),
             // (a, b, c, m, n, k, lda, ldb, ldc, flags) -> status
-            Extern::TileGemm | Extern::TileGemmBf16 | Extern::TileGemmF16 => ints(sig, 10),
+            Extern::TileGemm | Extern::TileGemmBf16 | Extern::TileGemmF16 | Extern::TileGemmF32F16 => {
+                ints(sig, 10)
+            }
             // (s, row_max, row_sum, o, rows, cols, lds, ldo, d) -> status
             Extern::TileSoftmax => ints(sig, 9),
             // (s, row_max, row_sum, o, p, rows, cols, lds, ldo, d, ldp, scale, is_f16) -> status

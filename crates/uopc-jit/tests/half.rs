@@ -312,17 +312,19 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// A tile GEMM on `dtype` (BF16 or F16) A and B in a compiled program, and its reference
-/// expansion through the interpreter, against an f64 product of the same 16-bit inputs.
-fn half_tile_gemm_matches_f64(dtype: DType) {
-    let narrow = |v: Vec<f32>| match dtype {
+/// A tile GEMM on an `a_dtype` A and a `dtype` (BF16 or F16) B in a compiled program, and
+/// its reference expansion through the interpreter, against an f64 product of the same inputs.
+fn half_tile_gemm_matches_f64(a_dtype: DType, dtype: DType) {
+    let narrow_to = |dtype: DType, v: Vec<f32>| match dtype {
         DType::BF16 => HostBuffer::BF16(v.into_iter().map(bf16::from_f32).collect()),
-        _ => HostBuffer::F16(v.into_iter().map(f16::from_f32).collect()),
+        DType::F16 => HostBuffer::F16(v.into_iter().map(f16::from_f32).collect()),
+        _ => HostBuffer::F32(v),
     };
     let wide = |h: &HostBuffer, at: usize| match h {
         HostBuffer::BF16(v) => v[at].to_f64(),
         HostBuffer::F16(v) => v[at].to_f64(),
-        _ => unreachable!("16-bit operands"),
+        HostBuffer::F32(v) => f64::from(v[at]),
+        _ => unreachable!("f32 or 16-bit operands"),
     };
     for (m, n, k, a_trans, b_trans, accumulate) in [
         (37, 45, 70, false, false, false),
@@ -333,9 +335,9 @@ fn half_tile_gemm_matches_f64(dtype: DType) {
     ] {
         let g = GemmShape::dense(m, n, k, a_trans, b_trans, accumulate);
         let (na, nb, nc) = (m * k, k * n, m * n);
-        let (a, b) = (narrow(values(na, 1)), narrow(values(nb, 2)));
+        let (a, b) = (narrow_to(a_dtype, values(na, 1)), narrow_to(dtype, values(nb, 2)));
         let c0 = values(nc, 3);
-        let (ab, bb, cb) = (buffer(0, dtype, na), buffer(1, dtype, nb), buffer(2, DType::F32, nc));
+        let (ab, bb, cb) = (buffer(0, a_dtype, na), buffer(1, dtype, nb), buffer(2, DType::F32, nc));
         let program = sink(&[tile(TileOp::Gemm(g), &[ab.index(0), bb.index(0), cb.index(0)])]);
         let prg = Program::compile(&program, "gemm_half").unwrap();
         let mut c = c0.clone();
@@ -356,7 +358,8 @@ fn half_tile_gemm_matches_f64(dtype: DType) {
                 }
                 // Products of two bf16 (8 significant bits each) or two f16 (11) are exact in
                 // f32; only the f32 sums round (k + 1 of them, each within 2^-24 of the
-                // running magnitude).
+                // running magnitude). An f32 A rounds each product once more (2^-24 of it),
+                // still inside twice the sums' bound.
                 let tol = (k as f64 + 2.0) * f32::EPSILON as f64 * magnitude;
                 let got = c[i * n + j] as f64;
                 assert!((got - want).abs() <= tol, "{dtype} {m}x{n}x{k} ({i},{j}): {got} vs {want}");
@@ -368,7 +371,7 @@ fn half_tile_gemm_matches_f64(dtype: DType) {
 
 #[test]
 fn bf16_tile_gemm_in_a_compiled_program_matches_f64() {
-    half_tile_gemm_matches_f64(DType::BF16);
+    half_tile_gemm_matches_f64(DType::BF16, DType::BF16);
 }
 
 #[test]
@@ -382,7 +385,20 @@ fn f16_tile_gemm_in_a_compiled_program_matches_f64() {
     // The f16 kernel, not the bf16 or f32 one: the call goes to the extern declared ninth
     // (`Extern::ALL` order), after the bf16 GEMM's.
     assert!(prg_clif.contains("call fn8("), "{prg_clif}");
-    half_tile_gemm_matches_f64(DType::F16);
+    half_tile_gemm_matches_f64(DType::F16, DType::F16);
+}
+
+#[test]
+fn f32_by_f16_tile_gemm_in_a_compiled_program_matches_f64() {
+    let prg_clif = {
+        let g = GemmShape::dense(2, 2, 2, false, false, false);
+        let (a, b, c) = (buffer(0, DType::F32, 4), buffer(1, DType::F16, 4), buffer(2, DType::F32, 4));
+        let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
+        Program::compile(&p, "gemm_f32_f16").unwrap().clif().to_string()
+    };
+    // The mixed kernel: the extern declared eleventh (`Extern::ALL` order), the last.
+    assert!(prg_clif.contains("call fn10("), "{prg_clif}");
+    half_tile_gemm_matches_f64(DType::F32, DType::F16);
 }
 
 #[test]
@@ -395,14 +411,31 @@ fn bf16_tile_gemm_operands_are_checked() {
     let (a, b, c) = (buffer(0, DType::BF16, 15), buffer(1, DType::BF16, 16), buffer(2, DType::F32, 16));
     let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
     assert_eq!(verify(&p).unwrap_err().kind, IrErrorKind::OutOfBounds);
-    // A and B alike: bf16 with f16 is refused, f16 with f16 accepted; C stays f32.
+    // A and B alike, or an f32 A with an f16 B (no other mix has a kernel); C stays f32.
     for (da, db, dc, ok) in [
         (DType::BF16, DType::F16, DType::F32, false),
+        (DType::F16, DType::BF16, DType::F32, false),
+        (DType::F16, DType::F32, DType::F32, false),
+        (DType::F32, DType::BF16, DType::F32, false),
+        (DType::F32, DType::F64, DType::F32, false),
+        (DType::F64, DType::F64, DType::F32, false),
         (DType::F16, DType::F16, DType::F16, false),
+        (DType::F32, DType::F16, DType::F16, false),
         (DType::F16, DType::F16, DType::F32, true),
+        (DType::F32, DType::F16, DType::F32, true),
+        (DType::F32, DType::F32, DType::F32, true),
     ] {
         let (a, b, c) = (buffer(0, da, 16), buffer(1, db, 16), buffer(2, dc, 16));
         let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
-        assert_eq!(verify(&p).is_ok(), ok, "{da} x {db} -> {dc}");
+        match verify(&p) {
+            Ok(_) => assert!(ok, "{da} x {db} -> {dc} accepted"),
+            Err(e) => {
+                assert!(!ok, "{da} x {db} -> {dc} refused: {e}");
+                assert_eq!(e.kind, IrErrorKind::DType, "{e}");
+                // The message names the offending operands' dtypes.
+                let named = if dc == DType::F32 { format!("A {da}") } else { format!("{dc}") };
+                assert!(e.to_string().contains(&named) || e.to_string().contains(&format!("({da})")), "{e}");
+            }
+        }
     }
 }

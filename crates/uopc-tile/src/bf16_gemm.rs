@@ -453,7 +453,7 @@ unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: 
     if path != Bf16Path::Portable && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
         // SAFETY: AVX-512F comes with either vector path; the shape is in the kernel's range
         // and the pointers are this function's contract.
-        unsafe { crate::x86::half_rows::gemm::<false>(s, a, b, c) };
+        unsafe { crate::x86::half_rows::gemm::<false>(s, crate::x86::half_rows::RowsA::Half(a), b, c) };
         return;
     }
     let kblocks = k.div_ceil(32);

@@ -167,13 +167,18 @@ const PACK_FLOATS: usize = 1 << 17;
 /// larger slab no longer stays in L1, so it is packed (`docs/bench/tile-gemm-in-place.json`).
 const IN_PLACE_FLOATS: usize = 1 << 13;
 
-/// The blocked driver shared by the vector ISAs, on operands of type `E`.
+/// The blocked driver shared by the vector ISAs, on an A of type `EA` and a B of type `EB`.
 ///
 /// # Safety
 ///
-/// The contract of [`crate::gemm_unchecked`] (A and B counted in `E`s), with `K`'s ISA and
-/// the features `E`'s widening needs available.
-pub(crate) unsafe fn drive<K: TileKernel, E: Element>(s: &GemmShape, a: *const E, b: *const E, c: *mut f32) {
+/// The contract of [`crate::gemm_unchecked`] (A counted in `EA`s, B in `EB`s), with `K`'s ISA
+/// and the features both types' widening needs available.
+pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
+    s: &GemmShape,
+    a: *const EA,
+    b: *const EB,
+    c: *mut f32,
+) {
     let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, .. } = *s;
     if m == 0 || n == 0 {
         return;
@@ -193,8 +198,9 @@ pub(crate) unsafe fn drive<K: TileKernel, E: Element>(s: &GemmShape, a: *const E
     let b_floats = kc_max * nc_max.min(n.next_multiple_of(K::NR));
     // Copying a transposed f32 A pays when its strips are reused across several B panels, or
     // when `lda` is a multiple of 128 floats: then the rows of a strip map to at most 8 of L1's
-    // 64 sets, and a long strip no longer fits them. Any other type is copied (widened) always.
-    let pack_a = !E::READ_IN_PLACE || (a_trans && (n >= 4 * K::NR || lda.is_multiple_of(128)));
+    // 64 sets, and a long strip no longer fits them. An A of any other type is copied (widened)
+    // always.
+    let pack_a = !EA::READ_IN_PLACE || (a_trans && (n >= 4 * K::NR || lda.is_multiple_of(128)));
     let a_floats = if pack_a { kc_max * mc_max.min(m.next_multiple_of(K::MR)) } else { 0 };
     pack::with_buffer(b_floats + a_floats, |buf| {
         // SAFETY: the buffer holds `b_floats + a_floats` floats.
@@ -202,7 +208,7 @@ pub(crate) unsafe fn drive<K: TileKernel, E: Element>(s: &GemmShape, a: *const E
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
             let accumulate = s.accumulate || pc > 0;
-            let in_place = E::READ_IN_PLACE && !b_trans && kc * ldb <= IN_PLACE_FLOATS;
+            let in_place = EB::READ_IN_PLACE && !b_trans && kc * ldb <= IN_PLACE_FLOATS;
             for jc in (0..n).step_by(nc_max) {
                 let nc = nc_max.min(n - jc);
                 for jr in (0..nc).step_by(K::NR) {
@@ -215,9 +221,9 @@ pub(crate) unsafe fn drive<K: TileKernel, E: Element>(s: &GemmShape, a: *const E
                     // `pc ..`) lies in B's storage.
                     unsafe {
                         if b_trans {
-                            E::pack_bt::<K>(buf.add(jr * kc), b.add((jc + jr) * ldb + pc), ldb, kc, nr);
+                            EB::pack_bt::<K>(buf.add(jr * kc), b.add((jc + jr) * ldb + pc), ldb, kc, nr);
                         } else {
-                            E::pack_b::<K>(buf.add(jr * kc), b.add(pc * ldb + jc + jr), ldb, kc, nr);
+                            EB::pack_b::<K>(buf.add(jr * kc), b.add(pc * ldb + jc + jr), ldb, kc, nr);
                         }
                     }
                 }
@@ -227,13 +233,13 @@ pub(crate) unsafe fn drive<K: TileKernel, E: Element>(s: &GemmShape, a: *const E
                         // SAFETY: the A part of the buffer holds `kc * mc.next_multiple_of(MR)`
                         // floats; the source rows `pc .. pc + kc`, columns `ic .. ic + mc` lie in
                         // A's `k x m` storage.
-                        unsafe { pack_a_trans::<K, E>(abuf, a.add(pc * lda + ic), lda, kc, mc) };
+                        unsafe { pack_a_trans::<K, EA>(abuf, a.add(pc * lda + ic), lda, kc, mc) };
                     } else if pack_a {
                         for i in 0..mc {
                             // SAFETY: row `i` of the dense `mc x kc` block fits the A part of
                             // the buffer; row `ic + i < m`, columns `pc .. pc + kc <= k` of A
                             // lie in its `m x k` storage.
-                            unsafe { E::widen(abuf.add(i * kc), a.add((ic + i) * lda + pc), kc) };
+                            unsafe { EA::widen(abuf.add(i * kc), a.add((ic + i) * lda + pc), kc) };
                         }
                     }
                     for jr in (0..nc).step_by(K::NR) {
@@ -256,7 +262,7 @@ pub(crate) unsafe fn drive<K: TileKernel, E: Element>(s: &GemmShape, a: *const E
                                 let (ap, alda) = match (pack_a, a_trans) {
                                     (true, true) => (abuf.add(ir * kc).cast_const(), K::MR),
                                     (true, false) => (abuf.add(ir * kc).cast_const(), kc),
-                                    // Not packed, so `E` is f32 (`READ_IN_PLACE`).
+                                    // Not packed, so `EA` is f32 (`READ_IN_PLACE`).
                                     (false, true) => (a.add(pc * lda + i).cast::<f32>(), lda),
                                     (false, false) => (a.add(i * lda + pc).cast::<f32>(), lda),
                                 };

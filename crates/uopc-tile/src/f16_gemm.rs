@@ -89,18 +89,29 @@ pub unsafe fn gemm_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f16, b: *con
         if isa == Isa::Avx512 && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
             // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and
             // the pointers are this function's contract (f16 is a transparent u16).
-            unsafe { crate::x86::half_rows::gemm::<true>(s, a.cast(), b.cast(), c) };
+            unsafe {
+                crate::x86::half_rows::gemm::<true>(
+                    s,
+                    crate::x86::half_rows::RowsA::Half(a.cast()),
+                    b.cast(),
+                    c,
+                )
+            };
             return;
         }
         if std::arch::is_x86_feature_detected!("f16c") {
             match isa {
                 Isa::Avx512 => {
                     // SAFETY: the ISA and F16C are available; the operands are the caller's.
-                    return unsafe { crate::blocked::drive::<crate::x86::avx512::Kernel, f16>(s, a, b, c) };
+                    return unsafe {
+                        crate::blocked::drive::<crate::x86::avx512::Kernel, f16, f16>(s, a, b, c)
+                    };
                 }
                 Isa::Avx2Fma => {
                     // SAFETY: as above.
-                    return unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, f16>(s, a, b, c) };
+                    return unsafe {
+                        crate::blocked::drive::<crate::x86::avx2::Kernel, f16, f16>(s, a, b, c)
+                    };
                 }
                 Isa::Portable => {}
             }
@@ -118,20 +129,118 @@ pub unsafe fn gemm_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f16, b: *con
 /// The contract of [`gemm_f16_unchecked`], with `m`, `n`, `k` all positive.
 unsafe fn widened(isa: Isa, s: &GemmShape, a: *const f16, b: *const f16, c: *mut f32) {
     let Ok([na, nb, _]) = s.extents() else { return };
-    let widen_all = |src: *const f16, len: usize, (rows, cols): (usize, usize), ld: usize| {
-        let mut wide = vec![0.0f32; len];
-        for r in 0..rows {
-            // SAFETY: stored row `r` spans `cols` elements at `r * ld`, inside the operand's
-            // extent `len` (the caller's contract).
-            let row = unsafe { std::slice::from_raw_parts(src.add(r * ld), cols) };
-            crate::convert::f16_to_f32_slice(row, &mut wide[r * ld..r * ld + cols]).expect("equal lengths");
-        }
-        wide
-    };
-    let wa = widen_all(a, na, s.a_dims(), s.lda);
-    let wb = widen_all(b, nb, s.b_dims(), s.ldb);
+    // SAFETY: forwarded from this function's contract.
+    let (wa, wb) =
+        unsafe { (widened_copy(a, na, s.a_dims(), s.lda), widened_copy(b, nb, s.b_dims(), s.ldb)) };
     // SAFETY: the copies have the operands' extents and layout; C is the caller's.
     unsafe { crate::gemm_unchecked(isa, s, wa.as_ptr(), wb.as_ptr(), c) };
+}
+
+/// An f32 copy of an f16 operand's `len` elements of storage: its `rows` stored rows of
+/// `cols` values, `ld` apart, widened; the padding between them zero.
+///
+/// # Safety
+///
+/// `src` is valid for reads at `r * ld + j` for `r < rows`, `j < cols`, all inside `len`.
+unsafe fn widened_copy(src: *const f16, len: usize, (rows, cols): (usize, usize), ld: usize) -> Vec<f32> {
+    let mut wide = vec![0.0f32; len];
+    for r in 0..rows {
+        // SAFETY: stored row `r` spans `cols` elements at `r * ld`, inside the operand's
+        // extent `len` (the caller's contract).
+        let row = unsafe { std::slice::from_raw_parts(src.add(r * ld), cols) };
+        crate::convert::f16_to_f32_slice(row, &mut wide[r * ld..r * ld + cols]).expect("equal lengths");
+    }
+    wide
+}
+
+/// `C (+)= A · B` with f32 A, f16 B and f32 C, every operand checked against `s` first.
+///
+/// The f16 GEMM for a caller that holds A in f32 already (attention's query tile, widened
+/// once per task instead of once per key block): B is widened exactly while it is packed, as
+/// in [`gemm_f16`], and A is read as it is. `s` means what it means for [`crate::gemm`], and
+/// the result equals [`crate::gemm`] on A and the widened B up to the order of the f32 sums.
+///
+/// # Errors
+///
+/// Nothing is read or written when one is returned: [`TileError::IsaUnavailable`] if `isa`
+/// cannot run here; the errors of [`GemmShape::extents`];
+/// [`TileError::BufferTooSmall`] if a slice is shorter than its extent.
+///
+/// # Examples
+///
+/// ```rust
+/// use half::f16;
+/// use uopc_tile::{GemmShape, Isa, TileError, gemm_f32_f16};
+///
+/// let a = [1.0f32, 2.0, 3.0, 4.0]; // [[1, 2], [3, 4]]
+/// let b = [1.0, 0.5, 0.0, 1.0].map(f16::from_f32); // [[1, 0.5], [0, 1]]
+/// let mut c = [f32::NAN; 4]; // not read: the shape overwrites C
+/// gemm_f32_f16(Isa::detect(), &GemmShape::dense(2, 2, 2, false, false, false), &a, &b, &mut c)?;
+/// assert_eq!(c, [1.0, 2.5, 3.0, 5.5]);
+///
+/// let short = gemm_f32_f16(Isa::Portable, &GemmShape::dense(2, 2, 2, false, false, false), &a[..3], &b, &mut c);
+/// assert_eq!(short, Err(TileError::BufferTooSmall { operand: "a", needed: 4, len: 3 }));
+/// # Ok::<(), TileError>(())
+/// ```
+pub fn gemm_f32_f16(isa: Isa, s: &GemmShape, a: &[f32], b: &[f16], c: &mut [f32]) -> Result<(), TileError> {
+    if !isa.available() {
+        return Err(TileError::IsaUnavailable(isa));
+    }
+    let [na, nb, nc] = s.extents()?;
+    check_len("a", na, a.len())?;
+    check_len("b", nb, b.len())?;
+    check_len("c", nc, c.len())?;
+    // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
+    // borrow, so it cannot overlap `a` or `b`.
+    unsafe { gemm_f32_f16_unchecked(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+    Ok(())
+}
+
+/// [`gemm_f32_f16`] on raw pointers, without checks.
+///
+/// # Safety
+///
+/// The contract of [`gemm_f16_unchecked`], with `a` valid for reads of `na` f32 instead.
+pub unsafe fn gemm_f32_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f16, c: *mut f32) {
+    let GemmShape { m, n, k, .. } = *s;
+    if m == 0 || n == 0 || k == 0 {
+        // SAFETY: the extents of A and B are not touched for these shapes; C's is the caller's.
+        unsafe { crate::gemm_unchecked(isa, s, std::ptr::null(), std::ptr::null(), c) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512 && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
+            // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and
+            // the pointers are this function's contract (f16 is a transparent u16).
+            unsafe {
+                crate::x86::half_rows::gemm::<true>(s, crate::x86::half_rows::RowsA::Single(a), b.cast(), c)
+            };
+            return;
+        }
+        if std::arch::is_x86_feature_detected!("f16c") {
+            match isa {
+                Isa::Avx512 => {
+                    // SAFETY: the ISA and F16C are available; the operands are the caller's.
+                    return unsafe {
+                        crate::blocked::drive::<crate::x86::avx512::Kernel, f32, f16>(s, a, b, c)
+                    };
+                }
+                Isa::Avx2Fma => {
+                    // SAFETY: as above.
+                    return unsafe {
+                        crate::blocked::drive::<crate::x86::avx2::Kernel, f32, f16>(s, a, b, c)
+                    };
+                }
+                Isa::Portable => {}
+            }
+        }
+    }
+    let Ok([_, nb, _]) = s.extents() else { return };
+    // SAFETY: forwarded from this function's contract.
+    let wb = unsafe { widened_copy(b, nb, s.b_dims(), s.ldb) };
+    // SAFETY: the copy has B's extent and layout; A and C are the caller's.
+    unsafe { crate::gemm_unchecked(isa, s, a, wb.as_ptr(), c) };
 }
 
 /// Flat C-ABI f16 GEMM for JIT-compiled code: `C (+)= A · B` on the fastest ISA here.
@@ -185,5 +294,36 @@ pub unsafe extern "C" fn uopc_tile_gemm_f16_desc(
     };
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
     unsafe { gemm_f16_unchecked(Isa::detect(), &s, a, b, c) };
+    0
+}
+
+/// Flat C-ABI GEMM with f32 A and f16 B for JIT-compiled code: `C (+)= A · B` on the fastest
+/// ISA here, arguments and return value as for [`uopc_tile_gemm_f16`] (`a` points to f32).
+///
+/// # Safety
+///
+/// The pointers must satisfy the contract of [`gemm_f32_f16_unchecked`] for the decoded shape.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // a flat register-passed ABI is the point of this entry
+pub unsafe extern "C" fn uopc_tile_gemm_f32_f16(
+    a: *const f32,
+    b: *const f16,
+    c: *mut f32,
+    m: i64,
+    n: i64,
+    k: i64,
+    lda: i64,
+    ldb: i64,
+    ldc: i64,
+    flags: i64,
+) -> i32 {
+    let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
+    // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
+    let Some(s) = (unsafe { crate::gemm::decode_desc(&desc, [a.is_null(), b.is_null(), c.is_null()]) })
+    else {
+        return -1;
+    };
+    // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
+    unsafe { gemm_f32_f16_unchecked(Isa::detect(), &s, a, b, c) };
     0
 }

@@ -161,10 +161,10 @@ pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller guarantees AVX-512 is available and the operand extents.
-        Isa::Avx512 => unsafe { crate::blocked::drive::<crate::x86::avx512::Kernel, f32>(s, a, b, c) },
+        Isa::Avx512 => unsafe { crate::blocked::drive::<crate::x86::avx512::Kernel, f32, f32>(s, a, b, c) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2+FMA.
-        Isa::Avx2Fma => unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, f32>(s, a, b, c) },
+        Isa::Avx2Fma => unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, f32, f32>(s, a, b, c) },
         // SAFETY: the caller guarantees the operand extents; no CPU features are needed.
         _ => unsafe { portable(s, a, b, c) },
     }

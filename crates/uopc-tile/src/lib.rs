@@ -21,12 +21,15 @@
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
 //!   bf16 and f16 conversions in [`convert`].
 //! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 by the f32 GEMM's own
-//!   packing for the f32 micro-kernels of an [`Isa`]. Both stream B without packing it when A
-//!   has at most eight rows (decode), widening it in registers on AVX-512.
+//!   packing for the f32 micro-kernels of an [`Isa`]; [`gemm_f32_f16`] takes an f32 A (read
+//!   as it is) with an f16 B, for a caller that keeps A widened across calls. All of them
+//!   stream B without packing it when A has at most eight rows (decode), widening it in
+//!   registers on AVX-512.
 //!
 //! Each operation has a checked safe entry point, an `unsafe` raw-pointer twin for callers that
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code
 //! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
+//! [`uopc_tile_gemm_f32_f16`],
 //! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
@@ -57,7 +60,10 @@ pub use bf16_gemm::{
     uopc_tile_gemm_bf16_desc,
 };
 pub use error::TileError;
-pub use f16_gemm::{gemm_f16, gemm_f16_unchecked, uopc_tile_gemm_f16, uopc_tile_gemm_f16_desc};
+pub use f16_gemm::{
+    gemm_f16, gemm_f16_unchecked, gemm_f32_f16, gemm_f32_f16_unchecked, uopc_tile_gemm_f16,
+    uopc_tile_gemm_f16_desc, uopc_tile_gemm_f32_f16,
+};
 pub use gemm::{
     GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmDesc, GemmShape, gemm, gemm_unchecked,
     uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,

@@ -1,12 +1,12 @@
-//! The f16 GEMM on every instruction set this machine has, forced one by one, against an f64
-//! reference computed from the same f16 inputs; an instruction set the machine lacks is
-//! reported as skipped.
+//! The f16 GEMM, and the one with an f32 A and an f16 B, on every instruction set this machine
+//! has, forced one by one, against an f64 reference computed from the same inputs; an
+//! instruction set the machine lacks is reported as skipped.
 
 use half::f16;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{
-    GEMM_A_TRANS, GEMM_ACCUMULATE, GemmShape, Isa, TileError, gemm_f16, uopc_tile_gemm_f16,
-    uopc_tile_gemm_f16_desc,
+    GEMM_A_TRANS, GEMM_ACCUMULATE, GemmShape, Isa, TileError, gemm_f16, gemm_f32_f16, uopc_tile_gemm_f16,
+    uopc_tile_gemm_f16_desc, uopc_tile_gemm_f32_f16,
 };
 
 /// Marks storage padding of C (between rows and past the last one); it must survive every call.
@@ -15,8 +15,12 @@ const SENTINEL: f32 = 12345.5;
 struct Case {
     s: GemmShape,
     a: Vec<f16>,
+    /// An f32 A for [`gemm_f32_f16`], of full f32 precision (not f16 values), NaN padding.
+    a32: Vec<f32>,
     b: Vec<f16>,
     c0: Vec<f32>,
+    /// Whether the reference reads `a32` rather than `a`.
+    wide_a: bool,
 }
 
 /// Random operands for `s` in `[-scale, scale)`, each slice exactly as long as its extent. A
@@ -35,17 +39,25 @@ fn make_case(rng: &mut StdRng, s: GemmShape, scale: f32) -> Case {
     };
     let a = fill16(na, s.a_dims(), s.lda);
     let b = fill16(nb, s.b_dims(), s.ldb);
+    let mut a32 = vec![f32::NAN; na];
+    let (rows, cols) = s.a_dims();
+    for r in 0..rows {
+        for c in 0..cols {
+            a32[r * s.lda + c] = rng.random_range(-scale..scale);
+        }
+    }
     let mut c0 = vec![SENTINEL; nc];
     for i in 0..s.m {
         for j in 0..s.n {
             c0[i * s.ldc + j] = if s.accumulate { rng.random_range(-1.0f32..1.0) } else { f32::NAN };
         }
     }
-    Case { s, a, b, c0 }
+    Case { s, a, a32, b, c0, wide_a: false }
 }
 
 fn a_at(c: &Case, i: usize, p: usize) -> f64 {
-    if c.s.a_trans { c.a[p * c.s.lda + i] } else { c.a[i * c.s.lda + p] }.to_f64()
+    let at = if c.s.a_trans { p * c.s.lda + i } else { i * c.s.lda + p };
+    if c.wide_a { f64::from(c.a32[at]) } else { c.a[at].to_f64() }
 }
 
 fn b_at(c: &Case, p: usize, j: usize) -> f64 {
@@ -58,6 +70,8 @@ fn b_at(c: &Case, p: usize, j: usize) -> f64 {
 /// f32, and so is the widening, so the only error is the f32 summation of the k products and
 /// `c0`, in any order: at most `(k + 1) u sum |t|` to first order with u = 2^-24 (Higham,
 /// eq. 3.5), t running over the products and `c0`. We allow twice that, `(k + 2) 2u sum |t|`.
+/// With an f32 A each product is rounded once more (at most `u |t|`), which the doubled bound
+/// still covers: `(k + 2) u sum |t| <= (k + 2) 2u sum |t|`.
 fn check(c: &Case, got: &[f32], what: &str) {
     let s = &c.s;
     for (idx, (&g, &c0)) in got.iter().zip(&c.c0).enumerate() {
@@ -338,4 +352,107 @@ fn few_rows_against_f64_on_every_available_isa() {
         }
         println!("ran: f16 GEMM on {isa}, few-row shapes");
     }
+}
+
+/// Runs [`shapes`] on `isa` through [`gemm_f32_f16`], A of full f32 precision.
+fn run_isa_wide_a(isa: Isa, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let all = shapes(&mut rng, 100);
+    for (t, s) in all.iter().enumerate() {
+        let case = Case { wide_a: true, ..make_case(&mut rng, *s, if t % 4 == 3 { 300.0 } else { 1.0 }) };
+        let mut got = case.c0.clone();
+        gemm_f32_f16(isa, s, &case.a32, &case.b, &mut got).expect("valid operands");
+        check(&case, &got, &format!("f32 A, {isa} {s:?}"));
+    }
+    println!("ran: f32 x f16 GEMM on {isa}, {} shapes", all.len());
+}
+
+#[test]
+fn f32_a_on_every_available_isa_against_f64() {
+    for (seed, isa) in (20..).zip(Isa::ALL) {
+        if have(isa) {
+            run_isa_wide_a(isa, seed);
+        }
+    }
+}
+
+/// The few-row shapes of [`few_rows_against_f64_on_every_available_isa`] with an f32 A: on
+/// AVX-512 they read A's rows with masked f32 loads instead of widening them.
+#[test]
+fn f32_a_few_rows_against_f64_on_every_available_isa() {
+    let mut rng = StdRng::seed_from_u64(29);
+    for isa in Isa::ALL.into_iter().filter(|&i| have(i)) {
+        for m in 1..=8 {
+            for (t, (n, k)) in
+                [(1, 1), (15, 17), (16, 16), (33, 513), (100, 64), (31, 1100)].into_iter().enumerate()
+            {
+                for b_trans in [false, true] {
+                    let mut s = GemmShape::dense(m, n, k, false, b_trans, (m + t) % 2 == 0);
+                    s.lda += t % 3;
+                    s.ldb += t % 2;
+                    s.ldc += (m + t) % 3;
+                    let case = Case { wide_a: true, ..make_case(&mut rng, s, 1.0) };
+                    let mut got = case.c0.clone();
+                    gemm_f32_f16(isa, &s, &case.a32, &case.b, &mut got).expect("valid operands");
+                    check(&case, &got, &format!("f32 A, {isa} {s:?}"));
+                }
+            }
+        }
+        println!("ran: f32 x f16 GEMM on {isa}, few-row shapes");
+    }
+}
+
+#[test]
+fn f32_a_bad_input_is_an_error_and_extern_refuses() {
+    let s = GemmShape::dense(4, 5, 6, false, false, false);
+    let (a, b) = (vec![1.0f32; 24], vec![f16::ONE; 30]);
+    let mut c = vec![0.0f32; 20];
+    let p = Isa::Portable;
+    assert_eq!(
+        gemm_f32_f16(p, &s, &a[..23], &b, &mut c),
+        Err(TileError::BufferTooSmall { operand: "a", needed: 24, len: 23 })
+    );
+    assert_eq!(
+        gemm_f32_f16(p, &s, &a, &b[..29], &mut c),
+        Err(TileError::BufferTooSmall { operand: "b", needed: 30, len: 29 })
+    );
+    assert_eq!(
+        gemm_f32_f16(p, &GemmShape { lda: 5, ..s }, &a, &b, &mut c),
+        Err(TileError::LeadingDim { operand: "a", ld: 5, cols: 6 })
+    );
+    for isa in Isa::ALL.into_iter().filter(|i| !i.available()) {
+        assert_eq!(gemm_f32_f16(isa, &s, &a, &b, &mut c), Err(TileError::IsaUnavailable(isa)));
+    }
+    assert!(c.iter().all(|&x| x == 0.0), "a refused call wrote C");
+
+    let mut rng = StdRng::seed_from_u64(26);
+    let s = GemmShape::dense(37, 41, 300, true, false, true);
+    let case = Case { wide_a: true, ..make_case(&mut rng, s, 1.0) };
+    let mut got = case.c0.clone();
+    // SAFETY: the slices cover the extents of the shape passed.
+    let r = unsafe {
+        uopc_tile_gemm_f32_f16(
+            case.a32.as_ptr(),
+            case.b.as_ptr(),
+            got.as_mut_ptr(),
+            37,
+            41,
+            300,
+            37,
+            41,
+            41,
+            GEMM_A_TRANS | GEMM_ACCUMULATE,
+        )
+    };
+    assert_eq!(r, 0);
+    check(&case, &got, "f32 A extern");
+    let before = got.clone();
+    // SAFETY: every call is refused before touching memory.
+    unsafe {
+        let (a, b, c) = (case.a32.as_ptr(), case.b.as_ptr(), got.as_mut_ptr());
+        assert_eq!(uopc_tile_gemm_f32_f16(a, b, c, -1, 41, 300, 37, 41, 41, 0), -1, "negative m");
+        assert_eq!(uopc_tile_gemm_f32_f16(a, b, c, 37, 41, 300, 37, 40, 41, 0), -1, "ldb < n");
+        assert_eq!(uopc_tile_gemm_f32_f16(std::ptr::null(), b, c, 37, 41, 300, 37, 41, 41, 0), -1, "null a");
+    }
+    assert_eq!(got, before);
 }

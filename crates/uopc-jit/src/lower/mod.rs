@@ -317,10 +317,12 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 for v in [g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.flags] {
                     args.push(int(v));
                 }
-                // The operands' dtype picks the kernel (the verifier made A and B alike).
-                self.externs.get(match u.as_gemm().map(|g| g.a.dtype()) {
-                    Some(DType::BF16) => Extern::TileGemmBf16,
-                    Some(DType::F16) => Extern::TileGemmF16,
+                // The operands' dtypes pick the kernel (the verifier allowed only these pairs).
+                let dtypes = u.as_gemm().map(|g| (g.a.dtype(), g.b.dtype()));
+                self.externs.get(match dtypes {
+                    Some((DType::BF16, _)) => Extern::TileGemmBf16,
+                    Some((DType::F16, _)) => Extern::TileGemmF16,
+                    Some((_, DType::F16)) => Extern::TileGemmF32F16,
                     _ => Extern::TileGemm,
                 })
             }

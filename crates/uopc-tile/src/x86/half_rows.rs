@@ -47,6 +47,16 @@ unsafe fn widen16<const F16: bool>(p: *const u16, n: usize) -> __m512 {
     }
 }
 
+/// The rows of A a [`gemm`] reads: 16-bit like B, or f32 (an f16 GEMM's A that its caller
+/// already holds widened, such as attention's query tile).
+#[derive(Clone, Copy)]
+pub(crate) enum RowsA {
+    /// bf16 or f16 bits, the same type as B.
+    Half(*const u16),
+    /// f32 values, read as they are.
+    Single(*const f32),
+}
+
 /// Lane mask of the first `n` (clamped to 16) lanes.
 #[inline]
 fn lanes(n: usize) -> __mmask16 {
@@ -54,14 +64,15 @@ fn lanes(n: usize) -> __mmask16 {
 }
 
 /// `C (+)= A · B` (or `A · B^T` with `s.b_trans`) for `s.m <= HALF_ROWS_MAX` rows, A not
-/// transposed; 16-bit A and B (f16 when `F16`, else bf16 bits), f32 C.
+/// transposed; 16-bit B (f16 when `F16`, else bf16 bits), A 16-bit alike or f32, f32 C.
 ///
 /// # Safety
 ///
 /// AVX-512F is available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`, `s.n > 0`, `s.k > 0`;
-/// the pointers satisfy the contract of [`crate::gemm_bf16_unchecked`] for `s`.
+/// the pointers satisfy the contract of [`crate::gemm_bf16_unchecked`] for `s` (A's extent
+/// counted in its own elements).
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: *const u16, b: *const u16, c: *mut f32) {
+pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
     // SAFETY: forwarded, each instance with its own row count.
     unsafe {
         match s.m {
@@ -86,7 +97,7 @@ pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: *const u16, b: *con
 ///
 /// As [`gemm`], with `M == s.m`.
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: *const u16, b: *const u16, c: *mut f32) {
+unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
     // Left uninitialized (zeroing all of it would cost more than a one-row product): the
     // slab kernels read only rows `< M`, columns `< kc` rounded up to 16, written below.
     let mut buf = std::mem::MaybeUninit::<[f32; HALF_ROWS_MAX * KC]>::uninit();
@@ -100,7 +111,12 @@ unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: *const u16, b
                 // a multiple of 16). Past `kc` the lanes are zeros, so the dot products read
                 // whole vectors.
                 unsafe {
-                    let x = widen16::<F16>(a.add(i * s.lda + p0 + p), kc - p);
+                    let at = i * s.lda + p0 + p;
+                    let x = match a {
+                        RowsA::Half(a) => widen16::<F16>(a.add(at), kc - p),
+                        // Masked: the lanes past `kc` are neither read nor nonzero.
+                        RowsA::Single(a) => _mm512_maskz_loadu_ps(lanes(kc - p), a.add(at)),
+                    };
                     _mm512_storeu_ps(wa.add(i * KC + p), x);
                 }
             }

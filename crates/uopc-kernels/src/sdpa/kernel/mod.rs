@@ -30,7 +30,9 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// once per task). With key lengths, blocks past the item's length are skipped and only the
 /// block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
 /// over each row's masked suffix of the block only. With a 16-bit dtype the query rows are
-/// copied as they are, both GEMMs take 16-bit operands (f32 scores and output tile), and
+/// copied unscaled and exactly (bf16 ones as bf16, f16 ones widened to f32 once per task, so
+/// each key block's score GEMM widens only the keys), the GEMMs take the 16-bit keys and
+/// values (f32 scores and output tile), and
 /// [`TileOp::SoftmaxUpdateRounded`](uopc_ir::TileOp::SoftmaxUpdateRounded) scales the scores
 /// (unless a mask loop that reads every
 /// score already did) and writes P, rounded to the dtype, into a tile of its own for `P · V`;

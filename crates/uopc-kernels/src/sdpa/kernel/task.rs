@@ -16,9 +16,10 @@ impl SdpaKernel {
         let subs = group / gs;
         let blocks = n_q.div_ceil(bq);
         let f32t = DType::F32;
+        let qdt = self.query_tile_dtype();
         let pb = &mut self.pb;
         let (qt, s, o, mx, l) = (
-            pb.alloc(self.half.unwrap_or(f32t), self.rows * d),
+            pb.alloc(qdt, self.rows * d),
             pb.alloc(f32t, self.rows * bc.min(n_k)),
             pb.alloc(f32t, self.rows * d),
             pb.alloc(f32t, self.rows),
@@ -57,6 +58,16 @@ impl SdpaKernel {
         }
     }
 
+    /// The dtype of the task's query tile: f32, except bf16 (whose GEMMs take bf16 A and B on
+    /// AMX). An f16 query is widened into an f32 tile once per task, so the score GEMM of
+    /// every key block reads f32 A and widens only the keys while packing them.
+    pub(super) fn query_tile_dtype(&self) -> DType {
+        match self.half {
+            Some(DType::BF16) => DType::BF16,
+            _ => DType::F32,
+        }
+    }
+
     /// The scaled copy of the task's queries, the zeroed output tile and the running max and
     /// sum, as effects the key loops come after.
     pub(super) fn init(&mut self, task: &Task) -> Vec<UOp> {
@@ -64,13 +75,19 @@ impl SdpaKernel {
         let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
         let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
         let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
+        let qdt = self.query_tile_dtype();
         let pb = &mut self.pb;
         let hh = pb.range(gs, AxisType::Loop);
         let rq = pb.range(bq, AxisType::Loop);
         let e = pb.range(d, AxisType::Loop);
         let src = self.q.index(&task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &rq) * qsn + &e);
-        // A 16-bit query is copied exactly; its scale is applied to the f32 scores instead.
-        let value = if self.half.is_some() { src.load() } else { src.load() * qscale };
+        // A 16-bit query is copied exactly (widened once here when the tile is f32); its scale
+        // is applied to the f32 scores instead.
+        let value = match self.half {
+            None => src.load() * qscale,
+            Some(el) if qdt == el => src.load(),
+            Some(_) => src.load().cast(DType::F32),
+        };
         let load_q = task.qt.index((&hh * bq + &rq) * d + &e).store(value).end(&[e, rq, hh]);
         let z = pb.range(self.rows * d, AxisType::Loop);
         let init_o = task.oi.index(&z).store(0.0f32).end(&[z]);
