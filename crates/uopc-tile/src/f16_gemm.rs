@@ -52,17 +52,7 @@ use crate::{GemmDesc, GemmShape, Isa, TileError};
 /// # Ok::<(), TileError>(())
 /// ```
 pub fn gemm_f16(isa: Isa, s: &GemmShape, a: &[f16], b: &[f16], c: &mut [f32]) -> Result<(), TileError> {
-    if !isa.available() {
-        return Err(TileError::IsaUnavailable(isa));
-    }
-    let [na, nb, nc] = s.extents()?;
-    check_len("a", na, a.len())?;
-    check_len("b", nb, b.len())?;
-    check_len("c", nc, c.len())?;
-    // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
-    // borrow, so it cannot overlap `a` or `b`.
-    unsafe { gemm_f16_unchecked(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
-    Ok(())
+    checked(isa, s, a, b, c)
 }
 
 /// `C (+)= A · B` on raw pointers, without checks.
@@ -75,65 +65,8 @@ pub fn gemm_f16(isa: Isa, s: &GemmShape, a: &[f16], b: &[f16], c: &mut [f32]) ->
 ///   `!s.accumulate`); all aligned for their types (null is fine for an extent of 0).
 /// * The C region does not overlap A or B, and nothing else accesses it during the call.
 pub unsafe fn gemm_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f16, b: *const f16, c: *mut f32) {
-    let GemmShape { m, n, k, .. } = *s;
-    if m == 0 || n == 0 || k == 0 {
-        // No input is read; the f32 GEMM zeroes C (or leaves it) exactly as this would.
-        // SAFETY: the extents of A and B are not touched for these shapes; C's is the caller's.
-        unsafe { crate::gemm_unchecked(isa, s, std::ptr::null(), std::ptr::null(), c) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        // A few rows of A cannot amortize packing B: stream it, widening in registers (the
-        // same exact f32 products).
-        if isa == Isa::Avx512 && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
-            // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and
-            // the pointers are this function's contract (f16 is a transparent u16).
-            unsafe {
-                crate::x86::half_rows::gemm::<true>(
-                    s,
-                    crate::x86::half_rows::RowsA::Half(a.cast()),
-                    b.cast(),
-                    c,
-                )
-            };
-            return;
-        }
-        if std::arch::is_x86_feature_detected!("f16c") {
-            match isa {
-                Isa::Avx512 => {
-                    // SAFETY: the ISA and F16C are available; the operands are the caller's.
-                    return unsafe {
-                        crate::blocked::drive::<crate::x86::avx512::Kernel, f16, f16>(s, a, b, c)
-                    };
-                }
-                Isa::Avx2Fma => {
-                    // SAFETY: as above.
-                    return unsafe {
-                        crate::blocked::drive::<crate::x86::avx2::Kernel, f16, f16>(s, a, b, c)
-                    };
-                }
-                Isa::Portable => {}
-            }
-        }
-    }
     // SAFETY: forwarded from this function's contract.
-    unsafe { widened(isa, s, a, b, c) }
-}
-
-/// The fallback: A's and B's stored rows widened into f32 copies of their storage (same
-/// leading dimensions, padding zero), then the f32 GEMM on `isa`.
-///
-/// # Safety
-///
-/// The contract of [`gemm_f16_unchecked`], with `m`, `n`, `k` all positive.
-unsafe fn widened(isa: Isa, s: &GemmShape, a: *const f16, b: *const f16, c: *mut f32) {
-    let Ok([na, nb, _]) = s.extents() else { return };
-    // SAFETY: forwarded from this function's contract.
-    let (wa, wb) =
-        unsafe { (widened_copy(a, na, s.a_dims(), s.lda), widened_copy(b, nb, s.b_dims(), s.ldb)) };
-    // SAFETY: the copies have the operands' extents and layout; C is the caller's.
-    unsafe { crate::gemm_unchecked(isa, s, wa.as_ptr(), wb.as_ptr(), c) };
+    unsafe { half_b_gemm(isa, s, a, b, c) }
 }
 
 /// An f32 copy of an f16 operand's `len` elements of storage: its `rows` stored rows of
@@ -183,6 +116,67 @@ unsafe fn widened_copy(src: *const f16, len: usize, (rows, cols): (usize, usize)
 /// # Ok::<(), TileError>(())
 /// ```
 pub fn gemm_f32_f16(isa: Isa, s: &GemmShape, a: &[f32], b: &[f16], c: &mut [f32]) -> Result<(), TileError> {
+    checked(isa, s, a, b, c)
+}
+
+/// [`gemm_f32_f16`] on raw pointers, without checks.
+///
+/// # Safety
+///
+/// The contract of [`gemm_f16_unchecked`], with `a` valid for reads of `na` f32 instead.
+pub unsafe fn gemm_f32_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f16, c: *mut f32) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { half_b_gemm(isa, s, a, b, c) }
+}
+
+/// The A operand of a GEMM with f16 B: f16 (widened like B) or f32 (read as it is).
+trait OperandA: crate::blocked::Element {
+    /// A's rows for the few-row kernel, which widens f16 in registers.
+    #[cfg(target_arch = "x86_64")]
+    fn rows(a: *const Self) -> crate::x86::half_rows::RowsA;
+
+    /// A as f32 for the fallback path: a widened copy of its `len` elements of storage, or
+    /// `None` when A is f32 already.
+    ///
+    /// # Safety
+    ///
+    /// `len` is A's extent under `s`, and `a` is valid for reads of it.
+    unsafe fn widened(a: *const Self, s: &GemmShape, len: usize) -> Option<Vec<f32>>;
+}
+
+impl OperandA for f16 {
+    #[cfg(target_arch = "x86_64")]
+    fn rows(a: *const f16) -> crate::x86::half_rows::RowsA {
+        // f16 is a transparent u16
+        crate::x86::half_rows::RowsA::Half(a.cast())
+    }
+
+    unsafe fn widened(a: *const f16, s: &GemmShape, len: usize) -> Option<Vec<f32>> {
+        // SAFETY: the caller's contract.
+        Some(unsafe { widened_copy(a, len, s.a_dims(), s.lda) })
+    }
+}
+
+impl OperandA for f32 {
+    #[cfg(target_arch = "x86_64")]
+    fn rows(a: *const f32) -> crate::x86::half_rows::RowsA {
+        crate::x86::half_rows::RowsA::Single(a)
+    }
+
+    unsafe fn widened(_: *const f32, _: &GemmShape, _: usize) -> Option<Vec<f32>> {
+        None
+    }
+}
+
+/// [`gemm_f16`] and [`gemm_f32_f16`]: the ISA and every operand checked against `s`, then
+/// [`half_b_gemm`].
+fn checked<EA: OperandA>(
+    isa: Isa,
+    s: &GemmShape,
+    a: &[EA],
+    b: &[f16],
+    c: &mut [f32],
+) -> Result<(), TileError> {
     if !isa.available() {
         return Err(TileError::IsaUnavailable(isa));
     }
@@ -192,30 +186,33 @@ pub fn gemm_f32_f16(isa: Isa, s: &GemmShape, a: &[f32], b: &[f16], c: &mut [f32]
     check_len("c", nc, c.len())?;
     // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
     // borrow, so it cannot overlap `a` or `b`.
-    unsafe { gemm_f32_f16_unchecked(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+    unsafe { half_b_gemm(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
     Ok(())
 }
 
-/// [`gemm_f32_f16`] on raw pointers, without checks.
+/// `C (+)= A · B` with f16 B and an A of type `EA`, on the path the module docs describe:
+/// few rows streamed, the blocked driver widening while it packs, or (portable, no F16C) the
+/// operands widened whole for the f32 GEMM.
 ///
 /// # Safety
 ///
-/// The contract of [`gemm_f16_unchecked`], with `a` valid for reads of `na` f32 instead.
-pub unsafe fn gemm_f32_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f16, c: *mut f32) {
+/// The contract of [`gemm_f16_unchecked`], with `a` valid for reads of A's extent in `EA`s.
+unsafe fn half_b_gemm<EA: OperandA>(isa: Isa, s: &GemmShape, a: *const EA, b: *const f16, c: *mut f32) {
     let GemmShape { m, n, k, .. } = *s;
     if m == 0 || n == 0 || k == 0 {
+        // No input is read; the f32 GEMM zeroes C (or leaves it) exactly as this would.
         // SAFETY: the extents of A and B are not touched for these shapes; C's is the caller's.
         unsafe { crate::gemm_unchecked(isa, s, std::ptr::null(), std::ptr::null(), c) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     {
+        // A few rows of A cannot amortize packing B: stream it, widening in registers (the
+        // same exact f32 products).
         if isa == Isa::Avx512 && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
             // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and
-            // the pointers are this function's contract (f16 is a transparent u16).
-            unsafe {
-                crate::x86::half_rows::gemm::<true>(s, crate::x86::half_rows::RowsA::Single(a), b.cast(), c)
-            };
+            // the pointers are this function's contract.
+            unsafe { crate::x86::half_rows::gemm::<true>(s, EA::rows(a), b.cast(), c) };
             return;
         }
         if std::arch::is_x86_feature_detected!("f16c") {
@@ -223,24 +220,26 @@ pub unsafe fn gemm_f32_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: 
                 Isa::Avx512 => {
                     // SAFETY: the ISA and F16C are available; the operands are the caller's.
                     return unsafe {
-                        crate::blocked::drive::<crate::x86::avx512::Kernel, f32, f16>(s, a, b, c)
+                        crate::blocked::drive::<crate::x86::avx512::Kernel, EA, f16>(s, a, b, c)
                     };
                 }
                 Isa::Avx2Fma => {
                     // SAFETY: as above.
-                    return unsafe {
-                        crate::blocked::drive::<crate::x86::avx2::Kernel, f32, f16>(s, a, b, c)
-                    };
+                    return unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, EA, f16>(s, a, b, c) };
                 }
                 Isa::Portable => {}
             }
         }
     }
-    let Ok([_, nb, _]) = s.extents() else { return };
+    // The fallback: the f16 operands' stored rows widened into f32 copies of their storage
+    // (same leading dimensions, padding zero), then the f32 GEMM on `isa`.
+    let Ok([na, nb, _]) = s.extents() else { return };
     // SAFETY: forwarded from this function's contract.
-    let wb = unsafe { widened_copy(b, nb, s.b_dims(), s.ldb) };
-    // SAFETY: the copy has B's extent and layout; A and C are the caller's.
-    unsafe { crate::gemm_unchecked(isa, s, a, wb.as_ptr(), c) };
+    let (wa, wb) = unsafe { (EA::widened(a, s, na), widened_copy(b, nb, s.b_dims(), s.ldb)) };
+    let a32 = wa.as_ref().map_or(a.cast::<f32>(), |w| w.as_ptr());
+    // SAFETY: the copies have the operands' extents and layout (an f32 A is read where it is,
+    // `EA::widened` giving `None` only then); C is the caller's.
+    unsafe { crate::gemm_unchecked(isa, s, a32, wb.as_ptr(), c) };
 }
 
 /// Flat C-ABI f16 GEMM for JIT-compiled code: `C (+)= A · B` on the fastest ISA here.
