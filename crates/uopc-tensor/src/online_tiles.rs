@@ -369,16 +369,30 @@ fn visible_keys(cx: &mut Ctx, a: &Attention, task: &Task, t: &UOp, body: &UOp) -
         return None;
     }
     let th = std::slice::from_ref(t);
-    let (row, key) =
-        (cx.fresh_range(task.rows, AxisType::Loop, th), cx.fresh_range(a.n_k, AxisType::Loop, th));
-    let mut at = task.coords.clone();
-    at.extend([&task.row0 + &row, key.clone()]);
-    let keep = simplify(&cx.value_at(w.cond, &at).ok()?);
+    let row = cx.fresh_range(task.rows, AxisType::Loop, th);
+    let (key, keep) = keep_at(cx, a, task, w.cond, &row, th)?;
     // the latest row's end, when the end moves monotonically with the row
     let (coef, rest) = linear_in(&simplify(&guard_end(&keep, &key)?), &row)?;
     let end = simplify(&if coef > 0 { rest + coef * (task.rows as i64 - 1) } else { rest });
     let prefix = guard_exact_end(&keep, &key).and_then(|e| linear_in(&simplify(&e), &row)).is_some();
     Some(Visible { end, prefix })
+}
+
+/// The scores' mask condition `cond` at the task's row `row` and a fresh key variable (a RANGE
+/// over the keys inside `enclosing`, never emitted: it only stands for the key in the loop
+/// expression), as `(key, condition)`, for the guard analyses to read.
+fn keep_at(
+    cx: &mut Ctx,
+    a: &Attention,
+    task: &Task,
+    cond: &UOp,
+    row: &UOp,
+    enclosing: &[UOp],
+) -> Option<(UOp, UOp)> {
+    let key = cx.fresh_range(a.n_k, AxisType::Loop, enclosing);
+    let mut at = task.coords.clone();
+    at.extend([&task.row0 + row, key.clone()]);
+    Some((key.clone(), simplify(&cx.value_at(cond, &at).ok()?)))
 }
 
 /// The keys a THREAD task's rows see (see [`visible_keys`]).
@@ -448,10 +462,8 @@ fn masked_suffixes(
     let w = a.scores.as_where()?;
     let ri = cx.fresh_range(task.rows, AxisType::Loop, outer);
     let inner: Vec<UOp> = outer.iter().cloned().chain([ri.clone()]).collect();
-    let key = cx.fresh_range(a.n_k, AxisType::Loop, &inner);
-    let mut at = task.coords.clone();
-    at.extend([&task.row0 + &ri, key.clone()]);
-    let end = guard_exact_end(&simplify(&cx.value_at(w.cond, &at).ok()?), &key)?;
+    let (key, keep) = keep_at(cx, a, task, w.cond, &ri, &inner)?;
+    let end = guard_exact_end(&keep, &key)?;
     let seen = min_index(&idx(cols as i64), &(end - first).maximum(0));
     let c = cx.fresh_range(simplify(&(idx(cols as i64) - seen)), AxisType::Loop, &inner);
     let at_c = &ri * cols as i64 + (cols as i64 - 1) - &c;
