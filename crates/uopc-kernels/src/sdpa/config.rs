@@ -158,3 +158,19 @@ impl SdpaConfig {
         )
     }
 }
+
+/// The shape as the compiled attentions print it: `B=.. H=.. H_kv=.. n_q=.. n_k=.. D=..`, then
+/// the dtype unless f32 and `causal` when causal.
+impl std::fmt::Display for SdpaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = self;
+        write!(f, "B={} H={} H_kv={} n_q={} n_k={} D={}", c.batch, c.heads, c.kv_heads, c.n_q, c.n_k, c.d)?;
+        if c.dtype != SdpaDType::F32 {
+            write!(f, " {}", c.dtype)?;
+        }
+        if c.causal {
+            write!(f, " causal")?;
+        }
+        Ok(())
+    }
+}

@@ -2,8 +2,8 @@
 
 use super::blocking::cores;
 use super::{
-    Blocking, Extras, SdpaConfig, SdpaDType, SdpaElement, SdpaError, Values, ValuesMut, check, push_extras,
-    sdpa_ir, sdpa_merge_ir,
+    Blocking, Extras, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check, push_extras, sdpa_ir,
+    sdpa_merge_ir,
 };
 use std::fmt;
 use uopc_jit::{Arg, JitError, Program};
@@ -162,15 +162,7 @@ impl fmt::Display for Sdpa {
         let b = &self.blocking;
         write!(
             f,
-            "sdpa flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}{}; tasks of {} head(s) x {} queries, keys in blocks of {}{}{}",
-            c.batch,
-            c.heads,
-            c.kv_heads,
-            c.n_q,
-            c.n_k,
-            c.d,
-            if c.dtype == SdpaDType::F32 { String::new() } else { format!(" {}", c.dtype) },
-            if c.causal { " causal" } else { "" },
+            "sdpa flash_tile_ops: {c}; tasks of {} head(s) x {} queries, keys in blocks of {}{}{}",
             b.heads_per_task,
             b.queries,
             b.keys,

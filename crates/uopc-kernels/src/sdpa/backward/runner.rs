@@ -306,14 +306,7 @@ impl fmt::Display for SdpaBackward {
         let b = &self.blocking;
         write!(
             f,
-            "sdpa backward flash_tile_ops: B={} H={} H_kv={} n_q={} n_k={} D={}{}; key blocks of {} in {} chunk(s) per head, query blocks of {}, dQ accumulated in place{}",
-            c.batch,
-            c.heads,
-            c.kv_heads,
-            c.n_q,
-            c.n_k,
-            c.d,
-            if c.causal { " causal" } else { "" },
+            "sdpa backward flash_tile_ops: {c}; key blocks of {} in {} chunk(s) per head, query blocks of {}, dQ accumulated in place{}",
             b.keys,
             b.chunks,
             b.queries,
