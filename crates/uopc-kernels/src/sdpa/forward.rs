@@ -61,7 +61,7 @@ impl Sdpa {
     }
 
     /// `out = softmax(scale * q k^T + bias, masked) v`, into the caller's `out` (q's length),
-    /// with q, k, v and the output in the configuration's [`SdpaDType`] (`f32`, `bf16` or
+    /// with q, k, v and the output in the configuration's [`SdpaDType`](super::SdpaDType) (`f32`, `bf16` or
     /// `f16`). Every length and the element type are checked, and `extras` must hold exactly
     /// what the configuration needs.
     pub fn run<T: SdpaElement>(
