@@ -67,7 +67,7 @@ struct Expansion {
 }
 
 static TILE_OPS: LazyLock<RuleTable<Expansion>> = LazyLock::new(|| {
-    let any_tile = Op::Tile(TileOp::SoftmaxUpdate { rows: 0, cols: 0, lds: 0, d: 0, ldo: 0 });
+    let any_tile = Op::Tile(TileOp::SoftmaxUpdate { rows: 0, cols: 0, lds: 0, d: 0, ldo: 0, scale: 0 });
     RuleTable::new(
         "tile_ops",
         vec![Rule::with_cx("expand_tile_op", Pattern::ops(&[any_tile]), expand_tile_op)],
@@ -92,13 +92,39 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
     let ops = Operands { src: u.src(), scope, fresh: &mut cx.state.fresh };
     Some(match t {
         TileOp::Gemm(g) => ops.gemm(g),
-        TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo, None),
-        TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {
-            ops.softmax(rows, cols, lds, d, ldo, Some((ldp, f32::from_bits(scale))))
-        }
+        TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale } => ops.softmax(SoftmaxStep {
+            rows,
+            cols,
+            lds,
+            d,
+            ldo,
+            scale: f32::from_bits(scale),
+            rounded_ldp: None,
+        }),
+        TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => ops.softmax(SoftmaxStep {
+            rows,
+            cols,
+            lds,
+            d,
+            ldo,
+            scale: f32::from_bits(scale),
+            rounded_ldp: Some(ldp),
+        }),
         TileOp::SoftmaxRecompute { rows, cols, ld } => ops.recompute(rows, cols, ld),
         TileOp::SoftmaxGrad { rows, cols, ld } => ops.grad(rows, cols, ld),
     })
+}
+
+/// The fields of an online-softmax step, f32 or rounded: P is written over S unless
+/// `rounded_ldp` gives the row stride of the fifth operand, the rounded P tile.
+struct SoftmaxStep {
+    rows: usize,
+    cols: usize,
+    lds: usize,
+    d: usize,
+    ldo: usize,
+    scale: f32,
+    rounded_ldp: Option<usize>,
 }
 
 fn well_formed(t: TileOp, src: &[UOp]) -> bool {
@@ -211,18 +237,12 @@ impl Operands<'_> {
     /// S with its sum, `l = l alpha + sum`, `O *= alpha`, the new max. A row whose max stays
     /// `-inf` gets `alpha = 1` and `P = 0` (so no `exp2(-inf - -inf)` NaN reaches memory).
     ///
-    /// With `rounded = Some((ldp, scale))` this is [`TileOp::SoftmaxUpdateRounded`]: the
-    /// scores are multiplied by `scale` when loaded, S is left as it is, and P goes to operand
-    /// 4 (stride `ldp`) rounded to its dtype, the sum adding the rounded values.
-    fn softmax(
-        self,
-        rows: usize,
-        cols: usize,
-        lds: usize,
-        d: usize,
-        ldo: usize,
-        rounded: Option<(usize, f32)>,
-    ) -> UOp {
+    /// The scores are multiplied by `step.scale` when loaded (unless it is 1). With
+    /// `rounded_ldp = Some(ldp)` this is [`TileOp::SoftmaxUpdateRounded`]: S is left as it is,
+    /// and P goes to operand 4 (stride `ldp`) rounded to its dtype, the sum adding the rounded
+    /// values.
+    fn softmax(self, step: SoftmaxStep) -> UOp {
+        let SoftmaxStep { rows, cols, lds, d, ldo, scale, rounded_ldp } = step;
         if rows == 0 {
             return self.nothing();
         }
@@ -231,9 +251,10 @@ impl Operands<'_> {
         let row_max = self.at(1, r.clone());
         let m_old = row_max.load().cast(DType::F64);
         let score = |ops: &Self, j: &UOp| ops.at(0, &r * lds as i64 + j);
-        let scaled = |s: &UOp| match rounded {
-            Some((_, scale)) => s.load().cast(DType::F64) * f64::from(scale),
-            None => s.load().cast(DType::F64),
+        // An identity factor multiplies nothing, so unscaled expansions stay as they were.
+        let scaled = |s: &UOp| {
+            let x = s.load().cast(DType::F64);
+            if scale == 1.0 { x } else { x * f64::from(scale) }
         };
 
         let m_new = if cols == 0 {
@@ -262,8 +283,8 @@ impl Operands<'_> {
             let inner = acc.after(&[start, j.clone()]);
             let s = score(&self, &j);
             let p = live.where_((scaled(&s) - &m_new).exp2(), 0.0);
-            let (write_p, p) = match rounded {
-                Some((ldp, _)) => {
+            let (write_p, p) = match rounded_ldp {
+                Some(ldp) => {
                     let offset = &r * ldp as i64 + &j;
                     let write = self.at(4, offset.clone()).store(p.cast(self.src[4].dtype()));
                     // The sum adds P as stored, read back: a CAST to a 16-bit type keeps the f64
@@ -287,7 +308,7 @@ impl Operands<'_> {
         }
         effects.push(row_max.store(m_new.cast(DType::F32)));
         let nest = sink(&effects).end(&[r]);
-        let untouched: Vec<usize> = [(cols == 0, 0), (d == 0, 3), (rounded.is_some() && cols == 0, 4)]
+        let untouched: Vec<usize> = [(cols == 0, 0), (d == 0, 3), (rounded_ldp.is_some() && cols == 0, 4)]
             .iter()
             .filter(|x| x.0)
             .map(|x| x.1)

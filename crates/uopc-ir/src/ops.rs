@@ -391,11 +391,12 @@ pub enum TileOp {
     /// expansion and the kernel it calls cannot disagree on a field.
     Gemm(GemmShape),
     /// One online-softmax step of FlashAttention-2 on a score tile. Sources
-    /// `[S, row_max, row_sum, O]`: S is `rows x cols` (stride `lds`) of base-2 scores,
-    /// row_max and row_sum hold `rows` values, O is `rows x d` (stride `ldo`). Per row:
-    /// `m' = max(m, max_j S)`, `a = exp2(m - m')`, `S = exp2(S - m')` (S becomes P),
-    /// `l = l a + sum_j P`, `O *= a`, `m = m'`. A row whose scores and max are all `-inf` keeps
-    /// `l` and `O` and gets `P = 0`.
+    /// `[S, row_max, row_sum, O]`: S is `rows x cols` (stride `lds`) of base-2 scores before
+    /// the factor `scale`, row_max and row_sum hold `rows` values, O is `rows x d` (stride
+    /// `ldo`). Per row, with `x = scale * S`: `m' = max(m, max_j x)`, `a = exp2(m - m')`,
+    /// `S = exp2(x - m')` (S becomes P), `l = l a + sum_j P`, `O *= a`, `m = m'`. A row whose
+    /// scaled scores and max are all `-inf` keeps `l` and `O` and gets `P = 0`. A factor lets
+    /// the score GEMM read unscaled queries in place; see `uopc_tile::softmax_update_scaled`.
     SoftmaxUpdate {
         /// Rows of S and O.
         rows: usize,
@@ -407,6 +408,9 @@ pub enum TileOp {
         d: usize,
         /// Row stride of O.
         ldo: usize,
+        /// The factor applied to every score, as `f32::to_bits` (1.0's bits when the scores
+        /// come scaled).
+        scale: u32,
     },
     /// The online-softmax step of 16-bit attention. Sources `[S, row_max, row_sum, O, P]`:
     /// S (f32, `rows x cols`, stride `lds`) holds unscaled scores and is only read; P
@@ -488,7 +492,7 @@ impl TileOp {
                     op(block_extent(m, n, ldc), accumulate, true),
                 ]
             }
-            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => vec![
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, .. } => vec![
                 op(block_extent(rows, cols, lds), true, true),
                 op(rows, true, true),
                 op(rows, true, true),
@@ -523,7 +527,7 @@ impl TileOp {
                 if b_trans { (n, k, ldb) } else { (k, n, ldb) },
                 (m, n, ldc),
             ],
-            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, .. } => {
                 vec![(rows, cols, lds), (1, rows, rows), (1, rows, rows), (rows, d, ldo)]
             }
             TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, .. } => {

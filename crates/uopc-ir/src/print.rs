@@ -171,8 +171,13 @@ impl Printer {
                                 if *b_trans { " B^T" } else { "" },
                                 if *accumulate { " +=" } else { "" }
                             ),
-                            TileOp::SoftmaxUpdate { rows, cols, d, .. } => {
-                                format!("tile_softmax {rows}x{cols} d={d}")
+                            TileOp::SoftmaxUpdate { rows, cols, d, scale, .. } => {
+                                let scale = f32::from_bits(*scale);
+                                if scale == 1.0 {
+                                    format!("tile_softmax {rows}x{cols} d={d}")
+                                } else {
+                                    format!("tile_softmax {rows}x{cols} d={d} scale={scale}")
+                                }
                             }
                             TileOp::SoftmaxUpdateRounded { rows, cols, d, scale, .. } => {
                                 format!(

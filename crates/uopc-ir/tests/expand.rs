@@ -78,6 +78,16 @@ proptest! {
     }
 
     #[test]
+    fn expanded_scaled_softmax_update_is_the_interpreters_bit_for_bit(
+        rows in 1usize..10, cols in 0usize..40, d in 0usize..20, pad in 0usize..3,
+        offset in 0usize..3, tasks in 1usize..3, special: bool,
+        scale in prop::sample::select(vec![0.125f32, std::f32::consts::LOG2_E, 2.5]), seed in 0u64..1000,
+    ) {
+        let s = SoftmaxShape { rows, cols, d, pad, offset };
+        check_expansion(&softmax_scaled_case(s, scale, tasks, special, seed));
+    }
+
+    #[test]
     fn expanded_rounded_softmax_update_is_the_interpreters_bit_for_bit(
         rows in 1usize..10, cols in 0usize..40, d in 0usize..20, pad in 0usize..3,
         offset in 0usize..3, tasks in 1usize..3, special: bool, f16_probs: bool,
@@ -317,7 +327,7 @@ fn operands_in_one_buffer() {
         buffer(1, DType::F32, 2 * rows),
         buffer(2, DType::F32, rows * d),
     );
-    let op = TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d };
+    let op = TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d, scale: 1f32.to_bits() };
     let program = sink(&[tile(op, &[s.index(0), ml.index(0), ml.index(rows as i64), o.index(0)])]);
     let inputs = vec![
         HostBuffer::F32(values(rows * cols, 1)),

@@ -111,8 +111,8 @@ impl Extern {
             Extern::TileGemm | Extern::TileGemmBf16 | Extern::TileGemmF16 | Extern::TileGemmF32F16 => {
                 ints(sig, 10)
             }
-            // (s, row_max, row_sum, o, rows, cols, lds, ldo, d) -> status
-            Extern::TileSoftmax => ints(sig, 9),
+            // (s, row_max, row_sum, o, rows, cols, lds, ldo, d, scale) -> status
+            Extern::TileSoftmax => ints(sig, 10),
             // (s, row_max, row_sum, o, p, rows, cols, lds, ldo, d, ldp, scale, is_f16) -> status
             Extern::TileSoftmaxRounded => ints(sig, 13),
             // (s, lse, rows, cols, ld) -> status

@@ -93,13 +93,14 @@ proptest! {
     }
 
     /// With `special_rows`, the first rows are all `-inf`, a first block, masked, and a late
-    /// maximum (see `softmax_case`).
+    /// maximum (see `softmax_case`); the scores scaled inside the op by `scale`.
     #[test]
     fn tile_softmax_matches_the_reference(
         rows in 1usize..20, cols in 1usize..50, d in 1usize..40, pad in 0usize..3,
+        scale in prop::sample::select(vec![1.0f32, 0.125, std::f32::consts::LOG2_E]),
         special_rows in any::<bool>(), seed in 0u64..1000,
     ) {
-        let case = softmax_case(SoftmaxShape { rows, cols, d, pad, offset: 0 }, 1, special_rows, seed);
+        let case = softmax_scaled_case(SoftmaxShape { rows, cols, d, pad, offset: 0 }, scale, 1, special_rows, seed);
         let (jit, reference) = run_both(&case.program, case.inputs);
         for slot in 0..4 {
             for (x, y) in f32s(&jit[slot]).iter().zip(f32s(&reference[slot])) {

@@ -238,7 +238,7 @@ impl TileKernel {
         let after_g1 = std::slice::from_ref(&g1);
         let mut state = prev.to_vec();
         state.push(g1.clone());
-        let update = TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d };
+        let update = TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d, scale: 1f32.to_bits() };
         let sm = tile(
             update,
             &[

@@ -363,19 +363,80 @@ fn no_buffer_scales_with_n_squared_and_causal_does_about_half_the_work() {
     let plain = Sdpa::compile(&config(1, 1, 1, n, n, d)).unwrap();
     let causal = Sdpa::compile(&SdpaConfig { causal: true, ..config(1, 1, 1, n, n, d) }).unwrap();
     for s in [&plain, &causal] {
-        // Kernel-local storage is listed as `local accN: f32[len]`.
-        let locals: Vec<usize> = s
-            .program()
-            .loop_ir()
-            .lines()
-            .filter_map(|l| l.strip_prefix("local ")?.split('[').nth(1)?.trim_end_matches(']').parse().ok())
-            .collect();
+        let locals = local_lengths(s);
         assert!(locals.len() >= 4, "{}", s.program().loop_ir());
         assert!(locals.iter().all(|&len| len <= 256 * d), "{locals:?}: a tile grows with N");
     }
     let (full, half) = (plain.program().estimates().flops, causal.program().estimates().flops);
     let ratio = half as f64 / full as f64;
     assert!((0.45..0.55).contains(&ratio), "causal / full static FLOPs = {ratio}");
+}
+
+/// Locals of the loop program (`local accN: f32[len]`), by length.
+fn local_lengths(sdpa: &Sdpa) -> Vec<usize> {
+    sdpa.program()
+        .loop_ir()
+        .lines()
+        .filter_map(|l| l.strip_prefix("local ")?.split('[').nth(1)?.trim_end_matches(']').parse().ok())
+        .collect()
+}
+
+/// An f32 task of one query head reads its queries in q (no `rows x D` query copy beside the
+/// output tile), so the stack holds taller tiles: at D = 256, 128 rows where the copy allowed
+/// 64. Stacked heads and 16-bit dtypes keep their query tile.
+#[test]
+fn one_head_f32_tasks_read_queries_in_place_and_take_taller_tiles() {
+    let c = config(1, 8, 8, 1024, 1024, 256);
+    let b = Blocking::choose(&c, 2);
+    assert!(b.reads_queries_in_place(&c) && b.heads_per_task == 1 && b.queries == 128, "{b:?}");
+    let sdpa = Sdpa::compile_with(&c, b).unwrap();
+    assert!(sdpa.to_string().contains("128 queries read in place"), "{sdpa}");
+    let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == 128 * 256).count();
+    assert_eq!(row_tiles, 1, "only the output tile is rows x D:\n{}", sdpa.program().loop_ir());
+
+    let stacked = config(1, 32, 8, 1, 4096, 128);
+    let b = Blocking::choose(&stacked, 2);
+    assert!(b.heads_per_task == 4 && !b.reads_queries_in_place(&stacked), "{b:?}");
+    let sdpa = Sdpa::compile_with(&stacked, Blocking { splits: 1, ..b }).unwrap();
+    let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == 4 * 128).count();
+    assert_eq!(row_tiles, 2, "the query tile and the output tile:\n{}", sdpa.program().loop_ir());
+
+    let half = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..c };
+    assert!(!Blocking::choose(&half, 2).reads_queries_in_place(&half));
+}
+
+/// Queries read in place leave the scale to the softmax step, or to the mask loop where one
+/// reads every score: a zero or negative scale, which would turn a masked `-inf` into NaN or
+/// `+inf` there, must still mask, with every mask kind, causal rows and key lengths, against
+/// tasks that scale a query tile (two stacked heads).
+#[test]
+fn zero_and_negative_scales_with_queries_read_in_place() {
+    let mut rng = Rng(29);
+    for scale in [0.0f32, -0.4, 0.25] {
+        for (mask, causal, lens) in [
+            (MaskKind::None, false, false),
+            (MaskKind::None, true, true),
+            (MaskKind::Bool([2, 1, 37, 37]), false, true),
+            (MaskKind::Bias([1, 4, 37, 37]), true, false),
+        ] {
+            let c = SdpaConfig {
+                scale: Some(scale),
+                mask,
+                causal,
+                key_lengths: lens,
+                ..config(2, 4, 2, 37, 37, 8)
+            };
+            let case = Case::new(c, &mut rng);
+            for blocking in [
+                Blocking { heads_per_task: 1, queries: 6, keys: 4, splits: 1 },
+                Blocking { heads_per_task: 2, queries: 16, keys: 8, splits: 1 },
+            ] {
+                let sdpa = Sdpa::compile_with(&c, blocking).unwrap();
+                assert_eq!(sdpa.blocking().reads_queries_in_place(&c), blocking.heads_per_task == 1);
+                check(&case, &sdpa);
+            }
+        }
+    }
 }
 
 /// Batched, multi-head, GQA and decode shapes whose query blocks divide n_q run their THREAD

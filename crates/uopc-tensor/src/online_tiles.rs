@@ -255,66 +255,72 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
     // One key block of `cols` keys from key `first`, inside the loops `outer`: scores, their
     // function in base 2, the update, P V.
     // `prefix`: the mask is exactly a prefix of each row's keys (see `masked_suffixes`).
-    let key_block =
-        |cx: &mut Ctx, first: &UOp, cols: usize, prev: &[UOp], outer: &[UOp], prefix: bool| -> Option<UOp> {
-            let scores = TileOp::Gemm(GemmShape {
-                m: br,
-                n: cols,
-                k: a.d,
-                lda: a.q.ld,
-                ldb: a.k.ld,
-                ldc: cols,
-                a_trans: a.q.trans,
-                b_trans: a.k.trans,
-                accumulate: false,
-            });
-            let g1 = tile(
-                scores,
-                &[qb.index(&q_first), kb.index(&k_first + first * a.k_row as i64), si.after(prev).index(0)],
-            );
-            let tile_s = si.after(std::slice::from_ref(&g1));
-            let scaled = match a.scores.as_where().filter(|_| prefix) {
-                // the unmasked scores on the whole tile (a vectorized loop), then -inf over each
-                // row's masked suffix
-                Some(w) => {
-                    let plain = scores_on_tile(cx, &a, &task, (&tile_s, w.then), first, cols, outer)?;
-                    masked_suffixes(cx, &a, &task, &si.after(&[g1.clone(), plain]), first, cols, outer)?
-                }
-                None => scores_on_tile(cx, &a, &task, (&tile_s, &a.scores), first, cols, outer)?,
-            };
-            let mut state = prev.to_vec();
-            state.push(scaled.clone());
-            let update = TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d: a.dv, ldo: a.dv };
-            let sm = tile(
-                update,
-                &[
-                    si.after(std::slice::from_ref(&scaled)).index(0),
-                    mi.after(&state).index(0),
-                    li.after(&state).index(0),
-                    oi.after(&state).index(0),
-                ],
-            );
-            let after_sm = std::slice::from_ref(&sm);
-            let pv = TileOp::Gemm(GemmShape {
-                m: br,
-                n: a.dv,
-                k: cols,
-                lda: cols,
-                ldb: a.v.ld,
-                ldc: a.dv,
-                a_trans: false,
-                b_trans: a.v.trans,
-                accumulate: true,
-            });
-            Some(tile(
-                pv,
-                &[
-                    si.after(after_sm).index(0),
-                    vb.index(&v_first + first * a.v_row as i64),
-                    oi.after(after_sm).index(0),
-                ],
-            ))
+    let key_block = |cx: &mut Ctx,
+                     first: &UOp,
+                     cols: usize,
+                     prev: &[UOp],
+                     outer: &[UOp],
+                     prefix: bool|
+     -> Option<UOp> {
+        let scores = TileOp::Gemm(GemmShape {
+            m: br,
+            n: cols,
+            k: a.d,
+            lda: a.q.ld,
+            ldb: a.k.ld,
+            ldc: cols,
+            a_trans: a.q.trans,
+            b_trans: a.k.trans,
+            accumulate: false,
+        });
+        let g1 = tile(
+            scores,
+            &[qb.index(&q_first), kb.index(&k_first + first * a.k_row as i64), si.after(prev).index(0)],
+        );
+        let tile_s = si.after(std::slice::from_ref(&g1));
+        let scaled = match a.scores.as_where().filter(|_| prefix) {
+            // the unmasked scores on the whole tile (a vectorized loop), then -inf over each
+            // row's masked suffix
+            Some(w) => {
+                let plain = scores_on_tile(cx, &a, &task, (&tile_s, w.then), first, cols, outer)?;
+                masked_suffixes(cx, &a, &task, &si.after(&[g1.clone(), plain]), first, cols, outer)?
+            }
+            None => scores_on_tile(cx, &a, &task, (&tile_s, &a.scores), first, cols, outer)?,
         };
+        let mut state = prev.to_vec();
+        state.push(scaled.clone());
+        let update =
+            TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d: a.dv, ldo: a.dv, scale: 1f32.to_bits() };
+        let sm = tile(
+            update,
+            &[
+                si.after(std::slice::from_ref(&scaled)).index(0),
+                mi.after(&state).index(0),
+                li.after(&state).index(0),
+                oi.after(&state).index(0),
+            ],
+        );
+        let after_sm = std::slice::from_ref(&sm);
+        let pv = TileOp::Gemm(GemmShape {
+            m: br,
+            n: a.dv,
+            k: cols,
+            lda: cols,
+            ldb: a.v.ld,
+            ldc: a.dv,
+            a_trans: false,
+            b_trans: a.v.trans,
+            accumulate: true,
+        });
+        Some(tile(
+            pv,
+            &[
+                si.after(after_sm).index(0),
+                vb.index(&v_first + first * a.v_row as i64),
+                oi.after(after_sm).index(0),
+            ],
+        ))
+    };
     let full = a.n_k / bc;
     // Key blocks past every key the task's rows can see are skipped; at least one block runs,
     // so a task whose rows see no key ends in the state a fully masked block leaves.

@@ -137,7 +137,7 @@ impl SoftmaxShape {
     /// The IR's tile op for this shape, leading dimensions padded by `pad`.
     pub fn op(&self) -> TileOp {
         let SoftmaxShape { rows, cols, d, pad, .. } = *self;
-        TileOp::SoftmaxUpdate { rows, cols, lds: cols + pad, d, ldo: d + pad }
+        TileOp::SoftmaxUpdate { rows, cols, lds: cols + pad, d, ldo: d + pad, scale: 1f32.to_bits() }
     }
     /// Elements per task of S, row_max, row_sum and O (offsets included).
     pub fn lens(&self) -> [usize; 4] {
@@ -185,6 +185,21 @@ pub fn softmax_case(s: SoftmaxShape, tasks: usize, special: bool, seed: u64) -> 
     let inputs =
         vec![HostBuffer::F32(scores), HostBuffer::F32(row_max), HostBuffer::F32(sums), HostBuffer::F32(o)];
     Case { program, inputs }
+}
+
+/// [`softmax_case`] with the scores scaled by `scale` inside the op (the op of attention that
+/// reads its queries unscaled): the same buffers and values.
+pub fn softmax_scaled_case(s: SoftmaxShape, scale: f32, tasks: usize, special: bool, seed: u64) -> Case {
+    let unscaled = softmax_case(s, tasks, special, seed);
+    let TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, .. } = s.op() else { unreachable!("an update") };
+    let op = TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale: scale.to_bits() };
+    let lens = s.lens();
+    let bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
+    let t = range(tasks, 0, AxisType::Thread);
+    let operands: Vec<UOp> =
+        bufs.iter().zip(lens).map(|(b, len)| b.index(&t * len + s.offset as i64)).collect();
+    let program = sink(&[sink(&[tile(op, &operands)]).end(&[t])]);
+    Case { program, inputs: unscaled.inputs }
 }
 
 /// [`softmax_case`] for [`TileOp::SoftmaxUpdateRounded`]: the same score, max, sum and output
@@ -262,7 +277,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
     let g1 = tile(scores, &[q.index(&t * (br * d)), k.index(&kb * (bc * d)), si.after(&prev).index(0)]);
     let mut state = prev.to_vec();
     state.push(g1.clone());
-    let update = TileOp::SoftmaxUpdate { rows: br, cols: bc, lds: bc, d, ldo: d };
+    let update = TileOp::SoftmaxUpdate { rows: br, cols: bc, lds: bc, d, ldo: d, scale: 1f32.to_bits() };
     let sm = tile(
         update,
         &[

@@ -70,7 +70,8 @@ pub use gemm::{
 };
 pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
 pub use softmax::{
-    EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_unchecked, uopc_tile_softmax_update_f32,
+    EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_scaled, softmax_update_unchecked,
+    uopc_tile_softmax_update_f32,
 };
 pub use softmax_grad::{
     ScoreTileShape, softmax_grad, softmax_grad_unchecked, softmax_recompute, softmax_recompute_unchecked,

@@ -133,6 +133,43 @@ pub fn softmax_update(
     row_sum: &mut [f32],
     o: &mut [f32],
 ) -> Result<(), TileError> {
+    softmax_update_scaled(isa, sh, 1.0, s, row_max, row_sum, o)
+}
+
+/// [`softmax_update`] on the scores scaled by `scale`: every `S[r, j]` reads as
+/// `scale * S[r, j]` (one multiply per score, fused with the subtraction of the maximum on the
+/// vector ISAs), so a caller can
+/// leave its queries unscaled and read them in place. `-inf` scores stay `-inf` only for a
+/// positive `scale` (a zero or negative one turns them into NaN or `+inf`), so masks applied
+/// before this step must then be applied to scaled scores. A `scale` of 1 gives
+/// [`softmax_update`]'s results bit for bit.
+///
+/// # Errors
+///
+/// Those of [`softmax_update`].
+///
+/// # Examples
+///
+/// ```rust
+/// use uopc_tile::{Isa, SoftmaxShape, TileError, softmax_update_scaled};
+///
+/// let sh = SoftmaxShape::dense(1, 2, 1);
+/// let (mut row_max, mut row_sum, mut o) = ([f32::NEG_INFINITY], [0.0f32], [0.0f32]);
+/// let mut s = [2.0, 4.0]; // scaled by 0.5: 1 and 2
+/// softmax_update_scaled(Isa::detect(), &sh, 0.5, &mut s, &mut row_max, &mut row_sum, &mut o)?;
+/// assert_eq!(row_max, [2.0]);
+/// assert!((s[0] - 0.5).abs() <= 1e-6 && (s[1] - 1.0).abs() <= 1e-6);
+/// # Ok::<(), TileError>(())
+/// ```
+pub fn softmax_update_scaled(
+    isa: Isa,
+    sh: &SoftmaxShape,
+    scale: f32,
+    s: &mut [f32],
+    row_max: &mut [f32],
+    row_sum: &mut [f32],
+    o: &mut [f32],
+) -> Result<(), TileError> {
     if !isa.available() {
         return Err(TileError::IsaUnavailable(isa));
     }
@@ -147,6 +184,7 @@ pub fn softmax_update(
         softmax_update_unchecked(
             isa,
             sh,
+            scale,
             s.as_mut_ptr(),
             row_max.as_mut_ptr(),
             row_sum.as_mut_ptr(),
@@ -156,7 +194,7 @@ pub fn softmax_update(
     Ok(())
 }
 
-/// One online-softmax step on raw pointers, without checks.
+/// One online-softmax step on raw pointers, without checks: [`softmax_update_scaled`]'s.
 ///
 /// # Safety
 ///
@@ -168,6 +206,7 @@ pub fn softmax_update(
 pub unsafe fn softmax_update_unchecked(
     isa: Isa,
     sh: &SoftmaxShape,
+    scale: f32,
     s: *mut f32,
     row_max: *mut f32,
     row_sum: *mut f32,
@@ -180,19 +219,20 @@ pub unsafe fn softmax_update_unchecked(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller guarantees AVX-512 is available and the buffer extents.
-        Isa::Avx512 => unsafe { crate::x86::avx512::softmax_update(sh, s, row_max, row_sum, o) },
+        Isa::Avx512 => unsafe { crate::x86::avx512::softmax_update(sh, scale, s, row_max, row_sum, o) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2+FMA.
-        Isa::Avx2Fma => unsafe { crate::x86::avx2::softmax_update(sh, s, row_max, row_sum, o) },
+        Isa::Avx2Fma => unsafe { crate::x86::avx2::softmax_update(sh, scale, s, row_max, row_sum, o) },
         // SAFETY: the caller guarantees the buffer extents; no CPU features are needed.
-        _ => unsafe { portable(sh, s, row_max, row_sum, o) },
+        _ => unsafe { portable(sh, scale, s, row_max, row_sum, o) },
     }
 }
 
 /// Flat C-ABI softmax update for JIT-compiled code, with the fastest ISA of this CPU.
 ///
 /// Arguments, in order: `s`, `row_max`, `row_sum`, `o` (pointers to f32), then the `i64`s
-/// `rows`, `cols`, `lds`, `ldo`, `d`, meaning the [`SoftmaxShape`] fields.
+/// `rows`, `cols`, `lds`, `ldo`, `d`, meaning the [`SoftmaxShape`] fields, and `scale`, the
+/// bits of [`softmax_update_scaled`]'s f32 factor in the low 32 bits.
 ///
 /// Returns 0 on success, or -1 without touching memory if a size is negative, a leading
 /// dimension is too small, an extent overflows, or a pointer is null while its buffer is
@@ -213,6 +253,7 @@ pub unsafe extern "C" fn uopc_tile_softmax_update_f32(
     lds: i64,
     ldo: i64,
     d: i64,
+    scale: i64,
 ) -> i32 {
     let u = |x: i64| usize::try_from(x).ok();
     let (Some(rows), Some(cols), Some(lds), Some(ldo), Some(d)) = (u(rows), u(cols), u(lds), u(ldo), u(d))
@@ -227,8 +268,9 @@ pub unsafe extern "C" fn uopc_tile_softmax_update_f32(
     {
         return -1;
     }
+    let scale = f32::from_bits(scale as u32);
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
-    unsafe { softmax_update_unchecked(Isa::detect(), &sh, s, row_max, row_sum, o) };
+    unsafe { softmax_update_unchecked(Isa::detect(), &sh, scale, s, row_max, row_sum, o) };
     0
 }
 
@@ -260,7 +302,14 @@ pub(crate) fn exp2_scalar(x: f32) -> f32 {
 /// # Safety
 ///
 /// The contract of [`softmax_update_unchecked`], with `rows > 0` and `cols > 0`.
-unsafe fn portable(sh: &SoftmaxShape, s: *mut f32, row_max: *mut f32, row_sum: *mut f32, o: *mut f32) {
+unsafe fn portable(
+    sh: &SoftmaxShape,
+    scale: f32,
+    s: *mut f32,
+    row_max: *mut f32,
+    row_sum: *mut f32,
+    o: *mut f32,
+) {
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
     // SAFETY: `row_max` and `row_sum` hold `rows` floats, disjoint from S and O.
     let (row_max, row_sum) = unsafe {
@@ -270,7 +319,7 @@ unsafe fn portable(sh: &SoftmaxShape, s: *mut f32, row_max: *mut f32, row_sum: *
         // SAFETY: row `r` of S spans `cols` floats at `r * lds`.
         let srow = unsafe { std::slice::from_raw_parts_mut(s.add(r * lds), cols) };
         let m_old = row_max[r];
-        let m_new = srow.iter().fold(m_old, |m, &x| m.max(x));
+        let m_new = srow.iter().fold(m_old, |m, &x| m.max(x * scale));
         if m_new == f32::NEG_INFINITY {
             srow.fill(0.0);
             continue;
@@ -278,7 +327,7 @@ unsafe fn portable(sh: &SoftmaxShape, s: *mut f32, row_max: *mut f32, row_sum: *
         let alpha = exp2_scalar(m_old - m_new);
         let mut sum = 0.0f32;
         for x in srow.iter_mut() {
-            *x = exp2_scalar(*x - m_new);
+            *x = exp2_scalar(*x * scale - m_new);
             sum += *x;
         }
         row_sum[r] = row_sum[r] * alpha + sum;

@@ -3,7 +3,10 @@
 mod common;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
-use uopc_tile::{EXP2_MAX_REL_ERROR, Isa, SoftmaxShape, softmax_update, uopc_tile_softmax_update_f32};
+use uopc_tile::{
+    EXP2_MAX_REL_ERROR, Isa, SoftmaxShape, softmax_update, softmax_update_scaled,
+    uopc_tile_softmax_update_f32,
+};
 
 const NEG_INF: f32 = f32::NEG_INFINITY;
 
@@ -11,6 +14,8 @@ const NEG_INF: f32 = f32::NEG_INFINITY;
 #[derive(Clone)]
 struct State {
     sh: SoftmaxShape,
+    /// The factor the update applies to every score.
+    scale: f32,
     s: Vec<f32>,
     row_max: Vec<f32>,
     row_sum: Vec<f32>,
@@ -59,7 +64,7 @@ fn make_state(rng: &mut StdRng, rows: usize, cols: usize, d: usize) -> State {
             row_sum[r] = 0.0;
         }
     }
-    State { sh, s, row_max, row_sum, o }
+    State { sh, scale: 1.0, s, row_max, row_sum, o }
 }
 
 /// Relative accuracy allowed for `exp2(s - m)` computed in f32: the kernel's `exp2` error,
@@ -78,10 +83,12 @@ fn check(init: &State, got: &State, what: &str) {
         assert!(init.row_max == got.row_max && init.row_sum == got.row_sum, "{what}: statistics changed");
         return;
     }
+    let scale = f64::from(init.scale);
     for r in 0..sh.rows {
         let srow = &init.s[r * sh.lds..r * sh.lds + sh.cols];
         let m_old = f64::from(init.row_max[r]);
-        let m_new = srow.iter().map(|&x| f64::from(x)).fold(m_old, f64::max);
+        // The maximum is of the scaled scores as f32 products (each exactly rounded).
+        let m_new = srow.iter().map(|&x| f64::from(x * init.scale)).fold(m_old, f64::max);
         let gs = &got.s[r * sh.lds..r * sh.lds + sh.cols];
         if m_new == f64::NEG_INFINITY {
             assert!(gs.iter().all(|&p| p == 0.0), "{what}: dead row {r} must give P = 0");
@@ -96,16 +103,24 @@ fn check(init: &State, got: &State, what: &str) {
         // `err` bounds the accumulated error of row_sum's terms.
         let (mut sum, mut err) = (0.0f64, 0.0f64);
         for (j, (&x, &p)) in srow.iter().zip(gs).enumerate() {
-            let arg = f64::from(x) - m_new;
+            let arg = f64::from(x) * scale - m_new;
             if arg == f64::NEG_INFINITY {
                 assert_eq!(p, 0.0, "{what}: masked P[{r},{j}]");
                 continue;
             }
             let exact = arg.exp2();
+            // A kernel may round the product before subtracting the maximum (the portable
+            // one does): one more rounding of a value of size |x * scale| in the exponent.
+            let tol = exp_tol(arg)
+                + if init.scale == 1.0 {
+                    0.0
+                } else {
+                    std::f64::consts::LN_2 * (f64::from(x) * scale).abs() * 2f64.powi(-24)
+                };
             sum += exact;
-            err += exp_tol(arg) * exact;
+            err += tol * exact;
             // Below 2^-126 the kernel may flush to zero or give a subnormal.
-            let ok = (f64::from(p) - exact).abs() <= exp_tol(arg) * exact + 2f64.powi(-126);
+            let ok = (f64::from(p) - exact).abs() <= tol * exact + 2f64.powi(-126);
             assert!(ok, "{what}: P[{r},{j}] = {p}, expected {exact}");
         }
         let alpha = (m_old - m_new).exp2();
@@ -139,8 +154,53 @@ fn check(init: &State, got: &State, what: &str) {
 
 fn run(isa: Isa, init: &State) -> State {
     let mut st = init.clone();
-    softmax_update(isa, &st.sh, &mut st.s, &mut st.row_max, &mut st.row_sum, &mut st.o).expect("valid state");
+    let sh = st.sh;
+    if st.scale == 1.0 {
+        softmax_update(isa, &sh, &mut st.s, &mut st.row_max, &mut st.row_sum, &mut st.o)
+            .expect("valid state");
+    } else {
+        softmax_update_scaled(isa, &sh, st.scale, &mut st.s, &mut st.row_max, &mut st.row_sum, &mut st.o)
+            .expect("valid state");
+    }
     st
+}
+
+#[test]
+fn scaled_update_matches_reference() {
+    // Positive factors (attention's log2(e) / sqrt(D) among them) keep masked scores at -inf;
+    // the identity factor must give the unscaled update bit for bit.
+    let mut rng = StdRng::seed_from_u64(21);
+    let scales = [0.125f32, std::f32::consts::LOG2_E / 80f32.sqrt(), 0.7, 2.5, 1.0];
+    for isa in common::isas() {
+        for &scale in &scales {
+            for _ in 0..12 {
+                let (rows, cols, d) =
+                    (rng.random_range(1..=10), rng.random_range(1..=70), rng.random_range(0..=40));
+                let mut init = make_state(&mut rng, rows, cols, d);
+                let plain = run(isa, &init);
+                init.scale = scale;
+                let got = run(isa, &init);
+                check(&init, &got, &format!("{isa} scale={scale} rows={rows} cols={cols} d={d}"));
+                if scale == 1.0 {
+                    assert!(got.s == plain.s && got.row_sum == plain.row_sum, "{isa}: scale 1 differs");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_negative_scale_takes_the_maximum_of_the_scaled_scores() {
+    for isa in common::isas() {
+        // 17 columns: a full 16-lane vector and a tail.
+        let sh = SoftmaxShape::dense(1, 17, 1);
+        let mut s: Vec<f32> = (0..17).map(|j| j as f32).collect();
+        let (mut row_max, mut row_sum, mut o) = ([NEG_INF], [0.0f32], [0.0f32]);
+        softmax_update_scaled(isa, &sh, -1.0, &mut s, &mut row_max, &mut row_sum, &mut o).unwrap();
+        assert_eq!(row_max, [0.0], "{isa}: the maximum of -x over x in 0..17 is 0");
+        assert_eq!(s[0], 1.0, "{isa}");
+        assert!((s[16] - 2f32.powi(-16)).abs() <= 1e-7 * 2f32.powi(-16), "{isa}: {}", s[16]);
+    }
 }
 
 #[test]
@@ -289,6 +349,7 @@ fn c_abi_entry() {
             i(sh.lds),
             i(sh.ldo),
             i(sh.d),
+            i64::from(1.0f32.to_bits()),
         )
     };
     assert_eq!(rc, 0);
@@ -305,6 +366,7 @@ fn c_abi_entry() {
             37,
             21,
             21,
+            i64::from(1.0f32.to_bits()),
         )
     };
     assert_eq!(rc, -1, "null row_sum");
@@ -320,6 +382,7 @@ fn c_abi_entry() {
             37,
             21,
             21,
+            i64::from(1.0f32.to_bits()),
         )
     };
     assert_eq!(rc, -1, "negative cols");

@@ -42,8 +42,9 @@ impl Machine<'_> {
                     }
                 }
             }
-            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
-                let shape = UpdateShape { rows, cols, lds, d, ldo, ldp: lds, scale: 1.0 };
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale } => {
+                let scale = f64::from(f32::from_bits(scale));
+                let shape = UpdateShape { rows, cols, lds, d, ldo, ldp: lds, scale };
                 self.softmax_update(node, at, at[0], shape, false)?;
             }
             TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {

@@ -326,10 +326,11 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                     _ => Extern::TileGemm,
                 })
             }
-            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => {
+            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale } => {
                 for v in [rows, cols, lds, ldo, d] {
                     args.push(int(v as i64));
                 }
+                args.push(int(i64::from(scale)));
                 self.externs.get(Extern::TileSoftmax)
             }
             TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {

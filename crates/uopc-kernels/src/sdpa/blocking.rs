@@ -60,10 +60,12 @@ const STREAMED_KEY_BLOCK: usize = 512;
 impl Blocking {
     /// Block sizes for `config` on `cores` cores.
     ///
-    /// The task's tiles (scaled Q and output, `rows x D` each, the `rows x keys` score tile,
-    /// and the running max and sum; with a 16-bit dtype the query tile in that dtype and a
-    /// `rows x keys` tile of rounded probabilities besides) must fit the JIT's stack limit
-    /// less 16 KiB; within that, rows are as many as possible, up to 256 (a multiple of 16), because every task re-packs
+    /// The task's tiles (the output, `rows x D`, the `rows x keys` score tile and the running
+    /// max and sum; a scaled `rows x D` copy of the queries unless the task
+    /// [reads them in place](Blocking::reads_queries_in_place); with a 16-bit dtype the query
+    /// tile in that dtype and a `rows x keys` tile of rounded probabilities besides) must fit
+    /// the JIT's stack limit less 16 KiB; within that, rows are as many as possible, up to 256
+    /// (a multiple of 16), because every task re-packs
     /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
     /// 128, whose diagonal band runs in 64-row sub-tiles (see [`sdpa_ir`](super::sdpa_ir)). With fewer
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
@@ -76,20 +78,24 @@ impl Blocking {
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
         let &SdpaConfig { batch, heads, kv_heads, n_q, n_k, d, .. } = config;
         let keys = KEY_BLOCK.min(n_k);
-        let per_row = tile_bytes_per_row(config.dtype, d, keys);
-        let fit = (TILE_BUDGET / per_row).max(1);
-        let mut max_rows = if fit >= 16 { (fit / 16 * 16).min(256) } else { fit };
-        if config.causal {
+        let rows_fitting = |per_row: usize| {
+            let fit = (TILE_BUDGET / per_row).max(1);
+            let rows = if fit >= 16 { (fit / 16 * 16).min(256) } else { fit };
             // The diagonal band of a block wastes about (rows + keys) / 2 masked pairs per row.
-            max_rows = max_rows.min(CAUSAL_MAX_ROWS);
-        }
+            if config.causal { rows.min(CAUSAL_MAX_ROWS) } else { rows }
+        };
+        // Stacked heads keep a query tile; one head's rows may read q in place (f32).
+        let stacked_rows = rows_fitting(tile_bytes_per_row(config.dtype, d, keys, true));
+        let one_head_rows = rows_fitting(tile_bytes_per_row(config.dtype, d, keys, !in_place_dtype(config)));
         let group = heads / kv_heads;
-        let (heads_per_task, mut queries) = if n_q >= max_rows {
-            (1, max_rows)
+        let (heads_per_task, mut queries) = if n_q >= one_head_rows {
+            (1, one_head_rows)
         } else {
+            let max_rows = stacked_rows;
             let g = (1..=group).rev().find(|g| group.is_multiple_of(*g) && g * n_q <= max_rows).unwrap_or(1);
             (g, n_q)
         };
+        let max_rows = if heads_per_task == 1 { one_head_rows } else { stacked_rows };
         if heads_per_task == 1
             && let Some(rows) = (max_rows.div_ceil(2)..=max_rows).rev().find(|r| n_q.is_multiple_of(*r))
         {
@@ -106,7 +112,10 @@ impl Blocking {
         let tasks = batch * kv_heads * (group / heads_per_task) * n_q.div_ceil(queries);
         let rows = heads_per_task * queries;
         let wide = STREAMED_KEY_BLOCK.min(n_k);
-        let keys = if rows <= FEW_ROWS && rows * tile_bytes_per_row(config.dtype, d, wide) <= TILE_BUDGET {
+        let query_tile = !(in_place_dtype(config) && heads_per_task == 1);
+        let keys = if rows <= FEW_ROWS
+            && rows * tile_bytes_per_row(config.dtype, d, wide, query_tile) <= TILE_BUDGET
+        {
             wide
         } else {
             keys
@@ -120,6 +129,14 @@ impl Blocking {
             splits = full.div_ceil(full.div_ceil(want));
         }
         Blocking { heads_per_task, queries, keys, splits }
+    }
+
+    /// Whether the score GEMM reads the task's query rows from q itself, unscaled (the softmax
+    /// step then applies the scale, and a mask loop that reads every score scales it), rather
+    /// than from a scaled copy on the stack: for f32 with one query head per task, whose rows
+    /// are evenly strided in q. The copy's room then goes to more rows.
+    pub fn reads_queries_in_place(&self, config: &SdpaConfig) -> bool {
+        in_place_dtype(config) && self.heads_per_task == 1
     }
 
     /// Rows of each sub-tile that a causal task's diagonal band runs in, when the band is
@@ -147,13 +164,20 @@ impl Blocking {
     }
 }
 
-/// Stack bytes one task row takes with blocks of `keys` keys: the query and output rows, the
-/// score row and the running max and sum; 16-bit attention keeps its query row in the input
-/// dtype and adds the row of rounded probabilities.
-fn tile_bytes_per_row(dtype: SdpaDType, d: usize, keys: usize) -> usize {
+/// Whether the dtype's score GEMM can read unscaled queries in place: f32 (a 16-bit query tile
+/// is the f32 or bf16 operand its GEMMs take, so it stays a copy).
+fn in_place_dtype(config: &SdpaConfig) -> bool {
+    config.dtype == SdpaDType::F32
+}
+
+/// Stack bytes one task row takes with blocks of `keys` keys: the query row when there is a
+/// query tile, the output row, the score row and the running max and sum; 16-bit attention
+/// keeps its query row in the input dtype and adds the row of rounded probabilities.
+fn tile_bytes_per_row(dtype: SdpaDType, d: usize, keys: usize, query_tile: bool) -> usize {
+    let query = usize::from(query_tile) * d;
     match dtype {
-        SdpaDType::F32 => 4 * (2 * d + keys + 2),
-        SdpaDType::BF16 | SdpaDType::F16 => 2 * d + 4 * d + 4 * keys + 2 * keys + 8,
+        SdpaDType::F32 => 4 * (query + d + keys + 2),
+        SdpaDType::BF16 | SdpaDType::F16 => 2 * query + 4 * d + 4 * keys + 2 * keys + 8,
     }
 }
 

@@ -162,9 +162,10 @@ impl fmt::Display for Sdpa {
         let b = &self.blocking;
         write!(
             f,
-            "sdpa flash_tile_ops: {c}; tasks of {} head(s) x {} queries, keys in blocks of {}{}{}",
+            "sdpa flash_tile_ops: {c}; tasks of {} head(s) x {} queries{}, keys in blocks of {}{}{}",
             b.heads_per_task,
             b.queries,
+            if b.reads_queries_in_place(c) { " read in place" } else { "" },
             b.keys,
             match b.causal_sub_tile_rows(c) {
                 Some(rows) => format!(", the diagonal band in sub-tiles of {rows} rows"),

@@ -168,6 +168,7 @@ fn hsum(v: __m256) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn softmax_update(
     sh: &SoftmaxShape,
+    scale: f32,
     s: *mut f32,
     row_max: *mut f32,
     row_sum: *mut f32,
@@ -175,6 +176,7 @@ pub(crate) unsafe fn softmax_update(
 ) {
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
     let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let sv = _mm256_set1_ps(scale);
     let (cfull, dfull) = (cols - cols % 8, d - d % 8);
     let (ctail, dtail) = (lanes(cols % 8), lanes(d % 8));
     let (has_ctail, has_dtail) = (cols % 8 != 0, d % 8 != 0);
@@ -186,10 +188,10 @@ pub(crate) unsafe fn softmax_update(
             let srow = s.add(r * lds);
             let mut mx = neg_inf;
             for j in (0..cfull).step_by(8) {
-                mx = _mm256_max_ps(mx, _mm256_loadu_ps(srow.add(j)));
+                mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(srow.add(j)), sv));
             }
             if has_ctail {
-                let x = _mm256_maskload_ps(srow.add(cfull), ctail);
+                let x = _mm256_mul_ps(_mm256_maskload_ps(srow.add(cfull), ctail), sv);
                 mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, x, _mm256_castsi256_ps(ctail)));
             }
             let m_old = *row_max.add(r);
@@ -208,12 +210,12 @@ pub(crate) unsafe fn softmax_update(
             let mv = _mm256_set1_ps(m_new);
             let mut sum = _mm256_setzero_ps();
             for j in (0..cfull).step_by(8) {
-                let e = exp2(_mm256_sub_ps(_mm256_loadu_ps(srow.add(j)), mv));
+                let e = exp2(_mm256_fmsub_ps(_mm256_loadu_ps(srow.add(j)), sv, mv));
                 _mm256_storeu_ps(srow.add(j), e);
                 sum = _mm256_add_ps(sum, e);
             }
             if has_ctail {
-                let e = exp2(_mm256_sub_ps(_mm256_maskload_ps(srow.add(cfull), ctail), mv));
+                let e = exp2(_mm256_fmsub_ps(_mm256_maskload_ps(srow.add(cfull), ctail), sv, mv));
                 _mm256_maskstore_ps(srow.add(cfull), ctail, e);
                 sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(ctail)));
             }

@@ -139,6 +139,7 @@ fn exp2(x: __m512) -> __m512 {
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn softmax_update(
     sh: &SoftmaxShape,
+    scale: f32,
     s: *mut f32,
     row_max: *mut f32,
     row_sum: *mut f32,
@@ -146,6 +147,7 @@ pub(crate) unsafe fn softmax_update(
 ) {
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let sv = _mm512_set1_ps(scale);
     let (cfull, dfull) = (cols - cols % 16, d - d % 16);
     let (ctail, dtail) = (lanes(cols % 16), lanes(d % 16));
     for r in 0..rows {
@@ -155,10 +157,11 @@ pub(crate) unsafe fn softmax_update(
             let srow = s.add(r * lds);
             let mut mx = neg_inf;
             for j in (0..cfull).step_by(16) {
-                mx = _mm512_max_ps(mx, _mm512_loadu_ps(srow.add(j)));
+                mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv));
             }
             if ctail != 0 {
-                mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, ctail, srow.add(cfull)));
+                let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv);
+                mx = _mm512_mask_max_ps(mx, ctail, mx, x);
             }
             let m_old = *row_max.add(r);
             let m_new = m_old.max(_mm512_reduce_max_ps(mx));
@@ -174,12 +177,12 @@ pub(crate) unsafe fn softmax_update(
             let mv = _mm512_set1_ps(m_new);
             let mut sum = _mm512_setzero_ps();
             for j in (0..cfull).step_by(16) {
-                let e = exp2(_mm512_sub_ps(_mm512_loadu_ps(srow.add(j)), mv));
+                let e = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(srow.add(j)), sv, mv));
                 _mm512_storeu_ps(srow.add(j), e);
                 sum = _mm512_add_ps(sum, e);
             }
             if ctail != 0 {
-                let e = exp2(_mm512_sub_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), mv));
+                let e = exp2(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv, mv));
                 _mm512_mask_storeu_ps(srow.add(cfull), ctail, e);
                 sum = _mm512_mask_add_ps(sum, ctail, sum, e);
             }

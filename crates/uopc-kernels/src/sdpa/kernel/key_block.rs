@@ -20,15 +20,24 @@ impl SdpaKernel {
         masked: bool,
         span: Span,
     ) -> UOp {
-        let SdpaConfig { kv_heads, n_k, d, .. } = self.c;
+        let SdpaConfig { heads, kv_heads, n_q, n_k, d, .. } = self.c;
         let [_, _, ksn] = self.c.layout.strides(kv_heads, n_k, d);
+        let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
         let Span { r0, rows } = span;
         let (at_d, at_s) = ((r0 * d) as i64, (r0 * cols) as i64);
+        // The query rows: the task's tile, or (one head per task) rows `q0 + r0 ..` of q.
+        let (queries, lda) = match &task.qt {
+            Some(qt) => (qt.after(prev).index(at_d), d),
+            None => {
+                let at = &task.item * qsb + &task.head0 * qsh + (&task.q0 + r0 as i64) * qsn;
+                (self.q.index(at), qsn)
+            }
+        };
         let scores = TileOp::Gemm(GemmShape {
             m: rows,
             n: cols,
             k: d,
-            lda: d,
+            lda,
             ldb: ksn,
             ldc: cols,
             a_trans: false,
@@ -36,18 +45,17 @@ impl SdpaKernel {
             accumulate: false,
         });
         let kv_at = &task.kv_base + first * ksn;
-        let mut g1 = tile(
-            scores,
-            &[task.qt.after(prev).index(at_d), self.k.index(&kv_at), task.si.after(prev).index(at_s)],
-        );
-        // 16-bit attention scales the f32 scores in the softmax step (its query tile is the
-        // exact input), except after a mask loop that reads every score: that loop scales
-        // them before adding the bias. The suffix form, which writes -inf without reading,
-        // leaves the scaling to the softmax step, which keeps -inf only for a positive scale.
+        let mut g1 = tile(scores, &[queries, self.k.index(&kv_at), task.si.after(prev).index(at_s)]);
+        // Unscaled queries (16-bit attention's exact tile, or q read in place) have the
+        // softmax step scale the f32 scores, except after a mask loop that reads every score:
+        // that loop scales them before adding the bias. The suffix form, which writes -inf
+        // without reading, leaves the scaling to the softmax step, which keeps -inf only for a
+        // positive scale.
         let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
-        let mut softmax_scale = qscale;
+        let unscaled = self.half.is_some() || self.q_in_place;
+        let mut softmax_scale = if unscaled { qscale } else { 1.0 };
         if masked {
-            let scaled_by_loop = self.half.is_some() && (self.mask.is_some() || qscale <= 0.0);
+            let scaled_by_loop = unscaled && (self.mask.is_some() || qscale <= 0.0);
             if scaled_by_loop {
                 softmax_scale = 1.0;
             }
@@ -75,7 +83,9 @@ impl SdpaKernel {
                     scale: softmax_scale.to_bits(),
                 }
             }
-            None => TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d },
+            None => {
+                TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d, scale: softmax_scale.to_bits() }
+            }
         };
         let sm = tile(update, &operands);
         let after_sm = std::slice::from_ref(&sm);

@@ -17,9 +17,11 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// for [`super::sdpa_merge_ir`]: output rows (`tasks x rows x D`), running maxima and running
 /// sums (`tasks x rows` each), and the mask and key lengths follow from slot 6.
 ///
-/// One THREAD task per (batch item, key/value head, group of query heads, query block): it
-/// copies its query rows of `heads_per_task` heads, times `scale * log2(e)`, into a stack tile
-/// (so strided q costs nothing later and the softmax works in base 2), then streams the keys of
+/// One THREAD task per (batch item, key/value head, group of query heads, query block): with
+/// one f32 query head per task its score GEMMs read the query rows in q and the softmax step
+/// multiplies the scores by `scale * log2(e)` (so the softmax works in base 2); with stacked
+/// heads it first copies its query rows, times that factor, into a stack tile (evenly strided
+/// rows for the GEMM). It then streams the keys of
 /// its key/value head in blocks: a tile GEMM for the scores, the mask loop where the block can
 /// be partly masked, the online-softmax tile update (one rescale of the output tile per block)
 /// and a tile GEMM `O += P · V`. Keys past the last full block go in one narrower block. Under
@@ -87,6 +89,8 @@ struct SdpaKernel {
     lse: Option<UOp>,
     /// The 16-bit dtype of q, k, v and the output, when not f32.
     half: Option<DType>,
+    /// The score GEMM reads q itself ([`Blocking::reads_queries_in_place`]).
+    q_in_place: bool,
     pb: ProgramBuilder,
 }
 
@@ -106,7 +110,8 @@ struct Task {
     head0: UOp,
     q0: UOp,
     qblk: UOp,
-    qt: UOp,
+    /// The scaled query tile, unless the score GEMM reads q in place.
+    qt: Option<UOp>,
     si: UOp,
     oi: UOp,
     mi: UOp,
@@ -159,6 +164,7 @@ impl SdpaKernel {
             kv_length,
             lse,
             half: (el != f32t).then_some(el),
+            q_in_place: blocking.reads_queries_in_place(config),
             pb: ProgramBuilder::new(),
         }
     }

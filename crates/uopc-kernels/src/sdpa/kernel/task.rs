@@ -19,7 +19,7 @@ impl SdpaKernel {
         let qdt = self.query_tile_dtype();
         let pb = &mut self.pb;
         let (qt, s, o, mx, l) = (
-            pb.alloc(qdt, self.rows * d),
+            (!self.q_in_place).then(|| pb.alloc(qdt, self.rows * d)),
             pb.alloc(f32t, self.rows * bc.min(n_k)),
             pb.alloc(f32t, self.rows * d),
             pb.alloc(f32t, self.rows),
@@ -42,7 +42,7 @@ impl SdpaKernel {
         let q0 = min_idx(&(&qblk * bq), &idx((n_q - bq) as i64));
         let th = std::slice::from_ref(&t);
         Task {
-            qt: qt.after(th),
+            qt: qt.map(|qt| qt.after(th)),
             si: s.after(th),
             oi: o.after(th),
             mi: mx.after(th),
@@ -68,8 +68,8 @@ impl SdpaKernel {
         }
     }
 
-    /// The scaled copy of the task's queries, the zeroed output tile and the running max and
-    /// sum, as effects the key loops come after.
+    /// The scaled copy of the task's queries (when it has a query tile), the zeroed output
+    /// tile and the running max and sum, as effects the key loops come after.
     pub(super) fn init(&mut self, task: &Task) -> Vec<UOp> {
         let SdpaConfig { heads, n_q, d, .. } = self.c;
         let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
@@ -77,25 +77,30 @@ impl SdpaKernel {
         let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
         let qdt = self.query_tile_dtype();
         let pb = &mut self.pb;
-        let hh = pb.range(gs, AxisType::Loop);
-        let rq = pb.range(bq, AxisType::Loop);
-        let e = pb.range(d, AxisType::Loop);
-        let src = self.q.index(&task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &rq) * qsn + &e);
-        // A 16-bit query is copied exactly (widened once here when the tile is f32); its scale
-        // is applied to the f32 scores instead.
-        let value = match self.half {
-            None => src.load() * qscale,
-            Some(el) if qdt == el => src.load(),
-            Some(_) => src.load().cast(DType::F32),
-        };
-        let load_q = task.qt.index((&hh * bq + &rq) * d + &e).store(value).end(&[e, rq, hh]);
+        let mut effects = Vec::new();
+        if let Some(qt) = &task.qt {
+            let hh = pb.range(gs, AxisType::Loop);
+            let rq = pb.range(bq, AxisType::Loop);
+            let e = pb.range(d, AxisType::Loop);
+            let src =
+                self.q.index(&task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &rq) * qsn + &e);
+            // A 16-bit query is copied exactly (widened once here when the tile is f32); its
+            // scale is applied to the f32 scores instead.
+            let value = match self.half {
+                None => src.load() * qscale,
+                Some(el) if qdt == el => src.load(),
+                Some(_) => src.load().cast(DType::F32),
+            };
+            effects.push(qt.index((&hh * bq + &rq) * d + &e).store(value).end(&[e, rq, hh]));
+        }
         let z = pb.range(self.rows * d, AxisType::Loop);
         let init_o = task.oi.index(&z).store(0.0f32).end(&[z]);
         let r = pb.range(self.rows, AxisType::Loop);
         let init_ml =
             sink(&[task.mi.index(&r).store(f32c(f32::NEG_INFINITY)), task.li.index(&r).store(0.0f32)])
                 .end(&[r]);
-        vec![load_q, init_o, init_ml]
+        effects.extend([init_o, init_ml]);
+        effects
     }
 
     /// The division of the task's output rows by their sums (0 for a row that saw no key)
