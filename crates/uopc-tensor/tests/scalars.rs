@@ -239,3 +239,17 @@ fn literals_need_no_suffix_and_results_take_methods() {
         }
     }
 }
+
+#[test]
+fn abs_clears_the_sign_of_zero_and_keeps_nan() {
+    let x = Tensor::from_vec(vec![-0.0f64, 0.0, -2.5, 3.0, f64::NAN, f64::NEG_INFINITY], &[6]);
+    let got = f64s(&x.abs());
+    assert_eq!(got[0].to_bits(), 0.0f64.to_bits(), "abs(-0.0) = {:?}", got[0]);
+    assert_eq!(got[1].to_bits(), 0.0f64.to_bits());
+    assert_eq!(&got[2..4], &[2.5, 3.0]);
+    assert!(got[4].is_nan() && got[5] == f64::INFINITY, "{got:?}");
+    let x32 = Tensor::from_vec(vec![-0.0f32, -1.0], &[2]);
+    let got32 = f32s(&x32.abs());
+    assert_eq!(got32[0].to_bits(), 0.0f32.to_bits(), "f32 abs(-0.0) = {:?}", got32[0]);
+    assert_eq!(got32[1], 1.0);
+}

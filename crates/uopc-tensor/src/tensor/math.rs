@@ -94,8 +94,9 @@ impl Tensor {
         if self.dtype().is_half() { self.via_f32(f) } else { f(&self.float()) }
     }
 
-    /// `|x|`, as `x < 0 ? -x : x` (NaN stays NaN; `abs(-0.0)` is `-0.0`, and the gradient at 0
-    /// is 1); integer tensors stay integers (wrapping at the minimum, as torch's do).
+    /// `|x|`, as `x < 0 ? -x : x + 0` (NaN stays NaN; `abs(-0.0)` is `+0.0`, as in IEEE 754
+    /// and torch, because `-0.0 + 0.0` is `+0.0`; the gradient at 0 is 1); integer tensors
+    /// stay integers (wrapping at the minimum, as torch's do).
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -107,7 +108,7 @@ impl Tensor {
         if self.dtype().is_int() {
             return Tensor::select(&self.lt_lit(0.0), &self.neg(), self);
         }
-        self.float_fn(|x| Tensor::select(&x.lt_lit(0.0), &x.neg(), x))
+        self.float_fn(|x| Tensor::select(&x.lt_lit(0.0), &x.neg(), &x.add_lit(0.0)))
     }
 
     /// The sign of `x` as -1 or 1 (0 counts as positive), for odd functions.
