@@ -112,6 +112,7 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
         }),
         TileOp::SoftmaxRecompute { rows, cols, ld } => ops.recompute(rows, cols, ld),
         TileOp::SoftmaxGrad { rows, cols, ld } => ops.grad(rows, cols, ld),
+        TileOp::MaxSumExp { rows, cols, ld, scale } => ops.max_sum_exp(rows, cols, ld, f32::from_bits(scale)),
     })
 }
 
@@ -327,6 +328,45 @@ impl Operands<'_> {
         let s = self.at(0, &r * ld as i64 + &j);
         let p = l.ne(f64::NEG_INFINITY).where_((s.load().cast(DType::F64) - &l).exp2(), 0.0);
         s.store(p.cast(DType::F32)).end(&[j, r])
+    }
+
+    /// Per row, in the interpreter's order: the new maximum over the old one and the row (MAX
+    /// keeps a NaN from either side), then the sum of `exp2(c (X - m'))` in f64, `l a + sum`
+    /// with `a = 1` when the maximum did not move, both rounded once; a row whose maximum stays
+    /// `-inf` keeps its sum.
+    fn max_sum_exp(self, rows: usize, cols: usize, ld: usize, c: f32) -> UOp {
+        if rows == 0 || cols == 0 {
+            return self.nothing();
+        }
+        let c = f64::from(c);
+        let r = self.fresh.range(rows, AxisType::Loop);
+        let row_scope = self.scope_with(&[&r]);
+        let row_max = self.at(1, r.clone());
+        let m_old = row_max.load().cast(DType::F64);
+        let x = |ops: &Self, j: &UOp| ops.at(0, &r * ld as i64 + j).load().cast(DType::F64);
+        let m_new = {
+            let j = self.fresh.range(cols, AxisType::Reduce);
+            let acc = self.fresh.accumulator(&row_scope);
+            let start = acc.index(0).store(&m_old);
+            let inner = acc.after(&[start, j.clone()]);
+            let step = inner.index(0).store(x(&self, &j).maximum(inner.index(0).load()));
+            acc.after(&[step.end(&[j])]).index(0).load()
+        };
+        let sum = {
+            let j = self.fresh.range(cols, AxisType::Reduce);
+            let acc = self.fresh.accumulator(&row_scope);
+            let start = acc.index(0).store(0.0);
+            let inner = acc.after(&[start, j.clone()]);
+            let term = ((x(&self, &j) - &m_new) * c).exp2();
+            let step = inner.index(0).store(inner.index(0).load() + term);
+            acc.after(&[step.end(&[j])]).index(0).load()
+        };
+        let alpha = m_old.ne(&m_new).where_(((&m_old - &m_new) * c).exp2(), 1.0);
+        let row_sum = self.at(2, r.clone());
+        let l_old = row_sum.load().cast(DType::F64);
+        let l_new = m_new.ne(f64::NEG_INFINITY).where_(&l_old * &alpha + sum, &l_old);
+        let effects = [row_sum.store(l_new.cast(DType::F32)), row_max.store(m_new.cast(DType::F32))];
+        sink(&effects).end(&[r])
     }
 
     /// Per row, per column: `dP = P == 0 ? 0 : P * (dP - delta)`, in f64, rounded once.

@@ -361,6 +361,7 @@ impl Op {
             Op::Tile(TileOp::SoftmaxUpdateRounded { .. }) => "TILE_SOFTMAX_ROUNDED",
             Op::Tile(TileOp::SoftmaxRecompute { .. }) => "TILE_SOFTMAX_RECOMPUTE",
             Op::Tile(TileOp::SoftmaxGrad { .. }) => "TILE_SOFTMAX_GRAD",
+            Op::Tile(TileOp::MaxSumExp { .. }) => "TILE_MAX_SUM_EXP",
             Op::Param { .. } => "PARAM",
             Op::Arange(_) => "ARANGE",
             Op::Data { .. } => "DATA",
@@ -459,6 +460,24 @@ pub enum TileOp {
         /// Row stride of P and dP.
         ld: usize,
     },
+    /// One online step of a row logsumexp over a block read in place. Sources
+    /// `[X, row_max, row_sum]`: X is `rows x cols` (stride `ld`) and only read, row_max and
+    /// row_sum hold `rows` values. Per row, with `c` the f32 whose bits are `scale`:
+    /// `m' = max(m, max_j X)` (a NaN in `m` or the row gives NaN), `l = l a + sum_j exp2(c (X -
+    /// m'))` with `a = exp2(c (m - m'))`, but `a = 1` when `m == m'`, and a row with `m' = -inf`
+    /// keeps `l`; then `m = m'`. The maximum stays in X's units, so fed a row in blocks from
+    /// `(-inf, 0)` the state ends at the row's exact maximum and its shifted sum of
+    /// exponentials. See `uopc_tile::max_sum_exp`.
+    MaxSumExp {
+        /// Rows of X.
+        rows: usize,
+        /// Elements of each row taken.
+        cols: usize,
+        /// Row stride of X.
+        ld: usize,
+        /// The factor of every exponent, as `f32::to_bits` (so the op stays `Eq` and `Hash`).
+        scale: u32,
+    },
 }
 
 /// How a [`TileOp`] uses one of its operands.
@@ -516,6 +535,15 @@ impl TileOp {
                 op(block_extent(rows, cols, ld), true, true),
                 op(if cols == 0 { 0 } else { rows }, true, false),
             ],
+            TileOp::MaxSumExp { rows, cols, ld, .. } => {
+                // With no columns the op touches nothing, not even the running state.
+                let state = if cols == 0 { 0 } else { rows };
+                vec![
+                    op(block_extent(rows, cols, ld), true, false),
+                    op(state, true, true),
+                    op(state, true, true),
+                ]
+            }
         }
     }
 
@@ -537,6 +565,9 @@ impl TileOp {
             TileOp::SoftmaxGrad { rows, cols, ld } => {
                 vec![(rows, cols, ld), (rows, cols, ld), (1, rows, rows)]
             }
+            TileOp::MaxSumExp { rows, cols, ld, .. } => {
+                vec![(rows, cols, ld), (1, rows, rows), (1, rows, rows)]
+            }
         }
     }
 
@@ -549,6 +580,8 @@ impl TileOp {
             TileOp::SoftmaxUpdateRounded { rows, cols, d, .. } => (rows * (5 * cols + d + 4)) as u64,
             TileOp::SoftmaxRecompute { rows, cols, .. } => (2 * rows * cols) as u64,
             TileOp::SoftmaxGrad { rows, cols, .. } => (2 * rows * cols) as u64,
+            // Per element a maximum, a subtraction, the scaling and the sum's addition.
+            TileOp::MaxSumExp { rows, cols, .. } => (5 * rows * cols) as u64,
         }
     }
 }

@@ -191,6 +191,9 @@ impl Printer {
                             TileOp::SoftmaxGrad { rows, cols, .. } => {
                                 format!("tile_softmax_grad {rows}x{cols}")
                             }
+                            TileOp::MaxSumExp { rows, cols, scale, .. } => {
+                                format!("tile_max_sum_exp {rows}x{cols} scale={}", f32::from_bits(*scale))
+                            }
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }

@@ -215,12 +215,18 @@ fn lower_point(
     } else {
         None
     };
-    let derived = match (online, &online_tiles) {
-        (0, _) => String::new(),
-        (n, Some(_)) => format!("{n} online sums on tile ops: score GEMM, softmax update, P.V GEMM"),
-        (n, None) => format!("{n} online sums in one loop"),
+    let online_rows = if opts.opt.tile_ops() && tiled.is_none() && fused.is_none() && online_tiles.is_none() {
+        crate::online_rows::lower_online_rows(&body, &out)
+    } else {
+        None
     };
-    let program = match (tiled.or(online_tiles), fused) {
+    let derived = match (online, &online_tiles, &online_rows) {
+        (0, _, _) => String::new(),
+        (n, Some(_), _) => format!("{n} online sums on tile ops: score GEMM, softmax update, P.V GEMM"),
+        (n, None, Some(_)) => format!("{n} online sums on tile ops: row max and sum of exp"),
+        (n, None, None) => format!("{n} online sums in one loop"),
+    };
+    let program = match (tiled.or(online_tiles).or(online_rows), fused) {
         (Some(program), _) => program,
         (None, Some(program)) => program?,
         (None, None) => lower(&body, &out, &mut ctx)?,

@@ -35,6 +35,7 @@ mod exec;
 mod kernelize;
 pub mod masked;
 mod online;
+mod online_rows;
 mod online_tiles;
 mod opt;
 mod options;

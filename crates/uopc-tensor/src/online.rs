@@ -115,7 +115,7 @@ fn plain_sum(u: &UOp) -> Option<(&UOp, usize)> {
 
 /// Symbolic indices for a tensor of `shape`: one fresh RANGE per axis. They are only compared,
 /// never lowered, so their ids need only differ from each other.
-fn symbolic_index(shape: &[usize]) -> Vec<UOp> {
+pub(crate) fn symbolic_index(shape: &[usize]) -> Vec<UOp> {
     shape.iter().enumerate().map(|(k, &s)| range(s.max(1), usize::MAX - k, AxisType::Loop)).collect()
 }
 

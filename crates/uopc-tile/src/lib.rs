@@ -14,6 +14,8 @@
 //! * [`softmax_update_rounded`]: the same step for 16-bit attention, scaling the scores first
 //!   and writing the probabilities rounded to bf16 or f16 into their own tile (AVX-512 and
 //!   portable).
+//! * [`max_sum_exp`]: the online step of a row logsumexp (running maximum and sum of
+//!   exponentials over a block of rows read in place), one vector exponential per element.
 //! * [`softmax_recompute`] and [`softmax_grad`]: the elementwise steps of the backward pass,
 //!   the probabilities from the saved log-sum-exp and `dS = P * (dP - Delta)`.
 //!
@@ -30,7 +32,8 @@
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code
 //! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
 //! [`uopc_tile_gemm_f32_f16`],
-//! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`]). Kernels
+//! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`],
+//! [`uopc_tile_max_sum_exp_f32`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
 
@@ -45,6 +48,7 @@ mod error;
 mod f16_gemm;
 mod gemm;
 mod isa;
+mod max_sum_exp;
 mod pack;
 #[cfg(target_arch = "x86_64")]
 pub mod peak;
@@ -69,6 +73,7 @@ pub use gemm::{
     uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
 };
 pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
+pub use max_sum_exp::{max_sum_exp, max_sum_exp_unchecked, uopc_tile_max_sum_exp_f32};
 pub use softmax::{
     EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_scaled, softmax_update_unchecked,
     uopc_tile_softmax_update_f32,

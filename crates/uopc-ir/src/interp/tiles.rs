@@ -77,6 +77,27 @@ impl Machine<'_> {
                     }
                 }
             }
+            TileOp::MaxSumExp { rows, cols, ld, scale } => {
+                let c = f64::from(f32::from_bits(scale));
+                // With no columns the op touches nothing, not even the running state.
+                for r in 0..if cols == 0 { 0 } else { rows } {
+                    let (m, l) = (self.get(node, at[1], r)?, self.get(node, at[2], r)?);
+                    let mut xs = Vec::with_capacity(cols);
+                    for j in 0..cols {
+                        xs.push(self.get(node, at[0], r * ld + j)?);
+                    }
+                    let m1 =
+                        xs.iter().fold(m, |a, &x| if a.is_nan() || x.is_nan() { f64::NAN } else { a.max(x) });
+                    // A row still at -inf keeps its sum (not exp2(-inf - -inf)); an unchanged
+                    // maximum does not rescale (so +inf stays +inf without exp2(inf - inf)).
+                    if m1 != f64::NEG_INFINITY {
+                        let a = if m == m1 { 1.0 } else { (c * (m - m1)).exp2() };
+                        let l1 = l * a + xs.iter().map(|&x| (c * (x - m1)).exp2()).sum::<f64>();
+                        self.put(node, at[1], r, m1)?;
+                        self.put(node, at[2], r, l1)?;
+                    }
+                }
+            }
         }
         Ok(())
     }

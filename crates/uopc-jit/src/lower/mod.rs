@@ -354,6 +354,13 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 }
                 self.externs.get(Extern::TileSoftmaxGrad)
             }
+            TileOp::MaxSumExp { rows, cols, ld, scale } => {
+                for v in [rows, cols, ld] {
+                    args.push(int(v as i64));
+                }
+                args.push(int(i64::from(scale)));
+                self.externs.get(Extern::TileMaxSumExp)
+            }
         };
         // The status is always 0: every argument the kernel checks was checked at compile time.
         self.b.ins().call(f, &args);

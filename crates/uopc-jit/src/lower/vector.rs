@@ -31,6 +31,18 @@ struct VectorPlan {
     access: HashMap<UOp, Access>,
     /// Integer index arithmetic: folded into addresses, never emitted as values.
     index_math: HashSet<UOp>,
+    /// Compares of the loop variable with a loop-invariant integer (see [`LaneCompare`]).
+    lane_compares: HashMap<UOp, LaneCompare>,
+}
+
+/// `r != x`, `r < x` or `x < r` with `r` the loop variable and `x` computed before the loop (a
+/// one-hot's `column == target`): lane `k` of a step from `first` compares `k` with
+/// `x - first`, one vector integer compare.
+struct LaneCompare {
+    op: BinaryOp,
+    other: UOp,
+    /// Whether the loop variable is the left operand.
+    range_left: bool,
 }
 
 /// What every statement of one vector copy of a loop body shares.
@@ -238,8 +250,10 @@ impl Lowerer<'_, '_> {
         if accs.iter().any(|(v, _)| reg_uses.get(&v.as_u32()) != Some(&2)) || reg_uses.len() != accs.len() {
             return None;
         }
-        // Integer and bool nodes may only feed addresses (integers) or WHERE (float compares).
+        // Integer and bool nodes may only feed addresses (integers) or WHERE (float compares,
+        // compares of the loop variable, and their negations).
         let mut index_math: HashSet<UOp> = HashSet::new();
+        let mut lane_compares: HashMap<UOp, LaneCompare> = HashMap::new();
         for u in nodes.iter().rev() {
             if matches!(u.op(), Op::Index | Op::After | Op::End | Op::Sink | Op::Load | Op::Store) {
                 continue;
@@ -259,8 +273,18 @@ impl Lowerer<'_, '_> {
                     let float_compare = u.as_binary().is_some_and(|(op, a, _)| {
                         matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) && a.dtype() == DType::F32
                     });
-                    if !float_compare || !used_by.iter().all(|w| w.as_where().is_some_and(|w| w.cond == *u)) {
+                    let lane_compare = self.lane_compare(u, range, &in_body);
+                    // `c ? false : true` (a NOT) or `c ? true : false` of a mask
+                    let negation = u.as_where().is_some_and(|w| {
+                        let b = |x: &UOp| x.const_value().map(|c| c.as_f64() != 0.0);
+                        matches!((b(w.then), b(w.otherwise)), (Some(t), Some(o)) if t != o)
+                    });
+                    let conds_only = used_by.iter().all(|w| w.as_where().is_some_and(|w| w.cond == *u));
+                    if !(float_compare || lane_compare.is_some() || negation) || !conds_only {
                         return None;
+                    }
+                    if let Some(lc) = lane_compare {
+                        lane_compares.insert((*u).clone(), lc);
                     }
                 }
                 DType::F32 => match u.op() {
@@ -325,7 +349,51 @@ impl Lowerer<'_, '_> {
                 }
             }
         }
-        Some(VectorPlan { accs, access, index_math })
+        Some(VectorPlan { accs, access, index_math, lane_compares })
+    }
+
+    /// `u` as a compare of the loop variable `range` with an integer already computed before
+    /// the loop (a constant, an enclosing range or an earlier value).
+    fn lane_compare(&self, u: &UOp, range: &UOp, in_body: &HashSet<&UOp>) -> Option<LaneCompare> {
+        let (op, a, b) = u.as_binary()?;
+        if !matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) || !a.dtype().is_int() {
+            return None;
+        }
+        let (range_left, other) = if a == range { (true, b) } else { (false, a) };
+        let available = other != range
+            && (range_left || b == range)
+            && (other.const_value().is_some()
+                || self.range_vars.contains_key(other)
+                || self.var_vals.contains_key(other)
+                || (self.vals.contains_key(other) && !in_body.contains(other)));
+        available.then(|| LaneCompare { op, other: other.clone(), range_left })
+    }
+
+    /// The I32X4 mask of a [`LaneCompare`] for the four iterations from `first`: the
+    /// difference `x - first`, clamped to `[-1, 4]` (every lane compares alike beyond), against
+    /// the lane numbers.
+    fn lane_mask(&mut self, lc: &LaneCompare, first: Value) -> Result<Value, JitError> {
+        let mut x = self.val(&lc.other)?;
+        if self.b.func.dfg.value_type(x) != types::I64 {
+            x = self.b.ins().sextend(types::I64, x);
+        }
+        let d = self.b.ins().isub(x, first);
+        let (lo, hi) = (self.b.ins().iconst(types::I64, -1), self.b.ins().iconst(types::I64, LANES));
+        let d = self.b.ins().smax(d, lo);
+        let d = self.b.ins().smin(d, hi);
+        let d = self.b.ins().ireduce(types::I32, d);
+        let d = self.b.ins().splat(types::I32X4, d);
+        let lanes: Vec<u8> = (0..LANES as i32).flat_map(|k| k.to_le_bytes()).collect();
+        let c = self.b.func.dfg.constants.insert(lanes.into());
+        let k = self.b.ins().vconst(types::I32X4, c);
+        // lane k stands for iteration first + k: `first + k != x` is `k != d`, `first + k < x`
+        // is `k < d`, `x < first + k` is `k > d`
+        let cc = match (lc.op, lc.range_left) {
+            (BinaryOp::CmpNe, _) => IntCC::NotEqual,
+            (_, true) => IntCC::SignedLessThan,
+            (_, false) => IntCC::SignedGreaterThan,
+        };
+        Ok(self.b.ins().icmp(cc, k, d))
     }
 
     /// Whether `e` can be computed before the loop: constants, enclosing ranges, values
@@ -390,6 +458,21 @@ impl Lowerer<'_, '_> {
                 Op::Store => {
                     self.vector_store(u, &at, &vals, &mut lane0)?;
                     continue;
+                }
+                Op::Binary(_) if plan.lane_compares.contains_key(u) => {
+                    Lanes::Vector(self.lane_mask(&plan.lane_compares[u], first)?)
+                }
+                // A negation of a mask (the plan admits only `c ? false : true` and its converse).
+                Op::Where if u.dtype() == DType::Bool => {
+                    let w = u.as_where().ok_or_else(|| malformed(u))?;
+                    let keep = w.then.const_value().is_some_and(|c| c.as_f64() != 0.0);
+                    match self.lanes_of(&vals, w.cond)? {
+                        Lanes::Vector(m) => Lanes::Vector(if keep { m } else { self.b.ins().bnot(m) }),
+                        Lanes::Uniform(c) => {
+                            let (t, o) = (self.val(w.then)?, self.val(w.otherwise)?);
+                            Lanes::Uniform(self.b.ins().select(c, t, o))
+                        }
+                    }
                 }
                 Op::Binary(BinaryOp::Mul) if self.contracted.contains(u) => continue,
                 Op::Binary(BinaryOp::Add) if u.src().iter().any(|s| self.contracted.contains(s)) => {

@@ -293,13 +293,6 @@ impl Tensor {
         Tensor::data(HostBuffer::zeros(dtype, 0), shape)
     }
 
-    /// A Bool tensor of `shape` holding `data` (masks built on the host).
-    pub(crate) fn bool_data(data: Vec<bool>, shape: &[usize]) -> Result<Tensor> {
-        check_size("bool_data", shape)?;
-        debug_assert_eq!(data.len(), numel(shape));
-        Ok(Tensor::data(HostBuffer::Bool(data), shape))
-    }
-
     /// A 0-d f32 tensor holding `v` (f32 is the default float, as in torch; for a constant of
     /// a tensor's own dtype use [`Tensor::scalar_like`], for another dtype
     /// [`Tensor::try_full_dtype`] with an empty shape).

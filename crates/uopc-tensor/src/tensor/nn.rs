@@ -5,9 +5,35 @@
 //! exponentials are max-subtracted (the max detached: it cancels in the value, and its own
 //! gradient would only add the tie-splitting of `max`'s rule to a sum that is zero anyway).
 
+use super::custom::CustomVjp;
 use super::{Tensor, ok};
 use crate::error::{Result, shape_err};
-use uopc_ir::DType;
+use std::sync::{Arc, LazyLock};
+use uopc_ir::{AxisType, CustomKernel, DType, DataRef, Op, UOp, buffer, range, sink};
+
+/// `x[i, t[i]]` for `x` of shape `(n, c)` and `t` of `n` i64 class indices (checked below `c`
+/// by the caller; clamped here so every load is provably in bounds).
+fn pick_program(n: usize, c: usize, dtype: DType) -> UOp {
+    let (x, t, out) = (buffer(0, dtype, n * c), buffer(1, DType::I64, n), buffer(2, dtype, n));
+    let i = range(n, 0, AxisType::Loop);
+    let j = t.index(&i).load().cast(DType::INDEX).maximum(0i64);
+    let j = -(-j).maximum(-(c as i64 - 1));
+    sink(&[out.index(&i).store(x.index(&i * c as i64 + j).load()).end(&[i])])
+}
+
+/// The gradient rule of the picks, one value for the process (a custom kernel's rule is part
+/// of its node, so a fresh rule per call would make every call a new plan): the cotangent of
+/// row `i` at column `t[i]`, as a one-hot computed from the targets where it is read.
+static PICK_VJP: LazyLock<DataRef> = LazyLock::new(|| {
+    let rule: Arc<CustomVjp> = Arc::new(|sources: &[Tensor], _out: &Tensor, cot: &Tensor| {
+        let (x, t) = (&sources[0], &sources[1]);
+        let (n, c) = (x.shape()[0], x.shape()[1]);
+        let hot = Tensor::arange(c).try_reshape(&[1, c])?.try_eq(t)?;
+        let cot = cot.try_reshape(&[n, 1])?;
+        Ok(vec![Some(hot.try_where(&cot, &cot.lit(0.0))?), None])
+    });
+    DataRef(Arc::new(rule))
+});
 
 impl Tensor {
     /// Minimum over `axis`, as `-max(-x)`: NaN in a row gives NaN, like torch.
@@ -201,10 +227,11 @@ impl Tensor {
     ///
     /// The targets are a host slice of `N` class indices rather than a tensor, because they
     /// are data the caller has, and checking them here (each below `C`) turns an index out of
-    /// range into an error at this call instead of a silently wrong loss. The picked
-    /// log-probabilities are selected with a one-hot mask (built on the host, `N * C` values
-    /// of the logits' dtype), so the loss and its gradient (`softmax - one_hot`, over `N`) are
-    /// one fused graph.
+    /// range into an error at this call instead of a silently wrong loss. The loss is
+    /// `logsumexp(x_i) - x[i, t_i]` per row, averaged: the target logits are read by a small
+    /// kernel of `N` loads, and their gradient is the one-hot of the targets computed where
+    /// the gradient kernel reads it (an index compared with the `N` targets, never stored),
+    /// so the gradient `(softmax - one_hot) / N` is one elementwise pass.
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -242,16 +269,13 @@ impl Tensor {
         }
         let ce = || -> Result<Tensor> {
             let x = self.float();
-            let mut hot = vec![false; n * c];
-            for (row, &t) in targets.iter().enumerate() {
-                hot[row * c + t] = true;
-            }
-            let mask = Tensor::bool_data(hot, &[n, c])?;
-            let lsm = x.try_log_softmax(-1)?;
-            // `where`, not a product with the mask: a `-inf` log-probability off target would
-            // give `0 * -inf = NaN`.
-            let picked = mask.try_where(&lsm, &lsm.lit(0.0))?.try_sum(-1, false)?;
-            Ok(picked.try_mean(0, false)?.neg())
+            let t = Tensor::from_vec(targets.iter().map(|&t| t as i64).collect::<Vec<_>>(), &[n, 1]);
+            // `-log_softmax(x)[i, t_i] = logsumexp(x_i) - x[i, t_i]`: the logits are read once
+            // for the logsumexp, and `n` of them for the picks.
+            let loss = x.try_logsumexp(-1, false)?.try_sub(&x.pick(&t)?)?;
+            // Its own kernel, so its rows are the THREAD axis, before the mean over them.
+            let staged = Tensor::from_uop(UOp::new(Op::Stage, loss.dtype(), vec![loss.uop().clone()]));
+            staged.try_mean(0, false)
         };
         ce().map_err(|e| e.in_op("cross_entropy"))
     }
@@ -263,6 +287,24 @@ impl Tensor {
     #[track_caller]
     pub fn cross_entropy(&self, targets: &[usize]) -> Tensor {
         ok(self.try_cross_entropy(targets))
+    }
+
+    /// `self[i, t[i]]` for logits `(n, c)` and `t`, an `(n, 1)` i64 tensor of indices already
+    /// checked to be below `c`, as a kernel of `n` loads whose gradient is the one-hot
+    /// [`PICK_VJP`] builds.
+    fn pick(&self, t: &Tensor) -> Result<Tensor> {
+        let (n, c) = (self.shape()[0], self.shape()[1]);
+        let node = Tensor::try_custom(
+            "pick",
+            pick_program(n, c, self.dtype()),
+            &[self, t],
+            &[n],
+            self.dtype(),
+            None,
+        )?;
+        let Op::Custom(kernel) = node.uop().op() else { unreachable!("try_custom builds a custom node") };
+        let kernel = CustomKernel { vjp: Some(PICK_VJP.clone()), ..kernel.clone() };
+        Ok(Tensor::from_uop(UOp::new(Op::Custom(kernel), node.dtype(), node.uop().src().to_vec())))
     }
 
     /// Layer normalization over the last axis (torch's `layer_norm` with

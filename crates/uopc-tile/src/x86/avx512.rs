@@ -655,3 +655,92 @@ pub(crate) unsafe fn softmax_grad(sh: &ScoreTileShape, p: *const f32, dp: *mut f
         }
     }
 }
+
+/// `exp2(x)` for `x <= 0`, `-inf` or NaN, as [`exp2`] computes it but with the power of two
+/// applied by VSCALEFPS: no clamp is needed where `x` cannot overflow, which saves the
+/// integer construction of `2^n`. `x <= EXP2_ZERO_BELOW` (and `-inf`) gives exactly 0, NaN
+/// gives NaN; results agree with [`exp2`]'s to the last bit on `(EXP2_ZERO_BELOW, 0]`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn exp2_nonpositive(x: __m512) -> __m512 {
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    let mut p = _mm512_set1_ps(EXP2_C[6]);
+    for &c in EXP2_C[..6].iter().rev() {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+    }
+    // NaN is unordered, so it stays live and `p` (NaN) makes the result NaN; -inf is not live.
+    let live = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, _mm512_set1_ps(EXP2_ZERO_BELOW));
+    _mm512_maskz_scalef_ps(live, p, n)
+}
+
+/// `max(m, max_j x_j)` (NaN-propagating) and `sum_j exp2(c (x_j - that))` over one chunk of
+/// `len` floats (see [`crate::max_sum_exp`]): a pass of vector maxima, then one of vector
+/// exponentials over the same floats, still in L1. With the maximum `-inf` the sum is 0 and
+/// unused; with it NaN, both are NaN.
+///
+/// # Safety
+///
+/// AVX-512F is available and `x` is readable for `len` floats.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale: f32) -> (f32, f32) {
+    let full = len - len % 64;
+    let tail16 = len - len % 16;
+    let tail = lanes(len % 16);
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    // Four accumulators hide the latency of the maximum; the unordered mask remembers a NaN,
+    // which MAXPS alone would drop.
+    let mut mx = [neg_inf; 4];
+    let mut nan: __mmask16 = 0;
+    // SAFETY: every load below is inside `len` floats from `x` (full vectors end at `tail16`,
+    // the tail is masked).
+    unsafe {
+        for j in (0..full).step_by(64) {
+            for (k, acc) in mx.iter_mut().enumerate() {
+                let v = _mm512_loadu_ps(x.add(j + 16 * k));
+                nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+                *acc = _mm512_max_ps(*acc, v);
+            }
+        }
+        for j in (full..tail16).step_by(16) {
+            let v = _mm512_loadu_ps(x.add(j));
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            mx[0] = _mm512_max_ps(mx[0], v);
+        }
+        if tail != 0 {
+            let v = _mm512_mask_loadu_ps(neg_inf, tail, x.add(tail16));
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            mx[0] = _mm512_max_ps(mx[0], v);
+        }
+    }
+    if nan != 0 || m.is_nan() {
+        return (f32::NAN, f32::NAN);
+    }
+    let top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3])));
+    let new_max = if m >= top { m } else { top };
+    if new_max == f32::NEG_INFINITY {
+        return (new_max, 0.0);
+    }
+    let (mv, cv) = (_mm512_set1_ps(new_max), _mm512_set1_ps(scale));
+    // The exponent is `c * (x - m')`, not `c x - c m'`: the difference is exact for the terms
+    // near the maximum that carry the sum, where a fused `c x - c m'` would round `c x` at the
+    // magnitude of `x`.
+    let term = |v: __m512| exp2_nonpositive(_mm512_mul_ps(cv, _mm512_sub_ps(v, mv)));
+    let mut sum = [_mm512_setzero_ps(); 4];
+    // SAFETY: as for the maxima.
+    unsafe {
+        for j in (0..full).step_by(64) {
+            for (k, acc) in sum.iter_mut().enumerate() {
+                *acc = _mm512_add_ps(*acc, term(_mm512_loadu_ps(x.add(j + 16 * k))));
+            }
+        }
+        for j in (full..tail16).step_by(16) {
+            sum[0] = _mm512_add_ps(sum[0], term(_mm512_loadu_ps(x.add(j))));
+        }
+        if tail != 0 {
+            let v = _mm512_mask_loadu_ps(neg_inf, tail, x.add(tail16));
+            sum[0] = _mm512_mask_add_ps(sum[0], tail, sum[0], term(v));
+        }
+    }
+    let total = _mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]));
+    (new_max, _mm512_reduce_add_ps(total))
+}

@@ -1,0 +1,60 @@
+//! Loops whose f32 body selects by a compare of the loop variable with a loop-invariant
+//! integer (a one-hot's `column == target`, a prefix `column < end`) vectorize, each lane
+//! comparing its own iteration, and agree with the interpreter bit for bit: targets inside the
+//! row, at its ends, before it, past it, and at every lane position of a vector step.
+
+use uopc_ir::interp::{self, Precision};
+use uopc_ir::*;
+use uopc_jit::{Arg, BufRef, JitOptions, OptLevel, Program};
+
+const ROWS: usize = 9;
+const COLS: usize = 37;
+
+/// Per row `i` with target `t = targets[i]`: `out = (j == t ? -x : 0) + (j < t ? x : 0) + (t < j
+/// ? 2x : 0)`, all three compares against the loop variable `j`.
+fn program() -> UOp {
+    let (x, t, out) =
+        (buffer(0, DType::F32, ROWS * COLS), buffer(1, DType::I64, ROWS), buffer(2, DType::F32, ROWS * COLS));
+    let i = range(ROWS, 0, AxisType::Loop);
+    let j = range(COLS, 1, AxisType::Loop);
+    let target = t.index(&i).load();
+    let v = x.index(&i * COLS as i64 + &j).load();
+    let b = |v: bool| UOp::new(Op::Const(ConstValue::Bool(v)), DType::Bool, vec![]);
+    let hot = j.ne(&target).where_(b(false), b(true));
+    let before = j.lt(&target);
+    let after = target.lt(&j);
+    let value = hot.where_(-&v, 0.0f32) + before.where_(&v, 0.0f32) + after.where_(&v * 2.0f32, 0.0f32);
+    sink(&[out.index(&i * COLS as i64 + &j).store(value).end(&[j, i])])
+}
+
+#[test]
+fn compares_of_the_loop_variable_vectorize_and_match_the_interpreter() {
+    let program = program();
+    let x: Vec<f32> = (0..ROWS * COLS).map(|k| (k as f32 * 0.37).sin()).collect();
+    // before the row, its first lanes, a lane of a middle step, the last element, past the row
+    let targets: Vec<i64> = vec![-5, 0, 1, 2, 3, 17, 35, 36, 1000];
+    let mut want = vec![
+        HostBuffer::F32(x.clone()),
+        HostBuffer::I64(targets.clone()),
+        HostBuffer::F32(vec![0.0; ROWS * COLS]),
+    ];
+    interp::run(&program, &mut want, Precision::Native).unwrap();
+    let HostBuffer::F32(want) = &want[2] else { unreachable!("f32 output") };
+    for opt_level in [OptLevel::None, OptLevel::Speed] {
+        let opts = JitOptions { opt_level, ..JitOptions::default() };
+        let prg = Program::compile_with(&program, "lane_compares", &opts).unwrap();
+        assert!(prg.clif().contains("i32x4"), "{opt_level:?}: the loop is not vectorized\n{}", prg.clif());
+        let mut out = vec![0.0f32; ROWS * COLS];
+        prg.run(&mut [Arg::Read(BufRef::F32(&x)), Arg::Read(BufRef::I64(&targets)), Arg::WriteF32(&mut out)])
+            .unwrap();
+        for (k, (g, w)) in out.iter().zip(want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{opt_level:?} element ({}, {}): {g} vs {w}",
+                k / COLS,
+                k % COLS
+            );
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Maps an online group over rows of a loaded input onto the logsumexp tile op: the running
+//! maximum and sum of exponentials of a long row at one vector exponential per element.
+//!
+//! After [`online_reductions`](crate::online_reductions), logsumexp, the normalizer of
+//! softmax and log-softmax and cross-entropy's logsumexp all read one online sum
+//! `l = sum_j exp2(k (y_j - g(m)))` of the maximum `m = max_j y_j`, with `k > 0`, `g` an
+//! elementwise function of `m` (the finite shift of logsumexp, or `m` itself) and `y` an
+//! input read in place whose summed axis is contiguous. Rangeify lowers that to a scalar loop
+//! over the row; this lowering instead gives each THREAD task a block of rows and calls
+//! `TILE_MAX_SUM_EXP` over them, which leaves per row the exact maximum `m` and
+//! `L = sum_j exp2(k (y_j - m))`.
+//!
+//! The algebraic property relied on is the rescaling law of the online rule,
+//! `exp2(k (y - g)) = exp2(k (y - m)) exp2(k (m - g))`, so `l = L exp2(k (m - g(m)))` for
+//! finite `m`; the lowering evaluates exactly that per row, with the graph's own `g`, and the
+//! cases where the factors are not finite as the written sum has them: `g(m) == m` (also
+//! `m = -inf`, a row of `-inf`, where the online loop has 0) gives `L`, and `m = +inf`
+//! gives `exp2(k (m - g(m)))` (the written sum's infinite term, or its NaN when `g(+inf)` is
+//! infinite), where the tile op's `L` is NaN. A NaN in the row makes `m` and `L` NaN, as it
+//! makes the written sum. The body (anything computed from `m`, `l` and the input, such as
+//! `log l + g(m)` or `y - g(m) - log l`) is evaluated by rangeify with `m` and `l` read from
+//! the task's tiles. A group whose sum has another factor (a softmax-weighted sum), whose
+//! maximum is of a computed value, or whose rows are not evenly strided is left to rangeify.
+
+use crate::online::{OnlineSum, shifted_exp2, symbolic_index};
+use crate::opt::Opts;
+use crate::rangeify::{Ctx, Known, movement_source_index};
+use crate::tilemap::{Affine, affine};
+use crate::util::{largest_divisor_at_most, numel};
+use std::collections::HashSet;
+use uopc_ir::{AxisType, DType, Op, ReduceOp, TileOp, UOp, buffer, f32c, idx, range, simplify, sink, tile};
+
+/// Most rows per THREAD task: a task's state is two floats per row, so this only bounds how
+/// unevenly tasks can finish.
+const MAX_ROWS: usize = 64;
+/// THREAD tasks wanted per core, so uneven finishing times even out.
+const TASKS_PER_CORE: usize = 4;
+
+/// What the tile program needs from a matched group.
+struct Rows {
+    /// The input whose rows are reduced, read in place.
+    input: Affine,
+    /// Rows (the product of the leading axes) and the length of each.
+    rows: usize,
+    cols: usize,
+    /// Elements from one row's start to the next one's.
+    ld: usize,
+    /// The maximum, the online sum and the sum's `g(m)` and `k`.
+    max: UOp,
+    sum: UOp,
+    shift: UOp,
+    base2: f32,
+}
+
+/// The stride of the flattened leading axes of `shape` under `strides`, when one stride
+/// steps from each row to the next (size-1 axes do not count), or `cols` with one row.
+fn row_stride(shape: &[usize], strides: &[usize], cols: usize) -> Option<usize> {
+    let lead: Vec<(usize, usize)> = shape
+        .iter()
+        .zip(strides)
+        .take(shape.len() - 1)
+        .filter(|(s, _)| **s > 1)
+        .map(|(&s, &t)| (s, t))
+        .collect();
+    let Some(&(_, ld)) = lead.last() else { return Some(cols) };
+    lead.windows(2).all(|w| w[0].1 == w[1].1 * w[1].0).then_some(ld)
+}
+
+/// The group `body` computes, if its one online sum is the plain exponential of an input's
+/// rows (see the module docs).
+fn matched(body: &UOp) -> Option<Rows> {
+    if body.dtype() != DType::F32 {
+        return None;
+    }
+    let topo = UOp::toposort(std::slice::from_ref(body));
+    let sums: Vec<&UOp> = topo.iter().filter(|u| OnlineSum::of(u).is_some()).collect();
+    let [sum] = &sums[..] else { return None };
+    let o = OnlineSum::of(sum)?;
+    let max = o.max.as_reduce().filter(|r| r.op == ReduceOp::Max && r.axes == 1)?;
+    let y = max.input.clone();
+    // The summand is the exponential alone, of `k (y - h)` with `y` the maximum's own input at
+    // the summand's own index.
+    let (t, _, k) = shifted_exp2(&o.summand)?;
+    if t != y || o.summand.shape() != y.shape() || sum.as_reduce()?.axes != 1 {
+        return None;
+    }
+    let shape = y.shape().to_vec();
+    let input = affine(&y, &shape)?;
+    let cols = *shape.last()?;
+    if input.dtype != DType::F32 || (cols > 1 && input.strides[shape.len() - 1] != 1) {
+        return None;
+    }
+    let ld = row_stride(&shape, &input.strides, cols)?;
+    // The body's elements are the rows' (a logsumexp) or the input's (a log-softmax), and it
+    // reads each row's state only at its own row: a THREAD task holds its rows' state alone.
+    if body.shape() != o.max.shape() && body.shape() != &shape[..] {
+        return None;
+    }
+    let index = symbolic_index(body.shape());
+    let own_row = index[..o.max.shape().len()].to_vec();
+    if !reads_at_own_row(body, &index, &[&o.max, sum], &own_row, &mut HashSet::new()) {
+        return None;
+    }
+    Some(Rows {
+        input,
+        rows: numel(&shape[..shape.len() - 1]),
+        cols,
+        ld,
+        max: o.max.clone(),
+        sum: (*sum).clone(),
+        shift: o.shift.clone(),
+        base2: k.const_value()?.as_f64() as f32,
+    })
+}
+
+/// Whether `u` read at `index` reads each of `targets` only at `row` (symbolic indices,
+/// compared once simplified): movement ops move the index as rangeify would, ALU ops read
+/// their operands at their own index, a REDUCE reads its input over fresh ranges of the
+/// reduced axes, a leaf reads nothing, and any other node is taken to read elsewhere.
+fn reads_at_own_row(
+    u: &UOp,
+    index: &[UOp],
+    targets: &[&UOp],
+    row: &[UOp],
+    seen: &mut HashSet<(UOp, Vec<UOp>)>,
+) -> bool {
+    if !seen.insert((u.clone(), index.to_vec())) {
+        return true;
+    }
+    if targets.contains(&u) {
+        // an axis of size 1 has the one index 0, however it is spelled
+        let shape = u.shape();
+        return index.len() == row.len()
+            && index.iter().zip(row).zip(shape).all(|((i, r), &s)| s == 1 || simplify(i) == *r);
+    }
+    if let Some(viewed) = u.as_movement() {
+        let inner: Vec<UOp> = movement_source_index(u, index).iter().map(simplify).collect();
+        return reads_at_own_row(viewed, &inner, targets, row, seen);
+    }
+    if let Some(r) = u.as_reduce() {
+        let mut inner = index.to_vec();
+        let reduced = &r.input.shape()[r.input.shape().len() - r.axes..];
+        // ids apart from the body's symbolic ranges and from any enclosing reduce's
+        let fresh = |k: usize, s: usize| range(s.max(1), usize::MAX - 1024 - index.len() - k, AxisType::Loop);
+        inner.extend(reduced.iter().enumerate().map(|(k, &s)| fresh(k, s)));
+        return reads_at_own_row(r.input, &inner, targets, row, seen);
+    }
+    match u.op() {
+        // a 0-d operand is the same value at every index: it is read at its own, empty one
+        op if op.is_alu() || matches!(op, Op::Detach) => u.src().iter().all(|s| {
+            let at = if s.shape().is_empty() { &[][..] } else { index };
+            reads_at_own_row(s, at, targets, row, seen)
+        }),
+        // a leaf reads nothing; anything else with sources (a STACK choosing among them by the
+        // index, say) is not followed, so it counts as reading elsewhere
+        _ => u.src().is_empty(),
+    }
+}
+
+/// Rows per THREAD task: a divisor of `rows` of at most [`MAX_ROWS`], halved while there are
+/// fewer than [`TASKS_PER_CORE`] tasks per core.
+fn rows_per_task(rows: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let mut br = largest_divisor_at_most(rows, MAX_ROWS);
+    while rows / br < TASKS_PER_CORE * cores && br > 1 {
+        br = largest_divisor_at_most(rows, br / 2);
+    }
+    br
+}
+
+/// The per-axis index in `shape` of the flat row-major offset `flat`.
+fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
+    let mut out = vec![idx(0); shape.len()];
+    let mut stride = 1usize;
+    for k in (0..shape.len()).rev() {
+        if shape[k] != 1 {
+            out[k] = flat.idiv(stride as i64).modulo(shape[k] as i64);
+        }
+        stride *= shape[k];
+    }
+    out
+}
+
+/// Row-major strides of `shape`.
+fn dense_strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        s[k] = s[k + 1] * shape[k + 1];
+    }
+    s
+}
+
+/// The tile-op program of kernel `body` writing `out`, or `None` when `body` is not a function
+/// of an online group over the rows of an input (see the module docs).
+pub(crate) fn lower_online_rows(body: &UOp, out: &UOp) -> Option<UOp> {
+    let g = matched(body).filter(|g| g.rows > 0)?;
+    let br = rows_per_task(g.rows);
+    let f32t = DType::F32;
+    let mut cx = Ctx::new(Opts::default(), true);
+    let (mx, raw, sum) = (cx.fresh_alloc(f32t, br), cx.fresh_alloc(f32t, br), cx.fresh_alloc(f32t, br));
+    let t = cx.fresh_range(g.rows / br, AxisType::Thread, &[]);
+    let th = std::slice::from_ref(&t);
+    let row0 = &t * br as i64;
+    let (mi, ri) = (mx.after(th), raw.after(th));
+    let r = cx.fresh_range(br, AxisType::Loop, th);
+    let init = sink(&[mi.index(&r).store(f32c(f32::NEG_INFINITY)), ri.index(&r).store(0.0f32)]).end(&[r]);
+    let x = buffer(g.input.slot, g.input.dtype, g.input.len);
+    let first = &row0 * g.ld as i64 + g.input.base as i64;
+    let after_init = std::slice::from_ref(&init);
+    let step = TileOp::MaxSumExp { rows: br, cols: g.cols, ld: g.ld, scale: g.base2.to_bits() };
+    let lse = tile(step, &[x.index(&first), mi.after(after_init).index(0), ri.after(after_init).index(0)]);
+    let after_lse = std::slice::from_ref(&lse);
+    // The maximum as the body reads it: the task's tile, from the task's first row.
+    let max_shape = g.max.shape().to_vec();
+    let origin = unravel(&row0, &max_shape);
+    let strides = dense_strides(&max_shape);
+    let known = |buffer: UOp| Known { buffer, origin: origin.clone(), strides: strides.clone() };
+    cx.assume(&g.max, known(mx.after(after_lse)));
+    // The written sum from L (see the module docs for each case).
+    let r = cx.fresh_range(br, AxisType::Loop, th);
+    let at = unravel(&(&row0 + &r), &max_shape);
+    let shift = cx.value_at(&g.shift, &at).ok()?;
+    let (m, l) = (mx.after(after_lse).index(&r).load(), raw.after(after_lse).index(&r).load());
+    let carried = ((&m - &shift) * g.base2).exp2();
+    let written = m.ne(&shift).where_(m.ne(f32::INFINITY).where_(&l * &carried, &carried), &l);
+    let fixed = sum.after(th).index(&r).store(written).end(&[r]);
+    cx.assume(&g.sum, known(sum.after(std::slice::from_ref(&fixed))));
+    // The body at each of the task's output elements.
+    let r = cx.fresh_range(br, AxisType::Loop, th);
+    let mut at = unravel(&(&row0 + &r), &max_shape);
+    let (flat, ranges) = if body.shape() == &max_shape[..] {
+        (&row0 + &r, vec![r])
+    } else {
+        let e = cx.fresh_range(g.cols, AxisType::Loop, &[t.clone(), r.clone()]);
+        at.push(e.clone());
+        ((&row0 + &r) * g.cols as i64 + &e, vec![e, r])
+    };
+    let value = cx.value_at(body, &at).ok()?;
+    let mut ends = ranges;
+    ends.push(t.clone());
+    Some(sink(&[out.index(flat).store(value).end(&ends)]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_step_by_one_stride_or_not_at_all() {
+        assert_eq!(row_stride(&[4, 8], &[8, 1], 8), Some(8));
+        assert_eq!(row_stride(&[4, 8], &[10, 1], 8), Some(10), "padded rows");
+        assert_eq!(row_stride(&[2, 3, 8], &[24, 8, 1], 8), Some(8), "leading axes flatten");
+        assert_eq!(row_stride(&[2, 3, 8], &[32, 8, 1], 8), None, "a gap between the outer rows");
+        assert_eq!(row_stride(&[1, 8], &[0, 1], 8), Some(8), "one row");
+        assert_eq!(row_stride(&[8], &[1], 8), Some(8));
+    }
+
+    #[test]
+    fn tasks_divide_the_rows() {
+        for rows in [1, 7, 64, 256, 1000] {
+            let br = rows_per_task(rows);
+            assert!((1..=MAX_ROWS).contains(&br) && rows % br == 0, "{rows}: {br}");
+        }
+    }
+}
