@@ -93,8 +93,8 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
     Some(match t {
         TileOp::Gemm(g) => ops.gemm(g),
         TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo } => ops.softmax(rows, cols, lds, d, ldo, None),
-        TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {
-            ops.softmax(rows, cols, lds, d, ldo, Some((ldp, f32::from_bits(scale))))
+        TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale, round_to } => {
+            ops.softmax(rows, cols, lds, d, ldo, Some((ldp, f32::from_bits(scale), round_to)))
         }
         TileOp::SoftmaxRecompute { rows, cols, ld } => ops.recompute(rows, cols, ld),
         TileOp::SoftmaxGrad { rows, cols, ld } => ops.grad(rows, cols, ld),
@@ -105,7 +105,8 @@ fn well_formed(t: TileOp, src: &[UOp]) -> bool {
     src.len() == t.operands().len()
         && src.iter().enumerate().all(|(k, x)| {
             // A GEMM's A and B may be bf16 or f16 (loaded, then widened by the CAST to F64),
-            // and so may the rounded softmax's P (stored through a CAST).
+            // and so may the rounded softmax's P (stored through a CAST; an F32 P, the score
+            // tile itself, through a 16-bit scratch element).
             let half_ok = match t {
                 TileOp::Gemm(_) => k < 2,
                 TileOp::SoftmaxUpdateRounded { .. } => k == 4,
@@ -130,8 +131,13 @@ impl Fresh {
     /// A one-element F64 accumulator declared inside `scope` (so a THREAD range among them
     /// gives every thread its own).
     fn accumulator(&mut self, scope: &[UOp]) -> UOp {
+        self.scratch(DType::F64, scope)
+    }
+
+    /// A one-element ALLOC of `dtype` declared inside `scope`.
+    fn scratch(&mut self, dtype: DType, scope: &[UOp]) -> UOp {
         self.alloc_slot += 1;
-        alloc(self.alloc_slot - 1, DType::F64, 1).after(scope)
+        alloc(self.alloc_slot - 1, dtype, 1).after(scope)
     }
 }
 
@@ -211,9 +217,12 @@ impl Operands<'_> {
     /// S with its sum, `l = l alpha + sum`, `O *= alpha`, the new max. A row whose max stays
     /// `-inf` gets `alpha = 1` and `P = 0` (so no `exp2(-inf - -inf)` NaN reaches memory).
     ///
-    /// With `rounded = Some((ldp, scale))` this is [`TileOp::SoftmaxUpdateRounded`]: the
-    /// scores are multiplied by `scale` when loaded, S is left as it is, and P goes to operand
-    /// 4 (stride `ldp`) rounded to its dtype, the sum adding the rounded values.
+    /// With `rounded = Some((ldp, scale, round_to))` this is [`TileOp::SoftmaxUpdateRounded`]:
+    /// the scores are multiplied by `scale` when loaded, and P goes to operand 4 (stride `ldp`)
+    /// rounded to `round_to`, the sum adding the rounded values. A P of that dtype rounds in
+    /// its store; an F32 P (S itself, each score read before its probability replaces it) gets
+    /// the value stored into and reloaded from a one-element `round_to` ALLOC, which rounds
+    /// alike in both interpreter precisions (a CAST to a 16-bit type keeps f64 in the f64 one).
     fn softmax(
         self,
         rows: usize,
@@ -221,7 +230,7 @@ impl Operands<'_> {
         lds: usize,
         d: usize,
         ldo: usize,
-        rounded: Option<(usize, f32)>,
+        rounded: Option<(usize, f32, DType)>,
     ) -> UOp {
         if rows == 0 {
             return self.nothing();
@@ -232,7 +241,7 @@ impl Operands<'_> {
         let m_old = row_max.load().cast(DType::F64);
         let score = |ops: &Self, j: &UOp| ops.at(0, &r * lds as i64 + j);
         let scaled = |s: &UOp| match rounded {
-            Some((_, scale)) => s.load().cast(DType::F64) * f64::from(scale),
+            Some((_, scale, _)) => s.load().cast(DType::F64) * f64::from(scale),
             None => s.load().cast(DType::F64),
         };
 
@@ -263,9 +272,17 @@ impl Operands<'_> {
             let s = score(&self, &j);
             let p = live.where_((scaled(&s) - &m_new).exp2(), 0.0);
             let (write_p, p) = match rounded {
-                Some((ldp, _)) => {
+                Some((ldp, _, round_to)) => {
                     let offset = &r * ldp as i64 + &j;
-                    let write = self.at(4, offset.clone()).store(p.cast(self.src[4].dtype()));
+                    let p_dtype = self.src[4].dtype();
+                    let value = if p_dtype == round_to {
+                        p.cast(p_dtype)
+                    } else {
+                        let scratch = self.fresh.scratch(round_to, &self.scope_with(&[&r, &j]));
+                        let round = scratch.index(0).store(p.cast(round_to));
+                        scratch.after(&[round]).index(0).load().cast(p_dtype)
+                    };
+                    let write = self.at(4, offset.clone()).store(value);
                     // The sum adds P as stored, read back: a CAST to a 16-bit type keeps the f64
                     // value in the interpreter's f64 mode, a store into P's buffer rounds in both.
                     let (view, first) = self.operand(4);

@@ -382,7 +382,8 @@ impl Op {
 /// strides count elements of the operand's own dtype). Operands are f32, except that a GEMM's A
 /// and B may both be BF16 or both F16 (C stays f32): the operand dtypes, not the op, say which
 /// kernel runs, so one descriptor serves all three and the expansion widens 16-bit operands
-/// with an explicit CAST; and the P tile of [`TileOp::SoftmaxUpdateRounded`] is BF16 or F16.
+/// with an explicit CAST; and the P tile of [`TileOp::SoftmaxUpdateRounded`] is BF16 or F16
+/// (or its F32 score tile itself).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum TileOp {
     /// `C = A · B`, or `C += A · B` with `accumulate`. Sources `[A, B, C]`. A is `m x k`
@@ -409,13 +410,16 @@ pub enum TileOp {
         ldo: usize,
     },
     /// The online-softmax step of 16-bit attention. Sources `[S, row_max, row_sum, O, P]`:
-    /// S (f32, `rows x cols`, stride `lds`) holds unscaled scores and is only read; P
-    /// (`rows x cols`, stride `ldp`) is BF16 or F16 and only written; row_max, row_sum and O
-    /// as in [`TileOp::SoftmaxUpdate`]. Per row, with `x = scale * S` (`scale` is an f32's
-    /// bits, so the op stays `Eq` and `Hash`): `m' = max(m, max_j x)`, `a = exp2(m - m')`,
-    /// `P = round(exp2(x - m'))` to P's dtype, `l = l a + sum_j P` (the rounded weights the
+    /// S (f32, `rows x cols`, stride `lds`) holds unscaled scores; P (`rows x cols`, stride
+    /// `ldp`) is only written, either a tile of dtype `round_to` (then S is only read) or S
+    /// itself (the same INDEX node, F32, `ldp == lds`: the rounded values replace the scores,
+    /// for a `P · V` GEMM that reads an f32 A in place); row_max, row_sum and O as in
+    /// [`TileOp::SoftmaxUpdate`]. Per row, with `x = scale * S` (`scale` is an f32's bits, so
+    /// the op stays `Eq` and `Hash`): `m' = max(m, max_j x)`, `a = exp2(m - m')`,
+    /// `P = round(exp2(x - m'))` to `round_to`, `l = l a + sum_j P` (the rounded weights the
     /// `P · V` GEMM applies), `O *= a`, `m = m'`. A row whose scaled scores and max are all
-    /// `-inf` keeps `l` and `O` and gets `P = 0`. See `uopc_tile::softmax_update_rounded`.
+    /// `-inf` keeps `l` and `O` and gets `P = 0`. See `uopc_tile::softmax_update_rounded` and
+    /// `uopc_tile::softmax_update_rounded_in_place`.
     SoftmaxUpdateRounded {
         /// Rows of S, P and O.
         rows: usize,
@@ -431,6 +435,9 @@ pub enum TileOp {
         ldp: usize,
         /// The factor applied to every score, as `f32::to_bits`.
         scale: u32,
+        /// The 16-bit type every probability is rounded to (BF16 or F16): P's own dtype, or
+        /// the values an F32 P holds.
+        round_to: DType,
     },
     /// The probabilities of a score tile recomputed from the per-row base-2 log-sum-exp (the
     /// backward pass of attention). Sources `[S, lse]`: S is `rows x cols` (stride `ld`) of

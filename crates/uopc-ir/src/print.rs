@@ -174,9 +174,9 @@ impl Printer {
                             TileOp::SoftmaxUpdate { rows, cols, d, .. } => {
                                 format!("tile_softmax {rows}x{cols} d={d}")
                             }
-                            TileOp::SoftmaxUpdateRounded { rows, cols, d, scale, .. } => {
+                            TileOp::SoftmaxUpdateRounded { rows, cols, d, scale, round_to, .. } => {
                                 format!(
-                                    "tile_softmax_rounded {rows}x{cols} d={d} scale={}",
+                                    "tile_softmax_rounded {rows}x{cols} d={d} scale={} to={round_to}",
                                     f32::from_bits(*scale)
                                 )
                             }

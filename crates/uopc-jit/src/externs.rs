@@ -31,6 +31,8 @@ pub(crate) enum Extern {
     TileSoftmaxRounded,
     /// [`uopc_tile::uopc_tile_gemm_f32_f16`] (flat: f32 A, f16 B).
     TileGemmF32F16,
+    /// [`uopc_tile::uopc_tile_softmax_update_rounded_in_place`].
+    TileSoftmaxRoundedInPlace,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -45,7 +47,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 11] = [
+    pub const ALL: [Extern; 12] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -57,6 +59,7 @@ impl Extern {
         Extern::TileGemmF16,
         Extern::TileSoftmaxRounded,
         Extern::TileGemmF32F16,
+        Extern::TileSoftmaxRoundedInPlace,
     ];
 
     /// The symbol it is registered and declared under.
@@ -73,6 +76,7 @@ impl Extern {
             Extern::TileGemmF16 => "uopc_tile_gemm_f16",
             Extern::TileGemmF32F16 => "uopc_tile_gemm_f32_f16",
             Extern::TileSoftmaxRounded => "uopc_tile_softmax_update_rounded",
+            Extern::TileSoftmaxRoundedInPlace => "uopc_tile_softmax_update_rounded_in_place",
         }
     }
 
@@ -90,6 +94,9 @@ impl Extern {
             Extern::TileGemmF16 => uopc_tile::uopc_tile_gemm_f16 as *const u8,
             Extern::TileGemmF32F16 => uopc_tile::uopc_tile_gemm_f32_f16 as *const u8,
             Extern::TileSoftmaxRounded => uopc_tile::uopc_tile_softmax_update_rounded as *const u8,
+            Extern::TileSoftmaxRoundedInPlace => {
+                uopc_tile::uopc_tile_softmax_update_rounded_in_place as *const u8
+            }
         }
     }
 
@@ -115,6 +122,8 @@ impl Extern {
             Extern::TileSoftmax => ints(sig, 9),
             // (s, row_max, row_sum, o, p, rows, cols, lds, ldo, d, ldp, scale, is_f16) -> status
             Extern::TileSoftmaxRounded => ints(sig, 13),
+            // (s, row_max, row_sum, o, rows, cols, lds, ldo, d, scale, is_f16) -> status
+            Extern::TileSoftmaxRoundedInPlace => ints(sig, 11),
             // (s, lse, rows, cols, ld) -> status
             Extern::TileSoftmaxRecompute => ints(sig, 5),
             // (p, dp, delta, rows, cols, ld) -> status

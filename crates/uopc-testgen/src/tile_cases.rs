@@ -212,6 +212,7 @@ pub fn softmax_rounded_case(
         ldo: d + pad,
         ldp: cols + pad,
         scale: scale.to_bits(),
+        round_to: p_dtype,
     };
     let mut bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
     bufs.push(buffer(4, p_dtype, p_len * tasks + 1));
@@ -228,6 +229,40 @@ pub fn softmax_rounded_case(
         _ => HostBuffer::F16(vec![half::f16::NAN; p_len * tasks + 1]),
     });
     Case { program, inputs }
+}
+
+/// [`softmax_case`] for the in-place form of [`TileOp::SoftmaxUpdateRounded`]: the same four
+/// buffers (the special rows included), the scores scaled by `scale` inside the op and
+/// replaced by the probabilities rounded to `round_to` (BF16 or F16), P being the score
+/// operand itself.
+pub fn softmax_rounded_in_place_case(
+    s: SoftmaxShape,
+    round_to: DType,
+    scale: f32,
+    tasks: usize,
+    special: bool,
+    seed: u64,
+) -> Case {
+    let f32_case = softmax_case(s, tasks, special, seed);
+    let lens = s.lens();
+    let SoftmaxShape { rows, cols, d, pad, .. } = s;
+    let op = TileOp::SoftmaxUpdateRounded {
+        rows,
+        cols,
+        lds: cols + pad,
+        d,
+        ldo: d + pad,
+        ldp: cols + pad,
+        scale: scale.to_bits(),
+        round_to,
+    };
+    let bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
+    let t = range(tasks, 0, AxisType::Thread);
+    let mut operands: Vec<UOp> =
+        bufs.iter().zip(lens).map(|(b, len)| b.index(&t * len + s.offset as i64)).collect();
+    operands.push(operands[0].clone());
+    let program = sink(&[sink(&[tile(op, &operands)]).end(&[t])]);
+    Case { program, inputs: f32_case.inputs }
 }
 
 /// FlashAttention on tile ops, like `uopc::flash_tile_ops_ir` in small: per THREAD block of

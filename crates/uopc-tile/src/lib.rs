@@ -13,7 +13,8 @@
 //!   log2 domain, rescaling the running output rows.
 //! * [`softmax_update_rounded`]: the same step for 16-bit attention, scaling the scores first
 //!   and writing the probabilities rounded to bf16 or f16 into their own tile (AVX-512 and
-//!   portable).
+//!   portable); [`softmax_update_rounded_in_place`] writes the rounded values over the f32
+//!   scores instead, for a `P · V` GEMM that reads an f32 P in place.
 //! * [`softmax_recompute`] and [`softmax_grad`]: the elementwise steps of the backward pass,
 //!   the probabilities from the saved log-sum-exp and `dS = P * (dP - Delta)`.
 //!
@@ -30,7 +31,8 @@
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code
 //! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
 //! [`uopc_tile_gemm_f32_f16`],
-//! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`]). Kernels
+//! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`],
+//! [`uopc_tile_softmax_update_rounded_in_place`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
 
@@ -77,5 +79,7 @@ pub use softmax_grad::{
     uopc_tile_softmax_grad_f32, uopc_tile_softmax_recompute_f32,
 };
 pub use softmax_rounded::{
-    RoundedProb, softmax_update_rounded, softmax_update_rounded_unchecked, uopc_tile_softmax_update_rounded,
+    RoundedProb, softmax_update_rounded, softmax_update_rounded_in_place,
+    softmax_update_rounded_in_place_unchecked, softmax_update_rounded_unchecked,
+    uopc_tile_softmax_update_rounded, uopc_tile_softmax_update_rounded_in_place,
 };

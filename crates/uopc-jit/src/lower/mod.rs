@@ -332,14 +332,27 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 }
                 self.externs.get(Extern::TileSoftmax)
             }
-            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {
-                for v in [rows, cols, lds, ldo, d, ldp] {
+            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale, round_to } => {
+                // The verifier made P (the fifth operand, in `TileOp::operands` order) either of
+                // dtype `round_to` or the F32 score tile itself, with S's stride: then the
+                // in-place entry, which takes no P.
+                let in_place = u.src()[4].dtype() == DType::F32;
+                if in_place {
+                    args.truncate(4);
+                }
+                for v in [rows, cols, lds, ldo, d] {
                     args.push(int(v as i64));
                 }
+                if !in_place {
+                    args.push(int(ldp as i64));
+                }
                 args.push(int(i64::from(scale)));
-                // The verifier made P (the fifth operand, in `TileOp::operands` order) BF16 or F16.
-                args.push(int(i64::from(u.src()[4].dtype() == DType::F16)));
-                self.externs.get(Extern::TileSoftmaxRounded)
+                args.push(int(i64::from(round_to == DType::F16)));
+                self.externs.get(if in_place {
+                    Extern::TileSoftmaxRoundedInPlace
+                } else {
+                    Extern::TileSoftmaxRounded
+                })
             }
             TileOp::SoftmaxRecompute { rows, cols, ld } => {
                 for v in [rows, cols, ld] {

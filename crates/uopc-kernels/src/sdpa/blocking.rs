@@ -61,8 +61,8 @@ impl Blocking {
     /// Block sizes for `config` on `cores` cores.
     ///
     /// The task's tiles (scaled Q and output, `rows x D` each, the `rows x keys` score tile,
-    /// and the running max and sum; with a 16-bit dtype the query tile in that dtype and a
-    /// `rows x keys` tile of rounded probabilities besides) must fit the JIT's stack limit
+    /// and the running max and sum; with bf16 the query tile in bf16 and a `rows x keys` bf16
+    /// tile of rounded probabilities besides) must fit the JIT's stack limit
     /// less 16 KiB; within that, rows are as many as possible, up to 256 (a multiple of 16), because every task re-packs
     /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
     /// 128, whose diagonal band runs in 64-row sub-tiles (see [`sdpa_ir`](super::sdpa_ir)). With fewer
@@ -148,12 +148,13 @@ impl Blocking {
 }
 
 /// Stack bytes one task row takes with blocks of `keys` keys: the query and output rows, the
-/// score row and the running max and sum; 16-bit attention keeps its query row in the input
-/// dtype and adds the row of rounded probabilities.
+/// score row and the running max and sum; bf16 attention keeps its query row in bf16 and adds
+/// a row of rounded probabilities, f16 attention has f32's tiles (an f32 query row, P over
+/// the scores).
 fn tile_bytes_per_row(dtype: SdpaDType, d: usize, keys: usize) -> usize {
     match dtype {
-        SdpaDType::F32 => 4 * (2 * d + keys + 2),
-        SdpaDType::BF16 | SdpaDType::F16 => 2 * d + 4 * d + 4 * keys + 2 * keys + 8,
+        SdpaDType::F32 | SdpaDType::F16 => 4 * (2 * d + keys + 2),
+        SdpaDType::BF16 => 2 * d + 4 * d + 4 * keys + 2 * keys + 8,
     }
 }
 

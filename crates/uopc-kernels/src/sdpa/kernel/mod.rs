@@ -35,8 +35,10 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// values (f32 scores and output tile), and
 /// [`TileOp::SoftmaxUpdateRounded`](uopc_ir::TileOp::SoftmaxUpdateRounded) scales the scores
 /// (unless a mask loop that reads every
-/// score already did) and writes P, rounded to the dtype, into a tile of its own for `P · V`;
-/// the output is rounded once when stored. The last query
+/// score already did) and writes P, rounded to the dtype, into a bf16 tile of its own for
+/// `P · V` (the bf16 GEMM takes both operands in bf16), or for f16 as f32 values over the
+/// scores (the f32 x f16 GEMM reads its A in place, widening only V); the output is rounded
+/// once when stored. The last query
 /// block starts early enough to be full (it overlaps the previous one) and writes only its own
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
 /// block.
@@ -111,7 +113,7 @@ struct Task {
     oi: UOp,
     mi: UOp,
     li: UOp,
-    /// The rounded probabilities of 16-bit attention.
+    /// The rounded probabilities of bf16 attention (f16 writes them over the scores).
     pi: Option<UOp>,
 }
 

@@ -25,7 +25,8 @@ impl SdpaKernel {
             pb.alloc(f32t, self.rows),
             pb.alloc(f32t, self.rows),
         );
-        let p = self.half.map(|el| pb.alloc(el, self.rows * bc.min(n_k)));
+        // Only bf16 keeps P in a tile of its own (see `key_block`).
+        let p = self.half.filter(|&el| el == DType::BF16).map(|el| pb.alloc(el, self.rows * bc.min(n_k)));
         // t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split
         let t = pb.range(self.c.batch * kv_heads * subs * blocks * splits, AxisType::Thread);
         let split = t.modulo(splits as i64);
