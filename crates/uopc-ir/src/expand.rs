@@ -98,6 +98,7 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
         }
         TileOp::SoftmaxRecompute { rows, cols, ld } => ops.recompute(rows, cols, ld),
         TileOp::SoftmaxGrad { rows, cols, ld } => ops.grad(rows, cols, ld),
+        TileOp::Convert { rows, cols, lds, ldd } => ops.convert(rows, cols, lds, ldd),
     })
 }
 
@@ -108,7 +109,7 @@ fn well_formed(t: TileOp, src: &[UOp]) -> bool {
             // and so may the rounded softmax's P (stored through a CAST; an F32 P, the score
             // tile itself, through a 16-bit scratch element).
             let half_ok = match t {
-                TileOp::Gemm(_) => k < 2,
+                TileOp::Gemm(_) | TileOp::Convert { .. } => k < 2,
                 TileOp::SoftmaxUpdateRounded { .. } => k == 4,
                 _ => false,
             } && x.dtype().is_half();
@@ -310,6 +311,19 @@ impl Operands<'_> {
             .map(|x| x.1)
             .collect();
         self.keeping(nest, &untouched)
+    }
+
+    /// Per row, per column: `D = S` through a CAST to D's dtype (exact for widening; rounding
+    /// to a 16-bit D, which the store into D's storage also does in the f64 precision).
+    fn convert(self, rows: usize, cols: usize, lds: usize, ldd: usize) -> UOp {
+        if rows == 0 || cols == 0 {
+            return self.nothing();
+        }
+        let r = self.fresh.range(rows, AxisType::Loop);
+        let j = self.fresh.range(cols, AxisType::Loop);
+        let x = self.at(0, &r * lds as i64 + &j).load();
+        let nest = self.at(1, &r * ldd as i64 + &j).store(x.cast(self.src[1].dtype())).end(&[j, r]);
+        self.keeping(nest, &[])
     }
 
     /// Per row, per column: `S = lse == -inf ? 0 : exp2(S - lse)`, in f64, rounded once.

@@ -361,6 +361,7 @@ impl Op {
             Op::Tile(TileOp::SoftmaxUpdateRounded { .. }) => "TILE_SOFTMAX_ROUNDED",
             Op::Tile(TileOp::SoftmaxRecompute { .. }) => "TILE_SOFTMAX_RECOMPUTE",
             Op::Tile(TileOp::SoftmaxGrad { .. }) => "TILE_SOFTMAX_GRAD",
+            Op::Tile(TileOp::Convert { .. }) => "TILE_CONVERT",
             Op::Param { .. } => "PARAM",
             Op::Arange(_) => "ARANGE",
             Op::Data { .. } => "DATA",
@@ -383,7 +384,7 @@ impl Op {
 /// and B may both be BF16 or both F16 (C stays f32): the operand dtypes, not the op, say which
 /// kernel runs, so one descriptor serves all three and the expansion widens 16-bit operands
 /// with an explicit CAST; and the P tile of [`TileOp::SoftmaxUpdateRounded`] is BF16 or F16
-/// (or its F32 score tile itself).
+/// (or its F32 score tile itself); a [`TileOp::Convert`] takes a 16-bit and an F32 block.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum TileOp {
     /// `C = A · B`, or `C += A · B` with `accumulate`. Sources `[A, B, C]`. A is `m x k`
@@ -450,6 +451,22 @@ pub enum TileOp {
         cols: usize,
         /// Row stride of S.
         ld: usize,
+    },
+    /// A dtype conversion of a block. Sources `[S, D]`: S (`rows x cols`, stride `lds`) is
+    /// read, D (`rows x cols`, stride `ldd`) is written: `D = S` in D's dtype, BF16 or F16
+    /// widened exactly to F32, or F32 rounded to nearest even to BF16 or F16 (the rounding of
+    /// a CAST). Generated code converts 16-bit values four at a time with integer operations;
+    /// this op converts a whole block with the CPU's conversion instructions. See
+    /// `uopc_tile::convert::convert_block`.
+    Convert {
+        /// Rows of S and D.
+        rows: usize,
+        /// Elements per row.
+        cols: usize,
+        /// Row stride of S.
+        lds: usize,
+        /// Row stride of D.
+        ldd: usize,
     },
     /// The softmax gradient of a tile. Sources `[P, dP, delta]`: P and dP are `rows x cols`
     /// (stride `ld`), delta holds `rows` values. `dP = P * (dP - delta)` per row, exactly 0
@@ -519,6 +536,12 @@ impl TileOp {
                 op(block_extent(rows, cols, ld), true, true),
                 op(if cols == 0 { 0 } else { rows }, true, false),
             ],
+            TileOp::Convert { rows, cols, lds, ldd } => {
+                vec![
+                    op(block_extent(rows, cols, lds), true, false),
+                    op(block_extent(rows, cols, ldd), false, true),
+                ]
+            }
         }
     }
 
@@ -540,6 +563,7 @@ impl TileOp {
             TileOp::SoftmaxGrad { rows, cols, ld } => {
                 vec![(rows, cols, ld), (rows, cols, ld), (1, rows, rows)]
             }
+            TileOp::Convert { rows, cols, lds, ldd } => vec![(rows, cols, lds), (rows, cols, ldd)],
         }
     }
 
@@ -552,6 +576,8 @@ impl TileOp {
             TileOp::SoftmaxUpdateRounded { rows, cols, d, .. } => (rows * (5 * cols + d + 4)) as u64,
             TileOp::SoftmaxRecompute { rows, cols, .. } => (2 * rows * cols) as u64,
             TileOp::SoftmaxGrad { rows, cols, .. } => (2 * rows * cols) as u64,
+            // A conversion is no arithmetic.
+            TileOp::Convert { .. } => 0,
         }
     }
 }

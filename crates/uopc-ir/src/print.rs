@@ -186,6 +186,9 @@ impl Printer {
                             TileOp::SoftmaxGrad { rows, cols, .. } => {
                                 format!("tile_softmax_grad {rows}x{cols}")
                             }
+                            TileOp::Convert { rows, cols, .. } => {
+                                format!("tile_convert {rows}x{cols}")
+                            }
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }

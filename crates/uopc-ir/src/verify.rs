@@ -286,10 +286,26 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                     ));
                 }
             }
+            if matches!(t, TileOp::Convert { .. }) {
+                let (from, to) = (dt(0), dt(1));
+                if !((from.is_half() && to == DType::F32) || (from == DType::F32 && to.is_half())) {
+                    return Err(err(
+                        IrErrorKind::DType,
+                        u,
+                        format!(
+                            "conversion from {} ({from}) to {} ({to}): want BF16 or F16 to F32, or F32 to \
+                             BF16 or F16",
+                            s[0].short(),
+                            s[1].short()
+                        ),
+                    ));
+                }
+            }
             for (k, x) in s.iter().enumerate() {
                 let want = match t {
                     // Checked together above.
                     TileOp::Gemm(_) if k < 2 => continue,
+                    TileOp::Convert { .. } => continue,
                     TileOp::SoftmaxUpdateRounded { .. } if k == 4 => continue,
                     _ => DType::F32,
                 };

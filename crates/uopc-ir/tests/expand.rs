@@ -89,6 +89,15 @@ proptest! {
     }
 
     #[test]
+    fn expanded_block_conversion_is_the_interpreters_bit_for_bit(
+        rows in 1usize..6, cols in 0usize..40, pad in 0usize..3, offset in 0usize..3,
+        tasks in 1usize..3, pair in 0usize..4, seed in 0u64..1000,
+    ) {
+        let (from, to) = [(DType::F16, DType::F32), (DType::BF16, DType::F32), (DType::F32, DType::F16), (DType::F32, DType::BF16)][pair];
+        check_expansion(&convert_case((rows, cols, pad, offset), from, to, tasks, seed));
+    }
+
+    #[test]
     fn expanded_in_place_rounded_softmax_update_is_the_interpreters_bit_for_bit(
         rows in 1usize..10, cols in 0usize..40, d in 0usize..20, pad in 0usize..3,
         offset in 0usize..3, tasks in 1usize..3, special: bool, f16_probs: bool,

@@ -135,3 +135,28 @@ fn the_rounded_softmax_takes_p_in_its_rounding_dtype_or_over_its_own_scores() {
         assert_eq!(e.kind, IrErrorKind::DType, "{what}: {e}");
     }
 }
+
+#[test]
+fn a_block_conversion_widens_16_bit_to_f32_or_rounds_f32_to_16_bit() {
+    let convert = |from: DType, to: DType| {
+        let (s, d) = (buffer(0, from, 8), buffer(1, to, 8));
+        sink(&[tile(TileOp::Convert { rows: 2, cols: 3, lds: 4, ldd: 3 }, &[s.index(0), d.index(0)])])
+    };
+    for (from, to) in [
+        (DType::F16, DType::F32),
+        (DType::BF16, DType::F32),
+        (DType::F32, DType::F16),
+        (DType::F32, DType::BF16),
+    ] {
+        verify(&convert(from, to)).unwrap();
+    }
+    for (from, to) in [
+        (DType::F32, DType::F32),
+        (DType::F16, DType::BF16),
+        (DType::F16, DType::F16),
+        (DType::F64, DType::F16),
+    ] {
+        let e = verify(&convert(from, to)).expect_err("not a conversion the op has");
+        assert_eq!(e.kind, IrErrorKind::DType, "{from} -> {to}: {e}");
+    }
+}

@@ -140,6 +140,20 @@ proptest! {
         }
     }
 
+    /// A block conversion: the JIT's call converts every element as the interpreter's
+    /// stores do, bit for bit (both round to nearest even, like the `half` crate), and leaves
+    /// the padding between rows alone.
+    #[test]
+    fn tile_convert_matches_the_reference_bit_for_bit(
+        rows in 1usize..6, cols in 0usize..70, pad in 0usize..3, offset in 0usize..3,
+        tasks in 1usize..3, pair in 0usize..4, seed in 0u64..1000,
+    ) {
+        let (from, to) = [(DType::F16, DType::F32), (DType::BF16, DType::F32), (DType::F32, DType::F16), (DType::F32, DType::BF16)][pair];
+        let case = convert_case((rows, cols, pad, offset), from, to, tasks, seed);
+        let (jit, reference) = run_both(&case.program, case.inputs);
+        prop_assert_eq!(bits(&jit), bits(&reference));
+    }
+
     /// The in-place form: P written over the f32 scores, rounded to bf16 or f16; the same
     /// tolerances, and every probability the JIT writes is a value of the 16-bit type.
     #[test]

@@ -314,6 +314,8 @@ fn f16_probabilities_are_rounded_to_f16_over_the_f32_scores() {
         text.contains("local acc0: f32[") && !text.contains("local acc5"),
         "no P tile beside the scores: {text}"
     );
+    // The query rows are widened and the output rows rounded by block conversions.
+    assert_eq!(text.matches("tile_convert").count(), 2, "{text}");
 }
 
 #[test]
@@ -331,6 +333,9 @@ fn small_programs_agree_with_the_loop_ir_interpreter() {
             SdpaConfig { mask: MaskKind::Bias([1, 2, 1, 11]), ..config(1, 2, 2, 1, 11, 3) },
             Blocking { heads_per_task: 1, queries: 1, keys: 2, splits: 3 },
         ),
+        // Query blocks dividing n_q: each task owns its output rows, which are rounded by one
+        // block conversion.
+        (config(1, 2, 2, 8, 11, 5), Blocking { heads_per_task: 1, queries: 4, keys: 4, splits: 1 }),
     ] {
         for dtype in [SdpaDType::BF16, SdpaDType::F16] {
             let c = SdpaConfig { dtype, ..c };
@@ -458,6 +463,8 @@ fn the_kernel_runs_16_bit_tile_ops() {
     let text = uopc_ir::print_program(&uopc_kernels::sdpa::sdpa_ir(&c, &sdpa.blocking())).unwrap();
     assert!(text.contains("tile_softmax_rounded"), "{text}");
     assert!(!text.contains("tile_softmax "), "no f32 softmax step in a bf16 kernel");
+    // bf16 queries are copied as they are; the output rows are rounded by a block conversion.
+    assert_eq!(text.matches("tile_convert").count(), 1, "{text}");
     assert!(sdpa.to_string().contains(" bf16"), "{sdpa}");
 }
 

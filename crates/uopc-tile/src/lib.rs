@@ -20,7 +20,8 @@
 //!
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
-//!   bf16 and f16 conversions in [`convert`].
+//!   bf16 and f16 conversions in [`convert`] (per value, per slice, and per block:
+//!   [`convert::convert_block`]).
 //! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 by the f32 GEMM's own
 //!   packing for the f32 micro-kernels of an [`Isa`]; [`gemm_f32_f16`] takes an f32 A (read
 //!   as it is) with an f16 B, for a caller that keeps A widened across calls. All of them
@@ -32,7 +33,7 @@
 //! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
 //! [`uopc_tile_gemm_f32_f16`],
 //! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`],
-//! [`uopc_tile_softmax_update_rounded_in_place`]). Kernels
+//! [`uopc_tile_softmax_update_rounded_in_place`], [`convert::uopc_tile_convert_block`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
 

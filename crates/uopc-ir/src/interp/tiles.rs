@@ -66,6 +66,16 @@ impl Machine<'_> {
                     }
                 }
             }
+            TileOp::Convert { rows, cols, lds, ldd } => {
+                // The store into D's storage rounds a value to a 16-bit D (in both precisions,
+                // through f32 as a CAST rounds); widening is exact.
+                for r in 0..rows {
+                    for j in 0..cols {
+                        let x = self.get(node, at[0], r * lds + j)?;
+                        self.put(node, at[1], r * ldd + j, x)?;
+                    }
+                }
+            }
             TileOp::SoftmaxGrad { rows, cols, ld } => {
                 // With no columns the op touches nothing, not even the per-row scalars.
                 for r in 0..if cols == 0 { 0 } else { rows } {

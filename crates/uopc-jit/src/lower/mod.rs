@@ -366,6 +366,21 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 }
                 self.externs.get(Extern::TileSoftmaxGrad)
             }
+            TileOp::Convert { rows, cols, lds, ldd } => {
+                use uopc_tile::convert::conversion_code as code;
+                for v in [rows, cols, lds, ldd] {
+                    args.push(int(v as i64));
+                }
+                // The verifier allowed only these pairs.
+                let kind = match (u.src()[0].dtype(), u.src()[1].dtype()) {
+                    (DType::F16, _) => code::F16_TO_F32,
+                    (DType::BF16, _) => code::BF16_TO_F32,
+                    (_, DType::F16) => code::F32_TO_F16,
+                    _ => code::F32_TO_BF16,
+                };
+                args.push(int(kind));
+                self.externs.get(Extern::TileConvert)
+            }
         };
         // The status is always 0: every argument the kernel checks was checked at compile time.
         self.b.ins().call(f, &args);
