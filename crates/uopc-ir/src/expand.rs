@@ -92,32 +92,30 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
     let ops = Operands { src: u.src(), scope, fresh: &mut cx.state.fresh };
     Some(match t {
         TileOp::Gemm(g) => ops.gemm(g),
-        TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale } => ops.softmax(SoftmaxStep {
-            rows,
-            cols,
-            lds,
-            d,
-            ldo,
-            scale: f32::from_bits(scale),
-            rounded_ldp: None,
-        }),
-        TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => ops.softmax(SoftmaxStep {
-            rows,
-            cols,
-            lds,
-            d,
-            ldo,
-            scale: f32::from_bits(scale),
-            rounded_ldp: Some(ldp),
-        }),
+        TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale } => {
+            ops.softmax(SoftmaxStep { rows, cols, lds, d, ldo, scale: f32::from_bits(scale), rounded: None })
+        }
+        TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale, round_to } => {
+            ops.softmax(SoftmaxStep {
+                rows,
+                cols,
+                lds,
+                d,
+                ldo,
+                scale: f32::from_bits(scale),
+                rounded: Some((ldp, round_to)),
+            })
+        }
         TileOp::SoftmaxRecompute { rows, cols, ld } => ops.recompute(rows, cols, ld),
         TileOp::SoftmaxGrad { rows, cols, ld } => ops.grad(rows, cols, ld),
         TileOp::MaxSumExp { rows, cols, ld, scale } => ops.max_sum_exp(rows, cols, ld, f32::from_bits(scale)),
+        TileOp::Convert { rows, cols, lds, ldd } => ops.convert(rows, cols, lds, ldd),
     })
 }
 
 /// The fields of an online-softmax step, f32 or rounded: P is written over S unless
-/// `rounded_ldp` gives the row stride of the fifth operand, the rounded P tile.
+/// `rounded` gives the row stride of the fifth operand, P, and the dtype P's values are
+/// rounded to.
 struct SoftmaxStep {
     rows: usize,
     cols: usize,
@@ -125,16 +123,17 @@ struct SoftmaxStep {
     d: usize,
     ldo: usize,
     scale: f32,
-    rounded_ldp: Option<usize>,
+    rounded: Option<(usize, DType)>,
 }
 
 fn well_formed(t: TileOp, src: &[UOp]) -> bool {
     src.len() == t.operands().len()
         && src.iter().enumerate().all(|(k, x)| {
             // A GEMM's A and B may be bf16 or f16 (loaded, then widened by the CAST to F64),
-            // and so may the rounded softmax's P (stored through a CAST).
+            // and so may the rounded softmax's P (stored through a CAST; an F32 P, the score
+            // tile itself, through a 16-bit scratch element).
             let half_ok = match t {
-                TileOp::Gemm(_) => k < 2,
+                TileOp::Gemm(_) | TileOp::Convert { .. } => k < 2,
                 TileOp::SoftmaxUpdateRounded { .. } => k == 4,
                 _ => false,
             } && x.dtype().is_half();
@@ -157,8 +156,13 @@ impl Fresh {
     /// A one-element F64 accumulator declared inside `scope` (so a THREAD range among them
     /// gives every thread its own).
     fn accumulator(&mut self, scope: &[UOp]) -> UOp {
+        self.scratch(DType::F64, scope)
+    }
+
+    /// A one-element ALLOC of `dtype` declared inside `scope`.
+    fn scratch(&mut self, dtype: DType, scope: &[UOp]) -> UOp {
         self.alloc_slot += 1;
-        alloc(self.alloc_slot - 1, DType::F64, 1).after(scope)
+        alloc(self.alloc_slot - 1, dtype, 1).after(scope)
     }
 }
 
@@ -239,11 +243,14 @@ impl Operands<'_> {
     /// `-inf` gets `alpha = 1` and `P = 0` (so no `exp2(-inf - -inf)` NaN reaches memory).
     ///
     /// The scores are multiplied by `step.scale` when loaded (unless it is 1). With
-    /// `rounded_ldp = Some(ldp)` this is [`TileOp::SoftmaxUpdateRounded`]: S is left as it is,
-    /// and P goes to operand 4 (stride `ldp`) rounded to its dtype, the sum adding the rounded
-    /// values.
+    /// `rounded = Some((ldp, round_to))` this is [`TileOp::SoftmaxUpdateRounded`]: P goes to
+    /// operand 4 (stride `ldp`) rounded to `round_to`, the sum adding the rounded values. A P
+    /// of that dtype rounds in its store; an F32 P (S itself, each score read before its
+    /// probability replaces it) gets the value stored into and reloaded from a one-element
+    /// `round_to` ALLOC, which rounds alike in both interpreter precisions (a CAST to a 16-bit
+    /// type keeps f64 in the f64 one).
     fn softmax(self, step: SoftmaxStep) -> UOp {
-        let SoftmaxStep { rows, cols, lds, d, ldo, scale, rounded_ldp } = step;
+        let SoftmaxStep { rows, cols, lds, d, ldo, scale, rounded } = step;
         if rows == 0 {
             return self.nothing();
         }
@@ -284,10 +291,18 @@ impl Operands<'_> {
             let inner = acc.after(&[start, j.clone()]);
             let s = score(&self, &j);
             let p = live.where_((scaled(&s) - &m_new).exp2(), 0.0);
-            let (write_p, p) = match rounded_ldp {
-                Some(ldp) => {
+            let (write_p, p) = match rounded {
+                Some((ldp, round_to)) => {
                     let offset = &r * ldp as i64 + &j;
-                    let write = self.at(4, offset.clone()).store(p.cast(self.src[4].dtype()));
+                    let p_dtype = self.src[4].dtype();
+                    let value = if p_dtype == round_to {
+                        p.cast(p_dtype)
+                    } else {
+                        let scratch = self.fresh.scratch(round_to, &self.scope_with(&[&r, &j]));
+                        let round = scratch.index(0).store(p.cast(round_to));
+                        scratch.after(&[round]).index(0).load().cast(p_dtype)
+                    };
+                    let write = self.at(4, offset.clone()).store(value);
                     // The sum adds P as stored, read back: a CAST to a 16-bit type keeps the f64
                     // value in the interpreter's f64 mode, a store into P's buffer rounds in both.
                     let (view, first) = self.operand(4);
@@ -309,12 +324,25 @@ impl Operands<'_> {
         }
         effects.push(row_max.store(m_new.cast(DType::F32)));
         let nest = sink(&effects).end(&[r]);
-        let untouched: Vec<usize> = [(cols == 0, 0), (d == 0, 3), (rounded_ldp.is_some() && cols == 0, 4)]
+        let untouched: Vec<usize> = [(cols == 0, 0), (d == 0, 3), (rounded.is_some() && cols == 0, 4)]
             .iter()
             .filter(|x| x.0)
             .map(|x| x.1)
             .collect();
         self.keeping(nest, &untouched)
+    }
+
+    /// Per row, per column: `D = S` through a CAST to D's dtype (exact for widening; rounding
+    /// to a 16-bit D, which the store into D's storage also does in the f64 precision).
+    fn convert(self, rows: usize, cols: usize, lds: usize, ldd: usize) -> UOp {
+        if rows == 0 || cols == 0 {
+            return self.nothing();
+        }
+        let r = self.fresh.range(rows, AxisType::Loop);
+        let j = self.fresh.range(cols, AxisType::Loop);
+        let x = self.at(0, &r * lds as i64 + &j).load();
+        let nest = self.at(1, &r * ldd as i64 + &j).store(x.cast(self.src[1].dtype())).end(&[j, r]);
+        self.keeping(nest, &[])
     }
 
     /// Per row, per column: `S = lse == -inf ? 0 : exp2(S - lse)`, in f64, rounded once.

@@ -362,6 +362,7 @@ impl Op {
             Op::Tile(TileOp::SoftmaxRecompute { .. }) => "TILE_SOFTMAX_RECOMPUTE",
             Op::Tile(TileOp::SoftmaxGrad { .. }) => "TILE_SOFTMAX_GRAD",
             Op::Tile(TileOp::MaxSumExp { .. }) => "TILE_MAX_SUM_EXP",
+            Op::Tile(TileOp::Convert { .. }) => "TILE_CONVERT",
             Op::Param { .. } => "PARAM",
             Op::Arange(_) => "ARANGE",
             Op::Data { .. } => "DATA",
@@ -383,7 +384,8 @@ impl Op {
 /// strides count elements of the operand's own dtype). Operands are f32, except that a GEMM's A
 /// and B may both be BF16 or both F16 (C stays f32): the operand dtypes, not the op, say which
 /// kernel runs, so one descriptor serves all three and the expansion widens 16-bit operands
-/// with an explicit CAST; and the P tile of [`TileOp::SoftmaxUpdateRounded`] is BF16 or F16.
+/// with an explicit CAST; and the P tile of [`TileOp::SoftmaxUpdateRounded`] is BF16 or F16
+/// (or its F32 score tile itself); a [`TileOp::Convert`] takes a 16-bit and an F32 block.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum TileOp {
     /// `C = A · B`, or `C += A · B` with `accumulate`. Sources `[A, B, C]`. A is `m x k`
@@ -414,13 +416,16 @@ pub enum TileOp {
         scale: u32,
     },
     /// The online-softmax step of 16-bit attention. Sources `[S, row_max, row_sum, O, P]`:
-    /// S (f32, `rows x cols`, stride `lds`) holds unscaled scores and is only read; P
-    /// (`rows x cols`, stride `ldp`) is BF16 or F16 and only written; row_max, row_sum and O
-    /// as in [`TileOp::SoftmaxUpdate`]. Per row, with `x = scale * S` (`scale` is an f32's
-    /// bits, so the op stays `Eq` and `Hash`): `m' = max(m, max_j x)`, `a = exp2(m - m')`,
-    /// `P = round(exp2(x - m'))` to P's dtype, `l = l a + sum_j P` (the rounded weights the
+    /// S (f32, `rows x cols`, stride `lds`) holds unscaled scores; P (`rows x cols`, stride
+    /// `ldp`) is only written, either a tile of dtype `round_to` (then S is only read) or S
+    /// itself (the same INDEX node, F32, `ldp == lds`: the rounded values replace the scores,
+    /// for a `P · V` GEMM that reads an f32 A in place); row_max, row_sum and O as in
+    /// [`TileOp::SoftmaxUpdate`]. Per row, with `x = scale * S` (`scale` is an f32's bits, so
+    /// the op stays `Eq` and `Hash`): `m' = max(m, max_j x)`, `a = exp2(m - m')`,
+    /// `P = round(exp2(x - m'))` to `round_to`, `l = l a + sum_j P` (the rounded weights the
     /// `P · V` GEMM applies), `O *= a`, `m = m'`. A row whose scaled scores and max are all
-    /// `-inf` keeps `l` and `O` and gets `P = 0`. See `uopc_tile::softmax_update_rounded`.
+    /// `-inf` keeps `l` and `O` and gets `P = 0`. See `uopc_tile::softmax_update_rounded` and
+    /// `uopc_tile::softmax_update_rounded_in_place`.
     SoftmaxUpdateRounded {
         /// Rows of S, P and O.
         rows: usize,
@@ -436,6 +441,9 @@ pub enum TileOp {
         ldp: usize,
         /// The factor applied to every score, as `f32::to_bits`.
         scale: u32,
+        /// The 16-bit type every probability is rounded to (BF16 or F16): P's own dtype, or
+        /// the values an F32 P holds.
+        round_to: DType,
     },
     /// The probabilities of a score tile recomputed from the per-row base-2 log-sum-exp (the
     /// backward pass of attention). Sources `[S, lse]`: S is `rows x cols` (stride `ld`) of
@@ -448,6 +456,22 @@ pub enum TileOp {
         cols: usize,
         /// Row stride of S.
         ld: usize,
+    },
+    /// A dtype conversion of a block. Sources `[S, D]`: S (`rows x cols`, stride `lds`) is
+    /// read, D (`rows x cols`, stride `ldd`) is written: `D = S` in D's dtype, BF16 or F16
+    /// widened exactly to F32, or F32 rounded to nearest even to BF16 or F16 (the rounding of
+    /// a CAST). Generated code converts 16-bit values four at a time with integer operations;
+    /// this op converts a whole block with the CPU's conversion instructions. See
+    /// `uopc_tile::convert::convert_block`.
+    Convert {
+        /// Rows of S and D.
+        rows: usize,
+        /// Elements per row.
+        cols: usize,
+        /// Row stride of S.
+        lds: usize,
+        /// Row stride of D.
+        ldd: usize,
     },
     /// The softmax gradient of a tile. Sources `[P, dP, delta]`: P and dP are `rows x cols`
     /// (stride `ld`), delta holds `rows` values. `dP = P * (dP - delta)` per row, exactly 0
@@ -544,6 +568,12 @@ impl TileOp {
                     op(state, true, true),
                 ]
             }
+            TileOp::Convert { rows, cols, lds, ldd } => {
+                vec![
+                    op(block_extent(rows, cols, lds), true, false),
+                    op(block_extent(rows, cols, ldd), false, true),
+                ]
+            }
         }
     }
 
@@ -568,6 +598,7 @@ impl TileOp {
             TileOp::MaxSumExp { rows, cols, ld, .. } => {
                 vec![(rows, cols, ld), (1, rows, rows), (1, rows, rows)]
             }
+            TileOp::Convert { rows, cols, lds, ldd } => vec![(rows, cols, lds), (rows, cols, ldd)],
         }
     }
 
@@ -582,6 +613,8 @@ impl TileOp {
             TileOp::SoftmaxGrad { rows, cols, .. } => (2 * rows * cols) as u64,
             // Per element a maximum, a subtraction, the scaling and the sum's addition.
             TileOp::MaxSumExp { rows, cols, .. } => (5 * rows * cols) as u64,
+            // A conversion is no arithmetic.
+            TileOp::Convert { .. } => 0,
         }
     }
 }

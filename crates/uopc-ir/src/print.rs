@@ -179,9 +179,9 @@ impl Printer {
                                     format!("tile_softmax {rows}x{cols} d={d} scale={scale}")
                                 }
                             }
-                            TileOp::SoftmaxUpdateRounded { rows, cols, d, scale, .. } => {
+                            TileOp::SoftmaxUpdateRounded { rows, cols, d, scale, round_to, .. } => {
                                 format!(
-                                    "tile_softmax_rounded {rows}x{cols} d={d} scale={}",
+                                    "tile_softmax_rounded {rows}x{cols} d={d} scale={} to={round_to}",
                                     f32::from_bits(*scale)
                                 )
                             }
@@ -193,6 +193,9 @@ impl Printer {
                             }
                             TileOp::MaxSumExp { rows, cols, scale, .. } => {
                                 format!("tile_max_sum_exp {rows}x{cols} scale={}", f32::from_bits(*scale))
+                            }
+                            TileOp::Convert { rows, cols, .. } => {
+                                format!("tile_convert {rows}x{cols}")
                             }
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));

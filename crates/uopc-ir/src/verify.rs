@@ -248,14 +248,26 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
             }
             // A GEMM multiplies f32, bf16 or f16 operands (both alike, or an f32 A with an f16
             // B, which the tile library widens while packing B) into an f32 C; the rounded
-            // softmax writes its P tile (operand 4) in BF16 or F16 only; every other operand
+            // softmax rounds to BF16 or F16 and writes its P tile (operand 4) in that dtype,
+            // or over its F32 score tile (the same node, the same stride); every other operand
             // is f32.
-            if matches!(t, TileOp::SoftmaxUpdateRounded { .. }) && !s[4].dtype().is_half() {
-                return Err(err(
-                    IrErrorKind::DType,
-                    u,
-                    format!("P operand {} is {}, not BF16 or F16", s[4].short(), s[4].dtype()),
-                ));
+            if let &TileOp::SoftmaxUpdateRounded { round_to, lds, ldp, .. } = t {
+                if !round_to.is_half() {
+                    return Err(err(IrErrorKind::DType, u, format!("rounds to {round_to}, not BF16 or F16")));
+                }
+                let over_scores = s[4] == s[0] && ldp == lds;
+                if s[4].dtype() != round_to && !over_scores {
+                    return Err(err(
+                        IrErrorKind::DType,
+                        u,
+                        format!(
+                            "P operand {} is {} and not the score tile with its stride, so it must be \
+                             {round_to}",
+                            s[4].short(),
+                            s[4].dtype()
+                        ),
+                    ));
+                }
             }
             if matches!(t, TileOp::Gemm(_)) {
                 let (a, b) = (dt(0), dt(1));
@@ -274,10 +286,26 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                     ));
                 }
             }
+            if matches!(t, TileOp::Convert { .. }) {
+                let (from, to) = (dt(0), dt(1));
+                if !((from.is_half() && to == DType::F32) || (from == DType::F32 && to.is_half())) {
+                    return Err(err(
+                        IrErrorKind::DType,
+                        u,
+                        format!(
+                            "conversion from {} ({from}) to {} ({to}): want BF16 or F16 to F32, or F32 to \
+                             BF16 or F16",
+                            s[0].short(),
+                            s[1].short()
+                        ),
+                    ));
+                }
+            }
             for (k, x) in s.iter().enumerate() {
                 let want = match t {
                     // Checked together above.
                     TileOp::Gemm(_) if k < 2 => continue,
+                    TileOp::Convert { .. } => continue,
                     TileOp::SoftmaxUpdateRounded { .. } if k == 4 => continue,
                     _ => DType::F32,
                 };

@@ -97,6 +97,39 @@ proptest! {
         let p_dtype = if f16_probs { DType::F16 } else { DType::BF16 };
         check_expansion(&softmax_rounded_case(s, p_dtype, scale, tasks, special, seed));
     }
+
+    #[test]
+    fn expanded_block_conversion_is_the_interpreters_bit_for_bit(
+        rows in 1usize..6, cols in 0usize..40, pad in 0usize..3, offset in 0usize..3,
+        tasks in 1usize..3, pair in 0usize..4, seed in 0u64..1000,
+    ) {
+        let (from, to) = [(DType::F16, DType::F32), (DType::BF16, DType::F32), (DType::F32, DType::F16), (DType::F32, DType::BF16)][pair];
+        check_expansion(&convert_case((rows, cols, pad, offset), from, to, tasks, seed));
+    }
+
+    #[test]
+    fn expanded_in_place_rounded_softmax_update_is_the_interpreters_bit_for_bit(
+        rows in 1usize..10, cols in 0usize..40, d in 0usize..20, pad in 0usize..3,
+        offset in 0usize..3, tasks in 1usize..3, special: bool, f16_probs: bool,
+        scale in prop::sample::select(vec![0.125f32, 1.0, std::f32::consts::LOG2_E]), seed in 0u64..1000,
+    ) {
+        let s = SoftmaxShape { rows, cols, d, pad, offset };
+        let round_to = if f16_probs { DType::F16 } else { DType::BF16 };
+        let case = softmax_rounded_in_place_case(s, round_to, scale, tasks, special, seed);
+        let got = check_expansion(&case);
+        // Every probability written over a score is a value of the 16-bit type.
+        let p = f32s(&got[0]);
+        for task in 0..tasks {
+            for r in 0..rows {
+                for j in 0..cols {
+                    let x = p[task * s.lens()[0] + offset + r * (cols + pad) + j];
+                    let back =
+                        if f16_probs { half::f16::from_f32(x).to_f32() } else { half::bf16::from_f32(x).to_f32() };
+                    prop_assert!(back.to_bits() == x.to_bits(), "P[{}, {}] = {} is not rounded", r, j, x);
+                }
+            }
+        }
+    }
 }
 
 #[test]

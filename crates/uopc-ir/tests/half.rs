@@ -96,3 +96,67 @@ fn the_interpreter_rounds_at_each_cast_in_native_precision_only() {
     }
     assert_eq!(f16::from_f32(vx as f32).to_f64(), 1.0 + 2f64.powi(-10));
 }
+
+#[test]
+fn the_rounded_softmax_takes_p_in_its_rounding_dtype_or_over_its_own_scores() {
+    let op = |round_to, ldp| TileOp::SoftmaxUpdateRounded {
+        rows: 2,
+        cols: 3,
+        lds: 3,
+        d: 1,
+        ldo: 1,
+        ldp,
+        scale: 1.0f32.to_bits(),
+        round_to,
+    };
+    let bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, 8)).collect();
+    let ops: Vec<UOp> = bufs.iter().map(|b| b.index(0)).collect();
+    let with_p = |round_to, ldp, p: &UOp| {
+        let mut src = ops.clone();
+        src.push(p.clone());
+        sink(&[tile(op(round_to, ldp), &src)])
+    };
+    let (p16, pb16, other) = (buffer(4, DType::F16, 8), buffer(4, DType::BF16, 8), buffer(4, DType::F32, 8));
+    // Accepted: a P of the rounding dtype, or the score operand itself with its stride.
+    verify(&with_p(DType::F16, 3, &p16.index(0))).unwrap();
+    verify(&with_p(DType::BF16, 3, &pb16.index(0))).unwrap();
+    verify(&with_p(DType::F16, 3, &ops[0])).unwrap();
+    verify(&with_p(DType::BF16, 3, &ops[0])).unwrap();
+    // Rejected: a P of the other 16-bit type, an f32 P that is not S or has another stride,
+    // and a rounding dtype that is not 16-bit.
+    for (what, p) in [
+        ("bf16 P rounded to f16", with_p(DType::F16, 3, &pb16.index(0))),
+        ("another f32 tile", with_p(DType::F16, 3, &other.index(0))),
+        ("S at another offset", with_p(DType::F16, 3, &bufs[0].index(1))),
+        ("S with another stride", with_p(DType::F16, 4, &ops[0])),
+        ("rounding to f32", with_p(DType::F32, 3, &ops[0])),
+    ] {
+        let e = verify(&p).expect_err(what);
+        assert_eq!(e.kind, IrErrorKind::DType, "{what}: {e}");
+    }
+}
+
+#[test]
+fn a_block_conversion_widens_16_bit_to_f32_or_rounds_f32_to_16_bit() {
+    let convert = |from: DType, to: DType| {
+        let (s, d) = (buffer(0, from, 8), buffer(1, to, 8));
+        sink(&[tile(TileOp::Convert { rows: 2, cols: 3, lds: 4, ldd: 3 }, &[s.index(0), d.index(0)])])
+    };
+    for (from, to) in [
+        (DType::F16, DType::F32),
+        (DType::BF16, DType::F32),
+        (DType::F32, DType::F16),
+        (DType::F32, DType::BF16),
+    ] {
+        verify(&convert(from, to)).unwrap();
+    }
+    for (from, to) in [
+        (DType::F32, DType::F32),
+        (DType::F16, DType::BF16),
+        (DType::F16, DType::F16),
+        (DType::F64, DType::F16),
+    ] {
+        let e = verify(&convert(from, to)).expect_err("not a conversion the op has");
+        assert_eq!(e.kind, IrErrorKind::DType, "{from} -> {to}: {e}");
+    }
+}

@@ -33,6 +33,10 @@ pub(crate) enum Extern {
     TileGemmF32F16,
     /// [`uopc_tile::uopc_tile_max_sum_exp_f32`].
     TileMaxSumExp,
+    /// [`uopc_tile::uopc_tile_softmax_update_rounded_in_place`].
+    TileSoftmaxRoundedInPlace,
+    /// [`uopc_tile::convert::uopc_tile_convert_block`].
+    TileConvert,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -47,7 +51,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 12] = [
+    pub const ALL: [Extern; 14] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -60,6 +64,8 @@ impl Extern {
         Extern::TileSoftmaxRounded,
         Extern::TileGemmF32F16,
         Extern::TileMaxSumExp,
+        Extern::TileSoftmaxRoundedInPlace,
+        Extern::TileConvert,
     ];
 
     /// The symbol it is registered and declared under.
@@ -77,6 +83,8 @@ impl Extern {
             Extern::TileGemmF32F16 => "uopc_tile_gemm_f32_f16",
             Extern::TileSoftmaxRounded => "uopc_tile_softmax_update_rounded",
             Extern::TileMaxSumExp => "uopc_tile_max_sum_exp_f32",
+            Extern::TileSoftmaxRoundedInPlace => "uopc_tile_softmax_update_rounded_in_place",
+            Extern::TileConvert => "uopc_tile_convert_block",
         }
     }
 
@@ -95,6 +103,10 @@ impl Extern {
             Extern::TileGemmF32F16 => uopc_tile::uopc_tile_gemm_f32_f16 as *const u8,
             Extern::TileSoftmaxRounded => uopc_tile::uopc_tile_softmax_update_rounded as *const u8,
             Extern::TileMaxSumExp => uopc_tile::uopc_tile_max_sum_exp_f32 as *const u8,
+            Extern::TileSoftmaxRoundedInPlace => {
+                uopc_tile::uopc_tile_softmax_update_rounded_in_place as *const u8
+            }
+            Extern::TileConvert => uopc_tile::convert::uopc_tile_convert_block as *const u8,
         }
     }
 
@@ -120,6 +132,10 @@ impl Extern {
             Extern::TileSoftmax => ints(sig, 10),
             // (s, row_max, row_sum, o, p, rows, cols, lds, ldo, d, ldp, scale, is_f16) -> status
             Extern::TileSoftmaxRounded => ints(sig, 13),
+            // (s, row_max, row_sum, o, rows, cols, lds, ldo, d, scale, is_f16) -> status
+            Extern::TileSoftmaxRoundedInPlace => ints(sig, 11),
+            // (src, dst, rows, cols, lds, ldd, code) -> status
+            Extern::TileConvert => ints(sig, 7),
             // (s, lse, rows, cols, ld) -> status
             Extern::TileSoftmaxRecompute => ints(sig, 5),
             // (p, dp, delta, rows, cols, ld) -> status

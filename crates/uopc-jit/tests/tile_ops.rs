@@ -140,4 +140,52 @@ proptest! {
             }
         }
     }
+
+    /// A block conversion: the JIT's call converts every element as the interpreter's
+    /// stores do, bit for bit (both round to nearest even, like the `half` crate), and leaves
+    /// the padding between rows alone.
+    #[test]
+    fn tile_convert_matches_the_reference_bit_for_bit(
+        rows in 1usize..6, cols in 0usize..70, pad in 0usize..3, offset in 0usize..3,
+        tasks in 1usize..3, pair in 0usize..4, seed in 0u64..1000,
+    ) {
+        let (from, to) = [(DType::F16, DType::F32), (DType::BF16, DType::F32), (DType::F32, DType::F16), (DType::F32, DType::BF16)][pair];
+        let case = convert_case((rows, cols, pad, offset), from, to, tasks, seed);
+        let (jit, reference) = run_both(&case.program, case.inputs);
+        prop_assert_eq!(bits(&jit), bits(&reference));
+    }
+
+    /// The in-place form: P written over the f32 scores, rounded to bf16 or f16; the same
+    /// tolerances, and every probability the JIT writes is a value of the 16-bit type.
+    #[test]
+    fn tile_softmax_rounded_in_place_matches_the_reference(
+        rows in 1usize..20, cols in 1usize..50, d in 1usize..40, pad in 0usize..3,
+        f16_probs: bool, scale in prop::sample::select(vec![0.125f32, 1.0, std::f32::consts::LOG2_E]),
+        special_rows in any::<bool>(), seed in 0u64..1000,
+    ) {
+        let (round_to, ulp) = if f16_probs { (DType::F16, 2f64.powi(-10)) } else { (DType::BF16, 2f64.powi(-7)) };
+        let s = SoftmaxShape { rows, cols, d, pad, offset: 0 };
+        let case = softmax_rounded_in_place_case(s, round_to, scale, 1, special_rows, seed);
+        let (jit, reference) = run_both(&case.program, case.inputs);
+        for slot in 0..4 {
+            for i in 0..jit[slot].len() {
+                let (x, y) = (jit[slot].get_f64(i), reference[slot].get_f64(i));
+                let tol = match slot {
+                    0 => ulp * y.abs() + 2f64.powi(-24),
+                    2 => 1e-5 * (1.0 + y.abs()) + cols as f64 * ulp,
+                    _ => 1e-5 * (1.0 + y.abs()),
+                };
+                let ok = x == y || (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol;
+                prop_assert!(ok, "buffer {slot}[{i}]: {x} vs {y}");
+            }
+        }
+        let p = f32s(&jit[0]);
+        for r in 0..rows {
+            for j in 0..cols {
+                let x = p[r * (cols + pad) + j];
+                let back = if f16_probs { half::f16::from_f32(x).to_f32() } else { half::bf16::from_f32(x).to_f32() };
+                prop_assert!(back.to_bits() == x.to_bits() || x.is_nan(), "P[{r}, {j}] = {x} is not rounded");
+            }
+        }
+    }
 }

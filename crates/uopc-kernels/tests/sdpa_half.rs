@@ -280,6 +280,45 @@ fn the_probabilities_are_rounded_to_the_input_dtype() {
 }
 
 #[test]
+fn f16_probabilities_are_rounded_to_f16_over_the_f32_scores() {
+    // As for bf16: P = [1, p1] with p1 = exp(-x) for a key score x, and p1 / (1 + p1) the
+    // output. f16 writes P over its f32 score tile, so this checks that the values there are
+    // f16-rounded (and the row sum adds them): x is the first score of a grid whose f16
+    // output differs between rounded and unrounded weights.
+    let c = SdpaConfig { scale: Some(1.0), dtype: SdpaDType::F16, ..config(1, 1, 1, 1, 2, 1) };
+    let output = |p1: f64| f16::from_f64(p1 / (1.0 + p1));
+    let (x, exact) = (1..256)
+        .map(|i| {
+            let x = f16::from_f64(f64::from(i) / 64.0);
+            (x, (-x.to_f64()).exp())
+        })
+        .find(|&(_, e)| output(f16::from_f64(e).to_f64()) != output(e))
+        .expect("a score whose output tells rounded P from f32 P");
+    let q = [f16::from_f32(1.0)];
+    let k = [x, f16::ZERO];
+    let v = [f16::ZERO, f16::ONE];
+    let mut out = [f16::NAN];
+    attention(&c, &q, &k, &v, Extras::default(), &mut out).unwrap();
+    // The kernel's exp2 is within 1.2e-7 of exact, which leaves this p1's f16 rounding as it is.
+    assert_eq!(
+        out[0],
+        output(f16::from_f64(exact).to_f64()),
+        "P rounded to f16 and summed as rounded (x = {x})"
+    );
+    // The kernel's P is its score tile: no 16-bit scratch tile, the in-place rounded step.
+    let c = SdpaConfig { dtype: SdpaDType::F16, ..config(1, 2, 2, 256, 256, 64) };
+    let sdpa = Sdpa::compile(&c).unwrap();
+    let text = uopc_ir::print_program(&uopc_kernels::sdpa::sdpa_ir(&c, &sdpa.blocking())).unwrap();
+    assert!(text.contains("tile_softmax_rounded") && text.contains("to=f16"), "{text}");
+    assert!(
+        text.contains("local acc0: f32[") && !text.contains("local acc5"),
+        "no P tile beside the scores: {text}"
+    );
+    // The query rows are widened and the output rows rounded by block conversions.
+    assert_eq!(text.matches("tile_convert").count(), 2, "{text}");
+}
+
+#[test]
 fn small_programs_agree_with_the_loop_ir_interpreter() {
     use uopc_ir::HostBuffer;
     use uopc_ir::interp::{Precision, run_with_vars};
@@ -294,6 +333,9 @@ fn small_programs_agree_with_the_loop_ir_interpreter() {
             SdpaConfig { mask: MaskKind::Bias([1, 2, 1, 11]), ..config(1, 2, 2, 1, 11, 3) },
             Blocking { heads_per_task: 1, queries: 1, keys: 2, splits: 3 },
         ),
+        // Query blocks dividing n_q: each task owns its output rows, which are rounded by one
+        // block conversion.
+        (config(1, 2, 2, 8, 11, 5), Blocking { heads_per_task: 1, queries: 4, keys: 4, splits: 1 }),
     ] {
         for dtype in [SdpaDType::BF16, SdpaDType::F16] {
             let c = SdpaConfig { dtype, ..c };
@@ -421,6 +463,8 @@ fn the_kernel_runs_16_bit_tile_ops() {
     let text = uopc_ir::print_program(&uopc_kernels::sdpa::sdpa_ir(&c, &sdpa.blocking())).unwrap();
     assert!(text.contains("tile_softmax_rounded"), "{text}");
     assert!(!text.contains("tile_softmax "), "no f32 softmax step in a bf16 kernel");
+    // bf16 queries are copied as they are; the output rows are rounded by a block conversion.
+    assert_eq!(text.matches("tile_convert").count(), 1, "{text}");
     assert!(sdpa.to_string().contains(" bf16"), "{sdpa}");
 }
 

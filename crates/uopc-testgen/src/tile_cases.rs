@@ -227,6 +227,7 @@ pub fn softmax_rounded_case(
         ldo: d + pad,
         ldp: cols + pad,
         scale: scale.to_bits(),
+        round_to: p_dtype,
     };
     let mut bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
     bufs.push(buffer(4, p_dtype, p_len * tasks + 1));
@@ -242,6 +243,83 @@ pub fn softmax_rounded_case(
         DType::BF16 => HostBuffer::BF16(vec![half::bf16::NAN; p_len * tasks + 1]),
         _ => HostBuffer::F16(vec![half::f16::NAN; p_len * tasks + 1]),
     });
+    Case { program, inputs }
+}
+
+/// [`softmax_case`] for the in-place form of [`TileOp::SoftmaxUpdateRounded`]: the same four
+/// buffers (the special rows included), the scores scaled by `scale` inside the op and
+/// replaced by the probabilities rounded to `round_to` (BF16 or F16), P being the score
+/// operand itself.
+pub fn softmax_rounded_in_place_case(
+    s: SoftmaxShape,
+    round_to: DType,
+    scale: f32,
+    tasks: usize,
+    special: bool,
+    seed: u64,
+) -> Case {
+    let f32_case = softmax_case(s, tasks, special, seed);
+    let lens = s.lens();
+    let SoftmaxShape { rows, cols, d, pad, .. } = s;
+    let op = TileOp::SoftmaxUpdateRounded {
+        rows,
+        cols,
+        lds: cols + pad,
+        d,
+        ldo: d + pad,
+        ldp: cols + pad,
+        scale: scale.to_bits(),
+        round_to,
+    };
+    let bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
+    let t = range(tasks, 0, AxisType::Thread);
+    let mut operands: Vec<UOp> =
+        bufs.iter().zip(lens).map(|(b, len)| b.index(&t * len + s.offset as i64)).collect();
+    operands.push(operands[0].clone());
+    let program = sink(&[sink(&[tile(op, &operands)]).end(&[t])]);
+    Case { program, inputs: f32_case.inputs }
+}
+
+/// `tasks` THREAD iterations of one [`TileOp::Convert`] of a `rows x cols` block from `from`
+/// to `to` (BF16 or F16 to F32, or F32 to BF16 or F16), the source rows `pad` elements
+/// longer than the block's, the destination rows `2 pad` longer, both blocks starting
+/// `offset` elements into their task's part. Sources span values far beyond f16's range and
+/// below its normal one (overflow, subnormals, flush to zero), ties, NaN and infinities;
+/// the destination starts as NaN (bf16 or f16) or a sentinel (f32), so untouched elements
+/// show.
+pub fn convert_case(
+    (rows, cols, pad, offset): (usize, usize, usize, usize),
+    from: DType,
+    to: DType,
+    tasks: usize,
+    seed: u64,
+) -> Case {
+    let (lds, ldd) = (cols + pad, cols + 2 * pad);
+    let (s_len, d_len) = (offset + rows * lds, offset + rows * ldd);
+    let (src, dst) = (buffer(0, from, s_len * tasks + 1), buffer(1, to, d_len * tasks + 1));
+    let t = range(tasks, 0, AxisType::Thread);
+    let op = TileOp::Convert { rows, cols, lds, ldd };
+    let operands = [src.index(&t * s_len + offset as i64), dst.index(&t * d_len + offset as i64)];
+    let program = sink(&[sink(&[tile(op, &operands)]).end(&[t])]);
+    let specials =
+        [f32::NAN, f32::INFINITY, -f32::INFINITY, 65520.0, 1e-7, -3e-8, 1.0 + 1.0 / 2048.0, 0.0, -0.0];
+    let raw: Vec<f32> = values(s_len * tasks + 1, seed)
+        .iter()
+        .enumerate()
+        .map(|(i, x)| match i % 7 {
+            0 => specials[(i / 7) % specials.len()],
+            1 => x * 1e5,
+            2 => x * 1e-5,
+            _ => *x,
+        })
+        .collect();
+    let buf = |dtype: DType, v: Vec<f32>| match dtype {
+        DType::BF16 => HostBuffer::BF16(v.into_iter().map(half::bf16::from_f32).collect()),
+        DType::F16 => HostBuffer::F16(v.into_iter().map(half::f16::from_f32).collect()),
+        _ => HostBuffer::F32(v),
+    };
+    let sentinel = if to == DType::F32 { -1.75 } else { f32::NAN };
+    let inputs = vec![buf(from, raw), buf(to, vec![sentinel; d_len * tasks + 1])];
     Case { program, inputs }
 }
 

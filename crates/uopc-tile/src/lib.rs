@@ -13,7 +13,8 @@
 //!   log2 domain, rescaling the running output rows.
 //! * [`softmax_update_rounded`]: the same step for 16-bit attention, scaling the scores first
 //!   and writing the probabilities rounded to bf16 or f16 into their own tile (AVX-512 and
-//!   portable).
+//!   portable); [`softmax_update_rounded_in_place`] writes the rounded values over the f32
+//!   scores instead, for a `P · V` GEMM that reads an f32 P in place.
 //! * [`max_sum_exp`]: the online step of a row logsumexp (running maximum and sum of
 //!   exponentials over a block of rows read in place), one vector exponential per element.
 //! * [`softmax_recompute`] and [`softmax_grad`]: the elementwise steps of the backward pass,
@@ -21,7 +22,8 @@
 //!
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
-//!   bf16 and f16 conversions in [`convert`].
+//!   bf16 and f16 conversions in [`convert`] (per value, per slice, and per block:
+//!   [`convert::convert_block`]).
 //! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 by the f32 GEMM's own
 //!   packing for the f32 micro-kernels of an [`Isa`]; [`gemm_f32_f16`] takes an f32 A (read
 //!   as it is) with an f16 B, for a caller that keeps A widened across calls. All of them
@@ -33,6 +35,7 @@
 //! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
 //! [`uopc_tile_gemm_f32_f16`],
 //! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`],
+//! [`uopc_tile_softmax_update_rounded_in_place`], [`convert::uopc_tile_convert_block`],
 //! [`uopc_tile_max_sum_exp_f32`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
@@ -83,5 +86,7 @@ pub use softmax_grad::{
     uopc_tile_softmax_grad_f32, uopc_tile_softmax_recompute_f32,
 };
 pub use softmax_rounded::{
-    RoundedProb, softmax_update_rounded, softmax_update_rounded_unchecked, uopc_tile_softmax_update_rounded,
+    RoundedProb, softmax_update_rounded, softmax_update_rounded_in_place,
+    softmax_update_rounded_in_place_unchecked, softmax_update_rounded_unchecked,
+    uopc_tile_softmax_update_rounded, uopc_tile_softmax_update_rounded_in_place,
 };

@@ -170,57 +170,167 @@ pub unsafe fn softmax_update_rounded_unchecked<T: RoundedProb>(
                 row_max,
                 row_sum,
                 o,
-                p.cast(),
+                crate::x86::avx512::RoundedTile::Bits(p.cast()),
             )
         },
-        // SAFETY: forwarded; no CPU features are needed.
-        _ => unsafe { portable(sh, ldp, scale, s, row_max, row_sum, o, p) },
+        // SAFETY: forwarded; no CPU features are needed. Row `r` of P spans `cols` elements
+        // at `r * ldp` (the caller's contract).
+        _ => unsafe { portable::<T>(sh, scale, s, row_max, row_sum, o, |r, j, q| *p.add(r * ldp + j) = q) },
     }
 }
 
-/// The portable step: the same algorithm one float at a time (AVX2 machines take it too).
+/// [`softmax_update_rounded`] with P written over S: the same step, every probability rounded
+/// to `T` (bf16 or f16) and stored back as the f32 it widens to (exactly), with every buffer
+/// checked.
+///
+/// This is the form for a `P · V` GEMM that reads an f32 A in place (f16 attention, whose
+/// GEMM widens only its B): P then needs no 16-bit tile of its own, nor a widening pass per
+/// key block, and the weights it applies are still the rounded ones the row sum adds, so
+/// the numerics are those of [`softmax_update_rounded`] to the bit (same rounding, same sum).
+///
+/// # Errors
+///
+/// Nothing is read or written when one is returned: [`TileError::IsaUnavailable`] if this CPU
+/// lacks `isa`; the errors of [`SoftmaxShape::extents`]; [`TileError::BufferTooSmall`] if a
+/// slice is too short.
+///
+/// # Examples
+///
+/// ```rust
+/// use half::f16;
+/// use uopc_tile::{Isa, SoftmaxShape, TileError, softmax_update_rounded_in_place};
+///
+/// let sh = SoftmaxShape::dense(1, 2, 1);
+/// let (mut row_max, mut row_sum, mut o) = ([f32::NEG_INFINITY], [0.0f32], [0.0f32]);
+/// // Base-2 scores 0 and -0.1 at scale 1: P = [1, 2^-0.1] with 2^-0.1 rounded to f16.
+/// let mut s = [0.0f32, -0.1];
+/// softmax_update_rounded_in_place::<f16>(Isa::detect(), &sh, 1.0, &mut s, &mut row_max, &mut row_sum, &mut o)?;
+/// assert_eq!(s, [1.0, f16::from_f32(2f32.powf(-0.1)).to_f32()]);
+/// assert_eq!(row_sum, [1.0 + s[1]]);
+/// # Ok::<(), TileError>(())
+/// ```
+pub fn softmax_update_rounded_in_place<T: RoundedProb>(
+    isa: Isa,
+    sh: &SoftmaxShape,
+    scale: f32,
+    s: &mut [f32],
+    row_max: &mut [f32],
+    row_sum: &mut [f32],
+    o: &mut [f32],
+) -> Result<(), TileError> {
+    if !isa.available() {
+        return Err(TileError::IsaUnavailable(isa));
+    }
+    let [ns, no] = sh.extents()?;
+    check_len("s", ns, s.len())?;
+    check_len("row_max", sh.rows, row_max.len())?;
+    check_len("row_sum", sh.rows, row_sum.len())?;
+    check_len("o", no, o.len())?;
+    // SAFETY: the ISA is available, each slice covers its extent, and they are distinct unique
+    // borrows.
+    unsafe {
+        softmax_update_rounded_in_place_unchecked::<T>(
+            isa,
+            sh,
+            scale,
+            s.as_mut_ptr(),
+            row_max.as_mut_ptr(),
+            row_sum.as_mut_ptr(),
+            o.as_mut_ptr(),
+        )
+    };
+    Ok(())
+}
+
+/// [`softmax_update_rounded_in_place`] on raw pointers, without checks.
 ///
 /// # Safety
 ///
-/// The contract of [`softmax_update_rounded_unchecked`], with `rows > 0` and `cols > 0`.
-#[allow(clippy::too_many_arguments)]
+/// * `isa.available()` is true.
+/// * With `[ns, no] = sh.extents()` (which must be `Ok`): `s` is valid for reads and writes of
+///   `ns` f32s, `o` of `no`, `row_max` and `row_sum` of `sh.rows` each; all aligned.
+/// * The regions are pairwise disjoint and nothing else accesses them during the call.
+pub unsafe fn softmax_update_rounded_in_place_unchecked<T: RoundedProb>(
+    isa: Isa,
+    sh: &SoftmaxShape,
+    scale: f32,
+    s: *mut f32,
+    row_max: *mut f32,
+    row_sum: *mut f32,
+    o: *mut f32,
+) {
+    if sh.rows == 0 || sh.cols == 0 {
+        return;
+    }
+    let lds = sh.lds;
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees AVX-512 and the extents; P is S itself (same stride),
+        // which the kernel allows.
+        Isa::Avx512 => unsafe {
+            crate::x86::avx512::softmax_update_rounded(
+                sh,
+                lds,
+                scale,
+                T::IS_F16,
+                s,
+                row_max,
+                row_sum,
+                o,
+                crate::x86::avx512::RoundedTile::Wide(s),
+            )
+        },
+        // SAFETY: forwarded; no CPU features are needed. Score `(r, j)` is at `r * lds + j`,
+        // read (in both of the row's passes) before `write` replaces it.
+        _ => unsafe {
+            portable::<T>(sh, scale, s, row_max, row_sum, o, |r, j, q| *s.add(r * lds + j) = q.widen())
+        },
+    }
+}
+
+/// The portable step: the same algorithm one float at a time (AVX2 machines take it too),
+/// handing each rounded probability of row `r`, column `j` to `write(r, j, p)`.
+///
+/// Every score of a row is read (for its maximum) before the row's first `write`, and score
+/// `(r, j)` again just before `write(r, j, _)`, so `write` may replace the scores themselves.
+///
+/// # Safety
+///
+/// The contract of [`softmax_update_rounded_unchecked`] for S, O and the row scalars, with
+/// `rows > 0` and `cols > 0`; `write` is sound for every `r < rows`, `j < cols`.
 unsafe fn portable<T: RoundedProb>(
     sh: &SoftmaxShape,
-    ldp: usize,
     scale: f32,
     s: *const f32,
     row_max: *mut f32,
     row_sum: *mut f32,
     o: *mut f32,
-    p: *mut T,
+    mut write: impl FnMut(usize, usize, T),
 ) {
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
-    // SAFETY: `row_max` and `row_sum` hold `rows` floats, disjoint from the tiles.
-    let (row_max, row_sum) = unsafe {
-        (std::slice::from_raw_parts_mut(row_max, rows), std::slice::from_raw_parts_mut(row_sum, rows))
-    };
+    // Scores through raw reads: `write` may alias them, so no slice of S is held across it.
+    // SAFETY: `(r, j)` with `r < rows`, `j < cols` lies in S's extent (the caller's contract).
+    let score = |r: usize, j: usize| unsafe { *s.add(r * lds + j) };
     for r in 0..rows {
-        // SAFETY: row `r` of S spans `cols` floats at `r * lds`, of P `cols` at `r * ldp`.
-        let (srow, prow) = unsafe {
-            (
-                std::slice::from_raw_parts(s.add(r * lds), cols),
-                std::slice::from_raw_parts_mut(p.add(r * ldp), cols),
-            )
-        };
-        let m_old = row_max[r];
-        let m_new = srow.iter().fold(m_old, |m, &x| m.max(scale * x));
+        // SAFETY: `row_max` and `row_sum` hold `rows` floats, disjoint from the tiles.
+        let (max_r, sum_r) = unsafe { (&mut *row_max.add(r), &mut *row_sum.add(r)) };
+        let m_old = *max_r;
+        let m_new = (0..cols).fold(m_old, |m, j| m.max(scale * score(r, j)));
         if m_new == f32::NEG_INFINITY {
-            prow.fill(T::round(0.0));
+            for j in 0..cols {
+                write(r, j, T::round(0.0));
+            }
             continue;
         }
         let alpha = exp2_scalar(m_old - m_new);
         let mut sum = 0.0f32;
-        for (q, &x) in prow.iter_mut().zip(srow) {
-            *q = T::round(exp2_scalar(scale * x - m_new));
+        for j in 0..cols {
+            let q = T::round(exp2_scalar(scale * score(r, j) - m_new));
+            write(r, j, q);
             sum += q.widen();
         }
-        row_sum[r] = row_sum[r] * alpha + sum;
-        row_max[r] = m_new;
+        *sum_r = *sum_r * alpha + sum;
+        *max_r = m_new;
         if alpha != 1.0 && d > 0 {
             // SAFETY: row `r` of O spans `d` floats at `r * ldo`.
             let orow = unsafe { std::slice::from_raw_parts_mut(o.add(r * ldo), d) };
@@ -303,6 +413,78 @@ pub unsafe extern "C" fn uopc_tile_softmax_update_rounded(
                 row_sum,
                 o,
                 p.cast(),
+            )
+        }
+    };
+    0
+}
+
+/// Flat C-ABI in-place rounded softmax step for JIT-compiled code, with the fastest ISA of
+/// this CPU: [`softmax_update_rounded_in_place`], P written over S.
+///
+/// Arguments, in order: `s`, `row_max`, `row_sum`, `o` (pointers to f32), then the `i64`s
+/// `rows`, `cols`, `lds`, `ldo`, `d`, `scale` (the f32's bit pattern in the low 32 bits) and
+/// `is_f16` (1: round to f16, 0: to bf16).
+///
+/// Returns 0 on success, or -1 without touching memory if a size is negative, a leading
+/// dimension is too small, an extent overflows, `is_f16` is neither 0 nor 1, or a pointer is
+/// null while its buffer is non-empty.
+///
+/// # Safety
+///
+/// The pointers must satisfy [`softmax_update_rounded_in_place_unchecked`] for the decoded
+/// shape.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // a flat register-passed ABI is the point of this entry
+pub unsafe extern "C" fn uopc_tile_softmax_update_rounded_in_place(
+    s: *mut f32,
+    row_max: *mut f32,
+    row_sum: *mut f32,
+    o: *mut f32,
+    rows: i64,
+    cols: i64,
+    lds: i64,
+    ldo: i64,
+    d: i64,
+    scale: i64,
+    is_f16: i64,
+) -> i32 {
+    let u = |x: i64| usize::try_from(x).ok();
+    let (Some(rows), Some(cols), Some(lds), Some(ldo), Some(d)) = (u(rows), u(cols), u(lds), u(ldo), u(d))
+    else {
+        return -1;
+    };
+    let sh = SoftmaxShape { rows, cols, lds, ldo, d };
+    let Ok([ns, no]) = sh.extents() else { return -1 };
+    if (ns > 0 && s.is_null())
+        || (no > 0 && o.is_null())
+        || (rows > 0 && (row_max.is_null() || row_sum.is_null()))
+        || !(0..=1).contains(&is_f16)
+    {
+        return -1;
+    }
+    let scale = f32::from_bits(scale as u32);
+    // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
+    unsafe {
+        if is_f16 == 1 {
+            softmax_update_rounded_in_place_unchecked::<f16>(
+                Isa::detect(),
+                &sh,
+                scale,
+                s,
+                row_max,
+                row_sum,
+                o,
+            )
+        } else {
+            softmax_update_rounded_in_place_unchecked::<bf16>(
+                Isa::detect(),
+                &sh,
+                scale,
+                s,
+                row_max,
+                row_sum,
+                o,
             )
         }
     };

@@ -221,3 +221,86 @@ fn short_destinations_are_errors() {
     assert_eq!(long[..5], [bf16::ONE; 5]);
     assert!(long[5].is_nan() && long[6].is_nan());
 }
+
+/// `convert_block` on every pair against the `half` crate per element, with padded rows
+/// (the padding must survive) and tails past the 16-wide vectors; its errors; the C entry.
+#[test]
+fn block_conversions_match_half_and_keep_the_padding() {
+    use uopc_tile::convert::{conversion_code, convert_block, uopc_tile_convert_block};
+    let (rows, cols, lds, ldd) = (3, 37, 40, 41);
+    let wide: Vec<f32> = (0..(rows - 1) * lds + cols)
+        .map(|i| match i % 9 {
+            0 => f32::NAN,
+            1 => 70000.0,
+            2 => 3e-7,
+            3 => 1.0 + 3.0 / 4096.0,
+            _ => (i as f32 * 0.37).sin() * 10f32.powi(i as i32 % 5 - 2),
+        })
+        .collect();
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    // f32 to f16 and bf16.
+    let mut h = vec![f16::from_f32(-9.0); (rows - 1) * ldd + cols];
+    convert_block(rows, cols, &wide, lds, &mut h, ldd).unwrap();
+    let mut b = vec![bf16::from_f32(-9.0); h.len()];
+    convert_block(rows, cols, &wide, lds, &mut b, ldd).unwrap();
+    for r in 0..rows {
+        for j in 0..ldd.min(h.len() - r * ldd) {
+            let (got_h, got_b) = (h[r * ldd + j], b[r * ldd + j]);
+            if j < cols {
+                let x = wide[r * lds + j];
+                assert_eq!(got_h.to_bits(), f16::from_f32(x).to_bits(), "f16 at ({r}, {j}) from {x}");
+                assert!(same(got_b.to_f32(), bf16::from_f32(x).to_f32()), "bf16 at ({r}, {j}) from {x}");
+            } else {
+                assert_eq!((got_h.to_f32(), got_b.to_f32()), (-9.0, -9.0), "padding at ({r}, {j})");
+            }
+        }
+    }
+    // f16 and bf16 back to f32, exactly.
+    let mut back = vec![-9.0f32; h.len()];
+    convert_block(rows, cols, &h, ldd, &mut back, ldd).unwrap();
+    assert!(h.iter().zip(&back).all(|(x, y)| same(x.to_f32(), *y)));
+    convert_block(rows, cols, &b, ldd, &mut back, ldd).unwrap();
+    assert!(b.iter().zip(&back).all(|(x, y)| same(x.to_f32(), *y)));
+    // Errors name the operand; nothing is written.
+    let short = convert_block(rows, cols, &wide[..wide.len() - 1], lds, &mut h, ldd);
+    assert_eq!(
+        short,
+        Err(TileError::BufferTooSmall { operand: "src", needed: wide.len(), len: wide.len() - 1 })
+    );
+    let narrow = convert_block(rows, cols, &wide, lds, &mut h, cols - 1);
+    assert_eq!(narrow, Err(TileError::LeadingDim { operand: "dst", ld: cols - 1, cols }));
+    // The C entry: the same result, and -1 for a bad code or stride.
+    let mut via_c = vec![f16::from_f32(-9.0); h.len()];
+    // SAFETY: both pointers cover their blocks (`(rows - 1) * ld + cols` elements).
+    let ok = unsafe {
+        uopc_tile_convert_block(
+            wide.as_ptr().cast(),
+            via_c.as_mut_ptr().cast(),
+            rows as i64,
+            cols as i64,
+            lds as i64,
+            ldd as i64,
+            conversion_code::F32_TO_F16,
+        )
+    };
+    assert_eq!(ok, 0);
+    assert_eq!(
+        via_c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        h.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    for (ld, code) in [(lds as i64, 4), (cols as i64 - 1, conversion_code::F32_TO_F16), (-1, 0)] {
+        // SAFETY: rejected before any access.
+        let bad = unsafe {
+            uopc_tile_convert_block(
+                wide.as_ptr().cast(),
+                via_c.as_mut_ptr().cast(),
+                rows as i64,
+                cols as i64,
+                ld,
+                ldd as i64,
+                code,
+            )
+        };
+        assert_eq!(bad, -1, "ld {ld}, code {code}");
+    }
+}

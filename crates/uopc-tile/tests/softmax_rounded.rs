@@ -1,9 +1,13 @@
 //! The rounded online-softmax step of 16-bit attention on every ISA this CPU has, against an
-//! f64 reference that rounds P to the same 16-bit type, and its C-ABI entry.
+//! f64 reference that rounds P to the same 16-bit type, in both forms (P in a 16-bit tile,
+//! and P written over the f32 scores), and their C-ABI entries.
 
 use half::{bf16, f16};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
-use uopc_tile::{Isa, RoundedProb, SoftmaxShape, softmax_update_rounded, uopc_tile_softmax_update_rounded};
+use uopc_tile::{
+    Isa, RoundedProb, SoftmaxShape, softmax_update_rounded, softmax_update_rounded_in_place,
+    uopc_tile_softmax_update_rounded, uopc_tile_softmax_update_rounded_in_place,
+};
 
 const NEG_INF: f32 = f32::NEG_INFINITY;
 /// Padding of P that must survive (negative, so no rounded probability has it).
@@ -124,6 +128,64 @@ fn check<T: RoundedProb + std::fmt::Debug>(isa: Isa, x: &Inputs, ulp: f32, to_bi
     }
 }
 
+/// [`check`] for the in-place form: P at S's positions (stride `lds`), each value within one
+/// 16-bit ulp of the reference and exactly a value of `T` (the f32 holds the rounded
+/// probability, not the f32 exponential), S's padding between rows untouched; and the same
+/// row state as the 16-bit-tile form on the same inputs, bit for bit.
+fn check_in_place<T: RoundedProb + std::fmt::Debug>(isa: Isa, x: &Inputs, ulp: f32) {
+    let lds = x.sh.lds;
+    let strided = Inputs {
+        sh: x.sh,
+        ldp: lds,
+        scale: x.scale,
+        s: x.s.clone(),
+        row_max: x.row_max.clone(),
+        row_sum: x.row_sum.clone(),
+        o: x.o.clone(),
+    };
+    let (want_p, want_m, want_l, want_o) = reference::<T>(&strided);
+    let (mut m, mut l, mut o, mut s) = (x.row_max.clone(), x.row_sum.clone(), x.o.clone(), x.s.clone());
+    softmax_update_rounded_in_place::<T>(isa, &x.sh, x.scale, &mut s, &mut m, &mut l, &mut o).unwrap();
+    for (i, want) in want_p.iter().enumerate() {
+        match want {
+            None => assert_eq!(s[i].to_bits(), x.s[i].to_bits(), "{isa}: padding of S at {i} written"),
+            Some(w) => {
+                let g = s[i];
+                assert_eq!(T::round(g).widen().to_bits(), g.to_bits(), "{isa}: P[{i}] = {g} is not rounded");
+                assert!(
+                    (g - w).abs() <= ulp * w.abs().max(f32::MIN_POSITIVE),
+                    "{isa}: P[{i}] = {g}, want {w}"
+                );
+            }
+        }
+    }
+    for r in 0..x.sh.rows {
+        assert_eq!(f64::from(m[r]), want_m[r], "{isa}: row_max[{r}]");
+        let tol = 1e-5 * want_l[r].abs() + 1e-30;
+        assert!(
+            (f64::from(l[r]) - want_l[r]).abs() <= tol + f64::from(ulp) * want_l[r],
+            "{isa}: row_sum[{r}]"
+        );
+    }
+    for (i, (&g, &w)) in o.iter().zip(&want_o).enumerate() {
+        assert!((f64::from(g) - w).abs() <= 1e-6 * w.abs() + 1e-30, "{isa}: O[{i}] = {g}, want {w}");
+    }
+    // The 16-bit-tile form rounds and sums the same values in the same order.
+    let (mut m2, mut l2, mut o2) = (x.row_max.clone(), x.row_sum.clone(), x.o.clone());
+    let mut p = vec![T::round(0.0); want_p.len()];
+    softmax_update_rounded(isa, &x.sh, lds, x.scale, &x.s, &mut m2, &mut l2, &mut o2, &mut p).unwrap();
+    assert_eq!((m2, l2, o2), (m, l, o), "{isa}: state differs from the 16-bit-tile form");
+    for (i, want) in want_p.iter().enumerate() {
+        if want.is_some() {
+            assert_eq!(
+                p[i].widen().to_bits(),
+                s[i].to_bits(),
+                "{isa}: P[{i}] differs from the 16-bit-tile form"
+            );
+        }
+    }
+}
+
 fn isas() -> Vec<Isa> {
     let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.available()).collect();
     eprintln!(
@@ -144,6 +206,80 @@ fn bf16_and_f16_on_every_isa_with_tails_dead_rows_and_history() {
             check::<f16>(isa, &x, 1.0 / 1024.0, f16::to_bits);
         }
     }
+}
+
+#[test]
+fn in_place_bf16_and_f16_on_every_isa_with_tails_dead_rows_and_history() {
+    let mut rng = StdRng::seed_from_u64(22);
+    for isa in isas() {
+        for (rows, cols, d) in [(1, 1, 1), (3, 15, 17), (5, 16, 16), (8, 64, 64), (7, 37, 80), (2, 512, 128)]
+        {
+            let x = inputs(&mut rng, rows, cols, d);
+            check_in_place::<bf16>(isa, &x, 1.0 / 128.0);
+            check_in_place::<f16>(isa, &x, 1.0 / 1024.0);
+        }
+    }
+}
+
+#[test]
+fn the_in_place_c_entry_rounds_over_the_scores_and_checks_its_arguments() {
+    let s0 = [1.0f32, f32::NAN, 0.0, 0.5, -0.1, 0.0];
+    for is_f16 in [0, 1] {
+        let (mut m, mut l, mut o, mut s) = ([NEG_INF; 2], [0.0f32; 2], [1.0f32; 4], s0);
+        // SAFETY: every pointer covers its buffer for the shape (2 x 3 tiles, d = 2).
+        let ok = unsafe {
+            uopc_tile_softmax_update_rounded_in_place(
+                s.as_mut_ptr(),
+                m.as_mut_ptr(),
+                l.as_mut_ptr(),
+                o.as_mut_ptr(),
+                2,
+                3,
+                3,
+                2,
+                2,
+                i64::from(1.0f32.to_bits()),
+                is_f16,
+            )
+        };
+        assert_eq!(ok, 0);
+        assert!(l[0].is_nan() && s[1].is_nan(), "{l:?} {s:?}");
+        // Row 1: max 0.5, P = [1, round(2^-0.6), round(2^-0.5)].
+        let round = |x: f32| if is_f16 == 1 { f16::from_f32(x).to_f32() } else { bf16::from_f32(x).to_f32() };
+        assert_eq!(s[3..], [1.0, round(2f32.powf(-0.6)), round(2f32.powf(-0.5))], "is_f16 = {is_f16}");
+        assert_eq!(l[1], s[3] + s[4] + s[5]);
+    }
+    let (mut m, mut l, mut o, mut s) = ([NEG_INF; 2], [0.0f32; 2], [0.0f32; 4], s0);
+    for (lds, is_f16) in [(2, 0), (3, 2), (-1, 0)] {
+        // SAFETY: rejected before any access (lds < cols, a bad rounding flag, a negative size).
+        let bad = unsafe {
+            uopc_tile_softmax_update_rounded_in_place(
+                s.as_mut_ptr(),
+                m.as_mut_ptr(),
+                l.as_mut_ptr(),
+                o.as_mut_ptr(),
+                2,
+                3,
+                lds,
+                2,
+                2,
+                0,
+                is_f16,
+            )
+        };
+        assert_eq!(bad, -1);
+    }
+    assert_eq!(s.map(f32::to_bits), s0.map(f32::to_bits), "a rejected call wrote S");
+    let short = softmax_update_rounded_in_place::<f16>(
+        Isa::Portable,
+        &SoftmaxShape::dense(2, 3, 2),
+        1.0,
+        &mut s[..5],
+        &mut m,
+        &mut l,
+        &mut o,
+    );
+    assert!(matches!(short, Err(uopc_tile::TileError::BufferTooSmall { operand: "s", .. })), "{short:?}");
 }
 
 #[test]

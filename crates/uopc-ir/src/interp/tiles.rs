@@ -2,6 +2,7 @@
 //! every element read and written through the machine's checked accesses.
 
 use super::{InterpError, Machine, Mem, Precision, Val, malformed};
+use crate::dtype::DType;
 use crate::uop::{GemmShape, TileOp, UOp};
 
 impl Machine<'_> {
@@ -44,14 +45,15 @@ impl Machine<'_> {
             }
             TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale } => {
                 let scale = f64::from(f32::from_bits(scale));
-                let shape = UpdateShape { rows, cols, lds, d, ldo, ldp: lds, scale };
-                self.softmax_update(node, at, at[0], shape, false)?;
+                let shape = UpdateShape { rows, cols, lds, d, ldo, ldp: lds, scale, round_to: None };
+                self.softmax_update(node, at, at[0], shape)?;
             }
-            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {
+            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale, round_to } => {
                 let scale = f64::from(f32::from_bits(scale));
-                let shape = UpdateShape { rows, cols, lds, d, ldo, ldp, scale };
-                // P is stored rounded to its dtype, and summed as stored.
-                self.softmax_update(node, at, at[4], shape, true)?;
+                let shape = UpdateShape { rows, cols, lds, d, ldo, ldp, scale, round_to: Some(round_to) };
+                // P is stored rounded to `round_to` (in its own tile or over S), and summed as
+                // stored.
+                self.softmax_update(node, at, at[4], shape)?;
             }
             TileOp::SoftmaxRecompute { rows, cols, ld } => {
                 // With no columns the op touches nothing, not even the per-row scalars.
@@ -62,6 +64,16 @@ impl Machine<'_> {
                         // A row that saw no key: P = 0 rather than exp2(-inf - -inf).
                         let p = if l == f64::NEG_INFINITY { 0.0 } else { (x - l).exp2() };
                         self.put(node, at[0], r * ld + j, p)?;
+                    }
+                }
+            }
+            TileOp::Convert { rows, cols, lds, ldd } => {
+                // The store into D's storage rounds a value to a 16-bit D (in both precisions,
+                // through f32 as a CAST rounds); widening is exact.
+                for r in 0..rows {
+                    for j in 0..cols {
+                        let x = self.get(node, at[0], r * lds + j)?;
+                        self.put(node, at[1], r * ldd + j, x)?;
                     }
                 }
             }
@@ -103,17 +115,22 @@ impl Machine<'_> {
     }
 
     /// One online-softmax step over `[S, row_max, row_sum, O]` at `at`, the scores scaled by
-    /// `shape.scale` and P written at `p` (S itself, or a tile of the rounded dtype); the row
-    /// sum adds P as stored when `sum_stored`, else as computed.
+    /// `shape.scale` and P written at `p` (S itself, or a tile of the rounded dtype); with
+    /// `shape.round_to`, each probability is rounded to it (from f64 through f32, as a store
+    /// into a 16-bit buffer rounds) and the row sum adds P as stored, else as computed.
     fn softmax_update(
         &mut self,
         node: &UOp,
         at: &[(Mem, i64)],
         p: (Mem, i64),
         shape: UpdateShape,
-        sum_stored: bool,
     ) -> Result<(), InterpError> {
-        let UpdateShape { rows, cols, lds, d, ldo, ldp, scale } = shape;
+        let UpdateShape { rows, cols, lds, d, ldo, ldp, scale, round_to } = shape;
+        let round = |x: f64| match round_to {
+            Some(DType::BF16) => f64::from(half::bf16::from_f32(x as f32).to_f32()),
+            Some(_) => f64::from(half::f16::from_f32(x as f32).to_f32()),
+            None => x,
+        };
         for r in 0..rows {
             let m_old = self.get(node, at[1], r)?;
             let mut m_new = m_old;
@@ -126,9 +143,9 @@ impl Machine<'_> {
             let mut sum = 0.0;
             for j in 0..cols {
                 let x = scale * self.get(node, at[0], r * lds + j)?;
-                let pj = if dead { 0.0 } else { (x - m_new).exp2() };
+                let pj = round(if dead { 0.0 } else { (x - m_new).exp2() });
                 self.put(node, p, r * ldp + j, pj)?;
-                sum += if sum_stored { self.get(node, p, r * ldp + j)? } else { pj };
+                sum += if round_to.is_some() { self.get(node, p, r * ldp + j)? } else { pj };
             }
             let l = self.get(node, at[2], r)?;
             self.put(node, at[2], r, l * alpha + sum)?;
@@ -142,7 +159,8 @@ impl Machine<'_> {
     }
 }
 
-/// The extents of one softmax step: rows, keys, the strides of S, O and P, the score scale.
+/// The extents of one softmax step: rows, keys, the strides of S, O and P, the score scale,
+/// and the 16-bit type P is rounded to (if any).
 struct UpdateShape {
     rows: usize,
     cols: usize,
@@ -151,4 +169,5 @@ struct UpdateShape {
     ldo: usize,
     ldp: usize,
     scale: f64,
+    round_to: Option<DType>,
 }

@@ -333,14 +333,27 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 args.push(int(i64::from(scale)));
                 self.externs.get(Extern::TileSoftmax)
             }
-            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale } => {
-                for v in [rows, cols, lds, ldo, d, ldp] {
+            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale, round_to } => {
+                // The verifier made P (the fifth operand, in `TileOp::operands` order) either of
+                // dtype `round_to` or the F32 score tile itself, with S's stride: then the
+                // in-place entry, which takes no P.
+                let in_place = u.src()[4].dtype() == DType::F32;
+                if in_place {
+                    args.truncate(4);
+                }
+                for v in [rows, cols, lds, ldo, d] {
                     args.push(int(v as i64));
                 }
+                if !in_place {
+                    args.push(int(ldp as i64));
+                }
                 args.push(int(i64::from(scale)));
-                // The verifier made P (the fifth operand, in `TileOp::operands` order) BF16 or F16.
-                args.push(int(i64::from(u.src()[4].dtype() == DType::F16)));
-                self.externs.get(Extern::TileSoftmaxRounded)
+                args.push(int(i64::from(round_to == DType::F16)));
+                self.externs.get(if in_place {
+                    Extern::TileSoftmaxRoundedInPlace
+                } else {
+                    Extern::TileSoftmaxRounded
+                })
             }
             TileOp::SoftmaxRecompute { rows, cols, ld } => {
                 for v in [rows, cols, ld] {
@@ -360,6 +373,21 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 }
                 args.push(int(i64::from(scale)));
                 self.externs.get(Extern::TileMaxSumExp)
+            }
+            TileOp::Convert { rows, cols, lds, ldd } => {
+                use uopc_tile::convert::conversion_code as code;
+                for v in [rows, cols, lds, ldd] {
+                    args.push(int(v as i64));
+                }
+                // The verifier allowed only these pairs.
+                let kind = match (u.src()[0].dtype(), u.src()[1].dtype()) {
+                    (DType::F16, _) => code::F16_TO_F32,
+                    (DType::BF16, _) => code::BF16_TO_F32,
+                    (_, DType::F16) => code::F32_TO_F16,
+                    _ => code::F32_TO_BF16,
+                };
+                args.push(int(kind));
+                self.externs.get(Extern::TileConvert)
             }
         };
         // The status is always 0: every argument the kernel checks was checked at compile time.

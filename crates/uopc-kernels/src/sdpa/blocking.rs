@@ -62,10 +62,10 @@ impl Blocking {
     ///
     /// The task's tiles (the output, `rows x D`, the `rows x keys` score tile and the running
     /// max and sum; a scaled `rows x D` copy of the queries unless the task
-    /// [reads them in place](Blocking::reads_queries_in_place); with a 16-bit dtype the query
-    /// tile in that dtype and a `rows x keys` tile of rounded probabilities besides) must fit
-    /// the JIT's stack limit less 16 KiB; within that, rows are as many as possible, up to 256
-    /// (a multiple of 16), because every task re-packs
+    /// [reads them in place](Blocking::reads_queries_in_place); with bf16 the query tile in
+    /// bf16 and a `rows x keys` bf16 tile of rounded probabilities besides) must fit the JIT's
+    /// stack limit less 16 KiB; within that, rows are as many as possible, up to 256 (a
+    /// multiple of 16), because every task re-packs
     /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
     /// 128, whose diagonal band runs in 64-row sub-tiles (see [`sdpa_ir`](super::sdpa_ir)). With fewer
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
@@ -171,13 +171,14 @@ fn in_place_dtype(config: &SdpaConfig) -> bool {
 }
 
 /// Stack bytes one task row takes with blocks of `keys` keys: the query row when there is a
-/// query tile, the output row, the score row and the running max and sum; 16-bit attention
-/// keeps its query row in the input dtype and adds the row of rounded probabilities.
+/// query tile, the output row, the score row and the running max and sum; bf16 attention keeps
+/// its query row in bf16 and adds a row of rounded probabilities, f16 attention has f32's
+/// tiles (an f32 query row, P over the scores).
 fn tile_bytes_per_row(dtype: SdpaDType, d: usize, keys: usize, query_tile: bool) -> usize {
     let query = usize::from(query_tile) * d;
     match dtype {
-        SdpaDType::F32 => 4 * (query + d + keys + 2),
-        SdpaDType::BF16 | SdpaDType::F16 => 2 * query + 4 * d + 4 * keys + 2 * keys + 8,
+        SdpaDType::F32 | SdpaDType::F16 => 4 * (query + d + keys + 2),
+        SdpaDType::BF16 => 2 * query + 4 * d + 4 * keys + 2 * keys + 8,
     }
 }
 

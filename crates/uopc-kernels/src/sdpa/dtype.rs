@@ -9,12 +9,14 @@ use uopc_jit::Arg;
 /// partial states are the same for every one).
 ///
 /// With `BF16` or `F16` both GEMMs of a key block run on 16-bit tile GEMMs with f32
-/// accumulation (q and k read as stored, f32 scores; the probabilities rounded to the input
-/// dtype in the softmax step's pass, then multiplied with v in place), the softmax is computed
-/// in f32 and the output is rounded once at the end. `F16` rounds P to f16 as `BF16` rounds
-/// it to bf16: the f16 GEMM takes both operands in one dtype, and f16's 11 significant bits
-/// keep each weight within 2^-11 of itself, a quarter of the error that f16 storage of v
-/// already carries.
+/// accumulation (k and v read as stored, f32 scores; the probabilities rounded to the input
+/// dtype in the softmax step's pass), the softmax is computed in f32 and the output is
+/// rounded once at the end. `BF16` keeps its query and P tiles in bf16 (its GEMMs take both
+/// operands in bf16). `F16` widens its query tile to f32 once per task and writes P over the
+/// f32 scores as f32 values rounded to f16, which the `P · V` GEMM (f32 A, f16 B) reads in
+/// place: f16's 11 significant bits keep each weight within 2^-11 of itself, a quarter of
+/// the error that f16 storage of v already carries, and the row sum adds those same rounded
+/// weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum SdpaDType {
     /// 32-bit floats.

@@ -204,14 +204,26 @@ pub(crate) unsafe fn softmax_update(
     }
 }
 
-/// The rounded softmax step over all rows (see [`crate::softmax_update_rounded`]): P goes to a
-/// 16-bit tile (`f16` when `is_f16`, else bf16 bits), and the running sum adds the rounded
-/// values.
+/// Where [`softmax_update_rounded`] writes its probabilities, each rounded to f16 or bf16.
+#[derive(Clone, Copy)]
+pub(crate) enum RoundedTile {
+    /// A 16-bit tile of the rounded values' bit patterns.
+    Bits(*mut u16),
+    /// An f32 tile of the rounded values (exact in f32); it may be the score tile itself
+    /// (same address, `ldp == lds`), since each score is read before its probability is
+    /// written over it.
+    Wide(*mut f32),
+}
+
+/// The rounded softmax step over all rows (see [`crate::softmax_update_rounded`] and
+/// [`crate::softmax_update_rounded_in_place`]): each probability is rounded to f16 when
+/// `is_f16`, else to bf16, and stored into `p`; the running sum adds the rounded values.
 ///
 /// # Safety
 ///
 /// AVX-512F is available and the pointers satisfy
-/// [`crate::softmax_update_rounded_unchecked`] (with `p` the 16-bit tile's bits).
+/// [`crate::softmax_update_rounded_unchecked`] (with `p` the 16-bit tile's bits), or
+/// [`crate::softmax_update_rounded_in_place_unchecked`] (with `p` the score tile).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn softmax_update_rounded(
@@ -223,7 +235,7 @@ pub(crate) unsafe fn softmax_update_rounded(
     row_max: *mut f32,
     row_sum: *mut f32,
     o: *mut f32,
-    p: *mut u16,
+    p: RoundedTile,
 ) {
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
@@ -240,25 +252,38 @@ pub(crate) unsafe fn softmax_update_rounded(
             (_mm512_cvtepi32_epi16(bits), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits)))
         }
     };
-    // A tail of `n < 16` 16-bit values, through a local vector (a masked 16-bit store needs
-    // AVX-512BW, which this ISA level does not require).
-    let store_tail = |dst: *mut u16, h: __m256i, n: usize| {
-        let mut buf = [0u16; 16];
-        // SAFETY: `buf` holds 16 u16s (32 bytes); `dst` holds `n <= 16` writable u16s (the
-        // caller's row extent), disjoint from `buf`.
-        unsafe {
-            _mm256_storeu_si256(buf.as_mut_ptr().cast(), h);
-            std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, n);
+    // `n <= 16` probabilities of row `r` from column `j` on, as bits `h` or values `back`. A
+    // 16-bit tail goes through a local vector (a masked 16-bit store needs AVX-512BW, which
+    // this ISA level does not require).
+    let store = |r: usize, j: usize, h: __m256i, back: __m512, n: usize| match p {
+        RoundedTile::Bits(p) => {
+            // SAFETY: row `r` of P holds `cols` u16s from `r * ldp`, and `j + n <= cols`.
+            let dst = unsafe { p.add(r * ldp + j) };
+            if n == 16 {
+                // SAFETY: as above, 16 of them.
+                unsafe { _mm256_storeu_si256(dst.cast(), h) };
+            } else {
+                let mut buf = [0u16; 16];
+                // SAFETY: `buf` holds 16 u16s (32 bytes); `dst` holds `n` writable u16s,
+                // disjoint from `buf`.
+                unsafe {
+                    _mm256_storeu_si256(buf.as_mut_ptr().cast(), h);
+                    std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, n);
+                }
+            }
         }
+        // SAFETY: row `r` of P holds `cols` floats from `r * ldp`, and `j + n <= cols`; the
+        // store is masked to the `n` of them.
+        RoundedTile::Wide(p) => unsafe { _mm512_mask_storeu_ps(p.add(r * ldp + j), lanes(n), back) },
     };
     let ntail = cols % 16;
     for r in 0..rows {
-        // SAFETY: row `r < rows` of S spans `cols` floats, of P `cols` u16s and of O `d`
-        // floats; full vectors end at `cfull`/`dfull`, and the tails are masked or copied, so
-        // nothing outside the rows is touched.
+        // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors
+        // end at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is
+        // touched (`store` keeps to P's rows). A chunk of S is loaded before P's is stored,
+        // so P may be S itself.
         unsafe {
             let srow = s.add(r * lds);
-            let prow = p.add(r * ldp);
             let mut mx = neg_inf;
             for j in (0..cfull).step_by(16) {
                 mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv));
@@ -272,10 +297,10 @@ pub(crate) unsafe fn softmax_update_rounded(
             if m_new == f32::NEG_INFINITY {
                 // Nothing seen yet: P = 0, and the running sum and output stay as they are.
                 for j in (0..cfull).step_by(16) {
-                    _mm256_storeu_si256(prow.add(j).cast(), _mm256_setzero_si256());
+                    store(r, j, _mm256_setzero_si256(), _mm512_setzero_ps(), 16);
                 }
                 if ntail != 0 {
-                    store_tail(prow.add(cfull), _mm256_setzero_si256(), ntail);
+                    store(r, cfull, _mm256_setzero_si256(), _mm512_setzero_ps(), ntail);
                 }
                 continue;
             }
@@ -285,13 +310,13 @@ pub(crate) unsafe fn softmax_update_rounded(
             for j in (0..cfull).step_by(16) {
                 let e = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(srow.add(j)), sv, mv));
                 let (h, back) = round(e);
-                _mm256_storeu_si256(prow.add(j).cast(), h);
+                store(r, j, h, back, 16);
                 sum = _mm512_add_ps(sum, back);
             }
             if ntail != 0 {
                 let e = exp2(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv, mv));
                 let (h, back) = round(e);
-                store_tail(prow.add(cfull), h, ntail);
+                store(r, cfull, h, back, ntail);
                 sum = _mm512_mask_add_ps(sum, ctail, sum, back);
             }
             *row_sum.add(r) = *row_sum.add(r) * alpha + _mm512_reduce_add_ps(sum);

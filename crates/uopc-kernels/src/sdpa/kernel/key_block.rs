@@ -64,15 +64,18 @@ impl SdpaKernel {
         let after_g1 = std::slice::from_ref(&g1);
         let mut state = prev.to_vec();
         state.push(g1.clone());
+        let scores_in = task.si.after(after_g1).index(at_s);
         let mut operands = vec![
-            task.si.after(after_g1).index(at_s),
+            scores_in.clone(),
             task.mi.after(&state).index(r0 as i64),
             task.li.after(&state).index(r0 as i64),
             task.oi.after(&state).index(at_d),
         ];
-        let update = match &task.pi {
-            Some(p) => {
-                operands.push(p.after(&state).index(at_s));
+        let update = match (self.half, &task.pi) {
+            (Some(round_to), pi) => {
+                // bf16 P gets a tile of its own (the bf16 GEMM takes both operands in bf16);
+                // f16 P is written over the f32 scores, which the f32 x f16 GEMM reads in place.
+                operands.push(pi.as_ref().map_or(scores_in, |p| p.after(&state).index(at_s)));
                 TileOp::SoftmaxUpdateRounded {
                     rows,
                     cols,
@@ -81,15 +84,17 @@ impl SdpaKernel {
                     ldo: d,
                     ldp: cols,
                     scale: softmax_scale.to_bits(),
+                    round_to,
                 }
             }
-            None => {
+            (None, _) => {
                 TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d, scale: softmax_scale.to_bits() }
             }
         };
         let sm = tile(update, &operands);
         let after_sm = std::slice::from_ref(&sm);
-        // P: the rounded tile, or the f32 score tile the f32 step overwrote.
+        // P: the bf16 tile, or the f32 score tile the softmax step overwrote (with f16-rounded
+        // values for f16).
         let probs = task.pi.as_ref().unwrap_or(&task.si);
         let pv = TileOp::Gemm(GemmShape {
             m: rows,
@@ -111,8 +116,8 @@ impl SdpaKernel {
     /// The loop over a score tile (after `scores`) that adds the bias and sets the keys a row
     /// does not see to `-inf`: causal, past the item's key length, or false in the bool mask.
     /// Only the rows `span` of the tile are touched (all of them with stacked heads). With
-    /// `scale`, every score of the rows is multiplied by it first (16-bit attention's unscaled
-    /// scores).
+    /// `scale`, every score of the rows is multiplied by it first (unscaled scores: 16-bit
+    /// attention's, or those of queries read in place).
     pub(super) fn mask_block(
         &mut self,
         task: &Task,

@@ -5,7 +5,7 @@ use super::{SdpaKernel, Task};
 use crate::masked::min_idx;
 use crate::online::LOG2E;
 use crate::sdpa::{Blocking, SdpaConfig};
-use uopc_ir::{AxisType, DType, UOp, f32c, idx, sink};
+use uopc_ir::{AxisType, DType, TileOp, UOp, f32c, idx, sink, tile};
 
 impl SdpaKernel {
     /// The THREAD range, its decomposition and the task's scratch.
@@ -25,7 +25,8 @@ impl SdpaKernel {
             pb.alloc(f32t, self.rows),
             pb.alloc(f32t, self.rows),
         );
-        let p = self.half.map(|el| pb.alloc(el, self.rows * bc.min(n_k)));
+        // Only bf16 keeps P in a tile of its own (see `key_block`).
+        let p = self.half.filter(|&el| el == DType::BF16).map(|el| pb.alloc(el, self.rows * bc.min(n_k)));
         // t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split
         let t = pb.range(self.c.batch * kv_heads * subs * blocks * splits, AxisType::Thread);
         let split = t.modulo(splits as i64);
@@ -80,18 +81,22 @@ impl SdpaKernel {
         let mut effects = Vec::new();
         if let Some(qt) = &task.qt {
             let hh = pb.range(gs, AxisType::Loop);
-            let rq = pb.range(bq, AxisType::Loop);
-            let e = pb.range(d, AxisType::Loop);
-            let src =
-                self.q.index(&task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &rq) * qsn + &e);
-            // A 16-bit query is copied exactly (widened once here when the tile is f32); its
-            // scale is applied to the f32 scores instead.
-            let value = match self.half {
-                None => src.load() * qscale,
-                Some(el) if qdt == el => src.load(),
-                Some(_) => src.load().cast(DType::F32),
+            let load_q = if self.half.is_some_and(|el| el != qdt) {
+                // A 16-bit query widened into the f32 tile, one head's rows per conversion (16
+                // values per instruction, where the loop below would convert four at a time).
+                let widen = TileOp::Convert { rows: bq, cols: d, lds: qsn, ldd: d };
+                let head_rows = &task.item * qsb + (&task.head0 + &hh) * qsh + &task.q0 * qsn;
+                tile(widen, &[self.q.index(head_rows), qt.index(&hh * (bq * d))]).end(&[hh])
+            } else {
+                let rq = pb.range(bq, AxisType::Loop);
+                let e = pb.range(d, AxisType::Loop);
+                let src =
+                    self.q.index(&task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &rq) * qsn + &e);
+                // A 16-bit query is copied exactly; its scale is applied to the f32 scores instead.
+                let value = if self.half.is_some() { src.load() } else { src.load() * qscale };
+                qt.index((&hh * bq + &rq) * d + &e).store(value).end(&[e, rq, hh])
             };
-            effects.push(qt.index((&hh * bq + &rq) * d + &e).store(value).end(&[e, rq, hh]));
+            effects.push(load_q);
         }
         let z = pb.range(self.rows * d, AxisType::Loop);
         let init_o = task.oi.index(&z).store(0.0f32).end(&[z]);
@@ -124,6 +129,12 @@ impl SdpaKernel {
             let st = self.out.index(&task.t * (rows * d) + &r * d + &e).store(o).end(&[e]);
             return sink(&[sink(&[states, st]).end(&[r, task.t.clone()])]);
         }
+        let contiguous = self.c.layout.strides(heads, n_q, d) == [heads * n_q * d, n_q * d, d];
+        let blocks = n_q.div_ceil(bq);
+        let own_rows = contiguous && n_q.is_multiple_of(bq) && (gs == 1 || blocks == 1);
+        if let (Some(_), true) = (self.half, own_rows) {
+            return self.write_half_rows(task, done);
+        }
         // Rows of the (overlapping) last block that the block before it already wrote.
         let skip = (&task.qblk * bq - (n_q - bq) as i64).maximum(idx(0));
         let pb = &mut self.pb;
@@ -136,9 +147,6 @@ impl SdpaKernel {
         // l = 0: no key seen, zeros; l NaN: a NaN key was seen, NaN.
         let inv_l = l.ne(0.0f32).where_(l.recip(), f32c(0.0));
         let o = task.oi.after(after).index(&r * d + &e).load();
-        let contiguous = self.c.layout.strides(heads, n_q, d) == [heads * n_q * d, n_q * d, d];
-        let blocks = n_q.div_ceil(bq);
-        let own_rows = contiguous && n_q.is_multiple_of(bq) && (gs == 1 || blocks == 1);
         let at = if own_rows {
             // Task t then owns the `gs * bq` output rows starting at row `t * gs * bq`: the
             // index is written as `t * c + r` with `0 <= r < c`, the form from which the
@@ -162,5 +170,35 @@ impl SdpaKernel {
         let m = task.mi.after(after).index(&r).load();
         let lse_st = lse.index(lse_at).store(m + l.log2());
         sink(&[sink(&[st.end(&[e]), lse_st]).end(&[rq, hh, task.t.clone()])])
+    }
+
+    /// [`Self::write`] for a 16-bit output whose task owns `rows` contiguous output rows
+    /// (starting at row `t * rows`): the output tile divided by the sums in place, in f32,
+    /// then rounded into the output by one [`TileOp::Convert`] (16 values per instruction,
+    /// where a CAST in the store loop converts four at a time with integer operations). The
+    /// values are those of the store loop's `(o * inv_l) as dtype`, bit for bit.
+    fn write_half_rows(&mut self, task: &Task, done: &UOp) -> UOp {
+        let d = self.c.d;
+        let rows = self.rows;
+        let after = std::slice::from_ref(done);
+        let r = self.pb.range(rows, AxisType::Loop);
+        let e = self.pb.range(d, AxisType::Loop);
+        let l = task.li.after(after).index(&r).load();
+        // l = 0: no key seen, zeros; l NaN: a NaN key was seen, NaN.
+        let inv_l = l.ne(0.0f32).where_(l.recip(), f32c(0.0));
+        let cell = task.oi.after(after).index(&r * d + &e);
+        let normalize = cell.store(cell.load() * inv_l).end(&[e]);
+        let row_done = match &self.lse {
+            // The row numbering of the output's (task t owns rows `t * rows ..`).
+            Some(lse) => {
+                let m = task.mi.after(after).index(&r).load();
+                sink(&[normalize, lse.index(&task.t * rows + &r).store(m + l.log2())])
+            }
+            None => normalize,
+        };
+        let normalized = row_done.end(&[r]);
+        let narrow = TileOp::Convert { rows, cols: d, lds: d, ldd: d };
+        let st = tile(narrow, &[task.oi.after(&[normalized]).index(0), self.out.index(&task.t * (rows * d))]);
+        sink(&[st.end(&[task.t.clone()])])
     }
 }
