@@ -194,6 +194,9 @@ impl Printer {
                             TileOp::MaxSumExp { rows, cols, scale, .. } => {
                                 format!("tile_max_sum_exp {rows}x{cols} scale={}", f32::from_bits(*scale))
                             }
+                            TileOp::ExpRows { rows, cols, scale, .. } => {
+                                format!("tile_exp_rows {rows}x{cols} scale={}", f32::from_bits(*scale))
+                            }
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }

@@ -33,6 +33,8 @@ pub(crate) enum Extern {
     TileGemmF32F16,
     /// [`uopc_tile::uopc_tile_max_sum_exp_f32`].
     TileMaxSumExp,
+    /// [`uopc_tile::uopc_tile_exp_rows_f32`].
+    TileExpRows,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -47,7 +49,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 12] = [
+    pub const ALL: [Extern; 13] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -60,6 +62,7 @@ impl Extern {
         Extern::TileSoftmaxRounded,
         Extern::TileGemmF32F16,
         Extern::TileMaxSumExp,
+        Extern::TileExpRows,
     ];
 
     /// The symbol it is registered and declared under.
@@ -77,6 +80,7 @@ impl Extern {
             Extern::TileGemmF32F16 => "uopc_tile_gemm_f32_f16",
             Extern::TileSoftmaxRounded => "uopc_tile_softmax_update_rounded",
             Extern::TileMaxSumExp => "uopc_tile_max_sum_exp_f32",
+            Extern::TileExpRows => "uopc_tile_exp_rows_f32",
         }
     }
 
@@ -95,6 +99,7 @@ impl Extern {
             Extern::TileGemmF32F16 => uopc_tile::uopc_tile_gemm_f32_f16 as *const u8,
             Extern::TileSoftmaxRounded => uopc_tile::uopc_tile_softmax_update_rounded as *const u8,
             Extern::TileMaxSumExp => uopc_tile::uopc_tile_max_sum_exp_f32 as *const u8,
+            Extern::TileExpRows => uopc_tile::uopc_tile_exp_rows_f32 as *const u8,
         }
     }
 
@@ -126,6 +131,8 @@ impl Extern {
             Extern::TileSoftmaxGrad => ints(sig, 6),
             // (x, row_max, row_sum, rows, cols, ld, scale) -> status
             Extern::TileMaxSumExp => ints(sig, 7),
+            // (x, shift, y, rows, cols, ldx, ldy, scale) -> status
+            Extern::TileExpRows => ints(sig, 8),
         }
     }
 
