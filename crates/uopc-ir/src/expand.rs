@@ -110,6 +110,9 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
         TileOp::SoftmaxGrad { rows, cols, ld } => ops.grad(rows, cols, ld),
         TileOp::MaxSumExp { rows, cols, ld, scale } => ops.max_sum_exp(rows, cols, ld, f32::from_bits(scale)),
         TileOp::Convert { rows, cols, lds, ldd } => ops.convert(rows, cols, lds, ldd),
+        TileOp::ExpRows { rows, cols, ldx, ldy, scale } => {
+            ops.exp_rows(rows, cols, ldx, ldy, f32::from_bits(scale))
+        }
     })
 }
 
@@ -356,6 +359,19 @@ impl Operands<'_> {
         let s = self.at(0, &r * ld as i64 + &j);
         let p = l.ne(f64::NEG_INFINITY).where_((s.load().cast(DType::F64) - &l).exp2(), 0.0);
         s.store(p.cast(DType::F32)).end(&[j, r])
+    }
+
+    /// Per element: `Y = exp2(c (X - shift))` in f64, rounded once.
+    fn exp_rows(self, rows: usize, cols: usize, ldx: usize, ldy: usize, c: f32) -> UOp {
+        if rows == 0 || cols == 0 {
+            return self.nothing();
+        }
+        let r = self.fresh.range(rows, AxisType::Loop);
+        let j = self.fresh.range(cols, AxisType::Loop);
+        let b = self.at(1, r.clone()).load().cast(DType::F64);
+        let x = self.at(0, &r * ldx as i64 + &j).load().cast(DType::F64);
+        let y = ((x - b) * f64::from(c)).exp2();
+        self.at(2, &r * ldy as i64 + &j).store(y.cast(DType::F32)).end(&[j, r])
     }
 
     /// Per row, in the interpreter's order: the new maximum over the old one and the row (MAX

@@ -363,6 +363,7 @@ impl Op {
             Op::Tile(TileOp::SoftmaxGrad { .. }) => "TILE_SOFTMAX_GRAD",
             Op::Tile(TileOp::MaxSumExp { .. }) => "TILE_MAX_SUM_EXP",
             Op::Tile(TileOp::Convert { .. }) => "TILE_CONVERT",
+            Op::Tile(TileOp::ExpRows { .. }) => "TILE_EXP_ROWS",
             Op::Param { .. } => "PARAM",
             Op::Arange(_) => "ARANGE",
             Op::Data { .. } => "DATA",
@@ -502,6 +503,24 @@ pub enum TileOp {
         /// The factor of every exponent, as `f32::to_bits` (so the op stays `Eq` and `Hash`).
         scale: u32,
     },
+    /// The shifted exponential of a block of rows into another block. Sources `[X, shift, Y]`:
+    /// X is `rows x cols` (stride `ldx`) and only read, shift holds `rows` values, Y is
+    /// `rows x cols` (stride `ldy`) and only written. Per element, with `c` the f32 whose bits
+    /// are `scale`: `Y = exp2(c (X - shift[r]))`, the exponent formed as written (the
+    /// difference, then the product), so a softmax's second pass over rows whose state
+    /// [`TileOp::MaxSumExp`] found computes what the loop would. See `uopc_tile::exp_rows`.
+    ExpRows {
+        /// Rows of X and Y.
+        rows: usize,
+        /// Elements of each row.
+        cols: usize,
+        /// Row stride of X.
+        ldx: usize,
+        /// Row stride of Y.
+        ldy: usize,
+        /// The factor of every exponent, as `f32::to_bits`.
+        scale: u32,
+    },
 }
 
 /// How a [`TileOp`] uses one of its operands.
@@ -574,6 +593,11 @@ impl TileOp {
                     op(block_extent(rows, cols, ldd), false, true),
                 ]
             }
+            TileOp::ExpRows { rows, cols, ldx, ldy, .. } => vec![
+                op(block_extent(rows, cols, ldx), true, false),
+                op(if cols == 0 { 0 } else { rows }, true, false),
+                op(block_extent(rows, cols, ldy), false, true),
+            ],
         }
     }
 
@@ -599,6 +623,9 @@ impl TileOp {
                 vec![(rows, cols, ld), (1, rows, rows), (1, rows, rows)]
             }
             TileOp::Convert { rows, cols, lds, ldd } => vec![(rows, cols, lds), (rows, cols, ldd)],
+            TileOp::ExpRows { rows, cols, ldx, ldy, .. } => {
+                vec![(rows, cols, ldx), (1, rows, rows), (rows, cols, ldy)]
+            }
         }
     }
 
@@ -615,6 +642,8 @@ impl TileOp {
             TileOp::MaxSumExp { rows, cols, .. } => (5 * rows * cols) as u64,
             // A conversion is no arithmetic.
             TileOp::Convert { .. } => 0,
+            // A subtraction, the scaling and the exponential per element.
+            TileOp::ExpRows { rows, cols, .. } => (3 * rows * cols) as u64,
         }
     }
 }

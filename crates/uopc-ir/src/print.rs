@@ -197,6 +197,9 @@ impl Printer {
                             TileOp::Convert { rows, cols, .. } => {
                                 format!("tile_convert {rows}x{cols}")
                             }
+                            TileOp::ExpRows { rows, cols, scale, .. } => {
+                                format!("tile_exp_rows {rows}x{cols} scale={}", f32::from_bits(*scale))
+                            }
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }

@@ -37,6 +37,8 @@ pub(crate) enum Extern {
     TileSoftmaxRoundedInPlace,
     /// [`uopc_tile::convert::uopc_tile_convert_block`].
     TileConvert,
+    /// [`uopc_tile::uopc_tile_exp_rows_f32`].
+    TileExpRows,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -51,7 +53,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 14] = [
+    pub const ALL: [Extern; 15] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -66,6 +68,7 @@ impl Extern {
         Extern::TileMaxSumExp,
         Extern::TileSoftmaxRoundedInPlace,
         Extern::TileConvert,
+        Extern::TileExpRows,
     ];
 
     /// The symbol it is registered and declared under.
@@ -85,6 +88,7 @@ impl Extern {
             Extern::TileMaxSumExp => "uopc_tile_max_sum_exp_f32",
             Extern::TileSoftmaxRoundedInPlace => "uopc_tile_softmax_update_rounded_in_place",
             Extern::TileConvert => "uopc_tile_convert_block",
+            Extern::TileExpRows => "uopc_tile_exp_rows_f32",
         }
     }
 
@@ -107,6 +111,7 @@ impl Extern {
                 uopc_tile::uopc_tile_softmax_update_rounded_in_place as *const u8
             }
             Extern::TileConvert => uopc_tile::convert::uopc_tile_convert_block as *const u8,
+            Extern::TileExpRows => uopc_tile::uopc_tile_exp_rows_f32 as *const u8,
         }
     }
 
@@ -142,6 +147,8 @@ impl Extern {
             Extern::TileSoftmaxGrad => ints(sig, 6),
             // (x, row_max, row_sum, rows, cols, ld, scale) -> status
             Extern::TileMaxSumExp => ints(sig, 7),
+            // (x, shift, y, rows, cols, ldx, ldy, scale) -> status
+            Extern::TileExpRows => ints(sig, 8),
         }
     }
 

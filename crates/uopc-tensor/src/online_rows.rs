@@ -19,7 +19,18 @@
 //! infinite), where the tile op's `L` is NaN. A NaN in the row makes `m` and `L` NaN, as it
 //! makes the written sum. The body (anything computed from `m`, `l` and the input, such as
 //! `log l + g(m)` or `y - g(m) - log l`) is evaluated by rangeify with `m` and `l` read from
-//! the task's tiles. A group whose sum has another factor (a softmax-weighted sum), whose
+//! the task's tiles.
+//!
+//! An elementwise body that computes `exp2(k (y - h))` of the reduced values themselves (the
+//! numerator of softmax, the probabilities in the cross-entropy gradient) would pay a second
+//! exponential per element in its loop. When exactly one such node is found (see
+//! `body_exponential`: `k > 0` constant, `y` the reduced input, the node read only at the
+//! body's own element) and `h` is one value per row (checked on the value rangeify gives `h`
+//! at the row's elements: it must not depend on the element's range), each task computes a
+//! row's exponentials with `TILE_EXP_ROWS` into a row tile, reading the input in place, and
+//! the body's loop reads them from there. The tasks then take few enough rows that the second
+//! read of a row hits L2, so the input comes from memory once. Otherwise the exponential stays
+//! in the body's loop. A group whose sum has another factor (a softmax-weighted sum), whose
 //! maximum is of a computed value, or whose rows are not evenly strided is left to rangeify.
 
 use crate::online::{OnlineSum, shifted_exp2, symbolic_index};
@@ -35,6 +46,66 @@ use uopc_ir::{AxisType, DType, Op, ReduceOp, TileOp, UOp, buffer, f32c, idx, ran
 const MAX_ROWS: usize = 64;
 /// THREAD tasks wanted per core, so uneven finishing times even out.
 const TASKS_PER_CORE: usize = 4;
+/// Bytes of input rows one THREAD task may span when its body reads them a second time
+/// (through [`TILE_EXP_ROWS`](TileOp::ExpRows)): well inside a core's L2 (1 MiB on the targets
+/// in mind) next to the row of exponentials and the output being written, so the second read
+/// hits L2 and the input comes from memory once.
+const L2_ROWS_BYTES: usize = 384 * 1024;
+/// Most bytes of the per-task row of exponentials: it lives on the worker's stack (see
+/// `uopc_jit::MAX_LOCAL_BYTES`), which also holds the task's row state.
+const SCRATCH_BYTES: usize = 128 * 1024;
+
+/// An exponential the body computes of the reduced row itself, taken on `TILE_EXP_ROWS`.
+struct BodyExp {
+    /// The node `exp2(k (y - h))`, with `y` the reduced input at the body's own index.
+    node: UOp,
+    /// `h`, which must not vary along the row (checked where it is evaluated).
+    shift: UOp,
+    /// `k`.
+    base2: f32,
+}
+
+/// The nodes `body` computes itself, not following `stop` (whose values come from tiles).
+fn computed_nodes(body: &UOp, stop: &[&UOp]) -> Vec<UOp> {
+    let mut seen = HashSet::new();
+    let mut todo = vec![body.clone()];
+    let mut out = Vec::new();
+    while let Some(u) = todo.pop() {
+        if stop.contains(&&u) || !seen.insert(u.clone()) {
+            continue;
+        }
+        todo.extend(u.src().iter().cloned());
+        out.push(u);
+    }
+    out
+}
+
+/// The exponential of an elementwise body worth a tile op (softmax's numerator, the
+/// cross-entropy gradient's probabilities): the one node `exp2(k (y - h))` with `k > 0` a
+/// constant and `y` the reduced values at the node's own index, which the body reads only at
+/// its own element, so that a task can compute each of its rows' exponentials into a row tile
+/// before the body's loop reads them there. `None` (the body keeps its loop exponential) for a
+/// body of rows, a second such node, an exponential read at another element, or rows too long
+/// for the row tile.
+fn body_exponential(body: &UOp, g: &Rows) -> Option<BodyExp> {
+    if body.shape() != g.values.shape() || g.cols * 4 > SCRATCH_BYTES {
+        return None;
+    }
+    let mut found = computed_nodes(body, &[&g.max, &g.sum]).into_iter().filter_map(|u| {
+        let (t, h, k) = shifted_exp2(&u)?;
+        (t == g.values && u.shape() == g.values.shape()).then(|| (u.clone(), h, k))
+    });
+    let (node, shift, k) = found.next()?;
+    if found.next().is_some() {
+        return None;
+    }
+    let index = symbolic_index(body.shape());
+    let opaque = [&g.max, &g.sum];
+    if !reads_at_own_row(body, &index, &[&node], &opaque, &index, &mut HashSet::new()) {
+        return None;
+    }
+    Some(BodyExp { node, shift, base2: k.const_value()?.as_f64() as f32 })
+}
 
 /// What the tile program needs from a matched group.
 struct Rows {
@@ -45,6 +116,8 @@ struct Rows {
     cols: usize,
     /// Elements from one row's start to the next one's.
     ld: usize,
+    /// The reduced values `y` (the maximum's input, read from `input`).
+    values: UOp,
     /// The maximum, the online sum and the sum's `g(m)` and `k`.
     max: UOp,
     sum: UOp,
@@ -91,6 +164,12 @@ fn matched(body: &UOp) -> Option<Rows> {
         return None;
     }
     let ld = row_stride(&shape, &input.strides, cols)?;
+    // Rows on two or more axes of size > 1: a task's tiles would be indexed by the quotient
+    // and remainder of its rows, whose difference from the task's first row the verifier
+    // cannot bound, so the kernel would not compile; rangeify's loops take those.
+    if shape[..shape.len() - 1].iter().filter(|&&s| s > 1).count() > 1 {
+        return None;
+    }
     // The body's elements are the rows' (a logsumexp) or the input's (a log-softmax), and it
     // reads each row's state only at its own row: a THREAD task holds its rows' state alone.
     if body.shape() != o.max.shape() && body.shape() != &shape[..] {
@@ -98,7 +177,7 @@ fn matched(body: &UOp) -> Option<Rows> {
     }
     let index = symbolic_index(body.shape());
     let own_row = index[..o.max.shape().len()].to_vec();
-    if !reads_at_own_row(body, &index, &[&o.max, sum], &own_row, &mut HashSet::new()) {
+    if !reads_at_own_row(body, &index, &[&o.max, sum], &[], &own_row, &mut HashSet::new()) {
         return None;
     }
     Some(Rows {
@@ -106,6 +185,7 @@ fn matched(body: &UOp) -> Option<Rows> {
         rows: numel(&shape[..shape.len() - 1]),
         cols,
         ld,
+        values: y.clone(),
         max: o.max.clone(),
         sum: (*sum).clone(),
         shift: o.shift.clone(),
@@ -116,15 +196,20 @@ fn matched(body: &UOp) -> Option<Rows> {
 /// Whether `u` read at `index` reads each of `targets` only at `row` (symbolic indices,
 /// compared once simplified): movement ops move the index as rangeify would, ALU ops read
 /// their operands at their own index, a REDUCE reads its input over fresh ranges of the
-/// reduced axes, a leaf reads nothing, and any other node is taken to read elsewhere.
+/// reduced axes, a leaf reads nothing, and any other node is taken to read elsewhere. The
+/// nodes `opaque` are not followed: the lowering reads their values from tiles.
 fn reads_at_own_row(
     u: &UOp,
     index: &[UOp],
     targets: &[&UOp],
+    opaque: &[&UOp],
     row: &[UOp],
     seen: &mut HashSet<(UOp, Vec<UOp>)>,
 ) -> bool {
     if !seen.insert((u.clone(), index.to_vec())) {
+        return true;
+    }
+    if opaque.contains(&u) {
         return true;
     }
     if targets.contains(&u) {
@@ -135,7 +220,7 @@ fn reads_at_own_row(
     }
     if let Some(viewed) = u.as_movement() {
         let inner: Vec<UOp> = movement_source_index(u, index).iter().map(simplify).collect();
-        return reads_at_own_row(viewed, &inner, targets, row, seen);
+        return reads_at_own_row(viewed, &inner, targets, opaque, row, seen);
     }
     if let Some(r) = u.as_reduce() {
         let mut inner = index.to_vec();
@@ -143,13 +228,13 @@ fn reads_at_own_row(
         // ids apart from the body's symbolic ranges and from any enclosing reduce's
         let fresh = |k: usize, s: usize| range(s.max(1), usize::MAX - 1024 - index.len() - k, AxisType::Loop);
         inner.extend(reduced.iter().enumerate().map(|(k, &s)| fresh(k, s)));
-        return reads_at_own_row(r.input, &inner, targets, row, seen);
+        return reads_at_own_row(r.input, &inner, targets, opaque, row, seen);
     }
     match u.op() {
         // a 0-d operand is the same value at every index: it is read at its own, empty one
         op if op.is_alu() || matches!(op, Op::Detach) => u.src().iter().all(|s| {
             let at = if s.shape().is_empty() { &[][..] } else { index };
-            reads_at_own_row(s, at, targets, row, seen)
+            reads_at_own_row(s, at, targets, opaque, row, seen)
         }),
         // a leaf reads nothing; anything else with sources (a STACK choosing among them by the
         // index, say) is not followed, so it counts as reading elsewhere
@@ -157,11 +242,11 @@ fn reads_at_own_row(
     }
 }
 
-/// Rows per THREAD task: a divisor of `rows` of at most [`MAX_ROWS`], halved while there are
-/// fewer than [`TASKS_PER_CORE`] tasks per core.
-fn rows_per_task(rows: usize) -> usize {
+/// Rows per THREAD task: a divisor of `rows` of at most `most` (and [`MAX_ROWS`]), halved
+/// while there are fewer than [`TASKS_PER_CORE`] tasks per core.
+fn rows_per_task(rows: usize, most: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let mut br = largest_divisor_at_most(rows, MAX_ROWS);
+    let mut br = largest_divisor_at_most(rows, MAX_ROWS.min(most.max(1)));
     while rows / br < TASKS_PER_CORE * cores && br > 1 {
         br = largest_divisor_at_most(rows, br / 2);
     }
@@ -194,7 +279,10 @@ fn dense_strides(shape: &[usize]) -> Vec<usize> {
 /// of an online group over the rows of an input (see the module docs).
 pub(crate) fn lower_online_rows(body: &UOp, out: &UOp) -> Option<UOp> {
     let g = matched(body).filter(|g| g.rows > 0)?;
-    let br = rows_per_task(g.rows);
+    let exp = body_exponential(body, &g);
+    // A body reading the rows again wants them in L2 still.
+    let most = if exp.is_some() { L2_ROWS_BYTES / (4 * g.cols) } else { MAX_ROWS };
+    let br = rows_per_task(g.rows, most);
     let f32t = DType::F32;
     let mut cx = Ctx::new(Opts::default(), true);
     let (mx, raw, sum) = (cx.fresh_alloc(f32t, br), cx.fresh_alloc(f32t, br), cx.fresh_alloc(f32t, br));
@@ -235,6 +323,37 @@ pub(crate) fn lower_online_rows(body: &UOp, out: &UOp) -> Option<UOp> {
         at.push(e.clone());
         ((&row0 + &r) * g.cols as i64 + &e, vec![e, r])
     };
+    // The property relied on: `h` is one value per row (its value at the row's elements does
+    // not depend on the element), so one shift serves the row. Checked on the value rangeify
+    // gives it; a shift that varies keeps the body's exponential in its loop.
+    let row_shift = exp.as_ref().and_then(|exp| {
+        let shift = cx.value_at(&exp.shift, &at).ok()?;
+        (!UOp::toposort(std::slice::from_ref(&shift)).contains(&ranges[0])).then_some((exp, shift))
+    });
+    if let Some((exp, shift)) = row_shift {
+        // The row's exponentials into a row tile, then the body reads them there.
+        let r = &ranges[1];
+        let (shift_tile, row_tile) = (cx.fresh_alloc(f32t, 1), cx.fresh_alloc(f32t, g.cols));
+        // declared per task (the THREAD range) and written per row
+        let within = &[t.clone(), r.clone()][..];
+        let set = shift_tile.after(within).index(0).store(shift);
+        let op =
+            TileOp::ExpRows { rows: 1, cols: g.cols, ldx: g.ld, ldy: g.cols, scale: exp.base2.to_bits() };
+        let row_start = (&row0 + r) * g.ld as i64 + g.input.base as i64;
+        let ys = tile(
+            op,
+            &[
+                x.index(&row_start),
+                shift_tile.after(std::slice::from_ref(&set)).index(0),
+                row_tile.after(within).index(0),
+            ],
+        );
+        let mut origin = at.clone();
+        *origin.last_mut()? = idx(0);
+        let mut strides = vec![0; origin.len()];
+        *strides.last_mut()? = 1;
+        cx.assume(&exp.node, Known { buffer: row_tile.after(std::slice::from_ref(&ys)), origin, strides });
+    }
     let value = cx.value_at(body, &at).ok()?;
     let mut ends = ranges;
     ends.push(t.clone());
@@ -258,7 +377,7 @@ mod tests {
     #[test]
     fn tasks_divide_the_rows() {
         for rows in [1, 7, 64, 256, 1000] {
-            let br = rows_per_task(rows);
+            let br = rows_per_task(rows, MAX_ROWS);
             assert!((1..=MAX_ROWS).contains(&br) && rows % br == 0, "{rows}: {br}");
         }
     }

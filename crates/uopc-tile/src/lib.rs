@@ -17,6 +17,8 @@
 //!   scores instead, for a `P · V` GEMM that reads an f32 P in place.
 //! * [`max_sum_exp`]: the online step of a row logsumexp (running maximum and sum of
 //!   exponentials over a block of rows read in place), one vector exponential per element.
+//! * [`exp_rows`]: `Y = exp2(c (X - b))` per row with X read in place, the second pass of a
+//!   softmax whose row state [`max_sum_exp`] found.
 //! * [`softmax_recompute`] and [`softmax_grad`]: the elementwise steps of the backward pass,
 //!   the probabilities from the saved log-sum-exp and `dS = P * (dP - Delta)`.
 //!
@@ -36,7 +38,7 @@
 //! [`uopc_tile_gemm_f32_f16`],
 //! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`],
 //! [`uopc_tile_softmax_update_rounded_in_place`], [`convert::uopc_tile_convert_block`],
-//! [`uopc_tile_max_sum_exp_f32`]). Kernels
+//! [`uopc_tile_max_sum_exp_f32`], [`uopc_tile_exp_rows_f32`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
 
@@ -48,6 +50,7 @@ mod bf16_gemm;
 mod blocked;
 pub mod convert;
 mod error;
+mod exp_rows;
 mod f16_gemm;
 mod gemm;
 mod isa;
@@ -67,6 +70,7 @@ pub use bf16_gemm::{
     uopc_tile_gemm_bf16_desc,
 };
 pub use error::TileError;
+pub use exp_rows::{ExpRowsShape, exp_rows, exp_rows_unchecked, uopc_tile_exp_rows_f32};
 pub use f16_gemm::{
     gemm_f16, gemm_f16_unchecked, gemm_f32_f16, gemm_f32_f16_unchecked, uopc_tile_gemm_f16,
     uopc_tile_gemm_f16_desc, uopc_tile_gemm_f32_f16,

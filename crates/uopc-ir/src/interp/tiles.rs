@@ -89,6 +89,17 @@ impl Machine<'_> {
                     }
                 }
             }
+            TileOp::ExpRows { rows, cols, ldx, ldy, scale } => {
+                let c = f64::from(f32::from_bits(scale));
+                // With no columns the op touches nothing, not even the shifts.
+                for r in 0..if cols == 0 { 0 } else { rows } {
+                    let b = self.get(node, at[1], r)?;
+                    for j in 0..cols {
+                        let x = self.get(node, at[0], r * ldx + j)?;
+                        self.put(node, at[2], r * ldy + j, (c * (x - b)).exp2())?;
+                    }
+                }
+            }
             TileOp::MaxSumExp { rows, cols, ld, scale } => {
                 let c = f64::from(f32::from_bits(scale));
                 // With no columns the op touches nothing, not even the running state.

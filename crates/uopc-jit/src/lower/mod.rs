@@ -389,6 +389,13 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 args.push(int(kind));
                 self.externs.get(Extern::TileConvert)
             }
+            TileOp::ExpRows { rows, cols, ldx, ldy, scale } => {
+                for v in [rows, cols, ldx, ldy] {
+                    args.push(int(v as i64));
+                }
+                args.push(int(i64::from(scale)));
+                self.externs.get(Extern::TileExpRows)
+            }
         };
         // The status is always 0: every argument the kernel checks was checked at compile time.
         self.b.ins().call(f, &args);

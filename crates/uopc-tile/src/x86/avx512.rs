@@ -769,3 +769,27 @@ pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale:
     let total = _mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]));
     (new_max, _mm512_reduce_add_ps(total))
 }
+
+/// `y[j] = exp2(c * (x[j] - b))` for `j < len` (see [`crate::exp_rows`]), 16 lanes at a time
+/// with the tail masked.
+///
+/// # Safety
+///
+/// AVX-512F is available, `x` is readable and `y` writable for `len` floats, and they do not
+/// overlap.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn exp_row(x: *const f32, y: *mut f32, len: usize, b: f32, scale: f32) {
+    let (bv, cv) = (_mm512_set1_ps(b), _mm512_set1_ps(scale));
+    let full = len - len % 16;
+    // SAFETY: full vectors end at `full <= len`, the tail is masked to `len`.
+    unsafe {
+        for j in (0..full).step_by(16) {
+            _mm512_storeu_ps(y.add(j), exp2(_mm512_mul_ps(cv, _mm512_sub_ps(_mm512_loadu_ps(x.add(j)), bv))));
+        }
+        let tail = lanes(len % 16);
+        if tail != 0 {
+            let v = _mm512_maskz_loadu_ps(tail, x.add(full));
+            _mm512_mask_storeu_ps(y.add(full), tail, exp2(_mm512_mul_ps(cv, _mm512_sub_ps(v, bv))));
+        }
+    }
+}
