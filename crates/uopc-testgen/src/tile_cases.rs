@@ -146,17 +146,28 @@ impl SoftmaxShape {
     }
 }
 
+/// `tasks` THREAD iterations of the update `op`, each on its own blocks of four f32 buffers
+/// (S, row_max, row_sum, O, with `s`'s lengths and offset); with `p_over_s`, S is also the
+/// op's fifth operand, P.
+fn update_program(op: TileOp, s: &SoftmaxShape, tasks: usize, p_over_s: bool) -> UOp {
+    let lens = s.lens();
+    let bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
+    let t = range(tasks, 0, AxisType::Thread);
+    let mut operands: Vec<UOp> =
+        bufs.iter().zip(lens).map(|(b, len)| b.index(&t * len + s.offset as i64)).collect();
+    if p_over_s {
+        operands.push(operands[0].clone());
+    }
+    sink(&[sink(&[tile(op, &operands)]).end(&[t])])
+}
+
 /// `tasks` THREAD iterations of one softmax update, each on its own blocks. With `special`
 /// the first rows (where they exist) are, in order: all `-inf` (scores and max: P = 0, l and O
 /// kept), a first block (max `-inf`, finite scores), masked (scores `-inf`, finite max), and
 /// one whose maximum is its last score (the max moves late in the row).
 pub fn softmax_case(s: SoftmaxShape, tasks: usize, special: bool, seed: u64) -> Case {
     let lens = s.lens();
-    let bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
-    let t = range(tasks, 0, AxisType::Thread);
-    let operands: Vec<UOp> =
-        bufs.iter().zip(lens).map(|(b, len)| b.index(&t * len + s.offset as i64)).collect();
-    let program = sink(&[sink(&[tile(s.op(), &operands)]).end(&[t])]);
+    let program = update_program(s.op(), &s, tasks, false);
 
     let mut scores: Vec<f32> = values(lens[0] * tasks + 1, seed).iter().map(|x| x * 8.0).collect();
     let mut row_max: Vec<f32> = values(lens[1] * tasks + 1, seed + 1).iter().map(|x| x * 4.0).collect();
@@ -193,13 +204,7 @@ pub fn softmax_scaled_case(s: SoftmaxShape, scale: f32, tasks: usize, special: b
     let unscaled = softmax_case(s, tasks, special, seed);
     let TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, .. } = s.op() else { unreachable!("an update") };
     let op = TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale: scale.to_bits() };
-    let lens = s.lens();
-    let bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
-    let t = range(tasks, 0, AxisType::Thread);
-    let operands: Vec<UOp> =
-        bufs.iter().zip(lens).map(|(b, len)| b.index(&t * len + s.offset as i64)).collect();
-    let program = sink(&[sink(&[tile(op, &operands)]).end(&[t])]);
-    Case { program, inputs: unscaled.inputs }
+    Case { program: update_program(op, &s, tasks, false), inputs: unscaled.inputs }
 }
 
 /// [`softmax_case`] for [`TileOp::SoftmaxUpdateRounded`]: the same score, max, sum and output
@@ -259,7 +264,6 @@ pub fn softmax_rounded_in_place_case(
     seed: u64,
 ) -> Case {
     let f32_case = softmax_case(s, tasks, special, seed);
-    let lens = s.lens();
     let SoftmaxShape { rows, cols, d, pad, .. } = s;
     let op = TileOp::SoftmaxUpdateRounded {
         rows,
@@ -271,12 +275,7 @@ pub fn softmax_rounded_in_place_case(
         scale: scale.to_bits(),
         round_to,
     };
-    let bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
-    let t = range(tasks, 0, AxisType::Thread);
-    let mut operands: Vec<UOp> =
-        bufs.iter().zip(lens).map(|(b, len)| b.index(&t * len + s.offset as i64)).collect();
-    operands.push(operands[0].clone());
-    let program = sink(&[sink(&[tile(op, &operands)]).end(&[t])]);
+    let program = update_program(op, &s, tasks, true);
     Case { program, inputs: f32_case.inputs }
 }
 
