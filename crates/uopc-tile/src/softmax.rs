@@ -228,6 +228,21 @@ pub unsafe fn softmax_update_unchecked(
     }
 }
 
+/// The shape the flat softmax entries receive as the `i64`s `[rows, cols, lds, ldo, d]`, and
+/// whether its four f32 operands `[s, row_max, row_sum, o]` may be used: `None` when a size is
+/// negative, a leading dimension too small, an extent overflows, or an operand is null while
+/// its buffer is non-empty (the checks every flat entry makes before touching memory).
+pub(crate) fn flat_update_shape(dims: [i64; 5], operands: [*const f32; 4]) -> Option<SoftmaxShape> {
+    let [rows, cols, lds, ldo, d] = dims.map(|x| usize::try_from(x).ok());
+    let sh = SoftmaxShape { rows: rows?, cols: cols?, lds: lds?, ldo: ldo?, d: d? };
+    let [ns, no] = sh.extents().ok()?;
+    let [s, row_max, row_sum, o] = operands;
+    let null = (ns > 0 && s.is_null())
+        || (no > 0 && o.is_null())
+        || (sh.rows > 0 && (row_max.is_null() || row_sum.is_null()));
+    (!null).then_some(sh)
+}
+
 /// Flat C-ABI softmax update for JIT-compiled code, with the fastest ISA of this CPU.
 ///
 /// Arguments, in order: `s`, `row_max`, `row_sum`, `o` (pointers to f32), then the `i64`s
@@ -255,19 +270,8 @@ pub unsafe extern "C" fn uopc_tile_softmax_update_f32(
     d: i64,
     scale: i64,
 ) -> i32 {
-    let u = |x: i64| usize::try_from(x).ok();
-    let (Some(rows), Some(cols), Some(lds), Some(ldo), Some(d)) = (u(rows), u(cols), u(lds), u(ldo), u(d))
-    else {
-        return -1;
-    };
-    let sh = SoftmaxShape { rows, cols, lds, ldo, d };
-    let Ok([ns, no]) = sh.extents() else { return -1 };
-    if (ns > 0 && s.is_null())
-        || (no > 0 && o.is_null())
-        || (rows > 0 && (row_max.is_null() || row_sum.is_null()))
-    {
-        return -1;
-    }
+    let operands = [s.cast_const(), row_max.cast_const(), row_sum.cast_const(), o.cast_const()];
+    let Some(sh) = flat_update_shape([rows, cols, lds, ldo, d], operands) else { return -1 };
     let scale = f32::from_bits(scale as u32);
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
     unsafe { softmax_update_unchecked(Isa::detect(), &sh, scale, s, row_max, row_sum, o) };

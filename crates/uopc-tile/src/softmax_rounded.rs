@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 
 use crate::error::check_len;
-use crate::softmax::exp2_scalar;
+use crate::softmax::{exp2_scalar, flat_update_shape};
 use crate::{Isa, SoftmaxShape, TileError, convert};
 
 /// A 16-bit type the probabilities of [`softmax_update_rounded`] are rounded to: `bf16` or
@@ -371,20 +371,11 @@ pub unsafe extern "C" fn uopc_tile_softmax_update_rounded(
     scale: i64,
     is_f16: i64,
 ) -> i32 {
-    let u = |x: i64| usize::try_from(x).ok();
-    let (Some(rows), Some(cols), Some(lds), Some(ldo), Some(d), Some(ldp)) =
-        (u(rows), u(cols), u(lds), u(ldo), u(d), u(ldp))
-    else {
-        return -1;
-    };
-    let sh = SoftmaxShape { rows, cols, lds, ldo, d };
-    let (Ok([ns, no]), Ok(np)) = (sh.extents(), crate::error::span("p", rows, cols, ldp)) else { return -1 };
-    if (ns > 0 && s.is_null())
-        || (no > 0 && o.is_null())
-        || (np > 0 && p.is_null())
-        || (rows > 0 && (row_max.is_null() || row_sum.is_null()))
-        || !(0..=1).contains(&is_f16)
-    {
+    let operands = [s, row_max.cast_const(), row_sum.cast_const(), o.cast_const()];
+    let Some(sh) = flat_update_shape([rows, cols, lds, ldo, d], operands) else { return -1 };
+    let Ok(ldp) = usize::try_from(ldp) else { return -1 };
+    let Ok(np) = crate::error::span("p", sh.rows, sh.cols, ldp) else { return -1 };
+    if (np > 0 && p.is_null()) || !(0..=1).contains(&is_f16) {
         return -1;
     }
     let scale = f32::from_bits(scale as u32);
@@ -449,18 +440,9 @@ pub unsafe extern "C" fn uopc_tile_softmax_update_rounded_in_place(
     scale: i64,
     is_f16: i64,
 ) -> i32 {
-    let u = |x: i64| usize::try_from(x).ok();
-    let (Some(rows), Some(cols), Some(lds), Some(ldo), Some(d)) = (u(rows), u(cols), u(lds), u(ldo), u(d))
-    else {
-        return -1;
-    };
-    let sh = SoftmaxShape { rows, cols, lds, ldo, d };
-    let Ok([ns, no]) = sh.extents() else { return -1 };
-    if (ns > 0 && s.is_null())
-        || (no > 0 && o.is_null())
-        || (rows > 0 && (row_max.is_null() || row_sum.is_null()))
-        || !(0..=1).contains(&is_f16)
-    {
+    let operands = [s.cast_const(), row_max.cast_const(), row_sum.cast_const(), o.cast_const()];
+    let Some(sh) = flat_update_shape([rows, cols, lds, ldo, d], operands) else { return -1 };
+    if !(0..=1).contains(&is_f16) {
         return -1;
     }
     let scale = f32::from_bits(scale as u32);
