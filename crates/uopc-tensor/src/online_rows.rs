@@ -35,9 +35,9 @@
 
 use crate::online::{OnlineSum, shifted_exp2, symbolic_index};
 use crate::opt::Opts;
-use crate::rangeify::{Ctx, Known, movement_source_index};
+use crate::rangeify::{Ctx, Known, movement_source_index, unravel};
 use crate::tilemap::{Affine, affine};
-use crate::util::{largest_divisor_at_most, numel};
+use crate::util::{dense_strides, largest_divisor_at_most, numel};
 use std::collections::HashSet;
 use uopc_ir::{AxisType, DType, Op, ReduceOp, TileOp, UOp, buffer, f32c, idx, range, simplify, sink, tile};
 
@@ -251,28 +251,6 @@ fn rows_per_task(rows: usize, most: usize) -> usize {
         br = largest_divisor_at_most(rows, br / 2);
     }
     br
-}
-
-/// The per-axis index in `shape` of the flat row-major offset `flat`.
-fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
-    let mut out = vec![idx(0); shape.len()];
-    let mut stride = 1usize;
-    for k in (0..shape.len()).rev() {
-        if shape[k] != 1 {
-            out[k] = flat.idiv(stride as i64).modulo(shape[k] as i64);
-        }
-        stride *= shape[k];
-    }
-    out
-}
-
-/// Row-major strides of `shape`.
-fn dense_strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; shape.len()];
-    for k in (0..shape.len().saturating_sub(1)).rev() {
-        s[k] = s[k + 1] * shape[k + 1];
-    }
-    s
 }
 
 /// The tile-op program of kernel `body` writing `out`, or `None` when `body` is not a function

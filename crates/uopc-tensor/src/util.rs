@@ -11,3 +11,12 @@ pub(crate) fn numel(shape: &[usize]) -> usize {
 pub fn largest_divisor_at_most(n: usize, want: usize) -> usize {
     (1..=want.max(1)).rev().find(|b| n.is_multiple_of(*b)).unwrap_or(1)
 }
+
+/// Row-major strides of `shape`, in elements.
+pub(crate) fn dense_strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        s[k] = s[k + 1] * shape[k + 1];
+    }
+    s
+}

@@ -183,7 +183,7 @@ fn ravel(index: &[UOp], shape: &[usize]) -> UOp {
 }
 
 /// The per-axis index in `shape` of a flat offset: `(flat // stride) % size`.
-fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
+pub(crate) fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
     let mut out = vec![idx(0); shape.len()];
     let mut stride = 1usize;
     for k in (0..shape.len()).rev() {

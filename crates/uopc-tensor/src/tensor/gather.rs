@@ -12,7 +12,7 @@
 use super::Tensor;
 use super::custom::CustomVjp;
 use crate::error::{Result, TensorError, shape_err};
-use crate::util::numel;
+use crate::util::{dense_strides, numel};
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use uopc_ir::{AxisType, CustomKernel, DType, DataRef, HostBuffer, Op, UOp, buffer, idx, range, sink};
@@ -51,13 +51,9 @@ struct Selection {
     axis: usize,
 }
 
-/// Row-major strides of `shape`, in elements.
+/// Row-major strides of `shape`, in elements, as index constants.
 fn strides(shape: &[usize]) -> Vec<i64> {
-    let mut s = vec![1i64; shape.len()];
-    for k in (0..shape.len().saturating_sub(1)).rev() {
-        s[k] = s[k + 1] * shape[k + 1] as i64;
-    }
-    s
+    dense_strides(shape).into_iter().map(|s| s as i64).collect()
 }
 
 /// `sum_k terms[k] * strides[k]`, as an index expression.
