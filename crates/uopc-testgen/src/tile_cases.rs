@@ -136,8 +136,27 @@ pub struct SoftmaxShape {
 impl SoftmaxShape {
     /// The IR's tile op for this shape, leading dimensions padded by `pad`.
     pub fn op(&self) -> TileOp {
+        self.scaled_op(1.0)
+    }
+    /// [`SoftmaxShape::op`] with the scores scaled by `scale` inside the op.
+    pub fn scaled_op(&self, scale: f32) -> TileOp {
         let SoftmaxShape { rows, cols, d, pad, .. } = *self;
-        TileOp::SoftmaxUpdate { rows, cols, lds: cols + pad, d, ldo: d + pad, scale: 1f32.to_bits() }
+        TileOp::SoftmaxUpdate { rows, cols, lds: cols + pad, d, ldo: d + pad, scale: scale.to_bits() }
+    }
+    /// The rounded step of 16-bit attention on this shape: scores scaled by `scale`, P rounded
+    /// to `round_to` with rows padded like S's.
+    pub fn rounded_op(&self, scale: f32, round_to: DType) -> TileOp {
+        let SoftmaxShape { rows, cols, d, pad, .. } = *self;
+        TileOp::SoftmaxUpdateRounded {
+            rows,
+            cols,
+            lds: cols + pad,
+            d,
+            ldo: d + pad,
+            ldp: cols + pad,
+            scale: scale.to_bits(),
+            round_to,
+        }
     }
     /// Elements per task of S, row_max, row_sum and O (offsets included).
     pub fn lens(&self) -> [usize; 4] {
@@ -202,9 +221,7 @@ pub fn softmax_case(s: SoftmaxShape, tasks: usize, special: bool, seed: u64) -> 
 /// reads its queries unscaled): the same buffers and values.
 pub fn softmax_scaled_case(s: SoftmaxShape, scale: f32, tasks: usize, special: bool, seed: u64) -> Case {
     let unscaled = softmax_case(s, tasks, special, seed);
-    let TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, .. } = s.op() else { unreachable!("an update") };
-    let op = TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale: scale.to_bits() };
-    Case { program: update_program(op, &s, tasks, false), inputs: unscaled.inputs }
+    Case { program: update_program(s.scaled_op(scale), &s, tasks, false), inputs: unscaled.inputs }
 }
 
 /// [`softmax_case`] for [`TileOp::SoftmaxUpdateRounded`]: the same score, max, sum and output
@@ -223,17 +240,7 @@ pub fn softmax_rounded_case(
     let f32_case = softmax_case(s, tasks, special, seed);
     let lens = s.lens();
     let p_len = lens[0];
-    let SoftmaxShape { rows, cols, d, pad, .. } = s;
-    let op = TileOp::SoftmaxUpdateRounded {
-        rows,
-        cols,
-        lds: cols + pad,
-        d,
-        ldo: d + pad,
-        ldp: cols + pad,
-        scale: scale.to_bits(),
-        round_to: p_dtype,
-    };
+    let op = s.rounded_op(scale, p_dtype);
     let mut bufs: Vec<UOp> = (0..4).map(|k| buffer(k, DType::F32, lens[k] * tasks + 1)).collect();
     bufs.push(buffer(4, p_dtype, p_len * tasks + 1));
     let t = range(tasks, 0, AxisType::Thread);
@@ -264,18 +271,7 @@ pub fn softmax_rounded_in_place_case(
     seed: u64,
 ) -> Case {
     let f32_case = softmax_case(s, tasks, special, seed);
-    let SoftmaxShape { rows, cols, d, pad, .. } = s;
-    let op = TileOp::SoftmaxUpdateRounded {
-        rows,
-        cols,
-        lds: cols + pad,
-        d,
-        ldo: d + pad,
-        ldp: cols + pad,
-        scale: scale.to_bits(),
-        round_to,
-    };
-    let program = update_program(op, &s, tasks, true);
+    let program = update_program(s.rounded_op(scale, round_to), &s, tasks, true);
     Case { program, inputs: f32_case.inputs }
 }
 
