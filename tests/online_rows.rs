@@ -7,9 +7,12 @@
 use ndarray::{Array2, ArrayD, IxDyn};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use uopc::ir::{Op, Stmt, TileOp, UOp, linearize, view_base};
+use uopc::ir::{Op, TileOp, UOp, linearize, view_base};
 use uopc::tensor::{DefaultOpt, Experiments, gradient};
 use uopc::{RealizeOptions, Tensor, make_plan};
+
+mod common;
+use common::{accumulators_inside_thread, max_err, realize};
 
 /// The three ways compared: online sums on tile ops (the default fused plan), online sums in
 /// rangeify's loops (no tile ops), and the sums as written.
@@ -53,28 +56,6 @@ fn shifted_sums(x: &Array2<f32>) -> Vec<(f64, f64)> {
             (g, row.iter().map(|&v| (f64::from(v) - g).exp()).sum())
         })
         .collect()
-}
-
-/// Largest difference relative to `max(|want|, 1)`; NaN only matches NaN and an infinity only
-/// itself.
-fn max_err(got: &ArrayD<f32>, want: &ArrayD<f64>) -> f64 {
-    assert_eq!(got.shape(), want.shape());
-    got.iter()
-        .zip(want.iter())
-        .map(|(&g, &w)| {
-            let g = f64::from(g);
-            match (g.is_nan(), w.is_nan()) {
-                (true, true) => 0.0,
-                (false, false) if g == w => 0.0,
-                (false, false) => (g - w).abs() / w.abs().max(1.0),
-                _ => f64::INFINITY,
-            }
-        })
-        .fold(0.0, f64::max)
-}
-
-fn realize(t: &Tensor, opts: &RealizeOptions) -> ArrayD<f32> {
-    t.realize_with(opts).expect("realizes").0.to_ndarray::<f32>().expect("f32")
 }
 
 /// Whether the fused plan of `t` lowers its online sum on the row tile op.
@@ -164,23 +145,6 @@ fn cross_entropy_and_its_gradient_match_f64_with_the_gradient_on_row_tiles() {
             assert!(err < 1e-7, "gradient {n}x{c} ({form}): error {err}");
         }
     }
-}
-
-/// Whether every store to a local accumulator sits inside the THREAD loop.
-fn accumulators_inside_thread(program: &UOp) -> bool {
-    fn go(body: &[Stmt], in_thread: bool, thread: &UOp) -> bool {
-        body.iter().all(|s| match s {
-            Stmt::Loop { range, body } => go(body, in_thread || range == thread, thread),
-            Stmt::Op(u) if matches!(u.op(), Op::Store) => {
-                let local = view_base(&u.src()[0]).is_some_and(|b| matches!(b.op(), Op::Alloc { .. }));
-                !local || in_thread
-            }
-            Stmt::Op(_) => true,
-        })
-    }
-    let lin = linearize(program).unwrap();
-    let Some(thread) = lin.thread.clone() else { return false };
-    go(&lin.root, false, &thread)
 }
 
 #[test]

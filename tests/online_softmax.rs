@@ -5,9 +5,12 @@
 use ndarray::{Array2, ArrayD, Axis, IxDyn};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use uopc::ir::{Op, Stmt, UOp, linearize, view_base};
+use uopc::ir::{Op, Stmt, UOp, linearize};
 use uopc::tensor::{Experiments, canonicalize, input_products, online_reductions, static_flops};
 use uopc::{RealizeOptions, Tensor, make_plan};
+
+mod common;
+use common::{accumulators_inside_thread, max_err, realize};
 
 fn written() -> RealizeOptions {
     RealizeOptions::fused()
@@ -58,27 +61,6 @@ fn logsumexp_f64(x: &Array2<f64>) -> Vec<f64> {
 
 fn to_f64(a: &Array2<f32>) -> Array2<f64> {
     a.mapv(f64::from)
-}
-
-/// Largest difference, NaN only matching NaN and infinities matching themselves.
-fn max_err(got: &ArrayD<f32>, want: &ArrayD<f64>) -> f64 {
-    assert_eq!(got.shape(), want.shape());
-    got.iter()
-        .zip(want.iter())
-        .map(|(&g, &w)| {
-            let g = f64::from(g);
-            match (g.is_nan(), w.is_nan()) {
-                (true, true) => 0.0,
-                (false, false) if g == w => 0.0,
-                (false, false) => (g - w).abs() / w.abs().max(1.0),
-                _ => f64::INFINITY,
-            }
-        })
-        .fold(0.0, f64::max)
-}
-
-fn realize(t: &Tensor, opts: &RealizeOptions) -> ArrayD<f32> {
-    t.realize_with(opts).expect("realizes").0.to_ndarray::<f32>().expect("f32")
 }
 
 #[test]
@@ -237,23 +219,6 @@ fn cross_entropy_gradient_through_online_sums_matches_f64() {
     assert!(online_sums(&grad) >= 1);
     let err = max_err(&realize(&grad, &RealizeOptions::fused()), &want);
     assert!(err < 1e-6, "error {err}");
-}
-
-/// Whether every store to a local accumulator sits inside the THREAD loop.
-fn accumulators_inside_thread(program: &UOp) -> bool {
-    fn go(body: &[Stmt], in_thread: bool, thread: &UOp) -> bool {
-        body.iter().all(|s| match s {
-            Stmt::Loop { range, body } => go(body, in_thread || range == thread, thread),
-            Stmt::Op(u) if matches!(u.op(), Op::Store) => {
-                let local = view_base(&u.src()[0]).is_some_and(|b| matches!(b.op(), Op::Alloc { .. }));
-                !local || in_thread
-            }
-            Stmt::Op(_) => true,
-        })
-    }
-    let lin = linearize(program).unwrap();
-    let Some(thread) = lin.thread.clone() else { return false };
-    go(&lin.root, false, &thread)
 }
 
 #[test]
