@@ -86,13 +86,14 @@ impl Blocking {
         };
         // Stacked heads keep a query tile; one head's rows may read q in place (f32).
         let stacked_rows = rows_fitting(tile_bytes_per_row(config.dtype, d, keys, true));
-        let one_head_rows = rows_fitting(tile_bytes_per_row(config.dtype, d, keys, !in_place_dtype(config)));
+        let one_head_rows =
+            rows_fitting(tile_bytes_per_row(config.dtype, d, keys, !queries_in_place(config, 1)));
         let group = heads / kv_heads;
         let (heads_per_task, mut queries) = if n_q >= one_head_rows {
             (1, one_head_rows)
         } else {
-            let max_rows = stacked_rows;
-            let g = (1..=group).rev().find(|g| group.is_multiple_of(*g) && g * n_q <= max_rows).unwrap_or(1);
+            let g =
+                (1..=group).rev().find(|g| group.is_multiple_of(*g) && g * n_q <= stacked_rows).unwrap_or(1);
             (g, n_q)
         };
         let max_rows = if heads_per_task == 1 { one_head_rows } else { stacked_rows };
@@ -112,7 +113,7 @@ impl Blocking {
         let tasks = batch * kv_heads * (group / heads_per_task) * n_q.div_ceil(queries);
         let rows = heads_per_task * queries;
         let wide = STREAMED_KEY_BLOCK.min(n_k);
-        let query_tile = !(in_place_dtype(config) && heads_per_task == 1);
+        let query_tile = !queries_in_place(config, heads_per_task);
         let keys = if rows <= FEW_ROWS
             && rows * tile_bytes_per_row(config.dtype, d, wide, query_tile) <= TILE_BUDGET
         {
@@ -136,7 +137,7 @@ impl Blocking {
     /// than from a scaled copy on the stack: for f32 with one query head per task, whose rows
     /// are evenly strided in q. The copy's room then goes to more rows.
     pub fn reads_queries_in_place(&self, config: &SdpaConfig) -> bool {
-        in_place_dtype(config) && self.heads_per_task == 1
+        queries_in_place(config, self.heads_per_task)
     }
 
     /// Rows of each sub-tile that a causal task's diagonal band runs in, when the band is
@@ -164,10 +165,11 @@ impl Blocking {
     }
 }
 
-/// Whether the dtype's score GEMM can read unscaled queries in place: f32 (a 16-bit query tile
-/// is the f32 or bf16 operand its GEMMs take, so it stays a copy).
-fn in_place_dtype(config: &SdpaConfig) -> bool {
-    config.dtype == SdpaDType::F32
+/// Whether tasks of `heads_per_task` query heads read their queries in place: f32 (a 16-bit
+/// query tile is the f32 or bf16 operand its GEMMs take, so it stays a copy) with one head
+/// (stacked heads' rows are not evenly strided in q).
+fn queries_in_place(config: &SdpaConfig, heads_per_task: usize) -> bool {
+    config.dtype == SdpaDType::F32 && heads_per_task == 1
 }
 
 /// Stack bytes one task row takes with blocks of `keys` keys: the query row when there is a
