@@ -192,3 +192,100 @@ fn weighted_sums_and_computed_rows_keep_the_loop_path() {
     // an output element reads the state of rows other than its own (a task holds its own)
     assert!(!on_row_tiles(&x.softmax(-1).reshape(&[3000, 4]).t()));
 }
+
+#[test]
+fn a_loss_and_its_gradient_realized_together_read_the_logits_in_one_kernel() {
+    let count_row_steps = |program: &UOp| {
+        UOp::toposort(std::slice::from_ref(program))
+            .iter()
+            .filter(|u| matches!(u.op(), Op::Tile(TileOp::MaxSumExp { .. })))
+            .count()
+    };
+    let apart = RealizeOptions::fused()
+        .with_experiments(Experiments { separate_row_siblings: true, ..Experiments::default() });
+    for (k, &(n, c)) in [(1, 3), (4, 37), (8, 3000), (6, 7001), (64, 32000)].iter().enumerate() {
+        let x = logits(n, c, 300 + k as u64, false);
+        let mut rng = StdRng::seed_from_u64(40 + k as u64);
+        let targets: Vec<usize> = (0..n).map(|_| rng.random_range(0..c)).collect();
+        let logits = Tensor::from_array(&x);
+        let loss = logits.cross_entropy(&targets);
+        let grad = gradient(&loss, &[&logits]).unwrap().remove(0);
+        let roots = [loss.uop().clone(), grad.uop().clone()];
+        let plan = make_plan(&roots, &RealizeOptions::fused()).unwrap();
+        // One kernel computes every row's maximum and sum, and writes both the per-row losses
+        // and the gradient from them; the other kernels read n targets' logits and average.
+        let readers: Vec<_> = plan.kernels.iter().filter(|k| count_row_steps(&k.program) > 0).collect();
+        assert_eq!(readers.len(), 1, "{n}x{c}: {plan}");
+        assert_eq!(count_row_steps(&readers[0].program), 1, "{n}x{c}: one row step per task");
+        assert_eq!(readers[0].written().len(), 2, "{n}x{c}: {plan}");
+        assert!(format!("{plan}").contains("shared by 2 outputs"), "{plan}");
+        assert!(accumulators_inside_thread(&readers[0].program));
+        // The gradient is written whole by its one kernel, so it is not zeroed first.
+        assert!(plan.unzeroed_outputs() >= 1, "{n}x{c}: {plan}");
+        let separate = make_plan(&roots, &apart).unwrap();
+        let readers = separate.kernels.iter().filter(|k| count_row_steps(&k.program) > 0).count();
+        assert_eq!(readers, 2, "{n}x{c}: apart, each kernel reads the rows: {separate}");
+        // Against f64, and bit for bit against the kernels apart: each row's state and each
+        // output element is computed the same way in both.
+        let sums = shifted_sums(&x);
+        let loss_want: f64 =
+            (0..n).map(|i| sums[i].1.ln() + sums[i].0 - f64::from(x[[i, targets[i]]])).sum::<f64>()
+                / n as f64;
+        let grad_want = Array2::from_shape_fn((n, c), |(i, j)| {
+            let (g, s) = sums[i];
+            let p = (f64::from(x[[i, j]]) - g).exp() / s;
+            (p - if j == targets[i] { 1.0 } else { 0.0 }) / n as f64
+        })
+        .into_dyn();
+        let realize_both = |opts: &RealizeOptions| {
+            let (out, _) = uopc::tensor::realize(&[&loss, &grad], opts).unwrap();
+            (out[0].to_ndarray::<f32>().unwrap(), out[1].to_ndarray::<f32>().unwrap())
+        };
+        let (got_loss, got_grad) = realize_both(&RealizeOptions::fused());
+        let got = f64::from(got_loss[IxDyn(&[])]);
+        assert!(
+            (got - loss_want).abs() / loss_want.abs().max(1.0) < 2e-5,
+            "loss {n}x{c}: {got} vs {loss_want}"
+        );
+        // gradients are at most 1/n; 1e-7 absolute is 1e-6 of a probability's scale at n=8
+        let err = max_err(&got_grad, &grad_want);
+        assert!(err < 1e-7, "gradient {n}x{c}: error {err}");
+        let (apart_loss, apart_grad) = realize_both(&apart);
+        assert_eq!(got_loss, apart_loss, "{n}x{c}: the loss");
+        assert!(
+            got_grad.iter().zip(&apart_grad).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{n}x{c}: the gradient"
+        );
+    }
+}
+
+#[test]
+fn row_kernels_join_only_within_one_group() {
+    let (xa, ya) = (logits(6, 700, 21, true), logits(6, 700, 22, false));
+    let (x, y) = (Tensor::from_array(&xa), Tensor::from_array(&ya));
+    // x's logsumexp and log-softmax read one group; y's logsumexp reads other rows
+    let (lse_x, lse_y, lsm_x) = (x.logsumexp(-1, false), y.logsumexp(-1, false), x.log_softmax(-1));
+    let roots = [lse_x.uop().clone(), lse_y.uop().clone(), lsm_x.uop().clone()];
+    let plan = make_plan(&roots, &RealizeOptions::fused()).unwrap();
+    assert_eq!(plan.kernels.len(), 2, "{plan}");
+    let written: Vec<Vec<uopc::tensor::ArgSource>> =
+        plan.kernels.iter().map(|k| k.written().to_vec()).collect();
+    use uopc::tensor::ArgSource::Output;
+    assert_eq!(written, [vec![Output(0), Output(2)], vec![Output(1)]], "{plan}");
+    for k in &plan.kernels {
+        assert!(k.written().iter().all(|w| !k.read().contains(w)), "a kernel reads what it writes: {plan}");
+    }
+    let (out, _) = uopc::tensor::realize(&[&lse_x, &lse_y, &lsm_x], &RealizeOptions::fused()).unwrap();
+    for (got, a, log_softmax) in [(&out[0], &xa, false), (&out[1], &ya, false), (&out[2], &xa, true)] {
+        let sums = shifted_sums(a);
+        let want = if log_softmax {
+            Array2::from_shape_fn(a.dim(), |(i, j)| (f64::from(a[[i, j]]) - sums[i].0) - sums[i].1.ln())
+                .into_dyn()
+        } else {
+            ArrayD::from_shape_vec(IxDyn(&[a.nrows()]), sums.iter().map(|&(g, s)| s.ln() + g).collect())
+                .unwrap()
+        };
+        let err = max_err(&got.to_ndarray::<f32>().unwrap(), &want);
+        assert!(err < 2e-5, "error {err}");
+    }
+}

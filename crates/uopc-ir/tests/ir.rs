@@ -426,3 +426,43 @@ fn loops_each_inside_the_other_are_an_error_not_a_panic() {
     let e = verify_simplified(&program).unwrap_err();
     assert_eq!(e.kind, IrErrorKind::Structure, "{e}");
 }
+
+#[test]
+fn stores_every_element_holds_only_for_one_to_one_walks_of_plain_stores() {
+    let n = 24;
+    let (x, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n));
+    let (i, j, k) = (range(2, 0, AxisType::Thread), range(3, 1, AxisType::Loop), range(4, 2, AxisType::Loop));
+    let store = |at: UOp, ends: &[UOp]| sink(&[out.index(&at).store(x.index(&at).load()).end(ends)]);
+    let all = [k.clone(), j.clone(), i.clone()];
+    let row_major = &i * 12i64 + &j * 4i64 + &k;
+    assert!(stores_every_element(&store(row_major.clone(), &all), 1), "row-major over all three");
+    // the order of the ranges in the index does not matter, their strides do
+    assert!(stores_every_element(&store(&k + &i * 12i64 + &j * 4i64, &all), 1), "terms in another order");
+    assert!(stores_every_element(&store(&i + &k * 6i64 + &j * 2i64, &all), 1), "a permuted walk");
+    // the same input read at the written index is not a read of the output
+    assert!(!stores_every_element(&store(row_major.clone(), &all), 0), "slot 0 is only read");
+    assert!(!stores_every_element(&store(row_major.clone(), &all), 5), "there is no slot 5");
+    let wide = buffer(1, DType::F32, 26);
+    let gap = sink(&[wide.index(&(&i * 13i64 + &j * 4i64 + &k)).store(1.0f32).end(&all)]);
+    assert!(!stores_every_element(&gap, 1), "a gap between rows: elements 12 and 25 are never written");
+    let overlap = sink(&[out.index(&(&i * 12i64 + &j * 3i64 + &k)).store(1.0f32).end(&all)]);
+    assert!(!stores_every_element(&overlap, 1), "overlapping strides: elements 10, 11, 22 and 23 are missed");
+    let (a, b) = (range(2, 3, AxisType::Loop), range(3, 4, AxisType::Loop));
+    let shifted = buffer(1, DType::F32, 7);
+    let offset = sink(&[shifted.index(&(&a * 3i64 + &b + 1i64)).store(1.0f32).end(&[b.clone(), a.clone()])]);
+    assert!(!stores_every_element(&offset, 1), "an offset: element 0 is never written");
+    // a loop ending at a variable may run short of the buffer
+    let v = range(var(0, 1, 24), 5, AxisType::Loop);
+    let prefix = sink(&[out.index(&v).store(1.0f32).end(std::slice::from_ref(&v))]);
+    assert!(!stores_every_element(&prefix, 1), "a runtime-length loop");
+    // the output also read (an accumulation into it) is not written before it is read
+    let acc = out.index(&row_major);
+    let accumulate = sink(&[acc.store(acc.load() + x.index(&row_major).load()).end(&all)]);
+    assert!(!stores_every_element(&accumulate, 1), "read as well as written");
+    // a tile op writing into the output: its extent is not analysed
+    let tiled = sink(&[tile(
+        TileOp::ExpRows { rows: 1, cols: n, ldx: n, ldy: n, scale: 1.0f32.to_bits() },
+        &[x.index(0i64), x.index(0i64), out.index(0i64)],
+    )]);
+    assert!(!stores_every_element(&tiled, 1), "written by a tile op");
+}

@@ -33,6 +33,11 @@ pub enum Arg<'a> {
     WriteBF16(&'a mut [bf16]),
     /// Writable IEEE half-precision memory.
     WriteF16(&'a mut [f16]),
+    /// Uninitialized f32 memory for a slot the program writes whole and never reads (see
+    /// [`crate::Program::writes_whole`]): after a successful run every element is initialized,
+    /// so a caller can skip zeroing a large output. [`crate::Program::run`] refuses it for any
+    /// other slot.
+    WriteF32Uninit(&'a mut [std::mem::MaybeUninit<f32>]),
 }
 
 impl<'a> From<&'a [f32]> for Arg<'a> {
@@ -86,6 +91,8 @@ impl<'a> From<&'a mut HostBuffer> for Arg<'a> {
 
 /// What [`Arg::describe`] reports of one argument.
 pub(crate) struct ArgMemory {
+    /// Whether the memory may be uninitialized ([`Arg::WriteF32Uninit`]).
+    pub uninit: bool,
     pub dtype: DType,
     pub len: usize,
     pub writable: bool,
@@ -108,6 +115,7 @@ impl Arg<'_> {
             Arg::WriteF32(v) => (DType::F32, v.len(), true, v.as_ptr() as *mut u8),
             Arg::WriteBF16(v) => (DType::BF16, v.len(), true, v.as_ptr() as *mut u8),
             Arg::WriteF16(v) => (DType::F16, v.len(), true, v.as_ptr() as *mut u8),
+            Arg::WriteF32Uninit(v) => (DType::F32, v.len(), true, v.as_ptr() as *mut u8),
             Arg::Write(b) => {
                 let p = match &**b {
                     HostBuffer::Bool(v) => v.as_ptr() as *mut u8,
@@ -121,6 +129,6 @@ impl Arg<'_> {
                 (b.dtype(), b.len(), true, p)
             }
         };
-        ArgMemory { dtype, len, writable, ptr }
+        ArgMemory { uninit: matches!(self, Arg::WriteF32Uninit(_)), dtype, len, writable, ptr }
     }
 }

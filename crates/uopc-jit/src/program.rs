@@ -29,6 +29,8 @@ pub struct Program {
     pub(crate) thread_extent: Option<ThreadExtent>,
     pub(crate) parallel: bool,
     specs: Vec<BufferSpec>,
+    /// Per slot, whether the program writes every element and reads none.
+    written_whole: Vec<bool>,
     vars: Vec<VarSpec>,
     function: Function,
     clif: OnceLock<String>,
@@ -136,6 +138,11 @@ impl Program {
             })?;
         let thread_extent = check_supported(&kernel, name)?;
         let compiled = compile(&kernel, opts.level_for(kernel.gemm_like), opts)?;
+        let written_whole = kernel
+            .buffers
+            .iter()
+            .map(|s| s.written && uopc_ir::stores_every_element(program, s.slot))
+            .collect();
         Ok(Program {
             name: name.to_string(),
             entry: compiled.entry,
@@ -145,12 +152,20 @@ impl Program {
             estimates: kernel.estimates,
             loop_ir: kernel.loop_ir(),
             specs: kernel.buffers,
+            written_whole,
             vars: kernel.vars,
             function: compiled.function,
             clif: OnceLock::new(),
             machine_code: compiled.machine_code,
             compile_seconds: t0.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Whether the program stores every element of buffer `slot` and never reads it
+    /// ([`uopc_ir::stores_every_element`]), so that the slot may be passed uninitialized
+    /// ([`crate::Arg::WriteF32Uninit`]); `false` for a slot the program does not have.
+    pub fn writes_whole(&self, slot: usize) -> bool {
+        self.written_whole.get(slot).copied().unwrap_or(false)
     }
 
     /// The name given at compile time.

@@ -210,6 +210,11 @@ impl Program {
                     "{who} is written by the program but was passed read-only"
                 )));
             }
+            if m.uninit && !self.writes_whole(s.slot) {
+                return Err(JitError::Argument(format!(
+                    "{who} was passed uninitialized, but the program does not write all of it without reading it"
+                )));
+            }
             ptrs.push(m.ptr);
         }
         Ok(ptrs)

@@ -51,6 +51,30 @@ fn wrong_arguments_are_errors_naming_the_buffer() {
 }
 
 #[test]
+fn uninitialized_memory_only_for_slots_the_program_writes_whole() {
+    use std::mem::MaybeUninit;
+    let n = 1000;
+    let prg = Program::compile(&axpy(n), "axpy").unwrap();
+    assert!(prg.writes_whole(2) && !prg.writes_whole(0) && !prg.writes_whole(3));
+    let a: Vec<f32> = (0..n).map(|x| x as f32).collect();
+    let b = vec![1.0f32; n];
+    let mut fresh: Vec<MaybeUninit<f32>> = vec![MaybeUninit::uninit(); n];
+    prg.run(&mut [Arg::from(&a[..]), Arg::from(&b[..]), Arg::WriteF32Uninit(&mut fresh)]).unwrap();
+    // SAFETY: the run succeeded and the program writes every element of slot 2.
+    let out: Vec<f32> = fresh.iter().map(|v| unsafe { v.assume_init() }).collect();
+    assert!(out.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32 + 1.0));
+    // Half the output: uninitialized memory there is refused before anything runs.
+    let (x, half) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n));
+    let i = range(n / 2, 0, AxisType::Thread);
+    let halves =
+        Program::compile(&sink(&[half.index(&i).store(x.index(&i).load()).end(&[i])]), "half").unwrap();
+    assert!(!halves.writes_whole(1));
+    let mut fresh: Vec<MaybeUninit<f32>> = vec![MaybeUninit::uninit(); n];
+    let e = halves.run(&mut [Arg::from(&a[..]), Arg::WriteF32Uninit(&mut fresh)]).unwrap_err();
+    assert!(e.to_string().contains("buffer 1 was passed uninitialized"), "{e}");
+}
+
+#[test]
 fn unprovable_index_refuses_to_compile() {
     let a = buffer(0, DType::F32, 10);
     let i = range(10, 0, AxisType::Loop);

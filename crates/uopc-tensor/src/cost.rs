@@ -73,7 +73,7 @@ pub fn input_products(plan: &crate::Plan, a: usize, b: usize) -> Result<u64, IrE
     }
     let mut total = 0;
     for kernel in &plan.kernels {
-        let pos = |x| kernel.args.iter().position(|y| *y == crate::ArgSource::Input(x));
+        let pos = |x| kernel.read().iter().position(|y| *y == crate::ArgSource::Input(x));
         if let (Some(pa), Some(pb)) = (pos(a), pos(b)) {
             let pair = move |s: [Option<usize>; 2]| s == [Some(pa), Some(pb)] || s == [Some(pb), Some(pa)];
             total += go(&linearize(&kernel.program)?.root, 1, &pair);

@@ -51,10 +51,8 @@ pub fn kernel_line(k: &KernelTiming) -> String {
     if let Some(again) = k.again_seconds {
         let _ = write!(line, "   again {:8.3} ms", again * 1e3);
     }
-    match (k.tile_ops, k.epilogue) {
-        (true, true) => line.push_str("   [tile gemm + epilogue]"),
-        (true, false) => line.push_str("   [tile gemm]"),
-        _ => {}
+    if !k.kind.is_empty() {
+        let _ = write!(line, "   {}", k.kind);
     }
     line
 }

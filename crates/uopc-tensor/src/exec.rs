@@ -19,6 +19,43 @@ pub(crate) struct Exe {
     output_parts: Vec<usize>,
 }
 
+/// A buffer a kernel writes: initialized memory, or fresh memory for a slot the kernel writes
+/// whole without reading it ([`Exe::writes_whole`]), which then needs no zeroing.
+pub(crate) enum Written {
+    /// Initialized memory.
+    Init(HostBuffer),
+    /// `len` f32s, not yet initialized.
+    Fresh(Vec<std::mem::MaybeUninit<f32>>),
+}
+
+impl Written {
+    /// `len` fresh f32s.
+    pub(crate) fn fresh(len: usize) -> Written {
+        let mut v = Vec::with_capacity(len);
+        // SAFETY: `MaybeUninit` needs no initialization, and the capacity is `len`.
+        unsafe { v.set_len(len) };
+        Written::Fresh(v)
+    }
+
+    /// The buffer after a successful run of a kernel writing it: fresh memory then holds the
+    /// kernel's values, since the backend accepts it only for slots the program writes whole.
+    pub(crate) fn into_init(self) -> HostBuffer {
+        match self {
+            Written::Init(b) => b,
+            Written::Fresh(v) => {
+                let mut v = std::mem::ManuallyDrop::new(v);
+                // SAFETY: the run succeeded, and the backend ran it with this memory only after
+                // checking that the program stores every element of its slot (and reads none),
+                // so every element is initialized; the pointer, length and capacity are the
+                // vector's own, and f32 has the size and alignment of MaybeUninit<f32>.
+                HostBuffer::F32(unsafe {
+                    Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity())
+                })
+            }
+        }
+    }
+}
+
 fn backend_err(kernel: &str, source: BackendError) -> TensorError {
     TensorError::Backend { kernel: kernel.to_string(), source }
 }
@@ -109,6 +146,56 @@ impl Exe {
             out.copy_from_slice(v);
         }
         res
+    }
+
+    /// Whether the program writes every element of slot `slot` and reads none, so the buffer
+    /// there need not be initialized before a run ([`Written::Fresh`]).
+    pub(crate) fn writes_whole(&self, slot: usize) -> bool {
+        #[cfg(feature = "jit")]
+        return self.output_parts.len() <= 1 && self.program.writes_whole(slot);
+        #[cfg(not(feature = "jit"))]
+        return self.output_parts.len() <= 1 && uopc_ir::stores_every_element(&self.program, slot);
+    }
+
+    /// Runs with `inputs` in slots `0..n` and `outs` in the slots after them, one each (one
+    /// output, or several for a kernel that joined kernels share).
+    #[cfg(feature = "jit")]
+    pub(crate) fn run_written(&self, inputs: &[&HostBuffer], outs: &mut [Written]) -> Result<()> {
+        use uopc_jit::Arg;
+        if let [Written::Init(out)] = outs {
+            return self.run(inputs, out);
+        }
+        let mut args: Vec<Arg<'_>> = inputs.iter().map(|b| Arg::from(*b)).collect();
+        args.extend(outs.iter_mut().map(|o| match o {
+            Written::Init(b) => Arg::from(b),
+            Written::Fresh(v) => Arg::WriteF32Uninit(v.as_mut_slice()),
+        }));
+        self.program.run(&mut args).map_err(|e| backend_err(&self.name, e))
+    }
+
+    /// Runs with `inputs` in slots `0..n` and `outs` in the slots after them, one each; the
+    /// interpreter takes initialized buffers, so fresh ones are zeroed first.
+    #[cfg(not(feature = "jit"))]
+    pub(crate) fn run_written(&self, inputs: &[&HostBuffer], outs: &mut [Written]) -> Result<()> {
+        for o in outs.iter_mut() {
+            if let Written::Fresh(v) = o {
+                *o = Written::Init(HostBuffer::F32(vec![0.0; v.len()]));
+            }
+        }
+        if let [Written::Init(out)] = outs {
+            return self.run(inputs, out);
+        }
+        let mut bufs: Vec<HostBuffer> = inputs.iter().map(|b| (*b).clone()).collect();
+        let n = bufs.len();
+        bufs.extend(outs.iter_mut().map(|o| match o {
+            Written::Init(b) => std::mem::replace(b, HostBuffer::F32(Vec::new())),
+            Written::Fresh(_) => unreachable!("zeroed above"),
+        }));
+        let res = uopc_ir::interp::run(&self.program, &mut bufs, uopc_ir::interp::Precision::Native);
+        for (o, b) in outs.iter_mut().zip(bufs.drain(n..)) {
+            *o = Written::Init(b);
+        }
+        res.map_err(|e| backend_err(&self.name, e))
     }
 
     /// Runs with `inputs` in slots `0..n` and `out` in the last slot.

@@ -41,41 +41,52 @@ fn check_memory(temps: &[(DType, usize)], outputs: &[(DType, usize)]) -> Result<
 /// The kernel body of point `p`: its computation with other points and inputs replaced by
 /// `Param`s numbered in first-use order; also returns the buffer behind each local slot.
 fn kernel_body(p: &UOp, buf_of: &HashMap<UOp, ArgSource>) -> (UOp, Vec<ArgSource>) {
-    let start = p.unstaged().clone();
+    let (mut bodies, locals) = kernel_bodies(std::slice::from_ref(p), buf_of);
+    (bodies.remove(0), locals)
+}
+
+/// [`kernel_body`] of several points at once, their `Param`s numbered together (one slot per
+/// buffer, whichever body reads it), so that the bodies can share one program.
+fn kernel_bodies(points: &[UOp], buf_of: &HashMap<UOp, ArgSource>) -> (Vec<UOp>, Vec<ArgSource>) {
     let mut locals: Vec<ArgSource> = Vec::new();
-    let mut map: HashMap<UOp, UOp> = HashMap::new();
-    let mut stack = vec![(start.clone(), false)];
-    while let Some((u, ready)) = stack.pop() {
-        if map.contains_key(&u) {
-            continue;
-        }
-        let leaf = if u != *p && buf_of.contains_key(&u) {
-            Some(buf_of[&u])
-        } else if let Op::Param { slot, .. } = u.op() {
-            Some(ArgSource::Input(*slot))
-        } else {
-            None
-        };
-        if let Some(b) = leaf {
-            let slot = locals.iter().position(|x| *x == b).unwrap_or_else(|| {
-                locals.push(b);
-                locals.len() - 1
-            });
-            let param = UOp::new(Op::Param { slot, shape: u.shape().to_vec() }, u.dtype(), vec![]);
-            map.insert(u, param);
-            continue;
-        }
-        if ready {
-            let src = u.src().iter().map(|s| map[s].clone()).collect();
-            map.insert(u.clone(), u.with_src(src));
-        } else {
-            stack.push((u.clone(), true));
-            for s in u.src().iter().rev() {
-                stack.push((s.clone(), false));
+    let mut bodies = Vec::with_capacity(points.len());
+    for p in points {
+        let start = p.unstaged().clone();
+        let mut map: HashMap<UOp, UOp> = HashMap::new();
+        let mut stack = vec![(start.clone(), false)];
+        while let Some((u, ready)) = stack.pop() {
+            if map.contains_key(&u) {
+                continue;
+            }
+            let leaf = if u != *p && buf_of.contains_key(&u) {
+                Some(buf_of[&u])
+            } else if let Op::Param { slot, .. } = u.op() {
+                Some(ArgSource::Input(*slot))
+            } else {
+                None
+            };
+            if let Some(b) = leaf {
+                let slot = locals.iter().position(|x| *x == b).unwrap_or_else(|| {
+                    locals.push(b);
+                    locals.len() - 1
+                });
+                let param = UOp::new(Op::Param { slot, shape: u.shape().to_vec() }, u.dtype(), vec![]);
+                map.insert(u, param);
+                continue;
+            }
+            if ready {
+                let src = u.src().iter().map(|s| map[s].clone()).collect();
+                map.insert(u.clone(), u.with_src(src));
+            } else {
+                stack.push((u.clone(), true));
+                for s in u.src().iter().rev() {
+                    stack.push((s.clone(), false));
+                }
             }
         }
+        bodies.push(map[&start].clone());
     }
-    (map[&start].clone(), locals)
+    (bodies, locals)
 }
 
 /// `r_` when the kernel has a reduce, `e_` otherwise, then the output shape.
@@ -169,6 +180,11 @@ struct Lowered {
     derived: String,
     /// Whether the kernel is a tile GEMM with its consumer's elementwise ops fused in.
     epilogue: bool,
+    /// How many of the last `args` the program writes.
+    outputs: usize,
+    /// Whether it was lowered onto the row tile ops of an online group (see
+    /// [`crate::online_rows`]), so that an independent kernel of the same group may join it.
+    online_rows: bool,
 }
 
 /// The loop program of the kernel that computes point `p`.
@@ -197,6 +213,8 @@ fn lower_point(
             output_parts: custom.output_parts.clone(),
             derived: String::new(),
             epilogue: false,
+            outputs: 1,
+            online_rows: false,
         });
     }
     let (body, mut args) = kernel_body(p, buf_of);
@@ -226,6 +244,7 @@ fn lower_point(
         (n, None, Some(_)) => format!("{n} online sums on tile ops: row max and sum of exp"),
         (n, None, None) => format!("{n} online sums in one loop"),
     };
+    let on_rows = online_rows.is_some();
     let program = match (tiled.or(online_tiles).or(online_rows), fused) {
         (Some(program), _) => program,
         (None, Some(program)) => program?,
@@ -234,7 +253,74 @@ fn lower_point(
     args.push(buf_of[p]);
     let (program, args) = compact_slots(program, args);
     let shape = body.shape().to_vec();
-    Ok(Lowered { name, shape, program, args, output_parts: Vec::new(), derived, epilogue })
+    Ok(Lowered {
+        name,
+        shape,
+        program,
+        args,
+        output_parts: Vec::new(),
+        derived,
+        epilogue,
+        outputs: 1,
+        online_rows: on_rows,
+    })
+}
+
+/// Joins independent kernels that read the same online group over rows (a loss and its
+/// gradient both need each row's maximum and sum of exponentials) into one program with an
+/// output per kernel (see [`crate::online_rows::lower_online_rows_together`]), so their rows
+/// are read from memory once. Kernel `j` joins an earlier kernel `i` when neither reads the
+/// other's buffer and every buffer `j` reads is an input or written before `i`: the joined
+/// kernel runs where `i` ran, after everything either of them reads.
+fn join_row_siblings(
+    points: &[UOp],
+    mut lowered: Vec<Lowered>,
+    buf_of: &HashMap<UOp, ArgSource>,
+) -> Vec<Lowered> {
+    let writer: HashMap<ArgSource, usize> = points.iter().enumerate().map(|(k, p)| (buf_of[p], k)).collect();
+    let mut gone = vec![false; points.len()];
+    for i in 0..points.len() {
+        if gone[i] || !lowered[i].online_rows {
+            continue;
+        }
+        for j in i + 1..points.len() {
+            if gone[j] || !lowered[j].online_rows {
+                continue;
+            }
+            let pair = [points[i].clone(), points[j].clone()];
+            let (bodies, locals) = kernel_bodies(&pair, buf_of);
+            let (own_i, own_j) = (buf_of[&points[i]], buf_of[&points[j]]);
+            let ready =
+                locals.iter().all(|a| *a != own_i && *a != own_j && writer.get(a).is_none_or(|&w| w < i));
+            if !ready || !crate::online_rows::share_online_rows(&bodies[0], &bodies[1]) {
+                continue;
+            }
+            let outs: Vec<UOp> = (bodies.iter().enumerate())
+                .map(|(k, b)| buffer(locals.len() + k, b.dtype(), numel(b.shape())))
+                .collect();
+            let together: Vec<(UOp, UOp)> = bodies.iter().cloned().zip(outs).collect();
+            let Some(program) = crate::online_rows::lower_online_rows_together(&together) else { continue };
+            let mut args = locals;
+            args.extend([own_i, own_j]);
+            let (program, args) = compact_slots(program, args);
+            let (a, b) = (&lowered[i], &lowered[j]);
+            let joined = Lowered {
+                name: format!("{}+{}", a.name, b.name),
+                shape: b.shape.clone(),
+                program,
+                args,
+                output_parts: Vec::new(),
+                derived: format!("{}, shared by {} outputs", a.derived, a.outputs + b.outputs),
+                epilogue: false,
+                outputs: a.outputs + b.outputs,
+                online_rows: false,
+            };
+            lowered[i] = joined;
+            gone[j] = true;
+            break;
+        }
+    }
+    lowered.into_iter().zip(gone).filter(|(_, g)| !g).map(|(l, _)| l).collect()
 }
 
 /// Cuts, lowers and compiles already canonical `roots` whose inputs are `inputs`.
@@ -282,20 +368,38 @@ pub(crate) fn build_plan(
         });
     }
     check_memory(&temps, &outputs)?;
-    let lowered =
+    let mut lowered =
         points.iter().map(|p| lower_point(p, &buf_of, opts, &with_epilogue)).collect::<Result<Vec<_>>>()?;
+    if !opts.experiments.separate_row_siblings {
+        lowered = join_row_siblings(&points, lowered, &buf_of);
+    }
     let schedule_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut kernels = Vec::with_capacity(lowered.len());
-    for Lowered { name, shape, program, args, output_parts, derived, epilogue } in lowered {
+    for Lowered { name, shape, program, args, output_parts, derived, epilogue, outputs, .. } in lowered {
         let exe = Exe::compile(&program, &name, opts.scalar_codegen)?.with_output_parts(output_parts);
-        let kernel = Kernel::new(name, shape, program, args, exe).with_epilogue(epilogue);
+        let kernel =
+            Kernel::new(name, shape, program, args, exe).with_epilogue(epilogue).with_outputs(outputs);
         kernels.push(kernel.with_derived(derived));
     }
+    let fresh_outputs = (0..outputs.len())
+        .map(|o| {
+            let target = ArgSource::Output(o);
+            let writers: Vec<&Kernel> = kernels.iter().filter(|k| k.written().contains(&target)).collect();
+            let readers = kernels.iter().filter(|k| k.read().contains(&target)).count();
+            match writers[..] {
+                [k] if outputs[o].0 == DType::F32 && readers == 0 => {
+                    k.args.iter().position(|a| *a == target).is_some_and(|slot| k.exe.writes_whole(slot))
+                }
+                _ => false,
+            }
+        })
+        .collect();
     Ok(Plan {
         kernels,
         temps,
         outputs,
+        fresh_outputs,
         outs,
         inputs,
         schedule_seconds,

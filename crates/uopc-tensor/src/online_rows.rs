@@ -256,10 +256,37 @@ fn rows_per_task(rows: usize, most: usize) -> usize {
 /// The tile-op program of kernel `body` writing `out`, or `None` when `body` is not a function
 /// of an online group over the rows of an input (see the module docs).
 pub(crate) fn lower_online_rows(body: &UOp, out: &UOp) -> Option<UOp> {
-    let g = matched(body).filter(|g| g.rows > 0)?;
-    let exp = body_exponential(body, &g);
+    lower_online_rows_together(&[(body.clone(), out.clone())])
+}
+
+/// Whether kernels `a` and `b` read one online group: the same maximum and online sum of the
+/// same input's rows, so that one program can compute the rows' state once for both (see
+/// [`lower_online_rows_together`]).
+pub(crate) fn share_online_rows(a: &UOp, b: &UOp) -> bool {
+    match (matched(a), matched(b)) {
+        (Some(ga), Some(gb)) => ga.rows > 0 && ga.max == gb.max && ga.sum == gb.sum,
+        _ => false,
+    }
+}
+
+/// One program for kernels that all read the same online group (see [`share_online_rows`]),
+/// each `(body, out)` writing its own output: every THREAD task computes its rows' maximum and
+/// sum once, then evaluates each body over those rows in turn, so the rows come from memory
+/// once for all of them. The tasks take the fewest rows any body wants. `None` when a body
+/// does not match or reads another group.
+pub(crate) fn lower_online_rows_together(kernels: &[(UOp, UOp)]) -> Option<UOp> {
+    let (first, _) = kernels.first()?;
+    let g = matched(first).filter(|g| g.rows > 0)?;
+    let mut exps = Vec::with_capacity(kernels.len());
+    for (body, _) in kernels {
+        let own = matched(body)?;
+        if own.max != g.max || own.sum != g.sum {
+            return None;
+        }
+        exps.push(body_exponential(body, &g));
+    }
     // A body reading the rows again wants them in L2 still.
-    let most = if exp.is_some() { L2_ROWS_BYTES / (4 * g.cols) } else { MAX_ROWS };
+    let most = if exps.iter().any(Option::is_some) { L2_ROWS_BYTES / (4 * g.cols) } else { MAX_ROWS };
     let br = rows_per_task(g.rows, most);
     let f32t = DType::F32;
     let mut cx = Ctx::new(Opts::default(), true);
@@ -291,7 +318,35 @@ pub(crate) fn lower_online_rows(body: &UOp, out: &UOp) -> Option<UOp> {
     let written = m.ne(&shift).where_(m.ne(f32::INFINITY).where_(&l * &carried, &carried), &l);
     let fixed = sum.after(th).index(&r).store(written).end(&[r]);
     cx.assume(&g.sum, known(sum.after(std::slice::from_ref(&fixed))));
-    // The body at each of the task's output elements.
+    let mut stores = Vec::with_capacity(kernels.len());
+    for ((body, out), exp) in kernels.iter().zip(&exps) {
+        stores.push(body_over_rows(&mut cx, body, out, exp.as_ref(), &g, &t, br)?);
+    }
+    let program = match &stores[..] {
+        [(store, ranges)] => store.end(&[&ranges[..], th].concat()),
+        _ => sink(&stores.iter().map(|(store, ranges)| store.end(ranges)).collect::<Vec<_>>()).end(th),
+    };
+    Some(sink(&[program]))
+}
+
+/// Kernel `body` written to `out` at each of THREAD task `t`'s output elements (its `br` rows,
+/// or their elements), with the rows' state already assumed in `cx`; the body's exponential
+/// `exp`, when there is one, is computed per row into a row tile first. Returns the store and
+/// the ranges it is inside of within the task, innermost first.
+fn body_over_rows(
+    cx: &mut Ctx,
+    body: &UOp,
+    out: &UOp,
+    exp: Option<&BodyExp>,
+    g: &Rows,
+    t: &UOp,
+    br: usize,
+) -> Option<(UOp, Vec<UOp>)> {
+    let f32t = DType::F32;
+    let th = std::slice::from_ref(t);
+    let row0 = t * br as i64;
+    let max_shape = g.max.shape().to_vec();
+    let x = buffer(g.input.slot, g.input.dtype, g.input.len);
     let r = cx.fresh_range(br, AxisType::Loop, th);
     let mut at = unravel(&(&row0 + &r), &max_shape);
     let (flat, ranges) = if body.shape() == &max_shape[..] {
@@ -304,7 +359,7 @@ pub(crate) fn lower_online_rows(body: &UOp, out: &UOp) -> Option<UOp> {
     // The property relied on: `h` is one value per row (its value at the row's elements does
     // not depend on the element), so one shift serves the row. Checked on the value rangeify
     // gives it; a shift that varies keeps the body's exponential in its loop.
-    let row_shift = exp.as_ref().and_then(|exp| {
+    let row_shift = exp.and_then(|exp| {
         let shift = cx.value_at(&exp.shift, &at).ok()?;
         (!UOp::toposort(std::slice::from_ref(&shift)).contains(&ranges[0])).then_some((exp, shift))
     });
@@ -333,9 +388,7 @@ pub(crate) fn lower_online_rows(body: &UOp, out: &UOp) -> Option<UOp> {
         cx.assume(&exp.node, Known { buffer: row_tile.after(std::slice::from_ref(&ys)), origin, strides });
     }
     let value = cx.value_at(body, &at).ok()?;
-    let mut ends = ranges;
-    ends.push(t.clone());
-    Some(sink(&[out.index(flat).store(value).end(&ends)]))
+    Some((out.index(flat).store(value), ranges))
 }
 
 #[cfg(test)]

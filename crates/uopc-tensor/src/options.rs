@@ -73,6 +73,10 @@ pub struct Experiments {
     /// its bias, activation, residual or rounding cast runs as a kernel of its own that reads
     /// the output back (the plans before GEMM epilogues, for comparing the two).
     pub unfused_gemm_epilogues: bool,
+    /// Give every kernel reading an online group over rows its own program, even where two
+    /// independent kernels read the same group (a loss and its gradient): the rows are then
+    /// read from memory once per kernel instead of once for both.
+    pub separate_row_siblings: bool,
 }
 
 impl Experiments {

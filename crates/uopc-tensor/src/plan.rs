@@ -35,7 +35,8 @@ pub struct Kernel {
     pub shape: Vec<usize>,
     /// The loop program that was compiled.
     pub program: UOp,
-    /// Buffer of each BUFFER slot; the last one is the output, the others are read.
+    /// Buffer of each BUFFER slot; the last [`Kernel::written`] ones are written (one output, or
+    /// one per kernel a joined kernel stands for), the others are read.
     pub args: Vec<ArgSource>,
     /// Static FLOPs of one run, from the backend's estimate.
     pub flops: u64,
@@ -43,10 +44,12 @@ pub struct Kernel {
     pub bytes: u64,
     pub(crate) exe: Exe,
     tile_ops: bool,
+    tile_gemm: bool,
     /// What the compiler derived for this kernel beyond plain lowering, for the plan's
     /// `Display` (empty when nothing): the online sums it accumulates and how they are lowered.
     pub derived: String,
     epilogue: bool,
+    outputs: usize,
 }
 
 impl Kernel {
@@ -60,8 +63,9 @@ impl Kernel {
         exe: Exe,
     ) -> Kernel {
         let (flops, bytes) = exe.estimates();
-        let tile_ops =
-            UOp::toposort(std::slice::from_ref(&program)).iter().any(|u| matches!(u.op(), Op::Tile(_)));
+        let nodes = UOp::toposort(std::slice::from_ref(&program));
+        let tile_ops = nodes.iter().any(|u| matches!(u.op(), Op::Tile(_)));
+        let tile_gemm = nodes.iter().any(|u| matches!(u.op(), Op::Tile(uopc_ir::TileOp::Gemm(_))));
         Kernel {
             name,
             shape,
@@ -71,9 +75,27 @@ impl Kernel {
             bytes,
             exe,
             tile_ops,
+            tile_gemm,
             derived: String::new(),
             epilogue: false,
+            outputs: 1,
         }
+    }
+
+    /// This kernel writing its last `outputs` slots.
+    pub(crate) fn with_outputs(self, outputs: usize) -> Kernel {
+        Kernel { outputs, ..self }
+    }
+
+    /// The buffers the kernel reads, in slot order.
+    pub fn read(&self) -> &[ArgSource] {
+        &self.args[..self.args.len() - self.outputs]
+    }
+
+    /// The buffers the kernel writes, in slot order after the ones it reads: one, or one per
+    /// kernel of an online group joined into this one.
+    pub fn written(&self) -> &[ArgSource] {
+        &self.args[self.args.len() - self.outputs..]
     }
 
     /// This kernel with `derived` set (see [`Kernel::derived`]).
@@ -100,11 +122,13 @@ impl Kernel {
     }
 
     /// What the kernel runs on, for printed plans: `[tile gemm]`, `[tile gemm + epilogue]`,
-    /// or nothing for a kernel of loops only.
+    /// `[tile ops]` for tile ops other than GEMMs (the row ops of an online group), or
+    /// nothing for a kernel of loops only.
     pub fn kind_label(&self) -> &'static str {
-        match (self.tile_ops, self.epilogue) {
-            (true, true) => "[tile gemm + epilogue]",
-            (true, false) => "[tile gemm]",
+        match (self.tile_ops, self.tile_gemm, self.epilogue) {
+            (true, _, true) => "[tile gemm + epilogue]",
+            (true, true, false) => "[tile gemm]",
+            (true, false, false) => "[tile ops]",
             _ => "",
         }
     }
@@ -124,6 +148,9 @@ pub struct Plan {
     pub temps: Vec<(DType, usize)>,
     /// Freshly allocated output buffers as `(dtype, elements)`.
     pub outputs: Vec<(DType, usize)>,
+    /// Per output buffer, whether it is allocated without zeroing: one kernel writes it, and
+    /// that kernel's program stores every element of it without reading it.
+    pub(crate) fresh_outputs: Vec<bool>,
     /// For each root, where its value ends up.
     pub outs: Vec<OutSpec>,
     /// The inputs the plan expects, as `(dtype, shape)`, in slot order.
@@ -141,6 +168,12 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Output buffers allocated without being zeroed first, since the one kernel writing each
+    /// stores every element of it (see [`uopc_ir::stores_every_element`]).
+    pub fn unzeroed_outputs(&self) -> usize {
+        self.fresh_outputs.iter().filter(|&&f| f).count()
+    }
+
     /// Kernel names in execution order.
     pub fn kernel_names(&self) -> Vec<&str> {
         self.kernels.iter().map(|k| k.name.as_str()).collect()

@@ -4,6 +4,7 @@
 use crate::cache::{check_nonempty, plan_for, trim_pooled_temps};
 use crate::debug;
 use crate::error::Result;
+use crate::exec::Written;
 use crate::options::RealizeOptions;
 use crate::passes::canonicalize;
 use crate::plan::{ArgSource, OutSpec, Plan};
@@ -92,8 +93,8 @@ fn direct_output(plan: &Plan) -> Option<usize> {
     let target = ArgSource::Output(o);
     let fits = plan.outputs[o].0 == DType::F32
         && plan.kernels.iter().all(|k| {
-            let (out, ins) = k.args.split_last().expect("a kernel has an output");
-            !ins.contains(&target) && (*out != target || k.exe.writes_one_output())
+            !k.read().contains(&target)
+                && (!k.written().contains(&target) || (k.written().len() == 1 && k.exe.writes_one_output()))
         });
     fits.then_some(o)
 }
@@ -124,8 +125,14 @@ pub(crate) fn realize_impl(
         _ => None,
     };
     // The caller's buffer stands in for the direct output: no allocation for it.
+    // Outputs their one writer fills whole are left unzeroed until it runs.
+    let mut fresh: Vec<Option<Written>> = (plan.outputs.iter().enumerate())
+        .map(|(k, &(_, n))| (plan.fresh_outputs[k] && Some(k) != direct_slot).then(|| Written::fresh(n)))
+        .collect();
     let mut outs: Vec<HostBuffer> = (plan.outputs.iter().enumerate())
-        .map(|(k, &(d, n))| if Some(k) == direct_slot { placeholder() } else { HostBuffer::zeros(d, n) })
+        .map(|(k, &(d, n))| {
+            if Some(k) == direct_slot || fresh[k].is_some() { placeholder() } else { HostBuffer::zeros(d, n) }
+        })
         .collect();
     let mut report = RealizeReport {
         cache_hit,
@@ -134,32 +141,40 @@ pub(crate) fn realize_impl(
         ..Default::default()
     };
     for k in &plan.kernels {
-        let (out_ref, in_refs) = k.args.split_last().expect("a kernel has an output");
-        // take the output out of its vector so the inputs can be borrowed alongside it
-        let mut out = match *out_ref {
-            ArgSource::Temp(i) => std::mem::replace(&mut temps[i], placeholder()),
-            ArgSource::Output(i) => std::mem::replace(&mut outs[i], placeholder()),
-            ArgSource::Input(_) => unreachable!("kernels never write inputs"),
-        };
-        let ins: Vec<&HostBuffer> = in_refs.iter().map(|&r| host(r, &inputs, &temps, &outs)).collect();
-        let into_caller = matches!(*out_ref, ArgSource::Output(i) if Some(i) == direct_slot);
-        let mut run = || match (&mut direct, into_caller) {
+        // take the outputs out of their vectors so the inputs can be borrowed alongside them
+        let mut written: Vec<Written> = (k.written().iter())
+            .map(|&w| match w {
+                ArgSource::Temp(i) => Written::Init(std::mem::replace(&mut temps[i], placeholder())),
+                ArgSource::Output(i) => fresh[i]
+                    .take()
+                    .unwrap_or_else(|| Written::Init(std::mem::replace(&mut outs[i], placeholder()))),
+                ArgSource::Input(_) => unreachable!("kernels never write inputs"),
+            })
+            .collect();
+        let ins: Vec<&HostBuffer> = k.read().iter().map(|&r| host(r, &inputs, &temps, &outs)).collect();
+        let into_caller = matches!(k.written(), [ArgSource::Output(i)] if Some(*i) == direct_slot);
+        let mut run = |written: &mut [Written]| match (&mut direct, into_caller) {
             (Some(buf), true) => k.exe.run_into_f32(&ins, buf),
-            _ => k.exe.run(&ins, &mut out),
+            _ => k.exe.run_written(&ins, written),
         };
         let t = Instant::now();
-        let mut res = run();
+        // A failed run may have left fresh memory partly written: it is dropped unread.
+        run(&mut written)?;
         let seconds = t.elapsed().as_secs_f64();
+        let mut written: Vec<Written> = written.into_iter().map(|w| Written::Init(w.into_init())).collect();
         let mut again_seconds = None;
-        if level >= 3 && res.is_ok() {
+        let mut res = Ok(());
+        if level >= 3 {
             let t = Instant::now();
-            res = run();
+            res = run(&mut written);
             again_seconds = Some(t.elapsed().as_secs_f64());
         }
-        match *out_ref {
-            ArgSource::Temp(i) => temps[i] = out,
-            ArgSource::Output(i) => outs[i] = out,
-            ArgSource::Input(_) => unreachable!(),
+        for (&w, out) in k.written().iter().zip(written) {
+            match w {
+                ArgSource::Temp(i) => temps[i] = out.into_init(),
+                ArgSource::Output(i) => outs[i] = out.into_init(),
+                ArgSource::Input(_) => unreachable!(),
+            }
         }
         res?;
         let timing = KernelTiming {
@@ -170,6 +185,7 @@ pub(crate) fn realize_impl(
             again_seconds,
             tile_ops: k.uses_tile_ops(),
             epilogue: k.has_epilogue(),
+            kind: k.kind_label(),
         };
         if level >= 2 {
             eprintln!("{}", debug::kernel_line(&timing));

@@ -19,6 +19,8 @@ pub struct KernelTiming {
     /// The kernel is a tile GEMM with its consumer's elementwise ops fused onto each output
     /// block ([`Kernel::has_epilogue`](crate::Kernel::has_epilogue)).
     pub epilogue: bool,
+    /// What the kernel runs on, as printed plans label it ([`Kernel::kind_label`](crate::Kernel::kind_label)).
+    pub kind: &'static str,
 }
 
 /// What one realize did and how long it took.

@@ -121,3 +121,29 @@ fn a_program_with_two_outputs_is_one_node_of_both() {
     }
     assert!(Tensor::try_custom_parts("two", axpy(5), &[&x], &[], None).is_err());
 }
+
+#[test]
+fn outputs_are_zeroed_unless_their_kernel_writes_every_element() {
+    // A custom program that writes only the first half of its output: the rest reads as 0,
+    // since only an output its kernel provably writes whole is left unzeroed.
+    let n = 4096;
+    let (a, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n));
+    let i = range(n / 2, 0, AxisType::Loop);
+    let half = sink(&[out.index(&i).store(a.index(&i).load() + 1.0f32).end(&[i])]);
+    let x = Tensor::from_vec(vec![1.0f32; n], &[n]);
+    for _ in 0..3 {
+        // again and again, so freed memory of earlier outputs comes back
+        let y = Tensor::try_custom("half", half.clone(), &[&x], &[n], DType::F32, None).unwrap();
+        let plan = make_plan(&[y.uop().clone()], &RealizeOptions::default()).unwrap();
+        assert_eq!(plan.unzeroed_outputs(), 0, "{plan}");
+        let got = y.to_ndarray::<f32>().unwrap();
+        assert!(got.iter().take(n / 2).all(|&v| v == 2.0) && got.iter().skip(n / 2).all(|&v| v == 0.0));
+        drop(Tensor::from_vec(vec![7.0f32; n], &[n]).exp().to_ndarray::<f32>().unwrap());
+    }
+    // The compiler's elementwise kernel stores every element: its output is not zeroed first.
+    let y = (&x * 3.0).exp();
+    let plan = make_plan(&[y.uop().clone()], &RealizeOptions::default()).unwrap();
+    assert_eq!(plan.unzeroed_outputs(), 1, "{plan}");
+    // the vector exponential is within a few ulp of the library's
+    assert!(y.to_ndarray::<f32>().unwrap().iter().all(|&v| (v / 3.0f32.exp() - 1.0).abs() < 1e-6));
+}
