@@ -7,7 +7,7 @@ use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, BufRef, JitOptions, OptLevel, Program};
 
-const ROWS: usize = 9;
+const ROWS: usize = 13;
 const COLS: usize = 37;
 
 /// Per row `i` with target `t = targets[i]`: `out = (j == t ? -x : 0) + (j < t ? x : 0) + (t < j
@@ -31,8 +31,10 @@ fn program() -> UOp {
 fn compares_of_the_loop_variable_vectorize_and_match_the_interpreter() {
     let program = program();
     let x: Vec<f32> = (0..ROWS * COLS).map(|k| (k as f32 * 0.37).sin()).collect();
-    // before the row, its first lanes, a lane of a middle step, the last element, past the row
-    let targets: Vec<i64> = vec![-5, 0, 1, 2, 3, 17, 35, 36, 1000];
+    // before the row, its first lanes, a lane of a middle step, the last element, past the row,
+    // and values whose difference from an index overflows i32 (or whose i32 part is in range)
+    let targets: Vec<i64> =
+        vec![-5, 0, 1, 2, 3, 17, 35, 36, 1000, i64::MIN, i64::MAX, (1 << 32) + 3, -(1 << 32) + 3];
     let mut want = vec![
         HostBuffer::F32(x.clone()),
         HostBuffer::I64(targets.clone()),

@@ -59,12 +59,14 @@ pub(super) fn algebraic() -> RuleTable {
     .with_guard(admitted)
 }
 
-/// Selections decided by their operands: WHERE of equal branches, MAX of ordered bounds.
+/// Selections decided by their operands: WHERE of equal branches, MAX of ordered bounds; and
+/// a WHERE on a negated condition, which selects the other way on the condition itself.
 pub(super) fn selection() -> RuleTable {
     RuleTable::new(
         "selection",
         vec![
             Rule::new("where_of_equal_branches", Pattern::ops(&[Op::Where]), where_of_equal_branches),
+            Rule::new("where_of_negated_condition", Pattern::ops(&[Op::Where]), where_of_negated_condition),
             Rule::new("max_of_ordered_operands", binary(BinaryOp::Max), max_of_ordered_operands),
         ],
     )
@@ -223,6 +225,15 @@ fn float_sub_positive_zero(u: &UOp) -> Option<UOp> {
 fn where_of_equal_branches(u: &UOp) -> Option<UOp> {
     let w = u.as_where()?;
     (w.then == w.otherwise).then(|| w.then.clone())
+}
+
+/// `where(where(c, false, true), a, b)` is `where(c, b, a)`: the negation (how equality is
+/// spelled, `!(x != y)`) costs its own select otherwise.
+fn where_of_negated_condition(u: &UOp) -> Option<UOp> {
+    let w = u.as_where()?;
+    let inner = w.cond.as_where()?;
+    let is = |x: &UOp, b: bool| matches!(x.const_value(), Some(crate::ConstValue::Bool(v)) if v == b);
+    (is(inner.then, false) && is(inner.otherwise, true)).then(|| inner.cond.where_(w.otherwise, w.then))
 }
 
 /// Integer `max(a, b)` is `a` when `a >= b` for all values in their bounds (and `b` likewise).

@@ -54,6 +54,10 @@ struct VectorStep<'p> {
     first: Value,
     /// Each access's loop-invariant element index and immediate offset.
     rest_vals: &'p HashMap<UOp, (Value, i32)>,
+    /// Per lane compare, the loop-invariant operand clamped and splat as I32X4, and the lane
+    /// numbers, computed before the loop (see [`Lowerer::hoisted_lane_operands`]); empty where
+    /// the loop's indices do not fit in i32.
+    lane_operands: &'p HashMap<UOp, (Value, Value)>,
 }
 
 impl VectorStep<'_> {
@@ -136,6 +140,7 @@ impl Lowerer<'_, '_> {
             };
             rest_vals.insert(index.clone(), (v, offset));
         }
+        let lane_operands = self.hoisted_lane_operands(&plan, trips.max() + step)?;
         // Vector partial results: lane 0 of copy 0 carries the incoming value of a sum; a
         // max starts every lane at the incoming value.
         let mut partials: Vec<Vec<Variable>> = Vec::new();
@@ -169,7 +174,7 @@ impl Lowerer<'_, '_> {
             for (k, row) in partials.iter().enumerate() {
                 let base = l.b.use_var(iv);
                 let first = l.b.ins().iadd_imm_s(base, k as i64 * LANES);
-                l.vector_body(body, &plan, row, first, &rest_vals)?;
+                l.vector_body(body, &plan, row, first, &rest_vals, &lane_operands)?;
             }
             Ok(())
         })?;
@@ -369,6 +374,62 @@ impl Lowerer<'_, '_> {
         available.then(|| LaneCompare { op, other: other.clone(), range_left })
     }
 
+    /// For each lane compare of `plan`, its loop-invariant operand `x` clamped to
+    /// `[-1, bound]` and splat as I32X4, and the lane numbers `0..4`, emitted before the loop
+    /// so that each vector step compares `first + k` with it directly. Every index the loop
+    /// takes lies in `0..bound`, where the clamped `x` compares as `x` does (below, equal or
+    /// above each index alike). Empty when `bound` does not fit in i32: [`Lowerer::lane_mask`]
+    /// then clamps per step.
+    fn hoisted_lane_operands(
+        &mut self,
+        plan: &VectorPlan,
+        bound: i64,
+    ) -> Result<HashMap<UOp, (Value, Value)>, JitError> {
+        let mut out = HashMap::new();
+        if bound >= i64::from(i32::MAX) {
+            return Ok(out);
+        }
+        // In a fixed order, so the code emitted does not depend on hash order.
+        let mut compares: Vec<(&UOp, &LaneCompare)> = plan.lane_compares.iter().collect();
+        compares.sort_by_key(|(u, _)| u.id());
+        for (u, lc) in compares {
+            // an operand not yet computed here is left to the per-step clamp
+            let Ok(mut x) = self.val(&lc.other) else { continue };
+            if self.b.func.dfg.value_type(x) != types::I64 {
+                x = self.b.ins().sextend(types::I64, x);
+            }
+            let (lo, hi) = (self.b.ins().iconst(types::I64, -1), self.b.ins().iconst(types::I64, bound));
+            let x = self.b.ins().smax(x, lo);
+            let x = self.b.ins().smin(x, hi);
+            let x = self.b.ins().ireduce(types::I32, x);
+            let xs = self.b.ins().splat(types::I32X4, x);
+            let lanes: Vec<u8> = (0..LANES as i32).flat_map(|k| k.to_le_bytes()).collect();
+            let c = self.b.func.dfg.constants.insert(lanes.into());
+            let k = self.b.ins().vconst(types::I32X4, c);
+            out.insert(u.clone(), (xs, k));
+        }
+        Ok(out)
+    }
+
+    /// The I32X4 mask of lane compare `u` for the four iterations from `first`: with the
+    /// operand hoisted ([`Lowerer::hoisted_lane_operands`]), `first + k` against it; otherwise
+    /// the difference `x - first`, clamped to `[-1, 4]` (every lane compares alike beyond),
+    /// against the lane numbers.
+    fn lane_mask_of(&mut self, u: &UOp, at: &VectorStep<'_>) -> Result<Value, JitError> {
+        let lc = &at.plan.lane_compares[u];
+        let Some(&(xs, k)) = at.lane_operands.get(u) else { return self.lane_mask(lc, at.first) };
+        let first = self.b.ins().ireduce(types::I32, at.first);
+        let first = self.b.ins().splat(types::I32X4, first);
+        let lanes = self.b.ins().iadd(first, k);
+        // lane k stands for iteration first + k
+        let cc = match (lc.op, lc.range_left) {
+            (BinaryOp::CmpNe, _) => IntCC::NotEqual,
+            (_, true) => IntCC::SignedLessThan,
+            (_, false) => IntCC::SignedGreaterThan,
+        };
+        Ok(self.b.ins().icmp(cc, lanes, xs))
+    }
+
     /// The I32X4 mask of a [`LaneCompare`] for the four iterations from `first`: the
     /// difference `x - first`, clamped to `[-1, 4]` (every lane compares alike beyond), against
     /// the lane numbers.
@@ -442,12 +503,13 @@ impl Lowerer<'_, '_> {
         partials: &[Variable],
         first: Value,
         rest_vals: &HashMap<UOp, (Value, i32)>,
+        lane_operands: &HashMap<UOp, (Value, Value)>,
     ) -> Result<(), JitError> {
         let mut vals: HashMap<UOp, Lanes> = HashMap::new();
         // `rest + first` per distinct `rest`: accesses sharing their variable part share the
         // element index of lane 0 (one add, not one per access; `opt_level=none` merges nothing).
         let mut lane0: HashMap<Value, Value> = HashMap::new();
-        let at = VectorStep { plan, partials, first, rest_vals };
+        let at = VectorStep { plan, partials, first, rest_vals, lane_operands };
         for s in body {
             let Stmt::Op(u) = s else { unreachable!("innermost loop") };
             if plan.index_math.contains(u) || matches!(u.op(), Op::Index | Op::After | Op::End | Op::Sink) {
@@ -460,7 +522,7 @@ impl Lowerer<'_, '_> {
                     continue;
                 }
                 Op::Binary(_) if plan.lane_compares.contains_key(u) => {
-                    Lanes::Vector(self.lane_mask(&plan.lane_compares[u], first)?)
+                    Lanes::Vector(self.lane_mask_of(u, &at)?)
                 }
                 // A negation of a mask (the plan admits only `c ? false : true` and its converse).
                 Op::Where if u.dtype() == DType::Bool => {
