@@ -54,6 +54,9 @@ pub fn run(rows: usize, cols: usize, reps: usize, rounds: usize) -> ExitCode {
     let forms = forms();
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); cases.len() * forms.len()];
     let mut kernels = vec![0; times.len()];
+    // The streaming read measured after every timed round, so that its median sees the same
+    // host as the cases' medians.
+    let mut streams = Vec::new();
     for round in 0..=rounds {
         for (c, (_, outs, _)) in cases.iter().enumerate() {
             for (f, (_, opts)) in forms.iter().enumerate() {
@@ -72,13 +75,19 @@ pub fn run(rows: usize, cols: usize, reps: usize, rounds: usize) -> ExitCode {
                 }
             }
         }
+        if round > 0 {
+            streams.push(streaming_read_gbs(256, rayon::current_num_threads(), 5));
+        }
     }
-    let stream = streaming_read_gbs(256, rayon::current_num_threads(), 5);
+    let stream = median(&streams);
+    let (lo, hi) = streams.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &s| (lo.min(s), hi.max(s)));
     let bytes = (rows * cols * 4) as f64;
     println!(
-        "{rows} x {cols} f32 logits ({:.1} MB), {} threads; streaming read {stream:.1} GB/s",
+        "{rows} x {cols} f32 logits ({:.1} MB), {} threads; streaming read {stream:.1} GB/s (median of \
+         {} rounds, {lo:.1}-{hi:.1})",
         bytes / 1e6,
-        rayon::current_num_threads()
+        rayon::current_num_threads(),
+        streams.len()
     );
     println!(
         "{:<22} {:<14} {:>7} {:>10} {:>7} {:>10} {:>9}",
