@@ -5,7 +5,7 @@
 use ndarray::{Array2, ArrayD, Axis, IxDyn};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use uopc::ir::{Op, Stmt, UOp, linearize};
+use uopc::ir::{Op, Stmt, TileOp, UOp, linearize, view_base};
 use uopc::tensor::{Experiments, canonicalize, input_products, online_reductions, static_flops};
 use uopc::{RealizeOptions, Tensor, make_plan};
 
@@ -61,6 +61,28 @@ fn logsumexp_f64(x: &Array2<f64>) -> Vec<f64> {
 
 fn to_f64(a: &Array2<f32>) -> Array2<f64> {
     a.mapv(f64::from)
+}
+
+/// The factors of the softmax updates in `program`, and how many plain stores write the score
+/// tile they read (a pass of its own over each block's scores).
+fn update_factors_and_score_stores(program: &UOp) -> (Vec<f32>, usize) {
+    let nodes = UOp::toposort(std::slice::from_ref(program));
+    let updates: Vec<&UOp> =
+        nodes.iter().filter(|u| matches!(u.op(), Op::Tile(TileOp::SoftmaxUpdate { .. }))).collect();
+    let factors = updates
+        .iter()
+        .map(|u| match u.op() {
+            Op::Tile(TileOp::SoftmaxUpdate { scale, .. }) => f32::from_bits(*scale),
+            _ => unreachable!(),
+        })
+        .collect();
+    let score_tiles: Vec<&UOp> = updates.iter().filter_map(|u| view_base(&u.src()[0].src()[0])).collect();
+    let stores = nodes
+        .iter()
+        .filter(|u| matches!(u.op(), Op::Store))
+        .filter(|u| view_base(&u.src()[0].src()[0]).is_some_and(|b| score_tiles.contains(&b)))
+        .count();
+    (factors, stores)
 }
 
 #[test]
@@ -236,6 +258,12 @@ fn fused_attention_is_one_pass_over_the_keys() {
     assert!(plan.temp_sizes().iter().all(|&t| t < n * n), "no N x N buffer: {plan}");
     assert_eq!(input_products(&plan, 0, 1).unwrap(), (n * n * d) as u64, "q.k once per (query, key) pair");
     assert!(accumulators_inside_thread(&plan.kernels[0].program));
+    // the 1/sqrt(D) of the scores is the update's factor (with the base-2 one): no pass of its
+    // own over each block's scores
+    let (factors, score_stores) = update_factors_and_score_stores(&plan.kernels[0].program);
+    let want = (0.125 * std::f64::consts::LOG2_E) as f32;
+    assert!(factors.iter().all(|&f| f == want) && !factors.is_empty(), "{factors:?}");
+    assert_eq!(score_stores, 0, "the scores are scaled where the update reads them");
     // the rewritten plan does the work of the hand-written FlashAttention-2 kernel
     let derived = static_flops(&plan.kernels[0].program).unwrap() as f64;
     let tiling = uopc::flash_tiled::TILE_OPS_TILING;
@@ -359,10 +387,14 @@ fn masks_and_biases_written_in_the_graph_go_through_the_tile_path() {
     let scores = q.matmul(&k.transpose(0, 1)) * 0.25;
     let biased = &scores + &Tensor::from_array(&bias);
     let masked = keep.where_(&scores, &Tensor::full(&[], f32::NEG_INFINITY));
-    for (name, s) in [("bias", biased), ("-inf mask", masked)] {
+    // a negative factor turns the order of the scores around: it cannot be the update's
+    let negative = q.matmul(&k.transpose(0, 1)) * -0.25;
+    for (name, s) in [("bias", biased), ("-inf mask", masked), ("negative scale", negative)] {
         let out = s.softmax(-1).matmul(&v);
         let plan = make_plan(std::slice::from_ref(out.uop()), &RealizeOptions::fused()).unwrap();
         assert!(plan.kernels.len() == 1 && plan.kernels[0].uses_tile_ops(), "{name}: {plan}");
+        let (factors, score_stores) = update_factors_and_score_stores(&plan.kernels[0].program);
+        assert!(factors.iter().all(|&f| f == 1.0) && score_stores > 0, "{name}: evaluated on the tile first");
         let unfused = realize(&out, &RealizeOptions::default()).mapv(f64::from);
         let fused = realize(&out, &RealizeOptions::fused());
         // the row that sees no key is NaN in both (0 / 0), as the graph says

@@ -278,23 +278,35 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
             &[qb.index(&q_first), kb.index(&k_first + first * a.k_row as i64), si.after(prev).index(0)],
         );
         let tile_s = si.after(std::slice::from_ref(&g1));
-        let scaled = match a.scores.as_where().filter(|_| prefix) {
-            // the unmasked scores on the whole tile (a vectorized loop), then -inf over each
-            // row's masked suffix
-            Some(w) => {
-                let plain = scores_on_tile(cx, &a, &task, (&tile_s, w.then), first, cols, outer)?;
-                masked_suffixes(cx, &a, &task, &si.after(&[g1.clone(), plain]), first, cols, outer)?
-            }
-            None => scores_on_tile(cx, &a, &task, (&tile_s, &a.scores), first, cols, outer)?,
-        };
         let mut state = prev.to_vec();
-        state.push(scaled.clone());
+        // Scores that are the product times a positive constant need no pass of their own:
+        // the update applies the factor, in base 2, as it reads them.
+        let scale = match constant_factor(&a).filter(|_| !prefix) {
+            Some(factor) => {
+                state.push(g1.clone());
+                factor
+            }
+            None => {
+                let scaled = match a.scores.as_where().filter(|_| prefix) {
+                    // the unmasked scores on the whole tile (a vectorized loop), then -inf over
+                    // each row's masked suffix
+                    Some(w) => {
+                        let plain = scores_on_tile(cx, &a, &task, (&tile_s, w.then), first, cols, outer)?;
+                        masked_suffixes(cx, &a, &task, &si.after(&[g1.clone(), plain]), first, cols, outer)?
+                    }
+                    None => scores_on_tile(cx, &a, &task, (&tile_s, &a.scores), first, cols, outer)?,
+                };
+                state.push(scaled);
+                1.0
+            }
+        };
         let update =
-            TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d: a.dv, ldo: a.dv, scale: 1f32.to_bits() };
+            TileOp::SoftmaxUpdate { rows: br, cols, lds: cols, d: a.dv, ldo: a.dv, scale: scale.to_bits() };
+        let scores_ready = &state[state.len() - 1..];
         let sm = tile(
             update,
             &[
-                si.after(std::slice::from_ref(&scaled)).index(0),
+                si.after(scores_ready).index(0),
                 mi.after(&state).index(0),
                 li.after(&state).index(0),
                 oi.after(&state).index(0),
@@ -476,6 +488,28 @@ fn masked_suffixes(
     // the masked score as the graph gives it, in base 2 like the others
     let masked = base(w.otherwise).const_value()?.as_f64() as f32 * a.base2;
     Some(tile_s.after(std::slice::from_ref(&ri)).index(at_c).store(f32c(masked)).end(&[c, ri]))
+}
+
+/// The factor the softmax update applies to the raw products when the scores are the product
+/// itself or the product times a positive finite constant `c` (the usual `1/sqrt(D)`): `k c`,
+/// with `k` the base-2 factor, rounded once where a pass over the tile would round `c s` and
+/// then `k (c s)`. `None` for a mask, a bias, or any other function of the product: those are
+/// evaluated on the tile first. The factor must be positive, since the update keeps a `-inf`
+/// score `-inf` only then.
+fn constant_factor(a: &Attention) -> Option<f32> {
+    let c = if a.scores == a.product {
+        1.0
+    } else {
+        let (x, y) = mul_pair(&a.scores)?;
+        let c = match (x == a.product, y == a.product) {
+            (true, false) => y,
+            (false, true) => x,
+            _ => return None,
+        };
+        base(&c).const_value()?.as_f64()
+    };
+    let factor = (c * f64::from(a.base2)) as f32;
+    (c > 0.0 && factor.is_finite() && factor > 0.0).then_some(factor)
 }
 
 /// The scores' own function of the product (scale, mask, bias, as the graph writes it),

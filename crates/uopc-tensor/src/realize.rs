@@ -120,7 +120,12 @@ pub(crate) fn realize_impl(
     let mut temps = plan.take_temps();
     let direct_slot = match &mut direct {
         Some(buf) if buf.len() == roots[0].shape().iter().product::<usize>() => {
-            direct_output(&plan).inspect(|_| buf.fill(0.0))
+            // zeroed as the plan's own outputs are, unless its one writer fills it whole
+            direct_output(&plan).inspect(|&o| {
+                if !plan.fresh_outputs[o] {
+                    buf.fill(0.0);
+                }
+            })
         }
         _ => None,
     };

@@ -139,11 +139,18 @@ fn outputs_are_zeroed_unless_their_kernel_writes_every_element() {
         let got = y.to_ndarray::<f32>().unwrap();
         assert!(got.iter().take(n / 2).all(|&v| v == 2.0) && got.iter().skip(n / 2).all(|&v| v == 0.0));
         drop(Tensor::from_vec(vec![7.0f32; n], &[n]).exp().to_ndarray::<f32>().unwrap());
+        // into a caller's buffer: what the kernel does not write is zeroed there too
+        let mut out = vec![7.0f32; n];
+        y.realize_into(&mut out).unwrap();
+        assert!(out[..n / 2].iter().all(|&v| v == 2.0) && out[n / 2..].iter().all(|&v| v == 0.0));
     }
     // The compiler's elementwise kernel stores every element: its output is not zeroed first.
     let y = (&x * 3.0).exp();
     let plan = make_plan(&[y.uop().clone()], &RealizeOptions::default()).unwrap();
     assert_eq!(plan.unzeroed_outputs(), 1, "{plan}");
+    let mut out = vec![f32::NAN; n];
+    y.realize_into(&mut out).unwrap();
+    assert!(out.iter().all(|&v| (v / 3.0f32.exp() - 1.0).abs() < 1e-6), "every element written");
     // the vector exponential is within a few ulp of the library's
     assert!(y.to_ndarray::<f32>().unwrap().iter().all(|&v| (v / 3.0f32.exp() - 1.0).abs() < 1e-6));
 }

@@ -128,7 +128,8 @@ impl Tensor {
     /// Computes this tensor into `out` (row-major, `numel` elements of the tensor's dtype).
     ///
     /// An f32 result whose plan ends in a kernel that writes the output buffer whole is
-    /// computed straight into `out` (zeroed first, as the plan's own output buffers are),
+    /// computed straight into `out` (zeroed first, as the plan's own output buffers are, unless
+    /// that kernel provably stores every element: [`crate::Plan::unzeroed_outputs`]),
     /// with no buffer of its own and no copy; any other result (other dtypes, an input
     /// returned as it is, a plan that reads its output back) is computed as by
     /// [`Tensor::realize`] and copied into `out` once.
