@@ -302,26 +302,13 @@ pub(crate) fn lower_online_rows_together(kernels: &[(UOp, UOp)]) -> Option<UOp> 
     let after_init = std::slice::from_ref(&init);
     let step = TileOp::MaxSumExp { rows: br, cols: g.cols, ld: g.ld, scale: g.base2.to_bits() };
     let lse = tile(step, &[x.index(&first), mi.after(after_init).index(0), ri.after(after_init).index(0)]);
-    let after_lse = std::slice::from_ref(&lse);
-    // The maximum as the body reads it: the task's tile, from the task's first row.
-    let max_shape = g.max.shape().to_vec();
-    let origin = unravel(&row0, &max_shape);
-    let strides = dense_strides(&max_shape);
-    let known = |buffer: UOp| Known { buffer, origin: origin.clone(), strides: strides.clone() };
-    cx.assume(&g.max, known(mx.after(after_lse)));
-    // The written sum from L (see the module docs for each case).
-    let r = cx.fresh_range(br, AxisType::Loop, th);
-    let at = unravel(&(&row0 + &r), &max_shape);
-    let shift = cx.value_at(&g.shift, &at).ok()?;
-    let (m, l) = (mx.after(after_lse).index(&r).load(), raw.after(after_lse).index(&r).load());
-    let carried = ((&m - &shift) * g.base2).exp2();
-    let written = m.ne(&shift).where_(m.ne(f32::INFINITY).where_(&l * &carried, &carried), &l);
-    let fixed = sum.after(th).index(&r).store(written).end(&[r]);
-    cx.assume(&g.sum, known(sum.after(std::slice::from_ref(&fixed))));
-    let mut stores = Vec::with_capacity(kernels.len());
-    for ((body, out), exp) in kernels.iter().zip(&exps) {
-        stores.push(body_over_rows(&mut cx, body, out, exp.as_ref(), &g, &t, br)?);
-    }
+    let state = RowState {
+        max: mx.after(std::slice::from_ref(&lse)),
+        raw: raw.after(std::slice::from_ref(&lse)),
+        sum,
+    };
+    let window = Window { row0: row0.clone(), rows: br, cols: None };
+    let stores = bodies_over_state(&mut cx, &g, kernels, &exps, &t, &state, &window)?;
     let program = match &stores[..] {
         [(store, ranges)] => store.end(&[&ranges[..], th].concat()),
         _ => sink(&stores.iter().map(|(store, ranges)| store.end(ranges)).collect::<Vec<_>>()).end(th),
@@ -329,10 +316,61 @@ pub(crate) fn lower_online_rows_together(kernels: &[(UOp, UOp)]) -> Option<UOp> 
     Some(sink(&[program]))
 }
 
-/// Kernel `body` written to `out` at each of THREAD task `t`'s output elements (its `br` rows,
-/// or their elements), with the rows' state already assumed in `cx`; the body's exponential
-/// `exp`, when there is one, is computed per row into a row tile first. Returns the store and
-/// the ranges it is inside of within the task, innermost first.
+/// A task's rows' state once computed: each row's exact maximum `m` and `L = sum_j exp2(k (y_j
+/// - m))` (views after the step that wrote them), and the tile for the written sum.
+struct RowState {
+    max: UOp,
+    raw: UOp,
+    sum: UOp,
+}
+
+/// What one THREAD task writes: `rows` rows from `row0`, and of an elementwise body the
+/// columns `start .. start + len` of each (`cols`), or all of them.
+struct Window {
+    row0: UOp,
+    rows: usize,
+    cols: Option<(UOp, usize)>,
+}
+
+/// The stores of each `(body, out)` of `kernels` over task `t`'s `window`, from the rows'
+/// `state`: the written sum from `L` (see the module docs for each case), then each body, with
+/// `m` and the sum read from the task's tiles. Returns each store and the ranges it is inside
+/// of within the task, innermost first.
+fn bodies_over_state(
+    cx: &mut Ctx,
+    g: &Rows,
+    kernels: &[(UOp, UOp)],
+    exps: &[Option<BodyExp>],
+    t: &UOp,
+    state: &RowState,
+    window: &Window,
+) -> Option<Vec<(UOp, Vec<UOp>)>> {
+    let th = std::slice::from_ref(t);
+    // The maximum as the body reads it: the task's tile, from the task's first row.
+    let max_shape = g.max.shape().to_vec();
+    let origin = unravel(&window.row0, &max_shape);
+    let strides = dense_strides(&max_shape);
+    let known = |buffer: UOp| Known { buffer, origin: origin.clone(), strides: strides.clone() };
+    cx.assume(&g.max, known(state.max.clone()));
+    let r = cx.fresh_range(window.rows, AxisType::Loop, th);
+    let at = unravel(&(&window.row0 + &r), &max_shape);
+    let shift = cx.value_at(&g.shift, &at).ok()?;
+    let (m, l) = (state.max.index(&r).load(), state.raw.index(&r).load());
+    let carried = ((&m - &shift) * g.base2).exp2();
+    let written = m.ne(&shift).where_(m.ne(f32::INFINITY).where_(&l * &carried, &carried), &l);
+    let fixed = state.sum.after(th).index(&r).store(written).end(&[r]);
+    cx.assume(&g.sum, known(state.sum.after(std::slice::from_ref(&fixed))));
+    let mut stores = Vec::with_capacity(kernels.len());
+    for ((body, out), exp) in kernels.iter().zip(exps) {
+        stores.push(body_over_rows(cx, body, out, exp.as_ref(), g, t, window)?);
+    }
+    Some(stores)
+}
+
+/// Kernel `body` written to `out` at each of THREAD task `t`'s output elements (the rows of
+/// its `window`, or their elements in its columns), with the rows' state already assumed in
+/// `cx`; the body's exponential `exp`, when there is one, is computed per row into a row tile
+/// first. Returns the store and the ranges it is inside of within the task, innermost first.
 fn body_over_rows(
     cx: &mut Ctx,
     body: &UOp,
@@ -340,21 +378,23 @@ fn body_over_rows(
     exp: Option<&BodyExp>,
     g: &Rows,
     t: &UOp,
-    br: usize,
+    window: &Window,
 ) -> Option<(UOp, Vec<UOp>)> {
     let f32t = DType::F32;
     let th = std::slice::from_ref(t);
-    let row0 = t * br as i64;
+    let row0 = &window.row0;
+    let (col0, width) = window.cols.clone().unwrap_or((idx(0), g.cols));
     let max_shape = g.max.shape().to_vec();
     let x = buffer(g.input.slot, g.input.dtype, g.input.len);
-    let r = cx.fresh_range(br, AxisType::Loop, th);
-    let mut at = unravel(&(&row0 + &r), &max_shape);
+    let r = cx.fresh_range(window.rows, AxisType::Loop, th);
+    let mut at = unravel(&(row0 + &r), &max_shape);
     let (flat, ranges) = if body.shape() == &max_shape[..] {
-        (&row0 + &r, vec![r])
+        (row0 + &r, vec![r])
     } else {
-        let e = cx.fresh_range(g.cols, AxisType::Loop, &[t.clone(), r.clone()]);
-        at.push(e.clone());
-        ((&row0 + &r) * g.cols as i64 + &e, vec![e, r])
+        let e = cx.fresh_range(width, AxisType::Loop, &[t.clone(), r.clone()]);
+        let col = &col0 + &e;
+        at.push(col.clone());
+        ((row0 + &r) * g.cols as i64 + &col, vec![e, r])
     };
     // The property relied on: `h` is one value per row (its value at the row's elements does
     // not depend on the element), so one shift serves the row. Checked on the value rangeify
@@ -366,13 +406,12 @@ fn body_over_rows(
     if let Some((exp, shift)) = row_shift {
         // The row's exponentials into a row tile, then the body reads them there.
         let r = &ranges[1];
-        let (shift_tile, row_tile) = (cx.fresh_alloc(f32t, 1), cx.fresh_alloc(f32t, g.cols));
+        let (shift_tile, row_tile) = (cx.fresh_alloc(f32t, 1), cx.fresh_alloc(f32t, width));
         // declared per task (the THREAD range) and written per row
         let within = &[t.clone(), r.clone()][..];
         let set = shift_tile.after(within).index(0).store(shift);
-        let op =
-            TileOp::ExpRows { rows: 1, cols: g.cols, ldx: g.ld, ldy: g.cols, scale: exp.base2.to_bits() };
-        let row_start = (&row0 + r) * g.ld as i64 + g.input.base as i64;
+        let op = TileOp::ExpRows { rows: 1, cols: width, ldx: g.ld, ldy: width, scale: exp.base2.to_bits() };
+        let row_start = (row0 + r) * g.ld as i64 + &col0 + g.input.base as i64;
         let ys = tile(
             op,
             &[
@@ -382,7 +421,7 @@ fn body_over_rows(
             ],
         );
         let mut origin = at.clone();
-        *origin.last_mut()? = idx(0);
+        *origin.last_mut()? = col0.clone();
         let mut strides = vec![0; origin.len()];
         *strides.last_mut()? = 1;
         cx.assume(&exp.node, Known { buffer: row_tile.after(std::slice::from_ref(&ys)), origin, strides });
