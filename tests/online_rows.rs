@@ -289,3 +289,69 @@ fn row_kernels_join_only_within_one_group() {
         assert!(err < 2e-5, "error {err}");
     }
 }
+
+#[test]
+fn few_long_rows_are_split_across_tasks_and_merged() {
+    let mut cases: Vec<(&str, Array2<f32>)> = vec![
+        ("one row", logits(1, 1 << 18, 41, false)),
+        ("two rows", logits(2, 300_000, 42, false)),
+        ("three rows", logits(3, 1 << 17, 43, false)),
+    ];
+    // the maximum in the last chunk only: every earlier chunk's sum is rescaled by the merge
+    let mut late = Array2::from_elem((1, 1 << 16), -3.0f32);
+    late[[0, (1 << 16) - 5]] = 40.0;
+    cases.push(("late maximum", late));
+    // whole chunks of -inf weigh nothing; a row of -inf, a +inf and a NaN keep their kinds
+    let mut masked = logits(1, 1 << 16, 44, false);
+    masked.slice_mut(ndarray::s![0, ..40_000]).fill(f32::NEG_INFINITY);
+    cases.push(("-inf chunks", masked));
+    cases.push(("-inf row", Array2::from_elem((1, 1 << 16), f32::NEG_INFINITY)));
+    let mut inf = logits(1, 1 << 16, 45, false);
+    inf[[0, 100]] = f32::INFINITY;
+    cases.push(("+inf", inf));
+    let mut nan = logits(1, 1 << 16, 46, false);
+    nan[[0, 60_000]] = f32::NAN;
+    cases.push(("NaN", nan));
+    for (name, x) in &cases {
+        let (rows, cols) = x.dim();
+        let t = Tensor::from_array(x);
+        let sums = shifted_sums(x);
+        let lse_want =
+            ArrayD::from_shape_vec(IxDyn(&[rows]), sums.iter().map(|&(g, s)| s.ln() + g).collect()).unwrap();
+        let lsm_want =
+            Array2::from_shape_fn((rows, cols), |(i, j)| (f64::from(x[[i, j]]) - sums[i].0) - sums[i].1.ln())
+                .into_dyn();
+        for (what, y, want) in
+            [("logsumexp", t.logsumexp(-1, false), &lse_want), ("log_softmax", t.log_softmax(-1), &lsm_want)]
+        {
+            let plan = make_plan(std::slice::from_ref(y.uop()), &RealizeOptions::fused()).unwrap();
+            // the chunks' states, then the merge and the body
+            assert_eq!(plan.kernels.len(), 2, "{name} {what}: {plan}");
+            assert!(plan.kernels[0].name.ends_with("_chunks"), "{plan}");
+            assert!(format!("{plan}").contains("merged from chunks"), "{plan}");
+            let tasks = |k: usize| {
+                let lin = linearize(&plan.kernels[k].program).unwrap();
+                lin.thread.and_then(|t| t.src()[0].const_int()).unwrap_or(1) as usize
+            };
+            assert!(
+                tasks(0) > rows && tasks(0) % rows == 0,
+                "{name} {what}: {} tasks for {rows} rows",
+                tasks(0)
+            );
+            if what == "log_softmax" {
+                assert_eq!(tasks(1), tasks(0), "{name}: the elementwise body takes the chunks too");
+            }
+            for k in &plan.kernels {
+                assert!(accumulators_inside_thread(&k.program), "{name} {what}: {}", k.name);
+            }
+            let got = realize(&y, &RealizeOptions::fused());
+            // f32 sums over up to 300000 terms, in chunks of 2048 merged in order
+            let err = max_err(&got, want);
+            assert!(err < 5e-5, "{name} {what}: error {err}");
+            // and the split form agrees with rangeify's loops, which never split
+            let loops = realize(&y, &RealizeOptions::fused().with_opt(DefaultOpt::loops()));
+            let err = max_err(&got, &loops.mapv(f64::from));
+            assert!(err < 5e-5, "{name} {what}: split against loops {err}");
+        }
+    }
+}

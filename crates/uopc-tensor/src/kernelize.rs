@@ -185,6 +185,9 @@ struct Lowered {
     /// Whether it was lowered onto the row tile ops of an online group (see
     /// [`crate::online_rows`]), so that an independent kernel of the same group may join it.
     online_rows: bool,
+    /// A kernel that must run just before this one, writing a temporary this one reads (the
+    /// partial states of the split form, [`crate::online_rows::lower_online_rows_split`]).
+    before: Option<Box<Lowered>>,
 }
 
 /// The loop program of the kernel that computes point `p`.
@@ -193,6 +196,7 @@ fn lower_point(
     buf_of: &HashMap<UOp, ArgSource>,
     opts: &RealizeOptions,
     with_epilogue: &HashSet<UOp>,
+    temps: &mut Vec<(DType, usize)>,
 ) -> Result<Lowered> {
     if let Op::Custom(custom) = p.op() {
         // The program is given; its slots are the sources, then the output.
@@ -215,6 +219,7 @@ fn lower_point(
             epilogue: false,
             outputs: 1,
             online_rows: false,
+            before: None,
         });
     }
     let (body, mut args) = kernel_body(p, buf_of);
@@ -233,11 +238,45 @@ fn lower_point(
     } else {
         None
     };
-    let online_rows = if opts.opt.tile_ops() && tiled.is_none() && fused.is_none() && online_tiles.is_none() {
-        crate::online_rows::lower_online_rows(&body, &out)
-    } else {
-        None
-    };
+    let rows_ok = opts.opt.tile_ops() && tiled.is_none() && fused.is_none() && online_tiles.is_none();
+    // Few long rows: their states in chunks by one kernel, merged by the next.
+    let split_out = buffer(args.len() + 1, p.dtype(), numel(p.shape()));
+    let split = rows_ok.then(|| crate::online_rows::lower_online_rows_split(&body, &split_out, args.len()));
+    if let Some(split) = split.flatten() {
+        temps.push((DType::F32, split.states));
+        let states = ArgSource::Temp(temps.len() - 1);
+        let name = kernel_name(&body);
+        let mut partial_args = args.clone();
+        partial_args.push(states);
+        let (partials, partial_args) = compact_slots(split.partials, partial_args);
+        let before = Lowered {
+            name: format!("{name}_chunks"),
+            shape: vec![split.states],
+            program: partials,
+            args: partial_args,
+            output_parts: Vec::new(),
+            derived: "the maximum and sum of exp of each chunk of a row, on tile ops".to_string(),
+            epilogue: false,
+            outputs: 1,
+            online_rows: false,
+            before: None,
+        };
+        args.extend([states, buf_of[p]]);
+        let (program, args) = compact_slots(split.body, args);
+        return Ok(Lowered {
+            name,
+            shape: body.shape().to_vec(),
+            program,
+            args,
+            output_parts: Vec::new(),
+            derived: format!("{online} online sums on tile ops: row max and sum of exp, merged from chunks"),
+            epilogue: false,
+            outputs: 1,
+            online_rows: false,
+            before: Some(Box::new(before)),
+        });
+    }
+    let online_rows = if rows_ok { crate::online_rows::lower_online_rows(&body, &out) } else { None };
     let derived = match (online, &online_tiles, &online_rows) {
         (0, _, _) => String::new(),
         (n, Some(_), _) => format!("{n} online sums on tile ops: score GEMM, softmax update, P.V GEMM"),
@@ -263,6 +302,7 @@ fn lower_point(
         epilogue,
         outputs: 1,
         online_rows: on_rows,
+        before: None,
     })
 }
 
@@ -314,6 +354,7 @@ fn join_row_siblings(
                 epilogue: false,
                 outputs: a.outputs + b.outputs,
                 online_rows: false,
+                before: None,
             };
             lowered[i] = joined;
             gone[j] = true;
@@ -367,20 +408,22 @@ pub(crate) fn build_plan(
             ArgSource::Temp(temps.len() - 1)
         });
     }
+    let mut lowered = Vec::with_capacity(points.len());
+    for p in &points {
+        lowered.push(lower_point(p, &buf_of, opts, &with_epilogue, &mut temps)?);
+    }
     check_memory(&temps, &outputs)?;
-    let mut lowered =
-        points.iter().map(|p| lower_point(p, &buf_of, opts, &with_epilogue)).collect::<Result<Vec<_>>>()?;
     if !opts.experiments.separate_row_siblings {
         lowered = join_row_siblings(&points, lowered, &buf_of);
     }
     let schedule_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut kernels = Vec::with_capacity(lowered.len());
-    for Lowered { name, shape, program, args, output_parts, derived, epilogue, outputs, .. } in lowered {
-        let exe = Exe::compile(&program, &name, opts.scalar_codegen)?.with_output_parts(output_parts);
-        let kernel =
-            Kernel::new(name, shape, program, args, exe).with_epilogue(epilogue).with_outputs(outputs);
-        kernels.push(kernel.with_derived(derived));
+    for mut l in lowered {
+        if let Some(before) = l.before.take() {
+            kernels.push(compile_lowered(*before, opts)?);
+        }
+        kernels.push(compile_lowered(l, opts)?);
     }
     let fresh_outputs = (0..outputs.len())
         .map(|o| {
@@ -408,6 +451,14 @@ pub(crate) fn build_plan(
         temp_pool: Mutex::new(None),
         temp_allocations: AtomicUsize::new(0),
     })
+}
+
+/// The compiled kernel of `l`.
+fn compile_lowered(l: Lowered, opts: &RealizeOptions) -> Result<Kernel> {
+    let Lowered { name, shape, program, args, output_parts, derived, epilogue, outputs, .. } = l;
+    let exe = Exe::compile(&program, &name, opts.scalar_codegen)?.with_output_parts(output_parts);
+    let kernel = Kernel::new(name, shape, program, args, exe).with_epilogue(epilogue).with_outputs(outputs);
+    Ok(kernel.with_derived(derived))
 }
 
 /// The rule counts of this thread's rewrite passes since `before` (an earlier

@@ -33,6 +33,9 @@
 //! in the body's loop. A group whose sum has another factor (a softmax-weighted sum), whose
 //! maximum is of a computed value, or whose rows are not evenly strided is left to rangeify.
 
+mod split;
+pub(crate) use split::lower_online_rows_split;
+
 use crate::online::{OnlineSum, shifted_exp2, symbolic_index};
 use crate::opt::Opts;
 use crate::rangeify::{Ctx, Known, movement_source_index, unravel};
@@ -307,7 +310,7 @@ pub(crate) fn lower_online_rows_together(kernels: &[(UOp, UOp)]) -> Option<UOp> 
         raw: raw.after(std::slice::from_ref(&lse)),
         sum,
     };
-    let window = Window { row0: row0.clone(), rows: br, cols: None };
+    let window = Window { row0: row0.clone(), rows: br, cols: None, first: None };
     let stores = bodies_over_state(&mut cx, &g, kernels, &exps, &t, &state, &window)?;
     let program = match &stores[..] {
         [(store, ranges)] => store.end(&[&ranges[..], th].concat()),
@@ -330,6 +333,10 @@ struct Window {
     row0: UOp,
     rows: usize,
     cols: Option<(UOp, usize)>,
+    /// The output index of the window's first element when it is written as one run from
+    /// there (a task of one row's chunk: `t * len`, where `row0 * cols + start` would spell it
+    /// with a division and a remainder of `t` that the disjointness proof cannot follow).
+    first: Option<UOp>,
 }
 
 /// The stores of each `(body, out)` of `kernels` over task `t`'s `window`, from the rows'
@@ -394,7 +401,11 @@ fn body_over_rows(
         let e = cx.fresh_range(width, AxisType::Loop, &[t.clone(), r.clone()]);
         let col = &col0 + &e;
         at.push(col.clone());
-        ((row0 + &r) * g.cols as i64 + &col, vec![e, r])
+        let flat = match &window.first {
+            Some(first) => first + &r * g.cols as i64 + &e,
+            None => (row0 + &r) * g.cols as i64 + &col,
+        };
+        (flat, vec![e, r])
     };
     // The property relied on: `h` is one value per row (its value at the row's elements does
     // not depend on the element), so one shift serves the row. Checked on the value rangeify
