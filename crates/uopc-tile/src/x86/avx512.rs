@@ -391,6 +391,8 @@ unsafe fn dots<const M: usize, const G: usize>(
         // Accumulator `(i, g)` is lane `i G + g` of the sums.
         let mut flat = [_mm512_setzero_ps(); 16];
         for g in 0..G {
+            // B's rows stream from memory once: the row STREAM_AHEAD further on is requested now.
+            prefetch_row(b.wrapping_add((j0 + g + STREAM_AHEAD) * s.ldb), s.k);
             // SAFETY: forwarded, for key `j0 + g` of the group.
             let acc = unsafe { key_dots::<M>(s, a, b, j0 + g.min(live - 1)) };
             for (i, &acc) in acc.iter().enumerate() {
@@ -471,6 +473,11 @@ unsafe fn dots_by_row(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mu
                 // are dropped at the store), so the loop keeps a constant trip count and the
                 // accumulators stay in registers.
                 let row = j0 + jj.min(live - 1);
+                if i == 0 {
+                    // The row of the next group (or, past the block, what follows it: the next
+                    // block's keys), requested while this group's rows are multiplied.
+                    prefetch_row(b.wrapping_add((j0 + 16 + jj) * ldb), k);
+                }
                 for p in (0..k).step_by(16) {
                     let mask = lanes(k - p);
                     // SAFETY: row `i < m` of A spans `k` floats from `a + i * lda`, and row
@@ -587,6 +594,8 @@ unsafe fn streamed_pass<const R: usize, const W: usize>(
     let masks: [__mmask16; W] = std::array::from_fn(|v| lanes(n.saturating_sub(j0 + 16 * v)));
     let mut acc = [[_mm512_setzero_ps(); W]; R];
     for p in 0..k {
+        // B's rows stream from memory once: the row STREAM_AHEAD further on is requested now.
+        prefetch_row(b.wrapping_add((p + STREAM_AHEAD) * ldb + j0), (n - j0).min(16 * W));
         // SAFETY: row `p < k` of B, columns `j0 + 16 v ..` masked to `< n`.
         let bv: [__m512; W] =
             std::array::from_fn(|v| unsafe { _mm512_maskz_loadu_ps(masks[v], b.add(p * ldb + j0 + 16 * v)) });
@@ -607,6 +616,19 @@ unsafe fn streamed_pass<const R: usize, const W: usize>(
                 _mm512_mask_storeu_ps(dst, masks[v], r);
             }
         }
+    }
+}
+
+/// Rows of B that [`streamed_pass`] and [`dots`] request ahead of the one they multiply.
+const STREAM_AHEAD: usize = 16;
+
+/// Requests the cache lines of `len` floats from `row` into L1. A prefetch never faults, so
+/// `row` may lie past the operand (it is only formed with `wrapping_add`).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn prefetch_row(row: *const f32, len: usize) {
+    for off in (0..len).step_by(16) {
+        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(off).cast::<i8>());
     }
 }
 
