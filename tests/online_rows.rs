@@ -58,6 +58,22 @@ fn shifted_sums(x: &Array2<f32>) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// The mean cross-entropy of `x` against `targets` and its gradient `(softmax - one_hot) / n`,
+/// in f64.
+fn cross_entropy_f64(x: &Array2<f32>, targets: &[usize]) -> (f64, ArrayD<f64>) {
+    let (n, c) = x.dim();
+    let sums = shifted_sums(x);
+    let loss =
+        (0..n).map(|i| sums[i].1.ln() + sums[i].0 - f64::from(x[[i, targets[i]]])).sum::<f64>() / n as f64;
+    let grad = Array2::from_shape_fn((n, c), |(i, j)| {
+        let (g, s) = sums[i];
+        let p = (f64::from(x[[i, j]]) - g).exp() / s;
+        (p - if j == targets[i] { 1.0 } else { 0.0 }) / n as f64
+    })
+    .into_dyn();
+    (loss, grad)
+}
+
 /// Whether the fused plan of `t` lowers its online sum on the row tile op.
 fn on_row_tiles(t: &Tensor) -> bool {
     let plan = make_plan(std::slice::from_ref(t.uop()), &RealizeOptions::fused()).unwrap();
@@ -122,16 +138,7 @@ fn cross_entropy_and_its_gradient_match_f64_with_the_gradient_on_row_tiles() {
         let x = logits(n, c, 200 + k as u64, false);
         let mut rng = StdRng::seed_from_u64(k as u64);
         let targets: Vec<usize> = (0..n).map(|_| rng.random_range(0..c)).collect();
-        let sums = shifted_sums(&x);
-        let loss_want: f64 =
-            (0..n).map(|i| sums[i].1.ln() + sums[i].0 - f64::from(x[[i, targets[i]]])).sum::<f64>()
-                / n as f64;
-        let grad_want = Array2::from_shape_fn((n, c), |(i, j)| {
-            let (g, s) = sums[i];
-            let p = (f64::from(x[[i, j]]) - g).exp() / s;
-            (p - if j == targets[i] { 1.0 } else { 0.0 }) / n as f64
-        })
-        .into_dyn();
+        let (loss_want, grad_want) = cross_entropy_f64(&x, &targets);
         let logits = Tensor::from_array(&x);
         let loss = logits.cross_entropy(&targets);
         let grad = gradient(&loss, &[&logits]).unwrap().remove(0);
@@ -227,16 +234,7 @@ fn a_loss_and_its_gradient_realized_together_read_the_logits_in_one_kernel() {
         assert_eq!(readers, 2, "{n}x{c}: apart, each kernel reads the rows: {separate}");
         // Against f64, and bit for bit against the kernels apart: each row's state and each
         // output element is computed the same way in both.
-        let sums = shifted_sums(&x);
-        let loss_want: f64 =
-            (0..n).map(|i| sums[i].1.ln() + sums[i].0 - f64::from(x[[i, targets[i]]])).sum::<f64>()
-                / n as f64;
-        let grad_want = Array2::from_shape_fn((n, c), |(i, j)| {
-            let (g, s) = sums[i];
-            let p = (f64::from(x[[i, j]]) - g).exp() / s;
-            (p - if j == targets[i] { 1.0 } else { 0.0 }) / n as f64
-        })
-        .into_dyn();
+        let (loss_want, grad_want) = cross_entropy_f64(&x, &targets);
         let realize_both = |opts: &RealizeOptions| {
             let (out, _) = uopc::tensor::realize(&[&loss, &grad], opts).unwrap();
             (out[0].to_ndarray::<f32>().unwrap(), out[1].to_ndarray::<f32>().unwrap())

@@ -75,6 +75,16 @@ enum Lanes {
     Vector(Value),
 }
 
+/// The integer condition of lane compare `lc` with the loop's index on the left: `i != x`,
+/// `i < x`, or (the index on the right) `x < i`, which is `i > x`.
+fn lane_condition(lc: &LaneCompare) -> IntCC {
+    match (lc.op, lc.range_left) {
+        (BinaryOp::CmpNe, _) => IntCC::NotEqual,
+        (_, true) => IntCC::SignedLessThan,
+        (_, false) => IntCC::SignedGreaterThan,
+    }
+}
+
 fn vec_flags() -> MemFlagsData {
     // In bounds but not necessarily 16-byte aligned.
     MemFlagsData::new().with_notrap()
@@ -422,12 +432,7 @@ impl Lowerer<'_, '_> {
         let first = self.b.ins().splat(types::I32X4, first);
         let lanes = self.b.ins().iadd(first, k);
         // lane k stands for iteration first + k
-        let cc = match (lc.op, lc.range_left) {
-            (BinaryOp::CmpNe, _) => IntCC::NotEqual,
-            (_, true) => IntCC::SignedLessThan,
-            (_, false) => IntCC::SignedGreaterThan,
-        };
-        Ok(self.b.ins().icmp(cc, lanes, xs))
+        Ok(self.b.ins().icmp(lane_condition(lc), lanes, xs))
     }
 
     /// The I32X4 mask of a [`LaneCompare`] for the four iterations from `first`: the
@@ -449,12 +454,7 @@ impl Lowerer<'_, '_> {
         let k = self.b.ins().vconst(types::I32X4, c);
         // lane k stands for iteration first + k: `first + k != x` is `k != d`, `first + k < x`
         // is `k < d`, `x < first + k` is `k > d`
-        let cc = match (lc.op, lc.range_left) {
-            (BinaryOp::CmpNe, _) => IntCC::NotEqual,
-            (_, true) => IntCC::SignedLessThan,
-            (_, false) => IntCC::SignedGreaterThan,
-        };
-        Ok(self.b.ins().icmp(cc, k, d))
+        Ok(self.b.ins().icmp(lane_condition(lc), k, d))
     }
 
     /// Whether `e` can be computed before the loop: constants, enclosing ranges, values
