@@ -404,21 +404,35 @@ impl Lowerer<'_, '_> {
         compares.sort_by_key(|(u, _)| u.id());
         for (u, lc) in compares {
             // an operand not yet computed here is left to the per-step clamp
-            let Ok(mut x) = self.val(&lc.other) else { continue };
-            if self.b.func.dfg.value_type(x) != types::I64 {
-                x = self.b.ins().sextend(types::I64, x);
-            }
-            let (lo, hi) = (self.b.ins().iconst(types::I64, -1), self.b.ins().iconst(types::I64, bound));
-            let x = self.b.ins().smax(x, lo);
-            let x = self.b.ins().smin(x, hi);
-            let x = self.b.ins().ireduce(types::I32, x);
-            let xs = self.b.ins().splat(types::I32X4, x);
-            let lanes: Vec<u8> = (0..LANES as i32).flat_map(|k| k.to_le_bytes()).collect();
-            let c = self.b.func.dfg.constants.insert(lanes.into());
-            let k = self.b.ins().vconst(types::I32X4, c);
+            let Ok(x) = self.val(&lc.other) else { continue };
+            let x = self.as_i64(x);
+            let xs = self.clamped_lanes(x, bound);
+            let k = self.lane_numbers();
             out.insert(u.clone(), (xs, k));
         }
         Ok(out)
+    }
+
+    /// Integer value `x` widened to i64.
+    fn as_i64(&mut self, x: Value) -> Value {
+        if self.b.func.dfg.value_type(x) == types::I64 { x } else { self.b.ins().sextend(types::I64, x) }
+    }
+
+    /// i64 `x` clamped to `[-1, hi]`, narrowed to i32 and splat over I32X4: compared with
+    /// values in `0..hi` it compares as `x` does, and it fits the lanes.
+    fn clamped_lanes(&mut self, x: Value, hi: i64) -> Value {
+        let (lo, hi) = (self.b.ins().iconst(types::I64, -1), self.b.ins().iconst(types::I64, hi));
+        let x = self.b.ins().smax(x, lo);
+        let x = self.b.ins().smin(x, hi);
+        let x = self.b.ins().ireduce(types::I32, x);
+        self.b.ins().splat(types::I32X4, x)
+    }
+
+    /// The lane numbers `0 .. LANES` as an I32X4 constant.
+    fn lane_numbers(&mut self) -> Value {
+        let lanes: Vec<u8> = (0..LANES as i32).flat_map(|k| k.to_le_bytes()).collect();
+        let c = self.b.func.dfg.constants.insert(lanes.into());
+        self.b.ins().vconst(types::I32X4, c)
     }
 
     /// The I32X4 mask of lane compare `u` for the four iterations from `first`: with the
@@ -439,19 +453,11 @@ impl Lowerer<'_, '_> {
     /// difference `x - first`, clamped to `[-1, 4]` (every lane compares alike beyond), against
     /// the lane numbers.
     fn lane_mask(&mut self, lc: &LaneCompare, first: Value) -> Result<Value, JitError> {
-        let mut x = self.val(&lc.other)?;
-        if self.b.func.dfg.value_type(x) != types::I64 {
-            x = self.b.ins().sextend(types::I64, x);
-        }
+        let x = self.val(&lc.other)?;
+        let x = self.as_i64(x);
         let d = self.b.ins().isub(x, first);
-        let (lo, hi) = (self.b.ins().iconst(types::I64, -1), self.b.ins().iconst(types::I64, LANES));
-        let d = self.b.ins().smax(d, lo);
-        let d = self.b.ins().smin(d, hi);
-        let d = self.b.ins().ireduce(types::I32, d);
-        let d = self.b.ins().splat(types::I32X4, d);
-        let lanes: Vec<u8> = (0..LANES as i32).flat_map(|k| k.to_le_bytes()).collect();
-        let c = self.b.func.dfg.constants.insert(lanes.into());
-        let k = self.b.ins().vconst(types::I32X4, c);
+        let d = self.clamped_lanes(d, LANES);
+        let k = self.lane_numbers();
         // lane k stands for iteration first + k: `first + k != x` is `k != d`, `first + k < x`
         // is `k < d`, `x < first + k` is `k > d`
         Ok(self.b.ins().icmp(lane_condition(lc), k, d))
