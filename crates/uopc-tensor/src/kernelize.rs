@@ -190,6 +190,25 @@ struct Lowered {
     before: Option<Box<Lowered>>,
 }
 
+impl Lowered {
+    /// A kernel writing its one output in one part, with nothing fused, joined or run before
+    /// it: what every lowering gives unless it says otherwise.
+    fn new(name: String, shape: Vec<usize>, program: UOp, args: Vec<ArgSource>, derived: String) -> Lowered {
+        Lowered {
+            name,
+            shape,
+            program,
+            args,
+            output_parts: Vec::new(),
+            derived,
+            epilogue: false,
+            outputs: 1,
+            online_rows: false,
+            before: None,
+        }
+    }
+}
+
 /// The loop program of the kernel that computes point `p`.
 fn lower_point(
     p: &UOp,
@@ -209,18 +228,14 @@ fn lower_point(
             })
             .collect();
         args.push(buf_of[p]);
-        return Ok(Lowered {
-            name: custom.name.clone(),
-            shape: custom.shape.clone(),
-            program: custom.program.clone(),
+        let lowered = Lowered::new(
+            custom.name.clone(),
+            custom.shape.clone(),
+            custom.program.clone(),
             args,
-            output_parts: custom.output_parts.clone(),
-            derived: String::new(),
-            epilogue: false,
-            outputs: 1,
-            online_rows: false,
-            before: None,
-        });
+            String::new(),
+        );
+        return Ok(Lowered { output_parts: custom.output_parts.clone(), ..lowered });
     }
     let (body, mut args) = kernel_body(p, buf_of);
     let name = kernel_name(&body);
@@ -249,32 +264,18 @@ fn lower_point(
         let mut partial_args = args.clone();
         partial_args.push(states);
         let (partials, partial_args) = compact_slots(split.partials, partial_args);
-        let before = Lowered {
-            name: format!("{name}_chunks"),
-            shape: vec![split.states],
-            program: partials,
-            args: partial_args,
-            output_parts: Vec::new(),
-            derived: "the maximum and sum of exp of each chunk of a row, on tile ops".to_string(),
-            epilogue: false,
-            outputs: 1,
-            online_rows: false,
-            before: None,
-        };
+        let before = Lowered::new(
+            format!("{name}_chunks"),
+            vec![split.states],
+            partials,
+            partial_args,
+            "the maximum and sum of exp of each chunk of a row, on tile ops".to_string(),
+        );
         args.extend([states, buf_of[p]]);
         let (program, args) = compact_slots(split.body, args);
-        return Ok(Lowered {
-            name,
-            shape: body.shape().to_vec(),
-            program,
-            args,
-            output_parts: Vec::new(),
-            derived: format!("{online} online sums on tile ops: row max and sum of exp, merged from chunks"),
-            epilogue: false,
-            outputs: 1,
-            online_rows: false,
-            before: Some(Box::new(before)),
-        });
+        let derived = format!("{online} online sums on tile ops: row max and sum of exp, merged from chunks");
+        let lowered = Lowered::new(name, body.shape().to_vec(), program, args, derived);
+        return Ok(Lowered { before: Some(Box::new(before)), ..lowered });
     }
     let online_rows = if rows_ok { crate::online_rows::lower_online_rows(&body, &out) } else { None };
     let derived = match (online, &online_tiles, &online_rows) {
@@ -292,18 +293,7 @@ fn lower_point(
     args.push(buf_of[p]);
     let (program, args) = compact_slots(program, args);
     let shape = body.shape().to_vec();
-    Ok(Lowered {
-        name,
-        shape,
-        program,
-        args,
-        output_parts: Vec::new(),
-        derived,
-        epilogue,
-        outputs: 1,
-        online_rows: on_rows,
-        before: None,
-    })
+    Ok(Lowered { epilogue, online_rows: on_rows, ..Lowered::new(name, shape, program, args, derived) })
 }
 
 /// Joins independent kernels that read the same online group over rows (a loss and its
@@ -332,29 +322,23 @@ fn join_row_siblings(
             let (own_i, own_j) = (buf_of[&points[i]], buf_of[&points[j]]);
             let ready =
                 locals.iter().all(|a| *a != own_i && *a != own_j && writer.get(a).is_none_or(|&w| w < i));
-            if !ready || !crate::online_rows::share_online_rows(&bodies[0], &bodies[1]) {
+            if !ready {
                 continue;
             }
             let outs: Vec<UOp> = (bodies.iter().enumerate())
                 .map(|(k, b)| buffer(locals.len() + k, b.dtype(), numel(b.shape())))
                 .collect();
             let together: Vec<(UOp, UOp)> = bodies.iter().cloned().zip(outs).collect();
+            // `None` also when the two read different groups
             let Some(program) = crate::online_rows::lower_online_rows_together(&together) else { continue };
             let mut args = locals;
             args.extend([own_i, own_j]);
             let (program, args) = compact_slots(program, args);
             let (a, b) = (&lowered[i], &lowered[j]);
+            let derived = format!("{}, shared by {} outputs", a.derived, a.outputs + b.outputs);
             let joined = Lowered {
-                name: format!("{}+{}", a.name, b.name),
-                shape: b.shape.clone(),
-                program,
-                args,
-                output_parts: Vec::new(),
-                derived: format!("{}, shared by {} outputs", a.derived, a.outputs + b.outputs),
-                epilogue: false,
                 outputs: a.outputs + b.outputs,
-                online_rows: false,
-                before: None,
+                ..Lowered::new(format!("{}+{}", a.name, b.name), b.shape.clone(), program, args, derived)
             };
             lowered[i] = joined;
             gone[j] = true;

@@ -262,18 +262,8 @@ pub(crate) fn lower_online_rows(body: &UOp, out: &UOp) -> Option<UOp> {
     lower_online_rows_together(&[(body.clone(), out.clone())])
 }
 
-/// Whether kernels `a` and `b` read one online group: the same maximum and online sum of the
-/// same input's rows, so that one program can compute the rows' state once for both (see
-/// [`lower_online_rows_together`]).
-pub(crate) fn share_online_rows(a: &UOp, b: &UOp) -> bool {
-    match (matched(a), matched(b)) {
-        (Some(ga), Some(gb)) => ga.rows > 0 && ga.max == gb.max && ga.sum == gb.sum,
-        _ => false,
-    }
-}
-
-/// One program for kernels that all read the same online group (see [`share_online_rows`]),
-/// each `(body, out)` writing its own output: every THREAD task computes its rows' maximum and
+/// One program for kernels that all read the same online group (the same maximum and online
+/// sum of the same input's rows), each `(body, out)` writing its own output: every THREAD task computes its rows' maximum and
 /// sum once, then evaluates each body over those rows in turn, so the rows come from memory
 /// once for all of them. The tasks take the fewest rows any body wants. `None` when a body
 /// does not match or reads another group.
