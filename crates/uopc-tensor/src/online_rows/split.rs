@@ -55,18 +55,17 @@ pub(crate) fn lower_online_rows_split(body: &UOp, out: &UOp, states_slot: usize)
     let g = matched(body)?;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let chunks = chunks_per_row(g.rows, g.cols, cores)?;
-    let (chunk, tasks) = (g.cols / chunks, g.rows * chunks);
+    let tasks = g.rows * chunks;
     let states = buffer(states_slot, DType::F32, 2 * tasks);
-    let partials = partial_states(&g, &states, chunks)?;
+    let partials = partial_states(&g, &states, chunks);
     let exp = body_exponential(body, &g);
     let body = merged_body(&g, body, out, exp, &states, chunks)?;
-    debug_assert_eq!(chunk * chunks, g.cols);
     Some(SplitRows { partials, body, states: 2 * tasks })
 }
 
 /// Kernel 1: task `t` reduces chunk `t % chunks` of row `t / chunks` and writes its maximum at
 /// `states[t]` and its sum at `states[rows * chunks + t]`.
-fn partial_states(g: &Rows, states: &UOp, chunks: usize) -> Option<UOp> {
+fn partial_states(g: &Rows, states: &UOp, chunks: usize) -> UOp {
     let (chunk, tasks) = (g.cols / chunks, g.rows * chunks);
     let f32t = DType::F32;
     let mut cx = Ctx::new(Opts::default(), true);
@@ -83,7 +82,7 @@ fn partial_states(g: &Rows, states: &UOp, chunks: usize) -> Option<UOp> {
     let done = std::slice::from_ref(&lse);
     let (m, l) = (mx.after(done).index(0).load(), raw.after(done).index(0).load());
     let writes = sink(&[states.index(&t).store(m), states.index(&t + tasks as i64).store(l)]);
-    Some(sink(&[writes.end(th)]))
+    sink(&[writes.end(th)])
 }
 
 /// Kernel 2: per task, one row's states merged (see the module docs), then the body over the
@@ -108,18 +107,19 @@ fn merged_body(
     let (mi, ri) = (mx.after(th), raw.after(th));
     let init_m = mi.index(0).store(f32c(f32::NEG_INFINITY));
     let init_l = ri.index(0).store(0.0f32);
-    let state = |c: &UOp| &row * chunks as i64 + c;
+    let state_of = |c: &UOp| &row * chunks as i64 + c;
     // m = max_c m_c (NaN-propagating, as MAX is)
     let c1 = cx.fresh_range(chunks, AxisType::Reduce, th);
     let mc = mi.after(&[init_m, c1.clone()]);
-    let max_loop = mc.index(0).store(mc.index(0).load().maximum(states.index(state(&c1)).load())).end(&[c1]);
+    let max_loop =
+        mc.index(0).store(mc.index(0).load().maximum(states.index(state_of(&c1)).load())).end(&[c1]);
     let m_all = mi.after(std::slice::from_ref(&max_loop)).index(0).load();
     // L = sum_c L_c exp2(k (m_c - m)), a chunk of -inf weighing 0
     let c2 = cx.fresh_range(chunks, AxisType::Reduce, th);
-    let m_c = states.index(state(&c2)).load();
+    let m_c = states.index(state_of(&c2)).load();
     let weight = m_c.ne(f32c(f32::NEG_INFINITY)).where_(((&m_c - &m_all) * g.base2).exp2(), f32c(0.0));
     let lc = ri.after(&[init_l, c2.clone(), max_loop.clone()]);
-    let l_c = states.index(state(&c2) + tasks as i64).load();
+    let l_c = states.index(state_of(&c2) + tasks as i64).load();
     let sum_loop = lc.index(0).store(lc.index(0).load() + l_c * &weight).end(&[c2]);
     let merged = [max_loop, sum_loop];
     let state = RowState { max: mx.after(&merged), raw: raw.after(&merged), sum };
