@@ -779,9 +779,7 @@ pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale:
             // The floats after this chunk (the caller's next chunk) are requested from memory
             // while the exponentials run on this one in L1, so the reads keep going; a
             // prefetch never faults, so one past the row's end is harmless.
-            for k in 0..4 {
-                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(len + j + 16 * k).cast::<i8>());
-            }
+            prefetch_row(x.wrapping_add(len + j), 64);
             for (k, acc) in sum.iter_mut().enumerate() {
                 *acc = _mm512_add_ps(*acc, term(_mm512_loadu_ps(x.add(j + 16 * k))));
             }
