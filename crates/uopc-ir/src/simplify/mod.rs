@@ -169,25 +169,25 @@ pub fn stores_every_element(program: &UOp, slot: usize) -> bool {
         _ => None,
     });
     let Some(len) = len else { return false };
+    // The element index of an access to the slot (a LOAD's or STORE's first source).
+    let slot_index = |u: &UOp| -> Option<UOp> {
+        let index = u.src().first()?.as_index()?;
+        is_slot(index.base).then(|| index.offset.clone())
+    };
     let mut covered = false;
     for u in &topo {
         match u.op() {
-            Op::Load if u.src().first().and_then(|i| i.as_index()).is_some_and(|i| is_slot(i.base)) => {
-                return false;
-            }
+            Op::Load if slot_index(u).is_some() => return false,
             Op::Tile(_)
                 if u.src().iter().any(|s| s.as_index().is_some_and(|i| is_slot(i.base)) || is_slot(s)) =>
             {
                 return false;
             }
-            Op::Store if u.src().len() == 2 => {
-                if let Some(i) = u.src().first().and_then(|i| i.as_index()).filter(|i| is_slot(i.base)) {
-                    covered |= dense_walk(i.offset, len);
-                }
-            }
-            Op::Store if u.src().first().and_then(|i| i.as_index()).is_some_and(|i| is_slot(i.base)) => {
-                return false;
-            }
+            Op::Store => match slot_index(u) {
+                Some(i) if u.src().len() == 2 => covered |= dense_walk(&i, len),
+                Some(_) => return false,
+                None => {}
+            },
             _ => {}
         }
     }
