@@ -252,6 +252,9 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
     let buf = |x: &Affine| buffer(x.slot, x.dtype, x.len);
     let (qb, kb, vb) = (buf(&a.q.view), buf(&a.k.view), buf(&a.v.view));
     let task = Task { coords: coords.clone(), row0: row0.clone(), rows: br };
+    // Scores that are the product times a positive constant need no pass of their own: the
+    // update applies the factor, in base 2, as it reads them.
+    let factor = constant_factor(&a);
     // One key block of `cols` keys from key `first`, inside the loops `outer`: scores, their
     // function in base 2, the update, P V.
     // `prefix`: the mask is exactly a prefix of each row's keys (see `masked_suffixes`).
@@ -279,9 +282,7 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
         );
         let tile_s = si.after(std::slice::from_ref(&g1));
         let mut state = prev.to_vec();
-        // Scores that are the product times a positive constant need no pass of their own:
-        // the update applies the factor, in base 2, as it reads them.
-        let scale = match constant_factor(&a).filter(|_| !prefix) {
+        let scale = match factor.filter(|_| !prefix) {
             Some(factor) => {
                 state.push(g1.clone());
                 factor
