@@ -163,7 +163,19 @@ pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f
         // SAFETY: the caller guarantees AVX-512 is available and the operand extents.
         Isa::Avx512 => unsafe { crate::blocked::drive::<crate::x86::avx512::Kernel, f32, f32>(s, a, b, c) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, for AVX2+FMA.
+        Isa::Avx2Fma
+            if s.b_trans && !s.a_trans && s.k > 0 && s.m <= crate::x86::avx2_few_rows::DOT_MAX_ROWS =>
+        {
+            // SAFETY: as the AVX-512 dot products, for AVX2+FMA.
+            unsafe { crate::x86::avx2_few_rows::gemm_bt_dots(s, a, b, c) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as the AVX-512 streamed rows, for AVX2+FMA.
+        Isa::Avx2Fma if !s.b_trans && !s.a_trans && s.m <= crate::x86::avx2_few_rows::DOT_MAX_ROWS => unsafe {
+            crate::x86::avx2_few_rows::gemm_rows_streamed(s, a, b, c)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees AVX2+FMA are available and the operand extents.
         Isa::Avx2Fma => unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, f32, f32>(s, a, b, c) },
         // SAFETY: the caller guarantees the operand extents; no CPU features are needed.
         _ => unsafe { portable(s, a, b, c) },

@@ -155,8 +155,8 @@ fn edge_shapes() {
 #[test]
 fn few_rows() {
     // Up to eight rows of A take the dot-product kernel (B^T) or the streamed-rows kernel (B)
-    // on AVX-512: column counts around their 16-lane groups and k around the 16-lane steps,
-    // with padded strides.
+    // on AVX-512 and AVX2: column counts around their 8- and 16-lane groups and k around the
+    // 8- and 16-lane steps, with padded strides.
     let mut rng = StdRng::seed_from_u64(6);
     for m in [1, 2, 3, 4, 5, 6, 7, 8, 9] {
         for n in [1, 3, 15, 16, 17, 33, 64, 100, 129, 256] {

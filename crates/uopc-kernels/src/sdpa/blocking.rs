@@ -47,7 +47,7 @@ const SPLIT_TASKS_PER_CORE: usize = 4;
 const MIN_CHUNK_KEYS: usize = 8 * KEY_BLOCK;
 
 /// Rows per task up to which the tile GEMMs stream K and V rows straight from memory instead
-/// of packing register-tile panels (the AVX-512 dot-product and row-streamed kernels).
+/// of packing register-tile panels (the AVX-512 and AVX2 dot-product and row-streamed kernels).
 const FEW_ROWS: usize = 8;
 
 /// Keys per block for tasks of at most [`FEW_ROWS`] rows (decode). Such a task does little

@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::{STREAM_AHEAD, prefetch_row};
 use crate::blocked::{Tile, TileKernel};
 use crate::softmax::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape};
 use crate::softmax_grad::ScoreTileShape;
@@ -616,19 +617,6 @@ unsafe fn streamed_pass<const R: usize, const W: usize>(
                 _mm512_mask_storeu_ps(dst, masks[v], r);
             }
         }
-    }
-}
-
-/// Rows of B that [`streamed_pass`] and [`dots`] request ahead of the one they multiply.
-const STREAM_AHEAD: usize = 16;
-
-/// Requests the cache lines of `len` floats from `row` into L1. A prefetch never faults, so
-/// `row` may lie past the operand (it is only formed with `wrapping_add`).
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[inline]
-fn prefetch_row(row: *const f32, len: usize) {
-    for off in (0..len).step_by(16) {
-        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(off).cast::<i8>());
     }
 }
 

@@ -7,9 +7,24 @@ use half::f16;
 
 pub(crate) mod amx;
 pub(crate) mod avx2;
+pub(crate) mod avx2_few_rows;
 pub(crate) mod avx512;
 pub(crate) mod bf16;
 pub(crate) mod half_rows;
+
+/// Rows of B that the few-rows GEMM kernels (dot products and streamed rows) request ahead of
+/// the one they multiply.
+pub(crate) const STREAM_AHEAD: usize = 16;
+
+/// Requests the cache lines of `len` floats from `row` into L1. A prefetch never faults, so
+/// `row` may lie past the operand (it is only formed with `wrapping_add`).
+#[inline]
+pub(crate) fn prefetch_row(row: *const f32, len: usize) {
+    for off in (0..len).step_by(16) {
+        // SAFETY: SSE is part of x86-64, and PREFETCHT0 reads nothing architecturally.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(off).cast::<i8>()) };
+    }
+}
 
 /// Packs `B^T` into a panel of width `NR`: `dst[p * NR + j] = src[j * ldb + p]` for `p < kc`,
 /// `j < nr`, zero for `nr <= j < NR`.
