@@ -153,6 +153,65 @@ unsafe fn key_dots<const M: usize>(
     std::array::from_fn(|i| _mm256_add_ps(acc[i][0], acc[i][1]))
 }
 
+/// The strip of B one pass of [`gemm_rows_streamed`] reads: columns `j0 .. j0 + cols` of
+/// the rows `ldb` apart from `b`, the last vector masked by `tail_mask` unless the strip is
+/// whole vectors.
+struct RowsOfB {
+    b: *const f32,
+    ldb: usize,
+    j0: usize,
+    cols: usize,
+    tail_mask: __m256i,
+}
+
+/// `A[0 .. R, chunk] · B[chunk, strip]` in `R W` registers. With `FULL` the strip is `W` whole
+/// vectors, else its vector `cols / 8` is masked and those after it are zero; with `REQUEST`
+/// the strip of the next chunk's rows is requested. Both are parameters so that neither test
+/// stays in the loop.
+///
+/// # Safety
+///
+/// AVX2 and FMA are available; `a` is readable at `i * lda + p` for `i < R` and `p` in the
+/// chunk, and B at the strip's columns of the chunk's rows.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn strip_products<const R: usize, const W: usize, const FULL: bool, const REQUEST: bool>(
+    rows: &RowsOfB,
+    a: *const f32,
+    lda: usize,
+    chunk: &Chunk,
+) -> [[__m256; W]; R] {
+    let RowsOfB { b, ldb, j0, cols, tail_mask } = *rows;
+    let whole = cols / 8;
+    let mut acc = [[_mm256_setzero_ps(); W]; R];
+    for p in chunk.p0..chunk.p0 + chunk.rows {
+        if REQUEST {
+            prefetch_row(b.wrapping_add((p + CHUNK_ROWS) * ldb + j0), cols);
+        }
+        // SAFETY: row `p` of B at the strip's columns (the contract).
+        let brow = unsafe { b.add(p * ldb + j0) };
+        for v in 0..W {
+            // SAFETY: vector `v` of the strip: whole when `FULL` or below `whole`, else the
+            // masked tail; vectors past it are not read.
+            let bv = unsafe {
+                if FULL || v < whole {
+                    _mm256_loadu_ps(brow.add(8 * v))
+                } else if v == whole {
+                    _mm256_maskload_ps(brow.add(8 * v), tail_mask)
+                } else {
+                    _mm256_setzero_ps()
+                }
+            };
+            for (i, row) in acc.iter_mut().enumerate() {
+                // SAFETY: `A[i, p]` (the contract).
+                let av = _mm256_set1_ps(unsafe { *a.add(i * lda + p) });
+                row[v] = _mm256_fmadd_ps(av, bv, row[v]);
+            }
+        }
+    }
+    acc
+}
+
 /// Lane `j` of the result is the sum of the 8 lanes of `v[j]`: two levels of horizontal adds
 /// within 128-bit halves, then one add of the halves.
 #[target_feature(enable = "avx2,fma")]
@@ -190,9 +249,9 @@ pub(crate) unsafe fn gemm_rows_streamed(s: &crate::GemmShape, a: *const f32, b: 
     }
     let groups = m.div_ceil(6);
     let rows = m.div_ceil(groups);
-    // Vectors per strip: as many as the accumulators allow, even (a 64-byte line) from two on.
+    // Vectors per strip: as many as the accumulators allow.
     let fit = ACCUMULATORS / rows;
-    let width = if fit >= 2 { fit / 2 * 2 } else { 1 }.min(n.div_ceil(8));
+    let width = fit.min(n.div_ceil(8));
     for p in 0..CHUNK_ROWS.min(k) {
         prefetch_row(b.wrapping_add(p * s.ldb), n);
     }
@@ -211,15 +270,16 @@ pub(crate) unsafe fn gemm_rows_streamed(s: &crate::GemmShape, a: *const f32, b: 
                             // SAFETY: forwarded, for rows `i0 .. i0 + r <= m` and columns
                             // `j0 .. min(j0 + 8 w, n)` of C, rows `p0 ..` of B in `0..k`.
                             $(($r, $w) => unsafe { streamed_pass::<$r, $w>(s, a, b, c, i0, j0, &chunk, request) },)*
-                            _ => {}
+                            // Every `(rows, width)` above is listed: rows `<= 6`, `rows width <= 12`.
+                            _ => unreachable!("no streamed pass for {r} rows x {w} vectors"),
                         }
                     };
                 }
                 passes!((1, 1)(1, 2)(1, 3)(1, 4)(1, 5)(1, 6)(1, 7)(1, 8)(1, 9)(1, 10)(1, 11)(1, 12)(2, 1)(
                     2, 2
-                )(2, 3)(2, 4)(2, 5)(2, 6)(3, 1)(3, 2)(3, 3)(3, 4)(4, 1)(4, 2)(5, 1)(
-                    5, 2
-                )(6, 1)(6, 2));
+                )(2, 3)(2, 4)(2, 5)(2, 6)(3, 1)(3, 2)(3, 3)(3, 4)(4, 1)(4, 2)(4, 3)(
+                    5, 1
+                )(5, 2)(6, 1)(6, 2));
             }
         }
     }
@@ -258,32 +318,16 @@ unsafe fn streamed_pass<const R: usize, const W: usize>(
     // The last vector of the strip may be partial; the others are whole.
     let (whole, tail) = (cols / 8, cols % 8);
     let tail_mask = lanes(tail);
-    let mut acc = [[_mm256_setzero_ps(); W]; R];
-    for p in chunk.p0..chunk.p0 + chunk.rows {
-        if request_next {
-            prefetch_row(b.wrapping_add((p + CHUNK_ROWS) * ldb + j0), cols);
+    let rows = RowsOfB { b, ldb, j0, cols, tail_mask };
+    // SAFETY: forwarded: rows `chunk.p0 ..` of B, the strip's columns, rows `i0 ..` of A.
+    let acc: [[__m256; W]; R] = unsafe {
+        match (whole == W, request_next) {
+            (true, true) => strip_products::<R, W, true, true>(&rows, a.add(i0 * lda), lda, chunk),
+            (true, false) => strip_products::<R, W, true, false>(&rows, a.add(i0 * lda), lda, chunk),
+            (false, true) => strip_products::<R, W, false, true>(&rows, a.add(i0 * lda), lda, chunk),
+            (false, false) => strip_products::<R, W, false, false>(&rows, a.add(i0 * lda), lda, chunk),
         }
-        // SAFETY: row `p < k` of B, columns `j0 + 8 v ..`: whole vectors below `whole`, the
-        // one after masked to the `tail` columns `< n`.
-        let brow = unsafe { b.add(p * ldb + j0) };
-        for v in 0..W {
-            // SAFETY: as above.
-            let bv = unsafe {
-                if v < whole {
-                    _mm256_loadu_ps(brow.add(8 * v))
-                } else if v == whole && tail > 0 {
-                    _mm256_maskload_ps(brow.add(8 * v), tail_mask)
-                } else {
-                    _mm256_setzero_ps()
-                }
-            };
-            for (i, row) in acc.iter_mut().enumerate() {
-                // SAFETY: `A[i0 + i, p]` with `i0 + i < m`, `p < k` lies in A.
-                let av = _mm256_set1_ps(unsafe { *a.add((i0 + i) * lda + p) });
-                row[v] = _mm256_fmadd_ps(av, bv, row[v]);
-            }
-        }
-    }
+    };
     for (i, row) in acc.iter().enumerate() {
         for (v, &r) in row.iter().enumerate() {
             // SAFETY: row `i0 + i < m` of C, columns `j0 + 8 v ..`: whole vectors, then the
