@@ -190,22 +190,37 @@ unsafe fn strip_products<const R: usize, const W: usize, const FULL: bool, const
         }
         // SAFETY: row `p` of B at the strip's columns (the contract).
         let brow = unsafe { b.add(p * ldb + j0) };
-        for v in 0..W {
-            // SAFETY: vector `v` of the strip: whole when `FULL` or below `whole`, else the
-            // masked tail; vectors past it are not read.
-            let bv = unsafe {
-                if FULL || v < whole {
-                    _mm256_loadu_ps(brow.add(8 * v))
-                } else if v == whole {
-                    _mm256_maskload_ps(brow.add(8 * v), tail_mask)
-                } else {
-                    _mm256_setzero_ps()
-                }
-            };
+        // SAFETY: vector `v` of the strip: whole when `FULL` or below `whole`, else the
+        // masked tail; vectors past it are not read.
+        let load = |v: usize| unsafe {
+            if FULL || v < whole {
+                _mm256_loadu_ps(brow.add(8 * v))
+            } else if v == whole {
+                _mm256_maskload_ps(brow.add(8 * v), tail_mask)
+            } else {
+                _mm256_setzero_ps()
+            }
+        };
+        // SAFETY: `A[i, p]` (the contract).
+        let broadcast = |i: usize| _mm256_set1_ps(unsafe { *a.add(i * lda + p) });
+        // Of the B vectors and the broadcasts of A, the fewer stay live across the other's
+        // loop: `R W` accumulators, `min(R, W)` held operands and one streamed operand fit the
+        // 16 registers for every pass `gemm_rows_streamed` runs.
+        if W < R {
+            let bv: [__m256; W] = std::array::from_fn(load);
             for (i, row) in acc.iter_mut().enumerate() {
-                // SAFETY: `A[i, p]` (the contract).
-                let av = _mm256_set1_ps(unsafe { *a.add(i * lda + p) });
-                row[v] = _mm256_fmadd_ps(av, bv, row[v]);
+                let av = broadcast(i);
+                for (v, acc) in row.iter_mut().enumerate() {
+                    *acc = _mm256_fmadd_ps(av, bv[v], *acc);
+                }
+            }
+        } else {
+            let av: [__m256; R] = std::array::from_fn(broadcast);
+            for v in 0..W {
+                let bv = load(v);
+                for (i, row) in acc.iter_mut().enumerate() {
+                    row[v] = _mm256_fmadd_ps(av[i], bv, row[v]);
+                }
             }
         }
     }
