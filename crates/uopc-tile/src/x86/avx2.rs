@@ -72,7 +72,7 @@ static MASK_WINDOW: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 
 /// `vmaskmov` mask selecting the first `cols` (clamped to 8) lanes.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn lanes(cols: usize) -> __m256i {
+pub(super) fn lanes(cols: usize) -> __m256i {
     // SAFETY: `8 - min(cols, 8)` is in `0..=8`, so the 8 loaded entries are inside the table.
     unsafe { _mm256_loadu_si256(MASK_WINDOW.as_ptr().add(8 - cols.min(8)).cast()) }
 }

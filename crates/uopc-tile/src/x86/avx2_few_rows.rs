@@ -4,27 +4,17 @@
 
 use std::arch::x86_64::*;
 
+use super::avx2::lanes;
 use super::{STREAM_AHEAD, prefetch_row};
 
 /// Rows of A up to which [`gemm_bt_dots`] and [`gemm_rows_streamed`] beat packing B for the
 /// 6 x 16 register tile.
 pub(crate) const DOT_MAX_ROWS: usize = 8;
 
-/// Vector accumulators one kernel instance holds: of the 16 ymm registers, the rest keep a
-/// loaded vector of B and a broadcast or row of A.
+/// Vector accumulators one kernel instance holds: of the 16 ymm registers, the rest keep the
+/// operands of one step (a loaded vector of B and rows of A, or in a streamed pass the fewer
+/// of its B vectors and A broadcasts and one of the other).
 const ACCUMULATORS: usize = 12;
-
-/// `-1` for the first 8 entries, then `0`: an 8-lane window starting at `8 - cols` is the
-/// `vmaskmov` mask selecting the first `cols` lanes.
-static MASK_WINDOW: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
-
-/// `vmaskmov` mask selecting the first `cols` (clamped to 8) lanes.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn lanes(cols: usize) -> __m256i {
-    // SAFETY: `8 - min(cols, 8)` is in `0..=8`, so the 8 loaded entries are inside the table.
-    unsafe { _mm256_loadu_si256(MASK_WINDOW.as_ptr().add(8 - cols.min(8)).cast()) }
-}
 
 /// `C (+)= A · B^T` with A row-major and B stored transposed (`n x k`, rows contiguous in k),
 /// as dot products, for at most [`DOT_MAX_ROWS`] rows of A.
