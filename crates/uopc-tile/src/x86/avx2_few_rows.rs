@@ -146,7 +146,7 @@ unsafe fn key_dots<const M: usize>(
 /// The strip of B one pass of [`gemm_rows_streamed`] reads: columns `j0 .. j0 + cols` of
 /// the rows `ldb` apart from `b`, the last vector masked by `tail_mask` unless the strip is
 /// whole vectors.
-struct RowsOfB {
+struct StripOfB {
     b: *const f32,
     ldb: usize,
     j0: usize,
@@ -166,12 +166,12 @@ struct RowsOfB {
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn strip_products<const R: usize, const W: usize, const FULL: bool, const REQUEST: bool>(
-    rows: &RowsOfB,
+    strip: &StripOfB,
     a: *const f32,
     lda: usize,
     chunk: &Chunk,
 ) -> [[__m256; W]; R] {
-    let RowsOfB { b, ldb, j0, cols, tail_mask } = *rows;
+    let StripOfB { b, ldb, j0, cols, tail_mask } = *strip;
     let whole = cols / 8;
     let mut acc = [[_mm256_setzero_ps(); W]; R];
     for p in chunk.p0..chunk.p0 + chunk.rows {
@@ -323,14 +323,16 @@ unsafe fn streamed_pass<const R: usize, const W: usize>(
     // The last vector of the strip may be partial; the others are whole.
     let (whole, tail) = (cols / 8, cols % 8);
     let tail_mask = lanes(tail);
-    let rows = RowsOfB { b, ldb, j0, cols, tail_mask };
-    // SAFETY: forwarded: rows `chunk.p0 ..` of B, the strip's columns, rows `i0 ..` of A.
+    let strip = StripOfB { b, ldb, j0, cols, tail_mask };
+    // SAFETY: row `i0 < m` of A.
+    let a_rows = unsafe { a.add(i0 * lda) };
+    // SAFETY: forwarded: rows `chunk.p0 ..` of B, the strip's columns, rows `i0 .. i0 + R` of A.
     let acc: [[__m256; W]; R] = unsafe {
         match (whole == W, request_next) {
-            (true, true) => strip_products::<R, W, true, true>(&rows, a.add(i0 * lda), lda, chunk),
-            (true, false) => strip_products::<R, W, true, false>(&rows, a.add(i0 * lda), lda, chunk),
-            (false, true) => strip_products::<R, W, false, true>(&rows, a.add(i0 * lda), lda, chunk),
-            (false, false) => strip_products::<R, W, false, false>(&rows, a.add(i0 * lda), lda, chunk),
+            (true, true) => strip_products::<R, W, true, true>(&strip, a_rows, lda, chunk),
+            (true, false) => strip_products::<R, W, true, false>(&strip, a_rows, lda, chunk),
+            (false, true) => strip_products::<R, W, false, true>(&strip, a_rows, lda, chunk),
+            (false, false) => strip_products::<R, W, false, false>(&strip, a_rows, lda, chunk),
         }
     };
     for (i, row) in acc.iter().enumerate() {
