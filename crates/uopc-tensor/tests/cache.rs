@@ -45,7 +45,7 @@ fn second_realize_of_a_same_shaped_graph_hits_the_plan_cache() {
     assert!(after.hits > before.hits);
     // other tests in this process may compile concurrently, but this realize compiled nothing
     assert_eq!(r2.kernels.len(), r1.kernels.len());
-    // new data really flowed through the cached plan (f32 vs f64: see tests/attention.rs)
+    // new data really flowed through the cached plan (f32 vs f64: see tests/suite/attention.rs)
     assert!(abs_err(&out1.to_ndarray::<f32>().unwrap(), &attn_ref(&q, &k, &v)) < 1e-5);
     assert!(abs_err(&out2.to_ndarray::<f32>().unwrap(), &attn_ref(&q2, &k2, &v2)) < 1e-5);
     // temporaries were allocated once and reused

@@ -1,8 +1,7 @@
 //! N-D matmul with numpy broadcasting against an f64 loop reference, and its plan: batched
 //! products of inputs are tile GEMMs.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ndarray::{ArrayD, IxDyn};
 use uopc_tensor::*;
 

@@ -3,8 +3,7 @@
 //! through at most a few dozen roundings (a 32-term reduce, exp2's polynomial), so 1e-5
 //! relative to 1 + |value| leaves a wide margin while still catching any wrong element.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ndarray::{ArrayD, Axis, IxDyn, s};
 use uopc_tensor::*;
 

@@ -1,6 +1,6 @@
 //! The safe entry points refuse bad input with an error, never a panic or a stray access.
 
-mod common;
+use crate::common;
 
 use uopc_tile::{GemmShape, Isa, SoftmaxShape, TileError, gemm, softmax_update};
 

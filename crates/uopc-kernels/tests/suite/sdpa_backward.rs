@@ -9,7 +9,7 @@ use uopc_kernels::sdpa::{
     compiled_backward, reference_backward_f64, reference_f64,
 };
 
-mod support;
+use crate::support;
 use support::Rng;
 
 struct Case {

@@ -4,8 +4,7 @@
 //! convex combinations of values of size ~1; the f32 error is a few roundings of the
 //! 64-term dot products and the N-term sums (~1e-7 each, relative), far below 1e-5.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ndarray::{ArrayD, IxDyn};
 use uopc_tensor::attention::attention;
 use uopc_tensor::*;

@@ -2,8 +2,7 @@
 //! and several dtypes, computed indices, empty indices, bad indices as errors naming the op,
 //! gradients against finite differences and the scatter-add, and one plan per shape.
 
-mod common;
-use common::{check, rand64};
+use crate::common::{check, rand64};
 use ndarray::{ArrayD, IxDyn};
 use std::sync::Arc;
 use uopc_ir::DType;

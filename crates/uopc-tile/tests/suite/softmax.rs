@@ -1,6 +1,6 @@
 //! The online-softmax update against an f64 reference, and the accuracy of its `exp2`.
 
-mod common;
+use crate::common;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{

@@ -1,6 +1,6 @@
 //! GEMM against an f64 reference on every ISA, layout, mode and many ragged shapes.
 
-mod common;
+use crate::common;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmShape, Isa, gemm, uopc_tile_gemm_f32};

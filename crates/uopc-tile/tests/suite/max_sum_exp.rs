@@ -2,7 +2,7 @@
 //! random shapes with chunk and vector tails, padded rows, rows fed in several steps, `-inf`
 //! rows, NaN and `+inf` entries, large magnitudes, and the checked and flat entries' refusals.
 
-mod common;
+use crate::common;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{Isa, ScoreTileShape, TileError, max_sum_exp, uopc_tile_max_sum_exp_f32};

@@ -9,7 +9,7 @@ use uopc::ir::{Op, Stmt, TileOp, UOp, linearize, view_base};
 use uopc::tensor::{Experiments, canonicalize, input_products, online_reductions, static_flops};
 use uopc::{RealizeOptions, Tensor, make_plan};
 
-mod common;
+use crate::common;
 use common::{accumulators_inside_thread, max_err, realize};
 
 fn written() -> RealizeOptions {
@@ -419,7 +419,7 @@ fn long_rows_are_taken_in_blocks_and_stay_exact() {
     let t = Tensor::from_array(&x);
     let want = ArrayD::from_shape_vec(IxDyn(&[rows]), logsumexp_f64(&to_f64(&x))).unwrap();
     // without tile ops: with them, a logsumexp of an input's rows is the row tile op's
-    // (tests/online_rows.rs)
+    // (tests/suite/online_rows.rs)
     let loops = RealizeOptions::fused().with_opt(uopc::tensor::DefaultOpt::loops());
     let plan = make_plan(std::slice::from_ref(t.logsumexp(-1, false).uop()), &loops).unwrap();
     assert_eq!(plan.kernels.len(), 1, "{plan}");

@@ -9,8 +9,7 @@
 //! Inputs avoid non-differentiable points (ties of max, zero of relu) except in the tests that
 //! pin down the tie rule exactly.
 
-mod common;
-use common::{check, rand64, uniform};
+use crate::common::{check, rand64, uniform};
 use ndarray::{ArrayD, IxDyn};
 use uopc_ir::DType;
 use uopc_tensor::attention::attention;

@@ -2,8 +2,7 @@
 //! by the last kernel for f32 results (the report says so), copied otherwise; wrong lengths,
 //! shapes and dtypes are errors naming `realize_into`.
 
-mod common;
-use common::uniform;
+use crate::common::uniform;
 use uopc_ir::DType;
 use uopc_tensor::ndarray::{Array2, Array3, s};
 use uopc_tensor::{RealizeOptions, Tensor, TensorError};

@@ -2,8 +2,7 @@
 //! scalar takes the tensor's dtype, so f64 graphs are f64 arithmetic to the bit, f32 graphs
 //! are what they were, and integer tensors stay integers with integer scalars.
 
-mod common;
-use common::normal;
+use crate::common::normal;
 use uopc_ir::DType;
 use uopc_tensor::Tensor;
 

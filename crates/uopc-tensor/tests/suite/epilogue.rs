@@ -3,8 +3,7 @@
 //! against f64 references; consumers that need other elements of the GEMM output do not fuse
 //! and stay right.
 
-mod common;
-use common::*;
+use crate::common::*;
 use half::bf16;
 use ndarray::{ArrayD, IxDyn};
 use uopc_ir::DType;

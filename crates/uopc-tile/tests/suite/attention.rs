@@ -1,7 +1,7 @@
 //! The two tile ops composed the way attention uses them: S = Q K^T, the softmax update, then
 //! O += P V, block by block, must equal softmax(Q K^T / sqrt(D)) V computed in f64.
 
-mod common;
+use crate::common;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{GemmShape, SoftmaxShape, gemm, softmax_update};

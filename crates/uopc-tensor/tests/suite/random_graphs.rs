@@ -1,7 +1,6 @@
 //! Random small graphs against an f64 reference, realized unfused and fused.
 
-mod common;
-use common::*;
+use crate::common::*;
 use ndarray::{Array2, ArrayD, Axis, s};
 use proptest::prelude::*;
 use uopc_tensor::*;

@@ -2,7 +2,7 @@
 //! against scalar f64 references, with masked (`-inf`) entries, rows that saw no key, NaN and
 //! infinite inputs, padded rows whose padding must survive, and the flat ABI's refusals.
 
-mod common;
+use crate::common;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{

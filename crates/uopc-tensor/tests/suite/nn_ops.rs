@@ -3,8 +3,7 @@
 //! reductions), behaviour at the extremes, 16-bit tensors, and gradients against central
 //! finite differences in f64.
 
-mod common;
-use common::{check, rand64};
+use crate::common::{check, rand64};
 use ndarray::{ArrayD, IxDyn};
 use uopc_tensor::{Tensor, TensorError};
 

@@ -16,7 +16,7 @@ use uopc_kernels::sdpa::{
     reference_backward_f64,
 };
 
-mod support;
+use crate::support;
 use support::{Half, Rng};
 
 fn widen<T: Half>(x: &[T]) -> Vec<f32> {

@@ -1,0 +1,16 @@
+//! The integration tests of the tile kernels, in one binary (one link instead of one per file):
+//! each module is one tile operation or its bounds and conversions.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod attention;
+mod bf16;
+mod bounds;
+mod convert;
+mod f16;
+mod gemm;
+mod max_sum_exp;
+mod softmax;
+mod softmax_grad;
+mod softmax_rounded;
