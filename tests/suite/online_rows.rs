@@ -11,8 +11,7 @@ use uopc::ir::{Op, TileOp, UOp, linearize, view_base};
 use uopc::tensor::{DefaultOpt, Experiments, gradient};
 use uopc::{RealizeOptions, Tensor, make_plan};
 
-use crate::common;
-use common::{accumulators_inside_thread, max_err, realize};
+use crate::common::{accumulators_inside_thread, max_err, realize};
 
 /// The three ways compared: online sums on tile ops (the default fused plan), online sums in
 /// rangeify's loops (no tile ops), and the sums as written.

@@ -9,8 +9,7 @@ use uopc::ir::{Op, Stmt, TileOp, UOp, linearize, view_base};
 use uopc::tensor::{Experiments, canonicalize, input_products, online_reductions, static_flops};
 use uopc::{RealizeOptions, Tensor, make_plan};
 
-use crate::common;
-use common::{accumulators_inside_thread, max_err, realize};
+use crate::common::{accumulators_inside_thread, max_err, realize};
 
 fn written() -> RealizeOptions {
     RealizeOptions::fused()

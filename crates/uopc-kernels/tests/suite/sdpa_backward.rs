@@ -9,8 +9,7 @@ use uopc_kernels::sdpa::{
     compiled_backward, reference_backward_f64, reference_f64,
 };
 
-use crate::support;
-use support::Rng;
+use crate::support::Rng;
 
 struct Case {
     config: SdpaConfig,

@@ -16,8 +16,7 @@ use uopc_kernels::sdpa::{
     reference_backward_f64,
 };
 
-use crate::support;
-use support::{Half, Rng};
+use crate::support::{Half, Rng};
 
 fn widen<T: Half>(x: &[T]) -> Vec<f32> {
     x.iter().map(|&x| x.to()).collect()
