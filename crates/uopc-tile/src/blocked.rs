@@ -162,10 +162,41 @@ const KC: usize = 256;
 const MC: usize = 256;
 /// Cap on the packed B block (512 KiB): a quarter of a 2 MiB L2, leaving room for A and C.
 const PACK_FLOATS: usize = 1 << 17;
-/// An untransposed B slab spanning at most this many floats (32 KiB, within L1) is read in
-/// place: its full panels need no copy to stay in L1 (flash attention's `P · V_blk`); a
+/// An untransposed B slab spanning at most this many floats (32 KiB, within L1) may be read in
+/// place ([`panel_stays_in_l1`]): its full panels need no copy to stay in L1 (flash attention's `P · V_blk`); a
 /// larger slab no longer stays in L1, so it is packed (`docs/bench/tile-gemm-in-place.json`).
 const IN_PLACE_FLOATS: usize = 1 << 13;
+
+/// L1 data cache geometry the in-place rule assumes: 64-byte lines in 64 sets of 8 ways
+/// (32 KiB), as on the x86 cores the vector ISAs run on.
+const L1_LINE_FLOATS: usize = 16;
+const L1_SETS: usize = 64;
+const L1_WAYS: usize = 8;
+
+/// Whether a full B panel of `kc` rows, `ldb` floats apart, is read where it lies rather than
+/// packed: the slab must span at most [`IN_PLACE_FLOATS`], and its rows must not pile into a
+/// few L1 sets. Rows a multiple of a line apart share sets with the rows `L1_SETS / gcd`
+/// lines further on; more than half a set's ways per set would evict each other and the rows
+/// of A and C streaming past (a 128-float stride puts 64 rows into 8 sets), so such a panel
+/// is packed, contiguous, instead.
+fn panel_stays_in_l1(kc: usize, ldb: usize) -> bool {
+    if kc * ldb > IN_PLACE_FLOATS {
+        return false;
+    }
+    if !ldb.is_multiple_of(L1_LINE_FLOATS) {
+        // Rows start at shifting offsets within their lines and so spread over the sets.
+        return true;
+    }
+    let distinct_sets = L1_SETS / gcd(L1_SETS, ldb / L1_LINE_FLOATS);
+    kc.div_ceil(distinct_sets) <= L1_WAYS / 2
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
 
 /// The blocked driver shared by the vector ISAs, on an A of type `EA` and a B of type `EB`.
 ///
@@ -208,7 +239,7 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
             let accumulate = s.accumulate || pc > 0;
-            let in_place = EB::READ_IN_PLACE && !b_trans && kc * ldb <= IN_PLACE_FLOATS;
+            let in_place = EB::READ_IN_PLACE && !b_trans && panel_stays_in_l1(kc, ldb);
             for jc in (0..n).step_by(nc_max) {
                 let nc = nc_max.min(n - jc);
                 for jr in (0..nc).step_by(K::NR) {
@@ -322,5 +353,28 @@ unsafe fn pack_a_trans<K: TileKernel, E: Element>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::panel_stays_in_l1;
+
+    #[test]
+    fn panels_whose_rows_share_l1_sets_are_packed() {
+        // P · V at D = 64 and D = 96: rows spread over 16 and 32 sets.
+        assert!(panel_stays_in_l1(64, 64));
+        assert!(panel_stays_in_l1(64, 96));
+        // D = 128: 64 rows into 8 sets, 8 per set.
+        assert!(!panel_stays_in_l1(64, 128));
+        // Fewer rows at that stride fit (4 per set).
+        assert!(panel_stays_in_l1(32, 128));
+        // D = 80: an odd number of lines apart, so every set.
+        assert!(panel_stays_in_l1(64, 80));
+        // A stride that is not a whole number of lines spreads.
+        assert!(panel_stays_in_l1(64, 72));
+        // Past the slab cap, always packed.
+        assert!(!panel_stays_in_l1(64, 129));
+        assert!(!panel_stays_in_l1(256, 80));
     }
 }
