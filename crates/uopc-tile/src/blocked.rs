@@ -163,8 +163,9 @@ const MC: usize = 256;
 /// Cap on the packed B block (512 KiB): a quarter of a 2 MiB L2, leaving room for A and C.
 const PACK_FLOATS: usize = 1 << 17;
 /// An untransposed B slab spanning at most this many floats (32 KiB, within L1) may be read in
-/// place ([`panel_stays_in_l1`]): its full panels need no copy to stay in L1 (flash attention's `P · V_blk`); a
-/// larger slab no longer stays in L1, so it is packed (`docs/bench/tile-gemm-in-place.json`).
+/// place ([`panel_stays_in_l1`]): its full panels need no copy to stay in L1 (flash
+/// attention's `P · V_blk`); a larger slab no longer stays in L1, so it is packed
+/// (`docs/bench/tile-gemm-in-place.json`).
 const IN_PLACE_FLOATS: usize = 1 << 13;
 
 /// L1 data cache geometry the in-place rule assumes: 64-byte lines in 64 sets of 8 ways
