@@ -282,6 +282,25 @@ fn nan_and_inf_inputs_propagate_like_an_exact_softmax() {
 }
 
 #[test]
+fn a_nan_key_that_a_row_sees_alone_makes_it_nan() {
+    // Under the causal mask query 0 sees key 0 only: its score block holds the NaN and then
+    // nothing but masked keys. Key lengths of 1 do the same for every query.
+    let mut rng = Rng(19);
+    for key_lengths in [false, true] {
+        let c = SdpaConfig { causal: !key_lengths, key_lengths, ..config(2, 2, 1, 40, 40, 8) };
+        let mut case = Case::new(c, &mut rng);
+        if key_lengths {
+            case.lens = Some(vec![1, 40]);
+        }
+        case.k[3] = f32::NAN;
+        let mut out = vec![0.0; c.q_len()];
+        Sdpa::compile(&c).unwrap().run(&case.q, &case.k, &case.v, case.extras(), &mut out).unwrap();
+        assert!(out[..8].iter().all(|x| x.is_nan()), "key lengths {key_lengths}: row 0 {:?}", &out[..8]);
+        assert!(error(&out, &case.reference()) < 2e-5, "key lengths {key_lengths}");
+    }
+}
+
+#[test]
 fn bad_inputs_are_errors_naming_the_argument() {
     let c = config(1, 4, 2, 8, 8, 4);
     let sdpa = Sdpa::compile(&c).unwrap();

@@ -84,8 +84,9 @@ impl SoftmaxShape {
 /// `[-0.5, 0.5]`, after clamping `x` to `[-127, 128]`; `p` is a degree-6 polynomial fitted by a
 /// Remez exchange for minimax *relative* error on `[-0.5, 0.5]` (1.9e-9 before rounding the
 /// coefficients to f32), evaluated by Horner's rule (with FMA on the vector ISAs). `2^n` is
-/// assembled from exponent bits, so `x >= 127.5` gives `+inf`; `x <= -126.5` gives exactly 0,
-/// NaN gives NaN, and `(-126.5, -126)` gives subnormals. Over `[-126, 0]` the measured relative
+/// assembled from exponent bits, so `x >= 127.5` gives `+inf`; `x < -126.5` gives exactly 0,
+/// NaN gives NaN, and `(-126.5, -126)` gives subnormals. `x = -126.5` itself gives 0, or on
+/// AVX2 (whose `exp2` spends no instruction on that one point) `2^-126.5` as a subnormal. Over `[-126, 0]` the measured relative
 /// error is below [`EXP2_MAX_REL_ERROR`] on every ISA.
 ///
 /// O must hold finite values wherever it gets rescaled (`0 * inf` is NaN), so start it at zero
@@ -324,7 +325,9 @@ unsafe fn portable(
         let srow = unsafe { std::slice::from_raw_parts_mut(s.add(r * lds), cols) };
         let m_old = row_max[r];
         let m_new = srow.iter().fold(m_old, |m, &x| m.max(x * scale));
-        if m_new == f32::NEG_INFINITY {
+        // The maximum skips NaN, so a NaN among `-inf`s takes the general path, which makes the
+        // row NaN throughout (`-inf - -inf`), rather than the shortcut, which would drop it.
+        if m_new == f32::NEG_INFINITY && !srow.iter().any(|&x| (x * scale).is_nan()) {
             srow.fill(0.0);
             continue;
         }

@@ -316,7 +316,8 @@ unsafe fn portable<T: RoundedProb>(
         let (max_r, sum_r) = unsafe { (&mut *row_max.add(r), &mut *row_sum.add(r)) };
         let m_old = *max_r;
         let m_new = (0..cols).fold(m_old, |m, j| m.max(scale * score(r, j)));
-        if m_new == f32::NEG_INFINITY {
+        // As in the f32 update: a NaN among `-inf`s must reach the row, not be dropped.
+        if m_new == f32::NEG_INFINITY && !(0..cols).any(|j| (scale * score(r, j)).is_nan()) {
             for j in 0..cols {
                 write(r, j, T::round(0.0));
             }

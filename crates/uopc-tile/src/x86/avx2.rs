@@ -3,7 +3,7 @@
 use std::arch::x86_64::*;
 
 use crate::blocked::{Tile, TileKernel};
-use crate::softmax::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape};
+use crate::softmax::{EXP2_C, EXP2_LO, SoftmaxShape};
 
 /// The AVX2+FMA GEMM kernel.
 pub(crate) struct Kernel;
@@ -122,24 +122,52 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
     }
 }
 
-/// `2^x` per lane; see [`crate::softmax_update`] for the method and its accuracy.
+/// `2^x` per lane for `x <= 0`, `-inf` or NaN (every softmax exponent is a score minus its
+/// row's maximum); see [`crate::softmax_update`] for the method and its accuracy.
+///
+/// The FMA ports bound the softmax, so this spends nothing on them, or on other ports, that
+/// those inputs do not need: no upper clamp (a no-op for them), and no mask for flushing, since
+/// the lower clamp alone makes every `x < -126.5` give exactly 0 (its `n = -127` builds the
+/// float 0 as `2^n`). `x = -126.5` itself rounds to `n = -126` and gives `2^-126.5`, a
+/// subnormal.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn exp2(x: __m256) -> __m256 {
-    // The clamp bound is the first operand: MAXPS/MINPS return the second one when either is
-    // NaN, so a NaN input stays NaN through the clamp (and through the result).
-    let x = _mm256_min_ps(_mm256_set1_ps(EXP2_HI), _mm256_max_ps(_mm256_set1_ps(EXP2_LO), x));
+fn exp2_nonpositive(x: __m256) -> __m256 {
+    // The clamp bound is the first operand: MAXPS returns the second one when either is NaN, so
+    // a NaN input stays NaN through the clamp (and, through `f`, the result).
+    let x = _mm256_max_ps(_mm256_set1_ps(EXP2_LO), x);
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm256_sub_ps(x, n);
     let mut p = _mm256_set1_ps(EXP2_C[6]);
     for &c in EXP2_C[..6].iter().rev() {
         p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
     }
-    // 2^n from its bit pattern; n = 128 gives +inf. Inputs at or below -126.5 give 0; NaN is
-    // unordered, so it stays live and `p` (NaN) makes the product NaN.
-    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
-    let live = _mm256_cmp_ps::<_CMP_NLE_UQ>(x, _mm256_set1_ps(EXP2_ZERO_BELOW));
-    _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)))
+    // `n` is an integer in [-127, 0], so `n + 127` is a valid biased exponent, 0 giving the
+    // float 0. (A NaN `n` converts to a finite pattern, which the NaN `p` overrides.)
+    let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+    _mm256_mul_ps(p, _mm256_castsi256_ps(two_n))
+}
+
+/// Whether `scale * S[j]` is NaN for some `j < cols` of the row at `srow` (`sv` holds `scale`).
+///
+/// # Safety
+///
+/// AVX2 is available and `srow` is readable for `cols` floats.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn any_scaled_nan(srow: *const f32, cols: usize, sv: __m256) -> bool {
+    let cfull = cols - cols % 8;
+    let tail = lanes(cols % 8);
+    let mut unordered = _mm256_setzero_ps();
+    // SAFETY: full vectors end at `cfull <= cols` and the tail is masked (the contract).
+    unsafe {
+        for j in (0..cfull).step_by(8) {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(srow.add(j)), sv);
+            unordered = _mm256_or_ps(unordered, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+        }
+        let x = _mm256_mul_ps(_mm256_maskload_ps(srow.add(cfull), tail), sv);
+        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+    }
+    _mm256_movemask_ps(unordered) != 0
 }
 
 /// Horizontal maximum of 8 lanes.
@@ -180,23 +208,45 @@ pub(crate) unsafe fn softmax_update(
     let (cfull, dfull) = (cols - cols % 8, d - d % 8);
     let (ctail, dtail) = (lanes(cols % 8), lanes(d % 8));
     let (has_ctail, has_dtail) = (cols % 8 != 0, d % 8 != 0);
+    // A positive finite scale preserves order, so a row's maximum is scaled once rather than
+    // every score before comparing (the same float: rounding is monotonic).
+    let scale_after_max = scale > 0.0 && scale.is_finite();
+    // `max_j scale * S[r, j]`.
+    let block_max = |r: usize| {
+        // SAFETY: row `r < rows` of S spans `cols` floats; the tail is masked.
+        unsafe {
+            let srow = s.add(r * lds);
+            let scaled = |x: __m256| if scale_after_max { x } else { _mm256_mul_ps(x, sv) };
+            let mut mx = neg_inf;
+            for j in (0..cfull).step_by(8) {
+                mx = _mm256_max_ps(mx, scaled(_mm256_loadu_ps(srow.add(j))));
+            }
+            if has_ctail {
+                let x = scaled(_mm256_maskload_ps(srow.add(cfull), ctail));
+                mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, x, _mm256_castsi256_ps(ctail)));
+            }
+            if scale_after_max { hmax(mx) * scale } else { hmax(mx) }
+        }
+    };
+    // The next row's maximum is found before this row's exponentials are issued: they depend
+    // on it, and its chain of comparisons then overlaps this row's work instead of stalling it.
+    let mut next_max = if rows > 0 { block_max(0) } else { f32::NEG_INFINITY };
     for r in 0..rows {
+        let this_max = next_max;
+        if r + 1 < rows {
+            next_max = block_max(r + 1);
+        }
         // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors end
         // at `cfull`/`dfull`, and the tails use `vmaskmov`, so nothing outside the rows is
         // touched.
         unsafe {
             let srow = s.add(r * lds);
-            let mut mx = neg_inf;
-            for j in (0..cfull).step_by(8) {
-                mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(srow.add(j)), sv));
-            }
-            if has_ctail {
-                let x = _mm256_mul_ps(_mm256_maskload_ps(srow.add(cfull), ctail), sv);
-                mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, x, _mm256_castsi256_ps(ctail)));
-            }
             let m_old = *row_max.add(r);
-            let m_new = m_old.max(hmax(mx));
-            if m_new == f32::NEG_INFINITY {
+            let m_new = m_old.max(this_max);
+            // The maxima skip NaN, so a NaN among `-inf`s takes the general path, which makes
+            // the row NaN throughout (`-inf - -inf`), rather than this shortcut, which would
+            // drop it.
+            if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, sv) {
                 // Nothing seen yet: P = 0, and the running sum and output stay as they are.
                 for j in (0..cfull).step_by(8) {
                     _mm256_storeu_ps(srow.add(j), _mm256_setzero_ps());
@@ -206,16 +256,16 @@ pub(crate) unsafe fn softmax_update(
                 }
                 continue;
             }
-            let alpha = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m_old - m_new)));
+            let alpha = _mm256_cvtss_f32(exp2_nonpositive(_mm256_set1_ps(m_old - m_new)));
             let mv = _mm256_set1_ps(m_new);
             let mut sum = _mm256_setzero_ps();
             for j in (0..cfull).step_by(8) {
-                let e = exp2(_mm256_fmsub_ps(_mm256_loadu_ps(srow.add(j)), sv, mv));
+                let e = exp2_nonpositive(_mm256_fmsub_ps(_mm256_loadu_ps(srow.add(j)), sv, mv));
                 _mm256_storeu_ps(srow.add(j), e);
                 sum = _mm256_add_ps(sum, e);
             }
             if has_ctail {
-                let e = exp2(_mm256_fmsub_ps(_mm256_maskload_ps(srow.add(cfull), ctail), sv, mv));
+                let e = exp2_nonpositive(_mm256_fmsub_ps(_mm256_maskload_ps(srow.add(cfull), ctail), sv, mv));
                 _mm256_maskstore_ps(srow.add(cfull), ctail, e);
                 sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(ctail)));
             }

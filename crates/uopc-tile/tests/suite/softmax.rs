@@ -274,6 +274,28 @@ fn a_nan_score_makes_only_its_row_nan() {
 }
 
 #[test]
+fn a_nan_score_among_masked_ones_still_makes_its_row_nan() {
+    // Every other score of the row is -inf (masked keys), so its maximum over the non-NaN
+    // scores is -inf: the row must not take the "nothing seen yet" shortcut, which would drop
+    // the NaN. Columns: in the first vector, in a later one, in the tail.
+    for isa in common::isas() {
+        for nan_col in [0, 3, 20, 35] {
+            let sh = SoftmaxShape::dense(1, 37, 4);
+            let mut s = vec![NEG_INF; 37];
+            s[nan_col] = f32::NAN;
+            let (mut row_max, mut row_sum, mut o) = ([NEG_INF], [0.0f32], [0.0f32; 4]);
+            softmax_update(isa, &sh, &mut s, &mut row_max, &mut row_sum, &mut o).unwrap();
+            assert!(row_sum[0].is_nan(), "{isa} col {nan_col}: row sum {}", row_sum[0]);
+            assert!(o.iter().all(|x| x.is_nan()), "{isa} col {nan_col}: {o:?}");
+            // A later, ordinary block keeps the row NaN.
+            let mut s2 = vec![0.5f32; 37];
+            softmax_update(isa, &sh, &mut s2, &mut row_max, &mut row_sum, &mut o).unwrap();
+            assert!(row_sum[0].is_nan(), "{isa} col {nan_col}: later row sum {}", row_sum[0]);
+        }
+    }
+}
+
+#[test]
 fn consecutive_updates_equal_one_softmax() {
     // Two blocks of one row with V = 1: O tracks the running sum of P through the rescaling, so
     // at the end O must equal row_sum, and row_sum the softmax denominator of the whole row.
@@ -321,12 +343,15 @@ fn exp2_accuracy() {
         }
         println!("{isa}: exp2 max relative error over [-126, 0] = {:.3e} (at x = {})", worst.0, worst.1);
         assert!(worst.0 <= EXP2_MAX_REL_ERROR, "{isa}: exp2 error {:e} at {}", worst.0, worst.1);
-        // Flush to zero at and below -126.5, infinity from 128.
-        let mut s = vec![-126.5f32, -127.0, -1000.0, NEG_INF, -126.49];
+        // Flush to zero below -126.5; at -126.5 itself either 0 or the subnormal 2^-126.5.
+        let mut s = vec![-126.51f32, -127.0, -1000.0, NEG_INF, -126.49, -126.5];
         let sh = SoftmaxShape::dense(1, s.len(), 0);
         softmax_update(isa, &sh, &mut s, &mut [0.0], &mut [0.0], &mut []).unwrap();
         assert_eq!(&s[..4], &[0.0; 4], "{isa}");
         assert!(s[4] > 0.0, "{isa}");
+        let at_boundary = f64::from(s[5]);
+        let exact = (-126.5f64).exp2();
+        assert!(at_boundary == 0.0 || (at_boundary - exact).abs() <= exact * 1e-6, "{isa}: {at_boundary:e}");
     }
 }
 
