@@ -381,10 +381,14 @@ fn no_buffer_scales_with_n_squared_and_causal_does_about_half_the_work() {
     let (n, d) = (1024, 64);
     let plain = Sdpa::compile(&config(1, 1, 1, n, n, d)).unwrap();
     let causal = Sdpa::compile(&SdpaConfig { causal: true, ..config(1, 1, 1, n, n, d) }).unwrap();
-    for s in [&plain, &causal] {
+    for (s, causal) in [(&plain, false), (&causal, true)] {
         let locals = local_lengths(s);
         assert!(locals.len() >= 4, "{}", s.program().loop_ir());
-        assert!(locals.iter().all(|&len| len <= 256 * d), "{locals:?}: a tile grows with N");
+        // Tiles are rows x D or rows x keys-per-block: the same at four times the length, and
+        // within the JIT's 256 KiB stack.
+        let longer = Sdpa::compile(&SdpaConfig { causal, ..config(1, 1, 1, 4 * n, 4 * n, d) }).unwrap();
+        assert_eq!(local_lengths(&longer), locals, "a tile grows with N");
+        assert!(locals.iter().sum::<usize>() * 4 <= 256 * 1024, "{locals:?}");
     }
     let (full, half) = (plain.program().estimates().flops, causal.program().estimates().flops);
     let ratio = half as f64 / full as f64;
@@ -398,6 +402,27 @@ fn local_lengths(sdpa: &Sdpa) -> Vec<usize> {
         .lines()
         .filter_map(|l| l.strip_prefix("local ")?.split('[').nth(1)?.trim_end_matches(']').parse().ok())
         .collect()
+}
+
+/// Without the causal mask keys come in blocks of 128 where a task keeps at least 128 rows
+/// with them; under it, or where the stack leaves fewer rows, in blocks of 64.
+#[test]
+fn wide_key_blocks_only_for_tall_unmasked_tasks() {
+    let choose = |c: SdpaConfig| Blocking::choose(&c, 2);
+    for (d, rows) in [(64, 256), (128, 128), (256, 128)] {
+        let b = choose(config(1, 8, 8, 1024, 1024, d));
+        assert!(b.keys == 128 && b.queries == rows, "D = {d}: {b:?}");
+        let b = choose(SdpaConfig { causal: true, ..config(1, 8, 8, 1024, 1024, d) });
+        assert_eq!(b.keys, 64, "causal D = {d}: {b:?}");
+    }
+    // bf16 at D = 256 keeps a query tile and a tile of rounded probabilities: under 128 rows.
+    let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, 256) };
+    let b = choose(bf16);
+    assert!(b.keys == 64 && b.queries < 128, "{b:?}");
+    // Fewer keys than a wide block: one block of all of them.
+    assert_eq!(choose(config(1, 8, 8, 1024, 100, 64)).keys, 64);
+    // Decode keeps its streamed 512-key blocks.
+    assert_eq!(choose(config(1, 32, 8, 1, 4096, 128)).keys, 512);
 }
 
 /// An f32 task of one query head reads its queries in q (no `rows x D` query copy beside the

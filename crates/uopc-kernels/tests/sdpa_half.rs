@@ -261,7 +261,6 @@ fn nan_keys_and_fully_masked_rows() {
     assert!(out[3 * row..].iter().all(|x| x.is_finite()));
     // Item 1 seeing only its first key, a NaN in head 0: that head's rows are NaN, although
     // their score blocks hold nothing else but masked keys.
-    let mut case = case;
     case.lens = Some(vec![0, 1]);
     case.k[2 * c.n_k * c.d + 3] = bf16::NAN;
     let out = check_with(&case, &sdpa, case.extras());

@@ -24,6 +24,17 @@ pub struct Blocking {
 /// GEMMs of the block read it, and 64 columns fill the score micro-kernel's 4 x 16-lane rows.
 const KEY_BLOCK: usize = 64;
 
+/// Keys per block without the causal mask, when a task still keeps at least
+/// [`WIDE_KEY_MIN_ROWS`] rows with it: `P · V` then adds 128 keys into the output tile per pass
+/// over it instead of 64, and what each block costs whatever its width (the tile calls, the
+/// softmax update's per-row reductions) is spread over twice the keys. Under the causal mask
+/// the diagonal band's sub-tiles are one [`KEY_BLOCK`] tall, so blocks stay at that.
+const WIDE_KEY_BLOCK: usize = 2 * KEY_BLOCK;
+
+/// Rows a task must keep for [`WIDE_KEY_BLOCK`]: fewer would re-pack each K/V block for fewer
+/// rows than the 64-key blocking's taller tasks do.
+const WIDE_KEY_MIN_ROWS: usize = 128;
+
 /// Rows per task under the causal mask. The blocks every row sees run on all rows; the
 /// diagonal band runs in sub-tiles of [`CAUSAL_SUB_ROWS`] rows, each over the blocks its own
 /// rows see, so the static FLOPs are those of 64-row tasks (about 0.53 of the unmasked
@@ -71,13 +82,25 @@ impl Blocking {
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
     /// rows are a divisor of n_q when one lies within half of the most rows; otherwise query
     /// blocks are evened out (no mostly-empty last block); they are split further if there
-    /// would be fewer tasks than cores. Keys come in blocks of 64, or of 512 when a task has at
-    /// most 8 rows (those stream K and V, and a wide block spreads the per-block costs). When
+    /// would be fewer tasks than cores. Keys come in blocks of 128 without the causal mask when
+    /// that leaves a task at least 128 rows, else of 64, or of 512 when a task has at most 8
+    /// rows (those stream K and V, and a wide block spreads the per-block costs). When
     /// one query block holds all rows and there are fewer than four tasks per core, the keys
     /// are split into chunks of at least 512 keys and one block (split-K).
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
+        if !config.causal && config.n_k >= WIDE_KEY_BLOCK {
+            let wide = Self::choose_with_key_block(config, cores, WIDE_KEY_BLOCK);
+            if wide.keys == WIDE_KEY_BLOCK && wide.heads_per_task * wide.queries >= WIDE_KEY_MIN_ROWS {
+                return wide;
+            }
+        }
+        Self::choose_with_key_block(config, cores, KEY_BLOCK)
+    }
+
+    /// [`Blocking::choose`] with blocks of `key_block` keys (but for few-row tasks' wide ones).
+    fn choose_with_key_block(config: &SdpaConfig, cores: usize, key_block: usize) -> Blocking {
         let &SdpaConfig { batch, heads, kv_heads, n_q, n_k, d, .. } = config;
-        let keys = KEY_BLOCK.min(n_k);
+        let keys = key_block.min(n_k);
         let rows_fitting = |per_row: usize| {
             let fit = (TILE_BUDGET / per_row).max(1);
             let rows = if fit >= 16 { (fit / 16 * 16).min(256) } else { fit };
