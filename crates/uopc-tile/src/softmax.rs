@@ -86,8 +86,8 @@ impl SoftmaxShape {
 /// coefficients to f32), evaluated by Horner's rule (with FMA on the vector ISAs). `2^n` is
 /// assembled from exponent bits, so `x >= 127.5` gives `+inf`; `x < -126.5` gives exactly 0,
 /// NaN gives NaN, and `(-126.5, -126)` gives subnormals. `x = -126.5` itself gives 0, or on
-/// AVX2 (whose `exp2` spends no instruction on that one point) `2^-126.5` as a subnormal. Over `[-126, 0]` the measured relative
-/// error is below [`EXP2_MAX_REL_ERROR`] on every ISA.
+/// AVX2 (whose `exp2` spends no instruction on that one point) `2^-126.5` as a subnormal. Over
+/// `[-126, 0]` the measured relative error is below [`EXP2_MAX_REL_ERROR`] on every ISA.
 ///
 /// O must hold finite values wherever it gets rescaled (`0 * inf` is NaN), so start it at zero
 /// together with `row_max = -inf`, `row_sum = 0`.
@@ -279,6 +279,23 @@ pub unsafe extern "C" fn uopc_tile_softmax_update_f32(
     0
 }
 
+/// Whether `scale * row[j]` is NaN for some `j < cols`.
+///
+/// Every update's row maximum skips NaN, so a row whose block held a NaN score among only
+/// `-inf`s (masked keys) would look like one that has seen nothing yet; the updates ask this
+/// before taking that shortcut, and take the general path instead, where `-inf - -inf` makes
+/// the row NaN throughout. Only such rows ask, so it is scalar on every ISA (written without
+/// an early exit, so that it vectorizes).
+///
+/// # Safety
+///
+/// `row` is readable for `cols` floats.
+pub(crate) unsafe fn any_scaled_nan(row: *const f32, cols: usize, scale: f32) -> bool {
+    // SAFETY: the caller's contract.
+    let row = unsafe { std::slice::from_raw_parts(row, cols) };
+    row.iter().fold(false, |any, &x| any | (x * scale).is_nan())
+}
+
 /// Scalar `2^x` by the same method as the vector kernels (separate multiply and add, since a
 /// fused multiply-add is a slow library call on targets without one).
 #[inline]
@@ -325,9 +342,8 @@ unsafe fn portable(
         let srow = unsafe { std::slice::from_raw_parts_mut(s.add(r * lds), cols) };
         let m_old = row_max[r];
         let m_new = srow.iter().fold(m_old, |m, &x| m.max(x * scale));
-        // The maximum skips NaN, so a NaN among `-inf`s takes the general path, which makes the
-        // row NaN throughout (`-inf - -inf`), rather than the shortcut, which would drop it.
-        if m_new == f32::NEG_INFINITY && !srow.iter().any(|&x| (x * scale).is_nan()) {
+        // SAFETY: `srow` spans `cols` floats.
+        if m_new == f32::NEG_INFINITY && !unsafe { any_scaled_nan(srow.as_ptr(), cols, scale) } {
             srow.fill(0.0);
             continue;
         }

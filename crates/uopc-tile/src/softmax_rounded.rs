@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 
 use crate::error::check_len;
-use crate::softmax::{exp2_scalar, flat_update_shape};
+use crate::softmax::{any_scaled_nan, exp2_scalar, flat_update_shape};
 use crate::{Isa, SoftmaxShape, TileError, convert};
 
 /// A 16-bit type the probabilities of [`softmax_update_rounded`] are rounded to: `bf16` or
@@ -316,8 +316,8 @@ unsafe fn portable<T: RoundedProb>(
         let (max_r, sum_r) = unsafe { (&mut *row_max.add(r), &mut *row_sum.add(r)) };
         let m_old = *max_r;
         let m_new = (0..cols).fold(m_old, |m, j| m.max(scale * score(r, j)));
-        // As in the f32 update: a NaN among `-inf`s must reach the row, not be dropped.
-        if m_new == f32::NEG_INFINITY && !(0..cols).any(|j| (scale * score(r, j)).is_nan()) {
+        // SAFETY: row `r < rows` of S spans `cols` floats (the caller's contract).
+        if m_new == f32::NEG_INFINITY && !unsafe { any_scaled_nan(s.add(r * lds), cols, scale) } {
             for j in 0..cols {
                 write(r, j, T::round(0.0));
             }

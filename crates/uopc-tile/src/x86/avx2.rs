@@ -3,7 +3,7 @@
 use std::arch::x86_64::*;
 
 use crate::blocked::{Tile, TileKernel};
-use crate::softmax::{EXP2_C, EXP2_LO, SoftmaxShape};
+use crate::softmax::{EXP2_C, EXP2_LO, SoftmaxShape, any_scaled_nan};
 
 /// The AVX2+FMA GEMM kernel.
 pub(crate) struct Kernel;
@@ -148,28 +148,6 @@ fn exp2_nonpositive(x: __m256) -> __m256 {
     _mm256_mul_ps(p, _mm256_castsi256_ps(two_n))
 }
 
-/// Whether `scale * S[j]` is NaN for some `j < cols` of the row at `srow` (`sv` holds `scale`).
-///
-/// # Safety
-///
-/// AVX2 is available and `srow` is readable for `cols` floats.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn any_scaled_nan(srow: *const f32, cols: usize, sv: __m256) -> bool {
-    let cfull = cols - cols % 8;
-    let tail = lanes(cols % 8);
-    let mut unordered = _mm256_setzero_ps();
-    // SAFETY: full vectors end at `cfull <= cols` and the tail is masked (the contract).
-    unsafe {
-        for j in (0..cfull).step_by(8) {
-            let x = _mm256_mul_ps(_mm256_loadu_ps(srow.add(j)), sv);
-            unordered = _mm256_or_ps(unordered, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-        }
-        let x = _mm256_mul_ps(_mm256_maskload_ps(srow.add(cfull), tail), sv);
-        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-    }
-    _mm256_movemask_ps(unordered) != 0
-}
-
 /// Horizontal maximum of 8 lanes.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -243,10 +221,8 @@ pub(crate) unsafe fn softmax_update(
             let srow = s.add(r * lds);
             let m_old = *row_max.add(r);
             let m_new = m_old.max(this_max);
-            // The maxima skip NaN, so a NaN among `-inf`s takes the general path, which makes
-            // the row NaN throughout (`-inf - -inf`), rather than this shortcut, which would
-            // drop it.
-            if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, sv) {
+            // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
+            if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
                 // Nothing seen yet: P = 0, and the running sum and output stay as they are.
                 for j in (0..cfull).step_by(8) {
                     _mm256_storeu_ps(srow.add(j), _mm256_setzero_ps());

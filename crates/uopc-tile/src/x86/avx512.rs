@@ -4,7 +4,7 @@ use std::arch::x86_64::*;
 
 use super::{STREAM_AHEAD, prefetch_row};
 use crate::blocked::{Tile, TileKernel};
-use crate::softmax::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape};
+use crate::softmax::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape, any_scaled_nan};
 use crate::softmax_grad::ScoreTileShape;
 
 /// The AVX-512 GEMM kernel.
@@ -71,27 +71,6 @@ unsafe fn tile(t: &Tile) {
 #[inline]
 fn lanes(cols: usize) -> __mmask16 {
     if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 }
-}
-
-/// Whether `scale * S[j]` is NaN for some `j < cols` of the row at `srow` (`sv` holds `scale`).
-///
-/// # Safety
-///
-/// AVX-512F is available and `srow` is readable for `cols` floats.
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn any_scaled_nan(srow: *const f32, cols: usize, sv: __m512) -> bool {
-    let cfull = cols - cols % 16;
-    let mut unordered: __mmask16 = 0;
-    // SAFETY: full vectors end at `cfull <= cols` and the tail is masked (the contract).
-    unsafe {
-        for j in (0..cfull).step_by(16) {
-            let x = _mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv);
-            unordered |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-        }
-        let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(cols % 16), srow.add(cfull)), sv);
-        unordered |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-    }
-    unordered != 0
 }
 
 /// `M x (16 V)` tile: per k step, `V` vector loads of B, `M` broadcasts of A, `M V` FMAs.
@@ -187,10 +166,8 @@ pub(crate) unsafe fn softmax_update(
             }
             let m_old = *row_max.add(r);
             let m_new = m_old.max(_mm512_reduce_max_ps(mx));
-            // The maxima skip NaN, so a NaN among `-inf`s takes the general path, which makes
-            // the row NaN throughout (`-inf - -inf`), rather than this shortcut, which would
-            // drop it.
-            if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, sv) {
+            // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
+            if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
                 // Nothing seen yet: P = 0, and the running sum and output stay as they are.
                 for j in (0..cfull).step_by(16) {
                     _mm512_storeu_ps(srow.add(j), _mm512_setzero_ps());
@@ -319,10 +296,8 @@ pub(crate) unsafe fn softmax_update_rounded(
             }
             let m_old = *row_max.add(r);
             let m_new = m_old.max(_mm512_reduce_max_ps(mx));
-            // The maxima skip NaN, so a NaN among `-inf`s takes the general path, which makes
-            // the row NaN throughout (`-inf - -inf`), rather than this shortcut, which would
-            // drop it.
-            if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, sv) {
+            // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
+            if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
                 // Nothing seen yet: P = 0, and the running sum and output stay as they are.
                 for j in (0..cfull).step_by(16) {
                     store(r, j, _mm256_setzero_si256(), _mm512_setzero_ps(), 16);
