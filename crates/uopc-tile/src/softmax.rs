@@ -81,11 +81,12 @@ impl SoftmaxShape {
 /// key does in an exact softmax; a `+inf` score gives `exp2(inf - inf)`, NaN, likewise.
 ///
 /// `exp2` is computed as `2^n * p(f)` with `n = round(x)` (ties to even), `f = x - n` in
-/// `[-0.5, 0.5]`, after clamping `x` from below at `-127` (and, except on AVX2, from above at
-/// `128`: the update's arguments are never positive); `p` is a degree-6 polynomial fitted by a
-/// Remez exchange for minimax *relative* error on `[-0.5, 0.5]` (1.9e-9 before rounding the
-/// coefficients to f32), evaluated by Horner's rule (with FMA on the vector ISAs). `2^n` is
-/// assembled from exponent bits, so `x >= 127.5` gives `+inf`; `x < -126.5` gives exactly 0,
+/// `[-0.5, 0.5]`, after clamping `x` from below at `-127` and, except on AVX2, from above at
+/// `128` (the update's arguments are never positive, so AVX2 spends no instruction on it); `p`
+/// is a degree-6 polynomial fitted by a Remez exchange for minimax *relative* error on
+/// `[-0.5, 0.5]` (1.9e-9 before rounding the coefficients to f32), evaluated by Horner's rule
+/// (with FMA on the vector ISAs). `2^n` is assembled from exponent bits, so where `x` is clamped
+/// from above `x >= 127.5` gives `+inf`; `x < -126.5` gives exactly 0,
 /// NaN gives NaN, and `(-126.5, -126)` gives subnormals. `x = -126.5` itself gives 0, or on
 /// AVX2 (whose `exp2` spends no instruction on that one point) `2^-126.5` as a subnormal. Over
 /// `[-126, 0]` the measured relative error is below [`EXP2_MAX_REL_ERROR`] on every ISA.
