@@ -232,7 +232,11 @@ impl Operands<'_> {
             let start = acc.index(0).store(init);
             let inner = acc.after(&[start, p.clone()]);
             let a = if g.a_trans { &p * g.lda as i64 + &i } else { &i * g.lda as i64 + &p };
-            let b = if g.b_trans { &j * g.ldb as i64 + &p } else { &p * g.ldb as i64 + &j };
+            let b = match (g.b_panel_width as i64, g.b_trans) {
+                (0, true) => &j * g.ldb as i64 + &p,
+                (0, false) => &p * g.ldb as i64 + &j,
+                (w, _) => j.idiv(w) * g.ldb as i64 + &p * w + j.modulo(w),
+            };
             let product = self.at(0, a).load().cast(DType::F64) * self.at(1, b).load().cast(DType::F64);
             let step = inner.index(0).store(inner.index(0).load() + product);
             acc.after(&[step.end(&[p])]).index(0).load()

@@ -544,9 +544,10 @@ impl TileOp {
     pub fn operands(&self) -> Vec<TileOperand> {
         let op = |extent, reads, writes| TileOperand { extent, reads, writes };
         match *self {
-            TileOp::Gemm(GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate }) => {
-                let (ar, ac) = if a_trans { (k, m) } else { (m, k) };
-                let (br, bc) = if b_trans { (n, k) } else { (k, n) };
+            TileOp::Gemm(g @ GemmShape { m, n, k, lda, ldb, ldc, accumulate, .. }) => {
+                let (ar, ac) = g.a_dims();
+                // A B in panels: one stored row of `k * w` per panel.
+                let (br, bc) = g.b_dims();
                 let none = m == 0 || n == 0 || k == 0;
                 vec![
                     op(if none { 0 } else { block_extent(ar, ac, lda) }, true, false),
@@ -604,11 +605,10 @@ impl TileOp {
     /// Rows and columns of each stored operand with its row stride, in source order.
     pub fn blocks(&self) -> Vec<(usize, usize, usize)> {
         match *self {
-            TileOp::Gemm(GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, .. }) => vec![
-                if a_trans { (k, m, lda) } else { (m, k, lda) },
-                if b_trans { (n, k, ldb) } else { (k, n, ldb) },
-                (m, n, ldc),
-            ],
+            TileOp::Gemm(g @ GemmShape { m, n, lda, ldb, ldc, .. }) => {
+                let ((ar, ac), (br, bc)) = (g.a_dims(), g.b_dims());
+                vec![(ar, ac, lda), (br, bc, ldb), (m, n, ldc)]
+            }
             TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, .. } => {
                 vec![(rows, cols, lds), (1, rows, rows), (1, rows, rows), (rows, d, ldo)]
             }

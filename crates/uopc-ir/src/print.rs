@@ -165,12 +165,27 @@ impl Printer {
                     Op::Tile(t) => {
                         let args: Vec<String> = u.src().iter().map(|x| self.expr(x)).collect();
                         let what = match t {
-                            TileOp::Gemm(GemmShape { m, n, k, a_trans, b_trans, accumulate, .. }) => format!(
-                                "tile_gemm {m}x{n}x{k}{}{}{}",
-                                if *a_trans { " A^T" } else { "" },
-                                if *b_trans { " B^T" } else { "" },
-                                if *accumulate { " +=" } else { "" }
-                            ),
+                            TileOp::Gemm(GemmShape {
+                                m,
+                                n,
+                                k,
+                                a_trans,
+                                b_trans,
+                                accumulate,
+                                b_panel_width,
+                                ..
+                            }) => {
+                                format!(
+                                    "tile_gemm {m}x{n}x{k}{}{}{}{}",
+                                    if *a_trans { " A^T" } else { "" },
+                                    if *b_trans { " B^T" } else { "" },
+                                    match b_panel_width {
+                                        0 => String::new(),
+                                        w => format!(" B in panels of {w}"),
+                                    },
+                                    if *accumulate { " +=" } else { "" }
+                                )
+                            }
                             TileOp::SoftmaxUpdate { rows, cols, d, scale, .. } => {
                                 let scale = f32::from_bits(*scale);
                                 if scale == 1.0 {

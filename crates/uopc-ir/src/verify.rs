@@ -269,6 +269,23 @@ fn check_types(u: &UOp) -> Result<(), IrError> {
                     ));
                 }
             }
+            if let TileOp::Gemm(g) = t
+                && g.b_panel_width != 0
+            {
+                let (a, b) = (dt(0), dt(1));
+                if g.b_trans || a != DType::F32 || b != DType::F32 {
+                    return Err(err(
+                        IrErrorKind::DType,
+                        u,
+                        format!(
+                            "GEMM with B {} in panels of {}: want F32 A and B ({a}, {b}) and B not \
+                             transposed",
+                            s[1].short(),
+                            g.b_panel_width
+                        ),
+                    ));
+                }
+            }
             if matches!(t, TileOp::Gemm(_)) {
                 let (a, b) = (dt(0), dt(1));
                 let paired = a == b && (a == DType::F32 || a.is_half());

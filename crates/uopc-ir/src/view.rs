@@ -365,6 +365,7 @@ mod tests {
             a_trans: false,
             b_trans: false,
             accumulate: false,
+            b_panel_width: 0,
         };
         let gemm = tile(TileOp::Gemm(shape), &[ia.clone(), ib.clone(), ic.clone()]);
         let g = gemm.as_gemm().expect("a GEMM");

@@ -224,6 +224,7 @@ impl TileKernel {
             a_trans: false,
             b_trans: true,
             accumulate: false,
+            b_panel_width: 0,
         });
         let q_first = (q_row + r0 as i64) * d;
         let mut g1 = tile(scores, &[q.index(q_first), k.index(first * d), si.after(prev).index(0)]);
@@ -259,6 +260,7 @@ impl TileKernel {
             a_trans: false,
             b_trans: false,
             accumulate: true,
+            b_panel_width: 0,
         });
         tile(
             pv,

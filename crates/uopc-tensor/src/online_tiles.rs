@@ -275,6 +275,7 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
             a_trans: a.q.trans,
             b_trans: a.k.trans,
             accumulate: false,
+            b_panel_width: 0,
         });
         let g1 = tile(
             scores,
@@ -324,6 +325,7 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
             a_trans: false,
             b_trans: a.v.trans,
             accumulate: true,
+            b_panel_width: 0,
         });
         Some(tile(
             pv,

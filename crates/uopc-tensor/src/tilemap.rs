@@ -384,6 +384,7 @@ impl GemmTasks {
             a_trans: *a_trans,
             b_trans: *b_trans,
             accumulate: false,
+            b_panel_width: 0,
         });
         let abuf = buffer(a.slot, a.dtype, a.len);
         let bbuf = buffer(b.slot, b.dtype, b.len);

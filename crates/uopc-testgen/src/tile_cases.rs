@@ -37,7 +37,18 @@ impl GemmShape {
     pub fn op(&self) -> TileOp {
         let GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, .. } = *self;
         let (lda, ldb) = (self.a_cols() + pad, self.b_cols() + pad);
-        TileOp::Gemm(uopc_ir::GemmShape { m, n, k, lda, ldb, ldc: n + pad, a_trans, b_trans, accumulate })
+        TileOp::Gemm(uopc_ir::GemmShape {
+            m,
+            n,
+            k,
+            lda,
+            ldb,
+            ldc: n + pad,
+            a_trans,
+            b_trans,
+            accumulate,
+            b_panel_width: 0,
+        })
     }
     fn a_cols(&self) -> usize {
         if self.a_trans { self.m } else { self.k }
@@ -95,6 +106,34 @@ pub fn gemm_bf16_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
 /// IR runs on the f16 kernel.
 pub fn gemm_f16_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
     gemm_case_of(g, tasks, seed, DType::F16)
+}
+
+/// [`gemm_case`] with B stored in panels of `width` columns, `pad` elements between panels
+/// (its `b_trans` is ignored): the layout `uopc_tile::pack_panels` writes and a GEMM with
+/// `b_panel_width` reads in place. Every element of B's buffer is random, the padding columns of
+/// the last panel included: they are read and their products dropped.
+pub fn gemm_panels_case(g: GemmShape, width: usize, tasks: usize, seed: u64) -> Case {
+    let stride = g.k * width + g.pad;
+    let b_len = g.offset + (g.n.div_ceil(width) - 1) * stride + g.k * width;
+    let op = match g.op() {
+        TileOp::Gemm(s) => {
+            TileOp::Gemm(uopc_ir::GemmShape { b_trans: false, ldb: stride, b_panel_width: width, ..s })
+        }
+        other => other,
+    };
+    let (a_len, c_len) = (g.a_len(), g.c_len());
+    let a = buffer(0, DType::F32, a_len * tasks + 1);
+    let b = buffer(1, DType::F32, b_len + 1);
+    let c = buffer(2, DType::F32, c_len * tasks + 1);
+    let t = range(tasks, 0, AxisType::Thread);
+    let operands = [a.index(&t * a_len + g.offset as i64), b.index(g.offset as i64), c.index(&t * c_len)];
+    let program = sink(&[sink(&[tile(op, &operands)]).end(&[t])]);
+    let inputs = vec![
+        HostBuffer::F32(values(a_len * tasks + 1, seed)),
+        HostBuffer::F32(values(b_len + 1, seed + 1)),
+        HostBuffer::F32(values(c_len * tasks + 1, seed + 2)),
+    ];
+    Case { program, inputs }
 }
 
 fn gemm_case_of(g: GemmShape, tasks: usize, seed: u64, ab: DType) -> Case {
@@ -346,6 +385,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         a_trans: false,
         b_trans: true,
         accumulate: false,
+        b_panel_width: 0,
     });
     let g1 = tile(scores, &[q.index(&t * (br * d)), k.index(&kb * (bc * d)), si.after(&prev).index(0)]);
     let mut state = prev.to_vec();
@@ -370,6 +410,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         a_trans: false,
         b_trans: false,
         accumulate: true,
+        b_panel_width: 0,
     });
     let g2 = tile(pv, &[si.after(&[sm.clone()]).index(0), v.index(&kb * (bc * d)), oi.after(&[sm]).index(0)]);
     let done = [g2.end(&[kb])];

@@ -136,6 +136,7 @@ fn check(path: Bf16Path, s: &GemmShape, a: usize, b: usize, c: usize) -> Result<
     if !path.available() {
         return Err(TileError::PathUnavailable(path));
     }
+    crate::gemm::plain_b(s)?;
     let [na, nb, nc] = s.extents()?;
     check_len("a", na, a)?;
     check_len("b", nb, b)?;
@@ -217,7 +218,8 @@ pub unsafe fn gemm_bf16_unchecked(
 /// the `i64`s `m`, `n`, `k`, `lda`, `ldb`, `ldc`, `flags`, as for [`crate::uopc_tile_gemm_f32`].
 ///
 /// Returns 0 on success, or -1 without touching memory if a size is negative, `flags` has
-/// unknown bits, a leading dimension is too small, an extent overflows, or a pointer is null
+/// unknown bits or a B panel width (only the f32 GEMM reads panels), a leading dimension is
+/// too small, an extent overflows, or a pointer is null
 /// while its operand is non-empty.
 ///
 /// # Safety
@@ -257,7 +259,9 @@ pub unsafe extern "C" fn uopc_tile_gemm_bf16_desc(
     c: *mut f32,
 ) -> i32 {
     // SAFETY: forwarded from our caller.
-    let Some(s) = (unsafe { crate::gemm::decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) }) else {
+    let Some(s) = (unsafe { crate::gemm::decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) })
+        .filter(|s| s.b_panel_width == 0)
+    else {
         return -1;
     };
     // SAFETY: the detected path is available; extents and pointers are the caller's contract.

@@ -211,7 +211,7 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
     b: *const EB,
     c: *mut f32,
 ) {
-    let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, .. } = *s;
+    let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, b_panel_width, .. } = *s;
     if m == 0 || n == 0 {
         return;
     }
@@ -227,7 +227,10 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
     let mc_max = (MC / K::MR).max(1) * K::MR;
     // B is packed a whole `kc x nc` block at a time (transposed or not), followed in the buffer
     // by the packed `mc x kc` block of A when A is copied.
-    let b_floats = kc_max * nc_max.min(n.next_multiple_of(K::NR));
+    // B already in panels (a whole number of register-tile columns wide, as the dispatcher
+    // checked) is read where it lies.
+    let prepacked = b_panel_width != 0;
+    let b_floats = if prepacked { 0 } else { kc_max * nc_max.min(n.next_multiple_of(K::NR)) };
     // Copying a transposed f32 A pays when its strips are reused across several B panels, or
     // when `lda` is a multiple of 128 floats: then the rows of a strip map to at most 8 of L1's
     // 64 sets, and a long strip no longer fits them. An A of any other type is copied (widened)
@@ -245,7 +248,7 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
                 let nc = nc_max.min(n - jc);
                 for jr in (0..nc).step_by(K::NR) {
                     let nr = K::NR.min(nc - jr);
-                    if in_place && nr == K::NR {
+                    if prepacked || (in_place && nr == K::NR) {
                         continue;
                     }
                     // SAFETY: panel `jr / NR` occupies `buf[jr * kc .. (jr + NR) * kc]`, inside
@@ -276,7 +279,14 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
                     }
                     for jr in (0..nc).step_by(K::NR) {
                         let nr = K::NR.min(nc - jr);
-                        let (bp, bld) = if in_place && nr == K::NR {
+                        let (bp, bld) = if prepacked {
+                            let (j, w) = (jc + jr, b_panel_width);
+                            // SAFETY: column `j` starts a register tile inside its panel (`w`
+                            // is a multiple of NR), whose rows `pc .. pc + kc` lie in B's
+                            // extent with NR readable floats each (the panel is `w` wide);
+                            // `EB` is f32, the only type panels are taken in.
+                            (unsafe { b.add((j / w) * ldb + pc * w + j % w) }.cast::<f32>(), w)
+                        } else if in_place && nr == K::NR {
                             // SAFETY: a full panel read in place lies in B's storage (rows
                             // `pc .. pc + kc`, columns `jc + jr .. jc + jr + NR <= n`), whose
                             // elements are f32 (`READ_IN_PLACE`).

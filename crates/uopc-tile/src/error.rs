@@ -32,6 +32,14 @@ pub enum TileError {
         /// The row length it must be at least.
         cols: usize,
     },
+    /// An operand's layout is not one the operation takes.
+    #[error("operand {operand}: {reason}")]
+    InvalidLayout {
+        /// Which operand.
+        operand: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The extent of an operand does not fit in `usize`.
     #[error("operand {operand}: size computation overflows")]
     Overflow {

@@ -180,6 +180,7 @@ fn checked<EA: OperandA>(
     if !isa.available() {
         return Err(TileError::IsaUnavailable(isa));
     }
+    crate::gemm::plain_b(s)?;
     let [na, nb, nc] = s.extents()?;
     check_len("a", na, a.len())?;
     check_len("b", nb, b.len())?;
@@ -248,7 +249,8 @@ unsafe fn half_b_gemm<EA: OperandA>(isa: Isa, s: &GemmShape, a: *const EA, b: *c
 /// the `i64`s `m`, `n`, `k`, `lda`, `ldb`, `ldc`, `flags`, as for [`crate::uopc_tile_gemm_f32`].
 ///
 /// Returns 0 on success, or -1 without touching memory if a size is negative, `flags` has
-/// unknown bits, a leading dimension is too small, an extent overflows, or a pointer is null
+/// unknown bits or a B panel width (only the f32 GEMM reads panels), a leading dimension is
+/// too small, an extent overflows, or a pointer is null
 /// while its operand is non-empty.
 ///
 /// # Safety
@@ -288,7 +290,9 @@ pub unsafe extern "C" fn uopc_tile_gemm_f16_desc(
     c: *mut f32,
 ) -> i32 {
     // SAFETY: forwarded from our caller.
-    let Some(s) = (unsafe { crate::gemm::decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) }) else {
+    let Some(s) = (unsafe { crate::gemm::decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) })
+        .filter(|s| s.b_panel_width == 0)
+    else {
         return -1;
     };
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
@@ -319,6 +323,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_f16(
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
     let Some(s) = (unsafe { crate::gemm::decode_desc(&desc, [a.is_null(), b.is_null(), c.is_null()]) })
+        .filter(|s| s.b_panel_width == 0)
     else {
         return -1;
     };

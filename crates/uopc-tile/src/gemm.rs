@@ -11,6 +11,12 @@ use crate::{Isa, TileError};
 /// rows). `a_trans` means A is stored as its `k x m` transpose (`A[i, p]` at `p * lda + i`),
 /// otherwise `m x k` (`A[i, p]` at `i * lda + p`); likewise `b_trans` stores B as `n x k`
 /// (`B[p, j]` at `j * ldb + p`) instead of `k x n` (`p * ldb + j`). C is `m x n` (`i * ldc + j`).
+///
+/// With `b_panel_width = w > 0`, B is stored in panels of `w` columns instead (the layout
+/// [`pack_panels`](crate::pack_panels) writes): `B[p, j]` at `(j / w) * ldb + p * w + j % w`,
+/// so `ldb` is the distance between panels. A B used by many GEMMs is packed once that way
+/// and the micro-kernel reads it where it lies, rather than each GEMM packing it again. Only
+/// the f32 GEMM takes it, untransposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct GemmShape {
     /// Rows of A and C.
@@ -31,6 +37,9 @@ pub struct GemmShape {
     pub ldc: usize,
     /// `true`: `C += A · B`. `false`: `C = A · B`, and C is never read (it may hold NaNs).
     pub accumulate: bool,
+    /// 0: B is stored as `b_trans` says. `w > 0`: B is stored in panels of `w` columns, `ldb`
+    /// apart (see above).
+    pub b_panel_width: usize,
 }
 
 impl GemmShape {
@@ -46,6 +55,7 @@ impl GemmShape {
             ldb: if b_trans { k } else { n },
             ldc: n,
             accumulate,
+            b_panel_width: 0,
         }
     }
 
@@ -54,9 +64,13 @@ impl GemmShape {
         if self.a_trans { (self.k, self.m) } else { (self.m, self.k) }
     }
 
-    /// Stored `(rows, cols)` of B.
+    /// Stored `(rows, cols)` of B: for panels, one stored row per panel (each `k * w` long).
     pub fn b_dims(&self) -> (usize, usize) {
-        if self.b_trans { (self.n, self.k) } else { (self.k, self.n) }
+        match (self.b_panel_width, self.b_trans) {
+            (0, true) => (self.n, self.k),
+            (0, false) => (self.k, self.n),
+            (w, _) => (self.n.div_ceil(w), self.k * w),
+        }
     }
 
     /// Elements `[a, b, c]` each operand spans, i.e. the minimum slice lengths.
@@ -64,8 +78,9 @@ impl GemmShape {
     /// # Errors
     ///
     /// [`TileError::LeadingDim`] when a leading dimension is smaller than the stored row length
-    /// of an operand with two or more rows; [`TileError::Overflow`] when an extent does not fit
-    /// in `usize`.
+    /// of an operand with two or more rows (for panels, `ldb < k * w`);
+    /// [`TileError::Overflow`] when an extent does not fit in `usize`;
+    /// [`TileError::InvalidLayout`] for a B in panels that is also marked transposed.
     ///
     /// # Examples
     ///
@@ -79,6 +94,12 @@ impl GemmShape {
     /// assert_eq!(overlapping.extents(), Err(TileError::LeadingDim { operand: "a", ld: 2, cols: 3 }));
     /// ```
     pub fn extents(&self) -> Result<[usize; 3], TileError> {
+        if self.b_panel_width != 0 && self.b_trans {
+            return Err(TileError::InvalidLayout { operand: "b", reason: "panels are never transposed" });
+        }
+        if self.k.checked_mul(self.b_panel_width).is_none() {
+            return Err(TileError::Overflow { operand: "b" });
+        }
         let (ar, ac) = self.a_dims();
         let (br, bc) = self.b_dims();
         Ok([span("a", ar, ac, self.lda)?, span("b", br, bc, self.ldb)?, span("c", self.m, self.n, self.ldc)?])
@@ -147,6 +168,11 @@ pub fn gemm(isa: Isa, s: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) -> Res
 ///   `!s.accumulate`); all are aligned for `f32` (null is fine for an extent of 0).
 /// * The C region does not overlap A or B, and nothing else accesses it during the call.
 pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    if s.b_panel_width != 0 {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { gemm_panels(isa, s, a, b, c) };
+        return;
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller guarantees AVX-512 and the operand extents; the guard gives the
@@ -182,12 +208,42 @@ pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f
     }
 }
 
+/// [`gemm_unchecked`] for a B stored in panels: the blocked driver reads them where they lie
+/// when their width is a whole number of the ISA's register-tile columns, else plain loops.
+///
+/// # Safety
+///
+/// The contract of [`gemm_unchecked`], with `s.b_panel_width > 0`.
+unsafe fn gemm_panels(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    let w = s.b_panel_width;
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees AVX-512 and the operand extents; the driver reads whole
+        // register-tile columns of a panel, and `w` is a multiple of them.
+        Isa::Avx512 if w.is_multiple_of(crate::panels::panel_width(Isa::Avx512)) => unsafe {
+            crate::blocked::drive::<crate::x86::avx512::Kernel, f32, f32>(s, a, b, c)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for AVX2+FMA.
+        Isa::Avx2Fma if w.is_multiple_of(crate::panels::panel_width(Isa::Avx2Fma)) => unsafe {
+            crate::blocked::drive::<crate::x86::avx2::Kernel, f32, f32>(s, a, b, c)
+        },
+        // SAFETY: the caller guarantees the operand extents; no CPU features are needed.
+        _ => unsafe { portable(s, a, b, c) },
+    }
+}
+
 /// Flag bit of [`GemmDesc::flags`] / the `flags` argument: A is stored transposed.
 pub const GEMM_A_TRANS: i64 = 1;
 /// Flag bit: B is stored transposed.
 pub const GEMM_B_TRANS: i64 = 2;
 /// Flag bit: accumulate into C instead of overwriting it.
 pub const GEMM_ACCUMULATE: i64 = 4;
+/// The lowest bit of [`GemmDesc::flags`]' panel-width field: `flags >> GEMM_PANEL_SHIFT` is
+/// [`GemmShape::b_panel_width`] (0 for a B stored by rows or columns).
+pub const GEMM_PANEL_SHIFT: u32 = 8;
+/// The largest panel width a descriptor encodes.
+pub const GEMM_MAX_PANEL_WIDTH: usize = 0xFFFF;
 
 /// C-layout GEMM descriptor for [`uopc_tile_gemm_f32_desc`]: seven `i64`s, in this order.
 #[repr(C)]
@@ -205,7 +261,8 @@ pub struct GemmDesc {
     pub ldb: i64,
     /// Leading dimension of C.
     pub ldc: i64,
-    /// Bitwise OR of [`GEMM_A_TRANS`], [`GEMM_B_TRANS`], [`GEMM_ACCUMULATE`].
+    /// Bitwise OR of [`GEMM_A_TRANS`], [`GEMM_B_TRANS`], [`GEMM_ACCUMULATE`] and the panel
+    /// width shifted left by [`GEMM_PANEL_SHIFT`].
     pub flags: i64,
 }
 
@@ -213,7 +270,8 @@ impl GemmDesc {
     /// The shape this descriptor encodes, or `None` if a field is negative or `flags` has
     /// unknown bits.
     pub fn shape(&self) -> Option<GemmShape> {
-        if self.flags & !(GEMM_A_TRANS | GEMM_B_TRANS | GEMM_ACCUMULATE) != 0 {
+        let panel_bits = (GEMM_MAX_PANEL_WIDTH as i64) << GEMM_PANEL_SHIFT;
+        if self.flags & !(GEMM_A_TRANS | GEMM_B_TRANS | GEMM_ACCUMULATE | panel_bits) != 0 {
             return None;
         }
         let u = |x: i64| usize::try_from(x).ok();
@@ -227,13 +285,15 @@ impl GemmDesc {
             ldb: u(self.ldb)?,
             ldc: u(self.ldc)?,
             accumulate: self.flags & GEMM_ACCUMULATE != 0,
+            b_panel_width: ((self.flags & panel_bits) >> GEMM_PANEL_SHIFT) as usize,
         })
     }
 }
 
 impl From<&GemmShape> for GemmDesc {
     /// Sizes beyond `i64::MAX` (which no buffer can have) saturate, making the descriptor
-    /// rejected later rather than silently wrapped.
+    /// rejected later rather than silently wrapped; so does a panel width beyond
+    /// [`GEMM_MAX_PANEL_WIDTH`] (through an unknown flag bit).
     fn from(s: &GemmShape) -> GemmDesc {
         let i = |x: usize| i64::try_from(x).unwrap_or(i64::MAX);
         GemmDesc {
@@ -245,7 +305,12 @@ impl From<&GemmShape> for GemmDesc {
             ldc: i(s.ldc),
             flags: (if s.a_trans { GEMM_A_TRANS } else { 0 })
                 | (if s.b_trans { GEMM_B_TRANS } else { 0 })
-                | (if s.accumulate { GEMM_ACCUMULATE } else { 0 }),
+                | (if s.accumulate { GEMM_ACCUMULATE } else { 0 })
+                | if s.b_panel_width <= GEMM_MAX_PANEL_WIDTH {
+                    (s.b_panel_width as i64) << GEMM_PANEL_SHIFT
+                } else {
+                    i64::MIN
+                },
         }
     }
 }
@@ -254,7 +319,8 @@ impl From<&GemmShape> for GemmDesc {
 ///
 /// Arguments, in order: `a`, `b`, `c` (pointers to f32), then the `i64`s `m`, `n`, `k`, `lda`,
 /// `ldb`, `ldc`, `flags`, with the meaning of the [`GemmShape`] fields; `flags` is an OR of
-/// [`GEMM_A_TRANS`] (1), [`GEMM_B_TRANS`] (2) and [`GEMM_ACCUMULATE`] (4).
+/// [`GEMM_A_TRANS`] (1), [`GEMM_B_TRANS`] (2), [`GEMM_ACCUMULATE`] (4) and B's panel width
+/// shifted by [`GEMM_PANEL_SHIFT`].
 ///
 /// Returns 0 on success, or -1 without touching memory if a size is negative, `flags` has
 /// unknown bits, a leading dimension is too small, an extent overflows, or a pointer is null
@@ -321,6 +387,15 @@ pub(crate) unsafe fn decode_desc(desc: *const GemmDesc, null: [bool; 3]) -> Opti
     extents.iter().zip(null).all(|(&e, null)| e == 0 || !null).then_some(s)
 }
 
+/// Refuses a B in panels, for the GEMMs that take only a B stored by rows or columns.
+pub(crate) fn plain_b(s: &GemmShape) -> Result<(), TileError> {
+    if s.b_panel_width == 0 {
+        Ok(())
+    } else {
+        Err(TileError::InvalidLayout { operand: "b", reason: "only the f32 GEMM reads B in panels" })
+    }
+}
+
 /// `C = 0` for `k == 0` without accumulation.
 ///
 /// # Safety
@@ -339,7 +414,7 @@ pub(crate) unsafe fn zero_c(s: &GemmShape, c: *mut f32) {
 ///
 /// The contract of [`gemm_unchecked`].
 unsafe fn portable(s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
-    let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate } = *s;
+    let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate, b_panel_width } = *s;
     if m == 0 || n == 0 {
         return;
     }
@@ -368,7 +443,17 @@ unsafe fn portable(s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
         if !accumulate {
             crow.fill(0.0);
         }
-        if b_trans {
+        if b_panel_width != 0 {
+            let w = b_panel_width;
+            for (p, &aip) in arow.iter().enumerate() {
+                for (j0, cs) in (0..n).step_by(w).zip(crow.chunks_mut(w)) {
+                    let (row, cols) = ((j0 / w) * ldb + p * w, cs.len());
+                    for (cj, &bv) in cs.iter_mut().zip(&b[row..row + cols]) {
+                        *cj += aip * bv;
+                    }
+                }
+            }
+        } else if b_trans {
             for (j, cj) in crow.iter_mut().enumerate() {
                 *cj += dot(&arow, &b[j * ldb..j * ldb + k]);
             }

@@ -8,7 +8,8 @@
 //! * [`gemm`]: `C (+)= A · B` on f32 tiles with arbitrary leading dimensions and either operand
 //!   transposed, built around a register-blocked micro-kernel (8 x 32 on AVX-512, 6 x 16 on
 //!   AVX2+FMA); on AVX-512, products of at most eight rows (decode's scores and `P · V`) skip
-//!   the packing and stream B in storage order instead.
+//!   the packing and stream B in storage order instead. A B that many GEMMs read can be packed
+//!   once by [`pack_panels`] and read in place from then on ([`GemmShape::b_panel_width`]).
 //! * [`softmax_update`]: one online-softmax step of FlashAttention-2 over a score tile in the
 //!   log2 domain, rescaling the running output rows.
 //! * [`softmax_update_rounded`]: the same step for 16-bit attention, scaling the scores first
@@ -56,6 +57,7 @@ mod gemm;
 mod isa;
 mod max_sum_exp;
 mod pack;
+mod panels;
 #[cfg(target_arch = "x86_64")]
 pub mod peak;
 mod softmax;
@@ -76,11 +78,12 @@ pub use f16_gemm::{
     uopc_tile_gemm_f16_desc, uopc_tile_gemm_f32_f16,
 };
 pub use gemm::{
-    GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmDesc, GemmShape, gemm, gemm_unchecked,
-    uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
+    GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT, GemmDesc, GemmShape,
+    gemm, gemm_unchecked, uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
 };
 pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
 pub use max_sum_exp::{max_sum_exp, max_sum_exp_unchecked, uopc_tile_max_sum_exp_f32};
+pub use panels::{PanelPacking, pack_panels, pack_panels_unchecked, panel_width};
 pub use softmax::{
     EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_scaled, softmax_update_unchecked,
     uopc_tile_softmax_update_f32,

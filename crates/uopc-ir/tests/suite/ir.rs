@@ -295,7 +295,18 @@ fn deep_integer_chains_simplify_verify_and_print_without_recursion() {
 }
 
 fn gemm_op(m: usize, n: usize, k: usize, accumulate: bool) -> TileOp {
-    TileOp::Gemm(GemmShape { m, n, k, lda: k, ldb: n, ldc: n, a_trans: false, b_trans: false, accumulate })
+    TileOp::Gemm(GemmShape {
+        m,
+        n,
+        k,
+        lda: k,
+        ldb: n,
+        ldc: n,
+        a_trans: false,
+        b_trans: false,
+        accumulate,
+        b_panel_width: 0,
+    })
 }
 
 #[test]
@@ -318,6 +329,7 @@ fn tile_ops_are_checked_like_stores() {
         a_trans: false,
         b_trans: false,
         accumulate: false,
+        b_panel_width: 0,
     });
     let short = tile(bad, &[a.index(0), b.index(0), c.index(0)]);
     assert_eq!(verify(&sink(&[short])).unwrap_err().kind, IrErrorKind::Structure);
@@ -337,6 +349,34 @@ fn tile_ops_are_checked_like_stores() {
 }
 
 #[test]
+fn gemms_with_b_in_panels_are_bounded_by_their_panels_and_take_only_f32() {
+    let (a, c) = (buffer(0, DType::F32, 6), buffer(2, DType::F32, 40));
+    // C (2x20) = A (2x3) · B in two panels of 16 columns, 50 apart: 50 + 3 * 16 elements
+    let op = TileOp::Gemm(GemmShape {
+        ldb: 50,
+        b_panel_width: 16,
+        ..GemmShape::dense(2, 20, 3, false, false, false)
+    });
+    let b = buffer(1, DType::F32, 98);
+    verify(&sink(&[tile(op, &[a.index(0), b.index(0), c.index(0)])])).unwrap();
+    let short = buffer(1, DType::F32, 97);
+    let past = tile(op, &[a.index(0), short.index(0), c.index(0)]);
+    assert_eq!(verify(&sink(&[past])).unwrap_err().kind, IrErrorKind::OutOfBounds);
+    // panels closer than a panel's length overlap
+    let overlapping = TileOp::Gemm(GemmShape {
+        ldb: 47,
+        b_panel_width: 16,
+        ..GemmShape::dense(2, 20, 3, false, false, false)
+    });
+    let err = verify(&sink(&[tile(overlapping, &[a.index(0), b.index(0), c.index(0)])])).unwrap_err();
+    assert_eq!(err.kind, IrErrorKind::Structure);
+    // the 16-bit GEMMs do not read panels
+    let (ah, bh) = (buffer(0, DType::BF16, 6), buffer(1, DType::BF16, 98));
+    let err = verify(&sink(&[tile(op, &[ah.index(0), bh.index(0), c.index(0)])])).unwrap_err();
+    assert_eq!(err.kind, IrErrorKind::DType);
+}
+
+#[test]
 fn tile_ops_run_in_the_interpreter() {
     use uopc_ir::interp::{self, Precision};
     let (a, b, c) = (buffer(0, DType::F32, 6), buffer(1, DType::F32, 12), buffer(2, DType::F32, 8));
@@ -351,6 +391,7 @@ fn tile_ops_run_in_the_interpreter() {
         a_trans: false,
         b_trans: true,
         accumulate: false,
+        b_panel_width: 0,
     });
     let p = sink(&[tile(op, &[a.index(0), b.index(0), c.index(0)])]);
     let av: Vec<f32> = (0..6).map(|x| x as f32).collect();

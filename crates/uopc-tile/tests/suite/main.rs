@@ -11,6 +11,7 @@ mod convert;
 mod f16;
 mod gemm;
 mod max_sum_exp;
+mod panels;
 mod softmax;
 mod softmax_grad;
 mod softmax_rounded;

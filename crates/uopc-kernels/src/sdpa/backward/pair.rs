@@ -17,7 +17,18 @@ impl BackwardKernel {
         let q_at = &task.item * qsb + &head * qsh + q0 * qsn;
         let row_at = (&task.item * heads + &head) * n_q + q0;
         let gemm = |m, n, k, lda, ldb, ldc, a_trans, accumulate| {
-            TileOp::Gemm(GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans: false, accumulate })
+            TileOp::Gemm(GemmShape {
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                a_trans,
+                b_trans: false,
+                accumulate,
+                b_panel_width: 0,
+            })
         };
         let (s, dp, q, d_o) = (task.s.clone(), task.dp.clone(), self.q.clone(), self.d_o.clone());
         // S = Q (K scale log2 e)^T, base-2 scores.

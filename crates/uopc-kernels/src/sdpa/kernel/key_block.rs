@@ -43,6 +43,7 @@ impl SdpaKernel {
             a_trans: false,
             b_trans: true,
             accumulate: false,
+            b_panel_width: 0,
         });
         let kv_at = &task.kv_base + first * ksn;
         let mut g1 = tile(scores, &[queries, self.k.index(&kv_at), task.si.after(prev).index(at_s)]);
@@ -106,6 +107,7 @@ impl SdpaKernel {
             a_trans: false,
             b_trans: false,
             accumulate: true,
+            b_panel_width: 0,
         });
         tile(
             pv,
