@@ -165,14 +165,84 @@ fn small_blockings_exercise_every_key_phase() {
             let c = SdpaConfig { causal, key_lengths: true, ..config(2, 4, 2, n_q, n_k, 8) };
             let case = Case::new(c, &mut rng);
             for blocking in [
-                Blocking { heads_per_task: 1, queries: 6, keys: 4, splits: 1 },
-                Blocking { heads_per_task: 2, queries: 16, keys: 7, splits: 1 },
-                Blocking { heads_per_task: 2, queries: 1, keys: 20, splits: 1 },
+                Blocking { heads_per_task: 1, queries: 6, keys: 4, splits: 1, kv_panel_width: 0 },
+                Blocking { heads_per_task: 2, queries: 16, keys: 7, splits: 1, kv_panel_width: 0 },
+                Blocking { heads_per_task: 2, queries: 1, keys: 20, splits: 1, kv_panel_width: 0 },
             ] {
                 check(&case, &Sdpa::compile_with(&c, blocking).expect("compile"));
             }
         }
     }
+}
+
+/// K and V packed once per run into panels: the GEMMs' register-tile width (16 on AVX2, 32 on
+/// AVX-512), twice it, and a width the GEMM leaves to plain loops; over narrow key blocks with
+/// a ragged last one, every mask kind, causal rows, key lengths, GQA, odd head sizes and both
+/// layouts.
+#[test]
+fn keys_and_values_packed_once_give_the_same_attention() {
+    let mut rng = Rng(21);
+    let native = uopc_tile::panel_width(uopc_tile::Isa::detect());
+    for (width, keys) in [(native, 2 * native), (2 * native, 2 * native), (5, 10)] {
+        for (n_q, n_k, d) in [(37, 70, 8), (20, 37, 3), (70, 70, 33), (9, 5, 16)] {
+            for causal in [false, true] {
+                for mask in [MaskKind::None, MaskKind::Bool([2, 1, 1, n_k]), MaskKind::Bias([1, 4, n_q, n_k])]
+                {
+                    let layout = if rng.below(2) == 0 { Layout::Bhnd } else { Layout::Bnhd };
+                    let c = SdpaConfig {
+                        causal,
+                        mask,
+                        layout,
+                        key_lengths: rng.below(2) == 0,
+                        ..config(2, 4, 2, n_q, n_k, d)
+                    };
+                    let blocking = Blocking {
+                        heads_per_task: 1,
+                        queries: 16.min(n_q),
+                        keys: keys.min(n_k),
+                        splits: 1,
+                        kv_panel_width: width,
+                    };
+                    let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
+                    assert!(sdpa.to_string().contains(&format!("panels of {width}")), "{sdpa}");
+                    let case = Case::new(c, &mut rng);
+                    check(&case, &sdpa);
+                    // Run again: the kept panel buffers are packed afresh from new inputs.
+                    check(&Case::new(c, &mut rng), &sdpa);
+                }
+            }
+        }
+    }
+    // A NaN key that a row sees still makes the row NaN.
+    let c = config(1, 2, 1, 32, 64, 16);
+    let mut case = Case::new(c, &mut rng);
+    case.k[5 * 16 + 3] = f32::NAN;
+    let blocking = Blocking { heads_per_task: 1, queries: 16, keys: 32, splits: 1, kv_panel_width: native };
+    check(&case, &Sdpa::compile_with(&c, blocking).unwrap());
+}
+
+#[test]
+fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
+    // 16 query blocks read every key block of the head: packed once.
+    let many = Sdpa::compile(&config(1, 1, 1, 4096, 4096, 64)).unwrap();
+    assert!(many.blocking().kv_panel_width > 0 && many.to_string().contains("packed once per run"), "{many}");
+    // Decode (streamed, unpacked), few readers, and 16-bit attention pack per task.
+    for c in [
+        config(1, 32, 8, 1, 4096, 128),
+        config(4, 12, 12, 512, 512, 64),
+        SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 1, 1, 4096, 4096, 64) },
+    ] {
+        assert_eq!(Blocking::choose(&c, 2).kv_panel_width, 0, "{c:?}");
+    }
+    // Panels with split-K, 16-bit inputs or key blocks that do not start a panel are refused.
+    let c = config(1, 1, 1, 64, 256, 16);
+    let base = Blocking { heads_per_task: 1, queries: 64, keys: 32, splits: 1, kv_panel_width: 16 };
+    Sdpa::compile_with(&c, base).unwrap();
+    for bad in [Blocking { kv_panel_width: 12, ..base }, Blocking { queries: 64, splits: 2, ..base }] {
+        assert!(Sdpa::compile_with(&c, bad).is_err(), "{bad:?}");
+    }
+    let half = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..c };
+    assert!(Sdpa::compile_with(&half, base).is_err());
 }
 
 #[test]
@@ -198,7 +268,8 @@ fn split_keys_merge_to_the_same_attention() {
                         // Even chunks, none empty (as the library evens them).
                         let full = n_k / 4;
                         let splits = full.div_ceil(full.div_ceil(want));
-                        let blocking = Blocking { heads_per_task: gs, queries: n_q, keys: 4, splits };
+                        let blocking =
+                            Blocking { heads_per_task: gs, queries: n_q, keys: 4, splits, kv_panel_width: 0 };
                         let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
                         assert!(sdpa.merge_program().is_some());
                         check(&case, &sdpa);
@@ -214,7 +285,7 @@ fn split_keys_merge_to_the_same_attention() {
     assert!(sdpa.to_string().contains("split into") || sdpa.blocking().splits == 1, "{sdpa}");
     check(&Case::new(c, &mut rng), &sdpa);
     // A blocking whose last chunk would be empty is refused.
-    let bad = Blocking { heads_per_task: 1, queries: 1, keys: 64, splits: 60 };
+    let bad = Blocking { heads_per_task: 1, queries: 1, keys: 64, splits: 60, kv_panel_width: 0 };
     assert!(Sdpa::compile_with(&c, bad).is_err());
 }
 
@@ -229,7 +300,7 @@ fn key_lengths_skip_the_blocks_past_the_end() {
         case.lens = Some(vec![70, 33, 4, 0]);
         for blocking in [
             Sdpa::compile(&c).unwrap().blocking(),
-            Blocking { heads_per_task: 1, queries: 5, keys: 8, splits: 1 },
+            Blocking { heads_per_task: 1, queries: 5, keys: 8, splits: 1, kv_panel_width: 0 },
         ] {
             check(&case, &Sdpa::compile_with(&c, blocking).unwrap());
         }
@@ -472,8 +543,8 @@ fn zero_and_negative_scales_with_queries_read_in_place() {
             };
             let case = Case::new(c, &mut rng);
             for blocking in [
-                Blocking { heads_per_task: 1, queries: 6, keys: 4, splits: 1 },
-                Blocking { heads_per_task: 2, queries: 16, keys: 8, splits: 1 },
+                Blocking { heads_per_task: 1, queries: 6, keys: 4, splits: 1, kv_panel_width: 0 },
+                Blocking { heads_per_task: 2, queries: 16, keys: 8, splits: 1, kv_panel_width: 0 },
             ] {
                 let sdpa = Sdpa::compile_with(&c, blocking).unwrap();
                 assert_eq!(sdpa.blocking().reads_queries_in_place(&c), blocking.heads_per_task == 1);
@@ -522,8 +593,11 @@ fn one_compiled_program_serves_every_kv_length() {
             SdpaConfig { causal, runtime_kv_length: true, ..config(2, heads, kv_heads, n_q, capacity, 8) };
         let case = Case::new(c, &mut rng);
         let library = Sdpa::compile(&c).unwrap();
-        let split =
-            Sdpa::compile_with(&c, Blocking { heads_per_task: 1, queries: n_q, keys: 8, splits: 3 }).unwrap();
+        let split = Sdpa::compile_with(
+            &c,
+            Blocking { heads_per_task: 1, queries: n_q, keys: 8, splits: 3, kv_panel_width: 0 },
+        )
+        .unwrap();
         for sdpa in [&library, &split] {
             for len in [1, 2, capacity / 2 + 1, capacity] {
                 let mut out = vec![f32::NAN; c.q_len()];
@@ -584,17 +658,17 @@ fn small_programs_agree_with_the_loop_ir_interpreter() {
     for (c, blocking, kv) in [
         (
             SdpaConfig { causal: true, key_lengths: true, ..config(2, 2, 1, 7, 11, 4) },
-            Blocking { heads_per_task: 2, queries: 4, keys: 4, splits: 1 },
+            Blocking { heads_per_task: 2, queries: 4, keys: 4, splits: 1, kv_panel_width: 0 },
             None,
         ),
         (
             SdpaConfig { mask: MaskKind::Bias([1, 2, 1, 11]), ..config(1, 2, 2, 1, 11, 3) },
-            Blocking { heads_per_task: 1, queries: 1, keys: 2, splits: 3 },
+            Blocking { heads_per_task: 1, queries: 1, keys: 2, splits: 3, kv_panel_width: 0 },
             None,
         ),
         (
             SdpaConfig { causal: true, runtime_kv_length: true, ..config(1, 2, 2, 2, 12, 4) },
-            Blocking { heads_per_task: 1, queries: 2, keys: 4, splits: 1 },
+            Blocking { heads_per_task: 1, queries: 2, keys: 4, splits: 1, kv_panel_width: 0 },
             Some(7),
         ),
     ] {

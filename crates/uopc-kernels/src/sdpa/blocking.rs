@@ -18,6 +18,10 @@ pub struct Blocking {
     /// tasks write partial softmax states that [`super::sdpa_merge_ir`] combines (split-K, for
     /// decode shapes with too few rows to keep every core busy).
     pub splits: usize,
+    /// 0: each task's GEMMs pack the K and V blocks they read. `w > 0`: the run packs every
+    /// key/value head's K and V once into panels of `w` columns, which the GEMMs read in place
+    /// (f32 only, without split-K; see [`Blocking::choose`]).
+    pub kv_panel_width: usize,
 }
 
 /// Keys per block: a 64-key block of K and V (32 KiB each at D = 128) stays in L1/L2 while both
@@ -57,6 +61,13 @@ const SPLIT_TASKS_PER_CORE: usize = 4;
 /// writes and the merge reads (rows x (D + 2) floats) stays small next to the chunk's K and V.
 const MIN_CHUNK_KEYS: usize = 8 * KEY_BLOCK;
 
+/// Reads of each key block (tasks per key/value head, halved under the causal mask, whose
+/// tasks read half the blocks on average) from which K and V are packed once per run rather
+/// than by every task: the packing pass streams K and V from memory and writes the panels
+/// back, several times what one task's packing of blocks already in cache costs, so it pays
+/// only when it replaces several of those.
+const PACK_ONCE_MIN_READS: usize = 6;
+
 /// Rows per task up to which the tile GEMMs stream K and V rows straight from memory instead
 /// of packing register-tile panels (the AVX-512 and AVX2 dot-product and row-streamed kernels).
 const FEW_ROWS: usize = 8;
@@ -87,14 +98,38 @@ impl Blocking {
     /// rows (those stream K and V, and a wide block spreads the per-block costs). When
     /// one query block holds all rows and there are fewer than four tasks per core, the keys
     /// are split into chunks of at least 512 keys and one block (split-K).
+    ///
+    /// K and V are packed once per run into panels of the GEMM's register-tile width
+    /// ([`Blocking::kv_panel_width`]) for f32 without split-K or a runtime KV length, when
+    /// tasks have more than 8 rows (fewer stream K and V unpacked) and each key block is read
+    /// by at least six tasks (counting a causal task as half a read).
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
+        let mut b = Self::choose_with_key_block(config, cores, KEY_BLOCK);
         if !config.causal && config.n_k >= WIDE_KEY_BLOCK {
             let wide = Self::choose_with_key_block(config, cores, WIDE_KEY_BLOCK);
             if wide.keys == WIDE_KEY_BLOCK && wide.heads_per_task * wide.queries >= WIDE_KEY_MIN_ROWS {
-                return wide;
+                b = wide;
             }
         }
-        Self::choose_with_key_block(config, cores, KEY_BLOCK)
+        let reads = b.tasks(config) / (config.batch * config.kv_heads) / if config.causal { 2 } else { 1 };
+        let width = uopc_tile::panel_width(uopc_tile::Isa::detect());
+        if b.heads_per_task * b.queries > FEW_ROWS
+            && reads >= PACK_ONCE_MIN_READS
+            && b.panels_fit(config, width)
+        {
+            b.kv_panel_width = width;
+        }
+        b
+    }
+
+    /// Whether K and V can be read from panels of `width` columns under these blocks: f32,
+    /// without split-K or a runtime KV length, and every key block starting a panel.
+    pub fn panels_fit(&self, config: &SdpaConfig, width: usize) -> bool {
+        width > 0
+            && config.dtype == SdpaDType::F32
+            && self.splits == 1
+            && !config.runtime_kv_length
+            && (self.keys.is_multiple_of(width) || self.keys >= config.n_k)
     }
 
     /// [`Blocking::choose`] with blocks of `key_block` keys (but for few-row tasks' wide ones).
@@ -152,7 +187,7 @@ impl Blocking {
             // Even chunks, none of them empty.
             splits = full.div_ceil(full.div_ceil(want));
         }
-        Blocking { heads_per_task, queries, keys, splits }
+        Blocking { heads_per_task, queries, keys, splits, kv_panel_width: 0 }
     }
 
     /// Whether the score GEMM reads the task's query rows from q itself, unscaled (the softmax

@@ -1,11 +1,13 @@
 //! [`Sdpa`]: one compiled attention forward, its compile and its run.
 
 use super::blocking::cores;
+use super::panels::KvPanels;
 use super::{
     Blocking, Extras, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check, push_extras, sdpa_ir,
     sdpa_merge_ir,
 };
 use std::fmt;
+use std::sync::Mutex;
 use uopc_jit::{Arg, JitError, Program};
 
 /// A compiled attention for one [`SdpaConfig`]; `Sync`, so one compile serves every thread.
@@ -16,6 +18,19 @@ pub struct Sdpa {
     program: Program,
     /// The merge of split-K partial states ([`sdpa_merge_ir`]), when the keys are split.
     merge: Option<Program>,
+    /// Where K and V are packed into panels, with [`Blocking::kv_panel_width`].
+    panels: Option<(KvPanels, PanelScratch)>,
+}
+
+/// The panel buffers of the last run, kept for the next one (a fresh allocation would fault
+/// in every page again); a run while another holds them packs into buffers of its own.
+#[derive(Default)]
+struct PanelScratch(Mutex<Vec<f32>>);
+
+impl fmt::Debug for PanelScratch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PanelScratch")
+    }
 }
 
 impl Sdpa {
@@ -40,7 +55,10 @@ impl Sdpa {
             && (blocking.splits == 1
                 || (blocking.queries == config.n_q
                     && (2..=full_blocks).contains(&blocking.splits)
-                    && blocking.chunk_blocks(config.n_k) * (blocking.splits - 1) < full_blocks));
+                    && blocking.chunk_blocks(config.n_k) * (blocking.splits - 1) < full_blocks))
+            && (blocking.kv_panel_width == 0
+                || (blocking.kv_panel_width <= uopc_tile::GEMM_MAX_PANEL_WIDTH
+                    && blocking.panels_fit(config, blocking.kv_panel_width)));
         if !valid {
             return Err(JitError::Unsupported(format!(
                 "sdpa: blocking {blocking:?} does not fit {config:?}"
@@ -53,7 +71,10 @@ impl Sdpa {
         } else {
             None
         };
-        let sdpa = Sdpa { config: *config, blocking, program, merge };
+        let panels = (blocking.kv_panel_width > 0).then(|| {
+            (KvPanels::new(config, blocking.kv_panel_width, blocking.keys), PanelScratch::default())
+        });
+        let sdpa = Sdpa { config: *config, blocking, program, merge, panels };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
         }
@@ -100,17 +121,37 @@ impl Sdpa {
         let states = if self.merge.is_some() { b.tasks(c) * b.heads_per_task * b.queries } else { 0 };
         let (mut part_m, mut part_l, mut part_o) =
             (vec![0.0f32; states], vec![0.0f32; states], vec![0.0f32; states * c.d]);
+        // K and V packed into panels: into the kept buffers, unless another run holds them.
+        let mut kept = self.panels.as_ref().and_then(|(_, scratch)| scratch.0.try_lock().ok());
+        let mut own = Vec::new();
+        let panel_buffers = match (&self.panels, k, v) {
+            (Some((panels, _)), Values::F32(k), Values::F32(v)) => {
+                let buf = kept.as_deref_mut().unwrap_or(&mut own);
+                let (kn, vn) = (panels.k_len(), panels.v_len());
+                if buf.len() != kn + vn {
+                    *buf = vec![0.0; kn + vn];
+                }
+                let (kp, vp) = buf.split_at_mut(kn);
+                panels.pack(k, v, kp, vp);
+                Some((&*kp, &*vp))
+            }
+            _ => None,
+        };
+        let (k, v) = match panel_buffers {
+            Some((kp, vp)) => (Arg::from(kp), Arg::from(vp)),
+            None => (k.arg(), v.arg()),
+        };
         let mut args: Vec<Arg<'_>> = if self.merge.is_some() {
             vec![
                 q.arg(),
-                k.arg(),
-                v.arg(),
+                k,
+                v,
                 Arg::WriteF32(&mut part_o),
                 Arg::WriteF32(&mut part_m),
                 Arg::WriteF32(&mut part_l),
             ]
         } else {
-            vec![q.arg(), k.arg(), v.arg(), out.arg()]
+            vec![q.arg(), k, v, out.arg()]
         };
         push_extras(c, extras, &mut args)?;
         if c.runtime_kv_length != extras.kv_length.is_some() {
@@ -162,7 +203,7 @@ impl fmt::Display for Sdpa {
         let b = &self.blocking;
         write!(
             f,
-            "sdpa flash_tile_ops: {c}; tasks of {} head(s) x {} queries{}, keys in blocks of {}{}{}",
+            "sdpa flash_tile_ops: {c}; tasks of {} head(s) x {} queries{}, keys in blocks of {}{}{}{}",
             b.heads_per_task,
             b.queries,
             if b.reads_queries_in_place(c) { " read in place" } else { "" },
@@ -175,6 +216,10 @@ impl fmt::Display for Sdpa {
                 format!(", split into {} chunks merged by a second kernel", b.splits)
             } else {
                 String::new()
+            },
+            match b.kv_panel_width {
+                0 => String::new(),
+                w => format!(", K and V packed once per run into panels of {w}"),
             }
         )
     }

@@ -38,6 +38,7 @@ mod extras;
 mod forward;
 mod kernel;
 mod merge;
+mod panels;
 mod reference;
 mod tensor;
 

@@ -94,7 +94,8 @@ pub fn scaled_dot_product_attention(
         config.mask = mask_kind(m, &config, sq)?;
     }
     config.validate()?;
-    let blocking = Blocking { splits: 1, ..Blocking::choose(&config, cores()) };
+    // A graph's kernel node reads k and v as the graph holds them (no packing pass).
+    let blocking = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(&config, cores()) };
     let program = sdpa_ir_output_last(&config, &blocking);
     // The reference graph of 16-bit inputs runs in f32 and rounds its result once, as the
     // kernel does.
@@ -185,7 +186,7 @@ fn half_backward_nodes(
     d_o: &Tensor,
 ) -> Result<Vec<Option<Tensor>>, TensorError> {
     let wide_config = SdpaConfig { dtype: SdpaDType::F32, ..*c };
-    let blocking = Blocking { splits: 1, ..Blocking::choose(&wide_config, cores()) };
+    let blocking = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(&wide_config, cores()) };
     let dtype = src[0].dtype();
     let mut wide: Vec<Tensor> = src[..3].iter().map(|t| t.cast(DType::F32)).collect();
     wide.extend(src.get(3).cloned());

@@ -49,8 +49,9 @@ impl SdpaBackward {
     pub fn compile(config: &SdpaConfig) -> Result<SdpaBackward, SdpaError> {
         config.validate()?;
         let cores = cores();
-        // The forward runs unsplit: split-K tasks write partial states, not the rows' lse.
-        let forward = Blocking { splits: 1, ..Blocking::choose(config, cores) };
+        // The forward runs unsplit (split-K tasks write partial states, not the rows' lse) and
+        // reads k and v as they are.
+        let forward = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(config, cores) };
         Self::compile_with(config, forward, BackwardBlocking::choose(config, cores))
     }
 
@@ -65,7 +66,9 @@ impl SdpaBackward {
             && (config.heads / config.kv_heads).is_multiple_of(forward.heads_per_task)
             && (1..=config.n_q).contains(&forward.queries)
             && (1..=config.n_k).contains(&forward.keys)
-            && forward.splits == 1;
+            && forward.splits == 1
+            // Its forward reads k and v as they are.
+            && forward.kv_panel_width == 0;
         if config.runtime_kv_length {
             return Err(JitError::Unsupported(
                 "sdpa backward: a runtime KV length (decode) has no backward; use a fixed n_k".into(),

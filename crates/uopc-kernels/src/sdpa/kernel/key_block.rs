@@ -33,7 +33,7 @@ impl SdpaKernel {
                 (self.q.index(at), qsn)
             }
         };
-        let scores = TileOp::Gemm(GemmShape {
+        let mut scores = GemmShape {
             m: rows,
             n: cols,
             k: d,
@@ -44,9 +44,31 @@ impl SdpaKernel {
             b_trans: true,
             accumulate: false,
             b_panel_width: 0,
-        });
+        };
+        let mut pv = GemmShape {
+            m: rows,
+            n: d,
+            k: cols,
+            lda: cols,
+            ldb: ksn,
+            ldc: d,
+            a_trans: false,
+            b_trans: false,
+            accumulate: true,
+            b_panel_width: 0,
+        };
         let kv_at = &task.kv_base + first * ksn;
-        let mut g1 = tile(scores, &[queries, self.k.index(&kv_at), task.si.after(prev).index(at_s)]);
+        let (keys, values) = match &task.panel_base {
+            Some((k0, v0)) => {
+                // The block's own panels (each block's are contiguous; see `KvPanels`).
+                let w = self.b.kv_panel_width;
+                scores = GemmShape { b_trans: false, ldb: d * w, b_panel_width: w, ..scores };
+                pv = GemmShape { ldb: cols * w, b_panel_width: w, ..pv };
+                (self.k.index(k0 + first * d), self.v.index(v0 + first * d.next_multiple_of(w) as i64))
+            }
+            None => (self.k.index(&kv_at), self.v.index(&kv_at)),
+        };
+        let mut g1 = tile(TileOp::Gemm(scores), &[queries, keys, task.si.after(prev).index(at_s)]);
         // Unscaled queries (16-bit attention's exact tile, or q read in place) have the
         // softmax step scale the f32 scores, except after a mask loop that reads every score:
         // that loop scales them before adding the bias. The suffix form, which writes -inf
@@ -97,21 +119,9 @@ impl SdpaKernel {
         // P: the bf16 tile, or the f32 score tile the softmax step overwrote (with f16-rounded
         // values for f16).
         let probs = task.pi.as_ref().unwrap_or(&task.si);
-        let pv = TileOp::Gemm(GemmShape {
-            m: rows,
-            n: d,
-            k: cols,
-            lda: cols,
-            ldb: ksn,
-            ldc: d,
-            a_trans: false,
-            b_trans: false,
-            accumulate: true,
-            b_panel_width: 0,
-        });
         tile(
-            pv,
-            &[probs.after(after_sm).index(at_s), self.v.index(&kv_at), task.oi.after(after_sm).index(at_d)],
+            TileOp::Gemm(pv),
+            &[probs.after(after_sm).index(at_s), values, task.oi.after(after_sm).index(at_d)],
         )
     }
 

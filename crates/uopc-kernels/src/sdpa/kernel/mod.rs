@@ -4,6 +4,7 @@ mod key_block;
 mod key_loops;
 mod task;
 
+use super::panels::KvPanels;
 use super::{Blocking, MaskKind, SdpaConfig};
 use crate::masked::min_idx;
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
@@ -13,6 +14,10 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// Buffers: 0 = q, 1 = k, 2 = v, 3 = output (lengths [`SdpaConfig::q_len`] and
 /// [`SdpaConfig::kv_len`], laid out as [`SdpaConfig::layout`], of [`SdpaConfig::dtype`]); then, in this order, the mask
 /// or bias (its broadcast shape's element count) and the `batch` i32 key lengths, if any.
+/// With [`Blocking::kv_panel_width`] set, slots 1 and 2 instead hold each key/value head's
+/// keys and values packed into panels of that width, as [`Sdpa::run`](super::Sdpa::run) packs
+/// them (`uopc_tile::pack_panels`): per head, `K^T` in panels of keys, then (in slot 2) V in
+/// panels of head dimensions.
 /// With `blocking.splits > 1`, slots 3, 4 and 5 are instead the partial states of the tasks
 /// for [`super::sdpa_merge_ir`]: output rows (`tasks x rows x D`), running maxima and running
 /// sums (`tasks x rows` each), and the mask and key lengths follow from slot 6.
@@ -109,6 +114,9 @@ struct Task {
     split: UOp,
     item: UOp,
     kv_base: UOp,
+    /// The task's key/value head's first element in the panel buffers (`k`, `v`), when K and
+    /// V come packed.
+    panel_base: Option<(UOp, UOp)>,
     head0: UOp,
     q0: UOp,
     qblk: UOp,
@@ -129,7 +137,13 @@ impl SdpaKernel {
         let el = c.dtype.dtype();
         let rows = blocking.heads_per_task * blocking.queries;
         let q = buffer(0, el, c.q_len());
-        let (k, v) = (buffer(1, el, c.kv_len()), buffer(2, el, c.kv_len()));
+        let (k, v) = match blocking.kv_panel_width {
+            0 => (buffer(1, el, c.kv_len()), buffer(2, el, c.kv_len())),
+            w => {
+                let panels = KvPanels::new(&c, w, blocking.keys);
+                (buffer(1, f32t, panels.k_len()), buffer(2, f32t, panels.v_len()))
+            }
+        };
         let (out, partial, mut slot) = if blocking.splits > 1 {
             let states = blocking.tasks(config) * rows;
             let partial = (buffer(4, f32t, states), buffer(5, f32t, states));

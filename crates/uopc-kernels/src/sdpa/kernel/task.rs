@@ -4,6 +4,7 @@
 use super::{SdpaKernel, Task};
 use crate::masked::min_idx;
 use crate::online::LOG2E;
+use crate::sdpa::panels::KvPanels;
 use crate::sdpa::{Blocking, SdpaConfig};
 use uopc_ir::{AxisType, DType, TileOp, UOp, f32c, idx, sink, tile};
 
@@ -11,7 +12,7 @@ impl SdpaKernel {
     /// The THREAD range, its decomposition and the task's scratch.
     pub(super) fn task(&mut self) -> Task {
         let SdpaConfig { kv_heads, heads, n_q, n_k, d, .. } = self.c;
-        let Blocking { heads_per_task: gs, queries: bq, keys: bc, splits } = self.b;
+        let Blocking { heads_per_task: gs, queries: bq, keys: bc, splits, .. } = self.b;
         let group = heads / kv_heads;
         let subs = group / gs;
         let blocks = n_q.div_ceil(bq);
@@ -39,6 +40,11 @@ impl SdpaKernel {
         let item = item_kv.idiv(kv_heads as i64);
         let [ksb, ksh, _] = self.c.layout.strides(kv_heads, n_k, d);
         let kv_base = &item * ksb + &kv_head * ksh;
+        let panel_base = (self.b.kv_panel_width > 0).then(|| {
+            let panels = KvPanels::new(&self.c, self.b.kv_panel_width, self.b.keys);
+            let head = &item * kv_heads + &kv_head;
+            (&head * panels.k_head, &head * panels.v_head)
+        });
         let head0 = &kv_head * group + &sub * gs;
         let q0 = min_idx(&(&qblk * bq), &idx((n_q - bq) as i64));
         let th = std::slice::from_ref(&t);
@@ -53,6 +59,7 @@ impl SdpaKernel {
             split,
             item,
             kv_base,
+            panel_base,
             head0,
             q0,
             qblk,
