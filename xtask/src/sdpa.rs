@@ -375,6 +375,9 @@ pub fn run(
         if b.splits > 1 {
             kernel += &format!(" split-K {}", b.splits);
         }
+        if b.kv_panel_width > 0 {
+            kernel += &format!(" kv-panels {}", b.kv_panel_width);
+        }
         let c = &p.config;
         let decode = c.n_q * (c.heads / c.kv_heads) <= 16;
         let element_bytes = if c.dtype == SdpaDType::F32 { 4 } else { 2 };

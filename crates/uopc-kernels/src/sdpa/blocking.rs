@@ -88,7 +88,8 @@ impl Blocking {
     /// bf16 and a `rows x keys` bf16 tile of rounded probabilities besides) must fit the JIT's
     /// stack limit less 16 KiB; within that, rows are as many as possible, up to 256 (a
     /// multiple of 16), because every task re-packs
-    /// each K/V block it reads and taller tiles amortize that; under the causal mask at most
+    /// each K/V block it reads (unless K and V come packed once per run; see below) and
+    /// taller tiles amortize that; under the causal mask at most
     /// 128, whose diagonal band runs in 64-row sub-tiles (see [`sdpa_ir`](super::sdpa_ir)). With fewer
     /// queries than rows, the query heads of a key/value group fill the rows (decode: one K/V pass serves the whole group). Query
     /// rows are a divisor of n_q when one lies within half of the most rows; otherwise query

@@ -85,6 +85,10 @@ impl Sdpa {
     /// with q, k, v and the output in the configuration's [`SdpaDType`](super::SdpaDType) (`f32`, `bf16` or
     /// `f16`). Every length and the element type are checked, and `extras` must hold exactly
     /// what the configuration needs.
+    ///
+    /// With [`Blocking::kv_panel_width`] set, the run first packs k and v into panels (on the
+    /// calling rayon pool), into buffers of about k's and v's size that this `Sdpa` keeps for
+    /// its next run; a run on another thread meanwhile packs into buffers of its own.
     pub fn run<T: SdpaElement>(
         &self,
         q: &[T],
