@@ -222,6 +222,28 @@ fn keys_and_values_packed_once_give_the_same_attention() {
 }
 
 #[test]
+fn one_attention_with_panels_runs_from_many_threads_at_once() {
+    // Each thread runs different inputs through one compiled attention: one run packs into the
+    // kept panel buffers while the others pack into their own, and every output is its own.
+    let c = config(1, 4, 2, 64, 96, 16);
+    let native = uopc_tile::panel_width(uopc_tile::Isa::detect());
+    let blocking =
+        Blocking { heads_per_task: 1, queries: 16, keys: 2 * native, splits: 1, kv_panel_width: native };
+    let sdpa = Sdpa::compile_with(&c, blocking).unwrap();
+    let cases: Vec<Case> = (0..4).map(|i| Case::new(c, &mut Rng(40 + i))).collect();
+    std::thread::scope(|s| {
+        for case in &cases {
+            let sdpa = &sdpa;
+            s.spawn(move || {
+                for _ in 0..5 {
+                    check(case, sdpa);
+                }
+            });
+        }
+    });
+}
+
+#[test]
 fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
     // 16 query blocks read every key block of the head: packed once.
     let many = Sdpa::compile(&config(1, 1, 1, 4096, 4096, 64)).unwrap();
