@@ -209,6 +209,10 @@ enum Bench {
         /// 16-bit backward is the f32 one on widened inputs).
         #[arg(long = "dtype", value_parser = sdpa::parse_dtype)]
         dtypes: Vec<uopc::kernels::sdpa::SdpaDType>,
+        /// Also run each cell whose K and V are packed once per run with every task packing
+        /// its own blocks instead (its own row, interleaved in the same rounds).
+        #[arg(long)]
+        compare_per_task_packing: bool,
     },
     /// Time the attention backward pass: autograd of the unfused graph against recompute.
     Backward {
@@ -321,6 +325,7 @@ fn main() -> ExitCode {
                     decode_steps,
                     backward,
                     mut dtypes,
+                    compare_per_task_packing,
                 },
         } => {
             if dtypes.is_empty() {
@@ -369,7 +374,15 @@ fn main() -> ExitCode {
                 if backward {
                     sdpa::run_backward(&cells, reps, rounds, json.as_deref())
                 } else {
-                    sdpa::run(&cells, &dtypes, reps, rounds, decode_steps, json.as_deref())
+                    sdpa::run(
+                        &cells,
+                        &dtypes,
+                        reps,
+                        rounds,
+                        decode_steps,
+                        compare_per_task_packing,
+                        json.as_deref(),
+                    )
                 }
             };
             with_threads(threads, go)

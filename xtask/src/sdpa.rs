@@ -8,7 +8,7 @@ use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Instant;
 use uopc::kernels::sdpa::{
-    Extras, ForwardSaved, Sdpa, SdpaBackward, SdpaConfig, SdpaDType, Values, ValuesMut,
+    Blocking, Extras, ForwardSaved, Sdpa, SdpaBackward, SdpaConfig, SdpaDType, Values, ValuesMut,
     reference_backward_f64, reference_f64,
 };
 
@@ -164,6 +164,7 @@ fn error(c: &SdpaConfig, q: &[f32], k: &[f32], v: &[f32], lens: Option<&[i32]>, 
 }
 
 /// q, k, v and the output of one cell in its element type.
+#[derive(Clone)]
 enum Operands {
     F32([Vec<f32>; 4]),
     BF16([Vec<bf16>; 4]),
@@ -297,12 +298,17 @@ fn decode_steps(steps: usize) -> Result<DecodeSteps, uopc::kernels::sdpa::SdpaEr
 /// Runs the bench: each cell in each of `dtypes` (the same inputs rounded to each), `reps`
 /// timed runs per cell per round, cells and dtypes interleaved within each round; then
 /// `steps` decode steps of a growing KV cache (none when 0).
+///
+/// With `per_task_packing`, every cell whose K and V the library packs once per run also runs
+/// (interleaved, as its own row) with the same blocks but each task packing its own K and V
+/// blocks, for an A/B of that choice in one run.
 pub fn run(
     cells: &[Cell],
     dtypes: &[SdpaDType],
     reps: usize,
     rounds: usize,
     steps: usize,
+    per_task_packing: bool,
     json: Option<&std::path::Path>,
 ) -> ExitCode {
     let peak = crate::attention::measure_widest_peak();
@@ -327,6 +333,24 @@ pub fn run(
             }
         };
         let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+        let blocking = sdpa.blocking();
+        if per_task_packing && blocking.kv_panel_width > 0 {
+            let unpacked = Blocking { kv_panel_width: 0, ..blocking };
+            match Sdpa::compile_with(&config, unpacked) {
+                Ok(other) => prepared.push(Prepared {
+                    cell: cell.clone(),
+                    config,
+                    sdpa: other,
+                    compile_ms,
+                    operands: operands.clone(),
+                    times: Vec::new(),
+                }),
+                Err(e) => {
+                    eprintln!("error: {:?}: {e}", cell.shape);
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
         prepared.push(Prepared { cell: cell.clone(), config, sdpa, compile_ms, operands, times: Vec::new() });
     }
     let step = |p: &mut Prepared| {
