@@ -109,6 +109,8 @@ fn causal_sub_tiles_with_every_mask_kind() {
             let c = SdpaConfig { causal: true, mask, key_lengths: lens, ..config(2, 4, 2, n_q, n_k, 16) };
             let sdpa = Sdpa::compile(&c).expect("compile");
             assert!(sdpa.to_string().contains("sub-tiles of 64 rows"), "{sdpa}");
+            // Two full blocks or more: the blocks before the band go two at a time.
+            assert_eq!(sdpa.to_string().contains("128 keys wide"), n_k >= 128, "{sdpa}");
             check(&Case::new(c, &mut rng), &sdpa);
         }
     }
@@ -211,6 +213,17 @@ fn keys_and_values_packed_once_give_the_same_attention() {
                     check(&Case::new(c, &mut rng), &sdpa);
                 }
             }
+        }
+    }
+    // Causal tasks whose blocks before the band are two panel blocks wide.
+    for (n_q, n_k) in [(256, 256), (200, 500), (300, 301)] {
+        for lens in [false, true] {
+            let c = SdpaConfig { causal: true, key_lengths: lens, ..config(1, 2, 1, n_q, n_k, 24) };
+            let blocking =
+                Blocking { heads_per_task: 1, queries: 128, keys: 64, splits: 1, kv_panel_width: native };
+            let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
+            assert!(sdpa.to_string().contains("128 keys wide"), "{sdpa}");
+            check(&Case::new(c, &mut rng), &sdpa);
         }
     }
     // A NaN key that a row sees still makes the row NaN.

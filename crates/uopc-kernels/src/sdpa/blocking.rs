@@ -208,6 +208,22 @@ impl Blocking {
             .then_some(CAUSAL_SUB_ROWS)
     }
 
+    /// Keys per block of the blocks every row of a causal task sees (those before its diagonal
+    /// band), when the band runs in sub-tiles: twice [`Blocking::keys`] when there are at least
+    /// two full blocks and the wider score tile still fits the stack, so that prefix runs with
+    /// the per-block costs of the unmasked kernel's wide blocks; otherwise `keys`.
+    pub fn causal_prefix_keys(&self, config: &SdpaConfig) -> usize {
+        let wide = 2 * self.keys;
+        let rows = self.heads_per_task * self.queries;
+        let query_tile = !self.reads_queries_in_place(config);
+        let fits = rows * tile_bytes_per_row(config.dtype, config.d, wide, query_tile) <= TILE_BUDGET;
+        if self.causal_sub_tile_rows(config).is_some() && config.n_k >= wide && fits {
+            wide
+        } else {
+            self.keys
+        }
+    }
+
     /// Full key blocks per chunk of a split-K blocking (all full blocks when `splits == 1`).
     pub fn chunk_blocks(&self, n_k: usize) -> usize {
         (n_k / self.keys).div_ceil(self.splits)

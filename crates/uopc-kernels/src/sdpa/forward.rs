@@ -213,7 +213,14 @@ impl fmt::Display for Sdpa {
             if b.reads_queries_in_place(c) { " read in place" } else { "" },
             b.keys,
             match b.causal_sub_tile_rows(c) {
-                Some(rows) => format!(", the diagonal band in sub-tiles of {rows} rows"),
+                Some(rows) => match b.causal_prefix_keys(c) {
+                    wide if wide > b.keys => {
+                        format!(
+                            ", the blocks before the diagonal band {wide} keys wide, the band in sub-tiles of {rows} rows"
+                        )
+                    }
+                    _ => format!(", the diagonal band in sub-tiles of {rows} rows"),
+                },
                 None => String::new(),
             },
             if b.splits > 1 {

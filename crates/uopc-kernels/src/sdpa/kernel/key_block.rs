@@ -119,10 +119,32 @@ impl SdpaKernel {
         // P: the bf16 tile, or the f32 score tile the softmax step overwrote (with f16-rounded
         // values for f16).
         let probs = task.pi.as_ref().unwrap_or(&task.si);
-        tile(
-            TileOp::Gemm(pv),
-            &[probs.after(after_sm).index(at_s), values, task.oi.after(after_sm).index(at_d)],
-        )
+        let bc = self.b.keys;
+        match &task.panel_base {
+            // A block wider than the panel blocks (a causal task's prefix) spans two of them:
+            // one GEMM per half, the second after the first.
+            Some((_, v0)) if cols > bc => {
+                let w = self.b.kv_panel_width;
+                let half = GemmShape { k: bc, ldb: bc * w, ..pv };
+                let first_half = tile(
+                    TileOp::Gemm(half),
+                    &[probs.after(after_sm).index(at_s), values, task.oi.after(after_sm).index(at_d)],
+                );
+                let second = self.v.index(v0 + (first + bc as i64) * d.next_multiple_of(w) as i64);
+                tile(
+                    TileOp::Gemm(GemmShape { k: cols - bc, ldb: (cols - bc) * w, ..half }),
+                    &[
+                        probs.after(after_sm).index(at_s + bc as i64),
+                        second,
+                        task.oi.after(std::slice::from_ref(&first_half)).index(at_d),
+                    ],
+                )
+            }
+            _ => tile(
+                TileOp::Gemm(pv),
+                &[probs.after(after_sm).index(at_s), values, task.oi.after(after_sm).index(at_d)],
+            ),
+        }
     }
 
     /// The loop over a score tile (after `scores`) that adds the bias and sets the keys a row

@@ -24,10 +24,27 @@ impl SdpaKernel {
         let (clear_all, _) = self.block_bounds(task, full, all);
         let mut prev = init.to_vec();
         if !masked_everywhere {
-            let kb = self.pb.range(clear_all.clone(), AxisType::Reduce);
-            let mut after = prev.clone();
-            after.push(kb.clone());
-            prev = vec![self.key_block(task, &(&kb * bc), bc, &after, false, all).end(&[kb])];
+            let wide = self.b.causal_prefix_keys(&self.c);
+            if wide == bc {
+                let kb = self.pb.range(clear_all.clone(), AxisType::Reduce);
+                let mut after = prev.clone();
+                after.push(kb.clone());
+                prev = vec![self.key_block(task, &(&kb * bc), bc, &after, false, all).end(&[kb])];
+            } else {
+                // Pairs of blocks as one wide block, then the odd block left over, if any. The
+                // mins only tell the verifier's interval bounds that each block stays inside
+                // the keys.
+                let per = (wide / bc) as i64;
+                let kw = self.pb.range(clear_all.idiv(per), AxisType::Reduce);
+                let last_wide = idx(((full / (wide / bc)).max(1) - 1) as i64 * wide as i64);
+                let start = min_idx(&(&kw * wide), &last_wide);
+                let mut after = prev.clone();
+                after.push(kw.clone());
+                let pairs = self.key_block(task, &start, wide, &after, false, all).end(&[kw]);
+                let ko = self.pb.range(clear_all.modulo(per), AxisType::Reduce);
+                let start = min_idx(&((&clear_all - 1).maximum(idx(0)) * bc), &last_block);
+                prev = vec![self.key_block(task, &start, bc, &[pairs, ko.clone()], false, all).end(&[ko])];
+            }
         }
         for r0 in (0..self.rows).step_by(CAUSAL_SUB_ROWS) {
             let span = Span { r0, rows: CAUSAL_SUB_ROWS.min(self.rows - r0) };

@@ -18,16 +18,18 @@ impl SdpaKernel {
         let blocks = n_q.div_ceil(bq);
         let f32t = DType::F32;
         let qdt = self.query_tile_dtype();
+        // The widest key block: a causal task's prefix blocks may be twice the others.
+        let cols = bc.max(self.b.causal_prefix_keys(&self.c)).min(n_k);
         let pb = &mut self.pb;
         let (qt, s, o, mx, l) = (
             (!self.q_in_place).then(|| pb.alloc(qdt, self.rows * d)),
-            pb.alloc(f32t, self.rows * bc.min(n_k)),
+            pb.alloc(f32t, self.rows * cols),
             pb.alloc(f32t, self.rows * d),
             pb.alloc(f32t, self.rows),
             pb.alloc(f32t, self.rows),
         );
         // Only bf16 keeps P in a tile of its own (see `key_block`).
-        let p = self.half.filter(|&el| el == DType::BF16).map(|el| pb.alloc(el, self.rows * bc.min(n_k)));
+        let p = self.half.filter(|&el| el == DType::BF16).map(|el| pb.alloc(el, self.rows * cols));
         // t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split
         let t = pb.range(self.c.batch * kv_heads * subs * blocks * splits, AxisType::Thread);
         let split = t.modulo(splits as i64);
