@@ -34,7 +34,7 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// are skipped, and only the blocks in between are masked; a task of one head's queries
 /// taller than 64 rows runs that diagonal band in sub-tiles of 64 rows, each over the blocks
 /// its rows see (so it does the work of 64-row tasks, with the blocks below the band packed
-/// once per task). With key lengths, blocks past the item's length are skipped and only the
+/// once per task, and run two key blocks at a time when the wider score tile fits). With key lengths, blocks past the item's length are skipped and only the
 /// block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
 /// over each row's masked suffix of the block only. With a 16-bit dtype the query rows are
 /// copied unscaled and exactly (bf16 ones as bf16, f16 ones widened to f32 once per task by a
