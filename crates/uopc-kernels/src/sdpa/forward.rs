@@ -1,13 +1,12 @@
 //! [`Sdpa`]: one compiled attention forward, its compile and its run.
 
 use super::blocking::cores;
-use super::panels::KvPanels;
+use super::panels::{KvPanels, PanelScratch};
 use super::{
     Blocking, Extras, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check, push_extras, sdpa_ir,
     sdpa_merge_ir,
 };
 use std::fmt;
-use std::sync::Mutex;
 use uopc_jit::{Arg, JitError, Program};
 
 /// A compiled attention for one [`SdpaConfig`]; `Sync`, so one compile serves every thread.
@@ -20,17 +19,6 @@ pub struct Sdpa {
     merge: Option<Program>,
     /// Where K and V are packed into panels, with [`Blocking::kv_panel_width`].
     panels: Option<(KvPanels, PanelScratch)>,
-}
-
-/// The panel buffers of the last run, kept for the next one (a fresh allocation would fault
-/// in every page again); a run while another holds them packs into buffers of its own.
-#[derive(Default)]
-struct PanelScratch(Mutex<Vec<f32>>);
-
-impl fmt::Debug for PanelScratch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PanelScratch")
-    }
 }
 
 impl Sdpa {
@@ -126,22 +114,13 @@ impl Sdpa {
         let (mut part_m, mut part_l, mut part_o) =
             (vec![0.0f32; states], vec![0.0f32; states], vec![0.0f32; states * c.d]);
         // K and V packed into panels: into the kept buffers, unless another run holds them.
-        let mut kept = self.panels.as_ref().and_then(|(_, scratch)| scratch.0.try_lock().ok());
-        let mut own = Vec::new();
-        let panel_buffers = match (&self.panels, k, v) {
-            (Some((panels, _)), Values::F32(k), Values::F32(v)) => {
-                let buf = kept.as_deref_mut().unwrap_or(&mut own);
-                let (kn, vn) = (panels.k_len(), panels.v_len());
-                if buf.len() != kn + vn {
-                    *buf = vec![0.0; kn + vn];
-                }
-                let (kp, vp) = buf.split_at_mut(kn);
-                panels.pack(k, v, kp, vp);
-                Some((&*kp, &*vp))
+        let packed = match (&self.panels, k, v) {
+            (Some((panels, scratch)), Values::F32(k), Values::F32(v)) => {
+                Some(panels.pack_into(scratch, k, v))
             }
             _ => None,
         };
-        let (k, v) = match panel_buffers {
+        let (k, v) = match packed.as_ref().map(|p| p.panels()) {
             Some((kp, vp)) => (Arg::from(kp), Arg::from(vp)),
             None => (k.arg(), v.arg()),
         };

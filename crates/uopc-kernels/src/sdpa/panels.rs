@@ -8,7 +8,37 @@
 
 use super::SdpaConfig;
 use rayon::prelude::*;
+use std::fmt;
+use std::sync::{Mutex, MutexGuard};
 use uopc_tile::{Isa, PanelPacking, pack_panels};
+
+/// The panel buffers of the last run, kept for the next one (a fresh allocation would fault
+/// in every page again); a run while another holds them packs into buffers of its own.
+#[derive(Default)]
+pub(crate) struct PanelScratch(Mutex<Vec<f32>>);
+
+impl fmt::Debug for PanelScratch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PanelScratch")
+    }
+}
+
+/// One run's packed K and V: in the kept buffers, or in its own when another run holds them.
+pub(crate) struct Packed<'a> {
+    buf: Result<MutexGuard<'a, Vec<f32>>, Vec<f32>>,
+    k_len: usize,
+}
+
+impl Packed<'_> {
+    /// The key panels and the value panels.
+    pub fn panels(&self) -> (&[f32], &[f32]) {
+        let buf = match &self.buf {
+            Ok(kept) => &kept[..],
+            Err(own) => &own[..],
+        };
+        buf.split_at(self.k_len)
+    }
+}
 
 /// Where each key/value head's panels lie, block by block of keys, so that every key block's
 /// panels are contiguous: per block of `keys` keys (the last one narrower), the keys' panels
@@ -88,6 +118,23 @@ impl KvPanels {
             width: w,
             panel_stride: cols * w,
         }
+    }
+
+    /// Packs k and v (f32, of the configuration's layout and lengths, checked by the caller)
+    /// into `scratch`'s kept buffers when no other run holds them, else into new ones.
+    pub fn pack_into<'a>(&self, scratch: &'a PanelScratch, k: &[f32], v: &[f32]) -> Packed<'a> {
+        let (kn, vn) = (self.k_len(), self.v_len());
+        let mut buf = scratch.0.try_lock().map_err(|_| Vec::new());
+        let vec = match &mut buf {
+            Ok(kept) => &mut **kept,
+            Err(own) => own,
+        };
+        if vec.len() != kn + vn {
+            *vec = vec![0.0; kn + vn];
+        }
+        let (kp, vp) = vec.split_at_mut(kn);
+        self.pack(k, v, kp, vp);
+        Packed { buf, k_len: kn }
     }
 
     /// Packs k and v (f32, of `config`'s layout and lengths, checked by the caller) into

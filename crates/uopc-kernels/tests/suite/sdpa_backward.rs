@@ -341,6 +341,28 @@ fn chunked_key_blocks_and_forced_blockings() {
 }
 
 #[test]
+fn a_forward_with_keys_and_values_in_panels_gives_the_same_gradients() {
+    // The forward packs K and V into panels (causal with its wide prefix, key lengths, GQA,
+    // both layouts); its lse and output feed the backward unchanged.
+    let mut rng = Rng(37);
+    let native = uopc_tile::panel_width(uopc_tile::Isa::detect());
+    for causal in [false, true] {
+        for layout in [Layout::Bhnd, Layout::Bnhd] {
+            let c = SdpaConfig { causal, layout, key_lengths: true, ..config(2, 4, 2, 200, 260, 12) };
+            let forward =
+                Blocking { heads_per_task: 1, queries: 128, keys: 64, splits: 1, kv_panel_width: native };
+            let bwd =
+                SdpaBackward::compile_with(&c, forward, BackwardBlocking::choose(&c, 2)).expect("compile");
+            assert!(bwd.to_string().contains("panels"), "{bwd}");
+            check(&Case::new(c, &mut rng), &bwd);
+        }
+    }
+    // The library's own choice packs once for many readers.
+    let c = config(1, 8, 2, 1024, 1024, 64);
+    assert!(SdpaBackward::compile(&c).unwrap().forward_blocking().kv_panel_width > 0);
+}
+
+#[test]
 fn fully_masked_rows_and_empty_key_lengths_give_zero_gradients() {
     let mut rng = Rng(41);
     // n_q > n_k under the causal mask: the first n_q - n_k rows see no key.

@@ -3,6 +3,7 @@
 use super::{BackwardBlocking, Geometry, sdpa_backward_ir, sdpa_backward_ir_with_bias_grad};
 use crate::sdpa::blocking::{Blocking, cores};
 use crate::sdpa::kernel::sdpa_ir_with_lse;
+use crate::sdpa::panels::{KvPanels, PanelScratch};
 use crate::sdpa::{ConfigCache, Extras, MaskKind, SdpaConfig, SdpaError, cached, check, push_extras};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -40,6 +41,9 @@ pub struct SdpaBackward {
     pub(super) bias_grad: OnceLock<Program>,
     /// The dq partials and task-major dk and dv of chunked or BHND-strided runs, reused.
     pub(super) scratch: Mutex<Vec<f32>>,
+    /// Where the forward's K and V are packed into panels, with
+    /// [`Blocking::kv_panel_width`] (see [`Sdpa::run`](crate::sdpa::Sdpa::run)).
+    pub(super) panels: Option<(KvPanels, PanelScratch)>,
 }
 
 impl SdpaBackward {
@@ -49,9 +53,8 @@ impl SdpaBackward {
     pub fn compile(config: &SdpaConfig) -> Result<SdpaBackward, SdpaError> {
         config.validate()?;
         let cores = cores();
-        // The forward runs unsplit (split-K tasks write partial states, not the rows' lse) and
-        // reads k and v as they are.
-        let forward = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(config, cores) };
+        // The forward runs unsplit: split-K tasks write partial states, not the rows' lse.
+        let forward = Blocking { splits: 1, ..Blocking::choose(config, cores) };
         Self::compile_with(config, forward, BackwardBlocking::choose(config, cores))
     }
 
@@ -67,8 +70,9 @@ impl SdpaBackward {
             && (1..=config.n_q).contains(&forward.queries)
             && (1..=config.n_k).contains(&forward.keys)
             && forward.splits == 1
-            // Its forward reads k and v as they are.
-            && forward.kv_panel_width == 0;
+            && (forward.kv_panel_width == 0
+                || (forward.kv_panel_width <= uopc_tile::GEMM_MAX_PANEL_WIDTH
+                    && forward.panels_fit(config, forward.kv_panel_width)));
         if config.runtime_kv_length {
             return Err(JitError::Unsupported(
                 "sdpa backward: a runtime KV length (decode) has no backward; use a fixed n_k".into(),
@@ -99,6 +103,9 @@ impl SdpaBackward {
             program,
             bias_grad: OnceLock::new(),
             scratch: Mutex::new(Vec::new()),
+            panels: (forward.kv_panel_width > 0).then(|| {
+                (KvPanels::new(config, forward.kv_panel_width, forward.keys), PanelScratch::default())
+            }),
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!(
@@ -132,6 +139,8 @@ impl SdpaBackward {
         check("v", c.kv_len(), v.len())?;
         check("out", c.q_len(), out.len())?;
         check("lse", self.lse_len(), lse.len())?;
+        let packed = self.panels.as_ref().map(|(panels, scratch)| panels.pack_into(scratch, k, v));
+        let (k, v) = packed.as_ref().map_or((k, v), |p| p.panels());
         let mut args: Vec<Arg<'_>> = vec![q.into(), k.into(), v.into(), Arg::WriteF32(out)];
         push_extras(c, extras, &mut args)?;
         args.push(Arg::WriteF32(lse));
@@ -309,11 +318,15 @@ impl fmt::Display for SdpaBackward {
         let b = &self.blocking;
         write!(
             f,
-            "sdpa backward flash_tile_ops: {c}; key blocks of {} in {} chunk(s) per head, query blocks of {}, dQ accumulated in place{}",
+            "sdpa backward flash_tile_ops: {c}; key blocks of {} in {} chunk(s) per head, query blocks of {}, dQ accumulated in place{}{}",
             b.keys,
             b.chunks,
             b.queries,
-            if b.chunks > 1 { " per chunk, partials summed" } else { "" }
+            if b.chunks > 1 { " per chunk, partials summed" } else { "" },
+            match self.forward_blocking.kv_panel_width {
+                0 => String::new(),
+                w => format!("; the forward packs K and V once per run into panels of {w}"),
+            }
         )
     }
 }
