@@ -614,8 +614,12 @@ pub fn run_backward(cells: &[Cell], reps: usize, rounds: usize, json: Option<&st
         let pct = peak.map_or(f64::NAN, |(_, g)| 100.0 * gflops / g);
         let err = p.error();
         let (f, b) = (p.bwd.forward_blocking(), p.bwd.blocking());
+        let panels = match f.kv_panel_width {
+            0 => String::new(),
+            w => format!(" kv-panels {w}"),
+        };
         let kernel = format!(
-            "flash_tile_ops {}x{}x{} + backward {}x{} chunks {}",
+            "flash_tile_ops {}x{}x{}{panels} + backward {}x{} chunks {}",
             f.heads_per_task, f.queries, f.keys, b.queries, b.keys, b.chunks
         );
         let temp = p.bwd.temporary_bytes();
