@@ -100,6 +100,9 @@ pub unsafe fn softmax_recompute_unchecked(isa: Isa, sh: &ScoreTileShape, s: *mut
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller guarantees AVX-512 is available and the buffer extents.
         Isa::Avx512 => unsafe { crate::x86::avx512::softmax_recompute(sh, s, lse) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees AVX2 and FMA are available and the buffer extents.
+        Isa::Avx2Fma => unsafe { crate::x86::avx2::softmax_recompute(sh, s, lse) },
         // SAFETY: the caller guarantees the buffer extents; no CPU features are needed.
         _ => unsafe { recompute_portable(sh, s, lse) },
     }
@@ -175,6 +178,9 @@ pub unsafe fn softmax_grad_unchecked(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller guarantees AVX-512 is available and the buffer extents.
         Isa::Avx512 => unsafe { crate::x86::avx512::softmax_grad(sh, p, dp, delta) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees AVX2 and FMA are available and the buffer extents.
+        Isa::Avx2Fma => unsafe { crate::x86::avx2::softmax_grad(sh, p, dp, delta) },
         // SAFETY: the caller guarantees the buffer extents; no CPU features are needed.
         _ => unsafe { grad_portable(sh, p, dp, delta) },
     }

@@ -262,3 +262,93 @@ pub(crate) unsafe fn softmax_update(
         }
     }
 }
+
+/// Lanes `0..n` of an 8-lane mask (`n <= 8`), for the masked loads and stores of a row's tail.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn tail_mask(n: usize) -> __m256i {
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes)
+}
+
+/// `S = exp2(S - lse)` per row, zeros for a row whose lse is `-inf` (see
+/// [`crate::softmax_recompute`]).
+///
+/// # Safety
+///
+/// AVX2 and FMA are available and the pointers satisfy [`crate::softmax_recompute_unchecked`].
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn softmax_recompute(sh: &crate::ScoreTileShape, s: *mut f32, lse: *const f32) {
+    let crate::ScoreTileShape { rows, cols, ld } = *sh;
+    let full = cols - cols % 8;
+    let tail = tail_mask(cols % 8);
+    // Exponents above 128 give +inf, as the other ISAs' clamp does (an lse from another
+    // forward than these scores may leave them positive); below, `exp2_nonpositive` is exact
+    // to its accuracy for the small positive rounding differences a matching lse leaves.
+    let hi = _mm256_set1_ps(128.0);
+    for r in 0..rows {
+        // SAFETY: row `r < rows` of S spans `cols` floats at `r * ld`; full vectors end at
+        // `full` and the tail is masked; `lse` holds `rows` floats.
+        unsafe {
+            let row = s.add(r * ld);
+            let l = *lse.add(r);
+            if l == f32::NEG_INFINITY {
+                for j in (0..full).step_by(8) {
+                    _mm256_storeu_ps(row.add(j), _mm256_setzero_ps());
+                }
+                _mm256_maskstore_ps(row.add(full), tail, _mm256_setzero_ps());
+                continue;
+            }
+            let lv = _mm256_set1_ps(l);
+            // MINPS returns its second operand when either is NaN, so NaN stays NaN.
+            let step = |x: __m256| exp2_nonpositive(_mm256_min_ps(hi, _mm256_sub_ps(x, lv)));
+            for j in (0..full).step_by(8) {
+                _mm256_storeu_ps(row.add(j), step(_mm256_loadu_ps(row.add(j))));
+            }
+            if cols % 8 != 0 {
+                let x = _mm256_maskload_ps(row.add(full), tail);
+                _mm256_maskstore_ps(row.add(full), tail, step(x));
+            }
+        }
+    }
+}
+
+/// `dP = P * (dP - delta)`, 0 where `P == 0` (see [`crate::softmax_grad`]).
+///
+/// # Safety
+///
+/// AVX2 and FMA are available and the pointers satisfy [`crate::softmax_grad_unchecked`].
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn softmax_grad(
+    sh: &crate::ScoreTileShape,
+    p: *const f32,
+    dp: *mut f32,
+    delta: *const f32,
+) {
+    let crate::ScoreTileShape { rows, cols, ld } = *sh;
+    let full = cols - cols % 8;
+    let tail = tail_mask(cols % 8);
+    // The product where P is live, 0 where it is exactly 0 (so a NaN dP behind a masked key
+    // does not leak); a NaN P compares unequal to 0 and stays NaN through the product.
+    let step = |pv: __m256, dv: __m256, dl: __m256| {
+        let live = _mm256_cmp_ps::<_CMP_NEQ_UQ>(pv, _mm256_setzero_ps());
+        _mm256_and_ps(live, _mm256_mul_ps(pv, _mm256_sub_ps(dv, dl)))
+    };
+    for r in 0..rows {
+        // SAFETY: row `r < rows` of each tile spans `cols` floats at `r * ld`; full vectors
+        // end at `full` and the tail is masked; `delta` holds `rows` floats.
+        unsafe {
+            let (pr, dr) = (p.add(r * ld), dp.add(r * ld));
+            let dl = _mm256_set1_ps(*delta.add(r));
+            for j in (0..full).step_by(8) {
+                let v = step(_mm256_loadu_ps(pr.add(j)), _mm256_loadu_ps(dr.add(j)), dl);
+                _mm256_storeu_ps(dr.add(j), v);
+            }
+            if cols % 8 != 0 {
+                let v =
+                    step(_mm256_maskload_ps(pr.add(full), tail), _mm256_maskload_ps(dr.add(full), tail), dl);
+                _mm256_maskstore_ps(dr.add(full), tail, v);
+            }
+        }
+    }
+}
