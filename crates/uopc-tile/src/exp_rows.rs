@@ -111,6 +111,9 @@ pub unsafe fn exp_rows_unchecked(
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the caller guarantees AVX-512; the row is inside both extents.
                 Isa::Avx512 => crate::x86::avx512::exp_row(xr, yr, sh.cols, b, scale),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the caller guarantees AVX2 and FMA; the row is inside both extents.
+                Isa::Avx2Fma => crate::x86::avx2::exp_row(xr, yr, sh.cols, b, scale),
                 _ => {
                     for j in 0..sh.cols {
                         *yr.add(j) = exp2_scalar(scale * (*xr.add(j) - b));

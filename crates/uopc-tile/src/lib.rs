@@ -2,8 +2,8 @@
 //!
 //! JIT-compiled loop programs hand whole tiles to these kernels instead of emitting scalar
 //! loops for them. The first two operations below run in three instruction sets ([`Isa`]),
-//! as do the elementwise steps of the backward pass; the softmax step of 16-bit attention runs
-//! in two (AVX-512 and portable):
+//! as do the row logsumexp steps and the elementwise steps of the backward pass; the softmax
+//! step of 16-bit attention runs in two (AVX-512 and portable):
 //!
 //! * [`gemm`]: `C (+)= A · B` on f32 tiles with arbitrary leading dimensions and either operand
 //!   transposed, built around a register-blocked micro-kernel (8 x 32 on AVX-512, 6 x 16 on

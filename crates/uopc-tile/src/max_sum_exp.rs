@@ -113,6 +113,9 @@ pub unsafe fn max_sum_exp_unchecked(
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: the caller guarantees AVX-512; the chunk is inside the row.
                     Isa::Avx512 => crate::x86::avx512::chunk_max_sum_exp(row.add(j), len, *m, scale),
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: the caller guarantees AVX2 and FMA; the chunk is inside the row.
+                    Isa::Avx2Fma => crate::x86::avx2::chunk_max_sum_exp(row.add(j), len, *m, scale),
                     _ => chunk_portable(std::slice::from_raw_parts(row.add(j), len), *m, scale),
                 };
                 (*m, *l) = merge(*m, *l, cm, cs, scale);

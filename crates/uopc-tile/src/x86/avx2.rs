@@ -305,7 +305,7 @@ pub(crate) unsafe fn softmax_recompute(sh: &crate::ScoreTileShape, s: *mut f32, 
             for j in (0..full).step_by(8) {
                 _mm256_storeu_ps(row.add(j), step(_mm256_loadu_ps(row.add(j))));
             }
-            if cols % 8 != 0 {
+            if !cols.is_multiple_of(8) {
                 let x = _mm256_maskload_ps(row.add(full), tail);
                 _mm256_maskstore_ps(row.add(full), tail, step(x));
             }
@@ -344,11 +344,120 @@ pub(crate) unsafe fn softmax_grad(
                 let v = step(_mm256_loadu_ps(pr.add(j)), _mm256_loadu_ps(dr.add(j)), dl);
                 _mm256_storeu_ps(dr.add(j), v);
             }
-            if cols % 8 != 0 {
+            if !cols.is_multiple_of(8) {
                 let v =
                     step(_mm256_maskload_ps(pr.add(full), tail), _mm256_maskload_ps(dr.add(full), tail), dl);
                 _mm256_maskstore_ps(dr.add(full), tail, v);
             }
+        }
+    }
+}
+
+/// `2^x` per lane for any `x`: [`exp2_nonpositive`] after clamping from above at 128, which
+/// gives `+inf` there as the other ISAs' clamp does (NaN stays NaN through MINPS).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp2_any(x: __m256) -> __m256 {
+    exp2_nonpositive(_mm256_min_ps(_mm256_set1_ps(crate::softmax::EXP2_HI), x))
+}
+
+/// The maximum of one chunk together with `m` and the sum of `exp2(c (x - that))` over the
+/// chunk (see [`crate::max_sum_exp`]); `(NaN, NaN)` when the chunk or `m` holds a NaN.
+///
+/// # Safety
+///
+/// AVX2 and FMA are available and `x` is readable for `len` floats.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale: f32) -> (f32, f32) {
+    let full = len - len % 32;
+    let tail8 = len - len % 8;
+    let tail = tail_mask(len % 8);
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    // The tail's masked-off lanes read as -inf, which no maximum takes.
+    let tail_value = if len.is_multiple_of(8) {
+        neg_inf
+    } else {
+        // SAFETY: the masked load reads lanes `0..len % 8` from `tail8`, inside the chunk.
+        let v = unsafe { _mm256_maskload_ps(x.add(tail8), tail) };
+        _mm256_blendv_ps(neg_inf, v, _mm256_castsi256_ps(tail))
+    };
+    // Four accumulators hide the latency of the maximum; the unordered compare remembers a
+    // NaN, which MAXPS alone would drop.
+    let mut mx = [neg_inf; 4];
+    let mut nan = _mm256_setzero_ps();
+    // SAFETY: every load is inside `len` floats from `x` (full vectors end at `tail8`; the
+    // tail was loaded masked above).
+    unsafe {
+        for j in (0..full).step_by(32) {
+            for (k, acc) in mx.iter_mut().enumerate() {
+                let v = _mm256_loadu_ps(x.add(j + 8 * k));
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+                *acc = _mm256_max_ps(*acc, v);
+            }
+        }
+        for j in (full..tail8).step_by(8) {
+            let v = _mm256_loadu_ps(x.add(j));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            mx[0] = _mm256_max_ps(mx[0], v);
+        }
+        let v = tail_value;
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        mx[0] = _mm256_max_ps(mx[0], v);
+    }
+    if _mm256_movemask_ps(nan) != 0 || m.is_nan() {
+        return (f32::NAN, f32::NAN);
+    }
+    let top = hmax(_mm256_max_ps(_mm256_max_ps(mx[0], mx[1]), _mm256_max_ps(mx[2], mx[3])));
+    let new_max = if m >= top { m } else { top };
+    if new_max == f32::NEG_INFINITY {
+        return (new_max, 0.0);
+    }
+    let (mv, cv) = (_mm256_set1_ps(new_max), _mm256_set1_ps(scale));
+    // The exponent is `c * (x - m')`, as in the AVX-512 kernel (the difference is exact for
+    // the terms near the maximum that carry the sum).
+    let term = |v: __m256| exp2_any(_mm256_mul_ps(cv, _mm256_sub_ps(v, mv)));
+    let mut sum = [_mm256_setzero_ps(); 4];
+    // SAFETY: as for the maxima.
+    unsafe {
+        for j in (0..full).step_by(32) {
+            for (k, acc) in sum.iter_mut().enumerate() {
+                *acc = _mm256_add_ps(*acc, term(_mm256_loadu_ps(x.add(j + 8 * k))));
+            }
+        }
+        for j in (full..tail8).step_by(8) {
+            sum[0] = _mm256_add_ps(sum[0], term(_mm256_loadu_ps(x.add(j))));
+        }
+        if !len.is_multiple_of(8) {
+            // Only the tail's own lanes are added (a masked lane's term is not 0 for c < 0).
+            let t = _mm256_and_ps(term(tail_value), _mm256_castsi256_ps(tail));
+            sum[0] = _mm256_add_ps(sum[0], t);
+        }
+    }
+    let total = _mm256_add_ps(_mm256_add_ps(sum[0], sum[1]), _mm256_add_ps(sum[2], sum[3]));
+    (new_max, hsum(total))
+}
+
+/// `y[j] = exp2(c * (x[j] - b))` for `j < len` (see [`crate::exp_rows`]), 8 lanes at a time
+/// with the tail masked.
+///
+/// # Safety
+///
+/// AVX2 and FMA are available, `x` is readable and `y` writable for `len` floats, and they do
+/// not overlap.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn exp_row(x: *const f32, y: *mut f32, len: usize, b: f32, scale: f32) {
+    let (bv, cv) = (_mm256_set1_ps(b), _mm256_set1_ps(scale));
+    let full = len - len % 8;
+    // SAFETY: full vectors end at `full <= len`, the tail is masked to `len`.
+    unsafe {
+        for j in (0..full).step_by(8) {
+            let v = _mm256_loadu_ps(x.add(j));
+            _mm256_storeu_ps(y.add(j), exp2_any(_mm256_mul_ps(cv, _mm256_sub_ps(v, bv))));
+        }
+        if !len.is_multiple_of(8) {
+            let tail = tail_mask(len % 8);
+            let v = _mm256_maskload_ps(x.add(full), tail);
+            _mm256_maskstore_ps(y.add(full), tail, exp2_any(_mm256_mul_ps(cv, _mm256_sub_ps(v, bv))));
         }
     }
 }
