@@ -2,8 +2,8 @@
 //!
 //! JIT-compiled loop programs hand whole tiles to these kernels instead of emitting scalar
 //! loops for them. The first two operations below run in three instruction sets ([`Isa`]),
-//! as do the row logsumexp steps and the elementwise steps of the backward pass; the softmax
-//! step of 16-bit attention runs in two (AVX-512 and portable):
+//! as do the row logsumexp steps, the elementwise steps of the backward pass and the softmax
+//! step of 16-bit attention (its AVX2 f16 rounding also needs F16C):
 //!
 //! * [`gemm`]: `C (+)= A · B` on f32 tiles with arbitrary leading dimensions and either operand
 //!   transposed, built around a register-blocked micro-kernel (8 x 32 on AVX-512, 6 x 16 on
@@ -13,8 +13,7 @@
 //! * [`softmax_update`]: one online-softmax step of FlashAttention-2 over a score tile in the
 //!   log2 domain, rescaling the running output rows.
 //! * [`softmax_update_rounded`]: the same step for 16-bit attention, scaling the scores first
-//!   and writing the probabilities rounded to bf16 or f16 into their own tile (AVX-512 and
-//!   portable); [`softmax_update_rounded_in_place`] writes the rounded values over the f32
+//!   and writing the probabilities rounded to bf16 or f16 into their own tile; [`softmax_update_rounded_in_place`] writes the rounded values over the f32
 //!   scores instead, for a `P · V` GEMM that reads an f32 P in place.
 //! * [`max_sum_exp`]: the online step of a row logsumexp (running maximum and sum of
 //!   exponentials over a block of rows read in place), one vector exponential per element.

@@ -173,6 +173,22 @@ pub unsafe fn softmax_update_rounded_unchecked<T: RoundedProb>(
                 crate::x86::avx512::RoundedTile::Bits(p.cast()),
             )
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees AVX2 and FMA, the guard F16C for f16, and the
+        // extents; T is a transparent u16.
+        Isa::Avx2Fma if !T::IS_F16 || std::arch::is_x86_feature_detected!("f16c") => unsafe {
+            crate::x86::avx2::softmax_update_rounded(
+                sh,
+                ldp,
+                scale,
+                T::IS_F16,
+                s,
+                row_max,
+                row_sum,
+                o,
+                crate::x86::avx2::RoundedTile::Bits(p.cast()),
+            )
+        },
         // SAFETY: forwarded; no CPU features are needed. Row `r` of P spans `cols` elements
         // at `r * ldp` (the caller's contract).
         _ => unsafe { portable::<T>(sh, scale, s, row_max, row_sum, o, |r, j, q| *p.add(r * ldp + j) = q) },
@@ -278,6 +294,22 @@ pub unsafe fn softmax_update_rounded_in_place_unchecked<T: RoundedProb>(
                 row_sum,
                 o,
                 crate::x86::avx512::RoundedTile::Wide(s),
+            )
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees AVX2 and FMA, the guard F16C for f16, and the
+        // extents; P is S itself (same stride), which the kernel allows.
+        Isa::Avx2Fma if !T::IS_F16 || std::arch::is_x86_feature_detected!("f16c") => unsafe {
+            crate::x86::avx2::softmax_update_rounded(
+                sh,
+                lds,
+                scale,
+                T::IS_F16,
+                s,
+                row_max,
+                row_sum,
+                o,
+                crate::x86::avx2::RoundedTile::Wide(s),
             )
         },
         // SAFETY: forwarded; no CPU features are needed. Score `(r, j)` is at `r * lds + j`,

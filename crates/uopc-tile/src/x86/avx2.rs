@@ -263,14 +263,6 @@ pub(crate) unsafe fn softmax_update(
     }
 }
 
-/// Lanes `0..n` of an 8-lane mask (`n <= 8`), for the masked loads and stores of a row's tail.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn tail_mask(n: usize) -> __m256i {
-    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes)
-}
-
 /// `S = exp2(S - lse)` per row, zeros for a row whose lse is `-inf` (see
 /// [`crate::softmax_recompute`]).
 ///
@@ -281,7 +273,7 @@ fn tail_mask(n: usize) -> __m256i {
 pub(crate) unsafe fn softmax_recompute(sh: &crate::ScoreTileShape, s: *mut f32, lse: *const f32) {
     let crate::ScoreTileShape { rows, cols, ld } = *sh;
     let full = cols - cols % 8;
-    let tail = tail_mask(cols % 8);
+    let tail = lanes(cols % 8);
     // Exponents above 128 give +inf, as the other ISAs' clamp does (an lse from another
     // forward than these scores may leave them positive); below, `exp2_nonpositive` is exact
     // to its accuracy for the small positive rounding differences a matching lse leaves.
@@ -327,7 +319,7 @@ pub(crate) unsafe fn softmax_grad(
 ) {
     let crate::ScoreTileShape { rows, cols, ld } = *sh;
     let full = cols - cols % 8;
-    let tail = tail_mask(cols % 8);
+    let tail = lanes(cols % 8);
     // The product where P is live, 0 where it is exactly 0 (so a NaN dP behind a masked key
     // does not leak); a NaN P compares unequal to 0 and stays NaN through the product.
     let step = |pv: __m256, dv: __m256, dl: __m256| {
@@ -371,7 +363,7 @@ fn exp2_any(x: __m256) -> __m256 {
 pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale: f32) -> (f32, f32) {
     let full = len - len % 32;
     let tail8 = len - len % 8;
-    let tail = tail_mask(len % 8);
+    let tail = lanes(len % 8);
     let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
     // The tail's masked-off lanes read as -inf, which no maximum takes.
     let tail_value = if len.is_multiple_of(8) {
@@ -455,9 +447,171 @@ pub(crate) unsafe fn exp_row(x: *const f32, y: *mut f32, len: usize, b: f32, sca
             _mm256_storeu_ps(y.add(j), exp2_any(_mm256_mul_ps(cv, _mm256_sub_ps(v, bv))));
         }
         if !len.is_multiple_of(8) {
-            let tail = tail_mask(len % 8);
+            let tail = lanes(len % 8);
             let v = _mm256_maskload_ps(x.add(full), tail);
             _mm256_maskstore_ps(y.add(full), tail, exp2_any(_mm256_mul_ps(cv, _mm256_sub_ps(v, bv))));
+        }
+    }
+}
+
+/// Where [`softmax_update_rounded`] writes the rounded probabilities.
+#[derive(Clone, Copy)]
+pub(crate) enum RoundedTile {
+    /// A 16-bit tile of the rounded values' bit patterns.
+    Bits(*mut u16),
+    /// An f32 tile of the rounded values (exact in f32); it may be the score tile itself
+    /// (same address, `ldp == lds`), since each score is read before its probability is
+    /// written over it.
+    Wide(*mut f32),
+}
+
+/// Eight f32 lanes rounded to nearest even to bf16 (as `convert::bf16_from_f32`: a NaN keeps
+/// its top bits and is made quiet), returned as the bf16 patterns in the low half of each
+/// 32-bit lane.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn round_bf16(x: __m256) -> __m256i {
+    let bits = _mm256_castps_si256(x);
+    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+    let rounded =
+        _mm256_srli_epi32::<16>(_mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)));
+    let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(0x40));
+    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+    _mm256_blendv_epi8(rounded, quiet, nan)
+}
+
+/// Eight f32 lanes rounded to the 16-bit type: `(patterns, their exact f32 values)`, the
+/// patterns packed into 8 u16s in lane order.
+///
+/// # Safety
+///
+/// F16C is available when `is_f16`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn round_lanes(x: __m256, is_f16: bool) -> (__m128i, __m256) {
+    if is_f16 {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+        (h, _mm256_cvtph_ps(h))
+    } else {
+        let b = round_bf16(x);
+        let wide = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b));
+        // Pack the low halves of the eight 32-bit lanes into eight u16s, in order.
+        let packed = _mm256_packus_epi32(b, b);
+        let ordered = _mm256_permute4x64_epi64::<0b1000>(packed);
+        (_mm256_castsi256_si128(ordered), wide)
+    }
+}
+
+/// The rounded online-softmax step (see [`crate::softmax_update_rounded`]): the f32 step of
+/// [`softmax_update`] with every probability rounded to bf16 or f16 before it is written and
+/// summed.
+///
+/// # Safety
+///
+/// AVX2 and FMA are available, F16C too when `is_f16`; the pointers satisfy
+/// [`crate::softmax_update_rounded_unchecked`] (with P at `p`, stride `ldp`), or P is S itself
+/// (`RoundedTile::Wide(s)` with `ldp == lds`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // the step's tiles, each its own pointer
+pub(crate) unsafe fn softmax_update_rounded(
+    sh: &SoftmaxShape,
+    ldp: usize,
+    scale: f32,
+    is_f16: bool,
+    s: *const f32,
+    row_max: *mut f32,
+    row_sum: *mut f32,
+    o: *mut f32,
+    p: RoundedTile,
+) {
+    let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let sv = _mm256_set1_ps(scale);
+    let (cfull, dfull) = (cols - cols % 8, d - d % 8);
+    let (ctail, dtail) = (lanes(cols % 8), lanes(d % 8));
+    let (has_ctail, has_dtail) = (!cols.is_multiple_of(8), !d.is_multiple_of(8));
+    // Writes lanes `0..n` (all eight for `n == 8`) of row `r`'s probabilities from column `j`.
+    let write = |r: usize, j: usize, n: usize, bits: __m128i, wide: __m256| {
+        // SAFETY: the caller passes columns `j .. j + n` of row `r < rows`, inside P's extent.
+        unsafe {
+            match p {
+                RoundedTile::Bits(pt) => {
+                    let at = pt.add(r * ldp + j);
+                    if n == 8 {
+                        _mm_storeu_si128(at.cast(), bits);
+                    } else {
+                        let mut tmp = [0u16; 8];
+                        _mm_storeu_si128(tmp.as_mut_ptr().cast(), bits);
+                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), at, n);
+                    }
+                }
+                RoundedTile::Wide(pt) => {
+                    let at = pt.add(r * ldp + j);
+                    if n == 8 {
+                        _mm256_storeu_ps(at, wide);
+                    } else {
+                        _mm256_maskstore_ps(at, lanes(n), wide);
+                    }
+                }
+            }
+        }
+    };
+    for r in 0..rows {
+        // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors end
+        // at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is touched.
+        unsafe {
+            let srow = s.add(r * lds);
+            let mut mx = neg_inf;
+            for j in (0..cfull).step_by(8) {
+                mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(srow.add(j)), sv));
+            }
+            if has_ctail {
+                let x = _mm256_mul_ps(_mm256_maskload_ps(srow.add(cfull), ctail), sv);
+                mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, x, _mm256_castsi256_ps(ctail)));
+            }
+            let m_old = *row_max.add(r);
+            let m_new = m_old.max(hmax(mx));
+            if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
+                // Nothing seen yet: P = 0 (the zero pattern in both types), the state kept.
+                let zero = _mm256_setzero_ps();
+                for j in (0..cfull).step_by(8) {
+                    write(r, j, 8, _mm_setzero_si128(), zero);
+                }
+                if has_ctail {
+                    write(r, cfull, cols % 8, _mm_setzero_si128(), zero);
+                }
+                continue;
+            }
+            let alpha = _mm256_cvtss_f32(exp2_nonpositive(_mm256_set1_ps(m_old - m_new)));
+            let mv = _mm256_set1_ps(m_new);
+            let mut sum = _mm256_setzero_ps();
+            for j in (0..cfull).step_by(8) {
+                let e = exp2_nonpositive(_mm256_fmsub_ps(_mm256_loadu_ps(srow.add(j)), sv, mv));
+                let (bits, wide) = round_lanes(e, is_f16);
+                write(r, j, 8, bits, wide);
+                sum = _mm256_add_ps(sum, wide);
+            }
+            if has_ctail {
+                let x = _mm256_maskload_ps(srow.add(cfull), ctail);
+                let e = exp2_nonpositive(_mm256_fmsub_ps(x, sv, mv));
+                let (bits, wide) = round_lanes(e, is_f16);
+                write(r, cfull, cols % 8, bits, wide);
+                sum = _mm256_add_ps(sum, _mm256_and_ps(wide, _mm256_castsi256_ps(ctail)));
+            }
+            *row_sum.add(r) = *row_sum.add(r) * alpha + hsum(sum);
+            *row_max.add(r) = m_new;
+            // alpha == 1 leaves O unchanged bit for bit, so skip the pass.
+            if alpha != 1.0 && d > 0 {
+                let orow = o.add(r * ldo);
+                let av = _mm256_set1_ps(alpha);
+                for j in (0..dfull).step_by(8) {
+                    _mm256_storeu_ps(orow.add(j), _mm256_mul_ps(_mm256_loadu_ps(orow.add(j)), av));
+                }
+                if has_dtail {
+                    let x = _mm256_maskload_ps(orow.add(dfull), dtail);
+                    _mm256_maskstore_ps(orow.add(dfull), dtail, _mm256_mul_ps(x, av));
+                }
+            }
         }
     }
 }
