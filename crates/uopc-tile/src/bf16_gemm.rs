@@ -35,13 +35,17 @@ pub enum Bf16Path {
     Amx,
     /// AVX-512 `vdpbf16ps` (AVX512_BF16 with AVX-512F and BW).
     Avx512Bf16,
+    /// The f32 AVX2+FMA micro-kernel on operands widened to f32 while they are packed (a bf16
+    /// widens exactly), for CPUs without bf16 instructions: exact products, subnormals kept.
+    Avx2Fma,
     /// Plain Rust; available everywhere.
     Portable,
 }
 
 impl Bf16Path {
     /// All paths, fastest first.
-    pub const ALL: [Bf16Path; 3] = [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::Portable];
+    pub const ALL: [Bf16Path; 4] =
+        [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::Avx2Fma, Bf16Path::Portable];
 
     /// Whether this path can run here. For [`Bf16Path::Amx`] the first call asks the OS for
     /// the tile-state permission (once per process); a refusal makes it unavailable.
@@ -56,8 +60,10 @@ impl Bf16Path {
                     && std::arch::is_x86_feature_detected!("avx512bw")
                     && std::arch::is_x86_feature_detected!("avx512bf16")
             }
+            #[cfg(target_arch = "x86_64")]
+            Bf16Path::Avx2Fma => crate::Isa::Avx2Fma.available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Bf16Path::Amx | Bf16Path::Avx512Bf16 => false,
+            Bf16Path::Amx | Bf16Path::Avx512Bf16 | Bf16Path::Avx2Fma => false,
         }
     }
 
@@ -68,11 +74,12 @@ impl Bf16Path {
             .get_or_init(|| Bf16Path::ALL.into_iter().find(|p| p.available()).unwrap_or(Bf16Path::Portable))
     }
 
-    /// A short lowercase name (`"amx"`, `"avx512bf16"`, `"portable"`).
+    /// A short lowercase name (`"amx"`, `"avx512bf16"`, `"avx2fma"`, `"portable"`).
     pub fn name(self) -> &'static str {
         match self {
             Bf16Path::Amx => "amx",
             Bf16Path::Avx512Bf16 => "avx512bf16",
+            Bf16Path::Avx2Fma => "avx2fma",
             Bf16Path::Portable => "portable",
         }
     }
@@ -208,6 +215,13 @@ pub unsafe fn gemm_bf16_unchecked(
     b: *const bf16,
     c: *mut f32,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if path == Bf16Path::Avx2Fma {
+        // SAFETY: the path is available, so AVX2 and FMA are; extents and pointers are this
+        // function's contract.
+        unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, bf16, bf16>(s, a, b, c) };
+        return;
+    }
     // SAFETY: forwarded; bf16 is a transparent u16.
     unsafe { drive(path, s, a.cast(), b.cast(), c) }
 }

@@ -156,6 +156,50 @@ impl Element for f16 {
     }
 }
 
+impl Element for half::bf16 {
+    const READ_IN_PLACE: bool = false;
+
+    // Inlined so that a constant `n` (a strip's width) compiles to vector shifts.
+    #[inline(always)]
+    unsafe fn widen(dst: *mut f32, src: *const half::bf16, n: usize) {
+        for i in 0..n {
+            // SAFETY: the caller's contract; a bf16 is the top half of the f32 it widens to.
+            unsafe { *dst.add(i) = f32::from_bits(u32::from((*src.add(i)).to_bits()) << 16) };
+        }
+    }
+
+    unsafe fn pack_b<K: TileKernel>(dst: *mut f32, src: *const half::bf16, ldb: usize, kc: usize, nr: usize) {
+        for p in 0..kc {
+            // SAFETY: the trait contract: row `p` of the panel is `K::NR` floats at
+            // `p * K::NR`, its source `nr` values at `p * ldb`.
+            unsafe {
+                let row = dst.add(p * K::NR);
+                Self::widen(row, src.add(p * ldb), nr);
+                std::ptr::write_bytes(row.add(nr), 0, K::NR - nr);
+            }
+        }
+    }
+
+    unsafe fn pack_bt<K: TileKernel>(
+        dst: *mut f32,
+        src: *const half::bf16,
+        ldb: usize,
+        kc: usize,
+        nr: usize,
+    ) {
+        for p in 0..kc {
+            // SAFETY: as `pack_b`, the source of row `p` being `src[j * ldb + p]`, `j < nr`.
+            unsafe {
+                let row = dst.add(p * K::NR);
+                for j in 0..nr {
+                    Self::widen(row.add(j), src.add(j * ldb + p), 1);
+                }
+                std::ptr::write_bytes(row.add(nr), 0, K::NR - nr);
+            }
+        }
+    }
+}
+
 /// k slab: a 32-wide B panel of `KC` rows is 32 KiB, about what L1 can keep beside A's rows.
 const KC: usize = 256;
 /// Rows of A swept per B panel, so the A block (`MC x KC`) stays in L2 across panels.

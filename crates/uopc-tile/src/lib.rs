@@ -23,7 +23,8 @@
 //!   the probabilities from the saved log-sum-exp and `dS = P * (dP - Delta)`.
 //!
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
-//!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`) or portable Rust ([`Bf16Path`]), with the
+//!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`), the f32 AVX2+FMA micro-kernel on operands
+//!   widened while packed, or portable Rust ([`Bf16Path`]), with the
 //!   bf16 and f16 conversions in [`convert`] (per value, per slice, and per block:
 //!   [`convert::convert_block`]).
 //! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 by the f32 GEMM's own

@@ -143,6 +143,7 @@ fn have(path: Bf16Path) -> bool {
         let what = match path {
             Bf16Path::Amx => "no AMX",
             Bf16Path::Avx512Bf16 => "no AVX512_BF16",
+            Bf16Path::Avx2Fma => "no AVX2+FMA",
             Bf16Path::Portable => "no portable path",
         };
         println!("skipped: {what} on this machine; the {path} path was NOT tested");
@@ -161,6 +162,13 @@ fn amx_against_f64_or_skipped_without_amx() {
 fn avx512bf16_against_f64_or_skipped_without_avx512bf16() {
     if have(Bf16Path::Avx512Bf16) {
         run_path(Bf16Path::Avx512Bf16, 2);
+    }
+}
+
+#[test]
+fn avx2fma_against_f64_or_skipped_without_avx2() {
+    if have(Bf16Path::Avx2Fma) {
+        run_path(Bf16Path::Avx2Fma, 4);
     }
 }
 
