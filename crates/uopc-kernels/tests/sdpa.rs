@@ -209,7 +209,7 @@ fn keys_and_values_packed_once_give_the_same_attention() {
                     assert!(sdpa.to_string().contains(&format!("panels of {width}")), "{sdpa}");
                     let case = Case::new(c, &mut rng);
                     check(&case, &sdpa);
-                    // Run again: the kept panel buffers are packed afresh from new inputs.
+                    // Run again: the thread's kept panel buffer is packed afresh from new inputs.
                     check(&Case::new(c, &mut rng), &sdpa);
                 }
             }
@@ -236,8 +236,8 @@ fn keys_and_values_packed_once_give_the_same_attention() {
 
 #[test]
 fn one_attention_with_panels_runs_from_many_threads_at_once() {
-    // Each thread runs different inputs through one compiled attention: one run packs into the
-    // kept panel buffers while the others pack into their own, and every output is its own.
+    // Each thread runs different inputs through one compiled attention, packing into its own
+    // kept panel buffer, and every output is its own.
     let c = config(1, 4, 2, 64, 96, 16);
     let native = uopc_tile::panel_width(uopc_tile::Isa::detect());
     let blocking =

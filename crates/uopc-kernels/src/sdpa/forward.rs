@@ -1,7 +1,7 @@
 //! [`Sdpa`]: one compiled attention forward, its compile and its run.
 
 use super::blocking::cores;
-use super::panels::{KvPanels, PanelScratch};
+use super::panels::KvPanels;
 use super::{
     Blocking, Extras, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check, push_extras, sdpa_ir,
     sdpa_merge_ir,
@@ -18,7 +18,7 @@ pub struct Sdpa {
     /// The merge of split-K partial states ([`sdpa_merge_ir`]), when the keys are split.
     merge: Option<Program>,
     /// Where K and V are packed into panels, with [`Blocking::kv_panel_width`].
-    panels: Option<(KvPanels, PanelScratch)>,
+    panels: Option<KvPanels>,
 }
 
 impl Sdpa {
@@ -59,9 +59,8 @@ impl Sdpa {
         } else {
             None
         };
-        let panels = (blocking.kv_panel_width > 0).then(|| {
-            (KvPanels::new(config, blocking.kv_panel_width, blocking.keys), PanelScratch::default())
-        });
+        let panels = (blocking.kv_panel_width > 0)
+            .then(|| KvPanels::new(config, blocking.kv_panel_width, blocking.keys));
         let sdpa = Sdpa { config: *config, blocking, program, merge, panels };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
@@ -75,8 +74,8 @@ impl Sdpa {
     /// what the configuration needs.
     ///
     /// With [`Blocking::kv_panel_width`] set, the run first packs k and v into panels (on the
-    /// calling rayon pool), into buffers of about k's and v's size that this `Sdpa` keeps for
-    /// its next run; a run on another thread meanwhile packs into buffers of its own.
+    /// calling rayon pool), into a buffer of about k's and v's size that the calling thread
+    /// keeps for its next run (one per thread, as large as the largest K and V it packed).
     pub fn run<T: SdpaElement>(
         &self,
         q: &[T],
@@ -113,11 +112,9 @@ impl Sdpa {
         let states = if self.merge.is_some() { b.tasks(c) * b.heads_per_task * b.queries } else { 0 };
         let (mut part_m, mut part_l, mut part_o) =
             (vec![0.0f32; states], vec![0.0f32; states], vec![0.0f32; states * c.d]);
-        // K and V packed into panels: into the kept buffers, unless another run holds them.
+        // K and V packed into panels, in the calling thread's kept buffer.
         let packed = match (&self.panels, k, v) {
-            (Some((panels, scratch)), Values::F32(k), Values::F32(v)) => {
-                Some(panels.pack_into(scratch, k, v))
-            }
+            (Some(panels), Values::F32(k), Values::F32(v)) => Some(panels.pack_into(k, v)),
             _ => None,
         };
         let (k, v) = match packed.as_ref().map(|p| p.panels()) {

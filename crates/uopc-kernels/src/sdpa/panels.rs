@@ -8,35 +8,40 @@
 
 use super::SdpaConfig;
 use rayon::prelude::*;
-use std::fmt;
-use std::sync::{Mutex, MutexGuard};
+use std::cell::Cell;
 use uopc_tile::{Isa, PanelPacking, pack_panels};
 
-/// The panel buffers of the last run, kept for the next one (a fresh allocation would fault
-/// in every page again); a run while another holds them packs into buffers of its own.
-#[derive(Default)]
-pub(crate) struct PanelScratch(Mutex<Vec<f32>>);
+thread_local! {
+    /// The panel buffer of this thread's last run, kept for its next one (a fresh allocation
+    /// would fault in every page again): one per calling thread, as large as the largest K and
+    /// V it packed, whatever the configuration.
+    static KEPT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
 
-impl fmt::Debug for PanelScratch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PanelScratch")
+/// One run's packed K and V, in the calling thread's kept buffer (or a new one when a nested
+/// run already holds it); dropping it hands the buffer back.
+pub(crate) struct Packed {
+    buf: Vec<f32>,
+    k_len: usize,
+    v_len: usize,
+}
+
+impl Packed {
+    /// The key panels and the value panels.
+    pub fn panels(&self) -> (&[f32], &[f32]) {
+        let (kp, rest) = self.buf.split_at(self.k_len);
+        (kp, &rest[..self.v_len])
     }
 }
 
-/// One run's packed K and V: in the kept buffers, or in its own when another run holds them.
-pub(crate) struct Packed<'a> {
-    buf: Result<MutexGuard<'a, Vec<f32>>, Vec<f32>>,
-    k_len: usize,
-}
-
-impl Packed<'_> {
-    /// The key panels and the value panels.
-    pub fn panels(&self) -> (&[f32], &[f32]) {
-        let buf = match &self.buf {
-            Ok(kept) => &kept[..],
-            Err(own) => &own[..],
-        };
-        buf.split_at(self.k_len)
+impl Drop for Packed {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        // Keep the larger of this buffer and one a nested run may have put back meanwhile.
+        let _ = KEPT.try_with(|kept| {
+            let other = kept.take();
+            kept.set(if other.capacity() > buf.capacity() { other } else { buf });
+        });
     }
 }
 
@@ -121,20 +126,16 @@ impl KvPanels {
     }
 
     /// Packs k and v (f32, of the configuration's layout and lengths, checked by the caller)
-    /// into `scratch`'s kept buffers when no other run holds them, else into new ones.
-    pub fn pack_into<'a>(&self, scratch: &'a PanelScratch, k: &[f32], v: &[f32]) -> Packed<'a> {
-        let (kn, vn) = (self.k_len(), self.v_len());
-        let mut buf = scratch.0.try_lock().map_err(|_| Vec::new());
-        let vec = match &mut buf {
-            Ok(kept) => &mut **kept,
-            Err(own) => own,
-        };
-        if vec.len() != kn + vn {
-            *vec = vec![0.0; kn + vn];
+    /// into the calling thread's kept buffer, grown if it is too small.
+    pub fn pack_into(&self, k: &[f32], v: &[f32]) -> Packed {
+        let (k_len, v_len) = (self.k_len(), self.v_len());
+        let mut buf = KEPT.try_with(Cell::take).unwrap_or_default();
+        if buf.len() < k_len + v_len {
+            buf.resize(k_len + v_len, 0.0);
         }
-        let (kp, vp) = vec.split_at_mut(kn);
-        self.pack(k, v, kp, vp);
-        Packed { buf, k_len: kn }
+        let (kp, rest) = buf.split_at_mut(k_len);
+        self.pack(k, v, kp, &mut rest[..v_len]);
+        Packed { buf, k_len, v_len }
     }
 
     /// Packs k and v (f32, of `config`'s layout and lengths, checked by the caller) into

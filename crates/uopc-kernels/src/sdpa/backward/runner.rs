@@ -3,7 +3,7 @@
 use super::{BackwardBlocking, Geometry, sdpa_backward_ir, sdpa_backward_ir_with_bias_grad};
 use crate::sdpa::blocking::{Blocking, cores};
 use crate::sdpa::kernel::sdpa_ir_with_lse;
-use crate::sdpa::panels::{KvPanels, PanelScratch};
+use crate::sdpa::panels::KvPanels;
 use crate::sdpa::{ConfigCache, Extras, MaskKind, SdpaConfig, SdpaError, cached, check, push_extras};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -43,7 +43,7 @@ pub struct SdpaBackward {
     pub(super) scratch: Mutex<Vec<f32>>,
     /// Where the forward's K and V are packed into panels, with
     /// [`Blocking::kv_panel_width`] (see [`Sdpa::run`](crate::sdpa::Sdpa::run)).
-    pub(super) panels: Option<(KvPanels, PanelScratch)>,
+    pub(super) panels: Option<KvPanels>,
 }
 
 impl SdpaBackward {
@@ -103,9 +103,8 @@ impl SdpaBackward {
             program,
             bias_grad: OnceLock::new(),
             scratch: Mutex::new(Vec::new()),
-            panels: (forward.kv_panel_width > 0).then(|| {
-                (KvPanels::new(config, forward.kv_panel_width, forward.keys), PanelScratch::default())
-            }),
+            panels: (forward.kv_panel_width > 0)
+                .then(|| KvPanels::new(config, forward.kv_panel_width, forward.keys)),
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!(
@@ -139,7 +138,7 @@ impl SdpaBackward {
         check("v", c.kv_len(), v.len())?;
         check("out", c.q_len(), out.len())?;
         check("lse", self.lse_len(), lse.len())?;
-        let packed = self.panels.as_ref().map(|(panels, scratch)| panels.pack_into(scratch, k, v));
+        let packed = self.panels.as_ref().map(|panels| panels.pack_into(k, v));
         let (k, v) = packed.as_ref().map_or((k, v), |p| p.panels());
         let mut args: Vec<Arg<'_>> = vec![q.into(), k.into(), v.into(), Arg::WriteF32(out)];
         push_extras(c, extras, &mut args)?;
