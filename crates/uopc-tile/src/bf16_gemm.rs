@@ -217,9 +217,24 @@ pub unsafe fn gemm_bf16_unchecked(
 ) {
     #[cfg(target_arch = "x86_64")]
     if path == Bf16Path::Avx2Fma {
-        // SAFETY: the path is available, so AVX2 and FMA are; extents and pointers are this
-        // function's contract.
-        unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, bf16, bf16>(s, a, b, c) };
+        let few_rows = (1..=crate::x86::half_rows::HALF_ROWS_MAX).contains(&s.m) && s.n > 0 && s.k > 0;
+        if few_rows && !s.a_trans && std::arch::is_x86_feature_detected!("f16c") {
+            // A few rows of A cannot amortize packing B: stream it, widening in registers.
+            // SAFETY: AVX2 and FMA (the path) and F16C are available; the shape is in the
+            // kernel's range and the pointers are this function's contract.
+            unsafe {
+                crate::x86::avx2_half_rows::gemm::<false>(
+                    s,
+                    crate::x86::half_rows::RowsA::Half(a.cast()),
+                    b.cast(),
+                    c,
+                )
+            };
+        } else {
+            // SAFETY: the path is available, so AVX2 and FMA are; extents and pointers are
+            // this function's contract.
+            unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, bf16, bf16>(s, a, b, c) };
+        }
         return;
     }
     // SAFETY: forwarded; bf16 is a transparent u16.

@@ -216,6 +216,16 @@ unsafe fn half_b_gemm<EA: OperandA>(isa: Isa, s: &GemmShape, a: *const EA, b: *c
             unsafe { crate::x86::half_rows::gemm::<true>(s, EA::rows(a), b.cast(), c) };
             return;
         }
+        if isa == Isa::Avx2Fma
+            && m <= crate::x86::half_rows::HALF_ROWS_MAX
+            && !s.a_trans
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: AVX2, FMA (the ISA) and F16C are available; the shape is in the kernel's
+            // range and the pointers are this function's contract.
+            unsafe { crate::x86::avx2_half_rows::gemm::<true>(s, EA::rows(a), b.cast(), c) };
+            return;
+        }
         if std::arch::is_x86_feature_detected!("f16c") {
             match isa {
                 Isa::Avx512 => {

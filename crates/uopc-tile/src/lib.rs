@@ -31,7 +31,7 @@
 //!   packing for the f32 micro-kernels of an [`Isa`]; [`gemm_f32_f16`] takes an f32 A (read
 //!   as it is) with an f16 B, for a caller that keeps A widened across calls. All of them
 //!   stream B without packing it when A has at most eight rows (decode), widening it in
-//!   registers on AVX-512.
+//!   registers on AVX-512 and on AVX2 (with F16C).
 //!
 //! Each operation has a checked safe entry point, an `unsafe` raw-pointer twin for callers that
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code

@@ -160,7 +160,7 @@ fn hmax(v: __m256) -> f32 {
 /// Horizontal sum of 8 lanes.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))

@@ -1,0 +1,229 @@
+//! The AVX2+FMA form of [`super::half_rows`]: 16-bit GEMMs of at most
+//! [`HALF_ROWS_MAX`](super::half_rows::HALF_ROWS_MAX) rows of A (decode's scores and `P · V`)
+//! with B read once in storage order and widened to f32 in registers, 8 lanes at a time, so a
+//! product with few rows of A pays no packing pass over B. bf16 widens by a shift; f16 needs
+//! F16C (`vcvtph2ps`).
+
+use std::arch::x86_64::*;
+
+use super::half_rows::{HALF_ROWS_MAX, RowsA};
+use crate::GemmShape;
+
+/// k values of A widened per slab (into an `8 x 512` f32 buffer on the stack, 16 KiB).
+const KC: usize = 512;
+
+/// 8 consecutive 16-bit values at `p` (bf16 bits, or f16 when `F16`) as f32; only the first
+/// `n <= 8` are read, the other lanes are 0.
+///
+/// # Safety
+///
+/// AVX2 and FMA (and F16C when `F16`) are available and `p` is valid for reads of `n` u16s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn widen8<const F16: bool>(p: *const u16, n: usize) -> __m256 {
+    let h = if n >= 8 {
+        // SAFETY: 8 u16s (16 bytes) are readable at `p`.
+        unsafe { _mm_loadu_si128(p.cast()) }
+    } else {
+        let mut buf = [0u16; 8];
+        // SAFETY: `n < 8` u16s are readable at `p`; `buf` holds 8.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            _mm_loadu_si128(buf.as_ptr().cast())
+        }
+    };
+    if F16 {
+        _mm256_cvtph_ps(h)
+    } else {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+}
+
+/// `C (+)= A · B` (or `A · B^T` with `s.b_trans`) for `s.m <= HALF_ROWS_MAX` rows, A not
+/// transposed; 16-bit B (f16 when `F16`, else bf16 bits), A 16-bit alike or f32, f32 C.
+///
+/// # Safety
+///
+/// AVX2 and FMA are available, and F16C when `F16`; `1 <= s.m <= HALF_ROWS_MAX`,
+/// `!s.a_trans`, `s.n > 0`, `s.k > 0`; the pointers satisfy the contract of
+/// [`crate::gemm_bf16_unchecked`] for `s` (A's extent counted in its own elements).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
+    // SAFETY: forwarded, each instance with its own row count.
+    unsafe {
+        match s.m {
+            1 => slabs::<1, F16>(s, a, b, c),
+            2 => slabs::<2, F16>(s, a, b, c),
+            3 => slabs::<3, F16>(s, a, b, c),
+            4 => slabs::<4, F16>(s, a, b, c),
+            5 => slabs::<5, F16>(s, a, b, c),
+            6 => slabs::<6, F16>(s, a, b, c),
+            7 => slabs::<7, F16>(s, a, b, c),
+            8 => slabs::<8, F16>(s, a, b, c),
+            _ => {}
+        }
+    }
+}
+
+/// [`gemm`] for `M == s.m` rows: per slab of [`KC`] k values, A's slab widened into a local
+/// buffer (rows `KC` floats apart, zero past the slab's end to a multiple of 8), then the
+/// slab's product added into C (stored into it by the first slab unless accumulating).
+///
+/// # Safety
+///
+/// As [`gemm`], with `M == s.m`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
+    // Left uninitialized: the slab kernels read only rows `< M`, columns `< kc` rounded up to
+    // 8, written below.
+    let mut buf = std::mem::MaybeUninit::<[f32; HALF_ROWS_MAX * KC]>::uninit();
+    let wa = buf.as_mut_ptr().cast::<f32>();
+    for p0 in (0..s.k).step_by(KC) {
+        let kc = KC.min(s.k - p0);
+        for i in 0..M {
+            for p in (0..kc).step_by(8) {
+                // SAFETY: row `i < m`, columns `p0 + p .. p0 + min(p + 8, kc)` of A lie in its
+                // extent; `wa` holds `HALF_ROWS_MAX` rows of `KC >= kc` rounded up to 8. Past
+                // `kc` the lanes are zeros, so the dot products read whole vectors.
+                unsafe {
+                    let at = i * s.lda + p0 + p;
+                    let x = match a {
+                        RowsA::Half(a) => widen8::<F16>(a.add(at), kc - p),
+                        RowsA::Single(a) => _mm256_maskload_ps(a.add(at), super::avx2::lanes(kc - p)),
+                    };
+                    _mm256_storeu_ps(wa.add(i * KC + p), x);
+                }
+            }
+        }
+        let load_c = s.accumulate || p0 > 0;
+        // SAFETY: forwarded; `wa` holds the slab's rows as documented, written above.
+        unsafe {
+            if s.b_trans {
+                slab_bt::<M, F16>(s, wa, p0, kc, b, c, load_c);
+            } else {
+                slab_b::<M, F16>(s, wa, p0, kc, b, c, load_c);
+            }
+        }
+    }
+}
+
+/// One slab of `C (+)= A · B^T`, key by key: each key's row of B (its `kc` values from `p0`)
+/// is read once, front to back 8 values at a time, and multiplied into all `M` rows of A.
+///
+/// # Safety
+///
+/// As [`slabs`], with `s.b_trans`, `p0 + kc <= k` and `wa` holding the slab (rows `KC`
+/// floats apart, `kc` rounded up to 8 written, zero past `kc`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn slab_bt<const M: usize, const F16: bool>(
+    s: &GemmShape,
+    wa: *const f32,
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    for j in 0..s.n {
+        let mut acc = [_mm256_setzero_ps(); M];
+        for t in (0..kc).step_by(8) {
+            // SAFETY: row `j < n` of B holds columns `p0 + t .. p0 + t + min(8, kc - t)`.
+            let bv = unsafe { widen8::<F16>(b.add(j * s.ldb + p0 + t), kc - t) };
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: `wa` row `i` is readable to `t + 8 <= KC`.
+                let av = unsafe { _mm256_loadu_ps(wa.add(i * KC + t)) };
+                *acc = _mm256_fmadd_ps(av, bv, *acc);
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            let sum = super::avx2::hsum(*acc);
+            // SAFETY: C[i, j] with `i < m`, `j < n` lies in C's extent.
+            unsafe {
+                let at = c.add(i * s.ldc + j);
+                *at = if load_c { *at + sum } else { sum };
+            }
+        }
+    }
+}
+
+/// One slab of `C (+)= A · B`: C in strips of `8 V` columns held in `M V` accumulators, each
+/// row of B's slab read once per strip and multiplied into all `M` rows.
+///
+/// # Safety
+///
+/// As [`slabs`], with `!s.b_trans`, `p0 + kc <= k` and `wa` holding the slab (rows `KC`
+/// floats apart, `kc` written).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn slab_b<const M: usize, const F16: bool>(
+    s: &GemmShape,
+    wa: *const f32,
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    // SAFETY: forwarded, with a strip width that keeps `M V` accumulators within 8 registers.
+    unsafe {
+        match M {
+            1 | 2 => strips::<M, 4, F16>(s, wa, p0, kc, b, c, load_c),
+            3 | 4 => strips::<M, 2, F16>(s, wa, p0, kc, b, c, load_c),
+            _ => strips::<M, 1, F16>(s, wa, p0, kc, b, c, load_c),
+        }
+    }
+}
+
+/// [`slab_b`] with strips of `V` vectors.
+///
+/// # Safety
+///
+/// As [`slab_b`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn strips<const M: usize, const V: usize, const F16: bool>(
+    s: &GemmShape,
+    wa: *const f32,
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    for j0 in (0..s.n).step_by(8 * V) {
+        let width = (8 * V).min(s.n - j0);
+        let live = width.div_ceil(8);
+        let cols = |v: usize| width.saturating_sub(8 * v).min(8);
+        let mut acc = [[_mm256_setzero_ps(); V]; M];
+        if load_c {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate().take(live) {
+                    // SAFETY: columns `j0 + 8 v ..` of row `i < m` of C, masked to the strip.
+                    *acc = unsafe {
+                        _mm256_maskload_ps(c.add(i * s.ldc + j0 + 8 * v), super::avx2::lanes(cols(v)))
+                    };
+                }
+            }
+        }
+        for p in 0..kc {
+            let mut bv = [_mm256_setzero_ps(); V];
+            for (v, bv) in bv.iter_mut().enumerate().take(live) {
+                // SAFETY: row `p0 + p < k` of B holds columns `j0 .. j0 + width`.
+                *bv = unsafe { widen8::<F16>(b.add((p0 + p) * s.ldb + j0 + 8 * v), cols(v)) };
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: `wa` row `i < M`, column `p < kc` was written by `slabs`.
+                let av = _mm256_set1_ps(unsafe { *wa.add(i * KC + p) });
+                for (acc, bv) in acc.iter_mut().zip(&bv).take(live) {
+                    *acc = _mm256_fmadd_ps(av, *bv, *acc);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (v, acc) in acc.iter().enumerate().take(live) {
+                // SAFETY: as for the loads above.
+                unsafe {
+                    _mm256_maskstore_ps(c.add(i * s.ldc + j0 + 8 * v), super::avx2::lanes(cols(v)), *acc)
+                };
+            }
+        }
+    }
+}
