@@ -363,6 +363,23 @@ fn a_forward_with_keys_and_values_in_panels_gives_the_same_gradients() {
 }
 
 #[test]
+fn the_score_and_dp_gemms_read_the_tasks_key_and_value_tiles_in_panels() {
+    // Full key blocks are copied into panels (both GEMMs read them in place); a narrower last
+    // block keeps rows. The gradients are checked against f64 elsewhere on the same shapes.
+    let w = uopc_tile::panel_width(uopc_tile::Isa::detect());
+    let c = config(1, 2, 1, 64, 64 + 5, 32);
+    let bwd = SdpaBackward::compile_with(
+        &c,
+        Blocking::choose(&c, 2),
+        BackwardBlocking { queries: 32, keys: 4 * w, chunks: 1 },
+    )
+    .expect("compile");
+    let ir = bwd.program().loop_ir();
+    assert_eq!(ir.matches(&format!("B in panels of {w}")).count(), 2, "{ir}");
+    check(&Case::new(c, &mut Rng(41)), &bwd);
+}
+
+#[test]
 fn fully_masked_rows_and_empty_key_lengths_give_zero_gradients() {
     let mut rng = Rng(41);
     // n_q > n_k under the causal mask: the first n_q - n_k rows see no key.

@@ -30,10 +30,17 @@ impl BackwardKernel {
                 b_panel_width: 0,
             })
         };
+        // The score and dP GEMMs' B: the task's K^T or V^T tile, in panels when the copy wrote
+        // them so (see `key_block`).
+        let panels = self.panel_width(cols);
+        let tile_b = |op: TileOp| match (op, panels) {
+            (TileOp::Gemm(g), Some(w)) => TileOp::Gemm(GemmShape { ldb: d * w, b_panel_width: w, ..g }),
+            (op, _) => op,
+        };
         let (s, dp, q, d_o) = (task.s.clone(), task.dp.clone(), self.q.clone(), self.d_o.clone());
         // S = Q (K scale log2 e)^T, base-2 scores.
         self.step(
-            gemm(rows, cols, d, qsn, cols, cols, false, false),
+            tile_b(gemm(rows, cols, d, qsn, cols, cols, false, false)),
             &[(&q, q_at.clone()), (&task.kt, idx(0)), (&s, idx(0))],
         );
         if masked {
@@ -43,7 +50,7 @@ impl BackwardKernel {
         self.step(TileOp::SoftmaxRecompute { rows, cols, ld: cols }, &[(&s, idx(0)), (&lse, row_at.clone())]);
         // dP = dO (V scale)^T.
         self.step(
-            gemm(rows, cols, d, qsn, cols, cols, false, false),
+            tile_b(gemm(rows, cols, d, qsn, cols, cols, false, false)),
             &[(&d_o, q_at.clone()), (&task.vt, idx(0)), (&dp, idx(0))],
         );
         let delta = self.delta.clone();

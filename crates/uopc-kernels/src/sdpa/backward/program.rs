@@ -169,6 +169,13 @@ impl BackwardKernel {
     }
 
     /// Appends a tile op on `operands` (view, first element), after the chain.
+    /// The panel width of the task's `K^T` and `V^T` tiles for a key block of `cols` keys: the
+    /// f32 GEMM's register-tile width when `cols` is a multiple of it, else `None` (rows).
+    pub(super) fn panel_width(&self, cols: usize) -> Option<usize> {
+        let w = uopc_tile::panel_width(uopc_tile::Isa::detect());
+        cols.is_multiple_of(w).then_some(w)
+    }
+
     pub(super) fn step(&mut self, op: TileOp, operands: &[(&UOp, UOp)]) {
         let src: Vec<UOp> = operands.iter().map(|(v, i)| self.at(v, i.clone())).collect();
         self.chain = vec![tile(op, &src)];
@@ -281,15 +288,35 @@ impl BackwardKernel {
         let cols = kb.cols;
         let kscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
         let vscale = self.c.effective_scale();
-        // K^T and V^T (d x cols): the score and dP GEMMs then read B untransposed, in place.
-        let (j, e) = (self.pb.range(cols, AxisType::Loop), self.pb.range(d, AxisType::Loop));
-        let src = &task.kv_base + (&kb.k0 + &j) * ksn + &e;
-        let to = &e * cols + &j;
-        let copy = sink(&[
-            self.at(&task.kt, to.clone()).store(self.k.index(src.clone()).load() * kscale),
-            self.at(&task.vt, to).store(self.v.index(src).load() * vscale),
-        ])
-        .end(&[e, j]);
+        // K^T and V^T (d x cols), which the score and dP GEMMs read as B for every query block:
+        // in the panels the micro-kernel reads in place when the block is a whole number of
+        // them (no per-GEMM packing), else untransposed rows.
+        let copy = match self.panel_width(cols) {
+            Some(w) => {
+                let (jp, jj, e) = (
+                    self.pb.range(cols / w, AxisType::Loop),
+                    self.pb.range(w, AxisType::Loop),
+                    self.pb.range(d, AxisType::Loop),
+                );
+                let src = &task.kv_base + (&kb.k0 + &jp * w + &jj) * ksn + &e;
+                let to = &jp * (d * w) + &e * w + &jj;
+                sink(&[
+                    self.at(&task.kt, to.clone()).store(self.k.index(src.clone()).load() * kscale),
+                    self.at(&task.vt, to).store(self.v.index(src).load() * vscale),
+                ])
+                .end(&[e, jj, jp])
+            }
+            None => {
+                let (j, e) = (self.pb.range(cols, AxisType::Loop), self.pb.range(d, AxisType::Loop));
+                let src = &task.kv_base + (&kb.k0 + &j) * ksn + &e;
+                let to = &e * cols + &j;
+                sink(&[
+                    self.at(&task.kt, to.clone()).store(self.k.index(src.clone()).load() * kscale),
+                    self.at(&task.vt, to).store(self.v.index(src).load() * vscale),
+                ])
+                .end(&[e, j])
+            }
+        };
         if !self.outputs.grads {
             self.chain = vec![copy];
             let group = self.g.group;
