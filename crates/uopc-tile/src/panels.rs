@@ -11,10 +11,17 @@ use crate::{GemmShape, Isa, TileError};
 /// The panel width the GEMM of `isa` reads in place: its register tile's columns (16 floats
 /// for AVX2+FMA, 32 for AVX-512). The portable GEMM takes any width; it is given 16.
 pub fn panel_width(isa: Isa) -> usize {
-    match isa {
-        Isa::Avx512 => 32,
-        _ => 16,
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::blocked::TileKernel;
+        match isa {
+            Isa::Avx512 => return crate::x86::avx512::Kernel::NR,
+            Isa::Avx2Fma => return crate::x86::avx2::Kernel::NR,
+            Isa::Portable => {}
+        }
     }
+    let _ = isa;
+    16
 }
 
 /// Where [`pack_panels`] reads a `k x n` B and how it lays out the panels.

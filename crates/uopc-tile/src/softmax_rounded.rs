@@ -6,6 +6,8 @@ use half::{bf16, f16};
 
 use crate::error::check_len;
 use crate::softmax::{any_scaled_nan, exp2_scalar, flat_update_shape};
+#[cfg(target_arch = "x86_64")]
+use crate::x86::RoundedTile;
 use crate::{Isa, SoftmaxShape, TileError, convert};
 
 /// A 16-bit type the probabilities of [`softmax_update_rounded`] are rounded to: `bf16` or
@@ -157,42 +159,16 @@ pub unsafe fn softmax_update_rounded_unchecked<T: RoundedProb>(
     if sh.rows == 0 || sh.cols == 0 {
         return;
     }
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller guarantees AVX-512 and the extents; T is a transparent u16.
-        Isa::Avx512 => unsafe {
-            crate::x86::avx512::softmax_update_rounded(
-                sh,
-                ldp,
-                scale,
-                T::IS_F16,
-                s,
-                row_max,
-                row_sum,
-                o,
-                crate::x86::avx512::RoundedTile::Bits(p.cast()),
-            )
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller guarantees AVX2 and FMA, the guard F16C for f16, and the
-        // extents; T is a transparent u16.
-        Isa::Avx2Fma if !T::IS_F16 || std::arch::is_x86_feature_detected!("f16c") => unsafe {
-            crate::x86::avx2::softmax_update_rounded(
-                sh,
-                ldp,
-                scale,
-                T::IS_F16,
-                s,
-                row_max,
-                row_sum,
-                o,
-                crate::x86::avx2::RoundedTile::Bits(p.cast()),
-            )
-        },
-        // SAFETY: forwarded; no CPU features are needed. Row `r` of P spans `cols` elements
-        // at `r * ldp` (the caller's contract).
-        _ => unsafe { portable::<T>(sh, scale, s, row_max, row_sum, o, |r, j, q| *p.add(r * ldp + j) = q) },
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller guarantees the ISA and the extents; T is a transparent u16.
+    if unsafe {
+        vector_step(isa, sh, ldp, scale, T::IS_F16, s, row_max, row_sum, o, RoundedTile::Bits(p.cast()))
+    } {
+        return;
     }
+    // SAFETY: forwarded; no CPU features are needed. Row `r` of P spans `cols` elements at
+    // `r * ldp` (the caller's contract).
+    unsafe { portable::<T>(sh, scale, s, row_max, row_sum, o, |r, j, q| *p.add(r * ldp + j) = q) }
 }
 
 /// [`softmax_update_rounded`] with P written over S: the same step, every probability rounded
@@ -279,45 +255,51 @@ pub unsafe fn softmax_update_rounded_in_place_unchecked<T: RoundedProb>(
         return;
     }
     let lds = sh.lds;
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller guarantees AVX-512 and the extents; P is S itself (same stride),
-        // which the kernel allows.
-        Isa::Avx512 => unsafe {
-            crate::x86::avx512::softmax_update_rounded(
-                sh,
-                lds,
-                scale,
-                T::IS_F16,
-                s,
-                row_max,
-                row_sum,
-                o,
-                crate::x86::avx512::RoundedTile::Wide(s),
-            )
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller guarantees AVX2 and FMA, the guard F16C for f16, and the
-        // extents; P is S itself (same stride), which the kernel allows.
-        Isa::Avx2Fma if !T::IS_F16 || std::arch::is_x86_feature_detected!("f16c") => unsafe {
-            crate::x86::avx2::softmax_update_rounded(
-                sh,
-                lds,
-                scale,
-                T::IS_F16,
-                s,
-                row_max,
-                row_sum,
-                o,
-                crate::x86::avx2::RoundedTile::Wide(s),
-            )
-        },
-        // SAFETY: forwarded; no CPU features are needed. Score `(r, j)` is at `r * lds + j`,
-        // read (in both of the row's passes) before `write` replaces it.
-        _ => unsafe {
-            portable::<T>(sh, scale, s, row_max, row_sum, o, |r, j, q| *s.add(r * lds + j) = q.widen())
-        },
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller guarantees the ISA and the extents; P is S itself (same stride),
+    // which the kernels allow.
+    if unsafe { vector_step(isa, sh, lds, scale, T::IS_F16, s, row_max, row_sum, o, RoundedTile::Wide(s)) } {
+        return;
     }
+    // SAFETY: forwarded; no CPU features are needed. Score `(r, j)` is at `r * lds + j`, read
+    // (in both of the row's passes) before `write` replaces it.
+    unsafe { portable::<T>(sh, scale, s, row_max, row_sum, o, |r, j, q| *s.add(r * lds + j) = q.widen()) }
+}
+
+/// Runs the rounded step on `isa`'s vector kernel, writing `tile`, and returns `true`; or
+/// returns `false` without touching memory when `isa` has none (portable, or AVX2 without
+/// F16C for f16).
+///
+/// # Safety
+///
+/// `isa` is available; the pointers satisfy [`softmax_update_rounded_unchecked`] with P at
+/// `tile` (stride `ldp`), or `tile` is `Wide(s)` with `ldp == sh.lds`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)] // as the entry points
+unsafe fn vector_step(
+    isa: Isa,
+    sh: &SoftmaxShape,
+    ldp: usize,
+    scale: f32,
+    is_f16: bool,
+    s: *const f32,
+    row_max: *mut f32,
+    row_sum: *mut f32,
+    o: *mut f32,
+    tile: RoundedTile,
+) -> bool {
+    match isa {
+        // SAFETY: forwarded; AVX-512 is available.
+        Isa::Avx512 => unsafe {
+            crate::x86::avx512::softmax_update_rounded(sh, ldp, scale, is_f16, s, row_max, row_sum, o, tile)
+        },
+        // SAFETY: forwarded; AVX2 and FMA are available, and the guard checked F16C for f16.
+        Isa::Avx2Fma if !is_f16 || std::arch::is_x86_feature_detected!("f16c") => unsafe {
+            crate::x86::avx2::softmax_update_rounded(sh, ldp, scale, is_f16, s, row_max, row_sum, o, tile)
+        },
+        _ => return false,
+    }
+    true
 }
 
 /// The portable step: the same algorithm one float at a time (AVX2 machines take it too),

@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::RoundedTile;
 use crate::blocked::{Tile, TileKernel};
 use crate::softmax::{EXP2_C, EXP2_LO, SoftmaxShape, any_scaled_nan};
 
@@ -166,6 +167,30 @@ pub(super) fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
 }
 
+/// `row[j] *= alpha` for `j < d`, 8 lanes at a time with the tail masked: the rescale of one
+/// output row by a softmax step.
+///
+/// # Safety
+///
+/// AVX2 and FMA are available and `row` is valid for reads and writes of `d` floats.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn scale_row(row: *mut f32, d: usize, alpha: f32) {
+    let av = _mm256_set1_ps(alpha);
+    let full = d - d % 8;
+    // SAFETY: full vectors end at `full <= d`; the tail is masked to `d`.
+    unsafe {
+        for j in (0..full).step_by(8) {
+            _mm256_storeu_ps(row.add(j), _mm256_mul_ps(_mm256_loadu_ps(row.add(j)), av));
+        }
+        if !d.is_multiple_of(8) {
+            let tail = lanes(d % 8);
+            let x = _mm256_maskload_ps(row.add(full), tail);
+            _mm256_maskstore_ps(row.add(full), tail, _mm256_mul_ps(x, av));
+        }
+    }
+}
+
 /// The softmax update over all rows (see [`crate::softmax_update`]).
 ///
 /// # Safety
@@ -183,9 +208,9 @@ pub(crate) unsafe fn softmax_update(
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
     let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
     let sv = _mm256_set1_ps(scale);
-    let (cfull, dfull) = (cols - cols % 8, d - d % 8);
-    let (ctail, dtail) = (lanes(cols % 8), lanes(d % 8));
-    let (has_ctail, has_dtail) = (cols % 8 != 0, d % 8 != 0);
+    let cfull = cols - cols % 8;
+    let ctail = lanes(cols % 8);
+    let has_ctail = cols % 8 != 0;
     // A positive finite scale preserves order, so a row's maximum is scaled once rather than
     // every score before comparing (the same float: rounding is monotonic).
     let scale_after_max = scale > 0.0 && scale.is_finite();
@@ -214,9 +239,9 @@ pub(crate) unsafe fn softmax_update(
         if r + 1 < rows {
             next_max = block_max(r + 1);
         }
-        // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors end
-        // at `cfull`/`dfull`, and the tails use `vmaskmov`, so nothing outside the rows is
-        // touched.
+        // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats (`d > 0` before
+        // `scale_row` takes it); full vectors end at `cfull`, and the tail uses `vmaskmov`, so
+        // nothing outside the rows is touched.
         unsafe {
             let srow = s.add(r * lds);
             let m_old = *row_max.add(r);
@@ -249,15 +274,7 @@ pub(crate) unsafe fn softmax_update(
             *row_max.add(r) = m_new;
             // alpha == 1 leaves O unchanged bit for bit, so skip the pass.
             if alpha != 1.0 && d > 0 {
-                let orow = o.add(r * ldo);
-                let av = _mm256_set1_ps(alpha);
-                for j in (0..dfull).step_by(8) {
-                    _mm256_storeu_ps(orow.add(j), _mm256_mul_ps(_mm256_loadu_ps(orow.add(j)), av));
-                }
-                if has_dtail {
-                    let x = _mm256_maskload_ps(orow.add(dfull), dtail);
-                    _mm256_maskstore_ps(orow.add(dfull), dtail, _mm256_mul_ps(x, av));
-                }
+                scale_row(o.add(r * ldo), d, alpha);
             }
         }
     }
@@ -274,10 +291,6 @@ pub(crate) unsafe fn softmax_recompute(sh: &crate::ScoreTileShape, s: *mut f32, 
     let crate::ScoreTileShape { rows, cols, ld } = *sh;
     let full = cols - cols % 8;
     let tail = lanes(cols % 8);
-    // Exponents above 128 give +inf, as the other ISAs' clamp does (an lse from another
-    // forward than these scores may leave them positive); below, `exp2_nonpositive` is exact
-    // to its accuracy for the small positive rounding differences a matching lse leaves.
-    let hi = _mm256_set1_ps(128.0);
     for r in 0..rows {
         // SAFETY: row `r < rows` of S spans `cols` floats at `r * ld`; full vectors end at
         // `full` and the tail is masked; `lse` holds `rows` floats.
@@ -292,8 +305,9 @@ pub(crate) unsafe fn softmax_recompute(sh: &crate::ScoreTileShape, s: *mut f32, 
                 continue;
             }
             let lv = _mm256_set1_ps(l);
-            // MINPS returns its second operand when either is NaN, so NaN stays NaN.
-            let step = |x: __m256| exp2_nonpositive(_mm256_min_ps(hi, _mm256_sub_ps(x, lv)));
+            // Any exponent: an lse from another forward than these scores may leave some
+            // positive, and those from 128 on give +inf as on the other ISAs.
+            let step = |x: __m256| exp2_any(_mm256_sub_ps(x, lv));
             for j in (0..full).step_by(8) {
                 _mm256_storeu_ps(row.add(j), step(_mm256_loadu_ps(row.add(j))));
             }
@@ -454,17 +468,6 @@ pub(crate) unsafe fn exp_row(x: *const f32, y: *mut f32, len: usize, b: f32, sca
     }
 }
 
-/// Where [`softmax_update_rounded`] writes the rounded probabilities.
-#[derive(Clone, Copy)]
-pub(crate) enum RoundedTile {
-    /// A 16-bit tile of the rounded values' bit patterns.
-    Bits(*mut u16),
-    /// An f32 tile of the rounded values (exact in f32); it may be the score tile itself
-    /// (same address, `ldp == lds`), since each score is read before its probability is
-    /// written over it.
-    Wide(*mut f32),
-}
-
 /// Eight f32 lanes rounded to nearest even to bf16 (as `convert::bf16_from_f32`: a NaN keeps
 /// its top bits and is made quiet), returned as the bf16 patterns in the low half of each
 /// 32-bit lane.
@@ -527,9 +530,9 @@ pub(crate) unsafe fn softmax_update_rounded(
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
     let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
     let sv = _mm256_set1_ps(scale);
-    let (cfull, dfull) = (cols - cols % 8, d - d % 8);
-    let (ctail, dtail) = (lanes(cols % 8), lanes(d % 8));
-    let (has_ctail, has_dtail) = (!cols.is_multiple_of(8), !d.is_multiple_of(8));
+    let cfull = cols - cols % 8;
+    let ctail = lanes(cols % 8);
+    let has_ctail = !cols.is_multiple_of(8);
     // Writes lanes `0..n` (all eight for `n == 8`) of row `r`'s probabilities from column `j`.
     let write = |r: usize, j: usize, n: usize, bits: __m128i, wide: __m256| {
         // SAFETY: the caller passes columns `j .. j + n` of row `r < rows`, inside P's extent.
@@ -557,8 +560,9 @@ pub(crate) unsafe fn softmax_update_rounded(
         }
     };
     for r in 0..rows {
-        // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors end
-        // at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is touched.
+        // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats (`d > 0` before
+        // `scale_row` takes it); full vectors end at `cfull`, and the tail is masked, so nothing
+        // outside the rows is touched.
         unsafe {
             let srow = s.add(r * lds);
             let mut mx = neg_inf;
@@ -602,15 +606,7 @@ pub(crate) unsafe fn softmax_update_rounded(
             *row_max.add(r) = m_new;
             // alpha == 1 leaves O unchanged bit for bit, so skip the pass.
             if alpha != 1.0 && d > 0 {
-                let orow = o.add(r * ldo);
-                let av = _mm256_set1_ps(alpha);
-                for j in (0..dfull).step_by(8) {
-                    _mm256_storeu_ps(orow.add(j), _mm256_mul_ps(_mm256_loadu_ps(orow.add(j)), av));
-                }
-                if has_dtail {
-                    let x = _mm256_maskload_ps(orow.add(dfull), dtail);
-                    _mm256_maskstore_ps(orow.add(dfull), dtail, _mm256_mul_ps(x, av));
-                }
+                scale_row(o.add(r * ldo), d, alpha);
             }
         }
     }

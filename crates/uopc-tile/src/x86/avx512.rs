@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{STREAM_AHEAD, prefetch_row};
+use super::{RoundedTile, STREAM_AHEAD, prefetch_row};
 use crate::blocked::{Tile, TileKernel};
 use crate::softmax::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape, any_scaled_nan};
 use crate::softmax_grad::ScoreTileShape;
@@ -204,17 +204,6 @@ pub(crate) unsafe fn softmax_update(
             }
         }
     }
-}
-
-/// Where [`softmax_update_rounded`] writes its probabilities, each rounded to f16 or bf16.
-#[derive(Clone, Copy)]
-pub(crate) enum RoundedTile {
-    /// A 16-bit tile of the rounded values' bit patterns.
-    Bits(*mut u16),
-    /// An f32 tile of the rounded values (exact in f32); it may be the score tile itself
-    /// (same address, `ldp == lds`), since each score is read before its probability is
-    /// written over it.
-    Wide(*mut f32),
 }
 
 /// The rounded softmax step over all rows (see [`crate::softmax_update_rounded`] and

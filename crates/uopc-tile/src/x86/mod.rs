@@ -13,6 +13,18 @@ pub(crate) mod avx512;
 pub(crate) mod bf16;
 pub(crate) mod half_rows;
 
+/// Where a vector rounded softmax step (`avx512::softmax_update_rounded`,
+/// `avx2::softmax_update_rounded`) writes its probabilities, each rounded to f16 or bf16.
+#[derive(Clone, Copy)]
+pub(crate) enum RoundedTile {
+    /// A 16-bit tile of the rounded values' bit patterns.
+    Bits(*mut u16),
+    /// An f32 tile of the rounded values (exact in f32); it may be the score tile itself
+    /// (same address, `ldp == lds`), since each score is read before its probability is
+    /// written over it.
+    Wide(*mut f32),
+}
+
 /// Rows of B that the few-rows GEMM kernels (dot products and streamed rows) request ahead of
 /// the one they multiply.
 pub(crate) const STREAM_AHEAD: usize = 16;
