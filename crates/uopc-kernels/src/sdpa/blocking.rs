@@ -1,6 +1,7 @@
 //! The block sizes of the forward kernel ([`Blocking`]) and how they are chosen for a
 //! configuration and a machine.
 
+use super::panels::KvPanels;
 use super::{SdpaConfig, SdpaDType};
 use uopc_jit::MAX_LOCAL_BYTES;
 
@@ -124,9 +125,10 @@ impl Blocking {
     }
 
     /// Whether K and V can be read from panels of `width` columns under these blocks: f32,
-    /// without split-K or a runtime KV length, and every key block starting a panel.
+    /// without split-K or a runtime KV length, every key block starting a panel, and a width
+    /// the GEMM descriptor carries.
     pub fn panels_fit(&self, config: &SdpaConfig, width: usize) -> bool {
-        width > 0
+        (1..=uopc_tile::GEMM_MAX_PANEL_WIDTH).contains(&width)
             && config.dtype == SdpaDType::F32
             && self.splits == 1
             && !config.runtime_kv_length
@@ -206,6 +208,16 @@ impl Blocking {
         let rows = self.heads_per_task * self.queries;
         (config.causal && self.splits == 1 && self.heads_per_task == 1 && rows > CAUSAL_SUB_ROWS)
             .then_some(CAUSAL_SUB_ROWS)
+    }
+
+    /// Whether [`Blocking::kv_panel_width`] is 0 or a width [`Blocking::panels_fit`] allows.
+    pub fn kv_panels_valid(&self, config: &SdpaConfig) -> bool {
+        self.kv_panel_width == 0 || self.panels_fit(config, self.kv_panel_width)
+    }
+
+    /// Where K and V lie in panels for `config`, when these blocks read them so.
+    pub(crate) fn kv_panels(&self, config: &SdpaConfig) -> Option<KvPanels> {
+        (self.kv_panel_width > 0).then(|| KvPanels::new(config, self.kv_panel_width, self.keys))
     }
 
     /// Keys per block of the blocks every row of a causal task sees (those before its diagonal

@@ -44,9 +44,7 @@ impl Sdpa {
                 || (blocking.queries == config.n_q
                     && (2..=full_blocks).contains(&blocking.splits)
                     && blocking.chunk_blocks(config.n_k) * (blocking.splits - 1) < full_blocks))
-            && (blocking.kv_panel_width == 0
-                || (blocking.kv_panel_width <= uopc_tile::GEMM_MAX_PANEL_WIDTH
-                    && blocking.panels_fit(config, blocking.kv_panel_width)));
+            && blocking.kv_panels_valid(config);
         if !valid {
             return Err(JitError::Unsupported(format!(
                 "sdpa: blocking {blocking:?} does not fit {config:?}"
@@ -59,9 +57,7 @@ impl Sdpa {
         } else {
             None
         };
-        let panels = (blocking.kv_panel_width > 0)
-            .then(|| KvPanels::new(config, blocking.kv_panel_width, blocking.keys));
-        let sdpa = Sdpa { config: *config, blocking, program, merge, panels };
+        let sdpa = Sdpa { config: *config, blocking, program, merge, panels: blocking.kv_panels(config) };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
         }

@@ -9,6 +9,7 @@
 use super::SdpaConfig;
 use rayon::prelude::*;
 use std::cell::Cell;
+use uopc_ir::UOp;
 use uopc_tile::{Isa, PanelPacking, pack_panels};
 
 thread_local! {
@@ -96,6 +97,12 @@ impl KvPanels {
     /// Elements of all value panels.
     pub fn v_len(&self) -> usize {
         self.heads * self.v_head
+    }
+
+    /// Where the key block starting at key `first` (a multiple of the block size) begins in
+    /// its head's key panels, and in its value panels.
+    pub fn block_offsets(&self, first: &UOp) -> (UOp, UOp) {
+        (first * self.d, first * self.d.next_multiple_of(self.width))
     }
 
     /// How the `cols` keys of one block become the B of the score GEMM (`K^T`, D x cols): k's

@@ -290,33 +290,29 @@ impl BackwardKernel {
         let vscale = self.c.effective_scale();
         // K^T and V^T (d x cols), which the score and dP GEMMs read as B for every query block:
         // in the panels the micro-kernel reads in place when the block is a whole number of
-        // them (no per-GEMM packing), else untransposed rows.
-        let copy = match self.panel_width(cols) {
+        // them (no per-GEMM packing), else untransposed rows. `(j, e)` is the block's key and
+        // head dimension, `to` where the pair lands in the tiles.
+        let (j, e, to, ranges) = match self.panel_width(cols) {
             Some(w) => {
                 let (jp, jj, e) = (
                     self.pb.range(cols / w, AxisType::Loop),
                     self.pb.range(w, AxisType::Loop),
                     self.pb.range(d, AxisType::Loop),
                 );
-                let src = &task.kv_base + (&kb.k0 + &jp * w + &jj) * ksn + &e;
                 let to = &jp * (d * w) + &e * w + &jj;
-                sink(&[
-                    self.at(&task.kt, to.clone()).store(self.k.index(src.clone()).load() * kscale),
-                    self.at(&task.vt, to).store(self.v.index(src).load() * vscale),
-                ])
-                .end(&[e, jj, jp])
+                (&jp * w + &jj, e.clone(), to, vec![e, jj, jp])
             }
             None => {
                 let (j, e) = (self.pb.range(cols, AxisType::Loop), self.pb.range(d, AxisType::Loop));
-                let src = &task.kv_base + (&kb.k0 + &j) * ksn + &e;
-                let to = &e * cols + &j;
-                sink(&[
-                    self.at(&task.kt, to.clone()).store(self.k.index(src.clone()).load() * kscale),
-                    self.at(&task.vt, to).store(self.v.index(src).load() * vscale),
-                ])
-                .end(&[e, j])
+                (j.clone(), e.clone(), &e * cols + &j, vec![e, j])
             }
         };
+        let src = &task.kv_base + (&kb.k0 + &j) * ksn + &e;
+        let copy = sink(&[
+            self.at(&task.kt, to.clone()).store(self.k.index(src.clone()).load() * kscale),
+            self.at(&task.vt, to).store(self.v.index(src).load() * vscale),
+        ])
+        .end(&ranges);
         if !self.outputs.grads {
             self.chain = vec![copy];
             let group = self.g.group;

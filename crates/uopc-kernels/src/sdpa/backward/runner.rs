@@ -70,9 +70,7 @@ impl SdpaBackward {
             && (1..=config.n_q).contains(&forward.queries)
             && (1..=config.n_k).contains(&forward.keys)
             && forward.splits == 1
-            && (forward.kv_panel_width == 0
-                || (forward.kv_panel_width <= uopc_tile::GEMM_MAX_PANEL_WIDTH
-                    && forward.panels_fit(config, forward.kv_panel_width)));
+            && forward.kv_panels_valid(config);
         if config.runtime_kv_length {
             return Err(JitError::Unsupported(
                 "sdpa backward: a runtime KV length (decode) has no backward; use a fixed n_k".into(),
@@ -103,8 +101,7 @@ impl SdpaBackward {
             program,
             bias_grad: OnceLock::new(),
             scratch: Mutex::new(Vec::new()),
-            panels: (forward.kv_panel_width > 0)
-                .then(|| KvPanels::new(config, forward.kv_panel_width, forward.keys)),
+            panels: forward.kv_panels(config),
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!(

@@ -58,15 +58,17 @@ impl SdpaKernel {
             b_panel_width: 0,
         };
         let kv_at = &task.kv_base + first * ksn;
-        let (keys, values) = match &task.panel_base {
-            Some((k0, v0)) => {
-                // The block's own panels (each block's are contiguous; see `KvPanels`).
-                let w = self.b.kv_panel_width;
-                scores = GemmShape { b_trans: false, ldb: d * w, b_panel_width: w, ..scores };
-                pv = GemmShape { ldb: cols * w, b_panel_width: w, ..pv };
-                (self.k.index(k0 + first * d), self.v.index(v0 + first * d.next_multiple_of(w) as i64))
+        let (keys, values) = match (&self.panels, &task.panel_base) {
+            (Some(panels), Some((k0, v0))) => {
+                // The block's own panels (each block's are contiguous), laid out as packed.
+                let (kp, vp) = (panels.keys(cols), panels.values(cols));
+                scores =
+                    GemmShape { b_trans: false, ldb: kp.panel_stride, b_panel_width: kp.width, ..scores };
+                pv = GemmShape { ldb: vp.panel_stride, b_panel_width: vp.width, ..pv };
+                let (k_at, v_at) = panels.block_offsets(first);
+                (self.k.index(k0 + k_at), self.v.index(v0 + v_at))
             }
-            None => (self.k.index(&kv_at), self.v.index(&kv_at)),
+            _ => (self.k.index(&kv_at), self.v.index(&kv_at)),
         };
         let mut g1 = tile(TileOp::Gemm(scores), &[queries, keys, task.si.after(prev).index(at_s)]);
         // Unscaled queries (16-bit attention's exact tile, or q read in place) have the
@@ -120,22 +122,22 @@ impl SdpaKernel {
         // values for f16).
         let probs = task.pi.as_ref().unwrap_or(&task.si);
         let bc = self.b.keys;
-        match &task.panel_base {
+        match (&self.panels, &task.panel_base) {
             // A block wider than the panel blocks (a causal task's prefix) spans two of them:
             // one GEMM per half, the second after the first.
-            Some((_, v0)) if cols > bc => {
-                let w = self.b.kv_panel_width;
-                let half = GemmShape { k: bc, ldb: bc * w, ..pv };
+            (Some(panels), Some((_, v0))) if cols > bc => {
+                let vp = panels.values(bc);
+                let half = GemmShape { k: bc, ldb: vp.panel_stride, ..pv };
                 let first_half = tile(
                     TileOp::Gemm(half),
                     &[probs.after(after_sm).index(at_s), values, task.oi.after(after_sm).index(at_d)],
                 );
-                let second = self.v.index(v0 + (first + bc as i64) * d.next_multiple_of(w) as i64);
+                let (_, v_at) = panels.block_offsets(&(first + bc as i64));
                 tile(
-                    TileOp::Gemm(GemmShape { k: cols - bc, ldb: (cols - bc) * w, ..half }),
+                    TileOp::Gemm(GemmShape { k: cols - bc, ..half }),
                     &[
                         probs.after(after_sm).index(at_s + bc as i64),
-                        second,
+                        self.v.index(v0 + v_at),
                         task.oi.after(std::slice::from_ref(&first_half)).index(at_d),
                     ],
                 )

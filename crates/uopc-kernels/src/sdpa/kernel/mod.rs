@@ -98,6 +98,8 @@ struct SdpaKernel {
     half: Option<DType>,
     /// The score GEMM reads q itself ([`Blocking::reads_queries_in_place`]).
     q_in_place: bool,
+    /// Where k and v lie in panels, with [`Blocking::kv_panel_width`].
+    panels: Option<KvPanels>,
     pb: ProgramBuilder,
 }
 
@@ -137,12 +139,10 @@ impl SdpaKernel {
         let el = c.dtype.dtype();
         let rows = blocking.heads_per_task * blocking.queries;
         let q = buffer(0, el, c.q_len());
-        let (k, v) = match blocking.kv_panel_width {
-            0 => (buffer(1, el, c.kv_len()), buffer(2, el, c.kv_len())),
-            w => {
-                let panels = KvPanels::new(&c, w, blocking.keys);
-                (buffer(1, f32t, panels.k_len()), buffer(2, f32t, panels.v_len()))
-            }
+        let panels = blocking.kv_panels(config);
+        let (k, v) = match &panels {
+            None => (buffer(1, el, c.kv_len()), buffer(2, el, c.kv_len())),
+            Some(panels) => (buffer(1, f32t, panels.k_len()), buffer(2, f32t, panels.v_len())),
         };
         let (out, partial, mut slot) = if blocking.splits > 1 {
             let states = blocking.tasks(config) * rows;
@@ -181,6 +181,7 @@ impl SdpaKernel {
             lse,
             half: (el != f32t).then_some(el),
             q_in_place: blocking.reads_queries_in_place(config),
+            panels,
             pb: ProgramBuilder::new(),
         }
     }

@@ -4,7 +4,6 @@
 use super::{SdpaKernel, Task};
 use crate::masked::min_idx;
 use crate::online::LOG2E;
-use crate::sdpa::panels::KvPanels;
 use crate::sdpa::{Blocking, SdpaConfig};
 use uopc_ir::{AxisType, DType, TileOp, UOp, f32c, idx, sink, tile};
 
@@ -42,8 +41,7 @@ impl SdpaKernel {
         let item = item_kv.idiv(kv_heads as i64);
         let [ksb, ksh, _] = self.c.layout.strides(kv_heads, n_k, d);
         let kv_base = &item * ksb + &kv_head * ksh;
-        let panel_base = (self.b.kv_panel_width > 0).then(|| {
-            let panels = KvPanels::new(&self.c, self.b.kv_panel_width, self.b.keys);
+        let panel_base = self.panels.map(|panels| {
             let head = &item * kv_heads + &kv_head;
             (&head * panels.k_head, &head * panels.v_head)
         });
