@@ -116,6 +116,57 @@ fn causal_sub_tiles_with_every_mask_kind() {
     }
 }
 
+/// A causal sub-tile whose masked keys are its diagonal block alone runs that block's GEMMs
+/// as a staircase of row parts (and, with the keys at or ahead of the queries, its whole
+/// blocks and the diagonal as one block): aligned offsets ahead of and behind the queries,
+/// with and without panels, odd part counts; misaligned offsets, key lengths and masks run
+/// the block whole.
+#[test]
+fn causal_diagonal_blocks_run_as_a_staircase_of_row_parts() {
+    let mut rng = Rng(29);
+    let native = uopc_tile::panel_width(uopc_tile::Isa::detect());
+    for (n_q, n_k) in [(256, 256), (128, 384), (256, 128), (384, 448), (256, 200), (300, 300)] {
+        for (parts, width, d) in [(2, 0, 16), (2, native, 24), (3, native, 16), (5, 0, 7)] {
+            let layout = if rng.below(2) == 0 { Layout::Bhnd } else { Layout::Bnhd };
+            let c = SdpaConfig { causal: true, layout, ..config(2, 4, 2, n_q, n_k, d) };
+            let blocking = Blocking {
+                heads_per_task: 1,
+                queries: 128,
+                keys: 64,
+                splits: 1,
+                kv_panel_width: width,
+                diagonal_parts: parts,
+            };
+            let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
+            let aligned = (n_k - n_q) % 64 == 0 && n_q % 128 == 0;
+            assert_eq!(sdpa.to_string().contains(&format!("in {parts} row parts")), aligned, "{sdpa}");
+            let case = Case::new(c, &mut rng);
+            check(&case, &sdpa);
+            // The same attention with the diagonal blocks whole.
+            let whole = Sdpa::compile_with(&c, Blocking { diagonal_parts: 1, ..blocking }).unwrap();
+            assert!(!whole.to_string().contains("row parts"), "{whole}");
+            let (mut a, mut b) = (vec![0.0; c.q_len()], vec![0.0; c.q_len()]);
+            sdpa.run(&case.q, &case.k, &case.v, case.extras(), &mut a).unwrap();
+            whole.run(&case.q, &case.k, &case.v, case.extras(), &mut b).unwrap();
+            let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            assert!(diff < 1e-5, "{sdpa}: {diff}");
+        }
+    }
+    // Any other mask keeps the blocks whole; the library's own choice uses halves.
+    for (mask, lens) in [(MaskKind::None, true), (MaskKind::Bool([2, 1, 256, 256]), false)] {
+        let c = SdpaConfig { causal: true, mask, key_lengths: lens, ..config(2, 4, 2, 256, 256, 16) };
+        let sdpa = Sdpa::compile(&c).unwrap();
+        assert!(!sdpa.to_string().contains("row parts"), "{sdpa}");
+        check(&Case::new(c, &mut rng), &sdpa);
+    }
+    let c = SdpaConfig { causal: true, ..config(1, 2, 1, 1024, 1024, 64) };
+    let sdpa = Sdpa::compile(&c).unwrap();
+    assert!(sdpa.to_string().contains("each diagonal block's GEMMs in 2 row parts"), "{sdpa}");
+    // More parts than keys are refused.
+    let bad = Blocking { diagonal_parts: 65, ..sdpa.blocking() };
+    assert!(Sdpa::compile_with(&c, bad).is_err());
+}
+
 #[test]
 fn odd_and_unequal_lengths_with_and_without_causal() {
     let mut rng = Rng(11);
@@ -167,9 +218,30 @@ fn small_blockings_exercise_every_key_phase() {
             let c = SdpaConfig { causal, key_lengths: true, ..config(2, 4, 2, n_q, n_k, 8) };
             let case = Case::new(c, &mut rng);
             for blocking in [
-                Blocking { heads_per_task: 1, queries: 6, keys: 4, splits: 1, kv_panel_width: 0 },
-                Blocking { heads_per_task: 2, queries: 16, keys: 7, splits: 1, kv_panel_width: 0 },
-                Blocking { heads_per_task: 2, queries: 1, keys: 20, splits: 1, kv_panel_width: 0 },
+                Blocking {
+                    heads_per_task: 1,
+                    queries: 6,
+                    keys: 4,
+                    splits: 1,
+                    kv_panel_width: 0,
+                    diagonal_parts: 1,
+                },
+                Blocking {
+                    heads_per_task: 2,
+                    queries: 16,
+                    keys: 7,
+                    splits: 1,
+                    kv_panel_width: 0,
+                    diagonal_parts: 1,
+                },
+                Blocking {
+                    heads_per_task: 2,
+                    queries: 1,
+                    keys: 20,
+                    splits: 1,
+                    kv_panel_width: 0,
+                    diagonal_parts: 1,
+                },
             ] {
                 check(&case, &Sdpa::compile_with(&c, blocking).expect("compile"));
             }
@@ -204,6 +276,7 @@ fn keys_and_values_packed_once_give_the_same_attention() {
                         keys: keys.min(n_k),
                         splits: 1,
                         kv_panel_width: width,
+                        diagonal_parts: 1,
                     };
                     let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
                     assert!(sdpa.to_string().contains(&format!("panels of {width}")), "{sdpa}");
@@ -219,8 +292,14 @@ fn keys_and_values_packed_once_give_the_same_attention() {
     for (n_q, n_k) in [(256, 256), (200, 500), (300, 301)] {
         for lens in [false, true] {
             let c = SdpaConfig { causal: true, key_lengths: lens, ..config(1, 2, 1, n_q, n_k, 24) };
-            let blocking =
-                Blocking { heads_per_task: 1, queries: 128, keys: 64, splits: 1, kv_panel_width: native };
+            let blocking = Blocking {
+                heads_per_task: 1,
+                queries: 128,
+                keys: 64,
+                splits: 1,
+                kv_panel_width: native,
+                diagonal_parts: 1,
+            };
             let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
             assert!(sdpa.to_string().contains("128 keys wide"), "{sdpa}");
             check(&Case::new(c, &mut rng), &sdpa);
@@ -230,7 +309,14 @@ fn keys_and_values_packed_once_give_the_same_attention() {
     let c = config(1, 2, 1, 32, 64, 16);
     let mut case = Case::new(c, &mut rng);
     case.k[5 * 16 + 3] = f32::NAN;
-    let blocking = Blocking { heads_per_task: 1, queries: 16, keys: 32, splits: 1, kv_panel_width: native };
+    let blocking = Blocking {
+        heads_per_task: 1,
+        queries: 16,
+        keys: 32,
+        splits: 1,
+        kv_panel_width: native,
+        diagonal_parts: 1,
+    };
     check(&case, &Sdpa::compile_with(&c, blocking).unwrap());
 }
 
@@ -240,8 +326,14 @@ fn one_attention_with_panels_runs_from_many_threads_at_once() {
     // kept panel buffer, and every output is its own.
     let c = config(1, 4, 2, 64, 96, 16);
     let native = uopc_tile::panel_width(uopc_tile::Isa::detect());
-    let blocking =
-        Blocking { heads_per_task: 1, queries: 16, keys: 2 * native, splits: 1, kv_panel_width: native };
+    let blocking = Blocking {
+        heads_per_task: 1,
+        queries: 16,
+        keys: 2 * native,
+        splits: 1,
+        kv_panel_width: native,
+        diagonal_parts: 1,
+    };
     let sdpa = Sdpa::compile_with(&c, blocking).unwrap();
     let cases: Vec<Case> = (0..4).map(|i| Case::new(c, &mut Rng(40 + i))).collect();
     std::thread::scope(|s| {
@@ -271,7 +363,14 @@ fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
     }
     // Panels with split-K, 16-bit inputs or key blocks that do not start a panel are refused.
     let c = config(1, 1, 1, 64, 256, 16);
-    let base = Blocking { heads_per_task: 1, queries: 64, keys: 32, splits: 1, kv_panel_width: 16 };
+    let base = Blocking {
+        heads_per_task: 1,
+        queries: 64,
+        keys: 32,
+        splits: 1,
+        kv_panel_width: 16,
+        diagonal_parts: 1,
+    };
     Sdpa::compile_with(&c, base).unwrap();
     for bad in [Blocking { kv_panel_width: 12, ..base }, Blocking { queries: 64, splits: 2, ..base }] {
         assert!(Sdpa::compile_with(&c, bad).is_err(), "{bad:?}");
@@ -303,8 +402,14 @@ fn split_keys_merge_to_the_same_attention() {
                         // Even chunks, none empty (as the library evens them).
                         let full = n_k / 4;
                         let splits = full.div_ceil(full.div_ceil(want));
-                        let blocking =
-                            Blocking { heads_per_task: gs, queries: n_q, keys: 4, splits, kv_panel_width: 0 };
+                        let blocking = Blocking {
+                            heads_per_task: gs,
+                            queries: n_q,
+                            keys: 4,
+                            splits,
+                            kv_panel_width: 0,
+                            diagonal_parts: 1,
+                        };
                         let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
                         assert!(sdpa.merge_program().is_some());
                         check(&case, &sdpa);
@@ -320,7 +425,14 @@ fn split_keys_merge_to_the_same_attention() {
     assert!(sdpa.to_string().contains("split into") || sdpa.blocking().splits == 1, "{sdpa}");
     check(&Case::new(c, &mut rng), &sdpa);
     // A blocking whose last chunk would be empty is refused.
-    let bad = Blocking { heads_per_task: 1, queries: 1, keys: 64, splits: 60, kv_panel_width: 0 };
+    let bad = Blocking {
+        heads_per_task: 1,
+        queries: 1,
+        keys: 64,
+        splits: 60,
+        kv_panel_width: 0,
+        diagonal_parts: 1,
+    };
     assert!(Sdpa::compile_with(&c, bad).is_err());
 }
 
@@ -335,7 +447,14 @@ fn key_lengths_skip_the_blocks_past_the_end() {
         case.lens = Some(vec![70, 33, 4, 0]);
         for blocking in [
             Sdpa::compile(&c).unwrap().blocking(),
-            Blocking { heads_per_task: 1, queries: 5, keys: 8, splits: 1, kv_panel_width: 0 },
+            Blocking {
+                heads_per_task: 1,
+                queries: 5,
+                keys: 8,
+                splits: 1,
+                kv_panel_width: 0,
+                diagonal_parts: 1,
+            },
         ] {
             check(&case, &Sdpa::compile_with(&c, blocking).unwrap());
         }
@@ -497,8 +616,15 @@ fn no_buffer_scales_with_n_squared_and_causal_does_about_half_the_work() {
         assert!(locals.iter().sum::<usize>() * 4 <= 256 * 1024, "{locals:?}");
     }
     let (full, half) = (plain.program().estimates().flops, causal.program().estimates().flops);
+    // Half the score matrix is n^2 / 2 + n / 2 pairs (0.5005 of it); the rest is the part of
+    // the diagonal blocks above the diagonal that the staircase of row halves still computes.
     let ratio = half as f64 / full as f64;
-    assert!((0.45..0.55).contains(&ratio), "causal / full static FLOPs = {ratio}");
+    assert!((0.5..0.52).contains(&ratio), "causal / full static FLOPs = {ratio}");
+    // Whole diagonal blocks compute all of each 64 x 64 diagonal block.
+    let whole =
+        Sdpa::compile_with(causal.config(), Blocking { diagonal_parts: 1, ..causal.blocking() }).unwrap();
+    let whole_ratio = whole.program().estimates().flops as f64 / full as f64;
+    assert!(whole_ratio > ratio + 0.01, "whole diagonal blocks: {whole_ratio}, staircase: {ratio}");
 }
 
 /// Locals of the loop program (`local accN: f32[len]`), by length.
@@ -578,8 +704,22 @@ fn zero_and_negative_scales_with_queries_read_in_place() {
             };
             let case = Case::new(c, &mut rng);
             for blocking in [
-                Blocking { heads_per_task: 1, queries: 6, keys: 4, splits: 1, kv_panel_width: 0 },
-                Blocking { heads_per_task: 2, queries: 16, keys: 8, splits: 1, kv_panel_width: 0 },
+                Blocking {
+                    heads_per_task: 1,
+                    queries: 6,
+                    keys: 4,
+                    splits: 1,
+                    kv_panel_width: 0,
+                    diagonal_parts: 1,
+                },
+                Blocking {
+                    heads_per_task: 2,
+                    queries: 16,
+                    keys: 8,
+                    splits: 1,
+                    kv_panel_width: 0,
+                    diagonal_parts: 1,
+                },
             ] {
                 let sdpa = Sdpa::compile_with(&c, blocking).unwrap();
                 assert_eq!(sdpa.blocking().reads_queries_in_place(&c), blocking.heads_per_task == 1);
@@ -630,7 +770,14 @@ fn one_compiled_program_serves_every_kv_length() {
         let library = Sdpa::compile(&c).unwrap();
         let split = Sdpa::compile_with(
             &c,
-            Blocking { heads_per_task: 1, queries: n_q, keys: 8, splits: 3, kv_panel_width: 0 },
+            Blocking {
+                heads_per_task: 1,
+                queries: n_q,
+                keys: 8,
+                splits: 3,
+                kv_panel_width: 0,
+                diagonal_parts: 1,
+            },
         )
         .unwrap();
         for sdpa in [&library, &split] {
@@ -693,17 +840,38 @@ fn small_programs_agree_with_the_loop_ir_interpreter() {
     for (c, blocking, kv) in [
         (
             SdpaConfig { causal: true, key_lengths: true, ..config(2, 2, 1, 7, 11, 4) },
-            Blocking { heads_per_task: 2, queries: 4, keys: 4, splits: 1, kv_panel_width: 0 },
+            Blocking {
+                heads_per_task: 2,
+                queries: 4,
+                keys: 4,
+                splits: 1,
+                kv_panel_width: 0,
+                diagonal_parts: 1,
+            },
             None,
         ),
         (
             SdpaConfig { mask: MaskKind::Bias([1, 2, 1, 11]), ..config(1, 2, 2, 1, 11, 3) },
-            Blocking { heads_per_task: 1, queries: 1, keys: 2, splits: 3, kv_panel_width: 0 },
+            Blocking {
+                heads_per_task: 1,
+                queries: 1,
+                keys: 2,
+                splits: 3,
+                kv_panel_width: 0,
+                diagonal_parts: 1,
+            },
             None,
         ),
         (
             SdpaConfig { causal: true, runtime_kv_length: true, ..config(1, 2, 2, 2, 12, 4) },
-            Blocking { heads_per_task: 1, queries: 2, keys: 4, splits: 1, kv_panel_width: 0 },
+            Blocking {
+                heads_per_task: 1,
+                queries: 2,
+                keys: 4,
+                splits: 1,
+                kv_panel_width: 0,
+                diagonal_parts: 1,
+            },
             Some(7),
         ),
     ] {

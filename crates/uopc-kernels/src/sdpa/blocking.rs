@@ -2,7 +2,7 @@
 //! configuration and a machine.
 
 use super::panels::KvPanels;
-use super::{SdpaConfig, SdpaDType};
+use super::{MaskKind, SdpaConfig, SdpaDType};
 use uopc_jit::MAX_LOCAL_BYTES;
 
 /// Block sizes of one compiled attention (see [`Blocking::choose`]).
@@ -23,6 +23,11 @@ pub struct Blocking {
     /// key/value head's K and V once into panels of `w` columns, which the GEMMs read in place
     /// (f32 only, without split-K; see [`Blocking::choose`]).
     pub kv_panel_width: usize,
+    /// Row parts the GEMMs of a causal sub-tile's diagonal block run in, as a staircase (part
+    /// `p` of `n` over the first `(p + 1) / n` of the block's keys), skipping the keys above
+    /// the diagonal; 1 runs the block whole. Applies where
+    /// [`Blocking::diagonal_in_parts`] holds; at most [`Blocking::keys`].
+    pub diagonal_parts: usize,
 }
 
 /// Keys per block: a 64-key block of K and V (32 KiB each at D = 128) stays in L1/L2 while both
@@ -50,6 +55,11 @@ const CAUSAL_MAX_ROWS: usize = 2 * KEY_BLOCK;
 /// Rows of one sub-tile of a causal task's diagonal band: one key block, so each sub-tile has
 /// a single diagonal block whose masked half is wasted.
 pub(super) const CAUSAL_SUB_ROWS: usize = KEY_BLOCK;
+
+/// Row parts of a causal diagonal block's GEMMs ([`Blocking::diagonal_parts`]): halves skip a
+/// quarter of the block's work, the quarter wholly above the diagonal; finer parts would skip
+/// more in GEMMs of at most 16 rows, which fill the micro-kernel's row tiles poorly.
+const DIAGONAL_PARTS: usize = 2;
 
 /// Stack the tiles of one task may take: the JIT's limit less room for the kernel's own frame.
 const TILE_BUDGET: usize = MAX_LOCAL_BYTES - 16 * 1024;
@@ -105,6 +115,9 @@ impl Blocking {
     /// ([`Blocking::kv_panel_width`]) for f32 without split-K or a runtime KV length, when
     /// tasks have more than 8 rows (fewer stream K and V unpacked) and each key block is read
     /// by at least six tasks (counting a causal task as half a read).
+    ///
+    /// Under the causal mask, diagonal blocks run their GEMMs in two row parts
+    /// ([`Blocking::diagonal_parts`]).
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
         let mut b = Self::choose_with_key_block(config, cores, KEY_BLOCK);
         if !config.causal && config.n_k >= WIDE_KEY_BLOCK {
@@ -190,7 +203,8 @@ impl Blocking {
             // Even chunks, none of them empty.
             splits = full.div_ceil(full.div_ceil(want));
         }
-        Blocking { heads_per_task, queries, keys, splits, kv_panel_width: 0 }
+        let diagonal_parts = if config.causal { DIAGONAL_PARTS.min(keys) } else { 1 };
+        Blocking { heads_per_task, queries, keys, splits, kv_panel_width: 0, diagonal_parts }
     }
 
     /// Whether the score GEMM reads the task's query rows from q itself, unscaled (the softmax
@@ -208,6 +222,24 @@ impl Blocking {
         let rows = self.heads_per_task * self.queries;
         (config.causal && self.splits == 1 && self.heads_per_task == 1 && rows > CAUSAL_SUB_ROWS)
             .then_some(CAUSAL_SUB_ROWS)
+    }
+
+    /// Whether the causal sub-tiles' diagonal blocks run their GEMMs in
+    /// [`Blocking::diagonal_parts`] parts: with more than one part, when the causal mask is the
+    /// only one (no bool mask or bias, key lengths or runtime KV length), the diagonal band runs
+    /// in sub-tiles one key block tall, and every sub-tile's first query plus the causal offset
+    /// (`n_k - n_q`) is a multiple of the block, so each sub-tile's masked keys are exactly one
+    /// block whose row `r` sees its keys `0..=r`.
+    pub fn diagonal_in_parts(&self, config: &SdpaConfig) -> bool {
+        let (bc, bq, n_q) = (self.keys, self.queries, config.n_q);
+        let every_start_aligned = bq.is_multiple_of(bc) && (n_q.is_multiple_of(bq) || n_q <= bq);
+        self.diagonal_parts > 1
+            && self.causal_sub_tile_rows(config) == Some(bc)
+            && config.mask == MaskKind::None
+            && !config.key_lengths
+            && !config.runtime_kv_length
+            && every_start_aligned
+            && config.causal_offset().rem_euclid(bc as i64) == 0
     }
 
     /// Whether [`Blocking::kv_panel_width`] is 0 or a width [`Blocking::panels_fit`] allows.

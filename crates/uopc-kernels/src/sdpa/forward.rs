@@ -44,6 +44,7 @@ impl Sdpa {
                 || (blocking.queries == config.n_q
                     && (2..=full_blocks).contains(&blocking.splits)
                     && blocking.chunk_blocks(config.n_k) * (blocking.splits - 1) < full_blocks))
+            && (1..=blocking.keys).contains(&blocking.diagonal_parts)
             && blocking.kv_panels_valid(config);
         if !valid {
             return Err(JitError::Unsupported(format!(
@@ -179,7 +180,7 @@ impl fmt::Display for Sdpa {
         let b = &self.blocking;
         write!(
             f,
-            "sdpa flash_tile_ops: {c}; tasks of {} head(s) x {} queries{}, keys in blocks of {}{}{}{}",
+            "sdpa flash_tile_ops: {c}; tasks of {} head(s) x {} queries{}, keys in blocks of {}{}{}{}{}",
             b.heads_per_task,
             b.queries,
             if b.reads_queries_in_place(c) { " read in place" } else { "" },
@@ -194,6 +195,11 @@ impl fmt::Display for Sdpa {
                     _ => format!(", the diagonal band in sub-tiles of {rows} rows"),
                 },
                 None => String::new(),
+            },
+            if b.diagonal_in_parts(c) {
+                format!(", each diagonal block's GEMMs in {} row parts", b.diagonal_parts)
+            } else {
+                String::new()
             },
             if b.splits > 1 {
                 format!(", split into {} chunks merged by a second kernel", b.splits)

@@ -1,7 +1,7 @@
 //! One key block of a task: the score GEMM, the mask loop, the online-softmax tile update
 //! and the `P · V` GEMM.
 
-use super::{SdpaKernel, Span, Task};
+use super::{BlockMask, SdpaKernel, Span, Task};
 use crate::masked::min_idx;
 use crate::online::LOG2E;
 use crate::sdpa::{Blocking, MaskKind, SdpaConfig};
@@ -9,15 +9,19 @@ use uopc_ir::{AxisType, DType, GemmShape, TileOp, UOp, f32c, idx, tile};
 
 impl SdpaKernel {
     /// One key block of `cols` keys starting at key `first`, for the rows `span` of the task,
-    /// after the effects `prev`: the score GEMM, the mask loop when `masked`, the softmax tile
-    /// update and the `P · V` GEMM.
+    /// after the effects `prev`: the score GEMM, the mask loop unless `mask` is
+    /// [`BlockMask::Clear`], the softmax tile update and the `P · V` GEMM. On a
+    /// [`BlockMask::Diagonal`] block both GEMMs run as a staircase of
+    /// [`Blocking::diagonal_parts`] row parts, each over the keys its last row sees: the
+    /// scores they skip are the mask loop's to set to `-inf` (it writes without reading), and
+    /// their probabilities are 0.
     pub(super) fn key_block(
         &mut self,
         task: &Task,
         first: &UOp,
         cols: usize,
         prev: &[UOp],
-        masked: bool,
+        mask: BlockMask,
         span: Span,
     ) -> UOp {
         let SdpaConfig { heads, kv_heads, n_q, n_k, d, .. } = self.c;
@@ -26,12 +30,18 @@ impl SdpaKernel {
         let Span { r0, rows } = span;
         let (at_d, at_s) = ((r0 * d) as i64, (r0 * cols) as i64);
         // The query rows: the task's tile, or (one head per task) rows `q0 + r0 ..` of q.
-        let (queries, lda) = match &task.qt {
-            Some(qt) => (qt.after(prev).index(at_d), d),
+        let (query_buf, query_at, lda) = match &task.qt {
+            Some(qt) => (qt.after(prev), idx(at_d), d),
             None => {
-                let at = &task.item * qsb + &task.head0 * qsh + (&task.q0 + r0 as i64) * qsn;
-                (self.q.index(at), qsn)
+                (self.q.clone(), &task.item * qsb + &task.head0 * qsh + (&task.q0 + r0 as i64) * qsn, qsn)
             }
+        };
+        // The staircase's parts: (first row, rows, keys seen by the part's last row) of the
+        // span, whose rows see the block's keys up to its last `rows` and those on the diagonal.
+        let parts = if mask == BlockMask::Diagonal { self.b.diagonal_parts } else { 1 };
+        let part = |p: usize| {
+            let (lo, hi) = (p * rows / parts, (p + 1) * rows / parts);
+            (lo, hi - lo, cols - rows + hi)
         };
         let mut scores = GemmShape {
             m: rows,
@@ -70,7 +80,21 @@ impl SdpaKernel {
             }
             _ => (self.k.index(&kv_at), self.v.index(&kv_at)),
         };
-        let mut g1 = tile(TileOp::Gemm(scores), &[queries, keys, task.si.after(prev).index(at_s)]);
+        let mut g1 = tile(
+            TileOp::Gemm(GemmShape { m: part(0).1, n: part(0).2, ..scores }),
+            &[query_buf.index(&query_at), keys.clone(), task.si.after(prev).index(at_s)],
+        );
+        for p in 1..parts {
+            let (pr0, m, n) = part(p);
+            g1 = tile(
+                TileOp::Gemm(GemmShape { m, n, ..scores }),
+                &[
+                    query_buf.index(&query_at + (pr0 * lda) as i64),
+                    keys.clone(),
+                    task.si.after(std::slice::from_ref(&g1)).index(at_s + (pr0 * cols) as i64),
+                ],
+            );
+        }
         // Unscaled queries (16-bit attention's exact tile, or q read in place) have the
         // softmax step scale the f32 scores, except after a mask loop that reads every score:
         // that loop scales them before adding the bias. The suffix form, which writes -inf
@@ -79,7 +103,7 @@ impl SdpaKernel {
         let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
         let unscaled = self.half.is_some() || self.q_in_place;
         let mut softmax_scale = if unscaled { qscale } else { 1.0 };
-        if masked {
+        if mask != BlockMask::Clear {
             let scaled_by_loop = unscaled && (self.mask.is_some() || qscale <= 0.0);
             if scaled_by_loop {
                 softmax_scale = 1.0;
@@ -121,32 +145,39 @@ impl SdpaKernel {
         // P: the bf16 tile, or the f32 score tile the softmax step overwrote (with f16-rounded
         // values for f16).
         let probs = task.pi.as_ref().unwrap_or(&task.si);
+        // One GEMM per staircase part, each split where the block spans two panel blocks of
+        // V (a causal task's wide prefix or merged band block); each after the one before.
         let bc = self.b.keys;
-        match (&self.panels, &task.panel_base) {
-            // A block wider than the panel blocks (a causal task's prefix) spans two of them:
-            // one GEMM per half, the second after the first.
-            (Some(panels), Some((_, v0))) if cols > bc => {
-                let vp = panels.values(bc);
-                let half = GemmShape { k: bc, ldb: vp.panel_stride, ..pv };
-                let first_half = tile(
-                    TileOp::Gemm(half),
-                    &[probs.after(after_sm).index(at_s), values, task.oi.after(after_sm).index(at_d)],
-                );
-                let (_, v_at) = panels.block_offsets(&(first + bc as i64));
-                tile(
-                    TileOp::Gemm(GemmShape { k: cols - bc, ..half }),
+        let split_at_blocks = self.panels.is_some() && cols > bc;
+        let mut done: Option<UOp> = None;
+        for p in 0..parts {
+            let (pr0, m, keys) = part(p);
+            let mut k0 = 0;
+            while k0 < keys {
+                let k1 = if split_at_blocks { (k0 / bc + 1) * bc } else { keys }.min(keys);
+                let (b, ldb) = match (&self.panels, &task.panel_base) {
+                    (Some(panels), Some((_, v0))) if split_at_blocks => {
+                        let (_, v_at) = panels.block_offsets(&(first + k0 as i64));
+                        (self.v.index(v0 + v_at), panels.values(bc).panel_stride)
+                    }
+                    _ => (values.clone(), pv.ldb),
+                };
+                let out = match &done {
+                    None => task.oi.after(after_sm),
+                    Some(g) => task.oi.after(std::slice::from_ref(g)),
+                };
+                done = Some(tile(
+                    TileOp::Gemm(GemmShape { m, k: k1 - k0, ldb, ..pv }),
                     &[
-                        probs.after(after_sm).index(at_s + bc as i64),
-                        self.v.index(v0 + v_at),
-                        task.oi.after(std::slice::from_ref(&first_half)).index(at_d),
+                        probs.after(after_sm).index(at_s + (pr0 * cols + k0) as i64),
+                        b,
+                        out.index(at_d + (pr0 * d) as i64),
                     ],
-                )
+                ));
+                k0 = k1;
             }
-            _ => tile(
-                TileOp::Gemm(pv),
-                &[probs.after(after_sm).index(at_s), values, task.oi.after(after_sm).index(at_d)],
-            ),
         }
+        done.expect("a block of at least one key")
     }
 
     /// The loop over a score tile (after `scores`) that adds the bias and sets the keys a row

@@ -1,7 +1,7 @@
 //! The key loops of a task: which key blocks every row sees whole, which in part, and the
 //! causal band's sub-tiles.
 
-use super::{SdpaKernel, Span, Task};
+use super::{BlockMask, SdpaKernel, Span, Task};
 use crate::masked::min_idx;
 use crate::sdpa::blocking::CAUSAL_SUB_ROWS;
 use uopc_ir::{AxisType, DType, UOp, idx, sink};
@@ -29,7 +29,7 @@ impl SdpaKernel {
                 let kb = self.pb.range(clear_all.clone(), AxisType::Reduce);
                 let mut after = prev.clone();
                 after.push(kb.clone());
-                prev = vec![self.key_block(task, &(&kb * bc), bc, &after, false, all).end(&[kb])];
+                prev = vec![self.key_block(task, &(&kb * bc), bc, &after, BlockMask::Clear, all).end(&[kb])];
             } else {
                 // Pairs of blocks as one wide block, then the odd block left over, if any. The
                 // mins only tell the verifier's interval bounds that each block stays inside
@@ -40,14 +40,28 @@ impl SdpaKernel {
                 let start = min_idx(&(&kw * wide), &last_wide);
                 let mut after = prev.clone();
                 after.push(kw.clone());
-                let pairs = self.key_block(task, &start, wide, &after, false, all).end(&[kw]);
+                let pairs = self.key_block(task, &start, wide, &after, BlockMask::Clear, all).end(&[kw]);
                 let ko = self.pb.range(clear_all.modulo(per), AxisType::Reduce);
                 let start = min_idx(&((&clear_all - 1).maximum(idx(0)) * bc), &last_block);
-                prev = vec![self.key_block(task, &start, bc, &[pairs, ko.clone()], false, all).end(&[ko])];
+                prev = vec![
+                    self.key_block(task, &start, bc, &[pairs, ko.clone()], BlockMask::Clear, all).end(&[ko]),
+                ];
             }
         }
         for r0 in (0..self.rows).step_by(CAUSAL_SUB_ROWS) {
             let span = Span { r0, rows: CAUSAL_SUB_ROWS.min(self.rows - r0) };
+            // With the keys at or ahead of the queries, a sub-tile whose masked keys are its
+            // diagonal block alone sees exactly the blocks `[clear_all, clear_all + r0 / bc]`:
+            // one block of those keys when the score tile is that wide, so it pays for one
+            // softmax step (one rescale of its output rows) instead of one per block.
+            let merged = (r0 / bc + 1) * bc;
+            if self.diagonal_alone(span) && self.c.causal_offset() >= 0 && merged <= self.score_tile_cols() {
+                // The min only tells the verifier's interval bounds that the block stays
+                // inside the keys.
+                let start = min_idx(&(&clear_all * bc), &idx((self.c.n_k - merged) as i64));
+                prev = vec![self.key_block(task, &start, merged, &prev, BlockMask::Diagonal, span)];
+                continue;
+            }
             let (clear, touched) = self.block_bounds(task, full, span);
             // The sub-tile's rows see at least the blocks every row sees: [clear_all, clear)
             // whole, [clear, touched) in part. The mins only tell the verifier's interval
@@ -57,20 +71,34 @@ impl SdpaKernel {
                 let start = min_idx(&((&clear_all + &ku) * bc), &last_block);
                 let mut after = prev.clone();
                 after.push(ku.clone());
-                prev = vec![self.key_block(task, &start, bc, &after, false, span).end(&[ku])];
+                prev = vec![self.key_block(task, &start, bc, &after, BlockMask::Clear, span).end(&[ku])];
             }
             let lo = if masked_everywhere { clear_all.clone() } else { clear.clone() };
             let kd = self.pb.range(&touched - &lo, AxisType::Reduce);
             let start = min_idx(&((&lo + &kd) * bc), &last_block);
             let mut after = prev.clone();
             after.push(kd.clone());
-            prev = vec![self.key_block(task, &start, bc, &after, true, span).end(&[kd])];
+            let mask = if self.diagonal_alone(span) { BlockMask::Diagonal } else { BlockMask::Partial };
+            prev = vec![self.key_block(task, &start, bc, &after, mask, span).end(&[kd])];
         }
         if rest == 0 {
             prev.pop().unwrap_or_else(|| sink(init))
         } else {
-            self.key_block(task, &idx((full * bc) as i64), rest, &prev, true, all)
+            self.key_block(task, &idx((full * bc) as i64), rest, &prev, BlockMask::Partial, all)
         }
+    }
+
+    /// Whether the sub-tile `span`'s masked keys are its causal diagonal block alone
+    /// ([`BlockMask::Diagonal`]): [`Blocking::diagonal_in_parts`](crate::sdpa::Blocking::diagonal_in_parts)
+    /// for every sub-tile one key block tall.
+    fn diagonal_alone(&self, span: Span) -> bool {
+        self.b.diagonal_in_parts(&self.c) && span.rows == self.b.keys && span.r0.is_multiple_of(self.b.keys)
+    }
+
+    /// Columns of the task's score tile: the widest key block it runs (a causal task's prefix
+    /// blocks may be twice the others).
+    pub(super) fn score_tile_cols(&self) -> usize {
+        self.b.keys.max(self.b.causal_prefix_keys(&self.c)).min(self.c.n_k)
     }
 
     /// Full key blocks `[0, clear)` that every row of `span` sees whole (no mask needed), and

@@ -34,7 +34,11 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// are skipped, and only the blocks in between are masked; a task of one head's queries
 /// taller than 64 rows runs that diagonal band in sub-tiles of 64 rows, each over the blocks
 /// its rows see (so it does the work of 64-row tasks, with the blocks below the band packed
-/// once per task, and run two key blocks at a time when the wider score tile fits). With key lengths, blocks past the item's length are skipped and only the
+/// once per task, and run two key blocks at a time when the wider score tile fits). When a
+/// sub-tile's masked keys are its diagonal block alone ([`Blocking::diagonal_in_parts`]), that
+/// block's GEMMs run as a staircase of row parts that skip the keys above the diagonal, and
+/// with the keys at or ahead of the queries the sub-tile's other blocks join it in one block
+/// when the score tile is that wide. With key lengths, blocks past the item's length are skipped and only the
 /// block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
 /// over each row's masked suffix of the block only. With a 16-bit dtype the query rows are
 /// copied unscaled and exactly (bf16 ones as bf16, f16 ones widened to f32 once per task by a
@@ -101,6 +105,26 @@ struct SdpaKernel {
     /// Where k and v lie in panels, with [`Blocking::kv_panel_width`].
     panels: Option<KvPanels>,
     pb: ProgramBuilder,
+}
+
+/// How the keys of one key block are masked for the rows of its span.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BlockMask {
+    /// Every row sees every key: no mask loop.
+    Clear,
+    /// Rows may see some keys only: the mask loop runs over the block.
+    Partial,
+    /// The causal diagonal and nothing else: every row of the span sees the block's keys but
+    /// its last `span.rows`, and row `r` sees those up to the `r`-th. The mask loop runs, and
+    /// the GEMMs skip the parts of the block wholly above the diagonal.
+    Diagonal,
+}
+
+impl BlockMask {
+    /// [`BlockMask::Partial`] when `masked`, else [`BlockMask::Clear`].
+    fn partial_if(masked: bool) -> BlockMask {
+        if masked { BlockMask::Partial } else { BlockMask::Clear }
+    }
 }
 
 /// Rows `r0 .. r0 + rows` of a task's tiles (all of them, or one causal sub-tile).
@@ -199,9 +223,18 @@ impl SdpaKernel {
             let mut prev = init.clone();
             prev.push(kb.clone());
             let all = self.all_rows();
-            let body = self.key_block(&task, &(&kb * bc), bc, &prev, masked_everywhere, all).end(&[kb]);
+            let body = self
+                .key_block(&task, &(&kb * bc), bc, &prev, BlockMask::partial_if(masked_everywhere), all)
+                .end(&[kb]);
             if rest > 0 {
-                self.key_block(&task, &idx((full * bc) as i64), rest, &[body], masked_everywhere, all)
+                self.key_block(
+                    &task,
+                    &idx((full * bc) as i64),
+                    rest,
+                    &[body],
+                    BlockMask::partial_if(masked_everywhere),
+                    all,
+                )
             } else {
                 body
             }
@@ -226,18 +259,28 @@ impl SdpaKernel {
                 let start = if splits == 1 { &kb * bc } else { min_idx(&((&first + &kb) * bc), &last_block) };
                 let mut after = prev.clone();
                 after.push(kb.clone());
-                prev = vec![self.key_block(&task, &start, bc, &after, false, self.all_rows()).end(&[kb])];
+                prev = vec![
+                    self.key_block(&task, &start, bc, &after, BlockMask::Clear, self.all_rows()).end(&[kb]),
+                ];
             }
             let kd = self.pb.range(&hi - &lo, AxisType::Reduce);
             // The min only tells the verifier's interval bounds that the block stays inside
             // the keys (they do not see that kd < hi - lo).
             let start = min_idx(&((&lo + &kd) * bc), &last_block);
             prev.push(kd.clone());
-            let near = self.key_block(&task, &start, bc, &prev, true, self.all_rows()).end(&[kd]);
+            let near =
+                self.key_block(&task, &start, bc, &prev, BlockMask::Partial, self.all_rows()).end(&[kd]);
             if rest == 0 {
                 near
             } else if splits == 1 {
-                self.key_block(&task, &idx((full * bc) as i64), rest, &[near], true, self.all_rows())
+                self.key_block(
+                    &task,
+                    &idx((full * bc) as i64),
+                    rest,
+                    &[near],
+                    BlockMask::Partial,
+                    self.all_rows(),
+                )
             } else {
                 // The narrow block belongs to the last chunk: a range of one iteration there,
                 // of none elsewhere.
@@ -248,7 +291,7 @@ impl SdpaKernel {
                     &idx((full * bc) as i64),
                     rest,
                     &[near, tail.clone()],
-                    true,
+                    BlockMask::Partial,
                     self.all_rows(),
                 )
                 .end(&[tail])

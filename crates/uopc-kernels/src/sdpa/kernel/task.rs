@@ -11,14 +11,13 @@ impl SdpaKernel {
     /// The THREAD range, its decomposition and the task's scratch.
     pub(super) fn task(&mut self) -> Task {
         let SdpaConfig { kv_heads, heads, n_q, n_k, d, .. } = self.c;
-        let Blocking { heads_per_task: gs, queries: bq, keys: bc, splits, .. } = self.b;
+        let Blocking { heads_per_task: gs, queries: bq, splits, .. } = self.b;
         let group = heads / kv_heads;
         let subs = group / gs;
         let blocks = n_q.div_ceil(bq);
         let f32t = DType::F32;
         let qdt = self.query_tile_dtype();
-        // The widest key block: a causal task's prefix blocks may be twice the others.
-        let cols = bc.max(self.b.causal_prefix_keys(&self.c)).min(n_k);
+        let cols = self.score_tile_cols();
         let pb = &mut self.pb;
         let (qt, s, o, mx, l) = (
             (!self.q_in_place).then(|| pb.alloc(qdt, self.rows * d)),
