@@ -213,6 +213,11 @@ enum Bench {
         /// its own blocks instead (its own row, interleaved in the same rounds).
         #[arg(long)]
         compare_per_task_packing: bool,
+        /// Also time each causal cell without the mask (where that cell is not already in the
+        /// run), run by run alternating with it, and print causal / non-causal time; a causal
+        /// cell and its unmasked form in one run (as in the default matrix) always get that line.
+        #[arg(long)]
+        causal_ratio: bool,
     },
     /// Time the attention backward pass: autograd of the unfused graph against recompute.
     Backward {
@@ -326,6 +331,7 @@ fn main() -> ExitCode {
                     backward,
                     mut dtypes,
                     compare_per_task_packing,
+                    causal_ratio,
                 },
         } => {
             if dtypes.is_empty() {
@@ -347,7 +353,7 @@ fn main() -> ExitCode {
                 eprintln!("error: --reps, --rounds and --threads must be at least 1");
                 return ExitCode::from(2);
             }
-            let cells = if shapes.is_empty() && backward {
+            let mut cells = if shapes.is_empty() && backward {
                 sdpa::default_backward_cells()
             } else if shapes.is_empty() {
                 sdpa::default_cells()
@@ -357,6 +363,9 @@ fn main() -> ExitCode {
                     .map(|shape| sdpa::Cell { shape, causal, key_lengths: key_lengths.clone() })
                     .collect()
             };
+            if causal_ratio {
+                cells = sdpa::with_unmasked_forms(cells);
+            }
             for c in &cells {
                 let [b, h, hkv, _, n_k, _] = c.shape;
                 if c.shape.contains(&0) || h % hkv != 0 {

@@ -66,6 +66,20 @@ pub fn default_cells() -> Vec<Cell> {
     ]
 }
 
+/// `cells` with each causal cell followed by its unmasked form, unless `cells` has that already.
+pub fn with_unmasked_forms(cells: Vec<Cell>) -> Vec<Cell> {
+    let mut out = Vec::new();
+    for c in &cells {
+        out.push(c.clone());
+        let unmasked = Cell { causal: false, ..c.clone() };
+        let present = |x: &Cell| x.shape == c.shape && x.key_lengths == c.key_lengths && !x.causal;
+        if c.causal && !cells.iter().any(present) {
+            out.push(unmasked);
+        }
+    }
+    out
+}
+
 /// The default backward matrix (forward with lse plus backward per cell): the single-head,
 /// BERT-like, LLaMA-like GQA and odd-length D = 80 shapes, each causal and not.
 pub fn default_backward_cells() -> Vec<Cell> {
@@ -110,6 +124,10 @@ struct Row {
     /// Bytes of the buffers the backward allocates besides the caller's (backward rows only).
     #[serde(skip_serializing_if = "Option::is_none")]
     temporary_bytes: Option<usize>,
+    /// Causal cells whose unmasked form ran in the same run: causal time over non-causal
+    /// time, paired run by run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    causal_over_non_causal: Option<PairedRatio>,
 }
 
 #[derive(Serialize)]
@@ -210,6 +228,8 @@ impl Operands {
 
 struct Prepared {
     cell: Cell,
+    /// The per-task-packing twin of the library's choice (`--compare-per-task-packing`).
+    per_task_twin: bool,
     config: SdpaConfig,
     sdpa: Sdpa,
     compile_ms: f64,
@@ -217,31 +237,75 @@ struct Prepared {
     times: Vec<f64>,
 }
 
-/// `rounds` rounds over `cells`, interleaved so load changes hit every cell alike: per cell
-/// one untimed run (pages touched, caches and branch predictors warm), then `reps` timed runs
-/// whose milliseconds go to the cell's times (`parts` gives its cell and times). An error
-/// of a run is printed with the cell's shape.
+/// The cells of `cells` that are timed together (see [`time_interleaved`]): those of one
+/// shape, key lengths and dtype (`key` gives them), e.g. a causal cell and its unmasked form,
+/// or a cell and its per-task-packing twin; groups in order of first appearance.
+fn groups_of<P, K: PartialEq>(cells: &[P], key: impl Fn(&P) -> K) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, c) in cells.iter().enumerate() {
+        match groups.iter_mut().find(|g| key(&cells[g[0]]) == key(c)) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+}
+
+/// `rounds` rounds over `groups` of `cells`, interleaved so load changes hit every cell alike:
+/// per group one untimed run of each cell (pages touched, caches and branch predictors warm),
+/// then `reps` steps, each one timed run of every cell of the group in turn (in alternating
+/// order), so the cells of a group meet the same load run by run; each run's milliseconds go
+/// to its cell's times (`parts` gives its cell and times). An error of a run is printed with
+/// the cell's shape.
 fn time_interleaved<P>(
     cells: &mut [P],
+    groups: &[Vec<usize>],
     rounds: usize,
     reps: usize,
     parts: impl Fn(&mut P) -> (&Cell, &mut Vec<f64>),
     mut run: impl FnMut(&mut P) -> Result<(), String>,
 ) -> Result<(), ExitCode> {
     for _ in 0..rounds {
-        for p in cells.iter_mut() {
-            if let Err(e) = run(p) {
-                eprintln!("error: {:?}: {e}", parts(p).0.shape);
-                return Err(ExitCode::FAILURE);
+        for group in groups {
+            for &i in group {
+                if let Err(e) = run(&mut cells[i]) {
+                    eprintln!("error: {:?}: {e}", parts(&mut cells[i]).0.shape);
+                    return Err(ExitCode::FAILURE);
+                }
             }
-            for _ in 0..reps {
-                let start = Instant::now();
-                let _ = run(p);
-                parts(p).1.push(start.elapsed().as_secs_f64() * 1e3);
+            for rep in 0..reps {
+                let mut order = group.clone();
+                if rep % 2 == 1 {
+                    order.reverse();
+                }
+                for i in order {
+                    let start = Instant::now();
+                    let _ = run(&mut cells[i]);
+                    parts(&mut cells[i]).1.push(start.elapsed().as_secs_f64() * 1e3);
+                }
             }
         }
     }
     Ok(())
+}
+
+/// Causal time over non-causal time, paired run by run (see [`time_interleaved`]).
+#[derive(Clone, Copy, Serialize)]
+struct PairedRatio {
+    median: f64,
+    min: f64,
+    max: f64,
+    pairs: usize,
+}
+
+impl PairedRatio {
+    /// The ratios `a[i] / b[i]` of runs timed together.
+    fn of(a: &[f64], b: &[f64]) -> Option<PairedRatio> {
+        let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        r.sort_by(f64::total_cmp);
+        let (&min, &max) = (r.first()?, r.last()?);
+        Some(PairedRatio { median: r[r.len() / 2], min, max, pairs: r.len() })
+    }
 }
 
 /// KV capacity of the growing-cache decode run.
@@ -339,6 +403,7 @@ pub fn run(
             match Sdpa::compile_with(&config, unpacked) {
                 Ok(other) => prepared.push(Prepared {
                     cell: cell.clone(),
+                    per_task_twin: true,
                     config,
                     sdpa: other,
                     compile_ms,
@@ -351,14 +416,35 @@ pub fn run(
                 }
             }
         }
-        prepared.push(Prepared { cell: cell.clone(), config, sdpa, compile_ms, operands, times: Vec::new() });
+        prepared.push(Prepared {
+            cell: cell.clone(),
+            per_task_twin: false,
+            config,
+            sdpa,
+            compile_ms,
+            operands,
+            times: Vec::new(),
+        });
     }
     let step = |p: &mut Prepared| {
         let extras = Extras { key_lengths: p.cell.key_lengths.as_deref(), ..Extras::default() };
         p.operands.run(&p.sdpa, extras)
     };
-    if let Err(code) = time_interleaved(&mut prepared, rounds, reps, |p| (&p.cell, &mut p.times), step) {
+    let groups = groups_of(&prepared, |p| (p.cell.shape, p.cell.key_lengths.clone(), p.config.dtype));
+    if let Err(code) =
+        time_interleaved(&mut prepared, &groups, rounds, reps, |p| (&p.cell, &mut p.times), step)
+    {
         return code;
+    }
+    // Each causal cell against its unmasked form in the same group, run by run.
+    let mut causal_ratios = vec![None; prepared.len()];
+    for group in &groups {
+        let chosen = |causal: bool| {
+            group.iter().copied().find(|&i| prepared[i].cell.causal == causal && !prepared[i].per_task_twin)
+        };
+        if let (Some(c), Some(n)) = (chosen(true), chosen(false)) {
+            causal_ratios[c] = PairedRatio::of(&prepared[c].times, &prepared[n].times);
+        }
     }
     let mut rows = Vec::new();
     // With 16-bit cells the table says which peak its percentages are of, and gets a dtype
@@ -384,7 +470,8 @@ pub fn run(
         "max err",
         "compile"
     );
-    for p in prepared {
+    let mut ratio_lines = Vec::new();
+    for (p, causal_ratio) in prepared.into_iter().zip(causal_ratios) {
         let mut t = p.times.clone();
         t.sort_by(f64::total_cmp);
         let median = t[t.len() / 2];
@@ -437,7 +524,20 @@ pub fn run(
             kv_gbs,
             percent_of_stream,
             temporary_bytes: None,
+            causal_over_non_causal: causal_ratio,
         });
+        if let Some(r) = causal_ratio {
+            ratio_lines.push(format!(
+                "{shape:<28} {:.3} ({:.3}-{:.3}, {} pairs)",
+                r.median, r.min, r.max, r.pairs
+            ));
+        }
+    }
+    if !ratio_lines.is_empty() {
+        println!("causal / non-causal time, paired run by run: median (min-max)");
+        for line in ratio_lines {
+            println!("{line}");
+        }
     }
     finish(peak, Some(stream), steps, rows, json)
 }
@@ -586,8 +686,9 @@ pub fn run_backward(cells: &[Cell], reps: usize, rounds: usize, json: Option<&st
             times: Vec::new(),
         });
     }
+    let groups = groups_of(&prepared, |p| (p.cell.shape, p.cell.key_lengths.clone()));
     if let Err(code) =
-        time_interleaved(&mut prepared, rounds, reps, |p| (&p.cell, &mut p.times), |p| p.step())
+        time_interleaved(&mut prepared, &groups, rounds, reps, |p| (&p.cell, &mut p.times), |p| p.step())
     {
         return code;
     }
@@ -651,6 +752,7 @@ pub fn run_backward(cells: &[Cell], reps: usize, rounds: usize, json: Option<&st
             kv_gbs: None,
             percent_of_stream: None,
             temporary_bytes: Some(temp),
+            causal_over_non_causal: None,
         });
     }
     finish(peak, None, 0, rows, json)
