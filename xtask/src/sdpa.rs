@@ -527,10 +527,8 @@ pub fn run(
             causal_over_non_causal: causal_ratio,
         });
         if let Some(r) = causal_ratio {
-            ratio_lines.push(format!(
-                "{shape:<28} {:.3} ({:.3}-{:.3}, {} pairs)",
-                r.median, r.min, r.max, r.pairs
-            ));
+            ratio_lines
+                .push(format!("{shape:<28} {:.3} ({:.3}-{:.3}, {} pairs)", r.median, r.min, r.max, r.pairs));
         }
     }
     if !ratio_lines.is_empty() {

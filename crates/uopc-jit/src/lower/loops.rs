@@ -90,17 +90,28 @@ impl Lowerer<'_, '_> {
     }
 
     /// The trip count of `range` when its loop may be unrolled or vectorized: a constant, or a
-    /// formula of variables only (computed before the loop, with an upper bound from their
-    /// declared bounds). Ends that depend on an enclosing range or on memory keep the plain
-    /// loop.
+    /// formula of variables and enclosing ranges (computed before the loop, with an upper bound
+    /// from their bounds), such as a row's masked suffix in a triangle. Ends that depend on
+    /// memory keep the plain loop.
     fn unrollable_trips(&mut self, range: &UOp) -> Result<Option<Trips>, JitError> {
         let end = range_end(range)?;
         if let Some(n) = end.const_int() {
             return Ok(Some(Trips::Fixed(n)));
         }
-        let of_variables = IndexFormula::of(end).is_some()
-            && UOp::toposort(std::slice::from_ref(end)).iter().any(|u| matches!(u.op(), Op::Var { .. }));
-        if !of_variables {
+        let integer_math = |u: &UOp| u.dtype().is_int() || u.dtype() == DType::Bool;
+        let before_the_loop = UOp::toposort(std::slice::from_ref(end)).iter().all(|u| {
+            integer_math(u)
+                && matches!(
+                    u.op(),
+                    Op::Const(_)
+                        | Op::Var { .. }
+                        | Op::Range { .. }
+                        | Op::Unary(_)
+                        | Op::Binary(_)
+                        | Op::Where
+                )
+        });
+        if !before_the_loop {
             return Ok(None);
         }
         Ok(Some(Trips::Runtime { end: self.val(end)?, max: end.vmax() }))

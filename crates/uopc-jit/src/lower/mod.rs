@@ -14,8 +14,7 @@ use cranelift_codegen::ir::{
 use cranelift_frontend::{FunctionBuilder, Variable};
 use std::collections::HashMap;
 use uopc_ir::{
-    BinaryOp, ConstValue, DType, IndexFormula, Op, PreparedKernel, Stmt, TileOp, UOp, UnaryOp, split_linear,
-    view_base,
+    BinaryOp, ConstValue, DType, Op, PreparedKernel, Stmt, TileOp, UOp, UnaryOp, split_linear, view_base,
 };
 
 mod half;

@@ -1,6 +1,6 @@
 //! Loop vectorization: an innermost counted loop whose body is f32 math over contiguous (or
 //! loop-invariant) memory runs four iterations per step in F32X4 values, the only vector width
-//! Cranelift lowers on x86-64. Register reductions (`acc = acc + x`, `acc = max(acc, x)`) keep
+//! Cranelift lowers on x86-64. A constant may also be stored counting down (stride -1). Register reductions (`acc = acc + x`, `acc = max(acc, x)`) keep
 //! vector partial results, reduced across lanes after the loop; a scalar loop runs the tail.
 //! Anything else (integer or f64 math on the loop variable, calls, strided stores, memory
 //! carried from one iteration to the next) keeps the scalar lowering.
@@ -336,7 +336,10 @@ impl Lowerer<'_, '_> {
                 return None;
             }
             let is_store = matches!(u.op(), Op::Store);
-            if is_store && stride != 1 {
+            // A constant stored counting down (a row's suffix filled from its end) is the same
+            // in every lane, so one vector store at the lowest of the four elements writes it.
+            let constant = u.as_store().is_some_and(|st| st.value.const_value().is_some());
+            if is_store && stride != 1 && !(stride == -1 && constant) {
                 return None;
             }
             per_base.entry(base.clone()).or_default().push((stride, rest.clone(), is_store));
@@ -703,7 +706,14 @@ impl Lowerer<'_, '_> {
         } else {
             let base = self.base_address(index)?;
             let (rest, offset) = at.rest_vals[index];
-            let i = *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, at.first));
+            let i = if at.plan.access[index].stride == -1 {
+                // Lanes `k` write element `rest - first - k` (the plan allows this only for a
+                // constant, equal in every lane): the vector starts at lane 3's.
+                let top = self.b.ins().isub(rest, at.first);
+                self.b.ins().iadd_imm_s(top, 1 - LANES)
+            } else {
+                *lane0.entry(rest).or_insert_with(|| self.b.ins().iadd(rest, at.first))
+            };
             let d = index.dtype();
             let addr = self.sized_element_address(base, i, d);
             if d.is_half() {

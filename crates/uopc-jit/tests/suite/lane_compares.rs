@@ -60,3 +60,39 @@ fn compares_of_the_loop_variable_vectorize_and_match_the_interpreter() {
         }
     }
 }
+
+/// Per row `i` of a `ROWS x COLS` buffer, its last `min(max(5 i - 8, 0), COLS)` elements (a
+/// trip count that changes with the enclosing loop) set to `-inf` counting down from the row's
+/// end, as a mask loop writes a row's masked suffix: the constant stores vectorize (one vector
+/// per four elements, placed at the lowest), the tail runs scalar, and nothing outside the
+/// suffix changes, for suffixes of every length modulo four, empty and whole.
+#[test]
+fn a_constant_stored_counting_down_vectorizes_and_stays_in_its_suffix() {
+    let out = buffer(0, DType::F32, ROWS * COLS);
+    let i = range(ROWS, 0, AxisType::Loop);
+    let wanted = (&i * 5i64 - 8i64).maximum(0i64);
+    // min(wanted, COLS), as -max(-wanted, -COLS)
+    let len = -(-&wanted).maximum(-(COLS as i64));
+    let j = range(&len, 1, AxisType::Loop);
+    let at = &i * COLS as i64 + (COLS as i64 - 1) - &j;
+    let program = sink(&[out.index(at).store(f32::NEG_INFINITY).end(&[j, i])]);
+    let init: Vec<f32> = (0..ROWS * COLS).map(|k| k as f32).collect();
+    let mut want = vec![HostBuffer::F32(init.clone())];
+    interp::run(&program, &mut want, Precision::Native).unwrap();
+    let HostBuffer::F32(want) = &want[0] else { unreachable!("f32 output") };
+    assert!(want.iter().any(|x| x.is_infinite()) && want.iter().any(|x| x.is_finite()));
+    for opt_level in [OptLevel::None, OptLevel::Speed] {
+        let opts = JitOptions { opt_level, ..JitOptions::default() };
+        let prg = Program::compile_with(&program, "suffix_fill", &opts).unwrap();
+        assert!(
+            prg.clif().contains("splat.f32x4"),
+            "{opt_level:?}: the loop is not vectorized\n{}",
+            prg.clif()
+        );
+        let mut got = init.clone();
+        prg.run(&mut [Arg::WriteF32(&mut got)]).unwrap();
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{opt_level:?} element ({}, {})", k / COLS, k % COLS);
+        }
+    }
+}
