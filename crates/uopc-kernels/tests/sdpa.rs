@@ -152,7 +152,7 @@ fn causal_diagonal_blocks_run_as_a_staircase_of_row_parts() {
             assert!(diff < 1e-5, "{sdpa}: {diff}");
         }
     }
-    // Any other mask keeps the blocks whole; the library's own choice uses halves.
+    // Any other mask keeps the blocks whole; the library's own choice uses quarters.
     for (mask, lens) in [(MaskKind::None, true), (MaskKind::Bool([2, 1, 256, 256]), false)] {
         let c = SdpaConfig { causal: true, mask, key_lengths: lens, ..config(2, 4, 2, 256, 256, 16) };
         let sdpa = Sdpa::compile(&c).unwrap();
@@ -161,7 +161,7 @@ fn causal_diagonal_blocks_run_as_a_staircase_of_row_parts() {
     }
     let c = SdpaConfig { causal: true, ..config(1, 2, 1, 1024, 1024, 64) };
     let sdpa = Sdpa::compile(&c).unwrap();
-    assert!(sdpa.to_string().contains("each diagonal block's GEMMs in 2 row parts"), "{sdpa}");
+    assert!(sdpa.to_string().contains("each diagonal block's GEMMs in 4 row parts"), "{sdpa}");
     // More parts than keys are refused.
     let bad = Blocking { diagonal_parts: 65, ..sdpa.blocking() };
     assert!(Sdpa::compile_with(&c, bad).is_err());
@@ -617,7 +617,7 @@ fn no_buffer_scales_with_n_squared_and_causal_does_about_half_the_work() {
     }
     let (full, half) = (plain.program().estimates().flops, causal.program().estimates().flops);
     // Half the score matrix is n^2 / 2 + n / 2 pairs (0.5005 of it); the rest is the part of
-    // the diagonal blocks above the diagonal that the staircase of row halves still computes.
+    // the diagonal blocks above the diagonal that the staircase of row parts still computes.
     let ratio = half as f64 / full as f64;
     assert!((0.5..0.52).contains(&ratio), "causal / full static FLOPs = {ratio}");
     // Whole diagonal blocks compute all of each 64 x 64 diagonal block.

@@ -56,10 +56,11 @@ const CAUSAL_MAX_ROWS: usize = 2 * KEY_BLOCK;
 /// a single diagonal block whose masked half is wasted.
 pub(super) const CAUSAL_SUB_ROWS: usize = KEY_BLOCK;
 
-/// Row parts of a causal diagonal block's GEMMs ([`Blocking::diagonal_parts`]): halves skip a
-/// quarter of the block's work, the quarter wholly above the diagonal; finer parts would skip
-/// more in GEMMs of at most 16 rows, which fill the micro-kernel's row tiles poorly.
-const DIAGONAL_PARTS: usize = 2;
+/// Row parts of a causal diagonal block's GEMMs ([`Blocking::diagonal_parts`]): quarters of a
+/// 64-row sub-tile skip 3/8 of its diagonal block's work (halves a quarter), in GEMMs of 16
+/// rows, two or three register tiles tall; eighths would skip little more with 8-row GEMMs,
+/// whose ragged row tiles cost more than they save.
+const DIAGONAL_PARTS: usize = 4;
 
 /// Stack the tiles of one task may take: the JIT's limit less room for the kernel's own frame.
 const TILE_BUDGET: usize = MAX_LOCAL_BYTES - 16 * 1024;
@@ -116,7 +117,7 @@ impl Blocking {
     /// tasks have more than 8 rows (fewer stream K and V unpacked) and each key block is read
     /// by at least six tasks (counting a causal task as half a read).
     ///
-    /// Under the causal mask, diagonal blocks run their GEMMs in two row parts
+    /// Under the causal mask, diagonal blocks run their GEMMs in four row parts
     /// ([`Blocking::diagonal_parts`]).
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
         let mut b = Self::choose_with_key_block(config, cores, KEY_BLOCK);
