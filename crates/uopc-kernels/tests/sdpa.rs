@@ -117,12 +117,12 @@ fn causal_sub_tiles_with_every_mask_kind() {
 }
 
 /// A causal sub-tile whose masked keys are its diagonal block alone runs that block's GEMMs
-/// as a staircase of row parts (and, with the keys at or ahead of the queries, its whole
-/// blocks and the diagonal as one block): aligned offsets ahead of and behind the queries,
+/// as a staircase of parts (by key columns, or by rows from panels; and, with the keys at or
+/// ahead of the queries, its whole blocks and the diagonal as one block): aligned offsets ahead of and behind the queries,
 /// with and without panels, odd part counts; misaligned offsets, key lengths and masks run
 /// the block whole.
 #[test]
-fn causal_diagonal_blocks_run_as_a_staircase_of_row_parts() {
+fn causal_diagonal_blocks_run_as_a_staircase_of_parts() {
     let mut rng = Rng(29);
     let native = uopc_tile::panel_width(uopc_tile::Isa::detect());
     for (n_q, n_k) in [(256, 256), (128, 384), (256, 128), (384, 448), (256, 200), (300, 300)] {
@@ -139,12 +139,12 @@ fn causal_diagonal_blocks_run_as_a_staircase_of_row_parts() {
             };
             let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
             let aligned = (n_k - n_q) % 64 == 0 && n_q % 128 == 0;
-            assert_eq!(sdpa.to_string().contains(&format!("in {parts} row parts")), aligned, "{sdpa}");
+            assert_eq!(sdpa.to_string().contains(&format!("in {parts} parts")), aligned, "{sdpa}");
             let case = Case::new(c, &mut rng);
             check(&case, &sdpa);
             // The same attention with the diagonal blocks whole.
             let whole = Sdpa::compile_with(&c, Blocking { diagonal_parts: 1, ..blocking }).unwrap();
-            assert!(!whole.to_string().contains("row parts"), "{whole}");
+            assert!(!whole.to_string().contains("upper triangle"), "{whole}");
             let (mut a, mut b) = (vec![0.0; c.q_len()], vec![0.0; c.q_len()]);
             sdpa.run(&case.q, &case.k, &case.v, case.extras(), &mut a).unwrap();
             whole.run(&case.q, &case.k, &case.v, case.extras(), &mut b).unwrap();
@@ -152,16 +152,32 @@ fn causal_diagonal_blocks_run_as_a_staircase_of_row_parts() {
             assert!(diff < 1e-5, "{sdpa}: {diff}");
         }
     }
+    // K and V read in place go by key columns: each of the diagonal's 16-key quarters is
+    // multiplied once, for the 64 - 16 c rows that see it (here c = 1), so no key is packed
+    // twice; from panels the parts go by rows.
+    let c = SdpaConfig { causal: true, ..config(1, 2, 1, 256, 256, 32) };
+    let quarters = |width| Blocking {
+        heads_per_task: 1,
+        queries: 128,
+        keys: 64,
+        splits: 1,
+        kv_panel_width: width,
+        diagonal_parts: 4,
+    };
+    let ir = Sdpa::compile_with(&c, quarters(0)).unwrap().program().loop_ir().to_string();
+    assert!(ir.contains("tile_gemm 48x16x32 B^T") && ir.contains("tile_gemm 48x32x16 +="), "{ir}");
+    let ir = Sdpa::compile_with(&c, quarters(native)).unwrap().program().loop_ir().to_string();
+    assert!(!ir.contains("tile_gemm 48x") && ir.contains("tile_gemm 16x32x16 B in panels"), "{ir}");
     // Any other mask keeps the blocks whole; the library's own choice uses quarters.
     for (mask, lens) in [(MaskKind::None, true), (MaskKind::Bool([2, 1, 256, 256]), false)] {
         let c = SdpaConfig { causal: true, mask, key_lengths: lens, ..config(2, 4, 2, 256, 256, 16) };
         let sdpa = Sdpa::compile(&c).unwrap();
-        assert!(!sdpa.to_string().contains("row parts"), "{sdpa}");
+        assert!(!sdpa.to_string().contains("upper triangle"), "{sdpa}");
         check(&Case::new(c, &mut rng), &sdpa);
     }
     let c = SdpaConfig { causal: true, ..config(1, 2, 1, 1024, 1024, 64) };
     let sdpa = Sdpa::compile(&c).unwrap();
-    assert!(sdpa.to_string().contains("each diagonal block's GEMMs in 4 row parts"), "{sdpa}");
+    assert!(sdpa.to_string().contains("each diagonal block's GEMMs in 4 parts"), "{sdpa}");
     // More parts than keys are refused.
     let bad = Blocking { diagonal_parts: 65, ..sdpa.blocking() };
     assert!(Sdpa::compile_with(&c, bad).is_err());

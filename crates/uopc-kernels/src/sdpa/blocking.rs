@@ -23,9 +23,10 @@ pub struct Blocking {
     /// key/value head's K and V once into panels of `w` columns, which the GEMMs read in place
     /// (f32 only, without split-K; see [`Blocking::choose`]).
     pub kv_panel_width: usize,
-    /// Row parts the GEMMs of a causal sub-tile's diagonal block run in, as a staircase (part
-    /// `p` of `n` over the first `(p + 1) / n` of the block's keys), skipping the keys above
-    /// the diagonal; 1 runs the block whole. Applies where
+    /// Parts the GEMMs of a causal sub-tile's diagonal block run in, as a staircase that skips
+    /// the keys above the diagonal (by row parts, part `p` of `n` over the first `(p + 1) / n`
+    /// of the block's keys, or by key columns; see [`sdpa_ir`](super::sdpa_ir)); 1 runs the
+    /// block whole. Applies where
     /// [`Blocking::diagonal_in_parts`] holds; at most [`Blocking::keys`].
     pub diagonal_parts: usize,
 }
@@ -56,10 +57,10 @@ const CAUSAL_MAX_ROWS: usize = 2 * KEY_BLOCK;
 /// a single diagonal block whose masked half is wasted.
 pub(super) const CAUSAL_SUB_ROWS: usize = KEY_BLOCK;
 
-/// Row parts of a causal diagonal block's GEMMs ([`Blocking::diagonal_parts`]): quarters of a
-/// 64-row sub-tile skip 3/8 of its diagonal block's work (halves a quarter), in GEMMs of 16
-/// rows, two or three register tiles tall; eighths would skip little more with 8-row GEMMs,
-/// whose ragged row tiles cost more than they save.
+/// Parts of a causal diagonal block's GEMMs ([`Blocking::diagonal_parts`]): quarters of a
+/// 64-key block skip 3/8 of its work (halves a quarter), in GEMMs 16 keys or rows wide; eighths
+/// would skip little more with 8-wide GEMMs, whose ragged register tiles cost more than they
+/// save.
 const DIAGONAL_PARTS: usize = 4;
 
 /// Stack the tiles of one task may take: the JIT's limit less room for the kernel's own frame.
@@ -117,7 +118,7 @@ impl Blocking {
     /// tasks have more than 8 rows (fewer stream K and V unpacked) and each key block is read
     /// by at least six tasks (counting a causal task as half a read).
     ///
-    /// Under the causal mask, diagonal blocks run their GEMMs in four row parts
+    /// Under the causal mask, diagonal blocks run their GEMMs in four parts
     /// ([`Blocking::diagonal_parts`]).
     pub fn choose(config: &SdpaConfig, cores: usize) -> Blocking {
         let mut b = Self::choose_with_key_block(config, cores, KEY_BLOCK);

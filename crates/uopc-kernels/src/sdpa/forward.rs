@@ -197,7 +197,10 @@ impl fmt::Display for Sdpa {
                 None => String::new(),
             },
             if b.diagonal_in_parts(c) {
-                format!(", each diagonal block's GEMMs in {} row parts", b.diagonal_parts)
+                format!(
+                    ", each diagonal block's GEMMs in {} parts skipping its upper triangle",
+                    b.diagonal_parts
+                )
             } else {
                 String::new()
             },

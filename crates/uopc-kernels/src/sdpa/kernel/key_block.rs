@@ -11,10 +11,12 @@ impl SdpaKernel {
     /// One key block of `cols` keys starting at key `first`, for the rows `span` of the task,
     /// after the effects `prev`: the score GEMM, the mask loop unless `mask` is
     /// [`BlockMask::Clear`], the softmax tile update and the `P · V` GEMM. On a
-    /// [`BlockMask::Diagonal`] block both GEMMs run as a staircase of
-    /// [`Blocking::diagonal_parts`] row parts, each over the keys its last row sees: the
-    /// scores they skip are the mask loop's to set to `-inf` (it writes without reading), and
-    /// their probabilities are 0.
+    /// [`BlockMask::Diagonal`] block both GEMMs skip what lies above the diagonal, in
+    /// [`Blocking::diagonal_parts`] parts: `P · V` by rows, each part over the keys its last
+    /// row sees; the scores the same way when K comes in panels, else by key columns (the keys
+    /// every row sees, then each part of the diagonal's keys for the rows that see it), so no
+    /// key is packed twice. The scores they skip are the mask loop's to set to `-inf` (it
+    /// writes without reading), and their probabilities are 0.
     pub(super) fn key_block(
         &mut self,
         task: &Task,
@@ -80,21 +82,38 @@ impl SdpaKernel {
             }
             _ => (self.k.index(&kv_at), self.v.index(&kv_at)),
         };
-        let mut g1 = tile(
-            TileOp::Gemm(GemmShape { m: part(0).1, n: part(0).2, ..scores }),
-            &[query_buf.index(&query_at), keys.clone(), task.si.after(prev).index(at_s)],
-        );
-        for p in 1..parts {
-            let (pr0, m, n) = part(p);
-            g1 = tile(
+        // The score GEMM's pieces (first row, rows, first key, keys) of the span. A staircase
+        // of K read in place goes by key columns, the keys every row sees first, so each key is
+        // packed once; from panels (nothing to pack) it goes by the row parts, as `P · V` does.
+        let by_columns = parts > 1 && self.panels.is_none();
+        let pieces: Vec<(usize, usize, usize, usize)> = if by_columns {
+            let seen = cols - rows;
+            let whole = (seen > 0).then_some((0, rows, 0, seen));
+            let diagonal = (0..parts).map(|c| {
+                let (lo, hi) = (c * rows / parts, (c + 1) * rows / parts);
+                (lo, rows - lo, seen + lo, hi - lo)
+            });
+            whole.into_iter().chain(diagonal).collect()
+        } else {
+            (0..parts).map(|p| part(p)).map(|(lo, m, n)| (lo, m, 0, n)).collect()
+        };
+        let mut g1: Option<UOp> = None;
+        for (pr0, m, key0, n) in pieces {
+            let b = if key0 == 0 { keys.clone() } else { self.k.index(&kv_at + (key0 * ksn) as i64) };
+            let c = match &g1 {
+                None => task.si.after(prev),
+                Some(g) => task.si.after(std::slice::from_ref(g)),
+            };
+            g1 = Some(tile(
                 TileOp::Gemm(GemmShape { m, n, ..scores }),
                 &[
                     query_buf.index(&query_at + (pr0 * lda) as i64),
-                    keys.clone(),
-                    task.si.after(std::slice::from_ref(&g1)).index(at_s + (pr0 * cols) as i64),
+                    b,
+                    c.index(at_s + (pr0 * cols + key0) as i64),
                 ],
-            );
+            ));
         }
+        let mut g1 = g1.expect("a block of at least one key");
         // Unscaled queries (16-bit attention's exact tile, or q read in place) have the
         // softmax step scale the f32 scores, except after a mask loop that reads every score:
         // that loop scales them before adding the bias. The suffix form, which writes -inf
@@ -145,21 +164,35 @@ impl SdpaKernel {
         // P: the bf16 tile, or the f32 score tile the softmax step overwrote (with f16-rounded
         // values for f16).
         let probs = task.pi.as_ref().unwrap_or(&task.si);
-        // One GEMM per staircase part, each split where the block spans two panel blocks of
-        // V (a causal task's wide prefix or merged band block); each after the one before.
+        // `P · V`'s pieces (first row, rows, first key, keys), each split where the block spans
+        // two panel blocks of V (a causal task's wide prefix or merged band block), each after
+        // the one before: by key columns when V is read in place (each V row packed once), by
+        // row parts from panels (longer sums per GEMM, nothing to pack).
         let bc = self.b.keys;
         let split_at_blocks = self.panels.is_some() && cols > bc;
+        let by_columns = parts > 1 && self.panels.is_none();
+        let pieces: Vec<(usize, usize, usize, usize)> = if by_columns {
+            let seen = cols - rows;
+            let whole = (seen > 0).then_some((0, rows, 0, seen));
+            let diagonal = (0..parts).map(|c| {
+                let (lo, hi) = (c * rows / parts, (c + 1) * rows / parts);
+                (lo, rows - lo, seen + lo, hi - lo)
+            });
+            whole.into_iter().chain(diagonal).collect()
+        } else {
+            (0..parts).map(|p| part(p)).map(|(lo, m, n)| (lo, m, 0, n)).collect()
+        };
         let mut done: Option<UOp> = None;
-        for p in 0..parts {
-            let (pr0, m, keys) = part(p);
-            let mut k0 = 0;
-            while k0 < keys {
-                let k1 = if split_at_blocks { (k0 / bc + 1) * bc } else { keys }.min(keys);
+        for (pr0, m, key0, keys) in pieces {
+            let mut k0 = key0;
+            while k0 < key0 + keys {
+                let k1 = if split_at_blocks { (k0 / bc + 1) * bc } else { key0 + keys }.min(key0 + keys);
                 let (b, ldb) = match (&self.panels, &task.panel_base) {
                     (Some(panels), Some((_, v0))) if split_at_blocks => {
                         let (_, v_at) = panels.block_offsets(&(first + k0 as i64));
                         (self.v.index(v0 + v_at), panels.values(bc).panel_stride)
                     }
+                    (None, _) if k0 > 0 => (self.v.index(&kv_at + (k0 * ksn) as i64), pv.ldb),
                     _ => (values.clone(), pv.ldb),
                 };
                 let out = match &done {

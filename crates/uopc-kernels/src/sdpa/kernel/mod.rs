@@ -36,7 +36,7 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// its rows see (so it does the work of 64-row tasks, with the blocks below the band packed
 /// once per task, and run two key blocks at a time when the wider score tile fits). When a
 /// sub-tile's masked keys are its diagonal block alone ([`Blocking::diagonal_in_parts`]), that
-/// block's GEMMs run as a staircase of row parts that skip the keys above the diagonal, and
+/// block's GEMMs run as a staircase of parts that skip the keys above the diagonal, and
 /// with the keys at or ahead of the queries the sub-tile's other blocks join it in one block
 /// when the score tile is that wide. With key lengths, blocks past the item's length are skipped and only the
 /// block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
