@@ -38,13 +38,7 @@ impl SdpaKernel {
                 (self.q.clone(), &task.item * qsb + &task.head0 * qsh + (&task.q0 + r0 as i64) * qsn, qsn)
             }
         };
-        // The staircase's parts: (first row, rows, keys seen by the part's last row) of the
-        // span, whose rows see the block's keys up to its last `rows` and those on the diagonal.
         let parts = if mask == BlockMask::Diagonal { self.b.diagonal_parts } else { 1 };
-        let part = |p: usize| {
-            let (lo, hi) = (p * rows / parts, (p + 1) * rows / parts);
-            (lo, hi - lo, cols - rows + hi)
-        };
         let mut scores = GemmShape {
             m: rows,
             n: cols,
@@ -85,18 +79,8 @@ impl SdpaKernel {
         // The score GEMM's pieces (first row, rows, first key, keys) of the span. A staircase
         // of K read in place goes by key columns, the keys every row sees first, so each key is
         // packed once; from panels (nothing to pack) it goes by the row parts, as `P · V` does.
-        let by_columns = parts > 1 && self.panels.is_none();
-        let pieces: Vec<(usize, usize, usize, usize)> = if by_columns {
-            let seen = cols - rows;
-            let whole = (seen > 0).then_some((0, rows, 0, seen));
-            let diagonal = (0..parts).map(|c| {
-                let (lo, hi) = (c * rows / parts, (c + 1) * rows / parts);
-                (lo, rows - lo, seen + lo, hi - lo)
-            });
-            whole.into_iter().chain(diagonal).collect()
-        } else {
-            (0..parts).map(|p| part(p)).map(|(lo, m, n)| (lo, m, 0, n)).collect()
-        };
+        let by_columns = self.panels.is_none();
+        let pieces = staircase(parts, rows, cols, by_columns);
         let mut g1: Option<UOp> = None;
         for (pr0, m, key0, n) in pieces {
             let b = if key0 == 0 { keys.clone() } else { self.k.index(&kv_at + (key0 * ksn) as i64) };
@@ -170,18 +154,7 @@ impl SdpaKernel {
         // row parts from panels (longer sums per GEMM, nothing to pack).
         let bc = self.b.keys;
         let split_at_blocks = self.panels.is_some() && cols > bc;
-        let by_columns = parts > 1 && self.panels.is_none();
-        let pieces: Vec<(usize, usize, usize, usize)> = if by_columns {
-            let seen = cols - rows;
-            let whole = (seen > 0).then_some((0, rows, 0, seen));
-            let diagonal = (0..parts).map(|c| {
-                let (lo, hi) = (c * rows / parts, (c + 1) * rows / parts);
-                (lo, rows - lo, seen + lo, hi - lo)
-            });
-            whole.into_iter().chain(diagonal).collect()
-        } else {
-            (0..parts).map(|p| part(p)).map(|(lo, m, n)| (lo, m, 0, n)).collect()
-        };
+        let pieces = staircase(parts, rows, cols, by_columns);
         let mut done: Option<UOp> = None;
         for (pr0, m, key0, keys) in pieces {
             let mut k0 = key0;
@@ -310,5 +283,68 @@ impl SdpaKernel {
             .after(&[scores])
             .index((&hh * rows + &rq + r0 as i64) * cols + (-&rc + (cols as i64 - 1)));
         cell.store(f32c(f32::NEG_INFINITY)).end(&[rc, rq, hh])
+    }
+}
+
+/// The GEMM pieces `(first row, rows, first key, keys)` of a block of `cols` keys for `rows`
+/// rows that see every key but the last `rows`, and of those the `r`-th up to row `r` (a
+/// diagonal block), in `parts` parts: by rows, part `p` over the keys its last row sees; or
+/// `by_columns`, the keys every row sees, then part `c` of the diagonal's keys for the rows
+/// from the `c`-th part on. One part is the whole block.
+fn staircase(parts: usize, rows: usize, cols: usize, by_columns: bool) -> Vec<(usize, usize, usize, usize)> {
+    let seen = cols - rows.min(cols);
+    let bounds = |p: usize| (p * rows / parts, (p + 1) * rows / parts);
+    if parts <= 1 {
+        vec![(0, rows, 0, cols)]
+    } else if by_columns {
+        let whole = (seen > 0).then_some((0, rows, 0, seen));
+        let diagonal = (0..parts).map(bounds).map(|(lo, hi)| (lo, rows - lo, seen + lo, hi - lo));
+        whole.into_iter().chain(diagonal).collect()
+    } else {
+        (0..parts).map(bounds).map(|(lo, hi)| (lo, hi - lo, 0, seen + hi)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::staircase;
+
+    /// Both forms of the staircase compute every (row, key) pair a row sees exactly once, and
+    /// of the pairs above the diagonal only those inside a part's square.
+    #[test]
+    fn staircase_pieces_cover_what_each_row_sees_once() {
+        for (rows, cols) in [(64, 64), (64, 128), (16, 48), (7, 7), (5, 12)] {
+            for parts in [1, 2, 3, 4, 5] {
+                for by_columns in [false, true] {
+                    let mut count = vec![0u32; rows * cols];
+                    for (r0, m, k0, n) in staircase(parts, rows, cols, by_columns) {
+                        assert!(r0 + m <= rows && k0 + n <= cols, "{rows}x{cols}/{parts}");
+                        for r in r0..r0 + m {
+                            for k in k0..k0 + n {
+                                count[r * cols + k] += 1;
+                            }
+                        }
+                    }
+                    let seen = cols - rows;
+                    for r in 0..rows {
+                        for k in 0..cols {
+                            let c = count[r * cols + k];
+                            if k <= seen + r {
+                                assert_eq!(c, 1, "{rows}x{cols}/{parts} {by_columns}: ({r}, {k})");
+                            } else {
+                                assert!(c <= 1, "{rows}x{cols}/{parts} {by_columns}: ({r}, {k})");
+                            }
+                        }
+                    }
+                    // More parts skip more: at most a part's square above the diagonal per part.
+                    let wasted: u32 = (0..rows)
+                        .flat_map(|r| ((seen + r + 1)..cols).map(move |k| (r, k)))
+                        .map(|(r, k)| count[r * cols + k])
+                        .sum();
+                    let per_part = rows.div_ceil(parts);
+                    assert!(wasted as usize <= parts * per_part * per_part, "{rows}x{cols}/{parts}");
+                }
+            }
+        }
     }
 }
