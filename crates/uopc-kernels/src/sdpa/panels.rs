@@ -46,11 +46,11 @@ impl Drop for Packed {
     }
 }
 
-/// Where each key/value head's panels lie, block by block of keys, so that every key block's
-/// panels are contiguous: per block of `keys` keys (the last one narrower), the keys' panels
-/// `K^T` (D rows, one panel per `w` keys, each `D x w`) in one buffer and the values' (the
-/// block's rows of V, one panel per `w` columns of D, each `rows x w`) in the other, both laid
-/// out `(batch, kv head, key block, panels)`.
+/// Where each key/value head's panels lie: the keys' panels `K^T` block by block of keys (per
+/// block of `keys` keys, the last one narrower, D rows, one panel per `w` keys, each `D x w`),
+/// so every key block's are contiguous, laid out `(batch, kv head, key block, panels)`; and the
+/// values' one panel per `w` columns of D over all the head's keys (each `n_k x w`), laid out
+/// `(batch, kv head, panel)`, so any stretch of keys is one GEMM's B whatever blocks it spans.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct KvPanels {
     /// Columns per panel.
@@ -99,10 +99,10 @@ impl KvPanels {
         self.heads * self.v_head
     }
 
-    /// Where the key block starting at key `first` (a multiple of the block size) begins in
-    /// its head's key panels, and in its value panels.
+    /// Where the keys from key `first` (a multiple of the block size) begin in their head's
+    /// key panels, and in its value panels.
     pub fn block_offsets(&self, first: &UOp) -> (UOp, UOp) {
-        (first * self.d, first * self.d.next_multiple_of(self.width))
+        (first * self.d, first * self.width)
     }
 
     /// How the `cols` keys of one block become the B of the score GEMM (`K^T`, D x cols): k's
@@ -119,16 +119,17 @@ impl KvPanels {
         }
     }
 
-    /// How the `cols` values of one block become the B of `P · V` (cols x D).
-    pub fn values(&self, cols: usize) -> PanelPacking {
+    /// How one head's values become the B of `P · V` (n_k x D); a stretch of keys is its rows
+    /// from the stretch's first.
+    pub fn values(&self) -> PanelPacking {
         let w = self.width;
         PanelPacking {
-            k: cols,
+            k: self.n_k,
             n: self.d,
             trans: false,
             ld: self.strides[2],
             width: w,
-            panel_stride: cols * w,
+            panel_stride: self.n_k * w,
         }
     }
 
@@ -147,28 +148,41 @@ impl KvPanels {
 
     /// Packs k and v (f32, of `config`'s layout and lengths, checked by the caller) into
     /// `kp` and `vp` ([`KvPanels::k_len`] and [`KvPanels::v_len`] long), one rayon task per key
-    /// block of each head, so that even one head's packing is spread over the cores.
+    /// block and per value panel of each head, so that even one head's packing is spread over
+    /// the cores.
     pub fn pack(&self, k: &[f32], v: &[f32], kp: &mut [f32], vp: &mut [f32]) {
         let isa = Isa::detect();
-        let (bc, d_pad) = (self.keys, self.d.next_multiple_of(self.width));
-        let k_block = bc.next_multiple_of(self.width) * self.d;
-        let heads = kp.par_chunks_mut(self.k_head).zip(vp.par_chunks_mut(self.v_head)).enumerate();
-        let blocks = heads.flat_map(|(head, (kp, vp))| {
-            kp.par_chunks_mut(k_block)
-                .zip(vp.par_chunks_mut(bc * d_pad))
-                .enumerate()
-                .map(move |(b, (kp, vp))| (head, b, kp, vp))
-        });
+        let (bc, w) = (self.keys, self.width);
+        let head_at =
+            |head: usize| head / self.kv_heads * self.strides[0] + head % self.kv_heads * self.strides[1];
         // The run checked k's and v's lengths against the configuration, whose heads each span
-        // the packings' source extents; the chunks are one block of one head.
-        blocks.for_each(|(head, block, kp, vp)| {
-            let first = block * bc;
-            let cols = bc.min(self.n_k - first);
-            let at = head / self.kv_heads * self.strides[0]
-                + head % self.kv_heads * self.strides[1]
-                + first * self.strides[2];
-            pack_panels(isa, &self.keys(cols), &k[at..], kp).expect("one key block's panels");
-            pack_panels(isa, &self.values(cols), &v[at..], vp).expect("one value block's panels");
+        // the packings' source extents; each chunk is one block or one panel of one head.
+        let k_block = bc.next_multiple_of(w) * self.d;
+        let key_blocks = kp
+            .par_chunks_mut(self.k_head)
+            .enumerate()
+            .flat_map(|(head, kp)| kp.par_chunks_mut(k_block).enumerate().map(move |(b, kp)| (head, b, kp)));
+        let value_panels = vp.par_chunks_mut(self.v_head).enumerate().flat_map(|(head, vp)| {
+            vp.par_chunks_mut(self.n_k * w).enumerate().map(move |(p, vp)| (head, p, vp))
         });
+        rayon::join(
+            || {
+                key_blocks.for_each(|(head, block, kp)| {
+                    let first = block * bc;
+                    let cols = bc.min(self.n_k - first);
+                    let at = head_at(head) + first * self.strides[2];
+                    pack_panels(isa, &self.keys(cols), &k[at..], kp).expect("one key block's panels");
+                })
+            },
+            || {
+                value_panels.for_each(|(head, panel, vp)| {
+                    // One panel: the head's rows, `w` columns of D from the panel's first.
+                    let cols = w.min(self.d - panel * w);
+                    let one = PanelPacking { n: cols, ..self.values() };
+                    let at = head_at(head) + panel * w;
+                    pack_panels(isa, &one, &v[at..], vp).expect("one value panel");
+                })
+            },
+        );
     }
 }

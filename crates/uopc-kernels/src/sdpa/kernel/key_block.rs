@@ -67,7 +67,7 @@ impl SdpaKernel {
         let (keys, values) = match (&self.panels, &task.panel_base) {
             (Some(panels), Some((k0, v0))) => {
                 // The block's own panels (each block's are contiguous), laid out as packed.
-                let (kp, vp) = (panels.keys(cols), panels.values(cols));
+                let (kp, vp) = (panels.keys(cols), panels.values());
                 scores =
                     GemmShape { b_trans: false, ldb: kp.panel_stride, b_panel_width: kp.width, ..scores };
                 pv = GemmShape { ldb: vp.panel_stride, b_panel_width: vp.width, ..pv };
@@ -148,40 +148,31 @@ impl SdpaKernel {
         // P: the bf16 tile, or the f32 score tile the softmax step overwrote (with f16-rounded
         // values for f16).
         let probs = task.pi.as_ref().unwrap_or(&task.si);
-        // `P · V`'s pieces (first row, rows, first key, keys), each split where the block spans
-        // two panel blocks of V (a causal task's wide prefix or merged band block), each after
-        // the one before: by key columns when V is read in place (each V row packed once), by
-        // row parts from panels (longer sums per GEMM, nothing to pack).
-        let bc = self.b.keys;
-        let split_at_blocks = self.panels.is_some() && cols > bc;
+        // `P · V`'s pieces (first row, rows, first key, keys), each after the one before: by key
+        // columns when V is read in place (each V row packed once), by row parts from panels
+        // (longer sums per GEMM, nothing to pack).
         let pieces = staircase(parts, rows, cols, by_columns);
         let mut done: Option<UOp> = None;
         for (pr0, m, key0, keys) in pieces {
-            let mut k0 = key0;
-            while k0 < key0 + keys {
-                let k1 = if split_at_blocks { (k0 / bc + 1) * bc } else { key0 + keys }.min(key0 + keys);
-                let (b, ldb) = match (&self.panels, &task.panel_base) {
-                    (Some(panels), Some((_, v0))) if split_at_blocks => {
-                        let (_, v_at) = panels.block_offsets(&(first + k0 as i64));
-                        (self.v.index(v0 + v_at), panels.values(bc).panel_stride)
-                    }
-                    (None, _) if k0 > 0 => (self.v.index(&kv_at + (k0 * ksn) as i64), pv.ldb),
-                    _ => (values.clone(), pv.ldb),
-                };
-                let out = match &done {
-                    None => task.oi.after(after_sm),
-                    Some(g) => task.oi.after(std::slice::from_ref(g)),
-                };
-                done = Some(tile(
-                    TileOp::Gemm(GemmShape { m, k: k1 - k0, ldb, ..pv }),
-                    &[
-                        probs.after(after_sm).index(at_s + (pr0 * cols + k0) as i64),
-                        b,
-                        out.index(at_d + (pr0 * d) as i64),
-                    ],
-                ));
-                k0 = k1;
-            }
+            let b = match (&self.panels, &task.panel_base) {
+                _ if key0 == 0 => values.clone(),
+                (Some(panels), Some((_, v0))) => {
+                    self.v.index(v0 + panels.block_offsets(&(first + key0 as i64)).1)
+                }
+                _ => self.v.index(&kv_at + (key0 * ksn) as i64),
+            };
+            let out = match &done {
+                None => task.oi.after(after_sm),
+                Some(g) => task.oi.after(std::slice::from_ref(g)),
+            };
+            done = Some(tile(
+                TileOp::Gemm(GemmShape { m, k: keys, ..pv }),
+                &[
+                    probs.after(after_sm).index(at_s + (pr0 * cols + key0) as i64),
+                    b,
+                    out.index(at_d + (pr0 * d) as i64),
+                ],
+            ));
         }
         done.expect("a block of at least one key")
     }
