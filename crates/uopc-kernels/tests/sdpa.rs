@@ -129,14 +129,8 @@ fn causal_diagonal_blocks_run_as_a_staircase_of_parts() {
         for (parts, width, d) in [(2, 0, 16), (2, native, 24), (3, native, 16), (5, 0, 7)] {
             let layout = if rng.below(2) == 0 { Layout::Bhnd } else { Layout::Bnhd };
             let c = SdpaConfig { causal: true, layout, ..config(2, 4, 2, n_q, n_k, d) };
-            let blocking = Blocking {
-                heads_per_task: 1,
-                queries: 128,
-                keys: 64,
-                splits: 1,
-                kv_panel_width: width,
-                diagonal_parts: parts,
-            };
+            let blocking =
+                Blocking { kv_panel_width: width, diagonal_parts: parts, ..Blocking::new(1, 128, 64) };
             let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
             let aligned = (n_k - n_q) % 64 == 0 && n_q % 128 == 0;
             assert_eq!(sdpa.to_string().contains(&format!("in {parts} parts")), aligned, "{sdpa}");
@@ -156,14 +150,7 @@ fn causal_diagonal_blocks_run_as_a_staircase_of_parts() {
     // multiplied once, for the 64 - 16 c rows that see it (here c = 1), so no key is packed
     // twice; from panels the parts go by rows.
     let c = SdpaConfig { causal: true, ..config(1, 2, 1, 256, 256, 32) };
-    let quarters = |width| Blocking {
-        heads_per_task: 1,
-        queries: 128,
-        keys: 64,
-        splits: 1,
-        kv_panel_width: width,
-        diagonal_parts: 4,
-    };
+    let quarters = |width| Blocking { kv_panel_width: width, diagonal_parts: 4, ..Blocking::new(1, 128, 64) };
     let ir = Sdpa::compile_with(&c, quarters(0)).unwrap().program().loop_ir().to_string();
     assert!(ir.contains("tile_gemm 48x16x32 B^T") && ir.contains("tile_gemm 48x32x16 +="), "{ir}");
     let ir = Sdpa::compile_with(&c, quarters(native)).unwrap().program().loop_ir().to_string();
@@ -233,32 +220,7 @@ fn small_blockings_exercise_every_key_phase() {
         for (n_q, n_k) in [(37, 37), (20, 37), (37, 20)] {
             let c = SdpaConfig { causal, key_lengths: true, ..config(2, 4, 2, n_q, n_k, 8) };
             let case = Case::new(c, &mut rng);
-            for blocking in [
-                Blocking {
-                    heads_per_task: 1,
-                    queries: 6,
-                    keys: 4,
-                    splits: 1,
-                    kv_panel_width: 0,
-                    diagonal_parts: 1,
-                },
-                Blocking {
-                    heads_per_task: 2,
-                    queries: 16,
-                    keys: 7,
-                    splits: 1,
-                    kv_panel_width: 0,
-                    diagonal_parts: 1,
-                },
-                Blocking {
-                    heads_per_task: 2,
-                    queries: 1,
-                    keys: 20,
-                    splits: 1,
-                    kv_panel_width: 0,
-                    diagonal_parts: 1,
-                },
-            ] {
+            for blocking in [Blocking::new(1, 6, 4), Blocking::new(2, 16, 7), Blocking::new(2, 1, 20)] {
                 check(&case, &Sdpa::compile_with(&c, blocking).expect("compile"));
             }
         }
@@ -286,14 +248,8 @@ fn keys_and_values_packed_once_give_the_same_attention() {
                         key_lengths: rng.below(2) == 0,
                         ..config(2, 4, 2, n_q, n_k, d)
                     };
-                    let blocking = Blocking {
-                        heads_per_task: 1,
-                        queries: 16.min(n_q),
-                        keys: keys.min(n_k),
-                        splits: 1,
-                        kv_panel_width: width,
-                        diagonal_parts: 1,
-                    };
+                    let blocking =
+                        Blocking { kv_panel_width: width, ..Blocking::new(1, 16.min(n_q), keys.min(n_k)) };
                     let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
                     assert!(sdpa.to_string().contains(&format!("panels of {width}")), "{sdpa}");
                     let case = Case::new(c, &mut rng);
@@ -308,14 +264,7 @@ fn keys_and_values_packed_once_give_the_same_attention() {
     for (n_q, n_k) in [(256, 256), (200, 500), (300, 301)] {
         for lens in [false, true] {
             let c = SdpaConfig { causal: true, key_lengths: lens, ..config(1, 2, 1, n_q, n_k, 24) };
-            let blocking = Blocking {
-                heads_per_task: 1,
-                queries: 128,
-                keys: 64,
-                splits: 1,
-                kv_panel_width: native,
-                diagonal_parts: 1,
-            };
+            let blocking = Blocking { kv_panel_width: native, ..Blocking::new(1, 128, 64) };
             let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
             assert!(sdpa.to_string().contains("128 keys wide"), "{sdpa}");
             check(&Case::new(c, &mut rng), &sdpa);
@@ -325,14 +274,7 @@ fn keys_and_values_packed_once_give_the_same_attention() {
     let c = config(1, 2, 1, 32, 64, 16);
     let mut case = Case::new(c, &mut rng);
     case.k[5 * 16 + 3] = f32::NAN;
-    let blocking = Blocking {
-        heads_per_task: 1,
-        queries: 16,
-        keys: 32,
-        splits: 1,
-        kv_panel_width: native,
-        diagonal_parts: 1,
-    };
+    let blocking = Blocking { kv_panel_width: native, ..Blocking::new(1, 16, 32) };
     check(&case, &Sdpa::compile_with(&c, blocking).unwrap());
 }
 
@@ -342,14 +284,7 @@ fn one_attention_with_panels_runs_from_many_threads_at_once() {
     // kept panel buffer, and every output is its own.
     let c = config(1, 4, 2, 64, 96, 16);
     let native = uopc_tile::panel_width(uopc_tile::Isa::detect());
-    let blocking = Blocking {
-        heads_per_task: 1,
-        queries: 16,
-        keys: 2 * native,
-        splits: 1,
-        kv_panel_width: native,
-        diagonal_parts: 1,
-    };
+    let blocking = Blocking { kv_panel_width: native, ..Blocking::new(1, 16, 2 * native) };
     let sdpa = Sdpa::compile_with(&c, blocking).unwrap();
     let cases: Vec<Case> = (0..4).map(|i| Case::new(c, &mut Rng(40 + i))).collect();
     std::thread::scope(|s| {
@@ -379,14 +314,7 @@ fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
     }
     // Panels with split-K, 16-bit inputs or key blocks that do not start a panel are refused.
     let c = config(1, 1, 1, 64, 256, 16);
-    let base = Blocking {
-        heads_per_task: 1,
-        queries: 64,
-        keys: 32,
-        splits: 1,
-        kv_panel_width: 16,
-        diagonal_parts: 1,
-    };
+    let base = Blocking { kv_panel_width: 16, ..Blocking::new(1, 64, 32) };
     Sdpa::compile_with(&c, base).unwrap();
     for bad in [Blocking { kv_panel_width: 12, ..base }, Blocking { queries: 64, splits: 2, ..base }] {
         assert!(Sdpa::compile_with(&c, bad).is_err(), "{bad:?}");
@@ -418,14 +346,7 @@ fn split_keys_merge_to_the_same_attention() {
                         // Even chunks, none empty (as the library evens them).
                         let full = n_k / 4;
                         let splits = full.div_ceil(full.div_ceil(want));
-                        let blocking = Blocking {
-                            heads_per_task: gs,
-                            queries: n_q,
-                            keys: 4,
-                            splits,
-                            kv_panel_width: 0,
-                            diagonal_parts: 1,
-                        };
+                        let blocking = Blocking { splits, ..Blocking::new(gs, n_q, 4) };
                         let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
                         assert!(sdpa.merge_program().is_some());
                         check(&case, &sdpa);
@@ -441,14 +362,7 @@ fn split_keys_merge_to_the_same_attention() {
     assert!(sdpa.to_string().contains("split into") || sdpa.blocking().splits == 1, "{sdpa}");
     check(&Case::new(c, &mut rng), &sdpa);
     // A blocking whose last chunk would be empty is refused.
-    let bad = Blocking {
-        heads_per_task: 1,
-        queries: 1,
-        keys: 64,
-        splits: 60,
-        kv_panel_width: 0,
-        diagonal_parts: 1,
-    };
+    let bad = Blocking { splits: 60, ..Blocking::new(1, 1, 64) };
     assert!(Sdpa::compile_with(&c, bad).is_err());
 }
 
@@ -461,17 +375,7 @@ fn key_lengths_skip_the_blocks_past_the_end() {
         let c = SdpaConfig { causal, key_lengths: true, ..config(4, 2, 2, 16, 70, 8) };
         let mut case = Case::new(c, &mut rng);
         case.lens = Some(vec![70, 33, 4, 0]);
-        for blocking in [
-            Sdpa::compile(&c).unwrap().blocking(),
-            Blocking {
-                heads_per_task: 1,
-                queries: 5,
-                keys: 8,
-                splits: 1,
-                kv_panel_width: 0,
-                diagonal_parts: 1,
-            },
-        ] {
+        for blocking in [Sdpa::compile(&c).unwrap().blocking(), Blocking::new(1, 5, 8)] {
             check(&case, &Sdpa::compile_with(&c, blocking).unwrap());
         }
     }
@@ -719,24 +623,7 @@ fn zero_and_negative_scales_with_queries_read_in_place() {
                 ..config(2, 4, 2, 37, 37, 8)
             };
             let case = Case::new(c, &mut rng);
-            for blocking in [
-                Blocking {
-                    heads_per_task: 1,
-                    queries: 6,
-                    keys: 4,
-                    splits: 1,
-                    kv_panel_width: 0,
-                    diagonal_parts: 1,
-                },
-                Blocking {
-                    heads_per_task: 2,
-                    queries: 16,
-                    keys: 8,
-                    splits: 1,
-                    kv_panel_width: 0,
-                    diagonal_parts: 1,
-                },
-            ] {
+            for blocking in [Blocking::new(1, 6, 4), Blocking::new(2, 16, 8)] {
                 let sdpa = Sdpa::compile_with(&c, blocking).unwrap();
                 assert_eq!(sdpa.blocking().reads_queries_in_place(&c), blocking.heads_per_task == 1);
                 check(&case, &sdpa);
@@ -784,18 +671,7 @@ fn one_compiled_program_serves_every_kv_length() {
             SdpaConfig { causal, runtime_kv_length: true, ..config(2, heads, kv_heads, n_q, capacity, 8) };
         let case = Case::new(c, &mut rng);
         let library = Sdpa::compile(&c).unwrap();
-        let split = Sdpa::compile_with(
-            &c,
-            Blocking {
-                heads_per_task: 1,
-                queries: n_q,
-                keys: 8,
-                splits: 3,
-                kv_panel_width: 0,
-                diagonal_parts: 1,
-            },
-        )
-        .unwrap();
+        let split = Sdpa::compile_with(&c, Blocking { splits: 3, ..Blocking::new(1, n_q, 8) }).unwrap();
         for sdpa in [&library, &split] {
             for len in [1, 2, capacity / 2 + 1, capacity] {
                 let mut out = vec![f32::NAN; c.q_len()];
@@ -856,38 +732,17 @@ fn small_programs_agree_with_the_loop_ir_interpreter() {
     for (c, blocking, kv) in [
         (
             SdpaConfig { causal: true, key_lengths: true, ..config(2, 2, 1, 7, 11, 4) },
-            Blocking {
-                heads_per_task: 2,
-                queries: 4,
-                keys: 4,
-                splits: 1,
-                kv_panel_width: 0,
-                diagonal_parts: 1,
-            },
+            Blocking::new(2, 4, 4),
             None,
         ),
         (
             SdpaConfig { mask: MaskKind::Bias([1, 2, 1, 11]), ..config(1, 2, 2, 1, 11, 3) },
-            Blocking {
-                heads_per_task: 1,
-                queries: 1,
-                keys: 2,
-                splits: 3,
-                kv_panel_width: 0,
-                diagonal_parts: 1,
-            },
+            Blocking { splits: 3, ..Blocking::new(1, 1, 2) },
             None,
         ),
         (
             SdpaConfig { causal: true, runtime_kv_length: true, ..config(1, 2, 2, 2, 12, 4) },
-            Blocking {
-                heads_per_task: 1,
-                queries: 2,
-                keys: 4,
-                splits: 1,
-                kv_panel_width: 0,
-                diagonal_parts: 1,
-            },
+            Blocking::new(1, 2, 4),
             Some(7),
         ),
     ] {

@@ -332,41 +332,14 @@ fn small_programs_agree_with_the_loop_ir_interpreter() {
     use uopc_kernels::sdpa::{sdpa_ir, sdpa_merge_ir};
     let mut rng = Rng(29);
     for (c, blocking) in [
-        (
-            SdpaConfig { causal: true, key_lengths: true, ..config(2, 2, 1, 7, 11, 4) },
-            Blocking {
-                heads_per_task: 2,
-                queries: 4,
-                keys: 4,
-                splits: 1,
-                kv_panel_width: 0,
-                diagonal_parts: 1,
-            },
-        ),
+        (SdpaConfig { causal: true, key_lengths: true, ..config(2, 2, 1, 7, 11, 4) }, Blocking::new(2, 4, 4)),
         (
             SdpaConfig { mask: MaskKind::Bias([1, 2, 1, 11]), ..config(1, 2, 2, 1, 11, 3) },
-            Blocking {
-                heads_per_task: 1,
-                queries: 1,
-                keys: 2,
-                splits: 3,
-                kv_panel_width: 0,
-                diagonal_parts: 1,
-            },
+            Blocking { splits: 3, ..Blocking::new(1, 1, 2) },
         ),
         // Query blocks dividing n_q: each task owns its output rows, which are rounded by one
         // block conversion.
-        (
-            config(1, 2, 2, 8, 11, 5),
-            Blocking {
-                heads_per_task: 1,
-                queries: 4,
-                keys: 4,
-                splits: 1,
-                kv_panel_width: 0,
-                diagonal_parts: 1,
-            },
-        ),
+        (config(1, 2, 2, 8, 11, 5), Blocking::new(1, 4, 4)),
     ] {
         for dtype in [SdpaDType::BF16, SdpaDType::F16] {
             let c = SdpaConfig { dtype, ..c };

@@ -93,6 +93,13 @@ const FEW_ROWS: usize = 8;
 const STREAMED_KEY_BLOCK: usize = 512;
 
 impl Blocking {
+    /// Tasks of `heads_per_task` query heads times `queries` rows, keys in blocks of `keys`:
+    /// one chunk of keys, K and V packed by each task, diagonal blocks whole. Set the other
+    /// fields with struct update syntax (`Blocking { splits: 2, ..Blocking::new(1, 64, 64) }`).
+    pub fn new(heads_per_task: usize, queries: usize, keys: usize) -> Blocking {
+        Blocking { heads_per_task, queries, keys, splits: 1, kv_panel_width: 0, diagonal_parts: 1 }
+    }
+
     /// Block sizes for `config` on `cores` cores.
     ///
     /// The task's tiles (the output, `rows x D`, the `rows x keys` score tile and the running

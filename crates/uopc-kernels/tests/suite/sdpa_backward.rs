@@ -349,14 +349,7 @@ fn a_forward_with_keys_and_values_in_panels_gives_the_same_gradients() {
     for causal in [false, true] {
         for layout in [Layout::Bhnd, Layout::Bnhd] {
             let c = SdpaConfig { causal, layout, key_lengths: true, ..config(2, 4, 2, 200, 260, 12) };
-            let forward = Blocking {
-                heads_per_task: 1,
-                queries: 128,
-                keys: 64,
-                splits: 1,
-                kv_panel_width: native,
-                diagonal_parts: 1,
-            };
+            let forward = Blocking { kv_panel_width: native, ..Blocking::new(1, 128, 64) };
             let bwd =
                 SdpaBackward::compile_with(&c, forward, BackwardBlocking::choose(&c, 2)).expect("compile");
             assert!(bwd.to_string().contains("panels"), "{bwd}");
