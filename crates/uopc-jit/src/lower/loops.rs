@@ -117,16 +117,22 @@ impl Lowerer<'_, '_> {
         Ok(Some(Trips::Runtime { end: self.val(end)?, max: end.vmax() }))
     }
 
-    /// The end of the main loop of a loop unrolled `step` (a power of two) times: `trips`
-    /// rounded down to a multiple of `step`, 0 for a negative trip count.
+    /// The end of the main loop of a loop unrolled `step` times: `trips` rounded down to a
+    /// multiple of `step`, 0 for a negative trip count. A runtime count is masked for a power
+    /// of two and reduced by its remainder otherwise (three vector copies step by 12).
     pub(super) fn main_end(&mut self, trips: Trips, step: i64) -> MainEnd {
-        debug_assert!(step > 0 && (step & (step - 1)) == 0, "step {step} is a power of two");
+        debug_assert!(step > 0, "step {step} is positive");
         match trips {
             Trips::Fixed(n) => MainEnd::Fixed(n - n % step),
             Trips::Runtime { end, .. } => {
                 let zero = self.b.ins().iconst(types::I64, 0);
                 let nonnegative = self.b.ins().smax(end, zero);
-                MainEnd::Runtime(self.b.ins().band_imm_s(nonnegative, -step))
+                MainEnd::Runtime(if step & (step - 1) == 0 {
+                    self.b.ins().band_imm_s(nonnegative, -step)
+                } else {
+                    let rest = self.b.ins().urem_imm_s(nonnegative, step);
+                    self.b.ins().isub(nonnegative, rest)
+                })
             }
         }
     }

@@ -96,3 +96,35 @@ fn a_constant_stored_counting_down_vectorizes_and_stays_in_its_suffix() {
         }
     }
 }
+
+/// Row sums over a prefix whose length follows the enclosing loop and stays under 16: the
+/// vectorized loop takes three vector copies (12 floats a step, not a power of two), and its
+/// main loop must stop at the last whole step of each row's count, leaving the rest to the
+/// scalar tail, never summing past the prefix.
+#[test]
+fn a_runtime_trip_count_rounds_down_to_three_vector_copies() {
+    const W: usize = 16;
+    let (a, out) = (buffer(0, DType::F32, ROWS * W), buffer(1, DType::F32, ROWS));
+    let i = range(ROWS, 0, AxisType::Loop);
+    // min(i + 2, 15): 2 ..= 14 elements, every remainder modulo 12 and 4.
+    let len = -(-(&i + 2i64)).maximum(-15i64);
+    let acc = alloc(0, DType::F32, 1).after(std::slice::from_ref(&i));
+    let init = acc.index(0).store(0.0f32);
+    let j = range(&len, 1, AxisType::Reduce);
+    let inner = acc.after(&[init, j.clone()]);
+    let sum = inner.index(0).store(inner.index(0).load() + a.index(&i * W as i64 + &j).load()).end(&[j]);
+    let program = sink(&[out.index(&i).store(acc.after(&[sum]).index(0).load()).end(&[i])]);
+    // Small integers: every order of summation is exact.
+    let x: Vec<f32> = (0..ROWS * W).map(|k| (k % 7) as f32).collect();
+    let mut want = vec![HostBuffer::F32(x.clone()), HostBuffer::F32(vec![0.0; ROWS])];
+    interp::run(&program, &mut want, Precision::Native).unwrap();
+    let HostBuffer::F32(want) = &want[1] else { unreachable!("f32 output") };
+    for opt_level in [OptLevel::None, OptLevel::Speed] {
+        let opts = JitOptions { opt_level, ..JitOptions::default() };
+        let prg = Program::compile_with(&program, "prefix_sums", &opts).unwrap();
+        assert!(prg.clif().contains("f32x4"), "{opt_level:?}: the loop is not vectorized\n{}", prg.clif());
+        let mut got = vec![0.0f32; ROWS];
+        prg.run(&mut [Arg::Read(BufRef::F32(&x)), Arg::WriteF32(&mut got)]).unwrap();
+        assert_eq!(&got, want, "{opt_level:?}");
+    }
+}
