@@ -71,10 +71,9 @@ pub fn with_unmasked_forms(cells: Vec<Cell>) -> Vec<Cell> {
     let mut out = Vec::new();
     for c in &cells {
         out.push(c.clone());
-        let unmasked = Cell { causal: false, ..c.clone() };
         let present = |x: &Cell| x.shape == c.shape && x.key_lengths == c.key_lengths && !x.causal;
         if c.causal && !cells.iter().any(present) {
-            out.push(unmasked);
+            out.push(Cell { causal: false, ..c.clone() });
         }
     }
     out

@@ -26,8 +26,8 @@ pub struct Blocking {
     /// Parts the GEMMs of a causal sub-tile's diagonal block run in, as a staircase that skips
     /// the keys above the diagonal (by row parts, part `p` of `n` over the first `(p + 1) / n`
     /// of the block's keys, or by key columns; see [`sdpa_ir`](super::sdpa_ir)); 1 runs the
-    /// block whole. Applies where
-    /// [`Blocking::diagonal_in_parts`] holds; at most [`Blocking::keys`].
+    /// block whole. Applies where [`Blocking::diagonal_in_parts`] holds; at most
+    /// [`Blocking::keys`].
     pub diagonal_parts: usize,
 }
 

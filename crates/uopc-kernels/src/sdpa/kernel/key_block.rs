@@ -66,7 +66,7 @@ impl SdpaKernel {
         let kv_at = &task.kv_base + first * ksn;
         let (keys, values) = match (&self.panels, &task.panel_base) {
             (Some(panels), Some((k0, v0))) => {
-                // The block's own panels (each block's are contiguous), laid out as packed.
+                // The keys' panels from the block's first, laid out as packed.
                 let (kp, vp) = (panels.keys(cols), panels.values());
                 scores =
                     GemmShape { b_trans: false, ldb: kp.panel_stride, b_panel_width: kp.width, ..scores };
@@ -76,13 +76,15 @@ impl SdpaKernel {
             }
             _ => (self.k.index(&kv_at), self.v.index(&kv_at)),
         };
-        // The score GEMM's pieces (first row, rows, first key, keys) of the span. A staircase
-        // of K read in place goes by key columns, the keys every row sees first, so each key is
-        // packed once; from panels (nothing to pack) it goes by the row parts, as `P · V` does.
-        let by_columns = self.panels.is_none();
-        let pieces = staircase(parts, rows, cols, by_columns);
+        // Both GEMMs' pieces (first row, rows, first key, keys) of the span. A staircase of K
+        // and V read in place goes by key columns, the keys every row sees first, so each key
+        // is packed once; from panels (nothing to pack) it goes by row parts, whose pieces all
+        // start at the block's first key (longer sums per `P · V` GEMM).
+        let pieces = staircase(parts, rows, cols, self.panels.is_none());
+        // Pieces past the block's first key read K and V in place (`kv_at`), never panels.
+        debug_assert!(self.panels.is_none() || pieces.iter().all(|&(_, _, key0, _)| key0 == 0));
         let mut g1: Option<UOp> = None;
-        for (pr0, m, key0, n) in pieces {
+        for &(pr0, m, key0, n) in &pieces {
             let b = if key0 == 0 { keys.clone() } else { self.k.index(&kv_at + (key0 * ksn) as i64) };
             let c = match &g1 {
                 None => task.si.after(prev),
@@ -148,19 +150,10 @@ impl SdpaKernel {
         // P: the bf16 tile, or the f32 score tile the softmax step overwrote (with f16-rounded
         // values for f16).
         let probs = task.pi.as_ref().unwrap_or(&task.si);
-        // `P · V`'s pieces (first row, rows, first key, keys), each after the one before: by key
-        // columns when V is read in place (each V row packed once), by row parts from panels
-        // (longer sums per GEMM, nothing to pack).
-        let pieces = staircase(parts, rows, cols, by_columns);
+        // `P · V` over the same pieces, each after the one before.
         let mut done: Option<UOp> = None;
-        for (pr0, m, key0, keys) in pieces {
-            let b = match (&self.panels, &task.panel_base) {
-                _ if key0 == 0 => values.clone(),
-                (Some(panels), Some((_, v0))) => {
-                    self.v.index(v0 + panels.block_offsets(&(first + key0 as i64)).1)
-                }
-                _ => self.v.index(&kv_at + (key0 * ksn) as i64),
-            };
+        for &(pr0, m, key0, keys) in &pieces {
+            let b = if key0 == 0 { values.clone() } else { self.v.index(&kv_at + (key0 * ksn) as i64) };
             let out = match &done {
                 None => task.oi.after(after_sm),
                 Some(g) => task.oi.after(std::slice::from_ref(g)),

@@ -38,8 +38,8 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// sub-tile's masked keys are its diagonal block alone ([`Blocking::diagonal_in_parts`]), that
 /// block's GEMMs run as a staircase of parts that skip the keys above the diagonal, and
 /// with the keys at or ahead of the queries the sub-tile's other blocks join it in one block
-/// when the score tile is that wide. With key lengths, blocks past the item's length are skipped and only the
-/// block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
+/// when the score tile is that wide. With key lengths, blocks past the item's length are
+/// skipped and only the block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
 /// over each row's masked suffix of the block only. With a 16-bit dtype the query rows are
 /// copied unscaled and exactly (bf16 ones as bf16, f16 ones widened to f32 once per task by a
 /// block conversion, so each key block's score GEMM widens only the keys), the GEMMs take the 16-bit keys and
