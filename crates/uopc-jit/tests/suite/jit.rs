@@ -75,6 +75,28 @@ fn uninitialized_memory_only_for_slots_the_program_writes_whole() {
 }
 
 #[test]
+fn a_dense_store_inside_a_loop_that_may_not_run_does_not_write_whole() {
+    use std::mem::MaybeUninit;
+    let n = 64;
+    let (x, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n));
+    let i = range(n, 0, AxisType::Loop);
+    let trips = var(0, 0, 4);
+    let outer = range(&trips, 1, AxisType::Loop);
+    let value = x.index(&i).load() + outer.cast(DType::F32);
+    let program = sink(&[out.index(&i).store(value).end(&[i.clone(), outer.clone()])]);
+    let prg = Program::compile(&program, "maybe_empty").unwrap();
+    assert!(!prg.writes_whole(1), "the loop around the store runs zero times when var0 is 0");
+    let a = vec![1.0f32; n];
+    let mut fresh: Vec<MaybeUninit<f32>> = vec![MaybeUninit::uninit(); n];
+    let e = prg.run(&mut [Arg::from(&a[..]), Arg::WriteF32Uninit(&mut fresh)]).unwrap_err();
+    assert!(e.to_string().contains("buffer 1 was passed uninitialized"), "{e}");
+    let empty = range(0, 1, AxisType::Thread);
+    let value = x.index(&i).load() + empty.cast(DType::F32);
+    let never = sink(&[out.index(&i).store(value).end(&[i, empty])]);
+    assert!(!Program::compile(&never, "never").unwrap().writes_whole(1), "an empty THREAD loop");
+}
+
+#[test]
 fn unprovable_index_refuses_to_compile() {
     let a = buffer(0, DType::F32, 10);
     let i = range(10, 0, AxisType::Loop);

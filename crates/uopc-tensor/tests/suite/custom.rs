@@ -154,3 +154,23 @@ fn outputs_are_zeroed_unless_their_kernel_writes_every_element() {
     // the vector exponential is within a few ulp of the library's
     assert!(y.to_ndarray::<f32>().unwrap().iter().all(|&v| (v / 3.0f32.exp() - 1.0).abs() < 1e-6));
 }
+
+#[test]
+fn a_custom_kernel_whose_store_never_runs_leaves_zeros_not_old_memory() {
+    let n = 1 << 16;
+    // Fill the allocator with non-zero buffers first, so fresh memory would show their bytes.
+    for _ in 0..4 {
+        let junk = Tensor::from_vec(vec![7.5f32; n], &[n]).exp();
+        assert_eq!(junk.to_ndarray::<f32>().unwrap().len(), n);
+    }
+    let (x, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n));
+    let i = range(n, 0, AxisType::Loop);
+    let empty = range(0, 1, AxisType::Loop);
+    let value = x.index(&i).load() + empty.cast(DType::F32);
+    let program = sink(&[out.index(&i).store(value).end(&[i, empty])]);
+    let a = Tensor::from_vec(vec![1.0f32; n], &[n]);
+    let y = Tensor::try_custom("never_stores", program, &[&a], &[n], DType::F32, None).unwrap();
+    let got = y.to_ndarray::<f32>().unwrap();
+    let written = got.iter().filter(|v| **v != 0.0).count();
+    assert_eq!(written, 0, "{written} of {n} elements hold values no store wrote");
+}
