@@ -50,7 +50,7 @@ pub use rewrite::{
 };
 pub use simplify::{
     SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_program, simplify_with,
-    split_linear, stores_every_element, tables as simplify_tables,
+    split_linear, stores_every_element, stores_every_element_linear, tables as simplify_tables,
 };
 pub use uop::{
     AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UOp,

@@ -141,7 +141,7 @@ impl Program {
         let written_whole = kernel
             .buffers
             .iter()
-            .map(|s| s.written && uopc_ir::stores_every_element(program, s.slot))
+            .map(|s| s.written && uopc_ir::stores_every_element_linear(&kernel.linear, s.slot))
             .collect();
         Ok(Program {
             name: name.to_string(),
@@ -161,8 +161,9 @@ impl Program {
         })
     }
 
-    /// Whether the program stores every element of buffer `slot` and never reads it
-    /// ([`uopc_ir::stores_every_element`]), so that the slot may be passed uninitialized
+    /// Whether the program, as compiled, stores every element of buffer `slot` and never reads
+    /// it ([`uopc_ir::stores_every_element_linear`]: every loop around the covering store is
+    /// proven to run at least once), so that the slot may be passed uninitialized
     /// ([`crate::Arg::WriteF32Uninit`]); `false` for a slot the program does not have.
     pub fn writes_whole(&self, slot: usize) -> bool {
         self.written_whole.get(slot).copied().unwrap_or(false)

@@ -10,6 +10,7 @@
 //! The rules live in [`rules`], in tables run in a fixed order ([`tables`] lists them).
 
 mod bounds;
+mod coverage;
 mod linear;
 mod program;
 mod rules;
@@ -18,6 +19,7 @@ mod tests;
 
 use crate::rewrite::{Pass, Revisit, RuleTable};
 use crate::uop::{ConstValue, Op, UOp};
+pub use coverage::{stores_every_element, stores_every_element_linear};
 use linear::LinearForm;
 pub use program::simplify_program;
 use std::collections::HashMap;
@@ -139,88 +141,6 @@ static SIMPLIFY_NO_DIVMOD: LazyLock<Pass<'static>> = LazyLock::new(|| {
     let t = tables();
     Pass::new("simplify_no_divmod", t[..4].to_vec(), Revisit::Fixpoint { max_rounds: MAX_ROUNDS })
 });
-
-/// Whether `program` writes every element of BUFFER slot `slot` and never reads it: the slot
-/// is touched only by STOREs, none by a load or a tile op, and one of those stores has an
-/// index that maps its ranges one to one onto `0..len` (a dense row-major walk: ranges of
-/// constant extent whose coefficients, sorted, are 1 and then each the previous one times its
-/// range's extent, with no constant term). Stores are unconditional in this IR and ranges of
-/// constant extent run every iteration, so after a run the buffer holds no value from before
-/// it: a caller need not initialize it. `false` whenever that cannot be shown.
-///
-/// ```rust
-/// use uopc_ir::{AxisType, DType, buffer, range, sink, stores_every_element};
-/// let (x, out) = (buffer(0, DType::F32, 12), buffer(1, DType::F32, 12));
-/// let (i, j) = (range(3, 0, AxisType::Loop), range(4, 1, AxisType::Loop));
-/// let at = &i * 4i64 + &j;
-/// let copy = sink(&[out.index(&at).store(x.index(&at).load()).end(&[j.clone(), i.clone()])]);
-/// assert!(stores_every_element(&copy, 1));
-/// let half = sink(&[out.index(&i).store(x.index(&i).load()).end(&[i])]);
-/// assert!(!stores_every_element(&half, 1), "3 of 12 elements");
-/// ```
-pub fn stores_every_element(program: &UOp, slot: usize) -> bool {
-    let topo = UOp::toposort(std::slice::from_ref(program));
-    let is_slot = |view: &UOp| {
-        crate::view_base(view)
-            .is_some_and(|b| matches!(b.op(), Op::Buffer { slot: s, .. } if s.index() == slot))
-    };
-    let len = topo.iter().find_map(|u| match u.op() {
-        Op::Buffer { slot: s, len } if s.index() == slot => Some(*len),
-        _ => None,
-    });
-    let Some(len) = len else { return false };
-    // The element index of an access to the slot (a LOAD's or STORE's first source).
-    let slot_index = |u: &UOp| -> Option<UOp> {
-        let index = u.src().first()?.as_index()?;
-        is_slot(index.base).then(|| index.offset.clone())
-    };
-    let mut covered = false;
-    for u in &topo {
-        match u.op() {
-            Op::Load if slot_index(u).is_some() => return false,
-            Op::Tile(_)
-                if u.src().iter().any(|s| s.as_index().is_some_and(|i| is_slot(i.base)) || is_slot(s)) =>
-            {
-                return false;
-            }
-            Op::Store => match slot_index(u) {
-                Some(i) if u.src().len() == 2 => covered |= dense_walk(&i, len),
-                Some(_) => return false,
-                None => {}
-            },
-            _ => {}
-        }
-    }
-    covered
-}
-
-/// Whether `index` takes each value of `0..len` exactly once as its ranges run (see
-/// [`stores_every_element`]).
-fn dense_walk(index: &UOp, len: usize) -> bool {
-    let Some(lin) = LinearForm::of(index) else { return false };
-    if lin.constant != 0 {
-        return false;
-    }
-    let mut steps: Vec<(i64, i64)> = Vec::with_capacity(lin.terms.len());
-    for (atom, coeff) in &lin.terms {
-        let Some(r) = atom.as_range() else { return false };
-        let Some(ConstValue::Int(extent)) = r.end.const_value() else { return false };
-        if *coeff <= 0 || extent <= 0 {
-            return false;
-        }
-        steps.push((*coeff, extent));
-    }
-    steps.sort_unstable();
-    let mut next = 1i64;
-    for (coeff, extent) in steps {
-        if coeff != next {
-            return false;
-        }
-        let Some(n) = next.checked_mul(extent) else { return false };
-        next = n;
-    }
-    usize::try_from(next).is_ok_and(|n| n == len)
-}
 
 /// Writes `expr` as `coeff * var + rest` where `rest` does not mention `var`, if it is linear in
 /// `var`. Used to prove that THREAD iterations touch disjoint memory.

@@ -507,3 +507,37 @@ fn stores_every_element_holds_only_for_one_to_one_walks_of_plain_stores() {
     )]);
     assert!(!stores_every_element(&tiled, 1), "written by a tile op");
 }
+
+#[test]
+fn a_dense_store_covers_its_buffer_only_inside_loops_that_run() {
+    let n = 16;
+    let (x, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n));
+    let i = range(n, 0, AxisType::Loop);
+    // The store's index walks the whole buffer, but its value uses a loop around it.
+    let inside = |outer: &UOp| {
+        let value = x.index(&i).load() + outer.cast(DType::F32);
+        sink(&[out.index(&i).store(value).end(&[i.clone(), outer.clone()])])
+    };
+    assert!(!stores_every_element(&inside(&range(0, 1, AxisType::Loop)), 1), "an empty constant loop");
+    assert!(
+        !stores_every_element(&inside(&range(var(0, 0, 8), 1, AxisType::Loop)), 1),
+        "a variable that may be 0"
+    );
+    assert!(!stores_every_element(&inside(&range(0, 1, AxisType::Thread)), 1), "an empty THREAD loop");
+    assert!(stores_every_element(&inside(&range(3, 1, AxisType::Loop)), 1), "a loop of three trips");
+    assert!(
+        stores_every_element(&inside(&range(var(0, 1, 8), 1, AxisType::Loop)), 1),
+        "a variable of at least 1"
+    );
+    // A loop around the store that its value does not use still encloses it.
+    let (r, k) = (range(0, 2, AxisType::Loop), range(4, 3, AxisType::Loop));
+    let acc = x.index(&k);
+    let around = sink(&[
+        acc.store(acc.load() + r.cast(DType::F32)).end(&[k.clone()]).end(&[r.clone()]),
+        out.index(&i).store(1.0f32).end(std::slice::from_ref(&i)),
+    ]);
+    assert!(stores_every_element(&around, 1), "the empty loop holds another store, not this one");
+    // As the backend compiles it: the prepared kernel's linear form gives the same answer.
+    let kernel = uopc_ir::prepare(&inside(&range(0, 1, AxisType::Loop)), &Default::default()).unwrap();
+    assert!(!uopc_ir::stores_every_element_linear(&kernel.linear, 1));
+}
