@@ -365,8 +365,9 @@ fn a_forward_with_keys_and_values_in_panels_gives_the_same_gradients() {
 fn the_score_and_dp_gemms_read_the_tasks_key_and_value_tiles_in_panels() {
     // Full key blocks are copied into panels (both GEMMs read them in place); a narrower last
     // block keeps rows. The gradients are checked against f64 elsewhere on the same shapes.
+    // Four whole blocks of the machine's panel width, then 5 keys more.
     let w = uopc_tile::panel_width(uopc_tile::Isa::detect());
-    let c = config(1, 2, 1, 64, 64 + 5, 32);
+    let c = config(1, 2, 1, 64, 4 * w + 5, 32);
     let bwd = SdpaBackward::compile_with(
         &c,
         Blocking::choose(&c, 2),
