@@ -62,6 +62,12 @@ pub mod jit {
     pub use uopc_jit::*;
 }
 
+/// The machine model (CPU, ISA, caches, probed throughputs) and the kernel choices derived
+/// from it: `uopc::machine::Machine::get()` prints as what the kernels run with.
+pub mod machine {
+    pub use uopc_jit::machine::*;
+}
+
 /// The tensor front end (re-export of `uopc-tensor`).
 pub mod tensor {
     pub use uopc_tensor::*;

@@ -6,6 +6,7 @@ mod block;
 mod derived;
 mod masked;
 mod matmul;
+mod mca;
 mod peak;
 mod reductions;
 mod reference;
@@ -31,6 +32,15 @@ enum Task {
         #[command(subcommand)]
         what: Bench,
     },
+    /// Predict the GEMM micro-kernels' inner loops with llvm-mca on CPU models not at hand
+    /// (sapphirerapids for AVX-512, znver3 for AVX2): cycles per iteration against the FMA bound.
+    Mca {
+        /// Write the predictions here as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Print the machine model uopc detected here and the path each tile op chose.
+    Machine,
 }
 
 #[derive(Subcommand)]
@@ -466,5 +476,10 @@ fn main() -> ExitCode {
             with_threads(threads, go)
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
+        Task::Mca { json } => mca::run(json.as_deref()),
+        Task::Machine => {
+            println!("{}", uopc::machine::Machine::get());
+            ExitCode::SUCCESS
+        }
     }
 }

@@ -62,6 +62,7 @@ struct WideGemmRow {
 
 /// Runs `bench peak`, printing every figure and writing them to `json` when given.
 pub fn run(json: Option<&Path>) -> ExitCode {
+    println!("{}", uopc::machine::Machine::get());
     let Some(f32x4) = crate::attention::measure_peak() else {
         eprintln!("error: could not compile or run the FMA loop on this machine");
         return ExitCode::FAILURE;

@@ -41,3 +41,5 @@ pub use isa::IsaError;
 pub use options::{JitOptions, OptLevel};
 pub use program::{MAX_LOCAL_BYTES, Program};
 pub use uopc_ir::{BufferSpec, Estimates, VarSpec};
+/// The machine model every tile op chooses its path from (re-export of `uopc_tile::machine`).
+pub use uopc_tile::machine;

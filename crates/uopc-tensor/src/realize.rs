@@ -113,6 +113,10 @@ pub(crate) fn realize_impl(
     check_nonempty(&canon)?;
     let (plan, cache_hit) = plan_for(&canon, &leaves, opts)?;
     let level = debug::debug_level();
+    if level >= 1 {
+        static MACHINE_SHOWN: std::sync::Once = std::sync::Once::new();
+        MACHINE_SHOWN.call_once(|| eprintln!("{}", uopc_jit::machine::Machine::get()));
+    }
     if level >= 4 && !cache_hit {
         debug::print_plan(&plan, level);
     }

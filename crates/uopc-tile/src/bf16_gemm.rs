@@ -35,6 +35,10 @@ pub enum Bf16Path {
     Amx,
     /// AVX-512 `vdpbf16ps` (AVX512_BF16 with AVX-512F and BW).
     Avx512Bf16,
+    /// The f32 AVX-512 micro-kernel on operands widened to f32 while they are packed, for
+    /// AVX-512 CPUs whose `vdpbf16ps` is no faster than f32 FMAs: exact products, subnormals
+    /// kept.
+    Avx512Widen,
     /// The f32 AVX2+FMA micro-kernel on operands widened to f32 while they are packed (a bf16
     /// widens exactly), for CPUs without bf16 instructions: exact products, subnormals kept.
     Avx2Fma,
@@ -43,9 +47,9 @@ pub enum Bf16Path {
 }
 
 impl Bf16Path {
-    /// All paths, fastest first.
-    pub const ALL: [Bf16Path; 4] =
-        [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::Avx2Fma, Bf16Path::Portable];
+    /// All paths, widest instructions first.
+    pub const ALL: [Bf16Path; 5] =
+        [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::Avx512Widen, Bf16Path::Avx2Fma, Bf16Path::Portable];
 
     /// Whether this path can run here. For [`Bf16Path::Amx`] the first call asks the OS for
     /// the tile-state permission (once per process); a refusal makes it unavailable.
@@ -61,17 +65,34 @@ impl Bf16Path {
                     && std::arch::is_x86_feature_detected!("avx512bf16")
             }
             #[cfg(target_arch = "x86_64")]
+            Bf16Path::Avx512Widen => crate::Isa::Avx512.available(),
+            #[cfg(target_arch = "x86_64")]
             Bf16Path::Avx2Fma => crate::Isa::Avx2Fma.available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Bf16Path::Amx | Bf16Path::Avx512Bf16 | Bf16Path::Avx2Fma => false,
+            Bf16Path::Amx | Bf16Path::Avx512Bf16 | Bf16Path::Avx512Widen | Bf16Path::Avx2Fma => false,
         }
     }
 
-    /// The fastest available path; probed once, then cached.
+    /// The path the machine model chooses ([`crate::machine::Choices::bf16`]), decided once.
+    ///
+    /// AMX, where chosen, must first pass a known-answer check in this process: a small GEMM
+    /// on exactly representable inputs must equal the result of the next path the model
+    /// allows, bit for bit. If it differs the process uses that path instead and says so once
+    /// on stderr.
     pub fn detect() -> Bf16Path {
         static DETECTED: OnceLock<Bf16Path> = OnceLock::new();
-        *DETECTED
-            .get_or_init(|| Bf16Path::ALL.into_iter().find(|p| p.available()).unwrap_or(Bf16Path::Portable))
+        *DETECTED.get_or_init(|| {
+            let choice = crate::machine::Machine::get().choices().bf16;
+            if choice == Bf16Path::Amx { crate::amx_guard::checked_amx_or_fallback() } else { choice }
+        })
+    }
+
+    /// The path the model would choose if AMX were not there (the AMX guard's reference and
+    /// fallback).
+    pub fn without_amx() -> Bf16Path {
+        let mut m = crate::machine::Machine::get().clone();
+        m.features.amx_bf16 = false;
+        m.choices().bf16
     }
 
     /// A short lowercase name (`"amx"`, `"avx512bf16"`, `"avx2fma"`, `"portable"`).
@@ -79,6 +100,7 @@ impl Bf16Path {
         match self {
             Bf16Path::Amx => "amx",
             Bf16Path::Avx512Bf16 => "avx512bf16",
+            Bf16Path::Avx512Widen => "avx512widen",
             Bf16Path::Avx2Fma => "avx2fma",
             Bf16Path::Portable => "portable",
         }
@@ -215,6 +237,28 @@ pub unsafe fn gemm_bf16_unchecked(
     b: *const bf16,
     c: *mut f32,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if path == Bf16Path::Avx512Widen {
+        let few_rows = (1..=crate::x86::half_rows::HALF_ROWS_MAX).contains(&s.m) && s.n > 0 && s.k > 0;
+        if few_rows && !s.a_trans {
+            // A few rows of A cannot amortize packing B: stream it, widening in registers.
+            // SAFETY: AVX-512F (the path) is available; the shape is in the kernel's range and
+            // the pointers are this function's contract.
+            unsafe {
+                crate::x86::half_rows::gemm::<false>(
+                    s,
+                    crate::x86::half_rows::RowsA::Half(a.cast()),
+                    b.cast(),
+                    c,
+                )
+            };
+        } else {
+            // SAFETY: the path is available, so AVX-512F is; extents and pointers are this
+            // function's contract. bf16 widens with plain shifts, which need no extension.
+            unsafe { crate::blocked::drive::<crate::x86::avx512::Kernel, bf16, bf16>(s, a, b, c) };
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if path == Bf16Path::Avx2Fma {
         let few_rows = (1..=crate::x86::half_rows::HALF_ROWS_MAX).contains(&s.m) && s.n > 0 && s.k > 0;

@@ -158,6 +158,22 @@ pub fn gemm(isa: Isa, s: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) -> Res
     Ok(())
 }
 
+/// The register tile (`MR` rows x `NR` columns) of the blocked f32 kernel of `isa`; the
+/// portable loops have none, and report one row of one vector.
+pub fn register_tile(isa: Isa) -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::blocked::TileKernel;
+        match isa {
+            Isa::Avx512 => return (crate::x86::avx512::Kernel::MR, crate::x86::avx512::Kernel::NR),
+            Isa::Avx2Fma => return (crate::x86::avx2::Kernel::MR, crate::x86::avx2::Kernel::NR),
+            Isa::Portable => {}
+        }
+    }
+    let _ = isa;
+    (1, 8)
+}
+
 /// `C (+)= A · B` on raw pointers, without checks.
 ///
 /// # Safety

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// An instruction set a kernel can be compiled for.
 ///
 /// Every entry point takes the ISA explicitly so tests and benchmarks can force any one the CPU
-/// supports; [`Isa::detect`] picks the fastest.
+/// supports; [`Isa::detect`] picks the one the machine model allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
     /// 512-bit vectors (`avx512f`, with `avx2` and `fma`).
@@ -45,7 +45,8 @@ impl Isa {
     /// All instruction sets, fastest first.
     pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2Fma, Isa::Portable];
 
-    /// The fastest instruction set this CPU supports; probed once, then cached.
+    /// The widest instruction set the machine model allows ([`crate::machine::Machine::isa`]:
+    /// what the CPU supports, capped by `UOPC_ISA`); decided once, then cached.
     pub fn detect() -> Isa {
         match DETECTED.load(Ordering::Relaxed) {
             1 => Isa::Avx512,
@@ -56,7 +57,7 @@ impl Isa {
                     static WARNED: std::sync::Once = std::sync::Once::new();
                     WARNED.call_once(|| eprintln!("{UNOPTIMIZED_WARNING}"));
                 }
-                let isa = Isa::ALL.into_iter().find(|isa| isa.available()).unwrap_or(Isa::Portable);
+                let isa = crate::machine::Machine::get().isa();
                 let code = match isa {
                     Isa::Avx512 => 1,
                     Isa::Avx2Fma => 2,

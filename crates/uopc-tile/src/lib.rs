@@ -46,6 +46,7 @@
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+mod amx_guard;
 mod bf16_gemm;
 #[cfg(target_arch = "x86_64")]
 mod blocked;
@@ -55,6 +56,7 @@ mod exp_rows;
 mod f16_gemm;
 mod gemm;
 mod isa;
+pub mod machine;
 mod max_sum_exp;
 mod pack;
 mod panels;
@@ -67,6 +69,7 @@ mod softmax_rounded;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use amx_guard::amx_known_answer_check;
 pub use bf16_gemm::{
     Bf16Path, gemm_bf16, gemm_bf16_parallel, gemm_bf16_unchecked, uopc_tile_gemm_bf16,
     uopc_tile_gemm_bf16_desc,
@@ -79,7 +82,7 @@ pub use f16_gemm::{
 };
 pub use gemm::{
     GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT, GemmDesc, GemmShape,
-    gemm, gemm_unchecked, uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
+    gemm, gemm_unchecked, register_tile, uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
 };
 pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
 pub use max_sum_exp::{max_sum_exp, max_sum_exp_unchecked, uopc_tile_max_sum_exp_f32};

@@ -8,12 +8,6 @@ use uopc_tile::Isa;
 pub fn isas() -> Vec<Isa> {
     Isa::ALL
         .into_iter()
-        .filter(|isa| {
-            let ok = isa.available();
-            if !ok {
-                println!("skipping {isa}: not supported by this CPU");
-            }
-            ok
-        })
+        .filter(|isa| uopc_tile::machine::require_or_skip(isa.name(), isa.available()))
         .collect()
 }

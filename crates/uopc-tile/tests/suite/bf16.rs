@@ -136,19 +136,10 @@ fn run_path(path: Bf16Path, seed: u64) {
 }
 
 /// Returns false (after printing why) when `path` cannot run here, so the caller returns early
-/// and the test's name says it was skipped rather than passed as tested.
+/// and the output says it was skipped rather than passed as tested; fails instead when
+/// `UOPC_REQUIRE_ISA` names the path.
 fn have(path: Bf16Path) -> bool {
-    let ok = path.available();
-    if !ok {
-        let what = match path {
-            Bf16Path::Amx => "no AMX",
-            Bf16Path::Avx512Bf16 => "no AVX512_BF16",
-            Bf16Path::Avx2Fma => "no AVX2+FMA",
-            Bf16Path::Portable => "no portable path",
-        };
-        println!("skipped: {what} on this machine; the {path} path was NOT tested");
-    }
-    ok
+    uopc_tile::machine::require_or_skip(path.name(), path.available())
 }
 
 #[test]
@@ -166,6 +157,13 @@ fn avx512bf16_against_f64_or_skipped_without_avx512bf16() {
 }
 
 #[test]
+fn avx512widen_against_f64_or_skipped_without_avx512() {
+    if have(Bf16Path::Avx512Widen) {
+        run_path(Bf16Path::Avx512Widen, 5);
+    }
+}
+
+#[test]
 fn avx2fma_against_f64_or_skipped_without_avx2() {
     if have(Bf16Path::Avx2Fma) {
         run_path(Bf16Path::Avx2Fma, 4);
@@ -178,13 +176,31 @@ fn portable_against_f64() {
 }
 
 #[test]
-fn detect_picks_an_available_path() {
+fn detect_picks_the_models_choice() {
     let p = Bf16Path::detect();
     assert!(p.available());
-    let first = Bf16Path::ALL.into_iter().find(|p| p.available());
-    assert_eq!(Some(p), first, "detect() must pick the fastest available path");
+    let model = uopc_tile::machine::Machine::get().choices().bf16;
+    if model == Bf16Path::Amx {
+        // AMX only after its known-answer check; a failed check falls back to the next choice.
+        assert!(p == Bf16Path::Amx || p == Bf16Path::without_amx(), "{p}");
+    } else {
+        assert_eq!(p, model, "detect() must take the machine model's choice");
+    }
     for p in Bf16Path::ALL {
         println!("path {p}: {}", if p.available() { "available" } else { "not available" });
+    }
+}
+
+#[test]
+fn amx_passes_its_known_answer_check_or_skipped_without_amx() {
+    if have(Bf16Path::Amx) {
+        uopc_tile::amx_known_answer_check(Bf16Path::Portable).expect("AMX against the portable path");
+        uopc_tile::amx_known_answer_check(Bf16Path::without_amx()).expect("AMX against the model's fallback");
+    } else {
+        assert!(
+            uopc_tile::amx_known_answer_check(Bf16Path::Portable).is_err(),
+            "no AMX, so the check cannot pass"
+        );
     }
 }
 

@@ -142,11 +142,7 @@ fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
 /// Returns false (after printing why) when `isa` cannot run here, so the caller returns early
 /// and the output says it was skipped rather than passed as tested.
 fn have(isa: Isa) -> bool {
-    let ok = isa.available();
-    if !ok {
-        println!("skipped: this CPU lacks {isa}; the f16 GEMM on {isa} was NOT tested");
-    }
-    ok
+    uopc_tile::machine::require_or_skip(isa.name(), isa.available())
 }
 
 /// Runs the random-shape suite on `isa`, with values of magnitude 1 and of 300 (products near

@@ -10,6 +10,7 @@ mod bounds;
 mod convert;
 mod f16;
 mod gemm;
+mod machine;
 mod max_sum_exp;
 mod panels;
 mod softmax;
