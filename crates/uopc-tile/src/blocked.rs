@@ -1,10 +1,11 @@
 //! The blocked GEMM driver shared by the vector ISAs and by the f32 and f16 operand types.
 //!
-//! [`drive`] wraps an ISA-specific register tile ([`TileKernel`]) in cache blocking: k is
-//! split into `KC` slabs, and each slab of B is packed into contiguous `NR`-wide panels
-//! (transposing it if needed, zero-padding the ragged last one) that stay in L1 while rows of A
-//! stream past them. An f32 A is read in place (one scalar per row and k step is all the
-//! kernel needs), except that a transposed A is copied into `MR`-wide strips when that pays.
+//! [`drive`] wraps an ISA-specific register tile ([`TileKernel`]) in cache blocking derived
+//! from the machine model ([`crate::machine::GemmBlocking`]): k is split into balanced slabs
+//! of at most `kc`, and each slab of B is packed into contiguous `NR`-wide panels (transposing
+//! it if needed, zero-padding the ragged last one) that stay in L1 while strips of A stream
+//! past them. A is copied into k-major `MR`-row strips when its strips meet enough B panels to
+//! pay for the copy; a product of few columns reads an f32 A in place.
 //!
 //! The operands' element type is a parameter ([`Element`]): f16 operands are widened to f32
 //! exactly by the same packing (B's panels, and A's block, which the kernel cannot read as
@@ -200,12 +201,22 @@ impl Element for half::bf16 {
     }
 }
 
-/// k slab: a 32-wide B panel of `KC` rows is 32 KiB, about what L1 can keep beside A's rows.
-const KC: usize = 256;
-/// Rows of A swept per B panel, so the A block (`MC x KC`) stays in L2 across panels.
-const MC: usize = 256;
-/// Cap on the packed B block (512 KiB): a quarter of a 2 MiB L2, leaving room for A and C.
-const PACK_FLOATS: usize = 1 << 17;
+/// The cache blocking for kernel `K` from the machine model ([`crate::machine::GemmBlocking`]),
+/// with the k slabs of a `k`-deep product balanced: `ceil(k / kc)` slabs of equal depth
+/// (rounded up to 8), so a product slightly deeper than `kc` does not end in a sliver.
+fn blocking<K: TileKernel>(k: usize) -> (usize, usize, usize) {
+    let g = crate::machine::GemmBlocking::for_tile(crate::machine::Machine::get(), K::MR, K::NR);
+    let slabs = k.div_ceil(g.kc).max(1);
+    let kc = k.div_ceil(slabs).next_multiple_of(8).min(k.max(1));
+    (kc, g.mc, g.nc)
+}
+
+/// A not transposed is copied into `MR`-row strips, k-major (the layout of a transposed A),
+/// once each of its strips meets at least this many B micro-panels: the kernel then
+/// broadcasts a k step's `MR` values from one pointer, with no per-row address arithmetic in
+/// its inner loop, and the copy is spread over that many tiles.
+const PACK_A_MIN_PANELS: usize = 4;
+
 /// An untransposed B slab spanning at most this many floats (32 KiB, within L1) may be read in
 /// place ([`panel_stays_in_l1`]): its full panels need no copy to stay in L1 (flash
 /// attention's `P · V_blk`); a larger slab no longer stays in L1, so it is packed
@@ -266,26 +277,28 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
         }
         return;
     }
-    let kc_max = k.min(KC);
-    let nc_max = (PACK_FLOATS / kc_max / K::NR).max(1) * K::NR;
-    let mc_max = (MC / K::MR).max(1) * K::MR;
+    let (kc_step, mc_block, nc_block) = blocking::<K>(k);
+    let kc_max = k.min(kc_step);
+    let nc_max = nc_block.max(K::NR);
+    let mc_max = mc_block.max(K::MR);
     // B is packed a whole `kc x nc` block at a time (transposed or not), followed in the buffer
     // by the packed `mc x kc` block of A when A is copied.
     // B already in panels (a whole number of register-tile columns wide, as the dispatcher
     // checked) is read where it lies.
     let prepacked = b_panel_width != 0;
     let b_floats = if prepacked { 0 } else { kc_max * nc_max.min(n.next_multiple_of(K::NR)) };
-    // Copying a transposed f32 A pays when its strips are reused across several B panels, or
-    // when `lda` is a multiple of 128 floats: then the rows of a strip map to at most 8 of L1's
-    // 64 sets, and a long strip no longer fits them. An A of any other type is copied (widened)
-    // always.
-    let pack_a = !EA::READ_IN_PLACE || (a_trans && (n >= 4 * K::NR || lda.is_multiple_of(128)));
+    // A is copied into k-major strips when it is not f32 (it must be widened), when its strips
+    // meet enough B panels to pay for the copy, or, transposed, when `lda` is a multiple of
+    // 128 floats: then the rows of a strip map to at most 8 of L1's 64 sets, and a long strip
+    // no longer fits them.
+    let reused = n >= PACK_A_MIN_PANELS * K::NR;
+    let pack_a = !EA::READ_IN_PLACE || reused || (a_trans && lda.is_multiple_of(128));
     let a_floats = if pack_a { kc_max * mc_max.min(m.next_multiple_of(K::MR)) } else { 0 };
     pack::with_buffer(b_floats + a_floats, |buf| {
         // SAFETY: the buffer holds `b_floats + a_floats` floats.
         let abuf = unsafe { buf.add(b_floats) };
-        for pc in (0..k).step_by(KC) {
-            let kc = KC.min(k - pc);
+        for pc in (0..k).step_by(kc_step) {
+            let kc = kc_step.min(k - pc);
             let accumulate = s.accumulate || pc > 0;
             let in_place = EB::READ_IN_PLACE && !b_trans && panel_stays_in_l1(kc, ldb);
             for jc in (0..n).step_by(nc_max) {
@@ -314,12 +327,9 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
                         // A's `k x m` storage.
                         unsafe { pack_a_trans::<K, EA>(abuf, a.add(pc * lda + ic), lda, kc, mc) };
                     } else if pack_a {
-                        for i in 0..mc {
-                            // SAFETY: row `i` of the dense `mc x kc` block fits the A part of
-                            // the buffer; row `ic + i < m`, columns `pc .. pc + kc <= k` of A
-                            // lie in its `m x k` storage.
-                            unsafe { EA::widen(abuf.add(i * kc), a.add((ic + i) * lda + pc), kc) };
-                        }
+                        // SAFETY: as above; rows `ic .. ic + mc`, columns `pc .. pc + kc` lie in
+                        // A's `m x k` storage.
+                        unsafe { pack_a_rows::<K, EA>(abuf, a.add(ic * lda + pc), lda, kc, mc) };
                     }
                     for jr in (0..nc).step_by(K::NR) {
                         let nr = K::NR.min(nc - jr);
@@ -346,8 +356,7 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
                             // B's panel was packed above.
                             unsafe {
                                 let (ap, alda) = match (pack_a, a_trans) {
-                                    (true, true) => (abuf.add(ir * kc).cast_const(), K::MR),
-                                    (true, false) => (abuf.add(ir * kc).cast_const(), kc),
+                                    (true, _) => (abuf.add(ir * kc).cast_const(), K::MR),
                                     // Not packed, so `EA` is f32 (`READ_IN_PLACE`).
                                     (false, true) => (a.add(pc * lda + i).cast::<f32>(), lda),
                                     (false, false) => (a.add(i * lda + pc).cast::<f32>(), lda),
@@ -358,7 +367,7 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
                                     kc,
                                     a: ap,
                                     lda: alda,
-                                    a_colmajor: a_trans,
+                                    a_colmajor: pack_a || a_trans,
                                     b: bp,
                                     ldb: bld,
                                     c: c.add(i * ldc + jc + jr),
@@ -405,6 +414,38 @@ unsafe fn pack_a_trans<K: TileKernel, E: Element>(
                     E::widen(to, from, K::MR);
                 } else {
                     E::widen(to, from, w);
+                }
+            }
+        }
+    }
+}
+
+/// Packs an A block stored `mc x kc` (rows `lda` apart) into strips of `MR` rows, k-major:
+/// strip `s` holds `dst[s * MR * kc + p * MR + i] = src[(s * MR + i) * lda + p]`, the layout
+/// [`pack_a_trans`] writes. Lanes past `mc` in the last strip are not written (the kernel never
+/// reads them). Other element types than f32 are widened on the way.
+///
+/// # Safety
+///
+/// `dst` writable for `kc * mc.next_multiple_of(MR)` floats; `src` readable at `i * lda + p`
+/// for `i < mc`, `p < kc`; the features of [`Element::widen`] available.
+unsafe fn pack_a_rows<K: TileKernel, E: Element>(
+    dst: *mut f32,
+    src: *const E,
+    lda: usize,
+    kc: usize,
+    mc: usize,
+) {
+    for s0 in (0..mc).step_by(K::MR) {
+        let w = K::MR.min(mc - s0);
+        let strip = dst.wrapping_add(s0 * kc);
+        for i in 0..w {
+            // SAFETY: row `s0 + i < mc` of the source has `kc` readable elements; the strip's
+            // lane `i` of step `p` is `strip[p * MR + i]`, inside `dst` for `p < kc`.
+            unsafe {
+                let row = src.add((s0 + i) * lda);
+                for p in 0..kc {
+                    E::widen(strip.add(p * K::MR + i), row.add(p), 1);
                 }
             }
         }

@@ -6,7 +6,7 @@
 //! step of 16-bit attention (its AVX2 f16 rounding also needs F16C):
 //!
 //! * [`gemm`]: `C (+)= A · B` on f32 tiles with arbitrary leading dimensions and either operand
-//!   transposed, built around a register-blocked micro-kernel (8 x 32 on AVX-512, 6 x 16 on
+//!   transposed, built around a register-blocked micro-kernel (12 x 32 on AVX-512, 6 x 16 on
 //!   AVX2+FMA); on AVX-512, products of at most eight rows (decode's scores and `P · V`) skip
 //!   the packing and stream B in storage order instead. A B that many GEMMs read can be packed
 //!   once by [`pack_panels`] and read in place from then on ([`GemmShape::b_panel_width`]).

@@ -11,6 +11,10 @@ use std::cell::RefCell;
 #[derive(Clone, Copy)]
 struct Line([f32; 16]);
 
+/// The largest buffer a thread keeps between calls: 16 MiB (the machine model's blocks stay
+/// well below it; only unusual shapes reach past it, and they allocate per call).
+const KEPT_MAX_LINES: usize = (16 << 20) / 64;
+
 thread_local! {
     static PACK: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
@@ -26,7 +30,12 @@ pub(crate) fn with_buffer<R>(floats: usize, mut f: impl FnMut(*mut f32) -> R) ->
             if buf.len() < lines {
                 buf.resize(lines, Line([0.0; 16]));
             }
-            f(buf.as_mut_ptr().cast::<f32>())
+            let r = f(buf.as_mut_ptr().cast::<f32>());
+            if buf.len() > KEPT_MAX_LINES {
+                // One outsized product must not pin its buffer in this thread for good.
+                *buf = Vec::new();
+            }
+            r
         })
     });
     match got {

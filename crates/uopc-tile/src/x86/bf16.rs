@@ -146,58 +146,84 @@ pub(crate) unsafe fn pack_b_rows(dst: *mut u16, b: *const u16, ldb: usize, k: us
     }
 }
 
-/// Rows of C one pass of [`block`] keeps in registers (2 x 8 accumulators of 16 lanes).
-const ROWS: usize = 8;
-
 /// `C[32 x 32] (+)= A · B` with `vdpbf16ps`, on the operands of [`super::amx::block`]: each
 /// instruction adds 16 columns' pairs of products, so a VNNI row of B is one vector and a pair
 /// of A elements one broadcast.
+///
+/// The 32 rows go in groups of 12, 10 and 10: a group's accumulators (2 vectors a row, 24 for
+/// 12 rows), B's two vectors and a broadcast fit the 32 registers, and at least 10 rows give
+/// each pair of B loads 20 or more multiply-adds, enough to keep two ports busy beside the
+/// broadcasts (8 rows are not).
 ///
 /// # Safety
 ///
 /// AVX-512F and AVX512_BF16 are available; the memory contract of [`super::amx::block`].
 #[target_feature(enable = "avx512f,avx512bf16")]
 pub(crate) unsafe fn block(a: ATiles, b: *const u16, ksteps: usize, c: *mut f32, ldc: usize, load_c: bool) {
-    for g in 0..32 / ROWS {
-        let rows: [*const u8; ROWS] = std::array::from_fn(|i| {
-            let r = g * ROWS + i;
-            let off = if r < 16 { r * a.stride } else { a.hi + (r - 16) * a.stride };
-            a.ptr.cast::<u8>().wrapping_add(off)
-        });
-        let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
-        if load_c {
-            for (i, row) in acc.iter_mut().enumerate() {
-                // SAFETY: row `g * ROWS + i < 32` of C has 32 readable floats.
-                unsafe {
-                    let cr = c.add((g * ROWS + i) * ldc);
-                    *row = [_mm512_loadu_ps(cr), _mm512_loadu_ps(cr.add(16))];
+    // SAFETY: forwarded; the three groups cover rows 0..12, 12..22 and 22..32.
+    unsafe {
+        rows_block::<12>(0, a, b, ksteps, c, ldc, load_c);
+        rows_block::<10>(12, a, b, ksteps, c, ldc, load_c);
+        rows_block::<10>(22, a, b, ksteps, c, ldc, load_c);
+    }
+}
+
+/// Rows `first .. first + R` of [`block`].
+///
+/// # Safety
+///
+/// As [`block`], with `first + R <= 32`.
+// Out of line, so each group size keeps a symbol that `cargo xtask mca` names.
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn rows_block<const R: usize>(
+    first: usize,
+    a: ATiles,
+    b: *const u16,
+    ksteps: usize,
+    c: *mut f32,
+    ldc: usize,
+    load_c: bool,
+) {
+    let rows: [*const u8; R] = std::array::from_fn(|i| {
+        let r = first + i;
+        let off = if r < 16 { r * a.stride } else { a.hi + (r - 16) * a.stride };
+        a.ptr.cast::<u8>().wrapping_add(off)
+    });
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    if load_c {
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: row `first + i < 32` of C has 32 readable floats.
+            unsafe {
+                let cr = c.add((first + i) * ldc);
+                *row = [_mm512_loadu_ps(cr), _mm512_loadu_ps(cr.add(16))];
+            }
+        }
+    }
+    for s in 0..ksteps {
+        // SAFETY: k step `s` of the panel is 1024 u16 at `b + 1024 s`; A row `r`'s step `s` is
+        // 64 readable bytes at `rows[r] + s * step` (the contract of `ATiles`).
+        unsafe {
+            let bs = b.add(s * 1024);
+            for r in 0..16 {
+                let b0 = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bs.add(r * 32).cast()));
+                let b1 =
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bs.add(512 + r * 32).cast()));
+                for (row, &ap) in acc.iter_mut().zip(&rows) {
+                    let pair = ap.add(s * a.step + r * 4).cast::<i32>().read_unaligned();
+                    let av = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
+                    row[0] = _mm512_dpbf16_ps(row[0], av, b0);
+                    row[1] = _mm512_dpbf16_ps(row[1], av, b1);
                 }
             }
         }
-        for s in 0..ksteps {
-            // SAFETY: k step `s` of the panel is 1024 u16 at `b + 1024 s`; A row `r`'s step
-            // `s` is 64 readable bytes at `rows[r] + s * step` (the contract of `ATiles`).
-            unsafe {
-                let bs = b.add(s * 1024);
-                for r in 0..16 {
-                    let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bs.add(r * 32).cast()));
-                    let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bs.add(512 + r * 32).cast()));
-                    for (row, &ap) in acc.iter_mut().zip(&rows) {
-                        let pair = ap.add(s * a.step + r * 4).cast::<i32>().read_unaligned();
-                        let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
-                        row[0] = _mm512_dpbf16_ps(row[0], av, b0);
-                        row[1] = _mm512_dpbf16_ps(row[1], av, b1);
-                    }
-                }
-            }
-        }
-        for (i, row) in acc.iter().enumerate() {
-            // SAFETY: row `g * ROWS + i < 32` of C has 32 writable floats.
-            unsafe {
-                let cr = c.add((g * ROWS + i) * ldc);
-                _mm512_storeu_ps(cr, row[0]);
-                _mm512_storeu_ps(cr.add(16), row[1]);
-            }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        // SAFETY: row `first + i < 32` of C has 32 writable floats.
+        unsafe {
+            let cr = c.add((first + i) * ldc);
+            _mm512_storeu_ps(cr, row[0]);
+            _mm512_storeu_ps(cr.add(16), row[1]);
         }
     }
 }
