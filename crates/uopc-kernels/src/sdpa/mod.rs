@@ -50,7 +50,10 @@ pub use backward_half::SdpaBackwardHalf;
 pub use backward_reference::reference_backward_f64;
 pub use blocking::Blocking;
 use cache::{ConfigCache, cached};
-pub use cache::{attention, compile_count, compiled};
+pub use cache::{
+    DEFAULT_CACHE_CAPACITY, attention, cache_capacity, cached_count, clear_caches, compile_count, compiled,
+    set_cache_capacity,
+};
 pub use config::{Layout, MaskKind, SdpaConfig};
 pub use dtype::{SdpaDType, SdpaElement, Values, ValuesMut};
 pub use error::SdpaError;

@@ -12,10 +12,13 @@ use std::cell::Cell;
 use uopc_ir::UOp;
 use uopc_tile::{Isa, PanelPacking, pack_panels};
 
+/// The largest panel buffer a thread keeps between runs: 64 MiB of f32.
+pub(crate) const KEPT_MAX_FLOATS: usize = 16 << 20;
+
 thread_local! {
     /// The panel buffer of this thread's last run, kept for its next one (a fresh allocation
     /// would fault in every page again): one per calling thread, as large as the largest K and
-    /// V it packed, whatever the configuration.
+    /// V it packed up to [`KEPT_MAX_FLOATS`], whatever the configuration.
     static KEPT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
@@ -39,9 +42,14 @@ impl Drop for Packed {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.buf);
         // Keep the larger of this buffer and one a nested run may have put back meanwhile.
+        // A buffer past the cap is freed rather than kept: one long context must not pin its
+        // size in every calling thread for the rest of the process.
         let _ = KEPT.try_with(|kept| {
             let other = kept.take();
-            kept.set(if other.capacity() > buf.capacity() { other } else { buf });
+            let larger = if other.capacity() > buf.capacity() { other } else { buf };
+            if larger.capacity() <= KEPT_MAX_FLOATS {
+                kept.set(larger);
+            }
         });
     }
 }
