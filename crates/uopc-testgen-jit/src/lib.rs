@@ -107,6 +107,7 @@ pub fn check_case(rng: Rng, profile: Profile, opts: Options) -> Result<Case, Str
     let strict = Program::compile_with(&case.program, "strict", &strict_options())
         .map_err(|e| fail(format!("compile: {e}")))?;
     let got = run_jit_with_vars(&strict, &case.inputs, vars).map_err(fail)?;
+    check_whole_writes(&strict, &case.inputs, vars).map_err(fail)?;
     match profile {
         Profile::Exact => {
             compare::exact_with(&got, &want, opts.signed_zeros)
@@ -139,6 +140,41 @@ pub fn check_case(rng: Rng, profile: Profile, opts: Options) -> Result<Case, Str
         }
     }
     Ok(case)
+}
+
+/// Bits no computation produces (a NaN with a payload arithmetic never makes): an element
+/// still holding them after a run was not written.
+const NOT_WRITTEN: u32 = 0x7fa1_d0e5;
+
+/// Checks the promise behind uninitialized outputs: for every f32 slot the compiled program
+/// says it writes whole ([`Program::writes_whole`]), a run with that slot filled with
+/// [`NOT_WRITTEN`] overwrites every element, whatever the variables (empty loops, variables at
+/// their bounds).
+pub fn check_whole_writes(prg: &Program, inputs: &[HostBuffer], vars: &[i64]) -> Result<(), String> {
+    let whole: Vec<usize> = (0..inputs.len())
+        .filter(|&slot| prg.writes_whole(slot) && matches!(inputs[slot], HostBuffer::F32(_)))
+        .collect();
+    if whole.is_empty() {
+        return Ok(());
+    }
+    let mut poisoned = inputs.to_vec();
+    for &slot in &whole {
+        if let HostBuffer::F32(v) = &mut poisoned[slot] {
+            v.fill(f32::from_bits(NOT_WRITTEN));
+        }
+    }
+    let after = run_jit_with_vars(prg, &poisoned, vars)?;
+    for &slot in &whole {
+        if let HostBuffer::F32(v) = &after[slot]
+            && let Some(i) = v.iter().position(|x| x.to_bits() == NOT_WRITTEN)
+        {
+            return Err(format!(
+                "slot {slot} is judged written whole, but element {i} of {} was not written (vars {vars:?})",
+                v.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Loop iterations a linearized program runs, saturating (ends bounded by their `vmax`).
