@@ -17,6 +17,25 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// The machine model a bench ran on, for its JSON record: the model's text (CPU name, ISA,
+/// caches, probes, choices) and its key figures as fields.
+pub fn machine_record() -> serde_json::Value {
+    let m = uopc::machine::Machine::get();
+    let c = m.choices();
+    serde_json::json!({
+        "model_name": m.model_name,
+        "family": m.family,
+        "model": m.model,
+        "isa": m.isa().name(),
+        "fma_ports": m.throughput.fma_ports,
+        "bf16_dot_over_fma": m.throughput.bf16_dot_over_fma,
+        "caches_bytes": m.caches.iter().map(|c| (format!("L{}", c.level), c.size_bytes)).collect::<std::collections::BTreeMap<_, _>>(),
+        "bf16_path": c.bf16.name(),
+        "gemm_blocking": [c.gemm.mr, c.gemm.nr, c.gemm.kc, c.gemm.mc, c.gemm.nc],
+        "text": m.to_string(),
+    })
+}
+
 /// uopc developer tasks.
 #[derive(Parser)]
 #[command(name = "xtask", about = "uopc developer tasks")]
@@ -479,6 +498,18 @@ fn main() -> ExitCode {
         Task::Mca { json } => mca::run(json.as_deref()),
         Task::Machine => {
             println!("{}", uopc::machine::Machine::get());
+            let list = |names: Vec<(&'static str, bool)>, ran: bool| -> String {
+                let v: Vec<&str> = names.iter().filter(|(_, ok)| *ok == ran).map(|(n, _)| *n).collect();
+                if v.is_empty() { String::from("none") } else { v.join(" ") }
+            };
+            let isas: Vec<_> = uopc_tile::Isa::ALL.iter().map(|i| (i.name(), i.available())).collect();
+            let bf16: Vec<_> = uopc_tile::Bf16Path::ALL.iter().map(|p| (p.name(), p.available())).collect();
+            println!(
+                "ISA paths run here: f32/f16 {}; bf16 {}",
+                list(isas.clone(), true),
+                list(bf16.clone(), true)
+            );
+            println!("ISA paths skipped here: f32/f16 {}; bf16 {}", list(isas, false), list(bf16, false));
             ExitCode::SUCCESS
         }
     }

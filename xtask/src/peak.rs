@@ -136,9 +136,11 @@ pub fn run(json: Option<&Path>) -> ExitCode {
         return ExitCode::FAILURE;
     }
     if let Some(path) = json {
-        let written = serde_json::to_string_pretty(&report)
-            .map_err(|e| e.to_string())
-            .and_then(|s| std::fs::write(path, s).map_err(|e| format!("writing {}: {e}", path.display())));
+        let written = serde_json::to_string_pretty(
+            &serde_json::json!({ "machine": crate::machine_record(), "report": report }),
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|s| std::fs::write(path, s).map_err(|e| format!("writing {}: {e}", path.display())));
         if let Err(e) = written {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;

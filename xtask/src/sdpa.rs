@@ -578,7 +578,9 @@ fn finish(
             threads: rayon::current_num_threads(),
             results: rows,
         };
-        match serde_json::to_string_pretty(&report) {
+        match serde_json::to_string_pretty(
+            &serde_json::json!({ "machine": crate::machine_record(), "report": report }),
+        ) {
             Ok(s) => {
                 if let Err(e) = std::fs::write(path, s) {
                     eprintln!("error: writing {}: {e}", path.display());
