@@ -18,7 +18,7 @@ mod rules;
 mod tests;
 
 use crate::rewrite::{Pass, Revisit, RuleTable};
-use crate::uop::{ConstValue, Op, UOp};
+use crate::uop::{Op, UOp};
 pub use coverage::{stores_every_element, stores_every_element_linear};
 use linear::LinearForm;
 pub use program::simplify_program;
