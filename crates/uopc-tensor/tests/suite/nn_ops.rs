@@ -314,7 +314,8 @@ fn a_row_sum_over_a_broadcast_softmax_realizes_fused_for_any_row_count() {
         let want: Vec<f64> = (0..rows).map(|r| (0..cols).map(|c| a[[r, c]] + 1.0).sum()).collect();
         for opts in [RealizeOptions::default(), RealizeOptions::fused()] {
             let fused = opts.fuse_reduce;
-            let got = y.to_ndarray_with::<f32>(&opts).unwrap_or_else(|e| panic!("({rows}, {cols}) {fused}: {e}"));
+            let got =
+                y.to_ndarray_with::<f32>(&opts).unwrap_or_else(|e| panic!("({rows}, {cols}) {fused}: {e}"));
             assert_eq!(got.shape(), [rows]);
             for (g, w) in got.iter().zip(&want) {
                 assert!((f64::from(*g) - w).abs() < 1e-5, "({rows}, {cols}) fused={fused}: {g} vs {w}");
