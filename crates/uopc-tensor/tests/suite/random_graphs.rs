@@ -20,3 +20,28 @@ proptest! {
         }
     }
 }
+
+/// A graph the rank 0-4 generator found once it made 16-bit products (the bug needs none),
+/// reduced by hand: a batched product plus a softmax of one element, then a softmax, a
+/// maximum, a softmax and a sum over axis 0, sliced to one element, is refused fused ("the
+/// loops around this RANGE do not nest"). Each part is needed: an input instead of the
+/// product, no one-element softmax, or no slice, and it realizes. The unfused realization
+/// without opts is the reference here.
+#[test]
+#[ignore = "fails: fused, kernel r_1: RANGE r7 reduce: the loops around this RANGE do not nest"]
+fn a_chain_of_axis_0_softmaxes_over_a_batched_product_realizes_fused() {
+    use uopc_tensor::{NoOpt, RealizeOptions, Tensor};
+    let a = Tensor::from_vec(vec![0.0f32, -1.0, -1.0, -2.0, 0.0, 1.0, 1.0, 2.0], &[2, 2, 2]);
+    let b = Tensor::from_vec(vec![-2.0f32, 0.0, 0.0, -2.0], &[2, 2]);
+    let s = Tensor::from_vec(vec![1.17f32], &[1]).softmax(0);
+    let x = (a.matmul(&b) + s).softmax(0).max(0, false).softmax(0);
+    let y = (x.sum(0, false) + 0.52f32).slice(0, 0, 1);
+    let plain = y.to_ndarray_with::<f32>(&RealizeOptions::default().with_opt(NoOpt)).unwrap();
+    for opts in [RealizeOptions::default(), RealizeOptions::fused()] {
+        let got =
+            y.to_ndarray_with::<f32>(&opts).unwrap_or_else(|e| panic!("fused={}: {e}", opts.fuse_reduce));
+        for (g, p) in got.iter().zip(&plain) {
+            assert!((g - p).abs() <= 1e-5, "fused={}: {g} vs {p}", opts.fuse_reduce);
+        }
+    }
+}
