@@ -14,7 +14,7 @@ use crate::rangeify::Ctx;
 use crate::tilemap::{BlockLimit, GemmTasks};
 use crate::util::numel;
 use std::collections::{HashMap, HashSet};
-use uopc_ir::{AxisType, DType, Op, UOp, alloc, range, simplify, sink};
+use uopc_ir::{AxisType, DType, Op, UOp, alloc, idx, range, simplify, sink};
 
 /// The most elements of a task's output block in a kernel with an epilogue: 128 KiB of f32,
 /// which stays in the core's L2 between the GEMM writing it and the epilogue reading it back
@@ -229,9 +229,13 @@ pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> 
     let tasks = GemmTasks::new(gemm, Some(limit))?;
     let n = tasks.output_shape().last().copied().unwrap_or(1);
     let (rows, cols) = (tasks.rows, tasks.cols);
-    // Range 0 is the THREAD range over the tasks.
-    let row = range(rows, 1, AxisType::Loop);
-    let col = range(cols, 2, AxisType::Loop);
+    // Range 0 is the THREAD range over the tasks. A block axis of one element gets no loop
+    // (index 0), as in rangeify: `simplify` folds a RANGE of one iteration to 0, so no index
+    // below would use it, and an END of it would close a loop its body never opened.
+    let block_loop = |extent: usize, id: usize| (extent > 1).then(|| range(extent, id, AxisType::Loop));
+    let (row_loop, col_loop) = (block_loop(rows, 1), block_loop(cols, 2));
+    let row = row_loop.clone().unwrap_or_else(|| idx(0));
+    let col = col_loop.clone().unwrap_or_else(|| idx(0));
     let start = tasks.output_start();
     let scratch = alloc(0, DType::F32, rows * cols).after(std::slice::from_ref(&tasks.task));
     // The element's row-major offset, in the GEMM's output and in the body's alike (only
@@ -272,6 +276,69 @@ pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> 
     let v = if v.dtype() == out.dtype() { v } else { v.cast(out.dtype()) };
     let store = out.index(flat).store(v);
     // The GEMM is the task's first effect (the epilogue's loads wait for it), in the task.
-    let task_body = sink(&[g, store.end(&[col, row])]);
+    let loops: Vec<UOp> = [col_loop, row_loop].into_iter().flatten().collect();
+    let task_body = sink(&[g, store.end(&loops)]);
     Some(Ok(sink(&[task_body.end(std::slice::from_ref(&tasks.task))])))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uopc_ir::interp::{Precision, run};
+    use uopc_ir::{BinaryOp, HostBuffer, ReduceOp, buffer};
+
+    /// The kernel body `consumer(sum_k A[i, k] * B[k, j])` for an `m x k` A in slot 0 and a
+    /// `k x n` B in slot 1, both row-major, as the kernelizer hands it over.
+    fn gemm_body(m: usize, n: usize, k: usize, consumer: impl Fn(UOp) -> UOp) -> UOp {
+        let f32_node = |op: Op, src: UOp| UOp::new(op, DType::F32, vec![src]);
+        let param = |slot: usize, shape: Vec<usize>| UOp::new(Op::Param { slot, shape }, DType::F32, vec![]);
+        let a = f32_node(Op::Reshape(vec![m, 1, k]), param(0, vec![m, k]));
+        let a = f32_node(Op::Expand(vec![m, n, k]), a);
+        let b = f32_node(Op::Permute(vec![1, 0]), param(1, vec![k, n]));
+        let b = f32_node(Op::Reshape(vec![1, n, k]), b);
+        let b = f32_node(Op::Expand(vec![m, n, k]), b);
+        let product = UOp::new(Op::Binary(BinaryOp::Mul), DType::F32, vec![a, b]);
+        consumer(f32_node(Op::Reduce { op: ReduceOp::Add, axes: 1 }, product))
+    }
+
+    /// Rows and columns of one element (a dot product, a matrix times a vector, one row
+    /// through a layer) make blocks with an axis of one element: the program must still be
+    /// well formed (every END closes a loop its body runs in) and compute the product.
+    #[test]
+    fn blocks_of_one_row_or_one_column_end_only_the_loops_they_open() {
+        for (m, n, k) in [(1, 1, 3), (1, 1, 64), (4, 1, 5), (1, 7, 5), (1, 3072, 8), (3, 5, 2)] {
+            let a: Vec<f32> = (0..m * k).map(|v| (v % 7) as f32 - 3.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|v| (v % 5) as f32 * 0.5 - 1.0).collect();
+            // Small integers and halves: every product and sum is exact in f32.
+            let want: Vec<f32> =
+                (0..m * n).map(|e| (0..k).map(|p| a[e / n * k + p] * b[p * n + e % n]).sum()).collect();
+            // An f32 output (the GEMM writes it, the epilogue rewrites it in place: here a
+            // reshape to one axis, like the one by which `matmul` drops a vector's axis) and a
+            // bf16 one (an f32 scratch block, rounded).
+            for dtype in [DType::F32, DType::BF16] {
+                let flat = move |r: UOp| {
+                    let r = UOp::new(Op::Reshape(vec![m * n]), DType::F32, vec![r]);
+                    r.cast(dtype)
+                };
+                let body = gemm_body(m, n, k, flat);
+                let out = buffer(2, dtype, m * n);
+                let program = lower_gemm_epilogue(&body, &out)
+                    .expect("a GEMM with an elementwise consumer")
+                    .expect("lowers");
+                if let Err(e) = uopc_ir::verify(&program) {
+                    panic!("({m}, {n}, {k}) {dtype}: {e}");
+                }
+                let mut bufs =
+                    [HostBuffer::F32(a.clone()), HostBuffer::F32(b.clone()), HostBuffer::zeros(dtype, m * n)];
+                run(&program, &mut bufs, Precision::Native).expect("runs");
+                let got = bufs[2].to_f64_vec();
+                for (e, (g, w)) in got.iter().zip(&want).enumerate() {
+                    // The exact f32 sum, rounded once to the output type.
+                    let w =
+                        if dtype == DType::BF16 { half::bf16::from_f32(*w).to_f64() } else { f64::from(*w) };
+                    assert_eq!(*g, w, "({m}, {n}, {k}) {dtype}: element {e}");
+                }
+            }
+        }
+    }
 }

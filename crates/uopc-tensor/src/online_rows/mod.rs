@@ -427,7 +427,9 @@ fn body_over_rows(
         *strides.last_mut()? = 1;
         cx.assume(&exp.node, Known { buffer: row_tile.after(std::slice::from_ref(&ys)), origin, strides });
     }
-    let value = cx.value_at(body, &at).ok()?;
+    // Inside the task even when it is the one task of one row, which the index does not
+    // show (loops of one iteration simplify away): a reduce in the body accumulates per task.
+    let value = cx.value_within(body, &at, th).ok()?;
     Some((out.index(flat).store(value), ranges))
 }
 

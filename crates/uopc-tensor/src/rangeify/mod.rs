@@ -56,6 +56,8 @@ pub struct Ctx {
     /// Nodes whose values a caller computed elsewhere (see [`Ctx::assume`]).
     known: HashMap<UOp, Known>,
     enclosing: HashMap<UOp, Vec<UOp>>,
+    /// Loops of the caller that every accumulator lives inside (see [`Ctx::value_within`]).
+    within: Vec<UOp>,
     simp: HashMap<UOp, UOp>,
     simp_raw: HashMap<UOp, UOp>,
     next_range: usize,
@@ -77,6 +79,7 @@ impl Ctx {
             read_at: HashMap::new(),
             known: HashMap::new(),
             enclosing: HashMap::new(),
+            within: Vec::new(),
             simp: HashMap::new(),
             simp_raw: HashMap::new(),
             next_range: 0,
@@ -433,8 +436,9 @@ impl Ctx {
         let acc = alloc(self.next_alloc, dtype, 1);
         self.next_alloc += 1;
         // The accumulator lives inside exactly the loops the output index uses (plus the loops
-        // around those, so the loop nest stays a chain)...
-        let scope = self.closure(ranges);
+        // around those, so the loop nest stays a chain, and the caller's loops the value is
+        // computed in)...
+        let scope = self.closure(&[ranges, &self.within[..]].concat());
         let acc0 = if scope.is_empty() { acc } else { acc.after(&scope) };
         let init = acc0.index(0).store(UOp::new(Op::Const(ident), dtype, vec![]));
         // ...and is re-read every iteration of the reduce loops.
@@ -451,8 +455,19 @@ impl Ctx {
     /// builds its own loops and stores around it (a GEMM epilogue, an online group on tile
     /// ops), with the reads [`Ctx::assume`] set up.
     pub(crate) fn value_at(&mut self, body: &UOp, index: &[UOp]) -> Result<UOp> {
+        self.value_within(body, index, &[])
+    }
+
+    /// [`Ctx::value_at`] for a value computed inside the caller's `loops` (RANGEs from
+    /// [`Ctx::fresh_range`]): the accumulators of its reduces are declared inside them too.
+    /// The index alone does not always say so: a loop of one iteration is simplified out of
+    /// it, and an accumulator declared outside a THREAD range would be shared by its tasks.
+    pub(crate) fn value_within(&mut self, body: &UOp, index: &[UOp], loops: &[UOp]) -> Result<UOp> {
         let index: Vec<UOp> = index.iter().map(|i| self.simplify(i)).collect();
-        self.rangeify(body, index, None)
+        let outer = std::mem::replace(&mut self.within, loops.to_vec());
+        let value = self.rangeify(body, index, None);
+        self.within = outer;
+        value
     }
 }
 

@@ -18,6 +18,7 @@ mod index;
 mod integers;
 mod masked;
 mod matmul;
+mod matmul_vectors;
 mod nn_ops;
 mod ops;
 mod random_graphs;

@@ -298,3 +298,28 @@ fn nan_propagates_through_max_min_relu_and_clamp_like_torch() {
     let m = vals32(&Tensor::from_vec(v, &[rows, cols]).max(1, false));
     assert!(m[0].is_nan() && m[1].is_nan() && m[2].is_nan() && m[3] == 28.0, "row maxima: {m:?}");
 }
+
+#[test]
+fn a_row_sum_over_a_broadcast_softmax_realizes_fused_for_any_row_count() {
+    // softmax over rows of one element, broadcast along a row of `a` and summed with it: fused,
+    // the softmax's rows are THREAD tasks on tile ops and the row sum accumulates inside each
+    // task; with one row the task loop has one iteration and no index names it.
+    use uopc_tensor::RealizeOptions;
+    for (rows, cols) in [(1, 2), (1, 5), (2, 3), (3, 1)] {
+        let (x, a) = (rand64(&[rows, 1], -2.0, 2.0, 70), rand64(&[rows, cols], -1.0, 1.0, 71));
+        // f32 inputs (the tile ops read f32 rows; a widening cast would keep the loop form)
+        let f32s = |v: &ArrayD<f64>| Tensor::from_array(&v.mapv(|e| e as f32));
+        let y = (f32s(&a) + f32s(&x).softmax(-1)).sum(-1, false);
+        // each softmax is exp(0) / exp(0) = 1
+        let want: Vec<f64> = (0..rows).map(|r| (0..cols).map(|c| a[[r, c]] + 1.0).sum()).collect();
+        for opts in [RealizeOptions::default(), RealizeOptions::fused()] {
+            let fused = opts.fuse_reduce;
+            let got =
+                y.to_ndarray_with::<f32>(&opts).unwrap_or_else(|e| panic!("({rows}, {cols}) {fused}: {e}"));
+            assert_eq!(got.shape(), [rows]);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((f64::from(*g) - w).abs() < 1e-5, "({rows}, {cols}) fused={fused}: {g} vs {w}");
+            }
+        }
+    }
+}
