@@ -3,7 +3,7 @@
 use super::{Tensor, check_size, ok};
 use crate::error::{Result, shape_err};
 use crate::util::numel;
-use uopc_ir::{Op, UOp};
+use uopc_ir::{DType, Op, UOp};
 
 impl Tensor {
     /// The same elements viewed with another shape of the same element count.
@@ -272,7 +272,10 @@ impl Tensor {
         if a < 0 || a >= n {
             return Err(shape_err("stack", format!("axis {axis} is out of range for {} stacked axes", n)));
         }
-        let d = tensors.iter().map(|t| t.dtype()).max().expect("non-empty");
+        let mut stacked_shape = shape.to_vec();
+        stacked_shape.insert(0, tensors.len());
+        check_size("stack", &stacked_shape)?;
+        let d = tensors.iter().map(|t| t.dtype()).fold(first.dtype(), DType::max);
         let src: Vec<UOp> = tensors.iter().map(|t| t.cast(d).uop).collect();
         let stacked = Tensor { uop: UOp::new(Op::Stack, d, src) };
         let mut perm: Vec<usize> = (1..n as usize).collect();
@@ -320,9 +323,13 @@ impl Tensor {
             }
         }
         let mut shape = first.shape().to_vec();
-        shape[a] = tensors.iter().map(|t| t.shape()[a]).sum();
+        shape[a] = tensors
+            .iter()
+            .try_fold(0usize, |n, t| n.checked_add(t.shape()[a]))
+            .ok_or_else(|| shape_err("cat", format!("the sizes along axis {axis} overflow")))?;
+        check_size("cat", &shape)?;
         if crate::util::numel(&shape) == 0 {
-            let d = tensors.iter().map(|t| t.dtype()).max().expect("non-empty");
+            let d = tensors.iter().map(|t| t.dtype()).fold(first.dtype(), DType::max);
             return Ok(Tensor::empty(&shape, d));
         }
         // Parts empty along `axis` contribute nothing (and would make the gcd below 0).
