@@ -496,7 +496,8 @@ fn oversized_configurations_are_errors_naming_the_field() {
     let e = Sdpa::compile(&config(1, 1, 1, 8, 1 << 41, 16)).unwrap_err().to_string();
     assert!(e.contains("`n_k`") && e.contains("2^40"), "{e}");
     // A full mask over (B, H, n_q, n_k) has more elements than q or k.
-    let c = SdpaConfig { mask: MaskKind::Bias([1, 1, 1 << 21, 1 << 21]), ..config(1, 1, 1, 1 << 21, 1 << 21, 8) };
+    let c =
+        SdpaConfig { mask: MaskKind::Bias([1, 1, 1 << 21, 1 << 21]), ..config(1, 1, 1, 1 << 21, 1 << 21, 8) };
     let e = Sdpa::compile(&c).unwrap_err().to_string();
     assert!(e.contains("`mask`") && e.contains("2^40"), "{e}");
 }

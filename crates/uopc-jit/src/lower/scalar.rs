@@ -53,21 +53,30 @@ impl Lowerer<'_, '_> {
     }
 
     /// `2^x` inline: round-to-nearest split `x = n + f`, a degree-6 polynomial for `2^f` on
-    /// [-0.5, 0.5], and `2^n` built in the exponent bits. `x <= -127` (including -inf) gives 0.
+    /// [-0.5, 0.5], and `2^n` built in the exponent bits; results below 2^-126 are scaled into
+    /// the subnormals by a multiply, so they round like any other product. `x < -151`
+    /// (including -inf) gives 0.
     pub(super) fn exp2_f32(&mut self, x: Value) -> Value {
         // Works on f32 and on F32X4 lanes alike: 2^x = 2^n * 2^f with n = round(x) and
         // f in [-0.5, 0.5]; 2^f is a polynomial and 2^n is added straight into its exponent
-        // bits. That add stays in the normal range for every clamped x but the very bottom:
-        // x = 128 gives inf (2^128 overflows f32); 127.5 <= x < 128 has f < 0, so 2^f < 1
-        // and the exponent field ends at 254 (finite); x <= -127 gives 0 and the half-unit
-        // just above it tiny subnormal-sized values, like flushing below 2^-126.5.
+        // bits. That add only makes normal numbers: x = 128 gives inf (2^128 overflows f32);
+        // 127.5 <= x < 128 has f < 0, so 2^f < 1 and the exponent field ends at 254 (finite).
+        // Below -125 the exponent field would reach 0, so such x are raised by 64 first (exact:
+        // both are multiples of x's ulp) and the result multiplied by 2^-64, which rounds it
+        // to the subnormal it is (2^-151 and below round to 0).
         let ty = self.b.func.dfg.value_type(x);
-        let lo = self.fconst(ty, -127.0);
+        let lo = self.fconst(ty, -151.0);
         let hi = self.fconst(ty, 128.0);
         // (x < lo) ? lo : x and (hi < x) ? hi : x keep NaN as NaN (the comparisons are false);
         // both spelled with LessThan, the form x64 lowers to one maxps / minps on vectors.
         let x = self.fselect(FloatCC::LessThan, x, lo, lo, x);
         let x = self.fselect(FloatCC::LessThan, hi, x, hi, x);
+        let tiny = self.fconst(ty, -125.0);
+        let (raise, one) = (self.fconst(ty, 64.0), self.fconst(ty, 1.0));
+        let (zero, down) = (self.fconst(ty, 0.0), self.fconst(ty, 2f32.powi(-64)));
+        let shift = self.fselect(FloatCC::LessThan, x, tiny, raise, zero);
+        let scale = self.fselect(FloatCC::LessThan, x, tiny, down, one);
+        let x = self.b.ins().fadd(x, shift);
         let magic = self.fconst(ty, 12582912.0); // 1.5 * 2^23: adding it rounds to an integer
         let t = self.b.ins().fadd(x, magic);
         let n = self.b.ins().fsub(t, magic);
@@ -92,7 +101,8 @@ impl Lowerer<'_, '_> {
         let n_exponent = self.b.ins().ishl(t_bits, sh);
         let poly_bits = self.b.ins().bitcast(ity, flags, poly);
         let scaled = self.b.ins().iadd(poly_bits, n_exponent);
-        self.b.ins().bitcast(ty, flags, scaled)
+        let normal = self.b.ins().bitcast(ty, flags, scaled);
+        self.b.ins().fmul(normal, scale)
     }
 
     /// The IR's NaN-propagating MAX (the interpreter's, signed zeros included) as two
