@@ -141,13 +141,19 @@ impl Tensor {
         m.try_lt(&m.lit(f64::INFINITY))?.try_where(&above_neg_inf, &zero)
     }
 
-    /// The row maximum with `-inf` replaced by 0 and gradients stopped: the shift of
-    /// `log_softmax` and `cross_entropy`. An all `-inf` row keeps `exp(-inf) = 0`, while a
-    /// `+inf` maximum stays, so `x - shift` is NaN at it and the row is NaN (torch's values:
-    /// the probabilities of a row with an infinite logit are undefined).
-    fn softmax_shift(&self, axis: isize) -> Result<Tensor> {
+    /// `v` where the row maximum of `self` over `axis` is below `+inf`, NaN where it is `+inf`
+    /// (or NaN): the probabilities of a row with an infinite logit are undefined, and torch's
+    /// `log_softmax` and `cross_entropy` give NaN for the whole row. The maximum is the node
+    /// [`Tensor::finite_shift`] reads (nodes are interned), so no reduction is added.
+    fn nan_where_max_is_inf(&self, axis: isize, v: &Tensor) -> Result<Tensor> {
         let m = self.try_max(axis, true)?.detach();
-        m.try_gt(&m.lit(f64::NEG_INFINITY))?.try_where(&m, &m.lit(0.0))
+        m.try_lt(&m.lit(f64::INFINITY))?.try_where(v, &v.lit(f64::NAN))
+    }
+
+    /// The sum over `axis` of a softmax-like row as one loop: the online row kernels recognize
+    /// the max-shifted sums in this form and split long rows into chunks of their own.
+    fn row_sum(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.try_reduce(uopc_ir::ReduceOp::Add, axis, keepdim, "sum")
     }
 
     /// `log(sum(exp(x)))` over `axis`, computed as `m + log(sum(exp(x - m)))` with `m` the
@@ -174,7 +180,7 @@ impl Tensor {
         let lse = || -> Result<Tensor> {
             let x = self.float();
             let m = x.finite_shift(axis)?;
-            let s = x.try_sub(&m)?.exp_exact().try_sum(axis, true)?.ln_exact().try_add(&m)?;
+            let s = x.try_sub(&m)?.exp_exact().row_sum(axis, true)?.ln_exact().try_add(&m)?;
             if keepdim {
                 return Ok(s);
             }
@@ -217,8 +223,9 @@ impl Tensor {
         }
         let lsm = || -> Result<Tensor> {
             let x = self.float();
-            let shifted = x.try_sub(&x.softmax_shift(axis)?)?;
-            shifted.try_sub(&shifted.exp_exact().try_sum(axis, true)?.ln_exact())
+            let shifted = x.try_sub(&x.finite_shift(axis)?)?;
+            let lsm = shifted.try_sub(&shifted.exp_exact().row_sum(axis, true)?.ln_exact())?;
+            x.nan_where_max_is_inf(axis, &lsm)
         };
         lsm().map_err(|e| e.in_op("log_softmax"))
     }
@@ -285,9 +292,11 @@ impl Tensor {
             let t = Tensor::from_vec(targets.iter().map(|&t| t as i64).collect::<Vec<_>>(), &[n, 1]);
             // `-log_softmax(x)[i, t_i] = (m_i - x[i, t_i]) + log(sum(exp(x_i - m_i)))`: the
             // logits are read for the row maximum and the sum, and `n` of them for the picks.
-            let m = x.softmax_shift(-1)?;
-            let lse = x.try_sub(&m)?.exp_exact().try_sum(-1, false)?.ln_exact();
-            let loss = m.try_reshape(&[n])?.try_sub(&x.pick(&t)?)?.try_add(&lse)?;
+            let m = x.finite_shift(-1)?;
+            let lse = x.try_sub(&m)?.exp_exact().row_sum(-1, true)?.ln_exact();
+            let loss =
+                x.nan_where_max_is_inf(-1, &m.try_sub(&x.pick(&t)?.try_reshape(&[n, 1])?)?.try_add(&lse)?)?;
+            let loss = loss.try_reshape(&[n])?;
             // Its own kernel, so its rows are the THREAD axis, before the mean over them.
             let staged = Tensor::from_uop(UOp::new(Op::Stage, loss.dtype(), vec![loss.uop().clone()]));
             staged.try_mean(0, false)

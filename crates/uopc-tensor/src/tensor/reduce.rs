@@ -34,7 +34,13 @@ impl Tensor {
         total.try_add(&self.try_slice(-1, body, n)?.try_reduce(ReduceOp::Add, -1, false, "sum")?)
     }
 
-    fn try_reduce(&self, op: ReduceOp, axis: isize, keepdim: bool, name: &'static str) -> Result<Tensor> {
+    pub(super) fn try_reduce(
+        &self,
+        op: ReduceOp,
+        axis: isize,
+        keepdim: bool,
+        name: &'static str,
+    ) -> Result<Tensor> {
         let a = self.axis(name, axis)?;
         if op == ReduceOp::Max && self.shape()[a] == 0 {
             return Err(shape_err(
@@ -278,7 +284,9 @@ impl Tensor {
             let x = self.float();
             let m = x.try_max(axis, true)?;
             let e = (x.try_sub(&m)? * LOG2E as f32).exp2();
-            e.try_mul(&e.try_sum(axis, true)?.recip())
+            // One loop per row (not the blocked long sum): the online row kernels recognize
+            // this form and split long rows into chunks of their own.
+            e.try_mul(&e.try_reduce(ReduceOp::Add, axis, true, "sum")?.recip())
         };
         softmax().map_err(|e| e.in_op("softmax"))
     }
