@@ -265,7 +265,8 @@ impl Tensor {
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `from_vec` when `data` does not have exactly
     /// as many elements as `shape` (none for a shape with a zero-sized axis), or `shape` has
-    /// more than 2^40 elements.
+    /// more than 2^40 elements or an axis over 2^40 (a zero-sized axis does not excuse the
+    /// others).
     pub fn try_from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Result<Tensor> {
         check_size("from_vec", shape)?;
         if data.len() != numel(shape) {
@@ -337,7 +338,7 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has more than 2^40
-    /// elements.
+    /// elements or an axis over 2^40.
     pub fn try_full(shape: &[usize], v: f32) -> Result<Tensor> {
         Tensor::try_full_dtype(shape, v, DType::F32)
     }
@@ -358,7 +359,7 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has more than 2^40
-    /// elements.
+    /// elements or an axis over 2^40.
     pub fn try_full_dtype(shape: &[usize], v: impl Scalar, dtype: DType) -> Result<Tensor> {
         check_size("full", shape)?;
         let c = Tensor { uop: UOp::new(Op::Const(v.operand().value.cast(dtype)), dtype, vec![]) };

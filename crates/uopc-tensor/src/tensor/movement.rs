@@ -19,7 +19,7 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `reshape` when `shape` has another element
-    /// count or more than 2^40 elements.
+    /// count, more than 2^40 elements or an axis over 2^40 (also beside a zero-sized axis).
     pub fn try_reshape(&self, shape: &[usize]) -> Result<Tensor> {
         check_size("reshape", shape)?;
         if numel(shape) != self.numel() {
@@ -62,7 +62,7 @@ impl Tensor {
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `expand` when the ranks differ, an axis that
     /// is not 1 changes size (a size-1 axis may expand to 0, as numpy broadcasts), or `shape`
-    /// has more than 2^40 elements.
+    /// has more than 2^40 elements or an axis over 2^40.
     pub fn try_expand(&self, shape: &[usize]) -> Result<Tensor> {
         let s = self.shape();
         if s.len() != shape.len() || s.iter().zip(shape).any(|(&a, &b)| a != b && a != 1) {
@@ -260,7 +260,8 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `stack` when there are no tensors, their
-    /// shapes differ, or `axis` is out of range for the stacked rank.
+    /// shapes differ, `axis` is out of range for the stacked rank, or the stack would have more
+    /// than 2^40 elements.
     pub fn try_stack(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| shape_err("stack", "needs at least one tensor"))?;
         let shape = first.shape();
@@ -308,7 +309,8 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `cat` when there are no tensors, `axis` is
-    /// out of range, or the shapes differ outside `axis`.
+    /// out of range, the shapes differ outside `axis`, or the result would have more than 2^40
+    /// elements.
     pub fn try_cat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| shape_err("cat", "needs at least one tensor"))?;
         let a = first.axis("cat", axis)?;
