@@ -73,6 +73,18 @@ fn cross_entropy_f64(x: &Array2<f32>, targets: &[usize]) -> (f64, ArrayD<f64>) {
     (loss, grad)
 }
 
+/// torch's `log_softmax` in f64 from [`shifted_sums`]: `(x - shift) - ln(sum)`, and all NaN in
+/// a row whose maximum is `+inf` (or NaN).
+fn log_softmax_f64(x: &Array2<f32>, sums: &[(f64, f64)]) -> ArrayD<f64> {
+    let top: Vec<f64> =
+        x.rows().into_iter().map(|r| r.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v.into()))).collect();
+    Array2::from_shape_fn(x.dim(), |(i, j)| {
+        let (g, s) = sums[i];
+        if top[i] == f64::INFINITY { f64::NAN } else { (f64::from(x[[i, j]]) - g) - s.ln() }
+    })
+    .into_dyn()
+}
+
 /// Whether the fused plan of `t` lowers its online sum on the row tile op.
 fn on_row_tiles(t: &Tensor) -> bool {
     let plan = make_plan(std::slice::from_ref(t.uop()), &RealizeOptions::fused()).unwrap();
@@ -88,11 +100,7 @@ fn logsumexp_log_softmax_and_softmax_match_f64_on_every_path() {
         let t = Tensor::from_array(&x);
         let lse: Vec<f64> = sums.iter().map(|&(g, s)| s.ln() + g).collect();
         let lse_want = ArrayD::from_shape_vec(IxDyn(&[rows]), lse.clone()).unwrap();
-        let lsm_want = Array2::from_shape_fn((rows, cols), |(i, j)| {
-            let (g, s) = sums[i];
-            (f64::from(x[[i, j]]) - g) - s.ln()
-        })
-        .into_dyn();
+        let lsm_want = log_softmax_f64(&x, &sums);
         let sm_want = Array2::from_shape_fn((rows, cols), |(i, j)| {
             // the graph's softmax subtracts the maximum itself (not the finite shift)
             let m = x.row(i).iter().fold(f64::NEG_INFINITY, |a, &v| {
@@ -276,8 +284,7 @@ fn row_kernels_join_only_within_one_group() {
     for (got, a, log_softmax) in [(&out[0], &xa, false), (&out[1], &ya, false), (&out[2], &xa, true)] {
         let sums = shifted_sums(a);
         let want = if log_softmax {
-            Array2::from_shape_fn(a.dim(), |(i, j)| (f64::from(a[[i, j]]) - sums[i].0) - sums[i].1.ln())
-                .into_dyn()
+            log_softmax_f64(a, &sums)
         } else {
             ArrayD::from_shape_vec(IxDyn(&[a.nrows()]), sums.iter().map(|&(g, s)| s.ln() + g).collect())
                 .unwrap()
@@ -310,14 +317,12 @@ fn few_long_rows_are_split_across_tasks_and_merged() {
     nan[[0, 60_000]] = f32::NAN;
     cases.push(("NaN", nan));
     for (name, x) in &cases {
-        let (rows, cols) = x.dim();
+        let rows = x.nrows();
         let t = Tensor::from_array(x);
         let sums = shifted_sums(x);
         let lse_want =
             ArrayD::from_shape_vec(IxDyn(&[rows]), sums.iter().map(|&(g, s)| s.ln() + g).collect()).unwrap();
-        let lsm_want =
-            Array2::from_shape_fn((rows, cols), |(i, j)| (f64::from(x[[i, j]]) - sums[i].0) - sums[i].1.ln())
-                .into_dyn();
+        let lsm_want = log_softmax_f64(x, &sums);
         for (what, y, want) in
             [("logsumexp", t.logsumexp(-1, false), &lse_want), ("log_softmax", t.log_softmax(-1), &lsm_want)]
         {

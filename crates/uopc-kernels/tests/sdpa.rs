@@ -483,6 +483,25 @@ fn bad_inputs_are_errors_naming_the_argument() {
     assert!(matches!(e, SdpaError::Length { arg: "mask", expected: 64, got: 8 }));
 }
 
+/// Sizes whose element counts overflow (or pass the element cap) are configuration errors
+/// naming the field that tips the count over, never a wrapped length.
+#[test]
+fn oversized_configurations_are_errors_naming_the_field() {
+    // batch * heads * n_q * d = 2^64 wraps to 0 in usize; the running product passes 2^40 at n_q.
+    let c = config(1 << 16, 1 << 16, 1 << 16, 1 << 16, 1, 1 << 16);
+    assert_ne!(c.q_len(), 0, "an overflowing length saturates instead of wrapping");
+    let e = Sdpa::compile(&c).unwrap_err().to_string();
+    assert!(e.contains("`n_q`") && e.contains("2^40"), "{e}");
+    // Only the keys are too many: the error names n_k.
+    let e = Sdpa::compile(&config(1, 1, 1, 8, 1 << 41, 16)).unwrap_err().to_string();
+    assert!(e.contains("`n_k`") && e.contains("2^40"), "{e}");
+    // A full mask over (B, H, n_q, n_k) has more elements than q or k.
+    let c =
+        SdpaConfig { mask: MaskKind::Bias([1, 1, 1 << 21, 1 << 21]), ..config(1, 1, 1, 1 << 21, 1 << 21, 8) };
+    let e = Sdpa::compile(&c).unwrap_err().to_string();
+    assert!(e.contains("`mask`") && e.contains("2^40"), "{e}");
+}
+
 #[test]
 fn the_cache_compiles_each_configuration_once_and_runs_from_threads() {
     let c = config(2, 4, 4, 33, 47, 12);

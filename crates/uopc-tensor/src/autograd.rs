@@ -30,8 +30,9 @@ fn differentiable(d: DType) -> bool {
 /// Gradients of `loss` with respect to each of `params`, as lazy tensors of the parameters'
 /// shapes and dtypes.
 ///
-/// A non-scalar `loss` is treated as the sum of its elements (the seed gradient is all ones).
-/// A parameter the loss does not depend on (or only through `detach`) gets zeros.
+/// `loss` must have one element (as torch's implicit gradient requires): the gradient of
+/// anything else depends on a cotangent, which [`vjp`] takes. A parameter the loss does not
+/// depend on (or only through `detach`) gets zeros.
 ///
 /// ```rust
 /// use uopc_tensor::{Tensor, gradient};
@@ -45,8 +46,18 @@ fn differentiable(d: DType) -> bool {
 /// # Errors
 ///
 /// [`TensorError::DType`] naming `gradient` when `loss` or a parameter is not a float tensor
-/// (f32, f64, bf16 or f16).
+/// (f32, f64, bf16 or f16), [`TensorError::Shape`] naming `gradient` and `loss`'s shape when
+/// it has more (or fewer) than one element.
 pub fn gradient(loss: &Tensor, params: &[&Tensor]) -> Result<Vec<Tensor>> {
+    if loss.numel() != 1 {
+        return Err(TensorError::Shape {
+            op: "gradient",
+            msg: format!(
+                "output has shape {:?}; an implicit gradient needs one element (vjp takes a cotangent)",
+                loss.shape()
+            ),
+        });
+    }
     let seed = filled(loss, 1.0);
     vjp(loss, params, &seed)
 }
@@ -115,8 +126,7 @@ pub fn vjp(output: &Tensor, params: &[&Tensor], cotangent: &Tensor) -> Result<Ve
 }
 
 impl Tensor {
-    /// Gradients of this tensor (summed if not a scalar) with respect to `params`; see
-    /// [`gradient`].
+    /// Gradients of this one-element tensor with respect to `params`; see [`gradient`].
     ///
     /// # Errors
     ///

@@ -53,16 +53,19 @@ impl Lowerer<'_, '_> {
     }
 
     /// `2^x` inline: round-to-nearest split `x = n + f`, a degree-6 polynomial for `2^f` on
-    /// [-0.5, 0.5], and `2^n` built in the exponent bits. `x <= -127` (including -inf) gives 0.
+    /// [-0.5, 0.5], and `2^n` built in the exponent bits; below 2^-125 the last factor of the
+    /// scale is a multiply, so results in the subnormal range round like any other product.
+    /// `x < -151` (including -inf) gives 0.
     pub(super) fn exp2_f32(&mut self, x: Value) -> Value {
         // Works on f32 and on F32X4 lanes alike: 2^x = 2^n * 2^f with n = round(x) and
-        // f in [-0.5, 0.5]; 2^f is a polynomial and 2^n is added straight into its exponent
-        // bits. That add stays in the normal range for every clamped x but the very bottom:
-        // x = 128 gives inf (2^128 overflows f32); 127.5 <= x < 128 has f < 0, so 2^f < 1
-        // and the exponent field ends at 254 (finite); x <= -127 gives 0 and the half-unit
-        // just above it tiny subnormal-sized values, like flushing below 2^-126.5.
+        // f in [-0.5, 0.5]; 2^f is a polynomial and 2^m, m = max(n, -125), is added straight
+        // into its exponent bits, which keeps that sum a normal number: x = 128 gives inf
+        // (2^128 overflows f32); 127.5 <= x < 128 has f < 0, so 2^f < 1 and the exponent field
+        // ends at 254 (finite); at the bottom m stops at -125 (2^f >= 2^-0.5 keeps the field
+        // at 1 or more). The rest of the scale, 2^(n - m) >= 2^-26, is one multiply that
+        // rounds the result to the subnormal it is (1 for every normal result).
         let ty = self.b.func.dfg.value_type(x);
-        let lo = self.fconst(ty, -127.0);
+        let lo = self.fconst(ty, -151.0);
         let hi = self.fconst(ty, 128.0);
         // (x < lo) ? lo : x and (hi < x) ? hi : x keep NaN as NaN (the comparisons are false);
         // both spelled with LessThan, the form x64 lowers to one maxps / minps on vectors.
@@ -85,14 +88,27 @@ impl Lowerer<'_, '_> {
         let poly = self.mul_add(p, f, one);
         let ity = if ty.is_vector() { types::I32X4 } else { types::I32 };
         let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+        let iconst = |s: &mut Self, v: i64| {
+            let c = s.b.ins().iconst(types::I32, v);
+            if ty.is_vector() { s.b.ins().splat(ity, c) } else { c }
+        };
         // The low mantissa bits of t hold n in two's complement; shifting them to the
-        // exponent field drops the magic constant's bits off the top.
+        // exponent field drops the magic constant's bits off the top. For |n| <= 151 the
+        // shifted value n * 2^23 fits an i32, so it orders as n does.
         let t_bits = self.b.ins().bitcast(ity, flags, t);
         let sh = self.b.ins().iconst(types::I32, 23);
         let n_exponent = self.b.ins().ishl(t_bits, sh);
+        let floor = iconst(self, -125 << 23);
+        let m_exponent = self.b.ins().smax(n_exponent, floor);
         let poly_bits = self.b.ins().bitcast(ity, flags, poly);
-        let scaled = self.b.ins().iadd(poly_bits, n_exponent);
-        self.b.ins().bitcast(ty, flags, scaled)
+        let scaled = self.b.ins().iadd(poly_bits, m_exponent);
+        let scaled = self.b.ins().bitcast(ty, flags, scaled);
+        // 2^(n - m): the bits of 1.0 with n - m added to the exponent field.
+        let rest = self.b.ins().isub(n_exponent, m_exponent);
+        let one_bits = iconst(self, 0x3F80_0000);
+        let rest = self.b.ins().iadd(rest, one_bits);
+        let rest = self.b.ins().bitcast(ty, flags, rest);
+        self.b.ins().fmul(scaled, rest)
     }
 
     /// The IR's NaN-propagating MAX (the interpreter's, signed zeros included) as two

@@ -164,12 +164,14 @@ fn exp2_is_accurate_and_handles_special_values() {
     println!("exp2: max relative error {worst:.2e} over [-126, 126]");
     assert!(worst < 2e-7, "max relative error {worst:e}");
 
-    let special = [f32::NEG_INFINITY, -1000.0, -127.0, 0.0, 1.0, f32::NAN];
+    // Powers of two are exact down to the smallest subnormal, 2^-149; 2^-150 is the tie
+    // halfway to 0, which rounds to even (0).
+    let special = [f32::NEG_INFINITY, -1000.0, -150.0, -149.0, -127.0, 0.0, 1.0, f32::NAN];
     let prg = Program::compile(&unary_program(special.len(), |x| x.exp2()), "exp2s").unwrap();
     let mut out = vec![0.0f32; special.len()];
     prg.run_f32(&[&special], &mut [&mut out]).unwrap();
-    assert_eq!(&out[..5], &[0.0, 0.0, 0.0, 1.0, 2.0]);
-    assert!(out[5].is_nan());
+    assert_eq!(&out[..7], &[0.0, 0.0, 0.0, f32::from_bits(1), 2f32.powi(-127), 1.0, 2.0]);
+    assert!(out[7].is_nan());
 }
 
 /// Runs `program` with the JIT and with the interpreter on the same inputs.

@@ -81,14 +81,16 @@ impl SdpaConfig {
         self.scale.unwrap_or((1.0 / (self.d as f64).sqrt()) as f32)
     }
 
-    /// Elements of q (and of the output).
+    /// Elements of q (and of the output); `usize::MAX` when the product overflows, which
+    /// [`SdpaConfig::validate`] rejects (a wrapped length could match a slice).
     pub fn q_len(&self) -> usize {
-        self.batch * self.heads * self.n_q * self.d
+        [self.batch, self.heads, self.n_q, self.d].iter().fold(1, |n: usize, &s| n.saturating_mul(s))
     }
 
-    /// Elements of k (and of v).
+    /// Elements of k (and of v); `usize::MAX` when the product overflows, as
+    /// [`SdpaConfig::q_len`].
     pub fn kv_len(&self) -> usize {
-        self.batch * self.kv_heads * self.n_k * self.d
+        [self.batch, self.kv_heads, self.n_k, self.d].iter().fold(1, |n: usize, &s| n.saturating_mul(s))
     }
 
     /// How far keys run ahead of queries under the causal mask: query `i` sees `j <= i + offset`.
@@ -112,7 +114,8 @@ impl SdpaConfig {
         strides
     }
 
-    /// The configuration's own consistency: sizes, head grouping, mask shape.
+    /// The configuration's own consistency: sizes (each tensor at most 2^40 elements), head
+    /// grouping, mask shape.
     pub fn validate(&self) -> Result<(), SdpaError> {
         for (what, v) in [
             ("batch", self.batch),
@@ -125,6 +128,14 @@ impl SdpaConfig {
             if v == 0 {
                 return Err(SdpaError::Empty { what });
             }
+        }
+        // Every length and index the kernels compute is a product of these sizes: bounding
+        // each tensor's element count bounds them all.
+        let (b, d) = (self.batch, self.d);
+        check_elements("q", &[("batch", b), ("heads", self.heads), ("n_q", self.n_q), ("d", d)])?;
+        check_elements("k", &[("batch", b), ("kv_heads", self.kv_heads), ("n_k", self.n_k), ("d", d)])?;
+        if let MaskKind::Bool(shape) | MaskKind::Bias(shape) = self.mask {
+            check_elements("mask", &shape.map(|s| ("mask", s)))?;
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(SdpaError::HeadGrouping { heads: self.heads, kv_heads: self.kv_heads });
@@ -157,6 +168,19 @@ impl SdpaConfig {
             s.dtype,
         )
     }
+}
+
+/// The most elements one tensor of a configuration may hold.
+const MAX_ELEMENTS: usize = 1 << 40;
+
+/// Whether the product of `sizes` stays within [`MAX_ELEMENTS`]; if not, the error names the
+/// field at which it first passes the limit.
+fn check_elements(tensor: &'static str, sizes: &[(&'static str, usize)]) -> Result<(), SdpaError> {
+    let mut n: usize = 1;
+    for &(what, s) in sizes {
+        n = n.checked_mul(s).filter(|&n| n <= MAX_ELEMENTS).ok_or(SdpaError::TooLarge { what, tensor })?;
+    }
+    Ok(())
 }
 
 /// The shape as the compiled attentions print it: `B=.. H=.. H_kv=.. n_q=.. n_k=.. D=..`, then

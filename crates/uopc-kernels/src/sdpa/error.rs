@@ -13,6 +13,15 @@ pub enum SdpaError {
         /// The field.
         what: &'static str,
     },
+    /// A size makes one of the configuration's tensors hold more than 2^40 elements (so no
+    /// length or index computed from the sizes can overflow).
+    #[error("sdpa: `{what}` makes {tensor} hold more than 2^40 elements")]
+    TooLarge {
+        /// The field at which the element count passes the limit.
+        what: &'static str,
+        /// The tensor: `q`, `k` or `mask`.
+        tensor: &'static str,
+    },
     /// `heads` is not a multiple of `kv_heads`.
     #[error("sdpa: heads ({heads}) must be a multiple of kv_heads ({kv_heads})")]
     HeadGrouping {

@@ -120,7 +120,11 @@ impl Tensor {
             op: "to_ndarray",
             msg: format!("data is {}", host.dtype()),
         })?;
-        Ok(ArrayD::from_shape_vec(IxDyn(shape), v.to_vec()).expect("length matches shape"))
+        // The shape checks keep every shape within ndarray's limits; should one slip through,
+        // the caller gets an error naming the shape, not a panic.
+        ArrayD::from_shape_vec(IxDyn(shape), v.to_vec()).map_err(|e| {
+            crate::error::shape_err("to_ndarray", format!("shape {shape:?} does not fit an ndarray: {e}"))
+        })
     }
 }
 

@@ -4,6 +4,7 @@
 
 use super::Tensor;
 use crate::error::{Result, shape_err};
+use uopc_ir::DType;
 
 impl Tensor {
     /// `0, 1, .., n - 1` as an i64 tensor of shape `[n]` (numpy's and torch's integer
@@ -36,19 +37,23 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `one_hot` when an index is not
-    /// below `classes` (the message names its position).
+    /// below `classes` (the message names its position), or `[indices.len(), classes]` has more
+    /// than 2^40 elements (or `classes` is over 2^40).
     pub fn try_one_hot(indices: &[usize], classes: usize) -> Result<Tensor> {
-        let mut rows = vec![0.0f32; indices.len() * classes];
-        for (row, &c) in indices.iter().enumerate() {
-            if c >= classes {
-                return Err(shape_err(
-                    "one_hot",
-                    format!("indices[{row}] = {c} is not below {classes} classes"),
-                ));
-            }
-            rows[row * classes + c] = 1.0;
+        let shape = [indices.len(), classes];
+        super::check_size("one_hot", &shape)?;
+        if let Some((row, &c)) = indices.iter().enumerate().find(|&(_, &c)| c >= classes) {
+            return Err(shape_err("one_hot", format!("indices[{row}] = {c} is not below {classes} classes")));
         }
-        Tensor::try_from_vec(rows, &[indices.len(), classes])
+        if indices.is_empty() || classes == 0 {
+            return Ok(Tensor::empty(&shape, DType::F32));
+        }
+        // A comparison of the class index with each row's index, computed where it is read:
+        // a one-hot of many classes costs no memory until it is realized.
+        let targets = indices.iter().map(|&c| c as i64).collect::<Vec<_>>();
+        let targets = Tensor::try_from_vec(targets, &[indices.len(), 1])?;
+        let hot = Tensor::arange(classes).try_reshape(&[1, classes])?.try_eq(&targets)?;
+        Ok(hot.cast(DType::F32))
     }
 
     /// Rows `indices` (host indices) of this tensor along its first axis, in order (repeats

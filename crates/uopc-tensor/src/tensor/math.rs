@@ -94,9 +94,10 @@ impl Tensor {
         if self.dtype().is_half() { self.via_f32(f) } else { f(&self.float()) }
     }
 
-    /// `|x|`, as `x < 0 ? -x : x + 0` (NaN stays NaN; `abs(-0.0)` is `+0.0`, as in IEEE 754
-    /// and torch, because `-0.0 + 0.0` is `+0.0`; the gradient at 0 is 1); integer tensors
-    /// stay integers (wrapping at the minimum, as torch's do).
+    /// `|x|`, as `x > 0 ? x : x < 0 ? -x : x + 0` with the last branch detached: NaN stays
+    /// NaN, `abs(-0.0)` is `+0.0` (as in IEEE 754 and torch, because `-0.0 + 0.0` is `+0.0`),
+    /// and the gradient is torch's `sign(x)`, 0 at 0 (and at NaN); integer tensors stay
+    /// integers (wrapping at the minimum, as torch's do).
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -108,7 +109,10 @@ impl Tensor {
         if self.dtype().is_int() {
             return Tensor::select(&self.lt_lit(0.0), &self.neg(), self);
         }
-        self.float_fn(|x| Tensor::select(&x.lt_lit(0.0), &x.neg(), &x.add_lit(0.0)))
+        self.float_fn(|x| {
+            let zero_or_nan = x.detach().add_lit(0.0);
+            Tensor::select(&x.gt_lit(0.0), x, &Tensor::select(&x.lt_lit(0.0), &x.neg(), &zero_or_nan))
+        })
     }
 
     /// The sign of `x` as -1 or 1 (0 counts as positive), for odd functions.

@@ -190,12 +190,20 @@ pub(crate) fn ok(r: Result<Tensor>) -> Tensor {
     }
 }
 
-/// Tensors may have at most this many elements: indices stay far from overflow, and a typo in
-/// a shape fails here, where it was written, instead of as an allocation failure later.
+/// Tensors may have at most this many elements, and each axis at most this size, also in a
+/// shape with a zero-sized axis: indices stay far from overflow, and a typo in a shape fails
+/// here, where it was written, instead of as an allocation failure later.
 pub const MAX_ELEMENTS: usize = 1 << 40;
 
+/// Whether `shape` is within [`MAX_ELEMENTS`]: each axis, and the product of the non-zero
+/// axes (an empty tensor's views and strides still multiply its other axes, so a 0 must not
+/// hide an overflow).
 pub(crate) fn check_size(op: &'static str, shape: &[usize]) -> Result<()> {
-    if numel(shape) > MAX_ELEMENTS {
+    if let Some((axis, n)) = shape.iter().enumerate().find(|&(_, &n)| n > MAX_ELEMENTS) {
+        return Err(shape_err(op, format!("axis {axis} of shape {shape:?} has size {n}, more than 2^40")));
+    }
+    let nonzero = shape.iter().filter(|&&n| n > 0).fold(1usize, |a, &n| a.saturating_mul(n));
+    if nonzero > MAX_ELEMENTS {
         return Err(shape_err(op, format!("shape {shape:?} has more than 2^40 elements")));
     }
     Ok(())
@@ -257,7 +265,8 @@ impl Tensor {
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `from_vec` when `data` does not have exactly
     /// as many elements as `shape` (none for a shape with a zero-sized axis), or `shape` has
-    /// more than 2^40 elements.
+    /// more than 2^40 elements or an axis over 2^40 (a zero-sized axis does not excuse the
+    /// others).
     pub fn try_from_vec<E: Element>(data: Vec<E>, shape: &[usize]) -> Result<Tensor> {
         check_size("from_vec", shape)?;
         if data.len() != numel(shape) {
@@ -329,7 +338,7 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has more than 2^40
-    /// elements.
+    /// elements or an axis over 2^40.
     pub fn try_full(shape: &[usize], v: f32) -> Result<Tensor> {
         Tensor::try_full_dtype(shape, v, DType::F32)
     }
@@ -350,7 +359,7 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `full` when `shape` has more than 2^40
-    /// elements.
+    /// elements or an axis over 2^40.
     pub fn try_full_dtype(shape: &[usize], v: impl Scalar, dtype: DType) -> Result<Tensor> {
         check_size("full", shape)?;
         let c = Tensor { uop: UOp::new(Op::Const(v.operand().value.cast(dtype)), dtype, vec![]) };

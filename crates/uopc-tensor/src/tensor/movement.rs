@@ -3,7 +3,7 @@
 use super::{Tensor, check_size, ok};
 use crate::error::{Result, shape_err};
 use crate::util::numel;
-use uopc_ir::{Op, UOp};
+use uopc_ir::{DType, Op, UOp};
 
 impl Tensor {
     /// The same elements viewed with another shape of the same element count.
@@ -19,7 +19,7 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `reshape` when `shape` has another element
-    /// count or more than 2^40 elements.
+    /// count, more than 2^40 elements or an axis over 2^40 (also beside a zero-sized axis).
     pub fn try_reshape(&self, shape: &[usize]) -> Result<Tensor> {
         check_size("reshape", shape)?;
         if numel(shape) != self.numel() {
@@ -62,7 +62,7 @@ impl Tensor {
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `expand` when the ranks differ, an axis that
     /// is not 1 changes size (a size-1 axis may expand to 0, as numpy broadcasts), or `shape`
-    /// has more than 2^40 elements.
+    /// has more than 2^40 elements or an axis over 2^40.
     pub fn try_expand(&self, shape: &[usize]) -> Result<Tensor> {
         let s = self.shape();
         if s.len() != shape.len() || s.iter().zip(shape).any(|(&a, &b)| a != b && a != 1) {
@@ -260,7 +260,8 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `stack` when there are no tensors, their
-    /// shapes differ, or `axis` is out of range for the stacked rank.
+    /// shapes differ, `axis` is out of range for the stacked rank, or the stack would have more
+    /// than 2^40 elements.
     pub fn try_stack(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| shape_err("stack", "needs at least one tensor"))?;
         let shape = first.shape();
@@ -272,7 +273,10 @@ impl Tensor {
         if a < 0 || a >= n {
             return Err(shape_err("stack", format!("axis {axis} is out of range for {} stacked axes", n)));
         }
-        let d = tensors.iter().map(|t| t.dtype()).max().expect("non-empty");
+        let mut stacked_shape = shape.to_vec();
+        stacked_shape.insert(0, tensors.len());
+        check_size("stack", &stacked_shape)?;
+        let d = tensors.iter().map(|t| t.dtype()).fold(first.dtype(), DType::max);
         let src: Vec<UOp> = tensors.iter().map(|t| t.cast(d).uop).collect();
         let stacked = Tensor { uop: UOp::new(Op::Stack, d, src) };
         let mut perm: Vec<usize> = (1..n as usize).collect();
@@ -305,7 +309,8 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `cat` when there are no tensors, `axis` is
-    /// out of range, or the shapes differ outside `axis`.
+    /// out of range, the shapes differ outside `axis`, or the result would have more than 2^40
+    /// elements.
     pub fn try_cat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| shape_err("cat", "needs at least one tensor"))?;
         let a = first.axis("cat", axis)?;
@@ -320,9 +325,13 @@ impl Tensor {
             }
         }
         let mut shape = first.shape().to_vec();
-        shape[a] = tensors.iter().map(|t| t.shape()[a]).sum();
+        shape[a] = tensors
+            .iter()
+            .try_fold(0usize, |n, t| n.checked_add(t.shape()[a]))
+            .ok_or_else(|| shape_err("cat", format!("the sizes along axis {axis} overflow")))?;
+        check_size("cat", &shape)?;
         if crate::util::numel(&shape) == 0 {
-            let d = tensors.iter().map(|t| t.dtype()).max().expect("non-empty");
+            let d = tensors.iter().map(|t| t.dtype()).fold(first.dtype(), DType::max);
             return Ok(Tensor::empty(&shape, d));
         }
         // Parts empty along `axis` contribute nothing (and would make the gcd below 0).

@@ -141,6 +141,21 @@ impl Tensor {
         m.try_lt(&m.lit(f64::INFINITY))?.try_where(&above_neg_inf, &zero)
     }
 
+    /// `v` where the row maximum of `self` over `axis` is below `+inf`, NaN where it is `+inf`
+    /// (or NaN): the probabilities of a row with an infinite logit are undefined, and torch's
+    /// `log_softmax` and `cross_entropy` give NaN for the whole row. The maximum is the node
+    /// [`Tensor::finite_shift`] reads (nodes are interned), so no reduction is added.
+    fn nan_where_max_is_inf(&self, axis: isize, v: &Tensor) -> Result<Tensor> {
+        let m = self.try_max(axis, true)?.detach();
+        m.try_lt(&m.lit(f64::INFINITY))?.try_where(v, &v.lit(f64::NAN))
+    }
+
+    /// The sum over `axis` of a softmax-like row as one loop: the online row kernels recognize
+    /// the max-shifted sums in this form and split long rows into chunks of their own.
+    fn row_sum(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.try_reduce(uopc_ir::ReduceOp::Add, axis, keepdim, "sum")
+    }
+
     /// `log(sum(exp(x)))` over `axis`, computed as `m + log(sum(exp(x - m)))` with `m` the
     /// row maximum, so large values do not overflow (`logsumexp([1000, 1000]) = 1000 + ln 2`);
     /// a row of `-inf` gives `-inf`.
@@ -165,7 +180,7 @@ impl Tensor {
         let lse = || -> Result<Tensor> {
             let x = self.float();
             let m = x.finite_shift(axis)?;
-            let s = x.try_sub(&m)?.exp_exact().try_sum(axis, true)?.ln_exact().try_add(&m)?;
+            let s = x.try_sub(&m)?.exp_exact().row_sum(axis, true)?.ln_exact().try_add(&m)?;
             if keepdim {
                 return Ok(s);
             }
@@ -186,7 +201,8 @@ impl Tensor {
     }
 
     /// `log(softmax(x))` along `axis`, in the max-subtracted form `(x - m) - log(sum(exp(x - m)))`
-    /// (never `log` of an underflowed 0 where the value is representable).
+    /// (never `log` of an underflowed 0 where the value is representable); a row holding
+    /// `+inf` is all NaN, as in torch.
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -208,7 +224,8 @@ impl Tensor {
         let lsm = || -> Result<Tensor> {
             let x = self.float();
             let shifted = x.try_sub(&x.finite_shift(axis)?)?;
-            shifted.try_sub(&shifted.exp_exact().try_sum(axis, true)?.ln_exact())
+            let lsm = shifted.try_sub(&shifted.exp_exact().row_sum(axis, true)?.ln_exact())?;
+            x.nan_where_max_is_inf(axis, &lsm)
         };
         lsm().map_err(|e| e.in_op("log_softmax"))
     }
@@ -228,7 +245,10 @@ impl Tensor {
     /// The targets are a host slice of `N` class indices rather than a tensor, because they
     /// are data the caller has, and checking them here (each below `C`) turns an index out of
     /// range into an error at this call instead of a silently wrong loss. The loss is
-    /// `logsumexp(x_i) - x[i, t_i]` per row, averaged: the target logits are read by a small
+    /// `(m_i - x[i, t_i]) + log(sum_j exp(x[i, j] - m_i))` per row with `m_i` the row maximum,
+    /// averaged: both terms are exact where their difference is small, so large logits lose
+    /// nothing (`logsumexp - x[t]` would round each to the logits' magnitude first), and a row
+    /// with a `+inf` logit gives NaN, as in torch. The target logits are read by a small
     /// kernel of `N` loads, and their gradient is the one-hot of the targets computed where
     /// the gradient kernel reads it (an index compared with the `N` targets, never stored),
     /// so the gradient `(softmax - one_hot) / N` is one elementwise pass.
@@ -270,9 +290,13 @@ impl Tensor {
         let ce = || -> Result<Tensor> {
             let x = self.float();
             let t = Tensor::from_vec(targets.iter().map(|&t| t as i64).collect::<Vec<_>>(), &[n, 1]);
-            // `-log_softmax(x)[i, t_i] = logsumexp(x_i) - x[i, t_i]`: the logits are read once
-            // for the logsumexp, and `n` of them for the picks.
-            let loss = x.try_logsumexp(-1, false)?.try_sub(&x.pick(&t)?)?;
+            // `-log_softmax(x)[i, t_i] = (m_i - x[i, t_i]) + log(sum(exp(x_i - m_i)))`: the
+            // logits are read for the row maximum and the sum, and `n` of them for the picks.
+            let m = x.finite_shift(-1)?;
+            let lse = x.try_sub(&m)?.exp_exact().row_sum(-1, true)?.ln_exact();
+            let loss =
+                x.nan_where_max_is_inf(-1, &m.try_sub(&x.pick(&t)?.try_reshape(&[n, 1])?)?.try_add(&lse)?)?;
+            let loss = loss.try_reshape(&[n])?;
             // Its own kernel, so its rows are the THREAD axis, before the mean over them.
             let staged = Tensor::from_uop(UOp::new(Op::Stage, loss.dtype(), vec![loss.uop().clone()]));
             staged.try_mean(0, false)
@@ -309,7 +333,8 @@ impl Tensor {
 
     /// Layer normalization over the last axis (torch's `layer_norm` with
     /// `normalized_shape = [last]`): `(x - mean) / sqrt(var + eps)` with the population
-    /// variance, then `* weight` and `+ bias` when given (each of shape `[last]`).
+    /// variance, then `* weight` and `+ bias` when given (each of shape `[last]`). A row whose
+    /// variance overflows to infinity is NaN, as in torch.
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -343,7 +368,11 @@ impl Tensor {
             let x = if half { self.cast(DType::F32) } else { self.float() };
             let centered = x.try_sub(&x.try_mean(-1, true)?)?;
             let var = (&centered * &centered).try_mean(-1, true)?;
-            let mut y = centered.try_mul(&var.add_lit(eps).sqrt().recip())?;
+            // An overflowed (or NaN) variance leaves nothing to normalize by: the row is NaN, as
+            // torch's is, rather than the zeros `1 / sqrt(inf) = 0` would make of it.
+            let rstd = var.add_lit(eps).sqrt().recip();
+            let rstd = var.try_lt(&var.lit(f64::INFINITY))?.try_where(&rstd, &var.lit(f64::NAN))?;
+            let mut y = centered.try_mul(&rstd)?;
             let widen = |p: &Tensor| if half { p.cast(DType::F32) } else { p.clone() };
             if let Some(w) = weight {
                 y = y.try_mul(&widen(w))?;

@@ -4,8 +4,43 @@ use super::{LOG2E, Tensor, ok, promote};
 use crate::error::{Result, shape_err};
 use uopc_ir::{DType, Op, ReduceOp, UOp};
 
+/// The longest axis a float sum runs as one loop. Past it a running f32 sum stops being
+/// accurate (2^24 + 1 is 2^24 again, so a sum of ones stalls there), and the sum is taken in
+/// blocks instead, as torch's and numpy's cascaded sums are.
+const SUM_SPLIT: usize = 1 << 16;
+/// The length of each block of a split sum: blocks of ones sum exactly, and so do up to
+/// `SUM_SPLIT` of their partial sums, level after level.
+const SUM_BLOCK: usize = 1 << 12;
+
 impl Tensor {
-    fn try_reduce(&self, op: ReduceOp, axis: isize, keepdim: bool, name: &'static str) -> Result<Tensor> {
+    /// The sum over the last axis, in blocks of [`SUM_BLOCK`] whose partial sums are summed
+    /// the same way, so no single loop sums more than [`SUM_SPLIT`] terms; a remainder that
+    /// fills no block is summed on its own and added.
+    fn blocked_sum_last(&self) -> Result<Tensor> {
+        let Some((&n, lead)) = self.shape().split_last() else {
+            return Err(shape_err("sum", "a 0-d tensor has no axis to sum"));
+        };
+        if n <= SUM_SPLIT {
+            return self.try_reduce(ReduceOp::Add, -1, false, "sum");
+        }
+        let body = n - n % SUM_BLOCK;
+        let blocks: Vec<usize> = lead.iter().copied().chain([body / SUM_BLOCK, SUM_BLOCK]).collect();
+        let head = if body == n { self.clone() } else { self.try_slice(-1, 0, body)? };
+        let partial = head.try_reshape(&blocks)?.try_reduce(ReduceOp::Add, -1, false, "sum")?;
+        let total = partial.blocked_sum_last()?;
+        if body == n {
+            return Ok(total);
+        }
+        total.try_add(&self.try_slice(-1, body, n)?.try_reduce(ReduceOp::Add, -1, false, "sum")?)
+    }
+
+    pub(super) fn try_reduce(
+        &self,
+        op: ReduceOp,
+        axis: isize,
+        keepdim: bool,
+        name: &'static str,
+    ) -> Result<Tensor> {
         let a = self.axis(name, axis)?;
         if op == ReduceOp::Max && self.shape()[a] == 0 {
             return Err(shape_err(
@@ -55,6 +90,10 @@ impl Tensor {
     }
     /// Sum over `axis` (negative counts from the end), keeping it as size 1 if `keepdim`.
     ///
+    /// A float sum over more than 2^16 elements is taken in blocks of 4096 whose partial sums
+    /// are summed in turn, so a long sum is as accurate as a short one (torch and numpy sum in
+    /// blocks too): the ones of any length sum exactly up to f32's rounding of the count.
+    ///
     /// ```rust
     /// use uopc_tensor::Tensor;
     /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
@@ -67,7 +106,28 @@ impl Tensor {
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `sum` when `axis` is out of range.
     pub fn try_sum(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
-        self.try_reduce(ReduceOp::Add, axis, keepdim, "sum")
+        let a = self.axis("sum", axis)?;
+        let d = self.dtype();
+        if self.shape()[a] <= SUM_SPLIT || d.is_int() {
+            return self.try_reduce(ReduceOp::Add, axis, keepdim, "sum");
+        }
+        // As `try_reduce` does: 16-bit floats and bools are summed in f32, along the last axis.
+        let x = if d.is_half() || d == DType::Bool { self.cast(DType::F32) } else { self.clone() };
+        let n = x.ndim();
+        let x = if a + 1 == n {
+            x
+        } else {
+            x.try_permute(&(0..n).filter(|&k| k != a).chain([a]).collect::<Vec<_>>())?
+        };
+        let s = x.blocked_sum_last()?;
+        let s = if keepdim {
+            let mut shape = self.shape().to_vec();
+            shape[a] = 1;
+            s.try_reshape(&shape)?
+        } else {
+            s
+        };
+        Ok(if d.is_half() { s.cast(d) } else { s })
     }
     /// [`Tensor::try_sum`], panicking on an invalid axis.
     ///
@@ -178,7 +238,9 @@ impl Tensor {
             let yt = y.try_transpose(-1, -2)?;
             let ys = lift(&yt, &sy, [1, m, k])?;
             let prod = Tensor { uop: UOp::new(Op::Binary(uopc_ir::BinaryOp::Mul), d, vec![xs.uop, ys.uop]) };
-            let out = prod.try_sum(-1, false)?;
+            // One loop however long `k` is: the GEMM patterns are sums over `k` itself, and a
+            // tile GEMM accumulates `k` in panels of its own.
+            let out = prod.try_reduce(ReduceOp::Add, -1, false, "sum")?;
             let mut shape = with(&[n, m]);
             if b.len() == 1 {
                 shape.pop();
@@ -222,7 +284,9 @@ impl Tensor {
             let x = self.float();
             let m = x.try_max(axis, true)?;
             let e = (x.try_sub(&m)? * LOG2E as f32).exp2();
-            e.try_mul(&e.try_sum(axis, true)?.recip())
+            // One loop per row (not the blocked long sum): the online row kernels recognize
+            // this form and split long rows into chunks of their own.
+            e.try_mul(&e.try_reduce(ReduceOp::Add, axis, true, "sum")?.recip())
         };
         softmax().map_err(|e| e.in_op("softmax"))
     }

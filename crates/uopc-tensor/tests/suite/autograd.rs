@@ -179,12 +179,14 @@ fn detach_stops_gradients() {
 }
 
 #[test]
-fn gradients_of_intermediate_nodes_and_non_scalar_losses() {
+fn gradients_of_intermediate_nodes_and_non_scalar_outputs() {
     let a = rand64(&[3, 2], -1.0, 1.0, 28);
     let x = Tensor::from_array(&a);
     let h = x.exp();
-    let y = &h * &h; // not reduced: the seed is all ones
-    let g = gradient(&y, &[&h, &x]).unwrap();
+    let y = &h * &h;
+    // Not reduced: an implicit gradient is an error, a vjp with ones is the sum's gradient.
+    assert!(gradient(&y, &[&x]).is_err());
+    let g = vjp(&y, &[&h, &x], &Tensor::full_dtype(&[3, 2], 1.0, y.dtype())).unwrap();
     let gh = g[0].to_ndarray::<f64>().unwrap();
     let gx = g[1].to_ndarray::<f64>().unwrap();
     // `exp` scales by log2(e) rounded to f32 (relative error ~3e-8), hence 1e-6

@@ -10,6 +10,7 @@ mod attention;
 mod autograd;
 mod custom;
 mod debug;
+mod edges;
 mod empty;
 mod epilogue;
 mod gather;
