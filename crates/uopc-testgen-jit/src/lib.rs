@@ -147,9 +147,9 @@ pub fn check_case(rng: Rng, profile: Profile, opts: Options) -> Result<Case, Str
 const NOT_WRITTEN: u32 = 0x7fa1_d0e5;
 
 /// Checks the promise behind uninitialized outputs: for every f32 slot the compiled program
-/// says it writes whole ([`Program::writes_whole`]), a run with that slot filled with
-/// [`NOT_WRITTEN`] overwrites every element, whatever the variables (empty loops, variables at
-/// their bounds).
+/// says it writes whole ([`Program::writes_whole`]), a run with that slot filled with a NaN
+/// payload no arithmetic makes overwrites every element, whatever the variables (empty loops,
+/// variables at their bounds).
 pub fn check_whole_writes(prg: &Program, inputs: &[HostBuffer], vars: &[i64]) -> Result<(), String> {
     let whole: Vec<usize> = (0..inputs.len())
         .filter(|&slot| prg.writes_whole(slot) && matches!(inputs[slot], HostBuffer::F32(_)))
