@@ -88,6 +88,11 @@ fn lanes(cols: usize) -> __mmask16 {
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile) {
     let (a, lda, b, ldb) = (t.a, t.lda, t.b, t.ldb);
+    // C's rows are read (or written) only after the k loop: start fetching them now, so a
+    // tile whose C comes from L3 or memory does not stall on it at the end.
+    for i in 0..M {
+        prefetch_row(t.c.wrapping_add(i * t.ldc), t.nr);
+    }
     let mut acc = [[_mm512_setzero_ps(); V]; M];
     // Not unrolled by hand: LLVM then hoists the broadcasts of later steps and spills them.
     for p in 0..t.kc {
