@@ -20,13 +20,13 @@ pub fn fma_chains(isa: Isa, iters: u64) -> Option<f64> {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
             // SAFETY: AVX-512F was detected just above.
-            std::hint::black_box(unsafe { x86::fma512(iters) });
+            std::hint::black_box(unsafe { x86::fma512::<16>(iters) });
             Some(iters as f64 * flops_per_iter(512))
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => {
             // SAFETY: AVX2 and FMA were detected just above.
-            std::hint::black_box(unsafe { x86::fma256(iters) });
+            std::hint::black_box(unsafe { x86::fma256::<12>(iters) });
             Some(iters as f64 * flops_per_iter(256))
         }
         _ => {
@@ -69,7 +69,7 @@ pub fn avx512_bf16_chains(iters: u64) -> Option<f64> {
         return None;
     }
     // SAFETY: AVX-512F and AVX512_BF16 were detected just above.
-    std::hint::black_box(unsafe { x86::dpbf16(iters) });
+    std::hint::black_box(unsafe { x86::dpbf16::<16>(iters) });
     Some(iters as f64 * 16.0 * 64.0)
 }
 
@@ -97,47 +97,59 @@ fn best_gflops(reps: usize, threads: usize, work: impl Fn() -> Option<f64> + Syn
     Some(flops / best / 1e9)
 }
 
+/// The timed chains of independent multiply-adds, shared with the machine model's probes.
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
-    /// `iters` rounds of 16 independent `vdpbf16ps` chains on constant operands (1/64 in every
-    /// bf16, so the sums stay finite); returns a value so nothing folds.
+    /// `iters` rounds of `N` independent `vdpbf16ps` chains; returns a value so nothing folds.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F and AVX512_BF16 are available.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub fn dpbf16(iters: u64) -> f32 {
+    pub unsafe fn dpbf16<const N: usize>(iters: u64) -> f32 {
+        // Opaque operands: constant ones let the compiler fold the whole chain away.
+        // 1/64 in every bf16, so the sums stay finite.
         // SAFETY: `__m512i` and `__m512bh` are both 64 plain bytes.
-        let x: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi16(0x3C80)) };
-        let mut acc = [_mm512_setzero_ps(); 16];
+        let x = std::hint::black_box(unsafe {
+            std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi16(0x3C80))
+        });
+        let mut acc = [_mm512_setzero_ps(); N];
         for _ in 0..iters {
             for a in acc.iter_mut() {
                 *a = _mm512_dpbf16_ps(*a, x, x);
             }
         }
-        let s = acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a));
-        _mm512_reduce_add_ps(s)
+        _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a)))
     }
 
-    /// `iters` rounds of 16 independent 512-bit FMA chains; returns a value so nothing folds.
+    /// `iters` rounds of `N` independent 512-bit FMA chains; returns a value so nothing folds.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F is available.
     #[target_feature(enable = "avx512f")]
-    pub fn fma512(iters: u64) -> f32 {
-        let x = _mm512_set1_ps(0.999_999);
-        let y = _mm512_set1_ps(1e-7);
-        let mut acc = [_mm512_set1_ps(1.0); 16];
+    pub unsafe fn fma512<const N: usize>(iters: u64) -> f32 {
+        let (x, y) = std::hint::black_box((_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7)));
+        let mut acc = [_mm512_set1_ps(1.0); N];
         for _ in 0..iters {
             for a in acc.iter_mut() {
                 *a = _mm512_fmadd_ps(*a, x, y);
             }
         }
-        let s = acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a));
-        _mm512_reduce_add_ps(s)
+        _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a)))
     }
 
-    /// `iters` rounds of 12 independent 256-bit FMA chains (12 of the 16 ymm registers).
+    /// `iters` rounds of `N` independent 256-bit FMA chains (at most 16, the ymm registers).
+    ///
+    /// # Safety
+    ///
+    /// AVX2 and FMA are available.
     #[target_feature(enable = "avx2,fma")]
-    pub fn fma256(iters: u64) -> f32 {
-        let x = _mm256_set1_ps(0.999_999);
-        let y = _mm256_set1_ps(1e-7);
-        let mut acc = [_mm256_set1_ps(1.0); 12];
+    pub unsafe fn fma256<const N: usize>(iters: u64) -> f32 {
+        let (x, y) = std::hint::black_box((_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7)));
+        let mut acc = [_mm256_set1_ps(1.0); N];
         for _ in 0..iters {
             for a in acc.iter_mut() {
                 *a = _mm256_fmadd_ps(*a, x, y);

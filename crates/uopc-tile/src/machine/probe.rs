@@ -36,17 +36,18 @@ pub(super) fn measure(features: &Features) -> Throughput {
     };
     #[cfg(target_arch = "x86_64")]
     {
+        use crate::peak::x86 as chains;
         const ITERS: u64 = 40_000;
         let wide = if features.avx512f {
             Some((
-                x86::fma512::<4> as unsafe fn(u64) -> f32,
-                x86::fma512::<16> as unsafe fn(u64) -> f32,
+                chains::fma512::<4> as unsafe fn(u64) -> f32,
+                chains::fma512::<16> as unsafe fn(u64) -> f32,
                 16.0,
             ))
         } else if features.avx2 && features.fma {
             Some((
-                x86::fma256::<4> as unsafe fn(u64) -> f32,
-                x86::fma256::<12> as unsafe fn(u64) -> f32,
+                chains::fma256::<4> as unsafe fn(u64) -> f32,
+                chains::fma256::<12> as unsafe fn(u64) -> f32,
                 12.0,
             ))
         } else {
@@ -68,7 +69,7 @@ pub(super) fn measure(features: &Features) -> Throughput {
             if features.avx512f && features.avx512bf16 {
                 let t_dot = best_seconds(|| {
                     // SAFETY: AVX-512F and AVX512_BF16 were detected.
-                    std::hint::black_box(unsafe { x86::dpbf16_16(ITERS) });
+                    std::hint::black_box(unsafe { chains::dpbf16::<16>(ITERS) });
                 });
                 // One `vdpbf16ps` does twice the flops of one 512-bit FMA.
                 out.bf16_dot_over_fma = Some(2.0 * t_many / t_dot);
@@ -112,65 +113,6 @@ fn stream_read_gbps() -> f64 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
-
-    /// `iters` rounds of `N` independent 512-bit FMA chains; returns a value so nothing folds.
-    ///
-    /// # Safety
-    ///
-    /// AVX-512F is available.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn fma512<const N: usize>(iters: u64) -> f32 {
-        let (x, y) = std::hint::black_box((_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7)));
-        let mut acc = [_mm512_set1_ps(1.0); N];
-        for _ in 0..iters {
-            for a in acc.iter_mut() {
-                *a = _mm512_fmadd_ps(*a, x, y);
-            }
-        }
-        _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a)))
-    }
-
-    /// `iters` rounds of `N` independent 256-bit FMA chains.
-    ///
-    /// # Safety
-    ///
-    /// AVX2 and FMA are available.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn fma256<const N: usize>(iters: u64) -> f32 {
-        let (x, y) = std::hint::black_box((_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7)));
-        let mut acc = [_mm256_set1_ps(1.0); N];
-        for _ in 0..iters {
-            for a in acc.iter_mut() {
-                *a = _mm256_fmadd_ps(*a, x, y);
-            }
-        }
-        let s = acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a));
-        let mut lanes = [0f32; 8];
-        // SAFETY: `lanes` holds 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
-        lanes.iter().sum()
-    }
-
-    /// `iters` rounds of 16 independent `vdpbf16ps` chains.
-    ///
-    /// # Safety
-    ///
-    /// AVX-512F and AVX512_BF16 are available.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub unsafe fn dpbf16_16(iters: u64) -> f32 {
-        // SAFETY: `__m512i` and `__m512bh` are both 64 plain bytes.
-        // Opaque operands: constant ones let the compiler fold the whole chain away.
-        let x: __m512bh = std::hint::black_box(unsafe {
-            std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi16(0x3C80))
-        });
-        let mut acc = [_mm512_setzero_ps(); 16];
-        for _ in 0..iters {
-            for a in acc.iter_mut() {
-                *a = _mm512_dpbf16_ps(*a, x, x);
-            }
-        }
-        _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a)))
-    }
 
     /// Widens `src` (IEEE half bits) into `dst`, 8 at a time.
     ///
