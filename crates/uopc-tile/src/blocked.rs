@@ -205,7 +205,7 @@ impl Element for half::bf16 {
 /// with the k slabs of a `k`-deep product balanced: `ceil(k / kc)` slabs of equal depth
 /// (rounded up to 8), so a product slightly deeper than `kc` does not end in a sliver.
 fn blocking<K: TileKernel>(k: usize) -> (usize, usize, usize) {
-    let g = crate::machine::GemmBlocking::for_tile(crate::machine::Machine::get(), K::MR, K::NR);
+    let g = crate::machine::GemmBlocking::of_this_machine(K::MR, K::NR);
     let slabs = k.div_ceil(g.kc).max(1);
     let kc = k.div_ceil(slabs).next_multiple_of(8).min(k.max(1));
     (kc, g.mc, g.nc)

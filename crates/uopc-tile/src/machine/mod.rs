@@ -358,6 +358,24 @@ pub struct GemmBlocking {
 }
 
 impl GemmBlocking {
+    /// [`GemmBlocking::for_tile`] on [`Machine::get`], computed once per process for the
+    /// register tiles of the vector ISAs (every blocked GEMM call asks; the division chain of
+    /// the model stays off that path), and on demand for any other tile.
+    pub fn of_this_machine(mr: usize, nr: usize) -> GemmBlocking {
+        static TILES: OnceLock<[GemmBlocking; 2]> = OnceLock::new();
+        let tiles = TILES.get_or_init(|| {
+            [Isa::Avx512, Isa::Avx2Fma].map(|isa| {
+                let (mr, nr) = crate::gemm::register_tile(isa);
+                GemmBlocking::for_tile(Machine::get(), mr, nr)
+            })
+        });
+        tiles
+            .iter()
+            .find(|g| (g.mr, g.nr) == (mr, nr))
+            .copied()
+            .unwrap_or_else(|| GemmBlocking::for_tile(Machine::get(), mr, nr))
+    }
+
     /// The analytical blocking of Low et al. ("Analytical Modeling Is Enough for
     /// High-Performance BLIS", TOMS 2016) for an `mr x nr` f32 register tile on `m`:
     ///

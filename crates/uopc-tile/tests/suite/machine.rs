@@ -2,7 +2,7 @@
 //! crate targets, and that each choice the hardware here can run gives right results.
 
 use half::bf16;
-use uopc_tile::machine::{Choices, IsaCap, Machine, require_or_skip};
+use uopc_tile::machine::{Choices, GemmBlocking, IsaCap, Machine, require_or_skip};
 use uopc_tile::{Bf16Path, GemmShape, Isa, gemm, gemm_bf16};
 
 fn preset(name: &str) -> Machine {
@@ -88,6 +88,11 @@ fn this_machine_is_described_and_its_choices_can_run() {
     assert!(c.f32_isa.available(), "{c:?}");
     assert_eq!(Isa::detect(), c.f32_isa);
     assert!(c.bf16.available(), "{c:?}");
+    // The blocking the GEMM driver reads (cached per register tile) is the model's.
+    for isa in Isa::ALL {
+        let (mr, nr) = uopc_tile::register_tile(isa);
+        assert_eq!(GemmBlocking::of_this_machine(mr, nr), GemmBlocking::for_tile(m, mr, nr), "{isa}");
+    }
     let text = m.to_string();
     for part in ["machine:", "isa:", "caches:", "probes", "choices:"] {
         assert!(text.contains(part), "{text}");
