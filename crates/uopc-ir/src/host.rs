@@ -2,6 +2,7 @@
 
 use crate::dtype::DType;
 use half::{bf16, f16};
+use uopc_tile::memory::zeroed;
 
 /// An owned, typed array of elements on the host.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,13 +27,13 @@ impl HostBuffer {
     /// `len` zero elements of `dtype`.
     pub fn zeros(dtype: DType, len: usize) -> Self {
         match dtype {
-            DType::Bool => HostBuffer::Bool(vec![false; len]),
-            DType::I32 => HostBuffer::I32(vec![0; len]),
-            DType::I64 => HostBuffer::I64(vec![0; len]),
-            DType::F32 => HostBuffer::F32(vec![0.0; len]),
-            DType::F64 => HostBuffer::F64(vec![0.0; len]),
-            DType::BF16 => HostBuffer::BF16(vec![bf16::ZERO; len]),
-            DType::F16 => HostBuffer::F16(vec![f16::ZERO; len]),
+            DType::Bool => HostBuffer::Bool(zeroed(len)),
+            DType::I32 => HostBuffer::I32(zeroed(len)),
+            DType::I64 => HostBuffer::I64(zeroed(len)),
+            DType::F32 => HostBuffer::F32(zeroed(len)),
+            DType::F64 => HostBuffer::F64(zeroed(len)),
+            DType::BF16 => HostBuffer::BF16(zeroed(len)),
+            DType::F16 => HostBuffer::F16(zeroed(len)),
         }
     }
 

@@ -56,6 +56,8 @@ pub use uop::{
     AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UOp,
     UnaryOp, block_extent,
 };
+/// Large buffers asked onto huge pages (the micro-kernels' allocation helpers).
+pub use uopc_tile::memory;
 pub use verify::{verify, verify_simplified, view_base};
 pub use view::{
     AfterView, EndView, GemmView, IndexView, OnlineSources, RangeView, ReduceView, StoreView, WhereView,

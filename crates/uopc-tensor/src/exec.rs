@@ -31,10 +31,7 @@ pub(crate) enum Written {
 impl Written {
     /// `len` fresh f32s.
     pub(crate) fn fresh(len: usize) -> Written {
-        let mut v = Vec::with_capacity(len);
-        // SAFETY: `MaybeUninit` needs no initialization, and the capacity is `len`.
-        unsafe { v.set_len(len) };
-        Written::Fresh(v)
+        Written::Fresh(uopc_ir::memory::uninit_f32(len))
     }
 
     /// The buffer after a successful run of a kernel writing it: fresh memory then holds the

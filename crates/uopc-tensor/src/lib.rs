@@ -32,6 +32,7 @@ pub mod debug;
 mod epilogue;
 mod error;
 mod exec;
+mod gemm_grid;
 mod kernelize;
 pub mod masked;
 mod online;

@@ -3,34 +3,10 @@
 //! `TILE_GEMM` per block of output rows instead of a loop nest, the way a GPU compiler lowers a
 //! score tile to its matrix unit.
 
+use crate::gemm_grid;
 use crate::util::largest_divisor_at_most;
 use crate::view::{movement_chain, reapply, view_offset};
 use uopc_ir::{AxisType, DType, GemmShape, Op, ReduceOp, TileOp, UOp, buffer, range, sink, tile};
-
-/// Output rows per THREAD iteration: every call packs all of B once, so fewer, larger calls
-/// pay less packing, while 256 rows still leave several tasks per thread for a 1024-row GEMM.
-const ROWS_PER_TASK: usize = 256;
-
-/// THREAD iterations per pool thread a GEMM is cut into when its row blocks alone are too few
-/// (a 128-token layer is one row block): enough that uneven finishing times even out.
-const TASKS_PER_THREAD: usize = 4;
-
-/// The narrowest column block a GEMM is cut into: a few micro-kernel panels (32 columns on
-/// AVX-512), so each call still streams its packed B panel through the whole row block.
-const MIN_COLUMNS_PER_TASK: usize = 128;
-
-/// Columns per THREAD iteration for `tasks` row-block tasks of an `n`-column output on
-/// `threads` cores: all of `n`, or the widest divisor of `n` of at least
-/// [`MIN_COLUMNS_PER_TASK`] that makes enough tasks.
-fn columns_per_task(n: usize, tasks: usize, threads: usize) -> usize {
-    let want = threads * TASKS_PER_THREAD;
-    if tasks >= want {
-        return n;
-    }
-    let blocks = want.div_ceil(tasks);
-    let cols = largest_divisor_at_most(n, n / blocks);
-    if cols >= MIN_COLUMNS_PER_TASK { cols } else { n }
-}
 
 /// A view of a `Param` as `base + sum_a idx[a] * strides[a]` over the `[batch.., m, n, k]`
 /// iteration space.
@@ -287,11 +263,12 @@ impl GemmTasks {
         let operands = gemm_operands(body)?;
         let r = operands.shape.len();
         let [m, n] = [operands.shape[r - 3], operands.shape[r - 2]];
-        let mut rows = largest_divisor_at_most(m, ROWS_PER_TASK);
+        let k = operands.shape[r - 1];
         let items: usize = operands.shape[..r - 3].iter().product();
         // The machine's core count, not the calling pool's: a cached plan serves every pool.
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let mut cols = columns_per_task(n, items * (m / rows), cores);
+        let grid = gemm_grid::choose(&gemm_grid::GridModel::DEFAULT, items, m, n, k, cores);
+        let (mut rows, mut cols) = (grid.rows, grid.cols);
         // Narrower column blocks repack a transposed A once more each (it is copied into strips
         // per call), which costs more than the epilogue saves unless the block must fit.
         let limit = limit.filter(|l| l.required || !operands.a_trans);

@@ -73,6 +73,15 @@ pub(crate) trait TileKernel {
     /// readable at every `j * ldb + p` above.
     unsafe fn pack_bt(dst: *mut f32, src: *const f32, ldb: usize, kc: usize, nr: usize);
 
+    /// Packs `mr` rows of A into one k-major strip: `dst[p * MR + i] = src[i * lda + p]` for
+    /// `p < kc`, `i < mr`, and zero for `mr <= i < MR`.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports the kernel's ISA, `dst` is writable for `kc * MR` floats and `src`
+    /// readable at every `i * lda + p` above.
+    unsafe fn pack_a_rows(dst: *mut f32, src: *const f32, lda: usize, kc: usize, mr: usize);
+
     /// [`TileKernel::pack_b`] from f16 storage, each value widened exactly to f32.
     ///
     /// # Safety
@@ -115,6 +124,25 @@ pub(crate) trait Element: Copy {
     ///
     /// As [`TileKernel::pack_bt`], with the features [`Element::widen`] needs.
     unsafe fn pack_bt<K: TileKernel>(dst: *mut f32, src: *const Self, ldb: usize, kc: usize, nr: usize);
+
+    /// One k-major strip of `mr` rows of A, as [`TileKernel::pack_a_rows`] of `K` but leaving
+    /// the lanes past `mr` unwritten; one scalar at a time unless the type has a faster way.
+    ///
+    /// # Safety
+    ///
+    /// As [`TileKernel::pack_a_rows`], with the features [`Element::widen`] needs.
+    unsafe fn pack_a_rows<K: TileKernel>(dst: *mut f32, src: *const Self, lda: usize, kc: usize, mr: usize) {
+        for i in 0..mr {
+            // SAFETY: row `i < mr` of the source has `kc` readable elements; lane `i` of step
+            // `p` is `dst[p * MR + i]`, inside the strip for `p < kc`.
+            unsafe {
+                let row = src.add(i * lda);
+                for p in 0..kc {
+                    Self::widen(dst.add(p * K::MR + i), row.add(p), 1);
+                }
+            }
+        }
+    }
 }
 
 impl Element for f32 {
@@ -135,6 +163,12 @@ impl Element for f32 {
     unsafe fn pack_bt<K: TileKernel>(dst: *mut f32, src: *const f32, ldb: usize, kc: usize, nr: usize) {
         // SAFETY: the caller's contract.
         unsafe { K::pack_bt(dst, src, ldb, kc, nr) }
+    }
+
+    unsafe fn pack_a_rows<K: TileKernel>(dst: *mut f32, src: *const f32, lda: usize, kc: usize, mr: usize) {
+        // SAFETY: the caller's contract; the kernel's version also zeroes the lanes past `mr`,
+        // which lie inside the strip.
+        unsafe { K::pack_a_rows(dst, src, lda, kc, mr) }
     }
 }
 
@@ -422,8 +456,8 @@ unsafe fn pack_a_trans<K: TileKernel, E: Element>(
 
 /// Packs an A block stored `mc x kc` (rows `lda` apart) into strips of `MR` rows, k-major:
 /// strip `s` holds `dst[s * MR * kc + p * MR + i] = src[(s * MR + i) * lda + p]`, the layout
-/// [`pack_a_trans`] writes. Lanes past `mc` in the last strip are not written (the kernel never
-/// reads them). Other element types than f32 are widened on the way.
+/// [`pack_a_trans`] writes. Lanes past `mc` in the last strip are zeroed or left unwritten (the
+/// kernel never reads them). Other element types than f32 are widened on the way.
 ///
 /// # Safety
 ///
@@ -438,17 +472,9 @@ unsafe fn pack_a_rows<K: TileKernel, E: Element>(
 ) {
     for s0 in (0..mc).step_by(K::MR) {
         let w = K::MR.min(mc - s0);
-        let strip = dst.wrapping_add(s0 * kc);
-        for i in 0..w {
-            // SAFETY: row `s0 + i < mc` of the source has `kc` readable elements; the strip's
-            // lane `i` of step `p` is `strip[p * MR + i]`, inside `dst` for `p < kc`.
-            unsafe {
-                let row = src.add((s0 + i) * lda);
-                for p in 0..kc {
-                    E::widen(strip.add(p * K::MR + i), row.add(p), 1);
-                }
-            }
-        }
+        // SAFETY: strip `s0 / MR` is `dst[s0 * kc .. (s0 + MR) * kc]`, inside `dst` (`mc` rounded
+        // up to MR), and its source rows `s0 .. s0 + w < mc` have `kc` readable elements.
+        unsafe { E::pack_a_rows::<K>(dst.add(s0 * kc), src.add(s0 * lda), lda, kc, w) };
     }
 }
 

@@ -58,6 +58,7 @@ mod gemm;
 mod isa;
 pub mod machine;
 mod max_sum_exp;
+pub mod memory;
 mod pack;
 mod panels;
 #[cfg(target_arch = "x86_64")]

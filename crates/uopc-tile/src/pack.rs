@@ -28,7 +28,8 @@ pub(crate) fn with_buffer<R>(floats: usize, mut f: impl FnMut(*mut f32) -> R) ->
     let got = PACK.try_with(|cell| {
         cell.try_borrow_mut().ok().map(|mut buf| {
             if buf.len() < lines {
-                buf.resize(lines, Line([0.0; 16]));
+                // The old contents are not needed; a fresh buffer can still ask for huge pages.
+                *buf = crate::memory::filled(lines, Line([0.0; 16]));
             }
             let r = f(buf.as_mut_ptr().cast::<f32>());
             if buf.len() > KEPT_MAX_LINES {
@@ -41,7 +42,7 @@ pub(crate) fn with_buffer<R>(floats: usize, mut f: impl FnMut(*mut f32) -> R) ->
     match got {
         Ok(Some(r)) => r,
         _ => {
-            let mut buf = vec![Line([0.0; 16]); lines];
+            let mut buf = crate::memory::filled(lines, Line([0.0; 16]));
             f(buf.as_mut_ptr().cast::<f32>())
         }
     }

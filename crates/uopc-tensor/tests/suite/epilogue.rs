@@ -187,21 +187,25 @@ fn bf16_matmul_rounds_in_the_gemm_kernel() {
     let want = matmul64(&wide(&x), &wide(&w));
     // Products of bf16 values are exact in f32; the f32 sum is within k * 2^-24 * sum |terms|
     // and the one rounding to bf16 within 2^-8 relative: 2^-8 * (1 + |want|) bounds both.
-    let check = |y: &Tensor| {
+    let check = |y: &Tensor, want: &ArrayD<f64>| {
         for (g, w) in y.to_ndarray::<bf16>().unwrap().iter().zip(want.iter()) {
             let g = f64::from(g.to_f32());
             assert!((g - w).abs() <= (1.0 + w.abs()) / 256.0, "{g} vs {w}");
         }
     };
-    check(&y);
-    // A stored transposed: its scratch blocks would be narrower than the plain GEMM's, each
-    // repacking A once more, so the cost model keeps the rounding a kernel of its own.
+    check(&y, &want);
+    // A stored transposed and 4096 columns: the plain GEMM's blocks (one per core up to 16
+    // cores) outgrow the scratch block, and narrower ones would each repack A once more, so
+    // the cost model keeps the rounding a kernel of its own.
+    let wide_cols = 4096;
+    let w = to_bf16(uniform(&[k, wide_cols], -1.0, 1.0, 12));
+    let want = matmul64(&wide(&x), &wide(&w));
     let xt = x.t().as_standard_layout().to_owned().into_dyn();
     let y = Tensor::from_array(&xt).t().matmul(&Tensor::from_array(&w));
     let plan = plan_of(&y);
-    assert_eq!(gemms(&plan), [(format!("r_{n}_{m}"), false)], "{plan}");
+    assert_eq!(gemms(&plan), [(format!("r_{n}_{wide_cols}"), false)], "{plan}");
     assert_eq!(plan.kernels.len(), 2, "{plan}");
-    check(&y);
+    check(&y, &want);
 }
 
 #[test]

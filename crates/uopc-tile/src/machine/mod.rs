@@ -379,8 +379,12 @@ impl GemmBlocking {
     /// The analytical blocking of Low et al. ("Analytical Modeling Is Enough for
     /// High-Performance BLIS", TOMS 2016) for an `mr x nr` f32 register tile on `m`:
     ///
-    /// - `kc`: one `kc x nr` B micro-panel plus two `mr x kc` A micro-panels (the one in use
-    ///   and the next) fill L1 but one way, which C's rows and the stack keep;
+    /// - `kc`: two `mr x kc` A micro-panels (the one in use and the next) fill L1 but one way,
+    ///   which C's rows and the stack keep. The `kc x nr` B micro-panel streams from L2, as in
+    ///   BLIS's "L2" kernels: a k step reads `nr + mr` floats in the `mr * nr / (lanes *
+    ///   ports)` cycles of its FMAs (15 bytes a cycle for the 12 x 32 AVX-512 and 6 x 16 AVX2
+    ///   tiles), well within what L2 feeds L1, so L1 need not hold it, and the deeper slab
+    ///   halves the passes over C, whose loads a tile otherwise waits on;
     /// - `mc`: the `mc x kc` A block takes half of L2, the rest holds B micro-panels passing
     ///   through and C;
     /// - `nc`: the `kc x nc` B block takes half of this core's share of L3.
@@ -390,7 +394,7 @@ impl GemmBlocking {
         let (l1, l2, l3) = (level(1), level(2), level(3));
         let f = std::mem::size_of::<f32>();
         let l1_usable = l1.size_bytes * (l1.ways.max(2) - 1) / l1.ways.max(2);
-        let kc = (l1_usable / ((nr + 2 * mr) * f)).clamp(64, 512) / 8 * 8;
+        let kc = (l1_usable / (2 * mr * f)).clamp(64, 512) / 8 * 8;
         let mc = (l2.size_bytes / 2 / (kc * f)).clamp(mr, 1024) / mr * mr;
         let l3_share = l3.size_bytes / l3.shared_by_threads.clamp(1, m.cores.max(1) * 4).max(1);
         let nc = (l3_share / 2 / (kc * f)).clamp(nr, 8192) / nr * nr;

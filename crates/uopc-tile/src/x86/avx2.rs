@@ -28,6 +28,12 @@ impl TileKernel for Kernel {
         unsafe { super::pack_bt::<16>(dst, src, ldb, kc, nr) }
     }
 
+    unsafe fn pack_a_rows(dst: *mut f32, src: *const f32, lda: usize, kc: usize, mr: usize) {
+        // SAFETY: forwarded from the trait contract (AVX2 implies AVX); the strip is
+        // `pack_bt`'s panel of width MR.
+        unsafe { super::pack_bt::<6>(dst, src, lda, kc, mr) }
+    }
+
     unsafe fn pack_b_f16(dst: *mut f32, src: *const half::f16, ldb: usize, kc: usize, nr: usize) {
         // SAFETY: forwarded from the trait contract (F16C included).
         unsafe { super::pack_b_f16::<16>(dst, src, ldb, kc, nr) }

@@ -33,6 +33,12 @@ impl TileKernel for Kernel {
         unsafe { super::pack_bt::<32>(dst, src, ldb, kc, nr) }
     }
 
+    unsafe fn pack_a_rows(dst: *mut f32, src: *const f32, lda: usize, kc: usize, mr: usize) {
+        // SAFETY: forwarded from the trait contract (AVX-512 implies AVX); the strip is
+        // `pack_bt`'s panel of width MR.
+        unsafe { super::pack_bt::<12>(dst, src, lda, kc, mr) }
+    }
+
     unsafe fn pack_b_f16(dst: *mut f32, src: *const half::f16, ldb: usize, kc: usize, nr: usize) {
         // SAFETY: forwarded from the trait contract (F16C included).
         unsafe { super::pack_b_f16::<32>(dst, src, ldb, kc, nr) }
@@ -109,6 +115,22 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
                 *r = _mm512_fmadd_ps(av, bx, *r);
             }
         }
+    }
+    // A full tile's C rows take plain loads and stores: masked ones cost more on some cores
+    // (on AMD a masked load waits behind the masked store before it), and the epilogue of a
+    // tile whose C comes from far away is where a GEMM's time goes after the FMAs.
+    if t.nr == 16 * V {
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &r) in row.iter().enumerate() {
+                // SAFETY: row `i < mr` of C, columns `16 v .. 16 v + 16 <= nr`.
+                unsafe {
+                    let dst = t.c.add(i * t.ldc + 16 * v);
+                    let r = if t.accumulate { _mm512_add_ps(r, _mm512_loadu_ps(dst)) } else { r };
+                    _mm512_storeu_ps(dst, r);
+                }
+            }
+        }
+        return;
     }
     let masks = [lanes(t.nr), lanes(t.nr.saturating_sub(16))];
     for (i, row) in acc.iter().enumerate() {

@@ -1,0 +1,155 @@
+//! How a GEMM kernel is cut into THREAD tasks: the grid of row and column blocks.
+//!
+//! Each task is one call of the tile GEMM on its block, and every call packs its own operands:
+//! the `k x cols` slab of B and the `rows x k` block of A. Cutting the rows into many blocks
+//! therefore packs B many times over, and cutting the columns packs A many times over. The
+//! grid is the one with the least estimated time per thread: the compute of the tasks a
+//! thread runs (padded to whole register tiles) plus their packing, over whole rounds of
+//! tasks so that no thread idles at the end.
+
+/// The cost model's constants, named so the rule reads as data.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GridModel {
+    /// Rows and columns of the micro-kernel's register tile: a block is padded up to them.
+    pub tile_rows: usize,
+    pub tile_cols: usize,
+    /// Flops one core computes in the time it packs one float (copy plus its share of the
+    /// cache misses of reading the operand): the micro-kernels run near 200 GFLOP/s per core
+    /// and packing streams about 4 G floats/s.
+    pub flops_per_packed_float: usize,
+    /// Flops' worth of fixed cost per task: the call, its dispatch and its first cache misses.
+    pub flops_per_task: usize,
+    /// The narrowest column block besides all of `n`: narrower calls spend their time packing.
+    pub min_cols: usize,
+    /// Flops' worth of waking the pool's other threads, paid once by a cut into several tasks.
+    pub flops_to_start_threads: usize,
+}
+
+impl GridModel {
+    /// The model for the f32 register tiles of the vector ISAs.
+    pub(crate) const DEFAULT: GridModel = GridModel {
+        tile_rows: 12,
+        tile_cols: 32,
+        flops_per_packed_float: 48,
+        flops_per_task: 400_000,
+        min_cols: 128,
+        flops_to_start_threads: 2_000_000,
+    };
+}
+
+/// A cut of `items` independent `m x n` products of depth `k` into tasks of `rows x cols`
+/// blocks (each a divisor of its dimension), chosen for `threads` cores by [`GridModel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Grid {
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Grid {
+    /// Tasks of the grid for `items` products of `m x n`.
+    pub(crate) fn tasks(&self, items: usize, m: usize, n: usize) -> usize {
+        items * (m / self.rows) * (n / self.cols)
+    }
+}
+
+/// The divisors of `n`, ascending.
+fn divisors(n: usize) -> Vec<usize> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
+}
+
+/// The grid with the least estimated time per thread (see the module docs); ties go to fewer,
+/// larger tasks.
+pub(crate) fn choose(model: &GridModel, items: usize, m: usize, n: usize, k: usize, threads: usize) -> Grid {
+    let threads = threads.max(1);
+    let k = k.max(1) as u128;
+    let cols: Vec<usize> = divisors(n).into_iter().filter(|&c| c == n || c >= model.min_cols).collect();
+    let mut best: Option<(u128, Grid)> = None;
+    for &rows in divisors(m).iter().rev() {
+        for &c in cols.iter().rev() {
+            let grid = Grid { rows, cols: c };
+            let tasks = grid.tasks(items, m, n);
+            let rounds = tasks.div_ceil(threads) as u128;
+            let (pr, pc) = (rows.next_multiple_of(model.tile_rows), c.next_multiple_of(model.tile_cols));
+            let compute = 2 * (pr * pc) as u128 * k;
+            let packing = (model.flops_per_packed_float as u128) * k * (rows + c) as u128;
+            let start = if tasks > 1 { model.flops_to_start_threads as u128 } else { 0 };
+            let cost = rounds * (compute + packing + model.flops_per_task as u128) + start;
+            if best.is_none_or(|(b, _)| cost < b) {
+                best = Some((cost, grid));
+            }
+        }
+    }
+    best.map_or(Grid { rows: m.max(1), cols: n.max(1) }, |(_, g)| g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: GridModel = GridModel::DEFAULT;
+
+    #[test]
+    fn divisors_are_complete_and_sorted() {
+        assert_eq!(divisors(12), vec![1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(16), vec![1, 2, 4, 8, 16]);
+        assert_eq!(divisors(1), vec![1]);
+        assert_eq!(divisors(97), vec![1, 97]);
+    }
+
+    #[test]
+    fn a_large_square_product_gets_one_task_per_thread() {
+        let g = choose(&M, 1, 2048, 2048, 2048, 2);
+        assert_eq!(g.tasks(1, 2048, 2048), 2);
+        let g = choose(&M, 1, 4096, 4096, 4096, 16);
+        assert_eq!(g.tasks(1, 4096, 4096), 16);
+    }
+
+    #[test]
+    fn wide_products_cut_columns_and_tall_ones_rows() {
+        // Few rows, many columns: packing A again per column block is cheap.
+        let g = choose(&M, 1, 128, 3072, 768, 2);
+        assert_eq!((g.rows, g.tasks(1, 128, 3072)), (128, 2));
+        // Many rows, few columns: the rows are cut.
+        let g = choose(&M, 1, 4096, 128, 768, 2);
+        assert_eq!(g.cols, 128);
+        assert!(g.tasks(1, 4096, 128) >= 2);
+    }
+
+    #[test]
+    fn batched_products_stay_whole() {
+        let g = choose(&M, 16, 256, 256, 64, 2);
+        assert_eq!(g, Grid { rows: 256, cols: 256 });
+    }
+
+    #[test]
+    fn uneven_rounds_are_avoided() {
+        // Three row blocks on two threads leave one idle for a round: four or two are better.
+        let g = choose(&M, 1, 1536, 1024, 1024, 2);
+        assert_eq!(g.tasks(1, 1536, 1024) % 2, 0);
+    }
+
+    #[test]
+    fn a_prime_row_count_is_cut_by_columns() {
+        let g = choose(&M, 1, 997, 1024, 1024, 2);
+        assert_eq!(g.rows, 997);
+        assert_eq!(g.tasks(1, 997, 1024), 2);
+    }
+
+    #[test]
+    fn tiny_products_are_one_task() {
+        assert_eq!(choose(&M, 1, 8, 8, 8, 2), Grid { rows: 8, cols: 8 });
+    }
+}
