@@ -53,16 +53,28 @@ pub(super) struct Entries<T> {
     map: HashMap<Key, (Arc<T>, u64)>,
     clock: u64,
     generation: usize,
+    /// The counter [`clear_caches`] bumps ([`GENERATION`]; a test's own one in unit tests,
+    /// which other tests of the process clearing the caches must not disturb).
+    generations: &'static AtomicUsize,
 }
 
 impl<T> Entries<T> {
     fn new() -> Entries<T> {
-        Entries { map: HashMap::new(), clock: 0, generation: GENERATION.load(Ordering::Relaxed) }
+        Self::with_generations(&GENERATION)
+    }
+
+    fn with_generations(generations: &'static AtomicUsize) -> Entries<T> {
+        Entries {
+            map: HashMap::new(),
+            clock: 0,
+            generation: generations.load(Ordering::Relaxed),
+            generations,
+        }
     }
 
     /// Drops everything if [`clear_caches`] ran since the last use.
     fn sync_generation(&mut self) {
-        let now = GENERATION.load(Ordering::Relaxed);
+        let now = self.generations.load(Ordering::Relaxed);
         if self.generation != now {
             self.map.clear();
             self.generation = now;
@@ -172,7 +184,8 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_configuration_goes_first() {
-        let mut e: Entries<usize> = Entries::new();
+        static NEVER_CLEARED: AtomicUsize = AtomicUsize::new(0);
+        let mut e: Entries<usize> = Entries::with_generations(&NEVER_CLEARED);
         for n in 1..=3 {
             e.insert(key(n), Arc::new(n), 3);
         }

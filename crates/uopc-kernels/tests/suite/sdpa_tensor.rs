@@ -301,3 +301,42 @@ fn one_head_gradients_with_a_bias() {
         assert!(max_err(got.as_slice().unwrap(), w) < 1e-5);
     }
 }
+
+#[test]
+fn huge_query_entries_give_the_reference_rows() {
+    // Scores near 1e12 and beyond: every row's softmax is (almost) one-hot on its largest
+    // score, and the running max must absorb the spread without inf - inf.
+    let (b, h, n_q, n_k, d) = (1, 2, 5, 70, 16);
+    for magnitude in [1e6f32, 1e12, 1e15, 1e18] {
+        let qv: Vec<f32> = values(b * h * n_q * d, 5).iter().map(|x| x * magnitude).collect();
+        let (kv, vv) = (values(b * h * n_k * d, 6), values(b * h * n_k * d, 7));
+        let q = Tensor::from_vec(qv.clone(), &[b, h, n_q, d]);
+        let k = Tensor::from_vec(kv.clone(), &[b, h, n_k, d]);
+        let v = Tensor::from_vec(vv.clone(), &[b, h, n_k, d]);
+        let out = scaled_dot_product_attention(&q, &k, &v, None, false, None).unwrap();
+        let want = reference_f64(&SdpaConfig::new(b, h, n_q, n_k, d), &qv, &kv, &vv, Extras::default());
+        let got = out.to_ndarray::<f32>().unwrap();
+        let err = max_err(got.as_slice().unwrap(), &want);
+        assert!(err < 1e-4, "magnitude {magnitude}: max error {err}");
+    }
+}
+
+#[test]
+fn huge_scores_through_the_derived_online_softmax_give_the_reference_rows() {
+    // The same attention written as tensor operations, which the compiler turns into an online
+    // softmax of its own.
+    let (n_q, n_k, d) = (7, 300, 16);
+    for magnitude in [1e12f32, 1e18] {
+        let qv: Vec<f32> = values(n_q * d, 8).iter().map(|x| x * magnitude).collect();
+        let (kv, vv) = (values(n_k * d, 9), values(n_k * d, 10));
+        let q = Tensor::from_vec(qv.clone(), &[n_q, d]);
+        let k = Tensor::from_vec(kv.clone(), &[n_k, d]);
+        let v = Tensor::from_vec(vv.clone(), &[n_k, d]);
+        let scale = Tensor::full(&[], 0.25);
+        let out = (q.matmul(&k.t()) * &scale).softmax(1).matmul(&v);
+        let want = reference_f64(&SdpaConfig::new(1, 1, n_q, n_k, d), &qv, &kv, &vv, Extras::default());
+        let got = out.to_ndarray::<f32>().unwrap();
+        let err = max_err(got.as_slice().unwrap(), &want);
+        assert!(err < 1e-4, "magnitude {magnitude}: max error {err}");
+    }
+}

@@ -270,12 +270,15 @@ pub(crate) unsafe fn softmax_update(
             let mv = _mm256_set1_ps(m_new);
             let mut sum = _mm256_setzero_ps();
             for j in (0..cfull).step_by(8) {
-                let e = exp2_nonpositive(_mm256_fmsub_ps(_mm256_loadu_ps(srow.add(j)), sv, mv));
+                let e = exp2_nonpositive(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(srow.add(j)), sv), mv));
                 _mm256_storeu_ps(srow.add(j), e);
                 sum = _mm256_add_ps(sum, e);
             }
             if has_ctail {
-                let e = exp2_nonpositive(_mm256_fmsub_ps(_mm256_maskload_ps(srow.add(cfull), ctail), sv, mv));
+                let e = exp2_nonpositive(_mm256_sub_ps(
+                    _mm256_mul_ps(_mm256_maskload_ps(srow.add(cfull), ctail), sv),
+                    mv,
+                ));
                 _mm256_maskstore_ps(srow.add(cfull), ctail, e);
                 sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(ctail)));
             }
@@ -599,14 +602,14 @@ pub(crate) unsafe fn softmax_update_rounded(
             let mv = _mm256_set1_ps(m_new);
             let mut sum = _mm256_setzero_ps();
             for j in (0..cfull).step_by(8) {
-                let e = exp2_nonpositive(_mm256_fmsub_ps(_mm256_loadu_ps(srow.add(j)), sv, mv));
+                let e = exp2_nonpositive(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(srow.add(j)), sv), mv));
                 let (bits, wide) = round_lanes(e, is_f16);
                 write(r, j, 8, bits, wide);
                 sum = _mm256_add_ps(sum, wide);
             }
             if has_ctail {
                 let x = _mm256_maskload_ps(srow.add(cfull), ctail);
-                let e = exp2_nonpositive(_mm256_fmsub_ps(x, sv, mv));
+                let e = exp2_nonpositive(_mm256_sub_ps(_mm256_mul_ps(x, sv), mv));
                 let (bits, wide) = round_lanes(e, is_f16);
                 write(r, cfull, cols % 8, bits, wide);
                 sum = _mm256_add_ps(sum, _mm256_and_ps(wide, _mm256_castsi256_ps(ctail)));

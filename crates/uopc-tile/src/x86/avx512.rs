@@ -212,13 +212,17 @@ pub(crate) unsafe fn softmax_update(
             let alpha = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
             let mv = _mm512_set1_ps(m_new);
             let mut sum = _mm512_setzero_ps();
+            // Rounded product minus the max, not a fused multiply-subtract: the max is a rounded
+            // product, so the fused form leaves the max's own rounding error (up to half an ulp
+            // of the score, 3e4 at 1e12) in its exponent and turns its 1 into 0 or inf.
             for j in (0..cfull).step_by(16) {
-                let e = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(srow.add(j)), sv, mv));
+                let e = exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
                 _mm512_storeu_ps(srow.add(j), e);
                 sum = _mm512_add_ps(sum, e);
             }
             if ctail != 0 {
-                let e = exp2(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv, mv));
+                let e =
+                    exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv), mv));
                 _mm512_mask_storeu_ps(srow.add(cfull), ctail, e);
                 sum = _mm512_mask_add_ps(sum, ctail, sum, e);
             }
@@ -334,13 +338,14 @@ pub(crate) unsafe fn softmax_update_rounded(
             let mv = _mm512_set1_ps(m_new);
             let mut sum = _mm512_setzero_ps();
             for j in (0..cfull).step_by(16) {
-                let e = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(srow.add(j)), sv, mv));
+                let e = exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
                 let (h, back) = round(e);
                 store(r, j, h, back, 16);
                 sum = _mm512_add_ps(sum, back);
             }
             if ntail != 0 {
-                let e = exp2(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv, mv));
+                let e =
+                    exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv), mv));
                 let (h, back) = round(e);
                 store(r, cfull, h, back, ntail);
                 sum = _mm512_mask_add_ps(sum, ctail, sum, back);

@@ -251,6 +251,27 @@ fn fully_masked_rows_stay_finite() {
 }
 
 #[test]
+fn the_largest_of_huge_scaled_scores_gets_probability_one() {
+    // Scores near 1e12 and 1e18 under a scale that rounds their products: the row's largest
+    // score must give exactly exp2(0) = 1 (a fused multiply-subtract left the max's rounding
+    // error, thousands, in the exponent), and the others, far below it, 0.
+    for isa in common::isas() {
+        for magnitude in [1e12f32, 1e18] {
+            let cols = 37;
+            let sh = SoftmaxShape::dense(1, cols, 0);
+            let mut s: Vec<f32> = (0..cols).map(|j| magnitude * (1.0 + (j as f32 * 0.37).sin())).collect();
+            let top = (0..cols).max_by(|&a, &b| s[a].total_cmp(&s[b])).unwrap();
+            let (mut row_max, mut row_sum, mut o) = (vec![NEG_INF], vec![0.0], vec![]);
+            let scale = std::f32::consts::LOG2_E / 8.0;
+            softmax_update_scaled(isa, &sh, scale, &mut s, &mut row_max, &mut row_sum, &mut o).unwrap();
+            assert_eq!(s[top], 1.0, "{isa} at {magnitude}");
+            assert_eq!(row_sum, [1.0], "{isa} at {magnitude}");
+            assert!(s.iter().enumerate().all(|(j, &p)| j == top || p == 0.0), "{isa} at {magnitude}");
+        }
+    }
+}
+
+#[test]
 fn a_nan_score_makes_only_its_row_nan() {
     // Rows of 37 columns (two full 16-lane vectors, a tail); the NaN sits in row 1, in the
     // vector part for one case and in the tail for the other. Row 0 must stay exact.
