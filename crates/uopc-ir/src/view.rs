@@ -366,6 +366,7 @@ mod tests {
             b_trans: false,
             accumulate: false,
             b_panel_width: 0,
+            parallel: false,
         };
         let gemm = tile(TileOp::Gemm(shape), &[ia.clone(), ib.clone(), ic.clone()]);
         let g = gemm.as_gemm().expect("a GEMM");

@@ -225,6 +225,7 @@ impl TileKernel {
             b_trans: true,
             accumulate: false,
             b_panel_width: 0,
+            parallel: false,
         });
         let q_first = (q_row + r0 as i64) * d;
         let mut g1 = tile(scores, &[q.index(q_first), k.index(first * d), si.after(prev).index(0)]);
@@ -261,6 +262,7 @@ impl TileKernel {
             b_trans: false,
             accumulate: true,
             b_panel_width: 0,
+            parallel: false,
         });
         tile(
             pv,

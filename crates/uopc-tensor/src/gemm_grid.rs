@@ -39,10 +39,13 @@ impl GridModel {
 
 /// A cut of `items` independent `m x n` products of depth `k` into tasks of `rows x cols`
 /// blocks (each a divisor of its dimension), chosen for `threads` cores by [`GridModel`].
+/// With `split_in_call`, the one task's GEMM call cuts itself over the pool instead, in blocks
+/// of whole register tiles with a ragged last one (`uopc_tile::GemmShape::parallel`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Grid {
     pub rows: usize,
     pub cols: usize,
+    pub split_in_call: bool,
 }
 
 impl Grid {
@@ -71,28 +74,75 @@ fn divisors(n: usize) -> Vec<usize> {
 }
 
 /// The grid with the least estimated time per thread (see the module docs); ties go to fewer,
-/// larger tasks.
-pub(crate) fn choose(model: &GridModel, items: usize, m: usize, n: usize, k: usize, threads: usize) -> Grid {
-    let threads = threads.max(1);
+/// larger tasks. With `may_split_in_call`, one task whose call cuts itself in ragged blocks is
+/// a candidate too (a single product, `items == 1`, whose sizes may have no divisor that
+/// spreads it evenly).
+pub(crate) fn choose(
+    model: &GridModel,
+    items: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+    may_split_in_call: bool,
+) -> Grid {
+    let grid = choose_exact(model, items, m, n, k, threads);
+    if !may_split_in_call || items != 1 || threads <= 1 {
+        return grid;
+    }
+    let exact = cost(model, grid, items, m, n, k, threads);
+    // The call cuts rows when every thread gets a register tile of them, else columns.
+    let (tr, tc) = (model.tile_rows, model.tile_cols);
+    let (rows, cols) = if m >= threads * tr {
+        (m.div_ceil(threads).next_multiple_of(tr), n)
+    } else if n >= threads * tc {
+        (m, n.div_ceil(threads).next_multiple_of(tc))
+    } else {
+        return grid;
+    };
     let k = k.max(1) as u128;
+    let compute = 2 * (rows.next_multiple_of(tr) * cols.next_multiple_of(tc)) as u128 * k;
+    let packing = (model.flops_per_packed_float as u128) * k * (rows + cols) as u128;
+    let split = compute + packing + (model.flops_per_task + model.flops_to_start_threads) as u128;
+    if split * SPLIT_MARGIN_PERCENT < exact * 100 {
+        Grid { rows: m, cols: n, split_in_call: true }
+    } else {
+        grid
+    }
+}
+
+/// A split inside the call must beat the exact grid by this much (in percent of its cost) to
+/// be taken: the exact grid's tasks balance themselves across a busy pool, the call's blocks
+/// are fixed.
+const SPLIT_MARGIN_PERCENT: u128 = 105;
+
+/// The estimated time per thread of `grid` (see the module docs), in flops.
+fn cost(model: &GridModel, grid: Grid, items: usize, m: usize, n: usize, k: usize, threads: usize) -> u128 {
+    let Grid { rows, cols: c, .. } = grid;
+    let k = k.max(1) as u128;
+    let tasks = grid.tasks(items, m, n);
+    let rounds = tasks.div_ceil(threads.max(1)) as u128;
+    let (pr, pc) = (rows.next_multiple_of(model.tile_rows), c.next_multiple_of(model.tile_cols));
+    let compute = 2 * (pr * pc) as u128 * k;
+    let packing = (model.flops_per_packed_float as u128) * k * (rows + c) as u128;
+    let start = if tasks > 1 { model.flops_to_start_threads as u128 } else { 0 };
+    rounds * (compute + packing + model.flops_per_task as u128) + start
+}
+
+/// The best grid of exact divisors.
+fn choose_exact(model: &GridModel, items: usize, m: usize, n: usize, k: usize, threads: usize) -> Grid {
     let cols: Vec<usize> = divisors(n).into_iter().filter(|&c| c == n || c >= model.min_cols).collect();
     let mut best: Option<(u128, Grid)> = None;
     for &rows in divisors(m).iter().rev() {
         for &c in cols.iter().rev() {
-            let grid = Grid { rows, cols: c };
-            let tasks = grid.tasks(items, m, n);
-            let rounds = tasks.div_ceil(threads) as u128;
-            let (pr, pc) = (rows.next_multiple_of(model.tile_rows), c.next_multiple_of(model.tile_cols));
-            let compute = 2 * (pr * pc) as u128 * k;
-            let packing = (model.flops_per_packed_float as u128) * k * (rows + c) as u128;
-            let start = if tasks > 1 { model.flops_to_start_threads as u128 } else { 0 };
-            let cost = rounds * (compute + packing + model.flops_per_task as u128) + start;
+            let grid = Grid { rows, cols: c, split_in_call: false };
+            let cost = cost(model, grid, items, m, n, k, threads);
             if best.is_none_or(|(b, _)| cost < b) {
                 best = Some((cost, grid));
             }
         }
     }
-    best.map_or(Grid { rows: m.max(1), cols: n.max(1) }, |(_, g)| g)
+    best.map_or(Grid { rows: m.max(1), cols: n.max(1), split_in_call: false }, |(_, g)| g)
 }
 
 #[cfg(test)]
@@ -111,45 +161,58 @@ mod tests {
 
     #[test]
     fn a_large_square_product_gets_one_task_per_thread() {
-        let g = choose(&M, 1, 2048, 2048, 2048, 2);
+        let g = choose(&M, 1, 2048, 2048, 2048, 2, false);
         assert_eq!(g.tasks(1, 2048, 2048), 2);
-        let g = choose(&M, 1, 4096, 4096, 4096, 16);
+        let g = choose(&M, 1, 4096, 4096, 4096, 16, false);
         assert_eq!(g.tasks(1, 4096, 4096), 16);
     }
 
     #[test]
     fn wide_products_cut_columns_and_tall_ones_rows() {
         // Few rows, many columns: packing A again per column block is cheap.
-        let g = choose(&M, 1, 128, 3072, 768, 2);
+        let g = choose(&M, 1, 128, 3072, 768, 2, false);
         assert_eq!((g.rows, g.tasks(1, 128, 3072)), (128, 2));
         // Many rows, few columns: the rows are cut.
-        let g = choose(&M, 1, 4096, 128, 768, 2);
+        let g = choose(&M, 1, 4096, 128, 768, 2, false);
         assert_eq!(g.cols, 128);
         assert!(g.tasks(1, 4096, 128) >= 2);
     }
 
     #[test]
     fn batched_products_stay_whole() {
-        let g = choose(&M, 16, 256, 256, 64, 2);
-        assert_eq!(g, Grid { rows: 256, cols: 256 });
+        let g = choose(&M, 16, 256, 256, 64, 2, false);
+        assert_eq!(g, Grid { rows: 256, cols: 256, split_in_call: false });
     }
 
     #[test]
     fn uneven_rounds_are_avoided() {
         // Three row blocks on two threads leave one idle for a round: four or two are better.
-        let g = choose(&M, 1, 1536, 1024, 1024, 2);
+        let g = choose(&M, 1, 1536, 1024, 1024, 2, false);
         assert_eq!(g.tasks(1, 1536, 1024) % 2, 0);
     }
 
     #[test]
     fn a_prime_row_count_is_cut_by_columns() {
-        let g = choose(&M, 1, 997, 1024, 1024, 2);
+        let g = choose(&M, 1, 997, 1024, 1024, 2, false);
         assert_eq!(g.rows, 997);
         assert_eq!(g.tasks(1, 997, 1024), 2);
     }
 
     #[test]
+    fn sizes_without_an_even_divisor_split_inside_the_call() {
+        // 1023 = 3 * 11 * 31: three exact blocks keep one of two threads idle a third of the
+        // time; the call's own ragged halves do not.
+        let g = choose(&M, 1, 1023, 1023, 1023, 2, true);
+        assert!(g.split_in_call && g.rows == 1023 && g.cols == 1023, "{g:?}");
+        // Even sizes keep their exact grid, and so does anything when splitting is not allowed.
+        assert!(!choose(&M, 1, 2048, 2048, 2048, 2, true).split_in_call);
+        assert!(!choose(&M, 1, 1023, 1023, 1023, 2, false).split_in_call);
+        // Batched products never split inside a call.
+        assert!(!choose(&M, 3, 1023, 1023, 1023, 2, true).split_in_call);
+    }
+
+    #[test]
     fn tiny_products_are_one_task() {
-        assert_eq!(choose(&M, 1, 8, 8, 8, 2), Grid { rows: 8, cols: 8 });
+        assert_eq!(choose(&M, 1, 8, 8, 8, 2, false), Grid { rows: 8, cols: 8, split_in_call: false });
     }
 }

@@ -276,6 +276,7 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
             b_trans: a.k.trans,
             accumulate: false,
             b_panel_width: 0,
+            parallel: false,
         });
         let g1 = tile(
             scores,
@@ -326,6 +327,7 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
             b_trans: a.v.trans,
             accumulate: true,
             b_panel_width: 0,
+            parallel: false,
         });
         Some(tile(
             pv,

@@ -248,6 +248,8 @@ pub(crate) struct GemmTasks {
     /// GEMM kernel are made in the same order as always and its code is unchanged).
     a_start: UOp,
     b_start: UOp,
+    /// The one task's GEMM call cuts itself over the pool ([`GemmShape::parallel`]).
+    split_in_call: bool,
 }
 
 impl GemmTasks {
@@ -267,7 +269,10 @@ impl GemmTasks {
         let items: usize = operands.shape[..r - 3].iter().product();
         // The machine's core count, not the calling pool's: a cached plan serves every pool.
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let grid = gemm_grid::choose(&gemm_grid::GridModel::DEFAULT, items, m, n, k, cores);
+        // Only the f32 GEMM cuts itself, and only a block without a size limit can be whole.
+        let f32_operands = operands.a.dtype == DType::F32 && operands.b.dtype == DType::F32;
+        let may_split = limit.is_none() && f32_operands;
+        let grid = gemm_grid::choose(&gemm_grid::GridModel::DEFAULT, items, m, n, k, cores, may_split);
         let (mut rows, mut cols) = (grid.rows, grid.cols);
         // Narrower column blocks repack a transposed A once more each (it is copied into strips
         // per call), which costs more than the epilogue saves unless the block must fit.
@@ -295,6 +300,7 @@ impl GemmTasks {
             task,
             a_start: uopc_ir::idx(0),
             b_start: uopc_ir::idx(0),
+            split_in_call: grid.split_in_call,
         };
         (tasks.a_start, tasks.b_start) = tasks.operand_starts();
         Some(tasks)
@@ -362,6 +368,7 @@ impl GemmTasks {
             b_trans: *b_trans,
             accumulate: false,
             b_panel_width: 0,
+            parallel: self.split_in_call,
         });
         let abuf = buffer(a.slot, a.dtype, a.len);
         let bbuf = buffer(b.slot, b.dtype, b.len);

@@ -48,6 +48,7 @@ impl GemmShape {
             b_trans,
             accumulate,
             b_panel_width: 0,
+            parallel: false,
         })
     }
     fn a_cols(&self) -> usize {
@@ -386,6 +387,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         b_trans: true,
         accumulate: false,
         b_panel_width: 0,
+        parallel: false,
     });
     let g1 = tile(scores, &[q.index(&t * (br * d)), k.index(&kb * (bc * d)), si.after(&prev).index(0)]);
     let mut state = prev.to_vec();
@@ -411,6 +413,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         b_trans: false,
         accumulate: true,
         b_panel_width: 0,
+        parallel: false,
     });
     let g2 = tile(pv, &[si.after(&[sm.clone()]).index(0), v.index(&kb * (bc * d)), oi.after(&[sm]).index(0)]);
     let done = [g2.end(&[kb])];

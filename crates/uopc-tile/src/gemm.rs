@@ -40,6 +40,13 @@ pub struct GemmShape {
     /// 0: B is stored as `b_trans` says. `w > 0`: B is stored in panels of `w` columns, `ldb`
     /// apart (see above).
     pub b_panel_width: usize,
+    /// `true`: the f32 GEMM may cut C into blocks of whole register tiles (by rows, or by
+    /// columns when there are too few rows) and run them as tasks on the calling thread's rayon
+    /// pool. For a product whose size has no divisor that cuts it evenly over the cores, which
+    /// a caller splitting by exact blocks could not use. Each block sums in the serial call's
+    /// order unless it has so few rows that it takes the few-row kernels, which round
+    /// differently. The 16-bit GEMMs and a B in panels ignore it.
+    pub parallel: bool,
 }
 
 impl GemmShape {
@@ -56,6 +63,7 @@ impl GemmShape {
             ldc: n,
             accumulate,
             b_panel_width: 0,
+            parallel: false,
         }
     }
 
@@ -184,6 +192,11 @@ pub fn register_tile(isa: Isa) -> (usize, usize) {
 ///   `!s.accumulate`); all are aligned for `f32` (null is fine for an extent of 0).
 /// * The C region does not overlap A or B, and nothing else accesses it during the call.
 pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    if s.parallel && s.b_panel_width == 0 {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { crate::split::gemm_split(isa, s, a, b, c) };
+        return;
+    }
     if s.b_panel_width != 0 {
         // SAFETY: forwarded from this function's contract.
         unsafe { gemm_panels(isa, s, a, b, c) };
@@ -255,6 +268,8 @@ pub const GEMM_A_TRANS: i64 = 1;
 pub const GEMM_B_TRANS: i64 = 2;
 /// Flag bit: accumulate into C instead of overwriting it.
 pub const GEMM_ACCUMULATE: i64 = 4;
+/// Flag bit: the call may split itself over the caller's rayon pool ([`GemmShape::parallel`]).
+pub const GEMM_PARALLEL: i64 = 8;
 /// The lowest bit of [`GemmDesc::flags`]' panel-width field: `flags >> GEMM_PANEL_SHIFT` is
 /// [`GemmShape::b_panel_width`] (0 for a B stored by rows or columns).
 pub const GEMM_PANEL_SHIFT: u32 = 8;
@@ -287,7 +302,7 @@ impl GemmDesc {
     /// unknown bits.
     pub fn shape(&self) -> Option<GemmShape> {
         let panel_bits = (GEMM_MAX_PANEL_WIDTH as i64) << GEMM_PANEL_SHIFT;
-        if self.flags & !(GEMM_A_TRANS | GEMM_B_TRANS | GEMM_ACCUMULATE | panel_bits) != 0 {
+        if self.flags & !(GEMM_A_TRANS | GEMM_B_TRANS | GEMM_ACCUMULATE | GEMM_PARALLEL | panel_bits) != 0 {
             return None;
         }
         let u = |x: i64| usize::try_from(x).ok();
@@ -302,6 +317,7 @@ impl GemmDesc {
             ldc: u(self.ldc)?,
             accumulate: self.flags & GEMM_ACCUMULATE != 0,
             b_panel_width: ((self.flags & panel_bits) >> GEMM_PANEL_SHIFT) as usize,
+            parallel: self.flags & GEMM_PARALLEL != 0,
         })
     }
 }
@@ -322,6 +338,7 @@ impl From<&GemmShape> for GemmDesc {
             flags: (if s.a_trans { GEMM_A_TRANS } else { 0 })
                 | (if s.b_trans { GEMM_B_TRANS } else { 0 })
                 | (if s.accumulate { GEMM_ACCUMULATE } else { 0 })
+                | (if s.parallel { GEMM_PARALLEL } else { 0 })
                 | if s.b_panel_width <= GEMM_MAX_PANEL_WIDTH {
                     (s.b_panel_width as i64) << GEMM_PANEL_SHIFT
                 } else {
@@ -430,7 +447,7 @@ pub(crate) unsafe fn zero_c(s: &GemmShape, c: *mut f32) {
 ///
 /// The contract of [`gemm_unchecked`].
 unsafe fn portable(s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
-    let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate, b_panel_width } = *s;
+    let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, accumulate, b_panel_width, .. } = *s;
     if m == 0 || n == 0 {
         return;
     }

@@ -66,6 +66,7 @@ pub mod peak;
 mod softmax;
 mod softmax_grad;
 mod softmax_rounded;
+mod split;
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -82,8 +83,8 @@ pub use f16_gemm::{
     uopc_tile_gemm_f16_desc, uopc_tile_gemm_f32_f16,
 };
 pub use gemm::{
-    GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT, GemmDesc, GemmShape,
-    gemm, gemm_unchecked, register_tile, uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
+    GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT, GEMM_PARALLEL,
+    GemmDesc, GemmShape, gemm, gemm_unchecked, register_tile, uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
 };
 pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
 pub use max_sum_exp::{max_sum_exp, max_sum_exp_unchecked, uopc_tile_max_sum_exp_f32};

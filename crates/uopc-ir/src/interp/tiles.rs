@@ -41,6 +41,7 @@ impl Machine<'_> {
                 b_trans,
                 accumulate,
                 b_panel_width,
+                ..
             }) => {
                 for i in 0..m {
                     for j in 0..n {

@@ -261,6 +261,7 @@ fn new_ranges_and_allocs_do_not_reuse_ids_or_slots() {
             b_trans: false,
             accumulate: false,
             b_panel_width: 0,
+            parallel: false,
         }),
         &[a.index(0), b.index(0), scratch.index(0)],
     );
@@ -318,6 +319,7 @@ fn loads_of_the_written_view_elsewhere_still_come_first() {
             b_trans: false,
             accumulate: true,
             b_panel_width: 0,
+            parallel: false,
         }),
         &[a.index(0), b.index(0), c.index(0)],
     );

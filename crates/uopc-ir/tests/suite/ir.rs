@@ -306,6 +306,7 @@ fn gemm_op(m: usize, n: usize, k: usize, accumulate: bool) -> TileOp {
         b_trans: false,
         accumulate,
         b_panel_width: 0,
+        parallel: false,
     })
 }
 
@@ -330,6 +331,7 @@ fn tile_ops_are_checked_like_stores() {
         b_trans: false,
         accumulate: false,
         b_panel_width: 0,
+        parallel: false,
     });
     let short = tile(bad, &[a.index(0), b.index(0), c.index(0)]);
     assert_eq!(verify(&sink(&[short])).unwrap_err().kind, IrErrorKind::Structure);
@@ -392,6 +394,7 @@ fn tile_ops_run_in_the_interpreter() {
         b_trans: true,
         accumulate: false,
         b_panel_width: 0,
+        parallel: false,
     });
     let p = sink(&[tile(op, &[a.index(0), b.index(0), c.index(0)])]);
     let av: Vec<f32> = (0..6).map(|x| x as f32).collect();

@@ -140,3 +140,29 @@ fn a_weight_gradient_is_one_tile_gemm_writing_its_own_layout() {
     let xt = x.view().reversed_axes().as_standard_layout().to_owned().into_dyn();
     assert_close(&dw.to_ndarray::<f32>().unwrap(), &reference(&xt, &r), 1e-4);
 }
+
+#[test]
+fn a_product_whose_rows_have_no_even_divisor_splits_inside_its_gemm_call() {
+    // 255 = 3 * 5 * 17 rows and 129 = 3 * 43 columns: exact blocks would leave a core idle on
+    // two cores, so the one task's GEMM call cuts itself into ragged blocks over the pool.
+    let (a, b) = (normal(&[255, 300], 11), normal(&[300, 129], 12));
+    let c = Tensor::from_array(&a).matmul(&Tensor::from_array(&b));
+    let plan = make_plan(&[c.uop().clone()], &RealizeOptions::default()).unwrap();
+    assert_eq!(plan.kernels.len(), 1, "{:?}", plan.kernel_names());
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let split = uopc_ir::UOp::toposort(std::slice::from_ref(&plan.kernels[0].program))
+        .iter()
+        .any(|u| matches!(u.op(), uopc_ir::Op::Tile(uopc_ir::TileOp::Gemm(s)) if s.parallel));
+    if cores == 2 {
+        assert!(split, "a split GEMM call on 2 cores");
+    } else {
+        println!("{cores} cores: the cut is the grid's own choice here (split: {split})");
+    }
+    // Fresh tensors, so each pool realizes the product itself.
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let got = pool
+            .install(|| Tensor::from_array(&a).matmul(&Tensor::from_array(&b)).to_ndarray::<f32>().unwrap());
+        assert_close(&got, &reference(&a, &b), 1e-4);
+    }
+}

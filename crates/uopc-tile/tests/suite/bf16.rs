@@ -321,7 +321,7 @@ fn extern_entry_computes_and_refuses_bad_descriptors() {
     unsafe {
         let (a, b, c) = (case.a.as_ptr(), case.b.as_ptr(), got.as_mut_ptr());
         assert_eq!(uopc_tile_gemm_bf16(a, b, c, -1, 41, 43, 43, 43, 41, 0), -1, "negative m");
-        assert_eq!(uopc_tile_gemm_bf16(a, b, c, 37, 41, 43, 43, 43, 41, 8), -1, "unknown flag");
+        assert_eq!(uopc_tile_gemm_bf16(a, b, c, 37, 41, 43, 43, 43, 41, 16), -1, "unknown flag");
         assert_eq!(uopc_tile_gemm_bf16(a, b, c, 37, 41, 43, 42, 43, 41, 0), -1, "lda < k");
         assert_eq!(uopc_tile_gemm_bf16(std::ptr::null(), b, c, 37, 41, 43, 43, 43, 41, 0), -1, "null a");
         assert_eq!(uopc_tile_gemm_bf16_desc(std::ptr::null(), a, b, c), -1, "null descriptor");

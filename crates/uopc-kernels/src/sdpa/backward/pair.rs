@@ -28,6 +28,7 @@ impl BackwardKernel {
                 b_trans: false,
                 accumulate,
                 b_panel_width: 0,
+                parallel: false,
             })
         };
         // The score and dP GEMMs' B: the task's K^T or V^T tile, in panels when the copy wrote

@@ -50,6 +50,7 @@ impl SdpaKernel {
             b_trans: true,
             accumulate: false,
             b_panel_width: 0,
+            parallel: false,
         };
         let mut pv = GemmShape {
             m: rows,
@@ -62,6 +63,7 @@ impl SdpaKernel {
             b_trans: false,
             accumulate: true,
             b_panel_width: 0,
+            parallel: false,
         };
         let kv_at = &task.kv_base + first * ksn;
         let (keys, values) = match (&self.panels, &task.panel_base) {
