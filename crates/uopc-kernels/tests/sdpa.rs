@@ -598,7 +598,7 @@ fn wide_key_blocks_only_for_tall_unmasked_tasks() {
 
 /// An f32 task of one query head reads its queries in q (no `rows x D` query copy beside the
 /// output tile), so the stack holds taller tiles: at D = 256, 128 rows where the copy allowed
-/// 64. Stacked heads and 16-bit dtypes keep their query tile.
+/// 64. Stacked heads and bf16 keep their query tile.
 #[test]
 fn one_head_f32_tasks_read_queries_in_place_and_take_taller_tiles() {
     let c = config(1, 8, 8, 1024, 1024, 256);
@@ -616,8 +616,12 @@ fn one_head_f32_tasks_read_queries_in_place_and_take_taller_tiles() {
     let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == 4 * 128).count();
     assert_eq!(row_tiles, 2, "the query tile and the output tile:\n{}", sdpa.program().loop_ir());
 
+    // f16 reads its queries in place too (the score GEMM widens them); bf16 keeps its tile.
     let half = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..c };
-    assert!(!Blocking::choose(&half, 2).reads_queries_in_place(&half));
+    let b = Blocking::choose(&half, 2);
+    assert!(b.reads_queries_in_place(&half) && b.queries == 128, "{b:?}");
+    let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..c };
+    assert!(!Blocking::choose(&bf16, 2).reads_queries_in_place(&bf16));
 }
 
 /// Queries read in place leave the scale to the softmax step, or to the mask loop where one

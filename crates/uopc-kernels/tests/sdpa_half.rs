@@ -321,8 +321,9 @@ fn f16_probabilities_are_rounded_to_f16_over_the_f32_scores() {
         text.contains("local acc0: f32[") && !text.contains("local acc5"),
         "no P tile beside the scores: {text}"
     );
-    // The query rows are widened and the output rows rounded by block conversions.
-    assert_eq!(text.matches("tile_convert").count(), 2, "{text}");
+    // The query rows are read in place (the score GEMM widens them as it packs them); the
+    // output rows are rounded by a block conversion.
+    assert_eq!(text.matches("tile_convert").count(), 1, "{text}");
 }
 
 #[test]

@@ -82,6 +82,13 @@ pub(crate) trait TileKernel {
     /// readable at every `i * lda + p` above.
     unsafe fn pack_a_rows(dst: *mut f32, src: *const f32, lda: usize, kc: usize, mr: usize);
 
+    /// [`TileKernel::pack_a_rows`] from f16 storage, each value widened exactly to f32.
+    ///
+    /// # Safety
+    ///
+    /// As [`TileKernel::pack_a_rows`], and F16C is available.
+    unsafe fn pack_a_rows_f16(dst: *mut f32, src: *const f16, lda: usize, kc: usize, mr: usize);
+
     /// [`TileKernel::pack_b`] from f16 storage, each value widened exactly to f32.
     ///
     /// # Safety
@@ -188,6 +195,12 @@ impl Element for f16 {
     unsafe fn pack_bt<K: TileKernel>(dst: *mut f32, src: *const f16, ldb: usize, kc: usize, nr: usize) {
         // SAFETY: the caller's contract.
         unsafe { K::pack_bt_f16(dst, src, ldb, kc, nr) }
+    }
+
+    unsafe fn pack_a_rows<K: TileKernel>(dst: *mut f32, src: *const f16, lda: usize, kc: usize, mr: usize) {
+        // SAFETY: the caller's contract (F16C included); the kernel's version also zeroes the
+        // lanes past `mr`, which lie inside the strip.
+        unsafe { K::pack_a_rows_f16(dst, src, lda, kc, mr) }
     }
 }
 

@@ -300,11 +300,12 @@ impl Blocking {
     }
 }
 
-/// Whether tasks of `heads_per_task` query heads read their queries in place: f32 (a 16-bit
-/// query tile is the f32 or bf16 operand its GEMMs take, so it stays a copy) with one head
-/// (stacked heads' rows are not evenly strided in q).
+/// Whether tasks of `heads_per_task` query heads read their queries in place: f32, or f16
+/// (whose score GEMM widens the query rows as it packs them), with one head (stacked heads'
+/// rows are not evenly strided in q). A bf16 query tile is the bf16 operand its GEMM takes,
+/// so it stays a copy.
 fn queries_in_place(config: &SdpaConfig, heads_per_task: usize) -> bool {
-    config.dtype == SdpaDType::F32 && heads_per_task == 1
+    matches!(config.dtype, SdpaDType::F32 | SdpaDType::F16) && heads_per_task == 1
 }
 
 /// Stack bytes one task row takes with blocks of `keys` keys: the query row when there is a

@@ -39,6 +39,12 @@ impl TileKernel for Kernel {
         unsafe { super::pack_bt::<12>(dst, src, lda, kc, mr) }
     }
 
+    unsafe fn pack_a_rows_f16(dst: *mut f32, src: *const half::f16, lda: usize, kc: usize, mr: usize) {
+        // SAFETY: forwarded from the trait contract (F16C included); the strip is
+        // `pack_bt_f16`'s panel of width MR.
+        unsafe { super::pack_bt_f16::<12>(dst, src, lda, kc, mr) }
+    }
+
     unsafe fn pack_b_f16(dst: *mut f32, src: *const half::f16, ldb: usize, kc: usize, nr: usize) {
         // SAFETY: forwarded from the trait contract (F16C included).
         unsafe { super::pack_b_f16::<32>(dst, src, ldb, kc, nr) }

@@ -215,7 +215,23 @@ pub(crate) unsafe fn pack_bt_f16<const NR: usize>(
                 }
             }
         }
-        for j in j8..nr {
+        // A group of four rows (the last third of a 12-row A strip) in 4 x 4 blocks.
+        let j4 = if nr - j8 >= 4 { j8 + 4 } else { j8 };
+        if j4 > j8 {
+            let p4 = kc - kc % 4;
+            for p0 in (0..p4).step_by(4) {
+                let rows: [__m128; 4] = std::array::from_fn(|i| {
+                    _mm_cvtph_ps(_mm_loadl_epi64(src.add((j8 + i) * ldb + p0).cast()))
+                });
+                transpose4x4_rows(rows, dst.add(p0 * NR + j8), NR);
+            }
+            for p in p4..kc {
+                for j in j8..j4 {
+                    *dst.add(p * NR + j) = at(*src.add(j * ldb + p));
+                }
+            }
+        }
+        for j in j4..nr {
             for p in 0..kc {
                 *dst.add(p * NR + j) = at(*src.add(j * ldb + p));
             }
@@ -275,9 +291,20 @@ unsafe fn transpose8x8_f16(src: *const f16, lds: usize, dst: *mut f32, ldd: usiz
 #[inline]
 unsafe fn transpose4x4(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
     // SAFETY: the loads read rows `0..4`, columns `0..4` of `src`; the stores write the same of
-    // `dst`.
+    // `dst` (`transpose4x4_rows`).
+    unsafe { transpose4x4_rows(std::array::from_fn(|i| _mm_loadu_ps(src.add(i * lds))), dst, ldd) }
+}
+
+/// Stores the 4 x 4 block whose rows are `r` transposed at `dst` (row stride `ldd`).
+///
+/// # Safety
+///
+/// AVX is available; `dst` writable as 4 rows of 4 floats.
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn transpose4x4_rows(r: [__m128; 4], dst: *mut f32, ldd: usize) {
+    // SAFETY: the stores write rows `0..4`, columns `0..4` of `dst`.
     unsafe {
-        let r: [__m128; 4] = std::array::from_fn(|i| _mm_loadu_ps(src.add(i * lds)));
         // (r0[0] r1[0] r0[1] r1[1]), (r0[2] r1[2] r0[3] r1[3]), and the same of rows 2 and 3.
         let (a, b) = (_mm_unpacklo_ps(r[0], r[1]), _mm_unpackhi_ps(r[0], r[1]));
         let (c, d) = (_mm_unpacklo_ps(r[2], r[3]), _mm_unpackhi_ps(r[2], r[3]));
