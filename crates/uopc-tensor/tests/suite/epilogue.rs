@@ -48,9 +48,9 @@ fn tasks(k: &Kernel) -> usize {
     prepared.thread.and_then(|t| t.extent).unwrap_or(1)
 }
 
-// Sizes: 96 rows (not a multiple of the 256-row task block), k = 80, 144 columns; each output
-// is an 80-term f32 dot product of values in [-1, 1), rounding error ~ 80 * 2^-24 * |terms|,
-// far below the 1e-5 (relative to 1 + |want|) asserted.
+// Sizes: 96 rows, k = 80, 144 columns; each output is an 80-term f32 dot product of values in
+// [-1, 1), rounding error ~ 80 * 2^-24 * |terms|, far below the 1e-5 (relative to 1 + |want|)
+// asserted.
 const N: usize = 96;
 const K: usize = 80;
 const M: usize = 144;

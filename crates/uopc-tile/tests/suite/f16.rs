@@ -102,8 +102,9 @@ fn check(c: &Case, got: &[f32], what: &str) {
 }
 
 /// Random shapes with tails in m, n and k (around the register tiles, and the blocked driver's
-/// 256-deep k slabs, 256-row blocks of A and 512-column blocks of B, all widened while packed), both transposes, accumulation on and off, padded leading
-/// dimensions, and few-row products (the AVX-512 streamed paths).
+/// k slabs and row blocks of A of a few hundred, from the machine model, all widened while
+/// packed), both transposes, accumulation on and off, padded leading dimensions, and few-row
+/// products (the AVX-512 streamed paths).
 fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
     let dim = |rng: &mut StdRng| match rng.random_range(0..4) {
         0 => rng.random_range(1..9),
@@ -121,9 +122,9 @@ fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
         // Past the 512-column blocks B is packed in, with and without a k tail.
         GemmShape::dense(9, 1100, 300, true, true, true),
         GemmShape::dense(20, 1030, 40, false, false, false),
-        // Past the 256-row blocks A is packed in, in both of its orientations.
-        GemmShape::dense(300, 40, 100, true, false, false),
-        GemmShape::dense(270, 70, 50, false, true, true),
+        // Past the row blocks A is packed in (a few hundred rows), in both orientations.
+        GemmShape::dense(700, 40, 100, true, false, false),
+        GemmShape::dense(650, 70, 50, false, true, true),
     ];
     for _ in 0..count {
         let k = if rng.random_range(0..5) == 0 { rng.random_range(250..600) } else { dim(rng) };
