@@ -173,17 +173,19 @@ impl Printer {
                                 b_trans,
                                 accumulate,
                                 b_panel_width,
+                                parallel,
                                 ..
                             }) => {
                                 format!(
-                                    "tile_gemm {m}x{n}x{k}{}{}{}{}",
+                                    "tile_gemm {m}x{n}x{k}{}{}{}{}{}",
                                     if *a_trans { " A^T" } else { "" },
                                     if *b_trans { " B^T" } else { "" },
                                     match b_panel_width {
                                         0 => String::new(),
                                         w => format!(" B in panels of {w}"),
                                     },
-                                    if *accumulate { " +=" } else { "" }
+                                    if *accumulate { " +=" } else { "" },
+                                    if *parallel { " (split over the pool)" } else { "" }
                                 )
                             }
                             TileOp::SoftmaxUpdate { rows, cols, d, scale, .. } => {

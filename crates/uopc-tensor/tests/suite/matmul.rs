@@ -155,6 +155,9 @@ fn a_product_whose_rows_have_no_even_divisor_splits_inside_its_gemm_call() {
         .any(|u| matches!(u.op(), uopc_ir::Op::Tile(uopc_ir::TileOp::Gemm(s)) if s.parallel));
     if cores == 2 {
         assert!(split, "a split GEMM call on 2 cores");
+        // The printed loop IR says so.
+        let text = uopc_ir::print_program(&plan.kernels[0].program).unwrap();
+        assert!(text.contains("tile_gemm 255x129x300 (split over the pool)"), "{text}");
     } else {
         println!("{cores} cores: the cut is the grid's own choice here (split: {split})");
     }
