@@ -13,9 +13,8 @@ pub(crate) struct GridModel {
     /// Rows and columns of the micro-kernel's register tile: a block is padded up to them.
     pub tile_rows: usize,
     pub tile_cols: usize,
-    /// Flops one core computes in the time it packs one float (copy plus its share of the
-    /// cache misses of reading the operand): the micro-kernels run near 200 GFLOP/s per core
-    /// and packing streams about 4 G floats/s.
+    /// Flops one core computes in the time it packs one float (the copy plus its share of the
+    /// cache misses of reading the operand): the micro-kernel's rate over the packing rate.
     pub flops_per_packed_float: usize,
     /// Flops' worth of fixed cost per task: the call, its dispatch and its first cache misses.
     pub flops_per_task: usize,
