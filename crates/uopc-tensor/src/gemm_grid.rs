@@ -85,24 +85,16 @@ pub(crate) fn choose(
     threads: usize,
     may_split_in_call: bool,
 ) -> Grid {
-    let grid = choose_exact(model, items, m, n, k, threads);
-    if !may_split_in_call || items != 1 || threads <= 1 {
+    let (exact, grid) = choose_exact(model, items, m, n, k, threads);
+    if !may_split_in_call || items != 1 {
         return grid;
     }
-    let exact = cost(model, grid, items, m, n, k, threads);
-    // The call cuts rows when every thread gets a register tile of them, else columns.
-    let (tr, tc) = (model.tile_rows, model.tile_cols);
-    let (rows, cols) = if m >= threads * tr {
-        (m.div_ceil(threads).next_multiple_of(tr), n)
-    } else if n >= threads * tc {
-        (m, n.div_ceil(threads).next_multiple_of(tc))
-    } else {
+    // The call's own cut, priced as one round of its blocks.
+    let Some((rows, cols)) = uopc_tile::parallel_block(m, n, k, threads, (model.tile_rows, model.tile_cols))
+    else {
         return grid;
     };
-    let k = k.max(1) as u128;
-    let compute = 2 * (rows.next_multiple_of(tr) * cols.next_multiple_of(tc)) as u128 * k;
-    let packing = (model.flops_per_packed_float as u128) * k * (rows + cols) as u128;
-    let split = compute + packing + (model.flops_per_task + model.flops_to_start_threads) as u128;
+    let split = task_cost(model, rows, cols, k) + model.flops_to_start_threads as u128;
     if split * SPLIT_MARGIN_PERCENT < exact * 100 {
         Grid { rows: m, cols: n, split_in_call: true }
     } else {
@@ -115,21 +107,34 @@ pub(crate) fn choose(
 /// are fixed.
 const SPLIT_MARGIN_PERCENT: u128 = 105;
 
-/// The estimated time per thread of `grid` (see the module docs), in flops.
-fn cost(model: &GridModel, grid: Grid, items: usize, m: usize, n: usize, k: usize, threads: usize) -> u128 {
-    let Grid { rows, cols: c, .. } = grid;
+/// The estimated time of one task computing a `rows x cols` block of depth `k`, in flops:
+/// its compute padded to whole register tiles, its packing and its fixed cost.
+fn task_cost(model: &GridModel, rows: usize, cols: usize, k: usize) -> u128 {
     let k = k.max(1) as u128;
-    let tasks = grid.tasks(items, m, n);
-    let rounds = tasks.div_ceil(threads.max(1)) as u128;
-    let (pr, pc) = (rows.next_multiple_of(model.tile_rows), c.next_multiple_of(model.tile_cols));
+    let (pr, pc) = (rows.next_multiple_of(model.tile_rows), cols.next_multiple_of(model.tile_cols));
     let compute = 2 * (pr * pc) as u128 * k;
-    let packing = (model.flops_per_packed_float as u128) * k * (rows + c) as u128;
-    let start = if tasks > 1 { model.flops_to_start_threads as u128 } else { 0 };
-    rounds * (compute + packing + model.flops_per_task as u128) + start
+    let packing = (model.flops_per_packed_float as u128) * k * (rows + cols) as u128;
+    compute + packing + model.flops_per_task as u128
 }
 
-/// The best grid of exact divisors.
-fn choose_exact(model: &GridModel, items: usize, m: usize, n: usize, k: usize, threads: usize) -> Grid {
+/// The estimated time per thread of `grid` (see the module docs), in flops: whole rounds of
+/// its tasks, plus waking the pool when there are several.
+fn cost(model: &GridModel, grid: Grid, items: usize, m: usize, n: usize, k: usize, threads: usize) -> u128 {
+    let tasks = grid.tasks(items, m, n);
+    let rounds = tasks.div_ceil(threads.max(1)) as u128;
+    let start = if tasks > 1 { model.flops_to_start_threads as u128 } else { 0 };
+    rounds * task_cost(model, grid.rows, grid.cols, k) + start
+}
+
+/// The best grid of exact divisors, with its cost.
+fn choose_exact(
+    model: &GridModel,
+    items: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+) -> (u128, Grid) {
     let cols: Vec<usize> = divisors(n).into_iter().filter(|&c| c == n || c >= model.min_cols).collect();
     let mut best: Option<(u128, Grid)> = None;
     for &rows in divisors(m).iter().rev() {
@@ -141,7 +146,8 @@ fn choose_exact(model: &GridModel, items: usize, m: usize, n: usize, k: usize, t
             }
         }
     }
-    best.map_or(Grid { rows: m.max(1), cols: n.max(1), split_in_call: false }, |(_, g)| g)
+    let whole = Grid { rows: m.max(1), cols: n.max(1), split_in_call: false };
+    best.unwrap_or((cost(model, whole, items, m, n, k, threads), whole))
 }
 
 #[cfg(test)]

@@ -195,26 +195,20 @@ pub fn gemm_bf16_parallel(
         unsafe { gemm_bf16_unchecked(path, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
         return Ok(());
     }
-    /// Pointers handed to the tasks; each task writes a disjoint column range of C.
-    #[derive(Clone, Copy)]
-    struct Operands(*const bf16, *const bf16, *mut f32);
-    // SAFETY: the tasks read A and B (shared, unmodified during the call) and write disjoint
-    // columns of C, whose unique borrow this function holds until they all finish.
-    unsafe impl Send for Operands {}
-    // SAFETY: as above.
-    unsafe impl Sync for Operands {}
-    let ops = Operands(a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    // Each task writes a disjoint column range of C, whose unique borrow this function holds
+    // until they all finish.
+    let ops = crate::split::SharedOperands(a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
     let per_task = panels.div_ceil(tasks) * 32;
     rayon::scope(|scope| {
         for j0 in (0..s.n).step_by(per_task) {
             let sub = GemmShape { n: per_task.min(s.n - j0), ..*s };
             scope.spawn(move |_| {
-                let ops = ops;
+                let (a, b, c) = ops.get();
                 let b_off = if s.b_trans { j0 * s.ldb } else { j0 };
                 // SAFETY: the sub-shape's extents lie inside the checked ones (columns
                 // `j0 .. j0 + sub.n` of B and C, same leading dimensions); the C columns of
                 // different tasks are disjoint.
-                unsafe { gemm_bf16_unchecked(path, &sub, ops.0, ops.1.add(b_off), ops.2.add(j0)) };
+                unsafe { gemm_bf16_unchecked(path, &sub, a, b.add(b_off), c.add(j0)) };
             });
         }
     });

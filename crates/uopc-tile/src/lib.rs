@@ -102,3 +102,4 @@ pub use softmax_rounded::{
     softmax_update_rounded_in_place_unchecked, softmax_update_rounded_unchecked,
     uopc_tile_softmax_update_rounded, uopc_tile_softmax_update_rounded_in_place,
 };
+pub use split::parallel_block;

@@ -9,62 +9,64 @@ use crate::{GemmShape, Isa};
 /// Flops below which a product runs on one thread: waking the others costs more.
 const MIN_SPLIT_FLOPS: f64 = 4e6;
 
-/// How a product is cut: along C's rows or its columns, into blocks of `step`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Cut {
-    Rows { step: usize },
-    Columns { step: usize },
-    Whole,
-}
-
-/// The cut of an `m x n` product for `threads` threads on a register tile of `mr x nr`: the
-/// rows in `threads` blocks of whole tiles when there are enough of them, else the columns,
-/// else nothing.
-pub(crate) fn cut(m: usize, n: usize, threads: usize, (mr, nr): (usize, usize)) -> Cut {
-    if threads <= 1 {
-        return Cut::Whole;
+/// The block each task of a [`GemmShape::parallel`] call computes, `(rows, cols)`, for an
+/// `m x n x k` product on `threads` threads with a register tile of `mr x nr`: the rows in
+/// `threads` blocks of whole tiles (the last one ragged) when there are enough of them, else
+/// the columns likewise; `None` when the call runs whole on one thread (one thread, too few
+/// rows and columns, or too little work to wake the others).
+///
+/// A caller choosing between its own exact blocks and a split call can price the split with
+/// this, the cut the call will make.
+pub fn parallel_block(
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+    (mr, nr): (usize, usize),
+) -> Option<(usize, usize)> {
+    let flops = 2.0 * m as f64 * n as f64 * k as f64;
+    if threads <= 1 || flops < MIN_SPLIT_FLOPS {
+        return None;
     }
     if m >= threads * mr {
-        return Cut::Rows { step: m.div_ceil(threads).next_multiple_of(mr) };
+        Some((m.div_ceil(threads).next_multiple_of(mr), n))
+    } else if n >= threads * nr {
+        Some((m, n.div_ceil(threads).next_multiple_of(nr)))
+    } else {
+        None
     }
-    if n >= threads * nr {
-        return Cut::Columns { step: n.div_ceil(threads).next_multiple_of(nr) };
-    }
-    Cut::Whole
 }
 
-/// Operand pointers shared by the tasks of one split GEMM.
+/// Operand pointers shared by the tasks of one GEMM split over a rayon pool (this module's
+/// split and [`crate::gemm_bf16_parallel`]'s), with A of type `A` and B of type `B`.
+///
+/// Only for tasks that read A and B, which nothing writes during the call, and write
+/// disjoint blocks of C, which the call's contract gives it alone until every task finishes.
 #[derive(Clone, Copy)]
-struct Operands(*const f32, *const f32, *mut f32);
-// SAFETY: the tasks read A and B, which nothing writes during the call, and write disjoint
-// blocks of C, which the call's contract gives it alone until every task has finished.
-unsafe impl Send for Operands {}
+pub(crate) struct SharedOperands<A, B>(pub *const A, pub *const B, pub *mut f32);
+// SAFETY: the use the type documents: shared reads of A and B, disjoint writes of C.
+unsafe impl<A, B> Send for SharedOperands<A, B> {}
 // SAFETY: as above.
-unsafe impl Sync for Operands {}
+unsafe impl<A, B> Sync for SharedOperands<A, B> {}
 
-impl Operands {
+impl<A, B> SharedOperands<A, B> {
     /// The pointers, taken through a method so that a closure captures the whole (`Sync`)
     /// value rather than its raw-pointer fields.
-    fn get(&self) -> (*const f32, *const f32, *mut f32) {
+    pub(crate) fn get(&self) -> (*const A, *const B, *mut f32) {
         (self.0, self.1, self.2)
     }
 }
 
-/// [`crate::gemm_unchecked`] of `s` cut by [`cut`] over the current rayon pool, each block a
-/// serial GEMM of its own.
+/// [`crate::gemm_unchecked`] of `s` in the blocks of [`parallel_block`] over the current rayon
+/// pool, each block a serial GEMM of its own.
 ///
 /// # Safety
 ///
 /// The contract of [`crate::gemm_unchecked`], with `s.b_panel_width == 0`.
 pub(crate) unsafe fn gemm_split(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     let serial = GemmShape { parallel: false, ..*s };
-    let threads = rayon::current_num_threads();
-    let how = if s.flops() < MIN_SPLIT_FLOPS {
-        Cut::Whole
-    } else {
-        cut(s.m, s.n, threads, crate::register_tile(isa))
-    };
-    let ops = Operands(a, b, c);
+    let block = parallel_block(s.m, s.n, s.k, rayon::current_num_threads(), crate::register_tile(isa));
+    let ops = SharedOperands(a, b, c);
     let run = |sub: GemmShape, (a_at, b_at, c_at): (usize, usize, usize)| {
         // SAFETY: the sub-shape is a block of rows or columns of `s` with the same leading
         // dimensions, and the offsets move A, B and C to that block's first element, so its
@@ -74,18 +76,18 @@ pub(crate) unsafe fn gemm_split(isa: Isa, s: &GemmShape, a: *const f32, b: *cons
             crate::gemm_unchecked(isa, &sub, a.add(a_at), b.add(b_at), c.add(c_at));
         }
     };
-    match how {
-        Cut::Whole => run(serial, (0, 0, 0)),
-        Cut::Rows { step } => rayon::scope(|scope| {
-            for i0 in (0..s.m).step_by(step) {
-                let sub = GemmShape { m: step.min(s.m - i0), ..serial };
+    match block {
+        None => run(serial, (0, 0, 0)),
+        Some((rows, _)) if rows < s.m => rayon::scope(|scope| {
+            for i0 in (0..s.m).step_by(rows) {
+                let sub = GemmShape { m: rows.min(s.m - i0), ..serial };
                 let a_at = if s.a_trans { i0 } else { i0 * s.lda };
                 scope.spawn(move |_| run(sub, (a_at, 0, i0 * s.ldc)));
             }
         }),
-        Cut::Columns { step } => rayon::scope(|scope| {
-            for j0 in (0..s.n).step_by(step) {
-                let sub = GemmShape { n: step.min(s.n - j0), ..serial };
+        Some((_, cols)) => rayon::scope(|scope| {
+            for j0 in (0..s.n).step_by(cols) {
+                let sub = GemmShape { n: cols.min(s.n - j0), ..serial };
                 let b_at = if s.b_trans { j0 * s.ldb } else { j0 };
                 scope.spawn(move |_| run(sub, (0, b_at, j0)));
             }
@@ -95,15 +97,18 @@ pub(crate) unsafe fn gemm_split(isa: Isa, s: &GemmShape, a: *const f32, b: *cons
 
 #[cfg(test)]
 mod tests {
-    use super::{Cut, cut};
+    use super::parallel_block;
 
     #[test]
     fn rows_are_cut_into_whole_tiles_with_a_ragged_last_block() {
-        assert_eq!(cut(1023, 1023, 2, (12, 32)), Cut::Rows { step: 516 });
-        assert_eq!(cut(777, 96, 16, (12, 32)), Cut::Rows { step: 60 });
+        let big = 1000;
+        assert_eq!(parallel_block(1023, 1023, big, 2, (12, 32)), Some((516, 1023)));
+        assert_eq!(parallel_block(777, 96, big, 16, (12, 32)), Some((60, 96)));
         // Too few rows for every thread: the columns instead, then nothing.
-        assert_eq!(cut(20, 1000, 2, (12, 32)), Cut::Columns { step: 512 });
-        assert_eq!(cut(20, 40, 2, (12, 32)), Cut::Whole);
-        assert_eq!(cut(4096, 4096, 1, (12, 32)), Cut::Whole);
+        assert_eq!(parallel_block(20, 1000, big, 2, (12, 32)), Some((20, 512)));
+        assert_eq!(parallel_block(20, 40, big, 2, (12, 32)), None);
+        assert_eq!(parallel_block(4096, 4096, big, 1, (12, 32)), None);
+        // Too little work to wake another thread.
+        assert_eq!(parallel_block(100, 100, 100, 2, (12, 32)), None);
     }
 }
