@@ -204,15 +204,17 @@ pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f
     }
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller guarantees AVX-512 and the operand extents; the guard gives the
-        // layouts the dot-product kernel requires.
-        Isa::Avx512 if s.b_trans && !s.a_trans && s.k > 0 && s.m <= crate::x86::avx512::DOT_MAX_ROWS => unsafe {
-            crate::x86::avx512::gemm_bt_dots(s, a, b, c)
-        },
+        Isa::Avx512
+            if s.b_trans && !s.a_trans && s.k > 0 && s.m <= crate::x86::avx512_few_rows::DOT_MAX_ROWS =>
+        {
+            // SAFETY: the caller guarantees AVX-512 and the operand extents; the guard gives the
+            // layouts the dot-product kernel requires.
+            unsafe { crate::x86::avx512_few_rows::gemm_bt_dots(s, a, b, c) }
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx512 if !s.b_trans && !s.a_trans && s.m <= crate::x86::avx512::DOT_MAX_ROWS => unsafe {
-            crate::x86::avx512::gemm_rows_streamed(s, a, b, c)
+        Isa::Avx512 if !s.b_trans && !s.a_trans && s.m <= crate::x86::avx512_few_rows::DOT_MAX_ROWS => unsafe {
+            crate::x86::avx512_few_rows::gemm_rows_streamed(s, a, b, c)
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller guarantees AVX-512 is available and the operand extents.

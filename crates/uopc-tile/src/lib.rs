@@ -47,6 +47,7 @@
 #![warn(missing_docs)]
 
 mod amx_guard;
+mod bf16_blocked;
 mod bf16_gemm;
 #[cfg(target_arch = "x86_64")]
 mod blocked;

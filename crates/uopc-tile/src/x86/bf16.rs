@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use crate::bf16_gemm::ATiles;
+use crate::bf16_blocked::ATiles;
 use crate::convert;
 
 /// Narrows 16 f32 lanes (as integers) to bf16 bits in the low 16 bits of each lane, with the

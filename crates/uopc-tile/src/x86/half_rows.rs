@@ -176,7 +176,7 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
         }
         let mut sums = [0.0f32; 16];
         // SAFETY: `sums` holds 16 floats.
-        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), crate::x86::avx512::sum_lanes_16(&acc)) };
+        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), crate::x86::avx512_few_rows::sum_lanes_16(&acc)) };
         for i in 0..M {
             for g in 0..live {
                 // SAFETY: C[i, j0 + g] with `i < m`, `j0 + g < n` lies in C's extent.

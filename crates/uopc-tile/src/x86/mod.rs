@@ -10,6 +10,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx2_few_rows;
 pub(crate) mod avx2_half_rows;
 pub(crate) mod avx512;
+pub(crate) mod avx512_few_rows;
 pub(crate) mod bf16;
 pub(crate) mod half_rows;
 
