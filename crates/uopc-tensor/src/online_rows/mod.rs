@@ -404,6 +404,11 @@ fn body_over_rows(
         let shift = cx.value_at(&exp.shift, &at).ok()?;
         (!UOp::toposort(std::slice::from_ref(&shift)).contains(&ranges[0])).then_some((exp, shift))
     });
+    // Inside the task even when it is the one task of one row, which the index does not
+    // show (loops of one iteration simplify away): a reduce in the body accumulates per task.
+    // Likewise inside the row when the body reads the row tile, which is written per row:
+    // a reduce whose index lost the row (one row, one column) must not be hoisted above it.
+    let mut body_loops = vec![t.clone()];
     if let Some((exp, shift)) = row_shift {
         // The row's exponentials into a row tile, then the body reads them there.
         let r = &ranges[1];
@@ -426,10 +431,9 @@ fn body_over_rows(
         let mut strides = vec![0; origin.len()];
         *strides.last_mut()? = 1;
         cx.assume(&exp.node, Known { buffer: row_tile.after(std::slice::from_ref(&ys)), origin, strides });
+        body_loops.push(r.clone());
     }
-    // Inside the task even when it is the one task of one row, which the index does not
-    // show (loops of one iteration simplify away): a reduce in the body accumulates per task.
-    let value = cx.value_within(body, &at, th).ok()?;
+    let value = cx.value_within(body, &at, &body_loops).ok()?;
     Some((out.index(flat).store(value), ranges))
 }
 
