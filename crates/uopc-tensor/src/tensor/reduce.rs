@@ -12,6 +12,33 @@ const SUM_SPLIT: usize = 1 << 16;
 /// `SUM_SPLIT` of their partial sums, level after level.
 const SUM_BLOCK: usize = 1 << 12;
 
+/// `x @ y` for matrices (batch axes allowed) `(.., n, k) @ (.., k, m)` with `k` longer than
+/// [`SUM_SPLIT`]: the product of each block of [`SUM_BLOCK`] along `k` as a batch of products,
+/// the partial products then summed by [`Tensor::try_sum`] (itself blocked), and a remainder
+/// that fills no block added on its own. Each block stays a GEMM; the partial products take
+/// `n * m * k / SUM_BLOCK` elements, a small fraction of an operand when `m` is 1.
+fn blocked_vector_product(x: &Tensor, y: &Tensor, k: usize) -> Result<Tensor> {
+    let body = k - k % SUM_BLOCK;
+    let blocks = body / SUM_BLOCK;
+    let (rx, ry) = (x.ndim(), y.ndim());
+    let head_x = if body == k { x.clone() } else { x.try_slice(-1, 0, body)? };
+    let head_y = if body == k { y.clone() } else { y.try_slice(-2, 0, body)? };
+    // x: (.., n, blocks, B) -> (.., blocks, n, B); y: (.., blocks, B, m).
+    let mut xs: Vec<usize> = x.shape()[..rx - 1].to_vec();
+    xs.extend([blocks, SUM_BLOCK]);
+    let mut perm: Vec<usize> = (0..rx - 2).collect();
+    perm.extend([rx - 1, rx - 2, rx]);
+    let bx = head_x.try_reshape(&xs)?.try_permute(&perm)?;
+    let mut ys: Vec<usize> = y.shape()[..ry - 2].to_vec();
+    ys.extend([blocks, SUM_BLOCK, y.shape()[ry - 1]]);
+    let by = head_y.try_reshape(&ys)?;
+    let total = bx.try_matmul(&by)?.try_sum(-3, false)?;
+    if body == k {
+        return Ok(total);
+    }
+    total.try_add(&x.try_slice(-1, body, k)?.try_matmul(&y.try_slice(-2, body, k)?)?)
+}
+
 impl Tensor {
     /// The sum over the last axis, in blocks of [`SUM_BLOCK`] whose partial sums are summed
     /// the same way, so no single loop sums more than [`SUM_SPLIT`] terms; a remainder that
@@ -239,8 +266,14 @@ impl Tensor {
             let ys = lift(&yt, &sy, [1, m, k])?;
             let prod = Tensor { uop: UOp::new(Op::Binary(uopc_ir::BinaryOp::Mul), d, vec![xs.uop, ys.uop]) };
             // One loop however long `k` is: the GEMM patterns are sums over `k` itself, and a
-            // tile GEMM accumulates `k` in panels of its own.
-            let out = prod.try_reduce(ReduceOp::Add, -1, false, "sum")?;
+            // tile GEMM accumulates `k` in panels of its own. A product with one output column
+            // (a matrix times a vector) may run as a plain loop instead, so a long `k` is cut
+            // into blocks there; each block's rows still run as one GEMM.
+            let out = if k > SUM_SPLIT && m == 1 {
+                blocked_vector_product(&x, &y, k)?
+            } else {
+                prod.try_reduce(ReduceOp::Add, -1, false, "sum")?
+            };
             let mut shape = with(&[n, m]);
             if b.len() == 1 {
                 shape.pop();

@@ -297,3 +297,26 @@ fn exp_in_the_subnormal_range_is_accurate() {
     }
     assert_eq!(y[xs.len() - 1], 0.0);
 }
+
+// torch.ones(2, 2**25) @ torch.ones(2**25) is 33554432 in each row: a matrix times a vector
+// sums its long contraction in blocks, as a long sum does, whichever loop runs it.
+#[test]
+fn long_matrix_vector_products_are_accurate() {
+    let n = 1usize << 25;
+    let column = Tensor::full(&[n], 1.0);
+    assert_eq!(f32s(&Tensor::full(&[2, n], 1.0).matmul(&column)), [n as f32; 2]);
+    // A dot product of a length that fills no whole block.
+    let v = Tensor::full(&[n + 3], 1.0);
+    assert_eq!(f32s(&v.matmul(&v)), [(n + 3) as f32]);
+    // Values of mixed sign and size: the f64 product rounded to f32, within a few ulps.
+    let (rows, k) = (3, (1 << 20) + 5);
+    let x: Vec<f32> = (0..rows * k).map(|i| ((i % 1000) as f32 - 400.0) * 0.37).collect();
+    let y: Vec<f32> = (0..k).map(|i| ((i % 7) as f32 - 2.5) * 0.5).collect();
+    let got = f32s(&Tensor::from_vec(x.clone(), &[rows, k]).matmul(&Tensor::from_vec(y.clone(), &[k])));
+    for (r, g) in got.iter().enumerate() {
+        let row = &x[r * k..(r + 1) * k];
+        let want: f64 = row.iter().zip(&y).map(|(&a, &b)| a as f64 * b as f64).sum();
+        let scale: f64 = row.iter().zip(&y).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+        assert!((*g as f64 - want).abs() <= 8.0 * f32::EPSILON as f64 * scale, "row {r}: {g} vs {want}");
+    }
+}
