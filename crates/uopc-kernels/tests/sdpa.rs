@@ -304,7 +304,7 @@ fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
     // 16 query blocks read every key block of the head: packed once.
     let many = Sdpa::compile(&config(1, 1, 1, 4096, 4096, 64)).unwrap();
     assert!(many.blocking().kv_panel_width > 0 && many.to_string().contains("packed once per run"), "{many}");
-    // Decode (streamed, unpacked), few readers, and 16-bit attention pack per task.
+    // Decode (streamed, unpacked), few readers, and bf16 attention pack per task.
     for c in [
         config(1, 32, 8, 1, 4096, 128),
         config(4, 12, 12, 512, 512, 64),
@@ -312,15 +312,19 @@ fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
     ] {
         assert_eq!(Blocking::choose(&c, 2).kv_panel_width, 0, "{c:?}");
     }
-    // Panels with split-K, 16-bit inputs or key blocks that do not start a panel are refused.
+    // f16 packs once too (widened), and then keeps a query tile: its GEMM takes one type.
+    let f16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..config(4, 8, 1, 333, 999, 80) };
+    let b = Blocking::choose(&f16, 2);
+    assert!(b.kv_panel_width > 0 && !b.reads_queries_in_place(&f16), "{b:?}");
+    // Panels with split-K, bf16 inputs or key blocks that do not start a panel are refused.
     let c = config(1, 1, 1, 64, 256, 16);
     let base = Blocking { kv_panel_width: 16, ..Blocking::new(1, 64, 32) };
     Sdpa::compile_with(&c, base).unwrap();
     for bad in [Blocking { kv_panel_width: 12, ..base }, Blocking { queries: 64, splits: 2, ..base }] {
         assert!(Sdpa::compile_with(&c, bad).is_err(), "{bad:?}");
     }
-    let half = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..c };
-    assert!(Sdpa::compile_with(&half, base).is_err());
+    let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..c };
+    assert!(Sdpa::compile_with(&bf16, base).is_err());
 }
 
 #[test]

@@ -137,6 +137,27 @@ fn check_dtype(config: SdpaConfig, rng: &mut Rng, f16: bool) -> Sdpa {
 }
 
 #[test]
+fn f16_keys_and_values_packed_once_widened_give_the_reference() {
+    // K and V widened into f32 panels once per run, the queries widened into a tile: against
+    // the f64 reference and uopc's f32 attention, with GQA, a ragged last key block and panel,
+    // causal rows, and a bias.
+    let mut rng = Rng(17);
+    for (c, blocking) in [
+        (config(2, 4, 2, 48, 70, 20), Blocking { kv_panel_width: 16, ..Blocking::new(1, 16, 32) }),
+        (config(1, 8, 1, 33, 64, 24), Blocking { kv_panel_width: 8, ..Blocking::new(2, 11, 16) }),
+        (
+            SdpaConfig { causal: true, mask: MaskKind::Bias([1, 1, 40, 40]), ..config(1, 2, 2, 40, 40, 8) },
+            Blocking { kv_panel_width: 8, ..Blocking::new(1, 8, 8) },
+        ),
+    ] {
+        let case = Case::<half::f16>::new(c, &mut rng);
+        let sdpa = Sdpa::compile_with(&case.config, blocking).expect("compile");
+        assert!(sdpa.to_string().contains("packed once per run"), "{sdpa}");
+        check_with(&case, &sdpa, case.extras());
+    }
+}
+
+#[test]
 fn head_dims_gqa_and_unequal_lengths() {
     both(|rng, f16| {
         for (i, d) in [1, 64, 80, 128, 256].into_iter().enumerate() {

@@ -124,7 +124,7 @@ impl Blocking {
     /// are split into chunks of at least 512 keys and one block (split-K).
     ///
     /// K and V are packed once per run into panels of the GEMM's register-tile width
-    /// ([`Blocking::kv_panel_width`]) for f32 without split-K or a runtime KV length, when
+    /// ([`Blocking::kv_panel_width`]) for f32 and f16 without split-K or a runtime KV length, when
     /// tasks have more than 8 rows (fewer stream K and V unpacked) and each key block is read
     /// by at least six tasks (counting a causal task as half a read).
     ///
@@ -140,21 +140,23 @@ impl Blocking {
         }
         let reads = b.tasks(config) / (config.batch * config.kv_heads) / if config.causal { 2 } else { 1 };
         let width = uopc_tile::panel_width(uopc_tile::Isa::detect());
-        if b.heads_per_task * b.queries > FEW_ROWS
-            && reads >= PACK_ONCE_MIN_READS
-            && b.panels_fit(config, width)
-        {
+        // f16 reads its queries in place only without panels (its GEMM reads A and B in one
+        // type): with them the queries take an f32 tile, which must fit beside the others.
+        let rows = b.heads_per_task * b.queries;
+        let query_tile_fits = config.dtype != SdpaDType::F16
+            || rows * tile_bytes_per_row(config.dtype, config.d, b.keys, true) <= TILE_BUDGET;
+        if rows > FEW_ROWS && reads >= PACK_ONCE_MIN_READS && query_tile_fits && b.panels_fit(config, width) {
             b.kv_panel_width = width;
         }
         b
     }
 
-    /// Whether K and V can be read from panels of `width` columns under these blocks: f32,
-    /// without split-K or a runtime KV length, every key block starting a panel, and a width
-    /// the GEMM descriptor carries.
+    /// Whether K and V can be read from panels of `width` columns under these blocks: f32 or
+    /// f16 (packed widened to f32), without split-K or a runtime KV length, every key block
+    /// starting a panel, and a width the GEMM descriptor carries.
     pub fn panels_fit(&self, config: &SdpaConfig, width: usize) -> bool {
         (1..=uopc_tile::GEMM_MAX_PANEL_WIDTH).contains(&width)
-            && config.dtype == SdpaDType::F32
+            && matches!(config.dtype, SdpaDType::F32 | SdpaDType::F16)
             && self.splits == 1
             && !config.runtime_kv_length
             && (self.keys.is_multiple_of(width) || self.keys >= config.n_k)
@@ -228,7 +230,8 @@ impl Blocking {
     /// than from a scaled copy on the stack: for f32 with one query head per task, whose rows
     /// are evenly strided in q. The copy's room then goes to more rows.
     pub fn reads_queries_in_place(&self, config: &SdpaConfig) -> bool {
-        queries_in_place(config, self.heads_per_task)
+        let f16_panels = config.dtype == SdpaDType::F16 && self.kv_panel_width > 0;
+        queries_in_place(config, self.heads_per_task) && !f16_panels
     }
 
     /// Rows of each sub-tile that a causal task's diagonal band runs in, when the band is

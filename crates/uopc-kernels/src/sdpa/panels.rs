@@ -7,6 +7,8 @@
 //! packs them once, in parallel over the heads, and the kernel's GEMMs read the panels.
 
 use super::SdpaConfig;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 use std::cell::Cell;
 use uopc_ir::UOp;
@@ -14,6 +16,9 @@ use uopc_tile::{Isa, PanelPacking, pack_panels};
 
 /// The largest panel buffer a thread keeps between runs: 64 MiB of f32.
 pub(crate) const KEPT_MAX_FLOATS: usize = 16 << 20;
+
+/// Elements per parallel piece of the f16 widening.
+const WIDEN_CHUNK: usize = 1 << 16;
 
 thread_local! {
     /// The panel buffer of this thread's last run, kept for its next one (a fresh allocation
@@ -152,6 +157,20 @@ impl KvPanels {
         let (kp, rest) = buf.split_at_mut(k_len);
         self.pack(k, v, kp, &mut rest[..v_len]);
         Packed { buf, k_len, v_len }
+    }
+
+    /// [`KvPanels::pack_into`] for f16 K and V: widened to f32 first (exactly; in parallel),
+    /// then packed. The widening is one pass over K and V per run, as the packing is.
+    pub fn pack_widened_into(&self, k: &[f16], v: &[f16]) -> Packed {
+        let widen = |x: &[f16]| -> Vec<f32> {
+            let mut wide = vec![0.0f32; x.len()];
+            wide.par_chunks_mut(WIDEN_CHUNK)
+                .zip(x.par_chunks(WIDEN_CHUNK))
+                .for_each(|(to, from)| from.convert_to_f32_slice(to));
+            wide
+        };
+        let (k, v) = rayon::join(|| widen(k), || widen(v));
+        self.pack_into(&k, &v)
     }
 
     /// Packs k and v (f32, of `config`'s layout and lengths, checked by the caller) into
