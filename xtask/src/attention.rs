@@ -466,6 +466,27 @@ pub fn measure_peak() -> Option<f64> {
     uopc::jit::peak::fma_peak_gflops(5_000_000, 5).ok()
 }
 
+/// Sets each result's share of the peak of the unit its code runs on (F32X4 for JIT loops, the
+/// widest vectors for tile ops, named by `widest`) and of the widest peak, for the whole form
+/// and each of its kernels.
+fn set_peak_shares(results: &mut [Measurement], peak: Option<f64>, widest: Option<(&'static str, f64)>) {
+    let unit_peak = |tile_ops: bool| match (tile_ops, widest) {
+        (true, Some((name, p))) => Some((name, p)),
+        (true, None) => None,
+        (false, _) => peak.map(|p| ("f32x4", p)),
+    };
+    for m in results {
+        if let Some((name, p)) = unit_peak(m.tile_ops) {
+            m.peak_unit = name;
+            m.percent_of_peak = Some(100.0 * m.gflops / p);
+        }
+        m.percent_of_widest_peak = widest.map(|(_, p)| 100.0 * m.gflops / p);
+        for k in &mut m.kernel_times {
+            k.percent_of_peak = unit_peak(k.tile_ops).map(|(_, p)| 100.0 * k.gflops / p);
+        }
+    }
+}
+
 /// Runs `bench attention`; the exit code is non-zero when any result is wrong or fails.
 pub fn run(args: &AttentionArgs) -> ExitCode {
     if args.n.is_empty() || args.n.contains(&0) || args.d == 0 || args.variants.is_empty() {
@@ -560,23 +581,7 @@ pub fn run(args: &AttentionArgs) -> ExitCode {
         }
     }
     bar.finish_and_clear();
-    // Each figure is relative to the peak of the unit the code runs on: F32X4 for JIT loops,
-    // the widest vectors for tile ops.
-    let unit_peak = |tile_ops: bool| match (tile_ops, widest) {
-        (true, Some((name, p))) => Some((name, p)),
-        (true, None) => None,
-        (false, _) => peak.map(|p| ("f32x4", p)),
-    };
-    for m in &mut results {
-        if let Some((name, p)) = unit_peak(m.tile_ops) {
-            m.peak_unit = name;
-            m.percent_of_peak = Some(100.0 * m.gflops / p);
-        }
-        m.percent_of_widest_peak = widest.map(|(_, p)| 100.0 * m.gflops / p);
-        for k in &mut m.kernel_times {
-            k.percent_of_peak = unit_peak(k.tile_ops).map(|(_, p)| 100.0 * k.gflops / p);
-        }
-    }
+    set_peak_shares(&mut results, peak, widest);
     if args.scalar {
         println!("(every kernel compiled as scalar code)");
     }

@@ -43,6 +43,44 @@ fn random(shape: &[usize], rng: &mut StdRng) -> Tensor {
     Tensor::from_vec(crate::matmul::random(shape.iter().product(), rng), shape)
 }
 
+/// Wall and CPU milliseconds of each timed realize of each pass, and per pass the seconds
+/// of each tile-GEMM kernel (by position in the plan) with its name and static FLOPs.
+struct Timings {
+    samples: Vec<Vec<f64>>,
+    cpu_samples: Vec<Vec<f64>>,
+    gemm_samples: Vec<Vec<(String, u64, Vec<f64>)>>,
+}
+
+/// `rounds` interleaved rounds of `reps` timed realizes of each pass.
+fn time_passes(passes: &[(String, Vec<&Tensor>, &RealizeOptions)], rounds: usize, reps: usize) -> Timings {
+    let mut samples = vec![Vec::new(); passes.len()];
+    let mut cpu_samples = vec![Vec::new(); passes.len()];
+    let mut gemm_samples: Vec<Vec<(String, u64, Vec<f64>)>> = vec![Vec::new(); passes.len()];
+    for _ in 0..rounds {
+        for (k, (_, outs, opts)) in passes.iter().enumerate() {
+            for _ in 0..reps {
+                let (start, cpu_start) = (Instant::now(), process_cpu_seconds());
+                let report = realize(outs, opts).map(|(_, r)| r);
+                samples[k].push(start.elapsed().as_secs_f64() * 1e3);
+                if let (Some(a), Some(b)) = (cpu_start, process_cpu_seconds()) {
+                    cpu_samples[k].push((b - a) * 1e3);
+                }
+                let Ok(report) = report else { continue };
+                // The compiler's GEMM kernels (reduces, `r_...`); the attention nodes' static
+                // FLOPs count the causal blocks they skip, so they are timed by `bench sdpa`.
+                let gemms = report.kernels.iter().filter(|t| t.tile_ops && t.name.starts_with("r_"));
+                for (j, t) in gemms.enumerate() {
+                    if gemm_samples[k].len() <= j {
+                        gemm_samples[k].push((t.name.clone(), t.flops, Vec::new()));
+                    }
+                    gemm_samples[k][j].2.push(t.seconds);
+                }
+            }
+        }
+    }
+    Timings { samples, cpu_samples, gemm_samples }
+}
+
 /// Runs `bench block` on `(batch, tokens)` inputs: each pass once to compile, then `rounds`
 /// interleaved rounds of `reps` timed realizes of each; with `compare_unfused_epilogues`, each
 /// pass also with its GEMM epilogues unfused, in the same rounds.
@@ -90,8 +128,6 @@ pub fn run(
         passes.push((format!("forward_backward{suffix}"), grads.iter().collect(), opts));
     }
     let mut rows = Vec::new();
-    let mut samples = vec![Vec::new(); passes.len()];
-    let mut cpu_samples = vec![Vec::new(); passes.len()];
     for (pass, outs, opts) in &passes {
         match realize(outs, opts) {
             Ok((_, report)) => rows.push(Row {
@@ -114,30 +150,7 @@ pub fn run(
             }
         }
     }
-    // Per pass and tile-GEMM kernel (by position in the plan): name, static FLOPs, seconds.
-    let mut gemm_samples: Vec<Vec<(String, u64, Vec<f64>)>> = vec![Vec::new(); passes.len()];
-    for _ in 0..rounds {
-        for (k, (_, outs, opts)) in passes.iter().enumerate() {
-            for _ in 0..reps {
-                let (start, cpu_start) = (Instant::now(), process_cpu_seconds());
-                let report = realize(outs, opts).map(|(_, r)| r);
-                samples[k].push(start.elapsed().as_secs_f64() * 1e3);
-                if let (Some(a), Some(b)) = (cpu_start, process_cpu_seconds()) {
-                    cpu_samples[k].push((b - a) * 1e3);
-                }
-                let Ok(report) = report else { continue };
-                // The compiler's GEMM kernels (reduces, `r_...`); the attention nodes' static
-                // FLOPs count the causal blocks they skip, so they are timed by `bench sdpa`.
-                let gemms = report.kernels.iter().filter(|t| t.tile_ops && t.name.starts_with("r_"));
-                for (j, t) in gemms.enumerate() {
-                    if gemm_samples[k].len() <= j {
-                        gemm_samples[k].push((t.name.clone(), t.flops, Vec::new()));
-                    }
-                    gemm_samples[k][j].2.push(t.seconds);
-                }
-            }
-        }
-    }
+    let Timings { samples, cpu_samples, gemm_samples } = time_passes(&passes, rounds, reps);
     let peak = crate::attention::measure_widest_peak();
     println!(
         "GPT-2-small block, batch {batch} x {tokens} tokens, d_model {}, {} heads",

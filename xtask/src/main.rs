@@ -203,51 +203,7 @@ enum Bench {
     },
     /// The one attention entry point (`uopc::kernels::sdpa`) on model shapes: useful GFLOP/s,
     /// share of the widest FMA peak, error against f64; without --shape a default matrix.
-    Sdpa {
-        /// A cell `B,H,HKV,NQ,NK,D` (repeatable).
-        #[arg(long = "shape", value_parser = sdpa::parse_shape)]
-        shapes: Vec<[usize; 6]>,
-        /// The given shapes are causal.
-        #[arg(long)]
-        causal: bool,
-        /// Key lengths of the given shapes, one per batch item.
-        #[arg(long, value_delimiter = ',')]
-        key_lengths: Option<Vec<i32>>,
-        /// Timed runs per cell per round.
-        #[arg(long, default_value_t = 5)]
-        reps: usize,
-        /// Rounds over all cells (interleaved, so load changes hit every cell alike).
-        #[arg(long, default_value_t = 2)]
-        rounds: usize,
-        /// Threads of the pool the kernels run on (default: all cores).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Write `{"results": [...]}` here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Decode steps of a growing KV cache (capacity 4096) run through one cached compile;
-        /// default 1000 with the default matrix, none with --shape.
-        #[arg(long)]
-        decode_steps: Option<usize>,
-        /// Time the forward (with lse) plus the FlashAttention-2 backward instead (rows with
-        /// `pass: "backward"`); without --shape the default backward matrix.
-        #[arg(long)]
-        backward: bool,
-        /// Element type of q, k, v and the output: f32, bf16 or f16 (repeatable: each cell
-        /// runs in each, interleaved in the same rounds); default f32. --backward times f32 only (the
-        /// 16-bit backward is the f32 one on widened inputs).
-        #[arg(long = "dtype", value_parser = sdpa::parse_dtype)]
-        dtypes: Vec<uopc::kernels::sdpa::SdpaDType>,
-        /// Also run each cell whose K and V are packed once per run with every task packing
-        /// its own blocks instead (its own row, interleaved in the same rounds).
-        #[arg(long)]
-        compare_per_task_packing: bool,
-        /// Also time each causal cell without the mask (where that cell is not already in the
-        /// run), run by run alternating with it, and print causal / non-causal time; a causal
-        /// cell and its unmasked form in one run (as in the default matrix) always get that line.
-        #[arg(long)]
-        causal_ratio: bool,
-    },
+    Sdpa(SdpaArgs),
     /// Time the attention backward pass: autograd of the unfused graph against recompute.
     Backward {
         /// Sequence lengths N (comma separated).
@@ -260,6 +216,54 @@ enum Bench {
         #[arg(long, default_value_t = 3)]
         reps: usize,
     },
+}
+
+/// Options of `bench sdpa`.
+#[derive(Args, Debug, Clone)]
+pub struct SdpaArgs {
+    /// A cell `B,H,HKV,NQ,NK,D` (repeatable).
+    #[arg(long = "shape", value_parser = sdpa::parse_shape)]
+    shapes: Vec<[usize; 6]>,
+    /// The given shapes are causal.
+    #[arg(long)]
+    causal: bool,
+    /// Key lengths of the given shapes, one per batch item.
+    #[arg(long, value_delimiter = ',')]
+    key_lengths: Option<Vec<i32>>,
+    /// Timed runs per cell per round.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Rounds over all cells (interleaved, so load changes hit every cell alike).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Threads of the pool the kernels run on (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Write `{"results": [...]}` here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Decode steps of a growing KV cache (capacity 4096) run through one cached compile;
+    /// default 1000 with the default matrix, none with --shape.
+    #[arg(long)]
+    decode_steps: Option<usize>,
+    /// Time the forward (with lse) plus the FlashAttention-2 backward instead (rows with
+    /// `pass: "backward"`); without --shape the default backward matrix.
+    #[arg(long)]
+    backward: bool,
+    /// Element type of q, k, v and the output: f32, bf16 or f16 (repeatable: each cell
+    /// runs in each, interleaved in the same rounds); default f32. --backward times f32 only (the
+    /// 16-bit backward is the f32 one on widened inputs).
+    #[arg(long = "dtype", value_parser = sdpa::parse_dtype)]
+    dtypes: Vec<uopc::kernels::sdpa::SdpaDType>,
+    /// Also run each cell whose K and V are packed once per run with every task packing
+    /// its own blocks instead (its own row, interleaved in the same rounds).
+    #[arg(long)]
+    compare_per_task_packing: bool,
+    /// Also time each causal cell without the mask (where that cell is not already in the
+    /// run), run by run alternating with it, and print causal / non-causal time; a causal
+    /// cell and its unmasked form in one run (as in the default matrix) always get that line.
+    #[arg(long)]
+    causal_ratio: bool,
 }
 
 /// Options of `bench attention`.
@@ -330,6 +334,77 @@ fn with_threads(threads: Option<usize>, go: impl FnOnce() -> ExitCode + Send) ->
     }
 }
 
+/// `bench sdpa`: checks the options, builds the cells and runs the forward or backward bench.
+fn bench_sdpa(args: SdpaArgs) -> ExitCode {
+    let SdpaArgs {
+        shapes,
+        causal,
+        key_lengths,
+        reps,
+        rounds,
+        threads,
+        json,
+        decode_steps,
+        backward,
+        mut dtypes,
+        compare_per_task_packing,
+        causal_ratio,
+    } = args;
+    if dtypes.is_empty() {
+        dtypes.push(uopc::kernels::sdpa::SdpaDType::F32);
+    }
+    dtypes.dedup();
+    if backward && dtypes.iter().any(|&d| d != uopc::kernels::sdpa::SdpaDType::F32) {
+        eprintln!(
+            "error: --backward times f32 only (the 16-bit backward runs the f32 one on widened inputs)"
+        );
+        return ExitCode::from(2);
+    }
+    let decode_steps = decode_steps.unwrap_or(if shapes.is_empty() && !backward { 1000 } else { 0 });
+    if decode_steps > sdpa::DECODE_CAPACITY {
+        eprintln!("error: --decode-steps is at most {}", sdpa::DECODE_CAPACITY);
+        return ExitCode::from(2);
+    }
+    if reps == 0 || rounds == 0 || threads == Some(0) {
+        eprintln!("error: --reps, --rounds and --threads must be at least 1");
+        return ExitCode::from(2);
+    }
+    let mut cells = if shapes.is_empty() && backward {
+        sdpa::default_backward_cells()
+    } else if shapes.is_empty() {
+        sdpa::default_cells()
+    } else {
+        shapes
+            .into_iter()
+            .map(|shape| sdpa::Cell { shape, causal, key_lengths: key_lengths.clone() })
+            .collect()
+    };
+    if causal_ratio {
+        cells = sdpa::with_unmasked_forms(cells);
+    }
+    for c in &cells {
+        let [b, h, hkv, _, n_k, _] = c.shape;
+        if c.shape.contains(&0) || h % hkv != 0 {
+            eprintln!("error: {:?}: sizes must be positive and H a multiple of HKV", c.shape);
+            return ExitCode::from(2);
+        }
+        if let Some(l) = &c.key_lengths
+            && (l.len() != b || l.iter().any(|&x| x < 0 || x as usize > n_k))
+        {
+            eprintln!("error: --key-lengths needs {b} lengths in 0..={n_k}");
+            return ExitCode::from(2);
+        }
+    }
+    let go = || {
+        if backward {
+            sdpa::run_backward(&cells, reps, rounds, json.as_deref())
+        } else {
+            sdpa::run(&cells, &dtypes, reps, rounds, decode_steps, compare_per_task_packing, json.as_deref())
+        }
+    };
+    with_threads(threads, go)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.task {
@@ -346,85 +421,7 @@ fn main() -> ExitCode {
                 threads => with_threads(threads, || attention::run(&args)),
             }
         }
-        Task::Bench {
-            what:
-                Bench::Sdpa {
-                    shapes,
-                    causal,
-                    key_lengths,
-                    reps,
-                    rounds,
-                    threads,
-                    json,
-                    decode_steps,
-                    backward,
-                    mut dtypes,
-                    compare_per_task_packing,
-                    causal_ratio,
-                },
-        } => {
-            if dtypes.is_empty() {
-                dtypes.push(uopc::kernels::sdpa::SdpaDType::F32);
-            }
-            dtypes.dedup();
-            if backward && dtypes.iter().any(|&d| d != uopc::kernels::sdpa::SdpaDType::F32) {
-                eprintln!(
-                    "error: --backward times f32 only (the 16-bit backward runs the f32 one on widened inputs)"
-                );
-                return ExitCode::from(2);
-            }
-            let decode_steps = decode_steps.unwrap_or(if shapes.is_empty() && !backward { 1000 } else { 0 });
-            if decode_steps > sdpa::DECODE_CAPACITY {
-                eprintln!("error: --decode-steps is at most {}", sdpa::DECODE_CAPACITY);
-                return ExitCode::from(2);
-            }
-            if reps == 0 || rounds == 0 || threads == Some(0) {
-                eprintln!("error: --reps, --rounds and --threads must be at least 1");
-                return ExitCode::from(2);
-            }
-            let mut cells = if shapes.is_empty() && backward {
-                sdpa::default_backward_cells()
-            } else if shapes.is_empty() {
-                sdpa::default_cells()
-            } else {
-                shapes
-                    .into_iter()
-                    .map(|shape| sdpa::Cell { shape, causal, key_lengths: key_lengths.clone() })
-                    .collect()
-            };
-            if causal_ratio {
-                cells = sdpa::with_unmasked_forms(cells);
-            }
-            for c in &cells {
-                let [b, h, hkv, _, n_k, _] = c.shape;
-                if c.shape.contains(&0) || h % hkv != 0 {
-                    eprintln!("error: {:?}: sizes must be positive and H a multiple of HKV", c.shape);
-                    return ExitCode::from(2);
-                }
-                if let Some(l) = &c.key_lengths
-                    && (l.len() != b || l.iter().any(|&x| x < 0 || x as usize > n_k))
-                {
-                    eprintln!("error: --key-lengths needs {b} lengths in 0..={n_k}");
-                    return ExitCode::from(2);
-                }
-            }
-            let go = || {
-                if backward {
-                    sdpa::run_backward(&cells, reps, rounds, json.as_deref())
-                } else {
-                    sdpa::run(
-                        &cells,
-                        &dtypes,
-                        reps,
-                        rounds,
-                        decode_steps,
-                        compare_per_task_packing,
-                        json.as_deref(),
-                    )
-                }
-            };
-            with_threads(threads, go)
-        }
+        Task::Bench { what: Bench::Sdpa(args) } => bench_sdpa(args),
         Task::Bench { what: Bench::Backward { n, d, reps } } => {
             if n.is_empty() || n.contains(&0) || d == 0 {
                 eprintln!("error: --n and --d must be positive");

@@ -182,7 +182,14 @@ pub fn plot(results: &[Measurement], subtitle: &str) -> String {
         }
     }
 
-    // legend, top left inside the plot (times grow with N, so that corner stays empty)
+    legend(&mut s, &variants);
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The legend, top left inside the plot (times grow with N, so that corner stays empty): one
+/// line and marker per variant, in `variants`' order.
+fn legend(s: &mut String, variants: &[Variant]) {
     let lh = 22.0;
     let _ = writeln!(
         s,
@@ -205,8 +212,6 @@ pub fn plot(results: &[Measurement], subtitle: &str) -> String {
             c = color(v)
         );
     }
-    s.push_str("</svg>\n");
-    s
 }
 
 #[cfg(test)]

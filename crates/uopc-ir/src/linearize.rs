@@ -260,62 +260,23 @@ fn ordering_view(mut view: &UOp) -> &UOp {
     view
 }
 
-/// Linearizes `program` (usually a SINK) into nested, ordered statements.
-///
-/// It does not check types or bounds; [`crate::verify`] does both and returns this same
-/// linearization.
+/// Each loop's enclosing loops, outermost first.
+type LoopPaths = HashMap<UOp, Vec<UOp>>;
+
+/// The statements that store through each view.
+type StoresByView = HashMap<UOp, Vec<UOp>>;
+
+/// The loops of `topo` (its RANGEs, in topological order) and, for each, the loops around it,
+/// outermost first, read from its END(s) (`rng`: the ranges open at each node).
 ///
 /// # Errors
 ///
-/// An [`IrError`] for ranges that are not ended or ENDs of ranges not open, stores outside the
-/// loops whose variables they use, loops that do not nest, and cyclic orderings.
-///
-/// # Examples
-///
-/// ```rust
-/// use uopc_ir::{AxisType, DType, Stmt, buffer, linearize, range, sink};
-///
-/// let out = buffer(0, DType::F32, 4);
-/// let k = range(4, 0, AxisType::Loop);
-/// let linear = linearize(&sink(&[out.index(&k).store(0.5f32).end(&[k.clone()])]))?;
-/// // One top-level loop over k, and the store one level down inside it.
-/// assert!(matches!(&linear.root[0], Stmt::Loop { range, .. } if *range == k));
-/// assert!(linear.walk().iter().any(|(depth, s)| {
-///     *depth == 1 && matches!(s, Stmt::Op(u) if u.op().name() == "STORE")
-/// }));
-/// # Ok::<(), uopc_ir::IrError>(())
-/// ```
-pub fn linearize(program: &UOp) -> Result<Linear, IrError> {
-    linearize_with(program, false)
-}
-
-/// [`linearize`] with [`open_ranges_with`]'s `lenient` placement, for simplified programs.
-///
-/// # Errors
-///
-/// As [`linearize`].
-pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
-    let topo = UOp::toposort(std::slice::from_ref(program));
-    let rng = open_ranges_with(&topo, lenient)?;
-
-    if let Some(r) = rng[program].first() {
-        let culprit =
-            topo.iter().find(|u| matches!(u.op(), Op::Store) && rng[*u].contains(r)).unwrap_or(program);
-        let has_end = topo.iter().any(|u| u.as_end().is_some_and(|e| e.range == r));
-        return Err(if has_end {
-            IrError::new(
-                IrErrorKind::StoreOutsideRange,
-                culprit,
-                format!("uses {} but is not inside any END that closes it", r.short()),
-            )
-        } else {
-            IrError::new(IrErrorKind::RangeNotEnded, r, "this RANGE is never closed by an END")
-        });
-    }
-
+/// A RANGE never ended, closed in two loop nests, inside loops that do not nest, or whose end
+/// uses a range that does not enclose it.
+fn loop_nests(topo: &[UOp], rng: &HashMap<UOp, Vec<UOp>>) -> Result<(Vec<UOp>, LoopPaths), IrError> {
     // Enclosing ranges of each loop, from its END(s).
     let mut path: HashMap<UOp, Vec<UOp>> = HashMap::new();
-    for u in &topo {
+    for u in topo {
         // Every END was checked above to close a RANGE.
         if let Some(end) = u.as_end() {
             let r = end.range;
@@ -381,6 +342,153 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         }
         ordered.insert(r.clone(), chain);
     }
+    Ok((ranges, ordered))
+}
+
+/// The loads through a view (with their view) and the stores through each view, counting a
+/// tile op as a load of each operand it reads and a store of each it writes: within a block,
+/// loads through a view come before stores through the same view.
+fn view_accesses(topo: &[UOp]) -> (Vec<(UOp, UOp)>, StoresByView) {
+    let mut stores_by_view: HashMap<UOp, Vec<UOp>> = HashMap::new();
+    let mut loads: Vec<(UOp, UOp)> = Vec::new();
+    for u in topo {
+        match u.op() {
+            Op::Store => {
+                if let Some(v) = view_of(u) {
+                    stores_by_view.entry(v.clone()).or_default().push(u.clone());
+                }
+            }
+            Op::Load => {
+                if let Some(v) = view_of(u) {
+                    loads.push((u.clone(), v.clone()));
+                }
+            }
+            Op::Tile(t) => {
+                for (x, o) in u.src().iter().zip(t.operands()) {
+                    let Some(v) = index_view(x) else { continue };
+                    if o.writes {
+                        stores_by_view.entry(v.clone()).or_default().push(u.clone());
+                    }
+                    if o.reads {
+                        loads.push((u.clone(), v.clone()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (loads, stores_by_view)
+}
+
+/// Each block's statements in an order their dependency `edges` allow (Kahn's algorithm, ties
+/// broken by `Key::priority`: stores first, then creation order).
+///
+/// # Errors
+///
+/// Statements of one block whose dependencies form a cycle.
+fn order_blocks(
+    members: &HashMap<BlockId, Vec<Key>>,
+    edges: &HashMap<Key, Vec<Key>>,
+    indeg: &HashMap<Key, usize>,
+) -> Result<HashMap<BlockId, Vec<Key>>, IrError> {
+    let mut order: HashMap<BlockId, Vec<Key>> = HashMap::new();
+    for (b, keys) in members {
+        let set: HashSet<&Key> = keys.iter().collect();
+        let mut deg: HashMap<&Key, usize> =
+            keys.iter().map(|k| (k, indeg.get(k).copied().unwrap_or(0))).collect();
+        let mut heap: BinaryHeap<Reverse<((bool, u64), usize)>> = BinaryHeap::new();
+        for (i, k) in keys.iter().enumerate() {
+            if deg[k] == 0 {
+                heap.push(Reverse((k.priority(), i)));
+            }
+        }
+        let index: HashMap<&Key, usize> = keys.iter().enumerate().map(|(i, k)| (k, i)).collect();
+        let mut out = Vec::with_capacity(keys.len());
+        while let Some(Reverse((_, i))) = heap.pop() {
+            let k = &keys[i];
+            out.push(k.clone());
+            for nx in edges.get(k).into_iter().flatten() {
+                if !set.contains(nx) {
+                    continue;
+                }
+                let d = deg.get_mut(nx).expect("member");
+                *d -= 1;
+                if *d == 0 {
+                    heap.push(Reverse((nx.priority(), index[nx])));
+                }
+            }
+        }
+        if out.len() != keys.len() {
+            let stuck = keys.iter().find(|k| !out.contains(k)).expect("some key is stuck");
+            let node = match stuck {
+                Key::Node(u) | Key::Loop(u) => u,
+            };
+            return Err(IrError::new(
+                IrErrorKind::Structure,
+                node,
+                "statements in this loop cannot be ordered (cyclic dependencies)",
+            ));
+        }
+        order.insert(b.clone(), out);
+    }
+
+    Ok(order)
+}
+
+/// Linearizes `program` (usually a SINK) into nested, ordered statements.
+///
+/// It does not check types or bounds; [`crate::verify`] does both and returns this same
+/// linearization.
+///
+/// # Errors
+///
+/// An [`IrError`] for ranges that are not ended or ENDs of ranges not open, stores outside the
+/// loops whose variables they use, loops that do not nest, and cyclic orderings.
+///
+/// # Examples
+///
+/// ```rust
+/// use uopc_ir::{AxisType, DType, Stmt, buffer, linearize, range, sink};
+///
+/// let out = buffer(0, DType::F32, 4);
+/// let k = range(4, 0, AxisType::Loop);
+/// let linear = linearize(&sink(&[out.index(&k).store(0.5f32).end(&[k.clone()])]))?;
+/// // One top-level loop over k, and the store one level down inside it.
+/// assert!(matches!(&linear.root[0], Stmt::Loop { range, .. } if *range == k));
+/// assert!(linear.walk().iter().any(|(depth, s)| {
+///     *depth == 1 && matches!(s, Stmt::Op(u) if u.op().name() == "STORE")
+/// }));
+/// # Ok::<(), uopc_ir::IrError>(())
+/// ```
+pub fn linearize(program: &UOp) -> Result<Linear, IrError> {
+    linearize_with(program, false)
+}
+
+/// [`linearize`] with [`open_ranges_with`]'s `lenient` placement, for simplified programs.
+///
+/// # Errors
+///
+/// As [`linearize`].
+pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
+    let topo = UOp::toposort(std::slice::from_ref(program));
+    let rng = open_ranges_with(&topo, lenient)?;
+
+    if let Some(r) = rng[program].first() {
+        let culprit =
+            topo.iter().find(|u| matches!(u.op(), Op::Store) && rng[*u].contains(r)).unwrap_or(program);
+        let has_end = topo.iter().any(|u| u.as_end().is_some_and(|e| e.range == r));
+        return Err(if has_end {
+            IrError::new(
+                IrErrorKind::StoreOutsideRange,
+                culprit,
+                format!("uses {} but is not inside any END that closes it", r.short()),
+            )
+        } else {
+            IrError::new(IrErrorKind::RangeNotEnded, r, "this RANGE is never closed by an END")
+        });
+    }
+
+    let (ranges, ordered) = loop_nests(&topo, &rng)?;
     let mut placement = Placement { path: ordered, block: HashMap::new() };
 
     // Place every statement node in its innermost range.
@@ -458,36 +566,7 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
             add_edge(placement.rep(s, &l), to);
         }
     }
-    // Loads through a view happen before stores through the same view (a tile op loads
-    // the operands it reads and stores the ones it writes).
-    let mut stores_by_view: HashMap<UOp, Vec<UOp>> = HashMap::new();
-    let mut loads: Vec<(UOp, UOp)> = Vec::new();
-    for u in &topo {
-        match u.op() {
-            Op::Store => {
-                if let Some(v) = view_of(u) {
-                    stores_by_view.entry(v.clone()).or_default().push(u.clone());
-                }
-            }
-            Op::Load => {
-                if let Some(v) = view_of(u) {
-                    loads.push((u.clone(), v.clone()));
-                }
-            }
-            Op::Tile(t) => {
-                for (x, o) in u.src().iter().zip(t.operands()) {
-                    let Some(v) = index_view(x) else { continue };
-                    if o.writes {
-                        stores_by_view.entry(v.clone()).or_default().push(u.clone());
-                    }
-                    if o.reads {
-                        loads.push((u.clone(), v.clone()));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
+    let (loads, stores_by_view) = view_accesses(&topo);
     for (u, v) in &loads {
         for st in stores_by_view.get(v).into_iter().flatten() {
             if st == u {
@@ -498,48 +577,19 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         }
     }
 
-    // Kahn's algorithm per block, ties broken by `Key::priority` (stores first, then creation order).
-    let mut order: HashMap<BlockId, Vec<Key>> = HashMap::new();
-    for (b, keys) in &members {
-        let set: HashSet<&Key> = keys.iter().collect();
-        let mut deg: HashMap<&Key, usize> =
-            keys.iter().map(|k| (k, indeg.get(k).copied().unwrap_or(0))).collect();
-        let mut heap: BinaryHeap<Reverse<((bool, u64), usize)>> = BinaryHeap::new();
-        for (i, k) in keys.iter().enumerate() {
-            if deg[k] == 0 {
-                heap.push(Reverse((k.priority(), i)));
-            }
-        }
-        let index: HashMap<&Key, usize> = keys.iter().enumerate().map(|(i, k)| (k, i)).collect();
-        let mut out = Vec::with_capacity(keys.len());
-        while let Some(Reverse((_, i))) = heap.pop() {
-            let k = &keys[i];
-            out.push(k.clone());
-            for nx in edges.get(k).into_iter().flatten() {
-                if !set.contains(nx) {
-                    continue;
-                }
-                let d = deg.get_mut(nx).expect("member");
-                *d -= 1;
-                if *d == 0 {
-                    heap.push(Reverse((nx.priority(), index[nx])));
-                }
-            }
-        }
-        if out.len() != keys.len() {
-            let stuck = keys.iter().find(|k| !out.contains(k)).expect("some key is stuck");
-            let node = match stuck {
-                Key::Node(u) | Key::Loop(u) => u,
-            };
-            return Err(IrError::new(
-                IrErrorKind::Structure,
-                node,
-                "statements in this loop cannot be ordered (cyclic dependencies)",
-            ));
-        }
-        order.insert(b.clone(), out);
-    }
+    let order = order_blocks(&members, &edges, &indeg)?;
 
+    Ok(assemble(&topo, &order, thread, placement.path))
+}
+
+/// The [`Linear`] of ordered blocks `order`: the nested statements from the outermost block,
+/// and `topo`'s buffers, allocs and variables by slot and its constants.
+fn assemble(
+    topo: &[UOp],
+    order: &HashMap<BlockId, Vec<Key>>,
+    thread: Option<UOp>,
+    loop_paths: LoopPaths,
+) -> Linear {
     fn build(b: &BlockId, order: &HashMap<BlockId, Vec<Key>>) -> Vec<Stmt> {
         order
             .get(b)
@@ -553,7 +603,7 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
             })
             .unwrap_or_default()
     }
-    let root = build(&None, &order);
+    let root = build(&None, order);
 
     let mut buffers: Vec<UOp> =
         topo.iter().filter(|u| matches!(u.op(), Op::Buffer { .. })).cloned().collect();
@@ -572,5 +622,5 @@ pub fn linearize_with(program: &UOp, lenient: bool) -> Result<Linear, IrError> {
         _ => 0,
     });
     let consts = topo.iter().filter(|u| matches!(u.op(), Op::Const(_))).cloned().collect();
-    Ok(Linear { root, buffers, allocs, vars, consts, thread, loop_paths: placement.path })
+    Linear { root, buffers, allocs, vars, consts, thread, loop_paths }
 }

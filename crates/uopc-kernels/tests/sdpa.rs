@@ -1,5 +1,6 @@
 //! The one attention entry point against its f64 reference on many small shapes, masks and
-//! layouts; bad inputs; NaN and inf; and the kernel's structure.
+//! layouts; bad inputs; NaN and inf; the compile cache. (The blockings it chooses and the
+//! structure of its program are `sdpa_blocking.rs`'s.)
 
 use uopc_kernels::sdpa::{
     Blocking, Extras, Layout, MaskKind, Sdpa, SdpaConfig, SdpaError, attention, compile_count, reference_f64,
@@ -300,34 +301,6 @@ fn one_attention_with_panels_runs_from_many_threads_at_once() {
 }
 
 #[test]
-fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
-    // 16 query blocks read every key block of the head: packed once.
-    let many = Sdpa::compile(&config(1, 1, 1, 4096, 4096, 64)).unwrap();
-    assert!(many.blocking().kv_panel_width > 0 && many.to_string().contains("packed once per run"), "{many}");
-    // Decode (streamed, unpacked), few readers, and bf16 attention pack per task.
-    for c in [
-        config(1, 32, 8, 1, 4096, 128),
-        config(4, 12, 12, 512, 512, 64),
-        SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 1, 1, 4096, 4096, 64) },
-    ] {
-        assert_eq!(Blocking::choose(&c, 2).kv_panel_width, 0, "{c:?}");
-    }
-    // f16 packs once too (widened), and then keeps a query tile: its GEMM takes one type.
-    let f16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..config(4, 8, 1, 333, 999, 80) };
-    let b = Blocking::choose(&f16, 2);
-    assert!(b.kv_panel_width > 0 && !b.reads_queries_in_place(&f16), "{b:?}");
-    // Panels with split-K, bf16 inputs or key blocks that do not start a panel are refused.
-    let c = config(1, 1, 1, 64, 256, 16);
-    let base = Blocking { kv_panel_width: 16, ..Blocking::new(1, 64, 32) };
-    Sdpa::compile_with(&c, base).unwrap();
-    for bad in [Blocking { kv_panel_width: 12, ..base }, Blocking { queries: 64, splits: 2, ..base }] {
-        assert!(Sdpa::compile_with(&c, bad).is_err(), "{bad:?}");
-    }
-    let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..c };
-    assert!(Sdpa::compile_with(&bf16, base).is_err());
-}
-
-#[test]
 fn split_keys_merge_to_the_same_attention() {
     // Split-K: the keys of each row in 2..5 chunks (4-key blocks; the last chunk also takes the
     // narrow block), with every mask kind, causal rows, key lengths that end a chunk early or
@@ -532,102 +505,6 @@ fn the_cache_compiles_each_configuration_once_and_runs_from_threads() {
     assert_eq!(compile_count(), after);
 }
 
-#[test]
-fn display_names_the_kernel_and_blocks() {
-    let sdpa = Sdpa::compile(&SdpaConfig { causal: true, ..config(1, 32, 8, 1, 4096, 128) }).unwrap();
-    let text = sdpa.to_string();
-    assert!(
-        text.contains("flash_tile_ops")
-            && text.contains("4 head(s) x 1 queries")
-            && text.contains("blocks of 512"),
-        "{text}"
-    );
-}
-
-#[test]
-fn no_buffer_scales_with_n_squared_and_causal_does_about_half_the_work() {
-    let (n, d) = (1024, 64);
-    let plain = Sdpa::compile(&config(1, 1, 1, n, n, d)).unwrap();
-    let causal = Sdpa::compile(&SdpaConfig { causal: true, ..config(1, 1, 1, n, n, d) }).unwrap();
-    for (s, causal) in [(&plain, false), (&causal, true)] {
-        let locals = local_lengths(s);
-        assert!(locals.len() >= 4, "{}", s.program().loop_ir());
-        // Tiles are rows x D or rows x keys-per-block: the same at four times the length, and
-        // within the JIT's 256 KiB stack.
-        let longer = Sdpa::compile(&SdpaConfig { causal, ..config(1, 1, 1, 4 * n, 4 * n, d) }).unwrap();
-        assert_eq!(local_lengths(&longer), locals, "a tile grows with N");
-        assert!(locals.iter().sum::<usize>() * 4 <= 256 * 1024, "{locals:?}");
-    }
-    let (full, half) = (plain.program().estimates().flops, causal.program().estimates().flops);
-    // Half the score matrix is n^2 / 2 + n / 2 pairs (0.5005 of it); the rest is the part of
-    // the diagonal blocks above the diagonal that the staircase of row parts still computes.
-    let ratio = half as f64 / full as f64;
-    assert!((0.5..0.52).contains(&ratio), "causal / full static FLOPs = {ratio}");
-    // Whole diagonal blocks compute all of each 64 x 64 diagonal block.
-    let whole =
-        Sdpa::compile_with(causal.config(), Blocking { diagonal_parts: 1, ..causal.blocking() }).unwrap();
-    let whole_ratio = whole.program().estimates().flops as f64 / full as f64;
-    assert!(whole_ratio > ratio + 0.01, "whole diagonal blocks: {whole_ratio}, staircase: {ratio}");
-}
-
-/// Locals of the loop program (`local accN: f32[len]`), by length.
-fn local_lengths(sdpa: &Sdpa) -> Vec<usize> {
-    sdpa.program()
-        .loop_ir()
-        .lines()
-        .filter_map(|l| l.strip_prefix("local ")?.split('[').nth(1)?.trim_end_matches(']').parse().ok())
-        .collect()
-}
-
-/// Without the causal mask keys come in blocks of 128 where a task keeps at least 128 rows
-/// with them; under it, or where the stack leaves fewer rows, in blocks of 64.
-#[test]
-fn wide_key_blocks_only_for_tall_unmasked_tasks() {
-    let choose = |c: SdpaConfig| Blocking::choose(&c, 2);
-    for (d, rows) in [(64, 256), (128, 128), (256, 128)] {
-        let b = choose(config(1, 8, 8, 1024, 1024, d));
-        assert!(b.keys == 128 && b.queries == rows, "D = {d}: {b:?}");
-        let b = choose(SdpaConfig { causal: true, ..config(1, 8, 8, 1024, 1024, d) });
-        assert_eq!(b.keys, 64, "causal D = {d}: {b:?}");
-    }
-    // bf16 at D = 256 keeps a query tile and a tile of rounded probabilities: under 128 rows.
-    let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, 256) };
-    let b = choose(bf16);
-    assert!(b.keys == 64 && b.queries < 128, "{b:?}");
-    // Fewer keys than a wide block: one block of all of them.
-    assert_eq!(choose(config(1, 8, 8, 1024, 100, 64)).keys, 64);
-    // Decode keeps its streamed 512-key blocks.
-    assert_eq!(choose(config(1, 32, 8, 1, 4096, 128)).keys, 512);
-}
-
-/// An f32 task of one query head reads its queries in q (no `rows x D` query copy beside the
-/// output tile), so the stack holds taller tiles: at D = 256, 128 rows where the copy allowed
-/// 64. Stacked heads and bf16 keep their query tile.
-#[test]
-fn one_head_f32_tasks_read_queries_in_place_and_take_taller_tiles() {
-    let c = config(1, 8, 8, 1024, 1024, 256);
-    let b = Blocking::choose(&c, 2);
-    assert!(b.reads_queries_in_place(&c) && b.heads_per_task == 1 && b.queries == 128, "{b:?}");
-    let sdpa = Sdpa::compile_with(&c, b).unwrap();
-    assert!(sdpa.to_string().contains("128 queries read in place"), "{sdpa}");
-    let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == 128 * 256).count();
-    assert_eq!(row_tiles, 1, "only the output tile is rows x D:\n{}", sdpa.program().loop_ir());
-
-    let stacked = config(1, 32, 8, 1, 4096, 128);
-    let b = Blocking::choose(&stacked, 2);
-    assert!(b.heads_per_task == 4 && !b.reads_queries_in_place(&stacked), "{b:?}");
-    let sdpa = Sdpa::compile_with(&stacked, Blocking { splits: 1, ..b }).unwrap();
-    let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == 4 * 128).count();
-    assert_eq!(row_tiles, 2, "the query tile and the output tile:\n{}", sdpa.program().loop_ir());
-
-    // f16 reads its queries in place too (the score GEMM widens them); bf16 keeps its tile.
-    let half = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..c };
-    let b = Blocking::choose(&half, 2);
-    assert!(b.reads_queries_in_place(&half) && b.queries == 128, "{b:?}");
-    let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..c };
-    assert!(!Blocking::choose(&bf16, 2).reads_queries_in_place(&bf16));
-}
-
 /// Queries read in place leave the scale to the softmax step, or to the mask loop where one
 /// reads every score: a zero or negative scale, which would turn a masked `-inf` into NaN or
 /// `+inf` there, must still mask, with every mask kind, causal rows and key lengths, against
@@ -656,24 +533,6 @@ fn zero_and_negative_scales_with_queries_read_in_place() {
                 check(&case, &sdpa);
             }
         }
-    }
-}
-
-/// Batched, multi-head, GQA and decode shapes whose query blocks divide n_q run their THREAD
-/// tasks in parallel: the compiler proves from the output index that tasks write disjoint rows
-/// (a serial run of the same kernel was half as fast on two cores).
-#[test]
-fn batched_heads_and_decode_run_tasks_in_parallel() {
-    for (b, h, hkv, n_q, n_k, d) in [
-        (4, 12, 12, 512, 512, 64),
-        (1, 32, 8, 1024, 1024, 128),
-        (2, 8, 8, 1000, 1000, 80),
-        (8, 32, 32, 1, 2048, 128),
-        (1, 32, 8, 1, 4096, 128),
-    ] {
-        let sdpa = Sdpa::compile(&config(b, h, hkv, n_q, n_k, d)).expect("compiles");
-        assert!(sdpa.program().is_parallel(), "{sdpa}");
-        assert_eq!(n_q % sdpa.blocking().queries, 0, "{sdpa}");
     }
 }
 

@@ -191,6 +191,31 @@ fn sum_trailing_keep(x: &Tensor, axes: usize) -> Result<Tensor> {
     s.try_reshape(&keep)
 }
 
+/// The gradient `g` of a SHRINK to `bounds` of a tensor of shape `full`, padded back to `full`
+/// with zeros, one axis at a time.
+fn padded_back(g: &Tensor, bounds: &[(usize, usize)], full: &[usize]) -> Result<Tensor> {
+    let mut gx = g.clone();
+    for (a, (&(lo, hi), &n)) in bounds.iter().zip(full).enumerate() {
+        if lo == 0 && hi == n {
+            continue;
+        }
+        let mut parts = Vec::new();
+        let mut side = gx.shape().to_vec();
+        if lo > 0 {
+            side[a] = lo;
+            parts.push(zeros(&side, g));
+        }
+        parts.push(gx.clone());
+        if hi < n {
+            side[a] = n - hi;
+            parts.push(zeros(&side, g));
+        }
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        gx = Tensor::try_cat(&refs, a as isize)?;
+    }
+    Ok(gx)
+}
+
 /// The contribution of `g` (the gradient of node `u`) to each differentiable source, by
 /// source position.
 fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
@@ -257,31 +282,7 @@ fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
             }
             vec![(0, g.try_permute(&inv)?)]
         }
-        Op::Shrink(bounds) => {
-            // pad back with zeros, one axis at a time
-            let x = src(0);
-            let full = x.shape();
-            let mut gx = g.clone();
-            for (a, (&(lo, hi), &n)) in bounds.iter().zip(full).enumerate() {
-                if lo == 0 && hi == n {
-                    continue;
-                }
-                let mut parts = Vec::new();
-                let mut side = gx.shape().to_vec();
-                if lo > 0 {
-                    side[a] = lo;
-                    parts.push(zeros(&side, g));
-                }
-                parts.push(gx.clone());
-                if hi < n {
-                    side[a] = n - hi;
-                    parts.push(zeros(&side, g));
-                }
-                let refs: Vec<&Tensor> = parts.iter().collect();
-                gx = Tensor::try_cat(&refs, a as isize)?;
-            }
-            vec![(0, gx)]
-        }
+        Op::Shrink(bounds) => vec![(0, padded_back(g, bounds, src(0).shape())?)],
         Op::Reduce { op, axes } => {
             let x = src(0);
             let xs = x.shape().to_vec();

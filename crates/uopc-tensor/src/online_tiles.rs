@@ -220,6 +220,42 @@ fn batch_coords(item: &UOp, batch: &[usize]) -> Vec<UOp> {
     coords
 }
 
+/// The score GEMM of `rows` query rows against a block of `cols` keys: `S = Q K^T`, over
+/// the views `a` matched, into a dense `rows x cols` tile.
+fn score_gemm(a: &Attention, rows: usize, cols: usize) -> TileOp {
+    TileOp::Gemm(GemmShape {
+        m: rows,
+        n: cols,
+        k: a.d,
+        lda: a.q.ld,
+        ldb: a.k.ld,
+        ldc: cols,
+        a_trans: a.q.trans,
+        b_trans: a.k.trans,
+        accumulate: false,
+        b_panel_width: 0,
+        parallel: false,
+    })
+}
+
+/// The `P V` GEMM of a `rows x cols` probability tile against that block's values,
+/// accumulated into the dense `rows x dv` output tile.
+fn pv_gemm(a: &Attention, rows: usize, cols: usize) -> TileOp {
+    TileOp::Gemm(GemmShape {
+        m: rows,
+        n: a.dv,
+        k: cols,
+        lda: cols,
+        ldb: a.v.ld,
+        ldc: a.dv,
+        a_trans: false,
+        b_trans: a.v.trans,
+        accumulate: true,
+        b_panel_width: 0,
+        parallel: false,
+    })
+}
+
 /// The tile-op program of kernel `body` writing `out`, or `None` when `body` is not a function
 /// of an online group over a matrix product (see the module docs).
 pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
@@ -265,21 +301,8 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
                      outer: &[UOp],
                      prefix: bool|
      -> Option<UOp> {
-        let scores = TileOp::Gemm(GemmShape {
-            m: br,
-            n: cols,
-            k: a.d,
-            lda: a.q.ld,
-            ldb: a.k.ld,
-            ldc: cols,
-            a_trans: a.q.trans,
-            b_trans: a.k.trans,
-            accumulate: false,
-            b_panel_width: 0,
-            parallel: false,
-        });
         let g1 = tile(
-            scores,
+            score_gemm(&a, br, cols),
             &[qb.index(&q_first), kb.index(&k_first + first * a.k_row as i64), si.after(prev).index(0)],
         );
         let tile_s = si.after(std::slice::from_ref(&g1));
@@ -316,21 +339,8 @@ pub(crate) fn lower_online_attention(body: &UOp, out: &UOp) -> Option<UOp> {
             ],
         );
         let after_sm = std::slice::from_ref(&sm);
-        let pv = TileOp::Gemm(GemmShape {
-            m: br,
-            n: a.dv,
-            k: cols,
-            lda: cols,
-            ldb: a.v.ld,
-            ldc: a.dv,
-            a_trans: false,
-            b_trans: a.v.trans,
-            accumulate: true,
-            b_panel_width: 0,
-            parallel: false,
-        });
         Some(tile(
-            pv,
+            pv_gemm(&a, br, cols),
             &[
                 si.after(after_sm).index(0),
                 vb.index(&v_first + first * a.v_row as i64),

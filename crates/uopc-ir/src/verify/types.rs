@@ -10,15 +10,19 @@ fn is_value(u: &UOp) -> bool {
     matches!(u.op(), Op::Const(_) | Op::Var { .. } | Op::Range { .. } | Op::Load) || u.op().is_alu()
 }
 
+/// `Ok` when `u` has `n` sources.
+fn expect_arity(u: &UOp, n: usize) -> Result<(), IrError> {
+    let got = u.src().len();
+    if got == n {
+        Ok(())
+    } else {
+        Err(err(IrErrorKind::Structure, u, format!("expects {n} sources, has {got}")))
+    }
+}
+
 pub(super) fn check_types(u: &UOp) -> Result<(), IrError> {
     let s = u.src();
-    let arity = |n: usize| -> Result<(), IrError> {
-        if s.len() == n {
-            Ok(())
-        } else {
-            Err(err(IrErrorKind::Structure, u, format!("expects {n} sources, has {}", s.len())))
-        }
-    };
+    let arity = |n: usize| expect_arity(u, n);
     let dt = |k: usize| s[k].dtype();
     if u.op().is_alu() || matches!(u.op(), Op::Store | Op::Index | Op::Range { .. }) {
         // Operands that are values (not buffers, views or effects).
@@ -72,6 +76,152 @@ pub(super) fn check_types(u: &UOp) -> Result<(), IrError> {
         }
         Op::End => arity(2)?,
         Op::After if s.is_empty() => arity(1)?,
+        Op::Index | Op::Load | Op::Store => check_memory_types(u)?,
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast => check_alu_types(u)?,
+        Op::After if u.dtype() != dt(0) => {
+            return Err(err(
+                IrErrorKind::DType,
+                u,
+                format!("AFTER dtype {} differs from its view's {}", u.dtype(), dt(0)),
+            ));
+        }
+        Op::Sink | Op::After => {}
+        Op::Tile(t) => check_tile_types(u, t)?,
+        _ => {
+            return Err(err(
+                IrErrorKind::Structure,
+                u,
+                "tensor-level op in a loop program (rangeify it first)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rules of tile op `t` at node `u`: one INDEX per operand, the dtype pairs its operands
+/// may take, and row strides at least as wide as each operand's rows.
+fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
+    let s = u.src();
+    let dt = |k: usize| s[k].dtype();
+    if s.len() != t.operands().len() {
+        return Err(err(
+            IrErrorKind::Structure,
+            u,
+            format!("expects {} sources, has {}", t.operands().len(), s.len()),
+        ));
+    }
+    for x in s {
+        if !matches!(x.op(), Op::Index) {
+            return Err(err(IrErrorKind::Structure, u, format!("operand {} is not an INDEX", x.short())));
+        }
+    }
+    // A GEMM multiplies f32, bf16 or f16 operands (both alike, or an f32 A with an f16
+    // B, which the tile library widens while packing B) into an f32 C; the rounded
+    // softmax rounds to BF16 or F16 and writes its P tile (operand 4) in that dtype,
+    // or over its F32 score tile (the same node, the same stride); every other operand
+    // is f32.
+    if let &TileOp::SoftmaxUpdateRounded { round_to, lds, ldp, .. } = t {
+        if !round_to.is_half() {
+            return Err(err(IrErrorKind::DType, u, format!("rounds to {round_to}, not BF16 or F16")));
+        }
+        let over_scores = s[4] == s[0] && ldp == lds;
+        if s[4].dtype() != round_to && !over_scores {
+            return Err(err(
+                IrErrorKind::DType,
+                u,
+                format!(
+                    "P operand {} is {} and not the score tile with its stride, so it must be \
+                     {round_to}",
+                    s[4].short(),
+                    s[4].dtype()
+                ),
+            ));
+        }
+    }
+    if let TileOp::Gemm(g) = t
+        && g.b_panel_width != 0
+    {
+        let (a, b) = (dt(0), dt(1));
+        if g.b_trans || a != DType::F32 || b != DType::F32 {
+            return Err(err(
+                IrErrorKind::DType,
+                u,
+                format!(
+                    "GEMM with B {} in panels of {}: want F32 A and B ({a}, {b}) and B not \
+                     transposed",
+                    s[1].short(),
+                    g.b_panel_width
+                ),
+            ));
+        }
+    }
+    if matches!(t, TileOp::Gemm(_)) {
+        let (a, b) = (dt(0), dt(1));
+        let paired = a == b && (a == DType::F32 || a.is_half());
+        let widened_b = a == DType::F32 && b == DType::F16;
+        if !(paired || widened_b) {
+            return Err(err(
+                IrErrorKind::DType,
+                u,
+                format!(
+                    "GEMM operands A {} ({a}) and B {} ({b}): want both F32, both BF16, \
+                     both F16, or F32 A with F16 B",
+                    s[0].short(),
+                    s[1].short()
+                ),
+            ));
+        }
+    }
+    if matches!(t, TileOp::Convert { .. }) {
+        let (from, to) = (dt(0), dt(1));
+        if !((from.is_half() && to == DType::F32) || (from == DType::F32 && to.is_half())) {
+            return Err(err(
+                IrErrorKind::DType,
+                u,
+                format!(
+                    "conversion from {} ({from}) to {} ({to}): want BF16 or F16 to F32, or F32 to \
+                     BF16 or F16",
+                    s[0].short(),
+                    s[1].short()
+                ),
+            ));
+        }
+    }
+    for (k, x) in s.iter().enumerate() {
+        let want = match t {
+            // Checked together above.
+            TileOp::Gemm(_) if k < 2 => continue,
+            TileOp::Convert { .. } => continue,
+            TileOp::SoftmaxUpdateRounded { .. } if k == 4 => continue,
+            _ => DType::F32,
+        };
+        if x.dtype() != want {
+            return Err(err(
+                IrErrorKind::DType,
+                u,
+                format!("operand {} is {}, not {want}", x.short(), x.dtype()),
+            ));
+        }
+    }
+    for (k, (rows, cols, ld)) in t.blocks().into_iter().enumerate() {
+        if rows > 1 && ld < cols {
+            return Err(err(
+                IrErrorKind::Structure,
+                u,
+                format!("operand {k}: row stride {ld} is less than its {cols} columns"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rules of INDEX, LOAD and STORE at `u`: a view indexed by an integer, and loads and
+/// stores through an INDEX in the buffer's dtype.
+fn check_memory_types(u: &UOp) -> Result<(), IrError> {
+    let s = u.src();
+    let dt = |k: usize| s[k].dtype();
+    let arity = |n: usize| expect_arity(u, n);
+    match u.op() {
         Op::Index => {
             arity(2)?;
             if view_base(&s[0]).is_none() {
@@ -118,6 +268,18 @@ pub(super) fn check_types(u: &UOp) -> Result<(), IrError> {
                 ));
             }
         }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The rules of the ALU ops at `u`: operand and result dtypes of unary and binary ops,
+/// WHERE and CAST (16-bit floats only stored, loaded and cast).
+fn check_alu_types(u: &UOp) -> Result<(), IrError> {
+    let s = u.src();
+    let dt = |k: usize| s[k].dtype();
+    let arity = |n: usize| expect_arity(u, n);
+    match u.op() {
         Op::Unary(op) => {
             arity(1)?;
             let float_only = !matches!(op, UnaryOp::Neg);
@@ -188,130 +350,7 @@ pub(super) fn check_types(u: &UOp) -> Result<(), IrError> {
                 ));
             }
         }
-        Op::After if u.dtype() != dt(0) => {
-            return Err(err(
-                IrErrorKind::DType,
-                u,
-                format!("AFTER dtype {} differs from its view's {}", u.dtype(), dt(0)),
-            ));
-        }
-        Op::Sink | Op::After => {}
-        Op::Tile(t) => {
-            arity(t.operands().len())?;
-            for x in s {
-                if !matches!(x.op(), Op::Index) {
-                    return Err(err(
-                        IrErrorKind::Structure,
-                        u,
-                        format!("operand {} is not an INDEX", x.short()),
-                    ));
-                }
-            }
-            // A GEMM multiplies f32, bf16 or f16 operands (both alike, or an f32 A with an f16
-            // B, which the tile library widens while packing B) into an f32 C; the rounded
-            // softmax rounds to BF16 or F16 and writes its P tile (operand 4) in that dtype,
-            // or over its F32 score tile (the same node, the same stride); every other operand
-            // is f32.
-            if let &TileOp::SoftmaxUpdateRounded { round_to, lds, ldp, .. } = t {
-                if !round_to.is_half() {
-                    return Err(err(IrErrorKind::DType, u, format!("rounds to {round_to}, not BF16 or F16")));
-                }
-                let over_scores = s[4] == s[0] && ldp == lds;
-                if s[4].dtype() != round_to && !over_scores {
-                    return Err(err(
-                        IrErrorKind::DType,
-                        u,
-                        format!(
-                            "P operand {} is {} and not the score tile with its stride, so it must be \
-                             {round_to}",
-                            s[4].short(),
-                            s[4].dtype()
-                        ),
-                    ));
-                }
-            }
-            if let TileOp::Gemm(g) = t
-                && g.b_panel_width != 0
-            {
-                let (a, b) = (dt(0), dt(1));
-                if g.b_trans || a != DType::F32 || b != DType::F32 {
-                    return Err(err(
-                        IrErrorKind::DType,
-                        u,
-                        format!(
-                            "GEMM with B {} in panels of {}: want F32 A and B ({a}, {b}) and B not \
-                             transposed",
-                            s[1].short(),
-                            g.b_panel_width
-                        ),
-                    ));
-                }
-            }
-            if matches!(t, TileOp::Gemm(_)) {
-                let (a, b) = (dt(0), dt(1));
-                let paired = a == b && (a == DType::F32 || a.is_half());
-                let widened_b = a == DType::F32 && b == DType::F16;
-                if !(paired || widened_b) {
-                    return Err(err(
-                        IrErrorKind::DType,
-                        u,
-                        format!(
-                            "GEMM operands A {} ({a}) and B {} ({b}): want both F32, both BF16, \
-                             both F16, or F32 A with F16 B",
-                            s[0].short(),
-                            s[1].short()
-                        ),
-                    ));
-                }
-            }
-            if matches!(t, TileOp::Convert { .. }) {
-                let (from, to) = (dt(0), dt(1));
-                if !((from.is_half() && to == DType::F32) || (from == DType::F32 && to.is_half())) {
-                    return Err(err(
-                        IrErrorKind::DType,
-                        u,
-                        format!(
-                            "conversion from {} ({from}) to {} ({to}): want BF16 or F16 to F32, or F32 to \
-                             BF16 or F16",
-                            s[0].short(),
-                            s[1].short()
-                        ),
-                    ));
-                }
-            }
-            for (k, x) in s.iter().enumerate() {
-                let want = match t {
-                    // Checked together above.
-                    TileOp::Gemm(_) if k < 2 => continue,
-                    TileOp::Convert { .. } => continue,
-                    TileOp::SoftmaxUpdateRounded { .. } if k == 4 => continue,
-                    _ => DType::F32,
-                };
-                if x.dtype() != want {
-                    return Err(err(
-                        IrErrorKind::DType,
-                        u,
-                        format!("operand {} is {}, not {want}", x.short(), x.dtype()),
-                    ));
-                }
-            }
-            for (k, (rows, cols, ld)) in t.blocks().into_iter().enumerate() {
-                if rows > 1 && ld < cols {
-                    return Err(err(
-                        IrErrorKind::Structure,
-                        u,
-                        format!("operand {k}: row stride {ld} is less than its {cols} columns"),
-                    ));
-                }
-            }
-        }
-        _ => {
-            return Err(err(
-                IrErrorKind::Structure,
-                u,
-                "tensor-level op in a loop program (rangeify it first)",
-            ));
-        }
+        _ => {}
     }
     Ok(())
 }

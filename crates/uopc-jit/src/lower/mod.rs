@@ -24,6 +24,7 @@ mod packed_store;
 mod scalar;
 mod tile;
 mod vector;
+mod vector_plan;
 
 use loops::{LoopTest, Trips, range_end};
 use memory::{mem, split_constant_term};

@@ -5,45 +5,12 @@
 //! Anything else (integer or f64 math on the loop variable, calls, strided stores, memory
 //! carried from one iteration to the next) keeps the scalar lowering.
 
+use super::vector_plan::{LaneCompare, Reduction, VectorPlan};
 use super::*;
 use cranelift_codegen::ir::Endianness;
-use std::collections::HashSet;
-use uopc_ir::simplify;
 
 /// Lanes of an F32X4.
 const LANES: i64 = 4;
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reduction {
-    Sum,
-    Max,
-}
-
-/// How a memory access moves with the loop variable: `index = stride * r + rest`.
-struct Access {
-    stride: i64,
-    rest: UOp,
-}
-
-/// What the analysis proved about a loop body.
-struct VectorPlan {
-    accs: Vec<(Variable, Reduction)>,
-    access: HashMap<UOp, Access>,
-    /// Integer index arithmetic: folded into addresses, never emitted as values.
-    index_math: HashSet<UOp>,
-    /// Compares of the loop variable with a loop-invariant integer (see [`LaneCompare`]).
-    lane_compares: HashMap<UOp, LaneCompare>,
-}
-
-/// `r != x`, `r < x` or `x < r` with `r` the loop variable and `x` computed before the loop (a
-/// one-hot's `column == target`): lane `k` of a step from `first` compares `k` with
-/// `x - first`, one vector integer compare.
-struct LaneCompare {
-    op: BinaryOp,
-    other: UOp,
-    /// Whether the loop variable is the left operand.
-    range_left: bool,
-}
 
 /// What every statement of one vector copy of a loop body shares.
 struct VectorStep<'p> {
@@ -228,165 +195,6 @@ impl Lowerer<'_, '_> {
         }
     }
 
-    /// Decides whether `body` (the body of innermost loop `range`) vectorizes, and how.
-    fn vector_plan(&self, range: &UOp, body: &[Stmt]) -> Option<VectorPlan> {
-        let nodes: Vec<&UOp> =
-            body.iter().map(|s| if let Stmt::Op(u) = s { Some(u) } else { None }).collect::<Option<_>>()?;
-        let in_body: HashSet<&UOp> = nodes.iter().copied().collect();
-        let mut users: HashMap<&UOp, Vec<&UOp>> = HashMap::new();
-        for u in &nodes {
-            for s in u.src() {
-                users.entry(s).or_default().push(u);
-            }
-        }
-        // Register reductions: exactly one load and one store, the load used only by the update.
-        let mut accs: Vec<(Variable, Reduction)> = Vec::new();
-        let mut reg_uses: HashMap<u32, usize> = HashMap::new();
-        for u in &nodes {
-            if let Some(index) = u.memory_index()
-                && let Some(var) = self.register_of(index)
-            {
-                *reg_uses.entry(var.as_u32()).or_default() += 1;
-                if let Some(store) = u.as_store() {
-                    let v = store.value;
-                    let red = match v.op() {
-                        Op::Binary(BinaryOp::Add) => Reduction::Sum,
-                        Op::Binary(BinaryOp::Max) => Reduction::Max,
-                        _ => return None,
-                    };
-                    let load = v.src().iter().find(|x| x.as_load() == Some(index))?;
-                    if v.dtype() != DType::F32 || users.get(load).map(Vec::len) != Some(1) {
-                        return None;
-                    }
-                    accs.push((var, red));
-                }
-            }
-        }
-        if accs.iter().any(|(v, _)| reg_uses.get(&v.as_u32()) != Some(&2)) || reg_uses.len() != accs.len() {
-            return None;
-        }
-        // Integer and bool nodes may only feed addresses (integers) or WHERE (float compares,
-        // compares of the loop variable, and their negations).
-        let mut index_math: HashSet<UOp> = HashSet::new();
-        let mut lane_compares: HashMap<UOp, LaneCompare> = HashMap::new();
-        for u in nodes.iter().rev() {
-            if matches!(u.op(), Op::Index | Op::After | Op::End | Op::Sink | Op::Load | Op::Store) {
-                continue;
-            }
-            let used_by = users.get(u).cloned().unwrap_or_default();
-            match u.dtype() {
-                d if d.is_int() => {
-                    let only_addresses = used_by
-                        .iter()
-                        .all(|w| w.as_index().is_some_and(|i| i.offset == *u) || index_math.contains(*w));
-                    if !only_addresses || !u.op().is_alu() {
-                        return None;
-                    }
-                    index_math.insert((*u).clone());
-                }
-                DType::Bool => {
-                    let float_compare = u.as_binary().is_some_and(|(op, a, _)| {
-                        matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) && a.dtype() == DType::F32
-                    });
-                    let lane_compare = self.lane_compare(u, range, &in_body);
-                    // `c ? false : true` (a NOT) or `c ? true : false` of a mask
-                    let negation = u.as_where().is_some_and(|w| {
-                        let b = |x: &UOp| x.const_value().map(|c| c.as_f64() != 0.0);
-                        matches!((b(w.then), b(w.otherwise)), (Some(t), Some(o)) if t != o)
-                    });
-                    let conds_only = used_by.iter().all(|w| w.as_where().is_some_and(|w| w.cond == *u));
-                    if !(float_compare || lane_compare.is_some() || negation) || !conds_only {
-                        return None;
-                    }
-                    if let Some(lc) = lane_compare {
-                        lane_compares.insert((*u).clone(), lc);
-                    }
-                }
-                DType::F32 => match u.op() {
-                    Op::Binary(_) | Op::Where => {}
-                    // Widening a 16-bit value: its f32 is the value already.
-                    Op::Cast if u.as_cast().is_some_and(|x| x.dtype().is_half()) => {}
-                    Op::Unary(UnaryOp::Log2) | Op::Cast => return None,
-                    Op::Unary(_) => {}
-                    _ => return None,
-                },
-                // Rounding f32 (or other 16-bit) lanes to 16 bits: lane-wise integer and float ops.
-                d if d.is_half()
-                    && matches!(u.op(), Op::Cast)
-                    && u.as_cast().is_some_and(|x| x.dtype() == DType::F32 || x.dtype().is_half()) => {}
-                _ => return None,
-            }
-        }
-        // Memory: f32, bf16 or f16, affine in the loop variable, invariant parts computable
-        // outside.
-        let mut access: HashMap<UOp, Access> = HashMap::new();
-        let mut per_base: HashMap<UOp, Vec<(i64, UOp, bool)>> = HashMap::new();
-        for u in &nodes {
-            let Some(index) = u.memory_index() else { continue };
-            if self.register_of(index).is_some() {
-                continue;
-            }
-            let addressed = index.as_index()?;
-            let base = view_base(addressed.base)?;
-            if base.dtype() != DType::F32 && !base.dtype().is_half() {
-                return None;
-            }
-            let (stride, rest) = split_linear(addressed.offset, range)?;
-            if !self.index_expr_available(&rest, &in_body) {
-                return None;
-            }
-            let is_store = matches!(u.op(), Op::Store);
-            // A constant stored counting down (a row's suffix filled from its end) is the same
-            // in every lane, so one vector store at the lowest of the four elements writes it.
-            let constant = u.as_store().is_some_and(|st| st.value.const_value().is_some());
-            if is_store && stride != 1 && !(stride == -1 && constant) {
-                return None;
-            }
-            per_base.entry(base.clone()).or_default().push((stride, rest.clone(), is_store));
-            access.insert(index.clone(), Access { stride, rest });
-        }
-        // A buffer stored in the loop may only be accessed at the iteration's own element, or
-        // in a provably disjoint stretch: no value flows from one iteration to another
-        // through memory.
-        // The most trips the loop can run (its end's upper bound: a constant, or what the
-        // variables' bounds allow).
-        let trips = range.as_range()?.end.vmax();
-        for list in per_base.values() {
-            if !list.iter().any(|(_, _, st)| *st) {
-                continue;
-            }
-            for (a, (sa, ra, _)) in list.iter().enumerate() {
-                for (sb, rb, _) in &list[a + 1..] {
-                    if (sa, ra) == (sb, rb) {
-                        continue;
-                    }
-                    let gap = simplify(&(ra - rb)).const_int()?;
-                    if *sa != 1 || *sb != 1 || gap.abs() < trips {
-                        return None;
-                    }
-                }
-            }
-        }
-        Some(VectorPlan { accs, access, index_math, lane_compares })
-    }
-
-    /// `u` as a compare of the loop variable `range` with an integer already computed before
-    /// the loop (a constant, an enclosing range or an earlier value).
-    fn lane_compare(&self, u: &UOp, range: &UOp, in_body: &HashSet<&UOp>) -> Option<LaneCompare> {
-        let (op, a, b) = u.as_binary()?;
-        if !matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) || !a.dtype().is_int() {
-            return None;
-        }
-        let (range_left, other) = if a == range { (true, b) } else { (false, a) };
-        let available = other != range
-            && (range_left || b == range)
-            && (other.const_value().is_some()
-                || self.range_vars.contains_key(other)
-                || self.var_vals.contains_key(other)
-                || (self.vals.contains_key(other) && !in_body.contains(other)));
-        available.then(|| LaneCompare { op, other: other.clone(), range_left })
-    }
-
     /// For each lane compare of `plan`, its loop-invariant operand `x` clamped to
     /// `[-1, bound]` and splat as I32X4, and the lane numbers `0..4`, emitted before the loop
     /// so that each vector step compares `first + k` with it directly. Every index the loop
@@ -464,17 +272,6 @@ impl Lowerer<'_, '_> {
         // lane k stands for iteration first + k: `first + k != x` is `k != d`, `first + k < x`
         // is `k < d`, `x < first + k` is `k > d`
         Ok(self.b.ins().icmp(lane_condition(lc), k, d))
-    }
-
-    /// Whether `e` can be computed before the loop: constants, enclosing ranges, values
-    /// already computed, and integer arithmetic on those.
-    fn index_expr_available(&self, e: &UOp, in_body: &HashSet<&UOp>) -> bool {
-        UOp::toposort(std::slice::from_ref(e)).iter().all(|x| {
-            x.const_value().is_some()
-                || self.range_vars.contains_key(x)
-                || (self.vals.contains_key(x) && !in_body.contains(x))
-                || (x.op().is_alu() && x.dtype().is_int())
-        })
     }
 
     /// Emits integer expression `e` at the current point; nodes it adds to `vals` are

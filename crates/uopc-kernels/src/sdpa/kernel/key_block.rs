@@ -39,32 +39,7 @@ impl SdpaKernel {
             }
         };
         let parts = if mask == BlockMask::Diagonal { self.b.diagonal_parts } else { 1 };
-        let mut scores = GemmShape {
-            m: rows,
-            n: cols,
-            k: d,
-            lda,
-            ldb: ksn,
-            ldc: cols,
-            a_trans: false,
-            b_trans: true,
-            accumulate: false,
-            b_panel_width: 0,
-            parallel: false,
-        };
-        let mut pv = GemmShape {
-            m: rows,
-            n: d,
-            k: cols,
-            lda: cols,
-            ldb: ksn,
-            ldc: d,
-            a_trans: false,
-            b_trans: false,
-            accumulate: true,
-            b_panel_width: 0,
-            parallel: false,
-        };
+        let (mut scores, mut pv) = block_gemms(rows, cols, d, lda, ksn);
         let kv_at = &task.kv_base + first * ksn;
         let (keys, values) = match (&self.panels, &task.panel_base) {
             (Some(panels), Some((k0, v0))) => {
@@ -289,6 +264,39 @@ fn staircase(parts: usize, rows: usize, cols: usize, by_columns: bool) -> Vec<(u
     } else {
         (0..parts).map(bounds).map(|(lo, hi)| (lo, hi - lo, 0, seen + hi)).collect()
     }
+}
+
+/// The two GEMMs of a key block read in place, for `rows` query rows (`lda` apart) and `cols`
+/// keys of head dimension `d` (`ksn` apart in K and V): the scores `Q K^T` into a dense
+/// `rows x cols` tile, and `P V` accumulated into the dense `rows x d` output tile.
+fn block_gemms(rows: usize, cols: usize, d: usize, lda: usize, ksn: usize) -> (GemmShape, GemmShape) {
+    let scores = GemmShape {
+        m: rows,
+        n: cols,
+        k: d,
+        lda,
+        ldb: ksn,
+        ldc: cols,
+        a_trans: false,
+        b_trans: true,
+        accumulate: false,
+        b_panel_width: 0,
+        parallel: false,
+    };
+    let pv = GemmShape {
+        m: rows,
+        n: d,
+        k: cols,
+        lda: cols,
+        ldb: ksn,
+        ldc: d,
+        a_trans: false,
+        b_trans: false,
+        accumulate: true,
+        b_panel_width: 0,
+        parallel: false,
+    };
+    (scores, pv)
 }
 
 #[cfg(test)]
