@@ -1,6 +1,6 @@
 //! A hand-written SVG plot: best time against N per variant, log-log.
 
-use crate::attention::{Measurement, Variant};
+use crate::attention::measurement::{Measurement, Variant};
 use std::fmt::Write;
 
 const W: f64 = 760.0;

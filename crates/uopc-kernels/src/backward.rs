@@ -27,7 +27,7 @@ use uopc_ir::{AxisType, DType, Op, ProgramBuilder, UOp, buffer, sink};
 use uopc_jit::{JitError, Program};
 use uopc_tensor::{Plan, RealizeOptions, Tensor, TensorError, make_plan, realize, vjp};
 
-use crate::online::LOG2E;
+use crate::LOG2E;
 
 /// Why building, compiling or running a backward pass failed.
 #[derive(Debug)]

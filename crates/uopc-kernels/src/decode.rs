@@ -5,8 +5,8 @@
 //! Masking follows [`crate::masked`]: masked keys score `-inf`, the running max starts at
 //! [`M_FLOOR`], and a row whose keys are all masked outputs zeros.
 
+use crate::LOG2E;
 use crate::masked::{AttentionShape, M_FLOOR, PadData, Padding, min_idx};
-use crate::online::LOG2E;
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, f32c, sink};
 use uopc_jit::{Arg, JitError, Program};
 

@@ -2,8 +2,8 @@
 //! the scores, the online-softmax tile update and a tile GEMM for `P · V`, each a call into
 //! the `uopc-tile` micro-kernels; causal and second-level-blocked (L2) forms.
 
+use crate::LOG2E;
 use crate::flash_tiled::FlashTiling;
-use crate::online::LOG2E;
 use crate::query_block;
 use uopc_ir::{AxisType, DType, GemmShape, ProgramBuilder, TileOp, UOp, buffer, f32c, sink, tile};
 use uopc_jit::{JitError, Program};

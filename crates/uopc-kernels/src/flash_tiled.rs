@@ -13,8 +13,8 @@
 //! block, and K and V padded to whole key blocks (zeros; padded keys are masked to `-inf`).
 //! [`FlashTiled`] runs all three.
 
+use crate::LOG2E;
 use crate::masked::M_FLOOR;
-use crate::online::LOG2E;
 use crate::query_block;
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, f32c, sink};
 use uopc_jit::{JitError, JitOptions, OptLevel, Program};

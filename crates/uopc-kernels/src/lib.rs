@@ -29,6 +29,10 @@ pub mod online;
 pub mod reference;
 pub mod sdpa;
 
+/// `log2(e)`: every kernel here computes `exp(x)` as `2^(x log2(e))`, so scores are scaled by
+/// it (the vocabulary every kernel family shares, kept at the root so none imports another).
+pub const LOG2E: f64 = std::f64::consts::LOG2_E;
+
 /// Query rows per block for `n` rows and a wanted block of `want`: the largest divisor of `n`
 /// at most `want` (re-export of the tensor front end's rule, so both agree on the blocking).
 pub use uopc_tensor::attention::query_block;

@@ -13,7 +13,7 @@
 //!
 //! [`online_attention_qb_ir`]: crate::online::online_attention_qb_ir
 
-use crate::online::LOG2E;
+use crate::LOG2E;
 use crate::query_block;
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, f32c, sink};
 use uopc_jit::{Arg, BufRef, JitError, Program};

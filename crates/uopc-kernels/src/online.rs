@@ -3,8 +3,7 @@
 
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, f32c, sink};
 
-/// `log2(e)`: base-2 exponentials need scores scaled by it.
-pub const LOG2E: f64 = std::f64::consts::LOG2_E;
+pub use crate::LOG2E;
 
 /// The online-softmax (FlashAttention-style) attention kernel as a loop program.
 ///

@@ -27,7 +27,7 @@
 //! An online sum is a REDUCE with four sources, `[summand, m, g(m), k]` (see [`OnlineSum`]);
 //! the last three only tell rangeify how to rescale.
 
-use crate::rangeify::movement_source_index;
+use crate::view::movement_source_index;
 use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 use uopc_ir::{

@@ -1,8 +1,9 @@
 //! View algebra: where a chain of movement ops over a `Param` reads, evaluated at concrete
-//! indices. The layout passes, the optimizers and the tile mapping ask it about strides.
+//! indices (the layout passes, the optimizers and the tile mapping ask it about strides) or at
+//! symbolic ones (the index a movement op reads its source at, as rangeify lowers it).
 
 use std::collections::HashSet;
-use uopc_ir::{Op, UOp};
+use uopc_ir::{Op, UOp, idx};
 
 /// Flat offset in the base `Param` that movement view `v` reads at a concrete index, or `None`
 /// when `v` is not a chain of movement ops over a `Param`.
@@ -97,4 +98,59 @@ pub(crate) fn strided_broadcast_views(x: &UOp, axis: usize) -> Vec<UOp> {
         }
     }
     found
+}
+
+/// Row-major flat offset of `index` in `shape` (size-1 axes contribute nothing).
+pub(crate) fn ravel(index: &[UOp], shape: &[usize]) -> UOp {
+    let mut flat: Option<UOp> = None;
+    let mut stride = 1usize;
+    for (i, &s) in index.iter().zip(shape).rev() {
+        if s != 1 {
+            let term = if stride == 1 { i.clone() } else { i * stride };
+            flat = Some(match flat {
+                None => term,
+                Some(f) => term + f,
+            });
+        }
+        stride *= s;
+    }
+    flat.unwrap_or_else(|| idx(0))
+}
+
+/// The per-axis index in `shape` of a flat offset: `(flat // stride) % size`.
+pub(crate) fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
+    let mut out = vec![idx(0); shape.len()];
+    let mut stride = 1usize;
+    for k in (0..shape.len()).rev() {
+        if shape[k] != 1 {
+            out[k] = flat.idiv(stride as i64).modulo(shape[k] as i64);
+        }
+        stride *= shape[k];
+    }
+    out
+}
+
+/// The index into the source of movement op `u` that `u` reads at `index` (a RESHAPE's is
+/// left unsimplified; any other op reads its source at `index`).
+pub(crate) fn movement_source_index(u: &UOp, index: &[UOp]) -> Vec<UOp> {
+    let Some(src) = u.src().first() else { return index.to_vec() };
+    match u.op() {
+        Op::Reshape(shape) => unravel(&ravel(index, shape), src.shape()),
+        Op::Expand(shape) => index
+            .iter()
+            .zip(src.shape().iter().zip(shape))
+            .map(|(i, (&s, &n))| if s == 1 && n != 1 { idx(0) } else { i.clone() })
+            .collect(),
+        Op::Permute(perm) => {
+            let mut inv = vec![idx(0); index.len()];
+            for (k, &p) in perm.iter().enumerate() {
+                inv[p] = index[k].clone();
+            }
+            inv
+        }
+        Op::Shrink(bounds) => {
+            index.iter().zip(bounds).map(|(i, &(b, _))| if b == 0 { i.clone() } else { i + b }).collect()
+        }
+        _ => index.to_vec(),
+    }
 }

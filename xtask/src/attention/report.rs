@@ -1,7 +1,7 @@
 //! What `bench attention` reports: the table, the per-kernel lines, and the `--svg` and
 //! `--json` files with the machine they were measured on.
 
-use super::{Measurement, Result, TOLERANCE, fmt_err};
+use super::measurement::{Measurement, Result, TOLERANCE, fmt_err};
 use crate::AttentionArgs;
 use serde::Serialize;
 

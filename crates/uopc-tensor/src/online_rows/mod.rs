@@ -38,9 +38,10 @@ pub(crate) use split::lower_online_rows_split;
 
 use crate::online::{OnlineSum, shifted_exp2, symbolic_index};
 use crate::opt::Opts;
-use crate::rangeify::{Ctx, Known, movement_source_index, unravel};
+use crate::rangeify::{Ctx, Known};
 use crate::tilemap::{Affine, affine};
 use crate::util::{dense_strides, largest_divisor_at_most, numel};
+use crate::view::{movement_source_index, unravel};
 use std::collections::HashSet;
 use uopc_ir::{AxisType, DType, Op, ReduceOp, TileOp, UOp, buffer, f32c, idx, range, simplify, sink, tile};
 

@@ -2,7 +2,7 @@
 //! mask loop and the bias-gradient loop.
 
 use super::program::{BackwardKernel, KeyBlock, Task};
-use crate::online::LOG2E;
+use crate::LOG2E;
 use crate::sdpa::{MaskKind, SdpaConfig};
 use uopc_ir::{AxisType, DType, GemmShape, TileOp, UOp, f32c, idx};
 

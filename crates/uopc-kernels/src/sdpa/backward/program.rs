@@ -2,8 +2,8 @@
 //! blocks and query blocks.
 
 use super::{BackwardBlocking, Geometry};
+use crate::LOG2E;
 use crate::masked::min_idx;
-use crate::online::LOG2E;
 use crate::sdpa::blocking::cores;
 use crate::sdpa::{MaskKind, SdpaConfig, SdpaError};
 use uopc_ir::{AxisType, DType, ProgramBuilder, TileOp, UOp, buffer, idx, sink, tile};

@@ -2,8 +2,8 @@
 //! and the `P · V` GEMM.
 
 use super::{BlockMask, SdpaKernel, Span, Task};
+use crate::LOG2E;
 use crate::masked::min_idx;
-use crate::online::LOG2E;
 use crate::sdpa::{Blocking, MaskKind, SdpaConfig};
 use uopc_ir::{AxisType, DType, GemmShape, TileOp, UOp, f32c, idx, tile};
 

@@ -2,8 +2,8 @@
 //! store of its output rows.
 
 use super::{SdpaKernel, Task};
+use crate::LOG2E;
 use crate::masked::min_idx;
-use crate::online::LOG2E;
 use crate::sdpa::{Blocking, SdpaConfig};
 use uopc_ir::{AxisType, DType, TileOp, UOp, f32c, idx, sink, tile};
 
