@@ -2,8 +2,9 @@
 //! portable Rust), and the pair layout it packs into: see [`crate::bf16_gemm`] for the layout.
 
 use crate::GemmShape;
-use crate::bf16_gemm::Bf16Path;
-use crate::gemm::zero_c;
+use crate::bf16_path::Bf16Path;
+use crate::shapes::zero_c;
+use crate::x86::bf16_tiles::ATiles;
 
 /// k blocks (of 32) per slab on `path`. Each slab passes over all of C once (loads and stores
 /// every block), so longer slabs cost less C traffic, while a row block's A slab (`32 x 32
@@ -22,19 +23,6 @@ fn kb_per_slab(path: Bf16Path) -> usize {
 
 /// u16 in one packed tile pair (a B panel's k block, or a row block's A k block).
 const BLOCK: usize = 1024;
-
-/// The A operand of one block, in the form every path's block kernel takes.
-#[derive(Clone, Copy)]
-pub(crate) struct ATiles {
-    /// Row 0 of the first k step.
-    pub ptr: *const u16,
-    /// Bytes between rows `r` and `r + 1` (for `r + 1 < 16`).
-    pub stride: usize,
-    /// Bytes from row `r` to row `16 + r`.
-    pub hi: usize,
-    /// Bytes from one k step (32 columns) to the next.
-    pub step: usize,
-}
 
 impl ATiles {
     /// Row block `blk`, k block `kb` of a packed region holding `kblocks` k blocks per row

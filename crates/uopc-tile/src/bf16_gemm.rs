@@ -16,6 +16,7 @@
 //! The k dimension is swept in slabs (`kb_per_slab`): one row block's A slab stays close while
 //! the packed B slab streams past it, and each slab reads and writes C once.
 
+pub use crate::bf16_path::Bf16Path;
 use std::sync::OnceLock;
 
 use half::bf16;
@@ -23,55 +24,7 @@ use half::bf16;
 use crate::error::check_len;
 use crate::{GemmDesc, GemmShape, TileError};
 
-/// A code path of [`gemm_bf16`].
-///
-/// Every entry point takes the path explicitly so tests and benchmarks can force any one the
-/// CPU has; [`Bf16Path::detect`] picks the fastest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Bf16Path {
-    /// AMX tiles (`tdpbf16ps` on 16 x 32 x 16 blocks); needs AMX-TILE, AMX-BF16, OS support
-    /// for tile state and the Linux permission to use it.
-    Amx,
-    /// AVX-512 `vdpbf16ps` (AVX512_BF16 with AVX-512F and BW).
-    Avx512Bf16,
-    /// The f32 AVX-512 micro-kernel on operands widened to f32 while they are packed, for
-    /// AVX-512 CPUs whose `vdpbf16ps` is no faster than f32 FMAs: exact products, subnormals
-    /// kept.
-    Avx512Widen,
-    /// The f32 AVX2+FMA micro-kernel on operands widened to f32 while they are packed (a bf16
-    /// widens exactly), for CPUs without bf16 instructions: exact products, subnormals kept.
-    Avx2Fma,
-    /// Plain Rust; available everywhere.
-    Portable,
-}
-
 impl Bf16Path {
-    /// All paths, widest instructions first.
-    pub const ALL: [Bf16Path; 5] =
-        [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::Avx512Widen, Bf16Path::Avx2Fma, Bf16Path::Portable];
-
-    /// Whether this path can run here. For [`Bf16Path::Amx`] the first call asks the OS for
-    /// the tile-state permission (once per process); a refusal makes it unavailable.
-    pub fn available(self) -> bool {
-        match self {
-            Bf16Path::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Bf16Path::Amx => crate::x86::amx::usable(),
-            #[cfg(target_arch = "x86_64")]
-            Bf16Path::Avx512Bf16 => {
-                std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512bf16")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Bf16Path::Avx512Widen => crate::Isa::Avx512.available(),
-            #[cfg(target_arch = "x86_64")]
-            Bf16Path::Avx2Fma => crate::Isa::Avx2Fma.available(),
-            #[cfg(not(target_arch = "x86_64"))]
-            Bf16Path::Amx | Bf16Path::Avx512Bf16 | Bf16Path::Avx512Widen | Bf16Path::Avx2Fma => false,
-        }
-    }
-
     /// The path the machine model chooses ([`crate::machine::Choices::bf16`]), decided once.
     ///
     /// AMX, where chosen, must first pass a known-answer check in this process: a small GEMM
@@ -92,23 +45,6 @@ impl Bf16Path {
         let mut m = crate::machine::Machine::get().clone();
         m.features.amx_bf16 = false;
         m.choices().bf16
-    }
-
-    /// A short lowercase name (`"amx"`, `"avx512bf16"`, `"avx2fma"`, `"portable"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Bf16Path::Amx => "amx",
-            Bf16Path::Avx512Bf16 => "avx512bf16",
-            Bf16Path::Avx512Widen => "avx512widen",
-            Bf16Path::Avx2Fma => "avx2fma",
-            Bf16Path::Portable => "portable",
-        }
-    }
-}
-
-impl std::fmt::Display for Bf16Path {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.name())
     }
 }
 

@@ -2,122 +2,11 @@
 //!
 //! The vector paths run the blocked driver in `blocked`; the portable path is plain loops.
 
-use crate::error::{check_len, span};
+use crate::error::check_len;
+pub use crate::machine::register_tile;
+pub use crate::shapes::GemmShape;
+pub(crate) use crate::shapes::zero_c;
 use crate::{Isa, TileError};
-
-/// Shape, layout and mode of one GEMM tile: `C[m x n] (+)= A[m x k] · B[k x n]`.
-///
-/// Storage is row-major with explicit leading dimensions (elements between consecutive stored
-/// rows). `a_trans` means A is stored as its `k x m` transpose (`A[i, p]` at `p * lda + i`),
-/// otherwise `m x k` (`A[i, p]` at `i * lda + p`); likewise `b_trans` stores B as `n x k`
-/// (`B[p, j]` at `j * ldb + p`) instead of `k x n` (`p * ldb + j`). C is `m x n` (`i * ldc + j`).
-///
-/// With `b_panel_width = w > 0`, B is stored in panels of `w` columns instead (the layout
-/// [`pack_panels`](crate::pack_panels) writes): `B[p, j]` at `(j / w) * ldb + p * w + j % w`,
-/// so `ldb` is the distance between panels. A B used by many GEMMs is packed once that way
-/// and the micro-kernel reads it where it lies, rather than each GEMM packing it again. Only
-/// the f32 GEMM takes it, untransposed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct GemmShape {
-    /// Rows of A and C.
-    pub m: usize,
-    /// Columns of B and C.
-    pub n: usize,
-    /// The contracted dimension.
-    pub k: usize,
-    /// A is stored transposed (`k x m`).
-    pub a_trans: bool,
-    /// B is stored transposed (`n x k`).
-    pub b_trans: bool,
-    /// Leading dimension of A's storage (at least its stored row length when it has 2+ rows).
-    pub lda: usize,
-    /// Leading dimension of B's storage.
-    pub ldb: usize,
-    /// Leading dimension of C.
-    pub ldc: usize,
-    /// `true`: `C += A · B`. `false`: `C = A · B`, and C is never read (it may hold NaNs).
-    pub accumulate: bool,
-    /// 0: B is stored as `b_trans` says. `w > 0`: B is stored in panels of `w` columns, `ldb`
-    /// apart (see above).
-    pub b_panel_width: usize,
-    /// `true`: the f32 GEMM may cut C into blocks of whole register tiles (by rows, or by
-    /// columns when there are too few rows) and run them as tasks on the calling thread's rayon
-    /// pool. For a product whose size has no divisor that cuts it evenly over the cores, which
-    /// a caller splitting by exact blocks could not use. Each block sums in the serial call's
-    /// order unless it has so few rows that it takes the few-row kernels, which round
-    /// differently. The 16-bit GEMMs and a B in panels ignore it.
-    pub parallel: bool,
-}
-
-impl GemmShape {
-    /// A shape whose operands are stored densely (each leading dimension is the row length).
-    pub fn dense(m: usize, n: usize, k: usize, a_trans: bool, b_trans: bool, accumulate: bool) -> GemmShape {
-        GemmShape {
-            m,
-            n,
-            k,
-            a_trans,
-            b_trans,
-            lda: if a_trans { m } else { k },
-            ldb: if b_trans { k } else { n },
-            ldc: n,
-            accumulate,
-            b_panel_width: 0,
-            parallel: false,
-        }
-    }
-
-    /// Stored `(rows, cols)` of A.
-    pub fn a_dims(&self) -> (usize, usize) {
-        if self.a_trans { (self.k, self.m) } else { (self.m, self.k) }
-    }
-
-    /// Stored `(rows, cols)` of B: for panels, one stored row per panel (each `k * w` long).
-    pub fn b_dims(&self) -> (usize, usize) {
-        match (self.b_panel_width, self.b_trans) {
-            (0, true) => (self.n, self.k),
-            (0, false) => (self.k, self.n),
-            (w, _) => (self.n.div_ceil(w), self.k * w),
-        }
-    }
-
-    /// Elements `[a, b, c]` each operand spans, i.e. the minimum slice lengths.
-    ///
-    /// # Errors
-    ///
-    /// [`TileError::LeadingDim`] when a leading dimension is smaller than the stored row length
-    /// of an operand with two or more rows (for panels, `ldb < k * w`);
-    /// [`TileError::Overflow`] when an extent does not fit in `usize`;
-    /// [`TileError::InvalidLayout`] for a B in panels that is also marked transposed.
-    ///
-    /// # Examples
-    ///
-    /// ```rust
-    /// use uopc_tile::{GemmShape, TileError};
-    ///
-    /// // A is 2 x 3 in rows of 4 (one padding element), B 3 x 5, C 2 x 5.
-    /// let s = GemmShape { lda: 4, ..GemmShape::dense(2, 5, 3, false, false, false) };
-    /// assert_eq!(s.extents(), Ok([4 + 3, 3 * 5, 2 * 5]));
-    /// let overlapping = GemmShape { lda: 2, ..s };
-    /// assert_eq!(overlapping.extents(), Err(TileError::LeadingDim { operand: "a", ld: 2, cols: 3 }));
-    /// ```
-    pub fn extents(&self) -> Result<[usize; 3], TileError> {
-        if self.b_panel_width != 0 && self.b_trans {
-            return Err(TileError::InvalidLayout { operand: "b", reason: "panels are never transposed" });
-        }
-        if self.k.checked_mul(self.b_panel_width).is_none() {
-            return Err(TileError::Overflow { operand: "b" });
-        }
-        let (ar, ac) = self.a_dims();
-        let (br, bc) = self.b_dims();
-        Ok([span("a", ar, ac, self.lda)?, span("b", br, bc, self.ldb)?, span("c", self.m, self.n, self.ldc)?])
-    }
-
-    /// Floating-point operations of the product (`2 m n k`), for throughput figures.
-    pub fn flops(&self) -> f64 {
-        2.0 * self.m as f64 * self.n as f64 * self.k as f64
-    }
-}
 
 /// `C (+)= A · B` with every operand checked against `s` first.
 ///
@@ -164,22 +53,6 @@ pub fn gemm(isa: Isa, s: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) -> Res
     // borrow, so it cannot overlap `a` or `b`.
     unsafe { gemm_unchecked(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
     Ok(())
-}
-
-/// The register tile (`MR` rows x `NR` columns) of the blocked f32 kernel of `isa`; the
-/// portable loops have none, and report one row of one vector.
-pub fn register_tile(isa: Isa) -> (usize, usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::blocked::TileKernel;
-        match isa {
-            Isa::Avx512 => return (crate::x86::avx512::Kernel::MR, crate::x86::avx512::Kernel::NR),
-            Isa::Avx2Fma => return (crate::x86::avx2::Kernel::MR, crate::x86::avx2::Kernel::NR),
-            Isa::Portable => {}
-        }
-    }
-    let _ = isa;
-    (1, 8)
 }
 
 /// `C (+)= A · B` on raw pointers, without checks.
@@ -428,18 +301,6 @@ pub(crate) fn plain_b(s: &GemmShape) -> Result<(), TileError> {
         Ok(())
     } else {
         Err(TileError::InvalidLayout { operand: "b", reason: "only the f32 GEMM reads B in panels" })
-    }
-}
-
-/// `C = 0` for `k == 0` without accumulation.
-///
-/// # Safety
-///
-/// C's extent is valid for writes.
-pub(crate) unsafe fn zero_c(s: &GemmShape, c: *mut f32) {
-    for i in 0..s.m {
-        // SAFETY: row `i` of C spans `n` floats at `i * ldc`.
-        unsafe { std::ptr::write_bytes(c.add(i * s.ldc), 0, s.n) };
     }
 }
 

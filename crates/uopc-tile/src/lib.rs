@@ -49,6 +49,7 @@
 mod amx_guard;
 mod bf16_blocked;
 mod bf16_gemm;
+mod bf16_path;
 #[cfg(target_arch = "x86_64")]
 mod blocked;
 pub mod convert;
@@ -64,10 +65,12 @@ mod pack;
 mod panels;
 #[cfg(target_arch = "x86_64")]
 pub mod peak;
+mod shapes;
 mod softmax;
 mod softmax_grad;
 mod softmax_rounded;
 mod split;
+mod tile;
 
 #[cfg(target_arch = "x86_64")]
 mod x86;

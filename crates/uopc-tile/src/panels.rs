@@ -13,7 +13,7 @@ use crate::{GemmShape, Isa, TileError};
 pub fn panel_width(isa: Isa) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::blocked::TileKernel;
+        use crate::tile::TileKernel;
         match isa {
             Isa::Avx512 => return crate::x86::avx512::Kernel::NR,
             Isa::Avx2Fma => return crate::x86::avx2::Kernel::NR,
@@ -155,7 +155,7 @@ unsafe fn pack_one(
 ) {
     #[cfg(target_arch = "x86_64")]
     if w == panel_width(isa) && isa != Isa::Portable {
-        use crate::blocked::TileKernel;
+        use crate::tile::TileKernel;
         // SAFETY: the ISA is available and the panel is one register tile wide, the packing
         // routine's own panel.
         unsafe {

@@ -1,65 +1,14 @@
 //! The online-softmax tile update of FlashAttention-2, in the log2 domain; see [`softmax_update`].
 
-use crate::error::{check_len, span};
+use crate::error::check_len;
+pub use crate::shapes::SoftmaxShape;
+pub(crate) use crate::shapes::{EXP2_C, EXP2_HI, EXP2_ZERO_BELOW, any_scaled_nan};
 use crate::{Isa, TileError};
-
-/// Polynomial coefficients `c0..c6` of `2^f ≈ sum c_i f^i` on `[-0.5, 0.5]` (minimax relative
-/// error, rounded to f32). Decimal values: 1, 0.693147182, 0.240226462, 0.0555032864,
-/// 0.00961848907, 0.00133999309, 0.000153458124.
-pub(crate) const EXP2_C: [f32; 7] = [
-    1.0,
-    f32::from_bits(0x3f31_7218),
-    f32::from_bits(0x3e75_fded),
-    f32::from_bits(0x3d63_576a),
-    f32::from_bits(0x3c1d_96de),
-    f32::from_bits(0x3aaf_a2b5),
-    f32::from_bits(0x3920_e99a),
-];
-/// Lower clamp of the vector `exp2`'s argument, keeping `n + 127` a valid biased exponent.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) const EXP2_LO: f32 = -127.0;
-/// Upper clamp: `n = 128` is the exponent pattern of infinity.
-pub(crate) const EXP2_HI: f32 = 128.0;
-/// `exp2(x)` is exactly 0 for `x <= EXP2_ZERO_BELOW` (and NaN), rather than a subnormal.
-pub(crate) const EXP2_ZERO_BELOW: f32 = -126.5;
 
 /// Bound on the relative error of the kernels' `exp2` against exact `2^x` over `[-126, 0]`
 /// (one f32 ulp), asserted by this crate's tests. Measured maxima over 636,000 points: 7.4e-8 on
 /// the FMA paths, 9.5e-8 on the portable one.
 pub const EXP2_MAX_REL_ERROR: f64 = 1.2e-7;
-
-/// Shape of one softmax update: `S` is `rows x cols` (leading dimension `lds`), `O` is
-/// `rows x d` (leading dimension `ldo`); `row_max` and `row_sum` hold `rows` floats each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SoftmaxShape {
-    /// Rows of S and O (queries in the block).
-    pub rows: usize,
-    /// Columns of S (keys in the block).
-    pub cols: usize,
-    /// Leading dimension of S.
-    pub lds: usize,
-    /// Leading dimension of O.
-    pub ldo: usize,
-    /// Columns of O (the head dimension).
-    pub d: usize,
-}
-
-impl SoftmaxShape {
-    /// A shape with dense rows (`lds = cols`, `ldo = d`).
-    pub fn dense(rows: usize, cols: usize, d: usize) -> SoftmaxShape {
-        SoftmaxShape { rows, cols, lds: cols, ldo: d, d }
-    }
-
-    /// Elements `[s, o]` that S and O span (minimum slice lengths).
-    ///
-    /// # Errors
-    ///
-    /// [`TileError::LeadingDim`] when `lds < cols` or `ldo < d` with two or more rows;
-    /// [`TileError::Overflow`] when an extent does not fit in `usize`.
-    pub fn extents(&self) -> Result<[usize; 2], TileError> {
-        Ok([span("s", self.rows, self.cols, self.lds)?, span("o", self.rows, self.d, self.ldo)?])
-    }
-}
 
 /// One online-softmax step of FlashAttention-2 over a score tile, with every buffer checked.
 ///
@@ -279,23 +228,6 @@ pub unsafe extern "C" fn uopc_tile_softmax_update_f32(
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
     unsafe { softmax_update_unchecked(Isa::detect(), &sh, scale, s, row_max, row_sum, o) };
     0
-}
-
-/// Whether `scale * row[j]` is NaN for some `j < cols`.
-///
-/// Every update's row maximum skips NaN, so a row whose block held a NaN score among only
-/// `-inf`s (masked keys) would look like one that has seen nothing yet; the updates ask this
-/// before taking that shortcut, and take the general path instead, where `-inf - -inf` makes
-/// the row NaN throughout. Only such rows ask, so it is scalar on every ISA (written without
-/// an early exit, so that it vectorizes).
-///
-/// # Safety
-///
-/// `row` is readable for `cols` floats.
-pub(crate) unsafe fn any_scaled_nan(row: *const f32, cols: usize, scale: f32) -> bool {
-    // SAFETY: the caller's contract.
-    let row = unsafe { std::slice::from_raw_parts(row, cols) };
-    row.iter().fold(false, |any, &x| any | (x * scale).is_nan())
 }
 
 /// Scalar `2^x` by the same method as the vector kernels (separate multiply and add, since a

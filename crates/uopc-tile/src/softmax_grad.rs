@@ -6,38 +6,10 @@
 //! both have an AVX-512 path and a portable one (the AVX2+FMA ISA runs the portable loop: on
 //! these steps it is memory-light scalar work the compiler vectorizes to 256 bits anyway).
 
-use crate::error::{check_len, span};
+use crate::error::check_len;
+pub use crate::shapes::ScoreTileShape;
 use crate::softmax::exp2_scalar;
 use crate::{Isa, TileError};
-
-/// Shape of one elementwise score-tile step: `rows x cols` tiles with row stride `ld`, and
-/// `rows` per-row scalars.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ScoreTileShape {
-    /// Rows of the tiles (queries in the block).
-    pub rows: usize,
-    /// Columns (keys in the block).
-    pub cols: usize,
-    /// Row stride of every tile operand.
-    pub ld: usize,
-}
-
-impl ScoreTileShape {
-    /// A shape with dense rows (`ld = cols`).
-    pub fn dense(rows: usize, cols: usize) -> ScoreTileShape {
-        ScoreTileShape { rows, cols, ld: cols }
-    }
-
-    /// Elements one tile operand spans (its minimum slice length).
-    ///
-    /// # Errors
-    ///
-    /// [`TileError::LeadingDim`] when `ld < cols` with two or more rows;
-    /// [`TileError::Overflow`] when the extent does not fit in `usize`.
-    pub fn extent(&self) -> Result<usize, TileError> {
-        span("s", self.rows, self.cols, self.ld)
-    }
-}
 
 /// The probabilities of a score tile recomputed from the per-row log-sum-exp, in place.
 ///

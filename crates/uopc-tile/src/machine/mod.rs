@@ -365,7 +365,7 @@ impl GemmBlocking {
         static TILES: OnceLock<[GemmBlocking; 2]> = OnceLock::new();
         let tiles = TILES.get_or_init(|| {
             [Isa::Avx512, Isa::Avx2Fma].map(|isa| {
-                let (mr, nr) = crate::gemm::register_tile(isa);
+                let (mr, nr) = register_tile(isa);
                 GemmBlocking::for_tile(Machine::get(), mr, nr)
             })
         });
@@ -438,7 +438,7 @@ impl Choices {
                 Isa::Portable => Bf16Path::Portable,
             }
         };
-        let (mr, nr) = crate::gemm::register_tile(isa);
+        let (mr, nr) = register_tile(isa);
         Choices {
             f32_isa: isa,
             bf16,
@@ -541,4 +541,20 @@ pub fn require_or_skip(path: &str, available: bool) -> bool {
     assert!(!listed, "UOPC_REQUIRE_ISA={required} requires the {path} path, which this machine cannot run");
     println!("SKIPPED: the {path} path is not available on this machine; NOT tested");
     false
+}
+
+/// The register tile (`MR` rows x `NR` columns) of the blocked f32 kernel of `isa`; the
+/// portable loops have none, and report one row of one vector.
+pub fn register_tile(isa: Isa) -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::tile::TileKernel;
+        match isa {
+            Isa::Avx512 => return (crate::x86::avx512::Kernel::MR, crate::x86::avx512::Kernel::NR),
+            Isa::Avx2Fma => return (crate::x86::avx2::Kernel::MR, crate::x86::avx2::Kernel::NR),
+            Isa::Portable => {}
+        }
+    }
+    let _ = isa;
+    (1, 8)
 }

@@ -9,7 +9,7 @@ use std::arch::asm;
 use std::arch::x86_64::{__cpuid_count, _xgetbv};
 use std::sync::OnceLock;
 
-use crate::bf16_blocked::ATiles;
+use super::bf16_tiles::ATiles;
 
 /// CPUID.(EAX=7, ECX=0):EDX bit 22: `tdpbf16ps`.
 const CPUID7_EDX_AMX_BF16: u32 = 1 << 22;

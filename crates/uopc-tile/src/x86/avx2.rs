@@ -3,8 +3,8 @@
 use std::arch::x86_64::*;
 
 use super::RoundedTile;
-use crate::blocked::{Tile, TileKernel};
-use crate::softmax::{EXP2_C, EXP2_LO, SoftmaxShape, any_scaled_nan};
+use crate::shapes::{EXP2_C, EXP2_LO, SoftmaxShape, any_scaled_nan};
+use crate::tile::{Tile, TileKernel};
 
 /// The AVX2+FMA GEMM kernel.
 pub(crate) struct Kernel;
@@ -139,7 +139,7 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
 }
 
 /// `2^x` per lane for `x <= 0`, `-inf` or NaN (every softmax exponent is a score minus its
-/// row's maximum); see [`crate::softmax_update`] for the method and its accuracy.
+/// row's maximum); see the crate's `softmax_update` for the method and its accuracy.
 ///
 /// The FMA ports bound the softmax, so this spends nothing on them, or on other ports, that
 /// those inputs do not need: no upper clamp (a no-op for them), and no mask for flushing, since
@@ -206,11 +206,11 @@ unsafe fn scale_row(row: *mut f32, d: usize, alpha: f32) {
     }
 }
 
-/// The softmax update over all rows (see [`crate::softmax_update`]).
+/// The softmax update over all rows (see the crate's `softmax_update`).
 ///
 /// # Safety
 ///
-/// AVX2 and FMA are available and the pointers satisfy [`crate::softmax_update_unchecked`].
+/// AVX2 and FMA are available and the pointers satisfy the crate's `softmax_update_unchecked`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn softmax_update(
     sh: &SoftmaxShape,
@@ -299,11 +299,11 @@ pub(crate) unsafe fn softmax_update(
 }
 
 /// `S = exp2(S - lse)` per row, zeros for a row whose lse is `-inf` (see
-/// [`crate::softmax_recompute`]).
+/// the crate's `softmax_recompute`).
 ///
 /// # Safety
 ///
-/// AVX2 and FMA are available and the pointers satisfy [`crate::softmax_recompute_unchecked`].
+/// AVX2 and FMA are available and the pointers satisfy the crate's `softmax_recompute_unchecked`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn softmax_recompute(sh: &crate::ScoreTileShape, s: *mut f32, lse: *const f32) {
     let crate::ScoreTileShape { rows, cols, ld } = *sh;
@@ -337,11 +337,11 @@ pub(crate) unsafe fn softmax_recompute(sh: &crate::ScoreTileShape, s: *mut f32, 
     }
 }
 
-/// `dP = P * (dP - delta)`, 0 where `P == 0` (see [`crate::softmax_grad`]).
+/// `dP = P * (dP - delta)`, 0 where `P == 0` (see the crate's `softmax_grad`).
 ///
 /// # Safety
 ///
-/// AVX2 and FMA are available and the pointers satisfy [`crate::softmax_grad_unchecked`].
+/// AVX2 and FMA are available and the pointers satisfy the crate's `softmax_grad_unchecked`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn softmax_grad(
     sh: &crate::ScoreTileShape,
@@ -382,11 +382,11 @@ pub(crate) unsafe fn softmax_grad(
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn exp2_any(x: __m256) -> __m256 {
-    exp2_nonpositive(_mm256_min_ps(_mm256_set1_ps(crate::softmax::EXP2_HI), x))
+    exp2_nonpositive(_mm256_min_ps(_mm256_set1_ps(crate::shapes::EXP2_HI), x))
 }
 
 /// The maximum of one chunk together with `m` and the sum of `exp2(c (x - that))` over the
-/// chunk (see [`crate::max_sum_exp`]); `(NaN, NaN)` when the chunk or `m` holds a NaN.
+/// chunk (see the crate's `max_sum_exp`); `(NaN, NaN)` when the chunk or `m` holds a NaN.
 ///
 /// # Safety
 ///
@@ -461,7 +461,7 @@ pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale:
     (new_max, hsum(total))
 }
 
-/// `y[j] = exp2(c * (x[j] - b))` for `j < len` (see [`crate::exp_rows`]), 8 lanes at a time
+/// `y[j] = exp2(c * (x[j] - b))` for `j < len` (see the crate's `exp_rows`), 8 lanes at a time
 /// with the tail masked.
 ///
 /// # Safety
@@ -523,14 +523,14 @@ unsafe fn round_lanes(x: __m256, is_f16: bool) -> (__m128i, __m256) {
     }
 }
 
-/// The rounded online-softmax step (see [`crate::softmax_update_rounded`]): the f32 step of
+/// The rounded online-softmax step (see the crate's `softmax_update_rounded`): the f32 step of
 /// [`softmax_update`] with every probability rounded to bf16 or f16 before it is written and
 /// summed.
 ///
 /// # Safety
 ///
 /// AVX2 and FMA are available, F16C too when `is_f16`; the pointers satisfy
-/// [`crate::softmax_update_rounded_unchecked`] (with P at `p`, stride `ldp`), or P is S itself
+/// the crate's `softmax_update_rounded_unchecked` (with P at `p`, stride `ldp`), or P is S itself
 /// (`RoundedTile::Wide(s)` with `ldp == lds`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)] // the step's tiles, each its own pointer

@@ -27,7 +27,7 @@ const ACCUMULATORS: usize = 12;
 /// # Safety
 ///
 /// AVX2 and FMA are available, `s.a_trans` is false, `s.b_trans` is true, `1 <= s.m <=
-/// DOT_MAX_ROWS`, `s.k > 0`, and the pointers satisfy [`crate::gemm_unchecked`] for `s`.
+/// DOT_MAX_ROWS`, `s.k > 0`, and the pointers satisfy the crate's `gemm_unchecked` for `s`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn gemm_bt_dots(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     // SAFETY: forwarded; each instance is given its own row count, with `M G <= 8`.
@@ -245,7 +245,7 @@ const CHUNK_ROWS: usize = 32;
 /// # Safety
 ///
 /// AVX2 and FMA are available, `s.a_trans` and `s.b_trans` are false, `s.m <= DOT_MAX_ROWS`,
-/// and the pointers satisfy [`crate::gemm_unchecked`] for `s`.
+/// and the pointers satisfy the crate's `gemm_unchecked` for `s`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn gemm_rows_streamed(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     let crate::GemmShape { m, n, k, accumulate, .. } = *s;

@@ -46,7 +46,7 @@ unsafe fn widen8<const F16: bool>(p: *const u16, n: usize) -> __m256 {
 ///
 /// AVX2 and FMA are available, and F16C when `F16`; `1 <= s.m <= HALF_ROWS_MAX`,
 /// `!s.a_trans`, `s.n > 0`, `s.k > 0`; the pointers satisfy the contract of
-/// [`crate::gemm_bf16_unchecked`] for `s` (A's extent counted in its own elements).
+/// the crate's `gemm_bf16_unchecked` for `s` (A's extent counted in its own elements).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
     // SAFETY: forwarded, each instance with its own row count.

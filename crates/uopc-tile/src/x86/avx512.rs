@@ -3,9 +3,9 @@
 use std::arch::x86_64::*;
 
 use super::{RoundedTile, prefetch_row};
-use crate::blocked::{Tile, TileKernel};
-use crate::softmax::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape, any_scaled_nan};
-use crate::softmax_grad::ScoreTileShape;
+use crate::shapes::ScoreTileShape;
+use crate::shapes::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape, any_scaled_nan};
+use crate::tile::{Tile, TileKernel};
 
 /// The AVX-512 GEMM kernel.
 pub(crate) struct Kernel;
@@ -152,7 +152,7 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
     }
 }
 
-/// `2^x` per lane; see [`crate::softmax_update`] for the method and its accuracy.
+/// `2^x` per lane; see the crate's `softmax_update` for the method and its accuracy.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 fn exp2(x: __m512) -> __m512 {
@@ -172,11 +172,11 @@ fn exp2(x: __m512) -> __m512 {
     _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(scale))
 }
 
-/// The softmax update over all rows (see [`crate::softmax_update`]).
+/// The softmax update over all rows (see the crate's `softmax_update`).
 ///
 /// # Safety
 ///
-/// AVX-512F is available and the pointers satisfy [`crate::softmax_update_unchecked`].
+/// AVX-512F is available and the pointers satisfy the crate's `softmax_update_unchecked`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn softmax_update(
     sh: &SoftmaxShape,
@@ -250,15 +250,15 @@ pub(crate) unsafe fn softmax_update(
     }
 }
 
-/// The rounded softmax step over all rows (see [`crate::softmax_update_rounded`] and
-/// [`crate::softmax_update_rounded_in_place`]): each probability is rounded to f16 when
+/// The rounded softmax step over all rows (see the crate's `softmax_update_rounded` and
+/// the crate's `softmax_update_rounded_in_place`): each probability is rounded to f16 when
 /// `is_f16`, else to bf16, and stored into `p`; the running sum adds the rounded values.
 ///
 /// # Safety
 ///
 /// AVX-512F is available and the pointers satisfy
-/// [`crate::softmax_update_rounded_unchecked`] (with `p` the 16-bit tile's bits), or
-/// [`crate::softmax_update_rounded_in_place_unchecked`] (with `p` the score tile).
+/// the crate's `softmax_update_rounded_unchecked` (with `p` the 16-bit tile's bits), or
+/// the crate's `softmax_update_rounded_in_place_unchecked` (with `p` the score tile).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn softmax_update_rounded(
@@ -373,11 +373,11 @@ pub(crate) unsafe fn softmax_update_rounded(
     }
 }
 
-/// The probabilities recomputed from the log-sum-exp (see [`crate::softmax_recompute`]).
+/// The probabilities recomputed from the log-sum-exp (see the crate's `softmax_recompute`).
 ///
 /// # Safety
 ///
-/// AVX-512F is available and the pointers satisfy [`crate::softmax_recompute_unchecked`].
+/// AVX-512F is available and the pointers satisfy the crate's `softmax_recompute_unchecked`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn softmax_recompute(sh: &ScoreTileShape, s: *mut f32, lse: *const f32) {
     let ScoreTileShape { rows, cols, ld } = *sh;
@@ -408,11 +408,11 @@ pub(crate) unsafe fn softmax_recompute(sh: &ScoreTileShape, s: *mut f32, lse: *c
     }
 }
 
-/// `dP = P * (dP - delta)`, 0 where `P == 0` (see [`crate::softmax_grad`]).
+/// `dP = P * (dP - delta)`, 0 where `P == 0` (see the crate's `softmax_grad`).
 ///
 /// # Safety
 ///
-/// AVX-512F is available and the pointers satisfy [`crate::softmax_grad_unchecked`].
+/// AVX-512F is available and the pointers satisfy the crate's `softmax_grad_unchecked`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn softmax_grad(sh: &ScoreTileShape, p: *const f32, dp: *mut f32, delta: *const f32) {
     let ScoreTileShape { rows, cols, ld } = *sh;
@@ -462,7 +462,7 @@ fn exp2_nonpositive(x: __m512) -> __m512 {
 }
 
 /// `max(m, max_j x_j)` (NaN-propagating) and `sum_j exp2(c (x_j - that))` over one chunk of
-/// `len` floats (see [`crate::max_sum_exp`]): a pass of vector maxima, then one of vector
+/// `len` floats (see the crate's `max_sum_exp`): a pass of vector maxima, then one of vector
 /// exponentials over the same floats, still in L1. With the maximum `-inf` the sum is 0 and
 /// unused; with it NaN, both are NaN.
 ///
@@ -537,7 +537,7 @@ pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale:
     (new_max, _mm512_reduce_add_ps(total))
 }
 
-/// `y[j] = exp2(c * (x[j] - b))` for `j < len` (see [`crate::exp_rows`]), 16 lanes at a time
+/// `y[j] = exp2(c * (x[j] - b))` for `j < len` (see the crate's `exp_rows`), 16 lanes at a time
 /// with the tail masked.
 ///
 /// # Safety

@@ -5,8 +5,8 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use crate::bf16_blocked::ATiles;
-use crate::convert;
+use super::bf16_tiles::ATiles;
+use crate::convert::scalar as convert;
 
 /// Narrows 16 f32 lanes (as integers) to bf16 bits in the low 16 bits of each lane, with the
 /// same rounding and NaN rule as [`convert::bf16_from_f32`].
@@ -108,7 +108,7 @@ pub(crate) unsafe fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
 }
 
 /// Packs B stored `k x n` (row `p` at `b + p * ldb`) into the VNNI panels of
-/// [`crate::bf16_gemm`]'s layout, zero-filling rows past `k` and columns past `n`: two rows of
+/// the crate's `bf16_gemm`'s layout, zero-filling rows past `k` and columns past `n`: two rows of
 /// 32 columns are interleaved pairwise into one row of each of the panel's two tiles.
 ///
 /// # Safety
@@ -271,7 +271,7 @@ fn mask16(n: usize) -> __mmask32 {
 }
 
 /// Packs B stored transposed (`n x k`, `B[p, j]` at `b + j * ldb + p`) into the VNNI panels
-/// of [`crate::bf16_gemm`]'s layout, zero-filling k past `k` and columns past `n`.
+/// of the crate's `bf16_gemm`'s layout, zero-filling k past `k` and columns past `n`.
 ///
 /// In that layout a tile row holds one k pair for 16 columns, and a k pair of a column is one
 /// 32-bit element of B's stored row, so each tile is a 16 x 16 transpose of 32-bit elements.

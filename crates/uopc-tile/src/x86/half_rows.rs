@@ -69,7 +69,7 @@ fn lanes(n: usize) -> __mmask16 {
 /// # Safety
 ///
 /// AVX-512F is available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`, `s.n > 0`, `s.k > 0`;
-/// the pointers satisfy the contract of [`crate::gemm_bf16_unchecked`] for `s` (A's extent
+/// the pointers satisfy the contract of the crate's `gemm_bf16_unchecked` for `s` (A's extent
 /// counted in its own elements).
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {

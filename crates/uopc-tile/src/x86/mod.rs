@@ -12,6 +12,7 @@ pub(crate) mod avx2_half_rows;
 pub(crate) mod avx512;
 pub(crate) mod avx512_few_rows;
 pub(crate) mod bf16;
+pub(crate) mod bf16_tiles;
 pub(crate) mod half_rows;
 
 /// Where a vector rounded softmax step (`avx512::softmax_update_rounded`,
@@ -148,7 +149,7 @@ pub(crate) unsafe fn widen_f16(dst: *mut f32, src: *const f16, n: usize) {
             _mm256_storeu_ps(dst.add(i), _mm256_cvtph_ps(_mm_loadu_si128(src.add(i).cast())));
         }
         for i in full..n {
-            *dst.add(i) = crate::convert::f16_to_f32(*src.add(i));
+            *dst.add(i) = crate::convert::scalar::f16_to_f32(*src.add(i));
         }
     }
 }
@@ -177,7 +178,7 @@ pub(crate) unsafe fn pack_b_f16<const NR: usize>(
             }
             if full < NR {
                 for j in full..nr {
-                    *d.add(j) = crate::convert::f16_to_f32(*s.add(j));
+                    *d.add(j) = crate::convert::scalar::f16_to_f32(*s.add(j));
                 }
                 std::ptr::write_bytes(d.add(nr), 0, NR - nr);
             }
@@ -202,7 +203,7 @@ pub(crate) unsafe fn pack_bt_f16<const NR: usize>(
 ) {
     let j8 = nr - nr % 8;
     let p8 = kc - kc % 8;
-    let at = |x: f16| crate::convert::f16_to_f32(x);
+    let at = |x: f16| crate::convert::scalar::f16_to_f32(x);
     // SAFETY: every offset below is `j * ldb + p` with `j < nr`, `p < kc` for `src` and
     // `p * NR + j` with `j < NR`, `p < kc` for `dst`, inside the regions of the contract.
     unsafe {
