@@ -3,6 +3,7 @@
 mod attention;
 mod backward;
 mod block;
+mod circles;
 mod derived;
 mod masked;
 mod matmul;
@@ -60,6 +61,8 @@ enum Task {
     },
     /// Print the machine model uopc detected here and the path each tile op chose.
     Machine,
+    /// Fail on an import circle between the files of one crate (CI runs it).
+    Circles,
 }
 
 #[derive(Subcommand)]
@@ -493,6 +496,12 @@ fn main() -> ExitCode {
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
         Task::Mca { json } => mca::run(json.as_deref()),
+        Task::Circles => {
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(std::path::Path::new("."));
+            circles::run(root)
+        }
         Task::Machine => {
             println!("{}", uopc::machine::Machine::get());
             let list = |names: Vec<(&'static str, bool)>, ran: bool| -> String {

@@ -55,7 +55,7 @@ pub use cache::{
     DEFAULT_PLAN_CACHE_LIMIT, PlanCacheStats, clear_plan_cache, make_plan, plan_cache_limit,
     plan_cache_stats, set_plan_cache_limit,
 };
-pub use cost::{input_products, static_flops};
+pub use cost::static_flops;
 pub use debug::{DEBUG_ENV, debug_level, set_debug_level};
 pub use error::{Result, TensorError};
 /// The ndarray version this crate converts to and from, so callers need not pin it themselves.
@@ -68,7 +68,7 @@ pub use options::{Experiments, RealizeOptions};
 pub use passes::{
     canonicalize, layout_pass, layout_pass_output, materialize_points, stage_broadcast_compute,
 };
-pub use plan::{ArgSource, Kernel, OutSpec, Plan};
+pub use plan::{ArgSource, Kernel, OutSpec, Plan, input_products};
 pub use rangeify::{Ctx, lower};
 pub use realize::realize;
 pub use report::{KernelTiming, RealizeReport};

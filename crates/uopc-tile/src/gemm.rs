@@ -6,6 +6,7 @@ use crate::error::check_len;
 pub use crate::machine::register_tile;
 pub use crate::shapes::GemmShape;
 pub(crate) use crate::shapes::zero_c;
+use crate::split::{SharedOperands, parallel_block};
 use crate::{Isa, TileError};
 
 /// `C (+)= A · B` with every operand checked against `s` first.
@@ -67,7 +68,7 @@ pub fn gemm(isa: Isa, s: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) -> Res
 pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     if s.parallel && s.b_panel_width == 0 {
         // SAFETY: forwarded from this function's contract.
-        unsafe { crate::split::gemm_split(isa, s, a, b, c) };
+        unsafe { gemm_split(isa, s, a, b, c) };
         return;
     }
     if s.b_panel_width != 0 {
@@ -375,4 +376,42 @@ fn dot(x: &[f32], y: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// [`gemm_unchecked`] of `s` in the blocks of [`parallel_block`] over the current rayon
+/// pool, each block a serial GEMM of its own.
+///
+/// # Safety
+///
+/// The contract of [`gemm_unchecked`], with `s.b_panel_width == 0`.
+pub(crate) unsafe fn gemm_split(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    let serial = GemmShape { parallel: false, ..*s };
+    let block = parallel_block(s.m, s.n, s.k, rayon::current_num_threads(), register_tile(isa));
+    let ops = SharedOperands(a, b, c);
+    let run = |sub: GemmShape, (a_at, b_at, c_at): (usize, usize, usize)| {
+        // SAFETY: the sub-shape is a block of rows or columns of `s` with the same leading
+        // dimensions, and the offsets move A, B and C to that block's first element, so its
+        // extents lie inside the ones the caller guarantees; blocks of C are disjoint.
+        unsafe {
+            let (a, b, c) = ops.get();
+            gemm_unchecked(isa, &sub, a.add(a_at), b.add(b_at), c.add(c_at));
+        }
+    };
+    match block {
+        None => run(serial, (0, 0, 0)),
+        Some((rows, _)) if rows < s.m => rayon::scope(|scope| {
+            for i0 in (0..s.m).step_by(rows) {
+                let sub = GemmShape { m: rows.min(s.m - i0), ..serial };
+                let a_at = if s.a_trans { i0 } else { i0 * s.lda };
+                scope.spawn(move |_| run(sub, (a_at, 0, i0 * s.ldc)));
+            }
+        }),
+        Some((_, cols)) => rayon::scope(|scope| {
+            for j0 in (0..s.n).step_by(cols) {
+                let sub = GemmShape { n: cols.min(s.n - j0), ..serial };
+                let b_at = if s.b_trans { j0 * s.ldb } else { j0 };
+                scope.spawn(move |_| run(sub, (0, b_at, j0)));
+            }
+        }),
+    }
 }

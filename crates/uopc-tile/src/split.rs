@@ -1,15 +1,13 @@
-//! One f32 GEMM cut into blocks run on the caller's rayon pool ([`GemmShape::parallel`]).
+//! How one GEMM call is cut into blocks for the caller's rayon pool ([`crate::GemmShape::parallel`]).
 //!
 //! A caller that cuts a product into equal blocks can only use divisors of its sizes: 1023
 //! rows split into 3 or 11 blocks, never 2 or 16. Here the blocks are whole register tiles
 //! with a ragged last one, so every core gets an even share of any size.
 
-use crate::{GemmShape, Isa};
-
 /// Flops below which a product runs on one thread: waking the others costs more.
 const MIN_SPLIT_FLOPS: f64 = 4e6;
 
-/// The block each task of a [`GemmShape::parallel`] call computes, `(rows, cols)`, for an
+/// The block each task of a [`crate::GemmShape::parallel`] call computes, `(rows, cols)`, for an
 /// `m x n x k` product on `threads` threads with a register tile of `mr x nr`: the rows in
 /// `threads` blocks of whole tiles (the last one ragged) when there are enough of them, else
 /// the columns likewise; `None` when the call runs whole on one thread (one thread, too few
@@ -54,44 +52,6 @@ impl<A, B> SharedOperands<A, B> {
     /// value rather than its raw-pointer fields.
     pub(crate) fn get(&self) -> (*const A, *const B, *mut f32) {
         (self.0, self.1, self.2)
-    }
-}
-
-/// [`crate::gemm_unchecked`] of `s` in the blocks of [`parallel_block`] over the current rayon
-/// pool, each block a serial GEMM of its own.
-///
-/// # Safety
-///
-/// The contract of [`crate::gemm_unchecked`], with `s.b_panel_width == 0`.
-pub(crate) unsafe fn gemm_split(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
-    let serial = GemmShape { parallel: false, ..*s };
-    let block = parallel_block(s.m, s.n, s.k, rayon::current_num_threads(), crate::register_tile(isa));
-    let ops = SharedOperands(a, b, c);
-    let run = |sub: GemmShape, (a_at, b_at, c_at): (usize, usize, usize)| {
-        // SAFETY: the sub-shape is a block of rows or columns of `s` with the same leading
-        // dimensions, and the offsets move A, B and C to that block's first element, so its
-        // extents lie inside the ones the caller guarantees; blocks of C are disjoint.
-        unsafe {
-            let (a, b, c) = ops.get();
-            crate::gemm_unchecked(isa, &sub, a.add(a_at), b.add(b_at), c.add(c_at));
-        }
-    };
-    match block {
-        None => run(serial, (0, 0, 0)),
-        Some((rows, _)) if rows < s.m => rayon::scope(|scope| {
-            for i0 in (0..s.m).step_by(rows) {
-                let sub = GemmShape { m: rows.min(s.m - i0), ..serial };
-                let a_at = if s.a_trans { i0 } else { i0 * s.lda };
-                scope.spawn(move |_| run(sub, (a_at, 0, i0 * s.ldc)));
-            }
-        }),
-        Some((_, cols)) => rayon::scope(|scope| {
-            for j0 in (0..s.n).step_by(cols) {
-                let sub = GemmShape { n: cols.min(s.n - j0), ..serial };
-                let b_at = if s.b_trans { j0 * s.ldb } else { j0 };
-                scope.spawn(move |_| run(sub, (0, b_at, j0)));
-            }
-        }),
     }
 }
 
