@@ -3,18 +3,18 @@
 
 use crate::error::{Result, TensorError};
 use crate::exec::Exe;
-use crate::opt::{Layout, has_reduce};
+use crate::lowerings::{Lowered, compact_slots, kernel_bodies, kernel_body, lower_point};
+use crate::opt::Layout;
 use crate::options::RealizeOptions;
-use crate::passes::{materialize_points, run_pass, stage_broadcast_compute};
+use crate::passes::{materialize_points, stage_broadcast_compute};
 use crate::plan::{ArgSource, Kernel, OutSpec, Plan};
-use crate::rangeify::{Ctx, lower};
 use crate::util::numel;
 use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
-use uopc_ir::rewrite::{RuleCx, RuleHits};
-use uopc_ir::{DType, Op, Pass, Pattern, Revisit, RewriteStats, Rule, RuleTable, UOp, buffer};
+use uopc_ir::rewrite::RuleHits;
+use uopc_ir::{DType, Op, RewriteStats, UOp, buffer};
 
 /// Physical memory, from /proc/meminfo (None where unknown).
 fn physical_memory_bytes() -> Option<u64> {
@@ -36,106 +36,6 @@ fn check_memory(temps: &[(DType, usize)], outputs: &[(DType, usize)]) -> Result<
         )));
     }
     Ok(())
-}
-
-/// The kernel body of point `p`: its computation with other points and inputs replaced by
-/// `Param`s numbered in first-use order; also returns the buffer behind each local slot.
-fn kernel_body(p: &UOp, buf_of: &HashMap<UOp, ArgSource>) -> (UOp, Vec<ArgSource>) {
-    let (mut bodies, locals) = kernel_bodies(std::slice::from_ref(p), buf_of);
-    (bodies.remove(0), locals)
-}
-
-/// [`kernel_body`] of several points at once, their `Param`s numbered together (one slot per
-/// buffer, whichever body reads it), so that the bodies can share one program.
-fn kernel_bodies(points: &[UOp], buf_of: &HashMap<UOp, ArgSource>) -> (Vec<UOp>, Vec<ArgSource>) {
-    let mut locals: Vec<ArgSource> = Vec::new();
-    let mut bodies = Vec::with_capacity(points.len());
-    for p in points {
-        let start = p.unstaged().clone();
-        let mut map: HashMap<UOp, UOp> = HashMap::new();
-        let mut stack = vec![(start.clone(), false)];
-        while let Some((u, ready)) = stack.pop() {
-            if map.contains_key(&u) {
-                continue;
-            }
-            let leaf = if u != *p && buf_of.contains_key(&u) {
-                Some(buf_of[&u])
-            } else if let Op::Param { slot, .. } = u.op() {
-                Some(ArgSource::Input(*slot))
-            } else {
-                None
-            };
-            if let Some(b) = leaf {
-                let slot = locals.iter().position(|x| *x == b).unwrap_or_else(|| {
-                    locals.push(b);
-                    locals.len() - 1
-                });
-                let param = UOp::new(Op::Param { slot, shape: u.shape().to_vec() }, u.dtype(), vec![]);
-                map.insert(u, param);
-                continue;
-            }
-            if ready {
-                let src = u.src().iter().map(|s| map[s].clone()).collect();
-                map.insert(u.clone(), u.with_src(src));
-            } else {
-                stack.push((u.clone(), true));
-                for s in u.src().iter().rev() {
-                    stack.push((s.clone(), false));
-                }
-            }
-        }
-        bodies.push(map[&start].clone());
-    }
-    (bodies, locals)
-}
-
-/// `r_` when the kernel has a reduce, `e_` otherwise, then the output shape.
-fn kernel_name(body: &UOp) -> String {
-    let shape = body.shape();
-    let dims = if shape.is_empty() {
-        "1".to_string()
-    } else {
-        shape.iter().map(usize::to_string).collect::<Vec<_>>().join("_")
-    };
-    format!("{}_{dims}", if has_reduce(body) { "r" } else { "e" })
-}
-
-/// Slot compaction: each BUFFER's slot becomes its position among the used slots (the state,
-/// sorted).
-static SLOTS: LazyLock<RuleTable<Vec<usize>>> = LazyLock::new(|| {
-    let any_buffer = Op::Buffer { slot: uopc_ir::BufferSlot::new(0), len: 0 };
-    RuleTable::new(
-        "slots",
-        vec![Rule::with_cx("renumber_buffer", Pattern::ops(&[any_buffer]), renumber_buffer)],
-    )
-});
-static COMPACT_SLOTS: LazyLock<Pass<'static, Vec<usize>>> =
-    LazyLock::new(|| Pass::new("compact_slots", vec![&*SLOTS], Revisit::Never));
-
-fn renumber_buffer(u: &UOp, cx: &mut RuleCx<'_, Vec<usize>>) -> Option<UOp> {
-    let Op::Buffer { slot, len } = u.op() else { return None };
-    let k = cx.state.binary_search(&slot.index()).expect("every slot of the program is among the used ones");
-    (k != slot.index()).then(|| buffer(k, u.dtype(), *len))
-}
-
-/// Renumbers BUFFER slots so the program's slots are `0..n` (an input rangeify never reached,
-/// e.g. an unselected STACK source, would otherwise leave a hole in the argument list).
-fn compact_slots(program: UOp, args: Vec<ArgSource>) -> (UOp, Vec<ArgSource>) {
-    let mut used: Vec<usize> = UOp::toposort(std::slice::from_ref(&program))
-        .iter()
-        .filter_map(|u| match u.op() {
-            Op::Buffer { slot, .. } => Some(slot.index()),
-            _ => None,
-        })
-        .collect();
-    used.sort_unstable();
-    used.dedup();
-    if used.len() == args.len() {
-        return (program, args);
-    }
-    let new_args = used.iter().map(|&s| args[s]).collect();
-    let prog = run_pass(&COMPACT_SLOTS, std::slice::from_ref(&program), &mut used);
-    (prog.into_iter().next().expect("one root"), new_args)
 }
 
 /// The graph passes `opts` ask for, in order: broadcast staging, then the optimizer's layout.
@@ -166,134 +66,6 @@ fn prepare_graph(roots: &[UOp], opts: &RealizeOptions) -> Vec<UOp> {
         }
     }
     graph
-}
-
-/// A lowered, not yet compiled kernel.
-struct Lowered {
-    name: String,
-    shape: Vec<usize>,
-    program: UOp,
-    args: Vec<ArgSource>,
-    /// The output slots' lengths when the program writes several parts of its output.
-    output_parts: Vec<usize>,
-    /// What was derived for it (see [`Kernel::derived`]).
-    derived: String,
-    /// Whether the kernel is a tile GEMM with its consumer's elementwise ops fused in.
-    epilogue: bool,
-    /// How many of the last `args` the program writes.
-    outputs: usize,
-    /// Whether it was lowered onto the row tile ops of an online group (see
-    /// [`crate::online_rows`]), so that an independent kernel of the same group may join it.
-    online_rows: bool,
-    /// A kernel that must run just before this one, writing a temporary this one reads (the
-    /// partial states of the split form, [`crate::online_rows::lower_online_rows_split`]).
-    before: Option<Box<Lowered>>,
-}
-
-impl Lowered {
-    /// A kernel writing its one output in one part, with nothing fused, joined or run before
-    /// it: what every lowering gives unless it says otherwise.
-    fn new(name: String, shape: Vec<usize>, program: UOp, args: Vec<ArgSource>, derived: String) -> Lowered {
-        Lowered {
-            name,
-            shape,
-            program,
-            args,
-            output_parts: Vec::new(),
-            derived,
-            epilogue: false,
-            outputs: 1,
-            online_rows: false,
-            before: None,
-        }
-    }
-}
-
-/// The loop program of the kernel that computes point `p`.
-fn lower_point(
-    p: &UOp,
-    buf_of: &HashMap<UOp, ArgSource>,
-    opts: &RealizeOptions,
-    with_epilogue: &HashSet<UOp>,
-    temps: &mut Vec<(DType, usize)>,
-) -> Result<Lowered> {
-    if let Op::Custom(custom) = p.op() {
-        // The program is given; its slots are the sources, then the output.
-        let mut args: Vec<ArgSource> = p
-            .src()
-            .iter()
-            .map(|s| match s.op() {
-                Op::Param { slot, .. } => ArgSource::Input(*slot),
-                _ => buf_of[s],
-            })
-            .collect();
-        args.push(buf_of[p]);
-        let lowered = Lowered::new(
-            custom.name.clone(),
-            custom.shape.clone(),
-            custom.program.clone(),
-            args,
-            String::new(),
-        );
-        return Ok(Lowered { output_parts: custom.output_parts.clone(), ..lowered });
-    }
-    let (body, mut args) = kernel_body(p, buf_of);
-    let name = kernel_name(&body);
-    let mut ctx = Ctx::new(opts.opt.opts(&body), !opts.experiments.reshape_without_divmod_folding);
-    let out = buffer(args.len(), p.dtype(), numel(p.shape()));
-    let online = crate::online::online_sums_in(&body);
-    let tiled = if opts.opt.tile_ops() { crate::tilemap::lower_gemm(&body, &out) } else { None };
-    // A kernel the cut gave a GEMM epilogue falls back to the generic lowering (the GEMM as a
-    // loop nest) should its body not lower as one after all: slower, never wrong.
-    let fused =
-        if with_epilogue.contains(p) { crate::epilogue::lower_gemm_epilogue(&body, &out) } else { None };
-    let epilogue = fused.is_some();
-    let online_tiles = if opts.opt.tile_ops() && tiled.is_none() && fused.is_none() {
-        crate::online_tiles::lower_online_attention(&body, &out)
-    } else {
-        None
-    };
-    let rows_ok = opts.opt.tile_ops() && tiled.is_none() && fused.is_none() && online_tiles.is_none();
-    // Few long rows: their states in chunks by one kernel, merged by the next.
-    let split_out = buffer(args.len() + 1, p.dtype(), numel(p.shape()));
-    let split = rows_ok.then(|| crate::online_rows::lower_online_rows_split(&body, &split_out, args.len()));
-    if let Some(split) = split.flatten() {
-        temps.push((DType::F32, split.states));
-        let states = ArgSource::Temp(temps.len() - 1);
-        let name = kernel_name(&body);
-        let mut partial_args = args.clone();
-        partial_args.push(states);
-        let (partials, partial_args) = compact_slots(split.partials, partial_args);
-        let before = Lowered::new(
-            format!("{name}_chunks"),
-            vec![split.states],
-            partials,
-            partial_args,
-            "the maximum and sum of exp of each chunk of a row, on tile ops".to_string(),
-        );
-        args.extend([states, buf_of[p]]);
-        let (program, args) = compact_slots(split.body, args);
-        let derived = format!("{online} online sums on tile ops: row max and sum of exp, merged from chunks");
-        let lowered = Lowered::new(name, body.shape().to_vec(), program, args, derived);
-        return Ok(Lowered { before: Some(Box::new(before)), ..lowered });
-    }
-    let online_rows = if rows_ok { crate::online_rows::lower_online_rows(&body, &out) } else { None };
-    let derived = match (online, &online_tiles, &online_rows) {
-        (0, _, _) => String::new(),
-        (n, Some(_), _) => format!("{n} online sums on tile ops: score GEMM, softmax update, P.V GEMM"),
-        (n, None, Some(_)) => format!("{n} online sums on tile ops: row max and sum of exp"),
-        (n, None, None) => format!("{n} online sums in one loop"),
-    };
-    let on_rows = online_rows.is_some();
-    let program = match (tiled.or(online_tiles).or(online_rows), fused) {
-        (Some(program), _) => program,
-        (None, Some(program)) => program?,
-        (None, None) => lower(&body, &out, &mut ctx)?,
-    };
-    args.push(buf_of[p]);
-    let (program, args) = compact_slots(program, args);
-    let shape = body.shape().to_vec();
-    Ok(Lowered { epilogue, online_rows: on_rows, ..Lowered::new(name, shape, program, args, derived) })
 }
 
 /// Joins independent kernels that read the same online group over rows (a loss and its
@@ -338,6 +110,7 @@ fn join_row_siblings(
             let derived = format!("{}, shared by {} outputs", a.derived, a.outputs + b.outputs);
             let joined = Lowered {
                 outputs: a.outputs + b.outputs,
+                lowering: "online_rows_joined",
                 ..Lowered::new(format!("{}+{}", a.name, b.name), b.shape.clone(), program, args, derived)
             };
             lowered[i] = joined;
@@ -439,10 +212,10 @@ pub(crate) fn build_plan(
 
 /// The compiled kernel of `l`.
 fn compile_lowered(l: Lowered, opts: &RealizeOptions) -> Result<Kernel> {
-    let Lowered { name, shape, program, args, output_parts, derived, epilogue, outputs, .. } = l;
+    let Lowered { name, shape, program, args, output_parts, derived, epilogue, outputs, lowering, .. } = l;
     let exe = Exe::compile(&program, &name, opts.scalar_codegen)?.with_output_parts(output_parts);
     let kernel = Kernel::new(name, shape, program, args, exe).with_epilogue(epilogue).with_outputs(outputs);
-    Ok(kernel.with_derived(derived))
+    Ok(kernel.with_derived(derived).with_lowering(lowering))
 }
 
 /// The rule counts of this thread's rewrite passes since `before` (an earlier

@@ -34,6 +34,7 @@ mod error;
 mod exec;
 mod gemm_grid;
 mod kernelize;
+mod lowerings;
 pub mod masked;
 mod online;
 mod online_rows;

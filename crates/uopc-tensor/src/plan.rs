@@ -48,6 +48,10 @@ pub struct Kernel {
     /// What the compiler derived for this kernel beyond plain lowering, for the plan's
     /// `Display` (empty when nothing): the online sums it accumulates and how they are lowered.
     pub derived: String,
+    /// The lowering that made the program: `tile_gemm`, `gemm_epilogue`, `online_attention`,
+    /// `online_rows_split`, `online_rows` or `rangeify` (tried in that order), `custom` for a
+    /// given program, `online_rows_joined` for two kernels of one online group run as one.
+    pub lowering: &'static str,
     epilogue: bool,
     outputs: usize,
 }
@@ -77,9 +81,15 @@ impl Kernel {
             tile_ops,
             tile_gemm,
             derived: String::new(),
+            lowering: "",
             epilogue: false,
             outputs: 1,
         }
+    }
+
+    /// This kernel with `lowering` named (see [`Kernel::lowering`]).
+    pub(crate) fn with_lowering(self, lowering: &'static str) -> Kernel {
+        Kernel { lowering, ..self }
     }
 
     /// This kernel writing its last `outputs` slots.
@@ -232,7 +242,7 @@ impl fmt::Display for Plan {
         for k in &self.kernels {
             let label = k.kind_label();
             let sep = if label.is_empty() { "" } else { " " };
-            write!(f, "  {:<24} args {:?}{sep}{label}", k.name, k.args)?;
+            write!(f, "  {:<24} args {:?}{sep}{label} by {}", k.name, k.args, k.lowering)?;
             if k.derived.is_empty() {
                 writeln!(f)?;
             } else {
