@@ -1,7 +1,6 @@
 //! The integration tests of the tile kernels, in one binary (one link instead of one per file):
 //! each module is one tile operation or its bounds and conversions.
 
-#[path = "../common/mod.rs"]
 mod common;
 
 mod attention;
