@@ -214,19 +214,7 @@ impl TileKernel {
         let (q_row, state_row) = rows_at;
         let r0 = diagonal_from.unwrap_or(0);
         let rows = br - r0;
-        let scores = TileOp::Gemm(GemmShape {
-            m: rows,
-            n: cols,
-            k: d,
-            lda: d,
-            ldb: d,
-            ldc: cols,
-            a_trans: false,
-            b_trans: true,
-            accumulate: false,
-            b_panel_width: 0,
-            parallel: false,
-        });
+        let scores = TileOp::Gemm(GemmShape::dense(rows, cols, d, false, true, false));
         let q_first = (q_row + r0 as i64) * d;
         let mut g1 = tile(scores, &[q.index(q_first), k.index(first * d), si.after(prev).index(0)]);
         if diagonal_from.is_some() {
@@ -251,19 +239,7 @@ impl TileKernel {
             ],
         );
         let after_sm = std::slice::from_ref(&sm);
-        let pv = TileOp::Gemm(GemmShape {
-            m: rows,
-            n: d,
-            k: cols,
-            lda: cols,
-            ldb: d,
-            ldc: d,
-            a_trans: false,
-            b_trans: false,
-            accumulate: true,
-            b_panel_width: 0,
-            parallel: false,
-        });
+        let pv = TileOp::Gemm(GemmShape::dense(rows, d, cols, false, false, true));
         tile(
             pv,
             &[

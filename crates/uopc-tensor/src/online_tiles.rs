@@ -223,37 +223,14 @@ fn batch_coords(item: &UOp, batch: &[usize]) -> Vec<UOp> {
 /// The score GEMM of `rows` query rows against a block of `cols` keys: `S = Q K^T`, over
 /// the views `a` matched, into a dense `rows x cols` tile.
 fn score_gemm(a: &Attention, rows: usize, cols: usize) -> TileOp {
-    TileOp::Gemm(GemmShape {
-        m: rows,
-        n: cols,
-        k: a.d,
-        lda: a.q.ld,
-        ldb: a.k.ld,
-        ldc: cols,
-        a_trans: a.q.trans,
-        b_trans: a.k.trans,
-        accumulate: false,
-        b_panel_width: 0,
-        parallel: false,
-    })
+    let dense = GemmShape::dense(rows, cols, a.d, a.q.trans, a.k.trans, false);
+    TileOp::Gemm(GemmShape { lda: a.q.ld, ldb: a.k.ld, ..dense })
 }
 
 /// The `P V` GEMM of a `rows x cols` probability tile against that block's values,
 /// accumulated into the dense `rows x dv` output tile.
 fn pv_gemm(a: &Attention, rows: usize, cols: usize) -> TileOp {
-    TileOp::Gemm(GemmShape {
-        m: rows,
-        n: a.dv,
-        k: cols,
-        lda: cols,
-        ldb: a.v.ld,
-        ldc: a.dv,
-        a_trans: false,
-        b_trans: a.v.trans,
-        accumulate: true,
-        b_panel_width: 0,
-        parallel: false,
-    })
+    TileOp::Gemm(GemmShape { ldb: a.v.ld, ..GemmShape::dense(rows, a.dv, cols, false, a.v.trans, true) })
 }
 
 /// The tile-op program of kernel `body` writing `out`, or `None` when `body` is not a function

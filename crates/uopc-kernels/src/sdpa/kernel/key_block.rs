@@ -270,32 +270,8 @@ fn staircase(parts: usize, rows: usize, cols: usize, by_columns: bool) -> Vec<(u
 /// keys of head dimension `d` (`ksn` apart in K and V): the scores `Q K^T` into a dense
 /// `rows x cols` tile, and `P V` accumulated into the dense `rows x d` output tile.
 fn block_gemms(rows: usize, cols: usize, d: usize, lda: usize, ksn: usize) -> (GemmShape, GemmShape) {
-    let scores = GemmShape {
-        m: rows,
-        n: cols,
-        k: d,
-        lda,
-        ldb: ksn,
-        ldc: cols,
-        a_trans: false,
-        b_trans: true,
-        accumulate: false,
-        b_panel_width: 0,
-        parallel: false,
-    };
-    let pv = GemmShape {
-        m: rows,
-        n: d,
-        k: cols,
-        lda: cols,
-        ldb: ksn,
-        ldc: d,
-        a_trans: false,
-        b_trans: false,
-        accumulate: true,
-        b_panel_width: 0,
-        parallel: false,
-    };
+    let scores = GemmShape { lda, ldb: ksn, ..GemmShape::dense(rows, cols, d, false, true, false) };
+    let pv = GemmShape { ldb: ksn, ..GemmShape::dense(rows, d, cols, false, false, true) };
     (scores, pv)
 }
 
