@@ -266,11 +266,10 @@ fn without_comments(text: &str) -> String {
 /// The import edges between one crate's files (by module path), root excluded.
 fn edges(krate: &Crate) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
     let mut out: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
-    for (module, (path, text)) in &krate.files {
+    for (module, (_, text)) in &krate.files {
         if module.is_empty() {
             continue;
         }
-        let _ = path;
         for p in referenced_paths(&without_comments(without_tests(text)), module, krate) {
             let target = krate.resolve(&p, 0);
             // A folder module and its own children are one unit: a child implementing part of
