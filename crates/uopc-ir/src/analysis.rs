@@ -158,9 +158,9 @@ fn strided_writes_disjoint(topo: &[UOp], thread: &UOp) -> bool {
     true
 }
 
-/// The most footprint rows [`enumerated_footprints_disjoint`] enumerates: beyond it the
-/// answer is "not proven" (the program runs serially) rather than a slow compile.
-const MAX_ENUMERATED_ROWS: usize = 1 << 18;
+/// The most footprint rows (or walked points) [`enumerated_footprints_disjoint`] enumerates:
+/// beyond it the answer is "not proven" (the program runs serially) rather than a slow compile.
+const MAX_ENUMERATED_ROWS: usize = 1 << 20;
 
 /// Rows, columns and row stride of the block of elements an access touches from its offset.
 type Block = (usize, usize, usize);
@@ -200,10 +200,11 @@ fn loop_footprint(offset: &UOp, thread: &UOp) -> Option<(IndexFormula, Block)> {
 /// The exhaustive test of [`threads_write_disjoint`], for accesses the symbolic test cannot
 /// split (a 2-D grid of GEMM tiles, whose offset is `(t / nb) * R + (t % nb) * C`): when every
 /// access to a written buffer has an offset that depends on `thread` alone, or walks a block
-/// in at most two inner loops from such an offset ([`loop_footprint`]), and `thread` has a
-/// constant trip count, each iteration's footprint (a tile operand's `rows x cols` block with
-/// its row stride, the loops' block, or one element) is computed for every iteration and the
-/// row intervals of different iterations are checked not to overlap.
+/// in at most two inner loops from such an offset ([`loop_footprint`]), or walks rows whose
+/// count or position the thread decides ([`walked_rows`]), and `thread` has a constant trip
+/// count, each iteration's footprint (a tile operand's `rows x cols` block with its row
+/// stride, the loops' block, the walked rows, or one element) is computed for every iteration
+/// and the row intervals of different iterations are checked not to overlap.
 fn enumerated_footprints_disjoint(topo: &[UOp], thread: &UOp) -> bool {
     let Some(trips) = thread.as_range().and_then(|r| r.end.const_int()) else { return false };
     let Ok(trips) = usize::try_from(trips) else { return false };
@@ -217,42 +218,30 @@ fn enumerated_footprints_disjoint(topo: &[UOp], thread: &UOp) -> bool {
         }
     }
     let written = written_buffers(topo);
-    let mut per_buffer: HashMap<UOp, Vec<(IndexFormula, Block)>> = HashMap::new();
-    let mut rows_total = 0usize;
+    // (start, end, iteration) of every row every access to a buffer touches, in element units.
+    let mut per_buffer: HashMap<UOp, Vec<(i64, i64, usize)>> = HashMap::new();
+    let mut budget = MAX_ENUMERATED_ROWS;
     for u in topo {
         let Some(index) = u.as_index() else { continue };
         let Some(base) = view_base(index.base) else { continue };
         if !written.contains(base) {
             continue;
         }
-        let (offset, block) = match blocks.get(u) {
-            Some(&block) => match IndexFormula::over_ranges(index.offset, std::slice::from_ref(thread)) {
-                Some(offset) => (offset, block),
-                None => return false,
-            },
-            None => match loop_footprint(index.offset, thread) {
-                Some(footprint) => footprint,
-                None => return false,
-            },
+        let footprint = match blocks.get(u) {
+            Some(&block) => IndexFormula::over_ranges(index.offset, std::slice::from_ref(thread))
+                .map(|offset| (offset, block)),
+            None => loop_footprint(index.offset, thread),
         };
-        rows_total = rows_total.saturating_add(block.0.saturating_mul(trips));
-        if rows_total > MAX_ENUMERATED_ROWS {
+        let rows = per_buffer.entry(base.clone()).or_default();
+        let complete = match footprint {
+            Some((offset, block)) => block_rows(&offset, block, trips, &mut budget, rows),
+            None => walked_rows(index.offset, thread, trips, &mut budget, rows),
+        };
+        if !complete {
             return false;
         }
-        per_buffer.entry(base.clone()).or_default().push((offset, block));
     }
-    per_buffer.values().all(|accesses| {
-        // (start, end, iteration) of every row of every access, in element units.
-        let mut rows: Vec<(i64, i64, usize)> = Vec::new();
-        for t in 0..trips {
-            for (offset, (r, c, ld)) in accesses.iter().filter(|(_, (r, c, _))| *r > 0 && *c > 0) {
-                let Some(start) = offset.eval(&[t as i64]) else { return false };
-                rows.extend((0..*r).map(|i| {
-                    let first = start + (i * ld) as i64;
-                    (first, first + *c as i64, t)
-                }));
-            }
-        }
+    per_buffer.into_values().all(|mut rows| {
         rows.sort_unstable();
         // Sweep in start order, holding the furthest end seen and its iteration: a row of another
         // iteration starting before that end overlaps it.
@@ -267,6 +256,109 @@ fn enumerated_footprints_disjoint(topo: &[UOp], thread: &UOp) -> bool {
         true
     })
 }
+
+/// Pushes the rows of block `(r, c, ld)` at `offset` for every iteration of a THREAD range of
+/// `trips`; false when an offset cannot be evaluated or the rows exceed `budget`.
+fn block_rows(
+    offset: &IndexFormula,
+    (r, c, ld): Block,
+    trips: usize,
+    budget: &mut usize,
+    rows: &mut Vec<(i64, i64, usize)>,
+) -> bool {
+    if r == 0 || c == 0 {
+        return true;
+    }
+    let Some(left) = budget.checked_sub(r.saturating_mul(trips)) else { return false };
+    *budget = left;
+    for t in 0..trips {
+        let Some(start) = offset.eval(&[t as i64]) else { return false };
+        rows.extend((0..r).map(|i| {
+            let first = start + (i * ld) as i64;
+            (first, first + c as i64, t)
+        }));
+    }
+    true
+}
+
+/// Pushes the rows a plain access at `offset` touches in every iteration of THREAD range
+/// `thread` (of `trips`), where no block describes them: each inner loop but a contiguous
+/// innermost one (stride 1, constant trip count: the row's columns) is walked iteration by
+/// iteration, its trip count evaluated per thread iteration, and the offset evaluated at each
+/// point, clamps (`min`, `max`) and all. This is the store loop of a task whose last rows
+/// overlap the task before it and are skipped: `rows - skip(t)` rows, each row at
+/// `min(skip(t) + r, rows - 1)`. Consecutive rows of one iteration that continue each other
+/// are merged. False when something cannot be evaluated, a trip count depends on another
+/// inner loop, or the points exceed `budget`.
+fn walked_rows(
+    offset: &UOp,
+    thread: &UOp,
+    trips: usize,
+    budget: &mut usize,
+    rows: &mut Vec<(i64, i64, usize)>,
+) -> bool {
+    let mut inner: Vec<UOp> = offset.ranges_mentioned().into_iter().filter(|r| r != thread).collect();
+    inner.dedup();
+    // The contiguous innermost loop, if any: its iterations are one row's columns.
+    let mut cols = 1i64;
+    let mut rest = offset.clone();
+    if let Some(pos) = inner.iter().position(|r| {
+        r.as_range().and_then(|v| v.end.const_int()).is_some()
+            && split_linear(offset, r).is_some_and(|(s, _)| s == 1)
+    }) {
+        let r = inner.remove(pos);
+        let Some(c) = r.as_range().and_then(|v| v.end.const_int()) else { return false };
+        let Some((_, without)) = split_linear(offset, &r) else { return false };
+        (cols, rest) = (c, without);
+    }
+    if cols <= 0 || inner.len() > MAX_WALKED_LOOPS {
+        return false;
+    }
+    let mut vars = vec![thread.clone()];
+    vars.extend(inner.iter().cloned());
+    let Some(at) = IndexFormula::over_ranges(&rest, &vars) else { return false };
+    let Some(loop_trips) = inner
+        .iter()
+        .map(|r| IndexFormula::over_ranges(r.as_range()?.end, std::slice::from_ref(thread)))
+        .collect::<Option<Vec<IndexFormula>>>()
+    else {
+        return false;
+    };
+    for t in 0..trips {
+        let Some(counts) = loop_trips.iter().map(|f| f.eval(&[t as i64])).collect::<Option<Vec<i64>>>()
+        else {
+            return false;
+        };
+        let points: i64 = counts.iter().map(|&n| n.max(0)).product();
+        let Some(left) = usize::try_from(points).ok().and_then(|p| budget.checked_sub(p)) else {
+            return false;
+        };
+        *budget = left;
+        if points == 0 {
+            continue;
+        }
+        let mut point = vec![0i64; counts.len()];
+        let first_row = rows.len();
+        loop {
+            let mut env = vec![t as i64];
+            env.extend_from_slice(&point);
+            let Some(start) = at.eval(&env) else { return false };
+            let continues = rows.len() > first_row && rows.last().is_some_and(|last| last.1 == start);
+            match rows.last_mut() {
+                Some(last) if continues => last.1 = start + cols,
+                _ => rows.push((start, start + cols, t)),
+            }
+            // The next point, the last loop fastest; done when every loop wrapped.
+            let Some(k) = (0..point.len()).rev().find(|&k| point[k] + 1 < counts[k]) else { break };
+            point[k] += 1;
+            point[k + 1..].fill(0);
+        }
+    }
+    true
+}
+
+/// Inner loops [`walked_rows`] walks point by point at most (a store loop over heads, rows).
+const MAX_WALKED_LOOPS: usize = 3;
 
 /// The statements of `lin` that are ops (not loops), depth first.
 fn op_statements(lin: &Linear) -> Vec<&UOp> {
@@ -475,6 +567,39 @@ mod tests {
         let program =
             sink(&[out.index(t.modulo(2) * 32 + &r * 3 + &c).store(1.0f32).end(&[c, r]).end(&[t.clone()])]);
         assert!(!threads_write_disjoint(&topo(&program), &t));
+    }
+
+    /// The store loop of tasks of `bq` rows over `n` rows of `cols` columns in `heads` heads,
+    /// the last task of a head starting early enough to be full (`q0 = min(b bq, n - bq)`) and
+    /// skipping `skip` of its rows, as the attention kernels store their outputs.
+    fn overlapping_last_block(n: usize, bq: usize, heads: usize, cols: usize, skips: bool) -> (UOp, UOp) {
+        let blocks = n.div_ceil(bq);
+        let out = buffer(0, DType::F32, heads * n * cols);
+        let t = range(heads * blocks, 0, AxisType::Thread);
+        let (head, qblk) = (t.idiv(blocks as i64), t.modulo(blocks as i64));
+        let q0 = -((-(&qblk * bq)).maximum(-((n - bq) as i64)));
+        let skip = if skips { (&qblk * bq - (n - bq) as i64).maximum(0) } else { q0.clone() * 0 };
+        let r = range(-&skip + bq as i64, 1, AxisType::Loop);
+        let e = range(cols, 2, AxisType::Loop);
+        let row = -((-(&skip + &r)).maximum(-(bq as i64 - 1)));
+        let at = (&head * n + &q0 + &row) * cols + &e;
+        let program = sink(&[out.index(at).store(1.0f32).end(&[e, r]).end(&[t.clone()])]);
+        (program, t)
+    }
+
+    #[test]
+    fn a_last_block_that_skips_the_rows_it_overlaps_is_disjoint() {
+        // 10 rows in blocks of 4: the last block starts at row 6 and writes rows 8 and 9 only.
+        for (n, bq, heads, cols) in [(10, 4, 1, 3), (10, 4, 3, 3), (1009, 202, 8, 16), (257, 129, 3, 8)] {
+            let (program, t) = overlapping_last_block(n, bq, heads, cols, true);
+            assert!(threads_write_disjoint(&topo(&program), &t), "{n} rows in blocks of {bq}");
+            // Writing every row of the last block overwrites rows of the block before it.
+            let (program, t) = overlapping_last_block(n, bq, heads, cols, false);
+            assert!(!threads_write_disjoint(&topo(&program), &t), "{n} rows in blocks of {bq}, no skip");
+        }
+        // Divisible rows need no skipping: every block writes its own rows either way.
+        let (program, t) = overlapping_last_block(12, 4, 2, 3, false);
+        assert!(threads_write_disjoint(&topo(&program), &t));
     }
 
     #[test]
