@@ -150,3 +150,27 @@ fn batched_heads_and_decode_run_tasks_in_parallel() {
         assert_eq!(n_q % sdpa.blocking().queries, 0, "{sdpa}");
     }
 }
+
+/// Query lengths no tile height divides (primes among them) give each head a last query block
+/// that starts early enough to be full and stores only the rows the block before it did not:
+/// those tasks still run in parallel, in every dtype, with a causal mask, with stacked GQA
+/// heads and in the strided layout (run serially they took twice as long on two cores).
+#[test]
+fn a_last_query_block_overlapping_the_one_before_still_runs_in_parallel() {
+    use uopc_kernels::sdpa::{Layout, SdpaDType};
+    for (b, h, hkv, n_q, n_k, d) in
+        [(1, 8, 1, 1009, 1009, 160), (1, 12, 4, 257, 1031, 96), (2, 3, 3, 997, 300, 64)]
+    {
+        for dtype in [SdpaDType::F32, SdpaDType::F16, SdpaDType::BF16] {
+            for causal in [false, true] {
+                for layout in [Layout::Bhnd, Layout::Bnhd] {
+                    let c = SdpaConfig { dtype, causal, layout, ..config(b, h, hkv, n_q, n_k, d) };
+                    let sdpa = Sdpa::compile(&c).expect("compiles");
+                    let rows = sdpa.blocking().queries;
+                    assert!(!n_q.is_multiple_of(rows), "{sdpa}: the case needs an overlapping last block");
+                    assert!(sdpa.program().is_parallel(), "{sdpa}");
+                }
+            }
+        }
+    }
+}
