@@ -295,7 +295,9 @@ impl Tensor {
 
     /// Tensors concatenated along `axis`. Built from SHRINK, STACK and RESHAPE: every input is
     /// cut into chunks of the gcd of the sizes along `axis`, the chunks are stacked and the
-    /// stack axis is merged into `axis`.
+    /// stack axis is merged into `axis`. Sizes whose gcd would make more than 16 chunks (1000
+    /// and 1 make 1001) are joined by a WHERE per input instead, each element then choosing
+    /// among the inputs rather than among the chunks.
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -343,6 +345,9 @@ impl Tensor {
             if b == 0 { a } else { gcd(b, a % b) }
         }
         let g = tensors.iter().fold(0, |g, t| gcd(g, t.shape()[a]));
+        if shape[a] / g > CAT_MAX_STACKED_CHUNKS {
+            return cat_by_selection(&tensors, a, &shape).map_err(|e| e.in_op("cat"));
+        }
         let mut chunks = Vec::new();
         for t in tensors {
             for c in 0..t.shape()[a] / g {
@@ -362,4 +367,52 @@ impl Tensor {
     pub fn cat(tensors: &[&Tensor], axis: isize) -> Tensor {
         ok(Tensor::try_cat(tensors, axis))
     }
+}
+
+/// Chunks [`Tensor::try_cat`] stacks at most; past it an element would choose among so many
+/// chunks (one select each) that choosing among the inputs is cheaper.
+const CAT_MAX_STACKED_CHUNKS: usize = 16;
+
+/// `parts` (non-empty along axis `a`, at least two) concatenated along `a` into `shape`: each
+/// part viewed over the whole axis ([`repeated_over`]) and, from the last part back, a WHERE
+/// on the position along `a` choosing the part it falls in. Each element selects among the
+/// parts, not among chunks of their gcd.
+fn cat_by_selection(parts: &[&Tensor], a: usize, shape: &[usize]) -> Result<Tensor> {
+    let total = shape[a];
+    let d = parts.iter().map(|t| t.dtype()).fold(parts[0].dtype(), DType::max);
+    let mut along = vec![1; shape.len()];
+    along[a] = total;
+    let position = Tensor::arange(total).try_reshape(&along)?;
+    let mut end = total;
+    let mut joined: Option<Tensor> = None;
+    for part in parts.iter().rev() {
+        let start = end - part.shape()[a];
+        let view = repeated_over(&part.cast(d), a, start, total)?;
+        joined = Some(match joined {
+            None => view,
+            Some(after) => position.try_lt(&position.lit(end as f64))?.try_where(&view, &after)?,
+        });
+        end = start;
+    }
+    joined.ok_or_else(|| shape_err("cat", "needs at least one tensor"))
+}
+
+/// `t` repeated along axis `a` (EXPAND of a new axis, merged by RESHAPE) and cut (SHRINK) to
+/// `total` positions, so that position `i` holds `t`'s element `(i - start) mod n` (`n` its
+/// size along `a`): `t` itself at positions `start .. start + n`, and every position in bounds.
+fn repeated_over(t: &Tensor, a: usize, start: usize, total: usize) -> Result<Tensor> {
+    let n = t.shape()[a];
+    let offset = (n - start % n) % n;
+    let copies = (offset + total).div_ceil(n);
+    let mut one = t.shape().to_vec();
+    one.insert(a, 1);
+    let mut many = one.clone();
+    many[a] = copies;
+    let mut merged = t.shape().to_vec();
+    merged[a] = copies * n;
+    t.try_reshape(&one)?.try_expand(&many)?.try_reshape(&merged)?.try_slice(
+        a as isize,
+        offset,
+        offset + total,
+    )
 }

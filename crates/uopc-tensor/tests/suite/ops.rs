@@ -163,6 +163,51 @@ fn stack_and_cat() {
     assert_close(&get(&Tensor::cat(&[&ta, &tb], 0)), &want, 0.0);
 }
 
+/// Sizes along the axis whose gcd cuts them into many chunks (37, 1 and 20: gcd 1, 58 chunks;
+/// a long sum's gradient pads a 69632-element body with a 368-element tail: 4352 chunks) are
+/// concatenated exactly, and their kernel selects among the inputs: one WHERE per input, not
+/// one per chunk (per chunk, the gradient of such a sum took seconds).
+#[test]
+fn cat_of_sizes_with_a_small_gcd_selects_among_its_inputs() {
+    let parts = [
+        uniform(&[2, 37, 3], -1.0, 1.0, 21),
+        uniform(&[2, 1, 3], -1.0, 1.0, 22),
+        uniform(&[2, 20, 3], -1.0, 1.0, 23),
+    ];
+    let tensors: Vec<Tensor> = parts.iter().map(t).collect();
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    let views: Vec<ArrayD<f64>> = parts.iter().map(f64s).collect();
+    let want = ndarray::concatenate(Axis(1), &views.iter().map(|v| v.view()).collect::<Vec<_>>()).unwrap();
+    let joined = Tensor::cat(&refs, 1);
+    assert_close(&get(&joined), &want, 0.0);
+    // Reversed, along another axis, and with integer parts promoted to the widest dtype.
+    let want = ndarray::concatenate(Axis(1), &[views[2].view(), views[0].view()]).unwrap();
+    assert_close(&get(&Tensor::cat(&[&tensors[2], &tensors[0]], 1)), &want, 0.0);
+    let ints = Tensor::from_vec((0..17i64).collect::<Vec<_>>(), &[17]);
+    let one = Tensor::from_vec(vec![0.5f32], &[1]);
+    let mixed = Tensor::cat(&[&ints, &one], 0).to_ndarray::<f32>().unwrap();
+    let expected: Vec<f32> = (0..17).map(|i| i as f32).chain([0.5]).collect();
+    assert_eq!(mixed.as_slice(), Some(&expected[..]));
+    let plan = make_plan(&[joined.uop().clone()], &RealizeOptions::default()).unwrap();
+    let selects: usize = plan
+        .kernels
+        .iter()
+        .map(|k| {
+            uopc_ir::UOp::toposort(&[k.program.clone()])
+                .iter()
+                .filter(|u| matches!(u.op(), uopc_ir::Op::Where))
+                .count()
+        })
+        .sum();
+    assert!(selects <= 2 * refs.len(), "{selects} selects for {} inputs: {plan}", refs.len());
+    // The gradient of a long sum whose length fills no whole block (a slice of the body,
+    // padded back by a cat of very different sizes) is 1 everywhere.
+    let n = 70_000;
+    let x = Tensor::from_vec(vec![0.25f32; n], &[n]);
+    let grad = gradient(&x.sum(0, false), &[&x]).unwrap().remove(0).to_ndarray::<f32>().unwrap();
+    assert!(grad.iter().all(|&g| g == 1.0), "{:?}", grad.iter().find(|&&g| g != 1.0));
+}
+
 fn matmul_ref(a: &ArrayD<f64>, b: &ArrayD<f64>) -> ArrayD<f64> {
     let (n, k, m) = (a.shape()[0], a.shape()[1], b.shape()[1]);
     ArrayD::from_shape_fn(IxDyn(&[n, m]), |ix| (0..k).map(|p| a[[ix[0], p]] * b[[p, ix[1]]]).sum())
