@@ -21,6 +21,10 @@ pub struct Opts {
     /// The output axis run as a THREAD range. Only axis 0 can be threaded (the THREAD range
     /// must be the outermost loop); other values are ignored.
     pub thread: Option<usize>,
+    /// With `thread`, how many leading output axes the THREAD range covers, merged into one
+    /// range of their product (each axis's index taken back by division and remainder); 0 or
+    /// 1 is axis 0 alone. None of them may be upcast (an upcast merged axis is not merged).
+    pub thread_axes: usize,
 }
 
 impl Opts {
@@ -290,6 +294,7 @@ impl Optimizer for DefaultOpt {
         if shape.first().is_some_and(|&s| s > 1) {
             o.thread = Some(0);
         }
+        o.thread_axes = thread_axes(shape, &o, has_reduce(body));
         o
     }
     fn layout(&self) -> Layout {
@@ -301,6 +306,29 @@ impl Optimizer for DefaultOpt {
     fn cache_key(&self) -> OptimizerKey {
         OptimizerKey::Default(*self)
     }
+}
+
+/// THREAD iterations a kernel wants at least before its leading axes are merged into one
+/// THREAD range: enough for every core of a large server to take several, so that an axis 0 of
+/// a few batch items or heads (5 tasks over 2 cores is a 3:2 split) does not decide the balance.
+const MIN_THREAD_TASKS: usize = 64;
+
+/// How many leading axes of `shape` the THREAD range of `o` covers: axis 0, then the next
+/// axes while there are fewer than [`MIN_THREAD_TASKS`] iterations, stopping before any
+/// upcast axis and, unless the kernel `reduces` (its innermost loop is then the reduce's),
+/// before the last axis (the innermost loop, which the vectorizer reads).
+fn thread_axes(shape: &[usize], o: &Opts, reduces: bool) -> usize {
+    if o.thread != Some(0) {
+        return 0;
+    }
+    let mergeable = if reduces { shape.len() } else { shape.len().saturating_sub(1) };
+    let mut merged = 1;
+    let mut tasks = shape[0];
+    while tasks < MIN_THREAD_TASKS && merged < mergeable && o.upcast_of(merged) == 1 && o.upcast_of(0) == 1 {
+        tasks *= shape[merged];
+        merged += 1;
+    }
+    merged
 }
 
 /// The optimizer for fully fused attention: upcast the last output axis by
@@ -377,5 +405,32 @@ impl Optimizer for FixedOpts {
     }
     fn cache_key(&self) -> OptimizerKey {
         OptimizerKey::Fixed(self.0.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn threaded(upcast: Vec<(usize, usize)>) -> Opts {
+        Opts { upcast, thread: Some(0), ..Opts::default() }
+    }
+
+    #[test]
+    fn few_leading_items_share_the_thread_range_with_the_axes_after_them() {
+        // 5 heads x 1021 rows x 1021 keys: heads and rows are one THREAD range of 5105.
+        assert_eq!(thread_axes(&[5, 1021, 1021], &threaded(Vec::new()), false), 2);
+        // Enough items on axis 0: it alone.
+        assert_eq!(thread_axes(&[100, 5, 16], &threaded(Vec::new()), false), 1);
+        // Merging goes on while there are too few tasks, never over the last axis of an
+        // elementwise kernel; a reduction's last output axis is not its innermost loop.
+        assert_eq!(thread_axes(&[2, 3, 4, 16], &threaded(Vec::new()), false), 3);
+        assert_eq!(thread_axes(&[2, 3], &threaded(Vec::new()), false), 1);
+        assert_eq!(thread_axes(&[2, 3], &threaded(Vec::new()), true), 2);
+        // An upcast axis is not merged, nor is anything when axis 0 is upcast.
+        assert_eq!(thread_axes(&[2, 8, 16], &threaded(vec![(1, 4)]), false), 1);
+        assert_eq!(thread_axes(&[4, 8, 16], &threaded(vec![(0, 4)]), true), 1);
+        // No THREAD range, nothing to merge.
+        assert_eq!(thread_axes(&[2, 8, 16], &Opts::default(), false), 0);
     }
 }

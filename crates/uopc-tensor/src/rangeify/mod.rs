@@ -445,7 +445,19 @@ pub fn lower(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Result<UOp> {
     ctx.groups = Groups::of(body);
     let mut parts = Vec::with_capacity(shape.len());
     let mut outer: Vec<UOp> = Vec::new();
-    for (k, &s) in shape.iter().enumerate() {
+    let merged = if ctx.opts.thread == Some(0) { ctx.opts.thread_axes.min(shape.len()) } else { 0 };
+    if merged > 1 {
+        // One THREAD range over the leading axes; each axis's index is its digit of it.
+        let t = ctx.new_range(shape[..merged].iter().product::<usize>(), AxisType::Thread, Vec::new());
+        for k in 0..merged {
+            let inner: usize = shape[k + 1..merged].iter().product();
+            let digit = if inner == 1 { t.clone() } else { t.idiv(inner as i64) };
+            let base = if k == 0 { digit } else { digit.modulo(shape[k] as i64) };
+            parts.push(Part { base, amount: 1 });
+        }
+        outer.push(t);
+    }
+    for (k, &s) in shape.iter().enumerate().skip(if merged > 1 { merged } else { 0 }) {
         let axis = if ctx.opts.thread == Some(k) && k == 0 { AxisType::Thread } else { AxisType::Loop };
         let p = ctx.axis_part(s, ctx.opts.upcast_of(k), axis, &outer);
         if is_range(&p.base) {

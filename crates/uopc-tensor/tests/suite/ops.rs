@@ -208,6 +208,37 @@ fn cat_of_sizes_with_a_small_gcd_selects_among_its_inputs() {
     assert!(grad.iter().all(|&g| g == 1.0), "{:?}", grad.iter().find(|&&g| g != 1.0));
 }
 
+/// A kernel over few batch items (3 x 5 rows of 16) runs its items and rows as one THREAD range
+/// of 15 iterations, not 3 (on two cores three tasks split 2:1), and still computes the
+/// right values; with many items axis 0 alone is threaded.
+#[test]
+fn few_leading_items_are_threaded_with_the_rows_after_them() {
+    for (shape, trips) in [([3, 5, 16], 15), ([100, 5, 16], 100)] {
+        let x = uniform(&shape, -1.0, 1.0, 31);
+        let y = t(&x).softmax(-1) * 2.0f32 + t(&x);
+        let want = {
+            let e = f64s(&x).mapv(f64::exp);
+            let sums = e.sum_axis(Axis(2)).insert_axis(Axis(2));
+            &e / &sums * 2.0 + f64s(&x)
+        };
+        assert_close(&get(&y), &want, 1e-6);
+        let plan = make_plan(&[y.uop().clone()], &RealizeOptions::default()).unwrap();
+        let thread_trips: Vec<i64> = plan
+            .kernels
+            .iter()
+            .flat_map(|k| uopc_ir::UOp::toposort(&[k.program.clone()]))
+            .filter_map(|u| {
+                let r = u.as_range()?;
+                (r.axis == uopc_ir::AxisType::Thread).then(|| r.end.const_int()).flatten()
+            })
+            .collect();
+        assert!(
+            !thread_trips.is_empty() && thread_trips.iter().all(|&n| n == trips),
+            "{shape:?}: {thread_trips:?}\n{plan}"
+        );
+    }
+}
+
 fn matmul_ref(a: &ArrayD<f64>, b: &ArrayD<f64>) -> ArrayD<f64> {
     let (n, k, m) = (a.shape()[0], a.shape()[1], b.shape()[1]);
     ArrayD::from_shape_fn(IxDyn(&[n, m]), |ix| (0..k).map(|p| a[[ix[0], p]] * b[[p, ix[1]]]).sum())
