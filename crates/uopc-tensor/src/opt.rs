@@ -25,6 +25,11 @@ pub struct Opts {
     /// range of their product (each axis's index taken back by division and remainder); 0 or
     /// 1 is axis 0 alone. None of them may be upcast (an upcast merged axis is not merged).
     pub thread_axes: usize,
+    /// With `thread` on a kernel of one axis (all others of size 1), the THREAD range runs over runs of this many
+    /// consecutive elements, each an inner loop (which the backend vectorizes, where a THREAD
+    /// range of single elements runs scalar code); ignored unless it divides the axis and is
+    /// above 1.
+    pub thread_split: usize,
 }
 
 impl Opts {
@@ -295,6 +300,12 @@ impl Optimizer for DefaultOpt {
             o.thread = Some(0);
         }
         o.thread_axes = thread_axes(shape, &o, has_reduce(body));
+        if o.thread.is_some()
+            && shape.get(1..).is_some_and(|rest| rest.iter().all(|&s| s == 1))
+            && !has_reduce(body)
+        {
+            o.thread_split = thread_split(shape[0]);
+        }
         o
     }
     fn layout(&self) -> Layout {
@@ -329,6 +340,21 @@ fn thread_axes(shape: &[usize], o: &Opts, reduces: bool) -> usize {
         merged += 1;
     }
     merged
+}
+
+/// Elements per THREAD iteration of a one-axis elementwise kernel, at most.
+const THREAD_RUN_MAX: usize = 1024;
+/// The fewest elements per THREAD iteration worth an inner loop: a few vectors' worth.
+const THREAD_RUN_MIN: usize = 16;
+
+/// The run of consecutive elements each THREAD iteration of a one-axis elementwise kernel of
+/// `n` elements takes: the largest divisor of `n` in [`THREAD_RUN_MIN`]..=[`THREAD_RUN_MAX`]
+/// that leaves at least [`MIN_THREAD_TASKS`] iterations, or 0 (no split) when none does.
+fn thread_split(n: usize) -> usize {
+    (THREAD_RUN_MIN..=THREAD_RUN_MAX)
+        .rev()
+        .find(|&c| n.is_multiple_of(c) && n / c >= MIN_THREAD_TASKS)
+        .unwrap_or(0)
 }
 
 /// The optimizer for fully fused attention: upcast the last output axis by
@@ -432,5 +458,15 @@ mod tests {
         assert_eq!(thread_axes(&[4, 8, 16], &threaded(vec![(0, 4)]), true), 1);
         // No THREAD range, nothing to merge.
         assert_eq!(thread_axes(&[2, 8, 16], &Opts::default(), false), 0);
+    }
+
+    #[test]
+    fn one_axis_kernels_run_their_thread_range_over_runs_of_elements() {
+        assert_eq!(thread_split(1_000_000), 1000);
+        assert_eq!(thread_split(1 << 20), 1024);
+        // A prime has no run; a short axis keeps enough iterations or none.
+        assert_eq!(thread_split(1_000_003), 0);
+        assert_eq!(thread_split(64 * 20), 20);
+        assert_eq!(thread_split(100), 0);
     }
 }

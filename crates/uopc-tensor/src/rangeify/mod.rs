@@ -151,6 +151,36 @@ fn ranges_in(index: &[UOp]) -> Vec<UOp> {
     r
 }
 
+/// The parts of the leading axes of `shape` that the THREAD range covers when the opts merge
+/// or split it ([`Opts::thread_axes`], [`Opts::thread_split`]), the loops made for them, and
+/// how many axes they cover (0: none, `lower` makes every part itself).
+fn thread_parts(shape: &[usize], ctx: &mut Ctx) -> (Vec<Part>, Vec<UOp>, usize) {
+    let threaded = ctx.opts.thread == Some(0);
+    let merged = if threaded { ctx.opts.thread_axes.min(shape.len()) } else { 0 };
+    let split = ctx.opts.thread_split;
+    if threaded && merged > 1 {
+        // One THREAD range over the leading axes; each axis's index is its digit of it.
+        let t = ctx.new_range(shape[..merged].iter().product::<usize>(), AxisType::Thread, Vec::new());
+        let parts = (0..merged)
+            .map(|k| {
+                let inner: usize = shape[k + 1..merged].iter().product();
+                let digit = if inner == 1 { t.clone() } else { t.idiv(inner as i64) };
+                let base = if k == 0 { digit } else { digit.modulo(shape[k] as i64) };
+                Part { base, amount: 1 }
+            })
+            .collect();
+        return (parts, vec![t], merged);
+    }
+    let one_axis = shape.get(1..).is_some_and(|rest| rest.iter().all(|&s| s == 1));
+    if threaded && one_axis && split > 1 && shape[0] > split && shape[0].is_multiple_of(split) {
+        // A THREAD range over runs of `split` elements, each run an inner loop.
+        let t = ctx.new_range(shape[0] / split, AxisType::Thread, Vec::new());
+        let i = ctx.new_range(split, AxisType::Loop, vec![t.clone()]);
+        return (vec![Part { base: &t * split as i64 + &i, amount: 1 }], vec![t, i], 1);
+    }
+    (Vec::with_capacity(shape.len()), Vec::new(), 0)
+}
+
 /// Every combination of the parts' constant offsets, last axis fastest.
 fn combos(parts: &[Part]) -> Vec<Vec<UOp>> {
     let mut out: Vec<Vec<UOp>> = vec![Vec::new()];
@@ -443,21 +473,8 @@ fn balanced(op: BinaryOp, vals: &[UOp]) -> UOp {
 pub fn lower(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Result<UOp> {
     let shape = body.shape().to_vec();
     ctx.groups = Groups::of(body);
-    let mut parts = Vec::with_capacity(shape.len());
-    let mut outer: Vec<UOp> = Vec::new();
-    let merged = if ctx.opts.thread == Some(0) { ctx.opts.thread_axes.min(shape.len()) } else { 0 };
-    if merged > 1 {
-        // One THREAD range over the leading axes; each axis's index is its digit of it.
-        let t = ctx.new_range(shape[..merged].iter().product::<usize>(), AxisType::Thread, Vec::new());
-        for k in 0..merged {
-            let inner: usize = shape[k + 1..merged].iter().product();
-            let digit = if inner == 1 { t.clone() } else { t.idiv(inner as i64) };
-            let base = if k == 0 { digit } else { digit.modulo(shape[k] as i64) };
-            parts.push(Part { base, amount: 1 });
-        }
-        outer.push(t);
-    }
-    for (k, &s) in shape.iter().enumerate().skip(if merged > 1 { merged } else { 0 }) {
+    let (mut parts, mut outer, handled) = thread_parts(&shape, ctx);
+    for (k, &s) in shape.iter().enumerate().skip(handled) {
         let axis = if ctx.opts.thread == Some(k) && k == 0 { AxisType::Thread } else { AxisType::Loop };
         let p = ctx.axis_part(s, ctx.opts.upcast_of(k), axis, &outer);
         if is_range(&p.base) {

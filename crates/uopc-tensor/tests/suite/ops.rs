@@ -239,6 +239,29 @@ fn few_leading_items_are_threaded_with_the_rows_after_them() {
     }
 }
 
+/// An elementwise kernel of one axis (or of one axis and others of size 1) runs its THREAD
+/// range over runs of consecutive elements, each an inner loop the backend vectorizes (a
+/// THREAD range of single elements ran scalar code, 3 to 6 times slower), with the same
+/// values; a length with no suitable run (a prime) keeps one element per iteration.
+#[test]
+fn one_axis_elementwise_kernels_thread_over_runs_of_elements() {
+    for (shape, trips) in [(vec![64_000], 64), (vec![64_000, 1], 64), (vec![1_009], 1_009)] {
+        let x = uniform(&shape, -2.0, 2.0, 41);
+        let y = t(&x).gelu_tanh() * 3.0f32 + 1.0f32;
+        let want = f64s(&x).mapv(|v| {
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
+            0.5 * v * (1.0 + inner.tanh()) * 3.0 + 1.0
+        });
+        assert_close(&get(&y), &want, 1e-5);
+        let plan = make_plan(&[y.uop().clone()], &RealizeOptions::default()).unwrap();
+        let [kernel] = &plan.kernels[..] else { panic!("one kernel: {plan}") };
+        let thread = uopc_ir::UOp::toposort(&[kernel.program.clone()]).into_iter().find_map(|u| {
+            u.as_range().filter(|r| r.axis == uopc_ir::AxisType::Thread).and_then(|r| r.end.const_int())
+        });
+        assert_eq!(thread, Some(trips), "{shape:?}\n{plan}");
+    }
+}
+
 fn matmul_ref(a: &ArrayD<f64>, b: &ArrayD<f64>) -> ArrayD<f64> {
     let (n, k, m) = (a.shape()[0], a.shape()[1], b.shape()[1]);
     ArrayD::from_shape_fn(IxDyn(&[n, m]), |ix| (0..k).map(|p| a[[ix[0], p]] * b[[p, ix[1]]]).sum())
