@@ -578,7 +578,7 @@ mod tests {
         let t = range(heads * blocks, 0, AxisType::Thread);
         let (head, qblk) = (t.idiv(blocks as i64), t.modulo(blocks as i64));
         let q0 = -((-(&qblk * bq)).maximum(-((n - bq) as i64)));
-        let skip = if skips { (&qblk * bq - (n - bq) as i64).maximum(0) } else { q0.clone() * 0 };
+        let skip = if skips { (&qblk * bq - (n - bq) as i64).maximum(0) } else { crate::builder::idx(0) };
         let r = range(-&skip + bq as i64, 1, AxisType::Loop);
         let e = range(cols, 2, AxisType::Loop);
         let row = -((-(&skip + &r)).maximum(-(bq as i64 - 1)));

@@ -324,9 +324,14 @@ impl Optimizer for DefaultOpt {
 /// a few batch items or heads (5 tasks over 2 cores is a 3:2 split) does not decide the balance.
 const MIN_THREAD_TASKS: usize = 64;
 
+/// The most iterations a merged THREAD range may have: the compiler proves that its
+/// iterations write disjoint memory by enumerating them (a merged index is no single stride
+/// times the range), and past its enumeration budget it would run the kernel serially.
+const MAX_MERGED_THREAD_TASKS: usize = 1 << 16;
+
 /// How many leading axes of `shape` the THREAD range of `o` covers: axis 0, then the next
-/// axes while there are fewer than [`MIN_THREAD_TASKS`] iterations, stopping before any
-/// upcast axis and, unless the kernel `reduces` (its innermost loop is then the reduce's),
+/// axes while there are fewer than [`MIN_THREAD_TASKS`] iterations and merging keeps at most
+/// [`MAX_MERGED_THREAD_TASKS`], stopping before any upcast axis and, unless the kernel `reduces` (its innermost loop is then the reduce's),
 /// before the last axis (the innermost loop, which the vectorizer reads).
 fn thread_axes(shape: &[usize], o: &Opts, reduces: bool) -> usize {
     if o.thread != Some(0) {
@@ -335,7 +340,12 @@ fn thread_axes(shape: &[usize], o: &Opts, reduces: bool) -> usize {
     let mergeable = if reduces { shape.len() } else { shape.len().saturating_sub(1) };
     let mut merged = 1;
     let mut tasks = shape[0];
-    while tasks < MIN_THREAD_TASKS && merged < mergeable && o.upcast_of(merged) == 1 && o.upcast_of(0) == 1 {
+    while tasks < MIN_THREAD_TASKS
+        && merged < mergeable
+        && o.upcast_of(merged) == 1
+        && o.upcast_of(0) == 1
+        && tasks.saturating_mul(shape[merged]) <= MAX_MERGED_THREAD_TASKS
+    {
         tasks *= shape[merged];
         merged += 1;
     }
@@ -446,6 +456,8 @@ mod tests {
     fn few_leading_items_share_the_thread_range_with_the_axes_after_them() {
         // 5 heads x 1021 rows x 1021 keys: heads and rows are one THREAD range of 5105.
         assert_eq!(thread_axes(&[5, 1021, 1021], &threaded(Vec::new()), false), 2);
+        // Merging would make more iterations than the disjointness proof enumerates.
+        assert_eq!(thread_axes(&[2, 600_000, 8], &threaded(Vec::new()), false), 1);
         // Enough items on axis 0: it alone.
         assert_eq!(thread_axes(&[100, 5, 16], &threaded(Vec::new()), false), 1);
         // Merging goes on while there are too few tasks, never over the last axis of an

@@ -236,6 +236,11 @@ fn few_leading_items_are_threaded_with_the_rows_after_them() {
             !thread_trips.is_empty() && thread_trips.iter().all(|&n| n == trips),
             "{shape:?}: {thread_trips:?}\n{plan}"
         );
+        #[cfg(feature = "jit")]
+        for k in &plan.kernels {
+            let program = uopc_jit::Program::compile(&k.program, &k.name).unwrap();
+            assert!(program.is_parallel(), "{shape:?}: {} runs serially", k.name);
+        }
     }
 }
 
@@ -259,6 +264,11 @@ fn one_axis_elementwise_kernels_thread_over_runs_of_elements() {
             u.as_range().filter(|r| r.axis == uopc_ir::AxisType::Thread).and_then(|r| r.end.const_int())
         });
         assert_eq!(thread, Some(trips), "{shape:?}\n{plan}");
+        #[cfg(feature = "jit")]
+        assert!(
+            uopc_jit::Program::compile(&kernel.program, &kernel.name).unwrap().is_parallel(),
+            "{shape:?}"
+        );
     }
 }
 
