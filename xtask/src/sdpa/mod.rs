@@ -47,7 +47,8 @@ pub fn parse_shape(s: &str) -> Result<[usize; 6], String> {
 }
 
 /// The default matrix: model shapes (single-head, BERT-like, LLaMA-like with and without GQA,
-/// odd lengths, D = 80 and 256), causal forms, padding, and decodes against long caches.
+/// odd lengths, D = 80 and 256), shapes no list names (prime lengths, D = 96 and 160, GQA 3:1
+/// and 8:1), causal forms, padding, and decodes against long caches.
 pub fn default_cells() -> Vec<Cell> {
     let plain = |shape| Cell { shape, causal: false, key_lengths: None };
     let causal = |shape| Cell { shape, causal: true, key_lengths: None };
@@ -59,6 +60,11 @@ pub fn default_cells() -> Vec<Cell> {
         plain([1, 32, 8, 1024, 1024, 128]),
         plain([2, 8, 8, 1000, 1000, 80]),
         plain([1, 8, 8, 1024, 1024, 256]),
+        // Sizes no list names: n_q and n_k prime or odd (no tile height divides them), odd D,
+        // GQA 3:1 and 8:1.
+        plain([3, 6, 2, 777, 1500, 96]),
+        plain([1, 8, 1, 1009, 1009, 160]),
+        plain([1, 12, 4, 257, 1031, 96]),
         causal([1, 1, 1, 1024, 1024, 64]),
         causal([4, 12, 12, 512, 512, 64]),
         causal([1, 32, 8, 1024, 1024, 128]),
