@@ -39,7 +39,7 @@ pub use args::{Arg, BufRef};
 pub use error::JitError;
 pub use isa::IsaError;
 pub use options::{JitOptions, OptLevel};
-pub use program::{MAX_LOCAL_BYTES, Program};
+pub use program::{MAX_LOCAL_BYTES, PARALLEL_MIN_ACCESS_BYTES, PARALLEL_MIN_FLOPS, Program};
 pub use uopc_ir::{BufferSpec, Estimates, VarSpec};
 /// The machine model every tile op chooses its path from (re-export of `uopc_tile::machine`).
 pub use uopc_tile::machine;

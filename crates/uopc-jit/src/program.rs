@@ -28,6 +28,8 @@ pub struct Program {
     module: Mutex<Option<JITModule>>,
     pub(crate) thread_extent: Option<ThreadExtent>,
     pub(crate) parallel: bool,
+    /// `parallel`, and worth the pool's wake-up ([`Program::spreads_over_pool`]).
+    pub(crate) spread: bool,
     specs: Vec<BufferSpec>,
     /// Per slot, whether the program writes every element and reads none.
     written_whole: Vec<bool>,
@@ -149,6 +151,8 @@ impl Program {
             module: Mutex::new(Some(compiled.module)),
             thread_extent,
             parallel: kernel.thread.as_ref().is_some_and(|t| t.writes_disjoint),
+            spread: kernel.thread.as_ref().is_some_and(|t| t.writes_disjoint)
+                && worth_spreading(&kernel.estimates),
             estimates: kernel.estimates,
             loop_ir: kernel.loop_ir(),
             specs: kernel.buffers,
@@ -217,6 +221,29 @@ impl Program {
     pub fn is_parallel(&self) -> bool {
         self.parallel
     }
+
+    /// Whether a run spreads the THREAD iterations over the calling thread's rayon pool: when
+    /// they may run in parallel ([`Program::is_parallel`]) and the program's estimated work
+    /// ([`Program::estimates`]) reaches [`PARALLEL_MIN_FLOPS`] or
+    /// [`PARALLEL_MIN_ACCESS_BYTES`]. A smaller kernel runs its iterations on the calling
+    /// thread, in order: waking the pool would cost more than it saves.
+    pub fn spreads_over_pool(&self) -> bool {
+        self.spread
+    }
+}
+
+/// Floating-point operations from which a program's THREAD iterations are spread over the
+/// pool (with [`PARALLEL_MIN_ACCESS_BYTES`], the work of a few microseconds on one core, about
+/// what waking another thread and joining it costs).
+pub const PARALLEL_MIN_FLOPS: u64 = 1 << 15;
+
+/// Bytes of memory accesses from which a program's THREAD iterations are spread over the pool
+/// (see [`PARALLEL_MIN_FLOPS`]).
+pub const PARALLEL_MIN_ACCESS_BYTES: u64 = 1 << 18;
+
+/// Whether work of `e` pays for spreading over the pool.
+fn worth_spreading(e: &Estimates) -> bool {
+    e.flops >= PARALLEL_MIN_FLOPS || e.access_bytes >= PARALLEL_MIN_ACCESS_BYTES
 }
 
 impl Drop for Program {

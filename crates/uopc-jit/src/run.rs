@@ -150,11 +150,11 @@ impl Program {
             // memory. Written buffers are exclusive borrows: nothing else reads or writes them
             // during the call. `lo..hi` lies within the THREAD range's trip count for these
             // values, and chunks run at once only when THREAD iterations were proven to write
-            // disjoint memory.
+            // disjoint memory (`spread` implies `parallel`).
             unsafe { entry(ptrs.as_ptr(), lo as i64, hi as i64, vars.as_ptr()) }
         };
         match extent {
-            Some(n) if self.parallel && n > 1 => run_chunks(n, &call),
+            Some(n) if self.spread && n > 1 => run_chunks(n, &call),
             Some(n) => call(0, n),
             None => call(0, 0),
         }

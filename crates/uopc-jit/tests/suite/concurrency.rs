@@ -42,6 +42,8 @@ fn one_program_runs_from_eight_threads_at_once() {
     let (rows, n) = (64, 37);
     let prg = Arc::new(Program::compile(&matvec(rows, n), "matvec").unwrap());
     assert!(prg.is_parallel());
+    // Too little work to wake the pool: each run takes its rows on its own thread.
+    assert!(!prg.spreads_over_pool());
     std::thread::scope(|s| {
         for t in 0..8 {
             let prg = prg.clone();
@@ -53,6 +55,23 @@ fn one_program_runs_from_eight_threads_at_once() {
             });
         }
     });
+}
+
+/// A THREAD range whose iterations may run at once spreads over the pool only with work enough
+/// to pay for waking it; either way it computes the same values.
+#[test]
+fn small_kernels_run_on_the_calling_thread() {
+    for (rows, n, spreads) in [(8, 8, false), (64, 37, false), (1024, 64, true)] {
+        let prg = Program::compile(&matvec(rows, n), "matvec").unwrap();
+        let e = prg.estimates();
+        assert!(prg.is_parallel());
+        let worth =
+            e.flops >= uopc_jit::PARALLEL_MIN_FLOPS || e.access_bytes >= uopc_jit::PARALLEL_MIN_ACCESS_BYTES;
+        assert_eq!(prg.spreads_over_pool(), spreads, "{rows} x {n}: {e:?}");
+        assert_eq!(worth, spreads);
+        let (m, x, want) = data(rows, n, 1);
+        assert_eq!(run_matvec(&prg, &m, &x, rows), want);
+    }
 }
 
 #[test]
@@ -73,8 +92,10 @@ fn different_programs_compile_concurrently() {
 
 #[test]
 fn runs_inside_a_rayon_pool_do_not_deadlock() {
-    let (rows, n) = (256, 16);
+    // Large enough that each run spreads over the pool it is called from.
+    let (rows, n) = (256, 256);
     let prg = Program::compile(&matvec(rows, n), "matvec").unwrap();
+    assert!(prg.spreads_over_pool());
     let (m, x, want) = data(rows, n, 3);
     // A small pool whose every worker blocks in `run`, which itself fans out over rayon.
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
