@@ -25,7 +25,7 @@ pub struct Opts {
     /// range of their product (each axis's index taken back by division and remainder); 0 or
     /// 1 is axis 0 alone. None of them may be upcast (an upcast merged axis is not merged).
     pub thread_axes: usize,
-    /// With `thread` on a kernel of one axis (all others of size 1), the THREAD range runs over runs of this many
+    /// With `thread` on a kernel of one axis longer than 1 (wherever it is), the THREAD range runs over runs of this many
     /// consecutive elements, each an inner loop (which the backend vectorizes, where a THREAD
     /// range of single elements runs scalar code); ignored unless it divides the axis and is
     /// above 1.
@@ -296,15 +296,17 @@ impl Optimizer for DefaultOpt {
                 }
             }
         }
-        if shape.first().is_some_and(|&s| s > 1) {
+        // Leading axes of size 1 (a batch of one) make no loop: the THREAD range merges past
+        // them (see `thread_axes`).
+        if shape.iter().any(|&s| s > 1) {
             o.thread = Some(0);
         }
         o.thread_axes = thread_axes(shape, &o, has_reduce(body));
-        if o.thread.is_some()
-            && shape.get(1..).is_some_and(|rest| rest.iter().all(|&s| s == 1))
+        let mut long = shape.iter().filter(|&&s| s > 1);
+        if let (Some(&n), None) = (long.next(), long.next())
             && !has_reduce(body)
         {
-            o.thread_split = thread_split(shape[0]);
+            o.thread_split = thread_split(n);
         }
         o
     }
@@ -468,6 +470,9 @@ mod tests {
         // An upcast axis is not merged, nor is anything when axis 0 is upcast.
         assert_eq!(thread_axes(&[2, 8, 16], &threaded(vec![(1, 4)]), false), 1);
         assert_eq!(thread_axes(&[4, 8, 16], &threaded(vec![(0, 4)]), true), 1);
+        // A batch of one: the THREAD range merges past it.
+        assert_eq!(thread_axes(&[1, 512, 3072], &threaded(Vec::new()), false), 2);
+        assert_eq!(thread_axes(&[1, 12, 512], &threaded(Vec::new()), true), 3);
         // No THREAD range, nothing to merge.
         assert_eq!(thread_axes(&[2, 8, 16], &Opts::default(), false), 0);
     }

@@ -158,7 +158,8 @@ fn thread_parts(shape: &[usize], ctx: &mut Ctx) -> (Vec<Part>, Vec<UOp>, usize) 
     let threaded = ctx.opts.thread == Some(0);
     let merged = if threaded { ctx.opts.thread_axes.min(shape.len()) } else { 0 };
     let split = ctx.opts.thread_split;
-    if threaded && merged > 1 {
+    // Merged axes of size 1 alone (a (1, 1, n) kernel) make no range at all.
+    if threaded && merged > 1 && shape[..merged].iter().product::<usize>() > 1 {
         // One THREAD range over the leading axes; each axis's index is its digit of it.
         let t = ctx.new_range(shape[..merged].iter().product::<usize>(), AxisType::Thread, Vec::new());
         let parts = (0..merged)
@@ -171,12 +172,20 @@ fn thread_parts(shape: &[usize], ctx: &mut Ctx) -> (Vec<Part>, Vec<UOp>, usize) 
             .collect();
         return (parts, vec![t], merged);
     }
-    let one_axis = shape.get(1..).is_some_and(|rest| rest.iter().all(|&s| s == 1));
-    if threaded && one_axis && split > 1 && shape[0] > split && shape[0].is_multiple_of(split) {
-        // A THREAD range over runs of `split` elements, each run an inner loop.
-        let t = ctx.new_range(shape[0] / split, AxisType::Thread, Vec::new());
+    let long: Vec<usize> = (0..shape.len()).filter(|&k| shape[k] > 1).collect();
+    if let (true, &[j]) = (threaded && split > 1, long.as_slice())
+        && shape[j] > split
+        && shape[j].is_multiple_of(split)
+    {
+        // A THREAD range over runs of `split` elements of the one long axis, each run an inner
+        // loop; the axes of size 1 are index 0.
+        let t = ctx.new_range(shape[j] / split, AxisType::Thread, Vec::new());
         let i = ctx.new_range(split, AxisType::Loop, vec![t.clone()]);
-        return (vec![Part { base: &t * split as i64 + &i, amount: 1 }], vec![t, i], 1);
+        let run = &t * split as i64 + &i;
+        let parts = (0..shape.len())
+            .map(|k| Part { base: if k == j { run.clone() } else { idx(0) }, amount: 1 })
+            .collect();
+        return (parts, vec![t, i], shape.len());
     }
     (Vec::with_capacity(shape.len()), Vec::new(), 0)
 }

@@ -213,7 +213,7 @@ fn cat_of_sizes_with_a_small_gcd_selects_among_its_inputs() {
 /// right values; with many items axis 0 alone is threaded.
 #[test]
 fn few_leading_items_are_threaded_with_the_rows_after_them() {
-    for (shape, trips) in [([3, 5, 16], 15), ([100, 5, 16], 100)] {
+    for (shape, trips) in [([3, 5, 16], 15), ([100, 5, 16], 100), ([1, 5, 16], 5)] {
         let x = uniform(&shape, -1.0, 1.0, 31);
         let y = t(&x).softmax(-1) * 2.0f32 + t(&x);
         let want = {
@@ -250,7 +250,9 @@ fn few_leading_items_are_threaded_with_the_rows_after_them() {
 /// values; a length with no suitable run (a prime) keeps one element per iteration.
 #[test]
 fn one_axis_elementwise_kernels_thread_over_runs_of_elements() {
-    for (shape, trips) in [(vec![64_000], 64), (vec![64_000, 1], 64), (vec![1_009], 1_009)] {
+    for (shape, trips) in
+        [(vec![64_000], 64), (vec![64_000, 1], 64), (vec![1, 64_000], 64), (vec![1_009], 1_009)]
+    {
         let x = uniform(&shape, -2.0, 2.0, 41);
         let y = t(&x).gelu_tanh() * 3.0f32 + 1.0f32;
         let want = f64s(&x).mapv(|v| {
@@ -269,6 +271,19 @@ fn one_axis_elementwise_kernels_thread_over_runs_of_elements() {
             uopc_jit::Program::compile(&kernel.program, &kernel.name).unwrap().is_parallel(),
             "{shape:?}"
         );
+    }
+}
+
+/// Kernels whose leading axes are all of size 1 (nothing to thread before the last axis)
+/// still compile and compute: the THREAD range is left out rather than made over one
+/// iteration that no index uses.
+#[test]
+fn kernels_over_axes_of_size_one_compute() {
+    for shape in [vec![1, 1, 3], vec![1, 1, 1], vec![1, 3, 1, 1]] {
+        let x = uniform(&shape, -1.0, 1.0, 51);
+        assert_close(&get(&(t(&x) * 2.0f32 + 1.0f32)), &f64s(&x).mapv(|v| v * 2.0 + 1.0), 1e-6);
+        let last = shape.len() - 1;
+        assert_close(&get(&t(&x).sum(last as isize, false)), &f64s(&x).sum_axis(Axis(last)), 1e-6);
     }
 }
 
