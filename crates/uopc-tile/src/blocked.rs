@@ -12,12 +12,10 @@
 //! f16), so an f16 GEMM makes one pass over its inputs, as the f32 one does, and then runs
 //! the f32 register tile.
 
-use half::f16;
-
 use crate::GemmShape;
 use crate::pack;
 use crate::shapes::zero_c;
-pub(crate) use crate::tile::{Tile, TileKernel};
+pub(crate) use crate::tile::{HalfFloat, Tile, TileKernel};
 
 /// An element type [`drive`] takes A and B in; the register tile computes in f32.
 pub(crate) trait Element: Copy {
@@ -30,7 +28,7 @@ pub(crate) trait Element: Copy {
     /// # Safety
     ///
     /// `src` readable and `dst` writable for `n` elements, not overlapping; the CPU features of
-    /// the type's packing (F16C for f16) are available.
+    /// the type's packing (F16C for f16, AVX2 for bf16) are available.
     unsafe fn widen(dst: *mut f32, src: *const Self, n: usize);
 
     /// [`TileKernel::pack_b`] of `K`, from this type.
@@ -47,24 +45,13 @@ pub(crate) trait Element: Copy {
     /// As [`TileKernel::pack_bt`], with the features [`Element::widen`] needs.
     unsafe fn pack_bt<K: TileKernel>(dst: *mut f32, src: *const Self, ldb: usize, kc: usize, nr: usize);
 
-    /// One k-major strip of `mr` rows of A, as [`TileKernel::pack_a_rows`] of `K` but leaving
-    /// the lanes past `mr` unwritten; one scalar at a time unless the type has a faster way.
+    /// One k-major strip of `mr` rows of A, as [`TileKernel::pack_a_rows`] of `K` (lanes past
+    /// `mr` may be left unwritten: the kernel never reads them).
     ///
     /// # Safety
     ///
     /// As [`TileKernel::pack_a_rows`], with the features [`Element::widen`] needs.
-    unsafe fn pack_a_rows<K: TileKernel>(dst: *mut f32, src: *const Self, lda: usize, kc: usize, mr: usize) {
-        for i in 0..mr {
-            // SAFETY: row `i < mr` of the source has `kc` readable elements; lane `i` of step
-            // `p` is `dst[p * MR + i]`, inside the strip for `p < kc`.
-            unsafe {
-                let row = src.add(i * lda);
-                for p in 0..kc {
-                    Self::widen(dst.add(p * K::MR + i), row.add(p), 1);
-                }
-            }
-        }
-    }
+    unsafe fn pack_a_rows<K: TileKernel>(dst: *mut f32, src: *const Self, lda: usize, kc: usize, mr: usize);
 }
 
 impl Element for f32 {
@@ -94,72 +81,30 @@ impl Element for f32 {
     }
 }
 
-impl Element for f16 {
+// Both 16-bit types widen with the kernels' vector packers (`HalfFloat`); their callers hold
+// the widening features (F16C for f16, AVX2 for bf16, which every vector ISA includes).
+impl<H: HalfFloat> Element for H {
     const READ_IN_PLACE: bool = false;
 
-    unsafe fn widen(dst: *mut f32, src: *const f16, n: usize) {
-        // SAFETY: the caller's contract (F16C included).
-        unsafe { crate::x86::widen_f16(dst, src, n) }
-    }
-
-    unsafe fn pack_b<K: TileKernel>(dst: *mut f32, src: *const f16, ldb: usize, kc: usize, nr: usize) {
+    unsafe fn widen(dst: *mut f32, src: *const H, n: usize) {
         // SAFETY: the caller's contract.
-        unsafe { K::pack_b_f16(dst, src, ldb, kc, nr) }
+        unsafe { H::widen(dst, src, n) }
     }
 
-    unsafe fn pack_bt<K: TileKernel>(dst: *mut f32, src: *const f16, ldb: usize, kc: usize, nr: usize) {
+    unsafe fn pack_b<K: TileKernel>(dst: *mut f32, src: *const H, ldb: usize, kc: usize, nr: usize) {
         // SAFETY: the caller's contract.
-        unsafe { K::pack_bt_f16(dst, src, ldb, kc, nr) }
+        unsafe { K::pack_b_half(dst, src, ldb, kc, nr) }
     }
 
-    unsafe fn pack_a_rows<K: TileKernel>(dst: *mut f32, src: *const f16, lda: usize, kc: usize, mr: usize) {
-        // SAFETY: the caller's contract (F16C included); the kernel's version also zeroes the
-        // lanes past `mr`, which lie inside the strip.
-        unsafe { K::pack_a_rows_f16(dst, src, lda, kc, mr) }
-    }
-}
-
-impl Element for half::bf16 {
-    const READ_IN_PLACE: bool = false;
-
-    // Inlined so that a constant `n` (a strip's width) compiles to vector shifts.
-    #[inline(always)]
-    unsafe fn widen(dst: *mut f32, src: *const half::bf16, n: usize) {
-        for i in 0..n {
-            // SAFETY: the caller's contract; a bf16 is the top half of the f32 it widens to.
-            unsafe { *dst.add(i) = f32::from_bits(u32::from((*src.add(i)).to_bits()) << 16) };
-        }
+    unsafe fn pack_bt<K: TileKernel>(dst: *mut f32, src: *const H, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { K::pack_bt_half(dst, src, ldb, kc, nr) }
     }
 
-    unsafe fn pack_b<K: TileKernel>(dst: *mut f32, src: *const half::bf16, ldb: usize, kc: usize, nr: usize) {
-        for p in 0..kc {
-            // SAFETY: the trait contract: row `p` of the panel is `K::NR` floats at
-            // `p * K::NR`, its source `nr` values at `p * ldb`.
-            unsafe {
-                let row = dst.add(p * K::NR);
-                Self::widen(row, src.add(p * ldb), nr);
-                std::ptr::write_bytes(row.add(nr), 0, K::NR - nr);
-            }
-        }
-    }
-
-    unsafe fn pack_bt<K: TileKernel>(
-        dst: *mut f32,
-        src: *const half::bf16,
-        ldb: usize,
-        kc: usize,
-        nr: usize,
-    ) {
-        for p in 0..kc {
-            // SAFETY: as `pack_b`, the source of row `p` being `src[j * ldb + p]`, `j < nr`.
-            unsafe {
-                let row = dst.add(p * K::NR);
-                for j in 0..nr {
-                    Self::widen(row.add(j), src.add(j * ldb + p), 1);
-                }
-                std::ptr::write_bytes(row.add(nr), 0, K::NR - nr);
-            }
-        }
+    unsafe fn pack_a_rows<K: TileKernel>(dst: *mut f32, src: *const H, lda: usize, kc: usize, mr: usize) {
+        // SAFETY: the caller's contract; the kernel's version also zeroes the lanes past `mr`,
+        // which lie inside the strip.
+        unsafe { K::pack_a_rows_half(dst, src, lda, kc, mr) }
     }
 }
 

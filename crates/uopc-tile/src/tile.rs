@@ -2,8 +2,6 @@
 //! tile's work ([`Tile`]) and what a kernel provides ([`TileKernel`]). A leaf: the kernels
 //! under `x86` implement it without importing the driver.
 
-use half::f16;
-
 /// One register tile's work: `C[0..mr, 0..nr] (+)= A_panel · B_panel` over `kc` steps.
 pub(crate) struct Tile {
     /// Rows, `1..=MR`.
@@ -68,24 +66,55 @@ pub(crate) trait TileKernel {
     /// readable at every `i * lda + p` above.
     unsafe fn pack_a_rows(dst: *mut f32, src: *const f32, lda: usize, kc: usize, mr: usize);
 
-    /// [`TileKernel::pack_a_rows`] from f16 storage, each value widened exactly to f32.
+    /// [`TileKernel::pack_a_rows`] from 16-bit storage, each value widened exactly to f32.
     ///
     /// # Safety
     ///
-    /// As [`TileKernel::pack_a_rows`], and F16C is available.
-    unsafe fn pack_a_rows_f16(dst: *mut f32, src: *const f16, lda: usize, kc: usize, mr: usize);
+    /// As [`TileKernel::pack_a_rows`], with `H`'s widening features available.
+    unsafe fn pack_a_rows_half<H: HalfFloat>(dst: *mut f32, src: *const H, lda: usize, kc: usize, mr: usize);
 
-    /// [`TileKernel::pack_b`] from f16 storage, each value widened exactly to f32.
+    /// [`TileKernel::pack_b`] from 16-bit storage, each value widened exactly to f32.
     ///
     /// # Safety
     ///
-    /// As [`TileKernel::pack_b`], and F16C is available.
-    unsafe fn pack_b_f16(dst: *mut f32, src: *const f16, ldb: usize, kc: usize, nr: usize);
+    /// As [`TileKernel::pack_b`], with `H`'s widening features available.
+    unsafe fn pack_b_half<H: HalfFloat>(dst: *mut f32, src: *const H, ldb: usize, kc: usize, nr: usize);
 
-    /// [`TileKernel::pack_bt`] from f16 storage, each value widened exactly to f32.
+    /// [`TileKernel::pack_bt`] from 16-bit storage, each value widened exactly to f32.
     ///
     /// # Safety
     ///
-    /// As [`TileKernel::pack_bt`], and F16C is available.
-    unsafe fn pack_bt_f16(dst: *mut f32, src: *const f16, ldb: usize, kc: usize, nr: usize);
+    /// As [`TileKernel::pack_bt`], with `H`'s widening features available.
+    unsafe fn pack_bt_half<H: HalfFloat>(dst: *mut f32, src: *const H, ldb: usize, kc: usize, nr: usize);
+}
+
+/// A 16-bit float type (f16, bf16) the kernels' packing widens exactly to f32 as it copies:
+/// the widening routines behind [`TileKernel`]'s `_half` packers, for a panel of `NR` floats
+/// a row (implemented with the vector kernels, under `x86`).
+///
+/// Its widening features: F16C (and AVX) for f16, AVX2 for bf16, both of which every vector
+/// kernel's ISA includes but for F16C, which f16's callers check.
+pub(crate) trait HalfFloat: Copy {
+    /// `dst[i] = src[i]` widened, for `i < n`.
+    ///
+    /// # Safety
+    ///
+    /// `src` readable and `dst` writable for `n` values, not overlapping; the type's widening
+    /// features available.
+    unsafe fn widen(dst: *mut f32, src: *const Self, n: usize);
+
+    /// [`TileKernel::pack_b`]'s panel of width `NR`, widened.
+    ///
+    /// # Safety
+    ///
+    /// As [`TileKernel::pack_b`] with `nr <= NR` and `NR` a multiple of 8, with the type's
+    /// widening features available.
+    unsafe fn pack_b<const NR: usize>(dst: *mut f32, src: *const Self, ldb: usize, kc: usize, nr: usize);
+
+    /// [`TileKernel::pack_bt`]'s panel of width `NR`, widened.
+    ///
+    /// # Safety
+    ///
+    /// As [`TileKernel::pack_bt`] with `nr <= NR`, with the type's widening features available.
+    unsafe fn pack_bt<const NR: usize>(dst: *mut f32, src: *const Self, ldb: usize, kc: usize, nr: usize);
 }

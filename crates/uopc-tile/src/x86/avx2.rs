@@ -4,7 +4,7 @@ use std::arch::x86_64::*;
 
 use super::RoundedTile;
 use crate::shapes::{EXP2_C, EXP2_LO, SoftmaxShape, any_scaled_nan};
-use crate::tile::{Tile, TileKernel};
+use crate::tile::{HalfFloat, Tile, TileKernel};
 
 /// The AVX2+FMA GEMM kernel.
 pub(crate) struct Kernel;
@@ -34,20 +34,19 @@ impl TileKernel for Kernel {
         unsafe { super::pack_bt::<6>(dst, src, lda, kc, mr) }
     }
 
-    unsafe fn pack_a_rows_f16(dst: *mut f32, src: *const half::f16, lda: usize, kc: usize, mr: usize) {
-        // SAFETY: forwarded from the trait contract (F16C included); the strip is
-        // `pack_bt_f16`'s panel of width MR.
-        unsafe { super::pack_bt_f16::<6>(dst, src, lda, kc, mr) }
+    unsafe fn pack_a_rows_half<H: HalfFloat>(dst: *mut f32, src: *const H, lda: usize, kc: usize, mr: usize) {
+        // SAFETY: forwarded from the trait contract; the strip is `pack_bt`'s panel of width MR.
+        unsafe { H::pack_bt::<6>(dst, src, lda, kc, mr) }
     }
 
-    unsafe fn pack_b_f16(dst: *mut f32, src: *const half::f16, ldb: usize, kc: usize, nr: usize) {
-        // SAFETY: forwarded from the trait contract (F16C included).
-        unsafe { super::pack_b_f16::<16>(dst, src, ldb, kc, nr) }
+    unsafe fn pack_b_half<H: HalfFloat>(dst: *mut f32, src: *const H, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: forwarded from the trait contract.
+        unsafe { H::pack_b::<16>(dst, src, ldb, kc, nr) }
     }
 
-    unsafe fn pack_bt_f16(dst: *mut f32, src: *const half::f16, ldb: usize, kc: usize, nr: usize) {
-        // SAFETY: forwarded from the trait contract (F16C included).
-        unsafe { super::pack_bt_f16::<16>(dst, src, ldb, kc, nr) }
+    unsafe fn pack_bt_half<H: HalfFloat>(dst: *mut f32, src: *const H, ldb: usize, kc: usize, nr: usize) {
+        // SAFETY: forwarded from the trait contract.
+        unsafe { H::pack_bt::<16>(dst, src, ldb, kc, nr) }
     }
 }
 

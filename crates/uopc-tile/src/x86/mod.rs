@@ -3,8 +3,6 @@
 
 use std::arch::x86_64::*;
 
-use half::f16;
-
 pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx2_few_rows;
@@ -13,6 +11,7 @@ pub(crate) mod avx512;
 pub(crate) mod avx512_few_rows;
 pub(crate) mod bf16;
 pub(crate) mod bf16_tiles;
+pub(crate) mod half_pack;
 pub(crate) mod half_rows;
 
 /// Where a vector rounded softmax step (`avx512::softmax_update_rounded`,
@@ -135,155 +134,6 @@ pub(crate) unsafe fn pack_b<const NR: usize>(
     }
 }
 
-/// Widens `n` f16 values exactly: `dst[i] = src[i]` as f32 (`vcvtph2ps`, 8 at a time).
-///
-/// # Safety
-///
-/// F16C (and AVX) is available; `src` is readable and `dst` writable for `n` elements.
-#[target_feature(enable = "avx,f16c")]
-pub(crate) unsafe fn widen_f16(dst: *mut f32, src: *const f16, n: usize) {
-    let full = n - n % 8;
-    // SAFETY: every offset is below `n`, inside both regions.
-    unsafe {
-        for i in (0..full).step_by(8) {
-            _mm256_storeu_ps(dst.add(i), _mm256_cvtph_ps(_mm_loadu_si128(src.add(i).cast())));
-        }
-        for i in full..n {
-            *dst.add(i) = crate::convert::scalar::f16_to_f32(*src.add(i));
-        }
-    }
-}
-
-/// [`pack_b`] from f16 storage: `dst[p * NR + j] = src[p * ldb + j]` widened to f32, zero for
-/// `nr <= j < NR`, in the same single pass over B.
-///
-/// # Safety
-///
-/// As [`pack_b`], with F16C available.
-#[target_feature(enable = "avx,f16c")]
-pub(crate) unsafe fn pack_b_f16<const NR: usize>(
-    dst: *mut f32,
-    src: *const f16,
-    ldb: usize,
-    kc: usize,
-    nr: usize,
-) {
-    let full = nr - nr % 8;
-    for p in 0..kc {
-        // SAFETY: reads stay in row `p` at columns `< nr`, writes in `dst` row `p` below `NR`.
-        unsafe {
-            let (s, d) = (src.add(p * ldb), dst.add(p * NR));
-            for j in (0..full).step_by(8) {
-                _mm256_storeu_ps(d.add(j), _mm256_cvtph_ps(_mm_loadu_si128(s.add(j).cast())));
-            }
-            if full < NR {
-                for j in full..nr {
-                    *d.add(j) = crate::convert::scalar::f16_to_f32(*s.add(j));
-                }
-                std::ptr::write_bytes(d.add(nr), 0, NR - nr);
-            }
-        }
-    }
-}
-
-/// [`pack_bt`] from f16 storage: `dst[p * NR + j] = src[j * ldb + p]` widened to f32, zero for
-/// `nr <= j < NR`. Whole 8 x 8 blocks are widened as they are loaded and transposed in
-/// registers ([`transpose8x8_f16`]); ragged edges go one value at a time.
-///
-/// # Safety
-///
-/// As [`pack_bt`], with F16C available.
-#[target_feature(enable = "avx,f16c")]
-pub(crate) unsafe fn pack_bt_f16<const NR: usize>(
-    dst: *mut f32,
-    src: *const f16,
-    ldb: usize,
-    kc: usize,
-    nr: usize,
-) {
-    let j8 = nr - nr % 8;
-    let p8 = kc - kc % 8;
-    let at = |x: f16| crate::convert::scalar::f16_to_f32(x);
-    // SAFETY: every offset below is `j * ldb + p` with `j < nr`, `p < kc` for `src` and
-    // `p * NR + j` with `j < NR`, `p < kc` for `dst`, inside the regions of the contract.
-    unsafe {
-        for j0 in (0..j8).step_by(8) {
-            for p0 in (0..p8).step_by(8) {
-                transpose8x8_f16(src.add(j0 * ldb + p0), ldb, dst.add(p0 * NR + j0), NR);
-            }
-            for p in p8..kc {
-                for j in j0..j0 + 8 {
-                    *dst.add(p * NR + j) = at(*src.add(j * ldb + p));
-                }
-            }
-        }
-        // A group of four rows (the last third of a 12-row A strip) in 4 x 4 blocks.
-        let j4 = if nr - j8 >= 4 { j8 + 4 } else { j8 };
-        if j4 > j8 {
-            let p4 = kc - kc % 4;
-            for p0 in (0..p4).step_by(4) {
-                let rows: [__m128; 4] = std::array::from_fn(|i| {
-                    _mm_cvtph_ps(_mm_loadl_epi64(src.add((j8 + i) * ldb + p0).cast()))
-                });
-                transpose4x4_rows(rows, dst.add(p0 * NR + j8), NR);
-            }
-            for p in p4..kc {
-                for j in j8..j4 {
-                    *dst.add(p * NR + j) = at(*src.add(j * ldb + p));
-                }
-            }
-        }
-        for j in j4..nr {
-            for p in 0..kc {
-                *dst.add(p * NR + j) = at(*src.add(j * ldb + p));
-            }
-        }
-        if nr < NR {
-            for p in 0..kc {
-                std::ptr::write_bytes(dst.add(p * NR + nr), 0, NR - nr);
-            }
-        }
-    }
-}
-
-/// Transposes the 8 x 8 f16 block at `src` (row stride `lds`) into f32 at `dst` (row stride
-/// `ldd`): each row is widened as it is loaded, then two unpack stages, one in-lane shuffle
-/// stage and one 128-bit lane exchange put column `c` into output row `c`.
-///
-/// # Safety
-///
-/// F16C (and AVX) is available; `src` readable as 8 rows of 8 f16, `dst` writable as 8 rows of
-/// 8 floats.
-#[target_feature(enable = "avx,f16c")]
-#[inline]
-unsafe fn transpose8x8_f16(src: *const f16, lds: usize, dst: *mut f32, ldd: usize) {
-    // SAFETY: the loads read rows `0..8`, columns `0..8` of `src`; the stores write the same
-    // of `dst`.
-    unsafe {
-        let r: [__m256; 8] =
-            std::array::from_fn(|i| _mm256_cvtph_ps(_mm_loadu_si128(src.add(i * lds).cast())));
-        // Per 128-bit lane (columns 0..4 low, 4..8 high): t[2 h] interleaves the first halves
-        // of rows 2 h and 2 h + 1, t[2 h + 1] their second halves.
-        let t: [__m256; 8] = std::array::from_fn(|i| {
-            let (x, y) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
-            if i % 2 == 0 { _mm256_unpacklo_ps(x, y) } else { _mm256_unpackhi_ps(x, y) }
-        });
-        // u[4 g + c] holds column c (low lane) and c + 4 (high lane) of rows 4 g .. 4 g + 4.
-        let mut u = [_mm256_setzero_ps(); 8];
-        for g in 0..2 {
-            let (t0, t1, t2, t3) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
-            u[4 * g] = _mm256_shuffle_ps::<0x44>(t0, t2);
-            u[4 * g + 1] = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            u[4 * g + 2] = _mm256_shuffle_ps::<0x44>(t1, t3);
-            u[4 * g + 3] = _mm256_shuffle_ps::<0xEE>(t1, t3);
-        }
-        for c in 0..4 {
-            _mm256_storeu_ps(dst.add(c * ldd), _mm256_permute2f128_ps::<0x20>(u[c], u[4 + c]));
-            _mm256_storeu_ps(dst.add((c + 4) * ldd), _mm256_permute2f128_ps::<0x31>(u[c], u[4 + c]));
-        }
-    }
-}
-
 /// Transposes the 4 x 4 block at `src` (row stride `lds`) into `dst` (row stride `ldd`).
 ///
 /// # Safety
@@ -304,7 +154,7 @@ unsafe fn transpose4x4(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
 /// AVX is available; `dst` writable as 4 rows of 4 floats.
 #[target_feature(enable = "avx")]
 #[inline]
-unsafe fn transpose4x4_rows(r: [__m128; 4], dst: *mut f32, ldd: usize) {
+pub(super) unsafe fn transpose4x4_rows(r: [__m128; 4], dst: *mut f32, ldd: usize) {
     // SAFETY: the stores write rows `0..4`, columns `0..4` of `dst`.
     unsafe {
         // (r0[0] r1[0] r0[1] r1[1]), (r0[2] r1[2] r0[3] r1[3]), and the same of rows 2 and 3.
