@@ -89,7 +89,7 @@ pub(super) fn lanes(cols: usize) -> __m256i {
     unsafe { _mm256_loadu_si256(MASK_WINDOW.as_ptr().add(8 - cols.min(8)).cast()) }
 }
 
-/// `M x (8 V)` tile: per k step, `V` vector loads of B, `M` broadcasts of A, `M V` FMAs.
+/// `M x (8 V)` tile: the shared register tile at 8 lanes.
 ///
 /// # Safety
 ///
@@ -99,42 +99,9 @@ pub(super) fn lanes(cols: usize) -> __m256i {
 #[inline(never)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile) {
-    let (a, lda, b, ldb) = (t.a, t.lda, t.b, t.ldb);
-    let mut acc = [[_mm256_setzero_ps(); V]; M];
-    // Not unrolled by hand: LLVM then hoists the broadcasts of later steps and spills them.
-    for p in 0..t.kc {
-        let mut bv = [_mm256_setzero_ps(); V];
-        for (v, bx) in bv.iter_mut().enumerate() {
-            // SAFETY: row `p < kc` of the B panel has `8 V` readable floats (Tile contract).
-            *bx = unsafe { _mm256_loadu_ps(b.add(p * ldb + 8 * v)) };
-        }
-        for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: `A[i, p]` with `i < mr`, `p < kc` is inside A (Tile contract).
-            let x = unsafe { if COLMAJOR { *a.add(p * lda + i) } else { *a.add(i * lda + p) } };
-            let av = _mm256_set1_ps(x);
-            for (r, &bx) in row.iter_mut().zip(&bv) {
-                *r = _mm256_fmadd_ps(av, bx, *r);
-            }
-        }
-    }
-    for (i, row) in acc.iter().enumerate() {
-        for (v, &r) in row.iter().enumerate() {
-            let cols = t.nr - 8 * v;
-            // SAFETY: row `i < mr` of C, columns `8 v .. 8 v + min(cols, 8)`, all `< nr`; the
-            // masked forms touch no other lanes.
-            unsafe {
-                let dst = t.c.add(i * t.ldc + 8 * v);
-                if cols >= 8 {
-                    let r = if t.accumulate { _mm256_add_ps(r, _mm256_loadu_ps(dst)) } else { r };
-                    _mm256_storeu_ps(dst, r);
-                } else {
-                    let m = lanes(cols);
-                    let r = if t.accumulate { _mm256_add_ps(r, _mm256_maskload_ps(dst, m)) } else { r };
-                    _mm256_maskstore_ps(dst, m, r);
-                }
-            }
-        }
-    }
+    // SAFETY: forwarded from this function's contract; this function enables the ISA the
+    // 256-bit lanes need, so the shared body's operations inline here.
+    unsafe { super::register_tile::tile::<__m256, M, V, COLMAJOR>(t) }
 }
 
 /// `2^x` per lane for `x <= 0`, `-inf` or NaN (every softmax exponent is a score minus its

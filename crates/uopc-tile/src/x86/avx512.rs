@@ -88,7 +88,7 @@ pub(crate) fn lanes(cols: usize) -> __mmask16 {
     if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 }
 }
 
-/// `M x (16 V)` tile: per k step, `V` vector loads of B, `M` broadcasts of A, `M V` FMAs.
+/// `M x (16 V)` tile: the shared register tile at 16 lanes.
 ///
 /// # Safety
 ///
@@ -98,57 +98,9 @@ pub(crate) fn lanes(cols: usize) -> __mmask16 {
 #[inline(never)]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile) {
-    let (a, lda, b, ldb) = (t.a, t.lda, t.b, t.ldb);
-    // C's rows are read (or written) only after the k loop: start fetching them now, so a
-    // tile whose C comes from L3 or memory does not stall on it at the end.
-    for i in 0..M {
-        prefetch_row(t.c.wrapping_add(i * t.ldc), t.nr);
-    }
-    let mut acc = [[_mm512_setzero_ps(); V]; M];
-    // Not unrolled by hand: LLVM then hoists the broadcasts of later steps and spills them.
-    for p in 0..t.kc {
-        let mut bv = [_mm512_setzero_ps(); V];
-        for (v, bx) in bv.iter_mut().enumerate() {
-            // SAFETY: row `p < kc` of the B panel has `16 V` readable floats (Tile contract).
-            *bx = unsafe { _mm512_loadu_ps(b.add(p * ldb + 16 * v)) };
-        }
-        for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: `A[i, p]` with `i < mr`, `p < kc` is inside A (Tile contract).
-            let x = unsafe { if COLMAJOR { *a.add(p * lda + i) } else { *a.add(i * lda + p) } };
-            let av = _mm512_set1_ps(x);
-            for (r, &bx) in row.iter_mut().zip(&bv) {
-                *r = _mm512_fmadd_ps(av, bx, *r);
-            }
-        }
-    }
-    // A full tile's C rows take plain loads and stores: masked ones cost more on some cores
-    // (on AMD a masked load waits behind the masked store before it), and the epilogue of a
-    // tile whose C comes from far away is where a GEMM's time goes after the FMAs.
-    if t.nr == 16 * V {
-        for (i, row) in acc.iter().enumerate() {
-            for (v, &r) in row.iter().enumerate() {
-                // SAFETY: row `i < mr` of C, columns `16 v .. 16 v + 16 <= nr`.
-                unsafe {
-                    let dst = t.c.add(i * t.ldc + 16 * v);
-                    let r = if t.accumulate { _mm512_add_ps(r, _mm512_loadu_ps(dst)) } else { r };
-                    _mm512_storeu_ps(dst, r);
-                }
-            }
-        }
-        return;
-    }
-    let masks = [lanes(t.nr), lanes(t.nr.saturating_sub(16))];
-    for (i, row) in acc.iter().enumerate() {
-        for (v, &r) in row.iter().enumerate() {
-            // SAFETY: row `i < mr` of C, columns `16 v ..` masked to `< nr`; masked-off lanes
-            // are neither read nor written.
-            unsafe {
-                let dst = t.c.add(i * t.ldc + 16 * v);
-                let r = if t.accumulate { _mm512_add_ps(r, _mm512_maskz_loadu_ps(masks[v], dst)) } else { r };
-                _mm512_mask_storeu_ps(dst, masks[v], r);
-            }
-        }
-    }
+    // SAFETY: forwarded from this function's contract; this function enables the ISA the
+    // 512-bit lanes need, so the shared body's operations inline here.
+    unsafe { super::register_tile::tile::<__m512, M, V, COLMAJOR>(t) }
 }
 
 /// `2^x` per lane; see the crate's `softmax_update` for the method and its accuracy.

@@ -13,6 +13,7 @@ pub(crate) mod bf16;
 pub(crate) mod bf16_tiles;
 pub(crate) mod half_pack;
 pub(crate) mod half_rows;
+mod register_tile;
 
 /// Where a vector rounded softmax step (`avx512::softmax_update_rounded`,
 /// `avx2::softmax_update_rounded`) writes its probabilities, each rounded to f16 or bf16.

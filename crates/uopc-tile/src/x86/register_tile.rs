@@ -1,0 +1,272 @@
+//! The f32 register tile, written once over the vector width: the AVX-512 and AVX2 GEMM
+//! micro-kernels are [`tile`] at 16 and at 8 lanes ([`F32Lanes`] for `__m512` and `__m256`),
+//! each instantiated inside a function that enables its ISA.
+
+use std::arch::x86_64::*;
+
+use super::prefetch_row;
+use crate::tile::Tile;
+
+/// One f32 vector register of a vector ISA, with the operations a register tile takes.
+///
+/// Every method is an intrinsic of the ISA: calling one requires that ISA's features (the
+/// safety contract of each), and it is inlined only into a function that enables them.
+pub(crate) trait F32Lanes: Copy {
+    /// Floats per register.
+    const LANES: usize;
+    /// The ISA's selection of the first lanes of a register, for C's ragged last columns.
+    type Mask: Copy;
+
+    /// All lanes zero.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available.
+    unsafe fn zero() -> Self;
+
+    /// `LANES` floats from `p`.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available and `p` is readable for `LANES` floats.
+    unsafe fn load(p: *const f32) -> Self;
+
+    /// `x` in every lane.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available.
+    unsafe fn splat(x: f32) -> Self;
+
+    /// `a * b + c`, one rounding per lane.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features (FMA included) are available.
+    unsafe fn mul_add(a: Self, b: Self, c: Self) -> Self;
+
+    /// `a + b` per lane.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available.
+    unsafe fn add(a: Self, b: Self) -> Self;
+
+    /// Stores the lanes at `p`.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available and `p` is writable for `LANES` floats.
+    unsafe fn store(p: *mut f32, v: Self);
+
+    /// The first `cols` lanes (`1..LANES`).
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available.
+    unsafe fn first_lanes(cols: usize) -> Self::Mask;
+
+    /// The lanes of `m` from `p`, zero elsewhere; memory past them is not touched.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available and `p` is readable for the lanes of `m`.
+    unsafe fn load_lanes(p: *const f32, m: Self::Mask) -> Self;
+
+    /// Stores the lanes of `m` at `p`; memory past them is not touched.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available and `p` is writable for the lanes of `m`.
+    unsafe fn store_lanes(p: *mut f32, m: Self::Mask, v: Self);
+}
+
+impl F32Lanes for __m512 {
+    const LANES: usize = 16;
+    type Mask = __mmask16;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        // SAFETY: the caller's contract (AVX-512F).
+        unsafe { _mm512_setzero_ps() }
+    }
+
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_set1_ps(x) }
+    }
+
+    #[inline(always)]
+    unsafe fn mul_add(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_add_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+
+    #[inline(always)]
+    unsafe fn first_lanes(cols: usize) -> __mmask16 {
+        super::avx512::lanes(cols)
+    }
+
+    #[inline(always)]
+    unsafe fn load_lanes(p: *const f32, m: __mmask16) -> __m512 {
+        // SAFETY: the caller's contract; masked-off lanes are not read.
+        unsafe { _mm512_maskz_loadu_ps(m, p) }
+    }
+
+    #[inline(always)]
+    unsafe fn store_lanes(p: *mut f32, m: __mmask16, v: __m512) {
+        // SAFETY: the caller's contract; masked-off lanes are not written.
+        unsafe { _mm512_mask_storeu_ps(p, m, v) }
+    }
+}
+
+impl F32Lanes for __m256 {
+    const LANES: usize = 8;
+    type Mask = __m256i;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        // SAFETY: the caller's contract (AVX).
+        unsafe { _mm256_setzero_ps() }
+    }
+
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_set1_ps(x) }
+    }
+
+    #[inline(always)]
+    unsafe fn mul_add(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: the caller's contract (FMA).
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_add_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+
+    #[inline(always)]
+    unsafe fn first_lanes(cols: usize) -> __m256i {
+        // SAFETY: the caller's contract (AVX2).
+        unsafe { super::avx2::lanes(cols) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_lanes(p: *const f32, m: __m256i) -> __m256 {
+        // SAFETY: the caller's contract; masked-off lanes are not read.
+        unsafe { _mm256_maskload_ps(p, m) }
+    }
+
+    #[inline(always)]
+    unsafe fn store_lanes(p: *mut f32, m: __m256i, v: __m256) {
+        // SAFETY: the caller's contract; masked-off lanes are not written.
+        unsafe { _mm256_maskstore_ps(p, m, v) }
+    }
+}
+
+/// `M x (LANES V)` tile: per k step, `V` vector loads of B, `M` broadcasts of A, `M V` FMAs;
+/// then C (+)= the accumulators.
+///
+/// # Safety
+///
+/// `W`'s ISA is available, `t` is valid as [`Tile`] describes with `M == t.mr` and
+/// `LANES (V - 1) < t.nr <= LANES V`; the caller enables the ISA, so that these operations
+/// inline into it.
+#[inline(always)]
+pub(crate) unsafe fn tile<W: F32Lanes, const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile) {
+    let (a, lda, b, ldb) = (t.a, t.lda, t.b, t.ldb);
+    // C's rows are read (or written) only after the k loop: start fetching them now, so a
+    // tile whose C comes from L3 or memory does not stall on it at the end.
+    for i in 0..M {
+        prefetch_row(t.c.wrapping_add(i * t.ldc), t.nr);
+    }
+    // SAFETY: `W`'s ISA is available (this function's contract), as for every operation below.
+    let zero = unsafe { W::zero() };
+    let mut acc = [[zero; V]; M];
+    // Not unrolled by hand: LLVM then hoists the broadcasts of later steps and spills them.
+    for p in 0..t.kc {
+        let mut bv = [zero; V];
+        for (v, bx) in bv.iter_mut().enumerate() {
+            // SAFETY: row `p < kc` of the B panel has `LANES V` readable floats (Tile contract).
+            *bx = unsafe { W::load(b.add(p * ldb + W::LANES * v)) };
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: `A[i, p]` with `i < mr`, `p < kc` is inside A (Tile contract).
+            let x = unsafe { if COLMAJOR { *a.add(p * lda + i) } else { *a.add(i * lda + p) } };
+            // SAFETY: the ISA is available.
+            let av = unsafe { W::splat(x) };
+            for (r, &bx) in row.iter_mut().zip(&bv) {
+                // SAFETY: the ISA is available.
+                *r = unsafe { W::mul_add(av, bx, *r) };
+            }
+        }
+    }
+    // A full tile's C rows take plain loads and stores: masked ones cost more on some cores
+    // (on AMD a masked load waits behind the masked store before it), and the epilogue of a
+    // tile whose C comes from far away is where a GEMM's time goes after the FMAs.
+    if t.nr == W::LANES * V {
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &r) in row.iter().enumerate() {
+                // SAFETY: row `i < mr` of C, columns `LANES v .. LANES (v + 1) <= nr`.
+                unsafe {
+                    let dst = t.c.add(i * t.ldc + W::LANES * v);
+                    let r = if t.accumulate { W::add(r, W::load(dst)) } else { r };
+                    W::store(dst, r);
+                }
+            }
+        }
+        return;
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (v, &r) in row.iter().enumerate() {
+            let cols = t.nr - W::LANES * v;
+            // SAFETY: row `i < mr` of C, columns `LANES v ..` up to `nr` (the last vector
+            // masked to them); masked-off lanes are neither read nor written.
+            unsafe {
+                let dst = t.c.add(i * t.ldc + W::LANES * v);
+                if cols >= W::LANES {
+                    let r = if t.accumulate { W::add(r, W::load(dst)) } else { r };
+                    W::store(dst, r);
+                } else {
+                    let m = W::first_lanes(cols);
+                    let r = if t.accumulate { W::add(r, W::load_lanes(dst, m)) } else { r };
+                    W::store_lanes(dst, m, r);
+                }
+            }
+        }
+    }
+}
