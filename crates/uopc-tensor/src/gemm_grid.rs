@@ -25,7 +25,8 @@ pub(crate) struct GridModel {
 }
 
 impl GridModel {
-    /// The model for the f32 register tiles of the vector ISAs.
+    /// The model for the AVX-512 f32 register tile (12 x 32); [`GridModel::of_this_machine`]
+    /// takes the tile of the kernels this machine runs.
     pub(crate) const DEFAULT: GridModel = GridModel {
         tile_rows: 12,
         tile_cols: 32,
@@ -34,6 +35,14 @@ impl GridModel {
         min_cols: 128,
         flops_to_start_threads: 2_000_000,
     };
+
+    /// [`GridModel::DEFAULT`] with the register tile of the f32 kernels the machine model
+    /// chose (6 x 16 on AVX2), which blocks are padded up to.
+    pub(crate) fn of_this_machine() -> GridModel {
+        let machine = uopc_jit::machine::Machine::get();
+        let (tile_rows, tile_cols) = uopc_jit::machine::register_tile(machine.isa());
+        GridModel { tile_rows, tile_cols, ..GridModel::DEFAULT }
+    }
 }
 
 /// A cut of `items` independent `m x n` products of depth `k` into tasks of `rows x cols`

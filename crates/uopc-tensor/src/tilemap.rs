@@ -272,7 +272,8 @@ impl GemmTasks {
         // Only the f32 GEMM cuts itself, and only a block without a size limit can be whole.
         let f32_operands = operands.a.dtype == DType::F32 && operands.b.dtype == DType::F32;
         let may_split = limit.is_none() && f32_operands;
-        let grid = gemm_grid::choose(&gemm_grid::GridModel::DEFAULT, items, m, n, k, cores, may_split);
+        let grid =
+            gemm_grid::choose(&gemm_grid::GridModel::of_this_machine(), items, m, n, k, cores, may_split);
         let (mut rows, mut cols) = (grid.rows, grid.cols);
         // Narrower column blocks repack a transposed A once more each (it is copied into strips
         // per call), which costs more than the epilogue saves unless the block must fit.
