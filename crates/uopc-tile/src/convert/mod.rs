@@ -10,6 +10,34 @@ use crate::TileError;
 use crate::error::check_len;
 
 pub(crate) mod scalar;
+
+/// The widest vector form of the slice conversions the machine model allows (so `UOPC_ISA`
+/// caps them as it caps the kernels, and tests reach each form).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum VectorForm {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn vector_form() -> VectorForm {
+    let f = &crate::machine::Machine::get().features;
+    if f.avx512f {
+        VectorForm::Avx512
+    } else if f.avx2 && f.fma {
+        VectorForm::Avx2
+    } else {
+        VectorForm::Scalar
+    }
+}
+
+/// Whether the model allows F16C (`vcvtph2ps`, `vcvtps2ph`).
+#[cfg(target_arch = "x86_64")]
+fn f16c() -> bool {
+    crate::machine::Machine::get().features.f16c
+}
 pub use scalar::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32};
 
 /// Narrows `src` into the first `src.len()` elements of `dst` with [`bf16_from_f32`].
@@ -22,10 +50,18 @@ pub fn f32_to_bf16_slice(src: &[f32], dst: &mut [bf16]) -> Result<(), TileError>
     check_len("dst", src.len(), dst.len())?;
     let dst = &mut dst[..src.len()];
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F was detected; the slices have equal lengths.
-        unsafe { crate::x86::bf16::f32_to_bf16(src, dst) };
-        return Ok(());
+    match vector_form() {
+        VectorForm::Avx512 => {
+            // SAFETY: the model allows AVX-512F, so this CPU has it; the slices have equal lengths.
+            unsafe { crate::x86::bf16::f32_to_bf16(src, dst) };
+            return Ok(());
+        }
+        VectorForm::Avx2 => {
+            // SAFETY: the model allows AVX2 and FMA, so this CPU has them; equal lengths.
+            unsafe { crate::x86::convert_avx2::f32_to_bf16(src, dst) };
+            return Ok(());
+        }
+        _ => {}
     }
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = bf16_from_f32(s);
@@ -42,10 +78,18 @@ pub fn bf16_to_f32_slice(src: &[bf16], dst: &mut [f32]) -> Result<(), TileError>
     check_len("dst", src.len(), dst.len())?;
     let dst = &mut dst[..src.len()];
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F was detected; the slices have equal lengths.
-        unsafe { crate::x86::bf16::bf16_to_f32(src, dst) };
-        return Ok(());
+    match vector_form() {
+        VectorForm::Avx512 => {
+            // SAFETY: the model allows AVX-512F, so this CPU has it; the slices have equal lengths.
+            unsafe { crate::x86::bf16::bf16_to_f32(src, dst) };
+            return Ok(());
+        }
+        VectorForm::Avx2 => {
+            // SAFETY: the model allows AVX2 and FMA, so this CPU has them; equal lengths.
+            unsafe { crate::x86::convert_avx2::bf16_to_f32(src, dst) };
+            return Ok(());
+        }
+        _ => {}
     }
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = bf16_to_f32(s);
@@ -54,7 +98,7 @@ pub fn bf16_to_f32_slice(src: &[bf16], dst: &mut [f32]) -> Result<(), TileError>
 }
 
 /// Narrows `src` into the first `src.len()` elements of `dst` with [`f16_from_f32`]
-/// (`vcvtps2ph`, 16 at a time, on AVX-512 machines).
+/// (`vcvtps2ph`, 16 or 8 at a time on AVX-512 or AVX2 machines).
 ///
 /// # Errors
 ///
@@ -63,10 +107,18 @@ pub fn f32_to_f16_slice(src: &[f32], dst: &mut [f16]) -> Result<(), TileError> {
     check_len("dst", src.len(), dst.len())?;
     let dst = &mut dst[..src.len()];
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F was detected; the slices have equal lengths.
-        unsafe { crate::x86::bf16::f32_to_f16(src, dst) };
-        return Ok(());
+    match vector_form() {
+        VectorForm::Avx512 => {
+            // SAFETY: the model allows AVX-512F, so this CPU has it; the slices have equal lengths.
+            unsafe { crate::x86::bf16::f32_to_f16(src, dst) };
+            return Ok(());
+        }
+        VectorForm::Avx2 if f16c() => {
+            // SAFETY: the model allows AVX2 and FMA (and F16C), so this CPU has them; equal lengths.
+            unsafe { crate::x86::convert_avx2::f32_to_f16(src, dst) };
+            return Ok(());
+        }
+        _ => {}
     }
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = f16_from_f32(s);
@@ -75,7 +127,7 @@ pub fn f32_to_f16_slice(src: &[f32], dst: &mut [f16]) -> Result<(), TileError> {
 }
 
 /// Widens `src` into the first `src.len()` elements of `dst` with [`f16_to_f32`]
-/// (`vcvtph2ps`, 16 at a time, on AVX-512 machines).
+/// (`vcvtph2ps`, 16 or 8 at a time on AVX-512 or AVX2 machines).
 ///
 /// # Errors
 ///
@@ -84,10 +136,18 @@ pub fn f16_to_f32_slice(src: &[f16], dst: &mut [f32]) -> Result<(), TileError> {
     check_len("dst", src.len(), dst.len())?;
     let dst = &mut dst[..src.len()];
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F was detected; the slices have equal lengths.
-        unsafe { crate::x86::bf16::f16_to_f32(src, dst) };
-        return Ok(());
+    match vector_form() {
+        VectorForm::Avx512 => {
+            // SAFETY: the model allows AVX-512F, so this CPU has it; the slices have equal lengths.
+            unsafe { crate::x86::bf16::f16_to_f32(src, dst) };
+            return Ok(());
+        }
+        VectorForm::Avx2 if f16c() => {
+            // SAFETY: the model allows AVX2 and FMA (and F16C), so this CPU has them; equal lengths.
+            unsafe { crate::x86::convert_avx2::f16_to_f32(src, dst) };
+            return Ok(());
+        }
+        _ => {}
     }
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = f16_to_f32(s);

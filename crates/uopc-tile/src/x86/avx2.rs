@@ -457,7 +457,7 @@ pub(crate) unsafe fn exp_row(x: *const f32, y: *mut f32, len: usize, b: f32, sca
 /// 32-bit lane.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn round_bf16(x: __m256) -> __m256i {
+pub(super) fn round_bf16(x: __m256) -> __m256i {
     let bits = _mm256_castps_si256(x);
     let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
     let rounded =

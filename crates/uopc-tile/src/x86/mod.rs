@@ -11,6 +11,7 @@ pub(crate) mod avx512;
 pub(crate) mod avx512_few_rows;
 pub(crate) mod bf16;
 pub(crate) mod bf16_tiles;
+pub(crate) mod convert_avx2;
 pub(crate) mod half_pack;
 pub(crate) mod half_rows;
 mod register_tile;
