@@ -9,14 +9,13 @@ use uopc_jit::Arg;
 /// partial states are the same for every one).
 ///
 /// With `BF16` or `F16` both GEMMs of a key block run on 16-bit tile GEMMs with f32
-/// accumulation (k and v read as stored, f32 scores; the probabilities rounded to the input
-/// dtype in the softmax step's pass), the softmax is computed in f32 and the output is
-/// rounded once at the end. `BF16` keeps its query and P tiles in bf16 (its GEMMs take both
-/// operands in bf16). `F16` widens its query tile to f32 once per task and writes P over the
-/// f32 scores as f32 values rounded to f16, which the `P · V` GEMM (f32 A, f16 B) reads in
-/// place: f16's 11 significant bits keep each weight within 2^-11 of itself, a quarter of
-/// the error that f16 storage of v already carries, and the row sum adds those same rounded
-/// weights.
+/// accumulation (k and v read as stored, f32 scores), the softmax is computed in f32 and the
+/// output is rounded once at the end. `BF16` keeps its query and P tiles in bf16 (its GEMMs
+/// take both operands in bf16, natively on AMX and `vdpbf16ps`), so its probabilities are
+/// rounded to bf16 in the softmax step's pass and the row sum adds those rounded weights, on
+/// every machine alike. `F16` widens its query tile to f32 once per task and keeps P in f32
+/// over the scores, which the `P · V` GEMM (f32 A, f16 B) reads in place: no x86 path
+/// multiplies f16 natively, so rounding P would only add error and a pass over every score.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum SdpaDType {
     /// 32-bit floats.

@@ -103,10 +103,11 @@ impl SdpaKernel {
             task.oi.after(&state).index(at_d),
         ];
         let update = match (self.half, &task.pi) {
-            (Some(round_to), pi) => {
-                // bf16 P gets a tile of its own (the bf16 GEMM takes both operands in bf16);
-                // f16 P is written over the f32 scores, which the f32 x f16 GEMM reads in place.
-                operands.push(pi.as_ref().map_or(scores_in, |p| p.after(&state).index(at_s)));
+            // bf16 P gets a tile of its own, rounded to bf16 (the bf16 GEMM takes both operands
+            // in bf16, natively where AMX or vdpbf16ps runs it); f16 P stays f32 over the
+            // scores, which the f32 x f16 GEMM reads in place.
+            (Some(round_to), Some(pi)) => {
+                operands.push(pi.after(&state).index(at_s));
                 TileOp::SoftmaxUpdateRounded {
                     rows,
                     cols,
@@ -118,14 +119,11 @@ impl SdpaKernel {
                     round_to,
                 }
             }
-            (None, _) => {
-                TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d, scale: softmax_scale.to_bits() }
-            }
+            _ => TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d, scale: softmax_scale.to_bits() },
         };
         let sm = tile(update, &operands);
         let after_sm = std::slice::from_ref(&sm);
-        // P: the bf16 tile, or the f32 score tile the softmax step overwrote (with f16-rounded
-        // values for f16).
+        // P: the bf16 tile, or the f32 score tile the softmax step overwrote.
         let probs = task.pi.as_ref().unwrap_or(&task.si);
         // `P · V` over the same pieces, each after the one before.
         let mut done: Option<UOp> = None;

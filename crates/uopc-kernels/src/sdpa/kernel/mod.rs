@@ -43,12 +43,11 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// over each row's masked suffix of the block only. With a 16-bit dtype the query rows are
 /// copied unscaled and exactly (bf16 ones as bf16, f16 ones widened to f32 once per task by a
 /// block conversion, so each key block's score GEMM widens only the keys), the GEMMs take the 16-bit keys and
-/// values (f32 scores and output tile), and
-/// [`TileOp::SoftmaxUpdateRounded`](uopc_ir::TileOp::SoftmaxUpdateRounded) scales the scores
-/// (unless a mask loop that reads every
-/// score already did) and writes P, rounded to the dtype, into a bf16 tile of its own for
-/// `P · V` (the bf16 GEMM takes both operands in bf16), or for f16 as f32 values over the
-/// scores (the f32 x f16 GEMM reads its A in place, widening only V); the output is rounded
+/// values (f32 scores and output tile), and the softmax step scales the scores (unless a mask
+/// loop that reads every score already did) and writes P: for bf16
+/// ([`TileOp::SoftmaxUpdateRounded`](uopc_ir::TileOp::SoftmaxUpdateRounded)) rounded to bf16
+/// into a tile of its own for `P · V` (the bf16 GEMM takes both operands in bf16), for f16 as
+/// f32 over the scores (the f32 x f16 GEMM reads its A in place, widening only V); the output is rounded
 /// once when stored (by a block conversion when the task owns contiguous output rows). The last query
 /// block starts early enough to be full (it overlaps the previous one) and writes only its own
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
@@ -152,7 +151,7 @@ struct Task {
     oi: UOp,
     mi: UOp,
     li: UOp,
-    /// The rounded probabilities of bf16 attention (f16 writes them over the scores).
+    /// The rounded probabilities of bf16 attention (f16 writes its f32 ones over the scores).
     pi: Option<UOp>,
 }
 
