@@ -138,24 +138,39 @@ fn check_dtype(config: SdpaConfig, rng: &mut Rng, f16: bool) -> Sdpa {
 }
 
 #[test]
-fn f16_keys_and_values_packed_once_widened_give_the_reference() {
+fn keys_and_values_packed_once_widened_give_the_reference() {
     // K and V widened into f32 panels once per run, the queries widened into a tile: against
     // the f64 reference and uopc's f32 attention, with GQA, a ragged last key block and panel,
-    // causal rows, and a bias.
-    let mut rng = Rng(17);
-    for (c, blocking) in [
-        (config(2, 4, 2, 48, 70, 20), Blocking { kv_panel_width: 16, ..Blocking::new(1, 16, 32) }),
-        (config(1, 8, 1, 33, 64, 24), Blocking { kv_panel_width: 8, ..Blocking::new(2, 11, 16) }),
-        (
-            SdpaConfig { causal: true, mask: MaskKind::Bias([1, 1, 40, 40]), ..config(1, 2, 2, 40, 40, 8) },
-            Blocking { kv_panel_width: 8, ..Blocking::new(1, 8, 8) },
-        ),
-    ] {
-        let case = Case::<half::f16>::new(c, &mut rng);
-        let sdpa = Sdpa::compile_with(&case.config, blocking).expect("compile");
-        assert!(sdpa.to_string().contains("packed once per run"), "{sdpa}");
-        check_with(&case, &sdpa, case.extras());
-    }
+    // causal rows, and a bias; f16 and bf16 (whose probabilities are then rounded to bf16 over
+    // the f32 scores instead of into a bf16 tile).
+    both(|rng, f16| {
+        for (c, blocking) in [
+            (config(2, 4, 2, 48, 70, 20), Blocking { kv_panel_width: 16, ..Blocking::new(1, 16, 32) }),
+            (config(1, 8, 1, 33, 64, 24), Blocking { kv_panel_width: 8, ..Blocking::new(2, 11, 16) }),
+            (
+                SdpaConfig {
+                    causal: true,
+                    mask: MaskKind::Bias([1, 1, 40, 40]),
+                    ..config(1, 2, 2, 40, 40, 8)
+                },
+                Blocking { kv_panel_width: 8, ..Blocking::new(1, 8, 8) },
+            ),
+        ] {
+            let dtype = if f16 { SdpaDType::F16 } else { SdpaDType::BF16 };
+            let c = SdpaConfig { dtype, ..c };
+            let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
+            assert!(sdpa.to_string().contains("packed once per run"), "{sdpa}");
+            let text = uopc_ir::print_program(&uopc_kernels::sdpa::sdpa_ir(&c, &blocking)).unwrap();
+            assert_eq!(text.contains("to=bf16"), !f16, "{text}");
+            if f16 {
+                let case = Case::<half::f16>::new(c, rng);
+                check_with(&case, &sdpa, case.extras());
+            } else {
+                let case = Case::<bf16>::new(c, rng);
+                check_with(&case, &sdpa, case.extras());
+            }
+        }
+    });
 }
 
 #[test]

@@ -51,6 +51,13 @@ impl Bf16Path {
         }
     }
 
+    /// Whether the path multiplies bf16 by widening it exactly to f32 for an f32 kernel
+    /// (every path but AMX and `vdpbf16ps`): then a bf16 product is the f32 product of the
+    /// widened operands, which f32 panels packed once can serve as well.
+    pub fn widens(self) -> bool {
+        matches!(self, Bf16Path::Avx512Widen | Bf16Path::Avx2Fma | Bf16Path::Portable)
+    }
+
     /// A short lowercase name (`"amx"`, `"avx512bf16"`, `"avx2fma"`, `"portable"`).
     pub fn name(self) -> &'static str {
         match self {

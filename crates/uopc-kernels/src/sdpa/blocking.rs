@@ -124,7 +124,8 @@ impl Blocking {
     /// are split into chunks of at least 512 keys and one block (split-K).
     ///
     /// K and V are packed once per run into panels of the GEMM's register-tile width
-    /// ([`Blocking::kv_panel_width`]) for f32 and f16 without split-K or a runtime KV length, when
+    /// ([`Blocking::kv_panel_width`]) for f32 and f16, and for bf16 where the machine's bf16
+    /// GEMM widens to f32, without split-K or a runtime KV length, when
     /// tasks have more than 8 rows (fewer stream K and V unpacked) and each key block is read
     /// by at least six tasks (counting a causal task as half a read).
     ///
@@ -140,23 +141,32 @@ impl Blocking {
         }
         let reads = b.tasks(config) / (config.batch * config.kv_heads) / if config.causal { 2 } else { 1 };
         let width = uopc_tile::panel_width(uopc_tile::Isa::detect());
-        // f16 reads its queries in place only without panels (its GEMM reads A and B in one
-        // type): with them the queries take an f32 tile, which must fit beside the others.
+        // With panels the GEMMs read f32 K and V: f16 and bf16 then take an f32 query tile
+        // (f16 reads its queries in place only without panels, its GEMM reading A and B in one
+        // type) and bf16 writes its rounded P over the f32 scores, f32's tiles, which must fit.
+        // bf16 packs f32 panels only where its GEMM path widens bf16 to f32 anyway (AMX and
+        // vdpbf16ps take bf16 operands).
         let rows = b.heads_per_task * b.queries;
-        let query_tile_fits = config.dtype != SdpaDType::F16
-            || rows * tile_bytes_per_row(config.dtype, config.d, b.keys, true) <= TILE_BUDGET;
-        if rows > FEW_ROWS && reads >= PACK_ONCE_MIN_READS && query_tile_fits && b.panels_fit(config, width) {
+        let query_tile_fits = config.dtype == SdpaDType::F32
+            || rows * tile_bytes_per_row(SdpaDType::F32, config.d, b.keys, true) <= TILE_BUDGET;
+        let bf16_widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
+        let panels_pay = config.dtype != SdpaDType::BF16 || bf16_widens;
+        if rows > FEW_ROWS
+            && reads >= PACK_ONCE_MIN_READS
+            && query_tile_fits
+            && panels_pay
+            && b.panels_fit(config, width)
+        {
             b.kv_panel_width = width;
         }
         b
     }
 
-    /// Whether K and V can be read from panels of `width` columns under these blocks: f32 or
-    /// f16 (packed widened to f32), without split-K or a runtime KV length, every key block
-    /// starting a panel, and a width the GEMM descriptor carries.
+    /// Whether K and V can be read from panels of `width` columns under these blocks: f32, or
+    /// f16 or bf16 packed widened to f32, without split-K or a runtime KV length, every key
+    /// block starting a panel, and a width the GEMM descriptor carries.
     pub fn panels_fit(&self, config: &SdpaConfig, width: usize) -> bool {
         (1..=uopc_tile::GEMM_MAX_PANEL_WIDTH).contains(&width)
-            && matches!(config.dtype, SdpaDType::F32 | SdpaDType::F16)
             && self.splits == 1
             && !config.runtime_kv_length
             && (self.keys.is_multiple_of(width) || self.keys >= config.n_k)
@@ -234,6 +244,12 @@ impl Blocking {
         queries_in_place(config, self.heads_per_task) && !f16_panels
     }
 
+    /// Whether bf16 attention writes its rounded probabilities over the f32 scores (for GEMMs
+    /// on f32 panels) rather than into a bf16 tile of its own (for bf16 GEMMs).
+    pub(crate) fn bf16_on_panels(&self, config: &SdpaConfig) -> bool {
+        config.dtype == SdpaDType::BF16 && self.kv_panel_width > 0
+    }
+
     /// Rows of each sub-tile that a causal task's diagonal band runs in, when the band is
     /// split (see [`sdpa_ir`](super::sdpa_ir)): `Some` for a causal task of one head's queries
     /// taller than one key block.
@@ -279,7 +295,8 @@ impl Blocking {
         let wide = 2 * self.keys;
         let rows = self.heads_per_task * self.queries;
         let query_tile = !self.reads_queries_in_place(config);
-        let fits = rows * tile_bytes_per_row(config.dtype, config.d, wide, query_tile) <= TILE_BUDGET;
+        let dtype = if self.bf16_on_panels(config) { SdpaDType::F32 } else { config.dtype };
+        let fits = rows * tile_bytes_per_row(dtype, config.d, wide, query_tile) <= TILE_BUDGET;
         if self.causal_sub_tile_rows(config).is_some() && config.n_k >= wide && fits {
             wide
         } else {

@@ -7,7 +7,6 @@
 //! packs them once, in parallel over the heads, and the kernel's GEMMs read the panels.
 
 use super::SdpaConfig;
-use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -17,7 +16,7 @@ use uopc_tile::{Isa, PanelPacking, pack_panels};
 /// The largest panel buffer a thread keeps between runs: 64 MiB of f32.
 pub(crate) const KEPT_MAX_FLOATS: usize = 16 << 20;
 
-/// Elements per parallel piece of the f16 widening.
+/// Elements per parallel piece of the 16-bit widening.
 const WIDEN_CHUNK: usize = 1 << 16;
 
 thread_local! {
@@ -159,10 +158,14 @@ impl KvPanels {
         Packed { buf, k_len, v_len }
     }
 
-    /// [`KvPanels::pack_into`] for f16 K and V: widened to f32 first (exactly; in parallel),
-    /// then packed. The widening is one pass over K and V per run, as the packing is.
-    pub fn pack_widened_into(&self, k: &[f16], v: &[f16]) -> Packed {
-        let widen = |x: &[f16]| -> Vec<f32> {
+    /// [`KvPanels::pack_into`] for 16-bit (f16 or bf16) K and V: widened to f32 first
+    /// (exactly; in parallel), then packed. The widening is one pass over K and V per run, as
+    /// the packing is.
+    pub fn pack_widened_into<H: Sync>(&self, k: &[H], v: &[H]) -> Packed
+    where
+        [H]: HalfFloatSliceExt,
+    {
+        let widen = |x: &[H]| -> Vec<f32> {
             let mut wide = vec![0.0f32; x.len()];
             wide.par_chunks_mut(WIDEN_CHUNK)
                 .zip(x.par_chunks(WIDEN_CHUNK))

@@ -103,11 +103,13 @@ impl SdpaKernel {
             task.oi.after(&state).index(at_d),
         ];
         let update = match (self.half, &task.pi) {
-            // bf16 P gets a tile of its own, rounded to bf16 (the bf16 GEMM takes both operands
-            // in bf16, natively where AMX or vdpbf16ps runs it); f16 P stays f32 over the
-            // scores, which the f32 x f16 GEMM reads in place.
-            (Some(round_to), Some(pi)) => {
-                operands.push(pi.after(&state).index(at_s));
+            // bf16 P is rounded to bf16: into a tile of its own for the bf16 GEMM (which takes
+            // both operands in bf16, natively where AMX or vdpbf16ps runs it), or, for GEMMs on
+            // f32 panels, over the f32 scores as the rounded values (exact in f32), so the
+            // numerics are the same either way. f16 P stays f32 over the scores, which the
+            // f32 x f16 GEMM reads in place.
+            (Some(DType::BF16), pi) => {
+                operands.push(pi.as_ref().map_or(scores_in, |p| p.after(&state).index(at_s)));
                 TileOp::SoftmaxUpdateRounded {
                     rows,
                     cols,
@@ -116,7 +118,7 @@ impl SdpaKernel {
                     ldo: d,
                     ldp: cols,
                     scale: softmax_scale.to_bits(),
-                    round_to,
+                    round_to: DType::BF16,
                 }
             }
             _ => TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d, scale: softmax_scale.to_bits() },

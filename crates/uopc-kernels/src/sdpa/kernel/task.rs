@@ -26,8 +26,8 @@ impl SdpaKernel {
             pb.alloc(f32t, self.rows),
             pb.alloc(f32t, self.rows),
         );
-        // Only bf16 keeps P in a tile of its own (see `key_block`).
-        let p = self.half.filter(|&el| el == DType::BF16).map(|el| pb.alloc(el, self.rows * cols));
+        // Only bf16 on bf16 GEMMs keeps P in a tile of its own (see `key_block`).
+        let p = self.half.filter(|_| self.p_tile).map(|el| pb.alloc(el, self.rows * cols));
         // t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split
         let t = pb.range(self.c.batch * kv_heads * subs * blocks * splits, AxisType::Thread);
         let split = t.modulo(splits as i64);
@@ -65,14 +65,12 @@ impl SdpaKernel {
         }
     }
 
-    /// The dtype of the task's query tile: f32, except bf16 (whose GEMMs take bf16 A and B on
-    /// AMX). An f16 query is widened into an f32 tile once per task, so the score GEMM of
-    /// every key block reads f32 A and widens only the keys while packing them.
+    /// The dtype of the task's query tile: f32, except bf16 on bf16 GEMMs (which take bf16 A
+    /// and B, natively on AMX). An f16 query, and a bf16 one whose GEMMs read f32 panels, is
+    /// widened into an f32 tile once per task, so the score GEMM of every key block reads f32
+    /// A (and widens only the keys while packing them, or reads their panels).
     pub(super) fn query_tile_dtype(&self) -> DType {
-        match self.half {
-            Some(DType::BF16) => DType::BF16,
-            _ => DType::F32,
-        }
+        if self.p_tile { DType::BF16 } else { DType::F32 }
     }
 
     /// The scaled copy of the task's queries (when it has a query tile), the zeroed output
