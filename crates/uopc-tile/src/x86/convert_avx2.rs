@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use crate::convert;
+use crate::convert::scalar as convert;
 
 /// [`convert::bf16_from_f32`] over a slice.
 ///

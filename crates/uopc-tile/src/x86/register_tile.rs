@@ -123,7 +123,7 @@ impl F32Lanes for __m512 {
 
     #[inline(always)]
     unsafe fn first_lanes(cols: usize) -> __mmask16 {
-        super::avx512::lanes(cols)
+        if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 }
     }
 
     #[inline(always)]
@@ -181,8 +181,12 @@ impl F32Lanes for __m256 {
 
     #[inline(always)]
     unsafe fn first_lanes(cols: usize) -> __m256i {
+        // Lane `i` is selected (all ones) when `i < cols`.
         // SAFETY: the caller's contract (AVX2).
-        unsafe { super::avx2::lanes(cols) }
+        unsafe {
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(cols.min(8) as i32), lane)
+        }
     }
 
     #[inline(always)]
