@@ -1,17 +1,18 @@
-//! Packing from 16-bit storage: the f32 kernels' panels and strips filled from f16 or bf16
-//! values, each widened exactly as it is loaded. One body per routine serves both types; only
-//! the widening of a vector differs (F16C's `vcvtph2ps` for f16; for bf16, which is the top
-//! half of the f32 it widens to, a zero-extension and a shift, which AVX2 has).
+//! Packing the f32 kernels' panels and strips from f32, f16 or bf16 storage, each value widened
+//! exactly as it is loaded. One body per routine serves the three types; only the load of a
+//! vector differs (a plain load for f32; F16C's `vcvtph2ps` for f16; for bf16, which is the top
+//! half of the f32 it widens to, a zero-extension and a shift, which AVX2 has), and f32 keeps
+//! its own 8 x 8 transpose, which folds the lane exchange into its loads.
 
 use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use super::transpose4x4_rows;
+use super::{transpose4x4_rows, transpose8x8_f32};
 use crate::tile::HalfFloat;
 
-/// How one 16-bit type widens 8, 4 or 1 of its values to f32.
-trait Lanes: Copy {
+/// How one storage type loads 8, 4 or 1 of its values as f32.
+pub(super) trait Lanes: Copy {
     /// The eight values at `src`, widened.
     ///
     /// # Safety
@@ -28,6 +29,43 @@ trait Lanes: Copy {
 
     /// One value, widened.
     fn widen1(self) -> f32;
+
+    /// Transposes the 8 x 8 block at `src` (row stride `lds`) into f32 at `dst` (row stride
+    /// `ldd`), widening it ([`transpose8x8`] unless the type has a faster way).
+    ///
+    /// # Safety
+    ///
+    /// As [`transpose8x8`].
+    #[inline(always)]
+    unsafe fn transpose8x8(src: *const Self, lds: usize, dst: *mut f32, ldd: usize) {
+        // SAFETY: forwarded.
+        unsafe { transpose8x8(src, lds, dst, ldd) }
+    }
+}
+
+impl Lanes for f32 {
+    #[inline(always)]
+    unsafe fn widen8(src: *const f32) -> __m256 {
+        // SAFETY: the caller's contract (AVX).
+        unsafe { _mm256_loadu_ps(src) }
+    }
+
+    #[inline(always)]
+    unsafe fn widen4(src: *const f32) -> __m128 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm_loadu_ps(src) }
+    }
+
+    #[inline(always)]
+    fn widen1(self) -> f32 {
+        self
+    }
+
+    #[inline(always)]
+    unsafe fn transpose8x8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+        // SAFETY: forwarded (AVX).
+        unsafe { transpose8x8_f32(src, lds, dst, ldd) }
+    }
 }
 
 impl Lanes for f16 {
@@ -96,7 +134,13 @@ unsafe fn widen<H: Lanes>(dst: *mut f32, src: *const H, n: usize) {
 ///
 /// As `super::pack_b`, with `H`'s widening features available.
 #[inline(always)]
-unsafe fn pack_b<H: Lanes, const NR: usize>(dst: *mut f32, src: *const H, ldb: usize, kc: usize, nr: usize) {
+pub(super) unsafe fn pack_b<H: Lanes, const NR: usize>(
+    dst: *mut f32,
+    src: *const H,
+    ldb: usize,
+    kc: usize,
+    nr: usize,
+) {
     let full = nr - nr % 8;
     for p in 0..kc {
         // SAFETY: reads stay in row `p` at columns `< nr`, writes in `dst` row `p` below `NR`.
@@ -117,14 +161,20 @@ unsafe fn pack_b<H: Lanes, const NR: usize>(dst: *mut f32, src: *const H, ldb: u
 
 /// `dst[p * NR + j] = src[j * ldb + p]` widened, for `p < kc`, `j < nr`; zero for
 /// `nr <= j < NR`. Whole 8 x 8 blocks are widened as they are loaded and transposed in
-/// registers ([`transpose8x8`]), a last group of four rows in 4 x 4 blocks; ragged edges go
-/// one value at a time.
+/// registers ([`Lanes::transpose8x8`]), a last group of four rows in 4 x 4 blocks; ragged
+/// edges go one value at a time.
 ///
 /// # Safety
 ///
 /// As `super::pack_bt`, with `H`'s widening features available.
 #[inline(always)]
-unsafe fn pack_bt<H: Lanes, const NR: usize>(dst: *mut f32, src: *const H, ldb: usize, kc: usize, nr: usize) {
+pub(super) unsafe fn pack_bt<H: Lanes, const NR: usize>(
+    dst: *mut f32,
+    src: *const H,
+    ldb: usize,
+    kc: usize,
+    nr: usize,
+) {
     let j8 = nr - nr % 8;
     let p8 = kc - kc % 8;
     // SAFETY: every offset below is `j * ldb + p` with `j < nr`, `p < kc` for `src` and
@@ -132,7 +182,7 @@ unsafe fn pack_bt<H: Lanes, const NR: usize>(dst: *mut f32, src: *const H, ldb: 
     unsafe {
         for j0 in (0..j8).step_by(8) {
             for p0 in (0..p8).step_by(8) {
-                transpose8x8(src.add(j0 * ldb + p0), ldb, dst.add(p0 * NR + j0), NR);
+                H::transpose8x8(src.add(j0 * ldb + p0), ldb, dst.add(p0 * NR + j0), NR);
             }
             for p in p8..kc {
                 for j in j0..j0 + 8 {

@@ -43,9 +43,8 @@ pub(crate) fn prefetch_row(row: *const f32, len: usize) {
 }
 
 /// Packs `B^T` into a panel of width `NR`: `dst[p * NR + j] = src[j * ldb + p]` for `p < kc`,
-/// `j < nr`, zero for `nr <= j < NR`.
-///
-/// Whole 8 x 8 blocks go through [`transpose8x8`]; ragged edges are copied one float at a time.
+/// `j < nr`, zero for `nr <= j < NR` (8 x 8 blocks through [`transpose8x8_f32`], a last group
+/// of four rows in 4 x 4 blocks, ragged edges one float at a time).
 ///
 /// # Safety
 ///
@@ -59,45 +58,8 @@ pub(crate) unsafe fn pack_bt<const NR: usize>(
     kc: usize,
     nr: usize,
 ) {
-    let j8 = nr - nr % 8;
-    let p8 = kc - kc % 8;
-    // SAFETY: every offset below is `j * ldb + p` with `j < nr`, `p < kc` for `src` and
-    // `p * NR + j` with `j < NR`, `p < kc` for `dst`, inside the regions of the contract.
-    unsafe {
-        for j0 in (0..j8).step_by(8) {
-            for p0 in (0..p8).step_by(8) {
-                transpose8x8(src.add(j0 * ldb + p0), ldb, dst.add(p0 * NR + j0), NR);
-            }
-            for p in p8..kc {
-                for j in j0..j0 + 8 {
-                    *dst.add(p * NR + j) = *src.add(j * ldb + p);
-                }
-            }
-        }
-        // A group of four rows (the last third of a 12-row A strip) in 4 x 4 blocks.
-        let j4 = if nr - j8 >= 4 { j8 + 4 } else { j8 };
-        if j4 > j8 {
-            let p4 = kc - kc % 4;
-            for p0 in (0..p4).step_by(4) {
-                transpose4x4(src.add(j8 * ldb + p0), ldb, dst.add(p0 * NR + j8), NR);
-            }
-            for p in p4..kc {
-                for j in j8..j4 {
-                    *dst.add(p * NR + j) = *src.add(j * ldb + p);
-                }
-            }
-        }
-        for j in j4..nr {
-            for p in 0..kc {
-                *dst.add(p * NR + j) = *src.add(j * ldb + p);
-            }
-        }
-        if nr < NR {
-            for p in 0..kc {
-                std::ptr::write_bytes(dst.add(p * NR + nr), 0, NR - nr);
-            }
-        }
-    }
+    // SAFETY: forwarded, with AVX enabled for the f32 loads.
+    unsafe { half_pack::pack_bt::<f32, NR>(dst, src, ldb, kc, nr) }
 }
 
 /// Copies a B panel stored `k x n` into width-`NR` rows: `dst[p * NR + j] = src[p * ldb + j]`
@@ -118,35 +80,8 @@ pub(crate) unsafe fn pack_b<const NR: usize>(
     kc: usize,
     nr: usize,
 ) {
-    let full = nr - nr % 8;
-    for p in 0..kc {
-        // SAFETY: reads stay in row `p` at columns `< nr`, writes in `dst` row `p` below `NR`.
-        unsafe {
-            let (s, d) = (src.add(p * ldb), dst.add(p * NR));
-            for j in (0..full).step_by(8) {
-                _mm256_storeu_ps(d.add(j), _mm256_loadu_ps(s.add(j)));
-            }
-            if full < NR {
-                for j in full..nr {
-                    *d.add(j) = *s.add(j);
-                }
-                std::ptr::write_bytes(d.add(nr), 0, NR - nr);
-            }
-        }
-    }
-}
-
-/// Transposes the 4 x 4 block at `src` (row stride `lds`) into `dst` (row stride `ldd`).
-///
-/// # Safety
-///
-/// AVX is available; `src` readable and `dst` writable as 4 rows of 4 floats.
-#[target_feature(enable = "avx")]
-#[inline]
-unsafe fn transpose4x4(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
-    // SAFETY: the loads read rows `0..4`, columns `0..4` of `src`; the stores write the same of
-    // `dst` (`transpose4x4_rows`).
-    unsafe { transpose4x4_rows(std::array::from_fn(|i| _mm_loadu_ps(src.add(i * lds))), dst, ldd) }
+    // SAFETY: forwarded, with AVX enabled for the f32 loads.
+    unsafe { half_pack::pack_b::<f32, NR>(dst, src, ldb, kc, nr) }
 }
 
 /// Stores the 4 x 4 block whose rows are `r` transposed at `dst` (row stride `ldd`).
@@ -180,7 +115,7 @@ pub(super) unsafe fn transpose4x4_rows(r: [__m128; 4], dst: *mut f32, ldd: usize
 /// AVX is available; `src` readable and `dst` writable as 8 rows of 8 floats.
 #[target_feature(enable = "avx")]
 #[inline]
-unsafe fn transpose8x8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+pub(super) unsafe fn transpose8x8_f32(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
     // SAFETY: all loads read rows `0..8`, columns `0..8` of `src`; stores write the same of `dst`.
     unsafe {
         let row = |r: usize, half: usize| _mm_loadu_ps(src.add(r * lds + 4 * half));
