@@ -11,33 +11,37 @@ use crate::error::check_len;
 
 pub(crate) mod scalar;
 
-/// The widest vector form of the slice conversions the machine model allows (so `UOPC_ISA`
-/// caps them as it caps the kernels, and tests reach each form).
+/// Runs the widest vector form of one slice conversion the machine model allows (so
+/// `UOPC_ISA` caps the conversions as it caps the kernels, and tests reach each form):
+/// `avx512` with AVX-512F, else `avx2` with AVX2 and FMA (and F16C when `avx2_needs_f16c`).
+/// Returns false, converting nothing, when the model allows neither.
+///
+/// # Panics
+///
+/// When `src` and `dst` differ in length (the callers slice `dst` to `src`'s length first).
 #[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum VectorForm {
-    Avx512,
-    Avx2,
-    Scalar,
-}
-
-#[cfg(target_arch = "x86_64")]
-fn vector_form() -> VectorForm {
+fn vectorized<S, D>(
+    src: &[S],
+    dst: &mut [D],
+    avx512: unsafe fn(&[S], &mut [D]),
+    avx2: unsafe fn(&[S], &mut [D]),
+    avx2_needs_f16c: bool,
+) -> bool {
+    assert_eq!(src.len(), dst.len(), "a conversion's slices have equal lengths");
     let f = &crate::machine::Machine::get().features;
-    if f.avx512f {
-        VectorForm::Avx512
-    } else if f.avx2 && f.fma {
-        VectorForm::Avx2
+    let form = if f.avx512f {
+        avx512
+    } else if f.avx2 && f.fma && (f.f16c || !avx2_needs_f16c) {
+        avx2
     } else {
-        VectorForm::Scalar
-    }
+        return false;
+    };
+    // SAFETY: the model allows the form's ISA only where this CPU has it; the slices have
+    // equal lengths (checked above), as every form requires.
+    unsafe { form(src, dst) };
+    true
 }
 
-/// Whether the model allows F16C (`vcvtph2ps`, `vcvtps2ph`).
-#[cfg(target_arch = "x86_64")]
-fn f16c() -> bool {
-    crate::machine::Machine::get().features.f16c
-}
 pub use scalar::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32};
 
 /// Narrows `src` into the first `src.len()` elements of `dst` with [`bf16_from_f32`].
@@ -50,18 +54,8 @@ pub fn f32_to_bf16_slice(src: &[f32], dst: &mut [bf16]) -> Result<(), TileError>
     check_len("dst", src.len(), dst.len())?;
     let dst = &mut dst[..src.len()];
     #[cfg(target_arch = "x86_64")]
-    match vector_form() {
-        VectorForm::Avx512 => {
-            // SAFETY: the model allows AVX-512F, so this CPU has it; the slices have equal lengths.
-            unsafe { crate::x86::bf16::f32_to_bf16(src, dst) };
-            return Ok(());
-        }
-        VectorForm::Avx2 => {
-            // SAFETY: the model allows AVX2 and FMA, so this CPU has them; equal lengths.
-            unsafe { crate::x86::convert_avx2::f32_to_bf16(src, dst) };
-            return Ok(());
-        }
-        _ => {}
+    if vectorized(src, dst, crate::x86::bf16::f32_to_bf16, crate::x86::convert_avx2::f32_to_bf16, false) {
+        return Ok(());
     }
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = bf16_from_f32(s);
@@ -78,18 +72,8 @@ pub fn bf16_to_f32_slice(src: &[bf16], dst: &mut [f32]) -> Result<(), TileError>
     check_len("dst", src.len(), dst.len())?;
     let dst = &mut dst[..src.len()];
     #[cfg(target_arch = "x86_64")]
-    match vector_form() {
-        VectorForm::Avx512 => {
-            // SAFETY: the model allows AVX-512F, so this CPU has it; the slices have equal lengths.
-            unsafe { crate::x86::bf16::bf16_to_f32(src, dst) };
-            return Ok(());
-        }
-        VectorForm::Avx2 => {
-            // SAFETY: the model allows AVX2 and FMA, so this CPU has them; equal lengths.
-            unsafe { crate::x86::convert_avx2::bf16_to_f32(src, dst) };
-            return Ok(());
-        }
-        _ => {}
+    if vectorized(src, dst, crate::x86::bf16::bf16_to_f32, crate::x86::convert_avx2::bf16_to_f32, false) {
+        return Ok(());
     }
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = bf16_to_f32(s);
@@ -107,18 +91,8 @@ pub fn f32_to_f16_slice(src: &[f32], dst: &mut [f16]) -> Result<(), TileError> {
     check_len("dst", src.len(), dst.len())?;
     let dst = &mut dst[..src.len()];
     #[cfg(target_arch = "x86_64")]
-    match vector_form() {
-        VectorForm::Avx512 => {
-            // SAFETY: the model allows AVX-512F, so this CPU has it; the slices have equal lengths.
-            unsafe { crate::x86::bf16::f32_to_f16(src, dst) };
-            return Ok(());
-        }
-        VectorForm::Avx2 if f16c() => {
-            // SAFETY: the model allows AVX2 and FMA (and F16C), so this CPU has them; equal lengths.
-            unsafe { crate::x86::convert_avx2::f32_to_f16(src, dst) };
-            return Ok(());
-        }
-        _ => {}
+    if vectorized(src, dst, crate::x86::bf16::f32_to_f16, crate::x86::convert_avx2::f32_to_f16, true) {
+        return Ok(());
     }
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = f16_from_f32(s);
@@ -136,18 +110,8 @@ pub fn f16_to_f32_slice(src: &[f16], dst: &mut [f32]) -> Result<(), TileError> {
     check_len("dst", src.len(), dst.len())?;
     let dst = &mut dst[..src.len()];
     #[cfg(target_arch = "x86_64")]
-    match vector_form() {
-        VectorForm::Avx512 => {
-            // SAFETY: the model allows AVX-512F, so this CPU has it; the slices have equal lengths.
-            unsafe { crate::x86::bf16::f16_to_f32(src, dst) };
-            return Ok(());
-        }
-        VectorForm::Avx2 if f16c() => {
-            // SAFETY: the model allows AVX2 and FMA (and F16C), so this CPU has them; equal lengths.
-            unsafe { crate::x86::convert_avx2::f16_to_f32(src, dst) };
-            return Ok(());
-        }
-        _ => {}
+    if vectorized(src, dst, crate::x86::bf16::f16_to_f32, crate::x86::convert_avx2::f16_to_f32, true) {
+        return Ok(());
     }
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = f16_to_f32(s);
