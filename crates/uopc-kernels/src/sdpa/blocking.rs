@@ -149,8 +149,8 @@ impl Blocking {
         let rows = b.heads_per_task * b.queries;
         let query_tile_fits = config.dtype == SdpaDType::F32
             || rows * tile_bytes_per_row(SdpaDType::F32, config.d, b.keys, true) <= TILE_BUDGET;
-        let bf16_widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
-        let panels_pay = config.dtype != SdpaDType::BF16 || bf16_widens;
+        let panels_pay =
+            config.dtype != SdpaDType::BF16 || uopc_jit::machine::Machine::get().choices().bf16.widens();
         if rows > FEW_ROWS
             && reads >= PACK_ONCE_MIN_READS
             && query_tile_fits

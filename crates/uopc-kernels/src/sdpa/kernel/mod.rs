@@ -99,8 +99,6 @@ struct SdpaKernel {
     lse: Option<UOp>,
     /// The 16-bit dtype of q, k, v and the output, when not f32.
     half: Option<DType>,
-    /// bf16 on bf16 GEMMs: bf16 query and P tiles (not when its GEMMs read f32 panels).
-    p_tile: bool,
     /// The score GEMM reads q itself ([`Blocking::reads_queries_in_place`]).
     q_in_place: bool,
     /// Where k and v lie in panels, with [`Blocking::kv_panel_width`].
@@ -205,7 +203,6 @@ impl SdpaKernel {
             kv_length,
             lse,
             half: (el != f32t).then_some(el),
-            p_tile: el == DType::BF16 && !blocking.bf16_on_panels(config),
             q_in_place: blocking.reads_queries_in_place(config),
             panels,
             pb: ProgramBuilder::new(),

@@ -18,6 +18,7 @@ impl SdpaKernel {
         let f32t = DType::F32;
         let qdt = self.query_tile_dtype();
         let cols = self.score_tile_cols();
+        let p_tile = self.bf16_tiles();
         let pb = &mut self.pb;
         let (qt, s, o, mx, l) = (
             (!self.q_in_place).then(|| pb.alloc(qdt, self.rows * d)),
@@ -27,7 +28,7 @@ impl SdpaKernel {
             pb.alloc(f32t, self.rows),
         );
         // Only bf16 on bf16 GEMMs keeps P in a tile of its own (see `key_block`).
-        let p = self.half.filter(|_| self.p_tile).map(|el| pb.alloc(el, self.rows * cols));
+        let p = self.half.filter(|_| p_tile).map(|el| pb.alloc(el, self.rows * cols));
         // t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split
         let t = pb.range(self.c.batch * kv_heads * subs * blocks * splits, AxisType::Thread);
         let split = t.modulo(splits as i64);
@@ -70,7 +71,13 @@ impl SdpaKernel {
     /// widened into an f32 tile once per task, so the score GEMM of every key block reads f32
     /// A (and widens only the keys while packing them, or reads their panels).
     pub(super) fn query_tile_dtype(&self) -> DType {
-        if self.p_tile { DType::BF16 } else { DType::F32 }
+        if self.bf16_tiles() { DType::BF16 } else { DType::F32 }
+    }
+
+    /// bf16 on bf16 GEMMs: bf16 query and P tiles. Not when its GEMMs read f32 panels
+    /// ([`Blocking::bf16_on_panels`]), whose P is rounded over the f32 scores.
+    fn bf16_tiles(&self) -> bool {
+        self.half == Some(DType::BF16) && self.panels.is_none()
     }
 
     /// The scaled copy of the task's queries (when it has a query tile), the zeroed output
