@@ -302,11 +302,10 @@ impl Optimizer for DefaultOpt {
             o.thread = Some(0);
         }
         o.thread_axes = thread_axes(shape, &o, has_reduce(body));
-        let mut long = shape.iter().filter(|&&s| s > 1);
-        if let (Some(&n), None) = (long.next(), long.next())
+        if let Some(j) = single_long_axis(shape)
             && !has_reduce(body)
         {
-            o.thread_split = thread_split(n);
+            o.thread_split = thread_split(shape[j]);
         }
         o
     }
@@ -356,6 +355,16 @@ fn thread_axes(shape: &[usize], o: &Opts, reduces: bool) -> usize {
 
 /// Elements per THREAD iteration of a one-axis elementwise kernel, at most.
 const THREAD_RUN_MAX: usize = 1024;
+/// The one axis of `shape` longer than 1, when there is exactly one: the axis a kernel's
+/// [`Opts::thread_split`] runs over.
+pub(crate) fn single_long_axis(shape: &[usize]) -> Option<usize> {
+    let mut long = (0..shape.len()).filter(|&k| shape[k] > 1);
+    match (long.next(), long.next()) {
+        (Some(j), None) => Some(j),
+        _ => None,
+    }
+}
+
 /// The fewest elements per THREAD iteration worth an inner loop: a few vectors' worth.
 const THREAD_RUN_MIN: usize = 16;
 

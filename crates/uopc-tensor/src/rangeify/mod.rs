@@ -6,7 +6,7 @@
 //! `(node, index)`, so index expressions are simplified before they become keys.
 
 use crate::error::{Result, TensorError};
-use crate::opt::Opts;
+use crate::opt::{Opts, single_long_axis};
 use crate::util::numel;
 use std::collections::HashMap;
 use uopc_ir::{
@@ -172,8 +172,9 @@ fn thread_parts(shape: &[usize], ctx: &mut Ctx) -> (Vec<Part>, Vec<UOp>, usize) 
             .collect();
         return (parts, vec![t], merged);
     }
-    let long: Vec<usize> = (0..shape.len()).filter(|&k| shape[k] > 1).collect();
-    if let (true, &[j]) = (threaded && split > 1, long.as_slice())
+    if threaded
+        && split > 1
+        && let Some(j) = single_long_axis(shape)
         && shape[j] > split
         && shape[j].is_multiple_of(split)
     {
