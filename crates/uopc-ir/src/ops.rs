@@ -278,6 +278,11 @@ pub enum Op {
     Stage,
     /// `src[0]`, through which gradients do not flow.
     Detach,
+    /// `src[0]`, whose gradient with respect to `src[1]` is given by a rule (a tensor-level
+    /// closure held in the `DataRef`) rather than by differentiating `src[0]`: for composite
+    /// functions such as a series whose derivative has a closed form. Like DETACH, it only
+    /// matters to autograd and is dropped before kernelizing.
+    GradientRule(DataRef),
     /// The sources (all of one shape) stacked along a new leading axis.
     Stack,
     /// The output of a hand-written loop program over the sources (see [`CustomKernel`]).
@@ -374,6 +379,7 @@ impl Op {
             Op::Reduce { .. } => "REDUCE",
             Op::Stage => "STAGE",
             Op::Detach => "DETACH",
+            Op::GradientRule(_) => "GRADIENT_RULE",
             Op::Stack => "STACK",
             Op::Custom(_) => "CUSTOM",
         }

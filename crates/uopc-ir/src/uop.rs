@@ -214,7 +214,9 @@ impl UOp {
                 s.extend(src_shape(0).unwrap_or_default());
                 s
             }
-            Op::Stage | Op::Detach | Op::Cast | Op::Unary(_) => src_shape(0).unwrap_or_default(),
+            Op::Stage | Op::Detach | Op::GradientRule(_) | Op::Cast | Op::Unary(_) => {
+                src_shape(0).unwrap_or_default()
+            }
             Op::Binary(_) | Op::Where => {
                 // Scalar constants broadcast: the shape is that of the highest-rank source.
                 (0..self.0.src.len()).filter_map(src_shape).max_by_key(Vec::len).unwrap_or_default()

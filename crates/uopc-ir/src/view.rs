@@ -240,6 +240,14 @@ impl UOp {
         }
     }
 
+    /// The value of a GRADIENT_RULE (its `src[0]`); `None` for any other op.
+    pub fn as_gradient_rule_value(&self) -> Option<&UOp> {
+        match (self.op(), self.src()) {
+            (Op::GradientRule(_), [value, _]) => Some(value),
+            _ => None,
+        }
+    }
+
     /// The tensor a DETACH stops gradients at; `None` for any other op.
     pub fn as_detach(&self) -> Option<&UOp> {
         match (self.op(), self.src()) {

@@ -225,6 +225,13 @@ fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
     let out = t(u.clone());
     Ok(match u.op() {
         Op::Stage => vec![(0, g.clone())],
+        // The value's own ops are not differentiated: the rule gives the cotangent of `wrt`.
+        Op::GradientRule(data) => {
+            let Some(rule) = crate::tensor::gradient_rule(data) else {
+                return Err(TensorError::Unsupported("gradient: a GRADIENT_RULE node holds no rule".into()));
+            };
+            vec![(1, rule(&src(1), g)?)]
+        }
         Op::Cast => {
             let x = src(0);
             if differentiable(x.dtype()) { vec![(0, g.cast(x.dtype()))] } else { vec![] }

@@ -18,15 +18,19 @@ pub(crate) fn run_pass<C>(pass: &Pass<'_, C>, roots: &[UOp], state: &mut C) -> V
 }
 
 /// Canonicalization: DATA leaves become numbered PARAMs (the state collects the leaves in slot
-/// order), DETACH disappears (it only matters to autograd, which has run).
+/// order), DETACH and GRADIENT_RULE disappear (they only matter to autograd, which has run).
 static CANONICAL: LazyLock<RuleTable<Vec<UOp>>> = LazyLock::new(|| {
     // Only the op's variant matters to the pattern.
     let data = Op::Data { shape: Vec::new(), data: uopc_ir::DataRef(std::sync::Arc::new(())) };
+    let gradient_rule = Op::GradientRule(uopc_ir::DataRef(std::sync::Arc::new(())));
     RuleTable::new(
         "canonical",
         vec![
             Rule::with_cx("data_to_param", Pattern::ops(&[data]), data_to_param),
             Rule::with_cx("drop_detach", Pattern::ops(&[Op::Detach]), |u, _| u.as_detach().cloned()),
+            Rule::with_cx("drop_gradient_rule", Pattern::ops(&[gradient_rule]), |u, _| {
+                u.as_gradient_rule_value().cloned()
+            }),
         ],
     )
 });

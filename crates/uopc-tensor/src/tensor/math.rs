@@ -50,7 +50,7 @@ impl Tensor {
         self.op_lit(BinaryOp::Mul, v)
     }
     /// `v - self`.
-    fn rsub_lit(&self, v: f64) -> Tensor {
+    pub(super) fn rsub_lit(&self, v: f64) -> Tensor {
         self.neg().add_lit(v)
     }
     /// `e^x` with `log2 e` of this tensor's dtype (an f32 constant would cost f64 tensors
@@ -74,23 +74,23 @@ impl Tensor {
         self.reshape(&vec![1; shape.len()]).expand(shape)
     }
     /// `self < v` for a constant `v`.
-    fn lt_lit(&self, v: f64) -> Tensor {
+    pub(super) fn lt_lit(&self, v: f64) -> Tensor {
         let c = const_of(v, self.dtype());
         Tensor::from_uop(UOp::new(Op::Binary(BinaryOp::CmpLt), DType::Bool, vec![self.uop().clone(), c]))
     }
     /// `v < self` for a constant `v`.
-    fn gt_lit(&self, v: f64) -> Tensor {
+    pub(super) fn gt_lit(&self, v: f64) -> Tensor {
         let c = const_of(v, self.dtype());
         Tensor::from_uop(UOp::new(Op::Binary(BinaryOp::CmpLt), DType::Bool, vec![c, self.uop().clone()]))
     }
     /// `cond ? a : b`, all three of one shape or 0-d constants (never a shape error).
-    fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+    pub(super) fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
         ok(cond.try_where(a, b))
     }
 
     /// `f(x)` on this tensor as a float: 16-bit tensors widened to f32 and rounded back,
     /// bools as f32, f32 and f64 as they are.
-    fn float_fn(&self, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
+    pub(super) fn float_fn(&self, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
         if self.dtype().is_half() { self.via_f32(f) } else { f(&self.float()) }
     }
 
@@ -116,7 +116,7 @@ impl Tensor {
     }
 
     /// The sign of `x` as -1 or 1 (0 counts as positive), for odd functions.
-    fn odd_sign(&self, magnitude: &Tensor) -> Tensor {
+    pub(super) fn odd_sign(&self, magnitude: &Tensor) -> Tensor {
         Tensor::select(&self.lt_lit(0.0), &magnitude.neg(), magnitude)
     }
 
@@ -179,39 +179,6 @@ impl Tensor {
     /// ```
     pub fn silu(&self) -> Tensor {
         self.float_fn(|x| x * &x.sigmoid())
-    }
-
-    /// The error function, as `2/sqrt(pi) e^(-x^2) sum_n (2x^2)^n x / (2n+1)!!`: a series of
-    /// positive terms (no cancellation), summed by Horner's rule, with |x| clamped where
-    /// `erf` rounds to ±1 in the dtype (4 for f32, 6 for f64) and the term count chosen so
-    /// the truncation stays below the dtype's rounding there (45 and 100 terms). Relative
-    /// error: about 1e-15 in f64; in f32 the rounding of `x^2` inside the exponential gives up
-    /// to about 1e-6 absolute near |x| = 4.
-    ///
-    /// ```rust
-    /// use uopc_tensor::Tensor;
-    /// let y = Tensor::from_vec(vec![0.5f64, -2.0, 30.0], &[3]).erf().to_ndarray::<f64>()?;
-    /// assert!((y[0] - 0.520_499_877_813_046_5).abs() < 1e-15);
-    /// assert!((y[1] + 0.995_322_265_018_952_7).abs() < 1e-15);
-    /// assert_eq!(y[2], 1.0);
-    /// # Ok::<(), uopc_tensor::TensorError>(())
-    /// ```
-    pub fn erf(&self) -> Tensor {
-        self.float_fn(|x| {
-            let (bound, terms) = if x.dtype() == DType::F64 { (6.0, 100) } else { (4.0, 45) };
-            let a = x.abs();
-            // `a > bound` is false for NaN, so NaN reaches the result.
-            let ac = Tensor::select(&a.gt_lit(bound), &a.lit(bound), &a);
-            let y = (&ac * &ac).mul_lit(2.0);
-            let mut s = y.mul_lit(1.0 / (2 * terms + 1) as f64).add_lit(1.0);
-            for n in (1..terms).rev() {
-                s = (&s * &y).mul_lit(1.0 / (2 * n + 1) as f64).add_lit(1.0);
-            }
-            let gauss = (&ac * &ac).neg().exp_exact();
-            let r = (&(&s * &ac) * &gauss).mul_lit(std::f64::consts::FRAC_2_SQRT_PI);
-            // Exactly 1 past the bound, so `1 + erf(x)` is exactly 0 far out (as in libm).
-            x.odd_sign(&Tensor::select(&a.gt_lit(bound), &a.lit(1.0), &r))
-        })
     }
 
     /// GELU, exact: `x/2 (1 + erf(x / sqrt 2))` (torch's `gelu`).

@@ -323,3 +323,55 @@ fn a_row_sum_over_a_broadcast_softmax_realizes_fused_for_any_row_count() {
         }
     }
 }
+
+#[test]
+fn erf_gradients_are_the_closed_form_to_second_order() {
+    // erf's value is a series; its gradient rule is 2/sqrt(pi) e^(-x^2), whose own gradient is
+    // -2x times it: both compared with those formulas in f64, past the series' bound (6) too.
+    let xs = vec![-7.0, -3.0, -0.7, 0.0, 0.3, 1.5, 5.9, 6.5];
+    let x = Tensor::from_vec(xs.clone(), &[xs.len()]);
+    let y = x.erf().sum(0, false);
+    let [dx] = &y.gradient(&[&x]).unwrap()[..] else { unreachable!() };
+    let [ddx] = &dx.sum(0, false).gradient(&[&x]).unwrap()[..] else { unreachable!() };
+    let slope = |x: f64| std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp();
+    for ((&x, g), h) in xs.iter().zip(vals64(dx)).zip(vals64(ddx)) {
+        // e^(-x^2) carries the rounding of x^2 scaled by x^2, and the exponential's own.
+        let tol = 4.0 * f64::EPSILON * (1.0 + x * x);
+        assert!((g - slope(x)).abs() <= tol * slope(x), "erf'({x}) = {g}");
+        let want = -2.0 * x * slope(x);
+        assert!((h - want).abs() <= 2.0 * tol * want.abs(), "erf''({x}) = {h}, want {want}");
+    }
+}
+
+#[test]
+fn gelu_backward_does_not_differentiate_the_erf_series() {
+    // The backward graph of exact GELU is its forward plus the few nodes of erf's closed-form
+    // derivative and GELU's product rule, not the series differentiated term by term (which
+    // doubled it: each of erf's 45 f32 terms adds its own products and sums).
+    let x = Tensor::from_vec(vec![0.5f32; 8], &[8]);
+    let forward = graph_nodes(&x.gelu());
+    let [dx] = &x.gelu().sum(0, false).gradient(&[&x]).unwrap()[..] else { unreachable!() };
+    let backward = graph_nodes(dx);
+    eprintln!("gelu graph nodes: forward {forward}, backward {backward}");
+    assert!(backward < forward + 40, "backward {backward} nodes for a forward of {forward}");
+}
+
+/// Nodes of a tensor's graph.
+fn graph_nodes(t: &Tensor) -> usize {
+    uopc_ir::UOp::toposort(std::slice::from_ref(t.uop())).len()
+}
+
+#[test]
+fn f32_erf_is_within_three_ulps_of_the_f64_reference() {
+    // Densely over both branches and their joint at 1, and past the saturation at 4: f32's
+    // polynomial near 0 and fitted erfc beyond, against musl's f64 erf. The error budget: the
+    // fit's 3e-8 relative in erfc, the rounding of x^2 and of the exponential, the final
+    // `1 - erfc` (one ulp of the result).
+    let xs: Vec<f32> = (0..=18_000).map(|i| -4.5 + i as f32 * 5e-4).collect();
+    let got = vals32(&Tensor::from_vec(xs.clone(), &[xs.len()]).erf());
+    for (&x, &y) in xs.iter().zip(&got) {
+        let want = libm::erf(x as f64);
+        let err = (y as f64 - want).abs();
+        assert!(err <= 2e-7 * want.abs().max(1e-3) + 1e-12, "erf({x}) = {y}, want {want} (error {err:e})");
+    }
+}
