@@ -45,14 +45,18 @@ fn random(shape: &[usize], rng: &mut StdRng) -> Tensor {
 
 /// Wall and CPU milliseconds of each timed realize of each pass, and per pass the seconds
 /// of each tile-GEMM kernel (by position in the plan) with its name and static FLOPs.
-struct Timings {
-    samples: Vec<Vec<f64>>,
+pub(crate) struct Timings {
+    pub(crate) samples: Vec<Vec<f64>>,
     cpu_samples: Vec<Vec<f64>>,
     gemm_samples: Vec<Vec<(String, u64, Vec<f64>)>>,
 }
 
 /// `rounds` interleaved rounds of `reps` timed realizes of each pass.
-fn time_passes(passes: &[(String, Vec<&Tensor>, &RealizeOptions)], rounds: usize, reps: usize) -> Timings {
+pub(crate) fn time_passes(
+    passes: &[(String, Vec<&Tensor>, &RealizeOptions)],
+    rounds: usize,
+    reps: usize,
+) -> Timings {
     let mut samples = vec![Vec::new(); passes.len()];
     let mut cpu_samples = vec![Vec::new(); passes.len()];
     let mut gemm_samples: Vec<Vec<(String, u64, Vec<f64>)>> = vec![Vec::new(); passes.len()];

@@ -8,6 +8,7 @@ mod derived;
 mod masked;
 mod matmul;
 mod mca;
+mod mlp;
 mod peak;
 mod reductions;
 mod reference;
@@ -101,6 +102,34 @@ enum Bench {
         #[arg(long)]
         compare_unfused_epilogues: bool,
         /// Write `{"results": [{pass, batch, n, d_model, heads, median_ms, best_ms, kernels}]}` here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// One training step of a two-layer MLP (forward, mean-squared loss, every weight's
+    /// gradient) with each activation (relu, gelu_tanh, exact gelu, silu), interleaved.
+    Mlp {
+        /// Rows per step.
+        #[arg(long, default_value_t = 1024)]
+        batch: usize,
+        /// Input features.
+        #[arg(long, default_value_t = 64)]
+        inputs: usize,
+        /// Hidden units.
+        #[arg(long, default_value_t = 512)]
+        hidden: usize,
+        /// Outputs.
+        #[arg(long, default_value_t = 16)]
+        outputs: usize,
+        /// Timed realizes per activation and round.
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+        /// Interleaved rounds over the activations.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Threads (a rayon pool of this size around the whole bench).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Write `{"machine", "shape", "results": [{activation, median_ms, ...}]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -493,6 +522,14 @@ fn main() -> ExitCode {
                 )
             };
             with_threads(threads, go)
+        }
+        Task::Bench { what: Bench::Mlp { batch, inputs, hidden, outputs, reps, rounds, threads, json } } => {
+            if [batch, inputs, hidden, outputs, reps, rounds].contains(&0) || threads == Some(0) {
+                eprintln!("error: every size, --reps, --rounds and --threads must be at least 1");
+                return ExitCode::from(2);
+            }
+            let shape = mlp::MlpShape { batch, inputs, hidden, outputs };
+            with_threads(threads, || mlp::run(shape, reps, rounds, json.as_deref()))
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
         Task::Mca { json } => mca::run(json.as_deref()),
