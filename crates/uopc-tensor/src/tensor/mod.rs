@@ -10,7 +10,9 @@ use std::fmt;
 use std::sync::Arc;
 use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp};
 
+mod argmax;
 mod convert;
+mod create;
 mod custom;
 pub use custom::CustomVjp;
 pub(crate) use custom::custom_vjp;
