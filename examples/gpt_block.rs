@@ -25,15 +25,15 @@ struct Model {
 }
 
 impl Model {
-    fn new(seed: u64) -> Model {
+    fn new(seed: u64) -> Result<Model, GptError> {
         let mut rng = StdRng::seed_from_u64(seed);
         let c = CONFIG.d_model;
-        Model {
+        Ok(Model {
             embed: normal(&[VOCAB, c], 0.5, &mut rng),
-            blocks: [GptBlock::random(CONFIG, seed + 1), GptBlock::random(CONFIG, seed + 2)],
+            blocks: [GptBlock::random(CONFIG, seed + 1)?, GptBlock::random(CONFIG, seed + 2)?],
             final_norm: (Tensor::full(&[c], 1.0), Tensor::full(&[c], 0.0)),
             unembed: normal(&[c, VOCAB], 0.1, &mut rng),
-        }
+        })
     }
 
     /// Every parameter, in the order [`Model::with_params`] takes them back.
@@ -72,7 +72,7 @@ impl Model {
 
 fn main() -> Result<(), GptError> {
     // 1. The block against its f64 reference.
-    let block = GptBlock::random(CONFIG, 7);
+    let block = GptBlock::random(CONFIG, 7)?;
     let mut rng = StdRng::seed_from_u64(8);
     let x = ndarray::ArrayD::from_shape_simple_fn(vec![2, TOKENS, CONFIG.d_model], || {
         rng.random_range(-1.0f32..1.0)
@@ -83,7 +83,7 @@ fn main() -> Result<(), GptError> {
     println!("block (d_model 64, 4 heads, 32 tokens) against f64: max abs error {err:.1e}");
 
     // 2. Two blocks trained with SGD: each target is its token's successor.
-    let mut model = Model::new(11);
+    let mut model = Model::new(11)?;
     let lr = 0.3f32;
     let opts = RealizeOptions::default();
     for step in 0..=40 {

@@ -7,7 +7,7 @@
 //! use uopc::Tensor;
 //!
 //! let config = GptConfig { d_model: 32, heads: 4, hidden: 64, eps: 1e-5 };
-//! let block = GptBlock::random(config, 1);
+//! let block = GptBlock::random(config, 1)?;
 //! let x = Tensor::full(&[2, 8, 32], 0.5);
 //! let y = block.forward(&x)?;
 //! assert_eq!(y.shape(), &[2, 8, 32]);
@@ -18,7 +18,7 @@ use ndarray::{Array1, Array2, ArrayD, IxDyn};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use uopc_kernels::sdpa::{SdpaError, scaled_dot_product_attention};
-use uopc_tensor::{Tensor, TensorError};
+use uopc_tensor::{MAX_ELEMENTS, Tensor, TensorError};
 
 /// Sizes of a block.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,6 +37,35 @@ impl GptConfig {
     /// GPT-2 small: d_model 768, 12 heads, hidden 3072, eps 1e-5.
     pub fn gpt2_small() -> GptConfig {
         GptConfig { d_model: 768, heads: 12, hidden: 3072, eps: 1e-5 }
+    }
+
+    /// Whether a block of these sizes can be built: `d_model` a positive multiple of
+    /// `heads`, `hidden` positive, `eps` finite and not negative, and the largest weight
+    /// matrix (`d_model x 3 d_model`, `d_model x hidden`) within the tensor size limit.
+    ///
+    /// # Errors
+    ///
+    /// [`GptError::Shape`] naming the first field at fault.
+    pub fn validate(&self) -> Result<(), GptError> {
+        let GptConfig { d_model: c, heads, hidden, eps } = *self;
+        if heads == 0 || c == 0 || !c.is_multiple_of(heads) {
+            return Err(GptError::Shape(format!(
+                "d_model ({c}) must be a positive multiple of heads ({heads})"
+            )));
+        }
+        if hidden == 0 {
+            return Err(GptError::Shape("hidden must be positive".into()));
+        }
+        if !eps.is_finite() || eps < 0.0 {
+            return Err(GptError::Shape(format!("eps ({eps}) must be a finite number >= 0")));
+        }
+        let fits = |rows: usize, cols: usize| rows.checked_mul(cols).is_some_and(|n| n <= MAX_ELEMENTS);
+        if !c.checked_mul(3).is_some_and(|c3| fits(c, c3)) || !fits(c, hidden) {
+            return Err(GptError::Shape(format!(
+                "d_model ({c}) and hidden ({hidden}) make a weight matrix of more than 2^40 elements"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -122,15 +151,26 @@ pub fn normal(shape: &[usize], std: f32, rng: &mut StdRng) -> Tensor {
 
 impl GptBlock {
     /// A block with GPT-2's initialization (weights N(0, 0.02), biases 0, LayerNorm scale 1 and
-    /// shift 0), seeded.
+    /// shift 0), seeded: the same config and seed give the same block.
     ///
-    /// # Panics
+    /// ```rust
+    /// use uopc::gpt::{GptBlock, GptConfig, GptError};
+    /// let config = GptConfig { d_model: 32, heads: 4, hidden: 64, eps: 1e-5 };
+    /// let block = GptBlock::random(config, 1)?;
+    /// assert_eq!(block.params().len(), 12);
+    /// let err = GptBlock::random(GptConfig { heads: 3, ..config }, 1).unwrap_err();
+    /// assert_eq!(err.to_string(), "gpt: d_model (32) must be a positive multiple of heads (3)");
+    /// # Ok::<(), GptError>(())
+    /// ```
     ///
-    /// When `d_model` is not a positive multiple of `heads` (see [`GptBlock::forward`], which
-    /// reports it as an error for a block built by hand).
-    pub fn random(config: GptConfig, seed: u64) -> GptBlock {
+    /// # Errors
+    ///
+    /// [`GptError::Shape`] naming the field at fault when `d_model` is not a positive multiple
+    /// of `heads`, `hidden` is 0, `eps` is not a finite number at least 0, or a weight matrix
+    /// would hold more than 2^40 elements; nothing is allocated then.
+    pub fn random(config: GptConfig, seed: u64) -> Result<GptBlock, GptError> {
+        config.validate()?;
         let GptConfig { d_model: c, hidden, .. } = config;
-        assert!(config.heads > 0 && c.is_multiple_of(config.heads), "d_model must be a multiple of heads");
         let mut rng = StdRng::seed_from_u64(seed);
         let mut linear = |i: usize, o: usize| Linear {
             weight: normal(&[i, o], 0.02, &mut rng),
@@ -139,7 +179,7 @@ impl GptBlock {
         let (qkv, attn_out, fc, proj) =
             (linear(c, 3 * c), linear(c, c), linear(c, hidden), linear(hidden, c));
         let ln = || LayerNorm { weight: Tensor::full(&[c], 1.0), bias: Tensor::full(&[c], 0.0) };
-        GptBlock { config, ln1: ln(), qkv, attn_out, ln2: ln(), fc, proj }
+        Ok(GptBlock { config, ln1: ln(), qkv, attn_out, ln2: ln(), fc, proj })
     }
 
     /// Every parameter, in a fixed order: ln1 (weight, bias), qkv, attn_out, ln2, fc, proj.

@@ -19,7 +19,7 @@ fn random(shape: &[usize], scale: f32, seed: u64) -> ArrayD<f32> {
 /// A block whose LayerNorm parameters and biases are random too, so every gradient is exercised
 /// away from the initialization's special values.
 fn block() -> GptBlock {
-    GptBlock::random(CONFIG, 3).map_params(|p, k| {
+    GptBlock::random(CONFIG, 3).unwrap().map_params(|p, k| {
         let noise = random(p.shape(), 0.1, 100 + k as u64);
         let base = p.to_ndarray::<f32>().unwrap();
         Tensor::from_array(&(base + noise))

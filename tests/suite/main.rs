@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod errors;
 mod gpt;
 mod online_rows;
 mod online_rows_exp;

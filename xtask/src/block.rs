@@ -97,13 +97,12 @@ pub fn run(
     json: Option<&Path>,
 ) -> ExitCode {
     let config = GptConfig::gpt2_small();
-    let block = GptBlock::random(config, 1);
     let mut rng = StdRng::seed_from_u64(2);
     let shape = [batch, tokens, config.d_model];
     let x = random(&shape, &mut rng);
     let weights = random(&shape, &mut rng);
-    let y = match block.forward(&x) {
-        Ok(y) => y,
+    let (block, y) = match GptBlock::random(config, 1).and_then(|b| b.forward(&x).map(|y| (b, y))) {
+        Ok(built) => built,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;

@@ -10,7 +10,9 @@ use std::fmt;
 use std::sync::Arc;
 use uopc_ir::{DType, DataRef, HostBuffer, Op, UOp};
 
+mod argmax;
 mod convert;
+mod create;
 mod custom;
 pub use custom::CustomVjp;
 pub(crate) use custom::custom_vjp;
@@ -158,8 +160,11 @@ impl Element for f64 {
 /// A lazy tensor: a handle on a node of the UOp graph. Cloning is cheap.
 ///
 /// Operations only build graph nodes; nothing is computed until the tensor is realized
-/// ([`Tensor::realize`], [`Tensor::to_ndarray`], [`realize`](crate::realize)), which is why a
-/// discarded result is almost always a mistake and every `Tensor` is `#[must_use]`.
+/// ([`Tensor::realize`], [`Tensor::to_ndarray`], [`realize`](crate::realize)). Realizing
+/// returns a new tensor backed by the computed values and leaves the tensor it was called on
+/// as it was (lazy). So dropping a `Tensor` unread is almost always a mistake either way, and
+/// every `Tensor` is `#[must_use]`: a lazy one was never computed, a realized one's values are
+/// lost.
 ///
 /// ```rust
 /// use uopc_tensor::Tensor;
@@ -175,7 +180,8 @@ impl Element for f64 {
 /// The std operators (`+ - * /` between tensors) and the methods without a `try_` prefix
 /// panic, at the caller's location, where the `try_` methods return an error.
 #[derive(Clone)]
-#[must_use = "tensor operations are lazy: an unused Tensor computes nothing"]
+#[must_use = "a lazy Tensor dropped unread is never computed; a realized one dropped loses its values \
+              (the tensor `realize` was called on stays lazy and would compute them again)"]
 pub struct Tensor {
     uop: UOp,
 }

@@ -8,6 +8,7 @@ mod common;
 
 mod attention;
 mod autograd;
+mod create;
 mod custom;
 mod debug;
 mod edges;
