@@ -31,6 +31,8 @@ pub(crate) enum Extern {
     TileSoftmaxRounded,
     /// [`uopc_tile::uopc_tile_gemm_f32_f16`] (flat: f32 A, f16 B).
     TileGemmF32F16,
+    /// [`uopc_tile::uopc_tile_gemm_f32_bf16`] (flat: f32 A, bf16 B).
+    TileGemmF32Bf16,
     /// [`uopc_tile::uopc_tile_max_sum_exp_f32`].
     TileMaxSumExp,
     /// [`uopc_tile::uopc_tile_softmax_update_rounded_in_place`].
@@ -53,7 +55,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 15] = [
+    pub const ALL: [Extern; 16] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -65,6 +67,7 @@ impl Extern {
         Extern::TileGemmF16,
         Extern::TileSoftmaxRounded,
         Extern::TileGemmF32F16,
+        Extern::TileGemmF32Bf16,
         Extern::TileMaxSumExp,
         Extern::TileSoftmaxRoundedInPlace,
         Extern::TileConvert,
@@ -84,6 +87,7 @@ impl Extern {
             Extern::TileGemmBf16 => "uopc_tile_gemm_bf16",
             Extern::TileGemmF16 => "uopc_tile_gemm_f16",
             Extern::TileGemmF32F16 => "uopc_tile_gemm_f32_f16",
+            Extern::TileGemmF32Bf16 => "uopc_tile_gemm_f32_bf16",
             Extern::TileSoftmaxRounded => "uopc_tile_softmax_update_rounded",
             Extern::TileMaxSumExp => "uopc_tile_max_sum_exp_f32",
             Extern::TileSoftmaxRoundedInPlace => "uopc_tile_softmax_update_rounded_in_place",
@@ -105,6 +109,7 @@ impl Extern {
             Extern::TileGemmBf16 => uopc_tile::uopc_tile_gemm_bf16 as *const u8,
             Extern::TileGemmF16 => uopc_tile::uopc_tile_gemm_f16 as *const u8,
             Extern::TileGemmF32F16 => uopc_tile::uopc_tile_gemm_f32_f16 as *const u8,
+            Extern::TileGemmF32Bf16 => uopc_tile::uopc_tile_gemm_f32_bf16 as *const u8,
             Extern::TileSoftmaxRounded => uopc_tile::uopc_tile_softmax_update_rounded as *const u8,
             Extern::TileMaxSumExp => uopc_tile::uopc_tile_max_sum_exp_f32 as *const u8,
             Extern::TileSoftmaxRoundedInPlace => {
@@ -130,9 +135,11 @@ impl Extern {
             Extern::Exp2F64 | Extern::Log2F64 => unary(sig, types::F64),
             Extern::Log2F32 => unary(sig, types::F32),
             // (a, b, c, m, n, k, lda, ldb, ldc, flags) -> status
-            Extern::TileGemm | Extern::TileGemmBf16 | Extern::TileGemmF16 | Extern::TileGemmF32F16 => {
-                ints(sig, 10)
-            }
+            Extern::TileGemm
+            | Extern::TileGemmBf16
+            | Extern::TileGemmF16
+            | Extern::TileGemmF32F16
+            | Extern::TileGemmF32Bf16 => ints(sig, 10),
             // (s, row_max, row_sum, o, rows, cols, lds, ldo, d, scale) -> status
             Extern::TileSoftmax => ints(sig, 10),
             // (s, row_max, row_sum, o, p, rows, cols, lds, ldo, d, ldp, scale, is_f16) -> status

@@ -15,8 +15,11 @@
 //! The alternative, narrowing f16 to bf16 for `vdpbf16ps`, would drop 3 of f16's 11
 //! significant bits from every input (and overflow nothing, but round everything), so results
 //! would no longer match an f32 computation on the same f16 data.
+//!
+//! The same driver takes an f32 A with a bf16 B ([`gemm_f32_bf16`]): the product of an f32
+//! tile of bf16-valued probabilities and bf16 values, on machines whose bf16 GEMMs widen.
 
-use half::f16;
+use half::{bf16, f16};
 
 use crate::error::check_len;
 use crate::{GemmDesc, GemmShape, Isa, TileError};
@@ -75,13 +78,18 @@ pub unsafe fn gemm_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f16, b: *con
 /// # Safety
 ///
 /// `src` is valid for reads at `r * ld + j` for `r < rows`, `j < cols`, all inside `len`.
-unsafe fn widened_copy(src: *const f16, len: usize, (rows, cols): (usize, usize), ld: usize) -> Vec<f32> {
+unsafe fn widened_copy<H: OperandB>(
+    src: *const H,
+    len: usize,
+    (rows, cols): (usize, usize),
+    ld: usize,
+) -> Vec<f32> {
     let mut wide = vec![0.0f32; len];
     for r in 0..rows {
         // SAFETY: stored row `r` spans `cols` elements at `r * ld`, inside the operand's
         // extent `len` (the caller's contract).
         let row = unsafe { std::slice::from_raw_parts(src.add(r * ld), cols) };
-        crate::convert::f16_to_f32_slice(row, &mut wide[r * ld..r * ld + cols]).expect("equal lengths");
+        H::widen_slice(row, &mut wide[r * ld..r * ld + cols]);
     }
     wide
 }
@@ -129,6 +137,46 @@ pub unsafe fn gemm_f32_f16_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: 
     unsafe { half_b_gemm(isa, s, a, b, c) }
 }
 
+/// `C (+)= A · B` with f32 A, bf16 B and f32 C, every operand checked against `s` first.
+///
+/// For machines whose bf16 GEMM widens to f32 anyway ([`crate::Bf16Path::widens`]), and a
+/// caller whose A is f32 already (attention's probabilities, rounded to bf16 values but kept
+/// in f32): B is widened exactly while it is packed and A is read as it is, on the f32
+/// kernels of `isa`. The result equals [`crate::gemm`] on A and the widened B up to the order
+/// of the f32 sums.
+///
+/// # Errors
+///
+/// As [`gemm_f32_f16`].
+///
+/// # Examples
+///
+/// ```rust
+/// use half::bf16;
+/// use uopc_tile::{GemmShape, Isa, TileError, gemm_f32_bf16};
+///
+/// let a = [1.0f32, 2.0, 3.0, 4.0]; // [[1, 2], [3, 4]]
+/// let b = [1.0, 0.5, 0.0, 1.0].map(bf16::from_f32); // [[1, 0.5], [0, 1]]
+/// let mut c = [f32::NAN; 4]; // not read: the shape overwrites C
+/// gemm_f32_bf16(Isa::detect(), &GemmShape::dense(2, 2, 2, false, false, false), &a, &b, &mut c)?;
+/// assert_eq!(c, [1.0, 2.5, 3.0, 5.5]);
+/// # Ok::<(), TileError>(())
+/// ```
+pub fn gemm_f32_bf16(isa: Isa, s: &GemmShape, a: &[f32], b: &[bf16], c: &mut [f32]) -> Result<(), TileError> {
+    checked(isa, s, a, b, c)
+}
+
+/// [`gemm_f32_bf16`] on raw pointers, without checks.
+///
+/// # Safety
+///
+/// The contract of [`gemm_f16_unchecked`], with `a` valid for reads of `na` f32 and `b` of
+/// `nb` bf16 instead.
+pub unsafe fn gemm_f32_bf16_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const bf16, c: *mut f32) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { half_b_gemm(isa, s, a, b, c) }
+}
+
 /// The A operand of a GEMM with f16 B: f16 (widened like B) or f32 (read as it is).
 trait OperandA: crate::blocked::Element {
     /// A's rows for the few-row kernel, which widens f16 in registers.
@@ -168,13 +216,57 @@ impl OperandA for f32 {
     }
 }
 
-/// [`gemm_f16`] and [`gemm_f32_f16`]: the ISA and every operand checked against `s`, then
-/// [`half_b_gemm`].
-fn checked<EA: OperandA>(
+/// The 16-bit B operand of [`half_b_gemm`]: f16, or bf16.
+trait OperandB: crate::blocked::Element {
+    /// Whether the few-row kernels read it as f16 (`true`) or as bf16.
+    const F16: bool;
+
+    /// Whether the blocked driver's packing can widen it here: f16 needs F16C; bf16 widens
+    /// with shifts every vector ISA has.
+    fn vector_widening() -> bool;
+
+    /// `dst[i] = src[i]` widened exactly.
+    fn widen_slice(src: &[Self], dst: &mut [f32]);
+}
+
+impl OperandB for f16 {
+    const F16: bool = true;
+
+    fn vector_widening() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("f16c")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    fn widen_slice(src: &[f16], dst: &mut [f32]) {
+        crate::convert::f16_to_f32_slice(src, dst).expect("equal lengths");
+    }
+}
+
+impl OperandB for bf16 {
+    const F16: bool = false;
+
+    fn vector_widening() -> bool {
+        true
+    }
+
+    fn widen_slice(src: &[bf16], dst: &mut [f32]) {
+        crate::convert::bf16_to_f32_slice(src, dst).expect("equal lengths");
+    }
+}
+
+/// [`gemm_f16`], [`gemm_f32_f16`] and [`gemm_f32_bf16`]: the ISA and every operand checked
+/// against `s`, then [`half_b_gemm`].
+fn checked<EA: OperandA, EB: OperandB>(
     isa: Isa,
     s: &GemmShape,
     a: &[EA],
-    b: &[f16],
+    b: &[EB],
     c: &mut [f32],
 ) -> Result<(), TileError> {
     if !isa.available() {
@@ -191,14 +283,21 @@ fn checked<EA: OperandA>(
     Ok(())
 }
 
-/// `C (+)= A · B` with f16 B and an A of type `EA`, on the path the module docs describe:
-/// few rows streamed, the blocked driver widening while it packs, or (portable, no F16C) the
-/// operands widened whole for the f32 GEMM.
+/// `C (+)= A · B` with 16-bit B and an A of type `EA`, on the path the module docs describe:
+/// few rows streamed, the blocked driver widening while it packs, or (portable, no F16C for
+/// f16) the operands widened whole for the f32 GEMM.
 ///
 /// # Safety
 ///
-/// The contract of [`gemm_f16_unchecked`], with `a` valid for reads of A's extent in `EA`s.
-unsafe fn half_b_gemm<EA: OperandA>(isa: Isa, s: &GemmShape, a: *const EA, b: *const f16, c: *mut f32) {
+/// The contract of [`gemm_f16_unchecked`], with `a` valid for reads of A's extent in `EA`s
+/// and `b` of B's in `EB`s.
+unsafe fn half_b_gemm<EA: OperandA, EB: OperandB>(
+    isa: Isa,
+    s: &GemmShape,
+    a: *const EA,
+    b: *const EB,
+    c: *mut f32,
+) {
     let GemmShape { m, n, k, .. } = *s;
     if m == 0 || n == 0 || k == 0 {
         // No input is read; the f32 GEMM zeroes C (or leaves it) exactly as this would.
@@ -213,7 +312,13 @@ unsafe fn half_b_gemm<EA: OperandA>(isa: Isa, s: &GemmShape, a: *const EA, b: *c
         if isa == Isa::Avx512 && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
             // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and
             // the pointers are this function's contract.
-            unsafe { crate::x86::half_rows::gemm::<true>(s, EA::rows(a), b.cast(), c) };
+            unsafe {
+                if EB::F16 {
+                    crate::x86::half_rows::gemm::<true>(s, EA::rows(a), b.cast(), c)
+                } else {
+                    crate::x86::half_rows::gemm::<false>(s, EA::rows(a), b.cast(), c)
+                }
+            };
             return;
         }
         if isa == Isa::Avx2Fma
@@ -223,26 +328,32 @@ unsafe fn half_b_gemm<EA: OperandA>(isa: Isa, s: &GemmShape, a: *const EA, b: *c
         {
             // SAFETY: AVX2, FMA (the ISA) and F16C are available; the shape is in the kernel's
             // range and the pointers are this function's contract.
-            unsafe { crate::x86::avx2_half_rows::gemm::<true>(s, EA::rows(a), b.cast(), c) };
+            unsafe {
+                if EB::F16 {
+                    crate::x86::avx2_half_rows::gemm::<true>(s, EA::rows(a), b.cast(), c)
+                } else {
+                    crate::x86::avx2_half_rows::gemm::<false>(s, EA::rows(a), b.cast(), c)
+                }
+            };
             return;
         }
-        if std::arch::is_x86_feature_detected!("f16c") {
+        if EB::vector_widening() {
             match isa {
                 Isa::Avx512 => {
                     // SAFETY: the ISA and F16C are available; the operands are the caller's.
                     return unsafe {
-                        crate::blocked::drive::<crate::x86::avx512::Kernel, EA, f16>(s, a, b, c)
+                        crate::blocked::drive::<crate::x86::avx512::Kernel, EA, EB>(s, a, b, c)
                     };
                 }
                 Isa::Avx2Fma => {
                     // SAFETY: as above.
-                    return unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, EA, f16>(s, a, b, c) };
+                    return unsafe { crate::blocked::drive::<crate::x86::avx2::Kernel, EA, EB>(s, a, b, c) };
                 }
                 Isa::Portable => {}
             }
         }
     }
-    // The fallback: the f16 operands' stored rows widened into f32 copies of their storage
+    // The fallback: the 16-bit operands' stored rows widened into f32 copies of their storage
     // (same leading dimensions, padding zero), then the f32 GEMM on `isa`.
     let Ok([na, nb, _]) = s.extents() else { return };
     // SAFETY: forwarded from this function's contract.
@@ -339,5 +450,38 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_f16(
     };
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
     unsafe { gemm_f32_f16_unchecked(Isa::detect(), &s, a, b, c) };
+    0
+}
+
+/// Flat C-ABI GEMM with f32 A and bf16 B for JIT-compiled code: `C (+)= A · B` on the fastest
+/// ISA here, arguments and return value as for [`uopc_tile_gemm_f16`] (`a` points to f32, `b`
+/// to bf16 bit patterns).
+///
+/// # Safety
+///
+/// The pointers must satisfy the contract of [`gemm_f32_bf16_unchecked`] for the decoded shape.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // a flat register-passed ABI is the point of this entry
+pub unsafe extern "C" fn uopc_tile_gemm_f32_bf16(
+    a: *const f32,
+    b: *const bf16,
+    c: *mut f32,
+    m: i64,
+    n: i64,
+    k: i64,
+    lda: i64,
+    ldb: i64,
+    ldc: i64,
+    flags: i64,
+) -> i32 {
+    let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
+    // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
+    let Some(s) = (unsafe { crate::gemm::decode_desc(&desc, [a.is_null(), b.is_null(), c.is_null()]) })
+        .filter(|s| s.b_panel_width == 0)
+    else {
+        return -1;
+    };
+    // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
+    unsafe { gemm_f32_bf16_unchecked(Isa::detect(), &s, a, b, c) };
     0
 }

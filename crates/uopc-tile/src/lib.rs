@@ -83,8 +83,9 @@ pub use bf16_gemm::{
 pub use error::TileError;
 pub use exp_rows::{ExpRowsShape, exp_rows, exp_rows_unchecked, uopc_tile_exp_rows_f32};
 pub use f16_gemm::{
-    gemm_f16, gemm_f16_unchecked, gemm_f32_f16, gemm_f32_f16_unchecked, uopc_tile_gemm_f16,
-    uopc_tile_gemm_f16_desc, uopc_tile_gemm_f32_f16,
+    gemm_f16, gemm_f16_unchecked, gemm_f32_bf16, gemm_f32_bf16_unchecked, gemm_f32_f16,
+    gemm_f32_f16_unchecked, uopc_tile_gemm_f16, uopc_tile_gemm_f16_desc, uopc_tile_gemm_f32_bf16,
+    uopc_tile_gemm_f32_f16,
 };
 pub use gemm::{
     GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT, GEMM_PARALLEL,

@@ -158,14 +158,14 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
     if matches!(t, TileOp::Gemm(_)) {
         let (a, b) = (dt(0), dt(1));
         let paired = a == b && (a == DType::F32 || a.is_half());
-        let widened_b = a == DType::F32 && b == DType::F16;
+        let widened_b = a == DType::F32 && b.is_half();
         if !(paired || widened_b) {
             return Err(err(
                 IrErrorKind::DType,
                 u,
                 format!(
                     "GEMM operands A {} ({a}) and B {} ({b}): want both F32, both BF16, \
-                     both F16, or F32 A with F16 B",
+                     both F16, or F32 A with F16 or BF16 B",
                     s[0].short(),
                     s[1].short()
                 ),

@@ -323,6 +323,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                     Some((DType::BF16, _)) => Extern::TileGemmBf16,
                     Some((DType::F16, _)) => Extern::TileGemmF16,
                     Some((_, DType::F16)) => Extern::TileGemmF32F16,
+                    Some((_, DType::BF16)) => Extern::TileGemmF32Bf16,
                     _ => Extern::TileGemm,
                 })
             }

@@ -402,6 +402,19 @@ fn f32_by_f16_tile_gemm_in_a_compiled_program_matches_f64() {
 }
 
 #[test]
+fn f32_by_bf16_tile_gemm_in_a_compiled_program_matches_f64() {
+    let prg_clif = {
+        let g = GemmShape::dense(2, 2, 2, false, false, false);
+        let (a, b, c) = (buffer(0, DType::F32, 4), buffer(1, DType::BF16, 4), buffer(2, DType::F32, 4));
+        let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
+        Program::compile(&p, "gemm_f32_bf16").unwrap().clif().to_string()
+    };
+    // The mixed bf16 kernel: the extern declared right after the f32 x f16 one.
+    assert!(prg_clif.contains("call fn11("), "{prg_clif}");
+    half_tile_gemm_matches_f64(DType::F32, DType::BF16);
+}
+
+#[test]
 fn bf16_tile_gemm_operands_are_checked() {
     let g = GemmShape::dense(4, 4, 4, false, false, false);
     let (a, b, c) = (buffer(0, DType::BF16, 16), buffer(1, DType::F32, 16), buffer(2, DType::F32, 16));
@@ -411,12 +424,12 @@ fn bf16_tile_gemm_operands_are_checked() {
     let (a, b, c) = (buffer(0, DType::BF16, 15), buffer(1, DType::BF16, 16), buffer(2, DType::F32, 16));
     let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
     assert_eq!(verify(&p).unwrap_err().kind, IrErrorKind::OutOfBounds);
-    // A and B alike, or an f32 A with an f16 B (no other mix has a kernel); C stays f32.
+    // A and B alike, or an f32 A with a 16-bit B (no other mix has a kernel); C stays f32.
     for (da, db, dc, ok) in [
         (DType::BF16, DType::F16, DType::F32, false),
         (DType::F16, DType::BF16, DType::F32, false),
         (DType::F16, DType::F32, DType::F32, false),
-        (DType::F32, DType::BF16, DType::F32, false),
+        (DType::F32, DType::BF16, DType::F32, true),
         (DType::F32, DType::F64, DType::F32, false),
         (DType::F64, DType::F64, DType::F32, false),
         (DType::F16, DType::F16, DType::F16, false),

@@ -8,6 +8,7 @@ mod bf16;
 mod bounds;
 mod convert;
 mod f16;
+mod f32_bf16;
 mod gemm;
 mod machine;
 mod max_sum_exp;
