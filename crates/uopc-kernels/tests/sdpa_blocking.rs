@@ -18,11 +18,21 @@ fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
     for c in [config(1, 32, 8, 1, 4096, 128), config(4, 12, 12, 512, 512, 64)] {
         assert_eq!(Blocking::choose(&c, 2).kv_panel_width, 0, "{c:?}");
     }
-    // bf16 packs f32 panels once where its GEMM widens to f32 anyway, per task where AMX or
-    // vdpbf16ps takes bf16 operands.
-    let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 1, 1, 4096, 4096, 64) };
+    // Where its GEMM widens to f32 anyway, bf16 blocks as f16 does (the same f32 tiles, panels
+    // where f16 takes them); where AMX or vdpbf16ps takes bf16 operands it packs per task.
     let widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
-    assert_eq!(Blocking::choose(&bf16, 2).kv_panel_width > 0, widens, "{bf16:?}");
+    for shape in
+        [config(1, 1, 1, 4096, 4096, 64), config(4, 8, 1, 333, 999, 80), config(2, 8, 8, 1000, 1000, 80)]
+    {
+        let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..shape };
+        let f16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..shape };
+        let b = Blocking::choose(&bf16, 2);
+        if widens {
+            assert_eq!(b, Blocking::choose(&f16, 2), "{bf16:?}");
+        } else {
+            assert_eq!(b.kv_panel_width, 0, "{bf16:?}");
+        }
+    }
     // f16 packs once too (widened), and then keeps a query tile: its GEMM takes one type.
     let f16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..config(4, 8, 1, 333, 999, 80) };
     let b = Blocking::choose(&f16, 2);
@@ -96,10 +106,15 @@ fn wide_key_blocks_only_for_tall_unmasked_tasks() {
         let b = choose(SdpaConfig { causal: true, ..config(1, 8, 8, 1024, 1024, d) });
         assert_eq!(b.keys, 64, "causal D = {d}: {b:?}");
     }
-    // bf16 at D = 256 keeps a query tile and a tile of rounded probabilities: under 128 rows.
+    // bf16 on bf16 GEMMs at D = 256 keeps a query tile and a tile of rounded probabilities:
+    // under 128 rows. Where its GEMM widens it has f32's tiles and rows.
     let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, 256) };
     let b = choose(bf16);
-    assert!(b.keys == 64 && b.queries < 128, "{b:?}");
+    if uopc_jit::machine::Machine::get().choices().bf16.widens() {
+        assert!(b.keys == 128 && b.queries == 128, "{b:?}");
+    } else {
+        assert!(b.keys == 64 && b.queries < 128, "{b:?}");
+    }
     // Fewer keys than a wide block: one block of all of them.
     assert_eq!(choose(config(1, 8, 8, 1024, 100, 64)).keys, 64);
     // Decode keeps its streamed 512-key blocks.
@@ -108,7 +123,7 @@ fn wide_key_blocks_only_for_tall_unmasked_tasks() {
 
 /// An f32 task of one query head reads its queries in q (no `rows x D` query copy beside the
 /// output tile), so the stack holds taller tiles: at D = 256, 128 rows where the copy allowed
-/// 64. Stacked heads and bf16 keep their query tile.
+/// 64. Stacked heads, and bf16 on bf16 GEMMs, keep their query tile.
 #[test]
 fn one_head_f32_tasks_read_queries_in_place_and_take_taller_tiles() {
     let c = config(1, 8, 8, 1024, 1024, 256);
@@ -126,12 +141,14 @@ fn one_head_f32_tasks_read_queries_in_place_and_take_taller_tiles() {
     let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == 4 * 128).count();
     assert_eq!(row_tiles, 2, "the query tile and the output tile:\n{}", sdpa.program().loop_ir());
 
-    // f16 reads its queries in place too (the score GEMM widens them); bf16 keeps its tile.
+    // f16 reads its queries in place too (the score GEMM widens them), and so does bf16 where
+    // its GEMM widens; bf16 on bf16 GEMMs keeps its tile.
     let half = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..c };
     let b = Blocking::choose(&half, 2);
     assert!(b.reads_queries_in_place(&half) && b.queries == 128, "{b:?}");
     let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..c };
-    assert!(!Blocking::choose(&bf16, 2).reads_queries_in_place(&bf16));
+    let widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
+    assert_eq!(Blocking::choose(&bf16, 2).reads_queries_in_place(&bf16), widens);
 }
 
 /// Batched, multi-head, GQA and decode shapes whose query blocks divide n_q run their THREAD

@@ -149,8 +149,7 @@ impl Blocking {
         let rows = b.heads_per_task * b.queries;
         let query_tile_fits = config.dtype == SdpaDType::F32
             || rows * tile_bytes_per_row(SdpaDType::F32, config.d, b.keys, true) <= TILE_BUDGET;
-        let panels_pay =
-            config.dtype != SdpaDType::BF16 || uopc_jit::machine::Machine::get().choices().bf16.widens();
+        let panels_pay = config.dtype != SdpaDType::BF16 || bf16_widens();
         if rows > FEW_ROWS
             && reads >= PACK_ONCE_MIN_READS
             && query_tile_fits
@@ -240,14 +239,17 @@ impl Blocking {
     /// than from a scaled copy on the stack: for f32 with one query head per task, whose rows
     /// are evenly strided in q. The copy's room then goes to more rows.
     pub fn reads_queries_in_place(&self, config: &SdpaConfig) -> bool {
-        let f16_panels = config.dtype == SdpaDType::F16 && self.kv_panel_width > 0;
-        queries_in_place(config, self.heads_per_task) && !f16_panels
+        let half_panels = config.dtype != SdpaDType::F32 && self.kv_panel_width > 0;
+        queries_in_place(config, self.heads_per_task) && !half_panels
     }
 
-    /// Whether bf16 attention writes its rounded probabilities over the f32 scores (for GEMMs
-    /// on f32 panels) rather than into a bf16 tile of its own (for bf16 GEMMs).
-    pub(crate) fn bf16_on_panels(&self, config: &SdpaConfig) -> bool {
-        config.dtype == SdpaDType::BF16 && self.kv_panel_width > 0
+    /// Whether bf16 attention keeps bf16 query and probability tiles of its own, for bf16
+    /// GEMMs that take both operands in bf16 (natively on AMX or `vdpbf16ps`). Where the
+    /// machine's bf16 GEMM widens to f32, or the GEMMs read f32 panels, it has f16's f32
+    /// tiles instead and writes its rounded probabilities over the f32 scores: the same
+    /// values, which the f32 x bf16 GEMM (or the panels' f32 GEMM) reads in place.
+    pub(crate) fn bf16_tiles(&self, config: &SdpaConfig) -> bool {
+        config.dtype == SdpaDType::BF16 && self.kv_panel_width == 0 && !bf16_widens()
     }
 
     /// Rows of each sub-tile that a causal task's diagonal band runs in, when the band is
@@ -295,7 +297,11 @@ impl Blocking {
         let wide = 2 * self.keys;
         let rows = self.heads_per_task * self.queries;
         let query_tile = !self.reads_queries_in_place(config);
-        let dtype = if self.bf16_on_panels(config) { SdpaDType::F32 } else { config.dtype };
+        let dtype = if config.dtype == SdpaDType::BF16 && !self.bf16_tiles(config) {
+            SdpaDType::F32
+        } else {
+            config.dtype
+        };
         let fits = rows * tile_bytes_per_row(dtype, config.d, wide, query_tile) <= TILE_BUDGET;
         if self.causal_sub_tile_rows(config).is_some() && config.n_k >= wide && fits {
             wide
@@ -321,22 +327,32 @@ impl Blocking {
 }
 
 /// Whether tasks of `heads_per_task` query heads read their queries in place: f32, or f16
-/// (whose score GEMM widens the query rows as it packs them), with one head (stacked heads'
-/// rows are not evenly strided in q). A bf16 query tile is the bf16 operand its GEMM takes,
-/// so it stays a copy.
+/// and bf16 where their GEMMs widen (the score GEMM widens the query rows as it packs them),
+/// with one head (stacked heads' rows are not evenly strided in q). A bf16 query tile for
+/// bf16 GEMMs that take bf16 operands is the operand itself, so it stays a copy.
 fn queries_in_place(config: &SdpaConfig, heads_per_task: usize) -> bool {
-    matches!(config.dtype, SdpaDType::F32 | SdpaDType::F16) && heads_per_task == 1
+    let widened = match config.dtype {
+        SdpaDType::F32 | SdpaDType::F16 => true,
+        SdpaDType::BF16 => bf16_widens(),
+    };
+    widened && heads_per_task == 1
+}
+
+/// Whether this machine's bf16 GEMM widens bf16 to f32 for the f32 kernels (no AMX or
+/// `vdpbf16ps` path chosen): then bf16 attention runs on f16's f32 tiles.
+fn bf16_widens() -> bool {
+    uopc_jit::machine::Machine::get().choices().bf16.widens()
 }
 
 /// Stack bytes one task row takes with blocks of `keys` keys: the query row when there is a
-/// query tile, the output row, the score row and the running max and sum; bf16 attention keeps
-/// its query row in bf16 and adds a row of rounded probabilities, f16 attention has f32's
-/// tiles (an f32 query row, P over the scores).
+/// query tile, the output row, the score row and the running max and sum; bf16 attention on
+/// bf16 GEMMs keeps its query row in bf16 and adds a row of rounded probabilities, f16 (and
+/// bf16 where its GEMMs widen) has f32's tiles (an f32 query row, P over the scores).
 fn tile_bytes_per_row(dtype: SdpaDType, d: usize, keys: usize, query_tile: bool) -> usize {
     let query = usize::from(query_tile) * d;
     match dtype {
-        SdpaDType::F32 | SdpaDType::F16 => 4 * (query + d + keys + 2),
-        SdpaDType::BF16 => 2 * query + 4 * d + 4 * keys + 2 * keys + 8,
+        SdpaDType::BF16 if !bf16_widens() => 2 * query + 4 * d + 4 * keys + 2 * keys + 8,
+        _ => 4 * (query + d + keys + 2),
     }
 }
 

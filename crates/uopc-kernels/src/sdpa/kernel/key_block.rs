@@ -104,10 +104,10 @@ impl SdpaKernel {
         ];
         let update = match (self.half, &task.pi) {
             // bf16 P is rounded to bf16: into a tile of its own for the bf16 GEMM (which takes
-            // both operands in bf16, natively where AMX or vdpbf16ps runs it), or, for GEMMs on
-            // f32 panels, over the f32 scores as the rounded values (exact in f32), so the
-            // numerics are the same either way. f16 P stays f32 over the scores, which the
-            // f32 x f16 GEMM reads in place.
+            // both operands in bf16, natively where AMX or vdpbf16ps runs it), or, where the
+            // GEMMs widen or read f32 panels, over the f32 scores as the rounded values (exact
+            // in f32, read in place by the f32 x bf16 GEMM), so the numerics are the same
+            // either way. f16 P stays f32 over the scores, which the f32 x f16 GEMM reads.
             (Some(DType::BF16), pi) => {
                 operands.push(pi.as_ref().map_or(scores_in, |p| p.after(&state).index(at_s)));
                 TileOp::SoftmaxUpdateRounded {

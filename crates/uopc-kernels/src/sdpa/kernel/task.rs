@@ -67,17 +67,16 @@ impl SdpaKernel {
     }
 
     /// The dtype of the task's query tile: f32, except bf16 on bf16 GEMMs (which take bf16 A
-    /// and B, natively on AMX). An f16 query, and a bf16 one whose GEMMs read f32 panels, is
-    /// widened into an f32 tile once per task, so the score GEMM of every key block reads f32
-    /// A (and widens only the keys while packing them, or reads their panels).
+    /// and B, natively on AMX). An f16 query, and a bf16 one whose GEMMs widen or read f32
+    /// panels, is widened into an f32 tile once per task, so the score GEMM of every key block
+    /// reads f32 A (and widens only the keys while packing them, or reads their panels).
     pub(super) fn query_tile_dtype(&self) -> DType {
         if self.bf16_tiles() { DType::BF16 } else { DType::F32 }
     }
 
-    /// bf16 on bf16 GEMMs: bf16 query and P tiles. Not when its GEMMs read f32 panels
-    /// ([`Blocking::bf16_on_panels`]), whose P is rounded over the f32 scores.
+    /// bf16 on bf16 GEMMs: bf16 query and P tiles ([`Blocking::bf16_tiles`]).
     fn bf16_tiles(&self) -> bool {
-        self.half == Some(DType::BF16) && self.panels.is_none()
+        self.b.bf16_tiles(&self.c)
     }
 
     /// The scaled copy of the task's queries (when it has a query tile), the zeroed output
