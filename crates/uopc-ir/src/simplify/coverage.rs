@@ -9,11 +9,13 @@ use crate::linearize::{Linear, Stmt, linearize_with};
 use crate::uop::{ConstValue, Op, UOp};
 
 /// Whether `program` writes every element of BUFFER slot `slot` and never reads it: the slot
-/// is touched only by STOREs, none by a load or a tile op, and one of those stores
+/// is touched only by STOREs and by tile GEMMs that overwrite it as their C (not
+/// accumulating), none by a load or another tile op, and one of those writes
 ///
 /// - has an index that maps its ranges one to one onto `0..len` (a dense row-major walk:
 ///   ranges of constant extent whose coefficients, sorted, are 1 and then each the previous
-///   one times its range's extent, with no constant term), and
+///   one times its range's extent, with no constant term; a GEMM's `m x n` block of C counts
+///   as two more such ranges, of coefficients `ldc` and 1), and
 /// - sits, once the program is linearized, only inside loops proven to run at least once
 ///   (each loop's trip count has a lower bound of at least 1, whatever the variables are).
 ///
@@ -75,12 +77,19 @@ pub fn stores_every_element_linear(linear: &Linear, slot: usize) -> bool {
             }
             Stmt::Op(u) => u,
         };
+        let touches = |s: &UOp| s.as_index().is_some_and(|i| is_slot(i.base)) || is_slot(s);
         match u.op() {
             Op::Load if slot_index(u).is_some() => return false,
-            Op::Tile(_)
-                if u.src().iter().any(|s| s.as_index().is_some_and(|i| is_slot(i.base)) || is_slot(s)) =>
-            {
-                return false;
+            Op::Tile(_) if u.src().iter().any(touches) => {
+                // A GEMM overwriting its C (zeroing it when k = 0) writes the `m x n` block.
+                let Some(g) = u.as_gemm().filter(|g| !g.shape.accumulate) else { return false };
+                let Some(at) = g.c.as_index().filter(|i| is_slot(i.base)) else { return false };
+                if touches(g.a) || touches(g.b) {
+                    return false;
+                }
+                let block = [(g.shape.ldc, g.shape.m), (1, g.shape.n)];
+                covered |= dense_walk_with(at.offset, &block, len)
+                    && enclosing.iter().all(|r| runs_at_least_once(r));
             }
             Op::Store => match slot_index(u) {
                 Some(i) if u.src().len() == 2 => {
@@ -104,11 +113,24 @@ fn runs_at_least_once(range: &UOp) -> bool {
 /// Whether `index` takes each value of `0..len` exactly once as its ranges run (see
 /// [`stores_every_element`]).
 fn dense_walk(index: &UOp, len: usize) -> bool {
+    dense_walk_with(index, &[], len)
+}
+
+/// [`dense_walk`] of `index` plus further ranges `(coefficient, extent)` (a tile's rows and
+/// columns).
+fn dense_walk_with(index: &UOp, extra: &[(usize, usize)], len: usize) -> bool {
     let Some(lin) = LinearForm::of(index) else { return false };
     if lin.constant != 0 {
         return false;
     }
-    let mut steps: Vec<(i64, i64)> = Vec::with_capacity(lin.terms.len());
+    let mut steps: Vec<(i64, i64)> = Vec::with_capacity(lin.terms.len() + extra.len());
+    for &(coeff, extent) in extra {
+        let (Ok(coeff), Ok(extent)) = (i64::try_from(coeff), i64::try_from(extent)) else { return false };
+        if coeff <= 0 || extent <= 0 {
+            return false;
+        }
+        steps.push((coeff, extent));
+    }
     for (atom, coeff) in &lin.terms {
         let Some(r) = atom.as_range() else { return false };
         let Some(ConstValue::Int(extent)) = r.end.const_value() else { return false };
@@ -127,4 +149,30 @@ fn dense_walk(index: &UOp, len: usize) -> bool {
         next = n;
     }
     usize::try_from(next).is_ok_and(|n| n == len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stores_every_element;
+    use crate::uop::{GemmShape, TileOp};
+    use crate::{AxisType, DType, buffer, range, sink, tile};
+
+    /// A GEMM program over two column blocks of a 4 x 8 C, one per THREAD task.
+    fn column_blocks(accumulate: bool, cols: usize, ldc: usize) -> crate::UOp {
+        let (a, b, c) = (buffer(0, DType::F32, 4 * 3), buffer(1, DType::F32, 3 * 8), buffer(2, DType::F32, 32));
+        let t = range(2, 0, AxisType::Thread);
+        let g = GemmShape { ldb: 8, ldc, ..GemmShape::dense(4, cols, 3, false, false, accumulate) };
+        let at = &t * cols as i64;
+        sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(&at), c.index(&at)]).end(&[t])])
+    }
+
+    #[test]
+    fn an_overwriting_gemm_covers_its_c_blocks() {
+        assert!(stores_every_element(&column_blocks(false, 4, 8), 2));
+        // Accumulating reads C; half the columns leave the rest unwritten.
+        assert!(!stores_every_element(&column_blocks(true, 4, 8), 2));
+        assert!(!stores_every_element(&column_blocks(false, 2, 8), 2));
+        // A GEMM never covers its A or B.
+        assert!(!stores_every_element(&column_blocks(false, 4, 8), 1));
+    }
 }
