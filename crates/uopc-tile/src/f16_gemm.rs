@@ -411,13 +411,31 @@ pub unsafe extern "C" fn uopc_tile_gemm_f16_desc(
     c: *mut f32,
 ) -> i32 {
     // SAFETY: forwarded from our caller.
+    unsafe { run_entry(desc, a, b, c, gemm_f16_unchecked) }
+}
+
+/// The body of this module's C-ABI entries: `desc` decoded (B stored by rows or columns only),
+/// then `gemm` on the detected ISA; 0, or -1 without touching memory.
+///
+/// # Safety
+///
+/// `desc` is null or points to a readable [`GemmDesc`]; the pointers satisfy the contract of
+/// `gemm` for the decoded shape.
+unsafe fn run_entry<A, B>(
+    desc: *const GemmDesc,
+    a: *const A,
+    b: *const B,
+    c: *mut f32,
+    gemm: unsafe fn(Isa, &GemmShape, *const A, *const B, *mut f32),
+) -> i32 {
+    // SAFETY: forwarded from our caller.
     let Some(s) = (unsafe { crate::gemm::decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) })
         .filter(|s| s.b_panel_width == 0)
     else {
         return -1;
     };
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
-    unsafe { gemm_f16_unchecked(Isa::detect(), &s, a, b, c) };
+    unsafe { gemm(Isa::detect(), &s, a, b, c) };
     0
 }
 
@@ -443,14 +461,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_f16(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    let Some(s) = (unsafe { crate::gemm::decode_desc(&desc, [a.is_null(), b.is_null(), c.is_null()]) })
-        .filter(|s| s.b_panel_width == 0)
-    else {
-        return -1;
-    };
-    // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
-    unsafe { gemm_f32_f16_unchecked(Isa::detect(), &s, a, b, c) };
-    0
+    unsafe { run_entry(&desc, a, b, c, gemm_f32_f16_unchecked) }
 }
 
 /// Flat C-ABI GEMM with f32 A and bf16 B for JIT-compiled code: `C (+)= A · B` on the fastest
@@ -476,12 +487,5 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_bf16(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    let Some(s) = (unsafe { crate::gemm::decode_desc(&desc, [a.is_null(), b.is_null(), c.is_null()]) })
-        .filter(|s| s.b_panel_width == 0)
-    else {
-        return -1;
-    };
-    // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
-    unsafe { gemm_f32_bf16_unchecked(Isa::detect(), &s, a, b, c) };
-    0
+    unsafe { run_entry(&desc, a, b, c, gemm_f32_bf16_unchecked) }
 }

@@ -159,7 +159,8 @@ mod tests {
 
     /// A GEMM program over two column blocks of a 4 x 8 C, one per THREAD task.
     fn column_blocks(accumulate: bool, cols: usize, ldc: usize) -> crate::UOp {
-        let (a, b, c) = (buffer(0, DType::F32, 4 * 3), buffer(1, DType::F32, 3 * 8), buffer(2, DType::F32, 32));
+        let (a, b, c) =
+            (buffer(0, DType::F32, 4 * 3), buffer(1, DType::F32, 3 * 8), buffer(2, DType::F32, 32));
         let t = range(2, 0, AxisType::Thread);
         let g = GemmShape { ldb: 8, ldc, ..GemmShape::dense(4, cols, 3, false, false, accumulate) };
         let at = &t * cols as i64;
