@@ -161,6 +161,42 @@ pub(crate) fn gemm_operands(body: &UOp) -> Option<Operands> {
     Some(Operands { shape, a, a_trans, lda, b, b_trans, ldb })
 }
 
+/// `ops` with its batch axes folded into the rows when that reads the same elements: B is
+/// one matrix for every batch item (zero batch strides) and A's rows run on from one item to
+/// the next (not transposed, each batch axis's stride the row stride times the rows of the
+/// axes inside it), as in a linear layer applied to a `(batch, tokens, features)` input. The
+/// output is contiguous, so its rows run on likewise. The product is then one GEMM of
+/// `items * m` rows, cut by the grid like any other, instead of `items` GEMMs each packing
+/// the same B again; otherwise `ops` unchanged.
+pub(crate) fn batch_folded_into_rows(ops: Operands) -> Operands {
+    let r = ops.shape.len();
+    let (im, in_, ik) = (r - 3, r - 2, r - 1);
+    let m = ops.shape[im];
+    let folds = r > 3 && !ops.a_trans && {
+        let mut run_on = m * ops.lda;
+        (0..im).rev().all(|axis| {
+            let size = ops.shape[axis];
+            let ok = size < 2 || (ops.b.strides[axis] == 0 && ops.a.strides[axis] == run_on);
+            run_on *= size;
+            ok
+        })
+    };
+    if !folds {
+        return ops;
+    }
+    let rows = ops.shape[..in_].iter().product();
+    let shape = vec![rows, ops.shape[in_], ops.shape[ik]];
+    // The row stride is `lda` even where a single row's axis recorded none.
+    let a_strides = vec![ops.lda, ops.a.strides[in_], ops.a.strides[ik]];
+    let b_strides = vec![0, ops.b.strides[in_], ops.b.strides[ik]];
+    Operands {
+        shape,
+        a: Affine { strides: a_strides, ..ops.a },
+        b: Affine { strides: b_strides, ..ops.b },
+        ..ops
+    }
+}
+
 /// The operands of a GEMM-shaped reduce (a product of two broadcast views summed over the last
 /// axis) that a tile GEMM cannot read in place, each as the un-broadcast view below its
 /// outermost EXPAND: staging that view (a contiguous copy, into which its producer fuses) lets
@@ -230,6 +266,14 @@ pub(crate) struct BlockLimit {
     pub required: bool,
 }
 
+/// Whether cutting a block's `cols` columns into blocks of `narrow` pays when the block may
+/// stay wide: each further column block reads the block's rows of A (`k` each) once more,
+/// while a block in cache saves the epilogue one pass over the block's output (a read and a
+/// write of `cols` per row) from memory.
+fn narrowing_pays(k: usize, cols: usize, narrow: usize) -> bool {
+    k * (cols / narrow - 1) < 2 * cols
+}
+
 /// One GEMM kernel cut into THREAD tasks: task `t` computes the `rows x cols` block of the
 /// flattened `(items * m, n)` result whose first row is `rows * row_task` and first column
 /// `cols * col_block`, where `t = row_task * col_blocks + col_block`.
@@ -262,7 +306,7 @@ impl GemmTasks {
     /// block on the stack); otherwise the block stays wider than the limit, as it does for a
     /// transposed A.
     pub(crate) fn new(body: &UOp, limit: Option<BlockLimit>) -> Option<GemmTasks> {
-        let operands = gemm_operands(body)?;
+        let operands = batch_folded_into_rows(gemm_operands(body)?);
         let r = operands.shape.len();
         let [m, n] = [operands.shape[r - 3], operands.shape[r - 2]];
         let k = operands.shape[r - 1];
@@ -280,7 +324,7 @@ impl GemmTasks {
         let limit = limit.filter(|l| l.required || !operands.a_trans);
         if let Some(BlockLimit { elements, required }) = limit {
             let narrow = largest_divisor_at_most(cols, (elements / rows).max(1));
-            if narrow >= MIN_LIMITED_COLUMNS.min(cols) {
+            if narrow >= MIN_LIMITED_COLUMNS.min(cols) && (required || narrowing_pays(k, cols, narrow)) {
                 cols = narrow;
             } else if required {
                 rows = largest_divisor_at_most(m, (elements / cols).max(1));
@@ -387,4 +431,67 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     // The output is contiguous: each task's block is a stretch of rows `n` apart.
     let g = tasks.gemm(out.index(tasks.output_start()), n);
     Some(sink(&[sink(&[g]).end(std::slice::from_ref(&tasks.task))]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uopc_ir::interp::{Precision, run};
+    use uopc_ir::{BinaryOp, HostBuffer};
+
+    fn node(op: Op, src: UOp) -> UOp {
+        UOp::new(op, DType::F32, vec![src])
+    }
+
+    /// `sum_k A[t, i, k] * B[k, j]` over `items` batch items: A in slot 0, stored `(items, m, k)`,
+    /// or `(m, items, k)` and permuted when `interleaved` (its items' rows then alternate); B in
+    /// slot 1, `(k, n)`, shared by every item.
+    fn shared_b_product(items: usize, m: usize, n: usize, k: usize, interleaved: bool) -> UOp {
+        let a = if interleaved {
+            let stored = UOp::new(Op::Param { slot: 0, shape: vec![m, items, k] }, DType::F32, vec![]);
+            node(Op::Permute(vec![1, 0, 2]), stored)
+        } else {
+            UOp::new(Op::Param { slot: 0, shape: vec![items, m, k] }, DType::F32, vec![])
+        };
+        let a = node(Op::Expand(vec![items, m, n, k]), node(Op::Reshape(vec![items, m, 1, k]), a));
+        let b = UOp::new(Op::Param { slot: 1, shape: vec![k, n] }, DType::F32, vec![]);
+        let b = node(Op::Reshape(vec![1, 1, n, k]), node(Op::Permute(vec![1, 0]), b));
+        let b = node(Op::Expand(vec![items, m, n, k]), b);
+        let product = UOp::new(Op::Binary(BinaryOp::Mul), DType::F32, vec![a, b]);
+        node(Op::Reduce { op: ReduceOp::Add, axes: 1 }, product)
+    }
+
+    #[test]
+    fn a_shared_b_folds_the_batch_into_rows_and_computes_the_same() {
+        for (items, m, n, k, interleaved) in
+            [(4, 6, 5, 3, false), (3, 1, 7, 4, false), (2, 5, 3, 2, true), (1, 4, 4, 4, false)]
+        {
+            let body = shared_b_product(items, m, n, k, interleaved);
+            let tasks = GemmTasks::new(&body, None).expect("a GEMM");
+            // Rows that run on from item to item fold; interleaved ones stay a batch.
+            let want_shape = if interleaved { vec![items, m, n] } else { vec![items * m, n] };
+            assert_eq!(tasks.output_shape(), &want_shape[..], "({items}, {m}, {n}, {k}, {interleaved})");
+            let a: Vec<f32> = (0..items * m * k).map(|v| (v % 7) as f32 - 3.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|v| (v % 5) as f32 * 0.5 - 1.0).collect();
+            // A's element (t, i, p) as stored.
+            let at = |t: usize, i: usize, p: usize| {
+                if interleaved { a[(i * items + t) * k + p] } else { a[(t * m + i) * k + p] }
+            };
+            // Small integers and halves: every product and sum is exact in f32.
+            let want: Vec<f32> = (0..items * m * n)
+                .map(|e| {
+                    let (t, i, j) = (e / (m * n), e / n % m, e % n);
+                    (0..k).map(|p| at(t, i, p) * b[p * n + j]).sum()
+                })
+                .collect();
+            let out = buffer(2, DType::F32, items * m * n);
+            let program = lower_gemm(&body, &out).expect("lowers");
+            uopc_ir::verify(&program).expect("a well-formed program");
+            let mut bufs =
+                [HostBuffer::F32(a.clone()), HostBuffer::F32(b), HostBuffer::zeros(DType::F32, want.len())];
+            run(&program, &mut bufs, Precision::Native).expect("runs");
+            let want: Vec<f64> = want.iter().map(|&w| f64::from(w)).collect();
+            assert_eq!(bufs[2].to_f64_vec(), want, "({items}, {m}, {n}, {k}, {interleaved})");
+        }
+    }
 }
