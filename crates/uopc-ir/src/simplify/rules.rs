@@ -77,16 +77,19 @@ pub(super) fn selection() -> RuleTable {
 pub(super) fn linear() -> RuleTable {
     RuleTable::new(
         "linear",
-        vec![Rule::new(
-            "canonical_linear_sum",
-            Pattern::ops(&[
-                Op::Binary(BinaryOp::Add),
-                Op::Binary(BinaryOp::Sub),
-                Op::Binary(BinaryOp::Mul),
-                Op::Unary(UnaryOp::Neg),
-            ]),
-            canonical_linear_sum,
-        )],
+        vec![
+            Rule::new(
+                "canonical_linear_sum",
+                Pattern::ops(&[
+                    Op::Binary(BinaryOp::Add),
+                    Op::Binary(BinaryOp::Sub),
+                    Op::Binary(BinaryOp::Mul),
+                    Op::Unary(UnaryOp::Neg),
+                ]),
+                canonical_linear_sum,
+            ),
+            Rule::new("div_mod_recombine", binary(BinaryOp::Add), div_mod_recombine),
+        ],
     )
     .with_guard(admitted)
 }
@@ -103,8 +106,10 @@ pub(super) fn divmod() -> RuleTable {
             Rule::new("mod_by_one", modulo(), mod_by_one),
             Rule::new("idiv_of_idiv", idiv(), idiv_of_idiv),
             Rule::new("idiv_split_linear", idiv(), idiv_split_linear),
+            Rule::new("idiv_common_factor", idiv(), idiv_common_factor),
             Rule::new("mod_of_small_operand", modulo(), mod_of_small_operand),
             Rule::new("mod_drop_multiples", modulo(), mod_drop_multiples),
+            Rule::new("mod_common_factor", modulo(), mod_common_factor),
             Rule::new("idiv_by_larger_divisor", idiv(), idiv_by_larger_divisor),
             Rule::new("mod_by_larger_divisor", modulo(), mod_by_larger_divisor),
         ],
@@ -261,6 +266,32 @@ fn canonical_linear_sum(u: &UOp) -> Option<UOp> {
     (rebuilt != *u).then_some(rebuilt)
 }
 
+/// `(x // c) * (c*k) + (x % c) * k == x * k` inside a sum (for any `x`: truncating division
+/// and the remainder with the dividend's sign recombine exactly), the form a reshape's index
+/// takes when a flat offset is split into axes and joined again.
+fn div_mod_recombine(u: &UOp) -> Option<UOp> {
+    if !u.dtype().is_int() {
+        return None;
+    }
+    let mut lin = LinearForm::of(u)?;
+    let pair = lin.terms.iter().enumerate().find_map(|(a, (quot, kq))| {
+        let (BinaryOp::IDiv, x, c) = quot.as_binary()? else { return None };
+        let c = c.const_int().filter(|&c| c > 0)?;
+        lin.terms.iter().enumerate().find_map(|(b, (rem, kr))| {
+            let (BinaryOp::Mod, y, d) = rem.as_binary()? else { return None };
+            (y == x && d.const_int() == Some(c) && c.checked_mul(*kr) == Some(*kq))
+                .then(|| (a, b, x.clone(), *kr))
+        })
+    });
+    let (a, b, x, k) = pair?;
+    lin.terms =
+        lin.terms.iter().enumerate().filter(|&(t, _)| t != a && t != b).map(|(_, t)| t.clone()).collect();
+    let whole = LinearForm::of(&x.binary(BinaryOp::Mul, konst(k, u.dtype())))?;
+    lin.terms.extend(whole.terms);
+    lin.constant = lin.constant.checked_add(whole.constant)?;
+    Some(LinearForm::of(&lin.build(u.dtype()))?.build(u.dtype()))
+}
+
 // ---- division and modulo ----
 
 /// `(x, c)` for an integer IDIV or MOD `x op c` by a constant `c`.
@@ -336,6 +367,57 @@ fn idiv_split_linear(u: &UOp) -> Option<UOp> {
         return Some(q.binary(BinaryOp::Add, rem.build(d).binary(BinaryOp::IDiv, konst(c, d))));
     }
     None
+}
+
+/// `x = g*y + r` for a common factor `g > 1` of `c` and of some of `x`'s terms, with
+/// `0 <= r < g` (`r` the other terms and the constant's remainder): `(y, g)`, the largest such
+/// `g`. Then `x // c == y // (c/g)` and `x % c == (y % (c/g)) * g + r` for `x >= 0`.
+fn common_factor(x: &UOp, c: i64) -> Option<(LinearForm, LinearForm, i64)> {
+    let lin = LinearForm::of(x)?;
+    let mut factors: Vec<i64> =
+        lin.terms.iter().map(|(_, k)| gcd(c, *k)).filter(|&g| g > 1 && g < c).collect();
+    factors.sort_unstable_by(|a, b| b.cmp(a));
+    factors.dedup();
+    factors.into_iter().find_map(|g| {
+        let (mut y, mut r) = (LinearForm::default(), LinearForm::default());
+        for (t, k) in &lin.terms {
+            if k % g == 0 {
+                y.terms.push((t.clone(), k / g));
+            } else {
+                r.terms.push((t.clone(), *k));
+            }
+        }
+        y.constant = lin.constant.div_euclid(g);
+        r.constant = lin.constant.rem_euclid(g);
+        let (lo, hi) = r.bounds();
+        (lo >= 0 && hi < g).then_some((y, r, g))
+    })
+}
+
+fn gcd(mut a: i64, mut b: i64) -> i64 {
+    (a, b) = (a.abs(), b.abs());
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// `(g*y + r) // c == y // (c/g)` for `x = g*y + r >= 0` with `0 <= r < g` and `g` dividing
+/// `c` ([`common_factor`]): a flat offset over a split axis divided by the product of the
+/// axes inside it.
+fn idiv_common_factor(u: &UOp) -> Option<UOp> {
+    let (x, c) = by_constant_above_one(u)?;
+    let (y, _, g) = common_factor(x, c)?;
+    Some(y.build(u.dtype()).binary(BinaryOp::IDiv, konst(c / g, u.dtype())))
+}
+
+/// `(g*y + r) % c == (y % (c/g)) * g + r` under [`idiv_common_factor`]'s conditions.
+fn mod_common_factor(u: &UOp) -> Option<UOp> {
+    let (x, c) = by_constant_above_one(u)?;
+    let (y, r, g) = common_factor(x, c)?;
+    let d = u.dtype();
+    let high = y.build(d).binary(BinaryOp::Mod, konst(c / g, d)).binary(BinaryOp::Mul, konst(g, d));
+    Some(high.binary(BinaryOp::Add, r.build(d)))
 }
 
 /// `x % c == x` when `0 <= x < c`.

@@ -60,6 +60,12 @@ fn cases() -> Vec<Case> {
             i.ne(&j).where_(f32c(0.5), &x),
         ),
         case("max_of_ordered_operands", i.maximum(idx(-1)), i.clone()),
+        // A flat offset split into rows of 8 and joined again.
+        case(
+            "div_mod_recombine",
+            bin(add, &bin(mul, &k.idiv(idx(8)), &idx(24)), &bin(mul, &k.modulo(idx(8)), &idx(3))),
+            bin(mul, &k, &idx(3)),
+        ),
         case(
             "canonical_linear_sum",
             bin(add, &bin(add, &i, &idx(3)), &i),
@@ -69,8 +75,15 @@ fn cases() -> Vec<Case> {
         case("mod_by_one", n.modulo(idx(1)), idx(0)),
         case("idiv_of_idiv", k.idiv(idx(2)).idiv(idx(3)), k.idiv(idx(6))),
         case("idiv_split_linear", bin(add, &bin(mul, &i, &idx(4)), &j).idiv(idx(4)), i.clone()),
+        // A flat offset over rows of 4 divided by 4 rows of 4: the row over 4.
+        case("idiv_common_factor", bin(add, &bin(mul, &i, &idx(4)), &j).idiv(idx(16)), i.idiv(idx(4))),
         case("mod_of_small_operand", j.modulo(idx(8)), j.clone()),
         case("mod_drop_multiples", bin(add, &bin(mul, &i, &idx(4)), &j).modulo(idx(4)), j.clone()),
+        case(
+            "mod_common_factor",
+            bin(add, &bin(mul, &i, &idx(4)), &j).modulo(idx(16)),
+            bin(add, &bin(mul, &i.modulo(idx(4)), &idx(4)), &j),
+        ),
         case("idiv_by_larger_divisor", j.idiv(bin(add, &i, &idx(4))), idx(0)),
         case("mod_by_larger_divisor", j.modulo(bin(add, &i, &idx(4))), j.clone()),
     ]
@@ -132,7 +145,7 @@ fn tables_run_in_their_documented_order() {
     let names: Vec<(&str, usize)> = tables().iter().map(|t| (t.name(), t.len())).collect();
     assert_eq!(
         names,
-        [("constant_folding", 5), ("algebraic", 4), ("selection", 3), ("linear", 1), ("divmod", 8)]
+        [("constant_folding", 5), ("algebraic", 4), ("selection", 3), ("linear", 2), ("divmod", 10)]
     );
 }
 
@@ -154,6 +167,21 @@ fn rules_leave_alone_what_they_must_not_rewrite() {
     let signed = bin(BinaryOp::Add, &i, &idx(-4));
     none("idiv_split_linear", &signed.idiv(idx(4)));
     none("mod_drop_multiples", &signed.modulo(idx(4)));
+    none("idiv_common_factor", &bin(BinaryOp::Add, &bin(BinaryOp::Mul, &signed, &idx(4)), &i).idiv(idx(16)));
+    // A remainder past the common factor (5j reaches 15 >= 4) keeps the division whole.
+    let j4 = range(4, 3, AxisType::Loop);
+    let spread = bin(BinaryOp::Add, &bin(BinaryOp::Mul, &i, &idx(4)), &bin(BinaryOp::Mul, &j4, &idx(5)));
+    none("idiv_common_factor", &spread.idiv(idx(16)));
+    none("mod_common_factor", &spread.modulo(idx(16)));
+    // A quotient and remainder of different divisors, or weighted apart, stay.
+    none(
+        "div_mod_recombine",
+        &bin(BinaryOp::Add, &bin(BinaryOp::Mul, &i.idiv(idx(4)), &idx(4)), &i.modulo(idx(2))),
+    );
+    none(
+        "div_mod_recombine",
+        &bin(BinaryOp::Add, &bin(BinaryOp::Mul, &i.idiv(idx(4)), &idx(3)), &i.modulo(idx(4))),
+    );
     // Overlapping bounds decide nothing.
     let j = range(4, 1, AxisType::Loop);
     none("max_of_ordered_operands", &i.maximum(&j));
