@@ -10,8 +10,9 @@
 //! integers).
 
 use super::scalar::{Scalar, sealed::Sealed};
-use super::{Tensor, ok};
+use super::{GradientRule, Tensor, ok};
 use crate::error::Result;
+use std::sync::Arc;
 use uopc_ir::{BinaryOp, ConstValue, DType, Op, UOp, const_of};
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
@@ -147,8 +148,14 @@ impl Tensor {
             }
             let series = &poly * &xs;
             let e = a.mul_lit(-2.0).exp_exact();
-            let big = &e.rsub_lit(1.0) * &e.add_lit(1.0).recip();
-            Tensor::select(&small, &series, &x.odd_sign(&big))
+            let r = e.add_lit(1.0).recip();
+            let big = &e.rsub_lit(1.0) * &r;
+            let value = Tensor::select(&small, &series, &x.odd_sign(&big));
+            // tanh' = 1 - tanh^2 = 4 e / (1 + e)^2, from the values computed above (no
+            // cancellation where tanh is near 1, and no derivative of the series or the sign).
+            let slope = (&(&e * &r) * &r).mul_lit(4.0);
+            let rule: Arc<GradientRule> = Arc::new(move |_, g| Ok(g * &slope));
+            value.try_with_gradient_rule(x, rule).expect("tanh's value and argument are float tensors")
         })
     }
 
@@ -165,7 +172,12 @@ impl Tensor {
         self.float_fn(|x| {
             let e = x.abs().neg().exp_exact();
             let r = e.add_lit(1.0).recip();
-            Tensor::select(&x.lt_lit(0.0), &(&e * &r), &r)
+            let value = Tensor::select(&x.lt_lit(0.0), &(&e * &r), &r);
+            // sigmoid' = e / (1 + e)^2 on both sides, from the values computed above (exact in
+            // the tails, where s (1 - s) would cancel to 0).
+            let slope = &(&e * &r) * &r;
+            let rule: Arc<GradientRule> = Arc::new(move |_, g| Ok(g * &slope));
+            value.try_with_gradient_rule(x, rule).expect("sigmoid's value and argument are float tensors")
         })
     }
 

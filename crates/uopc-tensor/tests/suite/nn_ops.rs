@@ -344,6 +344,48 @@ fn erf_gradients_are_the_closed_form_to_second_order() {
 }
 
 #[test]
+fn tanh_and_sigmoid_gradients_are_the_closed_forms_into_the_tails() {
+    // sigmoid' = e/(1+e)^2 and tanh' = 4e/(1+e)^2 (e = exp(-|x|), exp(-2|x|)): compared with
+    // the f64 formulas relatively, where s (1 - s) and 1 - tanh^2 would have cancelled to 0.
+    let xs: Vec<f64> = vec![-60.0, -30.0, -8.0, -0.2, 0.0, 0.1, 0.3, 5.0, 17.0, 40.0];
+    fn sigmoid_slope(x: f64) -> f64 {
+        let e = (-x.abs()).exp();
+        e / ((1.0 + e) * (1.0 + e))
+    }
+    fn tanh_slope(x: f64) -> f64 {
+        4.0 * sigmoid_slope(2.0 * x)
+    }
+    type Case = (&'static str, fn(&Tensor) -> Tensor, fn(f64) -> f64);
+    let cases: [Case; 2] = [("sigmoid", Tensor::sigmoid, sigmoid_slope), ("tanh", Tensor::tanh, tanh_slope)];
+    for (name, f, slope) in cases {
+        let x = Tensor::from_vec(xs.clone(), &[xs.len()]);
+        let [dx] = &f(&x).sum(0, false).gradient(&[&x]).unwrap()[..] else { unreachable!() };
+        for (&x, g) in xs.iter().zip(vals64(dx)) {
+            // The exponential's rounding of its argument, scaled by |x|, and a few units more.
+            let tol = 8.0 * f64::EPSILON * (1.0 + 2.0 * x.abs());
+            assert!((g - slope(x)).abs() <= tol * slope(x), "{name}'({x}) = {g}, want {}", slope(x));
+        }
+        let x32 = Tensor::from_vec(xs.iter().map(|&v| v as f32).collect(), &[xs.len()]);
+        let [dx] = &f(&x32).sum(0, false).gradient(&[&x32]).unwrap()[..] else { unreachable!() };
+        for (&x, g) in xs.iter().zip(vals32(dx)) {
+            // f32's exponential: a few units of 2^-24 plus the rounding of its argument.
+            let tol = 1e-6 + 1.2e-7 * x.abs();
+            let want = slope(x);
+            // Below f32's smallest normal the slope is flushed or subnormal: absolute there.
+            let ok = (f64::from(g) - want).abs() <= tol * want + 1e-37;
+            assert!(ok, "f32 {name}'({x}) = {g}, want {want}");
+        }
+    }
+    // The backward of gelu_tanh (x sigmoid(2u)) is the forward plus the closed form's and the
+    // product rule's few nodes, not the derivative of sigmoid's sign split and exponential.
+    let x = Tensor::from_vec(vec![0.5f32; 8], &[8]);
+    let forward = graph_nodes(&x.gelu_tanh());
+    let [dx] = &x.gelu_tanh().sum(0, false).gradient(&[&x]).unwrap()[..] else { unreachable!() };
+    let backward = graph_nodes(dx);
+    assert!(backward < forward + 25, "gelu_tanh: backward {backward} nodes for a forward of {forward}");
+}
+
+#[test]
 fn gelu_backward_does_not_differentiate_the_erf_series() {
     // The backward graph of exact GELU is its forward plus the few nodes of erf's closed-form
     // derivative and GELU's product rule, not the series differentiated term by term (which
