@@ -182,6 +182,18 @@ pub(crate) fn broadcast_along(body: &UOp, axis: usize) -> bool {
     })
 }
 
+/// Columns one task of a column reduction sums at once: the widest of [`COLUMN_RUNS`] that
+/// divides the output's last axis. Each reduce step reads a run of that many neighbouring
+/// floats in one row; the rows are a whole row's stride apart, so every step touches another
+/// page, and a wider run makes each page (TLB miss) and cache line count for more columns.
+fn column_run(size: usize) -> Option<usize> {
+    COLUMN_RUNS.into_iter().find(|&c| size.is_multiple_of(c))
+}
+
+/// The runs [`column_run`] tries, widest first: 32 floats are two cache lines, and 8 F32X4
+/// accumulators, half of x86-64's xmm registers.
+const COLUMN_RUNS: [usize; 3] = [32, 16, 8];
+
 /// Whether some input of reduce kernel `body` is read down a column: one of its views has
 /// stride 1 along output axis `axis` and another stride along the reduced (last) axis, like
 /// the column sums of a bias gradient. Upcasting `axis` then makes each reduce step load
@@ -287,10 +299,14 @@ impl Optimizer for DefaultOpt {
             for (&amount, (a, &size)) in
                 amounts.iter().zip(shape.iter().enumerate().skip(n.saturating_sub(2)))
             {
+                let down_columns = reduces_down_columns(body, a);
+                // A rank-1 column reduction has no second upcast axis, so its run can take the
+                // registers a tile's rows would.
+                let amount = if down_columns && n == 1 { column_run(size).unwrap_or(amount) } else { amount };
                 if amount > 1
                     && size >= amount
                     && size.is_multiple_of(amount)
-                    && (!self.upcast_needs_reuse || broadcast_along(body, a) || reduces_down_columns(body, a))
+                    && (!self.upcast_needs_reuse || broadcast_along(body, a) || down_columns)
                 {
                     o.upcast.push((a, amount));
                 }
@@ -484,6 +500,25 @@ mod tests {
         assert_eq!(thread_axes(&[1, 12, 512], &threaded(Vec::new()), true), 3);
         // No THREAD range, nothing to merge.
         assert_eq!(thread_axes(&[2, 8, 16], &Opts::default(), false), 0);
+    }
+
+    /// The sum of a stored `(rows, cols)` matrix over its rows (`down`) or its columns.
+    fn matrix_sum(rows: usize, cols: usize, down: bool) -> UOp {
+        let stored = UOp::new(Op::Param { slot: 0, shape: vec![rows, cols] }, uopc_ir::DType::F32, vec![]);
+        let x =
+            if down { UOp::new(Op::Permute(vec![1, 0]), uopc_ir::DType::F32, vec![stored]) } else { stored };
+        UOp::new(Op::Reduce { op: uopc_ir::ReduceOp::Add, axes: 1 }, uopc_ir::DType::F32, vec![x])
+    }
+
+    #[test]
+    fn column_sums_take_runs_of_columns_as_wide_as_divide_them() {
+        let upcast = |rows, cols, down| DefaultOpt::default().opts(&matrix_sum(rows, cols, down)).upcast;
+        assert_eq!(upcast(2048, 3072, true), vec![(0, 32)]);
+        assert_eq!(upcast(2048, 48, true), vec![(0, 16)]);
+        assert_eq!(upcast(64, 40, true), vec![(0, 8)]);
+        assert_eq!(upcast(64, 36, true), Vec::new());
+        // Row sums read along the rows: no input is read down a column, nothing upcast.
+        assert_eq!(upcast(2048, 3072, false), Vec::new());
     }
 
     #[test]
