@@ -73,6 +73,23 @@ impl LinearForm {
         self.terms = out;
     }
 
+    /// The form split by a divisor `c > 0` as `c * quotient + remainder`: the terms whose
+    /// coefficients `c` divides, divided by it, with the constant's Euclidean quotient; and the
+    /// other terms with the constant's remainder.
+    pub(super) fn split_by(&self, c: i64) -> (LinearForm, LinearForm) {
+        let (mut quot, mut rem) = (LinearForm::default(), LinearForm::default());
+        for (t, k) in &self.terms {
+            if k % c == 0 {
+                quot.terms.push((t.clone(), k / c));
+            } else {
+                rem.terms.push((t.clone(), *k));
+            }
+        }
+        quot.constant = self.constant.div_euclid(c);
+        rem.constant = self.constant.rem_euclid(c);
+        (quot, rem)
+    }
+
     /// Bounds of the form's value from its atoms' bounds (computed in i128, then saturated).
     pub(super) fn bounds(&self) -> (i64, i64) {
         let mut lo = self.constant as i128;

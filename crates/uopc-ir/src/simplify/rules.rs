@@ -346,17 +346,7 @@ fn idiv_split_linear(u: &UOp) -> Option<UOp> {
         return None;
     }
     let d = u.dtype();
-    let lin = LinearForm::of(x)?;
-    let (mut quot, mut rem) = (LinearForm::default(), LinearForm::default());
-    for (t, k) in &lin.terms {
-        if k % c == 0 {
-            quot.terms.push((t.clone(), k / c));
-        } else {
-            rem.terms.push((t.clone(), *k));
-        }
-    }
-    quot.constant = lin.constant.div_euclid(c);
-    rem.constant = lin.constant.rem_euclid(c);
+    let (mut quot, rem) = LinearForm::of(x)?.split_by(c);
     let (rlo, rhi) = rem.bounds();
     if rlo >= 0 && rlo / c == rhi / c {
         quot.constant += rlo / c;
@@ -379,16 +369,7 @@ fn common_factor(x: &UOp, c: i64) -> Option<(LinearForm, LinearForm, i64)> {
     factors.sort_unstable_by(|a, b| b.cmp(a));
     factors.dedup();
     factors.into_iter().find_map(|g| {
-        let (mut y, mut r) = (LinearForm::default(), LinearForm::default());
-        for (t, k) in &lin.terms {
-            if k % g == 0 {
-                y.terms.push((t.clone(), k / g));
-            } else {
-                r.terms.push((t.clone(), *k));
-            }
-        }
-        y.constant = lin.constant.div_euclid(g);
-        r.constant = lin.constant.rem_euclid(g);
+        let (y, r) = lin.split_by(g);
         let (lo, hi) = r.bounds();
         (lo >= 0 && hi < g).then_some((y, r, g))
     })
@@ -433,13 +414,7 @@ fn mod_drop_multiples(u: &UOp) -> Option<UOp> {
     let (x, c) = by_constant_above_one(u)?;
     let d = u.dtype();
     let lin = LinearForm::of(x)?;
-    let mut rem = LinearForm::default();
-    for (t, k) in &lin.terms {
-        if k % c != 0 {
-            rem.terms.push((t.clone(), *k));
-        }
-    }
-    rem.constant = lin.constant.rem_euclid(c);
+    let (_, rem) = lin.split_by(c);
     let (rlo, rhi) = rem.bounds();
     if rlo >= 0 && rhi < c {
         return Some(rem.build(d));
