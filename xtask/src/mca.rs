@@ -41,8 +41,16 @@ const TARGETS: &[Target] = &[
     },
     Target { symbol: "avx2::tile_n::<6, 2, true>", what: "f32 6x16, A packed k-major", cpus: AVX2_CPUS },
     Target { symbol: "avx2::tile_n::<6, 2, false>", what: "f32 6x16, A read in place", cpus: AVX2_CPUS },
-    Target { symbol: "bf16::rows_block::<12>", what: "bf16 12x32 vdpbf16ps rows", cpus: &["sapphirerapids"] },
-    Target { symbol: "bf16::rows_block::<10>", what: "bf16 10x32 vdpbf16ps rows", cpus: &["sapphirerapids"] },
+    Target {
+        symbol: "bf16::rows_block::<12, 2>",
+        what: "bf16 12x32 vdpbf16ps rows",
+        cpus: &["sapphirerapids"],
+    },
+    Target {
+        symbol: "bf16::rows_block::<10, 2>",
+        what: "bf16 10x32 vdpbf16ps rows",
+        cpus: &["sapphirerapids"],
+    },
 ];
 
 /// One kernel on one CPU model.

@@ -4,7 +4,7 @@
 use crate::GemmShape;
 use crate::bf16_path::Bf16Path;
 use crate::shapes::zero_c;
-use crate::x86::bf16_tiles::ATiles;
+use crate::x86::bf16_tiles::{ATiles, Extent};
 
 /// k blocks (of 32) per slab on `path`. Each slab passes over all of C once (loads and stores
 /// every block), so longer slabs cost less C traffic, while a row block's A slab (`32 x 32
@@ -43,7 +43,7 @@ unsafe fn block(
     path: Bf16Path,
     a: ATiles,
     b: *const u16,
-    ksteps: usize,
+    (ksteps, extent): (usize, Extent),
     c: *mut f32,
     ldc: usize,
     load_c: bool,
@@ -54,7 +54,7 @@ unsafe fn block(
         Bf16Path::Amx => unsafe { crate::x86::amx::block(a, b, ksteps, c, ldc, load_c) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded from this function's contract.
-        Bf16Path::Avx512Bf16 => unsafe { crate::x86::bf16::block(a, b, ksteps, c, ldc, load_c) },
+        Bf16Path::Avx512Bf16 => unsafe { crate::x86::bf16::block(a, b, ksteps, extent, c, ldc, load_c) },
         // SAFETY: forwarded from this function's contract.
         _ => unsafe { portable_block(a, b, ksteps, c, ldc, load_c) },
     }
@@ -186,6 +186,8 @@ pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *con
     }
     let kblocks = k.div_ceil(32);
     let k_full = k / 32;
+    // Pairs of k that the last k step holds: the rest is padding `vdpbf16ps` skips.
+    let k_tail_pairs = if k.is_multiple_of(32) { 16 } else { (k % 32).div_ceil(2) };
     let panels = n.div_ceil(32);
     let rblocks = m.div_ceil(32);
     let m_full = m / 32;
@@ -256,10 +258,22 @@ pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *con
                     }
                     let mut load_c = load;
                     for &(at, kb, nkb) in &pieces[..npieces] {
+                        let last_pairs = if kb + nkb == kblocks { k_tail_pairs } else { 16 };
+                        let extent = Extent { last_pairs, wide: cols > 16 };
                         // SAFETY: the A piece covers 32 readable rows of `nkb` k blocks (whole
                         // rows of A in place, or zero-padded packed tiles); the B panel's k
                         // blocks `kb ..` are packed; the C block is 32 x 32 at stride `cld`.
-                        unsafe { block(path, at, bp.add((jp * kblocks + kb) * BLOCK), nkb, cp, cld, load_c) };
+                        unsafe {
+                            block(
+                                path,
+                                at,
+                                bp.add((jp * kblocks + kb) * BLOCK),
+                                (nkb, extent),
+                                cp,
+                                cld,
+                                load_c,
+                            )
+                        };
                         load_c = true;
                     }
                     if !whole {

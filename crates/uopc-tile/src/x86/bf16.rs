@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use super::bf16_tiles::ATiles;
+use super::bf16_tiles::{ATiles, Extent};
 use crate::convert::scalar as convert;
 
 /// Narrows 16 f32 lanes (as integers) to bf16 bits in the low 16 bits of each lane, with the
@@ -148,7 +148,8 @@ pub(crate) unsafe fn pack_b_rows(dst: *mut u16, b: *const u16, ldb: usize, k: us
 
 /// `C[32 x 32] (+)= A · B` with `vdpbf16ps`, on the operands of [`super::amx::block`]: each
 /// instruction adds 16 columns' pairs of products, so a VNNI row of B is one vector and a pair
-/// of A elements one broadcast.
+/// of A elements one broadcast. Only the `extent` of the block is multiplied: C's columns past
+/// it (with `!extent.wide`, 16 to 31) are left as they were.
 ///
 /// The 32 rows go in groups of 12, 10 and 10: a group's accumulators (2 vectors a row, 24 for
 /// 12 rows), B's two vectors and a broadcast fit the 32 registers, and at least 10 rows give
@@ -157,30 +158,48 @@ pub(crate) unsafe fn pack_b_rows(dst: *mut u16, b: *const u16, ldb: usize, k: us
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX512_BF16 are available; the memory contract of [`super::amx::block`].
+/// AVX-512F and AVX512_BF16 are available; the memory contract of [`super::amx::block`];
+/// `ksteps >= 1` and `1 <= extent.last_pairs <= 16`.
 #[target_feature(enable = "avx512f,avx512bf16")]
-pub(crate) unsafe fn block(a: ATiles, b: *const u16, ksteps: usize, c: *mut f32, ldc: usize, load_c: bool) {
-    // SAFETY: forwarded; the three groups cover rows 0..12, 12..22 and 22..32.
-    unsafe {
-        rows_block::<12>(0, a, b, ksteps, c, ldc, load_c);
-        rows_block::<10>(12, a, b, ksteps, c, ldc, load_c);
-        rows_block::<10>(22, a, b, ksteps, c, ldc, load_c);
-    }
-}
-
-/// Rows `first .. first + R` of [`block`].
-///
-/// # Safety
-///
-/// As [`block`], with `first + R <= 32`.
-// Out of line, so each group size keeps a symbol that `cargo xtask mca` names.
-#[inline(never)]
-#[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn rows_block<const R: usize>(
-    first: usize,
+pub(crate) unsafe fn block(
     a: ATiles,
     b: *const u16,
     ksteps: usize,
+    extent: Extent,
+    c: *mut f32,
+    ldc: usize,
+    load_c: bool,
+) {
+    let pairs = extent.last_pairs.clamp(1, 16);
+    // SAFETY: forwarded; the three groups cover rows 0..12, 12..22 and 22..32.
+    unsafe {
+        if extent.wide {
+            rows_block::<12, 2>(0, a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<10, 2>(12, a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<10, 2>(22, a, b, (ksteps, pairs), c, ldc, load_c);
+        } else {
+            rows_block::<12, 1>(0, a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<10, 1>(12, a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<10, 1>(22, a, b, (ksteps, pairs), c, ldc, load_c);
+        }
+    }
+}
+
+/// Rows `first .. first + R` of [`block`], over the first `16 V` columns, for `steps = (k
+/// steps, pairs of the last one)`.
+///
+/// # Safety
+///
+/// As [`block`], with `first + R <= 32`, `V` 1 or 2, at least one k step and its pairs in
+/// `1..=16`.
+// Out of line, so each group size keeps a symbol that `cargo xtask mca` names.
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn rows_block<const R: usize, const V: usize>(
+    first: usize,
+    a: ATiles,
+    b: *const u16,
+    (ksteps, last_pairs): (usize, usize),
     c: *mut f32,
     ldc: usize,
     load_c: bool,
@@ -190,40 +209,81 @@ unsafe fn rows_block<const R: usize>(
         let off = if r < 16 { r * a.stride } else { a.hi + (r - 16) * a.stride };
         a.ptr.cast::<u8>().wrapping_add(off)
     });
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut acc = [[_mm512_setzero_ps(); V]; R];
     if load_c {
         for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: row `first + i < 32` of C has 32 readable floats.
-            unsafe {
-                let cr = c.add((first + i) * ldc);
-                *row = [_mm512_loadu_ps(cr), _mm512_loadu_ps(cr.add(16))];
+            for (v, x) in row.iter_mut().enumerate() {
+                // SAFETY: row `first + i < 32` of C has 32 readable floats.
+                *x = unsafe { _mm512_loadu_ps(c.add((first + i) * ldc + 16 * v)) };
             }
         }
     }
-    for s in 0..ksteps {
-        // SAFETY: k step `s` of the panel is 1024 u16 at `b + 1024 s`; A row `r`'s step `s` is
-        // 64 readable bytes at `rows[r] + s * step` (the contract of `ATiles`).
-        unsafe {
-            let bs = b.add(s * 1024);
-            for r in 0..16 {
-                let b0 = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bs.add(r * 32).cast()));
-                let b1 =
-                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bs.add(512 + r * 32).cast()));
-                for (row, &ap) in acc.iter_mut().zip(&rows) {
-                    let pair = ap.add(s * a.step + r * 4).cast::<i32>().read_unaligned();
-                    let av = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
-                    row[0] = _mm512_dpbf16_ps(row[0], av, b0);
-                    row[1] = _mm512_dpbf16_ps(row[1], av, b1);
-                }
-            }
-        }
+    // Whole steps with a constant pair count, then the last one with its own.
+    for s in 0..ksteps.saturating_sub(1) {
+        // SAFETY: k step `s` of the panel and of A's rows is readable (the contract).
+        unsafe { k_step::<R, V>(&mut acc, &rows, a.step, b, s, 16) };
+    }
+    if ksteps > 0 {
+        // SAFETY: as above, for the last step.
+        unsafe { k_step::<R, V>(&mut acc, &rows, a.step, b, ksteps - 1, last_pairs) };
     }
     for (i, row) in acc.iter().enumerate() {
-        // SAFETY: row `first + i < 32` of C has 32 writable floats.
-        unsafe {
-            let cr = c.add((first + i) * ldc);
-            _mm512_storeu_ps(cr, row[0]);
-            _mm512_storeu_ps(cr.add(16), row[1]);
+        for (v, &x) in row.iter().enumerate() {
+            // SAFETY: row `first + i < 32` of C has 32 writable floats.
+            unsafe { _mm512_storeu_ps(c.add((first + i) * ldc + 16 * v), x) };
+        }
+    }
+}
+
+/// The first `pairs` pair rows of k step `s` of [`rows_block`].
+///
+/// # Safety
+///
+/// As [`rows_block`], with `pairs <= 16`.
+#[inline(always)]
+unsafe fn k_step<const R: usize, const V: usize>(
+    acc: &mut [[__m512; V]; R],
+    rows: &[*const u8; R],
+    step: usize,
+    b: *const u16,
+    s: usize,
+    pairs: usize,
+) {
+    // SAFETY: k step `s` of the panel is 1024 u16 at `b + 1024 s`; A row `r`'s step `s` is 64
+    // readable bytes at `rows[r] + s * step` (the contract of `ATiles`).
+    unsafe {
+        let bs = b.add(s * 1024);
+        for r in 0..pairs {
+            pair_row::<R, V>(acc, rows, s * step, bs, r);
+        }
+    }
+}
+
+/// Pair row `r` of one k step: `V` vectors of B at `bs`, a broadcast pair of each A row at
+/// `offset` bytes into its step, `R V` multiply-adds.
+///
+/// # Safety
+///
+/// As [`k_step`], with `r < 16`.
+#[inline(always)]
+unsafe fn pair_row<const R: usize, const V: usize>(
+    acc: &mut [[__m512; V]; R],
+    rows: &[*const u8; R],
+    offset: usize,
+    bs: *const u16,
+    r: usize,
+) {
+    // SAFETY: as this function's contract.
+    unsafe {
+        let bv: [__m512bh; V] = std::array::from_fn(|v| {
+            std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bs.add(512 * v + r * 32).cast()))
+        });
+        for (row, &ap) in acc.iter_mut().zip(rows) {
+            let pair = ap.add(offset + r * 4).cast::<i32>().read_unaligned();
+            let av = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
+            for (x, &bx) in row.iter_mut().zip(&bv) {
+                *x = _mm512_dpbf16_ps(*x, av, bx);
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The A operand of one bf16 block in the form every bf16 block kernel takes (AMX tiles and
-//! `vdpbf16ps` rows alike). A leaf, so the kernels and the blocked driver that packs for them
+//! `vdpbf16ps` rows alike), and the extent of a block's data. A leaf, so the kernels and the blocked driver that packs for them
 //! share it without importing each other.
 
 /// The A operand of one block, in the form every path's block kernel takes.
@@ -13,4 +13,15 @@ pub(crate) struct ATiles {
     pub hi: usize,
     /// Bytes from one k step (32 columns) to the next.
     pub step: usize,
+}
+
+/// How much of a 32 x 32 block's last k step and of its columns holds data; the rest is the
+/// zero padding of a ragged k or n, which `vdpbf16ps` need not multiply (AMX tiles and the
+/// portable kernel multiply it: zeros add nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Extent {
+    /// Pairs of k (rows of the VNNI layout, 1 to 16) that the last k step holds.
+    pub(crate) last_pairs: usize,
+    /// Whether columns 16 to 31 hold data (the block is wider than 16 columns).
+    pub(crate) wide: bool,
 }

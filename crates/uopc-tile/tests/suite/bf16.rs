@@ -104,6 +104,11 @@ fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
         GemmShape::dense(33, 47, 290, true, true, false),
         GemmShape::dense(1, 1, 1, false, false, false),
         GemmShape::dense(70, 20, 513, false, true, true),
+        // A last k step of 4, 1 and 15 pairs (k = 40, 33, 62), and last column blocks of 8,
+        // 16 and 17 columns (n = 40, 48, 49): `vdpbf16ps` multiplies only their data.
+        GemmShape::dense(35, 40, 40, false, false, false),
+        GemmShape::dense(33, 48, 33, false, true, true),
+        GemmShape::dense(40, 49, 62, true, false, false),
     ];
     for _ in 0..count {
         let (m, n, k) = (
