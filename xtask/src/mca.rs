@@ -42,16 +42,24 @@ const TARGETS: &[Target] = &[
     Target { symbol: "avx2::tile_n::<6, 2, true>", what: "f32 6x16, A packed k-major", cpus: AVX2_CPUS },
     Target { symbol: "avx2::tile_n::<6, 2, false>", what: "f32 6x16, A read in place", cpus: AVX2_CPUS },
     Target {
-        symbol: "bf16::rows_block::<12, 2>",
-        what: "bf16 12x32 vdpbf16ps rows",
-        cpus: &["sapphirerapids"],
+        symbol: "bf16::rows_block::<0, 12, 2>",
+        what: "bf16 12x32 vdpbf16ps rows 0-11",
+        cpus: BF16_CPUS,
     },
     Target {
-        symbol: "bf16::rows_block::<10, 2>",
-        what: "bf16 10x32 vdpbf16ps rows",
-        cpus: &["sapphirerapids"],
+        symbol: "bf16::rows_block::<12, 10, 2>",
+        what: "bf16 10x32 vdpbf16ps rows 12-21",
+        cpus: BF16_CPUS,
+    },
+    Target {
+        symbol: "bf16::rows_block::<22, 10, 2>",
+        what: "bf16 10x32 vdpbf16ps rows 22-31",
+        cpus: BF16_CPUS,
     },
 ];
+
+/// The CPU model of the `vdpbf16ps` kernels (LLVM 14 knows AVX512_BF16 on it).
+const BF16_CPUS: &[&str] = &["sapphirerapids"];
 
 /// One kernel on one CPU model.
 #[derive(Serialize)]

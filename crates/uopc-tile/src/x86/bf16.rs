@@ -174,29 +174,35 @@ pub(crate) unsafe fn block(
     // SAFETY: forwarded; the three groups cover rows 0..12, 12..22 and 22..32.
     unsafe {
         if extent.wide {
-            rows_block::<12, 2>(0, a, b, (ksteps, pairs), c, ldc, load_c);
-            rows_block::<10, 2>(12, a, b, (ksteps, pairs), c, ldc, load_c);
-            rows_block::<10, 2>(22, a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<0, 12, 2>(a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<12, 10, 2>(a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<22, 10, 2>(a, b, (ksteps, pairs), c, ldc, load_c);
         } else {
-            rows_block::<12, 1>(0, a, b, (ksteps, pairs), c, ldc, load_c);
-            rows_block::<10, 1>(12, a, b, (ksteps, pairs), c, ldc, load_c);
-            rows_block::<10, 1>(22, a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<0, 12, 1>(a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<12, 10, 1>(a, b, (ksteps, pairs), c, ldc, load_c);
+            rows_block::<22, 10, 1>(a, b, (ksteps, pairs), c, ldc, load_c);
         }
     }
 }
 
-/// Rows `first .. first + R` of [`block`], over the first `16 V` columns, for `steps = (k
+/// Rows `FIRST .. FIRST + R` of [`block`], over the first `16 V` columns, for `steps = (k
 /// steps, pairs of the last one)`.
+///
+/// A's rows are reached from a base pointer per group of up to [`ROWS_PER_BASE`] evenly
+/// strided rows (a group never spans row 16, where the tile's second half starts), each
+/// advanced one pair per pair row: a pair row then costs its loads and multiply-adds and a
+/// few pointer increments. The bases are opaque to the optimizer (an empty `asm!` passes each
+/// through a register), which would otherwise fold them into one pointer and recompute every
+/// row's address.
 ///
 /// # Safety
 ///
-/// As [`block`], with `first + R <= 32`, `V` 1 or 2, at least one k step and its pairs in
+/// As [`block`], with `FIRST + R <= 32`, `V` 1 or 2, at least one k step and its pairs in
 /// `1..=16`.
 // Out of line, so each group size keeps a symbol that `cargo xtask mca` names.
 #[inline(never)]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn rows_block<const R: usize, const V: usize>(
-    first: usize,
+unsafe fn rows_block<const FIRST: usize, const R: usize, const V: usize>(
     a: ATiles,
     b: *const u16,
     (ksteps, last_pairs): (usize, usize),
@@ -204,88 +210,94 @@ unsafe fn rows_block<const R: usize, const V: usize>(
     ldc: usize,
     load_c: bool,
 ) {
-    let rows: [*const u8; R] = std::array::from_fn(|i| {
-        let r = first + i;
+    let row_at = |r: usize| {
         let off = if r < 16 { r * a.stride } else { a.hi + (r - 16) * a.stride };
         a.ptr.cast::<u8>().wrapping_add(off)
-    });
+    };
+    let place: [(usize, usize); R] = const { places::<FIRST, R>() };
+    let mut bases: [*const u8; MAX_BASES] = [a.ptr.cast::<u8>(); MAX_BASES];
+    for (i, &(g, at)) in place.iter().enumerate() {
+        if at == 0 {
+            bases[g] = row_at(FIRST + i);
+        }
+    }
+    let groups = place[R - 1].0 + 1;
+    let offsets: [usize; ROWS_PER_BASE] = std::array::from_fn(|k| k * a.stride);
     let mut acc = [[_mm512_setzero_ps(); V]; R];
     if load_c {
         for (i, row) in acc.iter_mut().enumerate() {
             for (v, x) in row.iter_mut().enumerate() {
-                // SAFETY: row `first + i < 32` of C has 32 readable floats.
-                *x = unsafe { _mm512_loadu_ps(c.add((first + i) * ldc + 16 * v)) };
+                // SAFETY: row `FIRST + i < 32` of C has 32 readable floats.
+                *x = unsafe { _mm512_loadu_ps(c.add((FIRST + i) * ldc + 16 * v)) };
             }
         }
     }
-    // Whole steps with a constant pair count, then the last one with its own.
-    for s in 0..ksteps.saturating_sub(1) {
-        // SAFETY: k step `s` of the panel and of A's rows is readable (the contract).
-        unsafe { k_step::<R, V>(&mut acc, &rows, a.step, b, s, 16) };
-    }
-    if ksteps > 0 {
-        // SAFETY: as above, for the last step.
-        unsafe { k_step::<R, V>(&mut acc, &rows, a.step, b, ksteps - 1, last_pairs) };
+    for s in 0..ksteps {
+        let pairs = if s + 1 == ksteps { last_pairs } else { 16 };
+        // SAFETY: k step `s` of the panel is 1024 u16 at `b + 1024 s`.
+        let bs = unsafe { b.add(s * 1024) };
+        for r in 0..pairs {
+            for base in bases.iter_mut().take(groups) {
+                *base = super::opaque(*base);
+            }
+            // SAFETY: pair row `r < 16` of the step: B's `V` vectors, and each A row's pair at
+            // its group's base (advanced to this pair) plus the row's place in the group.
+            unsafe {
+                let bv: [__m512bh; V] = std::array::from_fn(|v| {
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                        bs.add(512 * v + r * 32).cast(),
+                    ))
+                });
+                for (row, &(g, at)) in acc.iter_mut().zip(&place) {
+                    let pair = bases[g].add(offsets[at]).cast::<i32>().read_unaligned();
+                    let av = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
+                    for (x, &bx) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_dpbf16_ps(*x, av, bx);
+                    }
+                }
+            }
+            for base in bases.iter_mut().take(groups) {
+                *base = base.wrapping_add(4);
+            }
+        }
+        // On to the next k step: `step` bytes from this one's start.
+        for base in bases.iter_mut().take(groups) {
+            *base = base.wrapping_add(a.step - 4 * pairs);
+        }
     }
     for (i, row) in acc.iter().enumerate() {
         for (v, &x) in row.iter().enumerate() {
-            // SAFETY: row `first + i < 32` of C has 32 writable floats.
-            unsafe { _mm512_storeu_ps(c.add((first + i) * ldc + 16 * v), x) };
+            // SAFETY: row `FIRST + i < 32` of C has 32 writable floats.
+            unsafe { _mm512_storeu_ps(c.add((FIRST + i) * ldc + 16 * v), x) };
         }
     }
 }
 
-/// The first `pairs` pair rows of k step `s` of [`rows_block`].
-///
-/// # Safety
-///
-/// As [`rows_block`], with `pairs <= 16`.
-#[inline(always)]
-unsafe fn k_step<const R: usize, const V: usize>(
-    acc: &mut [[__m512; V]; R],
-    rows: &[*const u8; R],
-    step: usize,
-    b: *const u16,
-    s: usize,
-    pairs: usize,
-) {
-    // SAFETY: k step `s` of the panel is 1024 u16 at `b + 1024 s`; A row `r`'s step `s` is 64
-    // readable bytes at `rows[r] + s * step` (the contract of `ATiles`).
-    unsafe {
-        let bs = b.add(s * 1024);
-        for r in 0..pairs {
-            pair_row::<R, V>(acc, rows, s * step, bs, r);
-        }
-    }
-}
+/// Rows of A per base pointer in [`rows_block`]: row `k` of a group is `k` strides past its
+/// base, an addressing mode (`base + stride * 1, 2, 4`, one register holding `3 stride`).
+const ROWS_PER_BASE: usize = 5;
 
-/// Pair row `r` of one k step: `V` vectors of B at `bs`, a broadcast pair of each A row at
-/// `offset` bytes into its step, `R V` multiply-adds.
-///
-/// # Safety
-///
-/// As [`k_step`], with `r < 16`.
-#[inline(always)]
-unsafe fn pair_row<const R: usize, const V: usize>(
-    acc: &mut [[__m512; V]; R],
-    rows: &[*const u8; R],
-    offset: usize,
-    bs: *const u16,
-    r: usize,
-) {
-    // SAFETY: as this function's contract.
-    unsafe {
-        let bv: [__m512bh; V] = std::array::from_fn(|v| {
-            std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bs.add(512 * v + r * 32).cast()))
-        });
-        for (row, &ap) in acc.iter_mut().zip(rows) {
-            let pair = ap.add(offset + r * 4).cast::<i32>().read_unaligned();
-            let av = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
-            for (x, &bx) in row.iter_mut().zip(&bv) {
-                *x = _mm512_dpbf16_ps(*x, av, bx);
-            }
+/// Base pointers at most: a group of 12 rows needs 3, of 10 rows across row 16, 3.
+const MAX_BASES: usize = 4;
+
+/// `(group, place in it)` of each of the rows `FIRST .. FIRST + R`: groups of
+/// [`ROWS_PER_BASE`] consecutive rows, a new one starting at row 16 (the rows below and above
+/// it are not evenly strided). Evaluated at compile time, so every row's base and offset are
+/// constants of the unrolled loop.
+const fn places<const FIRST: usize, const R: usize>() -> [(usize, usize); R] {
+    let mut out = [(0, 0); R];
+    let (mut group, mut start) = (0, FIRST);
+    let mut i = 0;
+    while i < R {
+        let r = FIRST + i;
+        if r - start == ROWS_PER_BASE || (r == 16 && start < 16) {
+            group += 1;
+            start = r;
         }
+        out[i] = (group, r - start);
+        i += 1;
     }
+    out
 }
 
 /// Transposes a 16 x 16 matrix of 32-bit elements held as 16 row vectors.

@@ -32,6 +32,24 @@ pub(crate) enum RoundedTile {
 /// the one they multiply.
 pub(crate) const STREAM_AHEAD: usize = 16;
 
+/// `p` unchanged, passed through a register by an empty `asm!` so the optimizer cannot see
+/// how it was computed: the micro-kernels keep one base pointer per group of A's rows this
+/// way, where LLVM would otherwise fold the bases into one pointer and recompute every row's
+/// address in every k step.
+#[inline(always)]
+pub(crate) fn opaque<T>(p: *const T) -> *const T {
+    let mut x = p;
+    #[allow(
+        clippy::pointers_in_nomem_asm_block,
+        reason = "the empty instruction string reads and writes no memory; the pointer only passes through a register"
+    )]
+    // SAFETY: an empty instruction string: no memory is touched and the value is unchanged.
+    unsafe {
+        std::arch::asm!("/* {0} */", inout(reg) x, options(pure, nomem, nostack, preserves_flags));
+    }
+    x
+}
+
 /// Requests the cache lines of `len` floats from `row` into L1. A prefetch never faults, so
 /// `row` may lie past the operand (it is only formed with `wrapping_add`).
 #[inline]

@@ -243,6 +243,64 @@ unsafe fn k_step<W: F32Lanes, const M: usize, const V: usize, const COLMAJOR: bo
     }
 }
 
+/// Rows of A read in place per base pointer: row `r` of a group is `r` rows past its base,
+/// an addressing mode (`base + lda * 1, 2, 4` and one register holding `3 lda`) for each.
+const ROWS_PER_BASE: usize = 5;
+
+/// Base pointers at most: room for 20 rows, past every register tile's.
+const MAX_BASES: usize = 4;
+
+/// All `kc` k steps of [`tile`] over a row-major A read in place: A's `M` rows are reached
+/// from a base pointer per [`ROWS_PER_BASE`] rows, each advanced one float per step, so a
+/// step costs the loads and multiply-adds and a few pointer increments rather than the
+/// address arithmetic of twelve strided rows. The bases are opaque to the optimizer
+/// (an empty `asm!` passes each through a register), which would otherwise fold them back
+/// into one pointer and recompute every row's address in every step.
+///
+/// # Safety
+///
+/// As [`k_step`] for steps `0 .. kc`, with `M <= ROWS_PER_BASE * MAX_BASES`.
+#[inline(always)]
+unsafe fn row_major_steps<W: F32Lanes, const M: usize, const V: usize>(
+    acc: &mut [[W; V]; M],
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    kc: usize,
+) {
+    let groups = M.div_ceil(ROWS_PER_BASE);
+    let mut bases: [*const f32; MAX_BASES] = std::array::from_fn(|g| a.wrapping_add(g * ROWS_PER_BASE * lda));
+    let offsets: [usize; ROWS_PER_BASE] = std::array::from_fn(|r| r * lda);
+    let mut bp = b;
+    for _ in 0..kc {
+        for base in bases.iter_mut().take(groups) {
+            *base = super::opaque(*base);
+        }
+        // SAFETY: the ISA is available (this function's contract), as below.
+        let mut bv = [unsafe { W::zero() }; V];
+        for (v, bx) in bv.iter_mut().enumerate() {
+            // SAFETY: the current row of the B panel has `LANES V` readable floats.
+            *bx = unsafe { W::load(bp.add(W::LANES * v)) };
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: `A[i, p]` for the current step `p < kc` and row `i < M`: the base of
+            // row `i`'s group has advanced `p` floats, and the row is `i % 5` rows past it.
+            let x = unsafe { *bases[i / ROWS_PER_BASE].add(offsets[i % ROWS_PER_BASE]) };
+            // SAFETY: the ISA is available.
+            let av = unsafe { W::splat(x) };
+            for (r, &bx) in row.iter_mut().zip(&bv) {
+                // SAFETY: the ISA is available.
+                *r = unsafe { W::mul_add(av, bx, *r) };
+            }
+        }
+        for base in bases.iter_mut().take(groups) {
+            *base = base.wrapping_add(1);
+        }
+        bp = bp.wrapping_add(ldb);
+    }
+}
+
 /// `M x (LANES V)` tile: per k step, `V` vector loads of B, `M` broadcasts of A, `M V` FMAs;
 /// then C (+)= the accumulators.
 ///
@@ -274,10 +332,15 @@ pub(crate) unsafe fn tile<W: F32Lanes, const M: usize, const V: usize, const COL
             p += W::PACKED_UNROLL;
         }
     }
-    while p < t.kc {
-        // SAFETY: step `p < kc` (Tile contract).
-        unsafe { k_step::<W, M, V, COLMAJOR>(&mut acc, a, lda, b, ldb, p) };
-        p += 1;
+    if COLMAJOR {
+        while p < t.kc {
+            // SAFETY: step `p < kc` (Tile contract).
+            unsafe { k_step::<W, M, V, COLMAJOR>(&mut acc, a, lda, b, ldb, p) };
+            p += 1;
+        }
+    } else {
+        // SAFETY: all `kc` steps of a row-major A read in place (Tile contract).
+        unsafe { row_major_steps::<W, M, V>(&mut acc, a, lda, b, ldb, t.kc) };
     }
     // A full tile's C rows take plain loads and stores: masked ones cost more on some cores
     // (on AMD a masked load waits behind the masked store before it), and the epilogue of a
