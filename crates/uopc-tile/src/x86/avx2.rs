@@ -468,17 +468,20 @@ pub(super) fn round_bf16(x: __m256) -> __m256i {
 }
 
 /// Eight f32 lanes rounded to the 16-bit type: `(patterns, their exact f32 values)`, the
-/// patterns packed into 8 u16s in lane order.
+/// patterns packed into 8 u16s in lane order; with `!BITS` only the f32 values (the patterns
+/// are then not formed: a bf16's f32 value is the rounded word with its low half cleared).
 ///
 /// # Safety
 ///
-/// F16C is available when `is_f16`.
+/// F16C is available when `F16`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn round_lanes(x: __m256, is_f16: bool) -> (__m128i, __m256) {
-    if is_f16 {
+unsafe fn round_lanes<const F16: bool, const BITS: bool>(x: __m256) -> (__m128i, __m256) {
+    if F16 {
         let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
         (h, _mm256_cvtph_ps(h))
+    } else if !BITS {
+        (_mm_setzero_si128(), round_bf16_wide(x))
     } else {
         let b = round_bf16(x);
         let wide = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b));
@@ -487,6 +490,21 @@ unsafe fn round_lanes(x: __m256, is_f16: bool) -> (__m128i, __m256) {
         let ordered = _mm256_permute4x64_epi64::<0b1000>(packed);
         (_mm256_castsi256_si128(ordered), wide)
     }
+}
+
+/// [`round_bf16`]'s values as f32 (each exactly a bf16): the bits rounded to nearest even at
+/// bit 16 with the low half cleared, NaN kept (quieted).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn round_bf16_wide(x: __m256) -> __m256 {
+    let bits = _mm256_castps_si256(x);
+    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+    let high = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
+    let rounded =
+        _mm256_and_si256(_mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), high);
+    let quiet = _mm256_and_si256(_mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000)), high);
+    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+    _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan))
 }
 
 /// The rounded online-softmax step (see the crate's `softmax_update_rounded`): the f32 step of
@@ -511,6 +529,40 @@ pub(crate) unsafe fn softmax_update_rounded(
     o: *mut f32,
     p: RoundedTile,
 ) {
+    let state = (row_max, row_sum, o);
+    // One loop per type and tile kind, so none tests them per vector.
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        match (is_f16, p) {
+            (true, RoundedTile::Bits(pt)) => rounded_rows::<true, true>(sh, ldp, scale, s, state, pt.cast()),
+            (true, RoundedTile::Wide(pt)) => rounded_rows::<true, false>(sh, ldp, scale, s, state, pt.cast()),
+            (false, RoundedTile::Bits(pt)) => {
+                rounded_rows::<false, true>(sh, ldp, scale, s, state, pt.cast())
+            }
+            (false, RoundedTile::Wide(pt)) => {
+                rounded_rows::<false, false>(sh, ldp, scale, s, state, pt.cast())
+            }
+        }
+    }
+}
+
+/// [`softmax_update_rounded`] for f16 (`F16`) or bf16, writing P as bit patterns (`BITS`,
+/// `p` a `u16` tile) or as f32 values (`p` an f32 tile, perhaps S itself).
+///
+/// # Safety
+///
+/// As [`softmax_update_rounded`], with `p` pointing at the tile of the kind `BITS` names and
+/// `(row_max, row_sum, o)` the step's state.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rounded_rows<const F16: bool, const BITS: bool>(
+    sh: &SoftmaxShape,
+    ldp: usize,
+    scale: f32,
+    s: *const f32,
+    (row_max, row_sum, o): (*mut f32, *mut f32, *mut f32),
+    p: *mut u8,
+) {
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
     let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
     let sv = _mm256_set1_ps(scale);
@@ -521,24 +573,21 @@ pub(crate) unsafe fn softmax_update_rounded(
     let write = |r: usize, j: usize, n: usize, bits: __m128i, wide: __m256| {
         // SAFETY: the caller passes columns `j .. j + n` of row `r < rows`, inside P's extent.
         unsafe {
-            match p {
-                RoundedTile::Bits(pt) => {
-                    let at = pt.add(r * ldp + j);
-                    if n == 8 {
-                        _mm_storeu_si128(at.cast(), bits);
-                    } else {
-                        let mut tmp = [0u16; 8];
-                        _mm_storeu_si128(tmp.as_mut_ptr().cast(), bits);
-                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), at, n);
-                    }
+            if BITS {
+                let at = p.cast::<u16>().add(r * ldp + j);
+                if n == 8 {
+                    _mm_storeu_si128(at.cast(), bits);
+                } else {
+                    let mut tmp = [0u16; 8];
+                    _mm_storeu_si128(tmp.as_mut_ptr().cast(), bits);
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), at, n);
                 }
-                RoundedTile::Wide(pt) => {
-                    let at = pt.add(r * ldp + j);
-                    if n == 8 {
-                        _mm256_storeu_ps(at, wide);
-                    } else {
-                        _mm256_maskstore_ps(at, lanes(n), wide);
-                    }
+            } else {
+                let at = p.cast::<f32>().add(r * ldp + j);
+                if n == 8 {
+                    _mm256_storeu_ps(at, wide);
+                } else {
+                    _mm256_maskstore_ps(at, lanes(n), wide);
                 }
             }
         }
@@ -575,14 +624,14 @@ pub(crate) unsafe fn softmax_update_rounded(
             let mut sum = _mm256_setzero_ps();
             for j in (0..cfull).step_by(8) {
                 let e = exp2_nonpositive(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(srow.add(j)), sv), mv));
-                let (bits, wide) = round_lanes(e, is_f16);
+                let (bits, wide) = round_lanes::<F16, BITS>(e);
                 write(r, j, 8, bits, wide);
                 sum = _mm256_add_ps(sum, wide);
             }
             if has_ctail {
                 let x = _mm256_maskload_ps(srow.add(cfull), ctail);
                 let e = exp2_nonpositive(_mm256_sub_ps(_mm256_mul_ps(x, sv), mv));
-                let (bits, wide) = round_lanes(e, is_f16);
+                let (bits, wide) = round_lanes::<F16, BITS>(e);
                 write(r, cfull, cols % 8, bits, wide);
                 sum = _mm256_add_ps(sum, _mm256_and_ps(wide, _mm256_castsi256_ps(ctail)));
             }
@@ -591,6 +640,38 @@ pub(crate) unsafe fn softmax_update_rounded(
             // alpha == 1 leaves O unchanged bit for bit, so skip the pass.
             if alpha != 1.0 && d > 0 {
                 scale_row(o.add(r * ldo), d, alpha);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The f32 values of the bf16 rounding match `half`'s round-to-nearest-even: every high
+    /// half with low halves below, at and above the tie (even and odd), and NaN quieted.
+    #[test]
+    fn bf16_values_round_to_nearest_even() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            eprintln!("SKIPPED: bf16 wide rounding needs AVX2 and FMA");
+            return;
+        }
+        let lows = [0x0000u32, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x4000, 0xC000];
+        for high in 0..=0xFFFFu32 {
+            let x: [f32; 8] = std::array::from_fn(|i| f32::from_bits(high << 16 | lows[i]));
+            let mut got = [0f32; 8];
+            // SAFETY: AVX2 and FMA are available (checked above).
+            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), round_bf16_wide(_mm256_loadu_ps(x.as_ptr()))) };
+            for (g, &v) in got.iter().zip(&x) {
+                let want = half::bf16::from_f32(v).to_f32();
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "{:#010x}: {:#010x}, want {:#010x}",
+                    v.to_bits(),
+                    g.to_bits(),
+                    want.to_bits()
+                );
             }
         }
     }
