@@ -168,7 +168,7 @@ pub(crate) fn gemm_operands(body: &UOp) -> Option<Operands> {
 /// output is contiguous, so its rows run on likewise. The product is then one GEMM of
 /// `items * m` rows, cut by the grid like any other, instead of `items` GEMMs each packing
 /// the same B again; otherwise `ops` unchanged.
-pub(crate) fn batch_folded_into_rows(ops: Operands) -> Operands {
+fn batch_folded_into_rows(ops: Operands) -> Operands {
     let r = ops.shape.len();
     let (im, in_, ik) = (r - 3, r - 2, r - 1);
     let m = ops.shape[im];

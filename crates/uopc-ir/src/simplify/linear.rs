@@ -28,7 +28,7 @@ impl LinearForm {
     }
 
     /// Adds `coeff * u`, flattening sums with an explicit stack (chains can be very deep).
-    fn add(&mut self, u: &UOp, coeff: i64) -> Option<()> {
+    pub(super) fn add(&mut self, u: &UOp, coeff: i64) -> Option<()> {
         let mut stack = vec![(u.clone(), coeff)];
         while let Some((u, coeff)) = stack.pop() {
             let src = u.src();
@@ -60,7 +60,8 @@ impl LinearForm {
         Some(())
     }
 
-    fn normalize(&mut self) {
+    /// Sorts the terms, merges equal atoms and drops zero coefficients.
+    pub(super) fn normalize(&mut self) {
         self.terms.sort_by(|a, b| a.0.cmp(&b.0));
         let mut out: Vec<(UOp, i64)> = Vec::with_capacity(self.terms.len());
         for (u, c) in self.terms.drain(..) {

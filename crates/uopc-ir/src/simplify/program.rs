@@ -38,7 +38,7 @@ pub fn simplify_program(program: &UOp) -> UOp {
     let again = simplify_memo(&pinned, Default::default(), &mut memo);
     debug_assert!(
         lost_ranges(&UOp::toposort(std::slice::from_ref(&pinned)), &again, &memo).is_empty(),
-        "a pinned load keeps every range it had"
+        "a pinned access keeps every range it had"
     );
     again
 }
@@ -48,10 +48,10 @@ pub fn simplify_program(program: &UOp) -> UOp {
 /// `memo`, in the graph of `simplified`) no longer mentions; those that lost none are left out.
 fn lost_ranges(topo: &[UOp], simplified: &UOp, memo: &HashMap<UOp, UOp>) -> HashMap<UOp, Vec<UOp>> {
     let written: HashSet<UOp> = written_bases(topo).into_iter().collect();
-    let reads_written = |u: &UOp| {
+    let pinnable = |u: &UOp| {
         u.as_store().is_some() || u.as_load().and_then(UOp::indexed_base).is_some_and(|b| written.contains(b))
     };
-    if !topo.iter().any(reads_written) {
+    if !topo.iter().any(pinnable) {
         return HashMap::new();
     }
     let simplified_topo = UOp::toposort(std::slice::from_ref(simplified));
@@ -60,16 +60,16 @@ fn lost_ranges(topo: &[UOp], simplified: &UOp, memo: &HashMap<UOp, UOp>) -> Hash
         return HashMap::new();
     };
     let mut lost = HashMap::new();
-    for load in topo.iter().filter(|u| reads_written(u)) {
-        // A load whose value simplification dropped is not placed at all.
-        let Some(now) = memo.get(load).and_then(|s| after.get(s)) else { continue };
-        let gone: Vec<UOp> = before[load]
+    for access in topo.iter().filter(|u| pinnable(u)) {
+        // An access that simplification dropped is not placed at all.
+        let Some(now) = memo.get(access).and_then(|s| after.get(s)) else { continue };
+        let gone: Vec<UOp> = before[access]
             .iter()
             .filter(|r| memo.get(*r).is_none_or(|r2| !now.contains(r2)))
             .cloned()
             .collect();
         if !gone.is_empty() {
-            lost.insert(load.clone(), gone);
+            lost.insert(access.clone(), gone);
         }
     }
     lost

@@ -284,12 +284,11 @@ fn div_mod_recombine(u: &UOp) -> Option<UOp> {
         })
     });
     let (a, b, x, k) = pair?;
-    lin.terms =
-        lin.terms.iter().enumerate().filter(|&(t, _)| t != a && t != b).map(|(_, t)| t.clone()).collect();
-    let whole = LinearForm::of(&x.binary(BinaryOp::Mul, konst(k, u.dtype())))?;
-    lin.terms.extend(whole.terms);
-    lin.constant = lin.constant.checked_add(whole.constant)?;
-    Some(LinearForm::of(&lin.build(u.dtype()))?.build(u.dtype()))
+    lin.terms.remove(a.max(b));
+    lin.terms.remove(a.min(b));
+    lin.add(&x, k)?;
+    lin.normalize();
+    Some(lin.build(u.dtype()))
 }
 
 // ---- division and modulo ----

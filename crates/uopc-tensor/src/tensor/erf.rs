@@ -57,9 +57,9 @@ impl Tensor {
     /// The error function.
     ///
     /// - f32 (and bf16/f16, computed in f32): below |x| = 1 an odd polynomial of degree 11
-    ///   (a near-minimax fit), from there `1 - exp(-x^2 + p(12 / (2 + |x|) - 3))` with `p` a degree-8 fit
-    ///   of `ln(erfc(x)) + x^2`, and ±1 from |x| = 4, where erf rounds to it. Error against
-    ///   f64 `erf`: below 2e-7 absolute and relative (about 3 f32 ulps).
+    ///   (a near-minimax fit), from there `1 - exp(-x^2 + p(12 / (2 + |x|) - 3))` with `p` a
+    ///   degree-8 fit of `ln(erfc(x)) + x^2`, and ±1 from |x| = 4, where erf rounds to it.
+    ///   Error against f64 `erf`: below 2e-7 absolute and relative (about 3 f32 ulps).
     /// - f64: `2/sqrt(pi) e^(-x^2) sum_n (2x^2)^n x / (2n+1)!!`, a series of positive terms
     ///   (no cancellation) summed by Horner's rule, 100 terms, ±1 from |x| = 6. Relative
     ///   error about 1e-15.

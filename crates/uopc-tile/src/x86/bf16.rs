@@ -6,6 +6,7 @@ use std::arch::x86_64::*;
 use half::{bf16, f16};
 
 use super::bf16_tiles::{ATiles, Extent};
+use super::{MAX_BASES, ROWS_PER_BASE};
 use crate::convert::scalar as convert;
 
 /// Narrows 16 f32 lanes (as integers) to bf16 bits in the low 16 bits of each lane, with the
@@ -272,13 +273,6 @@ unsafe fn rows_block<const FIRST: usize, const R: usize, const V: usize>(
         }
     }
 }
-
-/// Rows of A per base pointer in [`rows_block`]: row `k` of a group is `k` strides past its
-/// base, an addressing mode (`base + stride * 1, 2, 4`, one register holding `3 stride`).
-const ROWS_PER_BASE: usize = 5;
-
-/// Base pointers at most: a group of 12 rows needs 3, of 10 rows across row 16, 3.
-const MAX_BASES: usize = 4;
 
 /// `(group, place in it)` of each of the rows `FIRST .. FIRST + R`: groups of
 /// [`ROWS_PER_BASE`] consecutive rows, a new one starting at row 16 (the rows below and above

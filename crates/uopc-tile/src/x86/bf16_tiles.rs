@@ -1,6 +1,6 @@
 //! The A operand of one bf16 block in the form every bf16 block kernel takes (AMX tiles and
-//! `vdpbf16ps` rows alike), and the extent of a block's data. A leaf, so the kernels and the blocked driver that packs for them
-//! share it without importing each other.
+//! `vdpbf16ps` rows alike), and the extent of a block's data. A leaf, so the kernels and the
+//! blocked driver that packs for them share it without importing each other.
 
 /// The A operand of one block, in the form every path's block kernel takes.
 #[derive(Clone, Copy)]

@@ -32,6 +32,15 @@ pub(crate) enum RoundedTile {
 /// the one they multiply.
 pub(crate) const STREAM_AHEAD: usize = 16;
 
+/// Rows of A a micro-kernel reaches from one [`opaque`] base pointer: row `k` of a group is
+/// `k` row strides past its base, an addressing mode (`base + stride * 1, 2, 4`, with one
+/// register holding `3 stride`).
+pub(crate) const ROWS_PER_BASE: usize = 5;
+
+/// Base pointers a micro-kernel keeps at most: 20 rows, past every register tile's (12 rows;
+/// a bf16 group of 10 rows across row 16 needs 3).
+pub(crate) const MAX_BASES: usize = 4;
+
 /// `p` unchanged, passed through a register by an empty `asm!` so the optimizer cannot see
 /// how it was computed: the micro-kernels keep one base pointer per group of A's rows this
 /// way, where LLVM would otherwise fold the bases into one pointer and recompute every row's

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::prefetch_row;
+use super::{MAX_BASES, ROWS_PER_BASE, prefetch_row};
 use crate::tile::Tile;
 
 /// One f32 vector register of a vector ISA, with the operations a register tile takes.
@@ -242,13 +242,6 @@ unsafe fn k_step<W: F32Lanes, const M: usize, const V: usize, const COLMAJOR: bo
         }
     }
 }
-
-/// Rows of A read in place per base pointer: row `r` of a group is `r` rows past its base,
-/// an addressing mode (`base + lda * 1, 2, 4` and one register holding `3 lda`) for each.
-const ROWS_PER_BASE: usize = 5;
-
-/// Base pointers at most: room for 20 rows, past every register tile's.
-const MAX_BASES: usize = 4;
 
 /// All `kc` k steps of [`tile`] over a row-major A read in place: A's `M` rows are reached
 /// from a base pointer per [`ROWS_PER_BASE`] rows, each advanced one float per step, so a
