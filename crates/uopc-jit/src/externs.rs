@@ -41,6 +41,10 @@ pub(crate) enum Extern {
     TileConvert,
     /// [`uopc_tile::uopc_tile_exp_rows_f32`].
     TileExpRows,
+    /// [`uopc_tile::uopc_tile_gemm_f16_f32`] (flat: f16 A, f32 B, panels allowed).
+    TileGemmF16F32,
+    /// [`uopc_tile::uopc_tile_gemm_bf16_f32`] (flat: bf16 A, f32 B, panels allowed).
+    TileGemmBf16F32,
 }
 
 extern "C" fn uopc_exp2_f64(x: f64) -> f64 {
@@ -55,7 +59,7 @@ extern "C" fn uopc_log2_f64(x: f64) -> f64 {
 
 impl Extern {
     /// Every extern, in the order each function declares them.
-    pub const ALL: [Extern; 16] = [
+    pub const ALL: [Extern; 18] = [
         Extern::Exp2F64,
         Extern::Log2F32,
         Extern::Log2F64,
@@ -72,6 +76,8 @@ impl Extern {
         Extern::TileSoftmaxRoundedInPlace,
         Extern::TileConvert,
         Extern::TileExpRows,
+        Extern::TileGemmF16F32,
+        Extern::TileGemmBf16F32,
     ];
 
     /// The symbol it is registered and declared under.
@@ -93,6 +99,8 @@ impl Extern {
             Extern::TileSoftmaxRoundedInPlace => "uopc_tile_softmax_update_rounded_in_place",
             Extern::TileConvert => "uopc_tile_convert_block",
             Extern::TileExpRows => "uopc_tile_exp_rows_f32",
+            Extern::TileGemmF16F32 => "uopc_tile_gemm_f16_f32",
+            Extern::TileGemmBf16F32 => "uopc_tile_gemm_bf16_f32",
         }
     }
 
@@ -117,6 +125,8 @@ impl Extern {
             }
             Extern::TileConvert => uopc_tile::convert::uopc_tile_convert_block as *const u8,
             Extern::TileExpRows => uopc_tile::uopc_tile_exp_rows_f32 as *const u8,
+            Extern::TileGemmF16F32 => uopc_tile::uopc_tile_gemm_f16_f32 as *const u8,
+            Extern::TileGemmBf16F32 => uopc_tile::uopc_tile_gemm_bf16_f32 as *const u8,
         }
     }
 
@@ -139,7 +149,9 @@ impl Extern {
             | Extern::TileGemmBf16
             | Extern::TileGemmF16
             | Extern::TileGemmF32F16
-            | Extern::TileGemmF32Bf16 => ints(sig, 10),
+            | Extern::TileGemmF32Bf16
+            | Extern::TileGemmF16F32
+            | Extern::TileGemmBf16F32 => ints(sig, 10),
             // (s, row_max, row_sum, o, rows, cols, lds, ldo, d, scale) -> status
             Extern::TileSoftmax => ints(sig, 10),
             // (s, row_max, row_sum, o, p, rows, cols, lds, ldo, d, ldp, scale, is_f16) -> status

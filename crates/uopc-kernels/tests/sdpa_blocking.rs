@@ -33,10 +33,20 @@ fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
             assert_eq!(b.kv_panel_width, 0, "{bf16:?}");
         }
     }
-    // f16 packs once too (widened), and then keeps a query tile: its GEMM takes one type.
-    let f16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..config(4, 8, 1, 333, 999, 80) };
-    let b = Blocking::choose(&f16, 2);
-    assert!(b.kv_panel_width > 0 && !b.reads_queries_in_place(&f16), "{b:?}");
+    // f16 packs once too (widened as it packs). One head's queries are widened once per task
+    // into an f32 tile where that fits beside the other tiles, and read in place otherwise
+    // (the score GEMM then takes an f16 A with the f32 panels, widening A as it packs it): the
+    // panels are taken at every D, as f32 takes them.
+    for (shape, in_place) in
+        [(config(4, 8, 1, 333, 999, 80), false), (config(1, 8, 1, 1009, 1009, 160), true)]
+    {
+        let f16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..shape };
+        let b = Blocking::choose(&f16, 2);
+        assert_eq!(b.kv_panel_width, Blocking::choose(&shape, 2).kv_panel_width, "{b:?}");
+        assert!(b.kv_panel_width > 0 && b.reads_queries_in_place(&f16) == in_place, "{b:?}");
+        let sdpa = Sdpa::compile_with(&f16, b).unwrap();
+        assert_eq!(sdpa.to_string().contains("read in place"), in_place, "{sdpa}");
+    }
     // Panels with split-K or key blocks that do not start a panel are refused; bf16 reads them.
     let c = config(1, 1, 1, 64, 256, 16);
     let base = Blocking { kv_panel_width: 16, ..Blocking::new(1, 64, 32) };

@@ -141,8 +141,8 @@ fn check_dtype(config: SdpaConfig, rng: &mut Rng, f16: bool) -> Sdpa {
 fn keys_and_values_packed_once_widened_give_the_reference() {
     // K and V widened into f32 panels once per run, the queries widened into a tile: against
     // the f64 reference and uopc's f32 attention, with GQA, a ragged last key block and panel,
-    // causal rows, and a bias; f16 and bf16 (whose probabilities are then rounded to bf16 over
-    // the f32 scores instead of into a bf16 tile).
+    // causal rows, and a bias; f16 and bf16 (whose probabilities then stay f32 over the scores,
+    // as f16's do: the panels' f32 GEMM reads them).
     both(|rng, f16| {
         for (c, blocking) in [
             (config(2, 4, 2, 48, 70, 20), Blocking { kv_panel_width: 16, ..Blocking::new(1, 16, 32) }),
@@ -161,7 +161,7 @@ fn keys_and_values_packed_once_widened_give_the_reference() {
             let sdpa = Sdpa::compile_with(&c, blocking).expect("compile");
             assert!(sdpa.to_string().contains("packed once per run"), "{sdpa}");
             let text = uopc_ir::print_program(&uopc_kernels::sdpa::sdpa_ir(&c, &blocking)).unwrap();
-            assert_eq!(text.contains("to=bf16"), !f16, "{text}");
+            assert!(!text.contains("to=bf16"), "{text}");
             if f16 {
                 let case = Case::<half::f16>::new(c, rng);
                 check_with(&case, &sdpa, case.extras());
@@ -306,21 +306,43 @@ fn nan_keys_and_fully_masked_rows() {
 }
 
 #[test]
-fn the_probabilities_are_rounded_to_the_input_dtype() {
-    // One query, two keys whose base-2 scores differ by log2(3): P = [1, 1/3], and 1/3 is not a
-    // bf16, so the output carries the rounding of P (caught if P stayed f32): with v = [0, 1]
-    // in one column the output is round(1/3) / (1 + round(1/3)), rounded.
+fn bf16_probabilities_are_rounded_exactly_where_the_gemm_takes_bf16_operands() {
+    // One query, two keys: P = [1, p1] with p1 = exp(-x) for the first key's score x, and with
+    // v = [0, 1] in one column the output is p1 / (1 + p1), rounded. x is the first score of a
+    // grid whose bf16 output tells a bf16-rounded p1 from an f32 one: rounded where the bf16
+    // GEMM takes bf16 operands, f32 where it widens them.
     let c = SdpaConfig { scale: Some(1.0), dtype: SdpaDType::BF16, ..config(1, 1, 1, 1, 2, 1) };
-    let ln3 = 3.0f32.ln();
+    let output = |p1: f64| bf16::from_f64(p1 / (1.0 + p1));
+    let (x, exact) = (1..256)
+        .map(|i| {
+            let x = bf16::from_f64(f64::from(i) / 64.0);
+            (x, (-x.to_f64()).exp())
+        })
+        .find(|&(_, e)| output(bf16::from_f64(e).to_f64()) != output(e))
+        .expect("a score whose output tells rounded P from f32 P");
     let q = [bf16::from_f32(1.0)];
-    let k = [bf16::from_f32(ln3), bf16::ZERO];
+    let k = [x, bf16::ZERO];
     let v = [bf16::ZERO, bf16::ONE];
     let mut out = [bf16::NAN];
     attention(&c, &q, &k, &v, Extras::default(), &mut out).unwrap();
-    // The score of key 0 is bf16(ln 3), so P1 = exp(-bf16(ln 3)) exactly in f64, then rounded.
-    let p1 = bf16::from_f64((-f64::from(bf16::from_f32(ln3).to_f32())).exp()).to_f64();
-    let want = bf16::from_f64(p1 / (1.0 + p1));
-    assert_eq!(out[0], want, "P rounded to bf16 and summed as rounded");
+    // The kernel's exp2 is within 1.2e-7 of exact, far inside the gap the rounding makes.
+    let widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
+    if widens {
+        assert_eq!(out[0], output(exact), "P kept in f32 where the bf16 GEMM widens (x = {x})");
+    } else {
+        let rounded = bf16::from_f64(exact).to_f64();
+        assert_eq!(out[0], output(rounded), "P rounded to bf16 and summed as rounded (x = {x})");
+    }
+    // The kernel's step is the rounded one exactly where P has a bf16 tile of its own.
+    let c = SdpaConfig { dtype: SdpaDType::BF16, ..config(1, 2, 2, 256, 256, 64) };
+    let sdpa = Sdpa::compile(&c).unwrap();
+    let text = uopc_ir::print_program(&uopc_kernels::sdpa::sdpa_ir(&c, &sdpa.blocking())).unwrap();
+    assert_eq!(text.contains("tile_softmax_rounded"), !widens, "{text}");
+    println!(
+        "checked: bf16 P {} (this machine's bf16 GEMM {})",
+        if widens { "in f32" } else { "rounded" },
+        if widens { "widens" } else { "takes bf16" }
+    );
 }
 
 #[test]
@@ -493,9 +515,12 @@ fn the_kernel_runs_16_bit_tile_ops() {
     let c = SdpaConfig { dtype: SdpaDType::BF16, causal: true, ..config(1, 2, 2, 256, 256, 64) };
     let sdpa = Sdpa::compile(&c).unwrap();
     let text = uopc_ir::print_program(&uopc_kernels::sdpa::sdpa_ir(&c, &sdpa.blocking())).unwrap();
-    assert!(text.contains("tile_softmax_rounded"), "{text}");
-    assert!(!text.contains("tile_softmax "), "no f32 softmax step in a bf16 kernel");
-    // bf16 queries are copied as they are; the output rows are rounded by a block conversion.
+    // The rounded step where the bf16 GEMM takes bf16 operands, else the f32 one (P in f32).
+    let widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
+    assert_eq!(text.contains("tile_softmax_rounded"), !widens, "{text}");
+    assert_eq!(text.contains("tile_softmax "), widens, "{text}");
+    // bf16 queries are copied as they are (or read in place where the GEMMs widen); the output
+    // rows are rounded by a block conversion.
     assert_eq!(text.matches("tile_convert").count(), 1, "{text}");
     assert!(sdpa.to_string().contains(" bf16"), "{sdpa}");
 }

@@ -216,8 +216,8 @@ impl OperandA for f32 {
     }
 }
 
-/// The 16-bit B operand of [`half_b_gemm`]: f16, or bf16.
-trait OperandB: crate::blocked::Element {
+/// A 16-bit operand: f16, or bf16 (B of [`half_b_gemm`], A of `half_a_gemm`).
+pub(crate) trait OperandB: crate::blocked::Element {
     /// Whether the few-row kernels read it as f16 (`true`) or as bf16.
     const F16: bool;
 

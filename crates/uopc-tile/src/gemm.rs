@@ -301,7 +301,7 @@ pub(crate) fn plain_b(s: &GemmShape) -> Result<(), TileError> {
     if s.b_panel_width == 0 {
         Ok(())
     } else {
-        Err(TileError::InvalidLayout { operand: "b", reason: "only the f32 GEMM reads B in panels" })
+        Err(TileError::InvalidLayout { operand: "b", reason: "only a GEMM with an f32 B reads B in panels" })
     }
 }
 

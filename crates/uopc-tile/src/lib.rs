@@ -29,14 +29,16 @@
 //!   [`convert::convert_block`]).
 //! * [`gemm_f16`]: the same with f16 operands, widened exactly to f32 by the f32 GEMM's own
 //!   packing for the f32 micro-kernels of an [`Isa`]; [`gemm_f32_f16`] takes an f32 A (read
-//!   as it is) with an f16 B, for a caller that keeps A widened across calls. All of them
+//!   as it is) with an f16 B, for a caller that keeps A widened across calls, and
+//!   [`gemm_f16_f32`] and [`gemm_bf16_f32`] a 16-bit A with an f32 B, panels included (16-bit
+//!   attention's queries read in place against f32 K/V panels). All of them
 //!   stream B without packing it when A has at most eight rows (decode), widening it in
 //!   registers on AVX-512 and on AVX2 (with F16C).
 //!
 //! Each operation has a checked safe entry point, an `unsafe` raw-pointer twin for callers that
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code
 //! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
-//! [`uopc_tile_gemm_f32_f16`],
+//! [`uopc_tile_gemm_f32_f16`], [`uopc_tile_gemm_f16_f32`], [`uopc_tile_gemm_bf16_f32`],
 //! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`],
 //! [`uopc_tile_softmax_update_rounded_in_place`], [`convert::uopc_tile_convert_block`],
 //! [`uopc_tile_max_sum_exp_f32`], [`uopc_tile_exp_rows_f32`]). Kernels
@@ -57,6 +59,7 @@ mod error;
 mod exp_rows;
 mod f16_gemm;
 mod gemm;
+mod half_a_gemm;
 mod isa;
 pub mod machine;
 mod max_sum_exp;
@@ -91,9 +94,15 @@ pub use gemm::{
     GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT, GEMM_PARALLEL,
     GemmDesc, GemmShape, gemm, gemm_unchecked, register_tile, uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
 };
+pub use half_a_gemm::{
+    gemm_bf16_f32, gemm_bf16_f32_unchecked, gemm_f16_f32, gemm_f16_f32_unchecked, uopc_tile_gemm_bf16_f32,
+    uopc_tile_gemm_f16_f32,
+};
 pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
 pub use max_sum_exp::{max_sum_exp, max_sum_exp_unchecked, uopc_tile_max_sum_exp_f32};
-pub use panels::{PanelPacking, pack_panels, pack_panels_unchecked, panel_width};
+pub use panels::{
+    PanelPacking, pack_panels, pack_panels_bf16, pack_panels_f16, pack_panels_unchecked, panel_width,
+};
 pub use softmax::{
     EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_scaled, softmax_update_unchecked,
     uopc_tile_softmax_update_f32,

@@ -5,6 +5,8 @@
 //! read by every query block of a head), [`pack_panels`] does that copy once, and a
 //! [`GemmShape`] with [`GemmShape::b_panel_width`] set reads the panels where they lie.
 
+use half::{bf16, f16};
+
 use crate::error::{check_len, span};
 use crate::{GemmShape, Isa, TileError};
 
@@ -179,6 +181,126 @@ unsafe fn pack_one(
             } else {
                 // SAFETY: as above.
                 unsafe { *src.add(q * ld + j) }
+            };
+            // SAFETY: `q * w + j < k * w`.
+            unsafe { *dst.add(q * w + j) = x };
+        }
+    }
+}
+
+/// [`pack_panels`] from f16 storage: every value widened exactly to f32 as it is packed (one
+/// pass over the source, no f32 copy of it), for GEMMs that read f16 data from f32 panels.
+///
+/// # Errors
+///
+/// As [`pack_panels`].
+///
+/// # Examples
+///
+/// ```rust
+/// use half::f16;
+/// use uopc_tile::{Isa, PanelPacking, TileError, pack_panels_f16};
+///
+/// let b = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0].map(f16::from_f32); // [[1, 2, 3], [4, 5, 6]]
+/// let p = PanelPacking { k: 2, n: 3, trans: false, ld: 3, width: 2, panel_stride: 4 };
+/// let mut panels = [f32::NAN; 8];
+/// pack_panels_f16(Isa::detect(), &p, &b, &mut panels)?;
+/// assert_eq!(panels, [1.0, 2.0, 4.0, 5.0, 3.0, 0.0, 6.0, 0.0]);
+/// # Ok::<(), TileError>(())
+/// ```
+pub fn pack_panels_f16(isa: Isa, p: &PanelPacking, src: &[f16], dst: &mut [f32]) -> Result<(), TileError> {
+    checked_half(isa, p, src, dst)
+}
+
+/// [`pack_panels_f16`] from bf16 storage.
+///
+/// # Errors
+///
+/// As [`pack_panels`].
+pub fn pack_panels_bf16(isa: Isa, p: &PanelPacking, src: &[bf16], dst: &mut [f32]) -> Result<(), TileError> {
+    checked_half(isa, p, src, dst)
+}
+
+/// The checks of [`pack_panels`], then the 16-bit packing.
+fn checked_half<H: HalfSource>(
+    isa: Isa,
+    p: &PanelPacking,
+    src: &[H],
+    dst: &mut [f32],
+) -> Result<(), TileError> {
+    if !isa.available() {
+        return Err(TileError::IsaUnavailable(isa));
+    }
+    let [ns, nd] = p.extents()?;
+    check_len("src", ns, src.len())?;
+    check_len("dst", nd, dst.len())?;
+    let PanelPacking { k, n, trans, ld, width: w, panel_stride } = *p;
+    if k == 0 {
+        return Ok(());
+    }
+    for j0 in (0..n).step_by(w) {
+        let cols = w.min(n - j0);
+        // SAFETY: the ISA is available; panel `j0 / w` lies in dst's checked extent, and the
+        // source columns `j0 .. j0 + cols` of every row in src's; `dst` is a unique borrow.
+        unsafe {
+            let to = dst.as_mut_ptr().add((j0 / w) * panel_stride);
+            let from = if trans { src.as_ptr().add(j0 * ld) } else { src.as_ptr().add(j0) };
+            pack_one_half(isa, to, from, trans, ld, k, cols, w);
+        }
+    }
+    Ok(())
+}
+
+/// A 16-bit source type of [`pack_panels_f16`] and [`pack_panels_bf16`].
+#[cfg(target_arch = "x86_64")]
+trait HalfSource: crate::f16_gemm::OperandB + crate::tile::HalfFloat + Into<f32> {}
+#[cfg(target_arch = "x86_64")]
+impl<H: crate::f16_gemm::OperandB + crate::tile::HalfFloat + Into<f32>> HalfSource for H {}
+#[cfg(not(target_arch = "x86_64"))]
+trait HalfSource: Copy + Into<f32> {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<H: Copy + Into<f32>> HalfSource for H {}
+
+/// [`pack_one`] from 16-bit storage: the vector packers widen as they copy when the panel is
+/// one register tile wide and the type's widening features are here, else plain loops.
+///
+/// # Safety
+///
+/// As [`pack_one`], with `src` of `H`s.
+#[allow(clippy::too_many_arguments)] // the panel's geometry, each a plain size
+unsafe fn pack_one_half<H: HalfSource>(
+    isa: Isa,
+    dst: *mut f32,
+    src: *const H,
+    trans: bool,
+    ld: usize,
+    k: usize,
+    cols: usize,
+    w: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if w == panel_width(isa) && isa != Isa::Portable && H::vector_widening() {
+        use crate::tile::TileKernel;
+        // SAFETY: the ISA and the type's widening features are available, and the panel is
+        // one register tile wide, the packing routine's own panel.
+        unsafe {
+            match (isa, trans) {
+                (Isa::Avx512, true) => crate::x86::avx512::Kernel::pack_bt_half(dst, src, ld, k, cols),
+                (Isa::Avx512, false) => crate::x86::avx512::Kernel::pack_b_half(dst, src, ld, k, cols),
+                (_, true) => crate::x86::avx2::Kernel::pack_bt_half(dst, src, ld, k, cols),
+                (_, false) => crate::x86::avx2::Kernel::pack_b_half(dst, src, ld, k, cols),
+            }
+        }
+        return;
+    }
+    let _ = isa;
+    for q in 0..k {
+        for j in 0..w {
+            let x = if j >= cols {
+                0.0
+            } else {
+                // SAFETY: `j < cols`, `q < k`: inside the source.
+                unsafe { *src.add(if trans { j * ld + q } else { q * ld + j }) }.into()
             };
             // SAFETY: `q * w + j < k * w`.
             unsafe { *dst.add(q * w + j) = x };

@@ -142,13 +142,13 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
         && g.b_panel_width != 0
     {
         let (a, b) = (dt(0), dt(1));
-        if g.b_trans || a != DType::F32 || b != DType::F32 {
+        if g.b_trans || !(a == DType::F32 || a.is_half()) || b != DType::F32 {
             return Err(err(
                 IrErrorKind::DType,
                 u,
                 format!(
-                    "GEMM with B {} in panels of {}: want F32 A and B ({a}, {b}) and B not \
-                     transposed",
+                    "GEMM with B {} in panels of {}: want F32 B and an F32, BF16 or F16 A ({a}, \
+                     {b}), and B not transposed",
                     s[1].short(),
                     g.b_panel_width
                 ),
@@ -159,13 +159,14 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
         let (a, b) = (dt(0), dt(1));
         let paired = a == b && (a == DType::F32 || a.is_half());
         let widened_b = a == DType::F32 && b.is_half();
-        if !(paired || widened_b) {
+        let widened_a = a.is_half() && b == DType::F32;
+        if !(paired || widened_b || widened_a) {
             return Err(err(
                 IrErrorKind::DType,
                 u,
                 format!(
                     "GEMM operands A {} ({a}) and B {} ({b}): want both F32, both BF16, \
-                     both F16, or F32 A with F16 or BF16 B",
+                     both F16, or F32 with F16 or BF16 either way round",
                     s[0].short(),
                     s[1].short()
                 ),

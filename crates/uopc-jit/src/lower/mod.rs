@@ -320,6 +320,8 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 // The operands' dtypes pick the kernel (the verifier allowed only these pairs).
                 let dtypes = u.as_gemm().map(|g| (g.a.dtype(), g.b.dtype()));
                 self.externs.get(match dtypes {
+                    Some((DType::BF16, DType::F32)) => Extern::TileGemmBf16F32,
+                    Some((DType::F16, DType::F32)) => Extern::TileGemmF16F32,
                     Some((DType::BF16, _)) => Extern::TileGemmBf16,
                     Some((DType::F16, _)) => Extern::TileGemmF16,
                     Some((_, DType::F16)) => Extern::TileGemmF32F16,

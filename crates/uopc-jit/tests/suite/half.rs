@@ -312,8 +312,8 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// A tile GEMM on an `a_dtype` A and a `dtype` (BF16 or F16) B in a compiled program, and
-/// its reference expansion through the interpreter, against an f64 product of the same inputs.
+/// A tile GEMM on an `a_dtype` A and a `dtype` B (one of them or both 16-bit) in a compiled
+/// program, and its reference expansion through the interpreter, against an f64 product of the same inputs.
 fn half_tile_gemm_matches_f64(a_dtype: DType, dtype: DType) {
     let narrow_to = |dtype: DType, v: Vec<f32>| match dtype {
         DType::BF16 => HostBuffer::BF16(v.into_iter().map(bf16::from_f32).collect()),
@@ -415,20 +415,37 @@ fn f32_by_bf16_tile_gemm_in_a_compiled_program_matches_f64() {
 }
 
 #[test]
+fn half_by_f32_tile_gemms_in_a_compiled_program_match_f64() {
+    // Each 16-bit A with an f32 B calls its own kernel: the two externs declared last
+    // (`Extern::ALL` order), f16's then bf16's.
+    for (a_dtype, call) in [(DType::F16, "call fn16("), (DType::BF16, "call fn17(")] {
+        let g = GemmShape::dense(2, 2, 2, false, false, false);
+        let (a, b, c) = (buffer(0, a_dtype, 4), buffer(1, DType::F32, 4), buffer(2, DType::F32, 4));
+        let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
+        let clif = Program::compile(&p, "gemm_half_f32").unwrap().clif().to_string();
+        assert!(clif.contains(call), "{a_dtype}: {clif}");
+        half_tile_gemm_matches_f64(a_dtype, DType::F32);
+    }
+}
+
+#[test]
 fn bf16_tile_gemm_operands_are_checked() {
     let g = GemmShape::dense(4, 4, 4, false, false, false);
-    let (a, b, c) = (buffer(0, DType::BF16, 16), buffer(1, DType::F32, 16), buffer(2, DType::F32, 16));
+    let (a, b, c) = (buffer(0, DType::BF16, 16), buffer(1, DType::F16, 16), buffer(2, DType::F32, 16));
     let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
     let e = verify(&p).unwrap_err();
     assert_eq!(e.kind, IrErrorKind::DType, "{e}");
     let (a, b, c) = (buffer(0, DType::BF16, 15), buffer(1, DType::BF16, 16), buffer(2, DType::F32, 16));
     let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
     assert_eq!(verify(&p).unwrap_err().kind, IrErrorKind::OutOfBounds);
-    // A and B alike, or an f32 A with a 16-bit B (no other mix has a kernel); C stays f32.
+    // A and B alike, or f32 with a 16-bit type either way round (no other mix has a
+    // kernel); C stays f32.
     for (da, db, dc, ok) in [
         (DType::BF16, DType::F16, DType::F32, false),
         (DType::F16, DType::BF16, DType::F32, false),
-        (DType::F16, DType::F32, DType::F32, false),
+        (DType::F16, DType::F32, DType::F32, true),
+        (DType::BF16, DType::F32, DType::F32, true),
+        (DType::F64, DType::F32, DType::F32, false),
         (DType::F32, DType::BF16, DType::F32, true),
         (DType::F32, DType::F64, DType::F32, false),
         (DType::F64, DType::F64, DType::F32, false),

@@ -141,14 +141,15 @@ impl Blocking {
         }
         let reads = b.tasks(config) / (config.batch * config.kv_heads) / if config.causal { 2 } else { 1 };
         let width = uopc_tile::panel_width(uopc_tile::Isa::detect());
-        // With panels the GEMMs read f32 K and V: f16 and bf16 then take an f32 query tile
-        // (f16 reads its queries in place only without panels, its GEMM reading A and B in one
-        // type) and bf16 writes its rounded P over the f32 scores, f32's tiles, which must fit.
-        // bf16 packs f32 panels only where its GEMM path widens bf16 to f32 anyway (AMX and
-        // vdpbf16ps take bf16 operands).
+        // With panels the GEMMs read f32 K and V: 16-bit queries take an f32 query tile where
+        // it fits, else one head's are read in place (the 16-bit A x f32 panel GEMM widens them
+        // as it packs them), and bf16 writes its rounded P over the f32 scores: f32's tiles,
+        // which must fit. bf16 packs f32 panels only where its GEMM path widens bf16 to f32 anyway
+        // (AMX and vdpbf16ps take bf16 operands).
         let rows = b.heads_per_task * b.queries;
+        let query_tile = !queries_in_place(config, b.heads_per_task);
         let query_tile_fits = config.dtype == SdpaDType::F32
-            || rows * tile_bytes_per_row(SdpaDType::F32, config.d, b.keys, true) <= TILE_BUDGET;
+            || rows * tile_bytes_per_row(SdpaDType::F32, config.d, b.keys, query_tile) <= TILE_BUDGET;
         let panels_pay = config.dtype != SdpaDType::BF16 || bf16_widens();
         if rows > FEW_ROWS
             && reads >= PACK_ONCE_MIN_READS
@@ -236,11 +237,16 @@ impl Blocking {
 
     /// Whether the score GEMM reads the task's query rows from q itself, unscaled (the softmax
     /// step then applies the scale, and a mask loop that reads every score scales it), rather
-    /// than from a scaled copy on the stack: for f32 with one query head per task, whose rows
-    /// are evenly strided in q. The copy's room then goes to more rows.
+    /// than from a copy on the stack: with one query head per task, whose rows are evenly
+    /// strided in q, for f32, f16, and bf16 where its GEMMs widen (the 16-bit GEMMs widen A as
+    /// they pack it). The copy's room then goes to more rows. 16-bit queries against f32 K/V
+    /// panels are the exception while an f32 copy fits the stack: widened once per task, they
+    /// spare every key block's score GEMM that widening.
     pub fn reads_queries_in_place(&self, config: &SdpaConfig) -> bool {
-        let half_panels = config.dtype != SdpaDType::F32 && self.kv_panel_width > 0;
-        queries_in_place(config, self.heads_per_task) && !half_panels
+        let rows = self.heads_per_task * self.queries;
+        let copy_fits = rows * tile_bytes_per_row(SdpaDType::F32, config.d, self.keys, true) <= TILE_BUDGET;
+        let widened_once = config.dtype != SdpaDType::F32 && self.kv_panel_width > 0 && copy_fits;
+        queries_in_place(config, self.heads_per_task) && !widened_once
     }
 
     /// Whether bf16 attention keeps bf16 query and probability tiles of its own, for bf16

@@ -10,12 +10,13 @@ use uopc_jit::Arg;
 ///
 /// With `BF16` or `F16` both GEMMs of a key block run on 16-bit tile GEMMs with f32
 /// accumulation (k and v read as stored, f32 scores), the softmax is computed in f32 and the
-/// output is rounded once at the end. `BF16` keeps its query and P tiles in bf16 (its GEMMs
-/// take both operands in bf16, natively on AMX and `vdpbf16ps`), so its probabilities are
-/// rounded to bf16 in the softmax step's pass and the row sum adds those rounded weights, on
-/// every machine alike. `F16` widens its query tile to f32 once per task and keeps P in f32
-/// over the scores, which the `P · V` GEMM (f32 A, f16 B) reads in place: no x86 path
-/// multiplies f16 natively, so rounding P would only add error and a pass over every score.
+/// output is rounded once at the end. Where the machine's bf16 GEMM takes both operands in
+/// bf16 (natively, on AMX and `vdpbf16ps`), `BF16` keeps its query and P tiles in bf16, so its
+/// probabilities are rounded to bf16 in the softmax step's pass and the row sum adds those
+/// rounded weights. Elsewhere, and always for `F16`, P stays f32 over the scores, which the
+/// `P · V` GEMM (f32 A, 16-bit or f32-panel B) reads in place: no operand needs it rounded,
+/// so rounding would only add error and a pass over every score. The two differ by at most
+/// P's bf16 rounding (a relative 2^-9 per weight), inside a bf16 output's own rounding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum SdpaDType {
     /// 32-bit floats.

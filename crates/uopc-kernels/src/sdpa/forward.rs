@@ -112,8 +112,8 @@ impl Sdpa {
         // K and V packed into panels, in the calling thread's kept buffer.
         let packed = match (&self.panels, k, v) {
             (Some(panels), Values::F32(k), Values::F32(v)) => Some(panels.pack_into(k, v)),
-            (Some(panels), Values::F16(k), Values::F16(v)) => Some(panels.pack_widened_into(k, v)),
-            (Some(panels), Values::BF16(k), Values::BF16(v)) => Some(panels.pack_widened_into(k, v)),
+            (Some(panels), Values::F16(k), Values::F16(v)) => Some(panels.pack_into(k, v)),
+            (Some(panels), Values::BF16(k), Values::BF16(v)) => Some(panels.pack_into(k, v)),
             _ => None,
         };
         let (k, v) = match packed.as_ref().map(|p| p.panels()) {

@@ -17,8 +17,9 @@
 //! **16-bit inputs**: with [`SdpaConfig::dtype`] `BF16` or `F16`, q, k, v and the output are
 //! `half::bf16` or `half::f16` ([`Sdpa::run`] is generic over the element type, and
 //! [`Sdpa::run_values`] checks each argument's); both GEMMs run on the 16-bit tile GEMMs with
-//! f32 sums, the softmax in f32, the probabilities rounded once to bf16 for `P · V` (f16 keeps
-//! them in f32) and the output once at the end (see [`SdpaDType`] for the error this costs). Masks, bias
+//! f32 sums, the softmax in f32, the probabilities rounded once to bf16 for `P · V` where the
+//! bf16 GEMM takes bf16 operands (kept in f32 where it widens, and for f16) and the output once
+//! at the end (see [`SdpaDType`] for the error this costs). Masks, bias
 //! and key lengths are as for f32. Their backward, [`SdpaBackwardHalf`], runs the f32 one on
 //! the widened inputs and rounds the gradients to the input type.
 //!

@@ -7,17 +7,14 @@
 //! packs them once, in parallel over the heads, and the kernel's GEMMs read the panels.
 
 use super::SdpaConfig;
-use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 use rayon::prelude::*;
 use std::cell::Cell;
 use uopc_ir::UOp;
-use uopc_tile::{Isa, PanelPacking, pack_panels};
+use uopc_tile::{Isa, PanelPacking, TileError, pack_panels, pack_panels_bf16, pack_panels_f16};
 
 /// The largest panel buffer a thread keeps between runs: 64 MiB of f32.
 pub(crate) const KEPT_MAX_FLOATS: usize = 16 << 20;
-
-/// Elements per parallel piece of the 16-bit widening.
-const WIDEN_CHUNK: usize = 1 << 16;
 
 thread_local! {
     /// The panel buffer of this thread's last run, kept for its next one (a fresh allocation
@@ -145,9 +142,10 @@ impl KvPanels {
         }
     }
 
-    /// Packs k and v (f32, of the configuration's layout and lengths, checked by the caller)
-    /// into the calling thread's kept buffer, grown if it is too small.
-    pub fn pack_into(&self, k: &[f32], v: &[f32]) -> Packed {
+    /// Packs k and v (f32, f16 or bf16, of the configuration's layout and lengths, checked by
+    /// the caller; 16-bit values widened exactly as they are packed) into the calling thread's
+    /// kept buffer, grown if it is too small.
+    pub fn pack_into<E: PanelSource>(&self, k: &[E], v: &[E]) -> Packed {
         let (k_len, v_len) = (self.k_len(), self.v_len());
         let mut buf = KEPT.try_with(Cell::take).unwrap_or_default();
         if buf.len() < k_len + v_len {
@@ -158,29 +156,11 @@ impl KvPanels {
         Packed { buf, k_len, v_len }
     }
 
-    /// [`KvPanels::pack_into`] for 16-bit (f16 or bf16) K and V: widened to f32 first
-    /// (exactly; in parallel), then packed. The widening is one pass over K and V per run, as
-    /// the packing is.
-    pub fn pack_widened_into<H: Sync>(&self, k: &[H], v: &[H]) -> Packed
-    where
-        [H]: HalfFloatSliceExt,
-    {
-        let widen = |x: &[H]| -> Vec<f32> {
-            let mut wide = vec![0.0f32; x.len()];
-            wide.par_chunks_mut(WIDEN_CHUNK)
-                .zip(x.par_chunks(WIDEN_CHUNK))
-                .for_each(|(to, from)| from.convert_to_f32_slice(to));
-            wide
-        };
-        let (k, v) = rayon::join(|| widen(k), || widen(v));
-        self.pack_into(&k, &v)
-    }
-
-    /// Packs k and v (f32, of `config`'s layout and lengths, checked by the caller) into
+    /// Packs k and v (f32, f16 or bf16, of `config`'s layout and lengths, checked by the caller) into
     /// `kp` and `vp` ([`KvPanels::k_len`] and [`KvPanels::v_len`] long), one rayon task per key
     /// block and per value panel of each head, so that even one head's packing is spread over
     /// the cores.
-    pub fn pack(&self, k: &[f32], v: &[f32], kp: &mut [f32], vp: &mut [f32]) {
+    pub fn pack<E: PanelSource>(&self, k: &[E], v: &[E], kp: &mut [f32], vp: &mut [f32]) {
         let isa = Isa::detect();
         let (bc, w) = (self.keys, self.width);
         let head_at =
@@ -201,7 +181,7 @@ impl KvPanels {
                     let first = block * bc;
                     let cols = bc.min(self.n_k - first);
                     let at = head_at(head) + first * self.strides[2];
-                    pack_panels(isa, &self.keys(cols), &k[at..], kp).expect("one key block's panels");
+                    E::pack(isa, &self.keys(cols), &k[at..], kp).expect("one key block's panels");
                 })
             },
             || {
@@ -210,9 +190,33 @@ impl KvPanels {
                     let cols = w.min(self.d - panel * w);
                     let one = PanelPacking { n: cols, ..self.values() };
                     let at = head_at(head) + panel * w;
-                    pack_panels(isa, &one, &v[at..], vp).expect("one value panel");
+                    E::pack(isa, &one, &v[at..], vp).expect("one value panel");
                 })
             },
         );
+    }
+}
+
+/// An element type K and V are packed from: f32 copied, f16 and bf16 widened exactly.
+pub(crate) trait PanelSource: Copy + Sync {
+    /// [`pack_panels`] (or its 16-bit twin) from this type.
+    fn pack(isa: Isa, p: &PanelPacking, src: &[Self], dst: &mut [f32]) -> Result<(), TileError>;
+}
+
+impl PanelSource for f32 {
+    fn pack(isa: Isa, p: &PanelPacking, src: &[f32], dst: &mut [f32]) -> Result<(), TileError> {
+        pack_panels(isa, p, src, dst)
+    }
+}
+
+impl PanelSource for f16 {
+    fn pack(isa: Isa, p: &PanelPacking, src: &[f16], dst: &mut [f32]) -> Result<(), TileError> {
+        pack_panels_f16(isa, p, src, dst)
+    }
+}
+
+impl PanelSource for bf16 {
+    fn pack(isa: Isa, p: &PanelPacking, src: &[bf16], dst: &mut [f32]) -> Result<(), TileError> {
+        pack_panels_bf16(isa, p, src, dst)
     }
 }

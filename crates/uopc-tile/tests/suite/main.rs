@@ -10,6 +10,7 @@ mod convert;
 mod f16;
 mod f32_bf16;
 mod gemm;
+mod half_a;
 mod machine;
 mod max_sum_exp;
 mod panels;

@@ -103,13 +103,13 @@ impl SdpaKernel {
             task.oi.after(&state).index(at_d),
         ];
         let update = match (self.half, &task.pi) {
-            // bf16 P is rounded to bf16: into a tile of its own for the bf16 GEMM (which takes
-            // both operands in bf16, natively where AMX or vdpbf16ps runs it), or, where the
-            // GEMMs widen or read f32 panels, over the f32 scores as the rounded values (exact
-            // in f32, read in place by the f32 x bf16 GEMM), so the numerics are the same
-            // either way. f16 P stays f32 over the scores, which the f32 x f16 GEMM reads.
-            (Some(DType::BF16), pi) => {
-                operands.push(pi.as_ref().map_or(scores_in, |p| p.after(&state).index(at_s)));
+            // bf16 P is rounded to bf16 into a tile of its own for a bf16 GEMM that takes both
+            // operands in bf16 (natively, where AMX or vdpbf16ps runs it), as that GEMM
+            // requires. Where the GEMMs widen or read f32 panels, P stays f32 over the scores,
+            // as f16's does, and the f32 x 16-bit (or f32 panel) GEMM reads it: rounding P there
+            // would cost a pass and lose precision for no operand that needs it.
+            (Some(DType::BF16), Some(pi)) => {
+                operands.push(pi.after(&state).index(at_s));
                 TileOp::SoftmaxUpdateRounded {
                     rows,
                     cols,

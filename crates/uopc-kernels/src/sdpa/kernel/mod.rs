@@ -41,15 +41,15 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// when the score tile is that wide. With key lengths, blocks past the item's length are
 /// skipped and only the block holding its end is masked. Without a bool mask or bias, the mask loop writes `-inf`
 /// over each row's masked suffix of the block only. With a 16-bit dtype the query rows are
-/// copied unscaled and exactly (bf16 ones for bf16 GEMMs as bf16, f16 ones and bf16 ones
+/// read in place ([`Blocking::reads_queries_in_place`]) or copied unscaled and exactly (bf16 ones for bf16 GEMMs as bf16, f16 ones and bf16 ones
 /// whose GEMMs widen to f32 once per task by a block conversion, so each key block's score
 /// GEMM widens only the keys), the GEMMs take the 16-bit keys and
 /// values (f32 scores and output tile), and the softmax step scales the scores (unless a mask
-/// loop that reads every score already did) and writes P: for bf16
+/// loop that reads every score already did) and writes P: for bf16 whose GEMM takes both
+/// operands in bf16
 /// ([`TileOp::SoftmaxUpdateRounded`](uopc_ir::TileOp::SoftmaxUpdateRounded)) rounded to bf16,
-/// into a tile of its own for `P · V` where the bf16 GEMM takes both operands in bf16, else
-/// over the f32 scores; for f16 as f32 over the scores (the f32 x f16 or f32 x bf16 GEMM
-/// reads its A in place, widening only V); the output is rounded
+/// into a tile of its own for `P · V`; otherwise as f32 over the scores (the f32 x 16-bit GEMM,
+/// or the f32 GEMM of V's panels, reads its A in place); the output is rounded
 /// once when stored (by a block conversion when the task owns contiguous output rows). The last query
 /// block starts early enough to be full (it overlaps the previous one) and writes only its own
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow

@@ -156,6 +156,9 @@ impl SdpaKernel {
         let l = task.li.after(after).index(&r).load();
         // l = 0: no key seen, zeros; l NaN: a NaN key was seen, NaN.
         let inv_l = l.ne(0.0f32).where_(l.recip(), f32c(0.0));
+        if self.half.is_some() {
+            return self.write_half_row_by_row(task, after, [&hh, &rq], (&row, &r, &e), &inv_l);
+        }
         let o = task.oi.after(after).index(&r * d + &e).load();
         let at = if own_rows {
             // Task t then owns the `gs * bq` output rows starting at row `t * gs * bq`: the
@@ -165,11 +168,7 @@ impl SdpaKernel {
         } else {
             &task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &row) * qsn + &e
         };
-        let value = match self.half {
-            Some(el) => (o * inv_l).cast(el),
-            None => o * inv_l,
-        };
-        let st = self.out.index(at).store(value);
+        let st = self.out.index(at).store(o * inv_l);
         let Some(lse) = &self.lse else { return sink(&[st.end(&[e, rq, hh, task.t.clone()])]) };
         // The same row numbering as the output's (so the same disjointness proof holds).
         let lse_at = if own_rows {
@@ -180,6 +179,37 @@ impl SdpaKernel {
         let m = task.mi.after(after).index(&r).load();
         let lse_st = lse.index(lse_at).store(m + l.log2());
         sink(&[sink(&[st.end(&[e]), lse_st]).end(&[rq, hh, task.t.clone()])])
+    }
+
+    /// [`Self::write`] for a 16-bit output in any other layout or blocking: each row the task
+    /// writes (`row` of head `hh`, loops `hh` and `rq` outermost first, tile row `r`, column
+    /// loop `e`) divided by its sum in place in f32, then rounded into the output by one
+    /// [`TileOp::Convert`] of that row: the values of a store loop's `(o * inv_l) as dtype`,
+    /// bit for bit, 16 per instruction where a CAST converts four at a time with integer
+    /// operations.
+    fn write_half_row_by_row(
+        &mut self,
+        task: &Task,
+        after: &[UOp],
+        [hh, rq]: [&UOp; 2],
+        (row, r, e): (&UOp, &UOp, &UOp),
+        inv_l: &UOp,
+    ) -> UOp {
+        let SdpaConfig { heads, n_q, d, .. } = self.c;
+        let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
+        let cell = task.oi.after(after).index(r * d + e);
+        let normalize = cell.store(cell.load() * inv_l).end(std::slice::from_ref(e));
+        let narrow = TileOp::Convert { rows: 1, cols: d, lds: d, ldd: d };
+        let out_at = &task.item * qsb + (&task.head0 + hh) * qsh + (&task.q0 + row) * qsn;
+        let st = tile(narrow, &[task.oi.after(&[normalize]).index(r * d), self.out.index(out_at)]);
+        let mut row_done = vec![st];
+        if let Some(lse) = &self.lse {
+            let lse_at = (&task.item * heads + &task.head0 + hh) * n_q + &task.q0 + row;
+            let l = task.li.after(after).index(r).load();
+            let m = task.mi.after(after).index(r).load();
+            row_done.push(lse.index(lse_at).store(m + l.log2()));
+        }
+        sink(&[sink(&row_done).end(&[rq.clone(), hh.clone(), task.t.clone()])])
     }
 
     /// [`Self::write`] for a 16-bit output whose task owns `rows` contiguous output rows
