@@ -45,6 +45,7 @@ impl Case {
             bias: self.bias.as_deref(),
             key_lengths: self.lens.as_deref(),
             kv_length: None,
+            captures: &[],
         }
     }
     fn reference(&self) -> Vec<f64> {

@@ -76,6 +76,7 @@ impl<T: Half> Case<T> {
             bias: self.bias.as_deref(),
             key_lengths: self.lens.as_deref(),
             kv_length: None,
+            captures: &[],
         }
     }
     /// The f64 attention of the 16-bit inputs (widened exactly).

@@ -97,6 +97,15 @@ pub enum SdpaError {
         /// The configuration's `n_k`.
         capacity: usize,
     },
+    /// Attention mods whose functions or captured tensors are wrong: `name` the capture (empty
+    /// when the fault is not one capture's), `reason` what is wrong.
+    #[error("sdpa mods: {}{reason}", if name.is_empty() { String::new() } else { format!("capture `{name}`: ") })]
+    Capture {
+        /// The captured tensor at fault, or empty.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The JIT refused the program.
     #[error("sdpa: {0}")]
     Jit(#[from] JitError),

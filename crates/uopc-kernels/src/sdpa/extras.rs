@@ -16,6 +16,63 @@ pub struct Extras<'a> {
     pub key_lengths: Option<&'a [i32]>,
     /// The current KV length, when [`SdpaConfig::runtime_kv_length`] is set.
     pub kv_length: Option<usize>,
+    /// The values of an [`AttentionMods`](super::AttentionMods)' captured tensors, in their
+    /// order of declaration (one slice each, of the declared length and dtype); empty for
+    /// attention without mods.
+    pub captures: &'a [CaptureValues<'a>],
+}
+
+/// The values of one captured tensor.
+#[derive(Clone, Copy, Debug)]
+pub enum CaptureValues<'a> {
+    /// For an F32 capture.
+    F32(&'a [f32]),
+    /// For an I32 capture.
+    I32(&'a [i32]),
+}
+
+impl<'a> From<&'a [f32]> for CaptureValues<'a> {
+    fn from(v: &'a [f32]) -> Self {
+        CaptureValues::F32(v)
+    }
+}
+
+impl<'a> From<&'a [i32]> for CaptureValues<'a> {
+    fn from(v: &'a [i32]) -> Self {
+        CaptureValues::I32(v)
+    }
+}
+
+/// Checks `captures` against the mods' declarations and appends them in the programs' buffer
+/// order (after the key lengths).
+pub(super) fn push_captures<'a>(
+    specs: &[super::CaptureSpec],
+    captures: &'a [CaptureValues<'a>],
+    args: &mut Vec<Arg<'a>>,
+) -> Result<(), SdpaError> {
+    if captures.len() != specs.len() {
+        return Err(SdpaError::Capture {
+            name: String::new(),
+            reason: format!("{} captured tensor(s) given, the mods declare {}", captures.len(), specs.len()),
+        });
+    }
+    for (spec, values) in specs.iter().zip(captures) {
+        let (len, dtype, arg) = match *values {
+            CaptureValues::F32(v) => (v.len(), uopc_ir::DType::F32, Arg::Read(BufRef::F32(v))),
+            CaptureValues::I32(v) => (v.len(), uopc_ir::DType::I32, Arg::Read(BufRef::I32(v))),
+        };
+        if dtype != spec.dtype || len != spec.len() {
+            return Err(SdpaError::Capture {
+                name: spec.name.clone(),
+                reason: format!(
+                    "given {len} {dtype} value(s), declared {} of shape {:?}",
+                    spec.dtype, spec.shape
+                ),
+            });
+        }
+        args.push(arg);
+    }
+    Ok(())
 }
 
 /// `Ok` when a slice argument has the length the configuration needs.

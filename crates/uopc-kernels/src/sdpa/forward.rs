@@ -1,10 +1,11 @@
 //! [`Sdpa`]: one compiled attention forward, its compile and its run.
 
 use super::blocking::cores;
+use super::flex::{KeyBounds, placeholders};
 use super::panels::KvPanels;
 use super::{
-    Blocking, Extras, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check, push_extras, sdpa_ir,
-    sdpa_merge_ir,
+    AttentionMods, Blocking, Extras, MaskKind, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check,
+    push_captures, push_extras, sdpa_flex_ir, sdpa_ir, sdpa_merge_ir,
 };
 use std::fmt;
 use uopc_jit::{Arg, JitError, Program};
@@ -19,6 +20,8 @@ pub struct Sdpa {
     merge: Option<Program>,
     /// Where K and V are packed into panels, with [`Blocking::kv_panel_width`].
     panels: Option<KvPanels>,
+    /// The score and mask functions and sinks compiled in, and how the mask bounds the keys.
+    mods: Option<(AttentionMods, String)>,
 }
 
 impl Sdpa {
@@ -58,7 +61,57 @@ impl Sdpa {
         } else {
             None
         };
-        let sdpa = Sdpa { config: *config, blocking, program, merge, panels: blocking.kv_panels(config) };
+        let sdpa = Sdpa {
+            config: *config,
+            blocking,
+            program,
+            merge,
+            panels: blocking.kv_panels(config),
+            mods: None,
+        };
+        if uopc_tensor::debug_level() >= 1 {
+            eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
+        }
+        Ok(sdpa)
+    }
+
+    /// Attention with a score function, a mask function and sinks ([`AttentionMods`]) compiled
+    /// into the kernel: `out = softmax(score(scale * q k^T) masked, with the sinks in the
+    /// denominator) v`. Blocks are chosen as for [`Sdpa::compile`], in one chunk of keys. The
+    /// configuration's causal flag, key lengths and runtime KV length still apply; a bool mask
+    /// or bias is written in the functions instead.
+    ///
+    /// # Errors
+    ///
+    /// [`SdpaError::Capture`] for a configuration with a bool mask or bias, a score function
+    /// that does not give a float or a mask function that does not give a Bool, a capture read
+    /// with the wrong number of indices (naming it), sinks that are not F32 of shape
+    /// `[heads]`, and a capture read out of its bounds (naming it); the errors of
+    /// [`Sdpa::compile`].
+    pub fn compile_flex(config: &SdpaConfig, mods: &AttentionMods) -> Result<Sdpa, SdpaError> {
+        config.validate()?;
+        let fault = |reason: String| SdpaError::Capture { name: String::new(), reason };
+        if config.mask != MaskKind::None {
+            return Err(fault("a bool mask or bias goes into the mask or score function with mods".into()));
+        }
+        let slots: Vec<_> = mods
+            .captures()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| uopc_ir::buffer(1000 + i, c.dtype, c.len()))
+            .collect();
+        mods.check(config.heads, &slots).map_err(fault)?;
+        let blocking = Blocking { splits: 1, ..Blocking::choose(config, cores()) };
+        let program = Program::compile(&sdpa_flex_ir(config, &blocking, mods), "sdpa_flex")
+            .map_err(|e| capture_bounds_error(e, config, mods))?;
+        let sdpa = Sdpa {
+            config: *config,
+            blocking,
+            program,
+            merge: None,
+            panels: blocking.kv_panels(config),
+            mods: Some((mods.clone(), describe_mods(mods))),
+        };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
         }
@@ -133,6 +186,13 @@ impl Sdpa {
             vec![q.arg(), k, v, out.arg()]
         };
         push_extras(c, extras, &mut args)?;
+        match &self.mods {
+            Some((mods, _)) => push_captures(mods.captures(), extras.captures, &mut args)?,
+            None if !extras.captures.is_empty() => {
+                return Err(SdpaError::Extra { arg: "captures", expected: false });
+            }
+            None => {}
+        }
         if c.runtime_kv_length != extras.kv_length.is_some() {
             return Err(SdpaError::Extra { arg: "kv_length", expected: c.runtime_kv_length });
         }
@@ -173,6 +233,19 @@ impl Sdpa {
     /// The compiled kernel (loop IR, estimates, compile time).
     pub fn program(&self) -> &Program {
         &self.program
+    }
+
+    /// The fraction of key blocks (query block x key block pairs, the narrow last block
+    /// counted) that its kernel computes, from [`flex_block_plan`](super::flex_block_plan):
+    /// 1 without mods; `None` when the plan reads run-time values.
+    pub fn blocks_computed(&self) -> Option<f64> {
+        let Some((mods, _)) = &self.mods else { return Some(1.0) };
+        let plan = super::flex_block_plan(&self.config, &self.blocking, mods)?;
+        let (c, b) = (&self.config, &self.blocking);
+        let narrow = usize::from(!c.n_k.is_multiple_of(b.keys));
+        let per_task = c.n_k / b.keys + narrow;
+        let computed: usize = plan.iter().map(|[t0, _, _, t1]| t1 - t0 + narrow).sum();
+        Some(computed as f64 / (plan.len() * per_task) as f64)
     }
 }
 
@@ -215,6 +288,62 @@ impl fmt::Display for Sdpa {
                 0 => String::new(),
                 w => format!(", K and V packed once per run into panels of {w}"),
             }
-        )
+        )?;
+        match &self.mods {
+            Some((_, text)) => write!(f, "; {text}"),
+            None => Ok(()),
+        }
     }
+}
+
+/// What mods compile into, for [`Sdpa`]'s `Display`: the functions, the sinks, and which key
+/// blocks the mask lets the kernel skip or run unmasked, and why.
+fn describe_mods(mods: &AttentionMods) -> String {
+    let mut parts = Vec::new();
+    if mods.has_score() {
+        parts.push("a score function".to_string());
+    }
+    if mods.has_sink_logits() {
+        parts.push("sinks".to_string());
+    }
+    let blocks = if mods.has_mask() {
+        let [b, h, q, kv] = placeholders();
+        let (_, mask, _) = mods.build((&b, &h, &q, &kv), &[], None);
+        let kb = mask.map(|m| KeyBounds::of(&m, &kv)).unwrap_or_default();
+        let (starts, ends) = (kb.start.len(), kb.end.len());
+        let skipped = if starts + ends == 0 {
+            "no key bound read off it: every block is masked".to_string()
+        } else {
+            format!(
+                "{starts} start and {ends} end bound(s) on the keys read off its comparisons: blocks outside every row's bounds are skipped{}",
+                if kb.exact {
+                    ", blocks inside them run unmasked"
+                } else {
+                    "; the rest of the mask is evaluated on every block not skipped"
+                }
+            )
+        };
+        format!("a mask function ({skipped})")
+    } else {
+        "no mask function".to_string()
+    };
+    parts.push(blocks);
+    format!("mods: {}", parts.join(", "))
+}
+
+/// A compile error of a flex kernel; a load out of a capture's bounds names the capture.
+fn capture_bounds_error(e: uopc_jit::JitError, config: &SdpaConfig, mods: &AttentionMods) -> SdpaError {
+    let text = e.to_string();
+    let first = 4 + usize::from(config.key_lengths);
+    for (i, spec) in mods.captures().iter().enumerate() {
+        if text.contains("index may range")
+            && text.contains(&format!("BUFFER {} slot={} ", spec.dtype, first + i))
+        {
+            return SdpaError::Capture {
+                name: spec.name.clone(),
+                reason: format!("read out of its bounds ({text})"),
+            };
+        }
+    }
+    e.into()
 }

@@ -57,6 +57,7 @@ impl Case {
             bias: self.bias.as_deref(),
             key_lengths: self.lens.as_deref(),
             kv_length: None,
+            captures: &[],
         }
     }
 }

@@ -64,6 +64,7 @@ impl<T: Half> Case<T> {
             bias: self.bias.as_deref(),
             key_lengths: self.lens.as_deref(),
             kv_length: None,
+            captures: &[],
         }
     }
 

@@ -86,11 +86,14 @@ impl SdpaKernel {
         let unscaled = self.half.is_some() || self.q_in_place;
         let mut softmax_scale = if unscaled { qscale } else { 1.0 };
         if mask != BlockMask::Clear {
-            let scaled_by_loop = unscaled && (self.mask.is_some() || qscale <= 0.0);
+            // Mods' mask loops read every score, as a bool mask's or a bias's does.
+            let reads_all = self.mask.is_some() || self.mods.is_some();
+            let scaled_by_loop = unscaled && (reads_all || qscale <= 0.0);
             if scaled_by_loop {
                 softmax_scale = 1.0;
             }
-            g1 = self.mask_block(task, first, cols, g1, span, scaled_by_loop.then_some(qscale));
+            let keys_masked = mask != BlockMask::ScoreOnly;
+            g1 = self.mask_block(task, first, cols, g1, span, scaled_by_loop.then_some(qscale), keys_masked);
         }
         let after_g1 = std::slice::from_ref(&g1);
         let mut state = prev.to_vec();
@@ -151,7 +154,11 @@ impl SdpaKernel {
     /// does not see to `-inf`: causal, past the item's key length, or false in the bool mask.
     /// Only the rows `span` of the tile are touched (all of them with stacked heads). With
     /// `scale`, every score of the rows is multiplied by it first (unscaled scores: 16-bit
-    /// attention's, or those of queries read in place).
+    /// attention's, or those of queries read in place). With attention mods, the score
+    /// function rewrites each score and the mask function joins the masks. Without
+    /// `keys_masked` (a block every row sees whole) nothing is masked: only the score function
+    /// runs.
+    #[allow(clippy::too_many_arguments)] // the block, its rows and what the loop does to them
     pub(super) fn mask_block(
         &mut self,
         task: &Task,
@@ -160,11 +167,12 @@ impl SdpaKernel {
         scores: UOp,
         span: Span,
         scale: Option<f32>,
+        keys_masked: bool,
     ) -> UOp {
         let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
         // A sub-tile is a span of one head's query rows (heads_per_task is 1 then).
         let (r0, bq) = if span.rows == self.rows { (0, bq) } else { (span.r0, span.rows) };
-        if self.mask.is_none() && scale.is_none() {
+        if self.mask.is_none() && scale.is_none() && self.mods.is_none() {
             return self.mask_suffix(task, first, cols, scores, Span { r0, rows: bq });
         }
         let pb = &mut self.pb;
@@ -196,6 +204,20 @@ impl SdpaKernel {
                 MaskKind::Bool(_) => keep.push(x),
                 _ => score = score + x * (LOG2E as f32),
             }
+        }
+        if let Some((mods, buffers)) = &self.mods {
+            // The functions see the scaled score in natural units and give one back; the tile
+            // holds base-2 scores.
+            let natural = &score * std::f32::consts::LN_2;
+            let head = &task.head0 + &hh;
+            let (modified, mask, _) = mods.build((&task.item, &head, &query, &key), buffers, Some(&natural));
+            if let Some(s) = modified {
+                score = s.cast(DType::F32) * (LOG2E as f32);
+            }
+            keep.extend(mask);
+        }
+        if !keys_masked {
+            keep.clear();
         }
         for c in keep {
             score = c.where_(&score, f32c(f32::NEG_INFINITY));

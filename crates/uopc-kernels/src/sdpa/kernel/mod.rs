@@ -1,11 +1,13 @@
 //! The FlashAttention-2 loop program of [`super`] for a configuration and its [`Blocking`].
 
+mod flex_loops;
+pub use flex_loops::flex_block_plan;
 mod key_block;
 mod key_loops;
 mod task;
 
 use super::panels::KvPanels;
-use super::{Blocking, MaskKind, SdpaConfig};
+use super::{AttentionMods, Blocking, MaskKind, SdpaConfig};
 use crate::masked::min_idx;
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 
@@ -55,20 +57,20 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
 /// block.
 pub fn sdpa_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, false, false).program()
+    SdpaKernel::new(config, blocking, false, false, None).program()
 }
 
 /// [`sdpa_ir`] with the output in the last slot, after the mask or bias and the key lengths
 /// (the order of a tensor graph's kernel node: sources, then the output). `blocking.splits`
 /// must be 1.
 pub(crate) fn sdpa_ir_output_last(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, true, false).program()
+    SdpaKernel::new(config, blocking, true, false, None).program()
 }
 
 /// [`sdpa_ir_output_last`] whose output is two consecutive slots: the attention output, then
 /// each query row's base-2 log-sum-exp (as [`sdpa_ir_with_lse`] stores it).
 pub(crate) fn sdpa_ir_output_last_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, true, true).program()
+    SdpaKernel::new(config, blocking, true, true, None).program()
 }
 
 /// [`sdpa_ir`] that also stores each query row's base-2 log-sum-exp, what the backward pass
@@ -79,7 +81,17 @@ pub(crate) fn sdpa_ir_output_last_with_lse(config: &SdpaConfig, blocking: &Block
 /// The lse buffer comes after every buffer of [`sdpa_ir`]: `batch * heads * n_q` f32s laid
 /// out `(batch, head, row)`, whatever the layout of q.
 pub fn sdpa_ir_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, false, true).program()
+    SdpaKernel::new(config, blocking, false, true, None).program()
+}
+
+/// [`sdpa_ir`] with attention mods ([`AttentionMods`]): their score and mask functions run in
+/// the mask loop of every key block that needs them, blocks the mask's key bounds exclude are
+/// skipped, blocks every row sees whole run the score function alone, and sinks join each
+/// row's sum before the output is written. The captured tensors' buffers come after the key
+/// lengths, in declaration order. `blocking.splits` must be 1, and the configuration has no
+/// bool mask or bias (the mods express them).
+pub fn sdpa_flex_ir(config: &SdpaConfig, blocking: &Blocking, mods: &AttentionMods) -> UOp {
+    SdpaKernel::new(config, blocking, false, false, Some(mods)).program()
 }
 
 struct SdpaKernel {
@@ -105,6 +117,8 @@ struct SdpaKernel {
     q_in_place: bool,
     /// Where k and v lie in panels, with [`Blocking::kv_panel_width`].
     panels: Option<KvPanels>,
+    /// Score and mask functions, sinks, and their captured tensors' buffers.
+    mods: Option<(AttentionMods, Vec<UOp>)>,
     pb: ProgramBuilder,
 }
 
@@ -115,6 +129,9 @@ enum BlockMask {
     Clear,
     /// Rows may see some keys only: the mask loop runs over the block.
     Partial,
+    /// Every row sees every key, and a score function rewrites the scores: the mask loop runs
+    /// without masking.
+    ScoreOnly,
     /// The causal diagonal and nothing else: every row of the span sees the block's keys but
     /// its last `span.rows`, and row `r` sees those up to the `r`-th. The mask loop runs, and
     /// the GEMMs skip the parts of the block wholly above the diagonal.
@@ -158,7 +175,13 @@ struct Task {
 }
 
 impl SdpaKernel {
-    fn new(config: &SdpaConfig, blocking: &Blocking, output_last: bool, save_lse: bool) -> Self {
+    fn new(
+        config: &SdpaConfig,
+        blocking: &Blocking,
+        output_last: bool,
+        save_lse: bool,
+        mods: Option<&AttentionMods>,
+    ) -> Self {
         let c = *config;
         let f32t = DType::F32;
         let el = c.dtype.dtype();
@@ -187,6 +210,16 @@ impl SdpaKernel {
         slot += usize::from(mask.is_some());
         let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
         slot += usize::from(lens.is_some());
+        let mods = mods.map(|m| {
+            let bufs: Vec<UOp> = m
+                .captures()
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| buffer(slot + i, spec.dtype, spec.len()))
+                .collect();
+            (m.clone(), bufs)
+        });
+        slot += mods.as_ref().map_or(0, |(_, bufs)| bufs.len());
         // After every other buffer (in the output-last form, right after the output).
         let lse_slot = if output_last { slot + 1 } else { slot };
         let lse = save_lse.then(|| buffer(lse_slot, f32t, c.batch * c.heads * c.n_q));
@@ -207,6 +240,7 @@ impl SdpaKernel {
             half: (el != f32t).then_some(el),
             q_in_place: blocking.reads_queries_in_place(config),
             panels,
+            mods,
             pb: ProgramBuilder::new(),
         }
     }
@@ -219,7 +253,10 @@ impl SdpaKernel {
         let (full, rest) = (n_k / bc, n_k % bc);
         let masked_everywhere = self.mask.is_some();
         let bounded = self.c.causal || self.lens.is_some() || self.kv_length.is_some();
-        let done = if splits == 1 && !bounded {
+        let done = if self.mods.is_some() {
+            let done = self.flex_key_loops(&task, &init, full, rest);
+            self.sink_step(&task, done)
+        } else if splits == 1 && !bounded {
             let kb = self.pb.range(full, AxisType::Reduce);
             let mut prev = init.clone();
             prev.push(kb.clone());

@@ -1,0 +1,245 @@
+//! Attention with score and mask functions compiled in (`Sdpa::compile_flex`) against the f64
+//! reference with the same functions written as Rust closures: ALiBi, softcap, sliding window,
+//! document and prefix-LM masks, sinks; GQA, odd sizes, key lengths, stacked heads, rows that
+//! see no key. Then the blocks the mask's bounds skip against a brute-force count, and bad
+//! mods.
+
+use uopc_ir::{DType, UOp, idx};
+use uopc_kernels::sdpa::{
+    AttentionMods, CaptureValues, Extras, FlexReference, Sdpa, SdpaConfig, SdpaError, and, eq,
+    flex_block_plan, or, reference_flex_f64,
+};
+
+mod support;
+use support::Rng;
+
+fn config(b: usize, h: usize, hkv: usize, n_q: usize, n_k: usize, d: usize) -> SdpaConfig {
+    SdpaConfig { kv_heads: hkv, ..SdpaConfig::new(b, h, n_q, n_k, d) }
+}
+
+/// `c * tanh(x / c)` from exp2, as a score function writes it.
+fn softcap(x: &UOp, c: f32) -> UOp {
+    let e = (x * (2.0 / c * std::f32::consts::LOG2_E)).exp2();
+    (((e + 1.0f32).recip() * -2.0f32) + 1.0f32) * c
+}
+
+/// Runs `mods` on random q, k, v for `c` and compares with the reference: every output within
+/// `2e-5 (1 + |want|)` (f32 sums of D products, an f32 exp2 within 1.2e-7, and the score
+/// functions' own f32 rounding).
+fn check(
+    c: SdpaConfig,
+    mods: &AttentionMods,
+    captures: &[CaptureValues<'_>],
+    f: FlexReference<'_>,
+    rng: &mut Rng,
+) -> Sdpa {
+    check_with(c, mods, captures, f, rng, None)
+}
+
+fn check_with(
+    c: SdpaConfig,
+    mods: &AttentionMods,
+    captures: &[CaptureValues<'_>],
+    f: FlexReference<'_>,
+    rng: &mut Rng,
+    lens: Option<&[i32]>,
+) -> Sdpa {
+    let (q, k, v) = (rng.values(c.q_len()), rng.values(c.kv_len()), rng.values(c.kv_len()));
+    let sdpa = Sdpa::compile_flex(&c, mods).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    let extras = Extras { captures, key_lengths: lens, ..Extras::default() };
+    let mut out = vec![f32::NAN; c.q_len()];
+    sdpa.run(&q, &k, &v, extras, &mut out).unwrap();
+    let want = reference_flex_f64(&c, &q, &k, &v, extras, f);
+    for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+        assert!(
+            (f64::from(got) - want).abs() <= 2e-5 * (1.0 + want.abs()),
+            "{c:?} {sdpa}: out[{i}] = {got}, want {want}"
+        );
+    }
+    sdpa
+}
+
+#[test]
+fn alibi_and_softcap_score_functions_match_the_reference() {
+    let mut rng = Rng(3);
+    for c in [
+        SdpaConfig { causal: true, ..config(2, 4, 2, 37, 37, 16) },
+        config(1, 6, 3, 129, 200, 40),
+        SdpaConfig { causal: true, ..config(1, 8, 8, 1, 70, 8) },
+    ] {
+        let mut mods = AttentionMods::new();
+        let slopes = mods.capture("slopes", &[c.heads], DType::F32);
+        let mods =
+            mods.score(move |x, s| s + x.load(slopes, &[x.h.clone()]) * (&x.kv - &x.q).cast(DType::F32));
+        let slope: Vec<f32> = (0..c.heads).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+        let alibi = |s: f64, [_, h, i, j]: [usize; 4]| s + f64::from(slope[h]) * (j as f64 - i as f64);
+        let f = FlexReference { score: Some(&alibi), ..FlexReference::default() };
+        let sdpa = check(c, &mods, &[CaptureValues::F32(&slope)], f, &mut rng);
+        assert!(sdpa.to_string().contains("a score function"), "{sdpa}");
+
+        let capped = AttentionMods::new().score(|_, s| softcap(s, 0.3));
+        let cap = |s: f64, _: [usize; 4]| 0.3 * (s / 0.3).tanh();
+        check(c, &capped, &[], FlexReference { score: Some(&cap), ..FlexReference::default() }, &mut rng);
+    }
+}
+
+#[test]
+fn window_document_and_prefix_masks_match_the_reference() {
+    let mut rng = Rng(5);
+    for c in [config(1, 2, 1, 300, 300, 16), config(2, 3, 3, 77, 77, 24), config(1, 4, 2, 513, 513, 8)] {
+        let w = 50;
+        let window = AttentionMods::new().mask(move |x| and(&x.kv.lt(&x.q + 1), &(&x.q - &x.kv).lt(w)));
+        let keep = |[_, _, i, j]: [usize; 4]| j <= i && i - j < w as usize;
+        let sdpa =
+            check(c, &window, &[], FlexReference { mask: Some(&keep), ..FlexReference::default() }, &mut rng);
+        assert!(sdpa.to_string().contains("1 start and 1 end bound(s)"), "{sdpa}");
+        assert!(sdpa.to_string().contains("inside them run unmasked"), "{sdpa}");
+
+        let n = c.n_q;
+        let mut docs = AttentionMods::new();
+        let ids = docs.capture("doc_ids", &[c.batch, n], DType::I32);
+        let docs = docs.mask(move |x| {
+            eq(&x.load(ids, &[x.b.clone(), x.q.clone()]), &x.load(ids, &[x.b.clone(), x.kv.clone()]))
+        });
+        // Documents of 1 to 60 tokens.
+        let mut doc = Vec::with_capacity(c.batch * n);
+        for _ in 0..c.batch {
+            let (mut id, mut left) = (0, 0);
+            for _ in 0..n {
+                if left == 0 {
+                    id += 1;
+                    left = 1 + rng.below(60);
+                }
+                left -= 1;
+                doc.push(id);
+            }
+        }
+        let same = |[b, _, i, j]: [usize; 4]| doc[b * n + i] == doc[b * n + j];
+        let f = FlexReference { mask: Some(&same), ..FlexReference::default() };
+        let sdpa = check(c, &docs, &[CaptureValues::I32(&doc)], f, &mut rng);
+        assert!(sdpa.to_string().contains("every block is masked"), "{sdpa}");
+
+        let prefix = 20;
+        let prefix_lm = AttentionMods::new().mask(move |x| or(&x.kv.lt(prefix), &x.kv.lt(&x.q + 1)));
+        let keep = |[_, _, i, j]: [usize; 4]| j < prefix as usize || j <= i;
+        check(c, &prefix_lm, &[], FlexReference { mask: Some(&keep), ..FlexReference::default() }, &mut rng);
+    }
+}
+
+#[test]
+fn sinks_join_every_rows_denominator() {
+    let mut rng = Rng(7);
+    for c in [
+        SdpaConfig { causal: true, ..config(2, 4, 2, 45, 45, 16) },
+        config(1, 8, 2, 1, 300, 32),
+        SdpaConfig { causal: true, ..config(1, 2, 2, 200, 200, 8) },
+    ] {
+        let mut mods = AttentionMods::new();
+        let logits = mods.capture("sinks", &[c.heads], DType::F32);
+        let window = 30;
+        let mods = mods.sinks(logits).mask(move |x| (&x.q - &x.kv).lt(window));
+        let sink: Vec<f32> = (0..c.heads).map(|h| h as f32 - 1.5).collect();
+        let keep = |[_, _, i, j]: [usize; 4]| (i as i64 - j as i64) < window;
+        let f = FlexReference { mask: Some(&keep), sinks: Some(&sink), ..FlexReference::default() };
+        let sdpa = check(c, &mods, &[CaptureValues::F32(&sink)], f, &mut rng);
+        assert!(sdpa.to_string().contains("sinks"), "{sdpa}");
+    }
+}
+
+#[test]
+fn rows_that_see_no_key_give_zeros_and_key_lengths_still_apply() {
+    let mut rng = Rng(9);
+    let c = SdpaConfig { key_lengths: true, ..config(3, 4, 2, 40, 90, 16) };
+    // Rows 0..=4 see nothing; the others keys from 3 on.
+    let mods = AttentionMods::new().mask(|x| and(&idx(4).lt(&x.q), &idx(2).lt(&x.kv)));
+    let keep = |[_, _, i, j]: [usize; 4]| i > 4 && j > 2;
+    let lens = [0, 50, 90];
+    let f = FlexReference { mask: Some(&keep), ..FlexReference::default() };
+    check_with(c, &mods, &[], f, &mut rng, Some(&lens));
+}
+
+#[test]
+fn bad_mods_are_errors_naming_what_is_wrong() {
+    let c = config(1, 4, 4, 16, 16, 8);
+    let mut mods = AttentionMods::new();
+    let slopes = mods.capture("slopes", &[4], DType::F32);
+    // Two indices into a vector.
+    let wrong_arity = mods.clone().score(move |x, s| s + x.load(slopes, &[x.h.clone(), x.q.clone()]));
+    let e = Sdpa::compile_flex(&c, &wrong_arity).unwrap_err().to_string();
+    assert!(e.contains("slopes") && e.contains("2 index"), "{e}");
+    // A mask that is not a Bool, a score that is not a float.
+    let e = Sdpa::compile_flex(&c, &AttentionMods::new().mask(|x| x.q.clone())).unwrap_err().to_string();
+    assert!(e.contains("mask function returns i64"), "{e}");
+    let e = Sdpa::compile_flex(&c, &AttentionMods::new().score(|x, _| x.q.lt(3))).unwrap_err().to_string();
+    assert!(e.contains("score function returns bool"), "{e}");
+    // A read past the vector's end.
+    let past = mods.clone().score(move |x, s| s + x.load(slopes, &[&x.h + 1]));
+    let e = Sdpa::compile_flex(&c, &past).unwrap_err();
+    assert!(matches!(&e, SdpaError::Capture { name, .. } if name == "slopes"), "{e}");
+    // Sinks of the wrong shape.
+    let mut sinky = AttentionMods::new();
+    let short = sinky.capture("sink_logits", &[3], DType::F32);
+    let e = Sdpa::compile_flex(&c, &sinky.sinks(short)).unwrap_err().to_string();
+    assert!(e.contains("sink_logits") && e.contains("[4]"), "{e}");
+    // Captures missing, of the wrong length or dtype at run time.
+    let ok = mods.score(move |x, s| s + x.load(slopes, &[x.h.clone()]));
+    let sdpa = Sdpa::compile_flex(&c, &ok).unwrap();
+    let (q, mut out) = (vec![0.5f32; c.q_len()], vec![0.0f32; c.q_len()]);
+    let run = |captures: &[CaptureValues<'_>], out: &mut [f32]| {
+        sdpa.run(&q, &q, &q, Extras { captures, ..Extras::default() }, out).unwrap_err().to_string()
+    };
+    assert!(run(&[], &mut out).contains("0 captured tensor(s) given, the mods declare 1"));
+    let e = run(&[CaptureValues::F32(&[1.0; 3])], &mut out);
+    assert!(e.contains("slopes") && e.contains("given 3"), "{e}");
+    let e = run(&[CaptureValues::I32(&[1; 4])], &mut out);
+    assert!(e.contains("slopes") && e.contains("i32"), "{e}");
+    // Captures given to attention without mods.
+    let plain = Sdpa::compile(&c).unwrap();
+    let e = plain
+        .run(&q, &q, &q, Extras { captures: &[CaptureValues::F32(&[1.0; 4])], ..Extras::default() }, &mut out)
+        .unwrap_err();
+    assert!(e.to_string().contains("captures"), "{e}");
+    // A bool mask or bias in the configuration with mods.
+    let masked = SdpaConfig { mask: uopc_kernels::sdpa::MaskKind::Bias([1, 1, 16, 16]), ..c };
+    assert!(Sdpa::compile_flex(&masked, &AttentionMods::new()).is_err());
+}
+
+#[test]
+fn the_blocks_skipped_and_run_whole_match_the_mask_exactly() {
+    // Sliding windows (with the causal limit in the mask, or in the configuration), and a
+    // window that cuts no block: per task, a full key block runs exactly when some row sees
+    // some key of it, and runs unmasked exactly when every row sees every key of it.
+    for (c, w) in [
+        (config(1, 2, 1, 300, 300, 16), 50),
+        (config(1, 4, 2, 1000, 1000, 64), 256),
+        (SdpaConfig { causal: true, ..config(1, 2, 2, 500, 500, 32) }, 1000),
+    ] {
+        let window = if c.causal {
+            AttentionMods::new().mask(move |x| (&x.q - &x.kv).lt(w))
+        } else {
+            AttentionMods::new().mask(move |x| and(&x.kv.lt(&x.q + 1), &(&x.q - &x.kv).lt(w)))
+        };
+        let keep = |i: usize, j: usize| j <= i && i - j < w as usize;
+        let sdpa = Sdpa::compile_flex(&c, &window).unwrap();
+        let b = sdpa.blocking();
+        let plan = flex_block_plan(&c, &b, &window).expect("bounds free of run-time values");
+        assert_eq!(plan.len(), b.tasks(&c));
+        let (bq, bc, blocks) = (b.queries, b.keys, c.n_q.div_ceil(b.queries));
+        let mut skipped = 0;
+        for (t, &[t0, c0, c1, t1]) in plan.iter().enumerate() {
+            assert_eq!(b.heads_per_task, 1);
+            let q0 = (t % blocks * bq).min(c.n_q - bq);
+            for kb in 0..c.n_k / bc {
+                let pairs = || (q0..q0 + bq).flat_map(|i| (kb * bc..(kb + 1) * bc).map(move |j| (i, j)));
+                let any = pairs().any(|(i, j)| keep(i, j));
+                let all = pairs().all(|(i, j)| keep(i, j));
+                assert_eq!(any, (t0..t1).contains(&kb), "task {t} block {kb}: {:?}", plan[t]);
+                assert_eq!(all, (c0..c1).contains(&kb), "task {t} block {kb}: {:?}", plan[t]);
+                skipped += usize::from(!any);
+            }
+        }
+        let computed = sdpa.blocks_computed().unwrap();
+        assert_eq!(skipped > 0, computed < 1.0, "{computed} {skipped}");
+        println!("{c:?} window {w}: {:.1}% of blocks computed", computed * 100.0);
+    }
+}
