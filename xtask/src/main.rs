@@ -5,6 +5,7 @@ mod backward;
 mod block;
 mod circles;
 mod derived;
+mod flex;
 mod masked;
 mod matmul;
 mod mca;
@@ -233,6 +234,47 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         reps: usize,
     },
+    /// Attention with score and mask functions compiled in (`Sdpa::compile_flex`): causal,
+    /// sliding window, document, ALiBi, softcap, sinks and prefix-LM, forward, each beside the
+    /// plain causal kernel of its shape; the share of key blocks computed and the error on a
+    /// sample of rows. Without --n/--d/--heads the cells (1,8,8,2048,64) and (1,32,8,4096,128).
+    Flex {
+        /// A case (repeatable): causal, sliding_window, document, alibi, softcap, sinks,
+        /// prefix_lm; default all.
+        #[arg(long = "case")]
+        cases: Vec<String>,
+        /// Sequence length (queries = keys; repeatable).
+        #[arg(long = "n")]
+        ns: Vec<usize>,
+        /// Head dimension (repeatable).
+        #[arg(long = "d")]
+        ds: Vec<usize>,
+        /// Query heads (repeatable; paired with --kv-heads in order).
+        #[arg(long = "heads")]
+        heads: Vec<usize>,
+        /// Key/value heads (repeatable; default each --heads).
+        #[arg(long = "kv-heads")]
+        kv_heads: Vec<usize>,
+        /// Batch items.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Keys of the sliding window.
+        #[arg(long, default_value_t = 256)]
+        window: i64,
+        /// Timed runs per cell and round.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Threads (a rayon pool of this size around the whole bench).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Write `{"machine", "results": [{case, batch, heads, kv_heads, n, d, pass, median_ms,
+        /// max_abs_err, blocks_computed, ...}]}` here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// The one attention entry point (`uopc::kernels::sdpa`) on model shapes: useful GFLOP/s,
     /// share of the widest FMA peak, error against f64; without --shape a default matrix.
     Sdpa(SdpaArgs),
@@ -353,6 +395,63 @@ fn parse_tile(s: &str) -> Result<(usize, usize), String> {
 /// `go` on a rayon pool of `threads` threads, or on the global pool without a count. The
 /// kernels run on whichever pool calls them, so a pool of the asked size around a whole bench
 /// sets the thread count of every kernel and peak it measures.
+/// The cells of `bench flex`: every case by every shape (heads paired with kv-heads), or
+/// `None` after printing what is wrong.
+fn flex_cells(
+    mut cases: Vec<String>,
+    ns: Vec<usize>,
+    ds: Vec<usize>,
+    heads: Vec<usize>,
+    kv_heads: Vec<usize>,
+    batch: usize,
+) -> Option<Vec<flex::FlexCell>> {
+    if cases.is_empty() {
+        cases = flex::CASES.iter().map(|c| c.to_string()).collect();
+    }
+    if let Some(bad) = cases.iter().find(|c| !flex::CASES.contains(&c.as_str())) {
+        eprintln!("error: --case {bad}: not one of {}", flex::CASES.join(", "));
+        return None;
+    }
+    let shapes: Vec<(usize, usize, usize, usize)> = if ns.is_empty() && ds.is_empty() && heads.is_empty() {
+        vec![(8, 8, 2048, 64), (32, 8, 4096, 128)]
+    } else {
+        let heads = if heads.is_empty() { vec![8] } else { heads };
+        let pairs: Vec<(usize, usize)> =
+            heads.iter().enumerate().map(|(i, &h)| (h, kv_heads.get(i).copied().unwrap_or(h))).collect();
+        let (ns, ds) =
+            (if ns.is_empty() { vec![2048] } else { ns }, if ds.is_empty() { vec![64] } else { ds });
+        pairs
+            .iter()
+            .flat_map(|&(h, kv)| {
+                ns.iter().flat_map(|&n| ds.iter().map(move |&d| (h, kv, n, d))).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    if let Some(&(h, kv, n, d)) =
+        shapes.iter().find(|&&(h, kv, n, d)| [h, kv, n, d, batch].contains(&0) || !h.is_multiple_of(kv))
+    {
+        eprintln!(
+            "error: heads {h}, kv-heads {kv}, n {n}, d {d}, batch {batch}: sizes must be positive and heads a multiple of kv-heads"
+        );
+        return None;
+    }
+    Some(
+        cases
+            .iter()
+            .flat_map(|case| {
+                shapes.iter().map(move |&(heads, kv_heads, n, d)| flex::FlexCell {
+                    case: case.clone(),
+                    batch,
+                    heads,
+                    kv_heads,
+                    n,
+                    d,
+                })
+            })
+            .collect(),
+    )
+}
+
 fn with_threads(threads: Option<usize>, go: impl FnOnce() -> ExitCode + Send) -> ExitCode {
     match threads {
         Some(t) => match rayon::ThreadPoolBuilder::new().num_threads(t).build() {
@@ -532,6 +631,18 @@ fn main() -> ExitCode {
             with_threads(threads, || mlp::run(shape, reps, rounds, json.as_deref()))
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
+        Task::Bench {
+            what: Bench::Flex { cases, ns, ds, heads, kv_heads, batch, window, reps, rounds, threads, json },
+        } => {
+            let Some(cells) = flex_cells(cases, ns, ds, heads, kv_heads, batch) else {
+                return ExitCode::from(2);
+            };
+            if reps == 0 || rounds == 0 || threads == Some(0) || window < 1 {
+                eprintln!("error: --reps, --rounds, --threads and --window must be at least 1");
+                return ExitCode::from(2);
+            }
+            with_threads(threads, || flex::run(&cells, window, reps, rounds, json.as_deref()))
+        }
         Task::Mca { json } => mca::run(json.as_deref()),
         Task::Circles => {
             let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

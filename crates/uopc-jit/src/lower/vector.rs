@@ -25,6 +25,9 @@ struct VectorStep<'p> {
     /// numbers, computed before the loop (see [`Lowerer::hoisted_lane_operands`]); empty where
     /// the loop's indices do not fit in i32.
     lane_operands: &'p HashMap<UOp, (Value, Value)>,
+    /// Per lane compare, its loop-invariant operand; per lane cast, its loop-invariant `rest`
+    /// (both i64, computed before the loop).
+    invariants: &'p HashMap<UOp, Value>,
 }
 
 impl VectorStep<'_> {
@@ -117,7 +120,18 @@ impl Lowerer<'_, '_> {
             };
             rest_vals.insert(index.clone(), (v, offset));
         }
-        let lane_operands = self.hoisted_lane_operands(&plan, trips.max() + step)?;
+        // The loop-invariant integers of lane compares and lane casts, in a fixed order.
+        let mut invariants: HashMap<UOp, Value> = HashMap::new();
+        let mut lane_nodes: Vec<(&UOp, &UOp)> =
+            plan.lane_compares.iter().map(|(u, lc)| (u, &lc.other)).collect();
+        lane_nodes.extend(plan.lane_casts.iter().map(|(u, lc)| (u, &lc.rest)));
+        lane_nodes.sort_by_key(|(u, _)| u.id());
+        for (u, e) in lane_nodes {
+            let v = self.emit_index_expr(e, &mut inserted)?;
+            let v = self.as_i64(v);
+            invariants.insert(u.clone(), v);
+        }
+        let lane_operands = self.hoisted_lane_operands(&plan, trips.max() + step, &invariants);
         // Vector partial results: lane 0 of copy 0 carries the incoming value of a sum; a
         // max starts every lane at the incoming value.
         let mut partials: Vec<Vec<Variable>> = Vec::new();
@@ -151,7 +165,15 @@ impl Lowerer<'_, '_> {
             for (k, row) in partials.iter().enumerate() {
                 let base = l.b.use_var(iv);
                 let first = l.b.ins().iadd_imm_s(base, k as i64 * LANES);
-                l.vector_body(body, &plan, row, first, &rest_vals, &lane_operands)?;
+                let at = VectorStep {
+                    plan: &plan,
+                    partials: row,
+                    first,
+                    rest_vals: &rest_vals,
+                    lane_operands: &lane_operands,
+                    invariants: &invariants,
+                };
+                l.vector_body(body, &at)?;
             }
             Ok(())
         })?;
@@ -205,23 +227,21 @@ impl Lowerer<'_, '_> {
         &mut self,
         plan: &VectorPlan,
         bound: i64,
-    ) -> Result<HashMap<UOp, (Value, Value)>, JitError> {
+        invariants: &HashMap<UOp, Value>,
+    ) -> HashMap<UOp, (Value, Value)> {
         let mut out = HashMap::new();
         if bound >= i64::from(i32::MAX) {
-            return Ok(out);
+            return out;
         }
         // In a fixed order, so the code emitted does not depend on hash order.
-        let mut compares: Vec<(&UOp, &LaneCompare)> = plan.lane_compares.iter().collect();
-        compares.sort_by_key(|(u, _)| u.id());
-        for (u, lc) in compares {
-            // an operand not yet computed here is left to the per-step clamp
-            let Ok(x) = self.val(&lc.other) else { continue };
-            let x = self.as_i64(x);
-            let xs = self.clamped_lanes(x, bound);
+        let mut compares: Vec<&UOp> = plan.lane_compares.keys().collect();
+        compares.sort_by_key(|u| u.id());
+        for u in compares {
+            let xs = self.clamped_lanes(invariants[u], bound);
             let k = self.lane_numbers();
             out.insert(u.clone(), (xs, k));
         }
-        Ok(out)
+        out
     }
 
     /// Integer value `x` widened to i64.
@@ -252,7 +272,9 @@ impl Lowerer<'_, '_> {
     /// against the lane numbers.
     fn lane_mask_of(&mut self, u: &UOp, at: &VectorStep<'_>) -> Result<Value, JitError> {
         let lc = &at.plan.lane_compares[u];
-        let Some(&(xs, k)) = at.lane_operands.get(u) else { return self.lane_mask(lc, at.first) };
+        let Some(&(xs, k)) = at.lane_operands.get(u) else {
+            return Ok(self.lane_mask(lc, at.invariants[u], at.first));
+        };
         let first = self.b.ins().ireduce(types::I32, at.first);
         let first = self.b.ins().splat(types::I32X4, first);
         let lanes = self.b.ins().iadd(first, k);
@@ -263,26 +285,44 @@ impl Lowerer<'_, '_> {
     /// The I32X4 mask of a [`LaneCompare`] for the four iterations from `first`: the
     /// difference `x - first`, clamped to `[-1, 4]` (every lane compares alike beyond), against
     /// the lane numbers.
-    fn lane_mask(&mut self, lc: &LaneCompare, first: Value) -> Result<Value, JitError> {
-        let x = self.val(&lc.other)?;
-        let x = self.as_i64(x);
+    fn lane_mask(&mut self, lc: &LaneCompare, x: Value, first: Value) -> Value {
         let d = self.b.ins().isub(x, first);
         let d = self.clamped_lanes(d, LANES);
         let k = self.lane_numbers();
         // lane k stands for iteration first + k: `first + k != x` is `k != d`, `first + k < x`
         // is `k < d`, `x < first + k` is `k > d`
-        Ok(self.b.ins().icmp(lane_condition(lc), k, d))
+        self.b.ins().icmp(lane_condition(lc), k, d)
+    }
+
+    /// The F32X4 lanes of lane cast `u` for the four iterations from `first`:
+    /// `stride * (first + k) + rest` in i32 lanes, converted.
+    fn lane_cast_of(&mut self, u: &UOp, at: &VectorStep<'_>) -> Value {
+        let stride = at.plan.lane_casts[u].stride;
+        let base = self.b.ins().imul_imm_s(at.first, stride);
+        let base = self.b.ins().iadd(base, at.invariants[u]);
+        let base = self.b.ins().ireduce(types::I32, base);
+        let base = self.b.ins().splat(types::I32X4, base);
+        let steps: Vec<u8> = (0..LANES).flat_map(|k| ((k * stride) as i32).to_le_bytes()).collect();
+        let c = self.b.func.dfg.constants.insert(steps.into());
+        let steps = self.b.ins().vconst(types::I32X4, c);
+        let lanes = self.b.ins().iadd(base, steps);
+        self.b.ins().fcvt_from_sint(types::F32X4, lanes)
     }
 
     /// Emits integer expression `e` at the current point; nodes it adds to `vals` are
     /// recorded so the caller can forget them (they are only valid where emitted).
     fn emit_index_expr(&mut self, e: &UOp, inserted: &mut Vec<UOp>) -> Result<Value, JitError> {
-        for x in UOp::toposort(std::slice::from_ref(e)) {
-            if x.const_value().is_some() || self.range_vars.contains_key(&x) || self.vals.contains_key(&x) {
-                continue;
+        let computed = e.const_value().is_some()
+            || self.range_vars.contains_key(e)
+            || self.var_vals.contains_key(e)
+            || self.vals.contains_key(e);
+        if !computed {
+            // Sources first; a value computed already (a load before the loop) is not entered.
+            for x in e.src() {
+                self.emit_index_expr(x, inserted)?;
             }
-            self.stmt(&x)?;
-            inserted.push(x);
+            self.stmt(e)?;
+            inserted.push(e.clone());
         }
         self.val(e)
     }
@@ -302,33 +342,25 @@ impl Lowerer<'_, '_> {
     }
 
     /// One F32X4 copy of the loop body for iterations `first .. first + 4`.
-    fn vector_body(
-        &mut self,
-        body: &[Stmt],
-        plan: &VectorPlan,
-        partials: &[Variable],
-        first: Value,
-        rest_vals: &HashMap<UOp, (Value, i32)>,
-        lane_operands: &HashMap<UOp, (Value, Value)>,
-    ) -> Result<(), JitError> {
+    fn vector_body(&mut self, body: &[Stmt], at: &VectorStep<'_>) -> Result<(), JitError> {
+        let plan = at.plan;
         let mut vals: HashMap<UOp, Lanes> = HashMap::new();
         // `rest + first` per distinct `rest`: accesses sharing their variable part share the
         // element index of lane 0 (one add, not one per access; `opt_level=none` merges nothing).
         let mut lane0: HashMap<Value, Value> = HashMap::new();
-        let at = VectorStep { plan, partials, first, rest_vals, lane_operands };
         for s in body {
             let Stmt::Op(u) = s else { unreachable!("innermost loop") };
             if plan.index_math.contains(u) || matches!(u.op(), Op::Index | Op::After | Op::End | Op::Sink) {
                 continue;
             }
             let out = match u.op() {
-                Op::Load => self.vector_load(u, &at, &mut lane0)?,
+                Op::Load => self.vector_load(u, at, &mut lane0)?,
                 Op::Store => {
-                    self.vector_store(u, &at, &vals, &mut lane0)?;
+                    self.vector_store(u, at, &vals, &mut lane0)?;
                     continue;
                 }
                 Op::Binary(_) if plan.lane_compares.contains_key(u) => {
-                    Lanes::Vector(self.lane_mask_of(u, &at)?)
+                    Lanes::Vector(self.lane_mask_of(u, at)?)
                 }
                 // A negation of a mask (the plan admits only `c ? false : true` and its converse).
                 Op::Where if u.dtype() == DType::Bool => {
@@ -399,6 +431,7 @@ impl Lowerer<'_, '_> {
                         Lanes::Vector(v) => Lanes::Vector(self.half_round(u.dtype(), v)),
                     }
                 }
+                Op::Cast if plan.lane_casts.contains_key(u) => Lanes::Vector(self.lane_cast_of(u, at)),
                 Op::Cast => self.lanes_of(&vals, u.as_cast().ok_or_else(|| malformed(u))?)?,
                 Op::Unary(op) => {
                     let x = self.lanes_of(&vals, u.as_unary().ok_or_else(|| malformed(u))?.1)?;

@@ -26,7 +26,20 @@ pub(super) struct VectorPlan {
     pub(super) index_math: HashSet<UOp>,
     /// Compares of the loop variable with a loop-invariant integer (see [`LaneCompare`]).
     pub(super) lane_compares: HashMap<UOp, LaneCompare>,
+    /// Casts to f32 of an integer `stride * r + rest` (see [`LaneCast`]).
+    pub(super) lane_casts: HashMap<UOp, LaneCast>,
 }
+
+/// A CAST to f32 of integer `stride * r + rest`, `r` the loop variable and `rest` computed
+/// before the loop, every value within `±2^24` (exact in f32 and in i32 lanes): lane `k` of a
+/// step from `first` is `stride * (first + k) + rest`, one vector add and conversion.
+pub(super) struct LaneCast {
+    pub(super) stride: i64,
+    pub(super) rest: UOp,
+}
+
+/// Integers a [`LaneCast`] converts stay within this magnitude (f32's exact integers).
+const LANE_CAST_LIMIT: i64 = 1 << 24;
 
 /// `r != x`, `r < x` or `x < r` with `r` the loop variable and `x` computed before the loop (a
 /// one-hot's `column == target`): lane `k` of a step from `first` compares `k` with
@@ -89,6 +102,7 @@ impl Lowerer<'_, '_> {
         // compares of the loop variable, and their negations).
         let mut index_math: HashSet<UOp> = HashSet::new();
         let mut lane_compares: HashMap<UOp, LaneCompare> = HashMap::new();
+        let mut lane_casts: HashMap<UOp, LaneCast> = HashMap::new();
         for u in nodes.iter().rev() {
             if matches!(u.op(), Op::Index | Op::After | Op::End | Op::Sink | Op::Load | Op::Store) {
                 continue;
@@ -96,9 +110,13 @@ impl Lowerer<'_, '_> {
             let used_by = users.get(u).cloned().unwrap_or_default();
             match u.dtype() {
                 d if d.is_int() => {
-                    let only_addresses = used_by
-                        .iter()
-                        .all(|w| w.as_index().is_some_and(|i| i.offset == *u) || index_math.contains(*w));
+                    // Addresses, lane compares and lane casts take their integers whole.
+                    let only_addresses = used_by.iter().all(|w| {
+                        w.as_index().is_some_and(|i| i.offset == *u)
+                            || index_math.contains(*w)
+                            || lane_compares.contains_key(*w)
+                            || lane_casts.contains_key(*w)
+                    });
                     if !only_addresses || !u.op().is_alu() {
                         return None;
                     }
@@ -126,6 +144,9 @@ impl Lowerer<'_, '_> {
                     Op::Binary(_) | Op::Where => {}
                     // Widening a 16-bit value: its f32 is the value already.
                     Op::Cast if u.as_cast().is_some_and(|x| x.dtype().is_half()) => {}
+                    Op::Cast if let Some(lc) = self.lane_cast(u, range, &in_body) => {
+                        lane_casts.insert((*u).clone(), lc);
+                    }
                     Op::Unary(UnaryOp::Log2) | Op::Cast => return None,
                     Op::Unary(_) => {}
                     _ => return None,
@@ -187,7 +208,23 @@ impl Lowerer<'_, '_> {
                 }
             }
         }
-        Some(VectorPlan { accs, access, index_math, lane_compares })
+        Some(VectorPlan { accs, access, index_math, lane_compares, lane_casts })
+    }
+
+    /// `u` as a [`LaneCast`] over the loop variable `range`.
+    fn lane_cast(&self, u: &UOp, range: &UOp, in_body: &HashSet<&UOp>) -> Option<LaneCast> {
+        let x = u.as_cast()?;
+        if !x.dtype().is_int() || u.dtype() != DType::F32 {
+            return None;
+        }
+        let (lo, hi) = x.bounds();
+        if lo <= -LANE_CAST_LIMIT || hi >= LANE_CAST_LIMIT {
+            return None;
+        }
+        let (stride, rest) = split_linear(x, range)?;
+        let small = stride.abs() < LANE_CAST_LIMIT / 4;
+        (small && self.index_expr_available(&rest, in_body) && !mentions(&rest, range))
+            .then_some(LaneCast { stride, rest })
     }
 
     /// `u` as a compare of the loop variable `range` with an integer already computed before
@@ -197,24 +234,37 @@ impl Lowerer<'_, '_> {
         if !matches!(op, BinaryOp::CmpLt | BinaryOp::CmpNe) || !a.dtype().is_int() {
             return None;
         }
-        let (range_left, other) = if a == range { (true, b) } else { (false, a) };
-        let available = other != range
-            && (range_left || b == range)
-            && (other.const_value().is_some()
-                || self.range_vars.contains_key(other)
-                || self.var_vals.contains_key(other)
-                || (self.vals.contains_key(other) && !in_body.contains(other)));
-        available.then(|| LaneCompare { op, other: other.clone(), range_left })
+        // One side is `r + rest` (the loop variable at stride 1), the other free of it:
+        // `r + rest < x` is `r < x - rest`.
+        let moving = |e: &UOp| split_linear(e, range).filter(|(s, _)| *s == 1).map(|(_, rest)| rest);
+        let (range_left, rest, other) = if !mentions(b, range) {
+            (true, moving(a)?, b)
+        } else if !mentions(a, range) {
+            (false, moving(b)?, a)
+        } else {
+            return None;
+        };
+        let other = if rest.const_int() == Some(0) { other.clone() } else { simplify(&(other - &rest)) };
+        let available = !mentions(&other, range) && self.index_expr_available(&other, in_body);
+        available.then_some(LaneCompare { op, other, range_left })
     }
 
     /// Whether `e` can be computed before the loop: constants, enclosing ranges, values
     /// already computed, and integer arithmetic on those.
     fn index_expr_available(&self, e: &UOp, in_body: &HashSet<&UOp>) -> bool {
-        UOp::toposort(std::slice::from_ref(e)).iter().all(|x| {
-            x.const_value().is_some()
-                || self.range_vars.contains_key(x)
-                || (self.vals.contains_key(x) && !in_body.contains(x))
-                || (x.op().is_alu() && x.dtype().is_int())
-        })
+        let computed = e.const_value().is_some()
+            || self.range_vars.contains_key(e)
+            || self.var_vals.contains_key(e)
+            || (self.vals.contains_key(e) && !in_body.contains(e));
+        // A value computed already (a load before the loop) is not entered.
+        computed
+            || (e.op().is_alu()
+                && e.dtype().is_int()
+                && e.src().iter().all(|x| self.index_expr_available(x, in_body)))
     }
+}
+
+/// Whether `e` reads `var`.
+fn mentions(e: &UOp, var: &UOp) -> bool {
+    UOp::toposort(std::slice::from_ref(e)).contains(var)
 }

@@ -128,3 +128,56 @@ fn a_runtime_trip_count_rounds_down_to_three_vector_copies() {
         assert_eq!(&got, want, "{opt_level:?}");
     }
 }
+
+/// Per row `i` with target `t = targets[i]`: `out = (j + 3i - 7 < t ? x : -inf) + slope * (j -
+/// i)` as f32, an attention score loop's ALiBi bias under a shifted causal limit: the compare
+/// of an offset loop variable (`j + c < t` is `j < t - c`) and the cast of an integer affine in
+/// `j` vectorize (i32 lanes, one conversion per step) and agree with the interpreter bit for
+/// bit, at both opt levels.
+#[test]
+fn offset_compares_and_casts_of_the_loop_variable_vectorize() {
+    let (x, t, out) =
+        (buffer(0, DType::F32, ROWS * COLS), buffer(1, DType::I64, ROWS), buffer(2, DType::F32, ROWS * COLS));
+    let i = range(ROWS, 0, AxisType::Loop);
+    let j = range(COLS, 1, AxisType::Loop);
+    let v = x.index(&i * COLS as i64 + &j).load();
+    let seen = (&j + &i * 3 - 7).lt(t.index(&i).load());
+    let bias = (&j - &i).cast(DType::F32) * 0.375f32;
+    let value = seen.where_(&v, f32c(f32::NEG_INFINITY)) + bias;
+    let program = sink(&[out.index(&i * COLS as i64 + &j).store(value).end(&[j, i])]);
+    let xs: Vec<f32> = (0..ROWS * COLS).map(|k| (k as f32 * 0.37).sin()).collect();
+    let targets: Vec<i64> = (0..ROWS as i64).map(|r| 5 * r - 9).collect();
+    let mut want = vec![
+        HostBuffer::F32(xs.clone()),
+        HostBuffer::I64(targets.clone()),
+        HostBuffer::F32(vec![0.0; ROWS * COLS]),
+    ];
+    interp::run(&program, &mut want, Precision::Native).unwrap();
+    let HostBuffer::F32(want) = &want[2] else { unreachable!("f32 output") };
+    for opt_level in [OptLevel::None, OptLevel::Speed] {
+        let opts = JitOptions { opt_level, ..JitOptions::default() };
+        let prg = Program::compile_with(&program, "offset_lanes", &opts).unwrap();
+        let clif = prg.clif();
+        assert!(
+            clif.contains("fcvt_from_sint.f32x4") && clif.contains("icmp"),
+            "{opt_level:?}: not vectorized\n{}\n{clif}",
+            prg.loop_ir()
+        );
+        let mut got = vec![0.0f32; ROWS * COLS];
+        prg.run(&mut [
+            Arg::Read(BufRef::F32(&xs)),
+            Arg::Read(BufRef::I64(&targets)),
+            Arg::WriteF32(&mut got),
+        ])
+        .unwrap();
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{opt_level:?} element ({}, {}): {g} vs {w}",
+                k / COLS,
+                k % COLS
+            );
+        }
+    }
+}

@@ -34,52 +34,65 @@ pub fn reference_flex_f64(
     extras: Extras<'_>,
     f: FlexReference<'_>,
 ) -> Vec<f64> {
+    let [qsb, qsh, qsn] = c.layout.strides(c.heads, c.n_q, c.d);
+    let mut out = vec![0.0f64; c.q_len()];
+    for b in 0..c.batch {
+        for h in 0..c.heads {
+            for i in 0..c.n_q {
+                let row = reference_flex_row(c, (q, k, v), extras, f, [b, h, i]);
+                out[b * qsb + h * qsh + i * qsn..][..c.d].copy_from_slice(&row);
+            }
+        }
+    }
+    out
+}
+
+/// One output row of [`reference_flex_f64`]: query `i` of head `h` of item `b` (for checking
+/// a sample of rows of a large attention).
+pub fn reference_flex_row(
+    c: &SdpaConfig,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    extras: Extras<'_>,
+    f: FlexReference<'_>,
+    [b, h, i]: [usize; 3],
+) -> Vec<f64> {
     let group = c.heads / c.kv_heads;
     let scale = f64::from(c.effective_scale());
     let [qsb, qsh, qsn] = c.layout.strides(c.heads, c.n_q, c.d);
     let [ksb, ksh, ksn] = c.layout.strides(c.kv_heads, c.n_k, c.d);
     let kv_len = extras.kv_length.unwrap_or(c.n_k);
     let offset = kv_len as i64 - c.n_q as i64;
-    let mut out = vec![0.0f64; c.q_len()];
-    let mut scores = Vec::with_capacity(c.n_k);
-    for b in 0..c.batch {
-        let len = extras.key_lengths.map_or(c.n_k, |l| l[b].max(0) as usize).min(kv_len);
-        for h in 0..c.heads {
-            let kv_at = b * ksb + (h / group) * ksh;
-            for i in 0..c.n_q {
-                let q_at = b * qsb + h * qsh + i * qsn;
-                scores.clear();
-                for j in 0..len {
-                    let seen =
-                        !(c.causal && j as i64 > i as i64 + offset) && f.mask.is_none_or(|m| m([b, h, i, j]));
-                    if !seen {
-                        continue;
-                    }
-                    let dot: f64 = q[q_at..][..c.d]
-                        .iter()
-                        .zip(&k[kv_at + j * ksn..][..c.d])
-                        .map(|(&x, &y)| f64::from(x) * f64::from(y))
-                        .sum();
-                    let s = f.score.map_or(dot * scale, |g| g(dot * scale, [b, h, i, j]));
-                    scores.push((j, s));
-                }
-                let sink = f.sinks.map(|z| f64::from(z[h]));
-                let m = scores.iter().map(|s| s.1).chain(sink).fold(f64::NEG_INFINITY, f64::max);
-                if m == f64::NEG_INFINITY {
-                    continue;
-                }
-                let o = &mut out[q_at..][..c.d];
-                let mut l = sink.map_or(0.0, |z| (z - m).exp());
-                for &(j, s) in &scores {
-                    let p = (s - m).exp();
-                    l += p;
-                    for (o, &x) in o.iter_mut().zip(&v[kv_at + j * ksn..][..c.d]) {
-                        *o += p * f64::from(x);
-                    }
-                }
-                o.iter_mut().for_each(|o| *o /= l);
-            }
+    let len = extras.key_lengths.map_or(c.n_k, |l| l[b].max(0) as usize).min(kv_len);
+    let kv_at = b * ksb + (h / group) * ksh;
+    let q_at = b * qsb + h * qsh + i * qsn;
+    let mut scores = Vec::with_capacity(len);
+    for j in 0..len {
+        let seen = !(c.causal && j as i64 > i as i64 + offset) && f.mask.is_none_or(|m| m([b, h, i, j]));
+        if !seen {
+            continue;
+        }
+        let dot: f64 = q[q_at..][..c.d]
+            .iter()
+            .zip(&k[kv_at + j * ksn..][..c.d])
+            .map(|(&x, &y)| f64::from(x) * f64::from(y))
+            .sum();
+        let s = f.score.map_or(dot * scale, |g| g(dot * scale, [b, h, i, j]));
+        scores.push((j, s));
+    }
+    let sink = f.sinks.map(|z| f64::from(z[h]));
+    let m = scores.iter().map(|s| s.1).chain(sink).fold(f64::NEG_INFINITY, f64::max);
+    let mut o = vec![0.0f64; c.d];
+    if m == f64::NEG_INFINITY {
+        return o;
+    }
+    let mut l = sink.map_or(0.0, |z| (z - m).exp());
+    for &(j, s) in &scores {
+        let p = (s - m).exp();
+        l += p;
+        for (o, &x) in o.iter_mut().zip(&v[kv_at + j * ksn..][..c.d]) {
+            *o += p * f64::from(x);
         }
     }
-    out
+    o.iter_mut().for_each(|o| *o /= l);
+    o
 }

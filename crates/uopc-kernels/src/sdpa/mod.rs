@@ -63,7 +63,7 @@ pub use error::SdpaError;
 pub use extras::{CaptureValues, Extras};
 use extras::{check, push_captures, push_extras};
 pub use flex::{AttentionMods, Capture, CaptureSpec, MaskFn, ScoreArgs, ScoreFn, and, eq, or};
-pub use flex_reference::{FlexReference, MaskRef, ScoreRef, reference_flex_f64};
+pub use flex_reference::{FlexReference, MaskRef, ScoreRef, reference_flex_f64, reference_flex_row};
 pub use forward::Sdpa;
 pub use kernel::{flex_block_plan, sdpa_flex_ir, sdpa_ir, sdpa_ir_with_lse};
 pub use merge::sdpa_merge_ir;

@@ -1,0 +1,269 @@
+//! `cargo xtask bench flex`: attention with score and mask functions compiled in
+//! (`Sdpa::compile_flex`), case by case, with the share of key blocks computed and the error
+//! against the f64 reference on a sample of rows; each cell beside the plain causal kernel of
+//! the same shape, interleaved.
+
+use crate::peak::median;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+use uopc::ir::{DType, UOp};
+use uopc::kernels::sdpa::{
+    AttentionMods, CaptureValues, Extras, FlexReference, Sdpa, SdpaConfig, and, eq, or, reference_flex_row,
+};
+
+/// The cases, by name.
+pub const CASES: [&str; 7] =
+    ["causal", "sliding_window", "document", "alibi", "softcap", "sinks", "prefix_lm"];
+
+/// The softcap of the `softcap` case (Gemma 2's attention logit cap is 50; a smaller one
+/// bends more scores).
+const SOFTCAP: f32 = 20.0;
+/// Keys every row sees at the start of the `prefix_lm` case.
+const PREFIX: i64 = 256;
+/// Document lengths of the `document` case, repeated over the sequence.
+const DOCUMENTS: [usize; 5] = [64, 192, 512, 256, 1024];
+/// Rows whose output is checked against the f64 reference.
+const CHECKED_ROWS: usize = 24;
+
+/// One cell: a case at a shape.
+#[derive(Clone, Debug)]
+pub struct FlexCell {
+    pub case: String,
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub n: usize,
+    pub d: usize,
+}
+
+/// The captured values of a case and the document ids.
+struct Data {
+    slopes: Vec<f32>,
+    sinks: Vec<f32>,
+    docs: Vec<i32>,
+}
+
+impl Data {
+    fn new(cell: &FlexCell) -> Data {
+        let slopes = (0..cell.heads).map(|h| 0.5f32.powf(8.0 * (h + 1) as f32 / cell.heads as f32)).collect();
+        let sinks = (0..cell.heads).map(|h| (h % 4) as f32 - 1.0).collect();
+        let mut docs = Vec::with_capacity(cell.batch * cell.n);
+        for _ in 0..cell.batch {
+            let mut lengths = DOCUMENTS.iter().cycle();
+            let (mut id, mut left) = (0, 0);
+            for _ in 0..cell.n {
+                if left == 0 {
+                    id += 1;
+                    left = *lengths.next().expect("a cycle");
+                }
+                left -= 1;
+                docs.push(id);
+            }
+        }
+        Data { slopes, sinks, docs }
+    }
+
+    fn captures(&self, case: &str) -> Vec<CaptureValues<'_>> {
+        match case {
+            "alibi" => vec![CaptureValues::F32(&self.slopes)],
+            "sinks" => vec![CaptureValues::F32(&self.sinks)],
+            "document" => vec![CaptureValues::I32(&self.docs)],
+            _ => vec![],
+        }
+    }
+}
+
+/// `c * tanh(x / c)` from exp2.
+fn softcap(x: &UOp, c: f32) -> UOp {
+    let e = (x * (2.0 / c * std::f32::consts::LOG2_E)).exp2();
+    (((e + 1.0f32).recip() * -2.0f32) + 1.0f32) * c
+}
+
+/// The mods of `cell`'s case (every case but `document` and `prefix_lm` is causal; the window
+/// is `window` keys).
+fn mods(cell: &FlexCell, window: i64) -> AttentionMods {
+    fn causal(x: &uopc::kernels::sdpa::ScoreArgs<'_>) -> UOp {
+        x.kv.lt(&x.q + 1)
+    }
+    let mut m = AttentionMods::new();
+    match cell.case.as_str() {
+        "causal" => m.mask(causal),
+        "sliding_window" => m.mask(move |x| and(&causal(x), &(&x.q - &x.kv).lt(window))),
+        "document" => {
+            let ids = m.capture("doc_ids", &[cell.batch, cell.n], DType::I32);
+            m.mask(move |x| {
+                eq(&x.load(ids, &[x.b.clone(), x.q.clone()]), &x.load(ids, &[x.b.clone(), x.kv.clone()]))
+            })
+        }
+        "alibi" => {
+            let slopes = m.capture("slopes", &[cell.heads], DType::F32);
+            m.score(move |x, s| s + x.load(slopes, &[x.h.clone()]) * (&x.kv - &x.q).cast(DType::F32))
+                .mask(causal)
+        }
+        "softcap" => m.score(|_, s| softcap(s, SOFTCAP)).mask(causal),
+        "sinks" => {
+            let logits = m.capture("sinks", &[cell.heads], DType::F32);
+            m.sinks(logits).mask(causal)
+        }
+        "prefix_lm" => m.mask(|x| or(&x.kv.lt(PREFIX), &causal(x))),
+        other => unreachable!("case {other} is checked by the caller"),
+    }
+}
+
+/// The largest error of `out` against the f64 reference over a spread of rows.
+fn max_error(
+    cell: &FlexCell,
+    c: &SdpaConfig,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    out: &[f32],
+    data: &Data,
+    window: i64,
+) -> f64 {
+    let n = cell.n;
+    let causal = |i: usize, j: usize| j <= i;
+    let alibi = |s: f64, [_, h, i, j]: [usize; 4]| s + f64::from(data.slopes[h]) * (j as f64 - i as f64);
+    let cap = |s: f64, _: [usize; 4]| f64::from(SOFTCAP) * (s / f64::from(SOFTCAP)).tanh();
+    let causal_mask = |[_, _, i, j]: [usize; 4]| causal(i, j);
+    let window_mask = |[_, _, i, j]: [usize; 4]| causal(i, j) && ((i - j) as i64) < window;
+    let doc_mask = |[b, _, i, j]: [usize; 4]| data.docs[b * n + i] == data.docs[b * n + j];
+    let prefix_mask = |[_, _, i, j]: [usize; 4]| (j as i64) < PREFIX || causal(i, j);
+    let f = match cell.case.as_str() {
+        "causal" => FlexReference { mask: Some(&causal_mask), ..FlexReference::default() },
+        "sliding_window" => FlexReference { mask: Some(&window_mask), ..FlexReference::default() },
+        "document" => FlexReference { mask: Some(&doc_mask), ..FlexReference::default() },
+        "alibi" => {
+            FlexReference { score: Some(&alibi), mask: Some(&causal_mask), ..FlexReference::default() }
+        }
+        "softcap" => {
+            FlexReference { score: Some(&cap), mask: Some(&causal_mask), ..FlexReference::default() }
+        }
+        "sinks" => {
+            FlexReference { mask: Some(&causal_mask), sinks: Some(&data.sinks), ..FlexReference::default() }
+        }
+        _ => FlexReference { mask: Some(&prefix_mask), ..FlexReference::default() },
+    };
+    let [qsb, qsh, qsn] = c.layout.strides(c.heads, c.n_q, c.d);
+    let mut worst = 0.0f64;
+    for r in 0..CHECKED_ROWS {
+        let (b, h, i) = (r % c.batch, (r * 7) % c.heads, (r * 997 + n / 3) % n);
+        let want = reference_flex_row(c, (q, k, v), Extras::default(), f, [b, h, i]);
+        let got = &out[b * qsb + h * qsh + i * qsn..][..c.d];
+        for (&g, &w) in got.iter().zip(&want) {
+            worst = worst.max((f64::from(g) - w).abs());
+        }
+    }
+    worst
+}
+
+/// Times every cell, interleaved over `rounds` rounds of `reps` runs, beside the plain causal
+/// kernel of its shape; prints a table and writes `json` when given.
+pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Option<&Path>) -> ExitCode {
+    struct Timed {
+        cell: FlexCell,
+        sdpa: Sdpa,
+        causal: Sdpa,
+        data: Data,
+        qkv: [Vec<f32>; 3],
+        out: Vec<f32>,
+        ms: Vec<f64>,
+        causal_ms: Vec<f64>,
+    }
+    let mut timed = Vec::new();
+    for cell in cells {
+        let c = SdpaConfig {
+            kv_heads: cell.kv_heads,
+            ..SdpaConfig::new(cell.batch, cell.heads, cell.n, cell.n, cell.d)
+        };
+        let sdpa = match Sdpa::compile_flex(&c, &mods(cell, window)) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: {cell:?}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let causal = Sdpa::compile(&SdpaConfig { causal: true, ..c }).expect("a valid configuration");
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut values = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    (seed % 20001) as f32 / 10000.0 - 1.0
+                })
+                .collect()
+        };
+        let qkv = [values(c.q_len()), values(c.kv_len()), values(c.kv_len())];
+        let data = Data::new(cell);
+        timed.push(Timed {
+            cell: cell.clone(),
+            sdpa,
+            causal,
+            data,
+            qkv,
+            out: vec![0.0; c.q_len()],
+            ms: vec![],
+            causal_ms: vec![],
+        });
+    }
+    let run_one = |t: &mut Timed, plain: bool| {
+        let captures = t.data.captures(&t.cell.case);
+        let [q, k, v] = &t.qkv;
+        let start = Instant::now();
+        let result = if plain {
+            t.causal.run(q, k, v, Extras::default(), &mut t.out)
+        } else {
+            t.sdpa.run(q, k, v, Extras { captures: &captures, ..Extras::default() }, &mut t.out)
+        };
+        result.map(|()| start.elapsed().as_secs_f64() * 1e3)
+    };
+    for _ in 0..rounds {
+        for t in &mut timed {
+            for plain in [false, true] {
+                if let Err(e) = run_one(t, plain) {
+                    eprintln!("error: {:?}: {e}", t.cell);
+                    return ExitCode::FAILURE;
+                }
+            }
+            for rep in 0..reps {
+                for plain in if rep % 2 == 0 { [false, true] } else { [true, false] } {
+                    let ms = run_one(t, plain).expect("ran before");
+                    if plain { t.causal_ms.push(ms) } else { t.ms.push(ms) }
+                }
+            }
+        }
+    }
+    println!(
+        "{:<15} {:>22} {:>11} {:>11} {:>9} {:>9} {:>9}",
+        "case", "B,H,HKV,N,D", "median ms", "causal ms", "vs causal", "blocks", "max err"
+    );
+    let mut rows = Vec::new();
+    for t in &mut timed {
+        let _ = run_one(t, false);
+        let [q, k, v] = &t.qkv;
+        let err = max_error(&t.cell, t.sdpa.config(), (q, k, v), &t.out, &t.data, window);
+        let (ms, causal_ms) = (median(&t.ms), median(&t.causal_ms));
+        let blocks = t.sdpa.blocks_computed();
+        let FlexCell { case, batch, heads, kv_heads, n, d } = &t.cell;
+        println!(
+            "{case:<15} {:>22} {ms:>11.3} {causal_ms:>11.3} {:>9.3} {:>9} {err:>9.1e}",
+            format!("{batch},{heads},{kv_heads},{n},{d}"),
+            ms / causal_ms,
+            blocks.map_or("-".to_string(), |b| format!("{:.1}%", b * 100.0)),
+        );
+        rows.push(serde_json::json!({
+            "case": case, "batch": batch, "heads": heads, "kv_heads": kv_heads, "n": n, "d": d,
+            "pass": "forward", "median_ms": ms, "ms": t.ms, "causal_kernel_median_ms": causal_ms,
+            "max_abs_err": err, "blocks_computed": blocks, "window": window, "kernel": t.sdpa.to_string(),
+        }));
+    }
+    if let Some(path) = json {
+        let record = serde_json::json!({ "machine": crate::machine_record(), "results": rows });
+        if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&record).expect("serializable")) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
