@@ -209,17 +209,20 @@ fn the_blocks_skipped_and_run_whole_match_the_mask_exactly() {
     // Sliding windows (with the causal limit in the mask, or in the configuration), and a
     // window that cuts no block: per task, a full key block runs exactly when some row sees
     // some key of it, and runs unmasked exactly when every row sees every key of it.
-    for (c, w) in [
-        (config(1, 2, 1, 300, 300, 16), 50),
-        (config(1, 4, 2, 1000, 1000, 64), 256),
-        (SdpaConfig { causal: true, ..config(1, 2, 2, 500, 500, 32) }, 1000),
+    // A prefix-LM mask (two prefixes: the later end bounds the keys) likewise.
+    for (c, w, prefix) in [
+        (config(1, 2, 1, 300, 300, 16), 50, None),
+        (config(1, 4, 2, 1000, 1000, 64), 256, None),
+        (SdpaConfig { causal: true, ..config(1, 2, 2, 500, 500, 32) }, 1000, None),
+        (config(2, 2, 1, 700, 700, 16), 1000, Some(200)),
     ] {
-        let window = if c.causal {
-            AttentionMods::new().mask(move |x| (&x.q - &x.kv).lt(w))
-        } else {
-            AttentionMods::new().mask(move |x| and(&x.kv.lt(&x.q + 1), &(&x.q - &x.kv).lt(w)))
+        let window = match prefix {
+            Some(p) => AttentionMods::new().mask(move |x| or(&x.kv.lt(p), &x.kv.lt(&x.q + 1))),
+            None if c.causal => AttentionMods::new().mask(move |x| (&x.q - &x.kv).lt(w)),
+            None => AttentionMods::new().mask(move |x| and(&x.kv.lt(&x.q + 1), &(&x.q - &x.kv).lt(w))),
         };
-        let keep = |i: usize, j: usize| j <= i && i - j < w as usize;
+        let keep =
+            |i: usize, j: usize| j <= i && i - j < w as usize || prefix.is_some_and(|p| j < p as usize);
         let sdpa = Sdpa::compile_flex(&c, &window).unwrap();
         let b = sdpa.blocking();
         let plan = flex_block_plan(&c, &b, &window).expect("bounds free of run-time values");

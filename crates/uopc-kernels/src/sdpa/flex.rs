@@ -18,6 +18,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::masked::min_idx;
 use uopc_ir::{AxisType, BinaryOp, DType, UOp, boolc, idx, linear_in, range};
 
 /// A score function: the modified score of `(b, h, q, kv)` from the scaled score `s = scale *
@@ -298,6 +299,14 @@ impl KeyBounds {
     pub fn of(mask: &UOp, kv: &UOp) -> KeyBounds {
         let mut kb = KeyBounds { exact: true, ..KeyBounds::default() };
         for c in conjuncts(mask) {
+            if let Some((a, b)) = disjuncts(&c) {
+                match union_bound(&KeyBounds::of(a, kv), &KeyBounds::of(b, kv)) {
+                    Some((true, s)) => kb.start.push(s),
+                    Some((false, e)) => kb.end.push(e),
+                    None => kb.exact = false,
+                }
+                continue;
+            }
             match comparison_bound(&c, kv) {
                 Some((true, s)) => kb.start.push(s),
                 Some((false, e)) => kb.end.push(e),
@@ -305,6 +314,30 @@ impl KeyBounds {
             }
         }
         kb
+    }
+}
+
+/// `a || b` as `where(a, true, b)` (what [`or`] builds).
+fn disjuncts(m: &UOp) -> Option<(&UOp, &UOp)> {
+    let w = m.as_where()?;
+    let is_true = w.then.const_value() == Some(uopc_ir::ConstValue::Bool(true));
+    (is_true && w.otherwise.dtype() == DType::Bool).then_some((w.cond, w.otherwise))
+}
+
+/// The exact bound of the union of two exact key sets that are both prefixes (ends only: the
+/// union ends at the later end) or both suffixes (starts only: it starts at the earlier
+/// start), as `(is_start, bound)`; `None` otherwise (a prefix-LM mask, `kv < prefix || kv <=
+/// q`, is two prefixes).
+fn union_bound(a: &KeyBounds, b: &KeyBounds) -> Option<(bool, UOp)> {
+    if !(a.exact && b.exact) {
+        return None;
+    }
+    let least = |xs: &[UOp]| xs.iter().cloned().reduce(|x, y| min_idx(&x, &y));
+    let greatest = |xs: &[UOp]| xs.iter().cloned().reduce(|x, y| x.maximum(&y));
+    match (a.start.is_empty(), a.end.is_empty(), b.start.is_empty(), b.end.is_empty()) {
+        (true, false, true, false) => Some((false, least(&a.end)?.maximum(&least(&b.end)?))),
+        (false, true, false, true) => Some((true, min_idx(&greatest(&a.start)?, &greatest(&b.start)?))),
+        _ => None,
     }
 }
 

@@ -101,7 +101,16 @@ impl Sdpa {
             .map(|(i, c)| uopc_ir::buffer(1000 + i, c.dtype, c.len()))
             .collect();
         mods.check(config.heads, &slots).map_err(fault)?;
-        let blocking = Blocking { splits: 1, ..Blocking::choose(config, cores()) };
+        // A mask that bounds the keys (a causal limit, a window) gets the causal blocking:
+        // shorter tasks, so less of each task's band of keys is masked work.
+        let [b, h, q, kv] = placeholders();
+        let (_, mask, _) = mods.build((&b, &h, &q, &kv), &slots, None);
+        let bounded = mask.is_some_and(|m| {
+            let kb = KeyBounds::of(&m, &kv);
+            !(kb.start.is_empty() && kb.end.is_empty())
+        });
+        let shape = SdpaConfig { causal: config.causal || bounded, ..*config };
+        let blocking = Blocking { splits: 1, ..Blocking::choose(&shape, cores()) };
         let program = Program::compile(&sdpa_flex_ir(config, &blocking, mods), "sdpa_flex")
             .map_err(|e| capture_bounds_error(e, config, mods))?;
         let sdpa = Sdpa {

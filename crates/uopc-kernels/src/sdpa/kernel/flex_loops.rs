@@ -6,7 +6,7 @@ use crate::LOG2E;
 use crate::masked::min_idx;
 use crate::sdpa::flex::{KeyBounds, placeholders};
 use crate::sdpa::{AttentionMods, Blocking, SdpaConfig};
-use uopc_ir::{AxisType, DType, IndexFormula, UOp, f32c, idx, linear_in, sink};
+use uopc_ir::{AxisType, BinaryOp, DType, IndexFormula, UOp, UnaryOp, f32c, idx, linear_in, sink};
 
 impl SdpaKernel {
     /// The key blocks of a task (one chunk of keys) in three runs, [`Self::flex_blocks`]'s:
@@ -65,11 +65,9 @@ impl SdpaKernel {
         }
         let (first, last) = (task.q0.clone(), &task.q0 + (self.b.queries as i64 - 1));
         // A bound's least (`least`) or greatest value over the task's rows.
-        let over_rows = |e: &UOp, least: bool| -> Option<UOp> {
+        let over_rows = |e: &UOp, least: bool| {
             let free = !UOp::toposort(std::slice::from_ref(e)).iter().any(|u| u == &b || u == &h);
-            let (a, r) = linear_in(e, &q).filter(|_| free)?;
-            let row = if (a >= 0) == least { &first } else { &last };
-            Some(r + row * a)
+            free.then(|| extreme_over_rows(e, &q, (&first, &last), least)).flatten()
         };
         let n_k = self.c.n_k as i64;
         let clamp = |x: UOp| min_idx(&x.maximum(idx(0)), &idx(n_k));
@@ -125,6 +123,23 @@ impl SdpaKernel {
         let sum = l.store(l.load() * &alpha + own);
         sink(&[sink(&[rescale, sum, m.store(m_new)]).end(&[rq, hh])])
     }
+}
+
+/// The least (`least`) or greatest value of bound `e` over the query rows `first..=last` of
+/// the placeholder `q`: where `e` is linear in `q`, at one end; maxima and negations of such
+/// bounds (a union's later end, a min) by their parts; `None` otherwise.
+fn extreme_over_rows(e: &UOp, q: &UOp, (first, last): (&UOp, &UOp), least: bool) -> Option<UOp> {
+    if let Some((a, r)) = linear_in(e, q) {
+        let row = if (a >= 0) == least { first } else { last };
+        return Some(r + row * a);
+    }
+    if let Some((UnaryOp::Neg, x)) = e.as_unary() {
+        return Some(-extreme_over_rows(x, q, (first, last), !least)?);
+    }
+    let (BinaryOp::Max, x, y) = e.as_binary()? else { return None };
+    let (x, y) =
+        (extreme_over_rows(x, q, (first, last), least)?, extreme_over_rows(y, q, (first, last), least)?);
+    Some(x.maximum(&y))
 }
 
 /// The key blocks each THREAD task of [`sdpa_flex_ir`](super::sdpa_flex_ir) runs, as
