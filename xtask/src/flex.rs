@@ -244,7 +244,9 @@ pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Op
         let [q, k, v] = &t.qkv;
         let err = max_error(&t.cell, t.sdpa.config(), (q, k, v), &t.out, &t.data, window);
         let (ms, causal_ms) = (median(&t.ms), median(&t.causal_ms));
-        let blocks = t.sdpa.blocks_computed();
+        let captures = t.data.captures(&t.cell.case);
+        let blocks =
+            t.sdpa.blocks_computed(Extras { captures: &captures, ..Extras::default() }).ok().flatten();
         let FlexCell { case, batch, heads, kv_heads, n, d } = &t.cell;
         println!(
             "{case:<15} {:>22} {ms:>11.3} {causal_ms:>11.3} {:>9.3} {:>9} {err:>9.1e}",

@@ -2,13 +2,14 @@
 
 use super::blocking::cores;
 use super::flex::{KeyBounds, placeholders};
+use super::kernel::{PlanMode, plan_from_counts};
 use super::panels::KvPanels;
 use super::{
     AttentionMods, Blocking, Extras, MaskKind, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check,
-    push_captures, push_extras, sdpa_flex_ir, sdpa_ir, sdpa_merge_ir,
+    push_captures, push_extras, sdpa_flex_ir, sdpa_flex_plan_ir, sdpa_ir, sdpa_merge_ir,
 };
 use std::fmt;
-use uopc_jit::{Arg, JitError, Program};
+use uopc_jit::{Arg, BufRef, JitError, Program};
 
 /// A compiled attention for one [`SdpaConfig`]; `Sync`, so one compile serves every thread.
 #[derive(Debug)]
@@ -22,6 +23,8 @@ pub struct Sdpa {
     panels: Option<KvPanels>,
     /// The score and mask functions and sinks compiled in, and how the mask bounds the keys.
     mods: Option<(AttentionMods, String)>,
+    /// The counting kernel of a per-run block plan, and its mode.
+    plan: Option<(Program, PlanMode)>,
 }
 
 impl Sdpa {
@@ -68,6 +71,7 @@ impl Sdpa {
             merge,
             panels: blocking.kv_panels(config),
             mods: None,
+            plan: None,
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
@@ -113,6 +117,12 @@ impl Sdpa {
         let blocking = Blocking { splits: 1, ..Blocking::choose(&shape, cores()) };
         let program = Program::compile(&sdpa_flex_ir(config, &blocking, mods), "sdpa_flex")
             .map_err(|e| capture_bounds_error(e, config, mods))?;
+        let plan = match PlanMode::of(mods) {
+            PlanMode::Static => None,
+            mode => {
+                Some((Program::compile(&sdpa_flex_plan_ir(config, &blocking, mods), "sdpa_flex_plan")?, mode))
+            }
+        };
         let sdpa = Sdpa {
             config: *config,
             blocking,
@@ -120,6 +130,7 @@ impl Sdpa {
             merge: None,
             panels: blocking.kv_panels(config),
             mods: Some((mods.clone(), describe_mods(mods))),
+            plan,
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
@@ -202,6 +213,10 @@ impl Sdpa {
             }
             None => {}
         }
+        let plan = self.runtime_plan(extras)?;
+        if let Some(plan) = &plan {
+            args.push(Arg::Read(BufRef::I32(plan)));
+        }
         if c.runtime_kv_length != extras.kv_length.is_some() {
             return Err(SdpaError::Extra { arg: "kv_length", expected: c.runtime_kv_length });
         }
@@ -245,16 +260,47 @@ impl Sdpa {
     }
 
     /// The fraction of key blocks (query block x key block pairs, the narrow last block
-    /// counted) that its kernel computes, from [`flex_block_plan`](super::flex_block_plan):
-    /// 1 without mods; `None` when the plan reads run-time values.
-    pub fn blocks_computed(&self) -> Option<f64> {
-        let Some((mods, _)) = &self.mods else { return Some(1.0) };
-        let plan = super::flex_block_plan(&self.config, &self.blocking, mods)?;
+    /// counted) that its kernel computes for a run with `extras`: 1 without mods; from
+    /// [`flex_block_plan`](super::flex_block_plan), or from the per-run plan (counted from
+    /// `extras`' captures) for a mask whose bounds are not read off at compile time. `None`
+    /// when a compile-time plan reads run-time values (key lengths, a runtime KV length).
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`Sdpa::run`] for `extras` and of the plan's kernel.
+    pub fn blocks_computed(&self, extras: Extras<'_>) -> Result<Option<f64>, SdpaError> {
+        let Some((mods, _)) = &self.mods else { return Ok(Some(1.0)) };
         let (c, b) = (&self.config, &self.blocking);
+        let spans: Vec<usize> = match self.runtime_plan(extras)? {
+            Some(plan) => plan.chunks(4).map(|p| (p[3] - p[0]) as usize).collect(),
+            None => match super::flex_block_plan(c, b, mods) {
+                Some(plan) => plan.iter().map(|[t0, _, _, t1]| t1 - t0).collect(),
+                None => return Ok(None),
+            },
+        };
         let narrow = usize::from(!c.n_k.is_multiple_of(b.keys));
-        let per_task = c.n_k / b.keys + narrow;
-        let computed: usize = plan.iter().map(|[t0, _, _, t1]| t1 - t0 + narrow).sum();
-        Some(computed as f64 / (plan.len() * per_task) as f64)
+        let computed: usize = spans.iter().map(|s| s + narrow).sum();
+        Ok(Some(computed as f64 / (spans.len() * (c.n_k / b.keys + narrow)) as f64))
+    }
+
+    /// The per-run block plan (`[t0, c0, c1, t1]` per unit, see [`PlanMode`]) for `extras`,
+    /// when the mods need one: the counting kernel's counts of the pairs each query block
+    /// sees in each key block, turned into spans.
+    fn runtime_plan(&self, extras: Extras<'_>) -> Result<Option<Vec<i32>>, SdpaError> {
+        let (Some((program, mode)), Some((mods, _))) = (&self.plan, &self.mods) else { return Ok(None) };
+        let (c, b) = (&self.config, &self.blocking);
+        let full = c.n_k / b.keys;
+        let mut counts = vec![0.0f32; mode.units(c, b) * full];
+        let mut args: Vec<Arg<'_>> = Vec::new();
+        push_captures(mods.captures(), extras.captures, &mut args)?;
+        if let Some(lens) = extras.key_lengths {
+            args.push(Arg::Read(BufRef::I32(lens)));
+        }
+        args.push(Arg::WriteF32(&mut counts));
+        let vars: Vec<i64> = extras.kv_length.map(|l| l as i64).into_iter().collect();
+        program.run_with_vars(&mut args, &vars)?;
+        drop(args);
+        Ok(Some(plan_from_counts(&counts, full, mode.rows(b) * b.keys)))
     }
 }
 
@@ -320,16 +366,13 @@ fn describe_mods(mods: &AttentionMods) -> String {
         let (_, mask, _) = mods.build((&b, &h, &q, &kv), &[], None);
         let kb = mask.map(|m| KeyBounds::of(&m, &kv)).unwrap_or_default();
         let (starts, ends) = (kb.start.len(), kb.end.len());
-        let skipped = if starts + ends == 0 {
-            "no key bound read off it: every block is masked".to_string()
+        let skipped = if kb.exact {
+            format!(
+                "{starts} start and {ends} end bound(s) on the keys read off its comparisons: blocks outside every row's bounds are skipped, blocks inside them run unmasked"
+            )
         } else {
             format!(
-                "{starts} start and {ends} end bound(s) on the keys read off its comparisons: blocks outside every row's bounds are skipped{}",
-                if kb.exact {
-                    ", blocks inside them run unmasked"
-                } else {
-                    "; the rest of the mask is evaluated on every block not skipped"
-                }
+                "{starts} start and {ends} end bound(s) read off it, not the whole mask: a plan counted once per run over every query block x key block skips the blocks it hides and runs those it shows whole unmasked"
             )
         };
         format!("a mask function ({skipped})")

@@ -65,7 +65,7 @@ use extras::{check, push_captures, push_extras};
 pub use flex::{AttentionMods, Capture, CaptureSpec, MaskFn, ScoreArgs, ScoreFn, and, eq, or};
 pub use flex_reference::{FlexReference, MaskRef, ScoreRef, reference_flex_f64, reference_flex_row};
 pub use forward::Sdpa;
-pub use kernel::{flex_block_plan, sdpa_flex_ir, sdpa_ir, sdpa_ir_with_lse};
+pub use kernel::{flex_block_plan, sdpa_flex_ir, sdpa_flex_plan_ir, sdpa_ir, sdpa_ir_with_lse};
 pub use merge::sdpa_merge_ir;
 pub use reference::reference_f64;
 pub use tensor::scaled_dot_product_attention;

@@ -46,6 +46,9 @@ impl SdpaKernel {
     /// linear in the query row, free of every index but the task's own. Blocks are seen whole
     /// only when those bounds are the whole mask.
     fn flex_blocks(&self, task: &Task, full: usize) -> [UOp; 4] {
+        if let Some((plan, per_head)) = &self.flex_plan {
+            return self.planned_blocks(plan, *per_head, task, full);
+        }
         let Some((mods, buffers)) = &self.mods else { unreachable!("flex loops run with mods") };
         let bc = self.b.keys as i64;
         let [b, h, q, kv] = placeholders();

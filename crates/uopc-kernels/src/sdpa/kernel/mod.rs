@@ -1,7 +1,10 @@
 //! The FlashAttention-2 loop program of [`super`] for a configuration and its [`Blocking`].
 
 mod flex_loops;
+mod flex_plan;
 pub use flex_loops::flex_block_plan;
+pub use flex_plan::sdpa_flex_plan_ir;
+pub(crate) use flex_plan::{PlanMode, plan_from_counts};
 mod key_block;
 mod key_loops;
 mod task;
@@ -119,6 +122,9 @@ struct SdpaKernel {
     panels: Option<KvPanels>,
     /// Score and mask functions, sinks, and their captured tensors' buffers.
     mods: Option<(AttentionMods, Vec<UOp>)>,
+    /// The per-run block plan's buffer (`[t0, c0, c1, t1]` per unit, i32) and whether its units
+    /// are tasks (else query blocks of an item), for mods whose mask bounds are not exact.
+    flex_plan: Option<(UOp, bool)>,
     pb: ProgramBuilder,
 }
 
@@ -220,6 +226,14 @@ impl SdpaKernel {
             (m.clone(), bufs)
         });
         slot += mods.as_ref().map_or(0, |(_, bufs)| bufs.len());
+        let flex_plan = match mods.as_ref().map(|(m, _)| PlanMode::of(m)) {
+            Some(mode @ PlanMode::Runtime { per_head }) => {
+                let plan = buffer(slot, DType::I32, mode.units(config, blocking) * 4);
+                slot += 1;
+                Some((plan, per_head))
+            }
+            _ => None,
+        };
         // After every other buffer (in the output-last form, right after the output).
         let lse_slot = if output_last { slot + 1 } else { slot };
         let lse = save_lse.then(|| buffer(lse_slot, f32t, c.batch * c.heads * c.n_q));
@@ -241,6 +255,7 @@ impl SdpaKernel {
             q_in_place: blocking.reads_queries_in_place(config),
             panels,
             mods,
+            flex_plan,
             pb: ProgramBuilder::new(),
         }
     }
