@@ -395,6 +395,20 @@ fn parse_tile(s: &str) -> Result<(usize, usize), String> {
 /// `go` on a rayon pool of `threads` threads, or on the global pool without a count. The
 /// kernels run on whichever pool calls them, so a pool of the asked size around a whole bench
 /// sets the thread count of every kernel and peak it measures.
+/// `bench flex`: its options checked, its cells timed.
+fn bench_flex(what: Bench) -> ExitCode {
+    let Bench::Flex { cases, ns, ds, heads, kv_heads, batch, window, reps, rounds, threads, json } = what
+    else {
+        unreachable!("called with bench flex's options")
+    };
+    let Some(cells) = flex_cells(cases, ns, ds, heads, kv_heads, batch) else { return ExitCode::from(2) };
+    if reps == 0 || rounds == 0 || threads == Some(0) || window < 1 {
+        eprintln!("error: --reps, --rounds, --threads and --window must be at least 1");
+        return ExitCode::from(2);
+    }
+    with_threads(threads, || flex::run(&cells, window, reps, rounds, json.as_deref()))
+}
+
 /// The cells of `bench flex`: every case by every shape (heads paired with kv-heads), or
 /// `None` after printing what is wrong.
 fn flex_cells(
@@ -631,18 +645,7 @@ fn main() -> ExitCode {
             with_threads(threads, || mlp::run(shape, reps, rounds, json.as_deref()))
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
-        Task::Bench {
-            what: Bench::Flex { cases, ns, ds, heads, kv_heads, batch, window, reps, rounds, threads, json },
-        } => {
-            let Some(cells) = flex_cells(cases, ns, ds, heads, kv_heads, batch) else {
-                return ExitCode::from(2);
-            };
-            if reps == 0 || rounds == 0 || threads == Some(0) || window < 1 {
-                eprintln!("error: --reps, --rounds, --threads and --window must be at least 1");
-                return ExitCode::from(2);
-            }
-            with_threads(threads, || flex::run(&cells, window, reps, rounds, json.as_deref()))
-        }
+        Task::Bench { what: flex @ Bench::Flex { .. } } => bench_flex(flex),
         Task::Mca { json } => mca::run(json.as_deref()),
         Task::Circles => {
             let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

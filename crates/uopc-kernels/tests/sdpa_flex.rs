@@ -267,3 +267,55 @@ fn the_blocks_skipped_and_run_whole_match_the_mask_exactly() {
         println!("{c:?} window {w}: {:.1}% of blocks computed", computed * 100.0);
     }
 }
+
+#[test]
+fn decode_against_a_runtime_kv_length_and_16_bit_inputs_take_mods() {
+    use half::bf16;
+    let mut rng = Rng(11);
+    // Decode: one query per head against a cache of 300 holding 177, causal (query i sees the
+    // keys up to L - n_q + i), under ALiBi and a window of 50 keys read as bounds.
+    let c = SdpaConfig { runtime_kv_length: true, causal: true, ..config(1, 8, 2, 1, 300, 32) };
+    let mut mods = AttentionMods::new();
+    let slopes = mods.capture("slopes", &[8], DType::F32);
+    let mods = mods
+        .score(move |x, s| s + x.load(slopes, &[x.h.clone()]) * (&x.kv - &x.q).cast(DType::F32))
+        .mask(|x| (&x.q + 176 - &x.kv).lt(50));
+    let slope: Vec<f32> = (0..8).map(|h| 0.5f32.powi(h + 1)).collect();
+    let alibi = |s: f64, [_, h, i, j]: [usize; 4]| s + f64::from(slope[h]) * (j as f64 - i as f64);
+    let keep = |[_, _, i, j]: [usize; 4]| (i as i64 + 176 - j as i64) < 50;
+    let f = FlexReference { score: Some(&alibi), mask: Some(&keep), ..FlexReference::default() };
+    let (q, k, v) = (rng.values(c.q_len()), rng.values(c.kv_len()), rng.values(c.kv_len()));
+    let sdpa = Sdpa::compile_flex(&c, &mods).unwrap();
+    let captures = [CaptureValues::F32(&slope)];
+    let extras = Extras { captures: &captures, kv_length: Some(177), ..Extras::default() };
+    let mut out = vec![f32::NAN; c.q_len()];
+    sdpa.run(&q, &k, &v, extras, &mut out).unwrap();
+    let want = reference_flex_f64(&c, &q, &k, &v, extras, f);
+    for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+        assert!(
+            (f64::from(got) - want).abs() <= 2e-5 * (1.0 + want.abs()),
+            "decode out[{i}] = {got}, want {want}"
+        );
+    }
+    // bf16 q, k, v and output under a sliding window and a halving score function: against
+    // the reference on the same bf16 values widened, within bf16's rounding of P (2^-8 of each
+    // weight, so of the sum of |p v| <= 1) and of the output (2^-8 of it).
+    let c = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(2, 4, 2, 70, 70, 16) };
+    let mods = AttentionMods::new()
+        .score(|_, s| s * 0.5f32)
+        .mask(|x| and(&x.kv.lt(&x.q + 1), &(&x.q - &x.kv).lt(20)));
+    let half = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+    let (q, k, v) = (half(rng.values(c.q_len())), half(rng.values(c.kv_len())), half(rng.values(c.kv_len())));
+    let wide = |x: &[bf16]| x.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
+    let sdpa = Sdpa::compile_flex(&c, &mods).unwrap();
+    let mut out = vec![bf16::NAN; c.q_len()];
+    sdpa.run(&q, &k, &v, Extras::default(), &mut out).unwrap();
+    let halved = |s: f64, _: [usize; 4]| s * 0.5;
+    let keep = |[_, _, i, j]: [usize; 4]| j <= i && i - j < 20;
+    let f = FlexReference { score: Some(&halved), mask: Some(&keep), ..FlexReference::default() };
+    let want = reference_flex_f64(&c, &wide(&q), &wide(&k), &wide(&v), Extras::default(), f);
+    for (i, (got, &want)) in out.iter().zip(&want).enumerate() {
+        let got = got.to_f64();
+        assert!((got - want).abs() <= (1.5 + want.abs()) / 256.0, "bf16 out[{i}] = {got}, want {want}");
+    }
+}

@@ -22,6 +22,7 @@
 use half::{bf16, f16};
 
 use crate::error::check_len;
+use crate::half_operand::HalfOperand as OperandB;
 use crate::{GemmDesc, GemmShape, Isa, TileError};
 
 /// `C (+)= A · B` with f16 A and B and f32 C, every operand checked against `s` first.
@@ -213,50 +214,6 @@ impl OperandA for f32 {
 
     unsafe fn widened(_: *const f32, _: &GemmShape, _: usize) -> Option<Vec<f32>> {
         None
-    }
-}
-
-/// A 16-bit operand: f16, or bf16 (B of [`half_b_gemm`], A of `half_a_gemm`).
-pub(crate) trait OperandB: crate::blocked::Element {
-    /// Whether the few-row kernels read it as f16 (`true`) or as bf16.
-    const F16: bool;
-
-    /// Whether the blocked driver's packing can widen it here: f16 needs F16C; bf16 widens
-    /// with shifts every vector ISA has.
-    fn vector_widening() -> bool;
-
-    /// `dst[i] = src[i]` widened exactly.
-    fn widen_slice(src: &[Self], dst: &mut [f32]);
-}
-
-impl OperandB for f16 {
-    const F16: bool = true;
-
-    fn vector_widening() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::arch::is_x86_feature_detected!("f16c")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    }
-
-    fn widen_slice(src: &[f16], dst: &mut [f32]) {
-        crate::convert::f16_to_f32_slice(src, dst).expect("equal lengths");
-    }
-}
-
-impl OperandB for bf16 {
-    const F16: bool = false;
-
-    fn vector_widening() -> bool {
-        true
-    }
-
-    fn widen_slice(src: &[bf16], dst: &mut [f32]) {
-        crate::convert::bf16_to_f32_slice(src, dst).expect("equal lengths");
     }
 }
 

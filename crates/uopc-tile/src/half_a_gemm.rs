@@ -13,7 +13,7 @@
 use half::{bf16, f16};
 
 use crate::error::check_len;
-use crate::f16_gemm::OperandB as HalfOperand;
+use crate::half_operand::HalfOperand;
 use crate::{GemmDesc, GemmShape, Isa, TileError};
 
 /// `C (+)= A · B` with f16 A, f32 B (by rows, columns or in panels) and f32 C, every operand

@@ -60,6 +60,7 @@ mod exp_rows;
 mod f16_gemm;
 mod gemm;
 mod half_a_gemm;
+mod half_operand;
 mod isa;
 pub mod machine;
 mod max_sum_exp;

@@ -253,9 +253,9 @@ fn checked_half<H: HalfSource>(
 
 /// A 16-bit source type of [`pack_panels_f16`] and [`pack_panels_bf16`].
 #[cfg(target_arch = "x86_64")]
-trait HalfSource: crate::f16_gemm::OperandB + crate::tile::HalfFloat + Into<f32> {}
+trait HalfSource: crate::half_operand::HalfOperand + crate::tile::HalfFloat + Into<f32> {}
 #[cfg(target_arch = "x86_64")]
-impl<H: crate::f16_gemm::OperandB + crate::tile::HalfFloat + Into<f32>> HalfSource for H {}
+impl<H: crate::half_operand::HalfOperand + crate::tile::HalfFloat + Into<f32>> HalfSource for H {}
 #[cfg(not(target_arch = "x86_64"))]
 trait HalfSource: Copy + Into<f32> {}
 #[cfg(not(target_arch = "x86_64"))]

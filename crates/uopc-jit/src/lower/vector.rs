@@ -1,9 +1,13 @@
 //! Loop vectorization: an innermost counted loop whose body is f32 math over contiguous (or
 //! loop-invariant) memory runs four iterations per step in F32X4 values, the only vector width
-//! Cranelift lowers on x86-64. A constant may also be stored counting down (stride -1). Register reductions (`acc = acc + x`, `acc = max(acc, x)`) keep
-//! vector partial results, reduced across lanes after the loop; a scalar loop runs the tail.
-//! Anything else (integer or f64 math on the loop variable, calls, strided stores, memory
-//! carried from one iteration to the next) keeps the scalar lowering.
+//! Cranelift lowers on x86-64. A constant may also be stored counting down (stride -1).
+//! Register reductions (`acc = acc + x`, `acc = max(acc, x)`) keep vector partial results,
+//! reduced across lanes after the loop; a scalar loop runs the tail. Integers that move with
+//! the loop variable enter the lanes in two forms: a compare of `r + rest` with a loop-invariant
+//! integer (an I32X4 compare of the lane numbers) and a cast to f32 of `stride * r + rest`
+//! (I32X4 lanes, one conversion). Anything else (other integer or f64 math on the loop
+//! variable, calls, strided stores, memory carried from one iteration to the next) keeps the
+//! scalar lowering.
 
 use super::vector_plan::{LaneCompare, Reduction, VectorPlan};
 use super::*;

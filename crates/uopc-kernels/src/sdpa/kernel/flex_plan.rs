@@ -56,7 +56,8 @@ pub(crate) fn capture_buffers(mods: &AttentionMods, first: usize) -> Vec<UOp> {
     mods.captures().iter().enumerate().map(|(i, c)| buffer(first + i, c.dtype, c.len())).collect()
 }
 
-/// The counting kernel of a runtime plan: for unit `u` (see [`PlanMode::units`]) and full key
+/// The counting kernel of a runtime plan: for unit `u` (a query block of an item, or a task when
+/// the mask reads the head) and full key
 /// block `kb`, `counts[u * full + kb]` = the pairs of the unit's query rows and the block's keys
 /// that the mask, the causal limit, the KV length and the item's key length let through (an
 /// f32, exact below 2^24). Buffers: the captures, the key lengths (with
