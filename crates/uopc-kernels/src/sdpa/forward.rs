@@ -109,12 +109,15 @@ impl Sdpa {
         // shorter tasks, so less of each task's band of keys is masked work.
         let [b, h, q, kv] = placeholders();
         let (_, mask, _) = mods.build((&b, &h, &q, &kv), &slots, None);
-        let bounded = mask.is_some_and(|m| {
-            let kb = KeyBounds::of(&m, &kv);
-            !(kb.start.is_empty() && kb.end.is_empty())
-        });
+        let kb = mask.map(|m| KeyBounds::of(&m, &kv)).unwrap_or_default();
+        let bounded = !(kb.start.is_empty() && kb.end.is_empty());
         let shape = SdpaConfig { causal: config.causal || bounded, ..*config };
-        let blocking = Blocking { splits: 1, ..Blocking::choose(&shape, cores()) };
+        let mut blocking = Blocking { splits: 1, ..Blocking::choose(&shape, cores()) };
+        // A band (a start and an end bound: a sliding window) re-reads, per task, its rows' span
+        // of keys plus the task's height: tasks one key block tall keep that overhang small.
+        if !kb.start.is_empty() && !kb.end.is_empty() && blocking.heads_per_task == 1 {
+            blocking.queries = blocking.queries.min(blocking.keys.max(BAND_ROWS));
+        }
         let program = Program::compile(&sdpa_flex_ir(config, &blocking, mods), "sdpa_flex")
             .map_err(|e| capture_bounds_error(e, config, mods))?;
         let plan = match PlanMode::of(mods) {
@@ -350,6 +353,9 @@ impl fmt::Display for Sdpa {
         }
     }
 }
+
+/// Query rows per task under a banded mask (at least; a key block when wider).
+const BAND_ROWS: usize = 64;
 
 /// What mods compile into, for [`Sdpa`]'s `Display`: the functions, the sinks, and which key
 /// blocks the mask lets the kernel skip or run unmasked, and why.
