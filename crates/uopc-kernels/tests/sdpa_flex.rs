@@ -49,14 +49,18 @@ fn check_with(
     let extras = Extras { captures, key_lengths: lens, ..Extras::default() };
     let mut out = vec![f32::NAN; c.q_len()];
     sdpa.run(&q, &k, &v, extras, &mut out).unwrap();
-    let want = reference_flex_f64(&c, &q, &k, &v, extras, f);
-    for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+    assert_close(&format!("{c:?} {sdpa}"), &out, &reference_flex_f64(&c, &q, &k, &v, extras, f));
+    sdpa
+}
+
+/// Every output within `2e-5 (1 + |want|)` of the reference (see [`check`]).
+fn assert_close(what: &str, out: &[f32], want: &[f64]) {
+    for (i, (&got, &want)) in out.iter().zip(want).enumerate() {
         assert!(
             (f64::from(got) - want).abs() <= 2e-5 * (1.0 + want.abs()),
-            "{c:?} {sdpa}: out[{i}] = {got}, want {want}"
+            "{what}: out[{i}] = {got}, want {want}"
         );
     }
-    sdpa
 }
 
 #[test]
@@ -290,13 +294,7 @@ fn decode_against_a_runtime_kv_length_and_16_bit_inputs_take_mods() {
     let extras = Extras { captures: &captures, kv_length: Some(177), ..Extras::default() };
     let mut out = vec![f32::NAN; c.q_len()];
     sdpa.run(&q, &k, &v, extras, &mut out).unwrap();
-    let want = reference_flex_f64(&c, &q, &k, &v, extras, f);
-    for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
-        assert!(
-            (f64::from(got) - want).abs() <= 2e-5 * (1.0 + want.abs()),
-            "decode out[{i}] = {got}, want {want}"
-        );
-    }
+    assert_close("decode", &out, &reference_flex_f64(&c, &q, &k, &v, extras, f));
     // bf16 q, k, v and output under a sliding window and a halving score function: against
     // the reference on the same bf16 values widened, within bf16's rounding of P (2^-8 of each
     // weight, so of the sum of |p v| <= 1) and of the output (2^-8 of it).

@@ -103,16 +103,7 @@ impl PanelPacking {
 /// # Ok::<(), TileError>(())
 /// ```
 pub fn pack_panels(isa: Isa, p: &PanelPacking, src: &[f32], dst: &mut [f32]) -> Result<(), TileError> {
-    if !isa.available() {
-        return Err(TileError::IsaUnavailable(isa));
-    }
-    let [ns, nd] = p.extents()?;
-    check_len("src", ns, src.len())?;
-    check_len("dst", nd, dst.len())?;
-    // SAFETY: the ISA is available, both slices cover their extents, and `dst` is a unique
-    // borrow, so it cannot overlap `src`.
-    unsafe { pack_panels_unchecked(isa, p, src.as_ptr(), dst.as_mut_ptr()) };
-    Ok(())
+    checked(isa, p, src, dst)
 }
 
 /// [`pack_panels`] on raw pointers, without checks.
@@ -122,6 +113,30 @@ pub fn pack_panels(isa: Isa, p: &PanelPacking, src: &[f32], dst: &mut [f32]) -> 
 /// `isa.available()`; with `[ns, nd] = p.extents()` (which must be `Ok`), `src` readable for
 /// `ns` floats and `dst` writable for `nd`, not overlapping.
 pub unsafe fn pack_panels_unchecked(isa: Isa, p: &PanelPacking, src: *const f32, dst: *mut f32) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { pack_all(isa, p, src, dst) }
+}
+
+/// The checks of [`pack_panels`] (for any source type), then the packing.
+fn checked<E: PanelSource>(isa: Isa, p: &PanelPacking, src: &[E], dst: &mut [f32]) -> Result<(), TileError> {
+    if !isa.available() {
+        return Err(TileError::IsaUnavailable(isa));
+    }
+    let [ns, nd] = p.extents()?;
+    check_len("src", ns, src.len())?;
+    check_len("dst", nd, dst.len())?;
+    // SAFETY: the ISA is available, both slices cover their extents, and `dst` is a unique
+    // borrow, so it cannot overlap `src`.
+    unsafe { pack_all(isa, p, src.as_ptr(), dst.as_mut_ptr()) };
+    Ok(())
+}
+
+/// Every panel of `p`, from a source of `E`s.
+///
+/// # Safety
+///
+/// As [`pack_panels_unchecked`], with `src` readable for `ns` values of `E`.
+unsafe fn pack_all<E: PanelSource>(isa: Isa, p: &PanelPacking, src: *const E, dst: *mut f32) {
     let PanelPacking { k, n, trans, ld, width: w, panel_stride } = *p;
     if k == 0 {
         return;
@@ -138,17 +153,19 @@ pub unsafe fn pack_panels_unchecked(isa: Isa, p: &PanelPacking, src: *const f32,
     }
 }
 
-/// One panel of `cols <= w` columns, zero-padded to `w`.
+/// One panel of `cols <= w` columns, zero-padded to `w`: the vector packers (which widen
+/// 16-bit values as they copy) when the panel is one register tile wide and the type's
+/// widening features are here, else plain loops.
 ///
 /// # Safety
 ///
 /// `isa.available()`; `dst` writable for `k * w` floats; `src` readable at `p * ld + j`
 /// (`j * ld + p` when `trans`) for `p < k`, `j < cols`.
 #[allow(clippy::too_many_arguments)] // the panel's geometry, each a plain size
-unsafe fn pack_one(
+unsafe fn pack_one<E: PanelSource>(
     isa: Isa,
     dst: *mut f32,
-    src: *const f32,
+    src: *const E,
     trans: bool,
     ld: usize,
     k: usize,
@@ -156,16 +173,16 @@ unsafe fn pack_one(
     w: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if w == panel_width(isa) && isa != Isa::Portable {
-        use crate::tile::TileKernel;
-        // SAFETY: the ISA is available and the panel is one register tile wide, the packing
-        // routine's own panel.
+    if w == panel_width(isa) && isa != Isa::Portable && E::vector_packing() {
+        use crate::x86::{avx2, avx512};
+        // SAFETY: the ISA and the type's widening features are available, and the panel is
+        // one register tile wide, the packing routine's own panel.
         unsafe {
             match (isa, trans) {
-                (Isa::Avx512, true) => crate::x86::avx512::Kernel::pack_bt(dst, src, ld, k, cols),
-                (Isa::Avx512, false) => crate::x86::avx512::Kernel::pack_b(dst, src, ld, k, cols),
-                (_, true) => crate::x86::avx2::Kernel::pack_bt(dst, src, ld, k, cols),
-                (_, false) => crate::x86::avx2::Kernel::pack_b(dst, src, ld, k, cols),
+                (Isa::Avx512, true) => E::pack_bt::<avx512::Kernel>(dst, src, ld, k, cols),
+                (Isa::Avx512, false) => E::pack_b::<avx512::Kernel>(dst, src, ld, k, cols),
+                (_, true) => E::pack_bt::<avx2::Kernel>(dst, src, ld, k, cols),
+                (_, false) => E::pack_b::<avx2::Kernel>(dst, src, ld, k, cols),
             }
         }
         return;
@@ -175,12 +192,9 @@ unsafe fn pack_one(
         for j in 0..w {
             let x = if j >= cols {
                 0.0
-            } else if trans {
-                // SAFETY: `j < cols`, `q < k`: inside the source.
-                unsafe { *src.add(j * ld + q) }
             } else {
-                // SAFETY: as above.
-                unsafe { *src.add(q * ld + j) }
+                // SAFETY: `j < cols`, `q < k`: inside the source.
+                unsafe { *src.add(if trans { j * ld + q } else { q * ld + j }) }.into()
             };
             // SAFETY: `q * w + j < k * w`.
             unsafe { *dst.add(q * w + j) = x };
@@ -209,7 +223,7 @@ unsafe fn pack_one(
 /// # Ok::<(), TileError>(())
 /// ```
 pub fn pack_panels_f16(isa: Isa, p: &PanelPacking, src: &[f16], dst: &mut [f32]) -> Result<(), TileError> {
-    checked_half(isa, p, src, dst)
+    checked(isa, p, src, dst)
 }
 
 /// [`pack_panels_f16`] from bf16 storage.
@@ -218,92 +232,31 @@ pub fn pack_panels_f16(isa: Isa, p: &PanelPacking, src: &[f16], dst: &mut [f32])
 ///
 /// As [`pack_panels`].
 pub fn pack_panels_bf16(isa: Isa, p: &PanelPacking, src: &[bf16], dst: &mut [f32]) -> Result<(), TileError> {
-    checked_half(isa, p, src, dst)
+    checked(isa, p, src, dst)
 }
 
-/// The checks of [`pack_panels`], then the 16-bit packing.
-fn checked_half<H: HalfSource>(
-    isa: Isa,
-    p: &PanelPacking,
-    src: &[H],
-    dst: &mut [f32],
-) -> Result<(), TileError> {
-    if !isa.available() {
-        return Err(TileError::IsaUnavailable(isa));
-    }
-    let [ns, nd] = p.extents()?;
-    check_len("src", ns, src.len())?;
-    check_len("dst", nd, dst.len())?;
-    let PanelPacking { k, n, trans, ld, width: w, panel_stride } = *p;
-    if k == 0 {
-        return Ok(());
-    }
-    for j0 in (0..n).step_by(w) {
-        let cols = w.min(n - j0);
-        // SAFETY: the ISA is available; panel `j0 / w` lies in dst's checked extent, and the
-        // source columns `j0 .. j0 + cols` of every row in src's; `dst` is a unique borrow.
-        unsafe {
-            let to = dst.as_mut_ptr().add((j0 / w) * panel_stride);
-            let from = if trans { src.as_ptr().add(j0 * ld) } else { src.as_ptr().add(j0) };
-            pack_one_half(isa, to, from, trans, ld, k, cols, w);
-        }
-    }
-    Ok(())
-}
-
-/// A 16-bit source type of [`pack_panels_f16`] and [`pack_panels_bf16`].
+/// A source type the panels are packed from: f32 copied, f16 and bf16 widened exactly.
 #[cfg(target_arch = "x86_64")]
-trait HalfSource: crate::half_operand::HalfOperand + crate::tile::HalfFloat + Into<f32> {}
-#[cfg(target_arch = "x86_64")]
-impl<H: crate::half_operand::HalfOperand + crate::tile::HalfFloat + Into<f32>> HalfSource for H {}
+trait PanelSource: crate::blocked::Element + Into<f32> {
+    /// Whether the vector packers can take it here (f16 needs F16C).
+    fn vector_packing() -> bool;
+}
 #[cfg(not(target_arch = "x86_64"))]
-trait HalfSource: Copy + Into<f32> {}
-#[cfg(not(target_arch = "x86_64"))]
-impl<H: Copy + Into<f32>> HalfSource for H {}
+trait PanelSource: Copy + Into<f32> {}
 
-/// [`pack_one`] from 16-bit storage: the vector packers widen as they copy when the panel is
-/// one register tile wide and the type's widening features are here, else plain loops.
-///
-/// # Safety
-///
-/// As [`pack_one`], with `src` of `H`s.
-#[allow(clippy::too_many_arguments)] // the panel's geometry, each a plain size
-unsafe fn pack_one_half<H: HalfSource>(
-    isa: Isa,
-    dst: *mut f32,
-    src: *const H,
-    trans: bool,
-    ld: usize,
-    k: usize,
-    cols: usize,
-    w: usize,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if w == panel_width(isa) && isa != Isa::Portable && H::vector_widening() {
-        use crate::tile::TileKernel;
-        // SAFETY: the ISA and the type's widening features are available, and the panel is
-        // one register tile wide, the packing routine's own panel.
-        unsafe {
-            match (isa, trans) {
-                (Isa::Avx512, true) => crate::x86::avx512::Kernel::pack_bt_half(dst, src, ld, k, cols),
-                (Isa::Avx512, false) => crate::x86::avx512::Kernel::pack_b_half(dst, src, ld, k, cols),
-                (_, true) => crate::x86::avx2::Kernel::pack_bt_half(dst, src, ld, k, cols),
-                (_, false) => crate::x86::avx2::Kernel::pack_b_half(dst, src, ld, k, cols),
-            }
-        }
-        return;
-    }
-    let _ = isa;
-    for q in 0..k {
-        for j in 0..w {
-            let x = if j >= cols {
-                0.0
-            } else {
-                // SAFETY: `j < cols`, `q < k`: inside the source.
-                unsafe { *src.add(if trans { j * ld + q } else { q * ld + j }) }.into()
-            };
-            // SAFETY: `q * w + j < k * w`.
-            unsafe { *dst.add(q * w + j) = x };
-        }
+#[cfg(target_arch = "x86_64")]
+impl PanelSource for f32 {
+    fn vector_packing() -> bool {
+        true
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+impl<H: crate::half_operand::HalfOperand + crate::tile::HalfFloat + Into<f32>> PanelSource for H {
+    fn vector_packing() -> bool {
+        H::vector_widening()
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl<E: Copy + Into<f32>> PanelSource for E {}

@@ -27,6 +27,19 @@ fn program() -> UOp {
     sink(&[out.index(&i * COLS as i64 + &j).store(value).end(&[j, i])])
 }
 
+/// `got` and `want` (ROWS x COLS) equal bit for bit.
+fn assert_bitwise(opt_level: OptLevel, got: &[f32], want: &[f32]) {
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "{opt_level:?} element ({}, {}): {g} vs {w}",
+            k / COLS,
+            k % COLS
+        );
+    }
+}
+
 #[test]
 fn compares_of_the_loop_variable_vectorize_and_match_the_interpreter() {
     let program = program();
@@ -49,15 +62,7 @@ fn compares_of_the_loop_variable_vectorize_and_match_the_interpreter() {
         let mut out = vec![0.0f32; ROWS * COLS];
         prg.run(&mut [Arg::Read(BufRef::F32(&x)), Arg::Read(BufRef::I64(&targets)), Arg::WriteF32(&mut out)])
             .unwrap();
-        for (k, (g, w)) in out.iter().zip(want).enumerate() {
-            assert_eq!(
-                g.to_bits(),
-                w.to_bits(),
-                "{opt_level:?} element ({}, {}): {g} vs {w}",
-                k / COLS,
-                k % COLS
-            );
-        }
+        assert_bitwise(opt_level, &out, want);
     }
 }
 
@@ -170,14 +175,6 @@ fn offset_compares_and_casts_of_the_loop_variable_vectorize() {
             Arg::WriteF32(&mut got),
         ])
         .unwrap();
-        for (k, (g, w)) in got.iter().zip(want).enumerate() {
-            assert_eq!(
-                g.to_bits(),
-                w.to_bits(),
-                "{opt_level:?} element ({}, {}): {g} vs {w}",
-                k / COLS,
-                k % COLS
-            );
-        }
+        assert_bitwise(opt_level, &got, want);
     }
 }

@@ -8,8 +8,8 @@ use crate::common;
 use half::{bf16, f16};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{
-    GemmShape, Isa, PanelPacking, TileError, gemm_bf16_f32, gemm_f16_f32, pack_panels, panel_width,
-    uopc_tile_gemm_bf16_f32, uopc_tile_gemm_f16_f32,
+    GemmShape, Isa, PanelPacking, TileError, gemm_bf16_f32, gemm_f16_f32, pack_panels, pack_panels_bf16,
+    pack_panels_f16, panel_width, uopc_tile_gemm_bf16_f32, uopc_tile_gemm_f16_f32,
 };
 
 /// Marks C's padding, which no GEMM may write.
@@ -160,5 +160,44 @@ fn the_flat_entries_refuse_bad_descriptors_and_run_good_ones() {
         assert_eq!(c, [3.0; 8]);
         assert_eq!(uopc_tile_gemm_bf16_f32(ab.as_ptr(), pb, pc, 2, 4, 3, 3, 4, 4, 4), 0, "accumulate");
         assert_eq!(c, [6.0; 8]);
+    }
+}
+
+#[test]
+fn sixteen_bit_panels_are_the_f32_panels_of_the_widened_values() {
+    // Every ISA, the vector packers' width and one left to plain loops, either orientation:
+    // the 16-bit packings equal the f32 packing of the widened source bit for bit, the gaps
+    // between panels untouched.
+    let mut rng = StdRng::seed_from_u64(47);
+    for isa in common::isas() {
+        for width in [panel_width(isa), 5] {
+            for (k, n, trans) in [(13, 70, false), (40, 33, true), (1, 1, true), (9, 64, false)] {
+                let ld = if trans { k } else { n } + 2;
+                let len = if trans { n * ld } else { k * ld };
+                let src: Vec<f32> = (0..len).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                let h: Vec<f16> = src.iter().map(|&x| f16::from_f32(x)).collect();
+                let b: Vec<bf16> = src.iter().map(|&x| bf16::from_f32(x)).collect();
+                let p = PanelPacking { k, n, trans, ld, width, panel_stride: k * width + 3 };
+                let [_, nd] = p.extents().unwrap();
+                let packed = |f: &dyn Fn(&mut [f32])| {
+                    let mut dst = vec![SENTINEL; nd];
+                    f(&mut dst);
+                    dst.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                let wide_h: Vec<f32> = h.iter().map(|x| x.to_f32()).collect();
+                let wide_b: Vec<f32> = b.iter().map(|x| x.to_f32()).collect();
+                assert_eq!(
+                    packed(&|d| pack_panels_f16(isa, &p, &h, d).unwrap()),
+                    packed(&|d| pack_panels(isa, &p, &wide_h, d).unwrap()),
+                    "{isa} f16 {p:?}"
+                );
+                assert_eq!(
+                    packed(&|d| pack_panels_bf16(isa, &p, &b, d).unwrap()),
+                    packed(&|d| pack_panels(isa, &p, &wide_b, d).unwrap()),
+                    "{isa} bf16 {p:?}"
+                );
+            }
+        }
+        println!("ran: 16-bit panel packing on {isa}");
     }
 }
