@@ -317,3 +317,101 @@ fn decode_against_a_runtime_kv_length_and_16_bit_inputs_take_mods() {
         assert!((got - want).abs() <= (1.5 + want.abs()) / 256.0, "bf16 out[{i}] = {got}, want {want}");
     }
 }
+
+/// One comparison of a random mask: over the key `kv`, the query `q` and constants.
+#[derive(Clone, Copy, Debug)]
+enum Term {
+    /// `kv < q + c` (an end that moves with the row).
+    EndAtRow(i64),
+    /// `q - kv < c` (a start: a window).
+    StartAtRow(i64),
+    /// `kv < c`.
+    End(i64),
+    /// `c < kv`.
+    Start(i64),
+    /// `kv + c < 2 q` (an end moving two keys a row).
+    EndAtTwiceRow(i64),
+    /// `kv % m != 0` (no bound: every block masked).
+    NotMultiple(i64),
+}
+
+impl Term {
+    fn ir(self, x: &uopc_kernels::sdpa::ScoreArgs<'_>) -> UOp {
+        match self {
+            Term::EndAtRow(c) => x.kv.lt(&x.q + c),
+            Term::StartAtRow(c) => (&x.q - &x.kv).lt(c),
+            Term::End(c) => x.kv.lt(c),
+            Term::Start(c) => idx(c).lt(&x.kv),
+            Term::EndAtTwiceRow(c) => (&x.kv + c).lt(&x.q * 2),
+            Term::NotMultiple(m) => x.kv.modulo(m).ne(0),
+        }
+    }
+
+    fn holds(self, q: i64, kv: i64) -> bool {
+        match self {
+            Term::EndAtRow(c) => kv < q + c,
+            Term::StartAtRow(c) => q - kv < c,
+            Term::End(c) => kv < c,
+            Term::Start(c) => c < kv,
+            Term::EndAtTwiceRow(c) => kv + c < 2 * q,
+            Term::NotMultiple(m) => kv % m != 0,
+        }
+    }
+
+    fn random(rng: &mut Rng, n: i64) -> Term {
+        let c = rng.below(n as usize + 40) as i64 - 20;
+        match rng.below(6) {
+            0 => Term::EndAtRow(c),
+            1 => Term::StartAtRow(c.abs() + 1),
+            2 => Term::End(c),
+            3 => Term::Start(c),
+            4 => Term::EndAtTwiceRow(c),
+            _ => Term::NotMultiple(2 + rng.below(5) as i64),
+        }
+    }
+}
+
+/// Random masks (conjunctions of one to three comparisons, or a union of two) on random shapes,
+/// causal or not, with and without a score function: whatever bounds the compile reads off the
+/// mask, and whatever plan the run counts, the output is the reference's, and rows that see no
+/// key are zeros.
+#[test]
+fn random_masks_give_the_reference_whatever_blocks_they_skip() {
+    let mut rng = Rng(101);
+    for case in 0..40 {
+        let (hkv, group) = (1 + rng.below(2), 1 + rng.below(3));
+        let (n_q, n_k) = (1 + rng.below(200), 1 + rng.below(260));
+        let c = SdpaConfig {
+            causal: rng.below(3) == 0,
+            ..config(1 + rng.below(2), hkv * group, hkv, n_q, n_k, [8, 16][rng.below(2)])
+        };
+        let n = n_k.max(n_q) as i64;
+        let terms: Vec<Term> = (0..1 + rng.below(3)).map(|_| Term::random(&mut rng, n)).collect();
+        let union = terms.len() == 2 && rng.below(3) == 0;
+        let scored = rng.below(2) == 0;
+        let ir_terms = terms.clone();
+        let mut mods = AttentionMods::new().mask(move |x| {
+            let conds: Vec<UOp> = ir_terms.iter().map(|t| t.ir(x)).collect();
+            if union {
+                or(&conds[0], &conds[1])
+            } else {
+                conds.iter().skip(1).fold(conds[0].clone(), |a, b| and(&a, b))
+            }
+        });
+        if scored {
+            mods = mods.score(|x, s| s * 0.5f32 + (&x.kv - &x.q).cast(DType::F32) * 0.01f32);
+        }
+        let keep = |[_, _, i, j]: [usize; 4]| {
+            let holds = terms.iter().map(|t| t.holds(i as i64, j as i64));
+            if union { holds.into_iter().any(|h| h) } else { holds.into_iter().all(|h| h) }
+        };
+        let score = |s: f64, [_, _, i, j]: [usize; 4]| s * 0.5 + (j as f64 - i as f64) * 0.01;
+        let f = FlexReference {
+            mask: Some(&keep),
+            score: scored.then_some(&score as _),
+            ..FlexReference::default()
+        };
+        let sdpa = check(c, &mods, &[], f, &mut rng);
+        println!("case {case}: {c:?} {terms:?} union {union}: {sdpa}");
+    }
+}
