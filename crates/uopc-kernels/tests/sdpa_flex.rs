@@ -415,3 +415,31 @@ fn random_masks_give_the_reference_whatever_blocks_they_skip() {
         println!("case {case}: {c:?} {terms:?} union {union}: {sdpa}");
     }
 }
+
+#[test]
+fn a_mask_that_is_the_causal_mask_runs_the_causal_kernel() {
+    // `kv <= q + n_k - n_q` alone, with a score function and sinks: the causal kernel runs it
+    // (its diagonal blocks in parts), with the functions on its blocks; another offset stays a
+    // flex mask.
+    let mut rng = Rng(13);
+    for (c, offset) in [
+        (config(1, 4, 2, 300, 300, 16), 0i64),
+        (config(2, 2, 1, 37, 170, 8), 133),
+        (config(1, 2, 2, 64, 64, 8), 5),
+    ] {
+        let mut mods = AttentionMods::new();
+        let logits = mods.capture("sinks", &[c.heads], DType::F32);
+        let mods = mods
+            .sinks(logits)
+            .score(|x, s| s + (&x.kv - &x.q).cast(DType::F32) * 0.05f32)
+            .mask(move |x| x.kv.lt(&x.q + offset + 1));
+        let sink: Vec<f32> = (0..c.heads).map(|h| h as f32 * 0.5).collect();
+        let keep = |[_, _, i, j]: [usize; 4]| j as i64 <= i as i64 + offset;
+        let score = |s: f64, [_, _, i, j]: [usize; 4]| s + (j as f64 - i as f64) * 0.05;
+        let f = FlexReference { score: Some(&score), mask: Some(&keep), sinks: Some(&sink) };
+        let sdpa = check(c, &mods, &[CaptureValues::F32(&sink)], f, &mut rng);
+        let causal = offset == c.causal_offset();
+        assert_eq!(sdpa.to_string().contains("the causal kernel runs it"), causal, "{sdpa}");
+        assert_eq!(sdpa.config().causal, causal, "{sdpa}");
+    }
+}

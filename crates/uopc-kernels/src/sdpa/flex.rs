@@ -189,6 +189,11 @@ impl AttentionMods {
         self
     }
 
+    /// These mods without their mask function (the kernel applies an equivalent mask).
+    pub(crate) fn without_mask(&self) -> AttentionMods {
+        AttentionMods { mask: None, ..self.clone() }
+    }
+
     /// The captured tensors, in declaration order.
     pub fn captures(&self) -> &[CaptureSpec] {
         &self.captures

@@ -9,6 +9,7 @@ use super::{
     push_captures, push_extras, sdpa_flex_ir, sdpa_flex_plan_ir, sdpa_ir, sdpa_merge_ir,
 };
 use std::fmt;
+use uopc_ir::linear_in;
 use uopc_jit::{Arg, BufRef, JitError, Program};
 
 /// A compiled attention for one [`SdpaConfig`]; `Sync`, so one compile serves every thread.
@@ -110,6 +111,25 @@ impl Sdpa {
         let [b, h, q, kv] = placeholders();
         let (_, mask, _) = mods.build((&b, &h, &q, &kv), &slots, None);
         let kb = mask.map(|m| KeyBounds::of(&m, &kv)).unwrap_or_default();
+        // A mask that is the causal mask (`kv <= q + n_k - n_q`, and nothing else) runs as the
+        // configuration's causal flag: the causal kernel, its diagonal GEMMs in parts.
+        let offset = config.causal_offset() + 1;
+        let is_causal = kb.exact
+            && kb.start.is_empty()
+            && !kb.end.is_empty()
+            && !config.runtime_kv_length
+            && kb.end.iter().all(|e| {
+                linear_in(e, &q)
+                    .is_some_and(|(a, r)| a == 1 && uopc_ir::simplify(&r).const_int() == Some(offset))
+            });
+        if is_causal {
+            let causal = SdpaConfig { causal: true, ..*config };
+            let mut sdpa = Self::compile_flex(&causal, &mods.without_mask())?;
+            if let Some((_, text)) = &mut sdpa.mods {
+                text.push_str(", and the mask function is the causal mask: the causal kernel runs it");
+            }
+            return Ok(sdpa);
+        }
         let bounded = !(kb.start.is_empty() && kb.end.is_empty());
         let shape = SdpaConfig { causal: config.causal || bounded, ..*config };
         let mut blocking = Blocking { splits: 1, ..Blocking::choose(&shape, cores()) };

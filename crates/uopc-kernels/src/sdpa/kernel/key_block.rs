@@ -26,6 +26,9 @@ impl SdpaKernel {
         mask: BlockMask,
         span: Span,
     ) -> UOp {
+        // A score function rewrites every block's scores, the blocks every row sees whole too.
+        let scored = self.mods.as_ref().is_some_and(|(m, _)| m.has_score());
+        let mask = if mask == BlockMask::Clear && scored { BlockMask::ScoreOnly } else { mask };
         let SdpaConfig { heads, kv_heads, n_q, n_k, d, .. } = self.c;
         let [_, _, ksn] = self.c.layout.strides(kv_heads, n_k, d);
         let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);

@@ -268,9 +268,8 @@ impl SdpaKernel {
         let (full, rest) = (n_k / bc, n_k % bc);
         let masked_everywhere = self.mask.is_some();
         let bounded = self.c.causal || self.lens.is_some() || self.kv_length.is_some();
-        let done = if self.mods.is_some() {
-            let done = self.flex_key_loops(&task, &init, full, rest);
-            self.sink_step(&task, done)
+        let done = if self.mods.as_ref().is_some_and(|(m, _)| m.has_mask()) {
+            self.flex_key_loops(&task, &init, full, rest)
         } else if splits == 1 && !bounded {
             let kb = self.pb.range(full, AxisType::Reduce);
             let mut prev = init.clone();
@@ -350,6 +349,8 @@ impl SdpaKernel {
                 .end(&[tail])
             }
         };
+        // Mods' sinks join the sums (and a mask-free score function rode on the blocks above).
+        let done = self.sink_step(&task, done);
         self.write(&task, &done)
     }
 }
