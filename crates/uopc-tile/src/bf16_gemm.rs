@@ -21,7 +21,6 @@ use std::sync::OnceLock;
 
 use half::bf16;
 
-use crate::error::check_len;
 use crate::{GemmDesc, GemmShape, TileError};
 
 impl Bf16Path {
@@ -100,11 +99,7 @@ fn check(path: Bf16Path, s: &GemmShape, a: usize, b: usize, c: usize) -> Result<
     if !path.available() {
         return Err(TileError::PathUnavailable(path));
     }
-    crate::gemm::plain_b(s)?;
-    let [na, nb, nc] = s.extents()?;
-    check_len("a", na, a)?;
-    check_len("b", nb, b)?;
-    check_len("c", nc, c)
+    crate::gemm::check_extents(s, [a, b, c], false)
 }
 
 /// [`gemm_bf16`] split into `tasks` column ranges (whole 32-column panels) run as rayon tasks

@@ -21,7 +21,6 @@
 
 use half::{bf16, f16};
 
-use crate::error::check_len;
 use crate::half_operand::HalfOperand as OperandB;
 use crate::{GemmDesc, GemmShape, Isa, TileError};
 
@@ -226,14 +225,7 @@ fn checked<EA: OperandA, EB: OperandB>(
     b: &[EB],
     c: &mut [f32],
 ) -> Result<(), TileError> {
-    if !isa.available() {
-        return Err(TileError::IsaUnavailable(isa));
-    }
-    crate::gemm::plain_b(s)?;
-    let [na, nb, nc] = s.extents()?;
-    check_len("a", na, a.len())?;
-    check_len("b", nb, b.len())?;
-    check_len("c", nc, c.len())?;
+    crate::gemm::check_operands(isa, s, [a.len(), b.len(), c.len()], false)?;
     // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
     // borrow, so it cannot overlap `a` or `b`.
     unsafe { half_b_gemm(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
@@ -368,32 +360,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_f16_desc(
     c: *mut f32,
 ) -> i32 {
     // SAFETY: forwarded from our caller.
-    unsafe { run_entry(desc, a, b, c, gemm_f16_unchecked) }
-}
-
-/// The body of this module's C-ABI entries: `desc` decoded (B stored by rows or columns only),
-/// then `gemm` on the detected ISA; 0, or -1 without touching memory.
-///
-/// # Safety
-///
-/// `desc` is null or points to a readable [`GemmDesc`]; the pointers satisfy the contract of
-/// `gemm` for the decoded shape.
-unsafe fn run_entry<A, B>(
-    desc: *const GemmDesc,
-    a: *const A,
-    b: *const B,
-    c: *mut f32,
-    gemm: unsafe fn(Isa, &GemmShape, *const A, *const B, *mut f32),
-) -> i32 {
-    // SAFETY: forwarded from our caller.
-    let Some(s) = (unsafe { crate::gemm::decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) })
-        .filter(|s| s.b_panel_width == 0)
-    else {
-        return -1;
-    };
-    // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
-    unsafe { gemm(Isa::detect(), &s, a, b, c) };
-    0
+    unsafe { crate::gemm::run_entry(desc, a, b, c, false, gemm_f16_unchecked) }
 }
 
 /// Flat C-ABI GEMM with f32 A and f16 B for JIT-compiled code: `C (+)= A · B` on the fastest
@@ -418,7 +385,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_f16(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    unsafe { run_entry(&desc, a, b, c, gemm_f32_f16_unchecked) }
+    unsafe { crate::gemm::run_entry(&desc, a, b, c, false, gemm_f32_f16_unchecked) }
 }
 
 /// Flat C-ABI GEMM with f32 A and bf16 B for JIT-compiled code: `C (+)= A · B` on the fastest
@@ -444,5 +411,5 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_bf16(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    unsafe { run_entry(&desc, a, b, c, gemm_f32_bf16_unchecked) }
+    unsafe { crate::gemm::run_entry(&desc, a, b, c, false, gemm_f32_bf16_unchecked) }
 }

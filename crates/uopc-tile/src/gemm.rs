@@ -43,13 +43,7 @@ use crate::{Isa, TileError};
 /// # Ok::<(), TileError>(())
 /// ```
 pub fn gemm(isa: Isa, s: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), TileError> {
-    if !isa.available() {
-        return Err(TileError::IsaUnavailable(isa));
-    }
-    let [na, nb, nc] = s.extents()?;
-    check_len("a", na, a.len())?;
-    check_len("b", nb, b.len())?;
-    check_len("c", nc, c.len())?;
+    check_operands(isa, s, [a.len(), b.len(), c.len()], true)?;
     // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
     // borrow, so it cannot overlap `a` or `b`.
     unsafe { gemm_unchecked(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
@@ -273,9 +267,59 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_desc(
     c: *mut f32,
 ) -> i32 {
     // SAFETY: forwarded from our caller.
-    let Some(s) = (unsafe { decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) }) else { return -1 };
+    unsafe { run_entry(desc, a, b, c, true, gemm_unchecked) }
+}
+
+/// The checks of every checked GEMM entry point on an [`Isa`]: it runs here, then
+/// [`check_extents`].
+pub(crate) fn check_operands(
+    isa: Isa,
+    s: &GemmShape,
+    lens: [usize; 3],
+    panels: bool,
+) -> Result<(), TileError> {
+    if !isa.available() {
+        return Err(TileError::IsaUnavailable(isa));
+    }
+    check_extents(s, lens, panels)
+}
+
+/// The shape checks of every checked GEMM entry point, in this order: B is not in panels
+/// unless `panels`, and slices of `lens` (A, B, C) hold their operands' extents under `s`.
+pub(crate) fn check_extents(s: &GemmShape, lens: [usize; 3], panels: bool) -> Result<(), TileError> {
+    if !panels {
+        plain_b(s)?;
+    }
+    let extents = s.extents()?;
+    for ((operand, needed), len) in ["a", "b", "c"].into_iter().zip(extents).zip(lens) {
+        check_len(operand, needed, len)?;
+    }
+    Ok(())
+}
+
+/// The body of the C-ABI GEMM entries: `desc` decoded (B in panels only where `panels`), then
+/// `gemm` on the detected ISA; 0, or -1 without touching memory.
+///
+/// # Safety
+///
+/// `desc` is null or points to a readable [`GemmDesc`]; the pointers satisfy the contract of
+/// `gemm` for the decoded shape.
+pub(crate) unsafe fn run_entry<A, B>(
+    desc: *const GemmDesc,
+    a: *const A,
+    b: *const B,
+    c: *mut f32,
+    panels: bool,
+    gemm: unsafe fn(Isa, &GemmShape, *const A, *const B, *mut f32),
+) -> i32 {
+    // SAFETY: forwarded from our caller.
+    let Some(s) = (unsafe { decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) })
+        .filter(|s| panels || s.b_panel_width == 0)
+    else {
+        return -1;
+    };
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
-    unsafe { gemm_unchecked(Isa::detect(), &s, a, b, c) };
+    unsafe { gemm(Isa::detect(), &s, a, b, c) };
     0
 }
 

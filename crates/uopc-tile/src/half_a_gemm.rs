@@ -12,7 +12,6 @@
 
 use half::{bf16, f16};
 
-use crate::error::check_len;
 use crate::half_operand::HalfOperand;
 use crate::{GemmDesc, GemmShape, Isa, TileError};
 
@@ -103,13 +102,7 @@ fn checked<H: HalfOperand>(
     b: &[f32],
     c: &mut [f32],
 ) -> Result<(), TileError> {
-    if !isa.available() {
-        return Err(TileError::IsaUnavailable(isa));
-    }
-    let [na, nb, nc] = s.extents()?;
-    check_len("a", na, a.len())?;
-    check_len("b", nb, b.len())?;
-    check_len("c", nc, c.len())?;
+    crate::gemm::check_operands(isa, s, [a.len(), b.len(), c.len()], true)?;
     // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
     // borrow, so it cannot overlap `a` or `b`.
     unsafe { half_a_gemm(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
@@ -195,7 +188,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_f16_f32(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    unsafe { run_entry(&desc, a, b, c) }
+    unsafe { crate::gemm::run_entry(&desc, a, b, c, true, half_a_gemm) }
 }
 
 /// Flat C-ABI GEMM with bf16 A and f32 B: [`uopc_tile_gemm_f16_f32`] for bf16 A.
@@ -219,22 +212,5 @@ pub unsafe extern "C" fn uopc_tile_gemm_bf16_f32(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    unsafe { run_entry(&desc, a, b, c) }
-}
-
-/// The body of the C-ABI entries: `desc` decoded (panels allowed), then [`half_a_gemm`] on
-/// the detected ISA; 0, or -1 without touching memory.
-///
-/// # Safety
-///
-/// `desc` points to a readable [`GemmDesc`]; the pointers satisfy the contract of
-/// [`gemm_f16_f32_unchecked`] (A in `H`s) for the decoded shape.
-unsafe fn run_entry<H: HalfOperand>(desc: &GemmDesc, a: *const H, b: *const f32, c: *mut f32) -> i32 {
-    // SAFETY: `desc` is a reference, so readable.
-    let Some(s) = (unsafe { crate::gemm::decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) }) else {
-        return -1;
-    };
-    // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.
-    unsafe { half_a_gemm(Isa::detect(), &s, a, b, c) };
-    0
+    unsafe { crate::gemm::run_entry(&desc, a, b, c, true, half_a_gemm) }
 }
