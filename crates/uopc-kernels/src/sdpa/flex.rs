@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::masked::min_idx;
-use uopc_ir::{AxisType, BinaryOp, DType, UOp, boolc, idx, linear_in, range};
+use uopc_ir::{AxisType, BinaryOp, DType, UOp, boolc, buffer, idx, linear_in, range};
 
 /// A score function: the modified score of `(b, h, q, kv)` from the scaled score `s = scale *
 /// q · k` (the value softmax then sees), as an f32 expression.
@@ -246,9 +246,27 @@ impl AttentionMods {
         (s, m, problems.into_inner())
     }
 
+    /// The captures' buffers, from slot `first` on.
+    pub(crate) fn buffers(&self, first: usize) -> Vec<UOp> {
+        self.captures.iter().enumerate().map(|(i, c)| buffer(first + i, c.dtype, c.len())).collect()
+    }
+
+    /// The mask function over [`placeholders`] and its key bounds, for the choices made before
+    /// a kernel is built; `None` without a mask function.
+    pub(crate) fn mask_analysis(&self) -> Option<MaskAnalysis> {
+        let [b, h, q, kv] = placeholders();
+        let (_, mask, _) = self.build((&b, &h, &q, &kv), &self.buffers(0), None);
+        let mask = mask?;
+        Some(MaskAnalysis {
+            bounds: KeyBounds::of(&mask, &kv),
+            reads_head: UOp::toposort(std::slice::from_ref(&mask)).contains(&h),
+            q,
+        })
+    }
+
     /// Checks the functions once over placeholder indices: a score of a float type, a Bool
     /// mask, captures read with one index per axis, sinks of shape `[heads]`.
-    pub(crate) fn check(&self, heads: usize, buffers: &[UOp]) -> Result<(), String> {
+    pub(crate) fn check(&self, heads: usize) -> Result<(), String> {
         for spec in &self.captures {
             if !matches!(spec.dtype, DType::F32 | DType::I32) {
                 return Err(format!("capture `{}` is {}, want F32 or I32", spec.name, spec.dtype));
@@ -265,7 +283,7 @@ impl AttentionMods {
         }
         let [b, h, q, kv] = placeholders();
         let s = idx(0).cast(DType::F32);
-        let (score, mask, problems) = self.build((&b, &h, &q, &kv), buffers, Some(&s));
+        let (score, mask, problems) = self.build((&b, &h, &q, &kv), &self.buffers(0), Some(&s));
         if let Some(p) = problems.into_iter().next() {
             return Err(p);
         }
@@ -281,6 +299,16 @@ impl AttentionMods {
         }
         Ok(())
     }
+}
+
+/// What [`AttentionMods::mask_analysis`] finds.
+pub(crate) struct MaskAnalysis {
+    /// The key bounds read off the mask.
+    pub bounds: KeyBounds,
+    /// Whether the mask reads the head index.
+    pub reads_head: bool,
+    /// The placeholder standing for the query row in the bounds.
+    pub q: UOp,
 }
 
 /// Four RANGEs that stand for `b`, `h`, `q` and `kv` in an analysis (never in a program: their

@@ -1,7 +1,6 @@
 //! [`Sdpa`]: one compiled attention forward, its compile and its run.
 
 use super::blocking::cores;
-use super::flex::{KeyBounds, placeholders};
 use super::kernel::{PlanMode, plan_from_counts};
 use super::panels::KvPanels;
 use super::{
@@ -99,18 +98,9 @@ impl Sdpa {
         if config.mask != MaskKind::None {
             return Err(fault("a bool mask or bias goes into the mask or score function with mods".into()));
         }
-        let slots: Vec<_> = mods
-            .captures()
-            .iter()
-            .enumerate()
-            .map(|(i, c)| uopc_ir::buffer(1000 + i, c.dtype, c.len()))
-            .collect();
-        mods.check(config.heads, &slots).map_err(fault)?;
-        // A mask that bounds the keys (a causal limit, a window) gets the causal blocking:
-        // shorter tasks, so less of each task's band of keys is masked work.
-        let [b, h, q, kv] = placeholders();
-        let (_, mask, _) = mods.build((&b, &h, &q, &kv), &slots, None);
-        let kb = mask.map(|m| KeyBounds::of(&m, &kv)).unwrap_or_default();
+        mods.check(config.heads).map_err(fault)?;
+        let analysis = mods.mask_analysis();
+        let kb = analysis.as_ref().map(|m| m.bounds.clone()).unwrap_or_default();
         // A mask that is the causal mask (`kv <= q + n_k - n_q`, and nothing else) runs as the
         // configuration's causal flag: the causal kernel, its diagonal GEMMs in parts.
         let offset = config.causal_offset() + 1;
@@ -118,9 +108,11 @@ impl Sdpa {
             && kb.start.is_empty()
             && !kb.end.is_empty()
             && !config.runtime_kv_length
-            && kb.end.iter().all(|e| {
-                linear_in(e, &q)
-                    .is_some_and(|(a, r)| a == 1 && uopc_ir::simplify(&r).const_int() == Some(offset))
+            && analysis.as_ref().is_some_and(|m| {
+                kb.end.iter().all(|e| {
+                    linear_in(e, &m.q)
+                        .is_some_and(|(a, r)| a == 1 && uopc_ir::simplify(&r).const_int() == Some(offset))
+                })
             });
         if is_causal {
             let causal = SdpaConfig { causal: true, ..*config };
@@ -130,6 +122,8 @@ impl Sdpa {
             }
             return Ok(sdpa);
         }
+        // A mask that bounds the keys (a causal limit, a window) gets the causal blocking:
+        // shorter tasks, so less of each task's band of keys is masked work.
         let bounded = !(kb.start.is_empty() && kb.end.is_empty());
         let shape = SdpaConfig { causal: config.causal || bounded, ..*config };
         let mut blocking = Blocking { splits: 1, ..Blocking::choose(&shape, cores()) };
@@ -387,10 +381,8 @@ fn describe_mods(mods: &AttentionMods) -> String {
     if mods.has_sink_logits() {
         parts.push("sinks".to_string());
     }
-    let blocks = if mods.has_mask() {
-        let [b, h, q, kv] = placeholders();
-        let (_, mask, _) = mods.build((&b, &h, &q, &kv), &[], None);
-        let kb = mask.map(|m| KeyBounds::of(&m, &kv)).unwrap_or_default();
+    let blocks = if let Some(analysis) = mods.mask_analysis() {
+        let kb = analysis.bounds;
         let (starts, ends) = (kb.start.len(), kb.end.len());
         let skipped = if kb.exact {
             format!(

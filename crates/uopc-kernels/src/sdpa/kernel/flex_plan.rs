@@ -5,8 +5,8 @@
 //! per mask).
 
 use super::SdpaKernel;
+use super::task::{TaskIndices, first_query};
 use crate::masked::min_idx;
-use crate::sdpa::flex::placeholders;
 use crate::sdpa::{AttentionMods, Blocking, SdpaConfig};
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, f32c, idx, var};
 
@@ -24,12 +24,8 @@ pub(crate) enum PlanMode {
 impl PlanMode {
     /// The mode for `mods`: a runtime plan when the mask's key bounds are not exact.
     pub fn of(mods: &AttentionMods) -> PlanMode {
-        let [b, h, q, kv] = placeholders();
-        let (_, mask, _) = mods.build((&b, &h, &q, &kv), &capture_buffers(mods, 0), None);
-        match mask {
-            Some(m) if !crate::sdpa::flex::KeyBounds::of(&m, &kv).exact => {
-                PlanMode::Runtime { per_head: UOp::toposort(std::slice::from_ref(&m)).contains(&h) }
-            }
+        match mods.mask_analysis() {
+            Some(m) if !m.bounds.exact => PlanMode::Runtime { per_head: m.reads_head },
             _ => PlanMode::Static,
         }
     }
@@ -51,11 +47,6 @@ impl PlanMode {
     }
 }
 
-/// The captures' buffers from slot `first` on.
-pub(crate) fn capture_buffers(mods: &AttentionMods, first: usize) -> Vec<UOp> {
-    mods.captures().iter().enumerate().map(|(i, c)| buffer(first + i, c.dtype, c.len())).collect()
-}
-
 /// The counting kernel of a runtime plan: for unit `u` (a query block of an item, or a task when
 /// the mask reads the head) and full key
 /// block `kb`, `counts[u * full + kb]` = the pairs of the unit's query rows and the block's keys
@@ -64,10 +55,10 @@ pub(crate) fn capture_buffers(mods: &AttentionMods, first: usize) -> Vec<UOp> {
 /// [`SdpaConfig::key_lengths`]), then the counts; the runtime KV length is variable 0.
 pub fn sdpa_flex_plan_ir(config: &SdpaConfig, blocking: &Blocking, mods: &AttentionMods) -> UOp {
     let mode = PlanMode::of(mods);
-    let &SdpaConfig { heads, kv_heads, n_q, n_k, .. } = config;
+    let &SdpaConfig { n_q, n_k, .. } = config;
     let Blocking { heads_per_task: gs, queries: bq, keys: bc, .. } = *blocking;
     let (full, blocks) = (n_k / bc, n_q.div_ceil(bq));
-    let captures = capture_buffers(mods, 0);
+    let captures = mods.buffers(0);
     let mut slot = captures.len();
     let lens = config.key_lengths.then(|| buffer(slot, DType::I32, config.batch));
     slot += usize::from(lens.is_some());
@@ -81,16 +72,12 @@ pub fn sdpa_flex_plan_ir(config: &SdpaConfig, blocking: &Blocking, mods: &Attent
     // The unit's item, query block and first head, numbered as the attention's tasks are
     // (one chunk of keys), or as `item * blocks + query block`.
     let (item, qblk, head0) = if per_head {
-        let subs = heads / kv_heads / gs;
-        let qblk = u.modulo(blocks as i64);
-        let rest = u.idiv(blocks as i64);
-        let (sub, item_kv) = (rest.modulo(subs as i64), rest.idiv(subs as i64));
-        let head0 = item_kv.modulo(kv_heads as i64) * (heads / kv_heads) as i64 + sub * gs as i64;
-        (item_kv.idiv(kv_heads as i64), qblk, head0)
+        let TaskIndices { item, qblk, head0, .. } = TaskIndices::of(&u, config, blocking);
+        (item, qblk, head0)
     } else {
         (u.idiv(blocks as i64), u.modulo(blocks as i64), idx(0))
     };
-    let q0 = min_idx(&(&qblk * bq as i64), &idx((n_q - bq) as i64));
+    let q0 = first_query(&qblk, n_q, bq);
     let kb = pb.range(full, AxisType::Loop);
     let init = acc.after(&[u.clone(), kb.clone()]).index(0).store(0.0f32);
     let hh = pb.range(if per_head { gs } else { 1 }, AxisType::Reduce);

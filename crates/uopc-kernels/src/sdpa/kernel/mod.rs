@@ -216,15 +216,7 @@ impl SdpaKernel {
         slot += usize::from(mask.is_some());
         let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
         slot += usize::from(lens.is_some());
-        let mods = mods.map(|m| {
-            let bufs: Vec<UOp> = m
-                .captures()
-                .iter()
-                .enumerate()
-                .map(|(i, spec)| buffer(slot + i, spec.dtype, spec.len()))
-                .collect();
-            (m.clone(), bufs)
-        });
+        let mods = mods.map(|m| (m.clone(), m.buffers(slot)));
         slot += mods.as_ref().map_or(0, |(_, bufs)| bufs.len());
         let flex_plan = match mods.as_ref().map(|(m, _)| PlanMode::of(m)) {
             Some(mode @ PlanMode::Runtime { per_head }) => {

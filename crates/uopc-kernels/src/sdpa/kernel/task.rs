@@ -7,14 +7,51 @@ use crate::masked::min_idx;
 use crate::sdpa::{Blocking, SdpaConfig};
 use uopc_ir::{AxisType, DType, TileOp, UOp, f32c, idx, sink, tile};
 
+/// What THREAD task number `t` of a kernel stands for, numbered
+/// `t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split`
+/// (`subs` stacks of `heads_per_task` heads per key/value head, `blocks` query blocks).
+pub(super) struct TaskIndices {
+    pub split: UOp,
+    pub item: UOp,
+    pub kv_head: UOp,
+    /// The first query head of the task.
+    pub head0: UOp,
+    /// The query block.
+    pub qblk: UOp,
+}
+
+impl TaskIndices {
+    /// The indices of task `t` under `config` and `blocking`.
+    pub fn of(t: &UOp, config: &SdpaConfig, blocking: &Blocking) -> TaskIndices {
+        let (group, gs) = (config.heads / config.kv_heads, blocking.heads_per_task);
+        let (subs, blocks) = ((group / gs) as i64, config.n_q.div_ceil(blocking.queries) as i64);
+        let splits = blocking.splits as i64;
+        let rows_of = t.idiv(splits);
+        let rest = rows_of.idiv(blocks);
+        let item_kv = rest.idiv(subs);
+        let kv_head = item_kv.modulo(config.kv_heads as i64);
+        let head0 = &kv_head * group as i64 + rest.modulo(subs) * gs as i64;
+        TaskIndices {
+            split: t.modulo(splits),
+            item: item_kv.idiv(config.kv_heads as i64),
+            kv_head,
+            head0,
+            qblk: rows_of.modulo(blocks),
+        }
+    }
+}
+
+/// The first query row of query block `qblk` of `n_q` rows in blocks of `bq`: the last block
+/// starts early enough to be full.
+pub(super) fn first_query(qblk: &UOp, n_q: usize, bq: usize) -> UOp {
+    min_idx(&(qblk * bq as i64), &idx((n_q - bq) as i64))
+}
+
 impl SdpaKernel {
     /// The THREAD range, its decomposition and the task's scratch.
     pub(super) fn task(&mut self) -> Task {
-        let SdpaConfig { kv_heads, heads, n_q, n_k, d, .. } = self.c;
-        let Blocking { heads_per_task: gs, queries: bq, splits, .. } = self.b;
-        let group = heads / kv_heads;
-        let subs = group / gs;
-        let blocks = n_q.div_ceil(bq);
+        let SdpaConfig { kv_heads, n_q, n_k, d, .. } = self.c;
+        let bq = self.b.queries;
         let f32t = DType::F32;
         let qdt = self.query_tile_dtype();
         let cols = self.score_tile_cols();
@@ -29,24 +66,15 @@ impl SdpaKernel {
         );
         // Only bf16 on bf16 GEMMs keeps P in a tile of its own (see `key_block`).
         let p = self.half.filter(|_| p_tile).map(|el| pb.alloc(el, self.rows * cols));
-        // t = (((item * kv_heads + kv_head) * subs + sub) * blocks + query block) * splits + split
-        let t = pb.range(self.c.batch * kv_heads * subs * blocks * splits, AxisType::Thread);
-        let split = t.modulo(splits as i64);
-        let rows_of = t.idiv(splits as i64);
-        let qblk = rows_of.modulo(blocks as i64);
-        let rest = rows_of.idiv(blocks as i64);
-        let sub = rest.modulo(subs as i64);
-        let item_kv = rest.idiv(subs as i64);
-        let kv_head = item_kv.modulo(kv_heads as i64);
-        let item = item_kv.idiv(kv_heads as i64);
+        let t = pb.range(self.b.tasks(&self.c), AxisType::Thread);
+        let TaskIndices { split, item, kv_head, head0, qblk } = TaskIndices::of(&t, &self.c, &self.b);
         let [ksb, ksh, _] = self.c.layout.strides(kv_heads, n_k, d);
         let kv_base = &item * ksb + &kv_head * ksh;
         let panel_base = self.panels.map(|panels| {
             let head = &item * kv_heads + &kv_head;
             (&head * panels.k_head, &head * panels.v_head)
         });
-        let head0 = &kv_head * group + &sub * gs;
-        let q0 = min_idx(&(&qblk * bq), &idx((n_q - bq) as i64));
+        let q0 = first_query(&qblk, n_q, bq);
         let th = std::slice::from_ref(&t);
         Task {
             qt: qt.map(|qt| qt.after(th)),
