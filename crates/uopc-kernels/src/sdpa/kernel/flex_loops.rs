@@ -1,6 +1,7 @@
 //! The key loops of a task under attention mods, from the bounds their mask gives, and the
 //! sinks' step before the output is written.
 
+use super::flex_plan::in_order;
 use super::{BlockMask, SdpaKernel, Task};
 use crate::LOG2E;
 use crate::masked::min_idx;
@@ -89,13 +90,17 @@ impl SdpaKernel {
             }
             _ => (idx(n_k), idx(0)),
         };
-        let full = idx(full as i64);
-        let t0 = min_idx(&clamp(lowest.unwrap_or_else(|| idx(0))).idiv(bc), &full);
-        let t1 =
-            min_idx(&(clamp(highest.unwrap_or_else(|| idx(n_k))) + (bc - 1)).idiv(bc), &full).maximum(&t0);
-        let c0 = min_idx(&(clamp(seen_from) + (bc - 1)).idiv(bc).maximum(&t0), &t1);
-        let c1 = min_idx(&clamp(seen_to).idiv(bc).maximum(&c0), &t1);
-        [t0, c0, c1, t1]
+        // Blocks rounded outwards for the span seen, inwards for the span seen whole.
+        let rounded_up = |x: UOp| (clamp(x) + (bc - 1)).idiv(bc);
+        in_order(
+            [
+                clamp(lowest.unwrap_or_else(|| idx(0))).idiv(bc),
+                rounded_up(seen_from),
+                clamp(seen_to).idiv(bc),
+                rounded_up(highest.unwrap_or_else(|| idx(n_k))),
+            ],
+            full,
+        )
     }
 
     /// With sinks: each row's sink logit `z` (of its head, base 2: `z log2 e`) joins the

@@ -134,9 +134,21 @@ pub(crate) fn plan_from_counts(counts: &[f32], full: usize, whole: usize) -> Vec
     plan
 }
 
+/// `[t0, c0, c1, t1]` clamped in this order into `0 <= t0 <= c0 <= c1 <= t1 <= full`, so the
+/// key loops' trip counts are never negative and the verifier sees every block inside the
+/// keys; values already in order are unchanged.
+pub(super) fn in_order([t0, c0, c1, t1]: [UOp; 4], full: usize) -> [UOp; 4] {
+    let full = idx(full as i64);
+    let t0 = min_idx(&t0.maximum(idx(0)), &full);
+    let t1 = min_idx(&t1.maximum(&t0), &full);
+    let c0 = min_idx(&c0.maximum(&t0), &t1);
+    let c1 = min_idx(&c1.maximum(&c0), &t1);
+    [t0, c0, c1, t1]
+}
+
 impl SdpaKernel {
     /// A task's `[t0, c0, c1, t1]` read from the runtime plan `plan` (see [`PlanMode`]), put
-    /// in order and inside `0..=full` again, so every loop bound is provably in range.
+    /// [`in_order`] again, so every loop bound is provably in range.
     pub(super) fn planned_blocks(
         &self,
         plan: &UOp,
@@ -150,12 +162,7 @@ impl SdpaKernel {
             &task.item * self.c.n_q.div_ceil(self.b.queries) as i64 + &task.qblk
         };
         let at = |i: i64| plan.index(&unit * 4 + i).load().cast(DType::INDEX);
-        let full = idx(full as i64);
-        let t0 = min_idx(&at(0).maximum(idx(0)), &full);
-        let t1 = min_idx(&at(3).maximum(&t0), &full);
-        let c0 = min_idx(&at(1).maximum(&t0), &t1);
-        let c1 = min_idx(&at(2).maximum(&c0), &t1);
-        [t0, c0, c1, t1]
+        in_order([at(0), at(1), at(2), at(3)], full)
     }
 }
 
