@@ -183,18 +183,8 @@ pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Op
             }
         };
         let causal = Sdpa::compile(&SdpaConfig { causal: true, ..c }).expect("a valid configuration");
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut values = |len: usize| -> Vec<f32> {
-            (0..len)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    (seed % 20001) as f32 / 10000.0 - 1.0
-                })
-                .collect()
-        };
-        let qkv = [values(c.q_len()), values(c.kv_len()), values(c.kv_len())];
+        let values = |len: usize, seed: u64| crate::masked::inputs(len, seed, 1.0);
+        let qkv = [values(c.q_len(), 1), values(c.kv_len(), 2), values(c.kv_len(), 3)];
         let data = Data::new(cell);
         timed.push(Timed {
             cell: cell.clone(),
