@@ -27,43 +27,49 @@ fn program() -> UOp {
     sink(&[out.index(&i * COLS as i64 + &j).store(value).end(&[j, i])])
 }
 
-/// `got` and `want` (ROWS x COLS) equal bit for bit.
-fn assert_bitwise(opt_level: OptLevel, got: &[f32], want: &[f32]) {
-    for (k, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(
-            g.to_bits(),
-            w.to_bits(),
-            "{opt_level:?} element ({}, {}): {g} vs {w}",
-            k / COLS,
-            k % COLS
+/// `program` (buffers: `x`, f32 `ROWS x COLS` of `sin(0.37 k)`; `targets`, i64 per row; the f32
+/// output) compiled at both opt levels: its CLIF contains every one of `marks` (the loop is
+/// vectorized), and its output equals the interpreter's bit for bit.
+fn vectorizes_and_matches_the_interpreter(program: &UOp, name: &str, targets: &[i64], marks: &[&str]) {
+    let x: Vec<f32> = (0..ROWS * COLS).map(|k| (k as f32 * 0.37).sin()).collect();
+    let mut want = vec![
+        HostBuffer::F32(x.clone()),
+        HostBuffer::I64(targets.to_vec()),
+        HostBuffer::F32(vec![0.0; ROWS * COLS]),
+    ];
+    interp::run(program, &mut want, Precision::Native).unwrap();
+    let HostBuffer::F32(want) = &want[2] else { unreachable!("f32 output") };
+    for opt_level in [OptLevel::None, OptLevel::Speed] {
+        let opts = JitOptions { opt_level, ..JitOptions::default() };
+        let prg = Program::compile_with(program, name, &opts).unwrap();
+        let clif = prg.clif();
+        assert!(
+            marks.iter().all(|m| clif.contains(m)),
+            "{opt_level:?}: the loop is not vectorized\n{}\n{clif}",
+            prg.loop_ir()
         );
+        let mut got = vec![0.0f32; ROWS * COLS];
+        prg.run(&mut [Arg::Read(BufRef::F32(&x)), Arg::Read(BufRef::I64(targets)), Arg::WriteF32(&mut got)])
+            .unwrap();
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{opt_level:?} element ({}, {}): {g} vs {w}",
+                k / COLS,
+                k % COLS
+            );
+        }
     }
 }
 
 #[test]
 fn compares_of_the_loop_variable_vectorize_and_match_the_interpreter() {
-    let program = program();
-    let x: Vec<f32> = (0..ROWS * COLS).map(|k| (k as f32 * 0.37).sin()).collect();
     // before the row, its first lanes, a lane of a middle step, the last element, past the row,
     // and values whose difference from an index overflows i32 (or whose i32 part is in range)
     let targets: Vec<i64> =
         vec![-5, 0, 1, 2, 3, 17, 35, 36, 1000, i64::MIN, i64::MAX, (1 << 32) + 3, -(1 << 32) + 3];
-    let mut want = vec![
-        HostBuffer::F32(x.clone()),
-        HostBuffer::I64(targets.clone()),
-        HostBuffer::F32(vec![0.0; ROWS * COLS]),
-    ];
-    interp::run(&program, &mut want, Precision::Native).unwrap();
-    let HostBuffer::F32(want) = &want[2] else { unreachable!("f32 output") };
-    for opt_level in [OptLevel::None, OptLevel::Speed] {
-        let opts = JitOptions { opt_level, ..JitOptions::default() };
-        let prg = Program::compile_with(&program, "lane_compares", &opts).unwrap();
-        assert!(prg.clif().contains("i32x4"), "{opt_level:?}: the loop is not vectorized\n{}", prg.clif());
-        let mut out = vec![0.0f32; ROWS * COLS];
-        prg.run(&mut [Arg::Read(BufRef::F32(&x)), Arg::Read(BufRef::I64(&targets)), Arg::WriteF32(&mut out)])
-            .unwrap();
-        assert_bitwise(opt_level, &out, want);
-    }
+    vectorizes_and_matches_the_interpreter(&program(), "lane_compares", &targets, &["i32x4"]);
 }
 
 /// Per row `i` of a `ROWS x COLS` buffer, its last `min(max(5 i - 8, 0), COLS)` elements (a
@@ -150,31 +156,11 @@ fn offset_compares_and_casts_of_the_loop_variable_vectorize() {
     let bias = (&j - &i).cast(DType::F32) * 0.375f32;
     let value = seen.where_(&v, f32c(f32::NEG_INFINITY)) + bias;
     let program = sink(&[out.index(&i * COLS as i64 + &j).store(value).end(&[j, i])]);
-    let xs: Vec<f32> = (0..ROWS * COLS).map(|k| (k as f32 * 0.37).sin()).collect();
     let targets: Vec<i64> = (0..ROWS as i64).map(|r| 5 * r - 9).collect();
-    let mut want = vec![
-        HostBuffer::F32(xs.clone()),
-        HostBuffer::I64(targets.clone()),
-        HostBuffer::F32(vec![0.0; ROWS * COLS]),
-    ];
-    interp::run(&program, &mut want, Precision::Native).unwrap();
-    let HostBuffer::F32(want) = &want[2] else { unreachable!("f32 output") };
-    for opt_level in [OptLevel::None, OptLevel::Speed] {
-        let opts = JitOptions { opt_level, ..JitOptions::default() };
-        let prg = Program::compile_with(&program, "offset_lanes", &opts).unwrap();
-        let clif = prg.clif();
-        assert!(
-            clif.contains("fcvt_from_sint.f32x4") && clif.contains("icmp"),
-            "{opt_level:?}: not vectorized\n{}\n{clif}",
-            prg.loop_ir()
-        );
-        let mut got = vec![0.0f32; ROWS * COLS];
-        prg.run(&mut [
-            Arg::Read(BufRef::F32(&xs)),
-            Arg::Read(BufRef::I64(&targets)),
-            Arg::WriteF32(&mut got),
-        ])
-        .unwrap();
-        assert_bitwise(opt_level, &got, want);
-    }
+    vectorizes_and_matches_the_interpreter(
+        &program,
+        "offset_lanes",
+        &targets,
+        &["fcvt_from_sint.f32x4", "icmp"],
+    );
 }
