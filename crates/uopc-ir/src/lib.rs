@@ -10,6 +10,7 @@
 pub mod alu;
 pub mod analysis;
 mod builder;
+mod derivative;
 mod dtype;
 mod error;
 mod estimate;
@@ -33,6 +34,7 @@ pub use analysis::{BufferSpec, VarSpec};
 pub use builder::{
     IntoIndex, ProgramBuilder, UOpOrConst, alloc, boolc, buffer, const_of, f32c, idx, range, sink, tile, var,
 };
+pub use derivative::derivative;
 pub use dtype::DType;
 pub use error::{IrError, IrErrorKind};
 pub use estimate::{Estimates, estimate};

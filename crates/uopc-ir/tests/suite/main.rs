@@ -2,6 +2,7 @@
 //! module is one area (builders and the verifier, expansion, the interpreter, runtime scalars,
 //! 16-bit types).
 
+mod derivative;
 mod expand;
 mod half;
 mod interp;
