@@ -43,11 +43,12 @@ impl<'a> From<&'a [i32]> for CaptureValues<'a> {
     }
 }
 
-/// Checks `captures` against the mods' declarations and appends them in the programs' buffer
-/// order (after the key lengths).
+/// Checks `captures` against the mods' declarations and appends those a program reads (`used`,
+/// see `AttentionMods::captures_read`) in its buffer order (after the key lengths).
 pub(super) fn push_captures<'a>(
     specs: &[super::CaptureSpec],
     captures: &'a [CaptureValues<'a>],
+    used: &[bool],
     args: &mut Vec<Arg<'a>>,
 ) -> Result<(), SdpaError> {
     if captures.len() != specs.len() {
@@ -56,7 +57,7 @@ pub(super) fn push_captures<'a>(
             reason: format!("{} captured tensor(s) given, the mods declare {}", captures.len(), specs.len()),
         });
     }
-    for (spec, values) in specs.iter().zip(captures) {
+    for ((spec, values), &read) in specs.iter().zip(captures).zip(used) {
         let (len, dtype, arg) = match *values {
             CaptureValues::F32(v) => (v.len(), uopc_ir::DType::F32, Arg::Read(BufRef::F32(v))),
             CaptureValues::I32(v) => (v.len(), uopc_ir::DType::I32, Arg::Read(BufRef::I32(v))),
@@ -70,7 +71,9 @@ pub(super) fn push_captures<'a>(
                 ),
             });
         }
-        args.push(arg);
+        if read {
+            args.push(arg);
+        }
     }
     Ok(())
 }

@@ -251,6 +251,44 @@ impl AttentionMods {
         self.captures.iter().enumerate().map(|(i, c)| buffer(first + i, c.dtype, c.len())).collect()
     }
 
+    /// Whether each capture is read by the functions `reads` names: a kernel's buffer slots
+    /// hold only the captures it reads (a program's slots have no gaps).
+    pub(crate) fn captures_read(&self, reads: Reads) -> Vec<bool> {
+        let [b, h, q, kv] = placeholders();
+        let buffers = self.buffers(0);
+        let s = idx(0).cast(DType::F32);
+        let (score, mask, _) = self.build((&b, &h, &q, &kv), &buffers, Some(&s));
+        let roots: Vec<UOp> =
+            [score.filter(|_| reads.score), mask.filter(|_| reads.mask)].into_iter().flatten().collect();
+        let nodes = UOp::toposort(&roots);
+        buffers
+            .iter()
+            .enumerate()
+            .map(|(i, buf)| nodes.contains(buf) || (reads.sinks && self.sinks.is_some_and(|c| c.0 == i)))
+            .collect()
+    }
+
+    /// The captures' buffers for a kernel that reads those `used` (see
+    /// [`AttentionMods::captures_read`]): in slots `first, first + 1, ..` in declaration order;
+    /// the others in slots no program has (they are never read, so never emitted).
+    pub(crate) fn buffers_used(&self, first: usize, used: &[bool]) -> Vec<UOp> {
+        let mut next = first;
+        self.captures
+            .iter()
+            .zip(used)
+            .enumerate()
+            .map(|(i, (c, &read))| {
+                let slot = if read {
+                    next += 1;
+                    next - 1
+                } else {
+                    UNREAD_SLOTS + i
+                };
+                buffer(slot, c.dtype, c.len())
+            })
+            .collect()
+    }
+
     /// The mask function over [`placeholders`] and its key bounds, for the choices made before
     /// a kernel is built; `None` without a mask function.
     pub(crate) fn mask_analysis(&self) -> Option<MaskAnalysis> {
@@ -300,6 +338,29 @@ impl AttentionMods {
         Ok(())
     }
 }
+
+/// Which of the mods' functions a kernel runs ([`AttentionMods::captures_read`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reads {
+    /// The score function.
+    pub score: bool,
+    /// The mask function.
+    pub mask: bool,
+    /// The sinks' step.
+    pub sinks: bool,
+}
+
+impl Reads {
+    /// The forward attention kernel's: every function.
+    pub const ALL: Reads = Reads { score: true, mask: true, sinks: true };
+    /// The per-run plan's counting kernel: the mask.
+    pub const MASK: Reads = Reads { score: false, mask: true, sinks: false };
+    /// The backward's: the score and mask functions (the sinks reach it through the lse).
+    pub const BACKWARD: Reads = Reads { score: true, mask: true, sinks: false };
+}
+
+/// Where captures a kernel does not read are numbered from (past any program's slots).
+const UNREAD_SLOTS: usize = 1 << 20;
 
 /// What [`AttentionMods::mask_analysis`] finds.
 pub(crate) struct MaskAnalysis {

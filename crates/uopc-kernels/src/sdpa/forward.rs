@@ -1,11 +1,13 @@
 //! [`Sdpa`]: one compiled attention forward, its compile and its run.
 
 use super::blocking::cores;
+use super::flex::Reads;
 use super::kernel::{PlanMode, plan_from_counts};
 use super::panels::KvPanels;
 use super::{
     AttentionMods, Blocking, Extras, MaskKind, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check,
-    push_captures, push_extras, sdpa_flex_ir, sdpa_flex_plan_ir, sdpa_ir, sdpa_merge_ir,
+    push_captures, push_extras, sdpa_flex_ir, sdpa_flex_ir_with_lse, sdpa_flex_plan_ir, sdpa_ir,
+    sdpa_merge_ir,
 };
 use std::fmt;
 use uopc_ir::linear_in;
@@ -25,6 +27,8 @@ pub struct Sdpa {
     mods: Option<(AttentionMods, String)>,
     /// The counting kernel of a per-run block plan, and its mode.
     plan: Option<(Program, PlanMode)>,
+    /// Whether the kernel also stores the rows' log-sum-exp (the last buffer).
+    saves_lse: bool,
 }
 
 impl Sdpa {
@@ -72,6 +76,7 @@ impl Sdpa {
             panels: blocking.kv_panels(config),
             mods: None,
             plan: None,
+            saves_lse: false,
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
@@ -93,35 +98,26 @@ impl Sdpa {
     /// `[heads]`, and a capture read out of its bounds (naming it); the errors of
     /// [`Sdpa::compile`].
     pub fn compile_flex(config: &SdpaConfig, mods: &AttentionMods) -> Result<Sdpa, SdpaError> {
+        Self::compile_flex_inner(config, mods, false)
+    }
+
+    /// [`Sdpa::compile_flex`] whose kernel also stores each query row's base-2 log-sum-exp
+    /// (sinks included) after every other buffer, for the backward.
+    pub(crate) fn compile_flex_inner(
+        config: &SdpaConfig,
+        mods: &AttentionMods,
+        saves_lse: bool,
+    ) -> Result<Sdpa, SdpaError> {
         config.validate()?;
-        let fault = |reason: String| SdpaError::Capture { name: String::new(), reason };
-        if config.mask != MaskKind::None {
-            return Err(fault("a bool mask or bias goes into the mask or score function with mods".into()));
-        }
-        mods.check(config.heads).map_err(fault)?;
-        let analysis = mods.mask_analysis();
-        let kb = analysis.as_ref().map(|m| m.bounds.clone()).unwrap_or_default();
-        // A mask that is the causal mask (`kv <= q + n_k - n_q`, and nothing else) runs as the
-        // configuration's causal flag: the causal kernel, its diagonal GEMMs in parts.
-        let offset = config.causal_offset() + 1;
-        let is_causal = kb.exact
-            && kb.start.is_empty()
-            && !kb.end.is_empty()
-            && !config.runtime_kv_length
-            && analysis.as_ref().is_some_and(|m| {
-                kb.end.iter().all(|e| {
-                    linear_in(e, &m.q)
-                        .is_some_and(|(a, r)| a == 1 && uopc_ir::simplify(&r).const_int() == Some(offset))
-                })
-            });
-        if is_causal {
-            let causal = SdpaConfig { causal: true, ..*config };
-            let mut sdpa = Self::compile_flex(&causal, &mods.without_mask())?;
+        check_flex(config, mods)?;
+        if let Some(causal) = causal_equivalent(config, mods) {
+            let mut sdpa = Self::compile_flex_inner(&causal, &mods.without_mask(), saves_lse)?;
             if let Some((_, text)) = &mut sdpa.mods {
                 text.push_str(", and the mask function is the causal mask: the causal kernel runs it");
             }
             return Ok(sdpa);
         }
+        let kb = mods.mask_analysis().map(|m| m.bounds).unwrap_or_default();
         // A mask that bounds the keys (a causal limit, a window) gets the causal blocking:
         // shorter tasks, so less of each task's band of keys is masked work.
         let bounded = !(kb.start.is_empty() && kb.end.is_empty());
@@ -132,8 +128,13 @@ impl Sdpa {
         if !kb.start.is_empty() && !kb.end.is_empty() && blocking.heads_per_task == 1 {
             blocking.queries = blocking.queries.min(blocking.keys.max(BAND_ROWS));
         }
-        let program = Program::compile(&sdpa_flex_ir(config, &blocking, mods), "sdpa_flex")
-            .map_err(|e| capture_bounds_error(e, config, mods))?;
+        let ir = if saves_lse {
+            sdpa_flex_ir_with_lse(config, &blocking, mods)
+        } else {
+            sdpa_flex_ir(config, &blocking, mods)
+        };
+        let program =
+            Program::compile(&ir, "sdpa_flex").map_err(|e| capture_bounds_error(e, config, mods))?;
         let plan = match PlanMode::of(mods) {
             PlanMode::Static => None,
             mode => {
@@ -148,6 +149,7 @@ impl Sdpa {
             panels: blocking.kv_panels(config),
             mods: Some((mods.clone(), describe_mods(mods))),
             plan,
+            saves_lse,
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
@@ -182,9 +184,26 @@ impl Sdpa {
         k: Values<'_>,
         v: Values<'_>,
         extras: Extras<'_>,
+        out: ValuesMut<'_>,
+    ) -> Result<(), SdpaError> {
+        self.run_with_lse(q, k, v, extras, out, None)
+    }
+
+    /// [`Sdpa::run_values`] that also stores the rows' base-2 log-sum-exp into `lse`
+    /// (`batch * heads * n_q`), which it must be given exactly when the kernel saves it.
+    pub(crate) fn run_with_lse(
+        &self,
+        q: Values<'_>,
+        k: Values<'_>,
+        v: Values<'_>,
+        extras: Extras<'_>,
         mut out: ValuesMut<'_>,
+        lse: Option<&mut [f32]>,
     ) -> Result<(), SdpaError> {
         let c = &self.config;
+        if lse.is_some() != self.saves_lse {
+            return Err(SdpaError::Extra { arg: "lse", expected: self.saves_lse });
+        }
         for (arg, got) in [("q", q.dtype()), ("k", k.dtype()), ("v", v.dtype()), ("out", out.dtype())] {
             if got != c.dtype {
                 return Err(SdpaError::DType { arg, expected: c.dtype, got });
@@ -224,7 +243,9 @@ impl Sdpa {
         };
         push_extras(c, extras, &mut args)?;
         match &self.mods {
-            Some((mods, _)) => push_captures(mods.captures(), extras.captures, &mut args)?,
+            Some((mods, _)) => {
+                push_captures(mods.captures(), extras.captures, &mods.captures_read(Reads::ALL), &mut args)?
+            }
             None if !extras.captures.is_empty() => {
                 return Err(SdpaError::Extra { arg: "captures", expected: false });
             }
@@ -233,6 +254,10 @@ impl Sdpa {
         let plan = self.runtime_plan(extras)?;
         if let Some(plan) = &plan {
             args.push(Arg::Read(BufRef::I32(plan)));
+        }
+        if let Some(lse) = lse {
+            check("lse", c.batch * c.heads * c.n_q, lse.len())?;
+            args.push(Arg::WriteF32(lse));
         }
         if c.runtime_kv_length != extras.kv_length.is_some() {
             return Err(SdpaError::Extra { arg: "kv_length", expected: c.runtime_kv_length });
@@ -309,7 +334,7 @@ impl Sdpa {
         let full = c.n_k / b.keys;
         let mut counts = vec![0.0f32; mode.units(c, b) * full];
         let mut args: Vec<Arg<'_>> = Vec::new();
-        push_captures(mods.captures(), extras.captures, &mut args)?;
+        push_captures(mods.captures(), extras.captures, &mods.captures_read(Reads::MASK), &mut args)?;
         if let Some(lens) = extras.key_lengths {
             args.push(Arg::Read(BufRef::I32(lens)));
         }
@@ -404,10 +429,13 @@ fn describe_mods(mods: &AttentionMods) -> String {
 /// A compile error of a flex kernel; a load out of a capture's bounds names the capture.
 fn capture_bounds_error(e: uopc_jit::JitError, config: &SdpaConfig, mods: &AttentionMods) -> SdpaError {
     let text = e.to_string();
+    // The attention kernel's slots: q, k, v, out, the key lengths, then the captures it reads.
     let first = 4 + usize::from(config.key_lengths);
-    for (i, spec) in mods.captures().iter().enumerate() {
+    let buffers = mods.buffers_used(first, &mods.captures_read(Reads::ALL));
+    for (spec, buf) in mods.captures().iter().zip(&buffers) {
+        let uopc_ir::Op::Buffer { slot, .. } = buf.op() else { continue };
         if text.contains("index may range")
-            && text.contains(&format!("BUFFER {} slot={} ", spec.dtype, first + i))
+            && text.contains(&format!("BUFFER {} slot={} ", spec.dtype, slot.index()))
         {
             return SdpaError::Capture {
                 name: spec.name.clone(),
@@ -416,4 +444,32 @@ fn capture_bounds_error(e: uopc_jit::JitError, config: &SdpaConfig, mods: &Atten
         }
     }
     e.into()
+}
+
+/// The checks of [`Sdpa::compile_flex`] before anything is built: no bool mask or bias in the
+/// configuration, and the functions' own ([`AttentionMods::check`]).
+pub(crate) fn check_flex(config: &SdpaConfig, mods: &AttentionMods) -> Result<(), SdpaError> {
+    let fault = |reason: String| SdpaError::Capture { name: String::new(), reason };
+    if config.mask != MaskKind::None {
+        return Err(fault("a bool mask or bias goes into the mask or score function with mods".into()));
+    }
+    mods.check(config.heads).map_err(fault)
+}
+
+/// The causal configuration that runs `mods`' mask when that mask is exactly the causal mask
+/// (`kv <= q + n_k - n_q`, and nothing else), to be compiled with the mods without their mask:
+/// the causal kernels, their diagonal blocks in parts. `None` for any other mask.
+pub(crate) fn causal_equivalent(config: &SdpaConfig, mods: &AttentionMods) -> Option<SdpaConfig> {
+    let analysis = mods.mask_analysis()?;
+    let kb = &analysis.bounds;
+    let offset = config.causal_offset() + 1;
+    let is_causal = kb.exact
+        && kb.start.is_empty()
+        && !kb.end.is_empty()
+        && !config.runtime_kv_length
+        && kb.end.iter().all(|e| {
+            linear_in(e, &analysis.q)
+                .is_some_and(|(a, r)| a == 1 && uopc_ir::simplify(&r).const_int() == Some(offset))
+        });
+    is_causal.then_some(SdpaConfig { causal: true, ..*config })
 }

@@ -38,7 +38,7 @@ mod error;
 mod extras;
 mod flex;
 mod flex_reference;
-mod forward;
+pub(crate) mod forward;
 mod kernel;
 mod merge;
 mod panels;
@@ -47,7 +47,7 @@ mod tensor;
 
 pub use backward::{
     BackwardBlocking, ForwardSaved, SdpaBackward, compiled_backward, sdpa_backward_ir,
-    sdpa_backward_ir_with_bias_grad,
+    sdpa_backward_ir_with_bias_grad, sdpa_flex_backward_ir,
 };
 pub use backward_half::SdpaBackwardHalf;
 pub use backward_reference::reference_backward_f64;
@@ -65,6 +65,7 @@ use extras::{check, push_captures, push_extras};
 pub use flex::{AttentionMods, Capture, CaptureSpec, MaskFn, ScoreArgs, ScoreFn, and, eq, or};
 pub use flex_reference::{FlexReference, MaskRef, ScoreRef, reference_flex_f64, reference_flex_row};
 pub use forward::Sdpa;
+use kernel::sdpa_flex_ir_with_lse;
 pub use kernel::{flex_block_plan, sdpa_flex_ir, sdpa_flex_plan_ir, sdpa_ir, sdpa_ir_with_lse};
 pub use merge::sdpa_merge_ir;
 pub use reference::reference_f64;

@@ -45,8 +45,22 @@ impl BackwardBlocking {
         BackwardBlocking { queries, keys, chunks }
     }
 
+    /// These blocks with fewer query rows where needed so that a third `queries x keys` tile
+    /// (the scores before a score function, which its derivative reads) fits the stack too.
+    pub(super) fn with_raw_tile(mut self, d: usize) -> BackwardBlocking {
+        while self.queries > 1 && !self.fits(d, 3) {
+            self.queries /= 2;
+        }
+        self
+    }
+
+    /// Whether the task's tiles fit the stack, with `tiles` of `queries x keys`.
+    pub(super) fn fits(&self, d: usize, tiles: usize) -> bool {
+        4 * (4 * self.keys * d + tiles * self.queries * self.keys) <= TILE_BUDGET
+    }
+
     pub(super) fn valid(&self, c: &SdpaConfig) -> bool {
-        let fits = 4 * (4 * self.keys * c.d + 2 * self.queries * self.keys) <= TILE_BUDGET;
+        let fits = self.fits(c.d, 2);
         (1..=c.n_q).contains(&self.queries) && (1..=c.n_k).contains(&self.keys) && self.chunks >= 1 && fits
     }
 }

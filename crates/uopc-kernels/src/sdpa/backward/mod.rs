@@ -28,6 +28,8 @@
 //! copy of dK and dV, all O(N * D).
 
 mod blocking;
+mod flex;
+mod flex_runner;
 mod host;
 mod pair;
 mod program;
@@ -35,6 +37,7 @@ mod runner;
 
 pub use blocking::BackwardBlocking;
 use blocking::Geometry;
+pub use flex::sdpa_flex_backward_ir;
 pub use program::{sdpa_backward_ir, sdpa_backward_ir_with_bias_grad};
 pub(crate) use program::{sdpa_backward_ir_for_graph, sdpa_bias_grad_ir_for_graph};
 pub use runner::{ForwardSaved, SdpaBackward, compiled_backward};

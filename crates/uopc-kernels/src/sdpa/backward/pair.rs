@@ -44,7 +44,9 @@ impl BackwardKernel {
             tile_b(gemm(rows, cols, d, qsn, cols, cols, false, false)),
             &[(&q, q_at.clone()), (&task.kt, idx(0)), (&s, idx(0))],
         );
-        if masked {
+        if self.mods.is_some() {
+            self.flex_tile(task, kb, &head, q0, rows, masked);
+        } else if masked {
             self.mask_tile(task, kb, &head, q0, rows);
         }
         let lse = self.lse.clone();
@@ -59,6 +61,9 @@ impl BackwardKernel {
             TileOp::SoftmaxGrad { rows, cols, ld: cols },
             &[(&s, idx(0)), (&dp, idx(0)), (&delta, row_at)],
         );
+        if self.mods.as_ref().is_some_and(|(m, _)| m.has_score()) {
+            self.score_grad_tile(task, kb, &head, q0, rows);
+        }
         if self.dbias.is_some() {
             self.bias_grad_tile(task, kb, hh, q0, rows);
         }

@@ -5,7 +5,8 @@ use super::{BackwardBlocking, Geometry};
 use crate::LOG2E;
 use crate::masked::min_idx;
 use crate::sdpa::blocking::cores;
-use crate::sdpa::{MaskKind, SdpaConfig, SdpaError};
+use crate::sdpa::flex::Reads;
+use crate::sdpa::{AttentionMods, MaskKind, SdpaConfig, SdpaError};
 use uopc_ir::{AxisType, DType, ProgramBuilder, TileOp, UOp, buffer, idx, sink, tile};
 
 /// The FlashAttention-2 backward program for `config` with block sizes `blocking`.
@@ -18,7 +19,7 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, TileOp, UOp, buffer, idx, sink, t
 /// one chunk and the BHND layout the three targets are exactly the caller's dq, dk and dv.
 /// The bias gets no gradient (see [`sdpa_backward_ir_with_bias_grad`]).
 pub fn sdpa_backward_ir(config: &SdpaConfig, blocking: &BackwardBlocking) -> UOp {
-    BackwardKernel::new(config, blocking, Outputs::GRADS).program()
+    BackwardKernel::new(config, blocking, Outputs::GRADS, None).program()
 }
 
 /// [`sdpa_backward_ir`] that also writes the gradient of an additive bias ([`MaskKind::Bias`]),
@@ -41,14 +42,15 @@ pub fn sdpa_backward_ir_with_bias_grad(
     if !matches!(config.mask, MaskKind::Bias(_)) {
         return Err(SdpaError::Extra { arg: "dbias", expected: false });
     }
-    Ok(BackwardKernel::new(config, blocking, Outputs { grads: true, bias: true }).program())
+    Ok(BackwardKernel::new(config, blocking, Outputs { grads: true, bias: true, captures: false }, None)
+        .program())
 }
 
 /// The backward program of a tensor graph's kernel node for `config` (BHND): one chunk, so the
 /// targets are exactly dq, dk and dv (each task zeroes its dq rows, as always, which matters
 /// here because a node's output buffer holds garbage). Slots as [`sdpa_backward_ir`].
 pub(crate) fn sdpa_backward_ir_for_graph(config: &SdpaConfig) -> UOp {
-    let kernel = BackwardKernel::new(config, &graph_blocking(config), Outputs::GRADS);
+    let kernel = BackwardKernel::new(config, &graph_blocking(config), Outputs::GRADS, None);
     debug_assert!(kernel.g.direct, "one chunk of a BHND configuration writes dq, dk, dv in place");
     kernel.program()
 }
@@ -64,7 +66,8 @@ fn graph_blocking(config: &SdpaConfig) -> BackwardBlocking {
 /// own node, so that a graph whose bias needs no gradient never runs it. Also returns the
 /// extents `[tasks, heads, rows, keys]` of that target.
 pub(crate) fn sdpa_bias_grad_ir_for_graph(config: &SdpaConfig) -> (UOp, [usize; 4]) {
-    let kernel = BackwardKernel::new(config, &graph_blocking(config), Outputs { grads: false, bias: true });
+    let outputs = Outputs { grads: false, bias: true, captures: false };
+    let kernel = BackwardKernel::new(config, &graph_blocking(config), outputs, None);
     let [h, r, k] = kernel.g.bias_region.expect("the configuration has a bias");
     let tasks = kernel.g.tasks;
     (kernel.program(), [tasks, h, r, k])
@@ -77,10 +80,12 @@ pub(super) struct Outputs {
     pub(super) grads: bool,
     /// The additive bias's.
     pub(super) bias: bool,
+    /// The float captures' of attention mods.
+    pub(super) captures: bool,
 }
 
 impl Outputs {
-    const GRADS: Outputs = Outputs { grads: true, bias: false };
+    pub(super) const GRADS: Outputs = Outputs { grads: true, bias: false, captures: false };
 }
 
 pub(super) struct BackwardKernel {
@@ -100,6 +105,11 @@ pub(super) struct BackwardKernel {
     pub(super) lens: Option<UOp>,
     /// The dbias target, when the program writes it.
     pub(super) dbias: Option<UOp>,
+    /// Attention mods and their captures' buffers (see [`super::sdpa_flex_backward_ir`]).
+    pub(super) mods: Option<(AttentionMods, Vec<UOp>)>,
+    /// The gradient targets of the float captures (one per capture, `None` for the others),
+    /// task-major: one region of the capture's length (the second field) per task.
+    pub(super) dcaptures: Vec<Option<(UOp, usize)>>,
     pub(super) outputs: Outputs,
     pub(super) pb: ProgramBuilder,
     /// The effects (and ranges) the next step comes after.
@@ -119,6 +129,8 @@ pub(super) struct Task {
     pub(super) dv_acc: UOp,
     pub(super) s: UOp,
     pub(super) dp: UOp,
+    /// The scores before the score function (natural units), which its derivative reads.
+    pub(super) raw: Option<UOp>,
 }
 
 /// One key block: its first key, its width, and where its rows go in the task's region.
@@ -129,7 +141,12 @@ pub(super) struct KeyBlock {
 }
 
 impl BackwardKernel {
-    pub(super) fn new(config: &SdpaConfig, blocking: &BackwardBlocking, outputs: Outputs) -> Self {
+    pub(super) fn new(
+        config: &SdpaConfig,
+        blocking: &BackwardBlocking,
+        outputs: Outputs,
+        mods: Option<&AttentionMods>,
+    ) -> Self {
         let c = *config;
         let g = Geometry::new(&c, blocking);
         let f32t = DType::F32;
@@ -141,7 +158,28 @@ impl BackwardKernel {
         };
         let lens_slot = if mask.is_some() { 10 } else { 9 };
         let dbias_slot = lens_slot + usize::from(c.key_lengths);
+        // Attention mods come without a mask or bias: their captures follow the key lengths,
+        // then the float captures' gradient targets.
+        let used = mods.map_or(Vec::new(), |m| m.captures_read(Reads::BACKWARD));
+        let mods = mods.map(|m| (m.clone(), m.buffers_used(dbias_slot, &used)));
+        let mut grad_slot = dbias_slot + used.iter().filter(|&&u| u).count();
+        let dcaptures = match &mods {
+            Some((m, _)) if outputs.captures => m
+                .captures()
+                .iter()
+                .zip(&used)
+                .map(|(spec, &read)| {
+                    (read && spec.dtype == f32t).then(|| {
+                        grad_slot += 1;
+                        (buffer(grad_slot - 1, f32t, g.tasks * spec.len()), spec.len())
+                    })
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         BackwardKernel {
+            mods,
+            dcaptures,
             dbias: outputs.bias.then(|| buffer(dbias_slot, f32t, g.dbias_len())),
             outputs,
             q: buffer(0, f32t, c.q_len()),
@@ -228,7 +266,9 @@ impl BackwardKernel {
         let SdpaConfig { kv_heads, n_k, d, .. } = self.c;
         let BackwardBlocking { queries: br, keys: bc, chunks } = self.b;
         let f32t = DType::F32;
+        let scored = self.mods.as_ref().is_some_and(|(m, _)| m.has_score());
         let pb = &mut self.pb;
+        let raw = scored.then(|| pb.alloc(DType::F32, br * bc));
         let (kt, vt, dk_acc, dv_acc, s, dp) = (
             pb.alloc(f32t, d * bc),
             pb.alloc(f32t, d * bc),
@@ -265,7 +305,15 @@ impl BackwardKernel {
             let zero = dbias.after(th).index(&t * per_task + &z).store(0.0f32).end(&[z]);
             self.chain.push(zero);
         }
+        for (dcap, per_task) in self.dcaptures.iter().flatten() {
+            // Summed into, like dbias: each task's region starts at zero.
+            let per_task = *per_task;
+            let z = self.pb.range(per_task, AxisType::Loop);
+            let zero = dcap.after(th).index(&t * per_task + &z).store(0.0f32).end(&[z]);
+            self.chain.push(zero);
+        }
         Task {
+            raw: raw.map(|r| r.after(th)),
             kt: kt.after(th),
             vt: vt.after(th),
             dk_acc: dk_acc.after(th),
@@ -348,6 +396,10 @@ impl BackwardKernel {
     pub(super) fn query_blocks(&mut self, task: &Task, kb: &KeyBlock, hh: &UOp) {
         let br = self.b.queries as i64;
         let Geometry { full_qb, rest_q, .. } = self.g;
+        if self.mods.as_ref().is_some_and(|(m, _)| m.has_mask()) {
+            self.flex_query_blocks(task, kb, hh);
+            return;
+        }
         let general = self.mask.is_some() || self.lens.is_some();
         if full_qb > 0 {
             // Every full query block in a loop of constant length, so the dq index depends on
@@ -378,6 +430,6 @@ impl BackwardKernel {
 }
 
 /// 1 when `x > 0`, else 0: the trip count of a guard loop.
-fn flag(x: &UOp) -> UOp {
+pub(super) fn flag(x: &UOp) -> UOp {
     min_idx(&x.maximum(idx(0)), &idx(1))
 }

@@ -2,9 +2,13 @@
 
 use super::{BackwardBlocking, Geometry, sdpa_backward_ir, sdpa_backward_ir_with_bias_grad};
 use crate::sdpa::blocking::{Blocking, cores};
+use crate::sdpa::flex::Reads;
 use crate::sdpa::kernel::sdpa_ir_with_lse;
 use crate::sdpa::panels::KvPanels;
-use crate::sdpa::{ConfigCache, Extras, MaskKind, SdpaConfig, SdpaError, cached, check, push_extras};
+use crate::sdpa::{
+    AttentionMods, ConfigCache, Extras, MaskKind, Sdpa, SdpaConfig, SdpaError, Values, ValuesMut, cached,
+    check, push_captures, push_extras,
+};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 use uopc_jit::{Arg, JitError, Program};
@@ -33,12 +37,17 @@ pub struct SdpaBackward {
     pub(super) config: SdpaConfig,
     pub(super) forward_blocking: Blocking,
     pub(super) blocking: BackwardBlocking,
-    pub(super) forward: Program,
+    /// The forward-with-lse (`None` with mods: `flex` holds theirs).
+    pub(super) forward: Option<Program>,
     pub(super) program: Program,
-    /// The backward that also writes dbias ([`sdpa_backward_ir_with_bias_grad`]), compiled on
-    /// the first [`SdpaBackward::run_with_bias_grad`], so that a bias without a gradient costs
-    /// neither its compile nor its writes.
-    pub(super) bias_grad: OnceLock<Program>,
+    /// The backward that also writes dbias ([`sdpa_backward_ir_with_bias_grad`]) or the
+    /// captures' gradients ([`sdpa_flex_backward_ir`](super::sdpa_flex_backward_ir)), compiled
+    /// on the first run that asks for them, so that inputs without a gradient cost neither its
+    /// compile nor its writes.
+    pub(super) extra_grads: OnceLock<Program>,
+    /// With attention mods: the mods, and the flex forward that saves the lse (which then
+    /// runs instead of `forward`).
+    pub(super) flex: Option<(AttentionMods, Box<Sdpa>)>,
     /// The dq partials and task-major dk and dv of chunked or BHND-strided runs, reused.
     pub(super) scratch: Mutex<Vec<f32>>,
     /// Where the forward's K and V are packed into panels, with
@@ -97,16 +106,17 @@ impl SdpaBackward {
             config: *config,
             forward_blocking: forward,
             blocking,
-            forward: fwd,
+            forward: Some(fwd),
             program,
-            bias_grad: OnceLock::new(),
+            extra_grads: OnceLock::new(),
+            flex: None,
             scratch: Mutex::new(Vec::new()),
             panels: forward.kv_panels(config),
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!(
                 "{b}; compiled in {:.1} ms",
-                (b.forward.compile_seconds() + b.program.compile_seconds()) * 1e3
+                (b.forward_program().compile_seconds() + b.program.compile_seconds()) * 1e3
             );
         }
         Ok(b)
@@ -135,12 +145,17 @@ impl SdpaBackward {
         check("v", c.kv_len(), v.len())?;
         check("out", c.q_len(), out.len())?;
         check("lse", self.lse_len(), lse.len())?;
+        if let Some((_, sdpa)) = &self.flex {
+            let (q, k, v) = (Values::F32(q), Values::F32(k), Values::F32(v));
+            return sdpa.run_with_lse(q, k, v, extras, ValuesMut::F32(out), Some(lse));
+        }
         let packed = self.panels.as_ref().map(|panels| panels.pack_into(k, v));
         let (k, v) = packed.as_ref().map_or((k, v), |p| p.panels());
         let mut args: Vec<Arg<'_>> = vec![q.into(), k.into(), v.into(), Arg::WriteF32(out)];
         push_extras(c, extras, &mut args)?;
         args.push(Arg::WriteF32(lse));
-        self.forward.run(&mut args)?;
+        let Some(forward) = &self.forward else { unreachable!("a backward without mods has its forward") };
+        forward.run(&mut args)?;
         Ok(())
     }
 
@@ -158,7 +173,7 @@ impl SdpaBackward {
         dk: &mut [f32],
         dv: &mut [f32],
     ) -> Result<(), SdpaError> {
-        self.run_inner(saved, d_o, extras, [dq, dk, dv], None)
+        self.run_inner(saved, d_o, extras, [dq, dk, dv], ExtraGrads::None)
     }
 
     /// [`SdpaBackward::run`] into `[dq, dk, dv]` that also writes the gradient of the
@@ -183,27 +198,36 @@ impl SdpaBackward {
             return Err(SdpaError::Extra { arg: "dbias", expected: false });
         };
         check("dbias", shape.iter().product(), dbias.len())?;
-        self.run_inner(saved, d_o, extras, [dq, dk, dv], Some(dbias))
+        self.run_inner(saved, d_o, extras, [dq, dk, dv], ExtraGrads::Bias(dbias))
     }
 
-    /// The compiled backward that also writes dbias, compiled on first use.
-    fn bias_grad_program(&self) -> Result<&Program, SdpaError> {
-        if let Some(p) = self.bias_grad.get() {
+    /// The compiled backward that also writes dbias, or with mods the captures' gradients,
+    /// compiled on first use.
+    pub(super) fn extra_grads_program(&self) -> Result<&Program, SdpaError> {
+        if let Some(p) = self.extra_grads.get() {
             return Ok(p);
         }
-        let ir = sdpa_backward_ir_with_bias_grad(&self.config, &self.blocking)?;
-        let program = Program::compile(&ir, "sdpa_backward_bias_grad_tile_ops")?;
+        let program = match &self.flex {
+            Some((mods, _)) => Program::compile(
+                &super::sdpa_flex_backward_ir(&self.config, &self.blocking, mods, true)?,
+                "sdpa_flex_backward_capture_grads",
+            )?,
+            None => Program::compile(
+                &sdpa_backward_ir_with_bias_grad(&self.config, &self.blocking)?,
+                "sdpa_backward_bias_grad_tile_ops",
+            )?,
+        };
         // A racing compile is harmless: the first one stored is used.
-        Ok(self.bias_grad.get_or_init(|| program))
+        Ok(self.extra_grads.get_or_init(|| program))
     }
 
-    fn run_inner(
+    pub(super) fn run_inner(
         &self,
         saved: ForwardSaved<'_>,
         d_o: &[f32],
         extras: Extras<'_>,
         [dq, dk, dv]: [&mut [f32]; 3],
-        dbias: Option<&mut [f32]>,
+        grads: ExtraGrads<'_, '_>,
     ) -> Result<(), SdpaError> {
         let c = &self.config;
         check("q", c.q_len(), saved.q.len())?;
@@ -219,7 +243,30 @@ impl SdpaBackward {
         let delta = self.delta(saved.o, d_o);
         let mut extra_args = Vec::new();
         push_extras(c, extras, &mut extra_args)?;
-        let program = if dbias.is_some() { self.bias_grad_program()? } else { &self.program };
+        match &self.flex {
+            Some((mods, _)) => push_captures(
+                mods.captures(),
+                extras.captures,
+                &mods.captures_read(Reads::BACKWARD),
+                &mut extra_args,
+            )?,
+            None if !extras.captures.is_empty() => {
+                return Err(SdpaError::Extra { arg: "captures", expected: false });
+            }
+            None => {}
+        }
+        let (dbias, dcaptures) = match grads {
+            ExtraGrads::None => (None, None),
+            ExtraGrads::Bias(d) => (Some(d), None),
+            ExtraGrads::Captures(d) => (None, Some(d)),
+        };
+        let program =
+            if dbias.is_some() || dcaptures.is_some() { self.extra_grads_program()? } else { &self.program };
+        // The float captures' task-major targets, summed into the caller's after the kernel.
+        let mut capture_partials = self.capture_partials(&g, dcaptures.is_some());
+        for p in capture_partials.iter_mut().flatten() {
+            extra_args.push(Arg::WriteF32(p));
+        }
         // The dbias target: the caller's dbias when no two tasks share an element, else the
         // tasks' partials, added into dbias after the kernel.
         let mut dbias_partials = match &dbias {
@@ -269,6 +316,10 @@ impl SdpaBackward {
         if let Some(out) = dbias_sum {
             self.sum_bias_partials(&g, &dbias_partials, out);
         }
+        if let Some(targets) = dcaptures {
+            self.sum_capture_partials(&capture_partials, targets);
+            self.add_sink_grads((saved.lse, &delta), extras, targets);
+        }
         Ok(())
     }
 
@@ -299,7 +350,11 @@ impl SdpaBackward {
 
     /// The compiled forward-with-lse.
     pub fn forward_program(&self) -> &Program {
-        &self.forward
+        match (&self.forward, &self.flex) {
+            (Some(program), _) => program,
+            (None, Some((_, sdpa))) => sdpa.program(),
+            (None, None) => unreachable!("a backward has a forward or mods"),
+        }
     }
 
     /// The compiled backward kernel (loop IR, estimates, compile time).
@@ -323,8 +378,22 @@ impl fmt::Display for SdpaBackward {
                 0 => String::new(),
                 w => format!("; the forward packs K and V once per run into panels of {w}"),
             }
-        )
+        )?;
+        match &self.flex {
+            Some((mods, _)) => write!(f, "; {}", super::flex_runner::describe(mods)),
+            None => Ok(()),
+        }
     }
+}
+
+/// The gradients a backward run writes besides dq, dk and dv.
+pub(super) enum ExtraGrads<'a, 'b> {
+    /// None.
+    None,
+    /// The additive bias's.
+    Bias(&'a mut [f32]),
+    /// The captures' of attention mods, one slice per capture (empty for an I32 one).
+    Captures(&'a mut [&'b mut [f32]]),
 }
 
 static CACHE: ConfigCache<SdpaBackward> = OnceLock::new();

@@ -136,7 +136,7 @@ impl SdpaKernel {
 /// The least (`least`) or greatest value of bound `e` over the query rows `first..=last` of
 /// the placeholder `q`: where `e` is linear in `q`, at one end; maxima and negations of such
 /// bounds (a union's later end, a min) by their parts; `None` otherwise.
-fn extreme_over_rows(e: &UOp, q: &UOp, (first, last): (&UOp, &UOp), least: bool) -> Option<UOp> {
+pub(crate) fn extreme_over_rows(e: &UOp, q: &UOp, (first, last): (&UOp, &UOp), least: bool) -> Option<UOp> {
     if let Some((a, r)) = linear_in(e, q) {
         let row = if (a >= 0) == least { first } else { last };
         return Some(r + row * a);

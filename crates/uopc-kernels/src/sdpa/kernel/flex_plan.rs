@@ -7,6 +7,7 @@
 use super::SdpaKernel;
 use super::task::{TaskIndices, first_query};
 use crate::masked::min_idx;
+use crate::sdpa::flex::Reads;
 use crate::sdpa::{AttentionMods, Blocking, SdpaConfig};
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, f32c, idx, var};
 
@@ -58,8 +59,9 @@ pub fn sdpa_flex_plan_ir(config: &SdpaConfig, blocking: &Blocking, mods: &Attent
     let &SdpaConfig { n_q, n_k, .. } = config;
     let Blocking { heads_per_task: gs, queries: bq, keys: bc, .. } = *blocking;
     let (full, blocks) = (n_k / bc, n_q.div_ceil(bq));
-    let captures = mods.buffers(0);
-    let mut slot = captures.len();
+    let used = mods.captures_read(Reads::MASK);
+    let captures = mods.buffers_used(0, &used);
+    let mut slot = used.iter().filter(|&&u| u).count();
     let lens = config.key_lengths.then(|| buffer(slot, DType::I32, config.batch));
     slot += usize::from(lens.is_some());
     let units = mode.units(config, blocking);

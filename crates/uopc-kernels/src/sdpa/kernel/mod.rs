@@ -2,6 +2,7 @@
 
 mod flex_loops;
 mod flex_plan;
+pub(crate) use flex_loops::extreme_over_rows;
 pub use flex_loops::flex_block_plan;
 pub use flex_plan::sdpa_flex_plan_ir;
 pub(crate) use flex_plan::{PlanMode, plan_from_counts};
@@ -9,6 +10,7 @@ mod key_block;
 mod key_loops;
 mod task;
 
+use super::flex::Reads;
 use super::panels::KvPanels;
 use super::{AttentionMods, Blocking, MaskKind, SdpaConfig};
 use crate::masked::min_idx;
@@ -95,6 +97,12 @@ pub fn sdpa_ir_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
 /// bool mask or bias (the mods express them).
 pub fn sdpa_flex_ir(config: &SdpaConfig, blocking: &Blocking, mods: &AttentionMods) -> UOp {
     SdpaKernel::new(config, blocking, false, false, Some(mods)).program()
+}
+
+/// [`sdpa_flex_ir`] that also stores each query row's base-2 log-sum-exp, sinks included (as
+/// [`sdpa_ir_with_lse`]), in a buffer after every other one (the per-run plan's included).
+pub(crate) fn sdpa_flex_ir_with_lse(config: &SdpaConfig, blocking: &Blocking, mods: &AttentionMods) -> UOp {
+    SdpaKernel::new(config, blocking, false, true, Some(mods)).program()
 }
 
 struct SdpaKernel {
@@ -216,8 +224,9 @@ impl SdpaKernel {
         slot += usize::from(mask.is_some());
         let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
         slot += usize::from(lens.is_some());
-        let mods = mods.map(|m| (m.clone(), m.buffers(slot)));
-        slot += mods.as_ref().map_or(0, |(_, bufs)| bufs.len());
+        let used = mods.map_or(Vec::new(), |m| m.captures_read(Reads::ALL));
+        let mods = mods.map(|m| (m.clone(), m.buffers_used(slot, &used)));
+        slot += used.iter().filter(|&&u| u).count();
         let flex_plan = match mods.as_ref().map(|(m, _)| PlanMode::of(m)) {
             Some(mode @ PlanMode::Runtime { per_head }) => {
                 let plan = buffer(slot, DType::I32, mode.units(config, blocking) * 4);

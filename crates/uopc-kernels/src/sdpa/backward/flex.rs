@@ -1,0 +1,236 @@
+//! Attention mods in the backward: the score and mask functions on the recomputed score tile,
+//! the score function's derivative on the gradient tile (dS by the chain rule, and the float
+//! captures' gradients), and the (query block, key block) pairs the mask's key bounds skip.
+
+use super::BackwardBlocking;
+use super::program::{BackwardKernel, KeyBlock, Outputs, Task, flag};
+use crate::LOG2E;
+use crate::masked::min_idx;
+use crate::sdpa::flex::{KeyBounds, placeholders};
+use crate::sdpa::kernel::extreme_over_rows;
+use crate::sdpa::{AttentionMods, SdpaConfig, SdpaError};
+use std::f32::consts::LN_2;
+use uopc_ir::{AxisType, DType, Op, UOp, derivative, f32c, idx, sink};
+
+/// The FlashAttention-2 backward of attention with `mods` (as [`sdpa_flex_ir`](crate::sdpa::sdpa_flex_ir)
+/// runs it forward): the program of [`sdpa_backward_ir`](super::sdpa_backward_ir) whose
+/// recomputed scores go through the score and mask functions, whose gradient at the scores
+/// is multiplied by the score function's derivative (`dS = P * (dP - Delta) * f'(s)`, the
+/// chain rule), and which skips the (query block, key block) pairs the mask's key bounds
+/// exclude and runs without the mask those every row sees whole.
+///
+/// Buffers: 0 to 8 as [`sdpa_backward_ir`](super::sdpa_backward_ir) (the lse is the flex
+/// forward's, sinks included), then the key lengths if any, the captures in declaration
+/// order, and with `capture_grads` one gradient target per F32 capture: task-major, one region
+/// of the capture's length per task, which the task zeroes and sums its terms
+/// `dS * df/dc` into (the caller adds the regions). The sinks' gradient is not the kernel's
+/// (it is a sum over rows of the lse and Delta).
+///
+/// # Errors
+///
+/// [`SdpaError::Capture`] when the score function has no derivative (an op outside the
+/// scalar ALU ops), or the configuration has a bool mask or bias.
+pub fn sdpa_flex_backward_ir(
+    config: &SdpaConfig,
+    blocking: &BackwardBlocking,
+    mods: &AttentionMods,
+    capture_grads: bool,
+) -> Result<UOp, SdpaError> {
+    crate::sdpa::forward::check_flex(config, mods)?;
+    check_differentiable(mods)?;
+    let outputs = Outputs { captures: capture_grads, ..Outputs::GRADS };
+    Ok(BackwardKernel::new(config, blocking, outputs, Some(mods)).program())
+}
+
+/// The score function differentiated once over placeholders, with respect to the score and
+/// to every capture it loads, so that a kernel's build cannot meet an op without a rule.
+fn check_differentiable(mods: &AttentionMods) -> Result<(), SdpaError> {
+    let [b, h, q, kv] = placeholders();
+    let buffers = mods.buffers(0);
+    let score = uopc_ir::buffer(buffers.len(), DType::F32, 1).index(idx(0)).load();
+    let (Some(f), _, _) = mods.build((&b, &h, &q, &kv), &buffers, Some(&score)) else { return Ok(()) };
+    let fault = |e: uopc_ir::IrError| SdpaError::Capture {
+        name: String::new(),
+        reason: format!("the score function cannot be differentiated: {e}"),
+    };
+    derivative(&f, &score).map_err(fault)?;
+    for load in capture_loads(&f, &buffers) {
+        derivative(&f, &load.0).map_err(fault)?;
+    }
+    Ok(())
+}
+
+/// The loads of captures in `f`: each load, its capture's position and its flat index.
+fn capture_loads(f: &UOp, buffers: &[UOp]) -> Vec<(UOp, usize, UOp)> {
+    UOp::toposort(std::slice::from_ref(f))
+        .into_iter()
+        .filter(|u| matches!(u.op(), Op::Load))
+        .filter_map(|load| {
+            let at = load.src().first()?.clone();
+            let (buf, flat) = (at.src().first()?, at.src().get(1)?.clone());
+            let position = buffers.iter().position(|b| b == buf)?;
+            Some((load, position, flat))
+        })
+        .collect()
+}
+
+impl BackwardKernel {
+    /// The query blocks of head `hh` of the group against key block `kb` under a mask
+    /// function: each full block runs masked, whole (the score function alone) or not at all,
+    /// as the mask's key bounds at its first and last rows say (with the causal limit and the
+    /// item's key length); the narrower last block always runs masked.
+    pub(super) fn flex_query_blocks(&mut self, task: &Task, kb: &KeyBlock, hh: &UOp) {
+        let Some((mods, buffers)) = self.mods.clone() else { return };
+        let br = self.b.queries;
+        let (full_qb, rest_q) = (self.g.full_qb, self.g.rest_q);
+        let head = &task.kv_head * self.g.group as i64 + hh;
+        let [_, _, q, kv] = placeholders();
+        let (_, mask, _) = mods.build((&task.item, &head, &q, &kv), &buffers, None);
+        let mut bounds =
+            mask.map_or(KeyBounds { exact: true, ..KeyBounds::default() }, |m| KeyBounds::of(&m, &kv));
+        if self.c.causal {
+            bounds.end.push(&q + (self.c.causal_offset() + 1));
+        }
+        if let Some(lens) = &self.lens {
+            bounds.end.push(lens.index(&task.item).load().cast(DType::INDEX));
+        }
+        if full_qb > 0 {
+            self.looped(idx(full_qb as i64), AxisType::Reduce, |me, qb| {
+                let q0 = qb * br as i64;
+                let (partial, whole) = me.pair_guards(&bounds, &q, (&q0, br), kb);
+                me.looped(partial, AxisType::Reduce, |me, _| me.pair(task, kb, hh, &q0, br, true));
+                me.looped(whole, AxisType::Reduce, |me, _| me.pair(task, kb, hh, &q0, br, false));
+            });
+        }
+        if rest_q > 0 {
+            let q0 = idx((full_qb * br) as i64);
+            self.pair(task, kb, hh, &q0, rest_q, true);
+        }
+    }
+
+    /// The trip counts (0 or 1) of the masked and of the whole run of the pair of query rows
+    /// `q0 .. q0 + rows` and key block `kb`, from `bounds` over the placeholder row `q`: the
+    /// pair runs when some row may see some key of the block (the least start is below its
+    /// end, the greatest end past its start), whole when the bounds are the whole mask and
+    /// every row sees every key.
+    fn pair_guards(
+        &self,
+        bounds: &KeyBounds,
+        q: &UOp,
+        (q0, rows): (&UOp, usize),
+        kb: &KeyBlock,
+    ) -> (UOp, UOp) {
+        let (first, last) = (q0.clone(), q0 + (rows as i64 - 1));
+        let over = |e: &UOp, least: bool| extreme_over_rows(e, q, (&first, &last), least);
+        let fold = |xs: Vec<UOp>, max: bool| {
+            xs.into_iter().reduce(|a, b| if max { a.maximum(&b) } else { min_idx(&a, &b) })
+        };
+        let n_k = idx(self.c.n_k as i64);
+        let (k0, k1) = (kb.k0.clone(), &kb.k0 + kb.cols as i64);
+        let lowest = fold(bounds.start.iter().filter_map(|s| over(s, true)).collect(), true);
+        let highest = fold(bounds.end.iter().filter_map(|e| over(e, false)).collect(), false);
+        let run = flag(&min_idx(
+            &(highest.unwrap_or_else(|| n_k.clone()) - &k0),
+            &(&k1 - lowest.unwrap_or_else(|| idx(0))),
+        ));
+        let starts: Option<Vec<UOp>> = bounds.start.iter().map(|s| over(s, false)).collect();
+        let ends: Option<Vec<UOp>> = bounds.end.iter().map(|e| over(e, true)).collect();
+        let whole = match (starts, ends) {
+            (Some(s), Some(e)) if bounds.exact => {
+                let seen_from = fold(s, true).unwrap_or_else(|| idx(0));
+                let seen_to = fold(e, false).unwrap_or(n_k);
+                flag(&min_idx(&(&k0 - seen_from + 1), &(seen_to - &k1 + 1)))
+            }
+            _ => idx(0),
+        };
+        (min_idx(&run, &(-&whole + 1)), min_idx(&run, &whole))
+    }
+
+    /// The loop over the score tile of a pair under mods: the base-2 scores back to natural
+    /// units, the score function (its input kept in the task's `raw` tile for the
+    /// derivative), and with `masked` the keys a row does not see set to `-inf` (the mask
+    /// function, the causal limit, the item's key length).
+    pub(super) fn flex_tile(
+        &mut self,
+        task: &Task,
+        kb: &KeyBlock,
+        head: &UOp,
+        q0: &UOp,
+        rows: usize,
+        masked: bool,
+    ) {
+        let Some((mods, buffers)) = self.mods.clone() else { return };
+        if !masked && !mods.has_score() {
+            return;
+        }
+        let cols = kb.cols;
+        let rq = self.pb.range(rows, AxisType::Loop);
+        let cc = self.pb.range(cols, AxisType::Loop);
+        let at = &rq * cols as i64 + &cc;
+        let cell = self.at(&task.s, at.clone());
+        let (key, query) = (&kb.k0 + &cc, q0 + &rq);
+        let natural = cell.load() * LN_2;
+        let (modified, mask, _) = mods.build((&task.item, head, &query, &key), &buffers, Some(&natural));
+        let mut effects = Vec::new();
+        let mut score = cell.load();
+        if let Some(s) = modified {
+            score = s.cast(DType::F32) * (LOG2E as f32);
+            if let Some(raw) = &task.raw {
+                effects.push(self.at(raw, at).store(natural));
+            }
+        }
+        if masked {
+            let mut keep: Vec<UOp> = mask.into_iter().collect();
+            if self.c.causal {
+                keep.push(key.lt(&query + (self.c.causal_offset() + 1)));
+            }
+            if let Some(lens) = &self.lens {
+                keep.push(key.lt(lens.index(&task.item).load().cast(DType::INDEX)));
+            }
+            for c in keep {
+                score = c.where_(&score, f32c(f32::NEG_INFINITY));
+            }
+        }
+        effects.push(cell.store(score));
+        self.chain = vec![sink(&effects).end(&[cc, rq])];
+    }
+
+    /// The loop over the gradient tile of a pair that applies the chain rule through the score
+    /// function `f`: `dS *= f'(s)` at each score `s` (from the `raw` tile), and, with capture
+    /// gradients, `dc += dS / scale * df/dc` for each load `c` of a float capture in `f`, into
+    /// the task's region at the element the load read. Terms where `dS` is zero (keys the row
+    /// does not see) are zero, whatever the derivative is there.
+    pub(super) fn score_grad_tile(&mut self, task: &Task, kb: &KeyBlock, head: &UOp, q0: &UOp, rows: usize) {
+        let (Some((mods, buffers)), Some(raw)) = (self.mods.clone(), task.raw.clone()) else { return };
+        let cols = kb.cols;
+        let rq = self.pb.range(rows, AxisType::Loop);
+        let cc = self.pb.range(cols, AxisType::Loop);
+        let at = &rq * cols as i64 + &cc;
+        let x = self.at(&raw, at.clone()).load();
+        let (key, query) = (&kb.k0 + &cc, q0 + &rq);
+        let (Some(f), _, _) = mods.build((&task.item, head, &query, &key), &buffers, Some(&x)) else {
+            return;
+        };
+        let f = f.cast(DType::F32);
+        let ds_cell = self.at(&task.dp, at);
+        let ds = ds_cell.load();
+        let seen = ds.ne(0.0f32);
+        let slope = derivative(&f, &x).expect("checked by sdpa_flex_backward_ir");
+        let new_ds = slope.map_or_else(|| f32c(0.0), |d| seen.where_(&ds * d, 0.0f32));
+        let mut effects = vec![ds_cell.store(new_ds)];
+        // Inside both loops, after the previous sums: loads of one element repeat across
+        // iterations, so no load of a target may be hoisted past a store to it.
+        let mut deps = self.chain.clone();
+        deps.extend([rq.clone(), cc.clone()]);
+        let unscale = (1.0 / f64::from(self.c.effective_scale())) as f32;
+        for (load, position, flat) in capture_loads(&f, &buffers) {
+            let Some(Some((target, len))) = self.dcaptures.get(position) else { continue };
+            let Some(d) = derivative(&f, &load).expect("checked by sdpa_flex_backward_ir") else { continue };
+            let cell = target.after(&deps).index(&task.t * *len as i64 + flat);
+            let store = cell.store(cell.load() + seen.where_(&ds * unscale * d, 0.0f32));
+            deps.push(store.clone());
+            effects.push(store);
+        }
+        self.chain = vec![sink(&effects).end(&[cc, rq])];
+    }
+}
