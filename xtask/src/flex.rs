@@ -9,7 +9,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 use uopc::ir::{DType, UOp};
 use uopc::kernels::sdpa::{
-    AttentionMods, CaptureValues, Extras, FlexReference, Sdpa, SdpaConfig, and, eq, or, reference_flex_row,
+    AttentionMods, CaptureValues, Extras, FlexReference, ForwardSaved, Sdpa, SdpaBackward, SdpaConfig,
+    SdpaError, and, eq, or, reference_flex_row,
 };
 
 /// The cases, by name.
@@ -35,6 +36,8 @@ pub struct FlexCell {
     pub kv_heads: usize,
     pub n: usize,
     pub d: usize,
+    /// Whether the pass timed is the forward and backward (else the forward alone).
+    pub backward: bool,
 }
 
 /// The captured values of a case and the document ids.
@@ -156,98 +159,182 @@ fn max_error(
     worst
 }
 
-/// Times every cell, interleaved over `rounds` rounds of `reps` runs, beside the plain causal
-/// kernel of its shape; prints a table and writes `json` when given.
-pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Option<&Path>) -> ExitCode {
-    struct Timed {
-        cell: FlexCell,
-        sdpa: Sdpa,
-        causal: Sdpa,
-        data: Data,
-        qkv: [Vec<f32>; 3],
-        out: Vec<f32>,
-        ms: Vec<f64>,
-        causal_ms: Vec<f64>,
-    }
-    let mut timed = Vec::new();
-    for cell in cells {
+/// The compiled kernels of one timed cell and the buffers their runs write.
+enum Kernels {
+    /// The flex forward and the plain causal forward of the same shape.
+    Forward { flex: Box<Sdpa>, causal: Box<Sdpa> },
+    /// The flex forward-with-lse and backward (with the float captures' gradients) and the
+    /// plain causal ones of the same shape.
+    Backward { flex: Box<SdpaBackward>, causal: Box<SdpaBackward>, grads: Grads },
+}
+
+/// What a forward and backward run writes besides the output.
+struct Grads {
+    lse: Vec<f32>,
+    d_o: Vec<f32>,
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    /// One per capture (empty for ids).
+    dcaptures: Vec<Vec<f32>>,
+}
+
+struct Timed {
+    cell: FlexCell,
+    kernels: Kernels,
+    data: Data,
+    qkv: [Vec<f32>; 3],
+    out: Vec<f32>,
+    ms: Vec<f64>,
+    causal_ms: Vec<f64>,
+}
+
+impl Timed {
+    fn new(cell: &FlexCell, window: i64) -> Result<Timed, SdpaError> {
         let c = SdpaConfig {
             kv_heads: cell.kv_heads,
             ..SdpaConfig::new(cell.batch, cell.heads, cell.n, cell.n, cell.d)
         };
-        let sdpa = match Sdpa::compile_flex(&c, &mods(cell, window)) {
-            Ok(s) => s,
+        let causal = SdpaConfig { causal: true, ..c };
+        let mods = mods(cell, window);
+        let kernels = if cell.backward {
+            let flex = SdpaBackward::compile_flex(&c, &mods)?;
+            let dcaptures = mods
+                .captures()
+                .iter()
+                .map(|spec| vec![0.0; if spec.dtype == DType::F32 { spec.len() } else { 0 }])
+                .collect();
+            let grads = Grads {
+                lse: vec![0.0; flex.lse_len()],
+                d_o: crate::masked::inputs(c.q_len(), 4, 1.0),
+                dq: vec![0.0; c.q_len()],
+                dk: vec![0.0; c.kv_len()],
+                dv: vec![0.0; c.kv_len()],
+                dcaptures,
+            };
+            Kernels::Backward {
+                flex: Box::new(flex),
+                causal: Box::new(SdpaBackward::compile(&causal)?),
+                grads,
+            }
+        } else {
+            Kernels::Forward {
+                flex: Box::new(Sdpa::compile_flex(&c, &mods)?),
+                causal: Box::new(Sdpa::compile(&causal)?),
+            }
+        };
+        let values = |len: usize, seed: u64| crate::masked::inputs(len, seed, 1.0);
+        Ok(Timed {
+            cell: cell.clone(),
+            kernels,
+            data: Data::new(cell),
+            qkv: [values(c.q_len(), 1), values(c.kv_len(), 2), values(c.kv_len(), 3)],
+            out: vec![0.0; c.q_len()],
+            ms: vec![],
+            causal_ms: vec![],
+        })
+    }
+
+    /// One run of the flex kernels (or with `plain` the causal ones), in milliseconds: the
+    /// forward, or the forward with its lse and the backward with every float capture's
+    /// gradient.
+    fn run(&mut self, plain: bool) -> Result<f64, SdpaError> {
+        let captures = self.data.captures(&self.cell.case);
+        let flex_extras = Extras { captures: &captures, ..Extras::default() };
+        let extras = if plain { Extras::default() } else { flex_extras };
+        let [q, k, v] = &self.qkv;
+        let start = Instant::now();
+        match &mut self.kernels {
+            Kernels::Forward { flex, causal } => {
+                let s: &Sdpa = if plain { causal } else { flex };
+                s.run(q, k, v, extras, &mut self.out)?;
+            }
+            Kernels::Backward { flex, causal, grads } => {
+                let b: &SdpaBackward = if plain { causal } else { flex };
+                b.forward(q, k, v, extras, &mut self.out, &mut grads.lse)?;
+                let saved = ForwardSaved { q, k, v, o: &self.out, lse: &grads.lse };
+                let targets = [&mut grads.dq[..], &mut grads.dk[..], &mut grads.dv[..]];
+                if plain || captures.is_empty() {
+                    let [dq, dk, dv] = targets;
+                    b.run(saved, &grads.d_o, extras, dq, dk, dv)?;
+                } else {
+                    let mut dcaptures: Vec<&mut [f32]> =
+                        grads.dcaptures.iter_mut().map(|g| &mut g[..]).collect();
+                    b.run_with_capture_grads(saved, &grads.d_o, extras, targets, &mut dcaptures)?;
+                }
+            }
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    }
+
+    /// The flex kernels' description and share of blocks computed.
+    fn describe(&self) -> (String, Option<f64>) {
+        let captures = self.data.captures(&self.cell.case);
+        let extras = Extras { captures: &captures, ..Extras::default() };
+        match &self.kernels {
+            Kernels::Forward { flex, .. } => (flex.to_string(), flex.blocks_computed(extras).ok().flatten()),
+            Kernels::Backward { flex, .. } => (flex.to_string(), None),
+        }
+    }
+}
+
+/// Times every cell, interleaved over `rounds` rounds of `reps` runs, beside the plain causal
+/// kernels of its shape; prints a table and writes `json` when given.
+pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Option<&Path>) -> ExitCode {
+    let mut timed = Vec::new();
+    for cell in cells {
+        match Timed::new(cell, window) {
+            Ok(t) => timed.push(t),
             Err(e) => {
                 eprintln!("error: {cell:?}: {e}");
                 return ExitCode::FAILURE;
             }
-        };
-        let causal = Sdpa::compile(&SdpaConfig { causal: true, ..c }).expect("a valid configuration");
-        let values = |len: usize, seed: u64| crate::masked::inputs(len, seed, 1.0);
-        let qkv = [values(c.q_len(), 1), values(c.kv_len(), 2), values(c.kv_len(), 3)];
-        let data = Data::new(cell);
-        timed.push(Timed {
-            cell: cell.clone(),
-            sdpa,
-            causal,
-            data,
-            qkv,
-            out: vec![0.0; c.q_len()],
-            ms: vec![],
-            causal_ms: vec![],
-        });
+        }
     }
-    let run_one = |t: &mut Timed, plain: bool| {
-        let captures = t.data.captures(&t.cell.case);
-        let [q, k, v] = &t.qkv;
-        let start = Instant::now();
-        let result = if plain {
-            t.causal.run(q, k, v, Extras::default(), &mut t.out)
-        } else {
-            t.sdpa.run(q, k, v, Extras { captures: &captures, ..Extras::default() }, &mut t.out)
-        };
-        result.map(|()| start.elapsed().as_secs_f64() * 1e3)
-    };
     for _ in 0..rounds {
         for t in &mut timed {
             for plain in [false, true] {
-                if let Err(e) = run_one(t, plain) {
+                if let Err(e) = t.run(plain) {
                     eprintln!("error: {:?}: {e}", t.cell);
                     return ExitCode::FAILURE;
                 }
             }
             for rep in 0..reps {
                 for plain in if rep % 2 == 0 { [false, true] } else { [true, false] } {
-                    let ms = run_one(t, plain).expect("ran before");
+                    let ms = t.run(plain).expect("ran before");
                     if plain { t.causal_ms.push(ms) } else { t.ms.push(ms) }
                 }
             }
         }
     }
     println!(
-        "{:<15} {:>22} {:>11} {:>11} {:>9} {:>9} {:>9}",
-        "case", "B,H,HKV,N,D", "median ms", "causal ms", "vs causal", "blocks", "max err"
+        "{:<15} {:<17} {:>18} {:>11} {:>11} {:>9} {:>9} {:>9}",
+        "case", "pass", "B,H,HKV,N,D", "median ms", "causal ms", "vs causal", "blocks", "max err"
     );
     let mut rows = Vec::new();
     for t in &mut timed {
-        let _ = run_one(t, false);
+        let _ = t.run(false);
         let [q, k, v] = &t.qkv;
-        let err = max_error(&t.cell, t.sdpa.config(), (q, k, v), &t.out, &t.data, window);
+        let config = match &t.kernels {
+            Kernels::Forward { flex, .. } => *flex.config(),
+            Kernels::Backward { flex, .. } => *flex.config(),
+        };
+        let err = max_error(&t.cell, &config, (q, k, v), &t.out, &t.data, window);
         let (ms, causal_ms) = (median(&t.ms), median(&t.causal_ms));
-        let captures = t.data.captures(&t.cell.case);
-        let blocks =
-            t.sdpa.blocks_computed(Extras { captures: &captures, ..Extras::default() }).ok().flatten();
-        let FlexCell { case, batch, heads, kv_heads, n, d } = &t.cell;
+        let (kernel, blocks) = t.describe();
+        let FlexCell { case, batch, heads, kv_heads, n, d, backward } = &t.cell;
+        let pass = if *backward { "forward_backward" } else { "forward" };
         println!(
-            "{case:<15} {:>22} {ms:>11.3} {causal_ms:>11.3} {:>9.3} {:>9} {err:>9.1e}",
+            "{case:<15} {pass:<17} {:>18} {ms:>11.3} {causal_ms:>11.3} {:>9.3} {:>9} {err:>9.1e}",
             format!("{batch},{heads},{kv_heads},{n},{d}"),
             ms / causal_ms,
             blocks.map_or("-".to_string(), |b| format!("{:.1}%", b * 100.0)),
         );
         rows.push(serde_json::json!({
             "case": case, "batch": batch, "heads": heads, "kv_heads": kv_heads, "n": n, "d": d,
-            "pass": "forward", "median_ms": ms, "ms": t.ms, "causal_kernel_median_ms": causal_ms,
-            "max_abs_err": err, "blocks_computed": blocks, "window": window, "kernel": t.sdpa.to_string(),
+            "pass": pass, "median_ms": ms, "ms": t.ms, "causal_kernel_median_ms": causal_ms,
+            "max_abs_err": err, "max_abs_err_of": "the forward output, on sampled rows",
+            "blocks_computed": blocks, "window": window, "kernel": kernel,
         }));
     }
     if let Some(path) = json {

@@ -235,8 +235,9 @@ enum Bench {
         reps: usize,
     },
     /// Attention with score and mask functions compiled in (`Sdpa::compile_flex`): causal,
-    /// sliding window, document, ALiBi, softcap, sinks and prefix-LM, forward, each beside the
-    /// plain causal kernel of its shape; the share of key blocks computed and the error on a
+    /// sliding window, document, ALiBi, softcap, sinks and prefix-LM, forward and forward +
+    /// backward (with the float captures' gradients), each beside the plain causal kernels of
+    /// its shape; the share of key blocks computed and the error on a
     /// sample of rows. Without --n/--d/--heads the cells (1,8,8,2048,64) and (1,32,8,4096,128).
     Flex {
         /// A case (repeatable): causal, sliding_window, document, alibi, softcap, sinks,
@@ -261,6 +262,9 @@ enum Bench {
         /// Keys of the sliding window.
         #[arg(long, default_value_t = 256)]
         window: i64,
+        /// A pass (repeatable): forward, forward_backward; default both.
+        #[arg(long = "pass")]
+        passes: Vec<String>,
         /// Timed runs per cell and round.
         #[arg(long, default_value_t = 5)]
         reps: usize,
@@ -397,16 +401,44 @@ fn parse_tile(s: &str) -> Result<(usize, usize), String> {
 /// sets the thread count of every kernel and peak it measures.
 /// `bench flex`: its options checked, its cells timed.
 fn bench_flex(what: Bench) -> ExitCode {
-    let Bench::Flex { cases, ns, ds, heads, kv_heads, batch, window, reps, rounds, threads, json } = what
+    let Bench::Flex { cases, ns, ds, heads, kv_heads, batch, window, passes, reps, rounds, threads, json } =
+        what
     else {
         unreachable!("called with bench flex's options")
     };
+    let backward = match flex_passes(&passes) {
+        Ok(b) => b,
+        Err(bad) => {
+            eprintln!("error: --pass {bad}: not forward or forward_backward");
+            return ExitCode::from(2);
+        }
+    };
     let Some(cells) = flex_cells(cases, ns, ds, heads, kv_heads, batch) else { return ExitCode::from(2) };
+    let cells: Vec<flex::FlexCell> = backward
+        .iter()
+        .flat_map(|&backward| cells.iter().map(move |c| flex::FlexCell { backward, ..c.clone() }))
+        .collect();
     if reps == 0 || rounds == 0 || threads == Some(0) || window < 1 {
         eprintln!("error: --reps, --rounds, --threads and --window must be at least 1");
         return ExitCode::from(2);
     }
     with_threads(threads, || flex::run(&cells, window, reps, rounds, json.as_deref()))
+}
+
+/// Whether each `--pass` of `bench flex` times the backward too (default: both passes), or the
+/// first name that is not a pass.
+fn flex_passes(passes: &[String]) -> Result<Vec<bool>, String> {
+    if passes.is_empty() {
+        return Ok(vec![false, true]);
+    }
+    passes
+        .iter()
+        .map(|p| match p.as_str() {
+            "forward" => Ok(false),
+            "forward_backward" => Ok(true),
+            other => Err(other.to_string()),
+        })
+        .collect()
 }
 
 /// The cells of `bench flex`: every case by every shape (heads paired with kv-heads), or
@@ -460,6 +492,7 @@ fn flex_cells(
                     kv_heads,
                     n,
                     d,
+                    backward: false,
                 })
             })
             .collect(),

@@ -45,10 +45,10 @@ impl BackwardBlocking {
         BackwardBlocking { queries, keys, chunks }
     }
 
-    /// These blocks with fewer query rows where needed so that a third `queries x keys` tile
-    /// (the scores before a score function, which its derivative reads) fits the stack too.
-    pub(super) fn with_raw_tile(mut self, d: usize) -> BackwardBlocking {
-        while self.queries > 1 && !self.fits(d, 3) {
+    /// These blocks with fewer query rows where needed so that `tiles` tiles of `queries x
+    /// keys` (the score and gradient tiles, and a score function's) fit the stack.
+    pub(super) fn with_tiles(mut self, d: usize, tiles: usize) -> BackwardBlocking {
+        while self.queries > 1 && !self.fits(d, tiles) {
             self.queries /= 2;
         }
         self

@@ -60,6 +60,45 @@ fn check_differentiable(mods: &AttentionMods) -> Result<(), SdpaError> {
     Ok(())
 }
 
+/// What a score function needs in the backward besides the score and gradient tiles.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ScoreTiles {
+    /// Its derivative with respect to the score, when that is a constant (ALiBi's 1): no tile.
+    pub constant: Option<f64>,
+    /// A tile of its derivative at each score, when that is not a constant.
+    pub slope: bool,
+    /// A tile of the scores before it, when it reads a float capture whose gradient may be
+    /// asked for.
+    pub raw: bool,
+}
+
+impl ScoreTiles {
+    /// The tiles of `mods`' score function, read off it over placeholders.
+    pub fn of(mods: &AttentionMods) -> ScoreTiles {
+        let [b, h, q, kv] = placeholders();
+        let buffers = mods.buffers(0);
+        let score = uopc_ir::buffer(buffers.len(), DType::F32, 1).index(idx(0)).load();
+        let (Some(f), _, _) = mods.build((&b, &h, &q, &kv), &buffers, Some(&score)) else {
+            return ScoreTiles { constant: Some(1.0), ..ScoreTiles::default() };
+        };
+        let f = f.cast(DType::F32);
+        let constant = match derivative(&f, &score) {
+            Ok(Some(d)) => uopc_ir::simplify(&d).const_value().map(|c| c.as_f64()),
+            Ok(None) => Some(0.0),
+            Err(_) => None,
+        };
+        let raw = capture_loads(&f, &buffers)
+            .iter()
+            .any(|(_, position, _)| mods.captures()[*position].dtype == DType::F32);
+        ScoreTiles { constant, slope: constant.is_none(), raw }
+    }
+
+    /// How many tiles.
+    pub fn count(self) -> usize {
+        usize::from(self.slope) + usize::from(self.raw)
+    }
+}
+
 /// The loads of captures in `f`: each load, its capture's position and its flat index.
 fn capture_loads(f: &UOp, buffers: &[UOp]) -> Vec<(UOp, usize, UOp)> {
     UOp::toposort(std::slice::from_ref(f))
@@ -94,10 +133,15 @@ impl BackwardKernel {
         if let Some(lens) = &self.lens {
             bounds.end.push(lens.index(&task.item).load().cast(DType::INDEX));
         }
+        // The per-run counts cover the full key blocks.
+        let counted = self.plan.clone().filter(|_| kb.cols == self.b.keys);
         if full_qb > 0 {
             self.looped(idx(full_qb as i64), AxisType::Reduce, |me, qb| {
                 let q0 = qb * br as i64;
-                let (partial, whole) = me.pair_guards(&bounds, &q, (&q0, br), kb);
+                let (partial, whole) = match &counted {
+                    Some((plan, per_head)) => me.counted_guards(plan, *per_head, (&task.item, &head, qb), kb),
+                    None => me.pair_guards(&bounds, &q, (&q0, br), kb),
+                };
                 me.looped(partial, AxisType::Reduce, |me, _| me.pair(task, kb, hh, &q0, br, true));
                 me.looped(whole, AxisType::Reduce, |me, _| me.pair(task, kb, hh, &q0, br, false));
             });
@@ -146,6 +190,25 @@ impl BackwardKernel {
         (min_idx(&run, &(-&whole + 1)), min_idx(&run, &whole))
     }
 
+    /// [`Self::pair_guards`] from the per-run counts: the pair of full query block `qb` of
+    /// `(item, head)` and full key block `kb` runs when its count is not zero, whole when it
+    /// is every pair of the block.
+    fn counted_guards(
+        &self,
+        plan: &UOp,
+        per_head: bool,
+        (item, head, qb): (&UOp, &UOp, &UOp),
+        kb: &KeyBlock,
+    ) -> (UOp, UOp) {
+        let (br, bc) = (self.b.queries as i64, self.b.keys as i64);
+        let blocks = self.c.n_q.div_ceil(self.b.queries) as i64;
+        let unit =
+            if per_head { (item * self.c.heads as i64 + head) * blocks + qb } else { item * blocks + qb };
+        let count = plan.index(unit * self.g.full_kb as i64 + kb.k0.idiv(bc)).load().cast(DType::INDEX);
+        let (run, whole) = (flag(&count), flag(&(&count - (br * bc - 1))));
+        (min_idx(&run, &(-&whole + 1)), whole)
+    }
+
     /// The loop over the score tile of a pair under mods: the base-2 scores back to natural
     /// units, the score function (its input kept in the task's `raw` tile for the
     /// derivative), and with `masked` the keys a row does not see set to `-inf` (the mask
@@ -174,10 +237,15 @@ impl BackwardKernel {
         let mut effects = Vec::new();
         let mut score = cell.load();
         if let Some(s) = modified {
-            score = s.cast(DType::F32) * (LOG2E as f32);
+            let s = s.cast(DType::F32);
+            if let Some(slope) = &task.slope {
+                let d = derivative(&s, &natural).expect("checked by sdpa_flex_backward_ir");
+                effects.push(self.at(slope, at.clone()).store(d.unwrap_or_else(|| f32c(0.0))));
+            }
             if let Some(raw) = &task.raw {
                 effects.push(self.at(raw, at).store(natural));
             }
+            score = s * (LOG2E as f32);
         }
         if masked {
             let mut keep: Vec<UOp> = mask.into_iter().collect();
@@ -196,41 +264,77 @@ impl BackwardKernel {
     }
 
     /// The loop over the gradient tile of a pair that applies the chain rule through the score
-    /// function `f`: `dS *= f'(s)` at each score `s` (from the `raw` tile), and, with capture
-    /// gradients, `dc += dS / scale * df/dc` for each load `c` of a float capture in `f`, into
-    /// the task's region at the element the load read. Terms where `dS` is zero (keys the row
-    /// does not see) are zero, whatever the derivative is there.
+    /// function `f`: `dS *= f'(s)` at each score (from the `slope` tile, or a constant), and,
+    /// with capture gradients, `dc += dS / scale * df/dc` for each load `c` of a float capture
+    /// in `f` (its derivative at the score in the `raw` tile), into the task's region at the
+    /// element the load read: summed over the row first when that element does not change
+    /// along it (a per-head slope), else added term by term. Terms where `dS` is zero (keys
+    /// the row does not see) are zero, whatever the derivative is there.
     pub(super) fn score_grad_tile(&mut self, task: &Task, kb: &KeyBlock, head: &UOp, q0: &UOp, rows: usize) {
-        let (Some((mods, buffers)), Some(raw)) = (self.mods.clone(), task.raw.clone()) else { return };
+        let Some((mods, buffers)) = self.mods.clone() else { return };
+        let constant = ScoreTiles::of(&mods).constant;
+        if task.slope.is_none() && constant == Some(1.0) && task.raw.is_none() {
+            return;
+        }
         let cols = kb.cols;
         let rq = self.pb.range(rows, AxisType::Loop);
         let cc = self.pb.range(cols, AxisType::Loop);
         let at = &rq * cols as i64 + &cc;
-        let x = self.at(&raw, at.clone()).load();
-        let (key, query) = (&kb.k0 + &cc, q0 + &rq);
-        let (Some(f), _, _) = mods.build((&task.item, head, &query, &key), &buffers, Some(&x)) else {
-            return;
-        };
-        let f = f.cast(DType::F32);
-        let ds_cell = self.at(&task.dp, at);
+        let ds_cell = self.at(&task.dp, at.clone());
         let ds = ds_cell.load();
         let seen = ds.ne(0.0f32);
-        let slope = derivative(&f, &x).expect("checked by sdpa_flex_backward_ir");
-        let new_ds = slope.map_or_else(|| f32c(0.0), |d| seen.where_(&ds * d, 0.0f32));
-        let mut effects = vec![ds_cell.store(new_ds)];
-        // Inside both loops, after the previous sums: loads of one element repeat across
-        // iterations, so no load of a target may be hoisted past a store to it.
-        let mut deps = self.chain.clone();
-        deps.extend([rq.clone(), cc.clone()]);
-        let unscale = (1.0 / f64::from(self.c.effective_scale())) as f32;
-        for (load, position, flat) in capture_loads(&f, &buffers) {
-            let Some(Some((target, len))) = self.dcaptures.get(position) else { continue };
-            let Some(d) = derivative(&f, &load).expect("checked by sdpa_flex_backward_ir") else { continue };
-            let cell = target.after(&deps).index(&task.t * *len as i64 + flat);
-            let store = cell.store(cell.load() + seen.where_(&ds * unscale * d, 0.0f32));
-            deps.push(store.clone());
-            effects.push(store);
+        let mut effects = Vec::new();
+        match (&task.slope, constant) {
+            (Some(slope), _) => {
+                effects.push(ds_cell.store(seen.where_(&ds * self.at(slope, at.clone()).load(), 0.0f32)));
+            }
+            (None, Some(c)) if c != 1.0 => effects.push(ds_cell.store(&ds * c as f32)),
+            _ => {}
         }
-        self.chain = vec![sink(&effects).end(&[cc, rq])];
+        let mut row_sums = Vec::new();
+        if let Some(raw) = &task.raw {
+            let x = self.at(raw, at).load();
+            let (key, query) = (&kb.k0 + &cc, q0 + &rq);
+            let (f, _, _) = mods.build((&task.item, head, &query, &key), &buffers, Some(&x));
+            let f = f.expect("a raw tile only with a score function").cast(DType::F32);
+            // Inside both loops, after the previous sums: loads of one element repeat across
+            // iterations, so no load of a target may be hoisted past a store to it.
+            let mut deps = self.chain.clone();
+            deps.extend([rq.clone(), cc.clone()]);
+            let unscale = (1.0 / f64::from(self.c.effective_scale())) as f32;
+            for (load, position, flat) in capture_loads(&f, &buffers) {
+                let Some(Some((target, len))) = self.dcaptures.get(position) else { continue };
+                let Some(d) = derivative(&f, &load).expect("checked by sdpa_flex_backward_ir") else {
+                    continue;
+                };
+                let term = seen.where_(&ds * unscale * d, 0.0f32);
+                let at = &task.t * *len as i64 + &flat;
+                if UOp::toposort(std::slice::from_ref(&flat)).contains(&cc) {
+                    let cell = target.after(&deps).index(at);
+                    let store = cell.store(cell.load() + term);
+                    deps.push(store.clone());
+                    effects.push(store);
+                } else {
+                    // The element is the row's: summed in a register along the row.
+                    let acc = self.pb.alloc(DType::F32, 1);
+                    let init = acc.after(&[task.t.clone(), rq.clone()]).index(0).store(0.0f32);
+                    let a = acc.after(&[init.clone(), cc.clone()]).index(0);
+                    effects.push(a.store(a.load() + term));
+                    row_sums.push((acc, init, target.clone(), at));
+                }
+            }
+        }
+        let along_row = sink(&effects).end(&[cc.clone()]);
+        let mut row_effects = vec![along_row.clone()];
+        let mut deps = self.chain.clone();
+        deps.extend([rq.clone(), along_row.clone()]);
+        for (acc, _, target, at) in row_sums {
+            let total = acc.after(std::slice::from_ref(&along_row)).index(0).load();
+            let cell = target.after(&deps).index(at);
+            let store = cell.store(cell.load() + total);
+            deps.push(store.clone());
+            row_effects.push(store);
+        }
+        self.chain = vec![sink(&row_effects).end(&[rq])];
     }
 }

@@ -1,18 +1,52 @@
 //! [`SdpaBackward`] of attention with mods: its compile, the run that also gives the float
 //! captures' gradients, and the host sums that finish them (the tasks' regions, the sinks).
 
+use super::flex::ScoreTiles;
+use super::program::plan_blocking;
 use super::runner::ExtraGrads;
 use super::{BackwardBlocking, ForwardSaved, Geometry, SdpaBackward, sdpa_flex_backward_ir};
 use crate::LOG2E;
 use crate::sdpa::blocking::cores;
 use crate::sdpa::flex::Reads;
 use crate::sdpa::forward::{causal_equivalent, check_flex};
+use crate::sdpa::kernel::PlanMode;
 use crate::sdpa::{AttentionMods, CaptureValues, Extras, Sdpa, SdpaConfig, SdpaDType, SdpaError};
+use crate::sdpa::{push_captures, sdpa_flex_plan_ir};
 use std::sync::{Mutex, OnceLock};
 use uopc_ir::DType;
-use uopc_jit::{JitError, Program};
+use uopc_jit::{Arg, BufRef, JitError, Program};
+
+/// What a backward of attention with mods holds besides the plain one's.
+#[derive(Debug)]
+pub(crate) struct FlexParts {
+    /// The mods (after the causal rewrite).
+    pub(crate) mods: AttentionMods,
+    /// The flex forward that saves the lse, run in place of the plain forward.
+    pub(crate) forward: Box<Sdpa>,
+    /// The counting kernel of a mask without exact key bounds, run once per backward run.
+    pub(crate) plan: Option<Program>,
+}
 
 impl SdpaBackward {
+    /// The per-run counts of the pairs each (query block, key block) of the backward sees,
+    /// for a mask without exact key bounds (see [`plan_blocking`]); `None` otherwise.
+    pub(super) fn flex_counts(&self, extras: Extras<'_>) -> Result<Option<Vec<f32>>, SdpaError> {
+        let Some(FlexParts { mods, plan: Some(program), .. }) = &self.flex else { return Ok(None) };
+        let c = &self.config;
+        let mode = PlanMode::of(mods);
+        let mut counts =
+            vec![0.0f32; mode.units(c, &plan_blocking(c, &self.blocking)) * (c.n_k / self.blocking.keys)];
+        let mut args: Vec<Arg<'_>> = Vec::new();
+        push_captures(mods.captures(), extras.captures, &mods.captures_read(Reads::MASK), &mut args)?;
+        if let Some(lens) = extras.key_lengths {
+            args.push(Arg::Read(BufRef::I32(lens)));
+        }
+        args.push(Arg::WriteF32(&mut counts));
+        program.run(&mut args)?;
+        drop(args);
+        Ok(Some(counts))
+    }
+
     /// The backward of [`Sdpa::compile_flex`]'s attention: [`SdpaBackward::forward`] runs the
     /// flex forward and saves each row's log-sum-exp (sinks included), [`SdpaBackward::run`]
     /// gives dq, dk and dv through the score function (its derivative by the chain rule, see
@@ -37,7 +71,8 @@ impl SdpaBackward {
         let bounded =
             mods.mask_analysis().is_some_and(|m| !(m.bounds.start.is_empty() && m.bounds.end.is_empty()));
         let shape = SdpaConfig { causal: config.causal || bounded, ..config };
-        let blocking = BackwardBlocking::choose(&shape, cores()).with_raw_tile(config.d);
+        let tiles = 2 + ScoreTiles::of(&mods).count();
+        let blocking = BackwardBlocking::choose(&shape, cores()).with_tiles(config.d, tiles);
         Self::compile_flex_prepared(&config, &mods, blocking)
     }
 
@@ -59,7 +94,7 @@ impl SdpaBackward {
             Some(causal) => (causal, mods.without_mask()),
             None => (*config, mods.clone()),
         };
-        if !blocking.valid(&config) || !blocking.fits(config.d, 3) {
+        if !blocking.valid(&config) || !blocking.fits(config.d, 2 + ScoreTiles::of(&mods).count()) {
             return Err(JitError::Unsupported(format!(
                 "sdpa flex backward: blocking {blocking:?} does not fit {config:?}"
             ))
@@ -85,6 +120,13 @@ impl SdpaBackward {
         let (config, mods) = (*config, mods.clone());
         let forward = Sdpa::compile_flex_inner(&config, &mods, true)?;
         let ir = sdpa_flex_backward_ir(&config, &blocking, &mods, false)?;
+        let plan = match PlanMode::of(&mods) {
+            PlanMode::Static => None,
+            PlanMode::Runtime { .. } => Some(Program::compile(
+                &sdpa_flex_plan_ir(&config, &plan_blocking(&config, &blocking), &mods),
+                "sdpa_flex_backward_plan",
+            )?),
+        };
         let program = Program::compile(&ir, "sdpa_flex_backward")?;
         let b = SdpaBackward {
             config,
@@ -93,7 +135,7 @@ impl SdpaBackward {
             forward: None,
             program,
             extra_grads: OnceLock::new(),
-            flex: Some((mods, Box::new(forward))),
+            flex: Some(FlexParts { mods, forward: Box::new(forward), plan }),
             scratch: Mutex::new(Vec::new()),
             panels: None,
         };
@@ -121,7 +163,7 @@ impl SdpaBackward {
         grads: [&mut [f32]; 3],
         dcaptures: &mut [&mut [f32]],
     ) -> Result<(), SdpaError> {
-        let Some((mods, _)) = &self.flex else {
+        let Some(FlexParts { mods, .. }) = &self.flex else {
             return Err(SdpaError::Extra { arg: "dcaptures", expected: false });
         };
         if dcaptures.len() != mods.captures().len() {
@@ -150,7 +192,7 @@ impl SdpaBackward {
     /// `wanted`; `None` in place of an I32 capture.
     pub(super) fn capture_partials(&self, g: &Geometry, wanted: bool) -> Vec<Option<Vec<f32>>> {
         match &self.flex {
-            Some((mods, _)) if wanted => mods
+            Some(FlexParts { mods, .. }) if wanted => mods
                 .captures()
                 .iter()
                 .zip(mods.captures_read(Reads::BACKWARD))
@@ -189,7 +231,7 @@ impl SdpaBackward {
         extras: Extras<'_>,
         targets: &mut [&mut [f32]],
     ) {
-        let Some((mods, _)) = &self.flex else { return };
+        let Some(FlexParts { mods, .. }) = &self.flex else { return };
         let Some(sinks) = mods.sink_logits() else { return };
         let Some(CaptureValues::F32(values)) = extras.captures.get(sinks.position()) else { return };
         let c = &self.config;
@@ -230,12 +272,9 @@ pub(super) fn describe(mods: &AttentionMods) -> String {
         Some(m) if m.bounds.exact => "a mask function whose key bounds are the whole mask: block pairs outside every \
                                       row's bounds are skipped, those inside them run unmasked"
             .to_string(),
-        Some(m) if !(m.bounds.start.is_empty() && m.bounds.end.is_empty()) => {
-            "a mask function with key bounds that are not the whole mask: block pairs outside them are skipped, the \
-             others masked"
-                .to_string()
-        }
-        Some(_) => "a mask function without key bounds: every block pair evaluates it".to_string(),
+        Some(_) => "a mask function whose key bounds are not the whole mask: a plan counted once per run over every \
+                    (query block, key block) pair skips the pairs it hides and runs unmasked those it shows whole"
+            .to_string(),
         None => "no mask function".to_string(),
     });
     format!("mods: {}", parts.join(", "))

@@ -1,11 +1,14 @@
 //! The backward loop program: its entry points, the THREAD task, and the loops over key
 //! blocks and query blocks.
 
+use super::flex::ScoreTiles;
 use super::{BackwardBlocking, Geometry};
 use crate::LOG2E;
 use crate::masked::min_idx;
+use crate::sdpa::Blocking;
 use crate::sdpa::blocking::cores;
 use crate::sdpa::flex::Reads;
+use crate::sdpa::kernel::PlanMode;
 use crate::sdpa::{AttentionMods, MaskKind, SdpaConfig, SdpaError};
 use uopc_ir::{AxisType, DType, ProgramBuilder, TileOp, UOp, buffer, idx, sink, tile};
 
@@ -73,6 +76,20 @@ pub(crate) fn sdpa_bias_grad_ir_for_graph(config: &SdpaConfig) -> (UOp, [usize; 
     (kernel.program(), [tasks, h, r, k])
 }
 
+/// The forward blocking whose per-run plan counts ([`sdpa_flex_plan_ir`](crate::sdpa::sdpa_flex_plan_ir))
+/// the backward of a mask without exact key bounds reads: one head per task and the
+/// backward's query and key blocks, so a count is one of its (query block, key block) pairs.
+pub(crate) fn plan_blocking(config: &SdpaConfig, blocking: &BackwardBlocking) -> Blocking {
+    Blocking {
+        heads_per_task: 1,
+        queries: blocking.queries,
+        keys: blocking.keys,
+        splits: 1,
+        kv_panel_width: 0,
+        ..Blocking::choose(config, cores())
+    }
+}
+
 /// Which gradients a backward program writes.
 #[derive(Clone, Copy)]
 pub(super) struct Outputs {
@@ -107,6 +124,9 @@ pub(super) struct BackwardKernel {
     pub(super) dbias: Option<UOp>,
     /// Attention mods and their captures' buffers (see [`super::sdpa_flex_backward_ir`]).
     pub(super) mods: Option<(AttentionMods, Vec<UOp>)>,
+    /// The per-run counts of a mask without exact key bounds (`units x full key blocks`, f32)
+    /// and whether their units are per head (see [`plan_blocking`]).
+    pub(super) plan: Option<(UOp, bool)>,
     /// The gradient targets of the float captures (one per capture, `None` for the others),
     /// task-major: one region of the capture's length (the second field) per task.
     pub(super) dcaptures: Vec<Option<(UOp, usize)>>,
@@ -129,8 +149,11 @@ pub(super) struct Task {
     pub(super) dv_acc: UOp,
     pub(super) s: UOp,
     pub(super) dp: UOp,
-    /// The scores before the score function (natural units), which its derivative reads.
+    /// The scores before the score function (natural units), which the derivatives with
+    /// respect to the captures read (only when their gradients are written).
     pub(super) raw: Option<UOp>,
+    /// The score function's derivative at each score, when it is not a constant.
+    pub(super) slope: Option<UOp>,
 }
 
 /// One key block: its first key, its width, and where its rows go in the task's region.
@@ -163,6 +186,16 @@ impl BackwardKernel {
         let used = mods.map_or(Vec::new(), |m| m.captures_read(Reads::BACKWARD));
         let mods = mods.map(|m| (m.clone(), m.buffers_used(dbias_slot, &used)));
         let mut grad_slot = dbias_slot + used.iter().filter(|&&u| u).count();
+        // A mask without exact key bounds: the per-run counts of the pairs each query block
+        // sees in each key block (see `plan_blocking`), after the captures.
+        let plan = match mods.as_ref().map(|(m, _)| PlanMode::of(m)) {
+            Some(mode @ PlanMode::Runtime { per_head }) => {
+                let units = mode.units(&c, &plan_blocking(&c, blocking));
+                grad_slot += 1;
+                Some((buffer(grad_slot - 1, f32t, units * g.full_kb), per_head))
+            }
+            _ => None,
+        };
         let dcaptures = match &mods {
             Some((m, _)) if outputs.captures => m
                 .captures()
@@ -179,6 +212,7 @@ impl BackwardKernel {
         };
         BackwardKernel {
             mods,
+            plan,
             dcaptures,
             dbias: outputs.bias.then(|| buffer(dbias_slot, f32t, g.dbias_len())),
             outputs,
@@ -266,9 +300,11 @@ impl BackwardKernel {
         let SdpaConfig { kv_heads, n_k, d, .. } = self.c;
         let BackwardBlocking { queries: br, keys: bc, chunks } = self.b;
         let f32t = DType::F32;
-        let scored = self.mods.as_ref().is_some_and(|(m, _)| m.has_score());
+        let tiles = self.mods.as_ref().map_or(ScoreTiles::default(), |(m, _)| ScoreTiles::of(m));
+        let wants_raw = tiles.raw && self.dcaptures.iter().any(Option::is_some);
         let pb = &mut self.pb;
-        let raw = scored.then(|| pb.alloc(DType::F32, br * bc));
+        let raw = wants_raw.then(|| pb.alloc(DType::F32, br * bc));
+        let slope = tiles.slope.then(|| pb.alloc(DType::F32, br * bc));
         let (kt, vt, dk_acc, dv_acc, s, dp) = (
             pb.alloc(f32t, d * bc),
             pb.alloc(f32t, d * bc),
@@ -314,6 +350,7 @@ impl BackwardKernel {
         }
         Task {
             raw: raw.map(|r| r.after(th)),
+            slope: slope.map(|r| r.after(th)),
             kt: kt.after(th),
             vt: vt.after(th),
             dk_acc: dk_acc.after(th),

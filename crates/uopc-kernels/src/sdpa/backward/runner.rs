@@ -1,17 +1,18 @@
 //! [`SdpaBackward`]: the compiled forward-with-lse and backward, their compile and their runs.
 
+use super::flex_runner::FlexParts;
 use super::{BackwardBlocking, Geometry, sdpa_backward_ir, sdpa_backward_ir_with_bias_grad};
 use crate::sdpa::blocking::{Blocking, cores};
 use crate::sdpa::flex::Reads;
 use crate::sdpa::kernel::sdpa_ir_with_lse;
 use crate::sdpa::panels::KvPanels;
 use crate::sdpa::{
-    AttentionMods, ConfigCache, Extras, MaskKind, Sdpa, SdpaConfig, SdpaError, Values, ValuesMut, cached,
-    check, push_captures, push_extras,
+    ConfigCache, Extras, MaskKind, SdpaConfig, SdpaError, Values, ValuesMut, cached, check, push_captures,
+    push_extras,
 };
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
-use uopc_jit::{Arg, JitError, Program};
+use uopc_jit::{Arg, BufRef, JitError, Program};
 
 /// What the forward pass keeps for the backward: its inputs, its output and the per-row lse.
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +48,7 @@ pub struct SdpaBackward {
     pub(super) extra_grads: OnceLock<Program>,
     /// With attention mods: the mods, and the flex forward that saves the lse (which then
     /// runs instead of `forward`).
-    pub(super) flex: Option<(AttentionMods, Box<Sdpa>)>,
+    pub(super) flex: Option<FlexParts>,
     /// The dq partials and task-major dk and dv of chunked or BHND-strided runs, reused.
     pub(super) scratch: Mutex<Vec<f32>>,
     /// Where the forward's K and V are packed into panels, with
@@ -145,7 +146,7 @@ impl SdpaBackward {
         check("v", c.kv_len(), v.len())?;
         check("out", c.q_len(), out.len())?;
         check("lse", self.lse_len(), lse.len())?;
-        if let Some((_, sdpa)) = &self.flex {
+        if let Some(FlexParts { forward: sdpa, .. }) = &self.flex {
             let (q, k, v) = (Values::F32(q), Values::F32(k), Values::F32(v));
             return sdpa.run_with_lse(q, k, v, extras, ValuesMut::F32(out), Some(lse));
         }
@@ -208,7 +209,7 @@ impl SdpaBackward {
             return Ok(p);
         }
         let program = match &self.flex {
-            Some((mods, _)) => Program::compile(
+            Some(FlexParts { mods, .. }) => Program::compile(
                 &super::sdpa_flex_backward_ir(&self.config, &self.blocking, mods, true)?,
                 "sdpa_flex_backward_capture_grads",
             )?,
@@ -241,15 +242,21 @@ impl SdpaBackward {
         check("dv", c.kv_len(), dv.len())?;
         let g = Geometry::new(c, &self.blocking);
         let delta = self.delta(saved.o, d_o);
+        let counts = self.flex_counts(extras)?;
         let mut extra_args = Vec::new();
         push_extras(c, extras, &mut extra_args)?;
         match &self.flex {
-            Some((mods, _)) => push_captures(
-                mods.captures(),
-                extras.captures,
-                &mods.captures_read(Reads::BACKWARD),
-                &mut extra_args,
-            )?,
+            Some(FlexParts { mods, .. }) => {
+                push_captures(
+                    mods.captures(),
+                    extras.captures,
+                    &mods.captures_read(Reads::BACKWARD),
+                    &mut extra_args,
+                )?;
+                if let Some(counts) = &counts {
+                    extra_args.push(Arg::Read(BufRef::F32(counts)));
+                }
+            }
             None if !extras.captures.is_empty() => {
                 return Err(SdpaError::Extra { arg: "captures", expected: false });
             }
@@ -352,7 +359,7 @@ impl SdpaBackward {
     pub fn forward_program(&self) -> &Program {
         match (&self.forward, &self.flex) {
             (Some(program), _) => program,
-            (None, Some((_, sdpa))) => sdpa.program(),
+            (None, Some(FlexParts { forward, .. })) => forward.program(),
             (None, None) => unreachable!("a backward has a forward or mods"),
         }
     }
@@ -380,7 +387,7 @@ impl fmt::Display for SdpaBackward {
             }
         )?;
         match &self.flex {
-            Some((mods, _)) => write!(f, "; {}", super::flex_runner::describe(mods)),
+            Some(FlexParts { mods, .. }) => write!(f, "; {}", super::flex_runner::describe(mods)),
             None => Ok(()),
         }
     }
