@@ -1,6 +1,7 @@
 //! [`Error`]: the one error type a program using uopc needs, and [`Result`].
 
 use crate::gpt::GptError;
+use crate::models::ModelError;
 use uopc_ir::interp::InterpError;
 use uopc_ir::{IrError, PrepareError};
 use uopc_jit::{IsaError, JitError};
@@ -68,6 +69,9 @@ pub enum Error {
     /// A GPT block could not be built or run.
     #[error(transparent)]
     Gpt(#[from] GptError),
+    /// A model could not be loaded or run (a checkpoint, its configuration, the KV cache).
+    #[error(transparent)]
+    Model(#[from] ModelError),
     /// An ndarray could not be built or reshaped (from the re-exported [`ndarray`]).
     #[error(transparent)]
     Shape(#[from] ndarray::ShapeError),

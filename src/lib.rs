@@ -190,6 +190,7 @@ pub mod masked_attention {
 
 mod error;
 pub mod gpt;
+pub mod models;
 pub use error::{Error, Result};
 
 /// What a first program needs, for `use uopc::prelude::*;`: the tensor type, its dtypes, the

@@ -7,6 +7,7 @@ mod common;
 
 mod errors;
 mod gpt;
+mod models;
 mod online_rows;
 mod online_rows_exp;
 mod online_softmax;

@@ -346,3 +346,77 @@ pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Op
     }
     ExitCode::SUCCESS
 }
+
+/// Whether each `--pass` of `bench flex` times the backward too (default: both passes), or the
+/// first name that is not a pass.
+pub fn passes(passes: &[String]) -> Result<Vec<bool>, String> {
+    if passes.is_empty() {
+        return Ok(vec![false, true]);
+    }
+    passes
+        .iter()
+        .map(|p| match p.as_str() {
+            "forward" => Ok(false),
+            "forward_backward" => Ok(true),
+            other => Err(other.to_string()),
+        })
+        .collect()
+}
+
+/// The cells of `bench flex`: every case by every shape (heads paired with kv-heads), or
+/// `None` after printing what is wrong.
+pub fn cells(
+    mut cases: Vec<String>,
+    ns: Vec<usize>,
+    ds: Vec<usize>,
+    heads: Vec<usize>,
+    kv_heads: Vec<usize>,
+    batch: usize,
+) -> Option<Vec<FlexCell>> {
+    if cases.is_empty() {
+        cases = CASES.iter().map(|c| c.to_string()).collect();
+    }
+    if let Some(bad) = cases.iter().find(|c| !CASES.contains(&c.as_str())) {
+        eprintln!("error: --case {bad}: not one of {}", CASES.join(", "));
+        return None;
+    }
+    let shapes: Vec<(usize, usize, usize, usize)> = if ns.is_empty() && ds.is_empty() && heads.is_empty() {
+        vec![(8, 8, 2048, 64), (32, 8, 4096, 128)]
+    } else {
+        let heads = if heads.is_empty() { vec![8] } else { heads };
+        let pairs: Vec<(usize, usize)> =
+            heads.iter().enumerate().map(|(i, &h)| (h, kv_heads.get(i).copied().unwrap_or(h))).collect();
+        let (ns, ds) =
+            (if ns.is_empty() { vec![2048] } else { ns }, if ds.is_empty() { vec![64] } else { ds });
+        pairs
+            .iter()
+            .flat_map(|&(h, kv)| {
+                ns.iter().flat_map(|&n| ds.iter().map(move |&d| (h, kv, n, d))).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    if let Some(&(h, kv, n, d)) =
+        shapes.iter().find(|&&(h, kv, n, d)| [h, kv, n, d, batch].contains(&0) || !h.is_multiple_of(kv))
+    {
+        eprintln!(
+            "error: heads {h}, kv-heads {kv}, n {n}, d {d}, batch {batch}: sizes must be positive and heads a multiple of kv-heads"
+        );
+        return None;
+    }
+    Some(
+        cases
+            .iter()
+            .flat_map(|case| {
+                shapes.iter().map(move |&(heads, kv_heads, n, d)| FlexCell {
+                    case: case.clone(),
+                    batch,
+                    heads,
+                    kv_heads,
+                    n,
+                    d,
+                    backward: false,
+                })
+            })
+            .collect(),
+    )
+}

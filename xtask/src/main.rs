@@ -406,14 +406,14 @@ fn bench_flex(what: Bench) -> ExitCode {
     else {
         unreachable!("called with bench flex's options")
     };
-    let backward = match flex_passes(&passes) {
+    let backward = match flex::passes(&passes) {
         Ok(b) => b,
         Err(bad) => {
             eprintln!("error: --pass {bad}: not forward or forward_backward");
             return ExitCode::from(2);
         }
     };
-    let Some(cells) = flex_cells(cases, ns, ds, heads, kv_heads, batch) else { return ExitCode::from(2) };
+    let Some(cells) = flex::cells(cases, ns, ds, heads, kv_heads, batch) else { return ExitCode::from(2) };
     let cells: Vec<flex::FlexCell> = backward
         .iter()
         .flat_map(|&backward| cells.iter().map(move |c| flex::FlexCell { backward, ..c.clone() }))
@@ -423,80 +423,6 @@ fn bench_flex(what: Bench) -> ExitCode {
         return ExitCode::from(2);
     }
     with_threads(threads, || flex::run(&cells, window, reps, rounds, json.as_deref()))
-}
-
-/// Whether each `--pass` of `bench flex` times the backward too (default: both passes), or the
-/// first name that is not a pass.
-fn flex_passes(passes: &[String]) -> Result<Vec<bool>, String> {
-    if passes.is_empty() {
-        return Ok(vec![false, true]);
-    }
-    passes
-        .iter()
-        .map(|p| match p.as_str() {
-            "forward" => Ok(false),
-            "forward_backward" => Ok(true),
-            other => Err(other.to_string()),
-        })
-        .collect()
-}
-
-/// The cells of `bench flex`: every case by every shape (heads paired with kv-heads), or
-/// `None` after printing what is wrong.
-fn flex_cells(
-    mut cases: Vec<String>,
-    ns: Vec<usize>,
-    ds: Vec<usize>,
-    heads: Vec<usize>,
-    kv_heads: Vec<usize>,
-    batch: usize,
-) -> Option<Vec<flex::FlexCell>> {
-    if cases.is_empty() {
-        cases = flex::CASES.iter().map(|c| c.to_string()).collect();
-    }
-    if let Some(bad) = cases.iter().find(|c| !flex::CASES.contains(&c.as_str())) {
-        eprintln!("error: --case {bad}: not one of {}", flex::CASES.join(", "));
-        return None;
-    }
-    let shapes: Vec<(usize, usize, usize, usize)> = if ns.is_empty() && ds.is_empty() && heads.is_empty() {
-        vec![(8, 8, 2048, 64), (32, 8, 4096, 128)]
-    } else {
-        let heads = if heads.is_empty() { vec![8] } else { heads };
-        let pairs: Vec<(usize, usize)> =
-            heads.iter().enumerate().map(|(i, &h)| (h, kv_heads.get(i).copied().unwrap_or(h))).collect();
-        let (ns, ds) =
-            (if ns.is_empty() { vec![2048] } else { ns }, if ds.is_empty() { vec![64] } else { ds });
-        pairs
-            .iter()
-            .flat_map(|&(h, kv)| {
-                ns.iter().flat_map(|&n| ds.iter().map(move |&d| (h, kv, n, d))).collect::<Vec<_>>()
-            })
-            .collect()
-    };
-    if let Some(&(h, kv, n, d)) =
-        shapes.iter().find(|&&(h, kv, n, d)| [h, kv, n, d, batch].contains(&0) || !h.is_multiple_of(kv))
-    {
-        eprintln!(
-            "error: heads {h}, kv-heads {kv}, n {n}, d {d}, batch {batch}: sizes must be positive and heads a multiple of kv-heads"
-        );
-        return None;
-    }
-    Some(
-        cases
-            .iter()
-            .flat_map(|case| {
-                shapes.iter().map(move |&(heads, kv_heads, n, d)| flex::FlexCell {
-                    case: case.clone(),
-                    batch,
-                    heads,
-                    kv_heads,
-                    n,
-                    d,
-                    backward: false,
-                })
-            })
-            .collect(),
-    )
 }
 
 fn with_threads(threads: Option<usize>, go: impl FnOnce() -> ExitCode + Send) -> ExitCode {

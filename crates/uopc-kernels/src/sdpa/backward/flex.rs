@@ -4,13 +4,14 @@
 
 use super::BackwardBlocking;
 use super::program::{BackwardKernel, KeyBlock, Outputs, Task, flag};
+use super::score_fn::{ScoreTiles, capture_loads, check_differentiable};
 use crate::LOG2E;
 use crate::masked::min_idx;
 use crate::sdpa::flex::{KeyBounds, placeholders};
 use crate::sdpa::kernel::extreme_over_rows;
 use crate::sdpa::{AttentionMods, SdpaConfig, SdpaError};
 use std::f32::consts::LN_2;
-use uopc_ir::{AxisType, DType, Op, UOp, derivative, f32c, idx, sink};
+use uopc_ir::{AxisType, DType, UOp, derivative, f32c, idx, sink};
 
 /// The FlashAttention-2 backward of attention with `mods` (as [`sdpa_flex_ir`](crate::sdpa::sdpa_flex_ir)
 /// runs it forward): the program of [`sdpa_backward_ir`](super::sdpa_backward_ir) whose
@@ -40,77 +41,6 @@ pub fn sdpa_flex_backward_ir(
     check_differentiable(mods)?;
     let outputs = Outputs { captures: capture_grads, ..Outputs::GRADS };
     Ok(BackwardKernel::new(config, blocking, outputs, Some(mods)).program())
-}
-
-/// The score function differentiated once over placeholders, with respect to the score and
-/// to every capture it loads, so that a kernel's build cannot meet an op without a rule.
-fn check_differentiable(mods: &AttentionMods) -> Result<(), SdpaError> {
-    let [b, h, q, kv] = placeholders();
-    let buffers = mods.buffers(0);
-    let score = uopc_ir::buffer(buffers.len(), DType::F32, 1).index(idx(0)).load();
-    let (Some(f), _, _) = mods.build((&b, &h, &q, &kv), &buffers, Some(&score)) else { return Ok(()) };
-    let fault = |e: uopc_ir::IrError| SdpaError::Capture {
-        name: String::new(),
-        reason: format!("the score function cannot be differentiated: {e}"),
-    };
-    derivative(&f, &score).map_err(fault)?;
-    for load in capture_loads(&f, &buffers) {
-        derivative(&f, &load.0).map_err(fault)?;
-    }
-    Ok(())
-}
-
-/// What a score function needs in the backward besides the score and gradient tiles.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ScoreTiles {
-    /// Its derivative with respect to the score, when that is a constant (ALiBi's 1): no tile.
-    pub constant: Option<f64>,
-    /// A tile of its derivative at each score, when that is not a constant.
-    pub slope: bool,
-    /// A tile of the scores before it, when it reads a float capture whose gradient may be
-    /// asked for.
-    pub raw: bool,
-}
-
-impl ScoreTiles {
-    /// The tiles of `mods`' score function, read off it over placeholders.
-    pub fn of(mods: &AttentionMods) -> ScoreTiles {
-        let [b, h, q, kv] = placeholders();
-        let buffers = mods.buffers(0);
-        let score = uopc_ir::buffer(buffers.len(), DType::F32, 1).index(idx(0)).load();
-        let (Some(f), _, _) = mods.build((&b, &h, &q, &kv), &buffers, Some(&score)) else {
-            return ScoreTiles { constant: Some(1.0), ..ScoreTiles::default() };
-        };
-        let f = f.cast(DType::F32);
-        let constant = match derivative(&f, &score) {
-            Ok(Some(d)) => uopc_ir::simplify(&d).const_value().map(|c| c.as_f64()),
-            Ok(None) => Some(0.0),
-            Err(_) => None,
-        };
-        let raw = capture_loads(&f, &buffers)
-            .iter()
-            .any(|(_, position, _)| mods.captures()[*position].dtype == DType::F32);
-        ScoreTiles { constant, slope: constant.is_none(), raw }
-    }
-
-    /// How many tiles.
-    pub fn count(self) -> usize {
-        usize::from(self.slope) + usize::from(self.raw)
-    }
-}
-
-/// The loads of captures in `f`: each load, its capture's position and its flat index.
-fn capture_loads(f: &UOp, buffers: &[UOp]) -> Vec<(UOp, usize, UOp)> {
-    UOp::toposort(std::slice::from_ref(f))
-        .into_iter()
-        .filter(|u| matches!(u.op(), Op::Load))
-        .filter_map(|load| {
-            let at = load.src().first()?.clone();
-            let (buf, flat) = (at.src().first()?, at.src().get(1)?.clone());
-            let position = buffers.iter().position(|b| b == buf)?;
-            Some((load, position, flat))
-        })
-        .collect()
 }
 
 impl BackwardKernel {

@@ -1,9 +1,9 @@
 //! [`SdpaBackward`] of attention with mods: its compile, the run that also gives the float
 //! captures' gradients, and the host sums that finish them (the tasks' regions, the sinks).
 
-use super::flex::ScoreTiles;
+use super::parts::{ExtraGrads, FlexParts};
 use super::program::plan_blocking;
-use super::runner::ExtraGrads;
+use super::score_fn::ScoreTiles;
 use super::{BackwardBlocking, ForwardSaved, Geometry, SdpaBackward, sdpa_flex_backward_ir};
 use crate::LOG2E;
 use crate::sdpa::blocking::cores;
@@ -15,17 +15,6 @@ use crate::sdpa::{push_captures, sdpa_flex_plan_ir};
 use std::sync::{Mutex, OnceLock};
 use uopc_ir::DType;
 use uopc_jit::{Arg, BufRef, JitError, Program};
-
-/// What a backward of attention with mods holds besides the plain one's.
-#[derive(Debug)]
-pub(crate) struct FlexParts {
-    /// The mods (after the causal rewrite).
-    pub(crate) mods: AttentionMods,
-    /// The flex forward that saves the lse, run in place of the plain forward.
-    pub(crate) forward: Box<Sdpa>,
-    /// The counting kernel of a mask without exact key bounds, run once per backward run.
-    pub(crate) plan: Option<Program>,
-}
 
 impl SdpaBackward {
     /// The per-run counts of the pairs each (query block, key block) of the backward sees,

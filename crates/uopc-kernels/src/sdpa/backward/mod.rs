@@ -32,8 +32,10 @@ mod flex;
 mod flex_runner;
 mod host;
 mod pair;
+mod parts;
 mod program;
 mod runner;
+mod score_fn;
 
 pub use blocking::BackwardBlocking;
 use blocking::Geometry;

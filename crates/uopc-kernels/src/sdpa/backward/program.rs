@@ -1,7 +1,7 @@
 //! The backward loop program: its entry points, the THREAD task, and the loops over key
 //! blocks and query blocks.
 
-use super::flex::ScoreTiles;
+use super::score_fn::ScoreTiles;
 use super::{BackwardBlocking, Geometry};
 use crate::LOG2E;
 use crate::masked::min_idx;

@@ -1,6 +1,6 @@
 //! [`SdpaBackward`]: the compiled forward-with-lse and backward, their compile and their runs.
 
-use super::flex_runner::FlexParts;
+use super::parts::{ExtraGrads, FlexParts};
 use super::{BackwardBlocking, Geometry, sdpa_backward_ir, sdpa_backward_ir_with_bias_grad};
 use crate::sdpa::blocking::{Blocking, cores};
 use crate::sdpa::flex::Reads;
@@ -391,16 +391,6 @@ impl fmt::Display for SdpaBackward {
             None => Ok(()),
         }
     }
-}
-
-/// The gradients a backward run writes besides dq, dk and dv.
-pub(super) enum ExtraGrads<'a, 'b> {
-    /// None.
-    None,
-    /// The additive bias's.
-    Bias(&'a mut [f32]),
-    /// The captures' of attention mods, one slice per capture (empty for an I32 one).
-    Captures(&'a mut [&'b mut [f32]]),
 }
 
 static CACHE: ConfigCache<SdpaBackward> = OnceLock::new();

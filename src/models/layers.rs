@@ -1,0 +1,138 @@
+//! The layers of the decoders, on the Tensor API: linear maps over weights in the
+//! checkpoint's layout, the two norms, the two MLPs.
+
+use super::ModelError;
+use uopc_tensor::Tensor;
+
+/// `y = x W + b` with `W` viewed `(in, out)`: a Hugging Face `Linear`'s `(out, in)` weight
+/// read through a transposed view, a GPT-2 `Conv1D`'s `(in, out)` as it is.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// `(in, out)` (a view).
+    pub weight: Tensor,
+    /// `(out,)`, when the layer has one.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// `x W + b` for `x` of shape `(.., in)`.
+    ///
+    /// # Errors
+    ///
+    /// A shape error of the product or the sum.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let y = x.try_matmul(&self.weight)?;
+        Ok(match &self.bias {
+            Some(b) => y.try_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// A norm over the last axis.
+#[derive(Clone, Debug)]
+pub enum Norm {
+    /// `(x - mean) / sqrt(var + eps) * weight + bias` (GPT-2).
+    Layer {
+        /// Scale.
+        weight: Tensor,
+        /// Shift.
+        bias: Tensor,
+        /// Epsilon.
+        eps: f32,
+    },
+    /// `x / sqrt(mean(x^2) + eps) * weight` (Llama).
+    Rms {
+        /// Scale.
+        weight: Tensor,
+        /// Epsilon.
+        eps: f32,
+    },
+}
+
+impl Norm {
+    /// The norm of `x` over its last axis.
+    ///
+    /// # Errors
+    ///
+    /// A shape error when the weight does not match the last axis.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(match self {
+            Norm::Layer { weight, bias, eps } => {
+                x.try_layer_norm(Some(weight), Some(bias), f64::from(*eps))?
+            }
+            Norm::Rms { weight, eps } => {
+                let inv_rms = ((x * x).try_mean(-1, true)? + f64::from(*eps)).sqrt().recip();
+                (x * &inv_rms).try_mul(weight)?
+            }
+        })
+    }
+}
+
+/// The feed-forward part of a block.
+#[derive(Clone, Debug)]
+pub enum Mlp {
+    /// `proj(gelu_tanh(fc(x)))` (GPT-2).
+    Gelu {
+        /// `(d, ffn)`.
+        fc: Linear,
+        /// `(ffn, d)`.
+        proj: Linear,
+    },
+    /// `down(silu(gate(x)) * up(x))` (Llama), gate and up as one `(d, 2 ffn)` product.
+    SwiGlu {
+        /// `(d, 2 ffn)`: gate, then up.
+        gate_up: Linear,
+        /// `(ffn, d)`.
+        down: Linear,
+        /// `ffn`.
+        width: usize,
+    },
+}
+
+impl Mlp {
+    /// The MLP of `x`.
+    ///
+    /// # Errors
+    ///
+    /// A shape error of its products.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        match self {
+            Mlp::Gelu { fc, proj } => proj.forward(&fc.forward(x)?.gelu_tanh()),
+            Mlp::SwiGlu { gate_up, down, width } => {
+                let h = gate_up.forward(x)?;
+                let (gate, up) = (h.try_slice(-1, 0, *width)?, h.try_slice(-1, *width, 2 * width)?);
+                down.forward(&(gate.silu() * up))
+            }
+        }
+    }
+}
+
+/// Rotates q or k rows in place by their positions (the Llama / GPT-NeoX form: the two halves
+/// of each head, `x1 cos - x2 sin` and `x2 cos + x1 sin`, with frequencies
+/// `theta^(-2i / head_dim)`). `rows` holds `tokens` rows of `heads * head_dim` at `stride`
+/// elements apart, the first at position `first`.
+pub(crate) fn rotate(
+    rows: &mut [f32],
+    stride: usize,
+    (heads, head_dim): (usize, usize),
+    first: usize,
+    theta: f32,
+) {
+    let half = head_dim / 2;
+    // In f32 as the reference computes them: the frequencies, the angles, then cos and sin.
+    let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
+    for (t, row) in rows.chunks_mut(stride).enumerate() {
+        let position = (first + t) as f32;
+        let (cos, sin): (Vec<f32>, Vec<f32>) =
+            inv_freq.iter().map(|f| (position * f).sin_cos()).map(|(s, c)| (c, s)).unzip();
+        for head in row[..heads * head_dim].chunks_mut(head_dim) {
+            let (x1, x2) = head.split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * cos[i] - b * sin[i];
+                x2[i] = b * cos[i] + a * sin[i];
+            }
+        }
+    }
+}

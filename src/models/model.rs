@@ -1,0 +1,329 @@
+//! [`CausalLm`]: a GPT-2 or Llama decoder loaded from a checkpoint directory, and its forward
+//! pass over new tokens against a [`KvCache`].
+
+use super::checkpoint::Checkpoint;
+use super::layers::{Linear, Mlp, Norm, rotate};
+use super::{Architecture, KvCache, ModelConfig, ModelError};
+use std::path::Path;
+use uopc_tensor::{RealizeOptions, Tensor, realize};
+
+/// One decoder block.
+#[derive(Clone, Debug)]
+pub(super) struct Block {
+    pub(super) attn_norm: Norm,
+    /// q, k and v in one product: `(d, (heads + 2 kv_heads) head_dim)`.
+    pub(super) qkv: Linear,
+    pub(super) out: Linear,
+    pub(super) mlp_norm: Norm,
+    pub(super) mlp: Mlp,
+}
+
+/// A weight of the checkpoint as the model holds it: the leaf tensor it lives in (gradients
+/// are taken with respect to leaves) and, where several checkpoint tensors were stacked into
+/// one product (q, k and v; gate and up), the rows of that leaf that are this one's.
+#[derive(Clone, Debug)]
+pub struct Parameter {
+    /// The checkpoint's name (`model.layers.0.self_attn.k_proj.weight`).
+    pub name: String,
+    /// The leaf tensor holding it.
+    pub leaf: Tensor,
+    /// Its rows of `leaf` (axis 0), when it shares the leaf with others.
+    pub rows: Option<std::ops::Range<usize>>,
+}
+
+impl Parameter {
+    /// This parameter's part of `leaf_grad`, the gradient of its leaf.
+    ///
+    /// # Errors
+    ///
+    /// A shape error when `leaf_grad` is not the leaf's shape.
+    pub fn part(&self, leaf_grad: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(match &self.rows {
+            Some(r) => leaf_grad.try_slice(0, r.start, r.end)?,
+            None => leaf_grad.clone(),
+        })
+    }
+}
+
+/// Which logits a forward pass computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Every new token's (a fixture's check, a training step).
+    All,
+    /// The last new token's only (generation: the next token's distribution).
+    Last,
+}
+
+/// A decoder-only language model: token (and for GPT-2 position) embeddings, the blocks, a
+/// final norm and the output projection, with weights in f32.
+#[derive(Clone, Debug)]
+pub struct CausalLm {
+    pub(super) config: ModelConfig,
+    pub(super) embed: Tensor,
+    pub(super) positions: Option<Tensor>,
+    pub(super) blocks: Vec<Block>,
+    pub(super) final_norm: Norm,
+    /// `(d, vocab)` (a view of the embedding when tied).
+    pub(super) head: Tensor,
+    /// Every checkpoint weight, in load order.
+    pub(super) params: Vec<Parameter>,
+}
+
+impl CausalLm {
+    /// Loads `config.json` and the `.safetensors` weights of a checkpoint directory, every
+    /// tensor named by the architecture's table and checked against its shape.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Config`] for a configuration this module does not run,
+    /// [`ModelError::Checkpoint`] naming a tensor that is missing, of another shape or dtype,
+    /// or present but not part of the model; [`ModelError::Io`] when a file cannot be read.
+    pub fn load(dir: &Path) -> Result<CausalLm, ModelError> {
+        let config = ModelConfig::from_dir(dir)?;
+        let mut ckpt = Checkpoint::open(dir)?;
+        let model = match config.architecture {
+            Architecture::Gpt2 => load_gpt2(&config, &mut ckpt)?,
+            Architecture::Llama => load_llama(&config, &mut ckpt)?,
+        };
+        // GPT-2 checkpoints carry the attention's causal mask buffers beside the weights.
+        let unused = ckpt.unused(|n| {
+            n.ends_with(".attn.bias")
+                || n.ends_with(".attn.masked_bias")
+                || n.ends_with("rotary_emb.inv_freq")
+        });
+        if let Some(extra) = unused.first() {
+            return Err(ModelError::Checkpoint(format!(
+                "tensor `{extra}` is not part of a {:?} model ({} unused in all)",
+                config.architecture,
+                unused.len()
+            )));
+        }
+        Ok(model)
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// An empty cache for up to `capacity` tokens of this model.
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        KvCache::new(&self.config, capacity)
+    }
+
+    /// The logits `(tokens, vocab)` (or `(1, vocab)` with [`Logits::Last`]) of `tokens` that
+    /// follow the ones in `cache`, whose keys and values are appended to it. A prompt is one
+    /// call; each generated token another.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Cache`] when the tokens do not fit the cache or the positions,
+    /// [`ModelError::Input`] for an empty input or a token outside the vocabulary; the errors
+    /// of the kernels.
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::Input("no tokens given".into()));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::Input(format!(
+                "token {t} is outside the vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        cache.check_room(n)?;
+        let first = cache.len();
+        if c.architecture == Architecture::Gpt2 && first + n > c.max_positions {
+            return Err(ModelError::Cache(format!(
+                "positions {first}..{} pass the model's {} learned positions",
+                first + n,
+                c.max_positions
+            )));
+        }
+        let ids = Tensor::from_vec(tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(), &[n]);
+        let mut x = self.embed.try_index_select(0, &ids)?;
+        if let Some(p) = &self.positions {
+            x = x.try_add(&p.try_slice(0, first, first + n)?)?;
+        }
+        let qkv_width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+        let mut qkv_rows = vec![0.0f32; n * qkv_width];
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
+            // The residual stream and the projection in one realize: both leave the graph here.
+            let (done, _) = realize(&[&x, &qkv], &RealizeOptions::default())?;
+            x = done[0].clone();
+            done[1].realize_into(&mut qkv_rows)?;
+            if c.architecture == Architecture::Llama {
+                let kv = c.kv_heads * c.head_dim;
+                rotate(&mut qkv_rows, qkv_width, (c.heads, c.head_dim), first, c.rope_theta);
+                rotate(
+                    &mut qkv_rows[c.heads * c.head_dim..],
+                    qkv_width,
+                    (c.kv_heads, c.head_dim),
+                    first,
+                    c.rope_theta,
+                );
+                debug_assert!(c.heads * c.head_dim + kv <= qkv_width);
+            }
+            let attended = cache.attend(c, layer, &qkv_rows, n)?;
+            let attended = Tensor::from_vec(attended, &[n, c.heads * c.head_dim]);
+            x = x.try_add(&block.out.forward(&attended)?)?;
+            x = x.try_add(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?;
+        }
+        cache.advance(n);
+        let x = match logits {
+            Logits::All => x,
+            Logits::Last => x.try_slice(0, n - 1, n)?,
+        };
+        Ok(self.final_norm.forward(&x)?.try_matmul(&self.head)?)
+    }
+}
+
+/// Takes the checkpoint's tensors and records each as a [`Parameter`].
+struct Loader<'a> {
+    ckpt: &'a mut Checkpoint,
+    params: Vec<Parameter>,
+}
+
+impl Loader<'_> {
+    /// Tensor `name` of `shape`, a leaf of its own.
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
+        let t = self.ckpt.take(name, shape)?;
+        self.params.push(Parameter { name: name.to_string(), leaf: t.clone(), rows: None });
+        Ok(t)
+    }
+
+    /// The tensors `parts` (name, rows, columns; one column count) stacked by rows into one
+    /// leaf, realized once: one product for several projections of the same input.
+    fn stack(&mut self, parts: &[(String, usize, usize)]) -> Result<Tensor, ModelError> {
+        let taken: Vec<Tensor> =
+            parts.iter().map(|(n, r, c)| self.ckpt.take(n, &[*r, *c])).collect::<Result<_, _>>()?;
+        let refs: Vec<&Tensor> = taken.iter().collect();
+        let leaf = Tensor::try_cat(&refs, 0)?.realize()?;
+        let mut row = 0;
+        for (n, r, _) in parts {
+            self.params.push(Parameter { name: n.clone(), leaf: leaf.clone(), rows: Some(row..row + r) });
+            row += r;
+        }
+        Ok(leaf)
+    }
+
+    /// 1-d tensors stacked the same way (the projections' biases).
+    fn stack_vectors(&mut self, parts: &[(String, usize)]) -> Result<Tensor, ModelError> {
+        let as_rows: Vec<(String, usize, usize)> =
+            parts.iter().map(|(n, len)| (n.clone(), *len, 1)).collect();
+        let taken: Vec<Tensor> =
+            parts.iter().map(|(n, len)| self.ckpt.take(n, &[*len])).collect::<Result<_, _>>()?;
+        let refs: Vec<&Tensor> = taken.iter().collect();
+        let leaf = Tensor::try_cat(&refs, 0)?.realize()?;
+        let mut row = 0;
+        for (n, r, _) in as_rows {
+            self.params.push(Parameter { name: n, leaf: leaf.clone(), rows: Some(row..row + r) });
+            row += r;
+        }
+        Ok(leaf)
+    }
+}
+
+fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelError> {
+    let (d, hd, f) = (c.hidden_size, c.head_dim, c.intermediate_size);
+    let (q_out, kv_out) = (c.heads * hd, c.kv_heads * hd);
+    let mut ld = Loader { ckpt, params: Vec::new() };
+    let embed = ld.take("model.embed_tokens.weight", &[c.vocab_size, d])?;
+    let rms = |ld: &mut Loader<'_>, name: &str| -> Result<Norm, ModelError> {
+        Ok(Norm::Rms { weight: ld.take(name, &[d])?, eps: c.norm_eps })
+    };
+    let mut blocks = Vec::with_capacity(c.layers);
+    for i in 0..c.layers {
+        let p = format!("model.layers.{i}");
+        let attn_norm = rms(&mut ld, &format!("{p}.input_layernorm.weight"))?;
+        let proj = |n: &str, rows: usize, cols: usize| (format!("{p}.{n}.weight"), rows, cols);
+        let qkv_w = ld.stack(&[
+            proj("self_attn.q_proj", q_out, d),
+            proj("self_attn.k_proj", kv_out, d),
+            proj("self_attn.v_proj", kv_out, d),
+        ])?;
+        let qkv_b = if c.qkv_bias {
+            let b = |n: &str, len: usize| (format!("{p}.self_attn.{n}.bias"), len);
+            Some(ld.stack_vectors(&[b("q_proj", q_out), b("k_proj", kv_out), b("v_proj", kv_out)])?)
+        } else {
+            None
+        };
+        let o_w = ld.take(&format!("{p}.self_attn.o_proj.weight"), &[d, q_out])?;
+        let o_bias =
+            if c.o_bias { Some(ld.take(&format!("{p}.self_attn.o_proj.bias"), &[d])?) } else { None };
+        let mlp_norm = rms(&mut ld, &format!("{p}.post_attention_layernorm.weight"))?;
+        let gate_up = ld.stack(&[proj("mlp.gate_proj", f, d), proj("mlp.up_proj", f, d)])?;
+        let down = ld.take(&format!("{p}.mlp.down_proj.weight"), &[d, f])?;
+        blocks.push(Block {
+            attn_norm,
+            qkv: Linear { weight: qkv_w.t(), bias: qkv_b },
+            out: Linear { weight: o_w.t(), bias: o_bias },
+            mlp_norm,
+            mlp: Mlp::SwiGlu {
+                gate_up: Linear { weight: gate_up.t(), bias: None },
+                down: Linear { weight: down.t(), bias: None },
+                width: f,
+            },
+        });
+    }
+    let final_norm = rms(&mut ld, "model.norm.weight")?;
+    let head = if c.tie_word_embeddings && !ld.ckpt.contains("lm_head.weight") {
+        embed.t()
+    } else {
+        ld.take("lm_head.weight", &[c.vocab_size, d])?.t()
+    };
+    Ok(CausalLm { config: c.clone(), embed, positions: None, blocks, final_norm, head, params: ld.params })
+}
+
+fn load_gpt2(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelError> {
+    // Hub checkpoints of GPT-2 name their tensors without the `transformer.` prefix.
+    let prefix = if ckpt.contains("transformer.wte.weight") { "transformer." } else { "" };
+    let (d, f) = (c.hidden_size, c.intermediate_size);
+    let mut ld = Loader { ckpt, params: Vec::new() };
+    let mut take = |name: &str, shape: &[usize]| ld.take(&format!("{prefix}{name}"), shape);
+    let embed = take("wte.weight", &[c.vocab_size, d])?;
+    let positions = take("wpe.weight", &[c.max_positions, d])?;
+    let mut blocks = Vec::with_capacity(c.layers);
+    for i in 0..c.layers {
+        let mut norm = |n: &str| -> Result<Norm, ModelError> {
+            Ok(Norm::Layer {
+                weight: take(&format!("h.{i}.{n}.weight"), &[d])?,
+                bias: take(&format!("h.{i}.{n}.bias"), &[d])?,
+                eps: c.norm_eps,
+            })
+        };
+        let (attn_norm, mlp_norm) = (norm("ln_1")?, norm("ln_2")?);
+        // Conv1D weights are stored `(in, out)` already.
+        let mut conv = |n: &str, inp: usize, out: usize| -> Result<Linear, ModelError> {
+            Ok(Linear {
+                weight: take(&format!("h.{i}.{n}.weight"), &[inp, out])?,
+                bias: Some(take(&format!("h.{i}.{n}.bias"), &[out])?),
+            })
+        };
+        blocks.push(Block {
+            attn_norm,
+            qkv: conv("attn.c_attn", d, 3 * d)?,
+            out: conv("attn.c_proj", d, d)?,
+            mlp_norm,
+            mlp: Mlp::Gelu { fc: conv("mlp.c_fc", d, f)?, proj: conv("mlp.c_proj", f, d)? },
+        });
+    }
+    let final_norm =
+        Norm::Layer { weight: take("ln_f.weight", &[d])?, bias: take("ln_f.bias", &[d])?, eps: c.norm_eps };
+    // GPT-2's output projection is the token embedding; a saved copy of it is read and checked.
+    if ld.ckpt.contains("lm_head.weight") {
+        let _tied_copy = ld.ckpt.take("lm_head.weight", &[c.vocab_size, d])?;
+    }
+    let head = embed.t();
+    Ok(CausalLm {
+        config: c.clone(),
+        head,
+        embed,
+        positions: Some(positions),
+        blocks,
+        final_norm,
+        params: ld.params,
+    })
+}

@@ -1,0 +1,106 @@
+//! The forward pass as one differentiable graph (no cache): what a training step runs, with
+//! the loss of next-token prediction and the checkpoint's parameters to differentiate.
+
+use super::model::Parameter;
+use super::{Architecture, CausalLm, ModelError};
+use uopc_kernels::sdpa::scaled_dot_product_attention;
+use uopc_tensor::Tensor;
+
+impl CausalLm {
+    /// Every checkpoint weight, in load order, with the leaf tensor it lives in.
+    pub fn parameters(&self) -> &[Parameter] {
+        &self.params
+    }
+
+    /// The logits `(tokens, vocab)` of one sequence as one lazy graph: the same layers as
+    /// [`CausalLm::forward`], with causal attention by the tensor graph's attention node
+    /// (which has a gradient) and the rotary positions as elementwise ops, so
+    /// [`uopc::tensor::gradient`](uopc_tensor::gradient) reaches every weight.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Input`] for no tokens, a token outside the vocabulary or more tokens
+    /// than the model's positions; shape errors of the layers.
+    pub fn forward_graph(&self, tokens: &[u32]) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 || n > c.max_positions {
+            return Err(ModelError::Input(format!("{n} tokens: give 1 to {}", c.max_positions)));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::Input(format!(
+                "token {t} is outside the vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        let ids = Tensor::from_vec(tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(), &[n]);
+        let mut x = self.embed.try_index_select(0, &ids)?;
+        if let Some(p) = &self.positions {
+            x = x.try_add(&p.try_slice(0, 0, n)?)?;
+        }
+        let (h, hkv, hd) = (c.heads, c.kv_heads, c.head_dim);
+        let rope = (c.architecture == Architecture::Llama).then(|| rotary_tables(n, hd, c.rope_theta));
+        // (n, heads * hd) columns `from..` as (heads, n, hd), rotated when the model is.
+        let heads_of =
+            |qkv: &Tensor, from: usize, heads: usize, rotated: bool| -> Result<Tensor, ModelError> {
+                let t = qkv.try_slice(-1, from, from + heads * hd)?.try_reshape(&[n, heads, hd])?;
+                let t = match (&rope, rotated) {
+                    (Some((cos, sin)), true) => rotate_graph(&t, cos, sin, hd)?,
+                    _ => t,
+                };
+                Ok(t.try_permute(&[1, 0, 2])?)
+            };
+        for block in &self.blocks {
+            let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
+            let q = heads_of(&qkv, 0, h, true)?;
+            let k = heads_of(&qkv, h * hd, hkv, true)?;
+            let v = heads_of(&qkv, (h + hkv) * hd, hkv, false)?;
+            let o = scaled_dot_product_attention(&q, &k, &v, None, true, None)?;
+            let o = o.try_permute(&[1, 0, 2])?.try_reshape(&[n, h * hd])?;
+            x = x.try_add(&block.out.forward(&o)?)?;
+            x = x.try_add(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?;
+        }
+        Ok(self.final_norm.forward(&x)?.try_matmul(&self.head)?)
+    }
+
+    /// The mean cross-entropy of predicting each token of `tokens` from those before it (the
+    /// loss transformers computes with `labels = input_ids`), as a 0-d tensor.
+    ///
+    /// # Errors
+    ///
+    /// As [`CausalLm::forward_graph`]; [`ModelError::Input`] for fewer than two tokens.
+    pub fn loss(&self, tokens: &[u32]) -> Result<Tensor, ModelError> {
+        if tokens.len() < 2 {
+            return Err(ModelError::Input("a loss needs at least two tokens".into()));
+        }
+        let logits = self.forward_graph(tokens)?;
+        let n = tokens.len();
+        let targets: Vec<usize> = tokens[1..].iter().map(|&t| t as usize).collect();
+        Ok(logits.try_slice(0, 0, n - 1)?.try_cross_entropy(&targets)?)
+    }
+}
+
+/// `cos` and `sin` of the rotary angles, `(n, 1, hd / 2)` each, computed in f32 as the
+/// reference does (see [`super::layers::rotate`]).
+fn rotary_tables(n: usize, hd: usize, theta: f32) -> (Tensor, Tensor) {
+    let half = hd / 2;
+    let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / hd as f32)).collect();
+    let (mut cos, mut sin) = (Vec::with_capacity(n * half), Vec::with_capacity(n * half));
+    for p in 0..n {
+        for f in &inv_freq {
+            let (s, c) = (p as f32 * f).sin_cos();
+            cos.push(c);
+            sin.push(s);
+        }
+    }
+    (Tensor::from_vec(cos, &[n, 1, half]), Tensor::from_vec(sin, &[n, 1, half]))
+}
+
+/// `x` `(n, heads, hd)` rotated: halves `x1 cos - x2 sin` and `x2 cos + x1 sin`.
+fn rotate_graph(x: &Tensor, cos: &Tensor, sin: &Tensor, hd: usize) -> Result<Tensor, ModelError> {
+    let half = hd / 2;
+    let (x1, x2) = (x.try_slice(-1, 0, half)?, x.try_slice(-1, half, hd)?);
+    let r1 = x1.try_mul(cos)?.try_sub(&x2.try_mul(sin)?)?;
+    let r2 = x2.try_mul(cos)?.try_add(&x1.try_mul(sin)?)?;
+    Ok(Tensor::try_cat(&[&r1, &r2], -1)?)
+}

@@ -1,0 +1,271 @@
+//! Models from checkpoints against the reference implementation: the fixtures in
+//! `tests/fixtures/models` were saved by transformers (`scripts/model_fixtures.py`) with its
+//! logits for fixed prompts and its greedy continuation; the logits must agree within 1e-4
+//! and the continuation token for token. Then the KV cache (a prompt at once against token by
+//! token), sampling, and bad checkpoints.
+
+use std::path::{Path, PathBuf};
+use uopc::models::{CausalLm, GenerateOptions, Logits, ModelError, Sampling};
+
+const FIXTURES: [&str; 3] = ["gpt2_tiny", "llama_tiny_gqa", "llama_tiny_mqa_tied_bias"];
+
+fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
+}
+
+/// What transformers computed for a fixture.
+struct Expected {
+    prompts: Vec<Vec<u32>>,
+    logits: Vec<Vec<Vec<f64>>>,
+    greedy: Vec<Vec<u32>>,
+}
+
+fn expected(name: &str) -> Expected {
+    let text = std::fs::read_to_string(fixture_dir(name).join("fixture.json")).expect("fixture.json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let tokens = |v: &serde_json::Value| -> Vec<Vec<u32>> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect())
+            .collect()
+    };
+    let logits = v["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p.as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+                .collect()
+        })
+        .collect();
+    Expected { prompts: tokens(&v["prompts"]), logits, greedy: tokens(&v["greedy"]) }
+}
+
+/// `logits` `(rows, vocab)` as rows of f32.
+fn rows(logits: &uopc::Tensor) -> Vec<Vec<f32>> {
+    let a = logits.to_ndarray::<f32>().unwrap();
+    a.outer_iter().map(|r| r.iter().copied().collect()).collect()
+}
+
+#[test]
+fn logits_match_transformers_within_1e_4() {
+    for name in FIXTURES {
+        let model = CausalLm::load(&fixture_dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = expected(name);
+        for (prompt, want) in want.prompts.iter().zip(&want.logits) {
+            let mut cache = model.new_cache(prompt.len());
+            let got = rows(&model.forward(prompt, &mut cache, Logits::All).unwrap());
+            assert_eq!(got.len(), want.len());
+            for (t, (g, w)) in got.iter().zip(want).enumerate() {
+                for (v, (&g, &w)) in g.iter().zip(w).enumerate() {
+                    // f32 sums in another order than torch's: a few ulps of the largest terms.
+                    assert!(
+                        (f64::from(g) - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                        "{name}: position {t}, token {v}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_continuations_match_transformers_token_for_token() {
+    for name in FIXTURES {
+        let model = CausalLm::load(&fixture_dir(name)).unwrap();
+        let want = expected(name);
+        for (prompt, want) in want.prompts.iter().zip(&want.greedy) {
+            let mut streamed = Vec::new();
+            let out = model
+                .generate(prompt, &GenerateOptions::greedy(want.len()), |t| {
+                    streamed.push(t);
+                    true
+                })
+                .unwrap();
+            assert_eq!(&out.tokens, want, "{name}, prompt {prompt:?}");
+            assert_eq!(streamed, out.tokens, "every token is handed over as it is produced");
+        }
+    }
+}
+
+#[test]
+fn a_prompt_at_once_and_token_by_token_give_the_same_logits() {
+    for name in FIXTURES {
+        let model = CausalLm::load(&fixture_dir(name)).unwrap();
+        let prompt = &expected(name).prompts[0];
+        let mut cache = model.new_cache(prompt.len());
+        let at_once = rows(&model.forward(prompt, &mut cache, Logits::All).unwrap());
+        let mut cache = model.new_cache(prompt.len() + 3);
+        for (t, token) in prompt.iter().enumerate() {
+            let step = rows(&model.forward(&[*token], &mut cache, Logits::Last).unwrap());
+            for (a, b) in step[0].iter().zip(&at_once[t]) {
+                assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{name}: position {t}: {a} vs {b}");
+            }
+        }
+        assert_eq!(cache.len(), prompt.len());
+    }
+}
+
+#[test]
+fn sampling_is_seeded_and_top_k_of_one_is_greedy() {
+    let model = CausalLm::load(&fixture_dir("llama_tiny_gqa")).unwrap();
+    let prompt = [5, 9, 3];
+    let run = |sampling: Sampling| {
+        let options = GenerateOptions { max_new_tokens: 12, sampling, stop_tokens: vec![] };
+        model.generate(&prompt, &options, |_| true).unwrap().tokens
+    };
+    let warm = Sampling { temperature: 1.5, top_k: None, top_p: Some(0.95), seed: 7 };
+    assert_eq!(run(warm), run(warm), "the same seed draws the same tokens");
+    assert_ne!(run(warm), run(Sampling { seed: 8, ..warm }), "another seed, other draws");
+    let top1 = Sampling { temperature: 0.7, top_k: Some(1), top_p: None, seed: 3 };
+    assert_eq!(run(top1), run(Sampling::GREEDY));
+    // A stop token ends the generation; the caller can stop it too.
+    let greedy = run(Sampling::GREEDY);
+    let options =
+        GenerateOptions { max_new_tokens: 12, sampling: Sampling::GREEDY, stop_tokens: vec![greedy[2]] };
+    let stopped = model.generate(&prompt, &options, |_| true).unwrap().tokens;
+    assert_eq!(stopped.last(), Some(&greedy[2]));
+    assert!(stopped.len() <= 3);
+    let two = model.generate(&prompt, &GenerateOptions::greedy(12), |_| false).unwrap().tokens;
+    assert_eq!(two.len(), 1);
+    let bad = GenerateOptions {
+        sampling: Sampling { temperature: -1.0, ..Sampling::GREEDY },
+        ..GenerateOptions::greedy(2)
+    };
+    assert!(matches!(model.generate(&prompt, &bad, |_| true), Err(ModelError::Input(_))));
+}
+
+/// A copy of fixture `name` in a fresh directory, with `edit` applied to its files.
+fn edited(name: &str, tag: &str, edit: impl FnOnce(&Path)) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("uopc_models_{tag}_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture_dir(name).join(f), dir.join(f)).unwrap();
+    }
+    edit(&dir);
+    dir
+}
+
+/// The fixture's tensors rewritten by `change` (name, shape, f32 values) into `dir`.
+fn rewrite(dir: &Path, change: impl Fn(&str, Vec<usize>, Vec<u8>) -> Option<(String, Vec<usize>, Vec<u8>)>) {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut kept = Vec::new();
+    for (name, view) in st.tensors() {
+        if let Some(t) = change(&name, view.shape().to_vec(), view.data().to_vec()) {
+            kept.push(t);
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = kept
+        .iter()
+        .map(|(n, s, d)| {
+            (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap())
+        })
+        .collect();
+    let out = safetensors::serialize(views, None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+}
+
+#[test]
+fn bad_checkpoints_are_errors_naming_what_is_wrong() {
+    let name = "llama_tiny_gqa";
+    let err = |dir: PathBuf| CausalLm::load(&dir).unwrap_err().to_string();
+    let truncated = edited(name, "truncated", |d| {
+        let bytes = std::fs::read(d.join("model.safetensors")).unwrap();
+        std::fs::write(d.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    });
+    assert!(err(truncated).contains("model.safetensors"));
+    let missing = edited(name, "missing", |d| {
+        rewrite(d, |n, s, b| (n != "model.layers.1.mlp.up_proj.weight").then(|| (n.to_string(), s, b)))
+    });
+    let e = err(missing);
+    assert!(
+        e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("missing") && e.contains("[48, 32]"),
+        "{e}"
+    );
+    let reshaped = edited(name, "reshaped", |d| {
+        rewrite(d, |n, s, b| Some((n.to_string(), if n == "model.norm.weight" { vec![4, 8] } else { s }, b)))
+    });
+    let e = err(reshaped);
+    assert!(e.contains("model.norm.weight") && e.contains("[4, 8]") && e.contains("expected [32]"), "{e}");
+    let extra = edited(name, "extra", |d| {
+        let bytes = std::fs::read(d.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut all: Vec<(String, safetensors::tensor::TensorView<'_>)> = st.tensors();
+        let norm = st.tensor("model.norm.weight").unwrap();
+        all.push(("model.layers.0.unexpected.weight".into(), norm));
+        std::fs::write(d.join("model.safetensors"), safetensors::serialize(all, None).unwrap()).unwrap();
+    });
+    assert!(err(extra).contains("model.layers.0.unexpected.weight"));
+    let unknown = edited(name, "unknown", |d| {
+        let text = std::fs::read_to_string(d.join("config.json"))
+            .unwrap()
+            .replace("LlamaForCausalLM", "FalconForCausalLM");
+        std::fs::write(d.join("config.json"), text).unwrap();
+    });
+    assert!(err(unknown).contains("FalconForCausalLM"));
+    let ints = edited(name, "ints", |d| {
+        let bytes = std::fs::read(d.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut all: Vec<(String, safetensors::tensor::TensorView<'_>)> =
+            st.tensors().into_iter().filter(|(n, _)| n != "model.norm.weight").collect();
+        let norm = st.tensor("model.norm.weight").unwrap();
+        all.push((
+            "model.norm.weight".into(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I32, vec![32], norm.data()).unwrap(),
+        ));
+        std::fs::write(d.join("model.safetensors"), safetensors::serialize(all, None).unwrap()).unwrap();
+    });
+    let e = err(ints);
+    assert!(e.contains("model.norm.weight") && e.contains("I32"), "{e}");
+    // Inputs: a token outside the vocabulary, a cache that is full.
+    let model = CausalLm::load(&fixture_dir(name)).unwrap();
+    let mut cache = model.new_cache(2);
+    assert!(model.forward(&[500], &mut cache, Logits::Last).unwrap_err().to_string().contains("500"));
+    let e = model.forward(&[1, 2, 3], &mut cache, Logits::Last).unwrap_err().to_string();
+    assert!(e.contains("capacity of 2"), "{e}");
+}
+
+#[test]
+fn training_step_gradients_match_transformers_within_1e_4() {
+    for name in FIXTURES {
+        let model = CausalLm::load(&fixture_dir(name)).unwrap();
+        let text = std::fs::read_to_string(fixture_dir(name).join("fixture.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let prompts = expected(name).prompts;
+        // The fixture's loss: the sum of each prompt's mean next-token cross-entropy.
+        let losses: Vec<uopc::Tensor> = prompts.iter().map(|p| model.loss(p).unwrap()).collect();
+        let loss = losses.iter().skip(1).fold(losses[0].clone(), |a, b| a + b);
+        let got_loss = f64::from(loss.item().unwrap());
+        let want_loss = v["loss"].as_f64().unwrap();
+        assert!(
+            (got_loss - want_loss).abs() <= 1e-4 * want_loss.abs(),
+            "{name}: loss {got_loss} vs {want_loss}"
+        );
+        for (param_name, want) in v["grads"].as_object().unwrap() {
+            let param = model
+                .parameters()
+                .iter()
+                .find(|p| &p.name == param_name)
+                .unwrap_or_else(|| panic!("{param_name}"));
+            let leaf_grad = uopc::tensor::gradient(&loss, &[&param.leaf]).unwrap().remove(0);
+            let got: Vec<f32> =
+                param.part(&leaf_grad).unwrap().to_ndarray::<f32>().unwrap().iter().copied().collect();
+            let want: Vec<f64> = want.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            assert_eq!(got.len(), want.len(), "{name}: {param_name}");
+            let scale = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                // Relative to the gradient's largest entry: f32 sums of many small terms.
+                assert!(
+                    (f64::from(g) - w).abs() <= 1e-4 * scale.max(1e-6),
+                    "{name}: {param_name}[{i}] = {g}, want {w}"
+                );
+            }
+        }
+    }
+}
