@@ -249,8 +249,22 @@ fn over_materialized(v: &UOp) -> Option<UOp> {
 
 /// Whether the reduce `body` becomes a tile GEMM that reads both operands where they are, so
 /// a layout pass copying one of them contiguous would only add a pass.
+///
+/// Operands over nodes that become buffers anyway (a staged LayerNorm output, a reduce) count
+/// as in place: the GEMM reads them once they are, and the other operand (a weight read
+/// transposed) needs no copy either.
 pub(crate) fn reads_operands_in_place(body: &UOp) -> bool {
-    gemm_operands(body).is_some()
+    if gemm_operands(body).is_some() {
+        return true;
+    }
+    let Some(reduce) = body.as_reduce().filter(|r| (r.op, r.axes) == (ReduceOp::Add, 1)) else {
+        return false;
+    };
+    let Some((lhs, rhs)) = product_operands(reduce.input) else { return false };
+    let (Some(a), Some(b)) = (over_materialized(&lhs), over_materialized(&rhs)) else { return false };
+    let product = a.binary(uopc_ir::BinaryOp::Mul, &b);
+    let rebuilt = UOp::new(Op::Reduce { op: ReduceOp::Add, axes: 1 }, body.dtype(), vec![product]);
+    gemm_operands(&rebuilt).is_some()
 }
 
 /// The narrowest column block a task's block-size limit narrows a GEMM task to: two

@@ -169,3 +169,29 @@ fn a_product_whose_rows_have_no_even_divisor_splits_inside_its_gemm_call() {
         assert_close(&got, &reference(&a, &b), 1e-4);
     }
 }
+
+#[test]
+fn a_staged_operand_leaves_a_transposed_weight_read_in_place() {
+    // An RMS-normalized input large enough to be staged (not recomputed per output column)
+    // times a (out, in) weight read through its transpose: the norm is one kernel, the
+    // product one tile GEMM reading the weight where it is; no transposing copy of the weight.
+    let (x, w) = (normal(&[3, 1536], 11), normal(&[576, 1536], 12));
+    let xt = Tensor::from_array(&x);
+    let normed = &xt * ((&xt * &xt).mean(-1, true) + 1e-5).sqrt().recip();
+    let y = normed.matmul(&Tensor::from_array(&w).t());
+    let plan = make_plan(&[y.uop().clone()], &RealizeOptions::default()).unwrap();
+    let names = plan.kernel_names();
+    assert!(!names.iter().any(|n| n.contains("1536_576")), "no copy of the weight: {names:?}");
+    assert!(plan.kernels.last().unwrap().uses_tile_ops(), "{names:?}");
+    let rms = x.map_axis(ndarray::Axis(1), |r| {
+        (r.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / 1536.0 + 1e-5).sqrt()
+    });
+    let mut want = ndarray::Array2::<f64>::zeros((3, 576));
+    for i in 0..3 {
+        for j in 0..576 {
+            want[[i, j]] =
+                (0..1536).map(|k| f64::from(x[[i, k]]) * f64::from(w[[j, k]])).sum::<f64>() / rms[i];
+        }
+    }
+    assert_close(&y.to_ndarray::<f32>().unwrap(), &want.into_dyn(), 1e-4);
+}
