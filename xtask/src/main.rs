@@ -6,6 +6,7 @@ mod block;
 mod circles;
 mod derived;
 mod flex;
+mod generate;
 mod masked;
 mod matmul;
 mod mca;
@@ -233,6 +234,37 @@ enum Bench {
         /// Timed repetitions.
         #[arg(long, default_value_t = 5)]
         reps: usize,
+    },
+    /// Prompt processing and decode of checkpoints with `uopc::models` (greedy, batch 1, f32):
+    /// first token (cold, compiles included), prompt tokens per second and decode ms per
+    /// token (warm medians). Without --model, GPT-2 small and a Llama of SmolLM-135M's
+    /// configuration, randomly initialized, written under target/bench-models on first use.
+    Generate {
+        /// A checkpoint directory (repeatable).
+        #[arg(long = "model")]
+        models: Vec<PathBuf>,
+        /// Prompt tokens.
+        #[arg(long, default_value_t = 512)]
+        prompt_tokens: usize,
+        /// New tokens.
+        #[arg(long, default_value_t = 128)]
+        new_tokens: usize,
+        /// Sequences per batch (1: batched generation is not built yet).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Weight dtype to compute in (f32: weights in bf16 or f16 are widened on load).
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        /// Runs per model (the first is cold).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Threads (a rayon pool of this size around the whole bench).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Write `{"machine", "results": [{model, dtype, batch, prompt_tokens, new_tokens,
+        /// prompt_tokens_per_s, decode_ms_per_token, first_token_ms, ...}]}` here.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Attention with score and mask functions compiled in (`Sdpa::compile_flex`): causal,
     /// sliding window, document, ALiBi, softcap, sinks and prefix-LM, forward and forward +
@@ -605,6 +637,26 @@ fn main() -> ExitCode {
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
         Task::Bench { what: flex @ Bench::Flex { .. } } => bench_flex(flex),
+        Task::Bench {
+            what: Bench::Generate { models, prompt_tokens, new_tokens, batch, dtype, reps, threads, json },
+        } => {
+            if batch != 1 || dtype != "f32" {
+                eprintln!("error: --batch {batch} --dtype {dtype}: only batch 1 in f32 is built");
+                return ExitCode::from(2);
+            }
+            if prompt_tokens == 0 || new_tokens == 0 || reps == 0 || threads == Some(0) {
+                eprintln!("error: --prompt-tokens, --new-tokens, --reps and --threads must be at least 1");
+                return ExitCode::from(2);
+            }
+            let models = match generate::models(models) {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("error: cannot write the random checkpoints: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            with_threads(threads, || generate::run(&models, prompt_tokens, new_tokens, reps, json.as_deref()))
+        }
         Task::Mca { json } => mca::run(json.as_deref()),
         Task::Circles => {
             let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
