@@ -431,6 +431,30 @@ fn parse_tile(s: &str) -> Result<(usize, usize), String> {
 /// `go` on a rayon pool of `threads` threads, or on the global pool without a count. The
 /// kernels run on whichever pool calls them, so a pool of the asked size around a whole bench
 /// sets the thread count of every kernel and peak it measures.
+/// `bench generate`: its options checked, its models written if needed, then timed.
+fn bench_generate(what: Bench) -> ExitCode {
+    let Bench::Generate { models, prompt_tokens, new_tokens, batch, dtype, reps, threads, json } = what
+    else {
+        unreachable!("called with bench generate's options")
+    };
+    if batch != 1 || dtype != "f32" {
+        eprintln!("error: --batch {batch} --dtype {dtype}: only batch 1 in f32 is built");
+        return ExitCode::from(2);
+    }
+    if prompt_tokens == 0 || new_tokens == 0 || reps == 0 || threads == Some(0) {
+        eprintln!("error: --prompt-tokens, --new-tokens, --reps and --threads must be at least 1");
+        return ExitCode::from(2);
+    }
+    let models = match generate::models(models) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: cannot write the random checkpoints: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    with_threads(threads, || generate::run(&models, prompt_tokens, new_tokens, reps, json.as_deref()))
+}
+
 /// `bench flex`: its options checked, its cells timed.
 fn bench_flex(what: Bench) -> ExitCode {
     let Bench::Flex { cases, ns, ds, heads, kv_heads, batch, window, passes, reps, rounds, threads, json } =
@@ -637,26 +661,7 @@ fn main() -> ExitCode {
         }
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
         Task::Bench { what: flex @ Bench::Flex { .. } } => bench_flex(flex),
-        Task::Bench {
-            what: Bench::Generate { models, prompt_tokens, new_tokens, batch, dtype, reps, threads, json },
-        } => {
-            if batch != 1 || dtype != "f32" {
-                eprintln!("error: --batch {batch} --dtype {dtype}: only batch 1 in f32 is built");
-                return ExitCode::from(2);
-            }
-            if prompt_tokens == 0 || new_tokens == 0 || reps == 0 || threads == Some(0) {
-                eprintln!("error: --prompt-tokens, --new-tokens, --reps and --threads must be at least 1");
-                return ExitCode::from(2);
-            }
-            let models = match generate::models(models) {
-                Ok(m) => m,
-                Err(e) => {
-                    eprintln!("error: cannot write the random checkpoints: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            with_threads(threads, || generate::run(&models, prompt_tokens, new_tokens, reps, json.as_deref()))
-        }
+        Task::Bench { what: generate @ Bench::Generate { .. } } => bench_generate(generate),
         Task::Mca { json } => mca::run(json.as_deref()),
         Task::Circles => {
             let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
