@@ -141,6 +141,8 @@
 //!   attention kernels; [`kernels`] has every hand-written loop program (re-export of
 //!   `uopc-kernels`).
 //! - [`gpt`]: a GPT-2 block on the Tensor API.
+//! - [`models`]: GPT-2 and Llama checkpoints from safetensors, generation with a KV cache, the
+//!   training-step graph.
 //! - [`ir`]: the UOp graph, loop-IR builders, `simplify`, `verify`, printers; [`jit`]:
 //!   `Program::compile` and `run`; [`tile`]: the CPU tile micro-kernels; [`machine`]: the
 //!   machine model the kernels choose their paths from.
