@@ -202,15 +202,5 @@ pub fn run(
             );
         }
     }
-    if let Some(path) = json {
-        let text = serde_json::to_string_pretty(
-            &serde_json::json!({ "machine": crate::machine_record(), "results": rows }),
-        )
-        .expect("rows serialize to JSON");
-        if let Err(e) = std::fs::write(path, text) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-    }
-    ExitCode::SUCCESS
+    crate::write_results(json, &rows)
 }

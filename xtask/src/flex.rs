@@ -337,14 +337,7 @@ pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Op
             "blocks_computed": blocks, "window": window, "kernel": kernel,
         }));
     }
-    if let Some(path) = json {
-        let record = serde_json::json!({ "machine": crate::machine_record(), "results": rows });
-        if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&record).expect("serializable")) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-    }
-    ExitCode::SUCCESS
+    crate::write_results(json, &rows)
 }
 
 /// Whether each `--pass` of `bench flex` times the backward too (default: both passes), or the

@@ -188,12 +188,5 @@ pub fn run(
             "decode_ms_per_token": warm(&decode), "decode_ms_per_token_runs": decode, "load_s": load,
         }));
     }
-    if let Some(path) = json {
-        let record = serde_json::json!({ "machine": crate::machine_record(), "results": rows });
-        if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&record).expect("serializable")) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-    }
-    ExitCode::SUCCESS
+    crate::write_results(json, &rows)
 }

@@ -21,6 +21,19 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Writes `{"machine": machine_record(), "results": rows}` to `path` when given (rows of any
+/// serializable type); failure to write is the bench's exit status.
+pub fn write_results(path: Option<&std::path::Path>, rows: &impl serde::Serialize) -> ExitCode {
+    let Some(path) = path else { return ExitCode::SUCCESS };
+    let record = serde_json::json!({ "machine": machine_record(), "results": rows });
+    let text = serde_json::to_string_pretty(&record).expect("rows serialize to JSON");
+    if let Err(e) = std::fs::write(path, text) {
+        eprintln!("error: cannot write {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
 /// The machine model a bench ran on, for its JSON record: the model's text (CPU name, ISA,
 /// caches, probes, choices) and its key figures as fields.
 pub fn machine_record() -> serde_json::Value {
