@@ -12,6 +12,7 @@ mod matmul;
 mod mca;
 mod mlp;
 mod peak;
+mod record;
 mod reductions;
 mod reference;
 mod sdpa;
@@ -21,37 +22,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Writes `{"machine": machine_record(), "results": rows}` to `path` when given (rows of any
-/// serializable type); failure to write is the bench's exit status.
-pub fn write_results(path: Option<&std::path::Path>, rows: &impl serde::Serialize) -> ExitCode {
-    let Some(path) = path else { return ExitCode::SUCCESS };
-    let record = serde_json::json!({ "machine": machine_record(), "results": rows });
-    let text = serde_json::to_string_pretty(&record).expect("rows serialize to JSON");
-    if let Err(e) = std::fs::write(path, text) {
-        eprintln!("error: cannot write {}: {e}", path.display());
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
-}
-
-/// The machine model a bench ran on, for its JSON record: the model's text (CPU name, ISA,
-/// caches, probes, choices) and its key figures as fields.
-pub fn machine_record() -> serde_json::Value {
-    let m = uopc::machine::Machine::get();
-    let c = m.choices();
-    serde_json::json!({
-        "model_name": m.model_name,
-        "family": m.family,
-        "model": m.model,
-        "isa": m.isa().name(),
-        "fma_ports": m.throughput.fma_ports,
-        "bf16_dot_over_fma": m.throughput.bf16_dot_over_fma,
-        "caches_bytes": m.caches.iter().map(|c| (format!("L{}", c.level), c.size_bytes)).collect::<std::collections::BTreeMap<_, _>>(),
-        "bf16_path": c.bf16.name(),
-        "gemm_blocking": [c.gemm.mr, c.gemm.nr, c.gemm.kc, c.gemm.mc, c.gemm.nc],
-        "text": m.to_string(),
-    })
-}
+pub use record::{machine_record, write_results};
 
 /// uopc developer tasks.
 #[derive(Parser)]
