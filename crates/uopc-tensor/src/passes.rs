@@ -23,6 +23,14 @@ static CANONICAL: LazyLock<RuleTable<Vec<UOp>>> = LazyLock::new(|| {
     // Only the op's variant matters to the pattern.
     let data = Op::Data { shape: Vec::new(), data: uopc_ir::DataRef(std::sync::Arc::new(())) };
     let gradient_rule = Op::GradientRule(uopc_ir::DataRef(std::sync::Arc::new(())));
+    let custom = Op::Custom(uopc_ir::CustomKernel {
+        name: String::new(),
+        program: uopc_ir::sink(&[]),
+        shape: Vec::new(),
+        output_parts: Vec::new(),
+        equivalent: None,
+        vjp: None,
+    });
     RuleTable::new(
         "canonical",
         vec![
@@ -31,11 +39,24 @@ static CANONICAL: LazyLock<RuleTable<Vec<UOp>>> = LazyLock::new(|| {
             Rule::with_cx("drop_gradient_rule", Pattern::ops(&[gradient_rule]), |u, _| {
                 u.as_gradient_rule_value().cloned()
             }),
+            Rule::with_cx("drop_custom_autograd", Pattern::ops(&[custom]), drop_custom_autograd),
         ],
     )
 });
 static CANONICALIZE: LazyLock<Pass<'static, Vec<UOp>>> =
     LazyLock::new(|| Pass::new("canonicalize", vec![&*CANONICAL], Revisit::Never));
+
+/// A custom kernel without what only autograd reads (its equivalent graph and gradient rule,
+/// the rule compared by identity): two graphs with the same kernels then share one plan, as
+/// two with the same shapes and new data do.
+fn drop_custom_autograd(u: &UOp, _: &mut RuleCx<'_, Vec<UOp>>) -> Option<UOp> {
+    let Op::Custom(c) = u.op() else { return None };
+    if c.equivalent.is_none() && c.vjp.is_none() {
+        return None;
+    }
+    let plain = uopc_ir::CustomKernel { equivalent: None, vjp: None, ..c.clone() };
+    Some(UOp::new(Op::Custom(plain), u.dtype(), u.src().to_vec()))
+}
 
 fn data_to_param(u: &UOp, cx: &mut RuleCx<'_, Vec<UOp>>) -> Option<UOp> {
     let Op::Data { shape, .. } = u.op() else { return None };

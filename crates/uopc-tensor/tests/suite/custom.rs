@@ -174,3 +174,27 @@ fn a_custom_kernel_whose_store_never_runs_leaves_zeros_not_old_memory() {
     let written = got.iter().filter(|v| **v != 0.0).count();
     assert_eq!(written, 0, "{written} of {n} elements hold values no store wrote");
 }
+
+#[test]
+fn a_graph_rebuilt_with_a_new_gradient_rule_reuses_its_plan() {
+    // A training loop builds its graph again every step, each custom node with a fresh
+    // gradient rule (compared by identity): the plan must not be built again for it.
+    let node = |seed: usize| {
+        let (a, b) = (Tensor::from_vec(values(7, seed), &[7]), Tensor::from_vec(values(7, seed + 1), &[7]));
+        let rule: std::sync::Arc<uopc_tensor::CustomVjp> =
+            std::sync::Arc::new(|_: &[Tensor], _: &Tensor, g: &Tensor| {
+                Ok(vec![Some(g * 2.0), Some(g.clone())])
+            });
+        let y = Tensor::try_custom("axpy", axpy(7), &[&a, &b], &[7], DType::F32, None).unwrap();
+        (y.with_custom_vjp(rule).unwrap() * 3.0).sum(0, false)
+    };
+    let opts = RealizeOptions::default();
+    let (first, _) = node(1).realize_with(&opts).unwrap();
+    let (second, report) = node(2).realize_with(&opts).unwrap();
+    assert!(report.cache_hit, "the second step's graph hits the plan cache");
+    let want = |seed: usize| -> f32 {
+        (0..7).map(|i| 3.0 * (2.0 * values(7, seed)[i] + values(7, seed + 1)[i])).sum()
+    };
+    assert!((first.item().unwrap() - want(1)).abs() < 1e-4);
+    assert!((second.item().unwrap() - want(2)).abs() < 1e-4);
+}
