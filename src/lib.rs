@@ -143,6 +143,7 @@
 //! - [`gpt`]: a GPT-2 block on the Tensor API.
 //! - [`models`]: GPT-2 and Llama checkpoints from safetensors, generation with a KV cache, the
 //!   training-step graph.
+//! - [`optim`]: AdamW and SGD with momentum, as torch's.
 //! - [`ir`]: the UOp graph, loop-IR builders, `simplify`, `verify`, printers; [`jit`]:
 //!   `Program::compile` and `run`; [`tile`]: the CPU tile micro-kernels; [`machine`]: the
 //!   machine model the kernels choose their paths from.
@@ -193,6 +194,7 @@ pub mod masked_attention {
 mod error;
 pub mod gpt;
 pub mod models;
+pub mod optim;
 pub use error::{Error, Result};
 
 /// What a first program needs, for `use uopc::prelude::*;`: the tensor type, its dtypes, the

@@ -23,6 +23,7 @@ mod generate;
 mod layers;
 mod model;
 mod train;
+mod update;
 
 pub use cache::KvCache;
 pub use checkpoint::Checkpoint;

@@ -67,6 +67,8 @@ pub struct CausalLm {
     pub(super) head: Tensor,
     /// Every checkpoint weight, in load order.
     pub(super) params: Vec<Parameter>,
+    /// The checkpoint's `config.json`, as read (written back by [`CausalLm::save`]).
+    pub(super) config_json: String,
 }
 
 impl CausalLm {
@@ -79,9 +81,11 @@ impl CausalLm {
     /// [`ModelError::Checkpoint`] naming a tensor that is missing, of another shape or dtype,
     /// or present but not part of the model; [`ModelError::Io`] when a file cannot be read.
     pub fn load(dir: &Path) -> Result<CausalLm, ModelError> {
-        let config = ModelConfig::from_dir(dir)?;
+        let path = dir.join("config.json");
+        let config_json = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let config = ModelConfig::from_json(&config_json)?;
         let mut ckpt = Checkpoint::open(dir)?;
-        let model = match config.architecture {
+        let mut model = match config.architecture {
             Architecture::Gpt2 => load_gpt2(&config, &mut ckpt)?,
             Architecture::Llama => load_llama(&config, &mut ckpt)?,
         };
@@ -98,6 +102,7 @@ impl CausalLm {
                 unused.len()
             )));
         }
+        model.config_json = config_json;
         Ok(model)
     }
 
@@ -274,7 +279,16 @@ fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelE
     } else {
         ld.take("lm_head.weight", &[c.vocab_size, d])?.t()
     };
-    Ok(CausalLm { config: c.clone(), embed, positions: None, blocks, final_norm, head, params: ld.params })
+    Ok(CausalLm {
+        config: c.clone(),
+        embed,
+        positions: None,
+        blocks,
+        final_norm,
+        head,
+        params: ld.params,
+        config_json: String::new(),
+    })
 }
 
 fn load_gpt2(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelError> {
@@ -325,5 +339,6 @@ fn load_gpt2(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelEr
         blocks,
         final_norm,
         params: ld.params,
+        config_json: String::new(),
     })
 }

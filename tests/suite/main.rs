@@ -11,3 +11,4 @@ mod models;
 mod online_rows;
 mod online_rows_exp;
 mod online_softmax;
+mod train;
