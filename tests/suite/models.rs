@@ -269,3 +269,56 @@ fn training_step_gradients_match_transformers_within_1e_4() {
         }
     }
 }
+
+#[test]
+fn bf16_and_f16_checkpoints_load_as_their_exactly_widened_values() {
+    // The fixture rewritten in a 16-bit dtype, and again in f32 with each weight rounded to
+    // that dtype: both hold the same numbers, so the two models' logits agree bit for bit.
+    let name = "llama_tiny_gqa";
+    let bytes = std::fs::read(fixture_dir(name).join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (tag, dtype) in [("bf16", safetensors::Dtype::BF16), ("f16", safetensors::Dtype::F16)] {
+        let round = |x: f32| -> (f32, [u8; 2]) {
+            if dtype == safetensors::Dtype::BF16 {
+                let h = half::bf16::from_f32(x);
+                (h.to_f32(), h.to_le_bytes())
+            } else {
+                let h = half::f16::from_f32(x);
+                (h.to_f32(), h.to_le_bytes())
+            }
+        };
+        let mut half_data = Vec::new();
+        let mut rounded_data = Vec::new();
+        for (n, view) in st.tensors() {
+            let values: Vec<f32> =
+                view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let (r, h): (Vec<f32>, Vec<[u8; 2]>) = values.iter().map(|&x| round(x)).unzip();
+            half_data.push((n.clone(), view.shape().to_vec(), h.concat()));
+            rounded_data.push((
+                n,
+                view.shape().to_vec(),
+                r.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+            ));
+        }
+        let write = |dir: &Path, data: &[(String, Vec<usize>, Vec<u8>)], dt: safetensors::Dtype| {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::copy(fixture_dir(name).join("config.json"), dir.join("config.json")).unwrap();
+            let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
+                .iter()
+                .map(|(n, s, b)| (n.clone(), safetensors::tensor::TensorView::new(dt, s.clone(), b).unwrap()))
+                .collect();
+            std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, None).unwrap())
+                .unwrap();
+        };
+        let base = std::env::temp_dir().join(format!("uopc_models_{tag}_{}", std::process::id()));
+        write(&base.join("half"), &half_data, dtype);
+        write(&base.join("rounded"), &rounded_data, safetensors::Dtype::F32);
+        let prompt = &expected(name).prompts[0];
+        let logits = |dir: PathBuf| {
+            let m = CausalLm::load(&dir).unwrap();
+            rows(&m.forward(prompt, &mut m.new_cache(prompt.len()), Logits::All).unwrap())
+        };
+        assert_eq!(logits(base.join("half")), logits(base.join("rounded")), "{tag}");
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
