@@ -92,6 +92,17 @@ impl Checkpoint {
     /// [`ModelError::Checkpoint`] naming the tensor when it is missing, has another shape
     /// (both shapes named), or a dtype other than F32, BF16 and F16.
     pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
+        let values = self.take_values(name, shape)?;
+        Ok(Tensor::try_from_vec(values, shape)?)
+    }
+
+    /// [`Checkpoint::take`]'s values, row-major, without making a tensor of them (for weights
+    /// stacked with others into one).
+    ///
+    /// # Errors
+    ///
+    /// As [`Checkpoint::take`].
+    pub fn take_values(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         let entry = self.entries.get(name).ok_or_else(|| {
             ModelError::Checkpoint(format!("tensor `{name}` of shape {shape:?} is missing"))
         })?;
@@ -119,7 +130,7 @@ impl Checkpoint {
             }
         };
         self.taken.insert(name.to_string());
-        Ok(Tensor::try_from_vec(values, shape)?)
+        Ok(values)
     }
 
     /// The names no [`Checkpoint::take`] asked for, except those `ignored` says a model may

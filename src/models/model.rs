@@ -202,10 +202,12 @@ impl Loader<'_> {
     /// The tensors `parts` (name, rows, columns; one column count) stacked by rows into one
     /// leaf, realized once: one product for several projections of the same input.
     fn stack(&mut self, parts: &[(String, usize, usize)]) -> Result<Tensor, ModelError> {
-        let taken: Vec<Tensor> =
-            parts.iter().map(|(n, r, c)| self.ckpt.take(n, &[*r, *c])).collect::<Result<_, _>>()?;
-        let refs: Vec<&Tensor> = taken.iter().collect();
-        let leaf = Tensor::try_cat(&refs, 0)?.realize()?;
+        let mut values = Vec::new();
+        for (n, r, c) in parts {
+            values.extend(self.ckpt.take_values(n, &[*r, *c])?);
+        }
+        let rows = parts.iter().map(|(_, r, _)| r).sum();
+        let leaf = Tensor::try_from_vec(values, &[rows, parts.first().map_or(0, |p| p.2)])?;
         let mut row = 0;
         for (n, r, _) in parts {
             self.params.push(Parameter { name: n.clone(), leaf: leaf.clone(), rows: Some(row..row + r) });
@@ -218,10 +220,11 @@ impl Loader<'_> {
     fn stack_vectors(&mut self, parts: &[(String, usize)]) -> Result<Tensor, ModelError> {
         let as_rows: Vec<(String, usize, usize)> =
             parts.iter().map(|(n, len)| (n.clone(), *len, 1)).collect();
-        let taken: Vec<Tensor> =
-            parts.iter().map(|(n, len)| self.ckpt.take(n, &[*len])).collect::<Result<_, _>>()?;
-        let refs: Vec<&Tensor> = taken.iter().collect();
-        let leaf = Tensor::try_cat(&refs, 0)?.realize()?;
+        let mut values = Vec::new();
+        for (n, len) in parts {
+            values.extend(self.ckpt.take_values(n, &[*len])?);
+        }
+        let leaf = Tensor::try_from_vec(values, &[parts.iter().map(|(_, len)| len).sum()])?;
         let mut row = 0;
         for (n, r, _) in as_rows {
             self.params.push(Parameter { name: n, leaf: leaf.clone(), rows: Some(row..row + r) });
