@@ -1,5 +1,7 @@
 //! `cargo xtask bench generate`: prompt processing and decode of a checkpoint with
-//! `uopc::models`, cold (the first run of the process, compiles included) and warm. Without
+//! `uopc::models`, cold (the first run of the process, compiles included) and warm, and the
+//! decode's share of the memory-bandwidth bound (the weights and the cached keys and values a
+//! step reads, over the streaming read measured in the same run). Without
 //! `--model`, GPT-2 small (124M) and a Llama of SmolLM-135M's configuration, randomly
 //! initialized and written as safetensors checkpoints on first use under `target/bench-models`.
 
@@ -142,8 +144,8 @@ pub fn run(
 ) -> ExitCode {
     let mut rows = Vec::new();
     println!(
-        "{:<24} {:>8} {:>6} {:>16} {:>15} {:>14} {:>14}",
-        "model", "prompt", "new", "first token ms", "prompt tok/s", "decode ms/tok", "load s"
+        "{:<24} {:>8} {:>6} {:>16} {:>15} {:>14} {:>14} {:>12}",
+        "model", "prompt", "new", "first token ms", "prompt tok/s", "decode ms/tok", "load s", "of bw bound"
     );
     for dir in models {
         let start = std::time::Instant::now();
@@ -174,18 +176,29 @@ pub fn run(
             }
         }
         let warm = |v: &[f64]| median(if v.len() > 1 { &v[1..] } else { v });
+        // The bytes one decode step must read at the middle of the generation: every weight
+        // once (f32), and the keys and values cached so far.
+        let c = model.config();
+        let weights: usize = model.leaves().iter().map(|l| 4 * l.numel()).sum();
+        let cached = prompt_tokens + new_tokens / 2;
+        let cache_bytes = 4 * 2 * c.layers * cached * c.kv_heads * c.head_dim;
+        let stream_gbs = uopc::masked_attention::streaming_read_gbs(256, rayon::current_num_threads(), 5);
+        let bound_ms = (weights + cache_bytes) as f64 / (stream_gbs * 1e9) * 1e3;
         let name = dir.file_name().map_or(String::new(), |n| n.to_string_lossy().to_string());
         println!(
-            "{name:<24} {prompt_tokens:>8} {new_tokens:>6} {:>16.1} {:>15.1} {:>14.2} {load:>14.2}",
+            "{name:<24} {prompt_tokens:>8} {new_tokens:>6} {:>16.1} {:>15.1} {:>14.2} {load:>14.2} {:>11.0}%",
             first[0],
             warm(&prompt_rate),
-            warm(&decode)
+            warm(&decode),
+            100.0 * bound_ms / warm(&decode)
         );
         rows.push(serde_json::json!({
             "model": name, "dtype": "f32", "batch": 1, "prompt_tokens": prompt_tokens,
             "new_tokens": new_tokens, "first_token_ms": first[0], "first_token_ms_runs": first,
             "prompt_tokens_per_s": warm(&prompt_rate), "prompt_tokens_per_s_runs": prompt_rate,
             "decode_ms_per_token": warm(&decode), "decode_ms_per_token_runs": decode, "load_s": load,
+            "decode_bytes_per_token": weights + cache_bytes, "streaming_read_gbs": stream_gbs,
+            "bandwidth_bound_ms_per_token": bound_ms, "decode_share_of_bandwidth_bound": bound_ms / warm(&decode),
         }));
     }
     crate::write_results(json, &rows)
