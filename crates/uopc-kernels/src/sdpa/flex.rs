@@ -268,6 +268,12 @@ impl AttentionMods {
             .collect()
     }
 
+    /// Whether each capture gets a gradient from the backward kernel: an F32 capture it reads.
+    pub(crate) fn captures_with_gradient(&self) -> Vec<bool> {
+        let read = self.captures_read(Reads::BACKWARD);
+        self.captures.iter().zip(read).map(|(spec, read)| read && spec.dtype == DType::F32).collect()
+    }
+
     /// The captures' buffers for a kernel that reads those `used` (see
     /// [`AttentionMods::captures_read`]): in slots `first, first + 1, ..` in declaration order;
     /// the others in slots no program has (they are never read, so never emitted).
@@ -408,6 +414,29 @@ impl KeyBounds {
             }
         }
         kb
+    }
+
+    /// Over a block of query rows, `[lowest, seen_from, seen_to, highest]`: no row sees a key
+    /// below `lowest` or from `highest` on, and every row sees the keys from `seen_from` to
+    /// `seen_to` (an empty span, `n_k` to 0, unless these bounds are the whole mask and each
+    /// is read off). `over(e, least)` is bound `e`'s least (or greatest) value over the rows,
+    /// `None` when it cannot be read off; such a bound is left out of `lowest` and `highest`,
+    /// which only widens them. Unclamped.
+    pub fn extremes(&self, over: impl Fn(&UOp, bool) -> Option<UOp>, n_k: i64) -> [UOp; 4] {
+        let fold = |xs: Vec<UOp>, max: bool| {
+            xs.into_iter().reduce(|a, b| if max { a.maximum(&b) } else { min_idx(&a, &b) })
+        };
+        let lowest = fold(self.start.iter().filter_map(|s| over(s, true)).collect(), true);
+        let highest = fold(self.end.iter().filter_map(|e| over(e, false)).collect(), false);
+        let starts: Option<Vec<UOp>> = self.start.iter().map(|s| over(s, false)).collect();
+        let ends: Option<Vec<UOp>> = self.end.iter().map(|e| over(e, true)).collect();
+        let (seen_from, seen_to) = match (starts, ends) {
+            (Some(s), Some(e)) if self.exact => {
+                (fold(s, true).unwrap_or_else(|| idx(0)), fold(e, false).unwrap_or_else(|| idx(n_k)))
+            }
+            _ => (idx(n_k), idx(0)),
+        };
+        [lowest.unwrap_or_else(|| idx(0)), seen_from, seen_to, highest.unwrap_or_else(|| idx(n_k))]
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::blocking::cores;
 use super::flex::Reads;
-use super::kernel::{PlanMode, plan_from_counts};
+use super::kernel::{PlanMode, count_pairs, plan_from_counts};
 use super::panels::KvPanels;
 use super::{
     AttentionMods, Blocking, Extras, MaskKind, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check,
@@ -332,16 +332,7 @@ impl Sdpa {
         let (Some((program, mode)), Some((mods, _))) = (&self.plan, &self.mods) else { return Ok(None) };
         let (c, b) = (&self.config, &self.blocking);
         let full = c.n_k / b.keys;
-        let mut counts = vec![0.0f32; mode.units(c, b) * full];
-        let mut args: Vec<Arg<'_>> = Vec::new();
-        push_captures(mods.captures(), extras.captures, &mods.captures_read(Reads::MASK), &mut args)?;
-        if let Some(lens) = extras.key_lengths {
-            args.push(Arg::Read(BufRef::I32(lens)));
-        }
-        args.push(Arg::WriteF32(&mut counts));
-        let vars: Vec<i64> = extras.kv_length.map(|l| l as i64).into_iter().collect();
-        program.run_with_vars(&mut args, &vars)?;
-        drop(args);
+        let counts = count_pairs(program, mods, extras, mode.units(c, b) * full)?;
         Ok(Some(plan_from_counts(&counts, full, mode.rows(b) * b.keys)))
     }
 }

@@ -4,7 +4,7 @@
 
 use super::BackwardBlocking;
 use super::program::{BackwardKernel, KeyBlock, Outputs, Task, flag};
-use super::score_fn::{ScoreTiles, capture_loads, check_differentiable};
+use super::score_fn::{capture_loads, check_differentiable};
 use crate::LOG2E;
 use crate::masked::min_idx;
 use crate::sdpa::flex::{KeyBounds, placeholders};
@@ -57,12 +57,7 @@ impl BackwardKernel {
         let (_, mask, _) = mods.build((&task.item, &head, &q, &kv), &buffers, None);
         let mut bounds =
             mask.map_or(KeyBounds { exact: true, ..KeyBounds::default() }, |m| KeyBounds::of(&m, &kv));
-        if self.c.causal {
-            bounds.end.push(&q + (self.c.causal_offset() + 1));
-        }
-        if let Some(lens) = &self.lens {
-            bounds.end.push(lens.index(&task.item).load().cast(DType::INDEX));
-        }
+        bounds.end.extend(self.key_ends(task, &q));
         // The per-run counts cover the full key blocks.
         let counted = self.plan.clone().filter(|_| kb.cols == self.b.keys);
         if full_qb > 0 {
@@ -96,27 +91,11 @@ impl BackwardKernel {
     ) -> (UOp, UOp) {
         let (first, last) = (q0.clone(), q0 + (rows as i64 - 1));
         let over = |e: &UOp, least: bool| extreme_over_rows(e, q, (&first, &last), least);
-        let fold = |xs: Vec<UOp>, max: bool| {
-            xs.into_iter().reduce(|a, b| if max { a.maximum(&b) } else { min_idx(&a, &b) })
-        };
-        let n_k = idx(self.c.n_k as i64);
+        let [lowest, seen_from, seen_to, highest] = bounds.extremes(over, self.c.n_k as i64);
         let (k0, k1) = (kb.k0.clone(), &kb.k0 + kb.cols as i64);
-        let lowest = fold(bounds.start.iter().filter_map(|s| over(s, true)).collect(), true);
-        let highest = fold(bounds.end.iter().filter_map(|e| over(e, false)).collect(), false);
-        let run = flag(&min_idx(
-            &(highest.unwrap_or_else(|| n_k.clone()) - &k0),
-            &(&k1 - lowest.unwrap_or_else(|| idx(0))),
-        ));
-        let starts: Option<Vec<UOp>> = bounds.start.iter().map(|s| over(s, false)).collect();
-        let ends: Option<Vec<UOp>> = bounds.end.iter().map(|e| over(e, true)).collect();
-        let whole = match (starts, ends) {
-            (Some(s), Some(e)) if bounds.exact => {
-                let seen_from = fold(s, true).unwrap_or_else(|| idx(0));
-                let seen_to = fold(e, false).unwrap_or(n_k);
-                flag(&min_idx(&(&k0 - seen_from + 1), &(seen_to - &k1 + 1)))
-            }
-            _ => idx(0),
-        };
+        let run = flag(&min_idx(&(highest - &k0), &(&k1 - lowest)));
+        // Without a span seen whole (`n_k` to 0) no block is: `k0 - n_k + 1 <= 0`.
+        let whole = flag(&min_idx(&(&k0 - seen_from + 1), &(seen_to - &k1 + 1)));
         (min_idx(&run, &(-&whole + 1)), min_idx(&run, &whole))
     }
 
@@ -178,13 +157,8 @@ impl BackwardKernel {
             score = s * (LOG2E as f32);
         }
         if masked {
-            let mut keep: Vec<UOp> = mask.into_iter().collect();
-            if self.c.causal {
-                keep.push(key.lt(&query + (self.c.causal_offset() + 1)));
-            }
-            if let Some(lens) = &self.lens {
-                keep.push(key.lt(lens.index(&task.item).load().cast(DType::INDEX)));
-            }
+            let ends = self.key_ends(task, &query);
+            let keep = mask.into_iter().chain(ends.iter().map(|end| key.lt(end)));
             for c in keep {
                 score = c.where_(&score, f32c(f32::NEG_INFINITY));
             }
@@ -202,7 +176,7 @@ impl BackwardKernel {
     /// the row does not see) are zero, whatever the derivative is there.
     pub(super) fn score_grad_tile(&mut self, task: &Task, kb: &KeyBlock, head: &UOp, q0: &UOp, rows: usize) {
         let Some((mods, buffers)) = self.mods.clone() else { return };
-        let constant = ScoreTiles::of(&mods).constant;
+        let constant = self.score_tiles.constant;
         if task.slope.is_none() && constant == Some(1.0) && task.raw.is_none() {
             return;
         }
@@ -250,7 +224,7 @@ impl BackwardKernel {
                     let init = acc.after(&[task.t.clone(), rq.clone()]).index(0).store(0.0f32);
                     let a = acc.after(&[init.clone(), cc.clone()]).index(0);
                     effects.push(a.store(a.load() + term));
-                    row_sums.push((acc, init, target.clone(), at));
+                    row_sums.push((acc, target.clone(), at));
                 }
             }
         }
@@ -258,7 +232,7 @@ impl BackwardKernel {
         let mut row_effects = vec![along_row.clone()];
         let mut deps = self.chain.clone();
         deps.extend([rq.clone(), along_row.clone()]);
-        for (acc, _, target, at) in row_sums {
+        for (acc, target, at) in row_sums {
             let total = acc.after(std::slice::from_ref(&along_row)).index(0).load();
             let cell = target.after(&deps).index(at);
             let store = cell.store(cell.load() + total);

@@ -7,14 +7,14 @@ use super::score_fn::ScoreTiles;
 use super::{BackwardBlocking, ForwardSaved, Geometry, SdpaBackward, sdpa_flex_backward_ir};
 use crate::LOG2E;
 use crate::sdpa::blocking::cores;
-use crate::sdpa::flex::Reads;
 use crate::sdpa::forward::{causal_equivalent, check_flex};
 use crate::sdpa::kernel::PlanMode;
+use crate::sdpa::kernel::count_pairs;
+use crate::sdpa::sdpa_flex_plan_ir;
 use crate::sdpa::{AttentionMods, CaptureValues, Extras, Sdpa, SdpaConfig, SdpaDType, SdpaError};
-use crate::sdpa::{push_captures, sdpa_flex_plan_ir};
 use std::sync::{Mutex, OnceLock};
 use uopc_ir::DType;
-use uopc_jit::{Arg, BufRef, JitError, Program};
+use uopc_jit::{JitError, Program};
 
 impl SdpaBackward {
     /// The per-run counts of the pairs each (query block, key block) of the backward sees,
@@ -22,18 +22,10 @@ impl SdpaBackward {
     pub(super) fn flex_counts(&self, extras: Extras<'_>) -> Result<Option<Vec<f32>>, SdpaError> {
         let Some(FlexParts { mods, plan: Some(program), .. }) = &self.flex else { return Ok(None) };
         let c = &self.config;
-        let mode = PlanMode::of(mods);
-        let mut counts =
-            vec![0.0f32; mode.units(c, &plan_blocking(c, &self.blocking)) * (c.n_k / self.blocking.keys)];
-        let mut args: Vec<Arg<'_>> = Vec::new();
-        push_captures(mods.captures(), extras.captures, &mods.captures_read(Reads::MASK), &mut args)?;
-        if let Some(lens) = extras.key_lengths {
-            args.push(Arg::Read(BufRef::I32(lens)));
-        }
-        args.push(Arg::WriteF32(&mut counts));
-        program.run(&mut args)?;
-        drop(args);
-        Ok(Some(counts))
+        let units = PlanMode::of(mods).units(c, &plan_blocking(c, &self.blocking));
+        // The backward has no runtime KV length: its counting kernel takes no variable.
+        let extras = Extras { kv_length: None, ..extras };
+        Ok(Some(count_pairs(program, mods, extras, units * (c.n_k / self.blocking.keys))?))
     }
 
     /// The backward of [`Sdpa::compile_flex`]'s attention: [`SdpaBackward::forward`] runs the
@@ -50,12 +42,7 @@ impl SdpaBackward {
     /// without a derivative; [`JitError::Unsupported`] for a 16-bit configuration or a
     /// runtime KV length (decode has no backward).
     pub fn compile_flex(config: &SdpaConfig, mods: &AttentionMods) -> Result<SdpaBackward, SdpaError> {
-        config.validate()?;
-        check_flex(config, mods)?;
-        let (config, mods) = match causal_equivalent(config, mods) {
-            Some(causal) => (causal, mods.without_mask()),
-            None => (*config, mods.clone()),
-        };
+        let (config, mods) = checked_and_rewritten(config, mods)?;
         // A mask that bounds the keys gets the causal shape's blocks, as the forward does.
         let bounded =
             mods.mask_analysis().is_some_and(|m| !(m.bounds.start.is_empty() && m.bounds.end.is_empty()));
@@ -77,12 +64,7 @@ impl SdpaBackward {
         mods: &AttentionMods,
         blocking: BackwardBlocking,
     ) -> Result<SdpaBackward, SdpaError> {
-        config.validate()?;
-        check_flex(config, mods)?;
-        let (config, mods) = match causal_equivalent(config, mods) {
-            Some(causal) => (causal, mods.without_mask()),
-            None => (*config, mods.clone()),
-        };
+        let (config, mods) = checked_and_rewritten(config, mods)?;
         if !blocking.valid(&config) || !blocking.fits(config.d, 2 + ScoreTiles::of(&mods).count()) {
             return Err(JitError::Unsupported(format!(
                 "sdpa flex backward: blocking {blocking:?} does not fit {config:?}"
@@ -184,10 +166,8 @@ impl SdpaBackward {
             Some(FlexParts { mods, .. }) if wanted => mods
                 .captures()
                 .iter()
-                .zip(mods.captures_read(Reads::BACKWARD))
-                .map(|(spec, read)| {
-                    (read && spec.dtype == DType::F32).then(|| vec![0.0f32; g.tasks * spec.len()])
-                })
+                .zip(mods.captures_with_gradient())
+                .map(|(spec, differentiated)| differentiated.then(|| vec![0.0f32; g.tasks * spec.len()]))
                 .collect(),
             _ => Vec::new(),
         }
@@ -238,17 +218,26 @@ impl SdpaBackward {
     }
 }
 
+/// `config` and `mods` checked ([`check_flex`]), and the causal configuration with the mods
+/// without their mask when that mask is exactly the causal mask ([`causal_equivalent`]).
+fn checked_and_rewritten(
+    config: &SdpaConfig,
+    mods: &AttentionMods,
+) -> Result<(SdpaConfig, AttentionMods), SdpaError> {
+    config.validate()?;
+    check_flex(config, mods)?;
+    Ok(match causal_equivalent(config, mods) {
+        Some(causal) => (causal, mods.without_mask()),
+        None => (*config, mods.clone()),
+    })
+}
+
 /// What a flex backward runs, for its `Display`: the score function's chain rule, which
 /// captures get gradients, and which block pairs the mask lets it skip.
 pub(super) fn describe(mods: &AttentionMods) -> String {
     let mut parts = Vec::new();
     if mods.has_score() {
-        let floats = mods
-            .captures()
-            .iter()
-            .zip(mods.captures_read(Reads::BACKWARD))
-            .filter(|(spec, read)| *read && spec.dtype == DType::F32)
-            .count();
+        let floats = mods.captures_with_gradient().into_iter().filter(|&d| d).count();
         parts.push(format!(
             "a score function, its derivative applied to dS (the chain rule), {floats} float capture(s) it reads \
              differentiated on request"

@@ -113,6 +113,14 @@ impl BackwardKernel {
         self.chain = vec![cell.store(cell.load() + d_score).end(&[cc, rq])];
     }
 
+    /// The ends below which row `query` of `task`'s item sees keys: its causal limit and the
+    /// item's key length, where the configuration has them.
+    pub(super) fn key_ends(&self, task: &Task, query: &UOp) -> Vec<UOp> {
+        let causal = self.c.causal.then(|| query + (self.c.causal_offset() + 1));
+        let length = self.lens.as_ref().map(|lens| lens.index(&task.item).load().cast(DType::INDEX));
+        causal.into_iter().chain(length).collect()
+    }
+
     /// The loop over the score tile that adds the bias and sets the keys a row does not see
     /// to `-inf` (causal, past the item's key length, false in the bool mask).
     pub(super) fn mask_tile(&mut self, task: &Task, kb: &KeyBlock, head: &UOp, q0: &UOp, rows: usize) {
@@ -123,13 +131,7 @@ impl BackwardKernel {
         let key = &kb.k0 + &cc;
         let query = q0 + &rq;
         let mut score = cell.load();
-        let mut keep = Vec::new();
-        if self.c.causal {
-            keep.push(key.lt(&query + (self.c.causal_offset() + 1)));
-        }
-        if let Some(lens) = &self.lens {
-            keep.push(key.lt(lens.index(&task.item).load().cast(DType::INDEX)));
-        }
+        let mut keep: Vec<UOp> = self.key_ends(task, &query).iter().map(|end| key.lt(end)).collect();
         if let Some((buf, shape)) = &self.mask {
             let [sb, sh, sq, sk] = SdpaConfig::mask_strides(*shape);
             let x = buf.index(&task.item * sb + head * sh + &query * sq + &key * sk).load();

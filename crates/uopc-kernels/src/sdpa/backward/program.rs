@@ -130,6 +130,8 @@ pub(super) struct BackwardKernel {
     /// The gradient targets of the float captures (one per capture, `None` for the others),
     /// task-major: one region of the capture's length (the second field) per task.
     pub(super) dcaptures: Vec<Option<(UOp, usize)>>,
+    /// The stack tiles the score function's derivative needs, read off it once.
+    pub(super) score_tiles: ScoreTiles,
     pub(super) outputs: Outputs,
     pub(super) pb: ProgramBuilder,
     /// The effects (and ranges) the next step comes after.
@@ -200,9 +202,9 @@ impl BackwardKernel {
             Some((m, _)) if outputs.captures => m
                 .captures()
                 .iter()
-                .zip(&used)
-                .map(|(spec, &read)| {
-                    (read && spec.dtype == f32t).then(|| {
+                .zip(m.captures_with_gradient())
+                .map(|(spec, differentiated)| {
+                    differentiated.then(|| {
                         grad_slot += 1;
                         (buffer(grad_slot - 1, f32t, g.tasks * spec.len()), spec.len())
                     })
@@ -211,6 +213,7 @@ impl BackwardKernel {
             _ => Vec::new(),
         };
         BackwardKernel {
+            score_tiles: mods.as_ref().map_or(ScoreTiles::default(), |(m, _)| ScoreTiles::of(m)),
             mods,
             plan,
             dcaptures,
@@ -300,7 +303,7 @@ impl BackwardKernel {
         let SdpaConfig { kv_heads, n_k, d, .. } = self.c;
         let BackwardBlocking { queries: br, keys: bc, chunks } = self.b;
         let f32t = DType::F32;
-        let tiles = self.mods.as_ref().map_or(ScoreTiles::default(), |(m, _)| ScoreTiles::of(m));
+        let tiles = self.score_tiles;
         let wants_raw = tiles.raw && self.dcaptures.iter().any(Option::is_some);
         let pb = &mut self.pb;
         let raw = wants_raw.then(|| pb.alloc(DType::F32, br * bc));

@@ -8,10 +8,7 @@ use uopc_ir::{DType, Op, UOp, derivative, idx};
 /// The score function differentiated once over placeholders, with respect to the score and
 /// to every capture it loads, so that a kernel's build cannot meet an op without a rule.
 pub(super) fn check_differentiable(mods: &AttentionMods) -> Result<(), SdpaError> {
-    let [b, h, q, kv] = placeholders();
-    let buffers = mods.buffers(0);
-    let score = uopc_ir::buffer(buffers.len(), DType::F32, 1).index(idx(0)).load();
-    let (Some(f), _, _) = mods.build((&b, &h, &q, &kv), &buffers, Some(&score)) else { return Ok(()) };
+    let Some(ScoreFunction { f, score, buffers }) = ScoreFunction::of(mods) else { return Ok(()) };
     let fault = |e: uopc_ir::IrError| SdpaError::Capture {
         name: String::new(),
         reason: format!("the score function cannot be differentiated: {e}"),
@@ -21,6 +18,28 @@ pub(super) fn check_differentiable(mods: &AttentionMods) -> Result<(), SdpaError
         derivative(&f, &load.0).map_err(fault)?;
     }
     Ok(())
+}
+
+/// The score function built over placeholder indices, a placeholder score and the captures'
+/// buffers: what the analyses before a kernel's build read.
+struct ScoreFunction {
+    /// The modified score.
+    f: UOp,
+    /// The load standing for the score.
+    score: UOp,
+    /// The captures' buffers, in declaration order.
+    buffers: Vec<UOp>,
+}
+
+impl ScoreFunction {
+    /// `mods`' score function, `None` without one.
+    fn of(mods: &AttentionMods) -> Option<ScoreFunction> {
+        let [b, h, q, kv] = placeholders();
+        let buffers = mods.buffers(0);
+        let score = uopc_ir::buffer(buffers.len(), DType::F32, 1).index(idx(0)).load();
+        let (f, _, _) = mods.build((&b, &h, &q, &kv), &buffers, Some(&score));
+        Some(ScoreFunction { f: f?, score, buffers })
+    }
 }
 
 /// What a score function needs in the backward besides the score and gradient tiles.
@@ -38,10 +57,7 @@ pub(crate) struct ScoreTiles {
 impl ScoreTiles {
     /// The tiles of `mods`' score function, read off it over placeholders.
     pub fn of(mods: &AttentionMods) -> ScoreTiles {
-        let [b, h, q, kv] = placeholders();
-        let buffers = mods.buffers(0);
-        let score = uopc_ir::buffer(buffers.len(), DType::F32, 1).index(idx(0)).load();
-        let (Some(f), _, _) = mods.build((&b, &h, &q, &kv), &buffers, Some(&score)) else {
+        let Some(ScoreFunction { f, score, buffers }) = ScoreFunction::of(mods) else {
             return ScoreTiles { constant: Some(1.0), ..ScoreTiles::default() };
         };
         let f = f.cast(DType::F32);

@@ -75,30 +75,11 @@ impl SdpaKernel {
         };
         let n_k = self.c.n_k as i64;
         let clamp = |x: UOp| min_idx(&x.maximum(idx(0)), &idx(n_k));
-        let fold = |xs: Vec<UOp>, max: bool| {
-            xs.into_iter().reduce(|a, b| if max { a.maximum(&b) } else { min_idx(&a, &b) })
-        };
-        // Keys below every row's start and from every row's end on are seen by no row; those
-        // from the greatest start to the least end by every row (when the bounds are exact).
-        let lowest = fold(kb.start.iter().filter_map(|s| over_rows(s, true)).collect(), true);
-        let highest = fold(kb.end.iter().filter_map(|e| over_rows(e, false)).collect(), false);
-        let starts: Option<Vec<UOp>> = kb.start.iter().map(|s| over_rows(s, false)).collect();
-        let ends: Option<Vec<UOp>> = kb.end.iter().map(|e| over_rows(e, true)).collect();
-        let (seen_from, seen_to) = match (starts, ends) {
-            (Some(s), Some(e)) if kb.exact => {
-                (fold(s, true).unwrap_or_else(|| idx(0)), fold(e, false).unwrap_or_else(|| idx(n_k)))
-            }
-            _ => (idx(n_k), idx(0)),
-        };
+        let [lowest, seen_from, seen_to, highest] = kb.extremes(over_rows, n_k);
         // Blocks rounded outwards for the span seen, inwards for the span seen whole.
         let rounded_up = |x: UOp| (clamp(x) + (bc - 1)).idiv(bc);
         in_order(
-            [
-                clamp(lowest.unwrap_or_else(|| idx(0))).idiv(bc),
-                rounded_up(seen_from),
-                clamp(seen_to).idiv(bc),
-                rounded_up(highest.unwrap_or_else(|| idx(n_k))),
-            ],
+            [clamp(lowest).idiv(bc), rounded_up(seen_from), clamp(seen_to).idiv(bc), rounded_up(highest)],
             full,
         )
     }

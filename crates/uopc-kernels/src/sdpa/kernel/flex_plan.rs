@@ -8,8 +8,9 @@ use super::SdpaKernel;
 use super::task::{TaskIndices, first_query};
 use crate::masked::min_idx;
 use crate::sdpa::flex::Reads;
-use crate::sdpa::{AttentionMods, Blocking, SdpaConfig};
+use crate::sdpa::{AttentionMods, Blocking, Extras, SdpaConfig, SdpaError, push_captures};
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, f32c, idx, var};
+use uopc_jit::{Arg, BufRef, Program};
 
 /// How a flex kernel knows its blocks: from the mask's key bounds at compile time, or from a
 /// plan counted at run time.
@@ -107,6 +108,28 @@ pub fn sdpa_flex_plan_ir(config: &SdpaConfig, blocking: &Blocking, mods: &Attent
     let total = acc.after(&[add]).index(0).load();
     let st = counts.index(&u * full as i64 + &kb).store(total);
     uopc_ir::sink(&[st.end(&[kb, u])])
+}
+
+/// The counts of `program`, a counting kernel of `mods` ([`sdpa_flex_plan_ir`]), for a run with
+/// `extras` (the captures its mask reads, the key lengths, the runtime KV length): `len`
+/// values, `units x full key blocks`.
+pub(crate) fn count_pairs(
+    program: &Program,
+    mods: &AttentionMods,
+    extras: Extras<'_>,
+    len: usize,
+) -> Result<Vec<f32>, SdpaError> {
+    let mut counts = vec![0.0f32; len];
+    let mut args: Vec<Arg<'_>> = Vec::new();
+    push_captures(mods.captures(), extras.captures, &mods.captures_read(Reads::MASK), &mut args)?;
+    if let Some(lens) = extras.key_lengths {
+        args.push(Arg::Read(BufRef::I32(lens)));
+    }
+    args.push(Arg::WriteF32(&mut counts));
+    let vars: Vec<i64> = extras.kv_length.map(|l| l as i64).into_iter().collect();
+    program.run_with_vars(&mut args, &vars)?;
+    drop(args);
+    Ok(counts)
 }
 
 /// Each unit's `[t0, c0, c1, t1]` from its counts (`full` per unit, each out of `whole`

@@ -5,7 +5,7 @@ mod flex_plan;
 pub(crate) use flex_loops::extreme_over_rows;
 pub use flex_loops::flex_block_plan;
 pub use flex_plan::sdpa_flex_plan_ir;
-pub(crate) use flex_plan::{PlanMode, plan_from_counts};
+pub(crate) use flex_plan::{PlanMode, count_pairs, plan_from_counts};
 mod key_block;
 mod key_loops;
 mod task;
