@@ -25,13 +25,27 @@
 
 use uopc_tensor::{Tensor, TensorError};
 
-/// The values of `params` and then `grads` as f32s, computed together (gradients of one loss
-/// share most of their graph: realized one by one, each would compute it again).
-fn values(params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Vec<f32>>, TensorError> {
+/// The new values of `params`: each parameter's values and its gradient's, as f32s, handed to
+/// `update` with the parameter's position. The values are computed together (gradients of one
+/// loss share most of their graph: realized one by one, each would compute it again).
+fn updated(
+    params: &[Tensor],
+    grads: &[Tensor],
+    mut update: impl FnMut(usize, &mut [f32], &[f32]),
+) -> Result<Vec<Tensor>, TensorError> {
     let all: Vec<Tensor> = params.iter().chain(grads).map(|t| t.cast(uopc_ir::DType::F32)).collect();
     let refs: Vec<&Tensor> = all.iter().collect();
     let (done, _) = uopc_tensor::realize(&refs, &uopc_tensor::RealizeOptions::default())?;
-    done.iter().map(|t| Ok(t.to_ndarray::<f32>()?.into_iter().collect())).collect()
+    let values =
+        |t: &Tensor| -> Result<Vec<f32>, TensorError> { Ok(t.to_ndarray::<f32>()?.into_iter().collect()) };
+    let (weights, gradients) = done.split_at(params.len());
+    let mut out = Vec::with_capacity(params.len());
+    for (i, ((p, w), g)) in params.iter().zip(weights).zip(gradients).enumerate() {
+        let mut w = values(w)?;
+        update(i, &mut w, &values(g)?);
+        out.push(Tensor::try_from_vec(w, p.shape())?);
+    }
+    Ok(out)
 }
 
 /// Checks that `params` and `grads` pair up and match the state's count.
@@ -98,19 +112,16 @@ impl AdamW {
         let (b1, b2) = self.betas;
         let t = self.steps as i32;
         let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        let mut out = Vec::with_capacity(params.len());
-        let mut data = values(params, grads)?;
-        let gs = data.split_off(params.len());
-        for (((p, mut w), g), (m, v)) in params.iter().zip(data).zip(gs).zip(&mut self.moments) {
-            for (((w, g), m), v) in w.iter_mut().zip(&g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                *w -= self.lr * self.weight_decay * *w;
+        let (lr, weight_decay, eps, moments) = (self.lr, self.weight_decay, self.eps, &mut self.moments);
+        updated(params, grads, |i, w, g| {
+            let (m, v) = &mut moments[i];
+            for (((w, g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                *w -= lr * weight_decay * *w;
                 *m = b1 * *m + (1.0 - b1) * g;
                 *v = b2 * *v + (1.0 - b2) * g * g;
-                *w -= self.lr * (*m / c1) / ((*v / c2).sqrt() + self.eps);
+                *w -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
             }
-            out.push(Tensor::try_from_vec(w, p.shape())?);
-        }
-        Ok(out)
+        })
     }
 }
 
@@ -144,17 +155,14 @@ impl Sgd {
         if first {
             self.buffers = params.iter().map(|p| vec![0.0; p.numel()]).collect();
         }
-        let mut out = Vec::with_capacity(params.len());
-        let mut data = values(params, grads)?;
-        let gs = data.split_off(params.len());
-        for (((p, mut w), g), b) in params.iter().zip(data).zip(gs).zip(&mut self.buffers) {
-            for ((w, g), b) in w.iter_mut().zip(&g).zip(b.iter_mut()) {
-                let g = g + self.weight_decay * *w;
-                *b = if first { g } else { self.momentum * *b + g };
-                *w -= self.lr * if self.momentum == 0.0 { g } else { *b };
+        let (lr, momentum, weight_decay, buffers) =
+            (self.lr, self.momentum, self.weight_decay, &mut self.buffers);
+        updated(params, grads, |i, w, g| {
+            for ((w, g), b) in w.iter_mut().zip(g).zip(buffers[i].iter_mut()) {
+                let g = g + weight_decay * *w;
+                *b = if first { g } else { momentum * *b + g };
+                *w -= lr * if momentum == 0.0 { g } else { *b };
             }
-            out.push(Tensor::try_from_vec(w, p.shape())?);
-        }
-        Ok(out)
+        })
     }
 }

@@ -108,6 +108,12 @@ impl Mlp {
     }
 }
 
+/// The rotary frequencies `theta^(-2i / head_dim)` of the first half of a head, in f32 as the
+/// reference computes them (as are the angles and their cos and sin after them).
+pub(crate) fn rotary_frequencies(head_dim: usize, theta: f32) -> Vec<f32> {
+    (0..head_dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect()
+}
+
 /// Rotates q or k rows in place by their positions (the Llama / GPT-NeoX form: the two halves
 /// of each head, `x1 cos - x2 sin` and `x2 cos + x1 sin`, with frequencies
 /// `theta^(-2i / head_dim)`). `rows` holds `tokens` rows of `heads * head_dim` at `stride`
@@ -120,8 +126,7 @@ pub(crate) fn rotate(
     theta: f32,
 ) {
     let half = head_dim / 2;
-    // In f32 as the reference computes them: the frequencies, the angles, then cos and sin.
-    let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
+    let inv_freq = rotary_frequencies(head_dim, theta);
     for (t, row) in rows.chunks_mut(stride).enumerate() {
         let position = (first + t) as f32;
         let (cos, sin): (Vec<f32>, Vec<f32>) =

@@ -128,15 +128,7 @@ impl CausalLm {
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let n = tokens.len();
-        if n == 0 {
-            return Err(ModelError::Input("no tokens given".into()));
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::Input(format!(
-                "token {t} is outside the vocabulary of {}",
-                c.vocab_size
-            )));
-        }
+        self.check_tokens(tokens)?;
         cache.check_room(n)?;
         let first = cache.len();
         if c.architecture == Architecture::Gpt2 && first + n > c.max_positions {
@@ -146,11 +138,7 @@ impl CausalLm {
                 c.max_positions
             )));
         }
-        let ids = Tensor::from_vec(tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(), &[n]);
-        let mut x = self.embed.try_index_select(0, &ids)?;
-        if let Some(p) = &self.positions {
-            x = x.try_add(&p.try_slice(0, first, first + n)?)?;
-        }
+        let mut x = self.embedded(tokens, first)?;
         let qkv_width = (c.heads + 2 * c.kv_heads) * c.head_dim;
         let mut qkv_rows = vec![0.0f32; n * qkv_width];
         for (layer, block) in self.blocks.iter().enumerate() {
@@ -160,7 +148,6 @@ impl CausalLm {
             x = done[0].clone();
             done[1].realize_into(&mut qkv_rows)?;
             if c.architecture == Architecture::Llama {
-                let kv = c.kv_heads * c.head_dim;
                 rotate(&mut qkv_rows, qkv_width, (c.heads, c.head_dim), first, c.rope_theta);
                 rotate(
                     &mut qkv_rows[c.heads * c.head_dim..],
@@ -169,7 +156,6 @@ impl CausalLm {
                     first,
                     c.rope_theta,
                 );
-                debug_assert!(c.heads * c.head_dim + kv <= qkv_width);
             }
             let attended = cache.attend(c, layer, &qkv_rows, n)?;
             let attended = Tensor::from_vec(attended, &[n, c.heads * c.head_dim]);
@@ -182,6 +168,34 @@ impl CausalLm {
             Logits::Last => x.try_slice(0, n - 1, n)?,
         };
         Ok(self.final_norm.forward(&x)?.try_matmul(&self.head)?)
+    }
+}
+
+impl CausalLm {
+    /// `Ok` when `tokens` is not empty and every token is in the vocabulary.
+    pub(super) fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::Input("no tokens given".into()));
+        }
+        match tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            Some(t) => Err(ModelError::Input(format!(
+                "token {t} is outside the vocabulary of {}",
+                self.config.vocab_size
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The embeddings of `tokens` at positions `first ..`: the token embedding, plus GPT-2's
+    /// learned position embedding.
+    pub(super) fn embedded(&self, tokens: &[u32], first: usize) -> Result<Tensor, ModelError> {
+        let n = tokens.len();
+        let ids = Tensor::from_vec(tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(), &[n]);
+        let x = self.embed.try_index_select(0, &ids)?;
+        Ok(match &self.positions {
+            Some(p) => x.try_add(&p.try_slice(0, first, first + n)?)?,
+            None => x,
+        })
     }
 }
 
@@ -199,36 +213,22 @@ impl Loader<'_> {
         Ok(t)
     }
 
-    /// The tensors `parts` (name, rows, columns; one column count) stacked by rows into one
-    /// leaf, realized once: one product for several projections of the same input.
-    fn stack(&mut self, parts: &[(String, usize, usize)]) -> Result<Tensor, ModelError> {
+    /// The tensors `parts` (name and shape, all of one shape but the first axis) stacked along
+    /// their first axis into one leaf: one product for several projections of the same input
+    /// (their weights, or their biases).
+    fn stack(&mut self, parts: &[(String, Vec<usize>)]) -> Result<Tensor, ModelError> {
         let mut values = Vec::new();
-        for (n, r, c) in parts {
-            values.extend(self.ckpt.take_values(n, &[*r, *c])?);
+        for (n, shape) in parts {
+            values.extend(self.ckpt.take_values(n, shape)?);
         }
-        let rows = parts.iter().map(|(_, r, _)| r).sum();
-        let leaf = Tensor::try_from_vec(values, &[rows, parts.first().map_or(0, |p| p.2)])?;
+        // Every caller stacks at least one tensor.
+        let mut shape = parts[0].1.clone();
+        shape[0] = parts.iter().map(|(_, s)| s[0]).sum();
+        let leaf = Tensor::try_from_vec(values, &shape)?;
         let mut row = 0;
-        for (n, r, _) in parts {
-            self.params.push(Parameter { name: n.clone(), leaf: leaf.clone(), rows: Some(row..row + r) });
-            row += r;
-        }
-        Ok(leaf)
-    }
-
-    /// 1-d tensors stacked the same way (the projections' biases).
-    fn stack_vectors(&mut self, parts: &[(String, usize)]) -> Result<Tensor, ModelError> {
-        let as_rows: Vec<(String, usize, usize)> =
-            parts.iter().map(|(n, len)| (n.clone(), *len, 1)).collect();
-        let mut values = Vec::new();
-        for (n, len) in parts {
-            values.extend(self.ckpt.take_values(n, &[*len])?);
-        }
-        let leaf = Tensor::try_from_vec(values, &[parts.iter().map(|(_, len)| len).sum()])?;
-        let mut row = 0;
-        for (n, r, _) in as_rows {
-            self.params.push(Parameter { name: n, leaf: leaf.clone(), rows: Some(row..row + r) });
-            row += r;
+        for (n, s) in parts {
+            self.params.push(Parameter { name: n.clone(), leaf: leaf.clone(), rows: Some(row..row + s[0]) });
+            row += s[0];
         }
         Ok(leaf)
     }
@@ -246,15 +246,15 @@ fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelE
     for i in 0..c.layers {
         let p = format!("model.layers.{i}");
         let attn_norm = rms(&mut ld, &format!("{p}.input_layernorm.weight"))?;
-        let proj = |n: &str, rows: usize, cols: usize| (format!("{p}.{n}.weight"), rows, cols);
+        let proj = |n: &str, rows: usize, cols: usize| (format!("{p}.{n}.weight"), vec![rows, cols]);
         let qkv_w = ld.stack(&[
             proj("self_attn.q_proj", q_out, d),
             proj("self_attn.k_proj", kv_out, d),
             proj("self_attn.v_proj", kv_out, d),
         ])?;
         let qkv_b = if c.qkv_bias {
-            let b = |n: &str, len: usize| (format!("{p}.self_attn.{n}.bias"), len);
-            Some(ld.stack_vectors(&[b("q_proj", q_out), b("k_proj", kv_out), b("v_proj", kv_out)])?)
+            let b = |n: &str, len: usize| (format!("{p}.self_attn.{n}.bias"), vec![len]);
+            Some(ld.stack(&[b("q_proj", q_out), b("k_proj", kv_out), b("v_proj", kv_out)])?)
         } else {
             None
         };

@@ -1,6 +1,7 @@
 //! The forward pass as one differentiable graph (no cache): what a training step runs, with
 //! the loss of next-token prediction and the checkpoint's parameters to differentiate.
 
+use super::layers::rotary_frequencies;
 use super::model::Parameter;
 use super::{Architecture, CausalLm, ModelError};
 use uopc_kernels::sdpa::scaled_dot_product_attention;
@@ -27,17 +28,8 @@ impl CausalLm {
         if n == 0 || n > c.max_positions {
             return Err(ModelError::Input(format!("{n} tokens: give 1 to {}", c.max_positions)));
         }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::Input(format!(
-                "token {t} is outside the vocabulary of {}",
-                c.vocab_size
-            )));
-        }
-        let ids = Tensor::from_vec(tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(), &[n]);
-        let mut x = self.embed.try_index_select(0, &ids)?;
-        if let Some(p) = &self.positions {
-            x = x.try_add(&p.try_slice(0, 0, n)?)?;
-        }
+        self.check_tokens(tokens)?;
+        let mut x = self.embedded(tokens, 0)?;
         let (h, hkv, hd) = (c.heads, c.kv_heads, c.head_dim);
         let rope = (c.architecture == Architecture::Llama).then(|| rotary_tables(n, hd, c.rope_theta));
         // (n, heads * hd) columns `from..` as (heads, n, hd), rotated when the model is.
@@ -84,7 +76,7 @@ impl CausalLm {
 /// reference does (see [`super::layers::rotate`]).
 fn rotary_tables(n: usize, hd: usize, theta: f32) -> (Tensor, Tensor) {
     let half = hd / 2;
-    let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / hd as f32)).collect();
+    let inv_freq = rotary_frequencies(hd, theta);
     let (mut cos, mut sin) = (Vec::with_capacity(n * half), Vec::with_capacity(n * half));
     for p in 0..n {
         for f in &inv_freq {

@@ -75,12 +75,7 @@ impl CausalLm {
             let part = p.part(&p.leaf)?;
             let values = part.to_ndarray::<f32>()?;
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let shape = match (&p.rows, part.shape()) {
-                // A 1-d vector stacked as rows of one column (the biases) goes back to 1-d.
-                (Some(_), [n, 1]) if p.name.ends_with("bias") => vec![*n],
-                (_, s) => s.to_vec(),
-            };
-            data.push((p.name.clone(), shape, bytes));
+            data.push((p.name.clone(), part.shape().to_vec(), bytes));
         }
         let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
             .iter()
