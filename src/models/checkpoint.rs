@@ -144,3 +144,29 @@ impl Checkpoint {
         self.maps.iter().map(|(p, _)| p.as_path())
     }
 }
+
+/// Writes f32 tensors (name, shape, row-major values) as a safetensors file at `path`: what a
+/// saved model or a generated checkpoint is.
+///
+/// # Errors
+///
+/// [`ModelError::Checkpoint`] naming the tensor whose values do not fill its shape, or the
+/// file when it cannot be written.
+pub fn write_f32_safetensors(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+) -> Result<(), ModelError> {
+    let bytes: Vec<Vec<u8>> =
+        tensors.iter().map(|(_, _, values)| values.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((name, shape, _), b)| {
+            let view = safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), b)
+                .map_err(|e| ModelError::Checkpoint(format!("{name}: {e}")))?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<_, ModelError>>()?;
+    safetensors::serialize_to_file(views, None, path)
+        .map_err(|e| ModelError::Checkpoint(format!("{}: {e}", path.display())))
+}

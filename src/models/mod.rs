@@ -26,7 +26,7 @@ mod train;
 mod update;
 
 pub use cache::KvCache;
-pub use checkpoint::Checkpoint;
+pub use checkpoint::{Checkpoint, write_f32_safetensors};
 pub use config::{Architecture, ModelConfig};
 pub use error::ModelError;
 pub use generate::{GenerateOptions, Generation, Sampling};

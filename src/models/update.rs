@@ -1,7 +1,7 @@
 //! Training a loaded model: its leaf tensors, a copy of it with new leaves (an optimizer's
 //! step), and saving its weights back to a checkpoint directory.
 
-use super::{CausalLm, ModelError};
+use super::{CausalLm, ModelError, write_f32_safetensors};
 use std::collections::HashMap;
 use std::path::Path;
 use uopc_ir::{Op, UOp};
@@ -70,24 +70,16 @@ impl CausalLm {
     /// computing the weights.
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
-        let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(self.params.len());
+        let mut data: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::with_capacity(self.params.len());
         for p in &self.params {
             let part = p.part(&p.leaf)?;
-            let values = part.to_ndarray::<f32>()?;
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            data.push((p.name.clone(), part.shape().to_vec(), bytes));
+            data.push((
+                p.name.clone(),
+                part.shape().to_vec(),
+                part.to_ndarray::<f32>()?.into_iter().collect(),
+            ));
         }
-        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
-            .iter()
-            .map(|(n, s, b)| {
-                let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                    .map_err(|e| ModelError::Checkpoint(format!("{n}: {e}")))?;
-                Ok((n.clone(), view))
-            })
-            .collect::<Result<_, ModelError>>()?;
-        let path = dir.join("model.safetensors");
-        safetensors::serialize_to_file(views, None, &path)
-            .map_err(|e| ModelError::Checkpoint(format!("{}: {e}", path.display())))?;
+        write_f32_safetensors(&dir.join("model.safetensors"), &data)?;
         let config = dir.join("config.json");
         std::fs::write(&config, &self.config_json).map_err(|e| ModelError::io(&config, e))
     }

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use uopc::models::{CausalLm, GenerateOptions};
+use uopc::models::{CausalLm, GenerateOptions, write_f32_safetensors};
 
 /// A random checkpoint the bench writes: its directory name, config.json, and tensors.
 struct Spec {
@@ -93,7 +93,7 @@ fn ensure(spec: &Spec, root: &Path) -> std::io::Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir)?;
     let mut rng = StdRng::seed_from_u64(0);
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = spec
+    let data: Vec<(String, Vec<usize>, Vec<f32>)> = spec
         .tensors
         .iter()
         .map(|(name, shape)| {
@@ -106,18 +106,10 @@ fn ensure(spec: &Spec, root: &Path) -> std::io::Result<PathBuf> {
                     _ => (rng.random::<f32>() + rng.random::<f32>() + rng.random::<f32>() - 1.5) * 0.04,
                 })
                 .collect();
-            (name.clone(), shape.clone(), values.iter().flat_map(|v| v.to_le_bytes()).collect())
+            (name.clone(), shape.clone(), values)
         })
         .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
-        .iter()
-        .map(|(n, s, b)| {
-            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                .expect("sizes agree");
-            (n.clone(), view)
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors"))
+    write_f32_safetensors(&dir.join("model.safetensors"), &data)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&spec.config).expect("json"))?;
     Ok(dir)
