@@ -416,6 +416,11 @@ impl KeyBounds {
         kb
     }
 
+    /// Whether any bound was read off: the keys some row sees start or end somewhere.
+    pub fn is_bounded(&self) -> bool {
+        !(self.start.is_empty() && self.end.is_empty())
+    }
+
     /// Over a block of query rows, `[lowest, seen_from, seen_to, highest]`: no row sees a key
     /// below `lowest` or from `highest` on, and every row sees the keys from `seen_from` to
     /// `seen_to` (an empty span, `n_k` to 0, unless these bounds are the whole mask and each

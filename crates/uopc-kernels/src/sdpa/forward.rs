@@ -120,7 +120,7 @@ impl Sdpa {
         let kb = mods.mask_analysis().map(|m| m.bounds).unwrap_or_default();
         // A mask that bounds the keys (a causal limit, a window) gets the causal blocking:
         // shorter tasks, so less of each task's band of keys is masked work.
-        let bounded = !(kb.start.is_empty() && kb.end.is_empty());
+        let bounded = kb.is_bounded();
         let shape = SdpaConfig { causal: config.causal || bounded, ..*config };
         let mut blocking = Blocking { splits: 1, ..Blocking::choose(&shape, cores()) };
         // A band (a start and an end bound: a sliding window) re-reads, per task, its rows' span

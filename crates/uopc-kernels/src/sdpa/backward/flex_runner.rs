@@ -44,8 +44,7 @@ impl SdpaBackward {
     pub fn compile_flex(config: &SdpaConfig, mods: &AttentionMods) -> Result<SdpaBackward, SdpaError> {
         let (config, mods) = checked_and_rewritten(config, mods)?;
         // A mask that bounds the keys gets the causal shape's blocks, as the forward does.
-        let bounded =
-            mods.mask_analysis().is_some_and(|m| !(m.bounds.start.is_empty() && m.bounds.end.is_empty()));
+        let bounded = mods.mask_analysis().is_some_and(|m| m.bounds.is_bounded());
         let shape = SdpaConfig { causal: config.causal || bounded, ..config };
         let tiles = 2 + ScoreTiles::of(&mods).count();
         let blocking = BackwardBlocking::choose(&shape, cores()).with_tiles(config.d, tiles);
