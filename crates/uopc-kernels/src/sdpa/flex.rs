@@ -365,6 +365,32 @@ impl Reads {
     pub const BACKWARD: Reads = Reads { score: true, mask: true, sinks: false };
 }
 
+/// Which captures each kernel of a compiled attention reads, read off the functions once at
+/// compile time (each is an analysis over placeholders, not to be run again per call).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CaptureReads {
+    /// The forward attention kernel's ([`Reads::ALL`]).
+    pub all: Vec<bool>,
+    /// The per-run plan's counting kernel's ([`Reads::MASK`]).
+    pub mask: Vec<bool>,
+    /// The backward kernel's ([`Reads::BACKWARD`]).
+    pub backward: Vec<bool>,
+    /// The captures the backward differentiates ([`AttentionMods::captures_with_gradient`]).
+    pub with_gradient: Vec<bool>,
+}
+
+impl CaptureReads {
+    /// What `mods`' kernels read.
+    pub fn of(mods: &AttentionMods) -> CaptureReads {
+        CaptureReads {
+            all: mods.captures_read(Reads::ALL),
+            mask: mods.captures_read(Reads::MASK),
+            backward: mods.captures_read(Reads::BACKWARD),
+            with_gradient: mods.captures_with_gradient(),
+        }
+    }
+}
+
 /// Where captures a kernel does not read are numbered from (past any program's slots).
 const UNREAD_SLOTS: usize = 1 << 20;
 

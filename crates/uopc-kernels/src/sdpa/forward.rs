@@ -1,7 +1,7 @@
 //! [`Sdpa`]: one compiled attention forward, its compile and its run.
 
 use super::blocking::cores;
-use super::flex::Reads;
+use super::flex::{CaptureReads, Reads};
 use super::kernel::{PlanMode, count_pairs, plan_from_counts};
 use super::panels::KvPanels;
 use super::{
@@ -29,6 +29,8 @@ pub struct Sdpa {
     plan: Option<(Program, PlanMode)>,
     /// Whether the kernel also stores the rows' log-sum-exp (the last buffer).
     saves_lse: bool,
+    /// Which captures its kernels read (empty without mods).
+    reads: CaptureReads,
 }
 
 impl Sdpa {
@@ -77,6 +79,7 @@ impl Sdpa {
             mods: None,
             plan: None,
             saves_lse: false,
+            reads: CaptureReads::default(),
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
@@ -150,6 +153,7 @@ impl Sdpa {
             mods: Some((mods.clone(), describe_mods(mods))),
             plan,
             saves_lse,
+            reads: CaptureReads::of(mods),
         };
         if uopc_tensor::debug_level() >= 1 {
             eprintln!("{sdpa}; compiled in {:.1} ms", sdpa.compile_seconds() * 1e3);
@@ -243,9 +247,7 @@ impl Sdpa {
         };
         push_extras(c, extras, &mut args)?;
         match &self.mods {
-            Some((mods, _)) => {
-                push_captures(mods.captures(), extras.captures, &mods.captures_read(Reads::ALL), &mut args)?
-            }
+            Some((mods, _)) => push_captures(mods.captures(), extras.captures, &self.reads.all, &mut args)?,
             None if !extras.captures.is_empty() => {
                 return Err(SdpaError::Extra { arg: "captures", expected: false });
             }
@@ -332,7 +334,7 @@ impl Sdpa {
         let (Some((program, mode)), Some((mods, _))) = (&self.plan, &self.mods) else { return Ok(None) };
         let (c, b) = (&self.config, &self.blocking);
         let full = c.n_k / b.keys;
-        let counts = count_pairs(program, mods, extras, mode.units(c, b) * full)?;
+        let counts = count_pairs(program, (mods, &self.reads.mask), extras, mode.units(c, b) * full)?;
         Ok(Some(plan_from_counts(&counts, full, mode.rows(b) * b.keys)))
     }
 }

@@ -7,6 +7,7 @@ use super::score_fn::ScoreTiles;
 use super::{BackwardBlocking, ForwardSaved, Geometry, SdpaBackward, sdpa_flex_backward_ir};
 use crate::LOG2E;
 use crate::sdpa::blocking::cores;
+use crate::sdpa::flex::CaptureReads;
 use crate::sdpa::forward::{causal_equivalent, check_flex};
 use crate::sdpa::kernel::PlanMode;
 use crate::sdpa::kernel::count_pairs;
@@ -20,12 +21,12 @@ impl SdpaBackward {
     /// The per-run counts of the pairs each (query block, key block) of the backward sees,
     /// for a mask without exact key bounds (see [`plan_blocking`]); `None` otherwise.
     pub(super) fn flex_counts(&self, extras: Extras<'_>) -> Result<Option<Vec<f32>>, SdpaError> {
-        let Some(FlexParts { mods, plan: Some(program), .. }) = &self.flex else { return Ok(None) };
+        let Some(FlexParts { mods, plan: Some(program), reads, .. }) = &self.flex else { return Ok(None) };
         let c = &self.config;
         let units = PlanMode::of(mods).units(c, &plan_blocking(c, &self.blocking));
         // The backward has no runtime KV length: its counting kernel takes no variable.
         let extras = Extras { kv_length: None, ..extras };
-        Ok(Some(count_pairs(program, mods, extras, units * (c.n_k / self.blocking.keys))?))
+        Ok(Some(count_pairs(program, (mods, &reads.mask), extras, units * (c.n_k / self.blocking.keys))?))
     }
 
     /// The backward of [`Sdpa::compile_flex`]'s attention: [`SdpaBackward::forward`] runs the
@@ -105,7 +106,7 @@ impl SdpaBackward {
             forward: None,
             program,
             extra_grads: OnceLock::new(),
-            flex: Some(FlexParts { mods, forward: Box::new(forward), plan }),
+            flex: Some(FlexParts { reads: CaptureReads::of(&mods), mods, forward: Box::new(forward), plan }),
             scratch: Mutex::new(Vec::new()),
             panels: None,
         };
@@ -162,11 +163,11 @@ impl SdpaBackward {
     /// `wanted`; `None` in place of an I32 capture.
     pub(super) fn capture_partials(&self, g: &Geometry, wanted: bool) -> Vec<Option<Vec<f32>>> {
         match &self.flex {
-            Some(FlexParts { mods, .. }) if wanted => mods
+            Some(FlexParts { mods, reads, .. }) if wanted => mods
                 .captures()
                 .iter()
-                .zip(mods.captures_with_gradient())
-                .map(|(spec, differentiated)| differentiated.then(|| vec![0.0f32; g.tasks * spec.len()]))
+                .zip(&reads.with_gradient)
+                .map(|(spec, &differentiated)| differentiated.then(|| vec![0.0f32; g.tasks * spec.len()]))
                 .collect(),
             _ => Vec::new(),
         }

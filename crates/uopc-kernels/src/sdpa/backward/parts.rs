@@ -1,6 +1,7 @@
 //! What the backward's runner and its flex part share: the gradients a run writes besides dq,
 //! dk and dv, and what a backward of attention with mods holds.
 
+use crate::sdpa::flex::CaptureReads;
 use crate::sdpa::{AttentionMods, Sdpa};
 use uopc_jit::Program;
 
@@ -23,4 +24,6 @@ pub(crate) struct FlexParts {
     pub(crate) forward: Box<Sdpa>,
     /// The counting kernel of a mask without exact key bounds, run once per backward run.
     pub(crate) plan: Option<Program>,
+    /// Which captures the kernels read.
+    pub(crate) reads: CaptureReads,
 }

@@ -3,7 +3,6 @@
 use super::parts::{ExtraGrads, FlexParts};
 use super::{BackwardBlocking, Geometry, sdpa_backward_ir, sdpa_backward_ir_with_bias_grad};
 use crate::sdpa::blocking::{Blocking, cores};
-use crate::sdpa::flex::Reads;
 use crate::sdpa::kernel::sdpa_ir_with_lse;
 use crate::sdpa::panels::KvPanels;
 use crate::sdpa::{
@@ -246,13 +245,8 @@ impl SdpaBackward {
         let mut extra_args = Vec::new();
         push_extras(c, extras, &mut extra_args)?;
         match &self.flex {
-            Some(FlexParts { mods, .. }) => {
-                push_captures(
-                    mods.captures(),
-                    extras.captures,
-                    &mods.captures_read(Reads::BACKWARD),
-                    &mut extra_args,
-                )?;
+            Some(FlexParts { mods, reads, .. }) => {
+                push_captures(mods.captures(), extras.captures, &reads.backward, &mut extra_args)?;
                 if let Some(counts) = &counts {
                     extra_args.push(Arg::Read(BufRef::F32(counts)));
                 }

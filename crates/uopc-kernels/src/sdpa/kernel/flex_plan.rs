@@ -111,17 +111,17 @@ pub fn sdpa_flex_plan_ir(config: &SdpaConfig, blocking: &Blocking, mods: &Attent
 }
 
 /// The counts of `program`, a counting kernel of `mods` ([`sdpa_flex_plan_ir`]), for a run with
-/// `extras` (the captures its mask reads, the key lengths, the runtime KV length): `len`
-/// values, `units x full key blocks`.
+/// `extras` (the captures its mask reads, `mask_reads`, the key lengths, the runtime KV
+/// length): `len` values, `units x full key blocks`.
 pub(crate) fn count_pairs(
     program: &Program,
-    mods: &AttentionMods,
+    (mods, mask_reads): (&AttentionMods, &[bool]),
     extras: Extras<'_>,
     len: usize,
 ) -> Result<Vec<f32>, SdpaError> {
     let mut counts = vec![0.0f32; len];
     let mut args: Vec<Arg<'_>> = Vec::new();
-    push_captures(mods.captures(), extras.captures, &mods.captures_read(Reads::MASK), &mut args)?;
+    push_captures(mods.captures(), extras.captures, mask_reads, &mut args)?;
     if let Some(lens) = extras.key_lengths {
         args.push(Arg::Read(BufRef::I32(lens)));
     }
