@@ -4,12 +4,14 @@
 //!
 //! The prompt is given as token ids (the tokenizer is the caller's); the new token ids are
 //! printed as they are produced, then the prompt and decode speeds. `--temperature`,
-//! `--top-k`, `--top-p` and `--seed` sample instead of decoding greedily.
+//! `--top-k`, `--top-p` and `--seed` sample instead of decoding greedily; `--dtype bf16` holds
+//! the weight matrices in bf16.
 
 use clap::Parser;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
+use uopc::DType;
 use uopc::models::{CausalLm, GenerateOptions, Sampling};
 
 #[derive(Parser)]
@@ -35,12 +37,20 @@ struct Args {
     /// Seed of the draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The dtype the weight matrices are held in: f32, bf16 or f16 (activations stay f32).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
+    dtype: String,
 }
 
 fn main() -> uopc::Result<()> {
     let args = Args::parse();
     let start = Instant::now();
-    let model = CausalLm::load(&args.model)?;
+    let weights = match args.dtype.as_str() {
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        _ => DType::F32,
+    };
+    let model = CausalLm::load_as(&args.model, weights)?;
     let load = start.elapsed().as_secs_f64();
     let sampling =
         Sampling { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, seed: args.seed };

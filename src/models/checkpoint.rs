@@ -2,12 +2,14 @@
 //! by name with their shapes checked, and the names nobody asked for reported.
 
 use super::ModelError;
+use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use uopc_ir::DType;
 use uopc_tensor::Tensor;
 
 /// Where one tensor lies: its file, dtype, shape and bytes.
@@ -96,13 +98,49 @@ impl Checkpoint {
         Ok(Tensor::try_from_vec(values, shape)?)
     }
 
-    /// [`Checkpoint::take`]'s values, row-major, without making a tensor of them (for weights
-    /// stacked with others into one).
+    /// Tensor `name` of `shape` as a tensor of `dtype` (F32, BF16 or F16): the stored values
+    /// when the file holds that dtype, otherwise converted (widened exactly, or rounded to
+    /// nearest even), marked as used.
     ///
     /// # Errors
     ///
-    /// As [`Checkpoint::take`].
-    pub fn take_values(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+    /// As [`Checkpoint::take`], and [`ModelError::Config`] for any other `dtype`.
+    pub fn take_as(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor, ModelError> {
+        let stored = self.entry(name, shape)?.dtype;
+        let bytes = |s: &Self| {
+            let e = &s.entries[name];
+            s.maps[e.file].1[e.bytes.clone()].to_vec()
+        };
+        let t = match (dtype, stored) {
+            (DType::F32, _) => return self.take(name, shape),
+            (DType::BF16, Dtype::BF16) => Tensor::try_from_vec(
+                bytes(self).chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect::<Vec<_>>(),
+                shape,
+            )?,
+            (DType::F16, Dtype::F16) => Tensor::try_from_vec(
+                bytes(self).chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect::<Vec<_>>(),
+                shape,
+            )?,
+            (DType::BF16, _) => {
+                let v = self.take_values(name, shape)?;
+                Tensor::try_from_vec(v.into_iter().map(bf16::from_f32).collect::<Vec<_>>(), shape)?
+            }
+            (DType::F16, _) => {
+                let v = self.take_values(name, shape)?;
+                Tensor::try_from_vec(v.into_iter().map(f16::from_f32).collect::<Vec<_>>(), shape)?
+            }
+            (other, _) => {
+                return Err(ModelError::Config(format!(
+                    "weights cannot be held in {other}; use F32, BF16 or F16"
+                )));
+            }
+        };
+        self.taken.insert(name.to_string());
+        Ok(t)
+    }
+
+    /// The entry of tensor `name`, checked to have `shape`.
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<&Entry, ModelError> {
         let entry = self.entries.get(name).ok_or_else(|| {
             ModelError::Checkpoint(format!("tensor `{name}` of shape {shape:?} is missing"))
         })?;
@@ -112,17 +150,26 @@ impl Checkpoint {
                 entry.shape
             )));
         }
+        Ok(entry)
+    }
+
+    /// [`Checkpoint::take`]'s values, row-major, without making a tensor of them (for weights
+    /// stacked with others into one).
+    ///
+    /// # Errors
+    ///
+    /// As [`Checkpoint::take`].
+    pub fn take_values(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let entry = self.entry(name, shape)?;
         let bytes = &self.maps[entry.file].1[entry.bytes.clone()];
         let values: Vec<f32> = match entry.dtype {
             Dtype::F32 => {
                 bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
             }
             Dtype::BF16 => {
-                bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+                bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
             }
-            Dtype::F16 => {
-                bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-            }
+            Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             other => {
                 return Err(ModelError::Checkpoint(format!(
                     "tensor `{name}` is {other:?}; weights must be F32, BF16 or F16"

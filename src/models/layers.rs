@@ -2,10 +2,12 @@
 //! checkpoint's layout, the two norms, the two MLPs.
 
 use super::ModelError;
+use uopc_ir::DType;
 use uopc_tensor::Tensor;
 
 /// `y = x W + b` with `W` viewed `(in, out)`: a Hugging Face `Linear`'s `(out, in)` weight
-/// read through a transposed view, a GPT-2 `Conv1D`'s `(in, out)` as it is.
+/// read through a transposed view, a GPT-2 `Conv1D`'s `(in, out)` as it is. A bf16 or f16
+/// weight is widened as the product reads it (the sums and the result are f32).
 #[derive(Clone, Debug)]
 pub struct Linear {
     /// `(in, out)` (a view).
@@ -21,12 +23,18 @@ impl Linear {
     ///
     /// A shape error of the product or the sum.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let y = x.try_matmul(&self.weight)?;
+        let y = x.try_matmul(&widened(&self.weight))?;
         Ok(match &self.bias {
             Some(b) => y.try_add(b)?,
             None => y,
         })
     }
+}
+
+/// `w` as f32: a bf16 or f16 weight through a widening cast, which a tile GEMM reads through
+/// (the stored 16-bit values are read in place and widened in registers).
+pub(crate) fn widened(w: &Tensor) -> Tensor {
+    if w.dtype().is_half() { w.cast(DType::F32) } else { w.clone() }
 }
 
 /// A norm over the last axis.

@@ -2,9 +2,10 @@
 //! pass over new tokens against a [`KvCache`].
 
 use super::checkpoint::Checkpoint;
-use super::layers::{Linear, Mlp, Norm, rotate};
+use super::layers::{Linear, Mlp, Norm, rotate, widened};
 use super::{Architecture, KvCache, ModelConfig, ModelError};
 use std::path::Path;
+use uopc_ir::DType;
 use uopc_tensor::{RealizeOptions, Tensor, realize};
 
 /// One decoder block.
@@ -81,13 +82,33 @@ impl CausalLm {
     /// [`ModelError::Checkpoint`] naming a tensor that is missing, of another shape or dtype,
     /// or present but not part of the model; [`ModelError::Io`] when a file cannot be read.
     pub fn load(dir: &Path) -> Result<CausalLm, ModelError> {
+        CausalLm::load_as(dir, DType::F32)
+    }
+
+    /// [`CausalLm::load`] with the weight matrices (the projections, the embedding and the
+    /// output projection) held in `weights`: F32, or BF16 or F16 to read half the bytes per
+    /// token. A 16-bit weight is read in place by the products and widened in registers, so
+    /// the activations, their sums, the norms (whose weights stay f32) and the KV cache are
+    /// f32 whatever `weights` is; the values are the checkpoint's, rounded to `weights` to
+    /// nearest even when the file holds a wider dtype.
+    ///
+    /// # Errors
+    ///
+    /// As [`CausalLm::load`], and [`ModelError::Config`] for a `weights` dtype other than
+    /// F32, BF16 and F16.
+    pub fn load_as(dir: &Path, weights: DType) -> Result<CausalLm, ModelError> {
+        if !matches!(weights, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(ModelError::Config(format!(
+                "weights cannot be held in {weights}; use F32, BF16 or F16"
+            )));
+        }
         let path = dir.join("config.json");
         let config_json = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
         let config = ModelConfig::from_json(&config_json)?;
         let mut ckpt = Checkpoint::open(dir)?;
         let mut model = match config.architecture {
-            Architecture::Gpt2 => load_gpt2(&config, &mut ckpt)?,
-            Architecture::Llama => load_llama(&config, &mut ckpt)?,
+            Architecture::Gpt2 => load_gpt2(&config, &mut ckpt, weights)?,
+            Architecture::Llama => load_llama(&config, &mut ckpt, weights)?,
         };
         // GPT-2 checkpoints carry the attention's causal mask buffers beside the weights.
         let unused = ckpt.unused(|n| {
@@ -167,7 +188,7 @@ impl CausalLm {
             Logits::All => x,
             Logits::Last => x.try_slice(0, n - 1, n)?,
         };
-        Ok(self.final_norm.forward(&x)?.try_matmul(&self.head)?)
+        Ok(self.final_norm.forward(&x)?.try_matmul(&widened(&self.head))?)
     }
 }
 
@@ -191,7 +212,7 @@ impl CausalLm {
     pub(super) fn embedded(&self, tokens: &[u32], first: usize) -> Result<Tensor, ModelError> {
         let n = tokens.len();
         let ids = Tensor::from_vec(tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(), &[n]);
-        let x = self.embed.try_index_select(0, &ids)?;
+        let x = widened(&self.embed.try_index_select(0, &ids)?);
         Ok(match &self.positions {
             Some(p) => x.try_add(&p.try_slice(0, first, first + n)?)?,
             None => x,
@@ -203,20 +224,29 @@ impl CausalLm {
 struct Loader<'a> {
     ckpt: &'a mut Checkpoint,
     params: Vec<Parameter>,
+    /// The dtype the weight matrices are held in (norms, biases and positions stay f32).
+    weights: DType,
 }
 
 impl Loader<'_> {
-    /// Tensor `name` of `shape`, a leaf of its own.
+    /// Tensor `name` of `shape` in f32, a leaf of its own.
     fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
         let t = self.ckpt.take(name, shape)?;
         self.params.push(Parameter { name: name.to_string(), leaf: t.clone(), rows: None });
         Ok(t)
     }
 
+    /// Weight matrix `name` of `shape` in the weights' dtype, a leaf of its own.
+    fn take_weight(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
+        let t = self.ckpt.take_as(name, shape, self.weights)?;
+        self.params.push(Parameter { name: name.to_string(), leaf: t.clone(), rows: None });
+        Ok(t)
+    }
+
     /// The tensors `parts` (name and shape, all of one shape but the first axis) stacked along
     /// their first axis into one leaf: one product for several projections of the same input
-    /// (their weights, or their biases).
-    fn stack(&mut self, parts: &[(String, Vec<usize>)]) -> Result<Tensor, ModelError> {
+    /// (their weights, in the weights' dtype, or their biases, in f32).
+    fn stack(&mut self, parts: &[(String, Vec<usize>)], weights: bool) -> Result<Tensor, ModelError> {
         let mut values = Vec::new();
         for (n, shape) in parts {
             values.extend(self.ckpt.take_values(n, shape)?);
@@ -225,6 +255,8 @@ impl Loader<'_> {
         let mut shape = parts[0].1.clone();
         shape[0] = parts.iter().map(|(_, s)| s[0]).sum();
         let leaf = Tensor::try_from_vec(values, &shape)?;
+        let leaf =
+            if weights && self.weights != DType::F32 { leaf.cast(self.weights).realize()? } else { leaf };
         let mut row = 0;
         for (n, s) in parts {
             self.params.push(Parameter { name: n.clone(), leaf: leaf.clone(), rows: Some(row..row + s[0]) });
@@ -234,11 +266,11 @@ impl Loader<'_> {
     }
 }
 
-fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelError> {
+fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint, weights: DType) -> Result<CausalLm, ModelError> {
     let (d, hd, f) = (c.hidden_size, c.head_dim, c.intermediate_size);
     let (q_out, kv_out) = (c.heads * hd, c.kv_heads * hd);
-    let mut ld = Loader { ckpt, params: Vec::new() };
-    let embed = ld.take("model.embed_tokens.weight", &[c.vocab_size, d])?;
+    let mut ld = Loader { ckpt, params: Vec::new(), weights };
+    let embed = ld.take_weight("model.embed_tokens.weight", &[c.vocab_size, d])?;
     let rms = |ld: &mut Loader<'_>, name: &str| -> Result<Norm, ModelError> {
         Ok(Norm::Rms { weight: ld.take(name, &[d])?, eps: c.norm_eps })
     };
@@ -247,23 +279,26 @@ fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelE
         let p = format!("model.layers.{i}");
         let attn_norm = rms(&mut ld, &format!("{p}.input_layernorm.weight"))?;
         let proj = |n: &str, rows: usize, cols: usize| (format!("{p}.{n}.weight"), vec![rows, cols]);
-        let qkv_w = ld.stack(&[
-            proj("self_attn.q_proj", q_out, d),
-            proj("self_attn.k_proj", kv_out, d),
-            proj("self_attn.v_proj", kv_out, d),
-        ])?;
+        let qkv_w = ld.stack(
+            &[
+                proj("self_attn.q_proj", q_out, d),
+                proj("self_attn.k_proj", kv_out, d),
+                proj("self_attn.v_proj", kv_out, d),
+            ],
+            true,
+        )?;
         let qkv_b = if c.qkv_bias {
             let b = |n: &str, len: usize| (format!("{p}.self_attn.{n}.bias"), vec![len]);
-            Some(ld.stack(&[b("q_proj", q_out), b("k_proj", kv_out), b("v_proj", kv_out)])?)
+            Some(ld.stack(&[b("q_proj", q_out), b("k_proj", kv_out), b("v_proj", kv_out)], false)?)
         } else {
             None
         };
-        let o_w = ld.take(&format!("{p}.self_attn.o_proj.weight"), &[d, q_out])?;
+        let o_w = ld.take_weight(&format!("{p}.self_attn.o_proj.weight"), &[d, q_out])?;
         let o_bias =
             if c.o_bias { Some(ld.take(&format!("{p}.self_attn.o_proj.bias"), &[d])?) } else { None };
         let mlp_norm = rms(&mut ld, &format!("{p}.post_attention_layernorm.weight"))?;
-        let gate_up = ld.stack(&[proj("mlp.gate_proj", f, d), proj("mlp.up_proj", f, d)])?;
-        let down = ld.take(&format!("{p}.mlp.down_proj.weight"), &[d, f])?;
+        let gate_up = ld.stack(&[proj("mlp.gate_proj", f, d), proj("mlp.up_proj", f, d)], true)?;
+        let down = ld.take_weight(&format!("{p}.mlp.down_proj.weight"), &[d, f])?;
         blocks.push(Block {
             attn_norm,
             qkv: Linear { weight: qkv_w.t(), bias: qkv_b },
@@ -280,7 +315,7 @@ fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelE
     let head = if c.tie_word_embeddings && !ld.ckpt.contains("lm_head.weight") {
         embed.t()
     } else {
-        ld.take("lm_head.weight", &[c.vocab_size, d])?.t()
+        ld.take_weight("lm_head.weight", &[c.vocab_size, d])?.t()
     };
     Ok(CausalLm {
         config: c.clone(),
@@ -294,20 +329,24 @@ fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelE
     })
 }
 
-fn load_gpt2(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelError> {
+fn load_gpt2(c: &ModelConfig, ckpt: &mut Checkpoint, weights: DType) -> Result<CausalLm, ModelError> {
     // Hub checkpoints of GPT-2 name their tensors without the `transformer.` prefix.
     let prefix = if ckpt.contains("transformer.wte.weight") { "transformer." } else { "" };
     let (d, f) = (c.hidden_size, c.intermediate_size);
-    let mut ld = Loader { ckpt, params: Vec::new() };
-    let mut take = |name: &str, shape: &[usize]| ld.take(&format!("{prefix}{name}"), shape);
-    let embed = take("wte.weight", &[c.vocab_size, d])?;
-    let positions = take("wpe.weight", &[c.max_positions, d])?;
+    let mut ld = Loader { ckpt, params: Vec::new(), weights };
+    // Weight matrices in the weights' dtype, the rest in f32.
+    let mut take = |name: &str, shape: &[usize], matrix: bool| {
+        let name = format!("{prefix}{name}");
+        if matrix { ld.take_weight(&name, shape) } else { ld.take(&name, shape) }
+    };
+    let embed = take("wte.weight", &[c.vocab_size, d], true)?;
+    let positions = take("wpe.weight", &[c.max_positions, d], false)?;
     let mut blocks = Vec::with_capacity(c.layers);
     for i in 0..c.layers {
         let mut norm = |n: &str| -> Result<Norm, ModelError> {
             Ok(Norm::Layer {
-                weight: take(&format!("h.{i}.{n}.weight"), &[d])?,
-                bias: take(&format!("h.{i}.{n}.bias"), &[d])?,
+                weight: take(&format!("h.{i}.{n}.weight"), &[d], false)?,
+                bias: take(&format!("h.{i}.{n}.bias"), &[d], false)?,
                 eps: c.norm_eps,
             })
         };
@@ -315,8 +354,8 @@ fn load_gpt2(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelEr
         // Conv1D weights are stored `(in, out)` already.
         let mut conv = |n: &str, inp: usize, out: usize| -> Result<Linear, ModelError> {
             Ok(Linear {
-                weight: take(&format!("h.{i}.{n}.weight"), &[inp, out])?,
-                bias: Some(take(&format!("h.{i}.{n}.bias"), &[out])?),
+                weight: take(&format!("h.{i}.{n}.weight"), &[inp, out], true)?,
+                bias: Some(take(&format!("h.{i}.{n}.bias"), &[out], false)?),
             })
         };
         blocks.push(Block {
@@ -327,8 +366,11 @@ fn load_gpt2(c: &ModelConfig, ckpt: &mut Checkpoint) -> Result<CausalLm, ModelEr
             mlp: Mlp::Gelu { fc: conv("mlp.c_fc", d, f)?, proj: conv("mlp.c_proj", f, d)? },
         });
     }
-    let final_norm =
-        Norm::Layer { weight: take("ln_f.weight", &[d])?, bias: take("ln_f.bias", &[d])?, eps: c.norm_eps };
+    let final_norm = Norm::Layer {
+        weight: take("ln_f.weight", &[d], false)?,
+        bias: take("ln_f.bias", &[d], false)?,
+        eps: c.norm_eps,
+    };
     // GPT-2's output projection is the token embedding; a saved copy of it is read and checked.
     if ld.ckpt.contains("lm_head.weight") {
         let _tied_copy = ld.ckpt.take("lm_head.weight", &[c.vocab_size, d])?;

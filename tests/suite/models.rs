@@ -322,3 +322,47 @@ fn bf16_and_f16_checkpoints_load_as_their_exactly_widened_values() {
         let _ = std::fs::remove_dir_all(&base);
     }
 }
+
+#[test]
+fn weights_held_in_16_bits_compute_as_the_f32_model_of_their_rounded_values() {
+    use uopc::DType;
+    for name in FIXTURES {
+        for dtype in [DType::BF16, DType::F16] {
+            let half = CausalLm::load_as(&fixture_dir(name), dtype).unwrap();
+            let full = CausalLm::load(&fixture_dir(name)).unwrap();
+            let (hl, fl) = (half.leaves(), full.leaves());
+            assert_eq!(hl.len(), fl.len(), "{name}");
+            // The weight matrices are held in `dtype`, the norms and biases in f32.
+            let matrices = hl.iter().filter(|l| l.dtype() == dtype).count();
+            assert!(
+                matrices > 0 && hl.iter().all(|l| l.dtype() == dtype || l.dtype() == DType::F32),
+                "{name}"
+            );
+            assert!(hl.iter().all(|l| l.dtype() == DType::F32 || l.ndim() == 2), "{name}: a 16-bit vector");
+            // The f32 model of the same numbers: each 16-bit matrix widened exactly.
+            let widened: Vec<uopc::Tensor> = hl
+                .iter()
+                .zip(&fl)
+                .map(|(h, f)| if h.dtype() == dtype { h.cast(DType::F32) } else { f.clone() })
+                .collect();
+            let reference = full.with_leaves(&widened).unwrap();
+            let prompt = &expected(name).prompts[0];
+            let logits =
+                |m: &CausalLm| rows(&m.forward(prompt, &mut m.new_cache(prompt.len()), Logits::All).unwrap());
+            let (got, want) = (logits(&half), logits(&reference));
+            for (t, (g, w)) in got.iter().zip(&want).enumerate() {
+                for (a, b) in g.iter().zip(w) {
+                    // The same products, summed in f32 in another order by other kernels.
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{name} {dtype}: position {t}: {a} vs {b}"
+                    );
+                }
+            }
+            // Decode (one row against the 16-bit weights) continues as the reference does.
+            let options = GenerateOptions::greedy(6);
+            let tokens = |m: &CausalLm| m.generate(prompt, &options, |_| true).unwrap().tokens;
+            assert_eq!(tokens(&half), tokens(&reference), "{name} {dtype}");
+        }
+    }
+}

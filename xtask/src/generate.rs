@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use uopc::DType;
 use uopc::models::{CausalLm, GenerateOptions, write_f32_safetensors};
 
 /// A random checkpoint the bench writes: its directory name, config.json, and tensors.
@@ -124,11 +125,12 @@ pub fn models(given: Vec<PathBuf>) -> std::io::Result<Vec<PathBuf>> {
     [smollm_135m(), gpt2_small()].iter().map(|s| ensure(s, &root)).collect()
 }
 
-/// Runs each model `reps` times (the first is cold: the process's first run, compiles
+/// Runs each model, its weight matrices held in `dtype`, `reps` times (the first is cold: the process's first run, compiles
 /// included) on a prompt of `prompt_tokens` seeded token ids, generating `new_tokens`
 /// greedily with no stop token; prints a line per model and writes `json` when given.
 pub fn run(
     models: &[PathBuf],
+    dtype: DType,
     prompt_tokens: usize,
     new_tokens: usize,
     reps: usize,
@@ -136,12 +138,21 @@ pub fn run(
 ) -> ExitCode {
     let mut rows = Vec::new();
     println!(
-        "{:<24} {:>8} {:>6} {:>16} {:>15} {:>14} {:>14} {:>12}",
-        "model", "prompt", "new", "first token ms", "prompt tok/s", "decode ms/tok", "load s", "of bw bound"
+        "{:<24} {:>6} {:>8} {:>6} {:>16} {:>15} {:>14} {:>14} {:>12} {:>12}",
+        "model",
+        "dtype",
+        "prompt",
+        "new",
+        "first token ms",
+        "prompt tok/s",
+        "decode ms/tok",
+        "load s",
+        "stream GB/s",
+        "of bw bound"
     );
     for dir in models {
         let start = std::time::Instant::now();
-        let model = match CausalLm::load(dir) {
+        let model = match CausalLm::load_as(dir, dtype) {
             Ok(m) => m,
             Err(e) => {
                 eprintln!("error: {}: {e}", dir.display());
@@ -169,23 +180,24 @@ pub fn run(
         }
         let warm = |v: &[f64]| median(if v.len() > 1 { &v[1..] } else { v });
         // The bytes one decode step must read at the middle of the generation: every weight
-        // once (f32), and the keys and values cached so far.
+        // once (in its dtype), and the keys and values cached so far (f32).
         let c = model.config();
-        let weights: usize = model.leaves().iter().map(|l| 4 * l.numel()).sum();
+        let weights: usize = model.leaves().iter().map(|l| l.dtype().size() * l.numel()).sum();
         let cached = prompt_tokens + new_tokens / 2;
         let cache_bytes = 4 * 2 * c.layers * cached * c.kv_heads * c.head_dim;
         let stream_gbs = uopc::masked_attention::streaming_read_gbs(256, rayon::current_num_threads(), 5);
         let bound_ms = (weights + cache_bytes) as f64 / (stream_gbs * 1e9) * 1e3;
         let name = dir.file_name().map_or(String::new(), |n| n.to_string_lossy().to_string());
         println!(
-            "{name:<24} {prompt_tokens:>8} {new_tokens:>6} {:>16.1} {:>15.1} {:>14.2} {load:>14.2} {:>11.0}%",
+            "{name:<24} {:>6} {prompt_tokens:>8} {new_tokens:>6} {:>16.1} {:>15.1} {:>14.2} {load:>14.2} {stream_gbs:>12.1} {:>11.0}%",
+            dtype.to_string(),
             first[0],
             warm(&prompt_rate),
             warm(&decode),
             100.0 * bound_ms / warm(&decode)
         );
         rows.push(serde_json::json!({
-            "model": name, "dtype": "f32", "batch": 1, "prompt_tokens": prompt_tokens,
+            "model": name, "dtype": dtype.to_string(), "batch": 1, "prompt_tokens": prompt_tokens,
             "new_tokens": new_tokens, "first_token_ms": first[0], "first_token_ms_runs": first,
             "prompt_tokens_per_s": warm(&prompt_rate), "prompt_tokens_per_s_runs": prompt_rate,
             "decode_ms_per_token": warm(&decode), "decode_ms_per_token_runs": decode, "load_s": load,

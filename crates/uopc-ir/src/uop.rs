@@ -183,11 +183,22 @@ impl UOp {
         if let Some(s) = self.0.shape.get() {
             return s;
         }
-        // Compute the shapes of sources first, iteratively, so deep graphs do not recurse.
-        for u in UOp::toposort(std::slice::from_ref(self)) {
-            if u.0.shape.get().is_none() {
+        // The sources' shapes first, iteratively (deep graphs do not recurse), visiting only
+        // nodes whose shape is not known yet: a node built on shaped sources costs its own
+        // sources, not a walk of the whole graph below it.
+        let mut stack = vec![(self.clone(), false)];
+        while let Some((u, sources_done)) = stack.pop() {
+            if u.0.shape.get().is_some() {
+                continue;
+            }
+            if sources_done {
                 let s = u.compute_shape();
                 let _ = u.0.shape.set(s);
+            } else {
+                let pending: Vec<UOp> =
+                    u.0.src.iter().filter(|s| s.0.shape.get().is_none()).cloned().collect();
+                stack.push((u, true));
+                stack.extend(pending.into_iter().map(|s| (s, false)));
             }
         }
         self.0.shape.get().expect("shape computed above")

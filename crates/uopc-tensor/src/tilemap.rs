@@ -133,8 +133,8 @@ fn product_operands(x: &UOp) -> Option<(UOp, UOp)> {
 }
 
 /// The operands of `body` when it is `sum_k A[.., i, k] * B[.., k, j]` over two row-major or
-/// transposed f32 views of `Param`s (or of two bf16 or two f16 `Param`s widened to f32): the
-/// shape a tile GEMM computes without copying either.
+/// transposed f32 views of `Param`s (or of bf16 or f16 `Param`s widened to f32, both or one
+/// of them): the shape a tile GEMM computes without copying either.
 pub(crate) fn gemm_operands(body: &UOp) -> Option<Operands> {
     let x = body.as_reduce().filter(|r| (r.op, r.axes) == (ReduceOp::Add, 1))?.input;
     let shape = x.shape().to_vec();
@@ -152,8 +152,9 @@ pub(crate) fn gemm_operands(body: &UOp) -> Option<Operands> {
         _ if q.strides[in_] == 0 && p.strides[im] == 0 => (q, p),
         _ => return None,
     };
-    // One GEMM kernel per operand dtype: both f32, both bf16 or both f16.
-    if a.dtype != b.dtype {
+    // The pairs the tile library multiplies: both alike, or f32 with a 16-bit operand
+    // (bf16 or f16 weights beside f32 activations), widened as it is read.
+    if a.dtype != b.dtype && a.dtype.is_half() == b.dtype.is_half() {
         return None;
     }
     let (a_trans, lda) = layout(m, k, a.strides[im], a.strides[ik])?;
@@ -233,8 +234,9 @@ pub(crate) fn operands_to_stage(body: &UOp) -> Vec<UOp> {
 
 /// View `v` with the node below its movement chain read as the contiguous buffer it will be
 /// (a `Param` of its shape) when that node is materialized anyway (a STAGE, a REDUCE or a custom
-/// kernel; reduces are their own kernels whenever tile GEMMs are made); `None` when the node
-/// is computed elementwise and would fuse into the reader.
+/// kernel; reduces are their own kernels whenever tile GEMMs are made), or the 16-bit buffer
+/// below a widening cast; `None` when the node is computed elementwise and would fuse into
+/// the reader.
 fn over_materialized(v: &UOp) -> Option<UOp> {
     let (chain, base) = movement_chain(v);
     let buffer = match base.op() {
@@ -242,6 +244,8 @@ fn over_materialized(v: &UOp) -> Option<UOp> {
         Op::Stage | Op::Reduce { .. } | Op::Custom(_) => {
             UOp::new(Op::Param { slot: 0, shape: base.shape().to_vec() }, base.dtype(), vec![])
         }
+        // A widened 16-bit buffer, which the GEMM of its dtype reads in place.
+        _ if without_widening(v) != *v => return Some(v.clone()),
         _ => return None,
     };
     Some(reapply(&chain, buffer))

@@ -544,3 +544,20 @@ fn a_dense_store_covers_its_buffer_only_inside_loops_that_run() {
     let kernel = uopc_ir::prepare(&inside(&range(0, 1, AxisType::Loop)), &Default::default()).unwrap();
     assert!(!uopc_ir::stores_every_element_linear(&kernel.linear, 1));
 }
+
+#[test]
+fn shapes_of_deep_and_shared_graphs_are_computed_without_recursion() {
+    use uopc_ir::{BinaryOp, DType, Op, UOp};
+    let param = |slot| UOp::new(Op::Param { slot, shape: vec![3, 4] }, DType::F32, vec![]);
+    let add = |a: &UOp, b: &UOp| UOp::new(Op::Binary(BinaryOp::Add), DType::F32, vec![a.clone(), b.clone()]);
+    // A chain far deeper than a recursive walk's stack, each node reading the one before twice
+    // (a diamond per level), asked for its shape only at the top.
+    let mut x = param(0);
+    for _ in 0..200_000 {
+        x = add(&x, &x);
+    }
+    assert_eq!(x.shape(), &[3, 4]);
+    // A node over shaped sources, and a permute over the chain, take their shapes from them.
+    let y = UOp::new(Op::Permute(vec![1, 0]), DType::F32, vec![add(&x, &param(1))]);
+    assert_eq!(y.shape(), &[4, 3]);
+}

@@ -249,3 +249,53 @@ fn half_matmuls_run_on_the_16_bit_tile_gemm_and_round_once() -> Result<(), uopc_
     }
     Ok(())
 }
+
+#[test]
+fn f32_times_widened_16_bit_weights_reads_the_weights_in_place() -> Result<(), uopc_tensor::TensorError> {
+    use uopc_tensor::{RealizeOptions, make_plan};
+    // A linear layer with 16-bit weights: f32 rows (1 = decode, 3, 40 = a prompt) times a
+    // `(out, in)` weight read transposed and widened; and the weight on the left.
+    let (k, n) = (72, 37);
+    for dtype in [DType::BF16, DType::F16] {
+        let (w, wv) = half_tensor(dtype, &[n, k], 21);
+        for m in [1, 3, 40] {
+            let xv = values(m * k, 22, 1.0);
+            let x = Tensor::from_vec(xv.clone(), &[m, k]);
+            // Computed rows (a norm's output) beside the stored weight, as in a model.
+            let x = &x * 2.0;
+            for weight_left in [false, true] {
+                let c = if weight_left {
+                    w.cast(DType::F32).matmul(&x.t())
+                } else {
+                    x.matmul(&w.cast(DType::F32).t())
+                };
+                assert_eq!(c.dtype(), DType::F32);
+                let plan = make_plan(&[c.uop().clone()], &RealizeOptions::default()).unwrap();
+                let reads_weight = |k: &&uopc_tensor::Kernel| {
+                    uopc_ir::UOp::toposort(std::slice::from_ref(&k.program))
+                        .iter()
+                        .any(|u| matches!(u.op(), uopc_ir::Op::Buffer { .. }) && u.dtype() == dtype)
+                };
+                // The weight is read as stored, by the GEMM alone: no kernel widens a copy of it.
+                let readers: Vec<_> = plan.kernels.iter().filter(reads_weight).collect();
+                assert_eq!(readers.len(), 1, "{dtype} m {m}: {plan}");
+                assert!(readers[0].uses_tile_ops(), "{dtype} m {m}: {plan}");
+                let got = c.to_ndarray::<f32>()?;
+                for i in 0..m {
+                    for j in 0..n {
+                        let terms: Vec<f64> = (0..k)
+                            .map(|p| 2.0 * f64::from(xv[i * k + p]) * stored(dtype, wv[j * k + p]))
+                            .collect();
+                        let want: f64 = terms.iter().sum();
+                        let magnitude: f64 = terms.iter().map(|t| t.abs()).sum();
+                        // Exact products of the widened weight, f32 sums of k terms.
+                        let tol = k as f64 * F32_U * magnitude * 1.01 + 1e-30;
+                        let g = f64::from(if weight_left { got[[j, i]] } else { got[[i, j]] });
+                        assert!((g - want).abs() <= tol, "{dtype} m {m} ({i},{j}): {g} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

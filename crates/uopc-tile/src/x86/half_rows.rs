@@ -11,6 +11,7 @@
 
 use std::arch::x86_64::*;
 
+use super::{STREAM_AHEAD, prefetch_row};
 use crate::GemmShape;
 
 /// Rows of A up to which a 16-bit GEMM takes this path.
@@ -89,15 +90,25 @@ pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u1
     }
 }
 
-/// [`gemm`] for `M == s.m` rows: per slab of [`KC`] k values, A's slab widened into a local
-/// buffer (rows `KC` floats apart, zero past the slab's end to a multiple of 16), then the
-/// slab's product added into C (stored into it by the first slab unless accumulating).
+/// [`gemm`] for `M == s.m` rows. An f32 A is read where it lies, in one pass over B. A 16-bit
+/// A is widened per slab of [`KC`] k values into a local buffer (rows `KC` floats apart, zero
+/// past the slab's end to a multiple of 16), then the slab's product added into C (stored into
+/// it by the first slab unless accumulating).
 ///
 /// # Safety
 ///
 /// As [`gemm`], with `M == s.m`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
+    let a = match a {
+        RowsA::Single(a) => {
+            let rows = RowsF32 { at: a, stride: s.lda };
+            // SAFETY: forwarded; A's rows `< m` hold `k` floats each, `lda` apart.
+            unsafe { slab::<M, F16>(s, rows, 0, s.k, b, c, s.accumulate) };
+            return;
+        }
+        RowsA::Half(a) => a,
+    };
     // Left uninitialized (zeroing all of it would cost more than a one-row product): the
     // slab kernels read only rows `< M`, columns `< kc` rounded up to 16, written below.
     let mut buf = std::mem::MaybeUninit::<[f32; HALF_ROWS_MAX * KC]>::uninit();
@@ -108,27 +119,48 @@ unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: RowsA, b: *co
             for p in (0..kc).step_by(16) {
                 // SAFETY: row `i < m`, columns `p0 + p .. p0 + min(p + 16, kc)` of A lie in its
                 // extent; `wa` holds `HALF_ROWS_MAX` rows of `KC >= kc` rounded up to 16 (KC is
-                // a multiple of 16). Past `kc` the lanes are zeros, so the dot products read
-                // whole vectors.
+                // a multiple of 16). Past `kc` the lanes are zeros.
                 unsafe {
-                    let at = i * s.lda + p0 + p;
-                    let x = match a {
-                        RowsA::Half(a) => widen16::<F16>(a.add(at), kc - p),
-                        // Masked: the lanes past `kc` are neither read nor nonzero.
-                        RowsA::Single(a) => _mm512_maskz_loadu_ps(lanes(kc - p), a.add(at)),
-                    };
+                    let x = widen16::<F16>(a.add(i * s.lda + p0 + p), kc - p);
                     _mm512_storeu_ps(wa.add(i * KC + p), x);
                 }
             }
         }
         let load_c = s.accumulate || p0 > 0;
         // SAFETY: forwarded; `wa` holds the slab's rows as documented, written above.
-        unsafe {
-            if s.b_trans {
-                slab_bt::<M, F16>(s, wa, p0, kc, b, c, load_c);
-            } else {
-                slab_b::<M, F16>(s, wa, p0, kc, b, c, load_c);
-            }
+        unsafe { slab::<M, F16>(s, RowsF32 { at: wa, stride: KC }, p0, kc, b, c, load_c) };
+    }
+}
+
+/// f32 rows of A as a slab kernel reads them: row `i`'s value `t` of the slab at
+/// `at + i * stride + t`.
+#[derive(Clone, Copy)]
+struct RowsF32 {
+    at: *const f32,
+    stride: usize,
+}
+
+/// One slab's product, by the layout of B.
+///
+/// # Safety
+///
+/// As [`slab_bt`] or [`slab_b`], whichever `s.b_trans` picks.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn slab<const M: usize, const F16: bool>(
+    s: &GemmShape,
+    a: RowsF32,
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        if s.b_trans {
+            slab_bt::<M, F16>(s, a, p0, kc, b, c, load_c);
+        } else {
+            slab_b::<M, F16>(s, a, p0, kc, b, c, load_c);
         }
     }
 }
@@ -139,12 +171,12 @@ unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: RowsA, b: *co
 ///
 /// # Safety
 ///
-/// As [`slabs`], with `s.b_trans`, `p0 + kc <= k` and `wa` holding the slab (rows `KC`
-/// floats apart, `kc` rounded up to 16 written, zero past `kc`).
+/// As [`slabs`], with `s.b_trans`, `p0 + kc <= k` and `a` holding the slab's `kc` values of
+/// rows `< M`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn slab_bt<const M: usize, const F16: bool>(
     s: &GemmShape,
-    wa: *const f32,
+    a: RowsF32,
     p0: usize,
     kc: usize,
     b: *const u16,
@@ -163,13 +195,16 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
             // Past the last live key the last live key's row is read again (its sums are
             // dropped below), so the trip count stays constant.
             let j = j0 + g.min(live - 1);
+            // The row as far ahead as the f32 kernels request theirs (a prefetch never faults).
+            let ahead = b.wrapping_add((j + STREAM_AHEAD) * s.ldb + p0);
+            prefetch_row(ahead.cast(), kc.div_ceil(2));
             for t in (0..kc).step_by(16) {
                 // SAFETY: row `j < n` of B holds columns `p0 + t .. p0 + t + min(16, kc - t)`.
                 let bv = unsafe { widen16::<F16>(b.add(j * s.ldb + p0 + t), kc - t) };
                 for i in 0..M {
-                    // SAFETY: `wa` row `i` is readable to `t + 16 <= KC` (kc rounded up to 16
-                    // is at most KC, a multiple of 16).
-                    let av = unsafe { _mm512_loadu_ps(wa.add(i * KC + t)) };
+                    // SAFETY: row `i < M` of the slab holds `kc` values; the load is masked to
+                    // the `kc - t` left.
+                    let av = unsafe { _mm512_maskz_loadu_ps(lanes(kc - t), a.at.add(i * a.stride + t)) };
                     acc[i * group + g] = _mm512_fmadd_ps(av, bv, acc[i * group + g]);
                 }
             }
@@ -198,12 +233,12 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
 ///
 /// # Safety
 ///
-/// As [`slabs`], with `!s.b_trans`, `p0 + kc <= k` and `wa` holding the slab (rows `KC`
-/// floats apart, `kc` written).
+/// As [`slabs`], with `!s.b_trans`, `p0 + kc <= k` and `a` holding the slab's `kc` values of
+/// rows `< M`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn slab_b<const M: usize, const F16: bool>(
     s: &GemmShape,
-    wa: *const f32,
+    a: RowsF32,
     p0: usize,
     kc: usize,
     b: *const u16,
@@ -213,9 +248,9 @@ unsafe fn slab_b<const M: usize, const F16: bool>(
     // SAFETY: forwarded, with the strip width for M rows.
     unsafe {
         match M {
-            1 | 2 => strips::<M, 8, F16>(s, wa, p0, kc, b, c, load_c),
-            3 | 4 => strips::<M, 4, F16>(s, wa, p0, kc, b, c, load_c),
-            _ => strips::<M, 2, F16>(s, wa, p0, kc, b, c, load_c),
+            1 | 2 => strips::<M, 8, F16>(s, a, p0, kc, b, c, load_c),
+            3 | 4 => strips::<M, 4, F16>(s, a, p0, kc, b, c, load_c),
+            _ => strips::<M, 2, F16>(s, a, p0, kc, b, c, load_c),
         }
     }
 }
@@ -228,7 +263,7 @@ unsafe fn slab_b<const M: usize, const F16: bool>(
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn strips<const M: usize, const V: usize, const F16: bool>(
     s: &GemmShape,
-    wa: *const f32,
+    a: RowsF32,
     p0: usize,
     kc: usize,
     b: *const u16,
@@ -256,8 +291,8 @@ unsafe fn strips<const M: usize, const V: usize, const F16: bool>(
                 *bv = unsafe { widen16::<F16>(b.add((p0 + p) * s.ldb + j0 + 16 * v), cols(v)) };
             }
             for (i, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: `wa` row `i < M`, column `p < kc` was written by `slabs`.
-                let av = _mm512_set1_ps(unsafe { *wa.add(i * KC + p) });
+                // SAFETY: row `i < M` of the slab holds `kc > p` values.
+                let av = _mm512_set1_ps(unsafe { *a.at.add(i * a.stride + p) });
                 for (acc, bv) in acc.iter_mut().zip(&bv).take(live) {
                     *acc = _mm512_fmadd_ps(av, *bv, *acc);
                 }

@@ -26,9 +26,19 @@ fn reference(s: &GemmShape, a: &[f32], b: &[bf16], c: &mut [f64]) {
 #[test]
 fn f32_a_bf16_b_against_f64_on_every_available_isa() {
     let mut rng = StdRng::seed_from_u64(41);
-    // Few rows (streamed), small and large products (blocked, several k slabs, ragged tiles).
-    let sizes =
-        [(1, 37, 19), (5, 64, 130), (8, 3, 1), (13, 33, 70), (40, 100, 600), (97, 65, 17), (130, 257, 64)];
+    // Few rows (streamed; A read in place over k past 512 and a ragged end), small and large
+    // products (blocked, several k slabs, ragged tiles).
+    let sizes = [
+        (1, 37, 19),
+        (5, 64, 130),
+        (8, 3, 1),
+        (1, 70, 1030),
+        (3, 45, 700),
+        (13, 33, 70),
+        (40, 100, 600),
+        (97, 65, 17),
+        (130, 257, 64),
+    ];
     for isa in crate::common::isas() {
         for (t, &(m, n, k)) in sizes.iter().enumerate() {
             for layout in 0..8 {
