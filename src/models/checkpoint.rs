@@ -107,28 +107,17 @@ impl Checkpoint {
     /// As [`Checkpoint::take`], and [`ModelError::Config`] for any other `dtype`.
     pub fn take_as(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor, ModelError> {
         let stored = self.entry(name, shape)?.dtype;
-        let bytes = |s: &Self| {
-            let e = &s.entries[name];
-            s.maps[e.file].1[e.bytes.clone()].to_vec()
-        };
         let t = match (dtype, stored) {
             (DType::F32, _) => return self.take(name, shape),
             (DType::BF16, Dtype::BF16) => Tensor::try_from_vec(
-                bytes(self).chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect::<Vec<_>>(),
+                self.raw(name).chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect::<Vec<_>>(),
                 shape,
             )?,
             (DType::F16, Dtype::F16) => Tensor::try_from_vec(
-                bytes(self).chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect::<Vec<_>>(),
+                self.raw(name).chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect::<Vec<_>>(),
                 shape,
             )?,
-            (DType::BF16, _) => {
-                let v = self.take_values(name, shape)?;
-                Tensor::try_from_vec(v.into_iter().map(bf16::from_f32).collect::<Vec<_>>(), shape)?
-            }
-            (DType::F16, _) => {
-                let v = self.take_values(name, shape)?;
-                Tensor::try_from_vec(v.into_iter().map(f16::from_f32).collect::<Vec<_>>(), shape)?
-            }
+            (DType::BF16 | DType::F16, _) => narrowed(&self.take_values(name, shape)?, shape, dtype)?,
             (other, _) => {
                 return Err(ModelError::Config(format!(
                     "weights cannot be held in {other}; use F32, BF16 or F16"
@@ -137,6 +126,12 @@ impl Checkpoint {
         };
         self.taken.insert(name.to_string());
         Ok(t)
+    }
+
+    /// The stored bytes of tensor `name`, which is in the checkpoint.
+    fn raw(&self, name: &str) -> &[u8] {
+        let e = &self.entries[name];
+        &self.maps[e.file].1[e.bytes.clone()]
     }
 
     /// The entry of tensor `name`, checked to have `shape`.
@@ -163,13 +158,16 @@ impl Checkpoint {
         let entry = self.entry(name, shape)?;
         let bytes = &self.maps[entry.file].1[entry.bytes.clone()];
         let values: Vec<f32> = match entry.dtype {
-            Dtype::F32 => {
-                bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-            }
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect::<Vec<_>>(),
             Dtype::BF16 => {
-                bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+                bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect::<Vec<_>>()
             }
-            Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Dtype::F16 => {
+                bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect::<Vec<_>>()
+            }
             other => {
                 return Err(ModelError::Checkpoint(format!(
                     "tensor `{name}` is {other:?}; weights must be F32, BF16 or F16"
@@ -190,6 +188,19 @@ impl Checkpoint {
     pub fn files(&self) -> impl Iterator<Item = &Path> {
         self.maps.iter().map(|(p, _)| p.as_path())
     }
+}
+
+/// `values` rounded to `dtype` (BF16 or F16, to nearest even) as a tensor of `shape`.
+///
+/// # Errors
+///
+/// A shape error when `values` does not fill `shape`.
+pub(crate) fn narrowed(values: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor, ModelError> {
+    Ok(if dtype == DType::BF16 {
+        Tensor::try_from_vec(values.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), shape)?
+    } else {
+        Tensor::try_from_vec(values.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), shape)?
+    })
 }
 
 /// Writes f32 tensors (name, shape, row-major values) as a safetensors file at `path`: what a

@@ -247,16 +247,19 @@ impl Loader<'_> {
     /// their first axis into one leaf: one product for several projections of the same input
     /// (their weights, in the weights' dtype, or their biases, in f32).
     fn stack(&mut self, parts: &[(String, Vec<usize>)], weights: bool) -> Result<Tensor, ModelError> {
-        let mut values = Vec::new();
+        let total = parts.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+        let mut values = Vec::with_capacity(total);
         for (n, shape) in parts {
             values.extend(self.ckpt.take_values(n, shape)?);
         }
         // Every caller stacks at least one tensor.
         let mut shape = parts[0].1.clone();
         shape[0] = parts.iter().map(|(_, s)| s[0]).sum();
-        let leaf = Tensor::try_from_vec(values, &shape)?;
-        let leaf =
-            if weights && self.weights != DType::F32 { leaf.cast(self.weights).realize()? } else { leaf };
+        let leaf = if weights && self.weights != DType::F32 {
+            super::checkpoint::narrowed(&values, &shape, self.weights)?
+        } else {
+            Tensor::try_from_vec(values, &shape)?
+        };
         let mut row = 0;
         for (n, s) in parts {
             self.params.push(Parameter { name: n.clone(), leaf: leaf.clone(), rows: Some(row..row + s[0]) });

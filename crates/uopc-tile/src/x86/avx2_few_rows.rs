@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::lanes;
-use super::{STREAM_AHEAD, prefetch_row};
+use super::{prefetch_row, rows_ahead};
 
 /// Rows of A up to which [`gemm_bt_dots`] and [`gemm_rows_streamed`] beat packing B for the
 /// 6 x 16 register tile.
@@ -22,7 +22,7 @@ const ACCUMULATORS: usize = 12;
 /// Keys go in groups of `8 / m` (1 from five rows on), whose `m x (8 / m)` accumulators one
 /// shuffle tree reduces to their sums. Each key's row of B is read front to back once, every
 /// 8-float step of it multiplied into all `m` rows of A (from L1), so B is one sequential
-/// stream, with the rows [`STREAM_AHEAD`] keys on requested as it goes.
+/// stream, with a row a few KiB on requested as it goes.
 ///
 /// # Safety
 ///
@@ -64,7 +64,7 @@ unsafe fn dots<const M: usize, const G: usize>(
         // Accumulator `(i, g)` is lane `i G + g` of the sums; lanes past `M G` stay zero.
         let mut flat = [_mm256_setzero_ps(); 8];
         for g in 0..G {
-            prefetch_row(b.wrapping_add((j0 + g + STREAM_AHEAD) * s.ldb), s.k);
+            prefetch_row(b.wrapping_add((j0 + g + rows_ahead(4 * s.k)) * s.ldb), s.k);
             // SAFETY: forwarded, for key `j0 + g` of the group (past the live keys the last
             // live key's row is read again and its sums dropped, so every group has one shape).
             let acc = unsafe { key_dots::<M>(s, a, b, j0 + g.min(live - 1)) };

@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::lanes;
-use super::{STREAM_AHEAD, prefetch_row};
+use super::{STREAM_AHEAD, prefetch_row, rows_ahead};
 
 /// Rows of A up to which [`gemm_bt_dots`] beats packing `B^T` for the register tile: the
 /// packed path copies and transposes every B panel however few rows then reuse it.
@@ -57,13 +57,14 @@ unsafe fn dots<const M: usize, const G: usize>(
     c: *mut f32,
 ) {
     let crate::GemmShape { n, ldc, accumulate, .. } = *s;
+    let ahead = rows_ahead(4 * s.k);
     for j0 in (0..n).step_by(G) {
         let live = G.min(n - j0);
         // Accumulator `(i, g)` is lane `i G + g` of the sums.
         let mut flat = [_mm512_setzero_ps(); 16];
         for g in 0..G {
-            // B's rows stream from memory once: the row STREAM_AHEAD further on is requested now.
-            prefetch_row(b.wrapping_add((j0 + g + STREAM_AHEAD) * s.ldb), s.k);
+            // B's rows stream from memory once: a row a few KiB further on is requested now.
+            prefetch_row(b.wrapping_add((j0 + g + ahead) * s.ldb), s.k);
             // SAFETY: forwarded, for key `j0 + g` of the group.
             let acc = unsafe { key_dots::<M>(s, a, b, j0 + g.min(live - 1)) };
             for (i, &acc) in acc.iter().enumerate() {
@@ -135,6 +136,7 @@ unsafe fn key_dots<const M: usize>(
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn dots_by_row(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     let crate::GemmShape { m, n, k, lda, ldb, ldc, accumulate, .. } = *s;
+    let ahead = rows_ahead(4 * k);
     for j0 in (0..n).step_by(16) {
         let live = 16.min(n - j0);
         for i in 0..m {
@@ -145,9 +147,9 @@ unsafe fn dots_by_row(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mu
                 // accumulators stay in registers.
                 let row = j0 + jj.min(live - 1);
                 if i == 0 {
-                    // The row of the next group (or, past the block, what follows it: the next
-                    // block's keys), requested while this group's rows are multiplied.
-                    prefetch_row(b.wrapping_add((j0 + 16 + jj) * ldb), k);
+                    // A row a few KiB on (past the block, what follows it: the next block's
+                    // keys), requested while this one is multiplied.
+                    prefetch_row(b.wrapping_add((row + ahead) * ldb), k);
                 }
                 for p in (0..k).step_by(16) {
                     let mask = lanes(k - p);

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{STREAM_AHEAD, prefetch_row};
+use super::{prefetch_row, rows_ahead};
 use crate::GemmShape;
 
 /// Rows of A up to which a 16-bit GEMM takes this path.
@@ -195,8 +195,8 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
             // Past the last live key the last live key's row is read again (its sums are
             // dropped below), so the trip count stays constant.
             let j = j0 + g.min(live - 1);
-            // The row as far ahead as the f32 kernels request theirs (a prefetch never faults).
-            let ahead = b.wrapping_add((j + STREAM_AHEAD) * s.ldb + p0);
+            // A row a few KiB on, requested now (a prefetch never faults).
+            let ahead = b.wrapping_add((j + rows_ahead(2 * kc)) * s.ldb + p0);
             prefetch_row(ahead.cast(), kc.div_ceil(2));
             for t in (0..kc).step_by(16) {
                 // SAFETY: row `j < n` of B holds columns `p0 + t .. p0 + t + min(16, kc - t)`.
