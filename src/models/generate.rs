@@ -1,7 +1,7 @@
 //! Generation: a prompt processed at once, then one token at a time against the KV cache,
 //! each chosen by [`Sampling`] and handed to the caller as it is produced.
 
-use super::{CausalLm, Logits, ModelError};
+use super::{CausalLm, KvCache, Logits, ModelError, Segment};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::time::Instant;
@@ -139,28 +139,76 @@ impl CausalLm {
         options: &GenerateOptions,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Generation, ModelError> {
-        let start = Instant::now();
-        let mut cache = self.new_cache(prompt.len() + options.max_new_tokens);
-        let mut rng = StdRng::seed_from_u64(options.sampling.seed);
-        let mut tokens = Vec::with_capacity(options.max_new_tokens);
-        let mut input = prompt.to_vec();
-        let mut first_token_seconds = 0.0;
-        while tokens.len() < options.max_new_tokens {
-            let logits = self.forward(&input, &mut cache, Logits::Last)?;
-            let mut row = vec![0.0f32; self.config().vocab_size];
-            logits.realize_into(&mut row)?;
-            let token = options.sampling.choose(&row, &mut rng)?;
-            if tokens.is_empty() {
-                first_token_seconds = start.elapsed().as_secs_f64();
-            }
-            tokens.push(token);
-            if !on_token(token) || options.stop_tokens.contains(&token) {
-                break;
-            }
-            input = vec![token];
+        let mut out = self.generate_batch(&[prompt], options, |_, token| on_token(token))?;
+        Ok(out.pop().expect("one generation per prompt"))
+    }
+
+    /// [`CausalLm::generate`] for several prompts at once (of any lengths): the prompts in one
+    /// batched forward pass, then one pass per step for the sequences still going, every
+    /// sequence against its own cache ([`CausalLm::forward_batch`]), so a step reads the
+    /// weights once for all of them. Sequence `i` draws from its own generator seeded with
+    /// `options.sampling.seed` and ends on its own (a stop token, `max_new_tokens`, or
+    /// `on_token(i, token)` returning `false`), so its tokens are those
+    /// [`CausalLm::generate`] gives for its prompt alone. The timings of each are the batch's
+    /// up to its end.
+    ///
+    /// # Errors
+    ///
+    /// As [`CausalLm::generate`], for any prompt; [`ModelError::Input`] when `prompts` is
+    /// empty.
+    pub fn generate_batch(
+        &self,
+        prompts: &[&[u32]],
+        options: &GenerateOptions,
+        mut on_token: impl FnMut(usize, u32) -> bool,
+    ) -> Result<Vec<Generation>, ModelError> {
+        if prompts.is_empty() {
+            return Err(ModelError::Input("no prompts given".into()));
         }
-        let decode_seconds =
-            if tokens.is_empty() { 0.0 } else { start.elapsed().as_secs_f64() - first_token_seconds };
-        Ok(Generation { tokens, first_token_seconds, decode_seconds })
+        let start = Instant::now();
+        // One capacity for every cache: their attention kernels are one compile.
+        let capacity = prompts.iter().map(|p| p.len()).max().unwrap_or(0) + options.max_new_tokens;
+        let mut caches: Vec<KvCache> = prompts.iter().map(|_| self.new_cache(capacity)).collect();
+        let mut rngs: Vec<StdRng> =
+            prompts.iter().map(|_| StdRng::seed_from_u64(options.sampling.seed)).collect();
+        let mut out: Vec<Generation> = prompts
+            .iter()
+            .map(|_| Generation { tokens: Vec::new(), first_token_seconds: 0.0, decode_seconds: 0.0 })
+            .collect();
+        let mut inputs: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+        let mut live: Vec<usize> =
+            if options.max_new_tokens > 0 { (0..prompts.len()).collect() } else { Vec::new() };
+        let vocab = self.config().vocab_size;
+        while !live.is_empty() {
+            let mut segments: Vec<Segment<'_>> = caches
+                .iter_mut()
+                .zip(&inputs)
+                .enumerate()
+                .filter(|(i, _)| live.contains(i))
+                .map(|(_, (cache, tokens))| Segment { tokens, cache })
+                .collect();
+            let logits = self.forward_batch(&mut segments, Logits::Last)?;
+            let mut rows = vec![0.0f32; live.len() * vocab];
+            logits.realize_into(&mut rows)?;
+            let now = start.elapsed().as_secs_f64();
+            let mut going = Vec::with_capacity(live.len());
+            for (row, &i) in rows.chunks_exact(vocab).zip(&live) {
+                let token = options.sampling.choose(row, &mut rngs[i])?;
+                let g = &mut out[i];
+                if g.tokens.is_empty() {
+                    g.first_token_seconds = now;
+                }
+                g.tokens.push(token);
+                let more = g.tokens.len() < options.max_new_tokens;
+                if on_token(i, token) && more && !options.stop_tokens.contains(&token) {
+                    going.push(i);
+                    inputs[i] = vec![token];
+                } else {
+                    g.decode_seconds = now - g.first_token_seconds;
+                }
+            }
+            live = going;
+        }
+        Ok(out)
     }
 }

@@ -31,4 +31,4 @@ pub use config::{Architecture, ModelConfig};
 pub use error::ModelError;
 pub use generate::{GenerateOptions, Generation, Sampling};
 pub use layers::{Linear, Mlp, Norm};
-pub use model::{CausalLm, Logits, Parameter};
+pub use model::{CausalLm, Logits, Parameter, Segment};

@@ -147,11 +147,99 @@ impl CausalLm {
     /// [`ModelError::Input`] for an empty input or a token outside the vocabulary; the errors
     /// of the kernels.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Tensor, ModelError> {
+        self.forward_batch(&mut [Segment { tokens, cache }], logits)
+    }
+
+    /// [`CausalLm::forward`] for several sequences at once, each with its own new tokens and
+    /// cache (of any lengths): the projections and MLPs run on every sequence's rows in one
+    /// product (so a decode step reads each weight once for the whole batch), the attention of
+    /// each sequence against its own cache. The logits are every new token's in segment order
+    /// `(tokens in all, vocab)`, or with [`Logits::Last`] each segment's last `(segments,
+    /// vocab)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`CausalLm::forward`], for any segment; [`ModelError::Input`] when `segments` is
+    /// empty. Nothing is counted as cached unless every segment succeeds.
+    pub fn forward_batch(&self, segments: &mut [Segment<'_>], logits: Logits) -> Result<Tensor, ModelError> {
         let c = &self.config;
-        let n = tokens.len();
-        self.check_tokens(tokens)?;
-        cache.check_room(n)?;
-        let first = cache.len();
+        if segments.is_empty() {
+            return Err(ModelError::Input("no sequences given".into()));
+        }
+        let mut embedded = Vec::with_capacity(segments.len());
+        for seg in segments.iter() {
+            self.check_segment(seg)?;
+            embedded.push(self.embedded(seg.tokens, seg.cache.len())?);
+        }
+        let mut x = if embedded.len() == 1 {
+            embedded.pop().expect("one segment")
+        } else {
+            Tensor::try_cat(&embedded.iter().collect::<Vec<_>>(), 0)?
+        };
+        let total: usize = segments.iter().map(|s| s.tokens.len()).sum();
+        let qkv_width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+        let mut qkv_rows = vec![0.0f32; total * qkv_width];
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
+            // The residual stream and the projection in one realize: both leave the graph here.
+            let (done, _) = realize(&[&x, &qkv], &RealizeOptions::default())?;
+            x = done[0].clone();
+            done[1].realize_into(&mut qkv_rows)?;
+            let mut attended = Vec::with_capacity(total * c.heads * c.head_dim);
+            let mut start = 0;
+            for seg in segments.iter_mut() {
+                let (n, first) = (seg.tokens.len(), seg.cache.len());
+                // This segment's rows: the next `n` of the flat rows.
+                let own = &mut qkv_rows[start * qkv_width..(start + n) * qkv_width];
+                start += n;
+                if c.architecture == Architecture::Llama {
+                    rotate(own, qkv_width, (c.heads, c.head_dim), first, c.rope_theta);
+                    rotate(
+                        &mut own[c.heads * c.head_dim..],
+                        qkv_width,
+                        (c.kv_heads, c.head_dim),
+                        first,
+                        c.rope_theta,
+                    );
+                }
+                attended.extend(seg.cache.attend(c, layer, own, n)?);
+            }
+            let attended = Tensor::from_vec(attended, &[total, c.heads * c.head_dim]);
+            x = x.try_add(&block.out.forward(&attended)?)?;
+            x = x.try_add(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?;
+        }
+        let mut last = Vec::with_capacity(segments.len());
+        let mut end = 0;
+        for seg in segments.iter_mut() {
+            seg.cache.advance(seg.tokens.len());
+            end += seg.tokens.len();
+            last.push(end - 1);
+        }
+        let x = match logits {
+            Logits::All => x,
+            Logits::Last if total == 1 => x,
+            Logits::Last => x.try_index_select_rows(&last)?,
+        };
+        Ok(self.final_norm.forward(&x)?.try_matmul(&widened(&self.head))?)
+    }
+}
+
+/// One sequence's part of [`CausalLm::forward_batch`]: its new tokens and its cache.
+#[derive(Debug)]
+pub struct Segment<'a> {
+    /// The tokens that follow the ones cached.
+    pub tokens: &'a [u32],
+    /// The sequence's cache, to which the tokens' keys and values are appended.
+    pub cache: &'a mut KvCache,
+}
+
+impl CausalLm {
+    /// `Ok` when a segment's tokens are valid and fit its cache and the positions.
+    fn check_segment(&self, seg: &Segment<'_>) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (n, first) = (seg.tokens.len(), seg.cache.len());
+        self.check_tokens(seg.tokens)?;
+        seg.cache.check_room(n)?;
         if c.architecture == Architecture::Gpt2 && first + n > c.max_positions {
             return Err(ModelError::Cache(format!(
                 "positions {first}..{} pass the model's {} learned positions",
@@ -159,40 +247,9 @@ impl CausalLm {
                 c.max_positions
             )));
         }
-        let mut x = self.embedded(tokens, first)?;
-        let qkv_width = (c.heads + 2 * c.kv_heads) * c.head_dim;
-        let mut qkv_rows = vec![0.0f32; n * qkv_width];
-        for (layer, block) in self.blocks.iter().enumerate() {
-            let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
-            // The residual stream and the projection in one realize: both leave the graph here.
-            let (done, _) = realize(&[&x, &qkv], &RealizeOptions::default())?;
-            x = done[0].clone();
-            done[1].realize_into(&mut qkv_rows)?;
-            if c.architecture == Architecture::Llama {
-                rotate(&mut qkv_rows, qkv_width, (c.heads, c.head_dim), first, c.rope_theta);
-                rotate(
-                    &mut qkv_rows[c.heads * c.head_dim..],
-                    qkv_width,
-                    (c.kv_heads, c.head_dim),
-                    first,
-                    c.rope_theta,
-                );
-            }
-            let attended = cache.attend(c, layer, &qkv_rows, n)?;
-            let attended = Tensor::from_vec(attended, &[n, c.heads * c.head_dim]);
-            x = x.try_add(&block.out.forward(&attended)?)?;
-            x = x.try_add(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?;
-        }
-        cache.advance(n);
-        let x = match logits {
-            Logits::All => x,
-            Logits::Last => x.try_slice(0, n - 1, n)?,
-        };
-        Ok(self.final_norm.forward(&x)?.try_matmul(&widened(&self.head))?)
+        Ok(())
     }
-}
 
-impl CausalLm {
     /// `Ok` when `tokens` is not empty and every token is in the vocabulary.
     pub(super) fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
         if tokens.is_empty() {

@@ -366,3 +366,104 @@ fn weights_held_in_16_bits_compute_as_the_f32_model_of_their_rounded_values() {
         }
     }
 }
+
+#[test]
+fn a_batch_of_sequences_of_different_lengths_gives_each_its_own_logits() {
+    use uopc::models::Segment;
+    for name in FIXTURES {
+        let model = CausalLm::load(&fixture_dir(name)).unwrap();
+        let prompt = &expected(name).prompts[0];
+        // Three sequences: caches already holding 0, 3 and 5 tokens, then 4, 1 and 2 new ones.
+        let cached = [0usize, 3, 5];
+        let new = [4usize, 1, 2];
+        let mut caches: Vec<_> = cached.iter().map(|_| model.new_cache(16)).collect();
+        for (cache, &c) in caches.iter_mut().zip(&cached) {
+            if c > 0 {
+                let _ = model.forward(&prompt[..c], cache, Logits::Last).unwrap();
+            }
+        }
+        let tokens: Vec<Vec<u32>> = cached
+            .iter()
+            .zip(&new)
+            .map(|(&c, &n)| (0..n).map(|t| prompt[(c + t) % prompt.len()]).collect())
+            .collect();
+        // Each sequence alone, on copies of its cache.
+        let alone: Vec<Vec<Vec<f32>>> = caches
+            .iter()
+            .zip(&tokens)
+            .map(|(cache, t)| rows(&model.forward(t, &mut cache.clone(), Logits::All).unwrap()))
+            .collect();
+        let mut segments: Vec<Segment<'_>> =
+            caches.iter_mut().zip(&tokens).map(|(cache, tokens)| Segment { tokens, cache }).collect();
+        let together = rows(&model.forward_batch(&mut segments, Logits::All).unwrap());
+        let flat: Vec<&Vec<f32>> = alone.iter().flatten().collect();
+        assert_eq!(together.len(), flat.len(), "{name}");
+        for (t, (a, b)) in together.iter().zip(flat).enumerate() {
+            for (x, y) in a.iter().zip(b) {
+                // The same sums; a product of more rows may order them otherwise.
+                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{name}: row {t}: {x} vs {y}");
+            }
+        }
+        for ((cache, &c), &n) in caches.iter().zip(&cached).zip(&new) {
+            assert_eq!(cache.len(), c + n, "{name}");
+        }
+        // The last rows only: one per sequence, each its own sequence's last.
+        let mut caches: Vec<_> = cached.iter().map(|_| model.new_cache(16)).collect();
+        for (cache, &c) in caches.iter_mut().zip(&cached) {
+            if c > 0 {
+                let _ = model.forward(&prompt[..c], cache, Logits::Last).unwrap();
+            }
+        }
+        let mut segments: Vec<Segment<'_>> =
+            caches.iter_mut().zip(&tokens).map(|(cache, tokens)| Segment { tokens, cache }).collect();
+        let last = rows(&model.forward_batch(&mut segments, Logits::Last).unwrap());
+        for (s, row) in last.iter().enumerate() {
+            let want = alone[s].last().unwrap();
+            assert!(
+                row.iter().zip(want).all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs())),
+                "{name}: {s}"
+            );
+        }
+    }
+}
+
+#[test]
+fn batched_generation_gives_each_prompt_the_tokens_it_gets_alone() {
+    let model = CausalLm::load(&fixture_dir("llama_tiny_gqa")).unwrap();
+    let base = &expected("llama_tiny_gqa").prompts[0];
+    let prompts: Vec<Vec<u32>> = vec![base[..2].to_vec(), base.clone(), base[1..4].to_vec()];
+    let prompt_refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let sampled = Sampling { temperature: 0.9, top_k: Some(20), top_p: Some(0.95), seed: 7 };
+    for sampling in [Sampling::GREEDY, sampled] {
+        let mut options = GenerateOptions { max_new_tokens: 9, sampling, stop_tokens: Vec::new() };
+        // A stop token that the second sequence meets on its own (its fourth token).
+        let alone_second = model.generate(&prompts[1], &options, |_| true).unwrap().tokens;
+        options.stop_tokens = vec![alone_second[3]];
+        let alone: Vec<Vec<u32>> =
+            prompts.iter().map(|p| model.generate(p, &options, |_| true).unwrap().tokens).collect();
+        let mut streamed: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+        let batch = model
+            .generate_batch(&prompt_refs, &options, |i, t| {
+                streamed[i].push(t);
+                true
+            })
+            .unwrap();
+        let got: Vec<Vec<u32>> = batch.iter().map(|g| g.tokens.clone()).collect();
+        assert_eq!(got, alone, "{sampling:?}");
+        assert_eq!(streamed, got, "every token is handed over as it is produced");
+        assert!(got[1].len() <= 4 && got[1].last() == Some(&alone_second[3]), "{got:?}");
+    }
+    // The caller ends one sequence; the others go on.
+    let out = model.generate_batch(&prompt_refs, &GenerateOptions::greedy(5), |i, _| i != 0).unwrap();
+    assert_eq!(out.iter().map(|g| g.tokens.len()).collect::<Vec<_>>(), vec![1, 5, 5]);
+    assert!(matches!(
+        model.generate_batch(&[], &GenerateOptions::greedy(5), |_, _| true),
+        Err(ModelError::Input(_))
+    ));
+    // A bad prompt among good ones is an error naming it, before anything runs.
+    let bad: Vec<&[u32]> = vec![&prompts[0], &[]];
+    assert!(matches!(
+        model.generate_batch(&bad, &GenerateOptions::greedy(5), |_, _| true),
+        Err(ModelError::Input(_))
+    ));
+}

@@ -125,12 +125,15 @@ pub fn models(given: Vec<PathBuf>) -> std::io::Result<Vec<PathBuf>> {
     [smollm_135m(), gpt2_small()].iter().map(|s| ensure(s, &root)).collect()
 }
 
-/// Runs each model, its weight matrices held in `dtype`, `reps` times (the first is cold: the process's first run, compiles
-/// included) on a prompt of `prompt_tokens` seeded token ids, generating `new_tokens`
+/// Runs each model, its weight matrices held in `dtype`, `reps` times (the first is cold: the
+/// process's first run, compiles included) on `batch` prompts of `prompt_tokens` seeded token
+/// ids generated together, each generating `new_tokens`
 /// greedily with no stop token; prints a line per model and writes `json` when given.
+#[allow(clippy::too_many_arguments)] // the bench's options, passed through as they are
 pub fn run(
     models: &[PathBuf],
     dtype: DType,
+    batch: usize,
     prompt_tokens: usize,
     new_tokens: usize,
     reps: usize,
@@ -138,14 +141,15 @@ pub fn run(
 ) -> ExitCode {
     let mut rows = Vec::new();
     println!(
-        "{:<24} {:>6} {:>8} {:>6} {:>16} {:>15} {:>14} {:>14} {:>12} {:>12}",
+        "{:<24} {:>6} {:>6} {:>8} {:>6} {:>16} {:>15} {:>14} {:>14} {:>12} {:>12}",
         "model",
         "dtype",
+        "batch",
         "prompt",
         "new",
         "first token ms",
         "prompt tok/s",
-        "decode ms/tok",
+        "decode ms/step",
         "load s",
         "stream GB/s",
         "of bw bound"
@@ -162,15 +166,19 @@ pub fn run(
         let load = start.elapsed().as_secs_f64();
         let vocab = model.config().vocab_size as u64;
         let mut rng = StdRng::seed_from_u64(1);
-        let prompt: Vec<u32> = (0..prompt_tokens).map(|_| (rng.random::<u64>() % vocab) as u32).collect();
+        let prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|_| (0..prompt_tokens).map(|_| (rng.random::<u64>() % vocab) as u32).collect())
+            .collect();
+        let prompt_refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
         let options = GenerateOptions::greedy(new_tokens);
         let (mut first, mut prompt_rate, mut decode) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..reps {
-            match model.generate(&prompt, &options, |_| true) {
+            match model.generate_batch(&prompt_refs, &options, |_, _| true) {
                 Ok(g) => {
-                    first.push(g.first_token_seconds * 1e3);
-                    prompt_rate.push(prompt_tokens as f64 / g.first_token_seconds);
-                    decode.push(g.decode_ms_per_token());
+                    // Every sequence runs to the end, so each one's timings are the batch's.
+                    first.push(g[0].first_token_seconds * 1e3);
+                    prompt_rate.push((batch * prompt_tokens) as f64 / g[0].first_token_seconds);
+                    decode.push(g[0].decode_ms_per_token());
                 }
                 Err(e) => {
                     eprintln!("error: {}: {e}", dir.display());
@@ -184,12 +192,12 @@ pub fn run(
         let c = model.config();
         let weights: usize = model.leaves().iter().map(|l| l.dtype().size() * l.numel()).sum();
         let cached = prompt_tokens + new_tokens / 2;
-        let cache_bytes = 4 * 2 * c.layers * cached * c.kv_heads * c.head_dim;
+        let cache_bytes = batch * 4 * 2 * c.layers * cached * c.kv_heads * c.head_dim;
         let stream_gbs = uopc::masked_attention::streaming_read_gbs(256, rayon::current_num_threads(), 5);
         let bound_ms = (weights + cache_bytes) as f64 / (stream_gbs * 1e9) * 1e3;
         let name = dir.file_name().map_or(String::new(), |n| n.to_string_lossy().to_string());
         println!(
-            "{name:<24} {:>6} {prompt_tokens:>8} {new_tokens:>6} {:>16.1} {:>15.1} {:>14.2} {load:>14.2} {stream_gbs:>12.1} {:>11.0}%",
+            "{name:<24} {:>6} {batch:>6} {prompt_tokens:>8} {new_tokens:>6} {:>16.1} {:>15.1} {:>14.2} {load:>14.2} {stream_gbs:>12.1} {:>11.0}%",
             dtype.to_string(),
             first[0],
             warm(&prompt_rate),
@@ -197,7 +205,7 @@ pub fn run(
             100.0 * bound_ms / warm(&decode)
         );
         rows.push(serde_json::json!({
-            "model": name, "dtype": dtype.to_string(), "batch": 1, "prompt_tokens": prompt_tokens,
+            "model": name, "dtype": dtype.to_string(), "batch": batch, "prompt_tokens": prompt_tokens,
             "new_tokens": new_tokens, "first_token_ms": first[0], "first_token_ms_runs": first,
             "prompt_tokens_per_s": warm(&prompt_rate), "prompt_tokens_per_s_runs": prompt_rate,
             "decode_ms_per_token": warm(&decode), "decode_ms_per_token_runs": decode, "load_s": load,

@@ -233,7 +233,7 @@ enum Bench {
         /// New tokens.
         #[arg(long, default_value_t = 128)]
         new_tokens: usize,
-        /// Sequences per batch (1: batched generation is not built yet).
+        /// Sequences generated together (`CausalLm::generate_batch`), each with its own prompt.
         #[arg(long, default_value_t = 1)]
         batch: usize,
         /// The dtype the weight matrices are held in (activations and the cache stay f32).
@@ -421,17 +421,13 @@ fn bench_generate(what: Bench) -> ExitCode {
     else {
         unreachable!("called with bench generate's options")
     };
-    if batch != 1 {
-        eprintln!("error: --batch {batch}: only batch 1 is built");
-        return ExitCode::from(2);
-    }
     let dtype = match dtype.as_str() {
         "bf16" => uopc::DType::BF16,
         "f16" => uopc::DType::F16,
         _ => uopc::DType::F32,
     };
-    if prompt_tokens == 0 || new_tokens == 0 || reps == 0 || threads == Some(0) {
-        eprintln!("error: --prompt-tokens, --new-tokens, --reps and --threads must be at least 1");
+    if prompt_tokens == 0 || new_tokens == 0 || reps == 0 || batch == 0 || threads == Some(0) {
+        eprintln!("error: --prompt-tokens, --new-tokens, --reps, --batch and --threads must be at least 1");
         return ExitCode::from(2);
     }
     let models = match generate::models(models) {
@@ -441,7 +437,9 @@ fn bench_generate(what: Bench) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    with_threads(threads, || generate::run(&models, dtype, prompt_tokens, new_tokens, reps, json.as_deref()))
+    with_threads(threads, || {
+        generate::run(&models, dtype, batch, prompt_tokens, new_tokens, reps, json.as_deref())
+    })
 }
 
 /// `bench flex`: its options checked, its cells timed.
