@@ -9,6 +9,7 @@ pub(crate) mod avx2_few_rows;
 pub(crate) mod avx2_half_rows;
 pub(crate) mod avx512;
 pub(crate) mod avx512_few_rows;
+pub(crate) mod avx512_row_sweep;
 pub(crate) mod bf16;
 pub(crate) mod bf16_tiles;
 pub(crate) mod convert_avx2;

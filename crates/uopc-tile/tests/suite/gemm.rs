@@ -173,6 +173,26 @@ fn few_rows() {
 }
 
 #[test]
+fn few_rows_against_a_wide_row_major_b() {
+    // One to four rows of A against a B thousands of columns wide and stored by rows (a linear
+    // layer's weight in decode) sweep B's rows into C: past one stretch of C (4096 floats over
+    // all rows of A) and with k not a multiple of the four rows added per step.
+    let mut rng = StdRng::seed_from_u64(16);
+    for m in 1..=4 {
+        for n in [1100, 4100] {
+            for k in [3, 9] {
+                for isa in common::isas() {
+                    for acc in [false, true] {
+                        let s = padded(&mut rng, GemmShape::dense(m, n, k, false, false, acc), 9);
+                        run_case(&mut rng, isa, s);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn random_shapes() {
     let mut rng = StdRng::seed_from_u64(2);
     for _ in 0..40 {
