@@ -11,6 +11,11 @@ what transformers computes for fixed prompts: the logits at every position, a gr
 continuation of 32 tokens (with its KV cache), and the gradients of one training step's loss
 (cross-entropy over the shifted prompt tokens, summed over the prompts' mean losses) for a few
 named parameters.
+
+Then it gives `llama_tiny_gqa` a character-level tokenizer (tokenizer.json, with a
+beginning-of-sequence token added to every input as Llama's is) and records in text.json what
+transformers makes of a text prompt: its token ids and the text of a greedy continuation.
+`--text` does only that, on the saved model.
 """
 import json
 import os
@@ -92,5 +97,42 @@ def main(out_dir):
         print(name, "loss", float(loss))
 
 
+TEXT_PROMPT = "The cat sat on the mat, née Zoë."
+TEXT_NEW_TOKENS = 16
+
+
+def text_fixture(out_dir):
+    from tokenizers import Tokenizer, decoders, models, processors
+    from transformers import PreTrainedTokenizerFast
+
+    path = os.path.join(out_dir, "llama_tiny_gqa")
+    model = LlamaForCausalLM.from_pretrained(path).float().eval()
+    # 101 tokens: three special ones, printable ASCII, a newline and two accented letters.
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "é", "ë"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({c: 3 + i for i, c in enumerate(chars)})
+    assert len(vocab) == model.config.vocab_size
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tok.save(os.path.join(path, "tokenizer.json"))
+    ids = fast(TEXT_PROMPT).input_ids
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=TEXT_NEW_TOKENS, do_sample=False, use_cache=True,
+            eos_token_id=None, pad_token_id=0, min_new_tokens=TEXT_NEW_TOKENS,
+        )
+    new = out[0, len(ids):].tolist()
+    text = {"prompt": TEXT_PROMPT, "ids": ids, "greedy": new, "greedy_text": fast.decode(new, skip_special_tokens=True)}
+    with open(os.path.join(path, "text.json"), "w") as f:
+        json.dump(text, f, ensure_ascii=False)
+    print("llama_tiny_gqa text", text)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/models")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    out = args[0] if args else "tests/fixtures/models"
+    if "--text" not in sys.argv:
+        main(out)
+    text_fixture(out)

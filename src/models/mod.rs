@@ -22,6 +22,8 @@ mod error;
 mod generate;
 mod layers;
 mod model;
+#[cfg(feature = "tokenizers")]
+mod tokenizer;
 mod train;
 mod update;
 
@@ -32,3 +34,5 @@ pub use error::ModelError;
 pub use generate::{GenerateOptions, Generation, Sampling};
 pub use layers::{Linear, Mlp, Norm};
 pub use model::{CausalLm, Logits, Parameter, Segment};
+#[cfg(feature = "tokenizers")]
+pub use tokenizer::Tokenizer;

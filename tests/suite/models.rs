@@ -467,3 +467,33 @@ fn batched_generation_gives_each_prompt_the_tokens_it_gets_alone() {
         Err(ModelError::Input(_))
     ));
 }
+
+#[cfg(feature = "tokenizers")]
+#[test]
+fn text_in_and_out_through_the_checkpoint_tokenizer_matches_transformers() {
+    use uopc::models::Tokenizer;
+    let dir = fixture_dir("llama_tiny_gqa");
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("text.json")).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    };
+    let prompt = want["prompt"].as_str().unwrap();
+    let tokenizer = Tokenizer::load(&dir).unwrap();
+    // The ids transformers' tokenizer gives, the beginning-of-sequence token first.
+    assert_eq!(tokenizer.encode(prompt).unwrap(), ids(&want["ids"]));
+    let model = CausalLm::load(&dir).unwrap();
+    let mut pieces = Vec::new();
+    let (generation, text) = model
+        .generate_text(&tokenizer, prompt, &GenerateOptions::greedy(16), |piece| {
+            pieces.push(piece.to_string());
+            true
+        })
+        .unwrap();
+    assert_eq!(generation.tokens, ids(&want["greedy"]));
+    assert_eq!(text, want["greedy_text"].as_str().unwrap());
+    assert_eq!(pieces.concat(), text, "the pieces handed over make up the text");
+    assert_eq!(tokenizer.decode(&generation.tokens).unwrap(), text);
+    // A checkpoint without a tokenizer.json says so.
+    assert!(matches!(Tokenizer::load(&fixture_dir("gpt2_tiny")), Err(ModelError::Io { .. })));
+}
