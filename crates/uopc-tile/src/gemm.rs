@@ -81,12 +81,7 @@ pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx512
-            if !s.b_trans
-                && !s.a_trans
-                && (1..=crate::x86::avx512_row_sweep::SWEEP_MAX_ROWS).contains(&s.m)
-                && s.n >= crate::x86::avx512_row_sweep::SWEEP_MIN_COLUMNS =>
-        {
+        Isa::Avx512 if !s.b_trans && !s.a_trans && crate::x86::avx512_row_sweep::sweeps(s.m, s.n, 4) => {
             // SAFETY: as above; the guard gives the layouts and row count the sweep requires.
             unsafe { crate::x86::avx512_row_sweep::gemm_rows_swept(s, a, b, c) }
         }

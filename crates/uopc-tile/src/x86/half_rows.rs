@@ -28,7 +28,7 @@ const KC: usize = 512;
 /// AVX-512F is available and `p` is valid for reads of `n` u16s.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn widen16<const F16: bool>(p: *const u16, n: usize) -> __m512 {
+pub(crate) unsafe fn widen16<const F16: bool>(p: *const u16, n: usize) -> __m512 {
     let h = if n >= 16 {
         // SAFETY: 16 u16s (32 bytes) are readable at `p`.
         unsafe { _mm256_loadu_si256(p.cast()) }
@@ -140,7 +140,9 @@ struct RowsF32 {
     stride: usize,
 }
 
-/// One slab's product, by the layout of B.
+/// One slab's product, by the layout of B: dot products against B's rows when it is
+/// transposed; otherwise a sweep over B's rows for a few rows of A against a wide B (see
+/// [`super::avx512_row_sweep`]), register strips for the rest.
 ///
 /// # Safety
 ///
@@ -155,10 +157,26 @@ unsafe fn slab<const M: usize, const F16: bool>(
     c: *mut f32,
     load_c: bool,
 ) {
-    // SAFETY: forwarded.
+    use super::avx512_row_sweep::{Bf16, F16 as F16Bits, Sweep, rows_swept, sweeps};
+    // SAFETY: forwarded; a sweep reads the slab's rows `p0 .. p0 + kc` of B and its `kc`
+    // values of A's rows, as the strips would.
     unsafe {
         if s.b_trans {
             slab_bt::<M, F16>(s, a, p0, kc, b, c, load_c);
+        } else if sweeps(M, s.n, 2) {
+            let sweep = Sweep {
+                a: a.at,
+                lda: a.stride,
+                b: b.add(p0 * s.ldb).cast(),
+                ldb: s.ldb,
+                c,
+                ldc: s.ldc,
+                m: M,
+                n: s.n,
+                k: kc,
+                accumulate: load_c,
+            };
+            if F16 { rows_swept::<F16Bits>(&sweep) } else { rows_swept::<Bf16>(&sweep) }
         } else {
             slab_b::<M, F16>(s, a, p0, kc, b, c, load_c);
         }

@@ -118,6 +118,10 @@ fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
         GemmShape::dense(33, 47, 290, true, true, false),
         GemmShape::dense(1, 1, 1, false, false, false),
         GemmShape::dense(4, 70, 513, false, true, true),
+        // A few rows against a B stored by rows in rows of 2 KiB or more (swept), over two k
+        // slabs of 16-bit A.
+        GemmShape::dense(3, 1030, 600, false, false, true),
+        GemmShape::dense(1, 1100, 37, false, false, false),
         GemmShape::dense(70, 20, 769, true, false, false),
         // Past the 512-column blocks B is packed in, with and without a k tail.
         GemmShape::dense(9, 1100, 300, true, true, true),

@@ -174,7 +174,7 @@ fn few_rows() {
 
 #[test]
 fn few_rows_against_a_wide_row_major_b() {
-    // One to four rows of A against a B thousands of columns wide and stored by rows (a linear
+    // One to four rows of A against a B a thousand columns wide or more, stored by rows (a linear
     // layer's weight in decode) sweep B's rows into C: past one stretch of C (4096 floats over
     // all rows of A) and with k not a multiple of the four rows added per step.
     let mut rng = StdRng::seed_from_u64(16);
