@@ -4,9 +4,11 @@
 use super::checkpoint::Checkpoint;
 use super::layers::{Linear, Mlp, Norm, rotate, widened};
 use super::{Architecture, KvCache, ModelConfig, ModelError};
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use uopc_ir::DType;
-use uopc_tensor::{RealizeOptions, Tensor, realize};
+use uopc_tensor::{Captured, RealizeOptions, Tensor, realize};
 
 /// One decoder block.
 #[derive(Clone, Debug)]
@@ -70,6 +72,9 @@ pub struct CausalLm {
     pub(super) params: Vec<Parameter>,
     /// The checkpoint's `config.json`, as read (written back by [`CausalLm::save`]).
     pub(super) config_json: String,
+    /// Decode steps' layer graphs, captured on first use (shared by clones, which hold the
+    /// same weights; a model with new weights starts without).
+    pub(super) steps: Steps,
 }
 
 impl CausalLm {
@@ -179,10 +184,25 @@ impl CausalLm {
         let total: usize = segments.iter().map(|s| s.tokens.len()).sum();
         let qkv_width = (c.heads + 2 * c.kv_heads) * c.head_dim;
         let mut qkv_rows = vec![0.0f32; total * qkv_width];
+        // A decode step (one token per sequence) runs each layer's graph as captured the first
+        // time: the same graph every step, on the new token's values.
+        let step = segments.iter().all(|s| s.tokens.len() == 1);
+        // The realized residual stream and attention output the previous layer left, which the
+        // graph of this layer's realize starts from (after the first layer).
+        let mut carried: Option<(Tensor, Tensor)> = None;
         for (layer, block) in self.blocks.iter().enumerate() {
-            let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
-            // The residual stream and the projection in one realize: both leave the graph here.
-            let (done, _) = realize(&[&x, &qkv], &RealizeOptions::default())?;
+            let done = match &carried {
+                Some((x_in, attended)) if step => self.captured_layer(layer, total, x_in, attended)?,
+                _ => {
+                    if let Some((x_in, attended)) = &carried {
+                        x = self.blocks[layer - 1].tail(x_in, attended)?;
+                    }
+                    let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
+                    // The residual stream and the projection in one realize: both leave the
+                    // graph here.
+                    realize(&[&x, &qkv], &RealizeOptions::default())?.0
+                }
+            };
             x = done[0].clone();
             done[1].realize_into(&mut qkv_rows)?;
             let mut attended = Vec::with_capacity(total * c.heads * c.head_dim);
@@ -205,9 +225,11 @@ impl CausalLm {
                 attended.extend(seg.cache.attend(c, layer, own, n)?);
             }
             let attended = Tensor::from_vec(attended, &[total, c.heads * c.head_dim]);
-            x = x.try_add(&block.out.forward(&attended)?)?;
-            x = x.try_add(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?;
+            carried = Some((x.clone(), attended));
         }
+        // Every layer ran, so there is a last one whose tail is still to add.
+        let (x_in, attended) = carried.expect("a model has at least one layer");
+        let x = self.blocks[self.blocks.len() - 1].tail(&x_in, &attended)?;
         let mut last = Vec::with_capacity(segments.len());
         let mut end = 0;
         for seg in segments.iter_mut() {
@@ -223,6 +245,46 @@ impl CausalLm {
         Ok(self.final_norm.forward(&x)?.try_matmul(&widened(&self.head))?)
     }
 }
+
+impl CausalLm {
+    /// The realized residual stream entering layer `layer` (> 0) and its q, k and v rows, for
+    /// `rows` rows whose previous layer left `x_in` and `attended`: that layer's tail and this
+    /// layer's projection, as captured on the first step with this many rows.
+    fn captured_layer(
+        &self,
+        layer: usize,
+        rows: usize,
+        x_in: &Tensor,
+        attended: &Tensor,
+    ) -> Result<Vec<Tensor>, ModelError> {
+        let key = (layer, rows);
+        let known = self.steps.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+        let captured = match known {
+            Some(c) => c,
+            None => {
+                let x = self.blocks[layer - 1].tail(x_in, attended)?;
+                let block = &self.blocks[layer];
+                let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
+                let c = Arc::new(Captured::new(&[&x, &qkv], &[x_in, attended], &RealizeOptions::default())?);
+                self.steps.lock().unwrap_or_else(|e| e.into_inner()).insert(key, c.clone());
+                c
+            }
+        };
+        Ok(captured.run(&[x_in, attended])?)
+    }
+}
+
+impl Block {
+    /// The rest of the block after attention: `x + out(attended)`, then the MLP's residual.
+    fn tail(&self, x: &Tensor, attended: &Tensor) -> Result<Tensor, ModelError> {
+        let x = x.try_add(&self.out.forward(attended)?)?;
+        Ok(x.try_add(&self.mlp.forward(&self.mlp_norm.forward(&x)?)?)?)
+    }
+}
+
+/// The captured graphs of decode steps: per (layer, rows), the tail of the layer before and
+/// the projection of this one, planned once.
+pub(super) type Steps = Arc<Mutex<HashMap<(usize, usize), Arc<Captured>>>>;
 
 /// One sequence's part of [`CausalLm::forward_batch`]: its new tokens and its cache.
 #[derive(Debug)]
@@ -386,6 +448,7 @@ fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint, weights: DType) -> Result<
         head,
         params: ld.params,
         config_json: String::new(),
+        steps: Steps::default(),
     })
 }
 
@@ -445,5 +508,6 @@ fn load_gpt2(c: &ModelConfig, ckpt: &mut Checkpoint, weights: DType) -> Result<C
         final_norm,
         params: ld.params,
         config_json: String::new(),
+        steps: Steps::default(),
     })
 }

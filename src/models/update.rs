@@ -44,6 +44,8 @@ impl CausalLm {
             }
         };
         let mut model = self.clone();
+        // The captured decode graphs read the old weights.
+        model.steps = Default::default();
         model.embed = remap(&model.embed);
         model.positions = model.positions.as_ref().map(remap);
         model.head = remap(&model.head);

@@ -209,6 +209,14 @@ fn bad_checkpoints_are_errors_naming_what_is_wrong() {
         std::fs::write(d.join("config.json"), text).unwrap();
     });
     assert!(err(unknown).contains("FalconForCausalLM"));
+    let no_layers = edited(name, "no_layers", |d| {
+        let text = std::fs::read_to_string(d.join("config.json"))
+            .unwrap()
+            .replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 0");
+        std::fs::write(d.join("config.json"), text).unwrap();
+    });
+    let e = err(no_layers);
+    assert!(e.contains("num_hidden_layers") && e.contains("0"), "{e}");
     let ints = edited(name, "ints", |d| {
         let bytes = std::fs::read(d.join("model.safetensors")).unwrap();
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -496,4 +504,24 @@ fn text_in_and_out_through_the_checkpoint_tokenizer_matches_transformers() {
     assert_eq!(tokenizer.decode(&generation.tokens).unwrap(), text);
     // A checkpoint without a tokenizer.json says so.
     assert!(matches!(Tokenizer::load(&fixture_dir("gpt2_tiny")), Err(ModelError::Io { .. })));
+}
+
+#[test]
+fn decode_steps_after_new_weights_use_the_new_weights() {
+    let model = CausalLm::load(&fixture_dir("llama_tiny_gqa")).unwrap();
+    let prompt = &expected("llama_tiny_gqa").prompts[0][..6];
+    // Decode steps capture each layer's graph with the weights they read.
+    let _ = model.generate(prompt, &GenerateOptions::greedy(4), |_| true).unwrap();
+    let halved: Vec<uopc::Tensor> = model.leaves().iter().map(|l| (l * 0.5).realize().unwrap()).collect();
+    let changed = model.with_leaves(&halved).unwrap();
+    // Token by token (decode steps) against all at once (no step), on the new weights.
+    let mut cache = changed.new_cache(prompt.len());
+    let at_once = rows(&changed.forward(prompt, &mut cache, Logits::All).unwrap());
+    let mut cache = changed.new_cache(prompt.len());
+    for (t, token) in prompt.iter().enumerate() {
+        let step = rows(&changed.forward(&[*token], &mut cache, Logits::Last).unwrap());
+        for (a, b) in step[0].iter().zip(&at_once[t]) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "position {t}: {a} vs {b}");
+        }
+    }
 }

@@ -27,6 +27,7 @@
 pub mod attention;
 pub mod autograd;
 mod cache;
+mod captured;
 mod cost;
 pub mod debug;
 mod epilogue;
@@ -56,6 +57,7 @@ pub use cache::{
     DEFAULT_PLAN_CACHE_LIMIT, PlanCacheStats, clear_plan_cache, make_plan, plan_cache_limit,
     plan_cache_stats, set_plan_cache_limit,
 };
+pub use captured::Captured;
 pub use cost::static_flops;
 pub use debug::{DEBUG_ENV, debug_level, set_debug_level};
 pub use error::{Result, TensorError};

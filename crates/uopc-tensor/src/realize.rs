@@ -105,7 +105,7 @@ fn direct_output(plan: &Plan) -> Option<usize> {
 pub(crate) fn realize_impl(
     tensors: &[&Tensor],
     opts: &RealizeOptions,
-    mut direct: Option<&mut [f32]>,
+    direct: Option<&mut [f32]>,
 ) -> Result<(Vec<Tensor>, RealizeReport, bool)> {
     let t0 = Instant::now();
     let roots: Vec<UOp> = tensors.iter().map(|t| t.uop().clone()).collect();
@@ -120,12 +120,28 @@ pub(crate) fn realize_impl(
     if level >= 4 && !cache_hit {
         debug::print_plan(&plan, level);
     }
+    let roots: Vec<(Vec<usize>, DType)> = roots.iter().map(|r| (r.shape().to_vec(), r.dtype())).collect();
+    run_plan(&plan, cache_hit, &leaves, &roots, direct, t0)
+}
+
+/// Runs `plan` on the buffers of `leaves` (its DATA inputs, in slot order) and returns one
+/// data-backed tensor of each root's shape and dtype, with the report (see [`realize_impl`]
+/// for `direct`).
+pub(crate) fn run_plan(
+    plan: &Plan,
+    cache_hit: bool,
+    leaves: &[UOp],
+    roots: &[(Vec<usize>, DType)],
+    mut direct: Option<&mut [f32]>,
+    t0: Instant,
+) -> Result<(Vec<Tensor>, RealizeReport, bool)> {
+    let level = debug::debug_level();
     let inputs: Vec<Arc<HostBuffer>> = leaves.iter().map(data_of).collect();
     let mut temps = plan.take_temps();
     let direct_slot = match &mut direct {
-        Some(buf) if buf.len() == roots[0].shape().iter().product::<usize>() => {
+        Some(buf) if buf.len() == roots[0].0.iter().product::<usize>() => {
             // zeroed as the plan's own outputs are, unless its one writer fills it whole
-            direct_output(&plan).inspect(|&o| {
+            direct_output(plan).inspect(|&o| {
                 if !plan.fresh_outputs[o] {
                     buf.fill(0.0);
                 }
@@ -207,16 +223,12 @@ pub(crate) fn realize_impl(
     let result = plan
         .outs
         .iter()
-        .zip(&roots)
+        .zip(roots)
         .map(|(o, root)| match *o {
             OutSpec::Input(k) => Tensor::from_uop(leaves[k].clone()),
             OutSpec::Output(k) => {
                 let data = DataRef(outs[k].clone());
-                Tensor::from_uop(UOp::new(
-                    Op::Data { data, shape: root.shape().to_vec() },
-                    root.dtype(),
-                    vec![],
-                ))
+                Tensor::from_uop(UOp::new(Op::Data { data, shape: root.0.clone() }, root.1, vec![]))
             }
         })
         .collect();

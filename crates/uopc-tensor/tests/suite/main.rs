@@ -8,6 +8,7 @@ mod common;
 
 mod attention;
 mod autograd;
+mod captured;
 mod create;
 mod custom;
 mod debug;

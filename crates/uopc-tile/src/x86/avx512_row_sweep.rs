@@ -77,7 +77,7 @@ impl SweptElement for Bf16 {
     #[inline]
     unsafe fn load(p: *const u8, n: usize) -> __m512 {
         // SAFETY: the caller's.
-        unsafe { super::half_rows::widen16::<false>(p.cast(), n) }
+        unsafe { super::widen16::<false>(p.cast(), n) }
     }
 }
 
@@ -86,7 +86,7 @@ impl SweptElement for F16 {
     #[inline]
     unsafe fn load(p: *const u8, n: usize) -> __m512 {
         // SAFETY: the caller's.
-        unsafe { super::half_rows::widen16::<true>(p.cast(), n) }
+        unsafe { super::widen16::<true>(p.cast(), n) }
     }
 }
 

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{prefetch_row, rows_ahead};
+use super::{prefetch_row, rows_ahead, widen16};
 use crate::GemmShape;
 
 /// Rows of A up to which a 16-bit GEMM takes this path.
@@ -19,34 +19,6 @@ pub(crate) const HALF_ROWS_MAX: usize = 8;
 
 /// k values of A widened per slab (into an `8 x 512` f32 buffer on the stack, 16 KiB).
 const KC: usize = 512;
-
-/// 16 consecutive 16-bit values at `p` (bf16 bits, or f16 when `F16`) as f32; only the first
-/// `n <= 16` are read, the other lanes are 0.
-///
-/// # Safety
-///
-/// AVX-512F is available and `p` is valid for reads of `n` u16s.
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[inline]
-pub(crate) unsafe fn widen16<const F16: bool>(p: *const u16, n: usize) -> __m512 {
-    let h = if n >= 16 {
-        // SAFETY: 16 u16s (32 bytes) are readable at `p`.
-        unsafe { _mm256_loadu_si256(p.cast()) }
-    } else {
-        // A masked 16-bit load needs AVX-512BW, which this ISA level does not require.
-        let mut buf = [0u16; 16];
-        // SAFETY: `n < 16` u16s are readable at `p`; `buf` holds 16.
-        unsafe {
-            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
-            _mm256_loadu_si256(buf.as_ptr().cast())
-        }
-    };
-    if F16 {
-        _mm512_cvtph_ps(h)
-    } else {
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-    }
-}
 
 /// The rows of A a [`gemm`] reads: 16-bit like B, or f32 (an f16 GEMM's A that its caller
 /// already holds widened, such as attention's query tile).

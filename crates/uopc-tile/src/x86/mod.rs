@@ -182,3 +182,31 @@ pub(super) unsafe fn transpose8x8_f32(src: *const f32, lds: usize, dst: *mut f32
         }
     }
 }
+
+/// 16 consecutive 16-bit values at `p` (bf16 bits, or f16 when `F16`) as f32; only the first
+/// `n <= 16` are read, the other lanes are 0.
+///
+/// # Safety
+///
+/// AVX-512F is available and `p` is valid for reads of `n` u16s.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+pub(crate) unsafe fn widen16<const F16: bool>(p: *const u16, n: usize) -> __m512 {
+    let h = if n >= 16 {
+        // SAFETY: 16 u16s (32 bytes) are readable at `p`.
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    } else {
+        // A masked 16-bit load needs AVX-512BW, which this ISA level does not require.
+        let mut buf = [0u16; 16];
+        // SAFETY: `n < 16` u16s are readable at `p`; `buf` holds 16.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            _mm256_loadu_si256(buf.as_ptr().cast())
+        }
+    };
+    if F16 {
+        _mm512_cvtph_ps(h)
+    } else {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+}
