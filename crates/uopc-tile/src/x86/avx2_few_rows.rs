@@ -59,12 +59,13 @@ unsafe fn dots<const M: usize, const G: usize>(
     c: *mut f32,
 ) {
     let crate::GemmShape { n, ldc, accumulate, .. } = *s;
+    let ahead = rows_ahead(4 * s.k);
     for j0 in (0..n).step_by(G) {
         let live = G.min(n - j0);
         // Accumulator `(i, g)` is lane `i G + g` of the sums; lanes past `M G` stay zero.
         let mut flat = [_mm256_setzero_ps(); 8];
         for g in 0..G {
-            prefetch_row(b.wrapping_add((j0 + g + rows_ahead(4 * s.k)) * s.ldb), s.k);
+            prefetch_row(b.wrapping_add((j0 + g + ahead) * s.ldb), s.k);
             // SAFETY: forwarded, for key `j0 + g` of the group (past the live keys the last
             // live key's row is read again and its sums dropped, so every group has one shape).
             let acc = unsafe { key_dots::<M>(s, a, b, j0 + g.min(live - 1)) };

@@ -11,6 +11,8 @@
 
 use std::arch::x86_64::*;
 
+use super::avx512::lanes;
+
 /// Rows of B added into C per sweep over a stretch of columns: four loads of B per load and
 /// store of C.
 const ROWS_PER_STEP: usize = 4;
@@ -35,12 +37,6 @@ const SWEEP_MIN_ROW_BYTES: usize = 2048;
 /// elements takes the sweep.
 pub(crate) fn sweeps(m: usize, n: usize, bytes: usize) -> bool {
     (1..=SWEEP_MAX_ROWS).contains(&m) && n * bytes >= SWEEP_MIN_ROW_BYTES
-}
-
-/// Lane mask of the first `n` (clamped to 16) lanes.
-#[inline]
-fn lanes(n: usize) -> __mmask16 {
-    if n >= 16 { 0xFFFF } else { (1u16 << n) - 1 }
 }
 
 /// An element type of B the sweep reads, widened to f32 as it is loaded.
@@ -111,8 +107,8 @@ pub(crate) struct Sweep {
 ///
 /// # Safety
 ///
-/// AVX-512F is available, `s.a_trans` and `s.b_trans` are false, `1 <= s.m <= 8`, and the
-/// pointers satisfy the crate's `gemm_unchecked` for `s`.
+/// AVX-512F is available, `s.a_trans` and `s.b_trans` are false, [`sweeps`] holds for
+/// `s.m` (at most four rows), and the pointers satisfy the crate's `gemm_unchecked` for `s`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn gemm_rows_swept(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     let sweep = Sweep {
@@ -135,7 +131,7 @@ pub(crate) unsafe fn gemm_rows_swept(s: &crate::GemmShape, a: *const f32, b: *co
 ///
 /// # Safety
 ///
-/// AVX-512F is available; `1 <= sw.m <= 8`; A is readable at `i * lda + p`, B at
+/// AVX-512F is available; `1 <= sw.m <= 4` (the rows [`sweeps`] admits); A is readable at `i * lda + p`, B at
 /// `(p * ldb + j) * E::BYTES` bytes and C readable and writable at `i * ldc + j`, for
 /// `i < m`, `p < k`, `j < n`; C overlaps neither A nor B.
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -147,10 +143,6 @@ pub(crate) unsafe fn rows_swept<E: SweptElement>(sw: &Sweep) {
             2 => swept::<2, E>(sw),
             3 => swept::<3, E>(sw),
             4 => swept::<4, E>(sw),
-            5 => swept::<5, E>(sw),
-            6 => swept::<6, E>(sw),
-            7 => swept::<7, E>(sw),
-            8 => swept::<8, E>(sw),
             _ => {}
         }
     }

@@ -11,6 +11,7 @@
 
 use std::arch::x86_64::*;
 
+use super::avx512::lanes;
 use super::{prefetch_row, rows_ahead, widen16};
 use crate::GemmShape;
 
@@ -28,12 +29,6 @@ pub(crate) enum RowsA {
     Half(*const u16),
     /// f32 values, read as they are.
     Single(*const f32),
-}
-
-/// Lane mask of the first `n` (clamped to 16) lanes.
-#[inline]
-fn lanes(n: usize) -> __mmask16 {
-    if n >= 16 { 0xFFFF } else { (1u16 << n) - 1 }
 }
 
 /// `C (+)= A · B` (or `A · B^T` with `s.b_trans`) for `s.m <= HALF_ROWS_MAX` rows, A not
@@ -174,6 +169,7 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
     load_c: bool,
 ) {
     let group = 16 / M;
+    let ahead = rows_ahead(2 * kc);
     for j0 in (0..s.n).step_by(group) {
         let live = group.min(s.n - j0);
         // Accumulator `i * group + g` is row `i`, key `j0 + g`; the unused ones stay 0.
@@ -186,8 +182,7 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
             // dropped below), so the trip count stays constant.
             let j = j0 + g.min(live - 1);
             // A row a few KiB on, requested now (a prefetch never faults).
-            let ahead = b.wrapping_add((j + rows_ahead(2 * kc)) * s.ldb + p0);
-            prefetch_row(ahead.cast(), kc.div_ceil(2));
+            prefetch_row(b.wrapping_add((j + ahead) * s.ldb + p0).cast(), kc.div_ceil(2));
             for t in (0..kc).step_by(16) {
                 // SAFETY: row `j < n` of B holds columns `p0 + t .. p0 + t + min(16, kc - t)`.
                 let bv = unsafe { widen16::<F16>(b.add(j * s.ldb + p0 + t), kc - t) };
