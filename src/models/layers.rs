@@ -122,10 +122,11 @@ pub(crate) fn rotary_frequencies(head_dim: usize, theta: f32) -> Vec<f32> {
     (0..head_dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect()
 }
 
-/// Rotates q or k rows in place by their positions (the Llama / GPT-NeoX form: the two halves
-/// of each head, `x1 cos - x2 sin` and `x2 cos + x1 sin`, with frequencies
-/// `theta^(-2i / head_dim)`). `rows` holds `tokens` rows of `heads * head_dim` at `stride`
-/// elements apart, the first at position `first`.
+/// Rotates the heads that lead each row in place by the row's position (the Llama / GPT-NeoX
+/// form: the two halves of each head, `x1 cos - x2 sin` and `x2 cos + x1 sin`, with
+/// frequencies `theta^(-2i / head_dim)`). `rows` holds `tokens` rows `stride` elements apart,
+/// the first at position `first`, each starting with `heads` heads of `head_dim` (q's, or q's
+/// and k's side by side) that are rotated; the rest of a row is left as it is.
 pub(crate) fn rotate(
     rows: &mut [f32],
     stride: usize,

@@ -197,10 +197,9 @@ impl CausalLm {
                     if let Some((x_in, attended)) = &carried {
                         x = self.blocks[layer - 1].tail(x_in, attended)?;
                     }
-                    let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
                     // The residual stream and the projection in one realize: both leave the
                     // graph here.
-                    realize(&[&x, &qkv], &RealizeOptions::default())?.0
+                    realize(&[&x, &block.projection(&x)?], &RealizeOptions::default())?.0
                 }
             };
             x = done[0].clone();
@@ -213,14 +212,8 @@ impl CausalLm {
                 let own = &mut qkv_rows[start * qkv_width..(start + n) * qkv_width];
                 start += n;
                 if c.architecture == Architecture::Llama {
-                    rotate(own, qkv_width, (c.heads, c.head_dim), first, c.rope_theta);
-                    rotate(
-                        &mut own[c.heads * c.head_dim..],
-                        qkv_width,
-                        (c.kv_heads, c.head_dim),
-                        first,
-                        c.rope_theta,
-                    );
+                    // The q heads and then the k heads lead each row: one rotation covers both.
+                    rotate(own, qkv_width, (c.heads + c.kv_heads, c.head_dim), first, c.rope_theta);
                 }
                 attended.extend(seg.cache.attend(c, layer, own, n)?);
             }
@@ -229,7 +222,7 @@ impl CausalLm {
         }
         // Every layer ran, so there is a last one whose tail is still to add.
         let (x_in, attended) = carried.expect("a model has at least one layer");
-        let x = self.blocks[self.blocks.len() - 1].tail(&x_in, &attended)?;
+        let x = self.blocks.last().expect("a model has at least one layer").tail(&x_in, &attended)?;
         let mut last = Vec::with_capacity(segments.len());
         let mut end = 0;
         for seg in segments.iter_mut() {
@@ -263,8 +256,7 @@ impl CausalLm {
             Some(c) => c,
             None => {
                 let x = self.blocks[layer - 1].tail(x_in, attended)?;
-                let block = &self.blocks[layer];
-                let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
+                let qkv = self.blocks[layer].projection(&x)?;
                 let c = Arc::new(Captured::new(&[&x, &qkv], &[x_in, attended], &RealizeOptions::default())?);
                 self.steps.lock().unwrap_or_else(|e| e.into_inner()).insert(key, c.clone());
                 c
@@ -275,6 +267,12 @@ impl CausalLm {
 }
 
 impl Block {
+    /// q, k and v of the residual stream `x`, side by side: the norm before attention, then
+    /// the fused projection.
+    fn projection(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        self.qkv.forward(&self.attn_norm.forward(x)?)
+    }
+
     /// The rest of the block after attention: `x + out(attended)`, then the MLP's residual.
     fn tail(&self, x: &Tensor, attended: &Tensor) -> Result<Tensor, ModelError> {
         let x = x.try_add(&self.out.forward(attended)?)?;

@@ -2,12 +2,10 @@
 //! no graph built, canonicalized or looked up per run (a decode step runs the same layer
 //! graphs for every token, on a new token's values).
 
-use crate::cache::{check_nonempty, plan_for};
 use crate::error::{Result, shape_err};
 use crate::options::RealizeOptions;
-use crate::passes::canonicalize;
 use crate::plan::Plan;
-use crate::realize::run_plan;
+use crate::realize::{planned, run_plan};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,9 +39,7 @@ impl Captured {
             return Err(err("an output has no elements".into()));
         }
         let roots: Vec<UOp> = outputs.iter().map(|t| t.uop().clone()).collect();
-        let (canon, leaves) = canonicalize(&roots);
-        check_nonempty(&canon)?;
-        let (plan, _) = plan_for(&canon, &leaves, opts)?;
+        let (plan, leaves, _) = planned(&roots, opts)?;
         let slots = inputs
             .iter()
             .enumerate()

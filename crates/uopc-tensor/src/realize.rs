@@ -109,9 +109,7 @@ pub(crate) fn realize_impl(
 ) -> Result<(Vec<Tensor>, RealizeReport, bool)> {
     let t0 = Instant::now();
     let roots: Vec<UOp> = tensors.iter().map(|t| t.uop().clone()).collect();
-    let (canon, leaves) = canonicalize(&roots);
-    check_nonempty(&canon)?;
-    let (plan, cache_hit) = plan_for(&canon, &leaves, opts)?;
+    let (plan, leaves, cache_hit) = planned(&roots, opts)?;
     let level = debug::debug_level();
     if level >= 1 {
         static MACHINE_SHOWN: std::sync::Once = std::sync::Once::new();
@@ -122,6 +120,15 @@ pub(crate) fn realize_impl(
     }
     let roots: Vec<(Vec<usize>, DType)> = roots.iter().map(|r| (r.shape().to_vec(), r.dtype())).collect();
     run_plan(&plan, cache_hit, &leaves, &roots, direct, t0)
+}
+
+/// The plan of `roots` (from the cache, or made and cached), the DATA leaves it reads in slot
+/// order, and whether the cache held it.
+pub(crate) fn planned(roots: &[UOp], opts: &RealizeOptions) -> Result<(Arc<Plan>, Vec<UOp>, bool)> {
+    let (canon, leaves) = canonicalize(roots);
+    check_nonempty(&canon)?;
+    let (plan, cache_hit) = plan_for(&canon, &leaves, opts)?;
+    Ok((plan, leaves, cache_hit))
 }
 
 /// Runs `plan` on the buffers of `leaves` (its DATA inputs, in slot order) and returns one
