@@ -17,17 +17,63 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// `x W + b` for `x` of shape `(.., in)`.
+    /// `x W + b` for `x` of shape `(.., in)`, with `x` in f32.
     ///
     /// # Errors
     ///
     /// A shape error of the product or the sum.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let y = x.try_matmul(&widened(&self.weight))?;
+        self.forward_as(x, Activations::F32)
+    }
+
+    /// [`Linear::forward`] with `x` held in the product as `activations` says for this
+    /// weight and this many rows.
+    ///
+    /// # Errors
+    ///
+    /// A shape error of the product or the sum.
+    pub fn forward_as(&self, x: &Tensor, activations: Activations) -> Result<Tensor, ModelError> {
+        let y = activations.held(x, &self.weight).try_matmul(&widened(&self.weight))?;
         Ok(match &self.bias {
             Some(b) => y.try_add(b)?,
             None => y,
         })
+    }
+}
+
+/// How the activations entering a product with a 16-bit weight matrix are held.
+///
+/// The sums and results of products are f32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activations {
+    /// In f32: a product's result is the f32 model's of the weights' rounded values, with
+    /// any number of rows and on any machine.
+    #[default]
+    F32,
+    /// Rounded to bf16 (to nearest even) into a buffer of their own before products with a
+    /// bf16 weight over more than [`Activations::ROUNDED_MIN_ROWS`] rows, where the machine
+    /// multiplies bf16 pairs itself (`vdpbf16ps`, AMX): those products then run the bf16
+    /// GEMM, whose dot products do twice the f32 work per instruction. A bf16 model in
+    /// PyTorch rounds every activation likewise. Other products (fewer rows, f16 or f32
+    /// weights, machines whose bf16 GEMM widens to f32) are as [`Activations::F32`], so
+    /// decode steps and a prompt's products may differ by the activations' rounding.
+    Bf16,
+}
+
+impl Activations {
+    /// Below this many rows a product is bound by reading its weight, which the few-row
+    /// kernels do as fast from f32 activations: rounding them would be a pass for nothing.
+    pub const ROUNDED_MIN_ROWS: usize = 16;
+
+    /// `x` as the product with `weight` reads it.
+    pub(crate) fn held(self, x: &Tensor, weight: &Tensor) -> Tensor {
+        let rows = x.shape().iter().rev().skip(1).product::<usize>();
+        let rounds = self == Activations::Bf16
+            && weight.dtype() == DType::BF16
+            && rows > Activations::ROUNDED_MIN_ROWS
+            && !uopc_tile::Bf16Path::detect().widens();
+        // Staged, so the bf16 values are a buffer the GEMM reads, not a rounding it fuses in.
+        if rounds { x.cast(DType::BF16).staged().cast(DType::F32) } else { x.clone() }
     }
 }
 
@@ -105,12 +151,23 @@ impl Mlp {
     ///
     /// A shape error of its products.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        self.forward_as(x, Activations::F32)
+    }
+
+    /// [`Mlp::forward`] with the activations of its products held as `activations` says.
+    ///
+    /// # Errors
+    ///
+    /// A shape error of its products.
+    pub fn forward_as(&self, x: &Tensor, activations: Activations) -> Result<Tensor, ModelError> {
         match self {
-            Mlp::Gelu { fc, proj } => proj.forward(&fc.forward(x)?.gelu_tanh()),
+            Mlp::Gelu { fc, proj } => {
+                proj.forward_as(&fc.forward_as(x, activations)?.gelu_tanh(), activations)
+            }
             Mlp::SwiGlu { gate_up, down, width } => {
-                let h = gate_up.forward(x)?;
+                let h = gate_up.forward_as(x, activations)?;
                 let (gate, up) = (h.try_slice(-1, 0, *width)?, h.try_slice(-1, *width, 2 * width)?);
-                down.forward(&(gate.silu() * up))
+                down.forward_as(&(gate.silu() * up), activations)
             }
         }
     }

@@ -32,7 +32,7 @@ pub use checkpoint::{Checkpoint, write_f32_safetensors};
 pub use config::{Architecture, ModelConfig};
 pub use error::ModelError;
 pub use generate::{GenerateOptions, Generation, Sampling};
-pub use layers::{Linear, Mlp, Norm};
+pub use layers::{Activations, Linear, Mlp, Norm};
 pub use model::{CausalLm, Logits, Parameter, Segment};
 #[cfg(feature = "tokenizers")]
 pub use tokenizer::Tokenizer;

@@ -2,7 +2,7 @@
 //! pass over new tokens against a [`KvCache`].
 
 use super::checkpoint::Checkpoint;
-use super::layers::{Linear, Mlp, Norm, rotate, widened};
+use super::layers::{Activations, Linear, Mlp, Norm, rotate, widened};
 use super::{Architecture, KvCache, ModelConfig, ModelError};
 use std::collections::HashMap;
 use std::path::Path;
@@ -75,6 +75,8 @@ pub struct CausalLm {
     /// Decode steps' layer graphs, captured on first use (shared by clones, which hold the
     /// same weights; a model with new weights starts without).
     pub(super) steps: Steps,
+    /// How activations meet 16-bit weights in products.
+    pub(super) activations: Activations,
 }
 
 impl CausalLm {
@@ -92,10 +94,15 @@ impl CausalLm {
 
     /// [`CausalLm::load`] with the weight matrices (the projections, the embedding and the
     /// output projection) held in `weights`: F32, or BF16 or F16 to read half the bytes per
-    /// token. A 16-bit weight is read in place by the products and widened in registers, so
-    /// the activations, their sums, the norms (whose weights stay f32) and the KV cache are
-    /// f32 whatever `weights` is; the values are the checkpoint's, rounded to `weights` to
-    /// nearest even when the file holds a wider dtype.
+    /// token. A 16-bit weight is read in place by the products and widened in registers; the
+    /// sums, the norms (whose weights stay f32) and the KV cache are f32 whatever `weights`
+    /// is. The values are the checkpoint's, rounded to `weights` to nearest even when the
+    /// file holds a wider dtype.
+    ///
+    /// With BF16 weights the model starts with [`Activations::Bf16`]: long products (a
+    /// prompt's) round their activations to bf16 where the machine multiplies bf16 itself.
+    /// [`CausalLm::with_activations`]`(Activations::F32)` keeps every activation f32, so the
+    /// model computes as the f32 model of its rounded weights.
     ///
     /// # Errors
     ///
@@ -129,7 +136,26 @@ impl CausalLm {
             )));
         }
         model.config_json = config_json;
+        if weights == DType::BF16 {
+            model.activations = Activations::Bf16;
+        }
         Ok(model)
+    }
+
+    /// This model with the activations of its products held as `activations` says
+    /// ([`CausalLm::forward`] and what runs on it; the training graph's products stay f32).
+    pub fn with_activations(mut self, activations: Activations) -> CausalLm {
+        self.activations = activations;
+        // The captured decode graphs were built with the old choice.
+        self.steps = Steps::default();
+        self
+    }
+
+    /// How the activations of its products are held: [`Activations::Bf16`] for a model
+    /// loaded with bf16 weights, unless changed by [`CausalLm::with_activations`];
+    /// [`Activations::F32`] otherwise.
+    pub fn activations(&self) -> Activations {
+        self.activations
     }
 
     /// Its configuration.
@@ -195,11 +221,11 @@ impl CausalLm {
                 Some((x_in, attended)) if step => self.captured_layer(layer, total, x_in, attended)?,
                 _ => {
                     if let Some((x_in, attended)) = &carried {
-                        x = self.blocks[layer - 1].tail(x_in, attended)?;
+                        x = self.blocks[layer - 1].tail(x_in, attended, self.activations)?;
                     }
                     // The residual stream and the projection in one realize: both leave the
                     // graph here.
-                    realize(&[&x, &block.projection(&x)?], &RealizeOptions::default())?.0
+                    realize(&[&x, &block.projection(&x, self.activations)?], &RealizeOptions::default())?.0
                 }
             };
             x = done[0].clone();
@@ -222,7 +248,11 @@ impl CausalLm {
         }
         // Every layer ran, so there is a last one whose tail is still to add.
         let (x_in, attended) = carried.expect("a model has at least one layer");
-        let x = self.blocks.last().expect("a model has at least one layer").tail(&x_in, &attended)?;
+        let x = self.blocks.last().expect("a model has at least one layer").tail(
+            &x_in,
+            &attended,
+            self.activations,
+        )?;
         let mut last = Vec::with_capacity(segments.len());
         let mut end = 0;
         for seg in segments.iter_mut() {
@@ -235,7 +265,8 @@ impl CausalLm {
             Logits::Last if total == 1 => x,
             Logits::Last => x.try_index_select_rows(&last)?,
         };
-        Ok(self.final_norm.forward(&x)?.try_matmul(&widened(&self.head))?)
+        let normed = self.activations.held(&self.final_norm.forward(&x)?, &self.head);
+        Ok(normed.try_matmul(&widened(&self.head))?)
     }
 }
 
@@ -255,8 +286,8 @@ impl CausalLm {
         let captured = match known {
             Some(c) => c,
             None => {
-                let x = self.blocks[layer - 1].tail(x_in, attended)?;
-                let qkv = self.blocks[layer].projection(&x)?;
+                let x = self.blocks[layer - 1].tail(x_in, attended, self.activations)?;
+                let qkv = self.blocks[layer].projection(&x, self.activations)?;
                 let c = Arc::new(Captured::new(&[&x, &qkv], &[x_in, attended], &RealizeOptions::default())?);
                 self.steps.lock().unwrap_or_else(|e| e.into_inner()).insert(key, c.clone());
                 c
@@ -269,14 +300,14 @@ impl CausalLm {
 impl Block {
     /// q, k and v of the residual stream `x`, side by side: the norm before attention, then
     /// the fused projection.
-    fn projection(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        self.qkv.forward(&self.attn_norm.forward(x)?)
+    fn projection(&self, x: &Tensor, activations: Activations) -> Result<Tensor, ModelError> {
+        self.qkv.forward_as(&self.attn_norm.forward(x)?, activations)
     }
 
     /// The rest of the block after attention: `x + out(attended)`, then the MLP's residual.
-    fn tail(&self, x: &Tensor, attended: &Tensor) -> Result<Tensor, ModelError> {
-        let x = x.try_add(&self.out.forward(attended)?)?;
-        Ok(x.try_add(&self.mlp.forward(&self.mlp_norm.forward(&x)?)?)?)
+    fn tail(&self, x: &Tensor, attended: &Tensor, activations: Activations) -> Result<Tensor, ModelError> {
+        let x = x.try_add(&self.out.forward_as(attended, activations)?)?;
+        Ok(x.try_add(&self.mlp.forward_as(&self.mlp_norm.forward(&x)?, activations)?)?)
     }
 }
 
@@ -447,6 +478,7 @@ fn load_llama(c: &ModelConfig, ckpt: &mut Checkpoint, weights: DType) -> Result<
         params: ld.params,
         config_json: String::new(),
         steps: Steps::default(),
+        activations: Activations::default(),
     })
 }
 
@@ -507,5 +539,6 @@ fn load_gpt2(c: &ModelConfig, ckpt: &mut Checkpoint, weights: DType) -> Result<C
         params: ld.params,
         config_json: String::new(),
         steps: Steps::default(),
+        activations: Activations::default(),
     })
 }

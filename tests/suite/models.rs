@@ -336,7 +336,9 @@ fn weights_held_in_16_bits_compute_as_the_f32_model_of_their_rounded_values() {
     use uopc::DType;
     for name in FIXTURES {
         for dtype in [DType::BF16, DType::F16] {
-            let half = CausalLm::load_as(&fixture_dir(name), dtype).unwrap();
+            let half = CausalLm::load_as(&fixture_dir(name), dtype)
+                .unwrap()
+                .with_activations(uopc::models::Activations::F32);
             let full = CausalLm::load(&fixture_dir(name)).unwrap();
             let (hl, fl) = (half.leaves(), full.leaves());
             assert_eq!(hl.len(), fl.len(), "{name}");
@@ -523,5 +525,40 @@ fn decode_steps_after_new_weights_use_the_new_weights() {
         for (a, b) in step[0].iter().zip(&at_once[t]) {
             assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "position {t}: {a} vs {b}");
         }
+    }
+}
+
+#[test]
+fn bf16_activations_round_only_long_products_where_the_machine_multiplies_bf16() {
+    use uopc::DType;
+    use uopc::models::Activations;
+    for name in FIXTURES {
+        let rounded = CausalLm::load_as(&fixture_dir(name), DType::BF16).unwrap();
+        assert_eq!(rounded.activations(), Activations::Bf16, "{name}: bf16 weights' default");
+        let exact = rounded.clone().with_activations(Activations::F32);
+        let vocab = exact.config().vocab_size as u32;
+        let logits = |m: &CausalLm, prompt: &[u32]| {
+            rows(&m.forward(prompt, &mut m.new_cache(prompt.len()), Logits::All).unwrap())
+        };
+        // Up to ROUNDED_MIN_ROWS rows (a decode step, a short prompt) nothing is rounded.
+        let short = &expected(name).prompts[0];
+        assert!(short.len() <= Activations::ROUNDED_MIN_ROWS);
+        assert_eq!(logits(&rounded, short), logits(&exact, short), "{name}: short prompt");
+        let long: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % vocab).collect();
+        let (got, want) = (logits(&rounded, &long), logits(&exact, &long));
+        if uopc::tile::Bf16Path::detect().widens() {
+            eprintln!("SKIPPED (rounding): this process's bf16 GEMM widens, so nothing is rounded");
+            assert_eq!(got, want, "{name}: a widening machine rounds nothing");
+            continue;
+        }
+        let scale = want.iter().flatten().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst =
+            got.iter().flatten().zip(want.iter().flatten()).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        // Each product's inputs move by at most bf16's half ulp (2^-9 relative), amplified by
+        // cancelling sums and two layers: a few percent of the logits' scale at most, where a
+        // misread buffer would be off by the scale itself. (The product itself is checked
+        // against an f64 reference in uopc-tensor's matmul tests.)
+        assert!(worst > 0.0, "{name}: the long prompt's products were not rounded");
+        assert!(worst <= scale / 16.0, "{name}: {worst} against logits up to {scale}");
     }
 }

@@ -11,7 +11,7 @@ use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use uopc::DType;
-use uopc::models::{CausalLm, GenerateOptions, write_f32_safetensors};
+use uopc::models::{Activations, CausalLm, GenerateOptions, write_f32_safetensors};
 
 /// A random checkpoint the bench writes: its directory name, config.json, and tensors.
 struct Spec {
@@ -125,25 +125,31 @@ pub fn models(given: Vec<PathBuf>) -> std::io::Result<Vec<PathBuf>> {
     [smollm_135m(), gpt2_small()].iter().map(|s| ensure(s, &root)).collect()
 }
 
-/// Runs each model, its weight matrices held in `dtype`, `reps` times (the first is cold: the
-/// process's first run, compiles included) on `batch` prompts of `prompt_tokens` seeded token
-/// ids generated together, each generating `new_tokens`
-/// greedily with no stop token; prints a line per model and writes `json` when given.
-#[allow(clippy::too_many_arguments)] // the bench's options, passed through as they are
-pub fn run(
-    models: &[PathBuf],
-    dtype: DType,
-    batch: usize,
-    prompt_tokens: usize,
-    new_tokens: usize,
-    reps: usize,
-    json: Option<&Path>,
-) -> ExitCode {
+/// What `bench generate` runs on each model.
+pub struct Runs {
+    /// The dtype the weight matrices are held in.
+    pub dtype: DType,
+    /// How activations meet 16-bit weights; `None` for the model's own choice.
+    pub activations: Option<Activations>,
+    /// Sequences generated together, each with its own prompt.
+    pub batch: usize,
+    /// Tokens per prompt (seeded ids).
+    pub prompt_tokens: usize,
+    /// Tokens generated per sequence, greedily, with no stop token.
+    pub new_tokens: usize,
+    /// Runs per model; the first is cold (the process's first run, compiles included).
+    pub reps: usize,
+}
+
+/// Runs each model as `runs` says; prints a line per model and writes `json` when given.
+pub fn run(models: &[PathBuf], runs: &Runs, json: Option<&Path>) -> ExitCode {
+    let &Runs { dtype, activations, batch, prompt_tokens, new_tokens, reps } = runs;
     let mut rows = Vec::new();
     println!(
-        "{:<24} {:>6} {:>6} {:>8} {:>6} {:>16} {:>15} {:>14} {:>14} {:>12} {:>12}",
+        "{:<24} {:>6} {:>6} {:>6} {:>8} {:>6} {:>16} {:>15} {:>14} {:>14} {:>12} {:>12}",
         "model",
         "dtype",
+        "acts",
         "batch",
         "prompt",
         "new",
@@ -157,7 +163,10 @@ pub fn run(
     for dir in models {
         let start = std::time::Instant::now();
         let model = match CausalLm::load_as(dir, dtype) {
-            Ok(m) => m,
+            Ok(m) => match activations {
+                Some(a) => m.with_activations(a),
+                None => m,
+            },
             Err(e) => {
                 eprintln!("error: {}: {e}", dir.display());
                 return ExitCode::FAILURE;
@@ -195,9 +204,10 @@ pub fn run(
         let cache_bytes = batch * 4 * 2 * c.layers * cached * c.kv_heads * c.head_dim;
         let stream_gbs = uopc::masked_attention::streaming_read_gbs(256, rayon::current_num_threads(), 5);
         let bound_ms = (weights + cache_bytes) as f64 / (stream_gbs * 1e9) * 1e3;
+        let acts = format!("{:?}", model.activations()).to_lowercase();
         let name = dir.file_name().map_or(String::new(), |n| n.to_string_lossy().to_string());
         println!(
-            "{name:<24} {:>6} {batch:>6} {prompt_tokens:>8} {new_tokens:>6} {:>16.1} {:>15.1} {:>14.2} {load:>14.2} {stream_gbs:>12.1} {:>11.0}%",
+            "{name:<24} {:>6} {acts:>6} {batch:>6} {prompt_tokens:>8} {new_tokens:>6} {:>16.1} {:>15.1} {:>14.2} {load:>14.2} {stream_gbs:>12.1} {:>11.0}%",
             dtype.to_string(),
             first[0],
             warm(&prompt_rate),
@@ -206,6 +216,7 @@ pub fn run(
         );
         rows.push(serde_json::json!({
             "model": name, "dtype": dtype.to_string(), "batch": batch, "prompt_tokens": prompt_tokens,
+            "activations": acts,
             "new_tokens": new_tokens, "first_token_ms": first[0], "first_token_ms_runs": first,
             "prompt_tokens_per_s": warm(&prompt_rate), "prompt_tokens_per_s_runs": prompt_rate,
             "decode_ms_per_token": warm(&decode), "decode_ms_per_token_runs": decode, "load_s": load,

@@ -236,9 +236,14 @@ enum Bench {
         /// Sequences generated together (`CausalLm::generate_batch`), each with its own prompt.
         #[arg(long, default_value_t = 1)]
         batch: usize,
-        /// The dtype the weight matrices are held in (activations and the cache stay f32).
+        /// The dtype the weight matrices are held in (the sums and the cache stay f32).
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
         dtype: String,
+        /// How activations meet 16-bit weights (`models::Activations`): bf16 rounds a long
+        /// product's activations where the machine multiplies bf16 itself; default the
+        /// model's own (bf16 with bf16 weights, else f32).
+        #[arg(long, value_parser = ["f32", "bf16"])]
+        activations: Option<String>,
         /// Runs per model (the first is cold).
         #[arg(long, default_value_t = 3)]
         reps: usize,
@@ -417,7 +422,8 @@ fn parse_tile(s: &str) -> Result<(usize, usize), String> {
 /// sets the thread count of every kernel and peak it measures.
 /// `bench generate`: its options checked, its models written if needed, then timed.
 fn bench_generate(what: Bench) -> ExitCode {
-    let Bench::Generate { models, prompt_tokens, new_tokens, batch, dtype, reps, threads, json } = what
+    let Bench::Generate { models, prompt_tokens, new_tokens, batch, dtype, activations, reps, threads, json } =
+        what
     else {
         unreachable!("called with bench generate's options")
     };
@@ -437,9 +443,12 @@ fn bench_generate(what: Bench) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    with_threads(threads, || {
-        generate::run(&models, dtype, batch, prompt_tokens, new_tokens, reps, json.as_deref())
-    })
+    let activations = activations.map(|a| match a.as_str() {
+        "bf16" => uopc::models::Activations::Bf16,
+        _ => uopc::models::Activations::F32,
+    });
+    let runs = generate::Runs { dtype, activations, batch, prompt_tokens, new_tokens, reps };
+    with_threads(threads, || generate::run(&models, &runs, json.as_deref()))
 }
 
 /// `bench flex`: its options checked, its cells timed.

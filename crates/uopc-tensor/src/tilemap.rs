@@ -239,13 +239,21 @@ pub(crate) fn operands_to_stage(body: &UOp) -> Vec<UOp> {
 /// the reader.
 fn over_materialized(v: &UOp) -> Option<UOp> {
     let (chain, base) = movement_chain(v);
+    let materialized = |u: &UOp| matches!(u.op(), Op::Stage | Op::Reduce { .. } | Op::Custom(_));
+    let as_buffer = |u: &UOp| UOp::new(Op::Param { slot: 0, shape: u.shape().to_vec() }, u.dtype(), vec![]);
     let buffer = match base.op() {
         Op::Param { .. } => base,
-        Op::Stage | Op::Reduce { .. } | Op::Custom(_) => {
-            UOp::new(Op::Param { slot: 0, shape: base.shape().to_vec() }, base.dtype(), vec![])
-        }
+        _ if materialized(&base) => as_buffer(&base),
         // A widened 16-bit buffer, which the GEMM of its dtype reads in place.
         _ if without_widening(v) != *v => return Some(v.clone()),
+        // A widened 16-bit node materialized anyway (activations staged in bf16), likewise.
+        Op::Cast => {
+            let (inner, stored) = movement_chain(&base.src()[0]);
+            if !stored.dtype().is_half() || !materialized(&stored) {
+                return None;
+            }
+            UOp::new(Op::Cast, base.dtype(), vec![reapply(&inner, as_buffer(&stored))])
+        }
         _ => return None,
     };
     Some(reapply(&chain, buffer))

@@ -398,6 +398,27 @@ impl Tensor {
         ok(self.try_where(a, b))
     }
 
+    /// The same values, computed once into a buffer of their own by the realize that needs
+    /// them (a kernel boundary): the kernels reading this tensor read that buffer instead of
+    /// fusing its computation into themselves. Worth it where a consumer runs faster on a
+    /// stored operand (a product over values rounded to bf16 runs the bf16 GEMM only when
+    /// they are a bf16 buffer) or where recomputing the values per read costs more than
+    /// storing them. Gradients pass through unchanged.
+    ///
+    /// ```rust
+    /// use uopc_ir::DType;
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+    /// let rounded = (&x * 1.5).cast(DType::BF16).staged();
+    /// let y = rounded.cast(DType::F32).matmul(&x).to_ndarray::<f32>()?;
+    /// assert_eq!(y[[0, 0]], 1.5 * 1.0 + 3.0 * 3.0);
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    pub fn staged(&self) -> Tensor {
+        let d = self.dtype();
+        Tensor { uop: UOp::new(Op::Stage, d, vec![self.uop.clone()]) }
+    }
+
     /// The same values with gradients stopped (no effect on the forward computation).
     pub fn detach(&self) -> Tensor {
         let d = self.dtype();

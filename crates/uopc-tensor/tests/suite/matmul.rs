@@ -195,3 +195,32 @@ fn a_staged_operand_leaves_a_transposed_weight_read_in_place() {
     }
     assert_close(&y.to_ndarray::<f32>().unwrap(), &want.into_dyn(), 1e-4);
 }
+
+#[test]
+fn a_staged_bf16_operand_is_read_in_place_by_the_16_bit_gemm() {
+    use half::bf16;
+    use uopc_ir::DType;
+    // Activations rounded to bf16 into a buffer of their own, times a bf16 (out, in) weight:
+    // one kernel rounds, one tile GEMM multiplies the two 16-bit buffers where they are (no
+    // f32 copy of either), summing in f32.
+    let (m, k, n) = (40, 96, 64);
+    let (x, w) = (normal(&[m, k], 21), normal(&[n, k], 22));
+    let wt = Tensor::from_array(&w).cast(DType::BF16).realize().unwrap();
+    let scaled = &Tensor::from_array(&x) * 1.5;
+    let y = scaled.cast(DType::BF16).staged().cast(DType::F32).matmul(&wt.cast(DType::F32).t());
+    let plan = make_plan(&[y.uop().clone()], &RealizeOptions::default()).unwrap();
+    let names = plan.kernel_names();
+    assert_eq!(plan.kernels.len(), 2, "the rounding, then the product: {names:?}");
+    assert!(plan.kernels.last().unwrap().uses_tile_ops(), "{names:?}");
+    let round = |v: f32| f64::from(bf16::from_f32(v).to_f32());
+    let got = y.to_ndarray::<f32>().unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let terms = (0..k).map(|p| round(1.5 * x[[i, p]]) * round(w[[j, p]]));
+            let (want, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+            // Products of bf16 values are exact in f32; only the f32 sum rounds.
+            let err = (f64::from(got[[i, j]]) - want).abs();
+            assert!(err <= 1e-6 * size, "({i}, {j}): {} vs {want}", got[[i, j]]);
+        }
+    }
+}
