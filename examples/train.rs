@@ -33,15 +33,17 @@ fn main() -> uopc::Result<()> {
     let mut opt = AdamW::new(args.lr);
     for step in 0..args.steps {
         let start = std::time::Instant::now();
-        let mut loss = model.loss(&batch[0])?;
-        for seq in &batch[1..] {
-            loss = loss + model.loss(seq)?;
-        }
+        let sequences: Vec<&[u32]> = batch.iter().map(Vec::as_slice).collect();
+        let loss = model.loss_batch(&sequences)?;
         let leaves = model.leaves();
         let refs: Vec<&Tensor> = leaves.iter().collect();
         let grads = uopc::tensor::gradient(&loss, &refs)?;
-        let value = loss.item()? / batch.len() as f32;
-        model = model.with_leaves(&opt.step(&leaves, &grads)?)?;
+        // The loss and the gradients in one realize: they share the forward pass.
+        let mut wanted = vec![&loss];
+        wanted.extend(&grads);
+        let (done, _) = uopc::tensor::realize(&wanted, &Default::default())?;
+        let value = done[0].item()?;
+        model = model.with_leaves(&opt.step(&leaves, &done[1..])?)?;
         println!("step {step:>3}  loss {value:.4}  ({:.0} ms)", start.elapsed().as_secs_f64() * 1e3);
     }
     if let Some(out) = &args.out {

@@ -25,27 +25,49 @@
 
 use uopc_tensor::{Tensor, TensorError};
 
-/// The new values of `params`: each parameter's values and its gradient's, as f32s, handed to
-/// `update` with the parameter's position. The values are computed together (gradients of one
-/// loss share most of their graph: realized one by one, each would compute it again).
-fn updated(
+/// The new values of `params`: `update(i, old, gradient, new, state)` per parameter `i` over
+/// pieces of its f32 values, its gradient's, the new values' and its `S` state buffers' (the
+/// same range of each), with the pieces of every parameter spread over the threads. The
+/// tensors are computed together (gradients of one loss share most of their graph: realized
+/// one by one, each would compute it again), then read where they are.
+fn updated<const S: usize>(
     params: &[Tensor],
     grads: &[Tensor],
-    mut update: impl FnMut(usize, &mut [f32], &[f32]),
+    state: &mut [[Vec<f32>; S]],
+    update: impl Fn(usize, &[f32], &[f32], &mut [f32], [&mut [f32]; S]) + Sync,
 ) -> Result<Vec<Tensor>, TensorError> {
+    use rayon::prelude::*;
+    // Pieces big enough to amortize a task, small enough to spread one large matrix.
+    const PIECE: usize = 1 << 16;
     let all: Vec<Tensor> = params.iter().chain(grads).map(|t| t.cast(uopc_ir::DType::F32)).collect();
     let refs: Vec<&Tensor> = all.iter().collect();
     let (done, _) = uopc_tensor::realize(&refs, &uopc_tensor::RealizeOptions::default())?;
-    let values =
-        |t: &Tensor| -> Result<Vec<f32>, TensorError> { Ok(t.to_ndarray::<f32>()?.into_iter().collect()) };
-    let (weights, gradients) = done.split_at(params.len());
-    let mut out = Vec::with_capacity(params.len());
-    for (i, ((p, w), g)) in params.iter().zip(weights).zip(gradients).enumerate() {
-        let mut w = values(w)?;
-        update(i, &mut w, &values(g)?);
-        out.push(Tensor::try_from_vec(w, p.shape())?);
+    let slices = done.iter().map(values).collect::<Result<Vec<_>, _>>()?;
+    let (weights, gradients) = slices.split_at(params.len());
+    let mut fresh: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.numel()]).collect();
+    let mut pieces = Vec::new();
+    for (i, (new, own)) in fresh.iter_mut().zip(state.iter_mut()).enumerate() {
+        let mut own = own.each_mut().map(|v| v.chunks_mut(PIECE));
+        for (j, new) in new.chunks_mut(PIECE).enumerate() {
+            let own = own.each_mut().map(|c| c.next().expect("state as long as the parameter"));
+            pieces.push((i, j * PIECE, new, own));
+        }
     }
-    Ok(out)
+    pieces.into_par_iter().for_each(|(i, start, new, own)| {
+        let range = start..start + new.len();
+        update(i, &weights[i][range.clone()], &gradients[i][range], new, own);
+    });
+    params.iter().zip(fresh).map(|(p, w)| Tensor::try_from_vec(w, p.shape())).collect()
+}
+
+/// The f32 values of a realized tensor, read where they are when it is backed by f32 data.
+fn values(t: &Tensor) -> Result<std::borrow::Cow<'_, [f32]>, TensorError> {
+    if let Some(s) = t.as_slice::<f32>() {
+        return Ok(s.into());
+    }
+    let mut v = vec![0.0f32; t.numel()];
+    t.realize_into(&mut v)?;
+    Ok(v.into())
 }
 
 /// Checks that `params` and `grads` pair up and match the state's count.
@@ -83,7 +105,8 @@ pub struct AdamW {
     /// Decoupled weight decay.
     pub weight_decay: f32,
     steps: u32,
-    moments: Vec<(Vec<f32>, Vec<f32>)>,
+    /// The first and second moments of each parameter.
+    moments: Vec<[Vec<f32>; 2]>,
 }
 
 impl AdamW {
@@ -106,20 +129,19 @@ impl AdamW {
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>, TensorError> {
         check(params, grads, self.moments.len())?;
         if self.moments.is_empty() {
-            self.moments = params.iter().map(|p| (vec![0.0; p.numel()], vec![0.0; p.numel()])).collect();
+            self.moments = params.iter().map(|p| [vec![0.0; p.numel()], vec![0.0; p.numel()]]).collect();
         }
         self.steps += 1;
         let (b1, b2) = self.betas;
         let t = self.steps as i32;
         let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        let (lr, weight_decay, eps, moments) = (self.lr, self.weight_decay, self.eps, &mut self.moments);
-        updated(params, grads, |i, w, g| {
-            let (m, v) = &mut moments[i];
-            for (((w, g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                *w -= lr * weight_decay * *w;
+        let (lr, weight_decay, eps) = (self.lr, self.weight_decay, self.eps);
+        updated(params, grads, &mut self.moments, |_, old, g, new, [m, v]| {
+            for ((((w, new), g), m), v) in old.iter().zip(new).zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                let w = w - lr * weight_decay * w;
                 *m = b1 * *m + (1.0 - b1) * g;
                 *v = b2 * *v + (1.0 - b2) * g * g;
-                *w -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
+                *new = w - lr * (*m / c1) / ((*v / c2).sqrt() + eps);
             }
         })
     }
@@ -135,7 +157,7 @@ pub struct Sgd {
     pub momentum: f32,
     /// L2 weight decay added to the gradient.
     pub weight_decay: f32,
-    buffers: Vec<Vec<f32>>,
+    buffers: Vec<[Vec<f32>; 1]>,
 }
 
 impl Sgd {
@@ -153,15 +175,14 @@ impl Sgd {
         check(params, grads, self.buffers.len())?;
         let first = self.buffers.is_empty();
         if first {
-            self.buffers = params.iter().map(|p| vec![0.0; p.numel()]).collect();
+            self.buffers = params.iter().map(|p| [vec![0.0; p.numel()]]).collect();
         }
-        let (lr, momentum, weight_decay, buffers) =
-            (self.lr, self.momentum, self.weight_decay, &mut self.buffers);
-        updated(params, grads, |i, w, g| {
-            for ((w, g), b) in w.iter_mut().zip(g).zip(buffers[i].iter_mut()) {
-                let g = g + weight_decay * *w;
+        let (lr, momentum, weight_decay) = (self.lr, self.momentum, self.weight_decay);
+        updated(params, grads, &mut self.buffers, |_, old, g, new, [b]| {
+            for (((w, new), g), b) in old.iter().zip(new).zip(g).zip(b.iter_mut()) {
+                let g = g + weight_decay * w;
                 *b = if first { g } else { momentum * *b + g };
-                *w -= lr * if momentum == 0.0 { g } else { *b };
+                *new = w - lr * if momentum == 0.0 { g } else { *b };
             }
         })
     }

@@ -23,24 +23,48 @@ impl CausalLm {
     /// [`ModelError::Input`] for no tokens, a token outside the vocabulary or more tokens
     /// than the model's positions; shape errors of the layers.
     pub fn forward_graph(&self, tokens: &[u32]) -> Result<Tensor, ModelError> {
+        self.forward_graph_batch(&[tokens])
+    }
+
+    /// [`CausalLm::forward_graph`] of several sequences of one length at once, the logits
+    /// `(sequences * tokens, vocab)` in sequence order: the products run over every
+    /// sequence's rows together (each weight read, and its gradient summed, once per step
+    /// rather than once per sequence), the attention over each sequence's own tokens.
+    ///
+    /// # Errors
+    ///
+    /// As [`CausalLm::forward_graph`] for any sequence; [`ModelError::Input`] when there are
+    /// none or their lengths differ.
+    pub fn forward_graph_batch(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError> {
         let c = &self.config;
-        let n = tokens.len();
+        let n = sequences.first().map_or(0, |s| s.len());
+        if let Some(other) = sequences.iter().find(|s| s.len() != n) {
+            return Err(ModelError::Input(format!(
+                "sequences of {n} and {} tokens: a training batch needs one length",
+                other.len()
+            )));
+        }
         if n == 0 || n > c.max_positions {
             return Err(ModelError::Input(format!("{n} tokens: give 1 to {}", c.max_positions)));
         }
-        self.check_tokens(tokens)?;
-        let mut x = self.embedded(tokens, 0)?;
+        let b = sequences.len();
+        let mut rows = Vec::with_capacity(b);
+        for tokens in sequences {
+            self.check_tokens(tokens)?;
+            rows.push(self.embedded(tokens, 0)?);
+        }
+        let mut x = Tensor::try_cat(&rows.iter().collect::<Vec<_>>(), 0)?;
         let (h, hkv, hd) = (c.heads, c.kv_heads, c.head_dim);
         let rope = (c.architecture == Architecture::Llama).then(|| rotary_tables(n, hd, c.rope_theta));
-        // (n, heads * hd) columns `from..` as (heads, n, hd), rotated when the model is.
+        // (b n, heads * hd) columns `from..` as (b, heads, n, hd), rotated when the model is.
         let heads_of =
             |qkv: &Tensor, from: usize, heads: usize, rotated: bool| -> Result<Tensor, ModelError> {
-                let t = qkv.try_slice(-1, from, from + heads * hd)?.try_reshape(&[n, heads, hd])?;
+                let t = qkv.try_slice(-1, from, from + heads * hd)?.try_reshape(&[b, n, heads, hd])?;
                 let t = match (&rope, rotated) {
                     (Some((cos, sin)), true) => rotate_graph(&t, cos, sin, hd)?,
                     _ => t,
                 };
-                Ok(t.try_permute(&[1, 0, 2])?)
+                Ok(t.try_permute(&[0, 2, 1, 3])?)
             };
         for block in &self.blocks {
             let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
@@ -48,7 +72,7 @@ impl CausalLm {
             let k = heads_of(&qkv, h * hd, hkv, true)?;
             let v = heads_of(&qkv, (h + hkv) * hd, hkv, false)?;
             let o = scaled_dot_product_attention(&q, &k, &v, None, true, None)?;
-            let o = o.try_permute(&[1, 0, 2])?.try_reshape(&[n, h * hd])?;
+            let o = o.try_permute(&[0, 2, 1, 3])?.try_reshape(&[b * n, h * hd])?;
             x = x.try_add(&block.out.forward(&o)?)?;
             x = x.try_add(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?;
         }
@@ -62,17 +86,31 @@ impl CausalLm {
     ///
     /// As [`CausalLm::forward_graph`]; [`ModelError::Input`] for fewer than two tokens.
     pub fn loss(&self, tokens: &[u32]) -> Result<Tensor, ModelError> {
-        if tokens.len() < 2 {
-            return Err(ModelError::Input("a loss needs at least two tokens".into()));
+        self.loss_batch(&[tokens])
+    }
+
+    /// The mean cross-entropy over every predicted token of several sequences of one length
+    /// (transformers' loss of the batch with `labels = input_ids`), from one graph of the
+    /// whole batch ([`CausalLm::forward_graph_batch`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`CausalLm::forward_graph_batch`]; [`ModelError::Input`] for fewer than two tokens
+    /// per sequence.
+    pub fn loss_batch(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError> {
+        if sequences.iter().any(|s| s.len() < 2) {
+            return Err(ModelError::Input("a loss needs at least two tokens per sequence".into()));
         }
-        let logits = self.forward_graph(tokens)?;
-        let n = tokens.len();
-        let targets: Vec<usize> = tokens[1..].iter().map(|&t| t as usize).collect();
-        Ok(logits.try_slice(0, 0, n - 1)?.try_cross_entropy(&targets)?)
+        let logits = self.forward_graph_batch(sequences)?;
+        let (b, n, vocab) = (sequences.len(), sequences[0].len(), self.config.vocab_size);
+        let targets: Vec<usize> = sequences.iter().flat_map(|s| s[1..].iter().map(|&t| t as usize)).collect();
+        let predicted = logits.try_reshape(&[b, n, vocab])?.try_slice(1, 0, n - 1)?;
+        Ok(predicted.try_reshape(&[b * (n - 1), vocab])?.try_cross_entropy(&targets)?)
     }
 }
 
-/// `cos` and `sin` of the rotary angles, `(n, 1, hd / 2)` each, computed in f32 as the
+/// `cos` and `sin` of the rotary angles, `(n, 1, hd / 2)` each (broadcast over a batch's
+/// leading axis), computed in f32 as the
 /// reference does (see [`super::layers::rotate`]).
 fn rotary_tables(n: usize, hd: usize, theta: f32) -> (Tensor, Tensor) {
     let half = hd / 2;
@@ -88,7 +126,7 @@ fn rotary_tables(n: usize, hd: usize, theta: f32) -> (Tensor, Tensor) {
     (Tensor::from_vec(cos, &[n, 1, half]), Tensor::from_vec(sin, &[n, 1, half]))
 }
 
-/// `x` `(n, heads, hd)` rotated: halves `x1 cos - x2 sin` and `x2 cos + x1 sin`.
+/// `x` `(.., n, heads, hd)` rotated: halves `x1 cos - x2 sin` and `x2 cos + x1 sin`.
 fn rotate_graph(x: &Tensor, cos: &Tensor, sin: &Tensor, hd: usize) -> Result<Tensor, ModelError> {
     let half = hd / 2;
     let (x1, x2) = (x.try_slice(-1, 0, half)?, x.try_slice(-1, half, hd)?);

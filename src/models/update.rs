@@ -74,12 +74,10 @@ impl CausalLm {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
         let mut data: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::with_capacity(self.params.len());
         for p in &self.params {
-            let part = p.part(&p.leaf)?;
-            data.push((
-                p.name.clone(),
-                part.shape().to_vec(),
-                part.to_ndarray::<f32>()?.into_iter().collect(),
-            ));
+            let part = p.part(&p.leaf)?.cast(uopc_ir::DType::F32);
+            let mut values = vec![0.0f32; part.numel()];
+            part.realize_into(&mut values)?;
+            data.push((p.name.clone(), part.shape().to_vec(), values));
         }
         write_f32_safetensors(&dir.join("model.safetensors"), &data)?;
         let config = dir.join("config.json");

@@ -83,3 +83,61 @@ fn fine_tuning_lowers_the_loss_and_a_saved_checkpoint_loads_back() {
     assert_eq!(a, b, "the saved weights are the model's, bit for bit");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn adamw_updates_every_element_of_parameters_longer_than_one_piece() {
+    // Parameters cut into pieces for the threads, one of them ragged: each element follows
+    // the formula with its own gradient and moments over two steps.
+    let sizes = [200_003usize, 7];
+    let init = |n: usize, s: f32| (0..n).map(|i| ((i as f32) * 0.37 + s).sin()).collect::<Vec<f32>>();
+    let grad =
+        |n: usize, t: usize| (0..n).map(|i| ((i * (t + 2)) as f32 * 0.011).cos()).collect::<Vec<f32>>();
+    let mut params: Vec<Tensor> = sizes.iter().map(|&n| Tensor::from_vec(init(n, n as f32), &[n])).collect();
+    let mut opt = AdamW::new(0.01);
+    for t in 0..2 {
+        let grads: Vec<Tensor> = sizes.iter().map(|&n| Tensor::from_vec(grad(n, t), &[n])).collect();
+        params = opt.step(&params, &grads).unwrap();
+    }
+    let (lr, b1, b2, eps, wd) = (0.01f64, 0.9f64, 0.999f64, 1e-8f64, 0.01f64);
+    for (p, &n) in params.iter().zip(&sizes) {
+        let got = p.as_slice::<f32>().expect("an optimizer's output is realized");
+        let start = init(n, n as f32);
+        for i in (0..n).step_by(997).chain([n - 1]) {
+            let (mut w, mut m, mut v) = (f64::from(start[i]), 0.0f64, 0.0f64);
+            for t in 0..2 {
+                let g = f64::from(grad(n, t)[i]);
+                w -= lr * wd * w;
+                m = b1 * m + (1.0 - b1) * g;
+                v = b2 * v + (1.0 - b2) * g * g;
+                let (mh, vh) = (m / (1.0 - b1.powi(t as i32 + 1)), v / (1.0 - b2.powi(t as i32 + 1)));
+                w -= lr * mh / (vh.sqrt() + eps);
+            }
+            assert!((f64::from(got[i]) - w).abs() < 1e-6, "size {n}, element {i}: {} vs {w}", got[i]);
+        }
+    }
+}
+
+#[test]
+fn a_batch_loss_is_the_mean_over_its_sequences_and_so_are_its_gradients() {
+    let model = CausalLm::load(&fixture_dir("llama_tiny_gqa")).unwrap();
+    let (a, b): (Vec<u32>, Vec<u32>) =
+        ((0..10).map(|i| (i * 5 + 1) % 64).collect(), (0..10).map(|i| (i * 3 + 7) % 64).collect());
+    let leaf = model.leaves()[1].clone();
+    let loss_and_grad = |loss: Tensor| {
+        let g = uopc::tensor::gradient(&loss, &[&leaf]).unwrap().remove(0);
+        (loss.item().unwrap(), g.to_ndarray::<f32>().unwrap())
+    };
+    let (batch, gb) = loss_and_grad(model.loss_batch(&[&a, &b]).unwrap());
+    let (la, ga) = loss_and_grad(model.loss(&a).unwrap());
+    let (lb, gbb) = loss_and_grad(model.loss(&b).unwrap());
+    assert!((batch - (la + lb) / 2.0).abs() <= 1e-6 * batch.abs(), "{batch} vs {la} and {lb}");
+    for ((g, x), y) in gb.iter().zip(&ga).zip(&gbb) {
+        let want = (x + y) / 2.0;
+        assert!((g - want).abs() <= 1e-5 * (1e-3 + want.abs()), "{g} vs {want}");
+    }
+    let short = [1u32, 2, 3];
+    match model.loss_batch(&[&a, &short]) {
+        Err(uopc::models::ModelError::Input(msg)) => assert!(msg.contains("one length"), "{msg}"),
+        other => panic!("sequences of two lengths: {other:?}"),
+    }
+}

@@ -414,6 +414,23 @@ impl Tensor {
         self.host_data().is_some()
     }
 
+    /// The elements of a realized tensor (an input, or a realize's result), row-major,
+    /// borrowed where they are; `None` for a tensor that is still a computation (realize it
+    /// first) or whose dtype is not `E`.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]);
+    /// assert_eq!(x.as_slice::<f32>(), Some(&[1.0, 2.0, 3.0][..]));
+    /// let doubled = &x * 2.0;
+    /// assert!(doubled.as_slice::<f32>().is_none()); // not computed yet
+    /// assert_eq!(doubled.realize()?.as_slice::<f32>(), Some(&[2.0, 4.0, 6.0][..]));
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    pub fn as_slice<E: Element>(&self) -> Option<&[E]> {
+        self.host_data().and_then(E::from_host).filter(|s| s.len() == self.numel())
+    }
+
     /// The UOp this tensor stands for.
     pub fn uop(&self) -> &UOp {
         &self.uop
