@@ -24,6 +24,7 @@
 //! ```
 
 use uopc_tensor::{Tensor, TensorError};
+use uopc_tile::memory::{overwritten_f32, zeroed_f32};
 
 /// The new values of `params`: `update(i, old, gradient, new, state)` per parameter `i` over
 /// pieces of its f32 values, its gradient's, the new values' and its `S` state buffers' (the
@@ -44,7 +45,8 @@ fn updated<const S: usize>(
     let (done, _) = uopc_tensor::realize(&refs, &uopc_tensor::RealizeOptions::default())?;
     let slices = done.iter().map(values).collect::<Result<Vec<_>, _>>()?;
     let (weights, gradients) = slices.split_at(params.len());
-    let mut fresh: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.numel()]).collect();
+    // Every element is written below, so the last step's dropped weights can serve.
+    let mut fresh: Vec<Vec<f32>> = params.iter().map(|p| overwritten_f32(p.numel())).collect();
     let mut pieces = Vec::new();
     for (i, (new, own)) in fresh.iter_mut().zip(state.iter_mut()).enumerate() {
         let mut own = own.each_mut().map(|v| v.chunks_mut(PIECE));
@@ -129,7 +131,7 @@ impl AdamW {
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>, TensorError> {
         check(params, grads, self.moments.len())?;
         if self.moments.is_empty() {
-            self.moments = params.iter().map(|p| [vec![0.0; p.numel()], vec![0.0; p.numel()]]).collect();
+            self.moments = params.iter().map(|p| [zeroed_f32(p.numel()), zeroed_f32(p.numel())]).collect();
         }
         self.steps += 1;
         let (b1, b2) = self.betas;
@@ -175,7 +177,7 @@ impl Sgd {
         check(params, grads, self.buffers.len())?;
         let first = self.buffers.is_empty();
         if first {
-            self.buffers = params.iter().map(|p| [vec![0.0; p.numel()]]).collect();
+            self.buffers = params.iter().map(|p| [zeroed_f32(p.numel())]).collect();
         }
         let (lr, momentum, weight_decay) = (self.lr, self.momentum, self.weight_decay);
         updated(params, grads, &mut self.buffers, |_, old, g, new, [b]| {

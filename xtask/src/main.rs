@@ -17,6 +17,7 @@ mod reductions;
 mod reference;
 mod sdpa;
 mod svg;
+mod train;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -219,10 +220,9 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         reps: usize,
     },
-    /// Prompt processing and decode of checkpoints with `uopc::models` (greedy, batch 1, f32):
-    /// first token (cold, compiles included), prompt tokens per second and decode ms per
-    /// token (warm medians). Without --model, GPT-2 small and a Llama of SmolLM-135M's
-    /// configuration, randomly initialized, written under target/bench-models on first use.
+    /// Prompt and greedy decode with `uopc::models`: first token (cold), prompt tokens/s, decode
+    /// ms/token (warm medians). Without --model, GPT-2 small and a SmolLM-135M-shaped Llama,
+    /// random weights, written under target/bench-models on first use.
     Generate {
         /// A checkpoint directory (repeatable).
         #[arg(long = "model")]
@@ -252,6 +252,28 @@ enum Bench {
         threads: Option<usize>,
         /// Write `{"machine", "results": [{model, dtype, batch, prompt_tokens, new_tokens,
         /// prompt_tokens_per_s, decode_ms_per_token, first_token_ms, ...}]}` here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Training steps with `uopc::models` (the batch's loss, its gradients, an AdamW step):
+    /// cold, then warm medians in tokens/s. Without --model, `bench generate`'s checkpoints.
+    Train {
+        /// A checkpoint directory (repeatable).
+        #[arg(long = "model")]
+        models: Vec<PathBuf>,
+        /// Sequences per step.
+        #[arg(long, default_value_t = 4)]
+        batch: usize,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 128)]
+        tokens: usize,
+        /// Steps per model (the first is cold).
+        #[arg(long, default_value_t = 6)]
+        steps: usize,
+        /// Threads (a rayon pool of this size around the whole bench).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Write `{"machine", "results": [{model, batch, tokens, step_ms, tokens_per_s, ..}]}` here.
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -658,6 +680,14 @@ fn main() -> ExitCode {
         Task::Bench { what: Bench::Peak { json } } => peak::run(json.as_deref()),
         Task::Bench { what: flex @ Bench::Flex { .. } } => bench_flex(flex),
         Task::Bench { what: generate @ Bench::Generate { .. } } => bench_generate(generate),
+        Task::Bench { what: Bench::Train { models, batch, tokens, steps, threads, json } } => {
+            if [batch, steps].contains(&0) || tokens < 2 || threads == Some(0) {
+                eprintln!("error: --batch, --steps and --threads must be at least 1, --tokens at least 2");
+                return ExitCode::from(2);
+            }
+            let steps = train::Steps { batch, tokens, steps };
+            with_threads(threads, || train::run(models, &steps, json.as_deref()))
+        }
         Task::Mca { json } => mca::run(json.as_deref()),
         Task::Circles => {
             let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -665,21 +695,6 @@ fn main() -> ExitCode {
                 .unwrap_or(std::path::Path::new("."));
             circles::run(root)
         }
-        Task::Machine => {
-            println!("{}", uopc::machine::Machine::get());
-            let list = |names: Vec<(&'static str, bool)>, ran: bool| -> String {
-                let v: Vec<&str> = names.iter().filter(|(_, ok)| *ok == ran).map(|(n, _)| *n).collect();
-                if v.is_empty() { String::from("none") } else { v.join(" ") }
-            };
-            let isas: Vec<_> = uopc_tile::Isa::ALL.iter().map(|i| (i.name(), i.available())).collect();
-            let bf16: Vec<_> = uopc_tile::Bf16Path::ALL.iter().map(|p| (p.name(), p.available())).collect();
-            println!(
-                "ISA paths run here: f32/f16 {}; bf16 {}",
-                list(isas.clone(), true),
-                list(bf16.clone(), true)
-            );
-            println!("ISA paths skipped here: f32/f16 {}; bf16 {}", list(isas, false), list(bf16, false));
-            ExitCode::SUCCESS
-        }
+        Task::Machine => record::print_machine(),
     }
 }

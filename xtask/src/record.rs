@@ -33,3 +33,18 @@ pub fn machine_record() -> serde_json::Value {
         "text": m.to_string(),
     })
 }
+
+/// `cargo xtask machine`: the machine model, then which ISA paths this machine runs and which
+/// it skips.
+pub fn print_machine() -> ExitCode {
+    println!("{}", uopc::machine::Machine::get());
+    let list = |names: Vec<(&'static str, bool)>, ran: bool| -> String {
+        let v: Vec<&str> = names.iter().filter(|(_, ok)| *ok == ran).map(|(n, _)| *n).collect();
+        if v.is_empty() { String::from("none") } else { v.join(" ") }
+    };
+    let isas: Vec<_> = uopc_tile::Isa::ALL.iter().map(|i| (i.name(), i.available())).collect();
+    let bf16: Vec<_> = uopc_tile::Bf16Path::ALL.iter().map(|p| (p.name(), p.available())).collect();
+    println!("ISA paths run here: f32/f16 {}; bf16 {}", list(isas.clone(), true), list(bf16.clone(), true));
+    println!("ISA paths skipped here: f32/f16 {}; bf16 {}", list(isas, false), list(bf16, false));
+    ExitCode::SUCCESS
+}

@@ -2,7 +2,7 @@
 
 use crate::dtype::DType;
 use half::{bf16, f16};
-use uopc_tile::memory::zeroed;
+use uopc_tile::memory::{keep_f32, zeroed, zeroed_f32};
 
 /// An owned, typed array of elements on the host.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,6 +23,16 @@ pub enum HostBuffer {
     F16(Vec<f16>),
 }
 
+/// A large f32 buffer is kept for the next one of its length (see
+/// [`uopc_tile::memory::keep_f32`]): fresh pages cost more than reusing them.
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        if let HostBuffer::F32(v) = self {
+            keep_f32(std::mem::take(v));
+        }
+    }
+}
+
 impl HostBuffer {
     /// `len` zero elements of `dtype`.
     pub fn zeros(dtype: DType, len: usize) -> Self {
@@ -30,7 +40,7 @@ impl HostBuffer {
             DType::Bool => HostBuffer::Bool(zeroed(len)),
             DType::I32 => HostBuffer::I32(zeroed(len)),
             DType::I64 => HostBuffer::I64(zeroed(len)),
-            DType::F32 => HostBuffer::F32(zeroed(len)),
+            DType::F32 => HostBuffer::F32(zeroed_f32(len)),
             DType::F64 => HostBuffer::F64(zeroed(len)),
             DType::BF16 => HostBuffer::BF16(zeroed(len)),
             DType::F16 => HostBuffer::F16(zeroed(len)),

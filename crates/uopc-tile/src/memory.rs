@@ -1,4 +1,4 @@
-//! Large buffers on huge pages.
+//! Large buffers on huge pages, and large f32 buffers kept for reuse.
 //!
 //! A GEMM sweeps its output and packed operands tile by tile; with 4 KiB pages the rows of a
 //! wide matrix each sit on their own page, so every tile misses the TLB once per row. On Linux
@@ -40,14 +40,94 @@ pub fn advise_huge_pages<T>(buf: &[T]) {
     }
 }
 
-/// `len` uninitialized f32s, asked onto huge pages ([`advise_huge_pages`]) before any is
-/// touched.
+/// `len` uninitialized f32s: a kept buffer ([`keep_f32`]) when one fits,
+/// otherwise fresh memory asked onto huge pages ([`advise_huge_pages`]) before any is touched.
 pub fn uninit_f32(len: usize) -> Vec<MaybeUninit<f32>> {
+    if let Some(kept) = reuse_f32(len) {
+        let mut kept = std::mem::ManuallyDrop::new(kept);
+        // SAFETY: the pointer, length and capacity are the vector's own, and MaybeUninit<f32>
+        // has f32's size and alignment (initialized values are valid MaybeUninits).
+        return unsafe { Vec::from_raw_parts(kept.as_mut_ptr().cast(), kept.len(), kept.capacity()) };
+    }
     let mut v: Vec<MaybeUninit<f32>> = Vec::with_capacity(len);
     // SAFETY: `MaybeUninit` needs no initialization, and the capacity is `len`.
     unsafe { v.set_len(len) };
     advise_huge_pages(&v);
     v
+}
+
+/// `len` f32s whose values are unspecified (a kept buffer's old values, or zeros), for a
+/// caller that writes every one before reading it: a kept buffer ([`keep_f32`]) when one fits,
+/// otherwise fresh zeros ([`zeroed`]).
+pub fn overwritten_f32(len: usize) -> Vec<f32> {
+    reuse_f32(len).unwrap_or_else(|| zeroed(len))
+}
+
+/// `len` f32 zeros, in a kept buffer ([`keep_f32`]) when one fits.
+pub fn zeroed_f32(len: usize) -> Vec<f32> {
+    match reuse_f32(len) {
+        Some(mut v) => {
+            v.fill(0.0);
+            v
+        }
+        None => zeroed(len),
+    }
+}
+
+/// f32 buffers of at least this many bytes are kept for reuse when they are dropped: below it
+/// the allocator's own free lists serve reuse, above it every allocation is fresh pages from
+/// the kernel, zeroed (and on many virtual machines supplied again by the host) page by page.
+pub const KEPT_MIN_BYTES: usize = 1 << 20;
+
+/// The most bytes kept at once: buffers beyond it are freed as usual.
+pub const KEPT_MAX_BYTES: usize = 2 << 30;
+
+/// Large f32 buffers dropped and kept for the next allocations they fit (a training step or a
+/// prompt allocates the buffers the last one dropped), and the bytes they hold.
+static KEPT: std::sync::Mutex<(Vec<Vec<f32>>, usize)> = std::sync::Mutex::new((Vec::new(), 0));
+
+/// Keeps `v` for reuse by [`uninit_f32`], [`overwritten_f32`] and [`zeroed_f32`] when it is
+/// at least [`KEPT_MIN_BYTES`] and the kept bytes stay within [`KEPT_MAX_BYTES`]; otherwise
+/// frees it. Its values are never read again, only overwritten.
+pub fn keep_f32(v: Vec<f32>) {
+    let bytes = v.capacity() * size_of::<f32>();
+    if bytes < KEPT_MIN_BYTES {
+        return;
+    }
+    let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if kept.1 + bytes <= KEPT_MAX_BYTES {
+        kept.1 += bytes;
+        kept.0.push(v);
+    }
+}
+
+/// Frees every kept buffer, returning their memory to the system.
+pub fn release_kept() {
+    let taken = std::mem::take(&mut *KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    drop(taken);
+}
+
+/// Bytes held by kept buffers.
+pub fn kept_bytes() -> usize {
+    KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).1
+}
+
+/// The kept buffer of the least capacity that holds `len` elements without more than doubling
+/// them, resized to `len`, if any.
+fn reuse_f32(len: usize) -> Option<Vec<f32>> {
+    if len * size_of::<f32>() < KEPT_MIN_BYTES {
+        return None;
+    }
+    let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let fits = |v: &Vec<f32>| (len..=2 * len).contains(&v.capacity());
+    let (at, _) = kept.0.iter().enumerate().filter(|(_, v)| fits(v)).min_by_key(|(_, v)| v.capacity())?;
+    let mut v = kept.0.swap_remove(at);
+    kept.1 -= v.capacity() * size_of::<f32>();
+    drop(kept);
+    // Within the capacity: no allocation; the old values stay where they are.
+    v.resize(len.min(v.len()), 0.0);
+    v.resize(len, 0.0);
+    Some(v)
 }
 
 /// `len` zeros (`T::default()`), asked onto huge pages ([`advise_huge_pages`]).
@@ -91,5 +171,35 @@ mod tests {
         assert_eq!(filled(3, 7u8), vec![7, 7, 7]);
         let z: Vec<f32> = zeroed(len);
         assert!(z.len() == len && z.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn dropped_large_f32_buffers_serve_the_next_ones_that_fit() {
+        let len = KEPT_MIN_BYTES / 4 * 3 + 17;
+        let v = vec![1.5f32; len];
+        let at = v.as_ptr();
+        keep_f32(v);
+        // A smaller request it holds without doubling: the same memory, zeroed when asked.
+        let z = zeroed_f32(len - 5);
+        assert_eq!(z.as_ptr(), at);
+        assert!(z.len() == len - 5 && z.iter().all(|&x| x == 0.0));
+        keep_f32(z);
+        let u = uninit_f32(len);
+        assert_eq!(u.as_ptr().cast::<f32>(), at);
+        drop(u);
+        // A request it would more than double is not served from it.
+        let big = vec![2.0f32; len];
+        let big_at = big.as_ptr();
+        keep_f32(big);
+        let small = overwritten_f32(len / 3);
+        assert!(small.len() == len / 3 && small.as_ptr() != big_at);
+        let w = overwritten_f32(len);
+        assert_eq!(w.len(), len);
+        // Buffers below the threshold are freed, not kept.
+        let before = kept_bytes();
+        keep_f32(vec![0.0f32; 16]);
+        assert_eq!(kept_bytes(), before);
+        release_kept();
+        assert_eq!(kept_bytes(), 0);
     }
 }

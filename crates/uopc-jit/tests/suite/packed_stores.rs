@@ -60,7 +60,8 @@ fn check(program: &UOp, m: usize, n: usize, k: usize, opt_level: OptLevel) -> St
         (HostBuffer::F32(a), HostBuffer::F32(b), HostBuffer::F32(s)) => (a.clone(), b.clone(), s.clone()),
         _ => unreachable!("f32 inputs"),
     };
-    let HostBuffer::F32(mut c) = bufs[2].clone() else { unreachable!("f32 output") };
+    let HostBuffer::F32(c) = &bufs[2] else { unreachable!("f32 output") };
+    let mut c = c.clone();
     prg.run_f32(&[&a, &b, &alpha], &mut [&mut c]).unwrap();
     let mut want = bufs;
     interp::run(program, &mut want, Precision::Native).unwrap();
