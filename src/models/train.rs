@@ -1,7 +1,7 @@
 //! The forward pass as one differentiable graph (no cache): what a training step runs, with
 //! the loss of next-token prediction and the checkpoint's parameters to differentiate.
 
-use super::layers::rotary_frequencies;
+use super::layers::{rotary_frequencies, widened};
 use super::model::Parameter;
 use super::{Architecture, CausalLm, ModelError};
 use uopc_kernels::sdpa::scaled_dot_product_attention;
@@ -48,12 +48,21 @@ impl CausalLm {
             return Err(ModelError::Input(format!("{n} tokens: give 1 to {}", c.max_positions)));
         }
         let b = sequences.len();
-        let mut rows = Vec::with_capacity(b);
         for tokens in sequences {
             self.check_tokens(tokens)?;
-            rows.push(self.embedded(tokens, 0)?);
         }
-        let mut x = Tensor::try_cat(&rows.iter().collect::<Vec<_>>(), 0)?;
+        // One gather of every token (one scatter-add in the backward), positions per sequence.
+        let all: Vec<u32> = sequences.concat();
+        let ids = Tensor::from_vec(all.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(), &[b * n]);
+        let mut x = widened(&self.embed.try_index_select(0, &ids)?);
+        if let Some(p) = &self.positions {
+            let d = p.shape()[1];
+            let per_sequence = p.try_slice(0, 0, n)?.try_reshape(&[1, n, d])?.try_expand(&[b, n, d])?;
+            x = x.try_add(&per_sequence.try_reshape(&[b * n, d])?)?;
+        }
+        // The residual stream is staged after every block: each later kernel reads it, and
+        // fused it would be the sum of every earlier block's outputs, recomputed per reader.
+        let mut x = x.staged();
         let (h, hkv, hd) = (c.heads, c.kv_heads, c.head_dim);
         let rope = (c.architecture == Architecture::Llama).then(|| rotary_tables(n, hd, c.rope_theta));
         // (b n, heads * hd) columns `from..` as (b, heads, n, hd), rotated when the model is.
@@ -73,8 +82,8 @@ impl CausalLm {
             let v = heads_of(&qkv, (h + hkv) * hd, hkv, false)?;
             let o = scaled_dot_product_attention(&q, &k, &v, None, true, None)?;
             let o = o.try_permute(&[0, 2, 1, 3])?.try_reshape(&[b * n, h * hd])?;
-            x = x.try_add(&block.out.forward(&o)?)?;
-            x = x.try_add(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?;
+            x = x.try_add(&block.out.forward(&o)?)?.staged();
+            x = x.try_add(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?.staged();
         }
         Ok(self.final_norm.forward(&x)?.try_matmul(&self.head)?)
     }

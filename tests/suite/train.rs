@@ -119,7 +119,14 @@ fn adamw_updates_every_element_of_parameters_longer_than_one_piece() {
 
 #[test]
 fn a_batch_loss_is_the_mean_over_its_sequences_and_so_are_its_gradients() {
-    let model = CausalLm::load(&fixture_dir("llama_tiny_gqa")).unwrap();
+    // Llama (rotary positions) and GPT-2 (a position table added to each sequence's rows).
+    for name in ["llama_tiny_gqa", "gpt2_tiny"] {
+        batch_loss_is_the_mean_over_its_sequences(name);
+    }
+}
+
+fn batch_loss_is_the_mean_over_its_sequences(name: &str) {
+    let model = CausalLm::load(&fixture_dir(name)).unwrap();
     let (a, b): (Vec<u32>, Vec<u32>) =
         ((0..10).map(|i| (i * 5 + 1) % 64).collect(), (0..10).map(|i| (i * 3 + 7) % 64).collect());
     let leaf = model.leaves()[1].clone();
@@ -130,10 +137,10 @@ fn a_batch_loss_is_the_mean_over_its_sequences_and_so_are_its_gradients() {
     let (batch, gb) = loss_and_grad(model.loss_batch(&[&a, &b]).unwrap());
     let (la, ga) = loss_and_grad(model.loss(&a).unwrap());
     let (lb, gbb) = loss_and_grad(model.loss(&b).unwrap());
-    assert!((batch - (la + lb) / 2.0).abs() <= 1e-6 * batch.abs(), "{batch} vs {la} and {lb}");
+    assert!((batch - (la + lb) / 2.0).abs() <= 1e-6 * batch.abs(), "{name}: {batch} vs {la} and {lb}");
     for ((g, x), y) in gb.iter().zip(&ga).zip(&gbb) {
         let want = (x + y) / 2.0;
-        assert!((g - want).abs() <= 1e-5 * (1e-3 + want.abs()), "{g} vs {want}");
+        assert!((g - want).abs() <= 1e-5 * (1e-3 + want.abs()), "{name}: {g} vs {want}");
     }
     let short = [1u32, 2, 3];
     match model.loss_batch(&[&a, &short]) {
