@@ -212,8 +212,9 @@ pub mod prelude {
     pub use crate::Error;
     pub use half::{bf16, f16};
     pub use uopc_ir::DType;
-    /// The attention op on lazy tensors (see [`crate::attention::sdpa`]).
-    pub use uopc_kernels::sdpa::scaled_dot_product_attention;
+    /// The attention op on lazy tensors (see [`crate::attention::sdpa`]), and its builder
+    /// form `q.sdpa(&k, &v).causal().run()?`.
+    pub use uopc_kernels::sdpa::{AttentionOp, scaled_dot_product_attention};
     pub use uopc_tensor::Tensor;
 }
 

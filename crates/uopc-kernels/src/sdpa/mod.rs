@@ -27,6 +27,7 @@
 //! log-sum-exp, then dQ, dK and dV, and the bias's gradient when asked for, on tile ops),
 //! checked against [`reference_backward_f64`].
 
+mod attend;
 mod backward;
 mod backward_half;
 mod backward_reference;
@@ -45,6 +46,7 @@ mod panels;
 mod reference;
 mod tensor;
 
+pub use attend::{Attention, AttentionOp};
 pub use backward::{
     BackwardBlocking, ForwardSaved, SdpaBackward, compiled_backward, sdpa_backward_ir,
     sdpa_backward_ir_with_bias_grad, sdpa_flex_backward_ir,

@@ -340,3 +340,27 @@ fn huge_scores_through_the_derived_online_softmax_give_the_reference_rows() {
         assert!(err < 1e-4, "magnitude {magnitude}: max error {err}");
     }
 }
+
+#[test]
+fn the_named_options_form_is_the_function_and_its_errors_are_tensor_errors() {
+    use uopc_kernels::sdpa::AttentionOp;
+    use uopc_tensor::TensorError;
+    let t = |shape: &[usize], seed: u64| Tensor::from_vec(values(shape.iter().product(), seed), shape);
+    let (q, k, v) = (t(&[2, 4, 9, 8], 1), t(&[2, 2, 13, 8], 2), t(&[2, 2, 13, 8], 3));
+    let bias = t(&[1, 1, 9, 13], 4);
+    let named = q.sdpa(&k, &v).mask(&bias).causal().scale(0.3).run().unwrap();
+    let positional = scaled_dot_product_attention(&q, &k, &v, Some(&bias), true, Some(0.3)).unwrap();
+    assert_eq!(named.to_ndarray::<f32>().unwrap(), positional.to_ndarray::<f32>().unwrap());
+    // Without options: unmasked, 1 / sqrt(D).
+    let plain = q.sdpa(&k, &v).run().unwrap();
+    let explicit = scaled_dot_product_attention(&q, &k, &v, None, false, Some(8f32.sqrt().recip())).unwrap();
+    assert_eq!(plain.to_ndarray::<f32>().unwrap(), explicit.to_ndarray::<f32>().unwrap());
+    match q.sdpa(&k, &t(&[2, 2, 12, 8], 5)).run() {
+        Err(TensorError::Shape { op: "sdpa", msg }) => assert!(msg.starts_with("`v`"), "{msg}"),
+        other => panic!("a v of another shape: {other:?}"),
+    }
+    match q.sdpa(&t(&[2, 3, 13, 8], 6), &t(&[2, 3, 13, 8], 7)).run() {
+        Err(TensorError::Shape { op: "sdpa", msg }) => assert!(msg.contains("multiple"), "{msg}"),
+        other => panic!("4 heads over 3 kv heads: {other:?}"),
+    }
+}
