@@ -26,8 +26,8 @@
 use uopc_tensor::{Tensor, TensorError};
 use uopc_tile::memory::{overwritten_f32, zeroed_f32};
 
-/// The new values of `params`: `update(i, old, gradient, new, state)` per parameter `i` over
-/// pieces of its f32 values, its gradient's, the new values' and its `S` state buffers' (the
+/// The new values of `params`: `update(old, gradient, new, state)` over pieces of each
+/// parameter's f32 values, its gradient's, the new values' and its `S` state buffers' (the
 /// same range of each), with the pieces of every parameter spread over the threads. The
 /// tensors are computed together (gradients of one loss share most of their graph: realized
 /// one by one, each would compute it again), then read where they are.
@@ -35,7 +35,7 @@ fn updated<const S: usize>(
     params: &[Tensor],
     grads: &[Tensor],
     state: &mut [[Vec<f32>; S]],
-    update: impl Fn(usize, &[f32], &[f32], &mut [f32], [&mut [f32]; S]) + Sync,
+    update: impl Fn(&[f32], &[f32], &mut [f32], [&mut [f32]; S]) + Sync,
 ) -> Result<Vec<Tensor>, TensorError> {
     use rayon::prelude::*;
     // Pieces big enough to amortize a task, small enough to spread one large matrix.
@@ -57,7 +57,7 @@ fn updated<const S: usize>(
     }
     pieces.into_par_iter().for_each(|(i, start, new, own)| {
         let range = start..start + new.len();
-        update(i, &weights[i][range.clone()], &gradients[i][range], new, own);
+        update(&weights[i][range.clone()], &gradients[i][range], new, own);
     });
     params.iter().zip(fresh).map(|(p, w)| Tensor::try_from_vec(w, p.shape())).collect()
 }
@@ -138,7 +138,7 @@ impl AdamW {
         let t = self.steps as i32;
         let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
         let (lr, weight_decay, eps) = (self.lr, self.weight_decay, self.eps);
-        updated(params, grads, &mut self.moments, |_, old, g, new, [m, v]| {
+        updated(params, grads, &mut self.moments, |old, g, new, [m, v]| {
             for ((((w, new), g), m), v) in old.iter().zip(new).zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
                 let w = w - lr * weight_decay * w;
                 *m = b1 * *m + (1.0 - b1) * g;
@@ -180,7 +180,7 @@ impl Sgd {
             self.buffers = params.iter().map(|p| [zeroed_f32(p.numel())]).collect();
         }
         let (lr, momentum, weight_decay) = (self.lr, self.momentum, self.weight_decay);
-        updated(params, grads, &mut self.buffers, |_, old, g, new, [b]| {
+        updated(params, grads, &mut self.buffers, |old, g, new, [b]| {
             for (((w, new), g), b) in old.iter().zip(new).zip(g).zip(b.iter_mut()) {
                 let g = g + weight_decay * w;
                 *b = if first { g } else { momentum * *b + g };
