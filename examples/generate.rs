@@ -42,7 +42,8 @@ struct Args {
     /// Seed of the draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// The dtype the weight matrices are held in: f32, bf16 or f16 (activations stay f32).
+    /// The dtype the weight matrices are held in: f32, bf16 or f16 (with bf16, a prompt's
+    /// products round their activations to bf16 where the CPU multiplies bf16 itself).
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
     dtype: String,
 }
