@@ -9,6 +9,7 @@ use crate::options::RealizeOptions;
 use crate::passes::{materialize_points, stage_broadcast_compute};
 use crate::plan::{ArgSource, Kernel, OutSpec, Plan};
 use crate::util::numel;
+use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicUsize;
@@ -174,13 +175,26 @@ pub(crate) fn build_plan(
         lowered = join_row_siblings(&points, lowered, &buf_of);
     }
     let schedule_seconds = t0.elapsed().as_secs_f64();
+    let mut rewrites = rewrites_since(&rewrites_before);
     let t1 = Instant::now();
-    let mut kernels = Vec::with_capacity(lowered.len());
-    for mut l in lowered {
-        if let Some(before) = l.before.take() {
-            kernels.push(compile_lowered(*before, opts)?);
-        }
-        kernels.push(compile_lowered(l, opts)?);
+    // Each kernel compiles on its own (Cranelift holds no shared state), so they compile on
+    // every thread of the pool; each task's rule counts are its thread's, merged in order.
+    let compiled: Vec<(Vec<Kernel>, Vec<RewriteStats>)> = lowered
+        .into_par_iter()
+        .map(|mut l| {
+            let before = uopc_ir::rewrite_counts();
+            let mut ks = Vec::with_capacity(2);
+            if let Some(first) = l.before.take() {
+                ks.push(compile_lowered(*first, opts)?);
+            }
+            ks.push(compile_lowered(l, opts)?);
+            Ok((ks, rewrites_since(&before)))
+        })
+        .collect::<Result<_>>()?;
+    let mut kernels = Vec::with_capacity(compiled.len());
+    for (ks, counts) in compiled {
+        kernels.extend(ks);
+        merge_rewrites(&mut rewrites, counts);
     }
     let fresh_outputs = (0..outputs.len())
         .map(|o| {
@@ -204,7 +218,7 @@ pub(crate) fn build_plan(
         inputs,
         schedule_seconds,
         compile_seconds: t1.elapsed().as_secs_f64(),
-        rewrites: rewrites_since(&rewrites_before),
+        rewrites,
         temp_pool: Mutex::new(None),
         temp_allocations: AtomicUsize::new(0),
     })
@@ -216,6 +230,22 @@ fn compile_lowered(l: Lowered, opts: &RealizeOptions) -> Result<Kernel> {
     let exe = Exe::compile(&program, &name, opts.scalar_codegen)?.with_output_parts(output_parts);
     let kernel = Kernel::new(name, shape, program, args, exe).with_epilogue(epilogue).with_outputs(outputs);
     Ok(kernel.with_derived(derived).with_lowering(lowering))
+}
+
+/// `more`'s rule counts added to `into`'s, pass by pass and rule by rule.
+fn merge_rewrites(into: &mut Vec<RewriteStats>, more: Vec<RewriteStats>) {
+    for stats in more {
+        let Some(known) = into.iter_mut().find(|s| s.pass == stats.pass) else {
+            into.push(stats);
+            continue;
+        };
+        for hit in stats.hits {
+            match known.hits.iter_mut().find(|h| h.table == hit.table && h.rule == hit.rule) {
+                Some(h) => h.count += hit.count,
+                None => known.hits.push(hit),
+            }
+        }
+    }
 }
 
 /// The rule counts of this thread's rewrite passes since `before` (an earlier
