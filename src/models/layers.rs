@@ -61,7 +61,7 @@ pub enum Activations {
 }
 
 impl Activations {
-    /// Below this many rows a product is bound by reading its weight, which the few-row
+    /// Up to this many rows a product is bound by reading its weight, which the few-row
     /// kernels do as fast from f32 activations: rounding them would be a pass for nothing.
     pub const ROUNDED_MIN_ROWS: usize = 16;
 

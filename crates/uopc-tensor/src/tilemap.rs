@@ -235,8 +235,8 @@ pub(crate) fn operands_to_stage(body: &UOp) -> Vec<UOp> {
 /// View `v` with the node below its movement chain read as the contiguous buffer it will be
 /// (a `Param` of its shape) when that node is materialized anyway (a STAGE, a REDUCE or a custom
 /// kernel; reduces are their own kernels whenever tile GEMMs are made), or the 16-bit buffer
-/// below a widening cast; `None` when the node is computed elementwise and would fuse into
-/// the reader.
+/// below a widening cast (an input, or a node materialized anyway); `None` when the node is
+/// computed elementwise and would fuse into the reader.
 fn over_materialized(v: &UOp) -> Option<UOp> {
     let (chain, base) = movement_chain(v);
     let materialized = |u: &UOp| matches!(u.op(), Op::Stage | Op::Reduce { .. } | Op::Custom(_));

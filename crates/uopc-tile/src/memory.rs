@@ -125,7 +125,7 @@ fn reuse_f32(len: usize) -> Option<Vec<f32>> {
     kept.1 -= v.capacity() * size_of::<f32>();
     drop(kept);
     // Within the capacity: no allocation; the old values stay where they are.
-    v.resize(len.min(v.len()), 0.0);
+    v.truncate(len);
     v.resize(len, 0.0);
     Some(v)
 }
