@@ -7,7 +7,7 @@
 
 use super::custom::CustomVjp;
 use super::{Tensor, ok};
-use crate::error::{Result, shape_err};
+use crate::error::{Result, TensorError, shape_err};
 use std::sync::{Arc, LazyLock};
 use uopc_ir::{AxisType, CustomKernel, DType, DataRef, Op, UOp, buffer, range, sink};
 
@@ -241,6 +241,7 @@ impl Tensor {
 
     /// Cross-entropy of logits `(N, C)` against class indices, averaged over the `N` rows
     /// (torch's `cross_entropy` with the default mean reduction): `-mean_i log_softmax(x)[i, t_i]`.
+    /// Logits `(.., C)` of more axes count every leading position as a row, in row-major order.
     ///
     /// The targets are a host slice of `N` class indices rather than a tensor, because they
     /// are data the caller has, and checking them here (each below `C`) turns an index out of
@@ -266,11 +267,22 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::Shape`](crate::TensorError::Shape) naming `cross_entropy` when the logits are
-    /// not 2-D with at least one class, `targets` does not have one index per row, or an index
+    /// not at least 2-D with at least one class, `targets` does not have one index per row, or an index
     /// is not below the number of classes.
     pub fn try_cross_entropy(&self, targets: &[usize]) -> Result<Tensor> {
+        if let [lead @ .., c] = self.shape()
+            && lead.len() > 1
+        {
+            // (.., C): every leading position is a row.
+            let rows =
+                self.try_reshape(&[lead.iter().product(), *c]).map_err(|e| e.in_op("cross_entropy"))?;
+            return rows.try_cross_entropy(targets);
+        }
         let &[n, c] = self.shape() else {
-            return Err(shape_err("cross_entropy", format!("logits must be (N, C), not {:?}", self.shape())));
+            return Err(shape_err(
+                "cross_entropy",
+                format!("logits must be (.., C), not {:?}", self.shape()),
+            ));
         };
         if c == 0 {
             return Err(shape_err("cross_entropy", "logits have no classes (C = 0)"));
@@ -311,6 +323,58 @@ impl Tensor {
     #[track_caller]
     pub fn cross_entropy(&self, targets: &[usize]) -> Tensor {
         ok(self.try_cross_entropy(targets))
+    }
+
+    /// [`Tensor::try_cross_entropy`] with the class indices in an i64 or i32 tensor of the
+    /// logits' leading shape (torch's `cross_entropy(logits, targets)`), read on the host.
+    ///
+    /// ```rust
+    /// use uopc_tensor::Tensor;
+    /// let logits = Tensor::randn(&[2, 3, 5], 7); // (batch, tokens, classes)
+    /// let targets = Tensor::from_vec(vec![0i64, 4, 2, 1, 1, 3], &[2, 3]);
+    /// let by_tensor = logits.try_cross_entropy_tensor(&targets)?.item()?;
+    /// let by_slice = logits.try_cross_entropy(&[0, 4, 2, 1, 1, 3])?.item()?;
+    /// assert_eq!(by_tensor, by_slice);
+    /// assert!(logits.try_cross_entropy_tensor(&Tensor::from_vec(vec![0i64; 5], &[5])).is_err());
+    /// # Ok::<(), uopc_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Tensor::try_cross_entropy`]; [`TensorError::Shape`](crate::TensorError::Shape)
+    /// naming `cross_entropy` when the targets' shape is not the logits' without the class
+    /// axis or an index is negative, [`TensorError::DType`](crate::TensorError::DType) when
+    /// the targets are not i64 or i32.
+    pub fn try_cross_entropy_tensor(&self, targets: &Tensor) -> Result<Tensor> {
+        let lead = &self.shape()[..self.ndim().saturating_sub(1)];
+        if targets.shape() != lead {
+            return Err(shape_err(
+                "cross_entropy",
+                format!(
+                    "targets {:?} must be the logits' {:?} without the class axis",
+                    targets.shape(),
+                    self.shape()
+                ),
+            ));
+        }
+        let values: Vec<i64> = match targets.dtype() {
+            DType::I64 | DType::I32 => {
+                targets.cast(DType::I64).to_ndarray::<i64>()?.iter().copied().collect()
+            }
+            other => {
+                return Err(TensorError::DType {
+                    op: "cross_entropy",
+                    msg: format!("targets are {other}; class indices are i64 or i32"),
+                });
+            }
+        };
+        let indices = (values.iter().enumerate())
+            .map(|(i, &t)| {
+                usize::try_from(t)
+                    .map_err(|_| shape_err("cross_entropy", format!("targets[{i}] = {t} is negative")))
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        self.try_cross_entropy(&indices)
     }
 
     /// `self[i, t[i]]` for logits `(n, c)` and `t`, an `(n, 1)` i64 tensor of indices already

@@ -417,3 +417,29 @@ fn f32_erf_is_within_three_ulps_of_the_f64_reference() {
         assert!(err <= 2e-7 * want.abs().max(1e-3) + 1e-12, "erf({x}) = {y}, want {want} (error {err:e})");
     }
 }
+
+#[test]
+fn cross_entropy_of_n_d_logits_and_tensor_targets_is_the_rows_loss() {
+    // (batch, tokens, classes) logits: every (batch, token) is a row, in row-major order;
+    // the loss and its gradient are those of the (batch * tokens, classes) matrix.
+    let logits = Tensor::randn(&[2, 3, 7], 11);
+    let rows = logits.reshape(&[6, 7]);
+    let targets = [0usize, 6, 3, 1, 1, 5];
+    let by_tensor =
+        logits.try_cross_entropy_tensor(&Tensor::from_vec(vec![0i32, 6, 3, 1, 1, 5], &[2, 3])).unwrap();
+    let by_rows = rows.try_cross_entropy(&targets).unwrap();
+    assert_eq!(by_tensor.item().unwrap(), by_rows.item().unwrap());
+    let grad = |loss: &Tensor| uopc_tensor::gradient(loss, &[&logits]).unwrap().remove(0);
+    let (g, h) = (grad(&by_tensor).to_ndarray::<f32>().unwrap(), grad(&by_rows).to_ndarray::<f32>().unwrap());
+    assert_eq!(g.as_slice().unwrap(), h.as_slice().unwrap());
+    // Targets of the wrong shape, a negative index, or a float dtype are errors naming the op.
+    let bad = [
+        Tensor::from_vec(vec![0i64; 6], &[6]),
+        Tensor::from_vec(vec![0i64, -1, 0, 0, 0, 0], &[2, 3]),
+        Tensor::from_vec(vec![0.0f32; 6], &[2, 3]),
+    ];
+    for t in &bad {
+        let err = logits.try_cross_entropy_tensor(t).unwrap_err();
+        assert!(err.to_string().starts_with("cross_entropy"), "{err}");
+    }
+}
