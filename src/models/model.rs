@@ -197,16 +197,11 @@ impl CausalLm {
         if segments.is_empty() {
             return Err(ModelError::Input("no sequences given".into()));
         }
-        let mut embedded = Vec::with_capacity(segments.len());
         for seg in segments.iter() {
             self.check_segment(seg)?;
-            embedded.push(self.embedded(seg.tokens, seg.cache.len())?);
         }
-        let mut x = if embedded.len() == 1 {
-            embedded.pop().expect("one segment")
-        } else {
-            Tensor::try_cat(&embedded.iter().collect::<Vec<_>>(), 0)?
-        };
+        let runs: Vec<(&[u32], usize)> = segments.iter().map(|s| (s.tokens, s.cache.len())).collect();
+        let mut x = self.embedded(&runs)?;
         let total: usize = segments.iter().map(|s| s.tokens.len()).sum();
         let qkv_width = (c.heads + 2 * c.kv_heads) * c.head_dim;
         let mut qkv_rows = vec![0.0f32; total * qkv_width];
@@ -355,16 +350,24 @@ impl CausalLm {
         }
     }
 
-    /// The embeddings of `tokens` at positions `first ..`: the token embedding, plus GPT-2's
-    /// learned position embedding.
-    pub(super) fn embedded(&self, tokens: &[u32], first: usize) -> Result<Tensor, ModelError> {
-        let n = tokens.len();
-        let ids = Tensor::from_vec(tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(), &[n]);
-        let x = widened(&self.embed.try_index_select(0, &ids)?);
-        Ok(match &self.positions {
-            Some(p) => x.try_add(&p.try_slice(0, first, first + n)?)?,
-            None => x,
-        })
+    /// The embeddings of runs of tokens, each `(tokens, first)` at positions `first ..`, their
+    /// rows one after another: the token embedding by one gather of every token (one
+    /// scatter-add in a gradient), plus GPT-2's learned position embedding of each run.
+    pub(super) fn embedded(&self, runs: &[(&[u32], usize)]) -> Result<Tensor, ModelError> {
+        let ids: Vec<i64> =
+            runs.iter().flat_map(|(tokens, _)| tokens.iter().map(|&t| i64::from(t))).collect();
+        let rows = ids.len();
+        let x = widened(&self.embed.try_index_select(0, &Tensor::from_vec(ids, &[rows]))?);
+        let Some(p) = &self.positions else { return Ok(x) };
+        let mut parts = Vec::with_capacity(runs.len());
+        for &(tokens, first) in runs {
+            parts.push(p.try_slice(0, first, first + tokens.len())?);
+        }
+        let positions = match &parts[..] {
+            [one] => one.clone(),
+            _ => Tensor::try_cat(&parts.iter().collect::<Vec<_>>(), 0)?,
+        };
+        Ok(x.try_add(&positions)?)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The forward pass as one differentiable graph (no cache): what a training step runs, with
 //! the loss of next-token prediction and the checkpoint's parameters to differentiate.
 
-use super::layers::{rotary_frequencies, widened};
+use super::layers::rotary_frequencies;
 use super::model::Parameter;
 use super::{Architecture, CausalLm, ModelError};
 use uopc_kernels::sdpa::scaled_dot_product_attention;
@@ -51,15 +51,8 @@ impl CausalLm {
         for tokens in sequences {
             self.check_tokens(tokens)?;
         }
-        // One gather of every token (one scatter-add in the backward), positions per sequence.
-        let all: Vec<u32> = sequences.concat();
-        let ids = Tensor::from_vec(all.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(), &[b * n]);
-        let mut x = widened(&self.embed.try_index_select(0, &ids)?);
-        if let Some(p) = &self.positions {
-            let d = p.shape()[1];
-            let per_sequence = p.try_slice(0, 0, n)?.try_reshape(&[1, n, d])?.try_expand(&[b, n, d])?;
-            x = x.try_add(&per_sequence.try_reshape(&[b * n, d])?)?;
-        }
+        let runs: Vec<(&[u32], usize)> = sequences.iter().map(|&s| (s, 0)).collect();
+        let x = self.embedded(&runs)?;
         // The residual stream is staged after every block: each later kernel reads it, and
         // fused it would be the sum of every earlier block's outputs, recomputed per reader.
         let mut x = x.staged();

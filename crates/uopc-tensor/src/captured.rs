@@ -9,7 +9,7 @@ use crate::realize::{planned, run_plan};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
-use uopc_ir::{DType, Op, UOp};
+use uopc_ir::{DType, UOp};
 
 /// The plan of some tensors' graph, with the realized tensors it reads; [`Captured::run`]
 /// computes the same graph with some of those inputs replaced.
@@ -68,7 +68,7 @@ impl Captured {
         let mut leaves = self.leaves.clone();
         for (i, (t, &slot)) in inputs.iter().zip(&self.slots).enumerate() {
             let was = &self.leaves[slot];
-            let realized = matches!(t.uop().op(), Op::Data { .. });
+            let realized = t.is_realized();
             if !realized || t.shape() != was.shape() || t.dtype() != was.dtype() {
                 return Err(err(format!(
                     "input {i} must be a realized {} tensor of shape {:?}, got {}{} of shape {:?}",
