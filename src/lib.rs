@@ -167,6 +167,8 @@ pub mod attention {
     pub use uopc_kernels::query_block;
     /// Attention for every shape (batched, GQA, masks, strided layouts) through one entry point.
     pub use uopc_kernels::sdpa;
+    /// The same kernel with a score function, a mask function and sinks compiled in.
+    pub use uopc_kernels::sdpa::flex_attention;
     /// The FlashAttention-2 kernel as a node of a lazy tensor graph, for every shape.
     pub use uopc_kernels::sdpa::scaled_dot_product_attention;
     pub use uopc_tensor::attention::{attention, try_attention};

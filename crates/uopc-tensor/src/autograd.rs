@@ -108,7 +108,7 @@ pub fn vjp(output: &Tensor, params: &[&Tensor], cotangent: &Tensor) -> Result<Ve
         }
         // Parameters keep their accumulated gradient; interior ones also pass it on.
         let Some(g) = grads.get(u).cloned() else { continue };
-        for (k, contrib) in backward_rule(u, &g)? {
+        for (k, contrib) in backward_rule(u, &g, &live)? {
             // By position: the rule names each contribution's source by its index.
             let s = &u.src()[k];
             if !live.contains(s) {
@@ -217,8 +217,9 @@ fn padded_back(g: &Tensor, bounds: &[(usize, usize)], full: &[usize]) -> Result<
 }
 
 /// The contribution of `g` (the gradient of node `u`) to each differentiable source, by
-/// source position.
-fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
+/// source position; `live` holds the nodes some parameter reaches the output through (a
+/// custom kernel's rule is told which of its sources those are).
+fn backward_rule(u: &UOp, g: &Tensor, live: &HashSet<UOp>) -> Result<Vec<(usize, Tensor)>> {
     // Source `k` as a tensor: the rules below answer by source position, so they read their
     // operands by the same positions.
     let src = |k: usize| t(u.src()[k].clone());
@@ -316,7 +317,8 @@ fn backward_rule(u: &UOp, g: &Tensor) -> Result<Vec<(usize, Tensor)>> {
         Op::Custom(custom) => {
             if let Some(rule) = crate::tensor::custom_vjp(custom) {
                 let sources: Vec<Tensor> = u.src().iter().map(|s| t(s.clone())).collect();
-                let grads = rule(&sources, &out, g)?;
+                let wanted: Vec<bool> = u.src().iter().map(|s| live.contains(s)).collect();
+                let grads = rule(&sources, &wanted, &out, g)?;
                 if grads.len() != sources.len() {
                     return Err(TensorError::Unsupported(format!(
                         "gradient: the rule of custom kernel {} gave {} cotangents for {} sources",

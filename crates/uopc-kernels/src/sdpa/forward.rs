@@ -120,17 +120,7 @@ impl Sdpa {
             }
             return Ok(sdpa);
         }
-        let kb = mods.mask_analysis().map(|m| m.bounds).unwrap_or_default();
-        // A mask that bounds the keys (a causal limit, a window) gets the causal blocking:
-        // shorter tasks, so less of each task's band of keys is masked work.
-        let bounded = kb.is_bounded();
-        let shape = SdpaConfig { causal: config.causal || bounded, ..*config };
-        let mut blocking = Blocking { splits: 1, ..Blocking::choose(&shape, cores()) };
-        // A band (a start and an end bound: a sliding window) re-reads, per task, its rows' span
-        // of keys plus the task's height: tasks one key block tall keep that overhang small.
-        if !kb.start.is_empty() && !kb.end.is_empty() && blocking.heads_per_task == 1 {
-            blocking.queries = blocking.queries.min(blocking.keys.max(BAND_ROWS));
-        }
+        let blocking = flex_blocking(config, mods);
         let ir = if saves_lse {
             sdpa_flex_ir_with_lse(config, &blocking, mods)
         } else {
@@ -386,6 +376,21 @@ impl fmt::Display for Sdpa {
     }
 }
 
+/// The block sizes of a flex kernel for `config` (one chunk of keys): a mask that bounds the
+/// keys (a causal limit, a window) gets the causal blocking, shorter tasks, so less of each
+/// task's band of keys is masked work.
+pub(crate) fn flex_blocking(config: &SdpaConfig, mods: &AttentionMods) -> Blocking {
+    let kb = mods.mask_analysis().map(|m| m.bounds).unwrap_or_default();
+    let shape = SdpaConfig { causal: config.causal || kb.is_bounded(), ..*config };
+    let mut blocking = Blocking { splits: 1, ..Blocking::choose(&shape, cores()) };
+    // A band (a start and an end bound: a sliding window) re-reads, per task, its rows' span
+    // of keys plus the task's height: tasks one key block tall keep that overhang small.
+    if !kb.start.is_empty() && !kb.end.is_empty() && blocking.heads_per_task == 1 {
+        blocking.queries = blocking.queries.min(blocking.keys.max(BAND_ROWS));
+    }
+    blocking
+}
+
 /// Query rows per task under a banded mask (at least; a key block when wider).
 const BAND_ROWS: usize = 64;
 
@@ -421,22 +426,28 @@ fn describe_mods(mods: &AttentionMods) -> String {
 
 /// A compile error of a flex kernel; a load out of a capture's bounds names the capture.
 fn capture_bounds_error(e: uopc_jit::JitError, config: &SdpaConfig, mods: &AttentionMods) -> SdpaError {
-    let text = e.to_string();
+    capture_out_of_bounds(&e.to_string(), config, mods).unwrap_or_else(|| e.into())
+}
+
+/// The error naming the capture that the attention kernel's verifier message `text` finds
+/// read out of its bounds, if it names one.
+pub(crate) fn capture_out_of_bounds(
+    text: &str,
+    config: &SdpaConfig,
+    mods: &AttentionMods,
+) -> Option<SdpaError> {
     // The attention kernel's slots: q, k, v, out, the key lengths, then the captures it reads.
     let first = 4 + usize::from(config.key_lengths);
     let buffers = mods.buffers_used(first, &mods.captures_read(Reads::ALL));
-    for (spec, buf) in mods.captures().iter().zip(&buffers) {
-        let uopc_ir::Op::Buffer { slot, .. } = buf.op() else { continue };
-        if text.contains("index may range")
-            && text.contains(&format!("BUFFER {} slot={} ", spec.dtype, slot.index()))
-        {
-            return SdpaError::Capture {
-                name: spec.name.clone(),
-                reason: format!("read out of its bounds ({text})"),
-            };
-        }
-    }
-    e.into()
+    mods.captures().iter().zip(&buffers).find_map(|(spec, buf)| {
+        let uopc_ir::Op::Buffer { slot, .. } = buf.op() else { return None };
+        (text.contains("index may range")
+            && text.contains(&format!("BUFFER {} slot={} ", spec.dtype, slot.index())))
+        .then(|| SdpaError::Capture {
+            name: spec.name.clone(),
+            reason: format!("read out of its bounds ({text})"),
+        })
+    })
 }
 
 /// The checks of [`Sdpa::compile_flex`] before anything is built: no bool mask or bias in the

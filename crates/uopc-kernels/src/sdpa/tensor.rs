@@ -51,6 +51,46 @@ pub fn scaled_dot_product_attention(
     causal: bool,
     scale: Option<f32>,
 ) -> Result<Tensor, SdpaError> {
+    let mut config = config_of(q, k, v, causal, scale)?;
+    let sq = q.shape();
+    if let Some(m) = mask {
+        config.mask = mask_kind(m, &config, sq)?;
+    }
+    config.validate()?;
+    // A graph's kernel node reads k and v as the graph holds them (no packing pass).
+    let blocking = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(&config, cores()) };
+    let program = sdpa_ir_output_last(&config, &blocking);
+    // The reference graph of 16-bit inputs runs in f32 and rounds its result once, as the
+    // kernel does.
+    let equivalent = if config.dtype == SdpaDType::F32 {
+        unfused(q, k, v, mask, &config)
+    } else {
+        let wide = |t: &Tensor| t.cast(DType::F32);
+        unfused(&wide(q), &wide(k), &wide(v), mask, &config).map(|o| o.cast(q.dtype()))
+    }
+    .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
+    let mut sources = vec![q, k, v];
+    sources.extend(mask);
+    let node = Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, q.dtype(), Some(equivalent))
+        .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
+    let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| {
+        if config.dtype != SdpaDType::F32 {
+            return half_backward_nodes(&config, src, d_o);
+        }
+        backward_nodes(&config, &blocking, src, d_o)
+    });
+    node.with_custom_vjp(rule).map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })
+}
+
+/// The configuration of attention of `q` over `k` and `v` (unvalidated, without a mask): the
+/// shapes and dtypes [`scaled_dot_product_attention`] takes, each fault naming its argument.
+pub(super) fn config_of(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: Option<f32>,
+) -> Result<SdpaConfig, SdpaError> {
     let shape_err = |arg: &'static str, msg: String| SdpaError::Shape { arg, msg };
     let dtype = match q.dtype() {
         DType::F32 => SdpaDType::F32,
@@ -88,35 +128,7 @@ pub fn scaled_dot_product_attention(
     let batch: usize = sq[..lead].iter().product();
     let (heads, kv_heads) = (head_axis(sq), head_axis(sk));
     let (n_q, n_k, d) = (sq[r - 2], sk[r - 2], sq[r - 1]);
-    let mut config =
-        SdpaConfig { kv_heads, causal, scale, dtype, ..SdpaConfig::new(batch, heads, n_q, n_k, d) };
-    if let Some(m) = mask {
-        config.mask = mask_kind(m, &config, sq)?;
-    }
-    config.validate()?;
-    // A graph's kernel node reads k and v as the graph holds them (no packing pass).
-    let blocking = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(&config, cores()) };
-    let program = sdpa_ir_output_last(&config, &blocking);
-    // The reference graph of 16-bit inputs runs in f32 and rounds its result once, as the
-    // kernel does.
-    let equivalent = if dtype == SdpaDType::F32 {
-        unfused(q, k, v, mask, &config)
-    } else {
-        let wide = |t: &Tensor| t.cast(DType::F32);
-        unfused(&wide(q), &wide(k), &wide(v), mask, &config).map(|o| o.cast(q.dtype()))
-    }
-    .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
-    let mut sources = vec![q, k, v];
-    sources.extend(mask);
-    let node = Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, q.dtype(), Some(equivalent))
-        .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
-    let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| {
-        if config.dtype != SdpaDType::F32 {
-            return half_backward_nodes(&config, src, d_o);
-        }
-        backward_nodes(&config, &blocking, src, d_o)
-    });
-    node.with_custom_vjp(rule).map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })
+    Ok(SdpaConfig { kv_heads, causal, scale, dtype, ..SdpaConfig::new(batch, heads, n_q, n_k, d) })
 }
 
 /// The cotangents of `[q, k, v, mask]` for output cotangent `d_o`, as kernel nodes.
@@ -231,7 +243,7 @@ fn bias_grad_node(
 }
 
 /// `program` with every BUFFER slot `s` renumbered to `to(s)`.
-fn renumber_slots(program: &UOp, to: impl Fn(usize) -> usize) -> UOp {
+pub(super) fn renumber_slots(program: &UOp, to: impl Fn(usize) -> usize) -> UOp {
     let mut map: HashMap<UOp, UOp> = HashMap::new();
     for u in UOp::toposort(std::slice::from_ref(program)) {
         let new = match u.op() {

@@ -10,5 +10,6 @@ mod flash_tiled;
 mod masked_attention;
 mod online_attention;
 mod sdpa_backward;
+mod sdpa_flex_tensor;
 mod sdpa_half_backward;
 mod sdpa_tensor;

@@ -10,6 +10,12 @@ use uopc_ir::{CustomKernel, DType, DataRef, Op, UOp};
 /// output's cotangent, the cotangent of each source (`None`: no gradient flows to it).
 pub type CustomVjp = dyn Fn(&[Tensor], &Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync;
 
+/// [`CustomVjp`] also told which sources a parameter reaches the output through (`wanted[i]`
+/// for source `i`): a rule may then build only the kernels those cotangents need, since a
+/// cotangent of a source that is not wanted is dropped unread.
+pub type CustomVjpWanted =
+    dyn Fn(&[Tensor], &[bool], &Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync;
+
 impl Tensor {
     /// A tensor computed by the hand-written loop `program` from `sources`: a kernel node that
     /// plans, caches and runs like the kernels the compiler cuts itself (each source is
@@ -125,6 +131,18 @@ impl Tensor {
     ///
     /// [`TensorError::Unsupported`] when this tensor is not a custom kernel node.
     pub fn with_custom_vjp(&self, vjp: Arc<CustomVjp>) -> Result<Tensor> {
+        self.with_custom_vjp_wanted(Arc::new(move |src: &[Tensor], _: &[bool], out: &Tensor, g: &Tensor| {
+            vjp(src, out, g)
+        }))
+    }
+
+    /// [`Tensor::with_custom_vjp`] with a rule that is told which sources need a cotangent
+    /// ([`CustomVjpWanted`]).
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Unsupported`] when this tensor is not a custom kernel node.
+    pub fn with_custom_vjp_wanted(&self, vjp: Arc<CustomVjpWanted>) -> Result<Tensor> {
         let Op::Custom(kernel) = self.uop().op() else {
             return Err(TensorError::Unsupported(
                 "with_custom_vjp: the tensor is not a custom kernel".into(),
@@ -136,6 +154,6 @@ impl Tensor {
 }
 
 /// The gradient rule attached to a custom kernel by [`Tensor::with_custom_vjp`].
-pub(crate) fn custom_vjp(kernel: &CustomKernel) -> Option<&Arc<CustomVjp>> {
-    kernel.vjp.as_ref().and_then(|h| h.0.downcast_ref::<Arc<CustomVjp>>())
+pub(crate) fn custom_vjp(kernel: &CustomKernel) -> Option<&Arc<CustomVjpWanted>> {
+    kernel.vjp.as_ref().and_then(|h| h.0.downcast_ref::<Arc<CustomVjpWanted>>())
 }

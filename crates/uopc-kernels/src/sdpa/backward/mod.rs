@@ -29,6 +29,7 @@
 
 mod blocking;
 mod flex;
+mod flex_graph;
 mod flex_runner;
 mod host;
 mod pair;
@@ -40,6 +41,7 @@ mod score_fn;
 pub use blocking::BackwardBlocking;
 use blocking::Geometry;
 pub use flex::sdpa_flex_backward_ir;
+pub(crate) use flex_graph::flex_backward_for_graph;
 pub use program::{sdpa_backward_ir, sdpa_backward_ir_with_bias_grad};
 pub(crate) use program::{sdpa_backward_ir_for_graph, sdpa_bias_grad_ir_for_graph};
 pub use runner::{ForwardSaved, SdpaBackward, compiled_backward};
