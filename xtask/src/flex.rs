@@ -3,6 +3,7 @@
 //! against the f64 reference on a sample of rows; each cell beside the plain causal kernel of
 //! the same shape, interleaved.
 
+use crate::flex_graph::GraphArm;
 use crate::peak::median;
 use std::path::Path;
 use std::process::ExitCode;
@@ -187,6 +188,9 @@ struct Timed {
     out: Vec<f32>,
     ms: Vec<f64>,
     causal_ms: Vec<f64>,
+    /// The same cell on lazy tensors, and its times.
+    graph: GraphArm,
+    graph_ms: Vec<f64>,
 }
 
 impl Timed {
@@ -224,14 +228,22 @@ impl Timed {
             }
         };
         let values = |len: usize, seed: u64| crate::masked::inputs(len, seed, 1.0);
+        let qkv = [values(c.q_len(), 1), values(c.kv_len(), 2), values(c.kv_len(), 3)];
+        let data = Data::new(cell);
+        let d_o = crate::masked::inputs(c.q_len(), 4, 1.0);
+        let shape = [cell.batch, cell.heads, cell.kv_heads, cell.n, cell.d];
+        let inputs = [&qkv[0][..], &qkv[1][..], &qkv[2][..], &d_o[..]];
+        let graph = GraphArm::new(mods, inputs, shape, &data.captures(&cell.case), cell.backward);
         Ok(Timed {
             cell: cell.clone(),
             kernels,
-            data: Data::new(cell),
-            qkv: [values(c.q_len(), 1), values(c.kv_len(), 2), values(c.kv_len(), 3)],
+            data,
+            qkv,
             out: vec![0.0; c.q_len()],
             ms: vec![],
             causal_ms: vec![],
+            graph,
+            graph_ms: vec![],
         })
     }
 
@@ -299,17 +311,22 @@ pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Op
                     return ExitCode::FAILURE;
                 }
             }
+            if let Err(e) = t.graph.run() {
+                eprintln!("error: {:?} on tensors: {e}", t.cell);
+                return ExitCode::FAILURE;
+            }
             for rep in 0..reps {
                 for plain in if rep % 2 == 0 { [false, true] } else { [true, false] } {
                     let ms = t.run(plain).expect("ran before");
                     if plain { t.causal_ms.push(ms) } else { t.ms.push(ms) }
                 }
+                t.graph_ms.push(t.graph.run().expect("ran before"));
             }
         }
     }
     println!(
-        "{:<15} {:<17} {:>18} {:>11} {:>11} {:>9} {:>9} {:>9}",
-        "case", "pass", "B,H,HKV,N,D", "median ms", "causal ms", "vs causal", "blocks", "max err"
+        "{:<15} {:<17} {:>18} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}",
+        "case", "pass", "B,H,HKV,N,D", "median ms", "causal ms", "vs causal", "blocks", "max err", "graph ms"
     );
     let mut rows = Vec::new();
     for t in &mut timed {
@@ -320,12 +337,12 @@ pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Op
             Kernels::Backward { flex, .. } => *flex.config(),
         };
         let err = max_error(&t.cell, &config, (q, k, v), &t.out, &t.data, window);
-        let (ms, causal_ms) = (median(&t.ms), median(&t.causal_ms));
+        let (ms, causal_ms, graph_ms) = (median(&t.ms), median(&t.causal_ms), median(&t.graph_ms));
         let (kernel, blocks) = t.describe();
         let FlexCell { case, batch, heads, kv_heads, n, d, backward } = &t.cell;
         let pass = if *backward { "forward_backward" } else { "forward" };
         println!(
-            "{case:<15} {pass:<17} {:>18} {ms:>11.3} {causal_ms:>11.3} {:>9.3} {:>9} {err:>9.1e}",
+            "{case:<15} {pass:<17} {:>18} {ms:>11.3} {causal_ms:>11.3} {:>9.3} {:>9} {err:>9.1e} {graph_ms:>9.3}",
             format!("{batch},{heads},{kv_heads},{n},{d}"),
             ms / causal_ms,
             blocks.map_or("-".to_string(), |b| format!("{:.1}%", b * 100.0)),
@@ -335,6 +352,9 @@ pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Op
             "pass": pass, "median_ms": ms, "ms": t.ms, "causal_kernel_median_ms": causal_ms,
             "max_abs_err": err, "max_abs_err_of": "the forward output, on sampled rows",
             "blocks_computed": blocks, "window": window, "kernel": kernel,
+            "tensor_graph_median_ms": graph_ms, "tensor_graph_ms": t.graph_ms,
+            "tensor_graph_is": "q.sdpa(&k, &v).mods(..) built and realized per run (with the gradients of q, k, v \
+                                and the float captures for forward_backward)",
         }));
     }
     crate::write_results(json, &rows)

@@ -317,8 +317,13 @@ fn backward_rule(u: &UOp, g: &Tensor, live: &HashSet<UOp>) -> Result<Vec<(usize,
         Op::Custom(custom) => {
             if let Some(rule) = crate::tensor::custom_vjp(custom) {
                 let sources: Vec<Tensor> = u.src().iter().map(|s| t(s.clone())).collect();
-                let wanted: Vec<bool> = u.src().iter().map(|s| live.contains(s)).collect();
-                let grads = rule(&sources, &wanted, &out, g)?;
+                let grads = match rule {
+                    crate::tensor::AttachedVjp::Plain(rule) => rule(&sources, &out, g)?,
+                    crate::tensor::AttachedVjp::Wanted(rule) => {
+                        let wanted: Vec<bool> = u.src().iter().map(|s| live.contains(s)).collect();
+                        rule(&sources, &wanted, &out, g)?
+                    }
+                };
                 if grads.len() != sources.len() {
                     return Err(TensorError::Unsupported(format!(
                         "gradient: the rule of custom kernel {} gave {} cotangents for {} sources",

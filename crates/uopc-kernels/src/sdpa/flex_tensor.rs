@@ -11,7 +11,8 @@ use super::kernel::{PlanMode, sdpa_flex_ir_with_lse};
 use super::tensor::{config_of, renumber_slots};
 use super::{AttentionMods, Blocking, SdpaConfig, SdpaDType, SdpaError, sdpa_flex_ir, sdpa_flex_plan_ir};
 use crate::LOG2E;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use uopc_ir::{DType, UOp};
 use uopc_jit::JitError;
 use uopc_tensor::{CustomVjpWanted, Tensor, TensorError};
@@ -59,18 +60,54 @@ pub fn flex_attention(
     let ir = sdpa_flex_ir(&flex.config, &flex.blocking(&flex.config), &flex.mods);
     // The loads the functions build are checked now, so a read out of a capture's bounds is
     // an error of this call rather than of the run that compiles the kernel.
-    if let Err(e) = uopc_ir::verify(&ir) {
+    if let Err(e) = verified(&ir) {
         let text = e.to_string();
         return Err(capture_out_of_bounds(&text, &flex.config, &flex.mods)
             .unwrap_or_else(|| JitError::Unsupported(format!("sdpa flex: {text}")).into()));
     }
     let all: Vec<Tensor> = captures.iter().map(|&c| c.clone()).collect();
-    let node = flex.attention_node(&flex.config, [q, k, v], &all, false).map_err(shape_fault)?;
+    // An f32 node also writes the rows' log-sum-exp, so its gradient reads the forward's
+    // output and lse instead of running the forward again; a 16-bit one's gradient runs the
+    // f32 forward of the widened inputs.
+    let saves_lse = flex.config.dtype == SdpaDType::F32;
+    let q_len = flex.config.q_len();
+    let node = flex.attention_node(&flex.config, [q, k, v], &all, saves_lse).map_err(shape_fault)?;
     let rule: Arc<CustomVjpWanted> =
-        Arc::new(move |src: &[Tensor], wanted: &[bool], _out: &Tensor, d_o: &Tensor| {
-            flex.backward(src, wanted, d_o)
+        Arc::new(move |src: &[Tensor], wanted: &[bool], out: &Tensor, g: &Tensor| {
+            if saves_lse {
+                flex.backward(src, wanted, &g.try_slice(0, 0, q_len)?, Some(out))
+            } else {
+                flex.backward(src, wanted, g, None)
+            }
         });
-    node.with_custom_vjp_wanted(rule).map_err(shape_fault)
+    let node = node.with_custom_vjp_wanted(rule).map_err(shape_fault)?;
+    if saves_lse {
+        node.try_slice(0, 0, q_len).and_then(|o| o.try_reshape(q.shape())).map_err(shape_fault)
+    } else {
+        Ok(node)
+    }
+}
+
+/// Programs verified in this process, kept so that an identical rebuild (the same interned
+/// node) is not verified again; cleared when it holds [`VERIFIED_KEPT`].
+static VERIFIED: Mutex<Option<HashSet<UOp>>> = Mutex::new(None);
+const VERIFIED_KEPT: usize = 64;
+
+/// [`uopc_ir::verify`] of `program`, once per program per process.
+fn verified(program: &UOp) -> Result<(), uopc_ir::IrError> {
+    let seen =
+        |p: &UOp| VERIFIED.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|s| s.contains(p));
+    if seen(program) {
+        return Ok(());
+    }
+    uopc_ir::verify(program)?;
+    let mut kept = VERIFIED.lock().unwrap_or_else(|e| e.into_inner());
+    let set = kept.get_or_insert_with(HashSet::new);
+    if set.len() >= VERIFIED_KEPT {
+        set.clear();
+    }
+    set.insert(program.clone());
+    Ok(())
 }
 
 /// A tensor error of building the nodes, as the error of the call.
@@ -191,13 +228,15 @@ impl FlexGraph {
     }
 
     /// The cotangents of the attention node's sources (`[q, k, v]`, the captures the forward
-    /// reads, the plan) for output cotangent `d_o`, building the capture gradients only where
-    /// `wanted`.
+    /// reads, the plan) for output cotangent `d_o` (flat or shaped), building the capture
+    /// gradients only where `wanted`. `saved` is the f32 node's output and lse (flat), else
+    /// the forward runs again.
     fn backward(
         &self,
         src: &[Tensor],
         wanted: &[bool],
         d_o: &Tensor,
+        saved: Option<&Tensor>,
     ) -> Result<Vec<Option<Tensor>>, TensorError> {
         let specs = self.mods.captures();
         // Each declared capture's tensor and its position among the sources, if the forward
@@ -221,7 +260,10 @@ impl FlexGraph {
         let wide = |t: &Tensor| if t.dtype() == DType::F32 { t.clone() } else { t.cast(DType::F32) };
         let (q, k, v, d_o) = (wide(&src[0]), wide(&src[1]), wide(&src[2]), wide(&d_o.detach()));
         let (q_len, kv_len, rows) = (c.q_len(), c.kv_len(), c.batch * c.heads * c.n_q);
-        let forward = self.attention_node(&c, [&q, &k, &v], &all, true)?;
+        let forward = match saved {
+            Some(out) => out.detach(),
+            None => self.attention_node(&c, [&q, &k, &v], &all, true)?,
+        };
         let o = forward.try_slice(0, 0, q_len)?.try_reshape(&[rows, c.d])?;
         let lse = forward.try_slice(0, q_len, q_len + rows)?;
         // scale * Delta, Delta_i = dO_i . O_i: what the backward program takes.

@@ -31,13 +31,15 @@ const MASKED_SCORE: f32 = -1.0e30;
 /// [`super::SdpaBackwardHalf`] computes it).
 ///
 /// The gradient (through [`uopc_tensor::gradient`]) runs the FlashAttention-2 backward of
-/// [`super::SdpaBackward`] as kernel nodes: the forward again with the log-sum-exp, `Delta`,
-/// then one kernel for dq, dk and dv (no `n_q x n_k` buffer). An f32 bias gets its gradient
+/// [`super::SdpaBackward`] as kernel nodes: `Delta`, then one kernel for dq, dk and dv (no
+/// `n_q x n_k` buffer), reading the forward's output and the rows' log-sum-exp, which an f32
+/// node writes beside its output (a 16-bit node's gradient runs the f32 forward again on the
+/// widened inputs). An f32 bias gets its gradient
 /// (`dS`, summed over its broadcast axes) from a kernel node of its own, which recomputes the
 /// scores: a gradient rule cannot tell whether the bias's gradient is wanted, and as a node of
-/// its own it runs only when it is. A bool mask gets none. The unfused graph over the same inputs stays attached as the node's equivalent
-/// (a reference). The decode shapes that [`super::Sdpa`] splits over the keys (split-K) run
-/// unsplit here.
+/// its own it runs only when it is. A bool mask gets none. A 16-bit node keeps the unfused
+/// graph over the same inputs as its equivalent (a reference). The decode shapes that
+/// [`super::Sdpa`] splits over the keys (split-K) run unsplit here.
 ///
 /// # Errors
 ///
@@ -59,27 +61,33 @@ pub fn scaled_dot_product_attention(
     config.validate()?;
     // A graph's kernel node reads k and v as the graph holds them (no packing pass).
     let blocking = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(&config, cores()) };
-    let program = sdpa_ir_output_last(&config, &blocking);
-    // The reference graph of 16-bit inputs runs in f32 and rounds its result once, as the
-    // kernel does.
-    let equivalent = if config.dtype == SdpaDType::F32 {
-        unfused(q, k, v, mask, &config)
-    } else {
-        let wide = |t: &Tensor| t.cast(DType::F32);
-        unfused(&wide(q), &wide(k), &wide(v), mask, &config).map(|o| o.cast(q.dtype()))
-    }
-    .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
     let mut sources = vec![q, k, v];
     sources.extend(mask);
+    let fault = |e: TensorError| SdpaError::Shape { arg: "q", msg: e.to_string() };
+    if config.dtype == SdpaDType::F32 {
+        // The node also writes the rows' log-sum-exp: its gradient reads the forward's output
+        // and lse instead of running the forward again.
+        let (q_len, rows) = (config.q_len(), config.batch * config.heads * config.n_q);
+        let program = sdpa_ir_output_last_with_lse(&config, &blocking);
+        let node = Tensor::try_custom_parts("sdpa_flash_tile_ops", program, &sources, &[q_len, rows], None)
+            .map_err(fault)?;
+        let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], out: &Tensor, g: &Tensor| {
+            backward_nodes(&config, &blocking, src, &g.try_slice(0, 0, q_len)?, Some(out))
+        });
+        let node = node.with_custom_vjp(rule).map_err(fault)?;
+        return node.try_slice(0, 0, q_len).and_then(|o| o.try_reshape(sq)).map_err(fault);
+    }
+    // The reference graph of 16-bit inputs runs in f32 and rounds its result once, as the
+    // kernel does.
+    let wide = |t: &Tensor| t.cast(DType::F32);
+    let equivalent =
+        unfused(&wide(q), &wide(k), &wide(v), mask, &config).map(|o| o.cast(q.dtype())).map_err(fault)?;
+    let program = sdpa_ir_output_last(&config, &blocking);
     let node = Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, q.dtype(), Some(equivalent))
-        .map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })?;
-    let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| {
-        if config.dtype != SdpaDType::F32 {
-            return half_backward_nodes(&config, src, d_o);
-        }
-        backward_nodes(&config, &blocking, src, d_o)
-    });
-    node.with_custom_vjp(rule).map_err(|e| SdpaError::Shape { arg: "q", msg: e.to_string() })
+        .map_err(fault)?;
+    let rule: Arc<CustomVjp> =
+        Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| half_backward_nodes(&config, src, d_o));
+    node.with_custom_vjp(rule).map_err(fault)
 }
 
 /// The configuration of attention of `q` over `k` and `v` (unvalidated, without a mask): the
@@ -131,25 +139,30 @@ pub(super) fn config_of(
     Ok(SdpaConfig { kv_heads, causal, scale, dtype, ..SdpaConfig::new(batch, heads, n_q, n_k, d) })
 }
 
-/// The cotangents of `[q, k, v, mask]` for output cotangent `d_o`, as kernel nodes.
+/// The cotangents of `[q, k, v, mask]` for output cotangent `d_o`, as kernel nodes; `saved`
+/// is the forward node's output and lse (flat), else the forward runs again with the lse.
 fn backward_nodes(
     c: &SdpaConfig,
     blocking: &Blocking,
     src: &[Tensor],
     d_o: &Tensor,
+    saved: Option<&Tensor>,
 ) -> Result<Vec<Option<Tensor>>, TensorError> {
     let (q, k, v) = (&src[0], &src[1], &src[2]);
     let mask = src.get(3);
     let (q_len, kv_len, rows) = (c.q_len(), c.kv_len(), c.batch * c.heads * c.n_q);
     let mut fwd_sources = vec![q, k, v];
     fwd_sources.extend(mask);
-    let forward = Tensor::try_custom_parts(
-        "sdpa_forward_lse",
-        sdpa_ir_output_last_with_lse(c, blocking),
-        &fwd_sources,
-        &[q_len, rows],
-        None,
-    )?;
+    let forward = match saved {
+        Some(out) => out.detach(),
+        None => Tensor::try_custom_parts(
+            "sdpa_forward_lse",
+            sdpa_ir_output_last_with_lse(c, blocking),
+            &fwd_sources,
+            &[q_len, rows],
+            None,
+        )?,
+    };
     let o = forward.try_slice(0, 0, q_len)?.try_reshape(&[rows, c.d])?;
     let lse = forward.try_slice(0, q_len, q_len + rows)?;
     // scale * Delta, Delta_i = dO_i . O_i: what the backward program takes.
@@ -202,7 +215,7 @@ fn half_backward_nodes(
     let dtype = src[0].dtype();
     let mut wide: Vec<Tensor> = src[..3].iter().map(|t| t.cast(DType::F32)).collect();
     wide.extend(src.get(3).cloned());
-    let grads = backward_nodes(&wide_config, &blocking, &wide, &d_o.cast(DType::F32))?;
+    let grads = backward_nodes(&wide_config, &blocking, &wide, &d_o.cast(DType::F32), None)?;
     Ok(grads.into_iter().enumerate().map(|(i, g)| if i < 3 { g.map(|g| g.cast(dtype)) } else { g }).collect())
 }
 

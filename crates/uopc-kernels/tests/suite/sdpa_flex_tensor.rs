@@ -3,7 +3,7 @@
 //! compiled flex forward and backward (`SdpaBackward::compile_flex`, whose gradients are
 //! checked against central differences of the f64 reference in `sdpa_flex_backward.rs`),
 //! over the causal rewrite, windows, documents (a plan counted per run), sinks, GQA and bf16;
-//! which kernels a gradient builds; and captures that do not fit.
+//! which kernels a gradient builds (one forward, the capture gradients only when asked for); and captures that do not fit.
 
 use crate::support::Rng;
 use half::bf16;
@@ -224,6 +224,9 @@ fn capture_gradients_are_built_only_when_asked_for() {
     };
     let only_q = names(&[&t[0]]);
     assert!(only_q.iter().any(|n| n == "sdpa_flex_backward"), "{only_q:?}");
+    // The gradient reads the forward's output and lse: one attention forward in all.
+    assert_eq!(only_q.iter().filter(|n| n.starts_with("sdpa_flex_lse")).count(), 1, "{only_q:?}");
+    assert!(!only_q.iter().any(|n| n == "sdpa_flex"), "{only_q:?}");
     assert!(!only_q.iter().any(|n| n.ends_with("capture_grads")), "{only_q:?}");
     let with_slopes = names(&[&t[0], &caps[0]]);
     assert!(with_slopes.iter().any(|n| n == "sdpa_flex_backward_capture_grads"), "{with_slopes:?}");

@@ -131,9 +131,7 @@ impl Tensor {
     ///
     /// [`TensorError::Unsupported`] when this tensor is not a custom kernel node.
     pub fn with_custom_vjp(&self, vjp: Arc<CustomVjp>) -> Result<Tensor> {
-        self.with_custom_vjp_wanted(Arc::new(move |src: &[Tensor], _: &[bool], out: &Tensor, g: &Tensor| {
-            vjp(src, out, g)
-        }))
+        self.with_rule(DataRef(Arc::new(vjp)))
     }
 
     /// [`Tensor::with_custom_vjp`] with a rule that is told which sources need a cotangent
@@ -143,17 +141,35 @@ impl Tensor {
     ///
     /// [`TensorError::Unsupported`] when this tensor is not a custom kernel node.
     pub fn with_custom_vjp_wanted(&self, vjp: Arc<CustomVjpWanted>) -> Result<Tensor> {
+        self.with_rule(DataRef(Arc::new(vjp)))
+    }
+
+    /// This custom kernel node with `rule` (an `Arc` of either rule type) attached.
+    fn with_rule(&self, rule: DataRef) -> Result<Tensor> {
         let Op::Custom(kernel) = self.uop().op() else {
             return Err(TensorError::Unsupported(
                 "with_custom_vjp: the tensor is not a custom kernel".into(),
             ));
         };
-        let kernel = CustomKernel { vjp: Some(DataRef(Arc::new(vjp))), ..kernel.clone() };
+        let kernel = CustomKernel { vjp: Some(rule), ..kernel.clone() };
         Ok(Tensor::from_uop(UOp::new(Op::Custom(kernel), self.dtype(), self.uop().src().to_vec())))
     }
 }
 
-/// The gradient rule attached to a custom kernel by [`Tensor::with_custom_vjp`].
-pub(crate) fn custom_vjp(kernel: &CustomKernel) -> Option<&Arc<CustomVjpWanted>> {
-    kernel.vjp.as_ref().and_then(|h| h.0.downcast_ref::<Arc<CustomVjpWanted>>())
+/// The gradient rule attached to a custom kernel by [`Tensor::with_custom_vjp`] or
+/// [`Tensor::with_custom_vjp_wanted`].
+pub(crate) enum AttachedVjp<'a> {
+    /// A rule that gives every source's cotangent.
+    Plain(&'a Arc<CustomVjp>),
+    /// A rule told which sources need one.
+    Wanted(&'a Arc<CustomVjpWanted>),
+}
+
+/// The gradient rule attached to `kernel`, if any.
+pub(crate) fn custom_vjp(kernel: &CustomKernel) -> Option<AttachedVjp<'_>> {
+    let rule = &kernel.vjp.as_ref()?.0;
+    if let Some(plain) = rule.downcast_ref::<Arc<CustomVjp>>() {
+        return Some(AttachedVjp::Plain(plain));
+    }
+    rule.downcast_ref::<Arc<CustomVjpWanted>>().map(AttachedVjp::Wanted)
 }

@@ -14,7 +14,7 @@ mod argmax;
 mod convert;
 mod create;
 mod custom;
-pub(crate) use custom::custom_vjp;
+pub(crate) use custom::{AttachedVjp, custom_vjp};
 pub use custom::{CustomVjp, CustomVjpWanted};
 mod display;
 mod elementwise;
