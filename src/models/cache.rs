@@ -3,30 +3,59 @@
 //! capacity, never again as the cache grows).
 
 use super::{ModelConfig, ModelError};
-use uopc_kernels::sdpa::{Extras, Layout, SdpaConfig, compiled};
+use half::bf16;
+use uopc_ir::DType;
+use uopc_kernels::sdpa::{Extras, Layout, SdpaConfig, SdpaDType, compiled};
 
 /// The keys and values of one sequence, per layer, `(capacity, kv_heads, head_dim)` each
-/// (the layout a fused QKV projection's rows give, appended in place).
+/// (the layout a fused QKV projection's rows give, appended in place), in f32 or bf16
+/// ([`KvCache::dtype`]).
 #[derive(Clone, Debug)]
 pub struct KvCache {
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    keys: Vec<Rows>,
+    values: Vec<Rows>,
     len: usize,
     capacity: usize,
     row: usize,
 }
 
+/// One layer's keys or values.
+#[derive(Clone, Debug)]
+enum Rows {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+}
+
 impl KvCache {
-    /// An empty cache for `capacity` tokens of a model of `config`.
+    /// An empty f32 cache for `capacity` tokens of a model of `config`.
     pub fn new(config: &ModelConfig, capacity: usize) -> KvCache {
+        Self::with_dtype(config, capacity, DType::F32)
+    }
+
+    /// An empty cache for `capacity` tokens of a model of `config` whose keys and values are
+    /// held in `dtype`: F32, or BF16 (rounded to nearest even as they are written; queries are
+    /// rounded likewise and attention runs the bf16 kernel, reading half the bytes, with f32
+    /// sums). Any other dtype is held as F32.
+    pub fn with_dtype(config: &ModelConfig, capacity: usize, dtype: DType) -> KvCache {
         let row = config.kv_heads * config.head_dim;
-        let layer = || vec![0.0f32; capacity * row];
+        let layer = || match dtype {
+            DType::BF16 => Rows::Bf16(vec![bf16::ZERO; capacity * row]),
+            _ => Rows::F32(vec![0.0f32; capacity * row]),
+        };
         KvCache {
             keys: (0..config.layers).map(|_| layer()).collect(),
             values: (0..config.layers).map(|_| layer()).collect(),
             len: 0,
             capacity,
             row,
+        }
+    }
+
+    /// The dtype its keys and values are held in.
+    pub fn dtype(&self) -> DType {
+        match self.keys.first() {
+            Some(Rows::Bf16(_)) => DType::BF16,
+            _ => DType::F32,
         }
     }
 
@@ -77,10 +106,11 @@ impl KvCache {
         let width = h * d + 2 * row;
         let start = self.len * row;
         let mut q = vec![0.0f32; tokens * h * d];
+        let (keys, values) = (&mut self.keys[layer], &mut self.values[layer]);
         for (t, src) in qkv.chunks_exact(width).enumerate() {
             q[t * h * d..(t + 1) * h * d].copy_from_slice(&src[..h * d]);
-            self.keys[layer][start + t * row..][..row].copy_from_slice(&src[h * d..h * d + row]);
-            self.values[layer][start + t * row..][..row].copy_from_slice(&src[h * d + row..]);
+            keys.write(start + t * row, &src[h * d..h * d + row]);
+            values.write(start + t * row, &src[h * d + row..]);
         }
         let sdpa_config = SdpaConfig {
             kv_heads: config.kv_heads,
@@ -89,15 +119,40 @@ impl KvCache {
             runtime_kv_length: true,
             ..SdpaConfig::new(1, h, tokens, self.capacity, d)
         };
-        let sdpa = compiled(&sdpa_config)?;
-        let mut out = vec![0.0f32; tokens * h * d];
         let extras = Extras { kv_length: Some(self.len + tokens), ..Extras::default() };
-        sdpa.run(&q, &self.keys[layer], &self.values[layer], extras, &mut out)?;
+        let mut out = vec![0.0f32; tokens * h * d];
+        match (&*keys, &*values) {
+            (Rows::F32(k), Rows::F32(v)) => compiled(&sdpa_config)?.run(&q, k, v, extras, &mut out)?,
+            (Rows::Bf16(k), Rows::Bf16(v)) => {
+                let config = SdpaConfig { dtype: SdpaDType::BF16, ..sdpa_config };
+                let q: Vec<bf16> = q.iter().map(|&x| bf16::from_f32(x)).collect();
+                let mut wide = vec![bf16::ZERO; out.len()];
+                compiled(&config)?.run(&q, k, v, extras, &mut wide)?;
+                for (o, w) in out.iter_mut().zip(&wide) {
+                    *o = w.to_f32();
+                }
+            }
+            _ => unreachable!("a cache's keys and values share a dtype"),
+        }
         Ok(out)
     }
 
     /// Counts `tokens` more as cached.
     pub(crate) fn advance(&mut self, tokens: usize) {
         self.len += tokens;
+    }
+}
+
+impl Rows {
+    /// `src` written from element `at` on, rounded to the held dtype.
+    fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            Rows::F32(rows) => rows[at..at + src.len()].copy_from_slice(src),
+            Rows::Bf16(rows) => {
+                for (r, &x) in rows[at..at + src.len()].iter_mut().zip(src) {
+                    *r = bf16::from_f32(x);
+                }
+            }
+        }
     }
 }

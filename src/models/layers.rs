@@ -56,7 +56,9 @@ pub enum Activations {
     /// GEMM, whose dot products do twice the f32 work per instruction. A bf16 model in
     /// PyTorch rounds every activation likewise. Other products (fewer rows, f16 or f32
     /// weights, machines whose bf16 GEMM widens to f32) are as [`Activations::F32`], so
-    /// decode steps and a prompt's products may differ by the activations' rounding.
+    /// decode steps and a prompt's products may differ by the activations' rounding. The
+    /// model's caches ([`CausalLm::new_cache`](super::CausalLm::new_cache)) hold bf16 keys
+    /// and values, and attention rounds its queries to bf16, on every machine.
     Bf16,
 }
 

@@ -4,6 +4,7 @@
 use super::checkpoint::Checkpoint;
 use super::layers::{Activations, Linear, Mlp, Norm, rotate, widened};
 use super::{Architecture, KvCache, ModelConfig, ModelError};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -163,9 +164,12 @@ impl CausalLm {
         &self.config
     }
 
-    /// An empty cache for up to `capacity` tokens of this model.
+    /// An empty cache for up to `capacity` tokens of this model: its keys and values in bf16
+    /// with [`Activations::Bf16`] (as a bf16 model's are in PyTorch, and decode reads half
+    /// the bytes), else in f32.
     pub fn new_cache(&self, capacity: usize) -> KvCache {
-        KvCache::new(&self.config, capacity)
+        let dtype = if self.activations == Activations::Bf16 { DType::BF16 } else { DType::F32 };
+        KvCache::with_dtype(&self.config, capacity, dtype)
     }
 
     /// The logits `(tokens, vocab)` (or `(1, vocab)` with [`Logits::Last`]) of `tokens` that
@@ -225,19 +229,28 @@ impl CausalLm {
             };
             x = done[0].clone();
             done[1].realize_into(&mut qkv_rows)?;
-            let mut attended = Vec::with_capacity(total * c.heads * c.head_dim);
-            let mut start = 0;
-            for seg in segments.iter_mut() {
-                let (n, first) = (seg.tokens.len(), seg.cache.len());
-                // This segment's rows: the next `n` of the flat rows.
-                let own = &mut qkv_rows[start * qkv_width..(start + n) * qkv_width];
-                start += n;
-                if c.architecture == Architecture::Llama {
-                    // The q heads and then the k heads lead each row: one rotation covers both.
-                    rotate(own, qkv_width, (c.heads + c.kv_heads, c.head_dim), first, c.rope_theta);
-                }
-                attended.extend(seg.cache.attend(c, layer, own, n)?);
+            // Each segment's rows (the next of the flat rows) against its own cache; the
+            // segments at once, since one decode row's attention is too small to fill the cores.
+            let mut rows: Vec<&mut [f32]> = Vec::with_capacity(segments.len());
+            let mut rest = &mut qkv_rows[..];
+            for seg in segments.iter() {
+                let (own, after) = rest.split_at_mut(seg.tokens.len() * qkv_width);
+                rows.push(own);
+                rest = after;
             }
+            let outputs: Vec<Vec<f32>> = segments
+                .par_iter_mut()
+                .zip(rows)
+                .map(|(seg, own)| {
+                    let (n, first) = (seg.tokens.len(), seg.cache.len());
+                    if c.architecture == Architecture::Llama {
+                        // The q heads and then the k heads lead each row: one rotation covers both.
+                        rotate(own, qkv_width, (c.heads + c.kv_heads, c.head_dim), first, c.rope_theta);
+                    }
+                    seg.cache.attend(c, layer, own, n)
+                })
+                .collect::<Result<_, _>>()?;
+            let attended: Vec<f32> = outputs.concat();
             let attended = Tensor::from_vec(attended, &[total, c.heads * c.head_dim]);
             carried = Some((x.clone(), attended));
         }

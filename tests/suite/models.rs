@@ -537,13 +537,29 @@ fn bf16_activations_round_only_long_products_where_the_machine_multiplies_bf16()
         assert_eq!(rounded.activations(), Activations::Bf16, "{name}: bf16 weights' default");
         let exact = rounded.clone().with_activations(Activations::F32);
         let vocab = exact.config().vocab_size as u32;
+        // With an f32 cache on both sides, so only the products' rounding differs.
         let logits = |m: &CausalLm, prompt: &[u32]| {
-            rows(&m.forward(prompt, &mut m.new_cache(prompt.len()), Logits::All).unwrap())
+            let mut cache = uopc::models::KvCache::new(m.config(), prompt.len());
+            rows(&m.forward(prompt, &mut cache, Logits::All).unwrap())
         };
         // Up to ROUNDED_MIN_ROWS rows (a decode step, a short prompt) nothing is rounded.
         let short = &expected(name).prompts[0];
         assert!(short.len() <= Activations::ROUNDED_MIN_ROWS);
         assert_eq!(logits(&rounded, short), logits(&exact, short), "{name}: short prompt");
+        // The model's own cache holds bf16 keys and values (and attention rounds its queries),
+        // on every machine: the same bound as the products' rounding below.
+        let mut cache = rounded.new_cache(short.len());
+        assert_eq!(cache.dtype(), DType::BF16);
+        assert_eq!(exact.new_cache(1).dtype(), DType::F32);
+        let held = rows(&rounded.forward(short, &mut cache, Logits::All).unwrap());
+        let want = logits(&exact, short);
+        let scale = want.iter().flatten().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst =
+            held.iter().flatten().zip(want.iter().flatten()).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst > 0.0 && worst <= scale / 16.0,
+            "{name}: bf16 cache {worst} against logits up to {scale}"
+        );
         let long: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % vocab).collect();
         let (got, want) = (logits(&rounded, &long), logits(&exact, &long));
         if uopc::tile::Bf16Path::detect().widens() {

@@ -197,11 +197,12 @@ pub fn run(models: &[PathBuf], runs: &Runs, json: Option<&Path>) -> ExitCode {
         }
         let warm = |v: &[f64]| median(if v.len() > 1 { &v[1..] } else { v });
         // The bytes one decode step must read at the middle of the generation: every weight
-        // once (in its dtype), and the keys and values cached so far (f32).
+        // once (in its dtype), and the keys and values cached so far (in the cache's dtype).
         let c = model.config();
         let weights: usize = model.leaves().iter().map(|l| l.dtype().size() * l.numel()).sum();
         let cached = prompt_tokens + new_tokens / 2;
-        let cache_bytes = batch * 4 * 2 * c.layers * cached * c.kv_heads * c.head_dim;
+        let cache_element = model.new_cache(1).dtype().size();
+        let cache_bytes = batch * cache_element * 2 * c.layers * cached * c.kv_heads * c.head_dim;
         let stream_gbs = uopc::masked_attention::streaming_read_gbs(256, rayon::current_num_threads(), 5);
         let bound_ms = (weights + cache_bytes) as f64 / (stream_gbs * 1e9) * 1e3;
         let acts = format!("{:?}", model.activations()).to_lowercase();
@@ -216,7 +217,7 @@ pub fn run(models: &[PathBuf], runs: &Runs, json: Option<&Path>) -> ExitCode {
         );
         rows.push(serde_json::json!({
             "model": name, "dtype": dtype.to_string(), "batch": batch, "prompt_tokens": prompt_tokens,
-            "activations": acts,
+            "activations": acts, "cache_dtype": model.new_cache(1).dtype().to_string(),
             "new_tokens": new_tokens, "first_token_ms": first[0], "first_token_ms_runs": first,
             "prompt_tokens_per_s": warm(&prompt_rate), "prompt_tokens_per_s_runs": prompt_rate,
             "decode_ms_per_token": warm(&decode), "decode_ms_per_token_runs": decode, "load_s": load,
