@@ -6,7 +6,6 @@ mod block;
 mod circles;
 mod derived;
 mod flex;
-mod flex_graph;
 mod generate;
 mod masked;
 mod matmul;

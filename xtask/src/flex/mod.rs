@@ -1,10 +1,12 @@
 //! `cargo xtask bench flex`: attention with score and mask functions compiled in
 //! (`Sdpa::compile_flex`), case by case, with the share of key blocks computed and the error
 //! against the f64 reference on a sample of rows; each cell beside the plain causal kernel of
-//! the same shape, interleaved.
+//! the same shape and the same cell on lazy tensors ([`graph`]), interleaved.
 
-use crate::flex_graph::GraphArm;
+mod graph;
+
 use crate::peak::median;
+use graph::GraphArm;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
