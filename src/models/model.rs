@@ -96,14 +96,15 @@ impl CausalLm {
     /// [`CausalLm::load`] with the weight matrices (the projections, the embedding and the
     /// output projection) held in `weights`: F32, or BF16 or F16 to read half the bytes per
     /// token. A 16-bit weight is read in place by the products and widened in registers; the
-    /// sums, the norms (whose weights stay f32) and the KV cache are f32 whatever `weights`
-    /// is. The values are the checkpoint's, rounded to `weights` to nearest even when the
-    /// file holds a wider dtype.
+    /// sums and the norms (whose weights stay f32) are f32 whatever `weights` is. The values
+    /// are the checkpoint's, rounded to `weights` to nearest even when the file holds a wider
+    /// dtype.
     ///
     /// With BF16 weights the model starts with [`Activations::Bf16`]: long products (a
-    /// prompt's) round their activations to bf16 where the machine multiplies bf16 itself.
-    /// [`CausalLm::with_activations`]`(Activations::F32)` keeps every activation f32, so the
-    /// model computes as the f32 model of its rounded weights.
+    /// prompt's) round their activations to bf16 where the machine multiplies bf16 itself,
+    /// and its caches hold bf16 keys and values.
+    /// [`CausalLm::with_activations`]`(Activations::F32)` keeps every activation and the
+    /// cache f32, so the model computes as the f32 model of its rounded weights.
     ///
     /// # Errors
     ///
@@ -143,8 +144,9 @@ impl CausalLm {
         Ok(model)
     }
 
-    /// This model with the activations of its products held as `activations` says
-    /// ([`CausalLm::forward`] and what runs on it; the training graph's products stay f32).
+    /// This model with the activations of its products (and the dtype of the caches
+    /// [`CausalLm::new_cache`] makes) as `activations` says ([`CausalLm::forward`] and what
+    /// runs on it; the training graph's products stay f32).
     pub fn with_activations(mut self, activations: Activations) -> CausalLm {
         self.activations = activations;
         // The captured decode graphs were built with the old choice.

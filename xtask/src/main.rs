@@ -236,7 +236,7 @@ enum Bench {
         /// Sequences generated together (`CausalLm::generate_batch`), each with its own prompt.
         #[arg(long, default_value_t = 1)]
         batch: usize,
-        /// The dtype the weight matrices are held in (the sums and the cache stay f32).
+        /// The dtype the weight matrices are held in (the sums stay f32; the cache is bf16 with bf16 activations).
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
         dtype: String,
         /// How activations meet 16-bit weights (`models::Activations`): bf16 rounds a long
