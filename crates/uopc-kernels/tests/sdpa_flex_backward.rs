@@ -8,7 +8,7 @@
 use uopc_ir::{DType, UOp, idx};
 use uopc_kernels::sdpa::{
     AttentionMods, BackwardBlocking, CaptureValues, Extras, FlexReference, ForwardSaved, SdpaBackward,
-    SdpaConfig, and, eq, or, reference_flex_f64,
+    SdpaConfig, and, or, reference_flex_f64,
 };
 
 mod support;
@@ -120,12 +120,8 @@ fn capture_values<'a>(
 fn alibi_through_the_causal_rewrite_and_a_plain_score_function() {
     let mut rng = Rng(21);
     let c = config(2, 4, 2, 13, 21, 8);
-    let mut mods = AttentionMods::new();
-    let slopes = mods.capture("slopes", &[4], DType::F32);
     let off = c.causal_offset();
-    let mods = mods
-        .score(move |x, s| s + x.load(slopes, &[x.h.clone()]) * (&x.kv - &x.q).cast(DType::F32))
-        .mask(move |x| x.kv.lt(&x.q + (off + 1)));
+    let mods = support::alibi_causal(4, off);
     let reference = move |x: &[Vec<f32>]| {
         let slope = &x[3];
         let score = |s: f64, [_, h, i, j]: [usize; 4]| s + f64::from(slope[h]) * (j as f64 - i as f64);
@@ -223,18 +219,10 @@ fn a_relative_position_table_inside_documents_gets_its_gradient() {
     let mut rng = Rng(23);
     let (n, heads) = (19, 2);
     let c = config(2, heads, 2, n, n, 4);
-    let mut mods = AttentionMods::new();
-    let table = mods.capture("rel_bias", &[heads, 2 * n - 1], DType::F32);
-    let docs = mods.capture("doc_ids", &[2, n], DType::I32);
-    let mods = mods.score(move |x, s| s + x.load(table, &[x.h.clone(), &x.kv - &x.q + (n as i64 - 1)])).mask(
-        move |x| eq(&x.load(docs, &[x.b.clone(), x.q.clone()]), &x.load(docs, &[x.b.clone(), x.kv.clone()])),
-    );
+    let mods = support::relative_table_in_documents(heads, 2, n);
     // Item 0: documents of 8, 9 and 2 tokens (its 8 x 8 block pairs on the diagonal are seen
     // whole, the others partly or not at all); item 1: 3, 13 and 3.
-    let ids: Vec<i32> = [[8, 9, 2], [3, 13, 3]]
-        .iter()
-        .flat_map(|docs| docs.iter().enumerate().flat_map(|(id, &len)| std::iter::repeat_n(id as i32, len)))
-        .collect();
+    let ids = support::document_ids(&[&[8, 9, 2], &[3, 13, 3]]);
     let ids_ref = ids.clone();
     let reference = move |x: &[Vec<f32>]| {
         let t = &x[3];

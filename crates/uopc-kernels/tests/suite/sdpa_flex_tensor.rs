@@ -9,7 +9,7 @@ use crate::support::Rng;
 use half::bf16;
 use uopc_ir::{DType, idx};
 use uopc_kernels::sdpa::{
-    AttentionMods, AttentionOp, CaptureValues, Extras, ForwardSaved, SdpaBackward, SdpaConfig, and, eq, or,
+    AttentionMods, AttentionOp, CaptureValues, Extras, ForwardSaved, SdpaBackward, SdpaConfig, and, or,
 };
 use uopc_tensor::{RealizeOptions, Tensor, gradient, make_plan};
 
@@ -141,12 +141,7 @@ fn config(b: usize, h: usize, hkv: usize, n_q: usize, n_k: usize, d: usize) -> S
 /// kernel), GQA, more keys than queries.
 fn alibi_case() -> Case {
     let c = config(2, 4, 2, 70, 150, 16);
-    let mut mods = AttentionMods::new();
-    let slopes = mods.capture("slopes", &[4], DType::F32);
-    let off = c.causal_offset();
-    let mods = mods
-        .score(move |x, s| s + x.load(slopes, &[x.h.clone()]) * (&x.kv - &x.q).cast(DType::F32))
-        .mask(move |x| x.kv.lt(&x.q + (off + 1)));
+    let mods = crate::support::alibi_causal(4, c.causal_offset());
     Case { config: c, mods, captures: vec![Values::F32(vec![-0.5, -0.25, -0.125, -0.0625])] }
 }
 
@@ -170,18 +165,10 @@ fn softcap_in_a_sliding_window_under_the_causal_flag() {
 #[test]
 fn a_relative_position_table_inside_documents() {
     let (n, heads) = (160, 2);
-    let mut mods = AttentionMods::new();
-    let table = mods.capture("rel_bias", &[heads, 2 * n - 1], DType::F32);
-    let docs = mods.capture("doc_ids", &[2, n], DType::I32);
-    let mods = mods.score(move |x, s| s + x.load(table, &[x.h.clone(), &x.kv - &x.q + (n as i64 - 1)])).mask(
-        move |x| eq(&x.load(docs, &[x.b.clone(), x.q.clone()]), &x.load(docs, &[x.b.clone(), x.kv.clone()])),
-    );
+    let mods = crate::support::relative_table_in_documents(heads, 2, n);
     // Item 0: documents of 70, 85 and 5 tokens; item 1: 10, 140 and 10 (whole, partial and
     // empty key blocks, so the plan counted per run skips and unmasks blocks).
-    let ids: Vec<i32> = [[70, 85, 5], [10, 140, 10]]
-        .iter()
-        .flat_map(|docs| docs.iter().enumerate().flat_map(|(id, &len)| std::iter::repeat_n(id as i32, len)))
-        .collect();
+    let ids = crate::support::document_ids(&[&[70, 85, 5], &[10, 140, 10]]);
     let values: Vec<f32> = (0..heads * (2 * n - 1)).map(|i| ((i * 7) % 11) as f32 * 0.1 - 0.5).collect();
     let case = Case {
         config: config(2, heads, 1, n, n, 8),
