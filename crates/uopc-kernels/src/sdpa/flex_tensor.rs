@@ -57,21 +57,13 @@ pub fn flex_attention(
         None => (config, mods.clone()),
     };
     let flex = FlexGraph { config, reads: CaptureReads::of(&mods), mods };
-    let ir = sdpa_flex_ir(&flex.config, &flex.blocking(&flex.config), &flex.mods);
-    // The loads the functions build are checked now, so a read out of a capture's bounds is
-    // an error of this call rather than of the run that compiles the kernel.
-    if let Err(e) = verified(&ir) {
-        let text = e.to_string();
-        return Err(capture_out_of_bounds(&text, &flex.config, &flex.mods)
-            .unwrap_or_else(|| JitError::Unsupported(format!("sdpa flex: {text}")).into()));
-    }
     let all: Vec<Tensor> = captures.iter().map(|&c| c.clone()).collect();
     // An f32 node also writes the rows' log-sum-exp, so its gradient reads the forward's
     // output and lse instead of running the forward again; a 16-bit one's gradient runs the
     // f32 forward of the widened inputs.
     let saves_lse = flex.config.dtype == SdpaDType::F32;
     let q_len = flex.config.q_len();
-    let node = flex.attention_node(&flex.config, [q, k, v], &all, saves_lse).map_err(shape_fault)?;
+    let node = flex.attention_node(&flex.config, [q, k, v], &all, saves_lse)?;
     let rule: Arc<CustomVjpWanted> =
         Arc::new(move |src: &[Tensor], wanted: &[bool], out: &Tensor, g: &Tensor| {
             if saves_lse {
@@ -91,6 +83,7 @@ pub fn flex_attention(
 /// Programs verified in this process, kept so that an identical rebuild (the same interned
 /// node) is not verified again; cleared when it holds [`VERIFIED_KEPT`].
 static VERIFIED: Mutex<Option<HashSet<UOp>>> = Mutex::new(None);
+/// Programs [`VERIFIED`] holds at most.
 const VERIFIED_KEPT: usize = 64;
 
 /// [`uopc_ir::verify`] of `program`, once per program per process.
@@ -163,21 +156,28 @@ impl FlexGraph {
 
     /// The attention kernel of configuration `c` over `[q, k, v]` and the captures it reads
     /// (then its runtime plan): its output, or with `save_lse` the flat f32 concatenation of
-    /// the output and the rows' base-2 log-sum-exp.
+    /// the output and the rows' base-2 log-sum-exp. The kernel is verified first, so a read
+    /// out of a capture's bounds is an error naming it here rather than at the run that
+    /// compiles the kernel.
     fn attention_node(
         &self,
         c: &SdpaConfig,
         [q, k, v]: [&Tensor; 3],
         all: &[Tensor],
         save_lse: bool,
-    ) -> Result<Tensor, TensorError> {
+    ) -> Result<Tensor, SdpaError> {
         let blocking = self.blocking(c);
         let ir = if save_lse {
             sdpa_flex_ir_with_lse(c, &blocking, &self.mods)
         } else {
             sdpa_flex_ir(c, &blocking, &self.mods)
         };
-        let plan = self.plan(c, &blocking, all)?;
+        if let Err(e) = verified(&ir) {
+            let text = e.to_string();
+            return Err(capture_out_of_bounds(&text, c, &self.mods)
+                .unwrap_or_else(|| JitError::Unsupported(format!("sdpa flex: {text}")).into()));
+        }
+        let plan = self.plan(c, &blocking, all).map_err(shape_fault)?;
         let mut sources = vec![q, k, v];
         sources.extend(Self::used(all, &self.reads.all));
         sources.extend(plan.as_ref());
@@ -200,6 +200,7 @@ impl FlexGraph {
         } else {
             Tensor::try_custom("sdpa_flex", program, &sources, q.shape(), q.dtype(), None)
         }
+        .map_err(shape_fault)
     }
 
     /// The runtime block plan of the kernel of `c` with `blocking` (`[t0, c0, c1, t1]` per
@@ -262,7 +263,7 @@ impl FlexGraph {
         let (q_len, kv_len, rows) = (c.q_len(), c.kv_len(), c.batch * c.heads * c.n_q);
         let forward = match saved {
             Some(out) => out.detach(),
-            None => self.attention_node(&c, [&q, &k, &v], &all, true)?,
+            None => self.attention_node(&c, [&q, &k, &v], &all, true).map_err(TensorError::from)?,
         };
         let o = forward.try_slice(0, 0, q_len)?.try_reshape(&[rows, c.d])?;
         let lse = forward.try_slice(0, q_len, q_len + rows)?;
