@@ -335,3 +335,50 @@ fn bad_gradient_slices_are_errors_naming_the_capture() {
         .to_string();
     assert!(err.contains("dcaptures"), "{err}");
 }
+
+#[test]
+fn bf16_inputs_get_the_f32_gradients_of_their_values_rounded_once() {
+    use half::bf16;
+    use uopc_kernels::sdpa::{SdpaBackwardHalf, SdpaDType};
+    let mut rng = Rng(27);
+    let c = config(1, 4, 2, 37, 53, 16);
+    let mods = support::alibi_causal(4, c.causal_offset());
+    let round = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<bf16>>();
+    let (q, k, v, d_o) = (
+        round(rng.values(c.q_len())),
+        round(rng.values(c.kv_len())),
+        round(rng.values(c.kv_len())),
+        round(rng.values(c.q_len())),
+    );
+    let slopes = [0.5f32, -0.25, 0.125, 0.3];
+    let captures = [CaptureValues::F32(&slopes)];
+    let extras = Extras { captures: &captures, ..Extras::default() };
+    let half = SdpaBackwardHalf::compile_flex(&SdpaConfig { dtype: SdpaDType::BF16, ..c }, &mods).unwrap();
+    let (mut dq, mut dk, mut dv) =
+        (vec![bf16::NAN; c.q_len()], vec![bf16::NAN; c.kv_len()], vec![bf16::NAN; c.kv_len()]);
+    let mut dslopes = vec![f32::NAN; 4];
+    half.gradients_with_capture_grads(
+        [&q, &k, &v],
+        &d_o,
+        extras,
+        [&mut dq, &mut dk, &mut dv],
+        &mut [&mut dslopes],
+    )
+    .unwrap();
+    // The f32 flex backward on the widened values, rounded once: the same bits.
+    let wide = |x: &[bf16]| x.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
+    let b = SdpaBackward::compile_flex(&c, &mods).unwrap();
+    let (q, k, v, d_o) = (wide(&q), wide(&k), wide(&v), wide(&d_o));
+    let (mut out, mut lse) = (vec![0.0; c.q_len()], vec![0.0; b.lse_len()]);
+    b.forward(&q, &k, &v, extras, &mut out, &mut lse).unwrap();
+    let (mut gq, mut gk, mut gv) = (vec![0.0; c.q_len()], vec![0.0; c.kv_len()], vec![0.0; c.kv_len()]);
+    let mut gslopes = vec![0.0f32; 4];
+    let saved = ForwardSaved { q: &q, k: &k, v: &v, o: &out, lse: &lse };
+    b.run_with_capture_grads(saved, &d_o, extras, [&mut gq, &mut gk, &mut gv], &mut [&mut gslopes]).unwrap();
+    assert_eq!(dq, round(gq));
+    assert_eq!(dk, round(gk));
+    assert_eq!(dv, round(gv));
+    assert_eq!(dslopes, gslopes);
+    // The f32 configuration is SdpaBackward's.
+    assert!(SdpaBackwardHalf::compile_flex(&c, &mods).is_err());
+}

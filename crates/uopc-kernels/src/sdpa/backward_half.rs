@@ -7,13 +7,16 @@
 //! 16-bit type (a relative `2^-8` for bf16, `2^-11` for f16) on top of the f32 backward's own
 //! error. The forward is recomputed in f32 for the output and log-sum-exp the backward needs
 //! (rather than reading back a 16-bit output, whose rounding would make `Delta = dO · O`
-//! disagree with the recomputed probabilities).
+//! disagree with the recomputed probabilities). Attention with a score function, a mask
+//! function and sinks ([`SdpaBackwardHalf::compile_flex`]) runs the f32 flex backward the same
+//! way, and its float captures' gradients stay f32.
 
 use half::{bf16, f16};
 use uopc_jit::JitError;
 
 use super::{
-    Extras, ForwardSaved, SdpaBackward, SdpaConfig, SdpaDType, SdpaElement, SdpaError, Values, ValuesMut,
+    AttentionMods, Extras, ForwardSaved, SdpaBackward, SdpaConfig, SdpaDType, SdpaElement, SdpaError, Values,
+    ValuesMut,
 };
 
 /// A compiled backward for a bf16 or f16 [`SdpaConfig`]: its f32 twin (the same configuration
@@ -33,15 +36,20 @@ impl SdpaBackwardHalf {
     /// [`SdpaError::Jit`] when `config.dtype` is f32 (that is [`SdpaBackward`]'s); the errors of
     /// [`SdpaBackward::compile`] for the twin.
     pub fn compile(config: &SdpaConfig) -> Result<SdpaBackwardHalf, SdpaError> {
-        if config.dtype == SdpaDType::F32 {
-            return Err(JitError::Unsupported(
-                "sdpa backward: SdpaBackwardHalf takes bf16 or f16 configurations; an f32 one is \
-                 SdpaBackward's"
-                    .into(),
-            )
-            .into());
-        }
-        let wide = SdpaBackward::compile(&SdpaConfig { dtype: SdpaDType::F32, ..*config })?;
+        let wide = SdpaBackward::compile(&f32_twin(config)?)?;
+        Ok(SdpaBackwardHalf { config: *config, wide })
+    }
+
+    /// [`SdpaBackwardHalf::compile`] for attention with a score function, a mask function
+    /// and sinks: the f32 twin is [`SdpaBackward::compile_flex`]'s, and
+    /// [`SdpaBackwardHalf::gradients_with_capture_grads`] also gives the float captures'
+    /// gradients.
+    ///
+    /// # Errors
+    ///
+    /// As [`SdpaBackwardHalf::compile`], with the errors of [`SdpaBackward::compile_flex`].
+    pub fn compile_flex(config: &SdpaConfig, mods: &AttentionMods) -> Result<SdpaBackwardHalf, SdpaError> {
+        let wide = SdpaBackward::compile_flex(&f32_twin(config)?, mods)?;
         Ok(SdpaBackwardHalf { config: *config, wide })
     }
 
@@ -69,11 +77,46 @@ impl SdpaBackwardHalf {
     /// written when one is returned.
     pub fn gradients<T: SdpaElement>(
         &self,
+        qkv: [&[T]; 3],
+        d_o: &[T],
+        extras: Extras<'_>,
+        grads: [&mut [T]; 3],
+        dbias: Option<&mut [f32]>,
+    ) -> Result<(), SdpaError> {
+        let extra = match dbias {
+            Some(d) => Extra::Bias(d),
+            None => Extra::None,
+        };
+        self.gradients_inner(qkv, d_o, extras, grads, extra)
+    }
+
+    /// [`SdpaBackwardHalf::gradients`] of attention with mods ([`SdpaBackwardHalf::compile_flex`])
+    /// that also writes the f32 gradients of the float captures into `dcaptures`, as
+    /// [`SdpaBackward::run_with_capture_grads`] takes them.
+    ///
+    /// # Errors
+    ///
+    /// As [`SdpaBackwardHalf::gradients`]; the errors of
+    /// [`SdpaBackward::run_with_capture_grads`] (a backward without mods, a slice of the wrong
+    /// length).
+    pub fn gradients_with_capture_grads<T: SdpaElement>(
+        &self,
+        qkv: [&[T]; 3],
+        d_o: &[T],
+        extras: Extras<'_>,
+        grads: [&mut [T]; 3],
+        dcaptures: &mut [&mut [f32]],
+    ) -> Result<(), SdpaError> {
+        self.gradients_inner(qkv, d_o, extras, grads, Extra::Captures(dcaptures))
+    }
+
+    fn gradients_inner<T: SdpaElement>(
+        &self,
         [q, k, v]: [&[T]; 3],
         d_o: &[T],
         extras: Extras<'_>,
         [dq, dk, dv]: [&mut [T]; 3],
-        dbias: Option<&mut [f32]>,
+        extra: Extra<'_, '_>,
     ) -> Result<(), SdpaError> {
         let c = &self.config;
         if T::DTYPE != c.dtype {
@@ -100,17 +143,42 @@ impl SdpaBackwardHalf {
         self.wide.forward(&q, &k, &v, extras, &mut o, &mut lse)?;
         let saved = ForwardSaved { q: &q, k: &k, v: &v, o: &o, lse: &lse };
         let (mut gq, mut gk, mut gv) = (vec![0.0f32; q_len], vec![0.0f32; kv_len], vec![0.0f32; kv_len]);
-        match dbias {
-            Some(dbias) => {
-                self.wide.run_with_bias_grad(saved, &d_o, extras, [&mut gq, &mut gk, &mut gv], dbias)?
+        let targets = [&mut gq[..], &mut gk[..], &mut gv[..]];
+        match extra {
+            Extra::Bias(dbias) => self.wide.run_with_bias_grad(saved, &d_o, extras, targets, dbias)?,
+            Extra::Captures(d) => self.wide.run_with_capture_grads(saved, &d_o, extras, targets, d)?,
+            Extra::None => {
+                let [gq, gk, gv] = targets;
+                self.wide.run(saved, &d_o, extras, gq, gk, gv)?
             }
-            None => self.wide.run(saved, &d_o, extras, &mut gq, &mut gk, &mut gv)?,
         }
         round_into(&gq, T::values_mut(dq));
         round_into(&gk, T::values_mut(dk));
         round_into(&gv, T::values_mut(dv));
         Ok(())
     }
+}
+
+/// What a run writes besides dq, dk and dv.
+enum Extra<'a, 'b> {
+    None,
+    /// The f32 bias's gradient.
+    Bias(&'a mut [f32]),
+    /// The float captures' gradients.
+    Captures(&'a mut [&'b mut [f32]]),
+}
+
+/// `config` with dtype f32, for a 16-bit `config`.
+fn f32_twin(config: &SdpaConfig) -> Result<SdpaConfig, SdpaError> {
+    if config.dtype == SdpaDType::F32 {
+        return Err(JitError::Unsupported(
+            "sdpa backward: SdpaBackwardHalf takes bf16 or f16 configurations; an f32 one is \
+             SdpaBackward's"
+                .into(),
+        )
+        .into());
+    }
+    Ok(SdpaConfig { dtype: SdpaDType::F32, ..*config })
 }
 
 /// The values as f32, exactly.

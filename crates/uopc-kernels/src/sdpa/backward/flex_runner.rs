@@ -40,8 +40,9 @@ impl SdpaBackward {
     /// # Errors
     ///
     /// The errors of [`Sdpa::compile_flex`]; [`SdpaError::Capture`] for a score function
-    /// without a derivative; [`JitError::Unsupported`] for a 16-bit configuration or a
-    /// runtime KV length (decode has no backward).
+    /// without a derivative; [`JitError::Unsupported`] for a 16-bit configuration (whose
+    /// backward is [`SdpaBackwardHalf::compile_flex`](crate::sdpa::SdpaBackwardHalf::compile_flex))
+    /// or a runtime KV length (decode has no backward).
     pub fn compile_flex(config: &SdpaConfig, mods: &AttentionMods) -> Result<SdpaBackward, SdpaError> {
         let (config, mods) = checked_and_rewritten(config, mods)?;
         // A mask that bounds the keys gets the causal shape's blocks, as the forward does.
