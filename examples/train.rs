@@ -5,7 +5,6 @@
 
 use clap::Parser;
 use std::path::PathBuf;
-use uopc::Tensor;
 use uopc::models::CausalLm;
 use uopc::optim::AdamW;
 
@@ -34,16 +33,8 @@ fn main() -> uopc::Result<()> {
     for step in 0..args.steps {
         let start = std::time::Instant::now();
         let sequences: Vec<&[u32]> = batch.iter().map(Vec::as_slice).collect();
-        let loss = model.loss_batch(&sequences)?;
-        let leaves = model.leaves();
-        let refs: Vec<&Tensor> = leaves.iter().collect();
-        let grads = uopc::tensor::gradient(&loss, &refs)?;
-        // The loss and the gradients in one realize: they share the forward pass.
-        let mut wanted = vec![&loss];
-        wanted.extend(&grads);
-        let (done, _) = uopc::tensor::realize(&wanted, &Default::default())?;
-        let value = done[0].item()?;
-        model = model.with_leaves(&opt.step(&leaves, &done[1..])?)?;
+        let (next, value) = model.train_step(&sequences, &mut opt)?;
+        model = next;
         println!("step {step:>3}  loss {value:.4}  ({:.0} ms)", start.elapsed().as_secs_f64() * 1e3);
     }
     if let Some(out) = &args.out {

@@ -189,3 +189,29 @@ impl Sgd {
         })
     }
 }
+
+/// An optimizer: the new values of a list of parameters from their gradients, keeping its
+/// own state per parameter position. [`AdamW`] and [`Sgd`] are two;
+/// [`CausalLm::train_step`](crate::models::CausalLm::train_step) takes any.
+pub trait Optimizer {
+    /// One step: the new values of `params` from `grads` (same order, same shapes, every
+    /// step).
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::Shape`] when the counts or shapes do not pair up; the errors of
+    /// computing the tensors.
+    fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>, TensorError>;
+}
+
+impl Optimizer for AdamW {
+    fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>, TensorError> {
+        AdamW::step(self, params, grads)
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>, TensorError> {
+        Sgd::step(self, params, grads)
+    }
+}

@@ -1,9 +1,11 @@
 //! The forward pass as one differentiable graph (no cache): what a training step runs, with
-//! the loss of next-token prediction and the checkpoint's parameters to differentiate.
+//! the loss of next-token prediction, the checkpoint's parameters to differentiate and the
+//! step itself.
 
 use super::layers::rotary_frequencies;
 use super::model::Parameter;
 use super::{Architecture, CausalLm, ModelError};
+use crate::optim::Optimizer;
 use uopc_kernels::sdpa::scaled_dot_product_attention;
 use uopc_tensor::Tensor;
 
@@ -108,6 +110,45 @@ impl CausalLm {
         let targets: Vec<usize> = sequences.iter().flat_map(|s| s[1..].iter().map(|&t| t as usize)).collect();
         let predicted = logits.try_reshape(&[b, n, vocab])?.try_slice(1, 0, n - 1)?;
         Ok(predicted.try_reshape(&[b * (n - 1), vocab])?.try_cross_entropy(&targets)?)
+    }
+
+    /// One training step on a batch of equal-length sequences: the loss
+    /// ([`CausalLm::loss_batch`]) and its gradients with respect to every leaf, computed
+    /// together in one realize (they share the forward pass), then `optimizer`'s update.
+    /// Returns the updated model ([`CausalLm::with_leaves`]) and the loss before the step.
+    ///
+    /// ```rust,no_run
+    /// use uopc::models::CausalLm;
+    /// use uopc::optim::AdamW;
+    ///
+    /// let mut model = CausalLm::load(std::path::Path::new("checkpoint"))?;
+    /// let mut opt = AdamW::new(1e-4);
+    /// let batch: [&[u32]; 2] = [&[1, 2, 3, 4], &[5, 6, 7, 8]];
+    /// for _ in 0..10 {
+    ///     let (next, loss) = model.train_step(&batch, &mut opt)?;
+    ///     println!("loss {loss}");
+    ///     model = next;
+    /// }
+    /// # Ok::<(), uopc::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`CausalLm::loss_batch`]; the errors of the optimizer's step and of
+    /// [`CausalLm::with_leaves`].
+    pub fn train_step(
+        &self,
+        sequences: &[&[u32]],
+        optimizer: &mut impl Optimizer,
+    ) -> Result<(CausalLm, f32), ModelError> {
+        let loss = self.loss_batch(sequences)?;
+        let leaves = self.leaves();
+        let grads = uopc_tensor::gradient(&loss, &leaves.iter().collect::<Vec<_>>())?;
+        let mut wanted = vec![&loss];
+        wanted.extend(&grads);
+        let (done, _) = uopc_tensor::realize(&wanted, &uopc_tensor::RealizeOptions::default())?;
+        let value = done[0].item()?;
+        Ok((self.with_leaves(&optimizer.step(&leaves, &done[1..])?)?, value))
     }
 }
 

@@ -1,5 +1,6 @@
-//! Training a loaded model: the optimizers against their formulas, a fine-tuning run whose
-//! loss falls, and a saved checkpoint that loads back to the same model.
+//! Training a loaded model: the optimizers against their formulas, a training step against its
+//! parts, a fine-tuning run whose loss falls, and a saved checkpoint that loads back to the
+//! same model.
 
 use std::path::Path;
 use uopc::Tensor;
@@ -147,4 +148,28 @@ fn batch_loss_is_the_mean_over_its_sequences(name: &str) {
         Err(uopc::models::ModelError::Input(msg)) => assert!(msg.contains("one length"), "{msg}"),
         other => panic!("sequences of two lengths: {other:?}"),
     }
+}
+
+#[test]
+fn a_train_step_is_the_loss_its_gradients_and_the_optimizers_update() {
+    let model = CausalLm::load(&fixture_dir("gpt2_tiny")).unwrap();
+    let batch: [&[u32]; 2] = [&[1, 5, 9, 2, 7, 3], &[4, 4, 8, 1, 0, 6]];
+    // By hand: the loss, its gradients, the update.
+    let loss = model.loss_batch(&batch).unwrap();
+    let leaves = model.leaves();
+    let grads = uopc::tensor::gradient(&loss, &leaves.iter().collect::<Vec<_>>()).unwrap();
+    let values = |ts: &[Tensor]| -> Vec<Vec<f32>> {
+        ts.iter().map(|t| t.to_ndarray::<f32>().unwrap().iter().copied().collect()).collect()
+    };
+    for momentum in [0.0f32, 0.9] {
+        let want = Sgd::new(0.05, momentum).step(&leaves, &grads).unwrap();
+        let (next, value) = model.train_step(&batch, &mut Sgd::new(0.05, momentum)).unwrap();
+        assert_eq!(value, loss.item().unwrap());
+        assert_eq!(values(&next.leaves()), values(&want), "momentum {momentum}");
+    }
+    let want = AdamW::new(1e-3).step(&leaves, &grads).unwrap();
+    let (next, _) = model.train_step(&batch, &mut AdamW::new(1e-3)).unwrap();
+    assert_eq!(values(&next.leaves()), values(&want));
+    // Sequences of two lengths are the loss's error.
+    assert!(model.train_step(&[&[1, 2, 3], &[1, 2]], &mut AdamW::new(1e-3)).is_err());
 }

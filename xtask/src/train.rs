@@ -7,7 +7,6 @@ use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
-use uopc::Tensor;
 use uopc::models::{CausalLm, ModelError};
 use uopc::optim::AdamW;
 
@@ -19,19 +18,6 @@ pub struct Steps {
     pub tokens: usize,
     /// Steps per model; the first is cold (the process's first, compiles included).
     pub steps: usize,
-}
-
-/// One AdamW step of `model` on `batch`: the loss and its gradients in one realize, then the
-/// update. Returns the new model and the loss before the step.
-fn step(model: &CausalLm, opt: &mut AdamW, batch: &[&[u32]]) -> Result<(CausalLm, f32), ModelError> {
-    let loss = model.loss_batch(batch)?;
-    let leaves = model.leaves();
-    let grads = uopc::tensor::gradient(&loss, &leaves.iter().collect::<Vec<_>>())?;
-    let mut wanted: Vec<&Tensor> = vec![&loss];
-    wanted.extend(&grads);
-    let (done, _) = uopc::tensor::realize(&wanted, &Default::default())?;
-    let value = done[0].item()?;
-    Ok((model.with_leaves(&opt.step(&leaves, &done[1..])?)?, value))
 }
 
 /// Runs `steps.steps` AdamW steps (learning rate 1e-4) on each model over seeded token ids;
@@ -63,7 +49,7 @@ pub fn run(models: Vec<PathBuf>, steps: &Steps, json: Option<&Path>) -> ExitCode
             let (mut times, mut losses) = (Vec::new(), Vec::new());
             for _ in 0..count {
                 let start = Instant::now();
-                let (next, loss) = step(&model, &mut opt, &refs)?;
+                let (next, loss) = model.train_step(&refs, &mut opt)?;
                 times.push(start.elapsed().as_secs_f64() * 1e3);
                 losses.push(loss);
                 model = next;
