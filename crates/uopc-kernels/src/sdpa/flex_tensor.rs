@@ -6,7 +6,7 @@
 
 use super::backward::flex_backward_for_graph;
 use super::flex::CaptureReads;
-use super::forward::{capture_out_of_bounds, causal_equivalent, check_flex, flex_blocking};
+use super::forward::{capture_out_of_bounds, causal_equivalent, check_flex, describe_mods, flex_blocking};
 use super::kernel::{PlanMode, sdpa_flex_ir_with_lse};
 use super::tensor::{config_of, renumber_slots};
 use super::{AttentionMods, Blocking, SdpaConfig, SdpaDType, SdpaError, sdpa_flex_ir, sdpa_flex_plan_ir};
@@ -26,7 +26,8 @@ use uopc_tensor::{CustomVjpWanted, Tensor, TensorError};
 /// takes them (f32, bf16 or f16; grouped-query heads). Blocks the mask's key bounds exclude
 /// are skipped; a mask without exact bounds (document ids) gets a block plan counted by a
 /// kernel node of its own on every run. A mask that is exactly the causal mask runs the
-/// causal kernel.
+/// causal kernel. At `UOPC_DEBUG` level 1 or more the build prints the node's configuration,
+/// blocks and what the mods compile into (which key blocks are skipped, and why) to stderr.
 ///
 /// The gradient (through [`uopc_tensor::gradient`]) runs the flex backward as kernel nodes:
 /// dq, dk and dv through the score function's derivative and the mask, and, only when a float
@@ -57,6 +58,17 @@ pub fn flex_attention(
         None => (config, mods.clone()),
     };
     let flex = FlexGraph { config, reads: CaptureReads::of(&mods), mods };
+    if uopc_tensor::debug_level() >= 1 {
+        let b = flex.blocking(&flex.config);
+        eprintln!(
+            "sdpa flex node: {}; tasks of {} head(s) x {} queries, keys in blocks of {}; {}",
+            flex.config,
+            b.heads_per_task,
+            b.queries,
+            b.keys,
+            describe_mods(&flex.mods)
+        );
+    }
     let all: Vec<Tensor> = captures.iter().map(|&c| c.clone()).collect();
     // An f32 node also writes the rows' log-sum-exp, so its gradient reads the forward's
     // output and lse instead of running the forward again; a 16-bit one's gradient runs the

@@ -396,7 +396,7 @@ const BAND_ROWS: usize = 64;
 
 /// What mods compile into, for [`Sdpa`]'s `Display`: the functions, the sinks, and which key
 /// blocks the mask lets the kernel skip or run unmasked, and why.
-fn describe_mods(mods: &AttentionMods) -> String {
+pub(crate) fn describe_mods(mods: &AttentionMods) -> String {
     let mut parts = Vec::new();
     if mods.has_score() {
         parts.push("a score function".to_string());
