@@ -15,14 +15,16 @@ named parameters.
 Then it gives `llama_tiny_gqa` a character-level tokenizer (tokenizer.json, with a
 beginning-of-sequence token added to every input as Llama's is) and records in text.json what
 transformers makes of a text prompt: its token ids and the text of a greedy continuation.
-`--text` does only that, on the saved model.
+`--text` does only that, on the saved model; `--only=NAME,NAME` builds only the fixtures named.
 """
 import json
 import os
 import sys
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+)
 
 PROMPTS = [[3, 17, 42, 5, 60, 11, 9, 33, 2, 48, 71, 14], [88, 1, 23]]
 NEW_TOKENS = 32
@@ -60,12 +62,26 @@ CONFIGS = {
         ["model.layers.2.self_attn.q_proj.bias", "model.layers.0.self_attn.o_proj.weight",
          "model.embed_tokens.weight", "model.layers.1.input_layernorm.weight"],
     ),
+    # A sliding window shorter than the longer prompt and the continuation.
+    "mistral_tiny_window": (
+        MistralForCausalLM,
+        MistralConfig(
+            vocab_size=95, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+            rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2,
+            sliding_window=5, bos_token_id=1, eos_token_id=2,
+        ),
+        ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight", "lm_head.weight",
+         "model.layers.0.post_attention_layernorm.weight"],
+    ),
 }
 
 
-def main(out_dir):
+def main(out_dir, only=None):
     torch.manual_seed(0)
     for name, (cls, config, grad_names) in CONFIGS.items():
+        if only and name not in only:
+            continue
         torch.manual_seed(1)
         model = cls(config).float().eval()
         # Norm weights away from 1 so a wrong scale shows.
@@ -133,6 +149,9 @@ def text_fixture(out_dir):
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     out = args[0] if args else "tests/fixtures/models"
+    # `--only NAME,NAME`: build only those fixtures (and not the text one).
+    only = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--only=")), None)
     if "--text" not in sys.argv:
-        main(out)
-    text_fixture(out)
+        main(out, only)
+    if only is None:
+        text_fixture(out)

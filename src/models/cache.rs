@@ -4,8 +4,13 @@
 
 use super::{ModelConfig, ModelError};
 use half::bf16;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use uopc_ir::DType;
-use uopc_kernels::sdpa::{Extras, Layout, SdpaConfig, SdpaDType, compiled};
+use uopc_ir::idx;
+use uopc_kernels::sdpa::{
+    AttentionMods, CaptureValues, Extras, Layout, Sdpa, SdpaConfig, SdpaDType, SdpaError, compiled,
+};
 
 /// The keys and values of one sequence, per layer, `(capacity, kv_heads, head_dim)` each
 /// (the layout a fused QKV projection's rows give, appended in place), in f32 or bf16
@@ -119,15 +124,29 @@ impl KvCache {
             runtime_kv_length: true,
             ..SdpaConfig::new(1, h, tokens, self.capacity, d)
         };
-        let extras = Extras { kv_length: Some(self.len + tokens), ..Extras::default() };
+        // With a sliding window the kernel reads the absolute position of the first new
+        // token, so one compile serves every step.
+        let first = [self.len as i32];
+        let captures = [CaptureValues::I32(&first)];
+        let extras = Extras {
+            kv_length: Some(self.len + tokens),
+            captures: if config.sliding_window.is_some() { &captures } else { &[] },
+            ..Extras::default()
+        };
+        let kernel = |c: SdpaConfig| -> Result<Arc<Sdpa>, SdpaError> {
+            match config.sliding_window {
+                Some(window) => windowed(&c, window),
+                None => compiled(&c),
+            }
+        };
         let mut out = vec![0.0f32; tokens * h * d];
         match (&*keys, &*values) {
-            (Rows::F32(k), Rows::F32(v)) => compiled(&sdpa_config)?.run(&q, k, v, extras, &mut out)?,
+            (Rows::F32(k), Rows::F32(v)) => kernel(sdpa_config)?.run(&q, k, v, extras, &mut out)?,
             (Rows::Bf16(k), Rows::Bf16(v)) => {
                 let config = SdpaConfig { dtype: SdpaDType::BF16, ..sdpa_config };
                 let q: Vec<bf16> = q.iter().map(|&x| bf16::from_f32(x)).collect();
                 let mut wide = vec![bf16::ZERO; out.len()];
-                compiled(&config)?.run(&q, k, v, extras, &mut wide)?;
+                kernel(config)?.run(&q, k, v, extras, &mut wide)?;
                 for (o, w) in out.iter_mut().zip(&wide) {
                     *o = w.to_f32();
                 }
@@ -155,4 +174,29 @@ impl Rows {
             }
         }
     }
+}
+
+/// The causal attention of `config` (as [`KvCache::attend`] builds it: causal, BNHD, a
+/// runtime KV length) under a sliding window of `window` keys, compiled once per process for
+/// each shape: the mask function `first + q - kv < window`, where `first` (captured, I32
+/// `[1]`) is the absolute position of the first query row.
+fn windowed(config: &SdpaConfig, window: usize) -> Result<Arc<Sdpa>, SdpaError> {
+    /// What tells apart the configurations `attend` builds, with the window.
+    type Key = ([usize; 7], SdpaDType);
+    static KERNELS: Mutex<Option<HashMap<Key, Arc<Sdpa>>>> = Mutex::new(None);
+    let c = config;
+    let key = ([c.batch, c.heads, c.kv_heads, c.n_q, c.n_k, c.d, window], c.dtype);
+    let known = KERNELS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|k| k.get(&key).cloned());
+    if let Some(kernel) = known {
+        return Ok(kernel);
+    }
+    let mut mods = AttentionMods::new();
+    let first = mods.capture("first_position", &[1], DType::I32);
+    let mods = mods.mask(move |x| {
+        let at = x.load(first, &[idx(0)]).cast(DType::INDEX);
+        (at + &x.q - &x.kv).lt(window as i64)
+    });
+    let kernel = Arc::new(Sdpa::compile_flex(config, &mods)?);
+    let mut kept = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(kept.get_or_insert_with(HashMap::new).entry(key).or_insert(kernel).clone())
 }

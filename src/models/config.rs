@@ -12,7 +12,8 @@ pub enum Architecture {
     /// `(in, out)`, tied embeddings.
     Gpt2,
     /// `LlamaForCausalLM` (and configurations with its fields: SmolLM, TinyLlama, Qwen2-style
-    /// biases on the projections): rotary positions, RMSNorm, SwiGLU MLP, grouped-query heads.
+    /// biases on the projections; `MistralForCausalLM`, with [`ModelConfig::sliding_window`]):
+    /// rotary positions, RMSNorm, SwiGLU MLP, grouped-query heads.
     Llama,
 }
 
@@ -49,6 +50,9 @@ pub struct ModelConfig {
     pub o_bias: bool,
     /// Tokens that end a generation, when the config names them.
     pub eos_token_ids: Vec<u32>,
+    /// Keys each query sees at most, itself included (Mistral's `sliding_window`): query `p`
+    /// attends to keys `p - w + 1 ..= p`. `None`: every earlier key.
+    pub sliding_window: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +89,8 @@ struct Raw {
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
     eos_token_id: Option<serde_json::Value>,
+    /// Mistral: an integer, or null for none.
+    sliding_window: Option<serde_json::Value>,
 }
 
 impl ModelConfig {
@@ -115,7 +121,7 @@ impl ModelConfig {
             Some("LlamaForCausalLM" | "llama" | "MistralForCausalLM" | "mistral") => Architecture::Llama,
             Some(other) => {
                 return Err(ModelError::Config(format!(
-                    "architecture `{other}` is not supported (GPT2LMHeadModel or LlamaForCausalLM)"
+                    "architecture `{other}` is not supported (GPT2LMHeadModel, LlamaForCausalLM or MistralForCausalLM)"
                 )));
             }
             None => return Err(ModelError::Config("config.json names no architecture or model_type".into())),
@@ -165,6 +171,7 @@ impl ModelConfig {
                     qkv_bias: true,
                     o_bias: true,
                     eos_token_ids,
+                    sliding_window: None,
                 }
             }
             Architecture::Llama => {
@@ -196,6 +203,7 @@ impl ModelConfig {
                 let hidden = need(raw.hidden_size, "hidden_size")?;
                 let heads = need(raw.num_attention_heads, "num_attention_heads")?;
                 let bias = raw.attention_bias.unwrap_or(false);
+                let sliding_window = sliding_window(raw.sliding_window.as_ref())?;
                 ModelConfig {
                     architecture,
                     vocab_size: need(raw.vocab_size, "vocab_size")?,
@@ -212,6 +220,7 @@ impl ModelConfig {
                     qkv_bias: bias,
                     o_bias: bias,
                     eos_token_ids,
+                    sliding_window,
                 }
             }
         };
@@ -246,5 +255,18 @@ impl ModelConfig {
             )));
         }
         Ok(())
+    }
+}
+
+/// `config.json`'s `sliding_window`: a positive integer, or null (or absent) for none.
+fn sliding_window(value: Option<&serde_json::Value>) -> Result<Option<usize>, ModelError> {
+    match value.filter(|w| !w.is_null()) {
+        None => Ok(None),
+        Some(w) => match w.as_u64() {
+            Some(w) if w > 0 => Ok(Some(w as usize)),
+            _ => Err(ModelError::Config(format!(
+                "config.json: sliding_window `{w}` is not a positive integer or null"
+            ))),
+        },
     }
 }

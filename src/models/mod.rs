@@ -1,6 +1,6 @@
 //! Language models from Hugging Face checkpoints: GPT-2 (`GPT2LMHeadModel`) and Llama
 //! (`LlamaForCausalLM`, grouped-query heads; SmolLM, TinyLlama and Qwen2-style configurations
-//! with its fields) loaded from a directory's `config.json` and `.safetensors` files, run on
+//! with its fields; `MistralForCausalLM` with its sliding window) loaded from a directory's `config.json` and `.safetensors` files, run on
 //! the Tensor API, with a KV cache and the runtime-length attention kernel for generation.
 //!
 //! ```no_run

@@ -6,7 +6,7 @@ use super::layers::rotary_frequencies;
 use super::model::Parameter;
 use super::{Architecture, CausalLm, ModelError};
 use crate::optim::Optimizer;
-use uopc_kernels::sdpa::scaled_dot_product_attention;
+use uopc_kernels::sdpa::{AttentionMods, flex_attention, scaled_dot_product_attention};
 use uopc_tensor::Tensor;
 
 impl CausalLm {
@@ -70,12 +70,18 @@ impl CausalLm {
                 };
                 Ok(t.try_permute(&[0, 2, 1, 3])?)
             };
+        let window =
+            c.sliding_window.map(|w| AttentionMods::new().mask(move |x| (&x.q - &x.kv).lt(w as i64)));
         for block in &self.blocks {
             let qkv = block.qkv.forward(&block.attn_norm.forward(&x)?)?;
             let q = heads_of(&qkv, 0, h, true)?;
             let k = heads_of(&qkv, h * hd, hkv, true)?;
             let v = heads_of(&qkv, (h + hkv) * hd, hkv, false)?;
-            let o = scaled_dot_product_attention(&q, &k, &v, None, true, None)?;
+            let o = match &window {
+                // Each query sees its last `w` keys (itself included): the flex kernel.
+                Some(mods) => flex_attention(&q, &k, &v, mods, &[], true, None)?,
+                None => scaled_dot_product_attention(&q, &k, &v, None, true, None)?,
+            };
             let o = o.try_permute(&[0, 2, 1, 3])?.try_reshape(&[b * n, h * hd])?;
             x = x.try_add(&block.out.forward(&o)?)?.staged();
             x = x.try_add(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?.staged();

@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 use uopc::models::{CausalLm, GenerateOptions, Logits, ModelError, Sampling};
 
-const FIXTURES: [&str; 3] = ["gpt2_tiny", "llama_tiny_gqa", "llama_tiny_mqa_tied_bias"];
+const FIXTURES: [&str; 4] =
+    ["gpt2_tiny", "llama_tiny_gqa", "llama_tiny_mqa_tied_bias", "mistral_tiny_window"];
 
 fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
@@ -577,4 +578,41 @@ fn bf16_activations_round_only_long_products_where_the_machine_multiplies_bf16()
         assert!(worst > 0.0, "{name}: the long prompt's products were not rounded");
         assert!(worst <= scale / 16.0, "{name}: {worst} against logits up to {scale}");
     }
+}
+
+#[test]
+fn a_sliding_window_is_read_from_the_config_and_decides_the_logits() {
+    let name = "mistral_tiny_window";
+    let model = CausalLm::load(&fixture_dir(name)).unwrap();
+    assert_eq!(model.config().sliding_window, Some(5));
+    let prompt = &expected(name).prompts[0];
+    assert!(prompt.len() > 5, "the prompt reaches past the window");
+    let windowed = rows(&model.forward(prompt, &mut model.new_cache(prompt.len()), Logits::All).unwrap());
+    // The same weights with every earlier key seen: the first five positions agree (their keys
+    // all lie in the window), the later ones do not.
+    let unbounded_dir = edited(name, "no_window", |dir| {
+        let path = dir.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        config["sliding_window"] = serde_json::Value::Null;
+        std::fs::write(&path, config.to_string()).unwrap();
+    });
+    let unbounded = CausalLm::load(&unbounded_dir).unwrap();
+    assert_eq!(unbounded.config().sliding_window, None);
+    let all = rows(&unbounded.forward(prompt, &mut unbounded.new_cache(prompt.len()), Logits::All).unwrap());
+    let gap = |t: usize| windowed[t].iter().zip(&all[t]).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!((0..5).all(|t| gap(t) <= 1e-5), "{:?}", (0..5).map(gap).collect::<Vec<_>>());
+    assert!((5..prompt.len()).all(|t| gap(t) > 1e-3), "{:?}", (5..prompt.len()).map(gap).collect::<Vec<_>>());
+    // A window that is not a positive integer is an error naming it.
+    let bad = edited(name, "bad_window", |dir| {
+        let path = dir.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        config["sliding_window"] = serde_json::json!(0);
+        std::fs::write(&path, config.to_string()).unwrap();
+    });
+    let err = CausalLm::load(&bad).unwrap_err().to_string();
+    assert!(err.contains("sliding_window"), "{err}");
+    let _ = std::fs::remove_dir_all(&unbounded_dir);
+    let _ = std::fs::remove_dir_all(&bad);
 }
