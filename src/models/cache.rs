@@ -3,17 +3,18 @@
 //! capacity, never again as the cache grows).
 
 use super::{ModelConfig, ModelError};
-use half::bf16;
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use uopc_ir::DType;
-use uopc_ir::idx;
+use uopc_ir::{DType, idx};
 use uopc_kernels::sdpa::{
-    AttentionMods, CaptureValues, Extras, Layout, Sdpa, SdpaConfig, SdpaDType, SdpaError, compiled,
+    AttentionMods, CaptureValues, Extras, Layout, Sdpa, SdpaConfig, SdpaDType, SdpaElement, SdpaError,
+    compiled,
 };
 
 /// The keys and values of one sequence, per layer, `(capacity, kv_heads, head_dim)` each
-/// (the layout a fused QKV projection's rows give, appended in place), in f32 or bf16
+/// (the layout a fused QKV projection's rows give, appended in place), in f32, bf16 or f16
 /// ([`KvCache::dtype`]).
 #[derive(Clone, Debug)]
 pub struct KvCache {
@@ -29,22 +30,36 @@ pub struct KvCache {
 enum Rows {
     F32(Vec<f32>),
     Bf16(Vec<bf16>),
+    F16(Vec<f16>),
 }
 
 impl KvCache {
     /// An empty f32 cache for `capacity` tokens of a model of `config`.
     pub fn new(config: &ModelConfig, capacity: usize) -> KvCache {
-        Self::with_dtype(config, capacity, DType::F32)
+        Self::empty(config, capacity, DType::F32)
     }
 
     /// An empty cache for `capacity` tokens of a model of `config` whose keys and values are
-    /// held in `dtype`: F32, or BF16 (rounded to nearest even as they are written; queries are
-    /// rounded likewise and attention runs the bf16 kernel, reading half the bytes, with f32
-    /// sums). Any other dtype is held as F32.
-    pub fn with_dtype(config: &ModelConfig, capacity: usize, dtype: DType) -> KvCache {
+    /// held in `dtype`: F32, or BF16 or F16 (rounded to nearest even as they are written;
+    /// queries are rounded likewise and attention runs the 16-bit kernel, reading half the
+    /// bytes, with f32 sums).
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Input`] naming `dtype` when it is not F32, BF16 or F16.
+    pub fn with_dtype(config: &ModelConfig, capacity: usize, dtype: DType) -> Result<KvCache, ModelError> {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(ModelError::Input(format!("a cache holds f32, bf16 or f16, not {dtype}")));
+        }
+        Ok(Self::empty(config, capacity, dtype))
+    }
+
+    /// [`KvCache::with_dtype`] of a dtype it takes (any other is held as F32).
+    pub(crate) fn empty(config: &ModelConfig, capacity: usize, dtype: DType) -> KvCache {
         let row = config.kv_heads * config.head_dim;
         let layer = || match dtype {
             DType::BF16 => Rows::Bf16(vec![bf16::ZERO; capacity * row]),
+            DType::F16 => Rows::F16(vec![f16::ZERO; capacity * row]),
             _ => Rows::F32(vec![0.0f32; capacity * row]),
         };
         KvCache {
@@ -60,6 +75,7 @@ impl KvCache {
     pub fn dtype(&self) -> DType {
         match self.keys.first() {
             Some(Rows::Bf16(_)) => DType::BF16,
+            Some(Rows::F16(_)) => DType::F16,
             _ => DType::F32,
         }
     }
@@ -143,13 +159,10 @@ impl KvCache {
         match (&*keys, &*values) {
             (Rows::F32(k), Rows::F32(v)) => kernel(sdpa_config)?.run(&q, k, v, extras, &mut out)?,
             (Rows::Bf16(k), Rows::Bf16(v)) => {
-                let config = SdpaConfig { dtype: SdpaDType::BF16, ..sdpa_config };
-                let q: Vec<bf16> = q.iter().map(|&x| bf16::from_f32(x)).collect();
-                let mut wide = vec![bf16::ZERO; out.len()];
-                kernel(config)?.run(&q, k, v, extras, &mut wide)?;
-                for (o, w) in out.iter_mut().zip(&wide) {
-                    *o = w.to_f32();
-                }
+                attend_16(&*kernel(sdpa_config_of(sdpa_config, k))?, &q, [k, v], extras, &mut out)?
+            }
+            (Rows::F16(k), Rows::F16(v)) => {
+                attend_16(&*kernel(sdpa_config_of(sdpa_config, k))?, &q, [k, v], extras, &mut out)?
             }
             _ => unreachable!("a cache's keys and values share a dtype"),
         }
@@ -167,13 +180,35 @@ impl Rows {
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             Rows::F32(rows) => rows[at..at + src.len()].copy_from_slice(src),
-            Rows::Bf16(rows) => {
-                for (r, &x) in rows[at..at + src.len()].iter_mut().zip(src) {
-                    *r = bf16::from_f32(x);
-                }
-            }
+            Rows::Bf16(rows) => rows[at..at + src.len()].convert_from_f32_slice(src),
+            Rows::F16(rows) => rows[at..at + src.len()].convert_from_f32_slice(src),
         }
     }
+}
+
+/// `config` in the dtype of the 16-bit rows `k`.
+fn sdpa_config_of<T: SdpaElement>(config: SdpaConfig, _k: &[T]) -> SdpaConfig {
+    SdpaConfig { dtype: T::DTYPE, ..config }
+}
+
+/// `out = attention(q, k, v)` by `kernel` over 16-bit keys and values: q rounded to their
+/// type, the output widened back.
+fn attend_16<T: SdpaElement + Copy + Default>(
+    kernel: &Sdpa,
+    q: &[f32],
+    [k, v]: [&[T]; 2],
+    extras: Extras<'_>,
+    out: &mut [f32],
+) -> Result<(), SdpaError>
+where
+    [T]: HalfFloatSliceExt,
+{
+    let mut q16 = vec![T::default(); q.len()];
+    q16.convert_from_f32_slice(q);
+    let mut wide = vec![T::default(); out.len()];
+    kernel.run(&q16, k, v, extras, &mut wide)?;
+    wide.convert_to_f32_slice(out);
+    Ok(())
 }
 
 /// The causal attention of `config` (as [`KvCache::attend`] builds it: causal, BNHD, a

@@ -171,7 +171,7 @@ impl CausalLm {
     /// the bytes), else in f32.
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         let dtype = if self.activations == Activations::Bf16 { DType::BF16 } else { DType::F32 };
-        KvCache::with_dtype(&self.config, capacity, dtype)
+        KvCache::empty(&self.config, capacity, dtype)
     }
 
     /// The logits `(tokens, vocab)` (or `(1, vocab)` with [`Logits::Last`]) of `tokens` that

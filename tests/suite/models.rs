@@ -616,3 +616,29 @@ fn a_sliding_window_is_read_from_the_config_and_decides_the_logits() {
     let _ = std::fs::remove_dir_all(&unbounded_dir);
     let _ = std::fs::remove_dir_all(&bad);
 }
+
+#[test]
+fn caches_of_each_16_bit_type_stay_within_their_rounding_of_the_f32_cache() {
+    use uopc::DType;
+    use uopc::models::KvCache;
+    let name = "llama_tiny_gqa";
+    let model = CausalLm::load(&fixture_dir(name)).unwrap();
+    let prompt = &expected(name).prompts[0];
+    let logits = |dtype: DType| {
+        let mut cache = KvCache::with_dtype(model.config(), prompt.len(), dtype).unwrap();
+        assert_eq!(cache.dtype(), dtype);
+        rows(&model.forward(prompt, &mut cache, Logits::All).unwrap())
+    };
+    let want = logits(DType::F32);
+    let scale = want.iter().flatten().fold(0.0f32, |m, v| m.max(v.abs()));
+    for dtype in [DType::BF16, DType::F16] {
+        let got = logits(dtype);
+        let worst =
+            got.iter().flatten().zip(want.iter().flatten()).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        // q, k and v rounded once (2^-9 or 2^-12 relative), through two layers: far below the
+        // logits' scale, where a misread cache would be off by the scale itself.
+        assert!(worst > 0.0 && worst <= scale / 16.0, "{dtype}: {worst} against logits up to {scale}");
+    }
+    let err = KvCache::with_dtype(model.config(), 4, DType::I32).unwrap_err().to_string();
+    assert!(err.contains("i32"), "{err}");
+}
