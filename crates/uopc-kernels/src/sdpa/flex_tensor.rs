@@ -8,7 +8,7 @@ use super::backward::flex_backward_for_graph;
 use super::flex::CaptureReads;
 use super::forward::{capture_out_of_bounds, causal_equivalent, check_flex, describe_mods, flex_blocking};
 use super::kernel::{PlanMode, sdpa_flex_ir_with_lse};
-use super::tensor::{config_of, renumber_slots};
+use super::tensor::{config_of, lse_and_delta, renumber_slots, shape_fault};
 use super::{AttentionMods, Blocking, SdpaConfig, SdpaDType, SdpaError, sdpa_flex_ir, sdpa_flex_plan_ir};
 use crate::LOG2E;
 use std::collections::HashSet;
@@ -113,11 +113,6 @@ fn verified(program: &UOp) -> Result<(), uopc_ir::IrError> {
     }
     set.insert(program.clone());
     Ok(())
-}
-
-/// A tensor error of building the nodes, as the error of the call.
-fn shape_fault(e: TensorError) -> SdpaError {
-    SdpaError::Shape { arg: "q", msg: e.to_string() }
 }
 
 /// Each capture against its declaration: their count, then each one's shape and dtype.
@@ -272,19 +267,12 @@ impl FlexGraph {
         let c = SdpaConfig { dtype: SdpaDType::F32, ..self.config };
         let wide = |t: &Tensor| if t.dtype() == DType::F32 { t.clone() } else { t.cast(DType::F32) };
         let (q, k, v, d_o) = (wide(&src[0]), wide(&src[1]), wide(&src[2]), wide(&d_o.detach()));
-        let (q_len, kv_len, rows) = (c.q_len(), c.kv_len(), c.batch * c.heads * c.n_q);
+        let (q_len, kv_len) = (c.q_len(), c.kv_len());
         let forward = match saved {
             Some(out) => out.detach(),
             None => self.attention_node(&c, [&q, &k, &v], &all, true).map_err(TensorError::from)?,
         };
-        let o = forward.try_slice(0, 0, q_len)?.try_reshape(&[rows, c.d])?;
-        let lse = forward.try_slice(0, q_len, q_len + rows)?;
-        // scale * Delta, Delta_i = dO_i . O_i: what the backward program takes.
-        let delta = d_o
-            .try_reshape(&[rows, c.d])?
-            .try_mul(&o)?
-            .try_sum(-1, false)?
-            .try_mul(&Tensor::full(&[], c.effective_scale()))?;
+        let (lse, delta) = lse_and_delta(&forward, &d_o, &c)?;
         let wanted_capture = |i: usize| position[i].is_some_and(|p| wanted.get(p).copied().unwrap_or(false));
         let capture_grads = (0..specs.len()).any(|i| self.reads.with_gradient[i] && wanted_capture(i));
         let fb = flex_backward_for_graph(&c, &self.mods, capture_grads).map_err(TensorError::from)?;

@@ -63,31 +63,31 @@ pub fn scaled_dot_product_attention(
     let blocking = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(&config, cores()) };
     let mut sources = vec![q, k, v];
     sources.extend(mask);
-    let fault = |e: TensorError| SdpaError::Shape { arg: "q", msg: e.to_string() };
     if config.dtype == SdpaDType::F32 {
         // The node also writes the rows' log-sum-exp: its gradient reads the forward's output
         // and lse instead of running the forward again.
         let (q_len, rows) = (config.q_len(), config.batch * config.heads * config.n_q);
         let program = sdpa_ir_output_last_with_lse(&config, &blocking);
         let node = Tensor::try_custom_parts("sdpa_flash_tile_ops", program, &sources, &[q_len, rows], None)
-            .map_err(fault)?;
+            .map_err(shape_fault)?;
         let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], out: &Tensor, g: &Tensor| {
             backward_nodes(&config, &blocking, src, &g.try_slice(0, 0, q_len)?, Some(out))
         });
-        let node = node.with_custom_vjp(rule).map_err(fault)?;
-        return node.try_slice(0, 0, q_len).and_then(|o| o.try_reshape(sq)).map_err(fault);
+        let node = node.with_custom_vjp(rule).map_err(shape_fault)?;
+        return node.try_slice(0, 0, q_len).and_then(|o| o.try_reshape(sq)).map_err(shape_fault);
     }
     // The reference graph of 16-bit inputs runs in f32 and rounds its result once, as the
     // kernel does.
     let wide = |t: &Tensor| t.cast(DType::F32);
-    let equivalent =
-        unfused(&wide(q), &wide(k), &wide(v), mask, &config).map(|o| o.cast(q.dtype())).map_err(fault)?;
+    let equivalent = unfused(&wide(q), &wide(k), &wide(v), mask, &config)
+        .map(|o| o.cast(q.dtype()))
+        .map_err(shape_fault)?;
     let program = sdpa_ir_output_last(&config, &blocking);
     let node = Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, q.dtype(), Some(equivalent))
-        .map_err(fault)?;
+        .map_err(shape_fault)?;
     let rule: Arc<CustomVjp> =
         Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| half_backward_nodes(&config, src, d_o));
-    node.with_custom_vjp(rule).map_err(fault)
+    node.with_custom_vjp(rule).map_err(shape_fault)
 }
 
 /// The configuration of attention of `q` over `k` and `v` (unvalidated, without a mask): the
@@ -163,15 +163,8 @@ fn backward_nodes(
             None,
         )?,
     };
-    let o = forward.try_slice(0, 0, q_len)?.try_reshape(&[rows, c.d])?;
-    let lse = forward.try_slice(0, q_len, q_len + rows)?;
-    // scale * Delta, Delta_i = dO_i . O_i: what the backward program takes.
     let d_o = d_o.detach();
-    let delta = d_o
-        .try_reshape(&[rows, c.d])?
-        .try_mul(&o)?
-        .try_sum(-1, false)?
-        .try_mul(&Tensor::full(&[], c.effective_scale()))?;
+    let (lse, delta) = lse_and_delta(&forward, &d_o, c)?;
     let mut bwd_sources = vec![q, k, v, &d_o, &lse, &delta];
     bwd_sources.extend(mask);
     // The program's slots are q, k, v, dO, lse, Delta, dq, dk, dv, mask; a node's are its
@@ -200,6 +193,30 @@ fn backward_nodes(
         (None, _) => {}
     }
     Ok(out)
+}
+
+/// The rows' log-sum-exp and `scale * Delta` (`Delta_i = dO_i . O_i`), what a backward
+/// program takes, from `forward` (the flat output and lse of a forward node of `c`) and the
+/// output's cotangent `d_o`.
+pub(super) fn lse_and_delta(
+    forward: &Tensor,
+    d_o: &Tensor,
+    c: &SdpaConfig,
+) -> Result<(Tensor, Tensor), TensorError> {
+    let (q_len, rows) = (c.q_len(), c.batch * c.heads * c.n_q);
+    let o = forward.try_slice(0, 0, q_len)?.try_reshape(&[rows, c.d])?;
+    let lse = forward.try_slice(0, q_len, q_len + rows)?;
+    let delta = d_o
+        .try_reshape(&[rows, c.d])?
+        .try_mul(&o)?
+        .try_sum(-1, false)?
+        .try_mul(&Tensor::full(&[], c.effective_scale()))?;
+    Ok((lse, delta))
+}
+
+/// A tensor error of building an attention's nodes, as the error of the call.
+pub(super) fn shape_fault(e: TensorError) -> SdpaError {
+    SdpaError::Shape { arg: "q", msg: e.to_string() }
 }
 
 /// The cotangents of 16-bit attention: [`backward_nodes`] of the f32 twin of `c` (its own

@@ -2,12 +2,12 @@
 //! key/value head), so dq, dk and dv are written in place and every host step of
 //! [`SdpaBackward`](super::SdpaBackward)'s run becomes a tensor op or a node of its own.
 
-use super::program::{BackwardKernel, Outputs, plan_blocking};
-use super::score_fn::{ScoreTiles, check_differentiable};
+use super::flex_runner::{counting_ir, counts_len, flex_backward_blocking, flex_tiles};
+use super::program::{BackwardKernel, Outputs};
+use super::score_fn::check_differentiable;
 use super::{BackwardBlocking, Geometry};
 use crate::sdpa::blocking::cores;
-use crate::sdpa::kernel::PlanMode;
-use crate::sdpa::{AttentionMods, SdpaConfig, SdpaError, sdpa_flex_plan_ir};
+use crate::sdpa::{AttentionMods, SdpaConfig, SdpaError};
 use uopc_ir::UOp;
 use uopc_jit::JitError;
 
@@ -18,7 +18,7 @@ pub(crate) struct FlexGraphBackward {
     /// Slots as [`sdpa_flex_backward_ir`](super::sdpa_flex_backward_ir) with `capture_grads`,
     /// in one chunk (dq, dk and dv are exactly the caller's).
     pub program: UOp,
-    /// The counting kernel ([`sdpa_flex_plan_ir`]) and the counts it writes.
+    /// The counting kernel ([`crate::sdpa::sdpa_flex_plan_ir`]) and the counts it writes.
     pub counts: Option<(UOp, usize)>,
     /// THREAD tasks: each float capture's gradient target holds one region per task.
     pub tasks: usize,
@@ -38,25 +38,14 @@ pub(crate) fn flex_backward_for_graph(
     capture_grads: bool,
 ) -> Result<FlexGraphBackward, SdpaError> {
     check_differentiable(mods)?;
-    let bounded = mods.mask_analysis().is_some_and(|m| m.bounds.is_bounded());
-    let shape = SdpaConfig { causal: config.causal || bounded, ..*config };
-    let tiles = 2 + ScoreTiles::of(mods).count();
-    let blocking = BackwardBlocking { chunks: 1, ..BackwardBlocking::choose(&shape, cores()) }
-        .with_tiles(config.d, tiles);
-    if !blocking.valid(config) || !blocking.fits(config.d, tiles) {
+    let blocking = BackwardBlocking { chunks: 1, ..flex_backward_blocking(config, mods, cores()) };
+    if !blocking.valid(config) || !blocking.fits(config.d, flex_tiles(mods)) {
         return Err(JitError::Unsupported(format!(
             "sdpa flex backward: no one-chunk blocking fits {config:?} ({blocking:?})"
         ))
         .into());
     }
-    let counts = match PlanMode::of(mods) {
-        PlanMode::Static => None,
-        mode @ PlanMode::Runtime { .. } => {
-            let plan = plan_blocking(config, &blocking);
-            let len = mode.units(config, &plan) * (config.n_k / blocking.keys);
-            Some((sdpa_flex_plan_ir(config, &plan, mods), len))
-        }
-    };
+    let counts = counting_ir(config, &blocking, mods).map(|ir| (ir, counts_len(config, &blocking, mods)));
     let outputs = Outputs { captures: capture_grads, ..Outputs::GRADS };
     let program = BackwardKernel::new(config, &blocking, outputs, Some(mods)).program();
     Ok(FlexGraphBackward { program, counts, tasks: Geometry::new(config, &blocking).tasks })

@@ -14,7 +14,7 @@ use crate::sdpa::kernel::count_pairs;
 use crate::sdpa::sdpa_flex_plan_ir;
 use crate::sdpa::{AttentionMods, CaptureValues, Extras, Sdpa, SdpaConfig, SdpaDType, SdpaError};
 use std::sync::{Mutex, OnceLock};
-use uopc_ir::DType;
+use uopc_ir::{DType, UOp};
 use uopc_jit::{JitError, Program};
 
 impl SdpaBackward {
@@ -22,11 +22,10 @@ impl SdpaBackward {
     /// for a mask without exact key bounds (see [`plan_blocking`]); `None` otherwise.
     pub(super) fn flex_counts(&self, extras: Extras<'_>) -> Result<Option<Vec<f32>>, SdpaError> {
         let Some(FlexParts { mods, plan: Some(program), reads, .. }) = &self.flex else { return Ok(None) };
-        let c = &self.config;
-        let units = PlanMode::of(mods).units(c, &plan_blocking(c, &self.blocking));
+        let len = counts_len(&self.config, &self.blocking, mods);
         // The backward has no runtime KV length: its counting kernel takes no variable.
         let extras = Extras { kv_length: None, ..extras };
-        Ok(Some(count_pairs(program, (mods, &reads.mask), extras, units * (c.n_k / self.blocking.keys))?))
+        Ok(Some(count_pairs(program, (mods, &reads.mask), extras, len)?))
     }
 
     /// The backward of [`Sdpa::compile_flex`]'s attention: [`SdpaBackward::forward`] runs the
@@ -45,11 +44,7 @@ impl SdpaBackward {
     /// or a runtime KV length (decode has no backward).
     pub fn compile_flex(config: &SdpaConfig, mods: &AttentionMods) -> Result<SdpaBackward, SdpaError> {
         let (config, mods) = checked_and_rewritten(config, mods)?;
-        // A mask that bounds the keys gets the causal shape's blocks, as the forward does.
-        let bounded = mods.mask_analysis().is_some_and(|m| m.bounds.is_bounded());
-        let shape = SdpaConfig { causal: config.causal || bounded, ..config };
-        let tiles = 2 + ScoreTiles::of(&mods).count();
-        let blocking = BackwardBlocking::choose(&shape, cores()).with_tiles(config.d, tiles);
+        let blocking = flex_backward_blocking(&config, &mods, cores());
         Self::compile_flex_prepared(&config, &mods, blocking)
     }
 
@@ -66,7 +61,7 @@ impl SdpaBackward {
         blocking: BackwardBlocking,
     ) -> Result<SdpaBackward, SdpaError> {
         let (config, mods) = checked_and_rewritten(config, mods)?;
-        if !blocking.valid(&config) || !blocking.fits(config.d, 2 + ScoreTiles::of(&mods).count()) {
+        if !blocking.valid(&config) || !blocking.fits(config.d, flex_tiles(&mods)) {
             return Err(JitError::Unsupported(format!(
                 "sdpa flex backward: blocking {blocking:?} does not fit {config:?}"
             ))
@@ -92,12 +87,9 @@ impl SdpaBackward {
         let (config, mods) = (*config, mods.clone());
         let forward = Sdpa::compile_flex_inner(&config, &mods, true)?;
         let ir = sdpa_flex_backward_ir(&config, &blocking, &mods, false)?;
-        let plan = match PlanMode::of(&mods) {
-            PlanMode::Static => None,
-            PlanMode::Runtime { .. } => Some(Program::compile(
-                &sdpa_flex_plan_ir(&config, &plan_blocking(&config, &blocking), &mods),
-                "sdpa_flex_backward_plan",
-            )?),
+        let plan = match counting_ir(&config, &blocking, &mods) {
+            None => None,
+            Some(ir) => Some(Program::compile(&ir, "sdpa_flex_backward_plan")?),
         };
         let program = Program::compile(&ir, "sdpa_flex_backward")?;
         let b = SdpaBackward {
@@ -217,6 +209,43 @@ impl SdpaBackward {
             target[h] -= (p * f64::from(dl) * unscale) as f32;
         }
     }
+}
+
+/// The backward's block sizes for attention with `mods` on `cores` cores: a mask that bounds
+/// the keys gets the causal shape's blocks, as the forward does, and the query blocks are
+/// short enough for the score function's tiles beside the score and gradient tiles.
+pub(super) fn flex_backward_blocking(
+    config: &SdpaConfig,
+    mods: &AttentionMods,
+    cores: usize,
+) -> BackwardBlocking {
+    let bounded = mods.mask_analysis().is_some_and(|m| m.bounds.is_bounded());
+    let shape = SdpaConfig { causal: config.causal || bounded, ..*config };
+    BackwardBlocking::choose(&shape, cores).with_tiles(config.d, flex_tiles(mods))
+}
+
+/// The `queries x keys` tiles of a flex backward task: the score and gradient tiles, and the
+/// score function's.
+pub(super) fn flex_tiles(mods: &AttentionMods) -> usize {
+    2 + ScoreTiles::of(mods).count()
+}
+
+/// The counting kernel the backward of `mods` with `blocking` reads (per (query block, key
+/// block) pair, see [`plan_blocking`]) when the mask has no exact key bounds; `None` otherwise.
+pub(super) fn counting_ir(
+    config: &SdpaConfig,
+    blocking: &BackwardBlocking,
+    mods: &AttentionMods,
+) -> Option<UOp> {
+    match PlanMode::of(mods) {
+        PlanMode::Static => None,
+        PlanMode::Runtime { .. } => Some(sdpa_flex_plan_ir(config, &plan_blocking(config, blocking), mods)),
+    }
+}
+
+/// The counts [`counting_ir`]'s kernel writes: one per (query block, full key block) pair.
+pub(super) fn counts_len(config: &SdpaConfig, blocking: &BackwardBlocking, mods: &AttentionMods) -> usize {
+    PlanMode::of(mods).units(config, &plan_blocking(config, blocking)) * (config.n_k / blocking.keys)
 }
 
 /// `config` and `mods` checked ([`check_flex`]), and the causal configuration with the mods
