@@ -158,12 +158,8 @@ impl KvCache {
         let mut out = vec![0.0f32; tokens * h * d];
         match (&*keys, &*values) {
             (Rows::F32(k), Rows::F32(v)) => kernel(sdpa_config)?.run(&q, k, v, extras, &mut out)?,
-            (Rows::Bf16(k), Rows::Bf16(v)) => {
-                attend_16(&*kernel(sdpa_config_of(sdpa_config, k))?, &q, [k, v], extras, &mut out)?
-            }
-            (Rows::F16(k), Rows::F16(v)) => {
-                attend_16(&*kernel(sdpa_config_of(sdpa_config, k))?, &q, [k, v], extras, &mut out)?
-            }
+            (Rows::Bf16(k), Rows::Bf16(v)) => attend_16(kernel, sdpa_config, &q, [k, v], extras, &mut out)?,
+            (Rows::F16(k), Rows::F16(v)) => attend_16(kernel, sdpa_config, &q, [k, v], extras, &mut out)?,
             _ => unreachable!("a cache's keys and values share a dtype"),
         }
         Ok(out)
@@ -186,15 +182,11 @@ impl Rows {
     }
 }
 
-/// `config` in the dtype of the 16-bit rows `k`.
-fn sdpa_config_of<T: SdpaElement>(config: SdpaConfig, _k: &[T]) -> SdpaConfig {
-    SdpaConfig { dtype: T::DTYPE, ..config }
-}
-
-/// `out = attention(q, k, v)` by `kernel` over 16-bit keys and values: q rounded to their
-/// type, the output widened back.
+/// `out = attention(q, k, v)` over 16-bit keys and values, by `kernel`'s attention of `config`
+/// in their dtype: q rounded to their type, the output widened back.
 fn attend_16<T: SdpaElement + Copy + Default>(
-    kernel: &Sdpa,
+    kernel: impl Fn(SdpaConfig) -> Result<Arc<Sdpa>, SdpaError>,
+    config: SdpaConfig,
     q: &[f32],
     [k, v]: [&[T]; 2],
     extras: Extras<'_>,
@@ -206,7 +198,7 @@ where
     let mut q16 = vec![T::default(); q.len()];
     q16.convert_from_f32_slice(q);
     let mut wide = vec![T::default(); out.len()];
-    kernel.run(&q16, k, v, extras, &mut wide)?;
+    kernel(SdpaConfig { dtype: T::DTYPE, ..config })?.run(&q16, k, v, extras, &mut wide)?;
     wide.convert_to_f32_slice(out);
     Ok(())
 }
