@@ -173,11 +173,7 @@ pub fn run(models: &[PathBuf], runs: &Runs, json: Option<&Path>) -> ExitCode {
             }
         };
         let load = start.elapsed().as_secs_f64();
-        let vocab = model.config().vocab_size as u64;
-        let mut rng = StdRng::seed_from_u64(1);
-        let prompts: Vec<Vec<u32>> = (0..batch)
-            .map(|_| (0..prompt_tokens).map(|_| (rng.random::<u64>() % vocab) as u32).collect())
-            .collect();
+        let prompts = random_sequences(model.config().vocab_size, batch, prompt_tokens, 1);
         let prompt_refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
         let options = GenerateOptions::greedy(new_tokens);
         let (mut first, mut prompt_rate, mut decode) = (Vec::new(), Vec::new(), Vec::new());
@@ -226,4 +222,10 @@ pub fn run(models: &[PathBuf], runs: &Runs, json: Option<&Path>) -> ExitCode {
         }));
     }
     crate::write_results(json, &rows)
+}
+
+/// `count` sequences of `len` token ids below `vocab`, seeded.
+pub fn random_sequences(vocab: usize, count: usize, len: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..count).map(|_| (0..len).map(|_| (rng.random::<u64>() % vocab as u64) as u32).collect()).collect()
 }

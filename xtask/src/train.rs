@@ -2,8 +2,6 @@
 //! loss, its gradients and an AdamW step), cold and warm, in tokens per second.
 
 use crate::peak::median;
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -39,11 +37,7 @@ pub fn run(models: Vec<PathBuf>, steps: &Steps, json: Option<&Path>) -> ExitCode
     for dir in &models {
         let go = || -> Result<(Vec<f64>, Vec<f32>), ModelError> {
             let mut model = CausalLm::load(dir)?;
-            let vocab = model.config().vocab_size as u64;
-            let mut rng = StdRng::seed_from_u64(7);
-            let seqs: Vec<Vec<u32>> = (0..batch)
-                .map(|_| (0..tokens).map(|_| (rng.random::<u64>() % vocab) as u32).collect())
-                .collect();
+            let seqs = crate::generate::random_sequences(model.config().vocab_size, batch, tokens, 7);
             let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
             let mut opt = AdamW::new(1e-4);
             let (mut times, mut losses) = (Vec::new(), Vec::new());
