@@ -81,9 +81,10 @@ pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx512 if !s.b_trans && !s.a_trans && crate::x86::avx512_row_sweep::sweeps(s.m, s.n, 4) => {
+        Isa::Avx512 if !s.b_trans && !s.a_trans && crate::x86::row_sweep::sweeps(s.m, s.n, 4) => {
+            use crate::x86::row_sweep::{F32, Sweep, rows_swept_avx512};
             // SAFETY: as above; the guard gives the layouts and row count the sweep requires.
-            unsafe { crate::x86::avx512_row_sweep::gemm_rows_swept(s, a, b, c) }
+            unsafe { rows_swept_avx512::<F32>(&Sweep::f32(s, a, b, c)) }
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
@@ -100,6 +101,11 @@ pub unsafe fn gemm_unchecked(isa: Isa, s: &GemmShape, a: *const f32, b: *const f
             // SAFETY: as the AVX-512 dot products, for AVX2+FMA.
             unsafe { crate::x86::avx2_few_rows::gemm_bt_dots(s, a, b, c) }
         }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as the AVX-512 sweep, for AVX2+FMA.
+        Isa::Avx2Fma if !s.b_trans && !s.a_trans && crate::x86::row_sweep::sweeps(s.m, s.n, 4) => unsafe {
+            crate::x86::row_sweep::rows_swept_avx2(&crate::x86::row_sweep::Sweep::f32(s, a, b, c))
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as the AVX-512 streamed rows, for AVX2+FMA.
         Isa::Avx2Fma if !s.b_trans && !s.a_trans && s.m <= crate::x86::avx2_few_rows::DOT_MAX_ROWS => unsafe {

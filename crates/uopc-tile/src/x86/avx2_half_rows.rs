@@ -7,37 +7,11 @@
 use std::arch::x86_64::*;
 
 use super::half_rows::{HALF_ROWS_MAX, RowsA};
+use super::widen8;
 use crate::GemmShape;
 
 /// k values of A widened per slab (into an `8 x 512` f32 buffer on the stack, 16 KiB).
 const KC: usize = 512;
-
-/// 8 consecutive 16-bit values at `p` (bf16 bits, or f16 when `F16`) as f32; only the first
-/// `n <= 8` are read, the other lanes are 0.
-///
-/// # Safety
-///
-/// AVX2 and FMA (and F16C when `F16`) are available and `p` is valid for reads of `n` u16s.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn widen8<const F16: bool>(p: *const u16, n: usize) -> __m256 {
-    let h = if n >= 8 {
-        // SAFETY: 8 u16s (16 bytes) are readable at `p`.
-        unsafe { _mm_loadu_si128(p.cast()) }
-    } else {
-        let mut buf = [0u16; 8];
-        // SAFETY: `n < 8` u16s are readable at `p`; `buf` holds 8.
-        unsafe {
-            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
-            _mm_loadu_si128(buf.as_ptr().cast())
-        }
-    };
-    if F16 {
-        _mm256_cvtph_ps(h)
-    } else {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-    }
-}
 
 /// `C (+)= A · B` (or `A · B^T` with `s.b_trans`) for `s.m <= HALF_ROWS_MAX` rows, A not
 /// transposed; 16-bit B (f16 when `F16`, else bf16 bits), A 16-bit alike or f32, f32 C.
@@ -146,8 +120,9 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
     }
 }
 
-/// One slab of `C (+)= A · B`: C in strips of `8 V` columns held in `M V` accumulators, each
-/// row of B's slab read once per strip and multiplied into all `M` rows.
+/// One slab of `C (+)= A · B`: for a few rows of A against a wide B, a sweep over B's rows (see
+/// [`super::row_sweep`]); otherwise C in strips of `8 V` columns held in `M V` accumulators,
+/// each row of B's slab read once per strip and multiplied into all `M` rows.
 ///
 /// # Safety
 ///
@@ -163,6 +138,27 @@ unsafe fn slab_b<const M: usize, const F16: bool>(
     c: *mut f32,
     load_c: bool,
 ) {
+    use super::row_sweep::{Bf16, F16 as F16Bits, Sweep, rows_swept_avx2_half, sweeps};
+    if sweeps(M, s.n, 2) {
+        let sweep = Sweep {
+            a: wa,
+            lda: KC,
+            b: b.wrapping_add(p0 * s.ldb).cast(),
+            ldb: s.ldb,
+            c,
+            ldc: s.ldc,
+            m: M,
+            n: s.n,
+            k: kc,
+            accumulate: load_c,
+        };
+        // SAFETY: forwarded; a sweep reads the slab's rows `p0 .. p0 + kc` of B and its `kc`
+        // values of A's rows, as the strips would.
+        unsafe {
+            if F16 { rows_swept_avx2_half::<F16Bits>(&sweep) } else { rows_swept_avx2_half::<Bf16>(&sweep) }
+        }
+        return;
+    }
     // SAFETY: forwarded, with a strip width that keeps `M V` accumulators within 8 registers.
     unsafe {
         match M {

@@ -109,7 +109,7 @@ struct RowsF32 {
 
 /// One slab's product, by the layout of B: dot products against B's rows when it is
 /// transposed; otherwise a sweep over B's rows for a few rows of A against a wide B (see
-/// [`super::avx512_row_sweep`]), register strips for the rest.
+/// [`super::row_sweep`]), register strips for the rest.
 ///
 /// # Safety
 ///
@@ -124,7 +124,7 @@ unsafe fn slab<const M: usize, const F16: bool>(
     c: *mut f32,
     load_c: bool,
 ) {
-    use super::avx512_row_sweep::{Bf16, F16 as F16Bits, Sweep, rows_swept, sweeps};
+    use super::row_sweep::{Bf16, F16 as F16Bits, Sweep, rows_swept_avx512, sweeps};
     // SAFETY: forwarded; a sweep reads the slab's rows `p0 .. p0 + kc` of B and its `kc`
     // values of A's rows, as the strips would.
     unsafe {
@@ -143,7 +143,7 @@ unsafe fn slab<const M: usize, const F16: bool>(
                 k: kc,
                 accumulate: load_c,
             };
-            if F16 { rows_swept::<F16Bits>(&sweep) } else { rows_swept::<Bf16>(&sweep) }
+            if F16 { rows_swept_avx512::<F16Bits>(&sweep) } else { rows_swept_avx512::<Bf16>(&sweep) }
         } else {
             slab_b::<M, F16>(s, a, p0, kc, b, c, load_c);
         }

@@ -9,13 +9,13 @@ pub(crate) mod avx2_few_rows;
 pub(crate) mod avx2_half_rows;
 pub(crate) mod avx512;
 pub(crate) mod avx512_few_rows;
-pub(crate) mod avx512_row_sweep;
 pub(crate) mod bf16;
 pub(crate) mod bf16_tiles;
 pub(crate) mod convert_avx2;
 pub(crate) mod half_pack;
 pub(crate) mod half_rows;
 mod register_tile;
+pub(crate) mod row_sweep;
 
 /// Where a vector rounded softmax step (`avx512::softmax_update_rounded`,
 /// `avx2::softmax_update_rounded`) writes its probabilities, each rounded to f16 or bf16.
@@ -208,5 +208,32 @@ pub(crate) unsafe fn widen16<const F16: bool>(p: *const u16, n: usize) -> __m512
         _mm512_cvtph_ps(h)
     } else {
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+}
+
+/// 8 consecutive 16-bit values at `p` (bf16 bits, or f16 when `F16`) as f32; only the first
+/// `n <= 8` are read, the other lanes are 0.
+///
+/// # Safety
+///
+/// AVX2 and FMA (and F16C when `F16`) are available and `p` is valid for reads of `n` u16s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn widen8<const F16: bool>(p: *const u16, n: usize) -> __m256 {
+    let h = if n >= 8 {
+        // SAFETY: 8 u16s (16 bytes) are readable at `p`.
+        unsafe { _mm_loadu_si128(p.cast()) }
+    } else {
+        let mut buf = [0u16; 8];
+        // SAFETY: `n < 8` u16s are readable at `p`; `buf` holds 8.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            _mm_loadu_si128(buf.as_ptr().cast())
+        }
+    };
+    if F16 {
+        _mm256_cvtph_ps(h)
+    } else {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
     }
 }

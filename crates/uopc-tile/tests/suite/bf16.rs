@@ -109,6 +109,11 @@ fn shapes(rng: &mut StdRng, count: usize) -> Vec<GemmShape> {
         GemmShape::dense(35, 40, 40, false, false, false),
         GemmShape::dense(33, 48, 33, false, true, true),
         GemmShape::dense(40, 49, 62, true, false, false),
+        // A few rows against a B stored by rows in rows of 2 KiB or more (swept where the
+        // path widens into f32 lanes), over two k slabs and with a k tail under four rows.
+        GemmShape::dense(3, 1030, 600, false, false, true),
+        GemmShape::dense(1, 1100, 37, false, false, false),
+        GemmShape::dense(4, 4100, 9, false, false, false),
     ];
     for _ in 0..count {
         let (m, n, k) = (
