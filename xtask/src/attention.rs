@@ -197,11 +197,6 @@ fn reps_for(args: &AttentionArgs) -> usize {
     args.reps.unwrap_or(DEFAULT_REPS).max(1)
 }
 
-fn median(sorted: &[f64]) -> f64 {
-    let m = sorted.len() / 2;
-    if sorted.len() % 2 == 1 { sorted[m] } else { (sorted[m - 1] + sorted[m]) / 2.0 }
-}
-
 /// A form at one size, compiled and checked once, collecting timed calls round by round.
 struct Pending<'a> {
     variant: Variant,
@@ -253,7 +248,7 @@ impl Pending<'_> {
             variant,
             n,
             d,
-            median_ms: median(&self.times),
+            median_ms: crate::stats::median(&self.times),
             best_ms,
             // a causal form does (a little over) half the work: counted as half
             gflops: if variant == Variant::FlashTileOpsCausal { 2.0 } else { 4.0 } * (n * n * d) as f64
@@ -444,11 +439,5 @@ mod tests {
         assert_eq!(fmt_err(0.0), "0.0e+00");
         assert_eq!(fmt_err(12.0), "1.2e+01");
         assert_eq!(fmt_err(f64::INFINITY), "inf");
-    }
-
-    #[test]
-    fn median_of_even_and_odd() {
-        assert_eq!(median(&[1.0, 2.0, 9.0]), 2.0);
-        assert_eq!(median(&[1.0, 2.0, 4.0, 9.0]), 3.0);
     }
 }

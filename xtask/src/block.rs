@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::peak::{median, process_cpu_seconds};
+use crate::peak::process_cpu_seconds;
+use crate::stats::median;
 use uopc::gpt::{GptBlock, GptConfig};
 use uopc::tensor::{Experiments, RealizeOptions, Tensor, gradient, realize};
 

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::peak::median;
+use crate::stats::median;
 use uopc::attention::sdpa::{Extras, Sdpa, SdpaConfig};
 use uopc::tensor::masked::attention_masked;
 use uopc::tensor::{RealizeOptions, Tensor};

@@ -5,7 +5,7 @@
 //! `--model`, GPT-2 small (124M) and a Llama of SmolLM-135M's configuration, randomly
 //! initialized and written as safetensors checkpoints on first use under `target/bench-models`.
 
-use crate::peak::median;
+use crate::stats::median;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};

@@ -16,6 +16,7 @@ mod record;
 mod reductions;
 mod reference;
 mod sdpa;
+mod stats;
 mod svg;
 mod train;
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::peak::median;
+use crate::stats::median;
 use uopc::tensor::{Experiments, RealizeOptions, Tensor, realize};
 
 /// Which operand is stored transposed: `x @ W` (forward), `dy @ W^T` (input gradient) and
@@ -59,15 +59,7 @@ impl Dtype {
 
 /// Parses `M,K,N`.
 pub fn parse_shape(s: &str) -> Result<[usize; 3], String> {
-    let v: Vec<usize> = s
-        .split(',')
-        .map(|x| x.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{s}: {e}"))?;
-    match <[usize; 3]>::try_from(v) {
-        Ok(shape) if !shape.contains(&0) => Ok(shape),
-        _ => Err(format!("{s}: expected M,K,N, each positive")),
-    }
+    crate::stats::parse_dims(s, "M,K,N")
 }
 
 /// The default shapes: a GPT-2-small MLP's first layer on 128 and 2048 tokens, and its second.

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::block::time_passes;
-use crate::peak::median;
+use crate::stats::median;
 use uopc::tensor::{RealizeOptions, Tensor, gradient, realize};
 
 /// An activation function of the hidden layer.

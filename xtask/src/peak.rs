@@ -2,6 +2,7 @@
 //! AVX512_BF16), the 1024^3 bf16 tile GEMM measured against them in the same run, and the
 //! 1024^3 f16 GEMM beside the f32 one against the f32 FMA peak.
 
+use crate::stats::median;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -165,13 +166,6 @@ struct Bf16Samples {
 const ROUNDS: usize = 7;
 /// Timed GEMM runs per path and round.
 const GEMM_REPS: usize = 3;
-
-/// The median of unsorted samples (the upper one of an even count).
-pub(crate) fn median(x: &[f64]) -> f64 {
-    let mut v = x.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// CPU seconds this process has used so far, all threads together (`None` where the clock
 /// is unavailable). On a machine other jobs load, a realize's wall time includes waiting for

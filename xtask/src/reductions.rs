@@ -7,7 +7,7 @@ use rand::{RngExt, SeedableRng};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::peak::median;
+use crate::stats::median;
 use uopc::masked_attention::streaming_read_gbs;
 use uopc::tensor::{Experiments, RealizeOptions, Tensor, gradient, realize};
 

@@ -1,7 +1,7 @@
 //! `cargo xtask bench train`: training steps of checkpoints with `uopc::models` (the batch's
 //! loss, its gradients and an AdamW step), cold and warm, in tokens per second.
 
-use crate::peak::median;
+use crate::stats::median;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;

@@ -5,7 +5,7 @@
 
 mod graph;
 
-use crate::peak::median;
+use crate::stats::median;
 use graph::GraphArm;
 use std::path::Path;
 use std::process::ExitCode;

@@ -38,12 +38,7 @@ pub struct Cell {
 
 /// Parses `B,H,HKV,NQ,NK,D`.
 pub fn parse_shape(s: &str) -> Result<[usize; 6], String> {
-    let v: Vec<usize> = s
-        .split(',')
-        .map(|x| x.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{s}: {e}"))?;
-    v.try_into().map_err(|_| format!("{s}: expected B,H,HKV,NQ,NK,D"))
+    crate::stats::parse_dims(s, "B,H,HKV,NQ,NK,D")
 }
 
 /// The default matrix: model shapes (single-head, BERT-like, LLaMA-like with and without GQA,
@@ -309,10 +304,10 @@ struct PairedRatio {
 impl PairedRatio {
     /// The ratios `a[i] / b[i]` of runs timed together.
     fn of(a: &[f64], b: &[f64]) -> Option<PairedRatio> {
-        let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        r.sort_by(f64::total_cmp);
-        let (&min, &max) = (r.first()?, r.last()?);
-        Some(PairedRatio { median: r[r.len() / 2], min, max, pairs: r.len() })
+        let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        let min = r.iter().copied().reduce(f64::min)?;
+        let max = r.iter().copied().fold(min, f64::max);
+        Some(PairedRatio { median: crate::stats::median(&r), min, max, pairs: r.len() })
     }
 }
 
@@ -357,12 +352,11 @@ fn decode_steps(steps: usize) -> Result<DecodeSteps, uopc::kernels::sdpa::SdpaEr
     }
     let compiles = uopc::kernels::sdpa::compile_count() - before;
     let last_step_ms = times.last().copied().unwrap_or(0.0);
-    times.sort_by(f64::total_cmp);
     Ok(DecodeSteps {
         steps,
         capacity: DECODE_CAPACITY,
         compiles,
-        median_step_ms: times[times.len() / 2],
+        median_step_ms: crate::stats::median(&times),
         last_step_ms,
     })
 }
@@ -491,9 +485,8 @@ pub fn run(
     );
     let mut ratio_lines = Vec::new();
     for (p, causal_ratio) in prepared.into_iter().zip(causal_ratios) {
-        let mut t = p.times.clone();
-        t.sort_by(f64::total_cmp);
-        let median = t[t.len() / 2];
+        let median = crate::stats::median(&p.times);
+        let best = p.times.iter().copied().fold(f64::INFINITY, f64::min);
         let lens = p.cell.key_lengths.as_deref();
         let gflops = 4.0 * p.config.d as f64 * useful_pairs(&p.config, lens) / (median * 1e-3) / 1e9;
         let pct = peak.map_or(f64::NAN, |(_, g)| 100.0 * gflops / g);
@@ -519,7 +512,7 @@ pub fn run(
         let dtype_col = if half_cells { format!("{:<6}", c.dtype) } else { String::new() };
         println!(
             "{dtype_col}{shape:<28} {:>6} {median:>9.3} {:>9.3} {gflops:>8.1} {pct:>6.1} {stream_col:>8} {err:>9.1e} {:>6.1}ms  {kernel}",
-            p.cell.causal, t[0], p.compile_ms
+            p.cell.causal, best, p.compile_ms
         );
         let [batch, heads, kv_heads, n_q, n_k, d] = p.cell.shape;
         rows.push(Row {
@@ -535,7 +528,7 @@ pub fn run(
             pass: "forward",
             kernel,
             median_ms: median,
-            best_ms: t[0],
+            best_ms: best,
             gflops,
             percent_of_widest_peak: pct,
             max_abs_err: err,

@@ -1,0 +1,47 @@
+//! The small pieces of arithmetic and argument parsing every bench shares.
+
+/// The median of unsorted samples: the middle one, or the mean of the two middle ones of an
+/// even count. NaN for no samples.
+pub(crate) fn median(x: &[f64]) -> f64 {
+    let mut v = x.to_vec();
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[m],
+        _ => (v[m - 1] + v[m]) / 2.0,
+    }
+}
+
+/// Parses `N` comma-separated sizes, each positive, as `what` names them (`"M,K,N"`).
+pub(crate) fn parse_dims<const N: usize>(s: &str, what: &str) -> Result<[usize; N], String> {
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{s}: {e}"))?;
+    match <[usize; N]>::try_from(v) {
+        Ok(dims) if !dims.contains(&0) => Ok(dims),
+        _ => Err(format!("{s}: expected {what}, each positive")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(&[9.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[9.0, 1.0, 4.0, 2.0]), 3.0);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn dims_are_counted_and_positive() {
+        assert_eq!(parse_dims::<3>(" 2, 3,4", "M,K,N"), Ok([2, 3, 4]));
+        assert_eq!(parse_dims::<3>("2,3", "M,K,N"), Err("2,3: expected M,K,N, each positive".into()));
+        assert_eq!(parse_dims::<2>("2,0", "A,B"), Err("2,0: expected A,B, each positive".into()));
+        assert!(parse_dims::<2>("2,x", "A,B").unwrap_err().starts_with("2,x: "));
+    }
+}
