@@ -135,18 +135,12 @@ pub struct GptBlock {
     pub proj: Linear,
 }
 
-/// A tensor of `shape` drawn from N(0, `std`^2) by `rng` (Box-Muller), for seeded
-/// initializations.
+/// A tensor of `shape` drawn from N(0, `std`^2) by `rng` (standard normals scaled by `std`),
+/// for seeded initializations.
 pub fn normal(shape: &[usize], std: f32, rng: &mut StdRng) -> Tensor {
     let n: usize = shape.iter().product();
-    // Two uniforms give one standard normal.
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            let (u, v): (f32, f32) = (rng.random_range(f32::EPSILON..1.0), rng.random_range(0.0..1.0));
-            std * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
-        })
-        .collect();
-    Tensor::from_vec(data, shape)
+    let z = rng.sample_iter(rand_distr::StandardNormal).take(n);
+    Tensor::from_vec(z.map(|z: f32| std * z).collect(), shape)
 }
 
 impl GptBlock {

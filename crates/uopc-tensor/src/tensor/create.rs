@@ -170,8 +170,8 @@ impl Tensor {
 
     /// An f32 tensor of `shape` with elements drawn independently from the standard normal
     /// distribution N(0, 1) (scale and shift it for another: `Tensor::randn(s, seed) * 0.02`),
-    /// by a generator seeded with `seed`, as [`Tensor::try_rand`]. The samples come from the
-    /// Box-Muller transform, computed in f64 and rounded once to f32.
+    /// by a generator seeded with `seed`, as [`Tensor::try_rand`]. Each sample is drawn in f64
+    /// (`rand_distr::StandardNormal`) and rounded once to f32.
     ///
     /// ```rust
     /// use uopc_tensor::Tensor;
@@ -211,27 +211,9 @@ impl Tensor {
     }
 }
 
-/// `n` independent samples of the standard normal distribution drawn from `rng`, by the
-/// Box-Muller transform: each pair of uniforms `u` in (0, 1] and `v` in [0, 1) gives the two
-/// normals `r cos(2 pi v)` and `r sin(2 pi v)` with `r = sqrt(-2 ln u)`. Computed in f64 and
-/// rounded once to f32, so the tails are as accurate as f32 holds them; `u` is never 0, so no
-/// sample is infinite.
-///
-/// The workspace's `rand` has no normal distribution of its own, and this transform is exact
-/// (not an approximation of the distribution), so it is written here rather than pulling in
-/// another crate.
+/// `n` independent samples of the standard normal distribution drawn from `rng`
+/// (`rand_distr`'s ziggurat), each drawn in f64 and rounded once to f32, so the tails are as
+/// accurate as f32 holds them.
 pub(crate) fn standard_normals(n: usize, rng: &mut StdRng) -> Vec<f32> {
-    let mut out = Vec::with_capacity(n);
-    while out.len() < n {
-        // 1 - [0, 1) is (0, 1]: the logarithm stays finite.
-        let u = 1.0 - rng.random::<f64>();
-        let v = rng.random::<f64>();
-        let r = (-2.0 * u.ln()).sqrt();
-        let (s, c) = (std::f64::consts::TAU * v).sin_cos();
-        out.push((r * c) as f32);
-        if out.len() < n {
-            out.push((r * s) as f32);
-        }
-    }
-    out
+    rng.sample_iter(rand_distr::StandardNormal).take(n).map(|z: f64| z as f32).collect()
 }
