@@ -81,3 +81,33 @@ impl fmt::Display for DType {
         f.write_str(self.name())
     }
 }
+
+impl From<uopc_tile::ops::Half> for DType {
+    fn from(h: uopc_tile::ops::Half) -> DType {
+        match h {
+            uopc_tile::ops::Half::Bf16 => DType::BF16,
+            uopc_tile::ops::Half::F16 => DType::F16,
+        }
+    }
+}
+
+impl DType {
+    /// The 16-bit floating-point type this is, if it is one.
+    pub fn half(self) -> Option<uopc_tile::ops::Half> {
+        match self {
+            DType::BF16 => Some(uopc_tile::ops::Half::Bf16),
+            DType::F16 => Some(uopc_tile::ops::Half::F16),
+            _ => None,
+        }
+    }
+
+    /// The tile operand type of a block of this dtype: F32, BF16 and F16 are themselves; the
+    /// verifier allows no other dtype as a tile operand.
+    pub fn tile_elem(self) -> uopc_tile::ops::Elem {
+        match self {
+            DType::BF16 => uopc_tile::ops::Elem::Bf16,
+            DType::F16 => uopc_tile::ops::Elem::F16,
+            _ => uopc_tile::ops::Elem::F32,
+        }
+    }
+}

@@ -103,7 +103,7 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
                 d,
                 ldo,
                 scale: f32::from_bits(scale),
-                rounded: Some((ldp, round_to)),
+                rounded: Some((ldp, round_to.into())),
             })
         }
         TileOp::SoftmaxRecompute { rows, cols, ld } => ops.recompute(rows, cols, ld),

@@ -55,8 +55,8 @@ pub use simplify::{
     split_linear, stores_every_element, stores_every_element_linear, tables as simplify_tables,
 };
 pub use uop::{
-    AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand, UOp,
-    UnaryOp, block_extent,
+    AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Half, Op, ReduceOp, TileOp,
+    TileOperand, UOp, UnaryOp, block_extent,
 };
 /// Large buffers asked onto huge pages (the micro-kernels' allocation helpers).
 pub use uopc_tile::memory;

@@ -6,8 +6,8 @@
 
 use crate::dtype::DType;
 pub use crate::ops::{
-    AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Op, ReduceOp, TileOp, TileOperand,
-    UnaryOp, block_extent,
+    AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Half, Op, ReduceOp, TileOp,
+    TileOperand, UnaryOp, block_extent,
 };
 use std::collections::HashMap;
 use std::fmt;

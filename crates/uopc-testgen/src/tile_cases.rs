@@ -11,9 +11,10 @@ pub struct Case {
     pub inputs: Vec<HostBuffer>,
 }
 
-/// One GEMM's shape and layout.
+/// One GEMM test case's shape and layout: the tile op's [`uopc_ir::GemmShape`] with the
+/// padding of every stored row and the operands' offsets in their buffers.
 #[derive(Clone, Copy, Debug)]
-pub struct GemmShape {
+pub struct GemmCase {
     /// Rows of C.
     pub m: usize,
     /// Columns of C.
@@ -32,10 +33,10 @@ pub struct GemmShape {
     pub offset: usize,
 }
 
-impl GemmShape {
+impl GemmCase {
     /// The IR's tile op for this shape, leading dimensions padded by `pad`.
     pub fn op(&self) -> TileOp {
-        let GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, .. } = *self;
+        let GemmCase { m, n, k, a_trans, b_trans, accumulate, pad, .. } = *self;
         let (lda, ldb) = (self.a_cols() + pad, self.b_cols() + pad);
         TileOp::Gemm(uopc_ir::GemmShape {
             m,
@@ -93,19 +94,19 @@ impl GemmShape {
 
 /// `tasks` THREAD iterations, each `C_t (+)= A_t · B` on its own rows; every buffer has one
 /// element past the last block, which nothing may write.
-pub fn gemm_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
+pub fn gemm_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
     gemm_case_of(g, tasks, seed, DType::F32)
 }
 
 /// [`gemm_case`] with bf16 A and B (the same values rounded to bf16) and an f32 C: the GEMM
 /// the IR runs on the bf16 micro-kernels.
-pub fn gemm_bf16_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
+pub fn gemm_bf16_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
     gemm_case_of(g, tasks, seed, DType::BF16)
 }
 
 /// [`gemm_case`] with f16 A and B (the same values rounded to f16) and an f32 C: the GEMM the
 /// IR runs on the f16 kernel.
-pub fn gemm_f16_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
+pub fn gemm_f16_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
     gemm_case_of(g, tasks, seed, DType::F16)
 }
 
@@ -113,7 +114,7 @@ pub fn gemm_f16_case(g: GemmShape, tasks: usize, seed: u64) -> Case {
 /// (its `b_trans` is ignored): the layout `uopc_tile::pack_panels` writes and a GEMM with
 /// `b_panel_width` reads in place. Every element of B's buffer is random, the padding columns of
 /// the last panel included: they are read and their products dropped.
-pub fn gemm_panels_case(g: GemmShape, width: usize, tasks: usize, seed: u64) -> Case {
+pub fn gemm_panels_case(g: GemmCase, width: usize, tasks: usize, seed: u64) -> Case {
     let stride = g.k * width + g.pad;
     let b_len = g.offset + (g.n.div_ceil(width) - 1) * stride + g.k * width;
     let op = match g.op() {
@@ -137,7 +138,7 @@ pub fn gemm_panels_case(g: GemmShape, width: usize, tasks: usize, seed: u64) -> 
     Case { program, inputs }
 }
 
-fn gemm_case_of(g: GemmShape, tasks: usize, seed: u64, ab: DType) -> Case {
+fn gemm_case_of(g: GemmCase, tasks: usize, seed: u64, ab: DType) -> Case {
     let (a_len, b_len, c_len) = (g.a_len(), g.b_len(), g.c_len());
     let a = buffer(0, ab, a_len * tasks + 1);
     let b = buffer(1, ab, b_len + 1);
@@ -185,7 +186,12 @@ impl SoftmaxShape {
     }
     /// The rounded step of 16-bit attention on this shape: scores scaled by `scale`, P rounded
     /// to `round_to` with rows padded like S's.
+    ///
+    /// # Panics
+    ///
+    /// When `round_to` is not BF16 or F16.
     pub fn rounded_op(&self, scale: f32, round_to: DType) -> TileOp {
+        let round_to = round_to.half().expect("probabilities round to BF16 or F16");
         let SoftmaxShape { rows, cols, d, pad, .. } = *self;
         TileOp::SoftmaxUpdateRounded {
             rows,

@@ -55,6 +55,7 @@ mod bf16_path;
 #[cfg(target_arch = "x86_64")]
 mod blocked;
 pub mod convert;
+mod entries;
 mod error;
 mod exp_rows;
 mod f16_gemm;
@@ -65,6 +66,7 @@ mod isa;
 pub mod machine;
 mod max_sum_exp;
 pub mod memory;
+pub mod ops;
 mod pack;
 mod panels;
 #[cfg(target_arch = "x86_64")]

@@ -67,7 +67,8 @@ impl Machine<'_> {
             }
             TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale, round_to } => {
                 let scale = f64::from(f32::from_bits(scale));
-                let shape = UpdateShape { rows, cols, lds, d, ldo, ldp, scale, round_to: Some(round_to) };
+                let shape =
+                    UpdateShape { rows, cols, lds, d, ldo, ldp, scale, round_to: Some(round_to.into()) };
                 // P is stored rounded to `round_to` (in its own tile or over S), and summed as
                 // stored.
                 self.softmax_update(node, at, at[4], shape)?;

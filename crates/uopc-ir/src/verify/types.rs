@@ -117,13 +117,11 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
     }
     // A GEMM multiplies f32, bf16 or f16 operands (both alike, or an f32 A with an f16
     // B, which the tile library widens while packing B) into an f32 C; the rounded
-    // softmax rounds to BF16 or F16 and writes its P tile (operand 4) in that dtype,
-    // or over its F32 score tile (the same node, the same stride); every other operand
-    // is f32.
+    // softmax rounds to BF16 or F16 (its type says so) and writes its P tile (operand 4)
+    // in that dtype, or over its F32 score tile (the same node, the same stride); every
+    // other operand is f32.
     if let &TileOp::SoftmaxUpdateRounded { round_to, lds, ldp, .. } = t {
-        if !round_to.is_half() {
-            return Err(err(IrErrorKind::DType, u, format!("rounds to {round_to}, not BF16 or F16")));
-        }
+        let round_to = DType::from(round_to);
         let over_scores = s[4] == s[0] && ldp == lds;
         if s[4].dtype() != round_to && !over_scores {
             return Err(err(

@@ -7,8 +7,6 @@ use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_testgen::rng::uniform_values as values;
 use uopc_testgen::tile_cases::*;
-// The test case shape (with padding and offsets), not the IR's descriptor of the same name.
-use uopc_testgen::tile_cases::GemmShape;
 
 fn run(program: &UOp, inputs: &[HostBuffer], precision: Precision) -> Vec<HostBuffer> {
     let mut bufs = inputs.to_vec();
@@ -44,7 +42,7 @@ proptest! {
         a_trans: bool, b_trans: bool, accumulate: bool,
         pad in 0usize..3, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
     ) {
-        let g = GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, offset };
+        let g = GemmCase { m, n, k, a_trans, b_trans, accumulate, pad, offset };
         check_expansion(&gemm_case(g, tasks, seed));
     }
 
@@ -54,7 +52,7 @@ proptest! {
         a_trans: bool, accumulate: bool,
         pad in 0usize..3, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
     ) {
-        let g = GemmShape { m, n, k, a_trans, b_trans: false, accumulate, pad, offset };
+        let g = GemmCase { m, n, k, a_trans, b_trans: false, accumulate, pad, offset };
         check_expansion(&gemm_panels_case(g, width, tasks, seed));
     }
 
@@ -64,7 +62,7 @@ proptest! {
         a_trans: bool, b_trans: bool, accumulate: bool,
         pad in 0usize..3, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
     ) {
-        let g = GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, offset };
+        let g = GemmCase { m, n, k, a_trans, b_trans, accumulate, pad, offset };
         check_expansion(&gemm_bf16_case(g, tasks, seed));
     }
 
@@ -74,7 +72,7 @@ proptest! {
         a_trans: bool, b_trans: bool, accumulate: bool,
         pad in 0usize..3, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
     ) {
-        let g = GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, offset };
+        let g = GemmCase { m, n, k, a_trans, b_trans, accumulate, pad, offset };
         check_expansion(&gemm_f16_case(g, tasks, seed));
     }
 
@@ -146,7 +144,7 @@ proptest! {
 fn every_gemm_layout_matches_naive_f64_loops() {
     for flags in 0..8 {
         let (a_trans, b_trans, accumulate) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0);
-        let g = GemmShape { m: 5, n: 7, k: 9, a_trans, b_trans, accumulate, pad: 2, offset: 1 };
+        let g = GemmCase { m: 5, n: 7, k: 9, a_trans, b_trans, accumulate, pad: 2, offset: 1 };
         let tasks = 2;
         let case = gemm_case(g, tasks, 17 + flags);
         let got = check_expansion(&case);
@@ -206,7 +204,7 @@ fn the_softmax_update_matches_naive_f64_loops() {
 fn empty_dimensions_touch_what_the_interpreter_touches() {
     for (m, n, k) in [(0, 4, 3), (3, 0, 2), (3, 4, 0), (1, 1, 0)] {
         for accumulate in [false, true] {
-            let g = GemmShape { m, n, k, a_trans: false, b_trans: true, accumulate, pad: 1, offset: 1 };
+            let g = GemmCase { m, n, k, a_trans: false, b_trans: true, accumulate, pad: 1, offset: 1 };
             let case = gemm_case(g, 2, 3);
             let expanded = expand_tile_ops(&case.program);
             assert!(!has_tile_op(&expanded));

@@ -118,18 +118,17 @@ fn the_rounded_softmax_takes_p_in_its_rounding_dtype_or_over_its_own_scores() {
     };
     let (p16, pb16, other) = (buffer(4, DType::F16, 8), buffer(4, DType::BF16, 8), buffer(4, DType::F32, 8));
     // Accepted: a P of the rounding dtype, or the score operand itself with its stride.
-    verify(&with_p(DType::F16, 3, &p16.index(0))).unwrap();
-    verify(&with_p(DType::BF16, 3, &pb16.index(0))).unwrap();
-    verify(&with_p(DType::F16, 3, &ops[0])).unwrap();
-    verify(&with_p(DType::BF16, 3, &ops[0])).unwrap();
-    // Rejected: a P of the other 16-bit type, an f32 P that is not S or has another stride,
-    // and a rounding dtype that is not 16-bit.
+    verify(&with_p(Half::F16, 3, &p16.index(0))).unwrap();
+    verify(&with_p(Half::Bf16, 3, &pb16.index(0))).unwrap();
+    verify(&with_p(Half::F16, 3, &ops[0])).unwrap();
+    verify(&with_p(Half::Bf16, 3, &ops[0])).unwrap();
+    // Rejected: a P of the other 16-bit type, and an f32 P that is not S or has another
+    // stride. (A rounding type that is not 16-bit cannot be written: `Half` has none.)
     for (what, p) in [
-        ("bf16 P rounded to f16", with_p(DType::F16, 3, &pb16.index(0))),
-        ("another f32 tile", with_p(DType::F16, 3, &other.index(0))),
-        ("S at another offset", with_p(DType::F16, 3, &bufs[0].index(1))),
-        ("S with another stride", with_p(DType::F16, 4, &ops[0])),
-        ("rounding to f32", with_p(DType::F32, 3, &ops[0])),
+        ("bf16 P rounded to f16", with_p(Half::F16, 3, &pb16.index(0))),
+        ("another f32 tile", with_p(Half::F16, 3, &other.index(0))),
+        ("S at another offset", with_p(Half::F16, 3, &bufs[0].index(1))),
+        ("S with another stride", with_p(Half::F16, 4, &ops[0])),
     ] {
         let e = verify(&p).expect_err(what);
         assert_eq!(e.kind, IrErrorKind::DType, "{what}: {e}");

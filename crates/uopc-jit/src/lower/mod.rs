@@ -309,97 +309,15 @@ impl<'a, 'b> Lowerer<'a, 'b> {
                 }
             }
         }
-        let mut int = |v: i64| self.b.ins().iconst(types::I64, v);
-        let f = match t {
-            TileOp::Gemm(shape) => {
-                // The flat entry point takes the C descriptor's fields, in its order.
-                let g = uopc_tile::GemmDesc::from(&shape);
-                for v in [g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.flags] {
-                    args.push(int(v));
-                }
-                // The operands' dtypes pick the kernel (the verifier allowed only these pairs).
-                let dtypes = u.as_gemm().map(|g| (g.a.dtype(), g.b.dtype()));
-                self.externs.get(match dtypes {
-                    Some((DType::BF16, DType::F32)) => Extern::TileGemmBf16F32,
-                    Some((DType::F16, DType::F32)) => Extern::TileGemmF16F32,
-                    Some((DType::BF16, _)) => Extern::TileGemmBf16,
-                    Some((DType::F16, _)) => Extern::TileGemmF16,
-                    Some((_, DType::F16)) => Extern::TileGemmF32F16,
-                    Some((_, DType::BF16)) => Extern::TileGemmF32Bf16,
-                    _ => Extern::TileGemm,
-                })
-            }
-            TileOp::SoftmaxUpdate { rows, cols, lds, d, ldo, scale } => {
-                for v in [rows, cols, lds, ldo, d] {
-                    args.push(int(v as i64));
-                }
-                args.push(int(i64::from(scale)));
-                self.externs.get(Extern::TileSoftmax)
-            }
-            TileOp::SoftmaxUpdateRounded { rows, cols, lds, d, ldo, ldp, scale, round_to } => {
-                // The verifier made P (the fifth operand, in `TileOp::operands` order) either of
-                // dtype `round_to` or the F32 score tile itself, with S's stride: then the
-                // in-place entry, which takes no P.
-                let in_place = u.src()[4].dtype() == DType::F32;
-                if in_place {
-                    args.truncate(4);
-                }
-                for v in [rows, cols, lds, ldo, d] {
-                    args.push(int(v as i64));
-                }
-                if !in_place {
-                    args.push(int(ldp as i64));
-                }
-                args.push(int(i64::from(scale)));
-                args.push(int(i64::from(round_to == DType::F16)));
-                self.externs.get(if in_place {
-                    Extern::TileSoftmaxRoundedInPlace
-                } else {
-                    Extern::TileSoftmaxRounded
-                })
-            }
-            TileOp::SoftmaxRecompute { rows, cols, ld } => {
-                for v in [rows, cols, ld] {
-                    args.push(int(v as i64));
-                }
-                self.externs.get(Extern::TileSoftmaxRecompute)
-            }
-            TileOp::SoftmaxGrad { rows, cols, ld } => {
-                for v in [rows, cols, ld] {
-                    args.push(int(v as i64));
-                }
-                self.externs.get(Extern::TileSoftmaxGrad)
-            }
-            TileOp::MaxSumExp { rows, cols, ld, scale } => {
-                for v in [rows, cols, ld] {
-                    args.push(int(v as i64));
-                }
-                args.push(int(i64::from(scale)));
-                self.externs.get(Extern::TileMaxSumExp)
-            }
-            TileOp::Convert { rows, cols, lds, ldd } => {
-                use uopc_tile::convert::conversion_code as code;
-                for v in [rows, cols, lds, ldd] {
-                    args.push(int(v as i64));
-                }
-                // The verifier allowed only these pairs.
-                let kind = match (u.src()[0].dtype(), u.src()[1].dtype()) {
-                    (DType::F16, _) => code::F16_TO_F32,
-                    (DType::BF16, _) => code::BF16_TO_F32,
-                    (_, DType::F16) => code::F32_TO_F16,
-                    _ => code::F32_TO_BF16,
-                };
-                args.push(int(kind));
-                self.externs.get(Extern::TileConvert)
-            }
-            TileOp::ExpRows { rows, cols, ldx, ldy, scale } => {
-                for v in [rows, cols, ldx, ldy] {
-                    args.push(int(v as i64));
-                }
-                args.push(int(i64::from(scale)));
-                self.externs.get(Extern::TileExpRows)
-            }
-        };
+        // The operand dtypes pick the kernel where the op has several (the verifier allowed
+        // only the pairs uopc_tile has entries for).
+        let elems: Vec<_> = u.src().iter().map(|x| x.dtype().tile_elem()).collect();
+        let call = t.call(&elems);
+        args.truncate(call.operands);
+        for v in call.fields {
+            args.push(self.b.ins().iconst(types::I64, v));
+        }
+        let f = self.externs.get(Extern::Tile(call.entry));
         // The status is always 0: every argument the kernel checks was checked at compile time.
         self.b.ins().call(f, &args);
         Ok(())

@@ -8,8 +8,6 @@ use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, JitOptions, Program};
 use uopc_testgen::tile_cases::*;
-// The test case shape (with padding and offsets), not the IR's descriptor of the same name.
-use uopc_testgen::tile_cases::GemmShape;
 
 fn fallback() -> JitOptions {
     JitOptions { tile_calls: false, ..JitOptions::default() }
@@ -45,7 +43,7 @@ fn assert_close(got: &[HostBuffer], want: &[HostBuffer], what: &str, tol: impl F
 }
 
 /// Per element of C: `|C0| + sum_p |A[i,p] B[p,j]|`, the scale of its rounding errors.
-fn gemm_magnitudes(g: &GemmShape, tasks: usize, inputs: &[HostBuffer]) -> Vec<f32> {
+fn gemm_magnitudes(g: &GemmCase, tasks: usize, inputs: &[HostBuffer]) -> Vec<f32> {
     let (a, b, c) = (f32s(&inputs[0]), f32s(&inputs[1]), f32s(&inputs[2]));
     let mut mag = vec![0.0f32; c.len()];
     for t in 0..tasks {
@@ -71,7 +69,7 @@ proptest! {
         a_trans: bool, b_trans: bool, accumulate: bool,
         pad in 0usize..3, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
     ) {
-        let g = GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, offset };
+        let g = GemmCase { m, n, k, a_trans, b_trans, accumulate, pad, offset };
         let case = gemm_case(g, tasks, seed);
         let reference = interpret(&case.program, &case.inputs);
         // Strict: f64 products summed in order and rounded once, like the interpreter.

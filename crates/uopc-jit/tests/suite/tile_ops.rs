@@ -8,8 +8,6 @@ use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, Program};
 use uopc_testgen::tile_cases::*;
-// The test case shape (with padding and offsets), not the IR's descriptor of the same name.
-use uopc_testgen::tile_cases::GemmShape;
 
 fn run_both(program: &UOp, inputs: Vec<HostBuffer>) -> (Vec<HostBuffer>, Vec<HostBuffer>) {
     let prg = Program::compile(program, "tile").expect("compiles");
@@ -43,7 +41,7 @@ proptest! {
         a_trans: bool, b_trans: bool, accumulate: bool,
         pad in 0usize..5, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
     ) {
-        let g = GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, offset };
+        let g = GemmCase { m, n, k, a_trans, b_trans, accumulate, pad, offset };
         let case = gemm_case(g, tasks, seed);
         let (jit, reference) = run_both(&case.program, case.inputs);
         // f32 sums of k products of numbers below 1 (plus C): within 2 k eps of the f64 result
@@ -63,7 +61,7 @@ proptest! {
         a_trans: bool, accumulate: bool,
         pad in 0usize..5, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
     ) {
-        let g = GemmShape { m, n, k, a_trans, b_trans: false, accumulate, pad, offset };
+        let g = GemmCase { m, n, k, a_trans, b_trans: false, accumulate, pad, offset };
         let case = gemm_panels_case(g, width, tasks, seed);
         let (jit, reference) = run_both(&case.program, case.inputs);
         let tol = 2.0 * (k as f32 + 2.0) * f32::EPSILON;
@@ -80,7 +78,7 @@ proptest! {
         a_trans: bool, b_trans: bool, accumulate: bool,
         pad in 0usize..5, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
     ) {
-        let g = GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, offset };
+        let g = GemmCase { m, n, k, a_trans, b_trans, accumulate, pad, offset };
         let case = gemm_bf16_case(g, tasks, seed);
         let (jit, reference) = run_both(&case.program, case.inputs);
         // bf16 products are exact in f32, so only the f32 sums round: the f32 bound above
@@ -99,7 +97,7 @@ proptest! {
         a_trans: bool, b_trans: bool, accumulate: bool,
         pad in 0usize..5, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
     ) {
-        let g = GemmShape { m, n, k, a_trans, b_trans, accumulate, pad, offset };
+        let g = GemmCase { m, n, k, a_trans, b_trans, accumulate, pad, offset };
         let case = gemm_f16_case(g, tasks, seed);
         let (jit, reference) = run_both(&case.program, case.inputs);
         // f16 products are exact in f32, so only the f32 sums round: the f32 bound above

@@ -5,7 +5,7 @@ use super::{BlockMask, SdpaKernel, Span, Task};
 use crate::LOG2E;
 use crate::masked::min_idx;
 use crate::sdpa::{Blocking, MaskKind, SdpaConfig};
-use uopc_ir::{AxisType, DType, GemmShape, TileOp, UOp, f32c, idx, tile};
+use uopc_ir::{AxisType, DType, GemmShape, Half, TileOp, UOp, f32c, idx, tile};
 
 impl SdpaKernel {
     /// One key block of `cols` keys starting at key `first`, for the rows `span` of the task,
@@ -124,7 +124,7 @@ impl SdpaKernel {
                     ldo: d,
                     ldp: cols,
                     scale: softmax_scale.to_bits(),
-                    round_to: DType::BF16,
+                    round_to: Half::Bf16,
                 }
             }
             _ => TileOp::SoftmaxUpdate { rows, cols, lds: cols, d, ldo: d, scale: softmax_scale.to_bits() },
