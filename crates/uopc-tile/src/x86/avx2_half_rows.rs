@@ -140,18 +140,7 @@ unsafe fn slab_b<const M: usize, const F16: bool>(
 ) {
     use super::row_sweep::{Bf16, F16 as F16Bits, Sweep, rows_swept_avx2_half, sweeps};
     if sweeps(M, s.n, 2) {
-        let sweep = Sweep {
-            a: wa,
-            lda: KC,
-            b: b.wrapping_add(p0 * s.ldb).cast(),
-            ldb: s.ldb,
-            c,
-            ldc: s.ldc,
-            m: M,
-            n: s.n,
-            k: kc,
-            accumulate: load_c,
-        };
+        let sweep = Sweep::slab(s, M, wa, KC, b, p0, kc, c, load_c);
         // SAFETY: forwarded; a sweep reads the slab's rows `p0 .. p0 + kc` of B and its `kc`
         // values of A's rows, as the strips would.
         unsafe {

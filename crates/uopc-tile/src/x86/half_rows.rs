@@ -131,18 +131,7 @@ unsafe fn slab<const M: usize, const F16: bool>(
         if s.b_trans {
             slab_bt::<M, F16>(s, a, p0, kc, b, c, load_c);
         } else if sweeps(M, s.n, 2) {
-            let sweep = Sweep {
-                a: a.at,
-                lda: a.stride,
-                b: b.add(p0 * s.ldb).cast(),
-                ldb: s.ldb,
-                c,
-                ldc: s.ldc,
-                m: M,
-                n: s.n,
-                k: kc,
-                accumulate: load_c,
-            };
+            let sweep = Sweep::slab(s, M, a.at, a.stride, b, p0, kc, c, load_c);
             if F16 { rows_swept_avx512::<F16Bits>(&sweep) } else { rows_swept_avx512::<Bf16>(&sweep) }
         } else {
             slab_b::<M, F16>(s, a, p0, kc, b, c, load_c);

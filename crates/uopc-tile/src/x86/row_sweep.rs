@@ -110,6 +110,25 @@ pub(crate) struct Sweep {
 }
 
 impl Sweep {
+    /// The operands of one k slab of a 16-bit product `s` of `m` rows: A's slab in f32 rows
+    /// `lda` apart from `a`, B's rows `p0 .. p0 + kc` (from `b`, `s.ldb` apart), and C, added
+    /// to when `accumulate`.
+    #[allow(clippy::too_many_arguments)] // the slab kernels' own parameters, passed on
+    pub(crate) fn slab(
+        s: &crate::GemmShape,
+        m: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const u16,
+        p0: usize,
+        kc: usize,
+        c: *mut f32,
+        accumulate: bool,
+    ) -> Sweep {
+        let b = b.wrapping_add(p0 * s.ldb).cast();
+        Sweep { a, lda, b, ldb: s.ldb, c, ldc: s.ldc, m, n: s.n, k: kc, accumulate }
+    }
+
     /// The operands of an f32 product `s` (A and B neither transposed).
     pub(crate) fn f32(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) -> Sweep {
         Sweep {
