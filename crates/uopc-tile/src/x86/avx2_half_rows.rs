@@ -48,6 +48,13 @@ pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u1
 /// As [`gemm`], with `M == s.m`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
+    if let (true, RowsA::Single(a)) = (s.b_trans, a) {
+        // An f32 A is read where it lies, all of k in one pass: each key's row of B is then
+        // read once, front to back, where slabs would read it in pieces, pass after pass.
+        // SAFETY: forwarded; A's rows `< m` hold `k` values `lda` apart.
+        unsafe { slab_bt::<M, F16>(s, a, s.lda, 0, s.k, b, c, s.accumulate) };
+        return;
+    }
     // Left uninitialized: the slab kernels read only rows `< M`, columns `< kc` rounded up to
     // 8, written below.
     let mut buf = std::mem::MaybeUninit::<[f32; HALF_ROWS_MAX * KC]>::uninit();
@@ -73,7 +80,7 @@ unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: RowsA, b: *co
         // SAFETY: forwarded; `wa` holds the slab's rows as documented, written above.
         unsafe {
             if s.b_trans {
-                slab_bt::<M, F16>(s, wa, p0, kc, b, c, load_c);
+                slab_bt::<M, F16>(s, wa, KC, p0, kc, b, c, load_c);
             } else {
                 slab_b::<M, F16>(s, wa, p0, kc, b, c, load_c);
             }
@@ -86,31 +93,80 @@ unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: RowsA, b: *co
 ///
 /// # Safety
 ///
-/// As [`slabs`], with `s.b_trans`, `p0 + kc <= k` and `wa` holding the slab (rows `KC`
-/// floats apart, `kc` rounded up to 8 written, zero past `kc`).
+/// As [`slabs`], with `s.b_trans`, `p0 + kc <= k` and `a` holding the slab's `kc` values of
+/// each row `< M`, rows `lda` floats apart.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // the slab's operands and extent, as its siblings take them
 unsafe fn slab_bt<const M: usize, const F16: bool>(
     s: &GemmShape,
-    wa: *const f32,
+    a: *const f32,
+    lda: usize,
     p0: usize,
     kc: usize,
     b: *const u16,
     c: *mut f32,
     load_c: bool,
 ) {
+    // SAFETY: forwarded, with enough independent sums per key that the FMAs' latency does not
+    // set the pace: four for one row of A, two for two, one per row beyond.
+    unsafe {
+        match M {
+            1 => slab_bt_sums::<M, 4, F16>(s, a, lda, p0, kc, b, c, load_c),
+            2 => slab_bt_sums::<M, 2, F16>(s, a, lda, p0, kc, b, c, load_c),
+            _ => slab_bt_sums::<M, 1, F16>(s, a, lda, p0, kc, b, c, load_c),
+        }
+    }
+}
+
+/// [`slab_bt`] with `U` partial sums per row and key, over interleaved vectors of the key's
+/// row, added together at its end; the row `rows_ahead` on is requested as this one starts, so
+/// a B streamed from memory keeps its reads in flight.
+///
+/// # Safety
+///
+/// As [`slab_bt`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // as `slab_bt`
+unsafe fn slab_bt_sums<const M: usize, const U: usize, const F16: bool>(
+    s: &GemmShape,
+    a: *const f32,
+    lda: usize,
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    let ahead = super::rows_ahead(2 * kc);
+    let step = 8 * U;
+    let whole = kc - kc % step;
     for j in 0..s.n {
-        let mut acc = [_mm256_setzero_ps(); M];
-        for t in (0..kc).step_by(8) {
+        super::prefetch_row(b.wrapping_add((j + ahead) * s.ldb + p0).cast(), kc.div_ceil(2));
+        let row = b.wrapping_add(j * s.ldb + p0);
+        let mut acc = [[_mm256_setzero_ps(); U]; M];
+        for t in (0..whole).step_by(step) {
+            for u in 0..U {
+                // SAFETY: row `j < n` of B holds columns `p0 + t + 8 u .. + 8 <= p0 + kc`.
+                let bv = unsafe { widen8::<F16>(row.add(t + 8 * u), 8) };
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: row `i` of the slab holds `t + 8 u + 8 <= kc` values.
+                    let av = unsafe { _mm256_loadu_ps(a.add(i * lda + t + 8 * u)) };
+                    acc[u] = _mm256_fmadd_ps(av, bv, acc[u]);
+                }
+            }
+        }
+        for t in (whole..kc).step_by(8) {
             // SAFETY: row `j < n` of B holds columns `p0 + t .. p0 + t + min(8, kc - t)`.
-            let bv = unsafe { widen8::<F16>(b.add(j * s.ldb + p0 + t), kc - t) };
+            let bv = unsafe { widen8::<F16>(row.add(t), kc - t) };
             for (i, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: `wa` row `i` is readable to `t + 8 <= KC`.
-                let av = unsafe { _mm256_loadu_ps(wa.add(i * KC + t)) };
-                *acc = _mm256_fmadd_ps(av, bv, *acc);
+                // SAFETY: row `i` of the slab holds `kc` values; the load is masked to them.
+                let av = unsafe { _mm256_maskload_ps(a.add(i * lda + t), super::avx2::lanes(kc - t)) };
+                acc[0] = _mm256_fmadd_ps(av, bv, acc[0]);
             }
         }
         for (i, acc) in acc.iter().enumerate() {
-            let sum = super::avx2::hsum(*acc);
+            let total = acc[1..].iter().fold(acc[0], |x, &y| _mm256_add_ps(x, y));
+            let sum = super::avx2::hsum(total);
             // SAFETY: C[i, j] with `i < m`, `j < n` lies in C's extent.
             unsafe {
                 let at = c.add(i * s.ldc + j);
