@@ -429,15 +429,8 @@ pub struct AttentionArgs {
     pub kernels: bool,
     /// Query block x key block of `flash_tiled` and `flash_tile_ops`, like `4x32` [default:
     /// 4x32 for flash_tiled, 256x128 for flash_tile_ops and flash_tile_ops_causal].
-    #[arg(long, value_parser = parse_tile)]
+    #[arg(long, value_parser = stats::parse_tile)]
     pub flash_tile: Option<(usize, usize)>,
-}
-
-fn parse_tile(s: &str) -> Result<(usize, usize), String> {
-    let (a, b) = s.split_once('x').ok_or("expected ROWSxKEYS, like 4x32")?;
-    let parse =
-        |x: &str| x.parse::<usize>().ok().filter(|&v| v > 0).ok_or(format!("{x} is not a positive integer"));
-    Ok((parse(a)?, parse(b)?))
 }
 
 /// `go` on a rayon pool of `threads` threads, or on the global pool without a count. The

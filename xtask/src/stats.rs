@@ -26,6 +26,14 @@ pub(crate) fn parse_dims<const N: usize>(s: &str, what: &str) -> Result<[usize; 
     }
 }
 
+/// Parses a block size `ROWSxKEYS` (`4x32`), each positive.
+pub(crate) fn parse_tile(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s.split_once('x').ok_or("expected ROWSxKEYS, like 4x32")?;
+    let parse =
+        |x: &str| x.parse::<usize>().ok().filter(|&v| v > 0).ok_or(format!("{x} is not a positive integer"));
+    Ok((parse(a)?, parse(b)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,5 +51,7 @@ mod tests {
         assert_eq!(parse_dims::<3>("2,3", "M,K,N"), Err("2,3: expected M,K,N, each positive".into()));
         assert_eq!(parse_dims::<2>("2,0", "A,B"), Err("2,0: expected A,B, each positive".into()));
         assert!(parse_dims::<2>("2,x", "A,B").unwrap_err().starts_with("2,x: "));
+        assert_eq!(parse_tile("4x32"), Ok((4, 32)));
+        assert!(parse_tile("0x32").is_err() && parse_tile("4,32").is_err());
     }
 }
