@@ -172,15 +172,10 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
             let j = j0 + g.min(live - 1);
             // A row a few KiB on, requested now (a prefetch never faults).
             prefetch_row(b.wrapping_add((j + ahead) * s.ldb + p0).cast(), kc.div_ceil(2));
-            for t in (0..kc).step_by(16) {
-                // SAFETY: row `j < n` of B holds columns `p0 + t .. p0 + t + min(16, kc - t)`.
-                let bv = unsafe { widen16::<F16>(b.add(j * s.ldb + p0 + t), kc - t) };
-                for i in 0..M {
-                    // SAFETY: row `i < M` of the slab holds `kc` values; the load is masked to
-                    // the `kc - t` left.
-                    let av = unsafe { _mm512_maskz_loadu_ps(lanes(kc - t), a.at.add(i * a.stride + t)) };
-                    acc[i * group + g] = _mm512_fmadd_ps(av, bv, acc[i * group + g]);
-                }
+            // SAFETY: forwarded, for key `j < n`.
+            let sums = unsafe { key_sums::<M, F16>(a, b.add(j * s.ldb + p0), kc) };
+            for (i, sum) in sums.into_iter().enumerate() {
+                acc[i * group + g] = sum;
             }
         }
         let mut sums = [0.0f32; 16];
@@ -197,6 +192,45 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
             }
         }
     }
+}
+
+/// The lane-wise partial dot products of the slab's rows `< M` of A with one key's `kc` values
+/// of B at `row`: two partial sums per row of A for one or two rows, over alternate vectors of
+/// the key's row, so the FMAs' latency does not set the pace of so short a chain.
+///
+/// # Safety
+///
+/// AVX-512F is available; `row` holds `kc` 16-bit values and `a` the slab's `kc` values of
+/// each row `< M`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn key_sums<const M: usize, const F16: bool>(a: RowsF32, row: *const u16, kc: usize) -> [__m512; M] {
+    let mut even = [_mm512_setzero_ps(); M];
+    let mut odd = [_mm512_setzero_ps(); M];
+    let pairs = if M <= 2 { kc - kc % 32 } else { 0 };
+    for t in (0..pairs).step_by(32) {
+        // SAFETY: the key's columns `t .. t + 32 <= kc`, and the rows' alike.
+        unsafe {
+            let (b0, b1) = (widen16::<F16>(row.add(t), 16), widen16::<F16>(row.add(t + 16), 16));
+            for (i, (e, o)) in even.iter_mut().zip(&mut odd).enumerate() {
+                let at = a.at.add(i * a.stride + t);
+                *e = _mm512_fmadd_ps(_mm512_loadu_ps(at), b0, *e);
+                *o = _mm512_fmadd_ps(_mm512_loadu_ps(at.add(16)), b1, *o);
+            }
+        }
+    }
+    for t in (pairs..kc).step_by(16) {
+        // SAFETY: the key's columns `t .. t + min(16, kc - t)`; the loads of A are masked to
+        // the `kc - t` left.
+        unsafe {
+            let bv = widen16::<F16>(row.add(t), kc - t);
+            for (i, sum) in even.iter_mut().enumerate() {
+                let av = _mm512_maskz_loadu_ps(lanes(kc - t), a.at.add(i * a.stride + t));
+                *sum = _mm512_fmadd_ps(av, bv, *sum);
+            }
+        }
+    }
+    std::array::from_fn(|i| _mm512_add_ps(even[i], odd[i]))
 }
 
 /// One slab of `C (+)= A · B`: C in strips of `16 V` columns held in `M V` accumulators
