@@ -118,9 +118,9 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
     }
 }
 
-/// [`slab_bt`] with `U` partial sums per row and key, over interleaved vectors of the key's
-/// row, added together at its end; the row `rows_ahead` on is requested as this one starts, so
-/// a B streamed from memory keeps its reads in flight.
+/// [`slab_bt`] with `U` partial sums per row and key ([`super::key_dots::key_sums`] at 8
+/// lanes); the row `rows_ahead` on is requested as this one starts, so a B streamed from
+/// memory keeps its reads in flight.
 ///
 /// # Safety
 ///
@@ -137,35 +137,21 @@ unsafe fn slab_bt_sums<const M: usize, const U: usize, const F16: bool>(
     c: *mut f32,
     load_c: bool,
 ) {
+    use super::key_dots::key_sums;
+    use super::row_sweep::{Bf16, F16 as F16Bits};
     let ahead = super::rows_ahead(2 * kc);
-    let step = 8 * U;
-    let whole = kc - kc % step;
     for j in 0..s.n {
         super::prefetch_row(b.wrapping_add((j + ahead) * s.ldb + p0).cast(), kc.div_ceil(2));
-        let row = b.wrapping_add(j * s.ldb + p0);
-        let mut acc = [[_mm256_setzero_ps(); U]; M];
-        for t in (0..whole).step_by(step) {
-            for u in 0..U {
-                // SAFETY: row `j < n` of B holds columns `p0 + t + 8 u .. + 8 <= p0 + kc`.
-                let bv = unsafe { widen8::<F16>(row.add(t + 8 * u), 8) };
-                for (i, acc) in acc.iter_mut().enumerate() {
-                    // SAFETY: row `i` of the slab holds `t + 8 u + 8 <= kc` values.
-                    let av = unsafe { _mm256_loadu_ps(a.add(i * lda + t + 8 * u)) };
-                    acc[u] = _mm256_fmadd_ps(av, bv, acc[u]);
-                }
+        let row = b.wrapping_add(j * s.ldb + p0).cast();
+        // SAFETY: row `j < n` of B holds the slab's `kc` values from `p0`, and A's rows `kc`.
+        let sums = unsafe {
+            if F16 {
+                key_sums::<__m256, M, U, F16Bits>(a, lda, row, kc)
+            } else {
+                key_sums::<__m256, M, U, Bf16>(a, lda, row, kc)
             }
-        }
-        for t in (whole..kc).step_by(8) {
-            // SAFETY: row `j < n` of B holds columns `p0 + t .. p0 + t + min(8, kc - t)`.
-            let bv = unsafe { widen8::<F16>(row.add(t), kc - t) };
-            for (i, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: row `i` of the slab holds `kc` values; the load is masked to them.
-                let av = unsafe { _mm256_maskload_ps(a.add(i * lda + t), super::avx2::lanes(kc - t)) };
-                acc[0] = _mm256_fmadd_ps(av, bv, acc[0]);
-            }
-        }
-        for (i, acc) in acc.iter().enumerate() {
-            let total = acc[1..].iter().fold(acc[0], |x, &y| _mm256_add_ps(x, y));
+        };
+        for (i, &total) in sums.iter().enumerate() {
             let sum = super::avx2::hsum(total);
             // SAFETY: C[i, j] with `i < m`, `j < n` lies in C's extent.
             unsafe {

@@ -195,8 +195,8 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
 }
 
 /// The lane-wise partial dot products of the slab's rows `< M` of A with one key's `kc` values
-/// of B at `row`: two partial sums per row of A for one or two rows, over alternate vectors of
-/// the key's row, so the FMAs' latency does not set the pace of so short a chain.
+/// of B at `row` ([`super::key_dots::key_sums`] at 16 lanes): two partial sums per row for one
+/// or two rows of A, whose chains are otherwise few; more rows are independent chains already.
 ///
 /// # Safety
 ///
@@ -205,32 +205,18 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 unsafe fn key_sums<const M: usize, const F16: bool>(a: RowsF32, row: *const u16, kc: usize) -> [__m512; M] {
-    let mut even = [_mm512_setzero_ps(); M];
-    let mut odd = [_mm512_setzero_ps(); M];
-    let pairs = if M <= 2 { kc - kc % 32 } else { 0 };
-    for t in (0..pairs).step_by(32) {
-        // SAFETY: the key's columns `t .. t + 32 <= kc`, and the rows' alike.
-        unsafe {
-            let (b0, b1) = (widen16::<F16>(row.add(t), 16), widen16::<F16>(row.add(t + 16), 16));
-            for (i, (e, o)) in even.iter_mut().zip(&mut odd).enumerate() {
-                let at = a.at.add(i * a.stride + t);
-                *e = _mm512_fmadd_ps(_mm512_loadu_ps(at), b0, *e);
-                *o = _mm512_fmadd_ps(_mm512_loadu_ps(at.add(16)), b1, *o);
-            }
+    use super::key_dots::key_sums as sums;
+    use super::row_sweep::{Bf16, F16 as F16Bits};
+    let (at, lda, row) = (a.at, a.stride, row.cast());
+    // SAFETY: forwarded; this function enables the ISA the lanes need.
+    unsafe {
+        match (M <= 2, F16) {
+            (true, true) => sums::<__m512, M, 2, F16Bits>(at, lda, row, kc),
+            (true, false) => sums::<__m512, M, 2, Bf16>(at, lda, row, kc),
+            (false, true) => sums::<__m512, M, 1, F16Bits>(at, lda, row, kc),
+            (false, false) => sums::<__m512, M, 1, Bf16>(at, lda, row, kc),
         }
     }
-    for t in (pairs..kc).step_by(16) {
-        // SAFETY: the key's columns `t .. t + min(16, kc - t)`; the loads of A are masked to
-        // the `kc - t` left.
-        unsafe {
-            let bv = widen16::<F16>(row.add(t), kc - t);
-            for (i, sum) in even.iter_mut().enumerate() {
-                let av = _mm512_maskz_loadu_ps(lanes(kc - t), a.at.add(i * a.stride + t));
-                *sum = _mm512_fmadd_ps(av, bv, *sum);
-            }
-        }
-    }
-    std::array::from_fn(|i| _mm512_add_ps(even[i], odd[i]))
 }
 
 /// One slab of `C (+)= A · B`: C in strips of `16 V` columns held in `M V` accumulators

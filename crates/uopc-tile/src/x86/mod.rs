@@ -14,6 +14,7 @@ pub(crate) mod bf16_tiles;
 pub(crate) mod convert_avx2;
 pub(crate) mod half_pack;
 pub(crate) mod half_rows;
+mod key_dots;
 mod register_tile;
 pub(crate) mod row_sweep;
 

@@ -41,8 +41,9 @@ pub(crate) fn sweeps(m: usize, n: usize, bytes: usize) -> bool {
     (1..=SWEEP_MAX_ROWS).contains(&m) && n * bytes >= SWEEP_MIN_ROW_BYTES
 }
 
-/// An element type of B the sweep reads into lanes `W`, widened to f32 as it is loaded.
-pub(crate) trait SweptElement<W: F32Lanes> {
+/// An element type of B that the few-rows kernels (this sweep, [`super::key_dots`]) read into
+/// lanes `W`, widened to f32 as it is loaded.
+pub(crate) trait BElement<W: F32Lanes> {
     /// Bytes per element.
     const BYTES: usize;
     /// The `W::LANES` elements at `p` as f32; only the first `n` (at most `W::LANES`) are
@@ -62,7 +63,7 @@ pub(crate) struct Bf16;
 /// f16 elements (bit patterns), widened exactly.
 pub(crate) struct F16;
 
-impl<W: F32Lanes> SweptElement<W> for F32 {
+impl<W: F32Lanes> BElement<W> for F32 {
     const BYTES: usize = 4;
     #[inline(always)]
     unsafe fn load(p: *const u8, n: usize) -> W {
@@ -74,7 +75,7 @@ impl<W: F32Lanes> SweptElement<W> for F32 {
 /// The two 16-bit types at both widths, each through its ISA's widening load.
 macro_rules! widened {
     ($($ty:ident, $lanes:ty, $widen:ident, $f16:literal;)*) => {$(
-        impl SweptElement<$lanes> for $ty {
+        impl BElement<$lanes> for $ty {
             const BYTES: usize = 2;
             #[inline(always)]
             unsafe fn load(p: *const u8, n: usize) -> $lanes {
@@ -152,7 +153,7 @@ impl Sweep {
 ///
 /// AVX-512F is available, and the operands satisfy [`rows_swept`]'s contract.
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(crate) unsafe fn rows_swept_avx512<E: SweptElement<__m512>>(sw: &Sweep) {
+pub(crate) unsafe fn rows_swept_avx512<E: BElement<__m512>>(sw: &Sweep) {
     // SAFETY: forwarded; this function enables the ISA the lanes need.
     unsafe { rows_swept::<__m512, E>(sw) }
 }
@@ -174,7 +175,7 @@ pub(crate) unsafe fn rows_swept_avx2(sw: &Sweep) {
 ///
 /// AVX2, FMA and F16C are available, and the operands satisfy [`rows_swept`]'s contract.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn rows_swept_avx2_half<E: SweptElement<__m256>>(sw: &Sweep) {
+pub(crate) unsafe fn rows_swept_avx2_half<E: BElement<__m256>>(sw: &Sweep) {
     // SAFETY: forwarded; this function enables the ISA the lanes need.
     unsafe { rows_swept::<__m256, E>(sw) }
 }
@@ -188,7 +189,7 @@ pub(crate) unsafe fn rows_swept_avx2_half<E: SweptElement<__m256>>(sw: &Sweep) {
 /// readable and writable at `i * ldc + j`, for `i < m`, `p < k`, `j < n`; C overlaps neither
 /// A nor B. The caller enables the ISA, so that these operations inline into it.
 #[inline(always)]
-unsafe fn rows_swept<W: F32Lanes, E: SweptElement<W>>(sw: &Sweep) {
+unsafe fn rows_swept<W: F32Lanes, E: BElement<W>>(sw: &Sweep) {
     // SAFETY: forwarded, each instance for its own row count.
     unsafe {
         match sw.m {
@@ -207,7 +208,7 @@ unsafe fn rows_swept<W: F32Lanes, E: SweptElement<W>>(sw: &Sweep) {
 ///
 /// As [`rows_swept`], with `M == sw.m`.
 #[inline(always)]
-unsafe fn swept<W: F32Lanes, const M: usize, E: SweptElement<W>>(sw: &Sweep) {
+unsafe fn swept<W: F32Lanes, const M: usize, E: BElement<W>>(sw: &Sweep) {
     let Sweep { a, lda, b, ldb, c, ldc, n, k, accumulate, .. } = *sw;
     let stretch = STRETCH_FLOATS / M;
     for j0 in (0..n).step_by(stretch) {
@@ -249,7 +250,7 @@ unsafe fn swept<W: F32Lanes, const M: usize, E: SweptElement<W>>(sw: &Sweep) {
 ///
 /// `W`'s ISA is available and `p` is readable for `min(cols, LANES)` floats.
 #[inline(always)]
-unsafe fn load<W: F32Lanes>(p: *const f32, cols: usize) -> W {
+pub(crate) unsafe fn load<W: F32Lanes>(p: *const f32, cols: usize) -> W {
     // SAFETY: the caller's; a short load is masked to the `cols` floats readable.
     unsafe { if cols >= W::LANES { W::load(p) } else { W::load_lanes(p, W::first_lanes(cols)) } }
 }
@@ -280,7 +281,7 @@ struct Block {
 /// at `(r * ldb + j) * E::BYTES` bytes and `c` readable and writable at `i * ldc + j`, for
 /// `i < M`, `r < rows`, `j < cols`.
 #[inline(always)]
-unsafe fn add_rows<W: F32Lanes, const M: usize, E: SweptElement<W>>(
+unsafe fn add_rows<W: F32Lanes, const M: usize, E: BElement<W>>(
     a: *const f32,
     lda: usize,
     b: *const u8,
@@ -321,7 +322,7 @@ unsafe fn add_rows<W: F32Lanes, const M: usize, E: SweptElement<W>>(
 ///
 /// As [`add_rows`], for `n` columns.
 #[inline(always)]
-unsafe fn add_vector<W: F32Lanes, const M: usize, E: SweptElement<W>>(
+unsafe fn add_vector<W: F32Lanes, const M: usize, E: BElement<W>>(
     av: &[[W; ROWS_PER_STEP]; M],
     rows: usize,
     b: *const u8,
