@@ -31,16 +31,6 @@ pub enum Half {
     F16,
 }
 
-impl Half {
-    /// The operand type of this 16-bit type.
-    pub fn elem(self) -> Elem {
-        match self {
-            Half::Bf16 => Elem::Bf16,
-            Half::F16 => Elem::F16,
-        }
-    }
-}
-
 impl fmt::Display for Half {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
