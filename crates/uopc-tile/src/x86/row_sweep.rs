@@ -24,10 +24,17 @@ const ROWS_PER_STEP: usize = 4;
 /// row of A).
 const STRETCH_FLOATS: usize = 4096;
 
-/// Rows of A up to which this kernel beats keeping C in registers: each row adds a load and a
-/// store of C per four loads of B, and from about eight rows that traffic, not B's, sets the
-/// pace (measured on Zen 4: the register strips win at 8 rows, this wins at 1, 2 and 4).
-const SWEEP_MAX_ROWS: usize = 4;
+/// Rows of A that one pass over a block of B's rows updates: each row adds a load and a store
+/// of C per four loads of B, and from about eight rows that traffic, not B's, sets the pace
+/// (measured on Zen 4: a sweep of 8 rows at once lost to the register strips, while 1, 2 and
+/// 4 rows won). More rows of A go in groups of this many, each group meeting the same block
+/// of B while it is in L1, so B still comes from memory once.
+const ROWS_PER_GROUP: usize = 4;
+
+/// Rows of A up to which this kernel is taken: two groups. Up to there B, read from memory
+/// once in long runs, sets the pace (2 flops per 4 bytes of f32 B per row of A: at 8 rows
+/// that is 4 flops per byte, far below any of these cores' compute per byte of bandwidth).
+const SWEEP_MAX_ROWS: usize = 2 * ROWS_PER_GROUP;
 
 /// Bytes of each row of B from which this kernel is taken: the strips read a row in pieces
 /// of 128 columns a row apart, which costs once the rows are long; below about 2 KiB per row
@@ -184,7 +191,7 @@ pub(crate) unsafe fn rows_swept_avx2_half<E: BElement<__m256>>(sw: &Sweep) {
 ///
 /// # Safety
 ///
-/// `W`'s ISA is available (and what `E`'s loads need); `1 <= sw.m <= 4` (the rows [`sweeps`]
+/// `W`'s ISA is available (and what `E`'s loads need); `1 <= sw.m <= 8` (the rows [`sweeps`]
 /// admits); A is readable at `i * lda + p`, B at `(p * ldb + j) * E::BYTES` bytes and C
 /// readable and writable at `i * ldc + j`, for `i < m`, `p < k`, `j < n`; C overlaps neither
 /// A nor B. The caller enables the ISA, so that these operations inline into it.
@@ -193,28 +200,33 @@ unsafe fn rows_swept<W: F32Lanes, E: BElement<W>>(sw: &Sweep) {
     // SAFETY: forwarded, each instance for its own row count.
     unsafe {
         match sw.m {
-            1 => swept::<W, 1, E>(sw),
-            2 => swept::<W, 2, E>(sw),
-            3 => swept::<W, 3, E>(sw),
-            4 => swept::<W, 4, E>(sw),
+            1 => swept::<W, 1, 0, E>(sw),
+            2 => swept::<W, 2, 0, E>(sw),
+            3 => swept::<W, 3, 0, E>(sw),
+            4 => swept::<W, 4, 0, E>(sw),
+            5 => swept::<W, 4, 1, E>(sw),
+            6 => swept::<W, 4, 2, E>(sw),
+            7 => swept::<W, 4, 3, E>(sw),
+            8 => swept::<W, 4, 4, E>(sw),
             _ => {}
         }
     }
 }
 
-/// [`rows_swept`] for `M == sw.m` rows.
+/// [`rows_swept`] for `sw.m == M + M2` rows: the first `M`, then (when `M2 > 0`) the other
+/// `M2` against the same rows of B, which the first group has just brought into L1.
 ///
 /// # Safety
 ///
-/// As [`rows_swept`], with `M == sw.m`.
+/// As [`rows_swept`], with `sw.m == M + M2`, `M, M2 <= ROWS_PER_GROUP`.
 #[inline(always)]
-unsafe fn swept<W: F32Lanes, const M: usize, E: BElement<W>>(sw: &Sweep) {
+unsafe fn swept<W: F32Lanes, const M: usize, const M2: usize, E: BElement<W>>(sw: &Sweep) {
     let Sweep { a, lda, b, ldb, c, ldc, n, k, accumulate, .. } = *sw;
-    let stretch = STRETCH_FLOATS / M;
+    let stretch = STRETCH_FLOATS / (M + M2);
     for j0 in (0..n).step_by(stretch) {
         let cols = stretch.min(n - j0);
         if !accumulate {
-            for i in 0..M {
+            for i in 0..M + M2 {
                 for v in (0..cols).step_by(W::LANES) {
                     // SAFETY: columns `j0 + v ..` of row `i < m` of C, up to the stretch's end.
                     unsafe { store::<W>(c.add(i * ldc + j0 + v), cols - v, W::zero()) };
@@ -225,19 +237,16 @@ unsafe fn swept<W: F32Lanes, const M: usize, E: BElement<W>>(sw: &Sweep) {
         while p < k {
             let rows = ROWS_PER_STEP.min(k - p);
             let block = Block { rows, cols };
+            let b_rows = b.wrapping_add((p * ldb + j0) * E::BYTES);
             // SAFETY: rows `p .. p + rows <= k` of B from column `j0`, and columns `p ..` of
-            // A's rows `< M`.
+            // A's rows `< M + M2`, the second group's from row `M`.
             unsafe {
-                add_rows::<W, M, E>(
-                    a.add(p),
-                    lda,
-                    b.add((p * ldb + j0) * E::BYTES),
-                    ldb,
-                    c.add(j0),
-                    ldc,
-                    block,
-                )
-            };
+                add_rows::<W, M, E>(a.add(p), lda, b_rows, ldb, c.add(j0), ldc, block);
+                if M2 > 0 {
+                    let (a2, c2) = (a.add(M * lda + p), c.add(M * ldc + j0));
+                    add_rows::<W, M2, E>(a2, lda, b_rows, ldb, c2, ldc, block);
+                }
+            }
             p += rows;
         }
     }

@@ -341,12 +341,15 @@ fn extern_entry_computes_and_refuses_bad_descriptors() {
 
 /// Products of at most eight rows of A (not transposed) stream B without packing it on the
 /// vector paths: every row count, both layouts of B, k around the 512-deep slab and the
-/// 16-wide vectors, n around the 32-column strips, with and without accumulation and padding.
+/// 16-wide vectors, n around the 32-column strips and past a wide B's sweep threshold (2 KiB
+/// a row), with and without accumulation and padding.
 fn few_row_shapes() -> Vec<GemmShape> {
     let mut out = Vec::new();
     for m in 1..=8 {
         for (t, (n, k)) in
-            [(1, 1), (15, 17), (16, 16), (33, 513), (100, 64), (31, 1100), (64, 512)].into_iter().enumerate()
+            [(1, 1), (15, 17), (16, 16), (33, 513), (100, 64), (31, 1100), (64, 512), (1100, 37)]
+                .into_iter()
+                .enumerate()
         {
             for b_trans in [false, true] {
                 let mut s = GemmShape::dense(m, n, k, false, b_trans, (m + t) % 2 == 0);

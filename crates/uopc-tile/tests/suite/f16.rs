@@ -335,9 +335,10 @@ fn few_rows_against_f64_on_every_available_isa() {
             continue;
         }
         for m in 1..=8 {
-            for (t, (n, k)) in [(1, 1), (15, 17), (16, 16), (33, 513), (100, 64), (31, 1100), (64, 512)]
-                .into_iter()
-                .enumerate()
+            for (t, (n, k)) in
+                [(1, 1), (15, 17), (16, 16), (33, 513), (100, 64), (31, 1100), (64, 512), (1100, 37)]
+                    .into_iter()
+                    .enumerate()
             {
                 for b_trans in [false, true] {
                     let mut s = GemmShape::dense(m, n, k, false, b_trans, (m + t) % 2 == 0);

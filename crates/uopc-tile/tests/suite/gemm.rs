@@ -174,11 +174,12 @@ fn few_rows() {
 
 #[test]
 fn few_rows_against_a_wide_row_major_b() {
-    // One to four rows of A against a B a thousand columns wide or more, stored by rows (a linear
-    // layer's weight in decode) sweep B's rows into C: past one stretch of C (4096 floats over
-    // all rows of A) and with k not a multiple of the four rows added per step.
+    // One to eight rows of A against a B a thousand columns wide or more, stored by rows (a
+    // linear layer's weight in decode) sweep B's rows into C: past one stretch of C (4096 floats
+    // over all rows of A), with k not a multiple of the four rows added per step, and from five
+    // rows on in two groups of rows.
     let mut rng = StdRng::seed_from_u64(16);
-    for m in 1..=4 {
+    for m in 1..=8 {
         for n in [1100, 4100] {
             for k in [3, 9] {
                 for isa in common::isas() {
