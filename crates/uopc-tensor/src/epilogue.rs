@@ -14,7 +14,7 @@ use crate::rangeify::Ctx;
 use crate::tilemap::{BlockLimit, GemmTasks};
 use crate::util::numel;
 use std::collections::{HashMap, HashSet};
-use uopc_ir::{AxisType, DType, Op, UOp, alloc, idx, range, simplify, sink};
+use uopc_ir::{AxisType, DType, Op, TileOp, UOp, alloc, idx, range, simplify, sink, tile};
 
 /// The most elements of a task's output block in a kernel with an epilogue: 128 KiB of f32,
 /// which stays in the core's L2 between the GEMM writing it and the epilogue reading it back
@@ -272,12 +272,23 @@ pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> 
         (tasks.gemm(scratch.index(0), cols), simplify(&(&row * cols + &col)))
     };
     let block = if in_place { out.clone() } else { scratch }.after(std::slice::from_ref(&g));
-    let v = redirect_reads(&v, &placeholder, &block.index(&at_block));
-    let v = if v.dtype() == out.dtype() { v } else { v.cast(out.dtype()) };
-    let store = out.index(flat).store(v);
+    let block_value = block.index(&at_block);
+    let v = redirect_reads(&v, &placeholder, &block_value);
     // The GEMM is the task's first effect (the epilogue's loads wait for it), in the task.
-    let loops: Vec<UOp> = [col_loop, row_loop].into_iter().flatten().collect();
-    let task_body = sink(&[g, store.end(&loops)]);
+    // The value before its rounding cast (the body's own, or the one added below).
+    let uncast = if matches!(v.op(), Op::Cast) { &v.src()[0] } else { &v };
+    let task_body = if !in_place && *uncast == block_value.load() && out.dtype().half().is_some() {
+        // Only the rounding cast of a 16-bit product: one conversion of the block, 16 values
+        // per instruction where the loop's CAST converts four at a time with integer
+        // operations (and, for f16, costs as much as the GEMM's own packing).
+        let convert = TileOp::Convert { rows, cols, lds: cols, ldd: n };
+        sink(&[g, tile(convert, &[block.index(0), out.index(&start)])])
+    } else {
+        let v = if v.dtype() == out.dtype() { v } else { v.cast(out.dtype()) };
+        let store = out.index(flat).store(v);
+        let loops: Vec<UOp> = [col_loop, row_loop].into_iter().flatten().collect();
+        sink(&[g, store.end(&loops)])
+    };
     Some(Ok(sink(&[task_body.end(std::slice::from_ref(&tasks.task))])))
 }
 

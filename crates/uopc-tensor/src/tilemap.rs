@@ -300,6 +300,29 @@ fn narrowing_pays(k: usize, cols: usize, narrow: usize) -> bool {
     k * (cols / narrow - 1) < 2 * cols
 }
 
+/// The block of at most `elements` that a task of a `rows x cols` block (of an `m`-row GEMM)
+/// is cut to when the bound must hold. Each task packs its rows of A (a 16-bit A is widened)
+/// and its columns of B over all of k, so the packing per multiply-add goes as `1 / rows + 1 /
+/// cols`: of the blocks that fit (the columns narrowed, not below [`MIN_LIMITED_COLUMNS`];
+/// one near square; the rows cut until the columns fit) the one with the least. (16 rows of
+/// 1536 columns packed a 768 x 3072 B 128 times over; 1024 rows of 32 columns, a 1024 x 1024
+/// A 32 times.)
+fn block_within(m: usize, (rows, cols): (usize, usize), elements: usize) -> (usize, usize) {
+    let narrowed = (rows, largest_divisor_at_most(cols, (elements / rows).max(1)));
+    let square_rows = largest_divisor_at_most(m, elements.isqrt());
+    let square = (square_rows, largest_divisor_at_most(cols, (elements / square_rows).max(1)));
+    let fitted_rows = largest_divisor_at_most(m, (elements / cols).max(1));
+    let fitted = (fitted_rows, largest_divisor_at_most(cols, (elements / fitted_rows).max(1)));
+    let wide_enough = |&(_, c): &(usize, usize)| c >= MIN_LIMITED_COLUMNS.min(cols);
+    let packing = |&(r, c): &(usize, usize)| 1.0 / r as f64 + 1.0 / c as f64;
+    [narrowed, square]
+        .into_iter()
+        .filter(wide_enough)
+        .chain([fitted])
+        .min_by(|x, y| packing(x).total_cmp(&packing(y)))
+        .unwrap_or(fitted)
+}
+
 /// One GEMM kernel cut into THREAD tasks: task `t` computes the `rows x cols` block of the
 /// flattened `(items * m, n)` result whose first row is `rows * row_task` and first column
 /// `cols * col_block`, where `t = row_task * col_blocks + col_block`.
@@ -327,10 +350,10 @@ impl GemmTasks {
     ///
     /// With a `limit`, a task's block should hold at most `limit.elements` elements: the
     /// columns are narrowed to a smaller divisor of themselves, though not below
-    /// [`MIN_LIMITED_COLUMNS`] (narrower calls would spend their time packing). Past that,
-    /// with `limit.required`, the rows are cut instead, so the block always fits (a scratch
-    /// block on the stack); otherwise the block stays wider than the limit, as it does for a
-    /// transposed A.
+    /// [`MIN_LIMITED_COLUMNS`] (narrower calls would spend their time packing); otherwise the
+    /// block stays wider than the limit, as it does for a transposed A. With
+    /// `limit.required` the block always fits (a scratch block on the stack): rows and columns
+    /// are cut as [`block_within`] finds packs least.
     pub(crate) fn new(body: &UOp, limit: Option<BlockLimit>) -> Option<GemmTasks> {
         let operands = batch_folded_into_rows(gemm_operands(body)?);
         let r = operands.shape.len();
@@ -350,13 +373,10 @@ impl GemmTasks {
         let limit = limit.filter(|l| l.required || !operands.a_trans);
         if let Some(BlockLimit { elements, required }) = limit {
             let narrow = largest_divisor_at_most(cols, (elements / rows).max(1));
-            if narrow >= MIN_LIMITED_COLUMNS.min(cols) && (required || narrowing_pays(k, cols, narrow)) {
+            if required {
+                (rows, cols) = block_within(m, (rows, cols), elements);
+            } else if narrow >= MIN_LIMITED_COLUMNS.min(cols) && narrowing_pays(k, cols, narrow) {
                 cols = narrow;
-            } else if required {
-                rows = largest_divisor_at_most(m, (elements / cols).max(1));
-                if rows * cols > elements {
-                    cols = largest_divisor_at_most(cols, (elements / rows).max(1));
-                }
             }
         }
         let row_tasks = items * (m / rows);
@@ -467,6 +487,22 @@ mod tests {
 
     fn node(op: Op, src: UOp) -> UOp {
         UOp::new(op, DType::F32, vec![src])
+    }
+
+    #[test]
+    fn a_bounded_block_is_cut_to_pack_least() {
+        // Few rows of all columns, or all rows of a few columns, each repack one operand
+        // many times over: a block near square packs least.
+        assert_eq!(block_within(2048, (2048, 1536), 32 * 1024), (128, 256));
+        assert_eq!(block_within(1024, (1024, 512), 32 * 1024), (128, 256));
+        // Rows that fit whole keep their count; only the columns narrow.
+        assert_eq!(block_within(128, (128, 1536), 32 * 1024), (128, 256));
+        // A prime row count has no near-square divisor: one row per block, all columns.
+        assert_eq!(block_within(2039, (2039, 1536), 32 * 1024), (1, 1536));
+        for (m, rows, cols) in [(2048, 2048, 1536), (300, 300, 768), (7, 7, 40000)] {
+            let (r, c) = block_within(m, (rows, cols), 32 * 1024);
+            assert!(r * c <= 32 * 1024 && m % r == 0 && cols % c == 0, "{m} {rows} {cols}: {r} x {c}");
+        }
     }
 
     /// `sum_k A[t, i, k] * B[k, j]` over `items` batch items: A in slot 0, stored `(items, m, k)`,

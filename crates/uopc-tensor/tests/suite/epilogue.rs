@@ -6,7 +6,7 @@
 use crate::common::*;
 use half::bf16;
 use ndarray::{ArrayD, IxDyn};
-use uopc_ir::DType;
+use uopc_ir::{DType, Op};
 use uopc_tensor::*;
 
 /// `a @ b` in f64 for 2-D row-major arrays.
@@ -183,6 +183,11 @@ fn bf16_matmul_rounds_in_the_gemm_kernel() {
     assert_eq!(gemms(&plan), [(format!("r_{n}_{m}"), true)], "{plan}");
     assert_eq!(plan.kernels.len(), 1, "{plan}");
     assert!(tasks(&plan.kernels[0]) > 1 && runs_in_parallel(&plan.kernels[0]), "{plan}");
+    // Nothing but the rounding follows the product: one conversion per block, not a loop.
+    let nodes = uopc_ir::UOp::toposort(std::slice::from_ref(&plan.kernels[0].program));
+    let converts = nodes.iter().any(|u| matches!(u.op(), Op::Tile(uopc_ir::TileOp::Convert { .. })));
+    let loops = nodes.iter().any(|u| matches!(u.op(), Op::Range { axis: uopc_ir::AxisType::Loop, .. }));
+    assert!(converts && !loops, "{plan}");
     let wide = |a: &ArrayD<bf16>| a.mapv(|v| f64::from(v.to_f32()));
     let want = matmul64(&wide(&x), &wide(&w));
     // Products of bf16 values are exact in f32; the f32 sum is within k * 2^-24 * sum |terms|
