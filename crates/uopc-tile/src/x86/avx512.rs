@@ -103,6 +103,53 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
     unsafe { super::register_tile::tile::<__m512, M, V, COLMAJOR>(t) }
 }
 
+/// Independent chains the softmax steps keep per row: a max or a sum carried through one
+/// register would make every vector of the row wait out the previous one's latency.
+const ROW_CHAINS: usize = 4;
+
+/// The lane-wise maximum of `scale * S[j]` over a row's full vectors (`j < cfull`, a multiple
+/// of 16), `-inf` when there are none, in [`ROW_CHAINS`] chains.
+///
+/// # Safety
+///
+/// `srow` is readable for `cfull` floats.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn scaled_row_max(srow: *const f32, cfull: usize, sv: __m512) -> __m512 {
+    let mut mx = [_mm512_set1_ps(f32::NEG_INFINITY); ROW_CHAINS];
+    // SAFETY: every load reads 16 floats below `cfull`.
+    let scaled = |j: usize| _mm512_mul_ps(unsafe { _mm512_loadu_ps(srow.add(j)) }, sv);
+    let whole = cfull - cfull % (16 * ROW_CHAINS);
+    for j in (0..whole).step_by(16 * ROW_CHAINS) {
+        for (t, m) in mx.iter_mut().enumerate() {
+            *m = _mm512_max_ps(*m, scaled(j + 16 * t));
+        }
+    }
+    for j in (whole..cfull).step_by(16) {
+        mx[0] = _mm512_max_ps(mx[0], scaled(j));
+    }
+    _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]))
+}
+
+/// `f(j)` summed over a row's full vectors (`j = 0, 16, .. < cfull`) in [`ROW_CHAINS`]
+/// partial sums, each vector's `f` called once, in order (the array indices are constants
+/// in the unrolled body, so the sums stay in registers).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn row_sum_of(cfull: usize, mut f: impl FnMut(usize) -> __m512) -> __m512 {
+    let mut sum = [_mm512_setzero_ps(); ROW_CHAINS];
+    let whole = cfull - cfull % (16 * ROW_CHAINS);
+    for j in (0..whole).step_by(16 * ROW_CHAINS) {
+        for (t, s) in sum.iter_mut().enumerate() {
+            *s = _mm512_add_ps(*s, f(j + 16 * t));
+        }
+    }
+    for j in (whole..cfull).step_by(16) {
+        sum[0] = _mm512_add_ps(sum[0], f(j));
+    }
+    _mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]))
+}
+
 /// `2^x` per lane; see the crate's `softmax_update` for the method and its accuracy.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
@@ -138,7 +185,6 @@ pub(crate) unsafe fn softmax_update(
     o: *mut f32,
 ) {
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
-    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     let sv = _mm512_set1_ps(scale);
     let (cfull, dfull) = (cols - cols % 16, d - d % 16);
     let (ctail, dtail) = (lanes(cols % 16), lanes(d % 16));
@@ -147,10 +193,7 @@ pub(crate) unsafe fn softmax_update(
         // at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is touched.
         unsafe {
             let srow = s.add(r * lds);
-            let mut mx = neg_inf;
-            for j in (0..cfull).step_by(16) {
-                mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv));
-            }
+            let mut mx = scaled_row_max(srow, cfull, sv);
             if ctail != 0 {
                 let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv);
                 mx = _mm512_mask_max_ps(mx, ctail, mx, x);
@@ -168,15 +211,14 @@ pub(crate) unsafe fn softmax_update(
             }
             let alpha = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
             let mv = _mm512_set1_ps(m_new);
-            let mut sum = _mm512_setzero_ps();
             // Rounded product minus the max, not a fused multiply-subtract: the max is a rounded
             // product, so the fused form leaves the max's own rounding error (up to half an ulp
             // of the score, 3e4 at 1e12) in its exponent and turns its 1 into 0 or inf.
-            for j in (0..cfull).step_by(16) {
+            let mut sum = row_sum_of(cfull, |j| {
                 let e = exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
                 _mm512_storeu_ps(srow.add(j), e);
-                sum = _mm512_add_ps(sum, e);
-            }
+                e
+            });
             if ctail != 0 {
                 let e =
                     exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv), mv));
@@ -224,7 +266,6 @@ pub(crate) unsafe fn softmax_update_rounded(
     p: RoundedTile,
 ) {
     let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
-    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     let sv = _mm512_set1_ps(scale);
     let (cfull, dfull) = (cols - cols % 16, d - d % 16);
     let (ctail, dtail) = (lanes(cols % 16), lanes(d % 16));
@@ -270,10 +311,7 @@ pub(crate) unsafe fn softmax_update_rounded(
         // so P may be S itself.
         unsafe {
             let srow = s.add(r * lds);
-            let mut mx = neg_inf;
-            for j in (0..cfull).step_by(16) {
-                mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv));
-            }
+            let mut mx = scaled_row_max(srow, cfull, sv);
             if ctail != 0 {
                 let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv);
                 mx = _mm512_mask_max_ps(mx, ctail, mx, x);
@@ -293,13 +331,12 @@ pub(crate) unsafe fn softmax_update_rounded(
             }
             let alpha = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
             let mv = _mm512_set1_ps(m_new);
-            let mut sum = _mm512_setzero_ps();
-            for j in (0..cfull).step_by(16) {
+            let mut sum = row_sum_of(cfull, |j| {
                 let e = exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
                 let (h, back) = round(e);
                 store(r, j, h, back, 16);
-                sum = _mm512_add_ps(sum, back);
-            }
+                back
+            });
             if ntail != 0 {
                 let e =
                     exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv), mv));
@@ -422,10 +459,10 @@ fn exp2_nonpositive(x: __m512) -> __m512 {
 /// AVX-512F is available and `x` is readable for `len` floats.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale: f32) -> (f32, f32) {
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     let full = len - len % 64;
     let tail16 = len - len % 16;
     let tail = lanes(len % 16);
-    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     // Four accumulators hide the latency of the maximum; the unordered mask remembers a NaN,
     // which MAXPS alone would drop.
     let mut mx = [neg_inf; 4];
