@@ -39,8 +39,8 @@ impl GridModel {
     /// [`GridModel::DEFAULT`] with the register tile of the f32 kernels the machine model
     /// chose (6 x 16 on AVX2), which blocks are padded up to.
     pub(crate) fn of_this_machine() -> GridModel {
-        let machine = uopc_jit::machine::Machine::get();
-        let (tile_rows, tile_cols) = uopc_jit::machine::register_tile(machine.isa());
+        let machine = uopc_tile::machine::Machine::get();
+        let (tile_rows, tile_cols) = uopc_tile::machine::register_tile(machine.isa());
         GridModel { tile_rows, tile_cols, ..GridModel::DEFAULT }
     }
 }

@@ -113,7 +113,7 @@ pub(crate) fn realize_impl(
     let level = debug::debug_level();
     if level >= 1 {
         static MACHINE_SHOWN: std::sync::Once = std::sync::Once::new();
-        MACHINE_SHOWN.call_once(|| eprintln!("{}", uopc_jit::machine::Machine::get()));
+        MACHINE_SHOWN.call_once(|| eprintln!("{}", uopc_tile::machine::Machine::get()));
     }
     if level >= 4 && !cache_hit {
         debug::print_plan(&plan, level);
