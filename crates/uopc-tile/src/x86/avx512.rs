@@ -209,19 +209,21 @@ pub(crate) unsafe fn softmax_update(
                 _mm512_mask_storeu_ps(srow.add(cfull), ctail, _mm512_setzero_ps());
                 continue;
             }
-            let alpha = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
+            let alpha = _mm512_cvtss_f32(exp2_nonpositive(_mm512_set1_ps(m_old - m_new)));
             let mv = _mm512_set1_ps(m_new);
             // Rounded product minus the max, not a fused multiply-subtract: the max is a rounded
             // product, so the fused form leaves the max's own rounding error (up to half an ulp
             // of the score, 3e4 at 1e12) in its exponent and turns its 1 into 0 or inf.
             let mut sum = row_sum_of(cfull, |j| {
-                let e = exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
+                let e = exp2_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
                 _mm512_storeu_ps(srow.add(j), e);
                 e
             });
             if ctail != 0 {
-                let e =
-                    exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv), mv));
+                let e = exp2_nonpositive(_mm512_sub_ps(
+                    _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv),
+                    mv,
+                ));
                 _mm512_mask_storeu_ps(srow.add(cfull), ctail, e);
                 sum = _mm512_mask_add_ps(sum, ctail, sum, e);
             }
@@ -329,17 +331,19 @@ pub(crate) unsafe fn softmax_update_rounded(
                 }
                 continue;
             }
-            let alpha = _mm512_cvtss_f32(exp2(_mm512_set1_ps(m_old - m_new)));
+            let alpha = _mm512_cvtss_f32(exp2_nonpositive(_mm512_set1_ps(m_old - m_new)));
             let mv = _mm512_set1_ps(m_new);
             let mut sum = row_sum_of(cfull, |j| {
-                let e = exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
+                let e = exp2_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
                 let (h, back) = round(e);
                 store(r, j, h, back, 16);
                 back
             });
             if ntail != 0 {
-                let e =
-                    exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv), mv));
+                let e = exp2_nonpositive(_mm512_sub_ps(
+                    _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv),
+                    mv,
+                ));
                 let (h, back) = round(e);
                 store(r, cfull, h, back, ntail);
                 sum = _mm512_mask_add_ps(sum, ctail, sum, back);
