@@ -300,22 +300,34 @@ fn narrowing_pays(k: usize, cols: usize, narrow: usize) -> bool {
     k * (cols / narrow - 1) < 2 * cols
 }
 
+/// The relative cost per element of packing B against handling A, for [`block_within`]: 2
+/// where the GEMM reads A where it lies and packs only B (bf16 operands on a path that takes
+/// them as they are, AMX or `vdpbf16ps`, with A not transposed), else 1 (both are packed, the
+/// 16-bit ones widened). (Intel Xeon with AMX, bf16 2048 x 768 x 3072 and 1024^3: 256 x 128
+/// blocks ran 12-27% faster than 128 x 256.)
+fn b_packing_weight(operands: &Operands) -> f64 {
+    let bf16 = operands.a.dtype == DType::BF16 && operands.b.dtype == DType::BF16;
+    if bf16 && !operands.a_trans && !uopc_tile::Bf16Path::detect().widens() { 2.0 } else { 1.0 }
+}
+
 /// The block of at most `elements` that a task of a `rows x cols` block (of an `m`-row GEMM)
-/// is cut to when the bound must hold. Each task packs its rows of A (a 16-bit A is widened)
-/// and its columns of B over all of k, so the packing per multiply-add goes as `1 / rows + 1 /
-/// cols`: of the blocks that fit (the columns narrowed, not below [`MIN_LIMITED_COLUMNS`];
-/// one near square; the rows cut until the columns fit) the one with the least. (16 rows of
-/// 1536 columns packed a 768 x 3072 B 128 times over; 1024 rows of 32 columns, a 1024 x 1024
-/// A 32 times.)
-fn block_within(m: usize, (rows, cols): (usize, usize), elements: usize) -> (usize, usize) {
+/// is cut to when the bound must hold. Each task handles its rows of A (packs them, a 16-bit
+/// A widened, unless read in place) and packs its columns of B over all of k, so the cost per
+/// multiply-add goes as `1 / cols + b_weight / rows`: of the blocks that fit (the columns
+/// narrowed, not below [`MIN_LIMITED_COLUMNS`]; the one whose rows balance the two terms; the
+/// rows cut until the columns fit) the one with the least. (16 rows of 1536 columns packed a
+/// 768 x 3072 B 128 times over; 1024 rows of 32 columns, a 1024 x 1024 A 32 times.)
+fn block_within(m: usize, (rows, cols): (usize, usize), elements: usize, b_weight: f64) -> (usize, usize) {
     let narrowed = (rows, largest_divisor_at_most(cols, (elements / rows).max(1)));
-    let square_rows = largest_divisor_at_most(m, elements.isqrt());
-    let square = (square_rows, largest_divisor_at_most(cols, (elements / square_rows).max(1)));
+    // rows = sqrt(b_weight * elements) minimizes 1 / cols + b_weight / rows at rows x cols =
+    // elements.
+    let balanced_rows = largest_divisor_at_most(m, (b_weight * elements as f64).sqrt() as usize);
+    let balanced = (balanced_rows, largest_divisor_at_most(cols, (elements / balanced_rows).max(1)));
     let fitted_rows = largest_divisor_at_most(m, (elements / cols).max(1));
     let fitted = (fitted_rows, largest_divisor_at_most(cols, (elements / fitted_rows).max(1)));
     let wide_enough = |&(_, c): &(usize, usize)| c >= MIN_LIMITED_COLUMNS.min(cols);
-    let packing = |&(r, c): &(usize, usize)| 1.0 / r as f64 + 1.0 / c as f64;
-    [narrowed, square]
+    let packing = |&(r, c): &(usize, usize)| 1.0 / c as f64 + b_weight / r as f64;
+    [narrowed, balanced]
         .into_iter()
         .filter(wide_enough)
         .chain([fitted])
@@ -374,7 +386,7 @@ impl GemmTasks {
         if let Some(BlockLimit { elements, required }) = limit {
             let narrow = largest_divisor_at_most(cols, (elements / rows).max(1));
             if required {
-                (rows, cols) = block_within(m, (rows, cols), elements);
+                (rows, cols) = block_within(m, (rows, cols), elements, b_packing_weight(&operands));
             } else if narrow >= MIN_LIMITED_COLUMNS.min(cols) && narrowing_pays(k, cols, narrow) {
                 cols = narrow;
             }
@@ -493,14 +505,16 @@ mod tests {
     fn a_bounded_block_is_cut_to_pack_least() {
         // Few rows of all columns, or all rows of a few columns, each repack one operand
         // many times over: a block near square packs least.
-        assert_eq!(block_within(2048, (2048, 1536), 32 * 1024), (128, 256));
-        assert_eq!(block_within(1024, (1024, 512), 32 * 1024), (128, 256));
+        assert_eq!(block_within(2048, (2048, 1536), 32 * 1024, 1.0), (128, 256));
+        assert_eq!(block_within(1024, (1024, 512), 32 * 1024, 1.0), (128, 256));
+        // Where only B is packed, taller blocks pack it fewer times.
+        assert_eq!(block_within(2048, (2048, 1536), 32 * 1024, 2.0), (256, 128));
         // Rows that fit whole keep their count; only the columns narrow.
-        assert_eq!(block_within(128, (128, 1536), 32 * 1024), (128, 256));
+        assert_eq!(block_within(128, (128, 1536), 32 * 1024, 1.0), (128, 256));
         // A prime row count has no near-square divisor: one row per block, all columns.
-        assert_eq!(block_within(2039, (2039, 1536), 32 * 1024), (1, 1536));
+        assert_eq!(block_within(2039, (2039, 1536), 32 * 1024, 1.0), (1, 1536));
         for (m, rows, cols) in [(2048, 2048, 1536), (300, 300, 768), (7, 7, 40000)] {
-            let (r, c) = block_within(m, (rows, cols), 32 * 1024);
+            let (r, c) = block_within(m, (rows, cols), 32 * 1024, 2.0);
             assert!(r * c <= 32 * 1024 && m % r == 0 && cols % c == 0, "{m} {rows} {cols}: {r} x {c}");
         }
     }
