@@ -275,8 +275,12 @@ pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> 
     let block_value = block.index(&at_block);
     let v = redirect_reads(&v, &placeholder, &block_value);
     // The GEMM is the task's first effect (the epilogue's loads wait for it), in the task.
-    // The value before its rounding cast (the body's own, or the one added below).
-    let uncast = if matches!(v.op(), Op::Cast) { &v.src()[0] } else { &v };
+    // The value before its rounding cast (the body's own, to the output's dtype, or the one
+    // added below).
+    let uncast = match v.op() {
+        Op::Cast if v.dtype() == out.dtype() => &v.src()[0],
+        _ => &v,
+    };
     let task_body = if !in_place && *uncast == block_value.load() && out.dtype().half().is_some() {
         // Only the rounding cast of a 16-bit product: one conversion of the block, 16 values
         // per instruction where the loop's CAST converts four at a time with integer
