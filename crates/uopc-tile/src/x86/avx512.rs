@@ -107,6 +107,31 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
 /// register would make every vector of the row wait out the previous one's latency.
 const ROW_CHAINS: usize = 4;
 
+/// `f(j)` over a row's full vectors (`j = 0, 16, .. < cfull`, each `f` called once, in
+/// order) folded by `combine(acc, f(j))` into [`ROW_CHAINS`] accumulators started at `init`,
+/// which are then combined. The array indices are constants in the unrolled body, so the
+/// accumulators stay in registers.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn row_fold(
+    cfull: usize,
+    init: __m512,
+    combine: impl Fn(__m512, __m512) -> __m512,
+    mut f: impl FnMut(usize) -> __m512,
+) -> __m512 {
+    let mut acc = [init; ROW_CHAINS];
+    let whole = cfull - cfull % (16 * ROW_CHAINS);
+    for j in (0..whole).step_by(16 * ROW_CHAINS) {
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = combine(*a, f(j + 16 * t));
+        }
+    }
+    for j in (whole..cfull).step_by(16) {
+        acc[0] = combine(acc[0], f(j));
+    }
+    combine(combine(acc[0], acc[1]), combine(acc[2], acc[3]))
+}
+
 /// The lane-wise maximum of `scale * S[j]` over a row's full vectors (`j < cfull`, a multiple
 /// of 16), `-inf` when there are none, in [`ROW_CHAINS`] chains.
 ///
@@ -116,38 +141,17 @@ const ROW_CHAINS: usize = 4;
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 unsafe fn scaled_row_max(srow: *const f32, cfull: usize, sv: __m512) -> __m512 {
-    let mut mx = [_mm512_set1_ps(f32::NEG_INFINITY); ROW_CHAINS];
     // SAFETY: every load reads 16 floats below `cfull`.
     let scaled = |j: usize| _mm512_mul_ps(unsafe { _mm512_loadu_ps(srow.add(j)) }, sv);
-    let whole = cfull - cfull % (16 * ROW_CHAINS);
-    for j in (0..whole).step_by(16 * ROW_CHAINS) {
-        for (t, m) in mx.iter_mut().enumerate() {
-            *m = _mm512_max_ps(*m, scaled(j + 16 * t));
-        }
-    }
-    for j in (whole..cfull).step_by(16) {
-        mx[0] = _mm512_max_ps(mx[0], scaled(j));
-    }
-    _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]))
+    row_fold(cfull, _mm512_set1_ps(f32::NEG_INFINITY), |m, x| _mm512_max_ps(m, x), scaled)
 }
 
 /// `f(j)` summed over a row's full vectors (`j = 0, 16, .. < cfull`) in [`ROW_CHAINS`]
-/// partial sums, each vector's `f` called once, in order (the array indices are constants
-/// in the unrolled body, so the sums stay in registers).
+/// partial sums, each vector's `f` called once, in order.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-fn row_sum_of(cfull: usize, mut f: impl FnMut(usize) -> __m512) -> __m512 {
-    let mut sum = [_mm512_setzero_ps(); ROW_CHAINS];
-    let whole = cfull - cfull % (16 * ROW_CHAINS);
-    for j in (0..whole).step_by(16 * ROW_CHAINS) {
-        for (t, s) in sum.iter_mut().enumerate() {
-            *s = _mm512_add_ps(*s, f(j + 16 * t));
-        }
-    }
-    for j in (whole..cfull).step_by(16) {
-        sum[0] = _mm512_add_ps(sum[0], f(j));
-    }
-    _mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]))
+fn row_sum_of(cfull: usize, f: impl FnMut(usize) -> __m512) -> __m512 {
+    row_fold(cfull, _mm512_setzero_ps(), |s, x| _mm512_add_ps(s, x), f)
 }
 
 /// `2^x` per lane; see the crate's `softmax_update` for the method and its accuracy.
