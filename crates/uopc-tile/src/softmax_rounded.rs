@@ -289,6 +289,12 @@ unsafe fn vector_step(
     tile: RoundedTile,
 ) -> bool {
     match isa {
+        // SAFETY: forwarded; AVX-512 with AVX512_BF16 and AVX512DQ is available.
+        Isa::Avx512 if !is_f16 && native_bf16_rounding() => unsafe {
+            crate::x86::avx512::softmax_update_rounded_native_bf16(
+                sh, ldp, scale, is_f16, s, row_max, row_sum, o, tile,
+            )
+        },
         // SAFETY: forwarded; AVX-512 is available.
         Isa::Avx512 => unsafe {
             crate::x86::avx512::softmax_update_rounded(sh, ldp, scale, is_f16, s, row_max, row_sum, o, tile)
@@ -300,6 +306,12 @@ unsafe fn vector_step(
         _ => return false,
     }
     true
+}
+
+/// Whether the AVX-512 step may round to bf16 with `vcvtneps2bf16`.
+#[cfg(target_arch = "x86_64")]
+fn native_bf16_rounding() -> bool {
+    std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512dq")
 }
 
 /// The portable step: the same algorithm one float at a time (AVX2 machines take it too),

@@ -249,125 +249,166 @@ pub(crate) unsafe fn softmax_update(
     }
 }
 
-/// The rounded softmax step over all rows (see the crate's `softmax_update_rounded` and
-/// the crate's `softmax_update_rounded_in_place`): each probability is rounded to f16 when
-/// `is_f16`, else to bf16, and stored into `p`; the running sum adds the rounded values.
-///
-/// # Safety
-///
-/// AVX-512F is available and the pointers satisfy
-/// the crate's `softmax_update_rounded_unchecked` (with `p` the 16-bit tile's bits), or
-/// the crate's `softmax_update_rounded_in_place_unchecked` (with `p` the score tile).
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn softmax_update_rounded(
-    sh: &SoftmaxShape,
-    ldp: usize,
-    scale: f32,
-    is_f16: bool,
-    s: *const f32,
-    row_max: *mut f32,
-    row_sum: *mut f32,
-    o: *mut f32,
-    p: RoundedTile,
-) {
-    let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
-    let sv = _mm512_set1_ps(scale);
-    let (cfull, dfull) = (cols - cols % 16, d - d % 16);
-    let (ctail, dtail) = (lanes(cols % 16), lanes(d % 16));
-    // 16 probabilities rounded: the 16-bit patterns, and the rounded values widened back.
-    let round = |e: __m512| -> (__m256i, __m512) {
-        if is_f16 {
-            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(e);
-            (h, _mm512_cvtph_ps(h))
-        } else {
-            let bits = crate::x86::bf16::narrow_bf16(_mm512_castps_si512(e));
-            (_mm512_cvtepi32_epi16(bits), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits)))
-        }
-    };
-    // `n <= 16` probabilities of row `r` from column `j` on, as bits `h` or values `back`. A
-    // 16-bit tail goes through a local vector (a masked 16-bit store needs AVX-512BW, which
-    // this ISA level does not require).
-    let store = |r: usize, j: usize, h: __m256i, back: __m512, n: usize| match p {
-        RoundedTile::Bits(p) => {
-            // SAFETY: row `r` of P holds `cols` u16s from `r * ldp`, and `j + n <= cols`.
-            let dst = unsafe { p.add(r * ldp + j) };
-            if n == 16 {
-                // SAFETY: as above, 16 of them.
-                unsafe { _mm256_storeu_si256(dst.cast(), h) };
-            } else {
-                let mut buf = [0u16; 16];
-                // SAFETY: `buf` holds 16 u16s (32 bytes); `dst` holds `n` writable u16s,
-                // disjoint from `buf`.
+/// The `vfpclassps` category of positive and negative subnormals.
+const SUBNORMAL: i32 = 0x20;
+
+/// Defines a rounded softmax step with the given documentation, name and CPU features;
+/// `$native_bf16` rounds to bf16 with `vcvtneps2bf16` (the features must then include
+/// AVX512_BF16 and AVX512DQ), otherwise with integer operations. One body, two instances, as
+/// each needs its own `target_feature`.
+macro_rules! rounded_step {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $native_bf16:literal) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        // The blocks for the AVX512_BF16 and AVX512DQ operations are needed in one instance.
+        #[allow(clippy::too_many_arguments, unused_unsafe)]
+        pub(crate) unsafe fn $name(
+            sh: &SoftmaxShape,
+            ldp: usize,
+            scale: f32,
+            is_f16: bool,
+            s: *const f32,
+            row_max: *mut f32,
+            row_sum: *mut f32,
+            o: *mut f32,
+            p: RoundedTile,
+        ) {
+            let SoftmaxShape { rows, cols, lds, ldo, d } = *sh;
+            let sv = _mm512_set1_ps(scale);
+            let (cfull, dfull) = (cols - cols % 16, d - d % 16);
+            let (ctail, dtail) = (lanes(cols % 16), lanes(d % 16));
+            // 16 probabilities rounded: the 16-bit patterns, and the rounded values widened back.
+            let round = |e: __m512| -> (__m256i, __m512) {
+                if is_f16 {
+                    let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(e);
+                    (h, _mm512_cvtph_ps(h))
+                } else if $native_bf16
+                    // SAFETY: reached only in the instance that enables AVX512_BF16 and
+                    // AVX512DQ.
+                    && unsafe { _mm512_fpclass_ps_mask::<SUBNORMAL>(e) } == 0
+                {
+                    // SAFETY: as above; a bf16 vector is 16 u16 bit patterns.
+                    let h: __m256i = unsafe { std::mem::transmute(_mm512_cvtneps_pbh(e)) };
+                    (h, _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))))
+                } else {
+                    let bits = crate::x86::bf16::narrow_bf16(_mm512_castps_si512(e));
+                    (_mm512_cvtepi32_epi16(bits), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits)))
+                }
+            };
+            // `n <= 16` probabilities of row `r` from column `j` on, as bits `h` or values `back`. A
+            // 16-bit tail goes through a local vector (a masked 16-bit store needs AVX-512BW, which
+            // this ISA level does not require).
+            let store = |r: usize, j: usize, h: __m256i, back: __m512, n: usize| match p {
+                RoundedTile::Bits(p) => {
+                    // SAFETY: row `r` of P holds `cols` u16s from `r * ldp`, and `j + n <= cols`.
+                    let dst = unsafe { p.add(r * ldp + j) };
+                    if n == 16 {
+                        // SAFETY: as above, 16 of them.
+                        unsafe { _mm256_storeu_si256(dst.cast(), h) };
+                    } else {
+                        let mut buf = [0u16; 16];
+                        // SAFETY: `buf` holds 16 u16s (32 bytes); `dst` holds `n` writable u16s,
+                        // disjoint from `buf`.
+                        unsafe {
+                            _mm256_storeu_si256(buf.as_mut_ptr().cast(), h);
+                            std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, n);
+                        }
+                    }
+                }
+                // SAFETY: row `r` of P holds `cols` floats from `r * ldp`, and `j + n <= cols`; the
+                // store is masked to the `n` of them.
+                RoundedTile::Wide(p) => unsafe { _mm512_mask_storeu_ps(p.add(r * ldp + j), lanes(n), back) },
+            };
+            let ntail = cols % 16;
+            for r in 0..rows {
+                // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors
+                // end at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is
+                // touched (`store` keeps to P's rows). A chunk of S is loaded before P's is stored,
+                // so P may be S itself.
                 unsafe {
-                    _mm256_storeu_si256(buf.as_mut_ptr().cast(), h);
-                    std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, n);
+                    let srow = s.add(r * lds);
+                    let mut mx = scaled_row_max(srow, cfull, sv);
+                    if ctail != 0 {
+                        let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv);
+                        mx = _mm512_mask_max_ps(mx, ctail, mx, x);
+                    }
+                    let m_old = *row_max.add(r);
+                    let m_new = m_old.max(_mm512_reduce_max_ps(mx));
+                    // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
+                    if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
+                        // Nothing seen yet: P = 0, and the running sum and output stay as they are.
+                        for j in (0..cfull).step_by(16) {
+                            store(r, j, _mm256_setzero_si256(), _mm512_setzero_ps(), 16);
+                        }
+                        if ntail != 0 {
+                            store(r, cfull, _mm256_setzero_si256(), _mm512_setzero_ps(), ntail);
+                        }
+                        continue;
+                    }
+                    let alpha = _mm512_cvtss_f32(exp2_nonpositive(_mm512_set1_ps(m_old - m_new)));
+                    let mv = _mm512_set1_ps(m_new);
+                    let mut sum = row_sum_of(cfull, |j| {
+                        let e = exp2_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
+                        let (h, back) = round(e);
+                        store(r, j, h, back, 16);
+                        back
+                    });
+                    if ntail != 0 {
+                        let e = exp2_nonpositive(_mm512_sub_ps(
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv),
+                            mv,
+                        ));
+                        let (h, back) = round(e);
+                        store(r, cfull, h, back, ntail);
+                        sum = _mm512_mask_add_ps(sum, ctail, sum, back);
+                    }
+                    *row_sum.add(r) = *row_sum.add(r) * alpha + _mm512_reduce_add_ps(sum);
+                    *row_max.add(r) = m_new;
+                    if alpha != 1.0 && d > 0 {
+                        let orow = o.add(r * ldo);
+                        let av = _mm512_set1_ps(alpha);
+                        for j in (0..dfull).step_by(16) {
+                            _mm512_storeu_ps(orow.add(j), _mm512_mul_ps(_mm512_loadu_ps(orow.add(j)), av));
+                        }
+                        if dtail != 0 {
+                            let x = _mm512_maskz_loadu_ps(dtail, orow.add(dfull));
+                            _mm512_mask_storeu_ps(orow.add(dfull), dtail, _mm512_mul_ps(x, av));
+                        }
+                    }
                 }
             }
         }
-        // SAFETY: row `r` of P holds `cols` floats from `r * ldp`, and `j + n <= cols`; the
-        // store is masked to the `n` of them.
-        RoundedTile::Wide(p) => unsafe { _mm512_mask_storeu_ps(p.add(r * ldp + j), lanes(n), back) },
     };
-    let ntail = cols % 16;
-    for r in 0..rows {
-        // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors
-        // end at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is
-        // touched (`store` keeps to P's rows). A chunk of S is loaded before P's is stored,
-        // so P may be S itself.
-        unsafe {
-            let srow = s.add(r * lds);
-            let mut mx = scaled_row_max(srow, cfull, sv);
-            if ctail != 0 {
-                let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv);
-                mx = _mm512_mask_max_ps(mx, ctail, mx, x);
-            }
-            let m_old = *row_max.add(r);
-            let m_new = m_old.max(_mm512_reduce_max_ps(mx));
-            // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
-            if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
-                // Nothing seen yet: P = 0, and the running sum and output stay as they are.
-                for j in (0..cfull).step_by(16) {
-                    store(r, j, _mm256_setzero_si256(), _mm512_setzero_ps(), 16);
-                }
-                if ntail != 0 {
-                    store(r, cfull, _mm256_setzero_si256(), _mm512_setzero_ps(), ntail);
-                }
-                continue;
-            }
-            let alpha = _mm512_cvtss_f32(exp2_nonpositive(_mm512_set1_ps(m_old - m_new)));
-            let mv = _mm512_set1_ps(m_new);
-            let mut sum = row_sum_of(cfull, |j| {
-                let e = exp2_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(srow.add(j)), sv), mv));
-                let (h, back) = round(e);
-                store(r, j, h, back, 16);
-                back
-            });
-            if ntail != 0 {
-                let e = exp2_nonpositive(_mm512_sub_ps(
-                    _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv),
-                    mv,
-                ));
-                let (h, back) = round(e);
-                store(r, cfull, h, back, ntail);
-                sum = _mm512_mask_add_ps(sum, ctail, sum, back);
-            }
-            *row_sum.add(r) = *row_sum.add(r) * alpha + _mm512_reduce_add_ps(sum);
-            *row_max.add(r) = m_new;
-            if alpha != 1.0 && d > 0 {
-                let orow = o.add(r * ldo);
-                let av = _mm512_set1_ps(alpha);
-                for j in (0..dfull).step_by(16) {
-                    _mm512_storeu_ps(orow.add(j), _mm512_mul_ps(_mm512_loadu_ps(orow.add(j)), av));
-                }
-                if dtail != 0 {
-                    let x = _mm512_maskz_loadu_ps(dtail, orow.add(dfull));
-                    _mm512_mask_storeu_ps(orow.add(dfull), dtail, _mm512_mul_ps(x, av));
-                }
-            }
-        }
-    }
 }
+
+rounded_step!(
+    /// The rounded softmax step over all rows (see the crate's `softmax_update_rounded` and
+    /// the crate's `softmax_update_rounded_in_place`): each probability is rounded to f16 when
+    /// `is_f16`, else to bf16, and stored into `p`; the running sum adds the rounded values.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F is available and the pointers satisfy
+    /// the crate's `softmax_update_rounded_unchecked` (with `p` the 16-bit tile's bits), or
+    /// the crate's `softmax_update_rounded_in_place_unchecked` (with `p` the score tile).
+    softmax_update_rounded,
+    "avx512f,avx2,fma",
+    false
+);
+
+rounded_step!(
+    /// [`softmax_update_rounded`] rounding to bf16 with `vcvtneps2bf16`: one instruction where
+    /// the other takes ten integer operations, with the same bits. The instruction reads a
+    /// subnormal as zero, so a vector holding one (an exponent just above the cut to zero) is
+    /// rounded the other way.
+    ///
+    /// # Safety
+    ///
+    /// As [`softmax_update_rounded`], and AVX512_BF16 and AVX512DQ are available.
+    softmax_update_rounded_native_bf16,
+    "avx512f,avx2,fma,avx512bf16,avx512dq",
+    true
+);
 
 /// The probabilities recomputed from the log-sum-exp (see the crate's `softmax_recompute`).
 ///
@@ -554,5 +595,69 @@ pub(crate) unsafe fn exp_row(x: *const f32, y: *mut f32, len: usize, b: f32, sca
             let v = _mm512_maskz_loadu_ps(tail, x.add(full));
             _mm512_mask_storeu_ps(y.add(full), tail, exp2(_mm512_mul_ps(cv, _mm512_sub_ps(v, bv))));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs one rounded step (`native` picks the `vcvtneps2bf16` instance) over the scores
+    /// `s` (`rows x cols`, dense) with `d = 20` columns of O; returns the bf16 bits, the
+    /// running maxima and sums, and O, as bit patterns.
+    fn step(native: bool, s: &[f32], rows: usize, cols: usize) -> (Vec<u16>, Vec<u32>, Vec<u32>, Vec<u32>) {
+        let d = 20;
+        let sh = SoftmaxShape { rows, cols, lds: cols, ldo: d, d };
+        let (mut m, mut l) = (vec![-3.0f32; rows], vec![0.5f32; rows]);
+        let mut o: Vec<f32> = (0..rows * d).map(|i| i as f32 * 0.25 - 7.0).collect();
+        let mut p = vec![0u16; rows * cols];
+        let tile = RoundedTile::Bits(p.as_mut_ptr());
+        let args = (s.as_ptr(), m.as_mut_ptr(), l.as_mut_ptr(), o.as_mut_ptr());
+        // SAFETY: the caller checked the features of the instance it asks for; every buffer
+        // holds what the shape says.
+        unsafe {
+            if native {
+                softmax_update_rounded_native_bf16(
+                    &sh, cols, 1.0, false, args.0, args.1, args.2, args.3, tile,
+                );
+            } else {
+                softmax_update_rounded(&sh, cols, 1.0, false, args.0, args.1, args.2, args.3, tile);
+            }
+        }
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect();
+        (p, bits(m), bits(l), bits(o))
+    }
+
+    /// The `vcvtneps2bf16` instance gives the same bits as the integer rounding: ties,
+    /// exponentials just above the cut to zero (subnormal before rounding, which the
+    /// instruction would read as zero), at and below it, `-inf`, a NaN row, and a tail.
+    #[test]
+    fn native_bf16_rounding_matches_the_integer_rounding() {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bf16")
+            && is_x86_feature_detected!("avx512dq"))
+        {
+            eprintln!("SKIPPED: the vcvtneps2bf16 step needs AVX-512F, AVX512_BF16 and AVX512DQ");
+            return;
+        }
+        let cols = 37;
+        let mut s = Vec::new();
+        // Row 0: the maximum 0 and exponents down past the cut, each in a vector of its own
+        // or sharing one with ordinary values.
+        let edge = [0.0, -126.3, -126.45, -126.5, -126.0, -125.9, -127.0, -150.0, f32::NEG_INFINITY];
+        s.extend((0..cols).map(|j| edge.get(j % 20).copied().unwrap_or(-(j as f32) * 0.37)));
+        // Rows 1-3: ordinary scores, some whose exponentials sit on bf16 ties.
+        for r in 1..4 {
+            s.extend(
+                (0..cols).map(|j| ((r * 31 + j * 17) % 23) as f32 * 0.29 - 3.0 - (j % 3) as f32 / 256.0),
+            );
+        }
+        // Row 4: a NaN.
+        s.extend((0..cols).map(|j| if j == 5 { f32::NAN } else { j as f32 }));
+        let rows = s.len() / cols;
+        assert_eq!(step(true, &s, rows, cols), step(false, &s, rows, cols));
+        // The edge row did hold an exponential the instruction would have flushed.
+        let e = 2f32.powf(-126.3);
+        assert!(e > 0.0 && e < f32::MIN_POSITIVE);
     }
 }
