@@ -116,15 +116,11 @@ fn wide_key_blocks_only_for_tall_unmasked_tasks() {
         let b = choose(SdpaConfig { causal: true, ..config(1, 8, 8, 1024, 1024, d) });
         assert_eq!(b.keys, 64, "causal D = {d}: {b:?}");
     }
-    // bf16 on bf16 GEMMs at D = 256 keeps a query tile and a tile of rounded probabilities:
-    // under 128 rows. Where its GEMM widens it has f32's tiles and rows.
+    // bf16 at D = 256 reads its queries in place too: on bf16 GEMMs its tile of rounded
+    // probabilities still leaves 128 rows, and where its GEMM widens it has f32's tiles.
     let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, 256) };
     let b = choose(bf16);
-    if uopc_jit::machine::Machine::get().choices().bf16.widens() {
-        assert!(b.keys == 128 && b.queries == 128, "{b:?}");
-    } else {
-        assert!(b.keys == 64 && b.queries < 128, "{b:?}");
-    }
+    assert!(b.keys == 128 && b.queries == 128, "{b:?}");
     // Fewer keys than a wide block: one block of all of them.
     assert_eq!(choose(config(1, 8, 8, 1024, 100, 64)).keys, 64);
     // Decode keeps its streamed 512-key blocks.
@@ -133,7 +129,7 @@ fn wide_key_blocks_only_for_tall_unmasked_tasks() {
 
 /// An f32 task of one query head reads its queries in q (no `rows x D` query copy beside the
 /// output tile), so the stack holds taller tiles: at D = 256, 128 rows where the copy allowed
-/// 64. Stacked heads, and bf16 on bf16 GEMMs, keep their query tile.
+/// 64. Stacked heads keep their query tile.
 #[test]
 fn one_head_f32_tasks_read_queries_in_place_and_take_taller_tiles() {
     let c = config(1, 8, 8, 1024, 1024, 256);
@@ -151,14 +147,19 @@ fn one_head_f32_tasks_read_queries_in_place_and_take_taller_tiles() {
     let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == 4 * 128).count();
     assert_eq!(row_tiles, 2, "the query tile and the output tile:\n{}", sdpa.program().loop_ir());
 
-    // f16 reads its queries in place too (the score GEMM widens them), and so does bf16 where
-    // its GEMM widens; bf16 on bf16 GEMMs keeps its tile.
+    // f16 reads its queries in place too (the score GEMM widens them), and so does bf16,
+    // whose GEMMs either widen them likewise or read them as their A; its compiled kernel
+    // has no bf16 query tile either.
     let half = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..c };
     let b = Blocking::choose(&half, 2);
     assert!(b.reads_queries_in_place(&half) && b.queries == 128, "{b:?}");
     let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..c };
-    let widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
-    assert_eq!(Blocking::choose(&bf16, 2).reads_queries_in_place(&bf16), widens);
+    let b = Blocking::choose(&bf16, 2);
+    assert!(b.reads_queries_in_place(&bf16) && b.queries == 128, "{b:?}");
+    let sdpa = Sdpa::compile_with(&bf16, b).unwrap();
+    assert!(sdpa.to_string().contains("128 queries read in place"), "{sdpa}");
+    let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == 128 * 256).count();
+    assert_eq!(row_tiles, 1, "only the output tile is rows x D:\n{}", sdpa.program().loop_ir());
 }
 
 /// Batched, multi-head, GQA and decode shapes whose query blocks divide n_q run their THREAD

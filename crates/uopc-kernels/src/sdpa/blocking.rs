@@ -238,8 +238,9 @@ impl Blocking {
     /// Whether the score GEMM reads the task's query rows from q itself, unscaled (the softmax
     /// step then applies the scale, and a mask loop that reads every score scales it), rather
     /// than from a copy on the stack: with one query head per task, whose rows are evenly
-    /// strided in q, for f32, f16, and bf16 where its GEMMs widen (the 16-bit GEMMs widen A as
-    /// they pack it). The copy's room then goes to more rows. 16-bit queries against f32 K/V
+    /// strided in q, for every dtype (the widening 16-bit GEMMs widen A as they pack it; bf16
+    /// GEMMs on AMX or `vdpbf16ps` read bf16 A where it lies). The copy's room then goes to
+    /// more rows. 16-bit queries against f32 K/V
     /// panels are the exception while an f32 copy fits the stack: widened once per task, they
     /// spare every key block's score GEMM that widening.
     pub fn reads_queries_in_place(&self, config: &SdpaConfig) -> bool {
@@ -332,16 +333,12 @@ impl Blocking {
     }
 }
 
-/// Whether tasks of `heads_per_task` query heads read their queries in place: f32, or f16
-/// and bf16 where their GEMMs widen (the score GEMM widens the query rows as it packs them),
-/// with one head (stacked heads' rows are not evenly strided in q). A bf16 query tile for
-/// bf16 GEMMs that take bf16 operands is the operand itself, so it stays a copy.
-fn queries_in_place(config: &SdpaConfig, heads_per_task: usize) -> bool {
-    let widened = match config.dtype {
-        SdpaDType::F32 | SdpaDType::F16 => true,
-        SdpaDType::BF16 => bf16_widens(),
-    };
-    widened && heads_per_task == 1
+/// Whether tasks of `heads_per_task` query heads read their queries in place: with one head
+/// (stacked heads' rows are not evenly strided in q), for every dtype. f16, and bf16 where
+/// its GEMMs widen, have the score GEMM widen the query rows as it packs them; bf16 GEMMs
+/// that take bf16 operands read the rows as their A where they lie, as a copy would be read.
+fn queries_in_place(_config: &SdpaConfig, heads_per_task: usize) -> bool {
+    heads_per_task == 1
 }
 
 /// Whether this machine's bf16 GEMM widens bf16 to f32 for the f32 kernels (no AMX or
