@@ -42,8 +42,9 @@ const KEY_BLOCK: usize = 64;
 /// the diagonal band's sub-tiles are one [`KEY_BLOCK`] tall, so blocks stay at that.
 const WIDE_KEY_BLOCK: usize = 2 * KEY_BLOCK;
 
-/// Rows a task must keep for [`WIDE_KEY_BLOCK`]: fewer would re-pack each K/V block for fewer
-/// rows than the 64-key blocking's taller tasks do.
+/// Rows a task must keep for [`WIDE_KEY_BLOCK`] unless it keeps as many as with 64-key
+/// blocks: fewer would re-pack each K/V block for fewer rows than the 64-key blocking's
+/// taller tasks do.
 const WIDE_KEY_MIN_ROWS: usize = 128;
 
 /// Rows per task under the causal mask. The blocks every row sees run on all rows; the
@@ -118,7 +119,8 @@ impl Blocking {
     /// rows are a divisor of n_q when one lies within half of the most rows; otherwise query
     /// blocks are evened out (no mostly-empty last block); they are split further if there
     /// would be fewer tasks than cores. Keys come in blocks of 128 without the causal mask when
-    /// that leaves a task at least 128 rows, else of 64, or of 512 when a task has at most 8
+    /// that leaves a task at least 128 rows or as many as 64-key blocks would, else of 64, or
+    /// of 512 when a task has at most 8
     /// rows (those stream K and V, and a wide block spreads the per-block costs). When
     /// one query block holds all rows and there are fewer than four tasks per core, the keys
     /// are split into chunks of at least 512 keys and one block (split-K).
@@ -135,7 +137,8 @@ impl Blocking {
         let mut b = Self::choose_with_key_block(config, cores, KEY_BLOCK);
         if !config.causal && config.n_k >= WIDE_KEY_BLOCK {
             let wide = Self::choose_with_key_block(config, cores, WIDE_KEY_BLOCK);
-            if wide.keys == WIDE_KEY_BLOCK && wide.heads_per_task * wide.queries >= WIDE_KEY_MIN_ROWS {
+            let (wide_rows, rows) = (wide.heads_per_task * wide.queries, b.heads_per_task * b.queries);
+            if wide.keys == WIDE_KEY_BLOCK && (wide_rows >= WIDE_KEY_MIN_ROWS || wide_rows >= rows) {
                 b = wide;
             }
         }
