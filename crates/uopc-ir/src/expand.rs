@@ -233,15 +233,6 @@ impl Operands<'_> {
             let inner = acc.after(&[start, p.clone()]);
             let a = if g.a_trans { &p * g.lda as i64 + &i } else { &i * g.lda as i64 + &p };
             let b = match (g.b_panel_width as i64, g.b_trans) {
-                // The pair layout of `uopc_tile::pair_panel_offset`.
-                _ if g.b_pairs => {
-                    j.idiv(32) * g.ldb as i64
-                        + p.idiv(32) * 1024
-                        + j.modulo(32).idiv(16) * 512
-                        + p.modulo(32).idiv(2) * 32
-                        + j.modulo(16) * 2
-                        + p.modulo(2)
-                }
                 (0, true) => &j * g.ldb as i64 + &p,
                 (0, false) => &p * g.ldb as i64 + &j,
                 (w, _) => j.idiv(w) * g.ldb as i64 + &p * w + j.modulo(w),

@@ -173,7 +173,6 @@ impl Printer {
                                 b_trans,
                                 accumulate,
                                 b_panel_width,
-                                b_pairs,
                                 parallel,
                                 ..
                             }) => {
@@ -181,10 +180,9 @@ impl Printer {
                                     "tile_gemm {m}x{n}x{k}{}{}{}{}{}",
                                     if *a_trans { " A^T" } else { "" },
                                     if *b_trans { " B^T" } else { "" },
-                                    match (b_panel_width, b_pairs) {
-                                        (_, true) => " B in pair panels".to_string(),
-                                        (0, _) => String::new(),
-                                        (w, _) => format!(" B in panels of {w}"),
+                                    match b_panel_width {
+                                        0 => String::new(),
+                                        w => format!(" B in panels of {w}"),
                                     },
                                     if *accumulate { " +=" } else { "" },
                                     if *parallel { " (split over the pool)" } else { "" }

@@ -374,7 +374,6 @@ mod tests {
             b_trans: false,
             accumulate: false,
             b_panel_width: 0,
-            b_pairs: false,
             parallel: false,
         };
         let gemm = tile(TileOp::Gemm(shape), &[ia.clone(), ib.clone(), ic.clone()]);

@@ -471,7 +471,6 @@ impl GemmTasks {
             b_trans: *b_trans,
             accumulate: false,
             b_panel_width: 0,
-            b_pairs: false,
             parallel: self.split_in_call,
         });
         let abuf = buffer(a.slot, a.dtype, a.len);

@@ -49,7 +49,6 @@ impl GemmCase {
             b_trans,
             accumulate,
             b_panel_width: 0,
-            b_pairs: false,
             parallel: false,
         })
     }
@@ -134,37 +133,6 @@ pub fn gemm_panels_case(g: GemmCase, width: usize, tasks: usize, seed: u64) -> C
     let inputs = vec![
         HostBuffer::F32(values(a_len * tasks + 1, seed)),
         HostBuffer::F32(values(b_len + 1, seed + 1)),
-        HostBuffer::F32(values(c_len * tasks + 1, seed + 2)),
-    ];
-    Case { program, inputs }
-}
-
-/// [`gemm_bf16_case`] with B in the bf16 GEMM's pair panels (its `b_trans` is ignored): panels
-/// of 32 columns, each `k.div_ceil(32)` blocks of 1024 elements, `pad` elements between
-/// panels, the layout `uopc_tile::pack_bf16_pairs` writes and a GEMM with `b_pairs` reads in
-/// place. Every element of B's buffer is random and finite, the padding of the last k block
-/// and the last panel included: the kernels multiply it by A's zero padding, or drop the
-/// products.
-pub fn gemm_pairs_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
-    let stride = g.k.div_ceil(32) * 1024 + g.pad;
-    let b_len = g.offset + (g.n.div_ceil(32) - 1) * stride + g.k.div_ceil(32) * 1024;
-    let op = match g.op() {
-        TileOp::Gemm(s) => {
-            TileOp::Gemm(uopc_ir::GemmShape { b_trans: false, ldb: stride, b_pairs: true, ..s })
-        }
-        other => other,
-    };
-    let (a_len, c_len) = (g.a_len(), g.c_len());
-    let a = buffer(0, DType::BF16, a_len * tasks + 1);
-    let b = buffer(1, DType::BF16, b_len + 1);
-    let c = buffer(2, DType::F32, c_len * tasks + 1);
-    let t = range(tasks, 0, AxisType::Thread);
-    let operands = [a.index(&t * a_len + g.offset as i64), b.index(g.offset as i64), c.index(&t * c_len)];
-    let program = sink(&[sink(&[tile(op, &operands)]).end(&[t])]);
-    let bf16s = |v: Vec<f32>| HostBuffer::BF16(v.into_iter().map(half::bf16::from_f32).collect());
-    let inputs = vec![
-        bf16s(values(a_len * tasks + 1, seed)),
-        bf16s(values(b_len + 1, seed + 1)),
         HostBuffer::F32(values(c_len * tasks + 1, seed + 2)),
     ];
     Case { program, inputs }
@@ -425,7 +393,6 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         b_trans: true,
         accumulate: false,
         b_panel_width: 0,
-        b_pairs: false,
         parallel: false,
     });
     let g1 = tile(scores, &[q.index(&t * (br * d)), k.index(&kb * (bc * d)), si.after(&prev).index(0)]);
@@ -452,7 +419,6 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         b_trans: false,
         accumulate: true,
         b_panel_width: 0,
-        b_pairs: false,
         parallel: false,
     });
     let g2 = tile(pv, &[si.after(&[sm.clone()]).index(0), v.index(&kb * (bc * d)), oi.after(&[sm]).index(0)]);

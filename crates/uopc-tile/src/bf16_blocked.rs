@@ -103,7 +103,7 @@ unsafe fn portable_block(a: ATiles, b: *const u16, ksteps: usize, c: *mut f32, l
 ///
 /// `dst` is writable for `n.div_ceil(32) * k.div_ceil(32) * 1024` u16; B's extent under `s`
 /// is readable.
-pub(crate) unsafe fn pack_b_scalar(dst: *mut u16, s: &GemmShape, b: *const u16) {
+unsafe fn pack_b_scalar(dst: *mut u16, s: &GemmShape, b: *const u16) {
     let kblocks = s.k.div_ceil(32);
     let panels = s.n.div_ceil(32);
     // SAFETY: the whole packed region is writable.
@@ -177,9 +177,8 @@ pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *con
         return;
     }
     // A few rows of A cannot amortize packing B: stream it (both vector paths have AVX-512F).
-    // A B already in pair panels is read as it is, whatever the rows.
     #[cfg(target_arch = "x86_64")]
-    if path != Bf16Path::Portable && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans && !s.b_pairs {
+    if path != Bf16Path::Portable && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
         // SAFETY: AVX-512F comes with either vector path; the shape is in the kernel's range
         // and the pointers are this function's contract.
         unsafe { crate::x86::half_rows::gemm::<false>(s, crate::x86::half_rows::RowsA::Half(a), b, c) };
@@ -203,21 +202,17 @@ pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *con
     } else {
         (rblocks * kblocks * BLOCK, 0)
     };
-    // A B in pair panels is read where it lies, each panel `ldb` from the one before.
-    let (b_len, panel_stride) =
-        if s.b_pairs { (0, s.ldb) } else { (panels * kblocks * BLOCK, kblocks * BLOCK) };
+    let b_len = panels * kblocks * BLOCK;
     let total = b_len + a_tail_rows + a_tail_k;
     crate::pack::with_buffer(total.div_ceil(2), |buf| {
-        let bp = if s.b_pairs { b } else { buf.cast::<u16>().cast_const() };
+        let bp = buf.cast::<u16>();
         // SAFETY: the buffer holds `total` u16, split into the packed B, the row-tail (or
         // whole) A region and the k-tail region, in that order.
-        let (ap_rows, ap_k) =
-            unsafe { (buf.cast::<u16>().add(b_len), buf.cast::<u16>().add(b_len + a_tail_rows)) };
+        let (ap_rows, ap_k) = unsafe { (bp.add(b_len), bp.add(b_len + a_tail_rows)) };
         // SAFETY: the regions are as `pack_operands` needs them (see the split above), and the
         // operands' extents are this function's contract.
         unsafe {
-            let b_dst = if s.b_pairs { None } else { Some(buf.cast::<u16>()) };
-            pack_operands(path, s, a, b, b_dst, (ap_rows, ap_k), (in_place, a_tail_rows > 0, a_tail_k > 0))
+            pack_operands(path, s, a, b, bp, (ap_rows, ap_k), (in_place, a_tail_rows > 0, a_tail_k > 0))
         };
         #[cfg(target_arch = "x86_64")]
         if path == Bf16Path::Amx {
@@ -272,7 +267,7 @@ pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *con
                             block(
                                 path,
                                 at,
-                                bp.add(jp * panel_stride + kb * BLOCK),
+                                bp.add((jp * kblocks + kb) * BLOCK),
                                 (nkb, extent),
                                 cp,
                                 cld,
@@ -319,9 +314,8 @@ fn prefetch_rows(first: *mut f32, ldc: usize, rows: usize) {
     }
 }
 
-/// Packs B (all panels) into `bp` (unless it is `None`: B is in pair panels already) and, as
-/// [`drive`] lays them out, A's packed regions `(rows, k_tail)`; `(in_place, row_tail,
-/// k_tail)` say which A pieces are packed.
+/// Packs B (all panels) into `bp` and, as [`drive`] lays them out, A's packed regions
+/// `(rows, k_tail)`; `(in_place, row_tail, k_tail)` say which A pieces are packed.
 ///
 /// # Safety
 ///
@@ -332,7 +326,7 @@ unsafe fn pack_operands(
     s: &GemmShape,
     a: *const u16,
     b: *const u16,
-    bp: Option<*mut u16>,
+    bp: *mut u16,
     (ap_rows, ap_k): (*mut u16, *mut u16),
     (in_place, row_tail, k_tail): (bool, bool, bool),
 ) {
@@ -348,13 +342,12 @@ unsafe fn pack_operands(
         let vector_pack = path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
         #[cfg(not(target_arch = "x86_64"))]
         let vector_pack = false;
-        match (bp, vector_pack, s.b_trans) {
-            (None, ..) => {}
+        match (vector_pack, s.b_trans) {
             #[cfg(target_arch = "x86_64")]
-            (Some(bp), true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
+            (true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
             #[cfg(target_arch = "x86_64")]
-            (Some(bp), true, true) => crate::x86::bf16::pack_b_cols(bp, b, s.ldb, k, n),
-            (Some(bp), ..) => pack_b_scalar(bp, s, b),
+            (true, true) => crate::x86::bf16::pack_b_cols(bp, b, s.ldb, k, n),
+            _ => pack_b_scalar(bp, s, b),
         }
         if in_place {
             if row_tail {

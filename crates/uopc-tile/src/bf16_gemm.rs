@@ -99,7 +99,7 @@ fn check(path: Bf16Path, s: &GemmShape, a: usize, b: usize, c: usize) -> Result<
     if !path.available() {
         return Err(TileError::PathUnavailable(path));
     }
-    crate::gemm::check_extents_with_pairs(s, [a, b, c], false)
+    crate::gemm::check_extents(s, [a, b, c], false)
 }
 
 /// [`gemm_bf16`] split into `tasks` column ranges (whole 32-column panels) run as rayon tasks
@@ -134,13 +134,7 @@ pub fn gemm_bf16_parallel(
             let sub = GemmShape { n: per_task.min(s.n - j0), ..*s };
             scope.spawn(move |_| {
                 let (a, b, c) = ops.get();
-                let b_off = if s.b_pairs {
-                    j0 / crate::BF16_PAIR_PANEL * s.ldb
-                } else if s.b_trans {
-                    j0 * s.ldb
-                } else {
-                    j0
-                };
+                let b_off = if s.b_trans { j0 * s.ldb } else { j0 };
                 // SAFETY: the sub-shape's extents lie inside the checked ones (columns
                 // `j0 .. j0 + sub.n` of B and C, same leading dimensions); the C columns of
                 // different tasks are disjoint.
@@ -167,13 +161,6 @@ pub unsafe fn gemm_bf16_unchecked(
     b: *const bf16,
     c: *mut f32,
 ) {
-    if s.b_pairs && path.widens() {
-        // The widening paths' f32 kernels take no pair panels; the portable block kernel of
-        // the shared driver reads them (B in pair panels is for AMX and `vdpbf16ps`).
-        // SAFETY: forwarded; the portable path needs no CPU feature.
-        unsafe { crate::bf16_blocked::drive(Bf16Path::Portable, s, a.cast(), b.cast(), c) };
-        return;
-    }
     #[cfg(target_arch = "x86_64")]
     if path == Bf16Path::Avx512Widen {
         let few_rows = (1..=crate::x86::half_rows::HALF_ROWS_MAX).contains(&s.m) && s.n > 0 && s.k > 0;
@@ -228,8 +215,7 @@ pub unsafe fn gemm_bf16_unchecked(
 /// the `i64`s `m`, `n`, `k`, `lda`, `ldb`, `ldc`, `flags`, as for [`crate::uopc_tile_gemm_f32`].
 ///
 /// Returns 0 on success, or -1 without touching memory if a size is negative, `flags` has
-/// unknown bits or a B panel width (only the f32 GEMM reads panels; pair panels,
-/// [`crate::GEMM_B_PAIRS`], are this GEMM's own), a leading dimension is
+/// unknown bits or a B panel width (only the f32 GEMM reads panels), a leading dimension is
 /// too small, an extent overflows, or a pointer is null
 /// while its operand is non-empty.
 ///

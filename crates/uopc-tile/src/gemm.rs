@@ -152,8 +152,6 @@ pub const GEMM_B_TRANS: i64 = 2;
 pub const GEMM_ACCUMULATE: i64 = 4;
 /// Flag bit: the call may split itself over the caller's rayon pool ([`GemmShape::parallel`]).
 pub const GEMM_PARALLEL: i64 = 8;
-/// Flag bit: B is in the bf16 GEMM's pair panels ([`GemmShape::b_pairs`]).
-pub const GEMM_B_PAIRS: i64 = 16;
 /// The lowest bit of [`GemmDesc::flags`]' panel-width field: `flags >> GEMM_PANEL_SHIFT` is
 /// [`GemmShape::b_panel_width`] (0 for a B stored by rows or columns).
 pub const GEMM_PANEL_SHIFT: u32 = 8;
@@ -186,8 +184,7 @@ impl GemmDesc {
     /// unknown bits.
     pub fn shape(&self) -> Option<GemmShape> {
         let panel_bits = (GEMM_MAX_PANEL_WIDTH as i64) << GEMM_PANEL_SHIFT;
-        let known = GEMM_A_TRANS | GEMM_B_TRANS | GEMM_ACCUMULATE | GEMM_PARALLEL | GEMM_B_PAIRS | panel_bits;
-        if self.flags & !known != 0 {
+        if self.flags & !(GEMM_A_TRANS | GEMM_B_TRANS | GEMM_ACCUMULATE | GEMM_PARALLEL | panel_bits) != 0 {
             return None;
         }
         let u = |x: i64| usize::try_from(x).ok();
@@ -202,7 +199,6 @@ impl GemmDesc {
             ldc: u(self.ldc)?,
             accumulate: self.flags & GEMM_ACCUMULATE != 0,
             b_panel_width: ((self.flags & panel_bits) >> GEMM_PANEL_SHIFT) as usize,
-            b_pairs: self.flags & GEMM_B_PAIRS != 0,
             parallel: self.flags & GEMM_PARALLEL != 0,
         })
     }
@@ -225,7 +221,6 @@ impl From<&GemmShape> for GemmDesc {
                 | (if s.b_trans { GEMM_B_TRANS } else { 0 })
                 | (if s.accumulate { GEMM_ACCUMULATE } else { 0 })
                 | (if s.parallel { GEMM_PARALLEL } else { 0 })
-                | (if s.b_pairs { GEMM_B_PAIRS } else { 0 })
                 | if s.b_panel_width <= GEMM_MAX_PANEL_WIDTH {
                     (s.b_panel_width as i64) << GEMM_PANEL_SHIFT
                 } else {
@@ -301,25 +296,9 @@ pub(crate) fn check_operands(
     check_extents(s, lens, panels)
 }
 
-/// The shape checks of every checked GEMM entry point but the bf16 GEMM's, in this order: B
-/// is not in panels unless `panels`, nor in pair panels, and slices of `lens` (A, B, C) hold
-/// their operands' extents under `s`.
+/// The shape checks of every checked GEMM entry point, in this order: B is not in panels
+/// unless `panels`, and slices of `lens` (A, B, C) hold their operands' extents under `s`.
 pub(crate) fn check_extents(s: &GemmShape, lens: [usize; 3], panels: bool) -> Result<(), TileError> {
-    if s.b_pairs {
-        return Err(TileError::InvalidLayout {
-            operand: "b",
-            reason: "only the bf16 GEMM reads pair panels",
-        });
-    }
-    check_extents_with_pairs(s, lens, panels)
-}
-
-/// [`check_extents`] allowing B in pair panels (the bf16 GEMM's checks).
-pub(crate) fn check_extents_with_pairs(
-    s: &GemmShape,
-    lens: [usize; 3],
-    panels: bool,
-) -> Result<(), TileError> {
     if !panels {
         plain_b(s)?;
     }
@@ -330,8 +309,7 @@ pub(crate) fn check_extents_with_pairs(
     Ok(())
 }
 
-/// The body of the C-ABI GEMM entries but the bf16 GEMM's: `desc` decoded (B in panels only
-/// where `panels`, never in pair panels), then
+/// The body of the C-ABI GEMM entries: `desc` decoded (B in panels only where `panels`), then
 /// `gemm` on the detected ISA; 0, or -1 without touching memory.
 ///
 /// # Safety
@@ -348,7 +326,7 @@ pub(crate) unsafe fn run_entry<A, B>(
 ) -> i32 {
     // SAFETY: forwarded from our caller.
     let Some(s) = (unsafe { decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) })
-        .filter(|s| (panels || s.b_panel_width == 0) && !s.b_pairs)
+        .filter(|s| panels || s.b_panel_width == 0)
     else {
         return -1;
     };

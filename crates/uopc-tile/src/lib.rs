@@ -51,7 +51,6 @@
 mod amx_guard;
 mod bf16_blocked;
 mod bf16_gemm;
-mod bf16_pairs;
 mod bf16_path;
 #[cfg(target_arch = "x86_64")]
 mod blocked;
@@ -87,7 +86,6 @@ pub use bf16_gemm::{
     Bf16Path, gemm_bf16, gemm_bf16_parallel, gemm_bf16_unchecked, uopc_tile_gemm_bf16,
     uopc_tile_gemm_bf16_desc,
 };
-pub use bf16_pairs::{BF16_PAIR_PANEL, bf16_pair_panel_len, pack_bf16_pairs, pair_panel_offset};
 pub use error::TileError;
 pub use exp_rows::{ExpRowsShape, exp_rows, exp_rows_unchecked, uopc_tile_exp_rows_f32};
 pub use f16_gemm::{
@@ -96,9 +94,8 @@ pub use f16_gemm::{
     uopc_tile_gemm_f32_f16,
 };
 pub use gemm::{
-    GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_PAIRS, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT,
-    GEMM_PARALLEL, GemmDesc, GemmShape, gemm, gemm_unchecked, register_tile, uopc_tile_gemm_f32,
-    uopc_tile_gemm_f32_desc,
+    GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT, GEMM_PARALLEL,
+    GemmDesc, GemmShape, gemm, gemm_unchecked, register_tile, uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
 };
 pub use half_a_gemm::{
     gemm_bf16_f32, gemm_bf16_f32_unchecked, gemm_f16_f32, gemm_f16_f32_unchecked, uopc_tile_gemm_bf16_f32,

@@ -69,7 +69,6 @@ impl PanelPacking {
             ldb: self.panel_stride,
             lda,
             b_panel_width: self.width,
-            b_pairs: false,
             ..GemmShape::dense(m, self.n, self.k, false, false, accumulate)
         }
     }

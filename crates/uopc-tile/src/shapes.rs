@@ -116,13 +116,6 @@ pub(crate) unsafe fn any_scaled_nan(row: *const f32, cols: usize, scale: f32) ->
 /// so `ldb` is the distance between panels. A B used by many GEMMs is packed once that way
 /// and the micro-kernel reads it where it lies, rather than each GEMM packing it again. Only
 /// the f32 GEMM takes it, untransposed.
-///
-/// With `b_pairs`, B is bf16 in the bf16 GEMM's own packed layout (the one
-/// [`pack_bf16_pairs`](crate::pack_bf16_pairs) writes, see [`crate::bf16_gemm`]): panels of
-/// [`BF16_PAIR_PANEL`](crate::BF16_PAIR_PANEL) columns `ldb` apart, each `k.div_ceil(32)`
-/// blocks of 32 k values, zero-padded; `B[p, j]` at `(j / 32) * ldb + (p / 32) * 1024 +
-/// (j % 32 / 16) * 512 + (p % 32 / 2) * 32 + (j % 16) * 2 + p % 2`. Only the bf16 GEMM takes
-/// it, untransposed and without `b_panel_width`; B may start at any k block of a longer panel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct GemmShape {
     /// Rows of A and C.
@@ -146,8 +139,6 @@ pub struct GemmShape {
     /// 0: B is stored as `b_trans` says. `w > 0`: B is stored in panels of `w` columns, `ldb`
     /// apart (see above).
     pub b_panel_width: usize,
-    /// B is bf16 in the bf16 GEMM's pair layout (see above), `ldb` apart per panel.
-    pub b_pairs: bool,
     /// `true`: the f32 GEMM may cut C into blocks of whole register tiles (by rows, or by
     /// columns when there are too few rows) and run them as tasks on the calling thread's rayon
     /// pool. For a product whose size has no divisor that cuts it evenly over the cores, which
@@ -171,7 +162,6 @@ impl GemmShape {
             ldc: n,
             accumulate,
             b_panel_width: 0,
-            b_pairs: false,
             parallel: false,
         }
     }
@@ -181,12 +171,8 @@ impl GemmShape {
         if self.a_trans { (self.k, self.m) } else { (self.m, self.k) }
     }
 
-    /// Stored `(rows, cols)` of B: for panels, one stored row per panel (each `k * w` long,
-    /// or for pair panels `k.div_ceil(32)` blocks of 1024).
+    /// Stored `(rows, cols)` of B: for panels, one stored row per panel (each `k * w` long).
     pub fn b_dims(&self) -> (usize, usize) {
-        if self.b_pairs {
-            return (self.n.div_ceil(crate::BF16_PAIR_PANEL), self.k.div_ceil(32).saturating_mul(1024));
-        }
         match (self.b_panel_width, self.b_trans) {
             (0, true) => (self.n, self.k),
             (0, false) => (self.k, self.n),
@@ -215,11 +201,8 @@ impl GemmShape {
     /// assert_eq!(overlapping.extents(), Err(TileError::LeadingDim { operand: "a", ld: 2, cols: 3 }));
     /// ```
     pub fn extents(&self) -> Result<[usize; 3], TileError> {
-        if (self.b_panel_width != 0 || self.b_pairs) && self.b_trans {
+        if self.b_panel_width != 0 && self.b_trans {
             return Err(TileError::InvalidLayout { operand: "b", reason: "panels are never transposed" });
-        }
-        if self.b_pairs && self.b_panel_width != 0 {
-            return Err(TileError::InvalidLayout { operand: "b", reason: "pair panels have no other width" });
         }
         if self.k.checked_mul(self.b_panel_width).is_none() {
             return Err(TileError::Overflow { operand: "b" });

@@ -41,7 +41,6 @@ impl Machine<'_> {
                 b_trans,
                 accumulate,
                 b_panel_width,
-                b_pairs,
                 ..
             }) => {
                 for i in 0..m {
@@ -50,7 +49,6 @@ impl Machine<'_> {
                         for p in 0..k {
                             let a = self.get(node, at[0], if a_trans { p * lda + i } else { i * lda + p })?;
                             let b_at = match (b_panel_width, b_trans) {
-                                _ if b_pairs => uopc_tile::pair_panel_offset(p, j, ldb),
                                 (0, true) => j * ldb + p,
                                 (0, false) => p * ldb + j,
                                 (w, _) => (j / w) * ldb + p * w + j % w,

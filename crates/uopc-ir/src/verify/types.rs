@@ -4,7 +4,7 @@
 use super::{err, view_base};
 use crate::dtype::DType;
 use crate::error::{IrError, IrErrorKind};
-use crate::uop::{BinaryOp, ConstValue, GemmShape, Op, TileOp, UOp, UnaryOp};
+use crate::uop::{BinaryOp, ConstValue, Op, TileOp, UOp, UnaryOp};
 
 fn is_value(u: &UOp) -> bool {
     matches!(u.op(), Op::Const(_) | Op::Var { .. } | Op::Range { .. } | Op::Load) || u.op().is_alu()
@@ -136,8 +136,22 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
             ));
         }
     }
-    if let TileOp::Gemm(g) = t {
-        check_gemm_b_layout(u, g)?;
+    if let TileOp::Gemm(g) = t
+        && g.b_panel_width != 0
+    {
+        let (a, b) = (dt(0), dt(1));
+        if g.b_trans || !(a == DType::F32 || a.is_half()) || b != DType::F32 {
+            return Err(err(
+                IrErrorKind::DType,
+                u,
+                format!(
+                    "GEMM with B {} in panels of {}: want F32 B and an F32, BF16 or F16 A ({a}, \
+                     {b}), and B not transposed",
+                    s[1].short(),
+                    g.b_panel_width
+                ),
+            ));
+        }
     }
     if matches!(t, TileOp::Gemm(_)) {
         let (a, b) = (dt(0), dt(1));
@@ -194,43 +208,6 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
                 IrErrorKind::Structure,
                 u,
                 format!("operand {k}: row stride {ld} is less than its {cols} columns"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The dtypes a GEMM's B layout allows: pair panels are the bf16 GEMM's (BF16 A and B), f32
-/// panels take an F32 B; neither is transposed.
-fn check_gemm_b_layout(u: &UOp, g: &GemmShape) -> Result<(), IrError> {
-    let s = u.src();
-    let dt = |k: usize| s[k].dtype();
-    if g.b_pairs {
-        let (a, b) = (dt(0), dt(1));
-        if g.b_trans || g.b_panel_width != 0 || a != DType::BF16 || b != DType::BF16 {
-            return Err(err(
-                IrErrorKind::DType,
-                u,
-                format!(
-                    "GEMM with B {} in pair panels: want BF16 A and B ({a}, {b}), B not transposed \
-                     and no other panel width",
-                    s[1].short()
-                ),
-            ));
-        }
-    }
-    if g.b_panel_width != 0 {
-        let (a, b) = (dt(0), dt(1));
-        if g.b_trans || !(a == DType::F32 || a.is_half()) || b != DType::F32 {
-            return Err(err(
-                IrErrorKind::DType,
-                u,
-                format!(
-                    "GEMM with B {} in panels of {}: want F32 B and an F32, BF16 or F16 A ({a}, \
-                     {b}), and B not transposed",
-                    s[1].short(),
-                    g.b_panel_width
-                ),
             ));
         }
     }

@@ -57,16 +57,6 @@ proptest! {
     }
 
     #[test]
-    fn expanded_gemm_with_b_in_pair_panels_is_the_interpreters_bit_for_bit(
-        m in 1usize..20, n in 1usize..70, k in 0usize..70,
-        a_trans: bool, accumulate: bool,
-        pad in 0usize..3, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
-    ) {
-        let g = GemmCase { m, n, k, a_trans, b_trans: false, accumulate, pad, offset };
-        check_expansion(&gemm_pairs_case(g, tasks, seed));
-    }
-
-    #[test]
     fn expanded_bf16_gemm_is_the_interpreters_bit_for_bit(
         m in 1usize..20, n in 1usize..20, k in 0usize..20,
         a_trans: bool, b_trans: bool, accumulate: bool,
@@ -269,7 +259,6 @@ fn new_ranges_and_allocs_do_not_reuse_ids_or_slots() {
             b_trans: false,
             accumulate: false,
             b_panel_width: 0,
-            b_pairs: false,
             parallel: false,
         }),
         &[a.index(0), b.index(0), scratch.index(0)],
@@ -328,7 +317,6 @@ fn loads_of_the_written_view_elsewhere_still_come_first() {
             b_trans: false,
             accumulate: true,
             b_panel_width: 0,
-            b_pairs: false,
             parallel: false,
         }),
         &[a.index(0), b.index(0), c.index(0)],

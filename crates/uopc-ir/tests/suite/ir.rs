@@ -306,7 +306,6 @@ fn gemm_op(m: usize, n: usize, k: usize, accumulate: bool) -> TileOp {
         b_trans: false,
         accumulate,
         b_panel_width: 0,
-        b_pairs: false,
         parallel: false,
     })
 }
@@ -332,7 +331,6 @@ fn tile_ops_are_checked_like_stores() {
         b_trans: false,
         accumulate: false,
         b_panel_width: 0,
-        b_pairs: false,
         parallel: false,
     });
     let short = tile(bad, &[a.index(0), b.index(0), c.index(0)]);
@@ -359,7 +357,6 @@ fn gemms_with_b_in_panels_are_bounded_by_their_panels_and_take_only_f32() {
     let op = TileOp::Gemm(GemmShape {
         ldb: 50,
         b_panel_width: 16,
-        b_pairs: false,
         ..GemmShape::dense(2, 20, 3, false, false, false)
     });
     let b = buffer(1, DType::F32, 98);
@@ -371,7 +368,6 @@ fn gemms_with_b_in_panels_are_bounded_by_their_panels_and_take_only_f32() {
     let overlapping = TileOp::Gemm(GemmShape {
         ldb: 47,
         b_panel_width: 16,
-        b_pairs: false,
         ..GemmShape::dense(2, 20, 3, false, false, false)
     });
     let err = verify(&sink(&[tile(overlapping, &[a.index(0), b.index(0), c.index(0)])])).unwrap_err();
@@ -380,34 +376,6 @@ fn gemms_with_b_in_panels_are_bounded_by_their_panels_and_take_only_f32() {
     let (ah, bh) = (buffer(0, DType::BF16, 6), buffer(1, DType::BF16, 98));
     let err = verify(&sink(&[tile(op, &[ah.index(0), bh.index(0), c.index(0)])])).unwrap_err();
     assert_eq!(err.kind, IrErrorKind::DType);
-}
-
-#[test]
-fn gemms_with_b_in_pair_panels_are_bounded_by_their_blocks_and_take_only_bf16() {
-    let (a, c) = (buffer(0, DType::BF16, 2 * 40), buffer(2, DType::F32, 2 * 40));
-    // C (2x40) = A (2x40) · B in two pair panels of two k blocks each, 2100 apart: the second
-    // panel ends 2100 + 2048 elements in, its k padding included.
-    let op = TileOp::Gemm(GemmShape {
-        ldb: 2100,
-        b_pairs: true,
-        ..GemmShape::dense(2, 40, 40, false, false, false)
-    });
-    let b = buffer(1, DType::BF16, 4148);
-    verify(&sink(&[tile(op, &[a.index(0), b.index(0), c.index(0)])])).unwrap();
-    let short = buffer(1, DType::BF16, 4147);
-    let past = tile(op, &[a.index(0), short.index(0), c.index(0)]);
-    assert_eq!(verify(&sink(&[past])).unwrap_err().kind, IrErrorKind::OutOfBounds);
-    // f32 operands, or a transposed B, are refused
-    let (af, bf) = (buffer(0, DType::F32, 80), buffer(1, DType::F32, 4148));
-    let err = verify(&sink(&[tile(op, &[af.index(0), bf.index(0), c.index(0)])])).unwrap_err();
-    assert_eq!(err.kind, IrErrorKind::DType);
-    let transposed = TileOp::Gemm(GemmShape {
-        b_trans: true,
-        ldb: 2100,
-        b_pairs: true,
-        ..GemmShape::dense(2, 40, 40, false, false, false)
-    });
-    assert!(verify(&sink(&[tile(transposed, &[a.index(0), b.index(0), c.index(0)])])).is_err());
 }
 
 #[test]
@@ -426,7 +394,6 @@ fn tile_ops_run_in_the_interpreter() {
         b_trans: true,
         accumulate: false,
         b_panel_width: 0,
-        b_pairs: false,
         parallel: false,
     });
     let p = sink(&[tile(op, &[a.index(0), b.index(0), c.index(0)])]);

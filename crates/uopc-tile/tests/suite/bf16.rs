@@ -11,17 +11,17 @@ use uopc_tile::{
 /// Marks storage padding of C (between rows and past the last one); it must survive every call.
 const SENTINEL: f32 = 12345.5;
 
-pub(super) struct Case {
-    pub(super) s: GemmShape,
-    pub(super) a: Vec<bf16>,
-    pub(super) b: Vec<bf16>,
-    pub(super) c0: Vec<f32>,
+struct Case {
+    s: GemmShape,
+    a: Vec<bf16>,
+    b: Vec<bf16>,
+    c0: Vec<f32>,
 }
 
 /// Random operands for `s`, each slice exactly as long as its extent. A and B padding holds
 /// NaN (a read of it would poison the result); C padding holds [`SENTINEL`], and without
 /// accumulation C starts as NaN so any read of it shows.
-pub(super) fn make_case(rng: &mut StdRng, s: GemmShape) -> Case {
+fn make_case(rng: &mut StdRng, s: GemmShape) -> Case {
     let [na, nb, nc] = s.extents().expect("test shapes are valid");
     let mut fill16 = |len: usize, (rows, cols): (usize, usize), ld: usize| {
         let mut x = vec![bf16::NAN; len];
@@ -59,7 +59,7 @@ fn b_at(c: &Case, p: usize, j: usize) -> f64 {
 /// to first order with u = 2^-24 (Higham, eq. 3.5), where t runs over the products and `c0`.
 /// We allow twice that, `(k + 2) 2u sum |t|`; the absolute floor of `k * 2^-120` covers the
 /// flushing of subnormal partial sums to zero that the AMX and AVX512_BF16 instructions do.
-pub(super) fn check(c: &Case, got: &[f32], what: &str) {
+fn check(c: &Case, got: &[f32], what: &str) {
     let s = &c.s;
     for (idx, (&g, &c0)) in got.iter().zip(&c.c0).enumerate() {
         let (i, j) = (idx / s.ldc.max(1), idx % s.ldc.max(1));
@@ -148,7 +148,7 @@ fn run_path(path: Bf16Path, seed: u64) {
 /// Returns false (after printing why) when `path` cannot run here, so the caller returns early
 /// and the output says it was skipped rather than passed as tested; fails instead when
 /// `UOPC_REQUIRE_ISA` names the path.
-pub(super) fn have(path: Bf16Path) -> bool {
+fn have(path: Bf16Path) -> bool {
     uopc_tile::machine::require_or_skip(path.name(), path.available())
 }
 

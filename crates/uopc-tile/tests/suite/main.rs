@@ -5,7 +5,6 @@ mod common;
 
 mod attention;
 mod bf16;
-mod bf16_pairs;
 mod bounds;
 mod convert;
 mod f16;

@@ -28,7 +28,6 @@ impl BackwardKernel {
                 b_trans: false,
                 accumulate,
                 b_panel_width: 0,
-                b_pairs: false,
                 parallel: false,
             })
         };
