@@ -200,9 +200,9 @@ unsafe fn slab_b<const M: usize, const F16: bool>(
     }
 }
 
-/// [`slab_b`] with strips of `V` vectors: the whole strips through the instance of [`strip`]
-/// whose width is a constant, so that its accumulators stay in registers, and the last,
-/// narrower strip through the other.
+/// [`slab_b`] with strips of `V` vectors ([`super::value_strips::strip`] at 8 lanes): the
+/// whole strips through the instance whose width is a constant, the last, narrower strip
+/// through the other.
 ///
 /// # Safety
 ///
@@ -217,67 +217,30 @@ unsafe fn strips<const M: usize, const V: usize, const F16: bool>(
     c: *mut f32,
     load_c: bool,
 ) {
-    let whole = s.n - s.n % (8 * V);
+    use super::row_sweep::{Bf16, F16 as F16Bits};
+    use super::value_strips::strip;
+    let (a, whole) = ((wa, KC), s.n - s.n % (8 * V));
     for j0 in (0..whole).step_by(8 * V) {
-        // SAFETY: forwarded, for the strip's `8 V` columns from `j0 < whole <= n`.
-        unsafe { strip::<M, V, F16, true>(s, wa, p0, kc, b.add(j0), c.add(j0), 8 * V, load_c) };
+        let (b, c) = (b.wrapping_add(j0), c.wrapping_add(j0));
+        // SAFETY: forwarded, for the strip's columns from `j0 < whole <= n`; this function
+        // enables the ISA the strip needs.
+        unsafe {
+            if F16 {
+                strip::<__m256, F16Bits, M, V, true>(s, a, p0, kc, b, c, 8 * V, load_c);
+            } else {
+                strip::<__m256, Bf16, M, V, true>(s, a, p0, kc, b, c, 8 * V, load_c);
+            }
+        }
     }
     if whole < s.n {
-        // SAFETY: as above, for the `n - whole < 8 V` columns left.
-        unsafe { strip::<M, V, F16, false>(s, wa, p0, kc, b.add(whole), c.add(whole), s.n - whole, load_c) };
-    }
-}
-
-/// One strip of [`strips`]: `width <= 8 V` columns of C from `c` (and of B from `b`), exactly
-/// `8 V` when `WHOLE`.
-///
-/// # Safety
-///
-/// As [`slab_b`], for the `width` columns of B and C that `b` and `c` start; `width == 8 V`
-/// when `WHOLE`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn strip<const M: usize, const V: usize, const F16: bool, const WHOLE: bool>(
-    s: &GemmShape,
-    wa: *const f32,
-    p0: usize,
-    kc: usize,
-    b: *const u16,
-    c: *mut f32,
-    width: usize,
-    load_c: bool,
-) {
-    let width = if WHOLE { 8 * V } else { width };
-    let live = width.div_ceil(8);
-    let cols = |v: usize| width.saturating_sub(8 * v).min(8);
-    let mut acc = [[_mm256_setzero_ps(); V]; M];
-    if load_c {
-        for (i, acc) in acc.iter_mut().enumerate() {
-            for (v, acc) in acc.iter_mut().enumerate().take(live) {
-                // SAFETY: columns `8 v ..` of row `i < m` of C, masked to the strip.
-                *acc = unsafe { _mm256_maskload_ps(c.add(i * s.ldc + 8 * v), super::avx2::lanes(cols(v))) };
+        let (b, c, width) = (b.wrapping_add(whole), c.wrapping_add(whole), s.n - whole);
+        // SAFETY: as above, for the `n - whole` columns left.
+        unsafe {
+            if F16 {
+                strip::<__m256, F16Bits, M, V, false>(s, a, p0, kc, b, c, width, load_c);
+            } else {
+                strip::<__m256, Bf16, M, V, false>(s, a, p0, kc, b, c, width, load_c);
             }
-        }
-    }
-    for p in 0..kc {
-        let mut bv = [_mm256_setzero_ps(); V];
-        for (v, bv) in bv.iter_mut().enumerate().take(live) {
-            // SAFETY: row `p0 + p < k` of B holds the strip's `width` columns.
-            *bv = unsafe { widen8::<F16>(b.add((p0 + p) * s.ldb + 8 * v), cols(v)) };
-        }
-        for (i, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: `wa` row `i < M`, column `p < kc` was written by `slabs`.
-            let av = _mm256_set1_ps(unsafe { *wa.add(i * KC + p) });
-            for (acc, bv) in acc.iter_mut().zip(&bv).take(live) {
-                *acc = _mm256_fmadd_ps(av, *bv, *acc);
-            }
-        }
-    }
-    for (i, acc) in acc.iter().enumerate() {
-        for (v, acc) in acc.iter().enumerate().take(live) {
-            // SAFETY: as for the loads above.
-            unsafe { _mm256_maskstore_ps(c.add(i * s.ldc + 8 * v), super::avx2::lanes(cols(v)), *acc) };
         }
     }
 }

@@ -11,7 +11,6 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::lanes;
 use super::{prefetch_row, rows_ahead, widen16};
 use crate::GemmShape;
 
@@ -249,9 +248,9 @@ unsafe fn slab_b<const M: usize, const F16: bool>(
     }
 }
 
-/// [`slab_b`] with strips of `V` vectors: the whole strips through the instance of [`strip`]
-/// whose width is a constant, so that its accumulators stay in registers (a width known only
-/// at run time kept them on the stack), and the last, narrower strip through the other.
+/// [`slab_b`] with strips of `V` vectors ([`super::value_strips::strip`] at 16 lanes): the
+/// whole strips through the instance whose width is a constant, the last, narrower strip
+/// through the other.
 ///
 /// # Safety
 ///
@@ -266,68 +265,30 @@ unsafe fn strips<const M: usize, const V: usize, const F16: bool>(
     c: *mut f32,
     load_c: bool,
 ) {
-    let whole = s.n - s.n % (16 * V);
+    use super::row_sweep::{Bf16, F16 as F16Bits};
+    use super::value_strips::strip;
+    let (a, whole) = ((a.at, a.stride), s.n - s.n % (16 * V));
     for j0 in (0..whole).step_by(16 * V) {
-        // SAFETY: forwarded, for the strip's `16 V` columns from `j0 < whole <= n`.
-        unsafe { strip::<M, V, F16, true>(s, a, p0, kc, b.add(j0), c.add(j0), 16 * V, load_c) };
+        let (b, c) = (b.wrapping_add(j0), c.wrapping_add(j0));
+        // SAFETY: forwarded, for the strip's columns from `j0 < whole <= n`; this function
+        // enables the ISA the strip needs.
+        unsafe {
+            if F16 {
+                strip::<__m512, F16Bits, M, V, true>(s, a, p0, kc, b, c, 16 * V, load_c);
+            } else {
+                strip::<__m512, Bf16, M, V, true>(s, a, p0, kc, b, c, 16 * V, load_c);
+            }
+        }
     }
     if whole < s.n {
-        // SAFETY: as above, for the `n - whole < 16 V` columns left.
-        unsafe { strip::<M, V, F16, false>(s, a, p0, kc, b.add(whole), c.add(whole), s.n - whole, load_c) };
-    }
-}
-
-/// One strip of [`strips`]: `width <= 16 V` columns of C from `c` (and of B from `b`), exactly
-/// `16 V` when `WHOLE`.
-///
-/// # Safety
-///
-/// As [`slab_b`], for the `width` columns of B and C that `b` and `c` start; `width == 16 V`
-/// when `WHOLE`.
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn strip<const M: usize, const V: usize, const F16: bool, const WHOLE: bool>(
-    s: &GemmShape,
-    a: RowsF32,
-    p0: usize,
-    kc: usize,
-    b: *const u16,
-    c: *mut f32,
-    width: usize,
-    load_c: bool,
-) {
-    let width = if WHOLE { 16 * V } else { width };
-    // Vectors of this strip that hold columns, and the lanes of each.
-    let live = width.div_ceil(16);
-    let cols = |v: usize| width.saturating_sub(16 * v).min(16);
-    let mut acc = [[_mm512_setzero_ps(); V]; M];
-    if load_c {
-        for (i, acc) in acc.iter_mut().enumerate() {
-            for (v, acc) in acc.iter_mut().enumerate().take(live) {
-                // SAFETY: columns `16 v ..` of row `i < m` of C, masked to the strip.
-                *acc = unsafe { _mm512_maskz_loadu_ps(lanes(cols(v)), c.add(i * s.ldc + 16 * v)) };
+        let (b, c, width) = (b.wrapping_add(whole), c.wrapping_add(whole), s.n - whole);
+        // SAFETY: as above, for the `n - whole` columns left.
+        unsafe {
+            if F16 {
+                strip::<__m512, F16Bits, M, V, false>(s, a, p0, kc, b, c, width, load_c);
+            } else {
+                strip::<__m512, Bf16, M, V, false>(s, a, p0, kc, b, c, width, load_c);
             }
-        }
-    }
-    for p in 0..kc {
-        let mut bv = [_mm512_setzero_ps(); V];
-        for (v, bv) in bv.iter_mut().enumerate().take(live) {
-            // SAFETY: row `p0 + p < k` of B holds the strip's `width` columns.
-            *bv = unsafe { widen16::<F16>(b.add((p0 + p) * s.ldb + 16 * v), cols(v)) };
-        }
-        for (i, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: row `i < M` of the slab holds `kc > p` values.
-            let av = _mm512_set1_ps(unsafe { *a.at.add(i * a.stride + p) });
-            for (acc, bv) in acc.iter_mut().zip(&bv).take(live) {
-                *acc = _mm512_fmadd_ps(av, *bv, *acc);
-            }
-        }
-    }
-    for (i, acc) in acc.iter().enumerate() {
-        for (v, acc) in acc.iter().enumerate().take(live) {
-            // SAFETY: as for the loads above.
-            unsafe { _mm512_mask_storeu_ps(c.add(i * s.ldc + 16 * v), lanes(cols(v)), *acc) };
         }
     }
 }

@@ -17,6 +17,7 @@ pub(crate) mod half_rows;
 mod key_dots;
 mod register_tile;
 pub(crate) mod row_sweep;
+mod value_strips;
 
 /// Where a vector rounded softmax step (`avx512::softmax_update_rounded`,
 /// `avx2::softmax_update_rounded`) writes its probabilities, each rounded to f16 or bf16.
