@@ -132,18 +132,26 @@ fn row_fold(
     combine(combine(acc[0], acc[1]), combine(acc[2], acc[3]))
 }
 
-/// The lane-wise maximum of `scale * S[j]` over a row's full vectors (`j < cfull`, a multiple
-/// of 16), `-inf` when there are none, in [`ROW_CHAINS`] chains.
+/// The maximum of `scale * S[j]` over a row's `cols` floats (`-inf` when there are none; NaNs
+/// skipped): the full vectors in [`ROW_CHAINS`] chains, then the masked tail.
 ///
 /// # Safety
 ///
-/// `srow` is readable for `cfull` floats.
+/// `srow` is readable for `cols` floats.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn scaled_row_max(srow: *const f32, cfull: usize, sv: __m512) -> __m512 {
+unsafe fn scaled_row_max(srow: *const f32, cols: usize, sv: __m512) -> f32 {
+    let cfull = cols - cols % 16;
     // SAFETY: every load reads 16 floats below `cfull`.
     let scaled = |j: usize| _mm512_mul_ps(unsafe { _mm512_loadu_ps(srow.add(j)) }, sv);
-    row_fold(cfull, _mm512_set1_ps(f32::NEG_INFINITY), |m, x| _mm512_max_ps(m, x), scaled)
+    let mut mx = row_fold(cfull, _mm512_set1_ps(f32::NEG_INFINITY), |m, x| _mm512_max_ps(m, x), scaled);
+    let tail = lanes(cols % 16);
+    if tail != 0 {
+        // SAFETY: the load is masked to the `cols - cfull` floats left.
+        let x = _mm512_mul_ps(unsafe { _mm512_maskz_loadu_ps(tail, srow.add(cfull)) }, sv);
+        mx = _mm512_mask_max_ps(mx, tail, mx, x);
+    }
+    _mm512_reduce_max_ps(mx)
 }
 
 /// `f(j)` summed over a row's full vectors (`j = 0, 16, .. < cfull`) in [`ROW_CHAINS`]
@@ -197,13 +205,8 @@ pub(crate) unsafe fn softmax_update(
         // at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is touched.
         unsafe {
             let srow = s.add(r * lds);
-            let mut mx = scaled_row_max(srow, cfull, sv);
-            if ctail != 0 {
-                let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv);
-                mx = _mm512_mask_max_ps(mx, ctail, mx, x);
-            }
             let m_old = *row_max.add(r);
-            let m_new = m_old.max(_mm512_reduce_max_ps(mx));
+            let m_new = m_old.max(scaled_row_max(srow, cols, sv));
             // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
             if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
                 // Nothing seen yet: P = 0, and the running sum and output stay as they are.
@@ -327,13 +330,8 @@ macro_rules! rounded_step {
                 // so P may be S itself.
                 unsafe {
                     let srow = s.add(r * lds);
-                    let mut mx = scaled_row_max(srow, cfull, sv);
-                    if ctail != 0 {
-                        let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(ctail, srow.add(cfull)), sv);
-                        mx = _mm512_mask_max_ps(mx, ctail, mx, x);
-                    }
                     let m_old = *row_max.add(r);
-                    let m_new = m_old.max(_mm512_reduce_max_ps(mx));
+                    let m_new = m_old.max(scaled_row_max(srow, cols, sv));
                     // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
                     if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
                         // Nothing seen yet: P = 0, and the running sum and output stay as they are.
