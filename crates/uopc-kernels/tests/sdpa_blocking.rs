@@ -106,12 +106,12 @@ fn local_lengths(sdpa: &Sdpa) -> Vec<usize> {
 }
 
 /// Without the causal mask keys come in blocks of 128 where a task keeps at least 128 rows
-/// with them, and of 256 where those keep it as many rows as 128 do; under the mask, or
-/// where the stack leaves fewer rows, in blocks of 64.
+/// with them, and of 256, else 192, where those keep it as many rows as 128 do; under the
+/// mask, or where the stack leaves fewer rows, in blocks of 64.
 #[test]
 fn wide_key_blocks_only_for_tall_unmasked_tasks() {
     let choose = |c: SdpaConfig| Blocking::choose(&c, 2);
-    for (d, rows, keys) in [(64, 256, 128), (128, 128, 256), (256, 128, 128)] {
+    for (d, rows, keys) in [(64, 256, 128), (128, 128, 256), (256, 128, 192)] {
         let b = choose(config(1, 8, 8, 1024, 1024, d));
         assert!(b.keys == keys && b.queries == rows, "D = {d}: {b:?}");
         let b = choose(SdpaConfig { causal: true, ..config(1, 8, 8, 1024, 1024, d) });
@@ -122,18 +122,20 @@ fn wide_key_blocks_only_for_tall_unmasked_tasks() {
     let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, 256) };
     let b = choose(bf16);
     assert!(b.keys == 128 && b.queries == 128, "{b:?}");
-    // bf16 at D = 64 on bf16 GEMMs keeps 128 rows with 256 keys as with 128; where its GEMM
-    // widens, f32's tiles hold 256 rows of 128 keys, which 256 keys would cut.
-    let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, 64) };
-    let b = choose(bf16);
-    if uopc_jit::machine::Machine::get().choices().bf16.widens() {
-        assert!(b.keys == 128 && b.queries == 256, "{b:?}");
-    } else {
-        assert!(b.keys == 256 && b.queries == 128, "{b:?}");
+    // bf16 on bf16 GEMMs keeps 128 rows with 256 keys at D = 64 and with 192 at D = 128, as
+    // with 128. Where its GEMM widens it has f32's tiles: 256 rows of 128 keys at D = 64
+    // (wider blocks would cut the rows), 128 rows of 256 keys at D = 128.
+    let widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
+    for (d, native, widened) in [(64, (128, 256), (256, 128)), (128, (128, 192), (128, 256))] {
+        let bf16 =
+            SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, d) };
+        let b = choose(bf16);
+        let (rows, keys) = if widens { widened } else { native };
+        assert!(b.queries == rows && b.keys == keys, "D = {d}: {b:?}");
     }
     // Fewer keys than a wide block: one block of all of them; than a wider one: wide blocks.
     assert_eq!(choose(config(1, 8, 8, 1024, 100, 64)).keys, 64);
-    assert_eq!(choose(config(1, 8, 8, 1024, 200, 128)).keys, 128);
+    assert_eq!(choose(config(1, 8, 8, 1024, 180, 128)).keys, 128);
     // Decode keeps its streamed 512-key blocks.
     assert_eq!(choose(config(1, 32, 8, 1, 4096, 128)).keys, 512);
 }

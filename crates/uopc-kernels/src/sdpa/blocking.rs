@@ -42,10 +42,11 @@ const KEY_BLOCK: usize = 64;
 /// the diagonal band's sub-tiles are one [`KEY_BLOCK`] tall, so blocks stay at that.
 const WIDE_KEY_BLOCK: usize = 2 * KEY_BLOCK;
 
-/// Keys per block where they leave a task as many rows as [`WIDE_KEY_BLOCK`]s: the output
-/// tile's pass per block and the softmax's per-row costs are spread over 256 keys (the rows
-/// stay, so no K/V block is packed for fewer rows).
-const WIDER_KEY_BLOCK: usize = 2 * WIDE_KEY_BLOCK;
+/// Keys per block, widest first, taken where they leave a task as many rows as
+/// [`WIDE_KEY_BLOCK`]s do: the output tile's pass per block and the softmax's per-row costs
+/// are spread over more keys, and since the rows stay no K/V block is packed for fewer rows.
+/// Multiples of 64, so a block starts a panel of every register-tile and AMX width.
+const WIDER_KEY_BLOCKS: [usize; 2] = [4 * KEY_BLOCK, 3 * KEY_BLOCK];
 
 /// Rows a task must keep for [`WIDE_KEY_BLOCK`] unless it keeps as many as with 64-key
 /// blocks: fewer would re-pack each K/V block for fewer rows than the 64-key blocking's
@@ -124,8 +125,9 @@ impl Blocking {
     /// rows are a divisor of n_q when one lies within half of the most rows; otherwise query
     /// blocks are evened out (no mostly-empty last block); they are split further if there
     /// would be fewer tasks than cores. Keys come in blocks of 128 without the causal mask when
-    /// that leaves a task at least 128 rows or as many as 64-key blocks would (and of 256 where
-    /// those leave it as many rows as 128 do), else of 64, or of 512 when a task has at most 8
+    /// that leaves a task at least 128 rows or as many as 64-key blocks would (and of 256, else
+    /// 192, where those leave it as many rows as 128 do), else of 64, or of 512 when a task has
+    /// at most 8
     /// rows (those stream K and V, and a wide block spreads the per-block costs). When
     /// one query block holds all rows and there are fewer than four tasks per core, the keys
     /// are split into chunks of at least 512 keys and one block (split-K).
@@ -147,10 +149,15 @@ impl Blocking {
                 b = wide;
             }
         }
-        if !config.causal && config.n_k >= WIDER_KEY_BLOCK && b.keys == WIDE_KEY_BLOCK {
-            let wider = Self::choose_with_key_block(config, cores, WIDER_KEY_BLOCK);
-            let (wider_rows, rows) = (wider.heads_per_task * wider.queries, b.heads_per_task * b.queries);
-            if wider.keys == WIDER_KEY_BLOCK && wider_rows >= rows {
+        if !config.causal && b.keys == WIDE_KEY_BLOCK {
+            let rows = b.heads_per_task * b.queries;
+            // The widest block that leaves the rows as they are.
+            let wider = WIDER_KEY_BLOCKS
+                .iter()
+                .filter(|&&keys| config.n_k >= keys)
+                .map(|&keys| Self::choose_with_key_block(config, cores, keys))
+                .find(|w| WIDER_KEY_BLOCKS.contains(&w.keys) && w.heads_per_task * w.queries >= rows);
+            if let Some(wider) = wider {
                 b = wider;
             }
         }
