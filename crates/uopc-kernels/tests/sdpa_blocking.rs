@@ -117,16 +117,15 @@ fn wide_key_blocks_only_for_tall_unmasked_tasks() {
         let b = choose(SdpaConfig { causal: true, ..config(1, 8, 8, 1024, 1024, d) });
         assert_eq!(b.keys, 64, "causal D = {d}: {b:?}");
     }
-    // bf16 at D = 256 reads its queries in place too: on bf16 GEMMs its tile of rounded
-    // probabilities still leaves 128 rows, and where its GEMM widens it has f32's tiles.
-    let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, 256) };
-    let b = choose(bf16);
-    assert!(b.keys == 128 && b.queries == 128, "{b:?}");
-    // bf16 on bf16 GEMMs keeps 128 rows with 256 keys at D = 64 and with 192 at D = 128, as
-    // with 128. Where its GEMM widens it has f32's tiles: 256 rows of 128 keys at D = 64
-    // (wider blocks would cut the rows), 128 rows of 256 keys at D = 128.
+    // bf16 reads its queries in place too. On bf16 GEMMs its tile of rounded probabilities
+    // leaves 128 rows with 256 keys at D = 64, with 192 at D = 128 and with 128 at D = 256,
+    // as many as with 128 keys. Where its GEMM widens it has f32's tiles and blocks: 256 rows
+    // of 128 keys at D = 64 (wider blocks would cut the rows), 128 of 256 at D = 128 and of
+    // 192 at D = 256.
     let widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
-    for (d, native, widened) in [(64, (128, 256), (256, 128)), (128, (128, 192), (128, 256))] {
+    for (d, native, widened) in
+        [(64, (128, 256), (256, 128)), (128, (128, 192), (128, 256)), (256, (128, 128), (128, 192))]
+    {
         let bf16 =
             SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, d) };
         let b = choose(bf16);
