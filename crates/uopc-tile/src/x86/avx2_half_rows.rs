@@ -200,9 +200,7 @@ unsafe fn slab_b<const M: usize, const F16: bool>(
     }
 }
 
-/// [`slab_b`] with strips of `V` vectors ([`super::value_strips::strip`] at 8 lanes): the
-/// whole strips through the instance whose width is a constant, the last, narrower strip
-/// through the other.
+/// [`slab_b`] with strips of `V` vectors ([`super::value_strips::strips`] at 8 lanes).
 ///
 /// # Safety
 ///
@@ -218,29 +216,13 @@ unsafe fn strips<const M: usize, const V: usize, const F16: bool>(
     load_c: bool,
 ) {
     use super::row_sweep::{Bf16, F16 as F16Bits};
-    use super::value_strips::strip;
-    let (a, whole) = ((wa, KC), s.n - s.n % (8 * V));
-    for j0 in (0..whole).step_by(8 * V) {
-        let (b, c) = (b.wrapping_add(j0), c.wrapping_add(j0));
-        // SAFETY: forwarded, for the strip's columns from `j0 < whole <= n`; this function
-        // enables the ISA the strip needs.
-        unsafe {
-            if F16 {
-                strip::<__m256, F16Bits, M, V, true>(s, a, p0, kc, b, c, 8 * V, load_c);
-            } else {
-                strip::<__m256, Bf16, M, V, true>(s, a, p0, kc, b, c, 8 * V, load_c);
-            }
-        }
-    }
-    if whole < s.n {
-        let (b, c, width) = (b.wrapping_add(whole), c.wrapping_add(whole), s.n - whole);
-        // SAFETY: as above, for the `n - whole` columns left.
-        unsafe {
-            if F16 {
-                strip::<__m256, F16Bits, M, V, false>(s, a, p0, kc, b, c, width, load_c);
-            } else {
-                strip::<__m256, Bf16, M, V, false>(s, a, p0, kc, b, c, width, load_c);
-            }
+    let a = (wa, KC);
+    // SAFETY: forwarded; this function enables the ISA the strips need.
+    unsafe {
+        if F16 {
+            super::value_strips::strips::<__m256, F16Bits, M, V>(s, a, p0, kc, b, c, load_c);
+        } else {
+            super::value_strips::strips::<__m256, Bf16, M, V>(s, a, p0, kc, b, c, load_c);
         }
     }
 }

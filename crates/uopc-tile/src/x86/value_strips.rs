@@ -1,10 +1,43 @@
-//! One strip of a few-row 16-bit `C (+)= A · B` with B untransposed (decode's `P · V`),
-//! written once over the vector width: the AVX-512 and AVX2 few-row kernels take it at 16 and
-//! 8 lanes, each inside a function that enables its ISA.
+//! The strips of a few-row 16-bit `C (+)= A · B` with B untransposed (decode's `P · V`),
+//! written once over the vector width: the AVX-512 and AVX2 few-row kernels take them at 16
+//! and 8 lanes, each inside a function that enables its ISA.
 
 use super::register_tile::F32Lanes;
 use super::row_sweep::BElement;
 use crate::GemmShape;
+
+/// `C (+)= A · B` over all `s.n` columns in strips of `LANES V`: the whole strips through the
+/// instance of [`strip`] whose width is a constant, the last, narrower strip through the
+/// other.
+///
+/// # Safety
+///
+/// As [`strip`], for all `s.n` columns of B and C from `b` and `c`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn strips<W: F32Lanes, E: BElement<W>, const M: usize, const V: usize>(
+    s: &GemmShape,
+    a: (*const f32, usize),
+    p0: usize,
+    kc: usize,
+    b: *const u16,
+    c: *mut f32,
+    load_c: bool,
+) {
+    let width = W::LANES * V;
+    let whole = s.n - s.n % width;
+    for j0 in (0..whole).step_by(width) {
+        // SAFETY: forwarded, for the strip's columns from `j0 < whole <= n`.
+        unsafe {
+            strip::<W, E, M, V, true>(s, a, p0, kc, b.wrapping_add(j0), c.wrapping_add(j0), width, load_c)
+        };
+    }
+    if whole < s.n {
+        let (b, c) = (b.wrapping_add(whole), c.wrapping_add(whole));
+        // SAFETY: as above, for the `n - whole` columns left.
+        unsafe { strip::<W, E, M, V, false>(s, a, p0, kc, b, c, s.n - whole, load_c) };
+    }
+}
 
 /// `width <= LANES V` columns of `C (+)= A · B` from `c` (and of B from `b`), exactly `LANES
 /// V` when `WHOLE`, for `M` rows of f32 A (`lda` apart from `a`) over the slab's `kc` rows of B
@@ -21,7 +54,7 @@ use crate::GemmShape;
 /// (`s.ldc` apart) the same from `c`; `width == LANES V` when `WHOLE`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn strip<W: F32Lanes, E: BElement<W>, const M: usize, const V: usize, const WHOLE: bool>(
+unsafe fn strip<W: F32Lanes, E: BElement<W>, const M: usize, const V: usize, const WHOLE: bool>(
     s: &GemmShape,
     (a, lda): (*const f32, usize),
     p0: usize,
