@@ -144,19 +144,19 @@ impl Blocking {
         let mut b = Self::choose_with_key_block(config, cores, KEY_BLOCK);
         if !config.causal && config.n_k >= WIDE_KEY_BLOCK {
             let wide = Self::choose_with_key_block(config, cores, WIDE_KEY_BLOCK);
-            let (wide_rows, rows) = (wide.heads_per_task * wide.queries, b.heads_per_task * b.queries);
+            let (wide_rows, rows) = (wide.rows(), b.rows());
             if wide.keys == WIDE_KEY_BLOCK && (wide_rows >= WIDE_KEY_MIN_ROWS || wide_rows >= rows) {
                 b = wide;
             }
         }
         if !config.causal && b.keys == WIDE_KEY_BLOCK {
-            let rows = b.heads_per_task * b.queries;
+            let rows = b.rows();
             // The widest block that leaves the rows as they are.
             let wider = WIDER_KEY_BLOCKS
                 .iter()
                 .filter(|&&keys| config.n_k >= keys)
                 .map(|&keys| Self::choose_with_key_block(config, cores, keys))
-                .find(|w| WIDER_KEY_BLOCKS.contains(&w.keys) && w.heads_per_task * w.queries >= rows);
+                .find(|w| WIDER_KEY_BLOCKS.contains(&w.keys) && w.rows() >= rows);
             if let Some(wider) = wider {
                 b = wider;
             }
@@ -168,8 +168,8 @@ impl Blocking {
         // as it packs them), and bf16 writes its rounded P over the f32 scores: f32's tiles,
         // which must fit. bf16 packs f32 panels only where its GEMM path widens bf16 to f32 anyway
         // (AMX and vdpbf16ps take bf16 operands).
-        let rows = b.heads_per_task * b.queries;
-        let query_tile = !queries_in_place(config, b.heads_per_task);
+        let rows = b.rows();
+        let query_tile = !queries_in_place(b.heads_per_task);
         let query_tile_fits = config.dtype == SdpaDType::F32
             || rows * tile_bytes_per_row(SdpaDType::F32, config.d, b.keys, query_tile) <= TILE_BUDGET;
         let panels_pay = config.dtype != SdpaDType::BF16 || bf16_widens();
@@ -204,10 +204,9 @@ impl Blocking {
             // The diagonal band of a block wastes about (rows + keys) / 2 masked pairs per row.
             if config.causal { rows.min(CAUSAL_MAX_ROWS) } else { rows }
         };
-        // Stacked heads keep a query tile; one head's rows may read q in place (f32).
+        // Stacked heads keep a query tile; one head's rows read q in place.
         let stacked_rows = rows_fitting(tile_bytes_per_row(config.dtype, d, keys, true));
-        let one_head_rows =
-            rows_fitting(tile_bytes_per_row(config.dtype, d, keys, !queries_in_place(config, 1)));
+        let one_head_rows = rows_fitting(tile_bytes_per_row(config.dtype, d, keys, !queries_in_place(1)));
         let group = heads / kv_heads;
         let (heads_per_task, mut queries) = if n_q >= one_head_rows {
             (1, one_head_rows)
@@ -237,7 +236,7 @@ impl Blocking {
         let tasks = batch * kv_heads * (group / heads_per_task) * n_q.div_ceil(queries);
         let rows = heads_per_task * queries;
         let wide = STREAMED_KEY_BLOCK.min(n_k);
-        let query_tile = !queries_in_place(config, heads_per_task);
+        let query_tile = !queries_in_place(heads_per_task);
         let keys = if rows <= FEW_ROWS
             && rows * tile_bytes_per_row(config.dtype, d, wide, query_tile) <= TILE_BUDGET
         {
@@ -266,10 +265,10 @@ impl Blocking {
     /// panels are the exception while an f32 copy fits the stack: widened once per task, they
     /// spare every key block's score GEMM that widening.
     pub fn reads_queries_in_place(&self, config: &SdpaConfig) -> bool {
-        let rows = self.heads_per_task * self.queries;
+        let rows = self.rows();
         let copy_fits = rows * tile_bytes_per_row(SdpaDType::F32, config.d, self.keys, true) <= TILE_BUDGET;
         let widened_once = config.dtype != SdpaDType::F32 && self.kv_panel_width > 0 && copy_fits;
-        queries_in_place(config, self.heads_per_task) && !widened_once
+        queries_in_place(self.heads_per_task) && !widened_once
     }
 
     /// Whether bf16 attention keeps bf16 query and probability tiles of its own, for bf16
@@ -285,7 +284,7 @@ impl Blocking {
     /// split (see [`sdpa_ir`](super::sdpa_ir)): `Some` for a causal task of one head's queries
     /// taller than one key block.
     pub fn causal_sub_tile_rows(&self, config: &SdpaConfig) -> Option<usize> {
-        let rows = self.heads_per_task * self.queries;
+        let rows = self.rows();
         (config.causal && self.splits == 1 && self.heads_per_task == 1 && rows > CAUSAL_SUB_ROWS)
             .then_some(CAUSAL_SUB_ROWS)
     }
@@ -324,7 +323,7 @@ impl Blocking {
     /// the per-block costs of the unmasked kernel's wide blocks; otherwise `keys`.
     pub fn causal_prefix_keys(&self, config: &SdpaConfig) -> usize {
         let wide = 2 * self.keys;
-        let rows = self.heads_per_task * self.queries;
+        let rows = self.rows();
         let query_tile = !self.reads_queries_in_place(config);
         let dtype = if config.dtype == SdpaDType::BF16 && !self.bf16_tiles(config) {
             SdpaDType::F32
@@ -344,6 +343,11 @@ impl Blocking {
         (n_k / self.keys).div_ceil(self.splits)
     }
 
+    /// Query rows of one task: its heads' queries.
+    pub fn rows(&self) -> usize {
+        self.heads_per_task * self.queries
+    }
+
     /// THREAD tasks of the kernel for `config`.
     pub fn tasks(&self, config: &SdpaConfig) -> usize {
         let group = config.heads / config.kv_heads;
@@ -356,10 +360,10 @@ impl Blocking {
 }
 
 /// Whether tasks of `heads_per_task` query heads read their queries in place: with one head
-/// (stacked heads' rows are not evenly strided in q), for every dtype. f16, and bf16 where
+/// (stacked heads' rows are not evenly strided in q), whatever the dtype. f16, and bf16 where
 /// its GEMMs widen, have the score GEMM widen the query rows as it packs them; bf16 GEMMs
 /// that take bf16 operands read the rows as their A where they lie, as a copy would be read.
-fn queries_in_place(_config: &SdpaConfig, heads_per_task: usize) -> bool {
+fn queries_in_place(heads_per_task: usize) -> bool {
     heads_per_task == 1
 }
 

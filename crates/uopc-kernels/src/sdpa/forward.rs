@@ -209,7 +209,7 @@ impl Sdpa {
         check("out", c.q_len(), out.len())?;
         let b = &self.blocking;
         // Split-K: the tasks' partial states, merged into `out` after the kernel.
-        let states = if self.merge.is_some() { b.tasks(c) * b.heads_per_task * b.queries } else { 0 };
+        let states = if self.merge.is_some() { b.tasks(c) * b.rows() } else { 0 };
         let (mut part_m, mut part_l, mut part_o) =
             (vec![0.0f32; states], vec![0.0f32; states], vec![0.0f32; states * c.d]);
         // K and V packed into panels, in the calling thread's kept buffer.

@@ -44,7 +44,7 @@ impl PlanMode {
     pub fn rows(self, blocking: &Blocking) -> usize {
         match self {
             PlanMode::Runtime { per_head: false } => blocking.queries,
-            _ => blocking.heads_per_task * blocking.queries,
+            _ => blocking.rows(),
         }
     }
 }

@@ -199,7 +199,7 @@ impl SdpaKernel {
         let c = *config;
         let f32t = DType::F32;
         let el = c.dtype.dtype();
-        let rows = blocking.heads_per_task * blocking.queries;
+        let rows = blocking.rows();
         let q = buffer(0, el, c.q_len());
         let panels = blocking.kv_panels(config);
         let (k, v) = match &panels {
