@@ -384,11 +384,13 @@ impl GemmTasks {
         // per call), which costs more than the epilogue saves unless the block must fit.
         let limit = limit.filter(|l| l.required || !operands.a_trans);
         if let Some(BlockLimit { elements, required }) = limit {
-            let narrow = largest_divisor_at_most(cols, (elements / rows).max(1));
             if required {
                 (rows, cols) = block_within(m, (rows, cols), elements, b_packing_weight(&operands));
-            } else if narrow >= MIN_LIMITED_COLUMNS.min(cols) && narrowing_pays(k, cols, narrow) {
-                cols = narrow;
+            } else {
+                let narrow = largest_divisor_at_most(cols, (elements / rows).max(1));
+                if narrow >= MIN_LIMITED_COLUMNS.min(cols) && narrowing_pays(k, cols, narrow) {
+                    cols = narrow;
+                }
             }
         }
         let row_tasks = items * (m / rows);
