@@ -210,20 +210,14 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
             let in_place = EB::READ_IN_PLACE && !b_trans && panel_stays_in_l1(kc, ldb);
             for jc in (0..n).step_by(nc_max) {
                 let nc = nc_max.min(n - jc);
-                for jr in (0..nc).step_by(K::NR) {
-                    let nr = K::NR.min(nc - jr);
-                    if prepacked || (in_place && nr == K::NR) {
-                        continue;
-                    }
-                    // SAFETY: panel `jr / NR` occupies `buf[jr * kc .. (jr + NR) * kc]`, inside
-                    // the B part of the buffer; the source block (columns `jc + jr ..`, k rows
-                    // `pc ..`) lies in B's storage.
+                if !prepacked {
+                    // SAFETY: the B part of the buffer holds `kc * nc.next_multiple_of(NR)`
+                    // floats; the source block (rows `pc .. pc + kc`, columns `jc .. jc + nc`
+                    // of the product's B) lies in B's storage.
                     unsafe {
-                        if b_trans {
-                            EB::pack_bt::<K>(buf.add(jr * kc), b.add((jc + jr) * ldb + pc), ldb, kc, nr);
-                        } else {
-                            EB::pack_b::<K>(buf.add(jr * kc), b.add(pc * ldb + jc + jr), ldb, kc, nr);
-                        }
+                        let (at, full_in_place) =
+                            if b_trans { (jc * ldb + pc, false) } else { (pc * ldb + jc, in_place) };
+                        pack_b_block::<K, EB>(buf, b.add(at), ldb, b_trans, kc, nc, full_in_place);
                     }
                 }
                 for ic in (0..m).step_by(mc_max) {
@@ -289,6 +283,53 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
             }
         }
     });
+}
+
+/// Rows of an untransposed B that [`pack_b_block`] copies into every panel before it moves on.
+///
+/// Each row of a B block is contiguous across the panels, so copying a few rows across all
+/// panels reads memory in sequential runs that the hardware prefetchers follow. Packing one
+/// panel down all `kc` rows instead jumps `ldb` floats every 32 of them: a jump of a page or
+/// more that no prefetcher crosses, so each row's lines were demand misses.
+const PACK_B_ROWS: usize = 16;
+
+/// Packs a `kc x nc` block of B (stored transposed when `b_trans`) into `NR`-wide panels,
+/// panel `j` at `dst[j * kc ..]` (see [`TileKernel::pack_b`]); with `full_in_place`, the full
+/// panels are skipped (the kernel reads them where they lie) and only a ragged last one is
+/// packed.
+///
+/// # Safety
+///
+/// `dst` writable for `kc * nc.next_multiple_of(NR)` floats; `src` readable as the block (at
+/// `p * ldb + j`, or at `j * ldb + p` when transposed, for `p < kc`, `j < nc`); the features
+/// of `K` and [`Element::widen`] available.
+unsafe fn pack_b_block<K: TileKernel, E: Element>(
+    dst: *mut f32,
+    src: *const E,
+    ldb: usize,
+    b_trans: bool,
+    kc: usize,
+    nc: usize,
+    full_in_place: bool,
+) {
+    let panels = (0..nc).step_by(K::NR).map(|j| (j, K::NR.min(nc - j)));
+    let packed = panels.filter(|&(_, nr)| !(full_in_place && nr == K::NR));
+    // SAFETY: every panel's rows `p0 .. p0 + rows <= kc` and columns `j .. j + nr <= nc` lie in
+    // the block, and its packed rows in panel `j / NR` of `dst`.
+    unsafe {
+        if b_trans {
+            for (j, nr) in packed {
+                E::pack_bt::<K>(dst.add(j * kc), src.add(j * ldb), ldb, kc, nr);
+            }
+            return;
+        }
+        for p0 in (0..kc).step_by(PACK_B_ROWS) {
+            let rows = PACK_B_ROWS.min(kc - p0);
+            for (j, nr) in packed.clone() {
+                E::pack_b::<K>(dst.add(j * kc + p0 * K::NR), src.add(p0 * ldb + j), ldb, rows, nr);
+            }
+        }
+    }
 }
 
 /// Packs a transposed A block (`kc` stored rows of `mc` columns) into strips of `MR` columns:
