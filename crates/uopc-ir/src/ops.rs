@@ -370,6 +370,7 @@ impl Op {
             Op::Tile(TileOp::MaxSumExp { .. }) => "TILE_MAX_SUM_EXP",
             Op::Tile(TileOp::Convert { .. }) => "TILE_CONVERT",
             Op::Tile(TileOp::ExpRows { .. }) => "TILE_EXP_ROWS",
+            Op::Tile(TileOp::Activation { .. }) => "TILE_ACTIVATION",
             Op::Param { .. } => "PARAM",
             Op::Arange(_) => "ARANGE",
             Op::Data { .. } => "DATA",

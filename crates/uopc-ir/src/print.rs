@@ -217,6 +217,9 @@ impl Printer {
                             TileOp::ExpRows { rows, cols, scale, .. } => {
                                 format!("tile_exp_rows {rows}x{cols} scale={}", f32::from_bits(*scale))
                             }
+                            TileOp::Activation { rows, cols, kind, .. } => {
+                                format!("tile_activation {rows}x{cols} {kind:?}")
+                            }
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }

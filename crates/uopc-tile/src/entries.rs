@@ -24,6 +24,7 @@ impl TileEntry {
             TileEntry::MaxSumExp => crate::uopc_tile_max_sum_exp_f32 as *const u8,
             TileEntry::Convert => crate::convert::uopc_tile_convert_block as *const u8,
             TileEntry::ExpRows => crate::uopc_tile_exp_rows_f32 as *const u8,
+            TileEntry::Activation => crate::uopc_tile_activation_f32 as *const u8,
         }
     }
 }

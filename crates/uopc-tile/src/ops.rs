@@ -183,6 +183,20 @@ pub enum TileOp {
         /// The factor of every exponent, as `f32::to_bits`.
         scale: u32,
     },
+    /// An activation function in place over a block. Sources `[X]`: X is `rows x cols`
+    /// (stride `ld`), read and written: `X = kind(X)` per element, with the formulas of
+    /// [`crate::Activation`] (each `x sigmoid(z)`, the sigmoid through `exp2(-|z| log2 e)`).
+    /// See `uopc_tile::activate`.
+    Activation {
+        /// Rows of X.
+        rows: usize,
+        /// Elements of each row.
+        cols: usize,
+        /// Row stride of X.
+        ld: usize,
+        /// The function.
+        kind: crate::Activation,
+    },
 }
 
 /// How a [`TileOp`] uses one of its operands.
@@ -256,6 +270,7 @@ impl TileOp {
                     op(block_extent(rows, cols, ldd), false, true),
                 ]
             }
+            TileOp::Activation { rows, cols, ld, .. } => vec![op(block_extent(rows, cols, ld), true, true)],
             TileOp::ExpRows { rows, cols, ldx, ldy, .. } => vec![
                 op(block_extent(rows, cols, ldx), true, false),
                 op(if cols == 0 { 0 } else { rows }, true, false),
@@ -288,6 +303,7 @@ impl TileOp {
             TileOp::ExpRows { rows, cols, ldx, ldy, .. } => {
                 vec![(rows, cols, ldx), (1, rows, rows), (rows, cols, ldy)]
             }
+            TileOp::Activation { rows, cols, ld, .. } => vec![(rows, cols, ld)],
         }
     }
 
@@ -306,6 +322,15 @@ impl TileOp {
             TileOp::Convert { .. } => 0,
             // A subtraction, the scaling and the exponential per element.
             TileOp::ExpRows { rows, cols, .. } => (3 * rows * cols) as u64,
+            // The sigmoid's negation, scaling, exponential, sum, division, select and the
+            // product with x; GELU's argument adds two products, a multiply-add and a scaling.
+            TileOp::Activation { rows, cols, kind, .. } => {
+                let per = match kind {
+                    crate::Activation::GeluTanh => 11,
+                    crate::Activation::Silu => 7,
+                };
+                (per * rows * cols) as u64
+            }
         }
     }
 }
@@ -345,12 +370,14 @@ pub enum TileEntry {
     Convert,
     /// `uopc_tile_exp_rows_f32`.
     ExpRows,
+    /// `uopc_tile_activation_f32`.
+    Activation,
 }
 
 impl TileEntry {
     /// Every entry, each once, in the order they were added (the order a JIT declares them,
     /// which its printed functions number).
-    pub const ALL: [TileEntry; 15] = [
+    pub const ALL: [TileEntry; 16] = [
         TileEntry::Gemm,
         TileEntry::SoftmaxUpdate,
         TileEntry::SoftmaxRecompute,
@@ -366,6 +393,7 @@ impl TileEntry {
         TileEntry::ExpRows,
         TileEntry::GemmF16F32,
         TileEntry::GemmBf16F32,
+        TileEntry::Activation,
     ];
 
     /// The symbol it is exported and registered under.
@@ -406,6 +434,8 @@ impl TileEntry {
             TileEntry::Convert => ("uopc_tile_convert_block", 2, 5),
             // rows, cols, ldx, ldy, scale
             TileEntry::ExpRows => ("uopc_tile_exp_rows_f32", 3, 5),
+            // rows, cols, ld, activation code
+            TileEntry::Activation => ("uopc_tile_activation_f32", 1, 4),
         }
     }
 }
@@ -493,6 +523,11 @@ impl TileOp {
                 c.fields.push(i64::from(scale));
                 c
             }
+            TileOp::Activation { rows, cols, ld, kind } => {
+                let mut c = call(TileEntry::Activation, 1, &[rows, cols, ld]);
+                c.fields.push(kind.code());
+                c
+            }
         }
     }
 }
@@ -530,6 +565,7 @@ mod tests {
             TileOp::MaxSumExp { rows: 2, cols: 3, ld: 3, scale },
             TileOp::Convert { rows: 2, cols: 3, lds: 3, ldd: 3 },
             TileOp::ExpRows { rows: 2, cols: 3, ldx: 3, ldy: 3, scale },
+            TileOp::Activation { rows: 2, cols: 3, ld: 3, kind: crate::Activation::GeluTanh },
         ] {
             calls.push(op.call(&[F32; 5]));
         }

@@ -107,6 +107,14 @@ impl Machine<'_> {
                     }
                 }
             }
+            TileOp::Activation { rows, cols, ld, kind } => {
+                for r in 0..if cols == 0 { 0 } else { rows } {
+                    for j in 0..cols {
+                        let x = self.get(node, at[0], r * ld + j)?;
+                        self.put(node, at[0], r * ld + j, activation_f64(kind, x))?;
+                    }
+                }
+            }
             TileOp::ExpRows { rows, cols, ldx, ldy, scale } => {
                 let c = f64::from(f32::from_bits(scale));
                 // With no columns the op touches nothing, not even the shifts.
@@ -199,4 +207,21 @@ struct UpdateShape {
     ldp: usize,
     scale: f64,
     round_to: Option<DType>,
+}
+
+/// An activation of [`TileOp::Activation`] in f64, the reference semantics the reference
+/// expansion spells out op by op: `z` from `x` (the kernels' f32 constants, widened),
+/// `e = exp2(-|z| log2 e)` (`-|z|` as `z < 0 ? z : -z`), `r = 1 / (e + 1)`, `x (z < 0 ? e r : r)`.
+pub(crate) fn activation_f64(kind: uopc_tile::Activation, x: f64) -> f64 {
+    let z = match kind {
+        uopc_tile::Activation::GeluTanh => {
+            (x + x * x * x * f64::from(uopc_tile::GELU_CUBIC))
+                * f64::from(uopc_tile::GELU_TWICE_SQRT_2_OVER_PI)
+        }
+        uopc_tile::Activation::Silu => x,
+    };
+    let below = z < 0.0;
+    let e = ((if below { z } else { -z }) * std::f64::consts::LOG2_E).exp2();
+    let r = 1.0 / (e + 1.0);
+    x * if below { e * r } else { r }
 }

@@ -7,6 +7,7 @@ mod half;
 mod jit;
 mod lane_compares;
 mod packed_stores;
+mod tile_activation;
 mod tile_backward_ops;
 mod tile_exp_rows;
 mod tile_expand;

@@ -67,12 +67,57 @@ fn bias_and_gelu_fuse_into_the_gemm() {
     assert!(plan.to_string().contains("[tile gemm + epilogue]"), "{plan}");
     // No temporary: the GEMM writes the output block, the epilogue rewrites it.
     assert!(plan.temps.is_empty(), "{plan}");
+    // The GELU runs as one activation tile op per row; the loop only adds the bias.
+    assert_eq!(activations(&plan.kernels[0]), [uopc_tile::Activation::GeluTanh], "{plan}");
     let got = y.to_ndarray::<f32>().unwrap();
     let mut want = matmul64(&f64s(&x), &f64s(&w));
     for ((i, j), v) in want.clone().into_dimensionality::<ndarray::Ix2>().unwrap().indexed_iter() {
         want[[i, j]] = gelu64(v + f64::from(b[[j]]));
     }
     assert_close(&got, &want, 1e-5);
+}
+
+/// The activation tile ops of kernel `k`, and whether its loops still take an exponential.
+fn activations(k: &Kernel) -> Vec<uopc_tile::Activation> {
+    let nodes = uopc_ir::UOp::toposort(std::slice::from_ref(&k.program));
+    let exp2 = nodes.iter().any(|u| matches!(u.op(), Op::Unary(uopc_ir::UnaryOp::Exp2)));
+    let kinds: Vec<_> = nodes
+        .iter()
+        .filter_map(|u| match u.op() {
+            Op::Tile(uopc_ir::TileOp::Activation { kind, .. }) => Some(*kind),
+            _ => None,
+        })
+        .collect();
+    assert!(kinds.is_empty() || !exp2, "an activation tile op and an exponential in the loop");
+    kinds
+}
+
+#[test]
+fn silu_fuses_as_a_tile_op_and_a_body_that_is_not_exactly_an_activation_keeps_its_loop() {
+    let (x, w, b) =
+        (uniform(&[N, K], -4.0, 4.0, 21), uniform(&[K, M], -1.0, 1.0, 22), uniform(&[M], -1.0, 1.0, 23));
+    let (tx, tw, tb) = (Tensor::from_array(&x), Tensor::from_array(&w), Tensor::from_array(&b));
+    let pre = tx.matmul(&tw) + &tb;
+    let silu = pre.silu();
+    let plan = plan_of(&silu);
+    assert_eq!(activations(&plan.kernels[0]), [uopc_tile::Activation::Silu], "{plan}");
+    let dot = matmul64(&f64s(&x), &f64s(&w));
+    let mut want = dot.clone();
+    for ((i, j), v) in dot.clone().into_dimensionality::<ndarray::Ix2>().unwrap().indexed_iter() {
+        let z = v + f64::from(b[[j]]);
+        want[[i, j]] = z / (1.0 + (-z).exp());
+    }
+    assert_close(&silu.to_ndarray::<f32>().unwrap(), &want, 1e-5);
+    // A scaled GELU and a sigmoid alone are other functions: the loop computes them.
+    let scaled = pre.gelu_tanh() * 2.0;
+    let plan = plan_of(&scaled);
+    assert!(plan.kernels[0].has_epilogue() && activations(&plan.kernels[0]).is_empty(), "{plan}");
+    let mut want = dot.clone();
+    for ((i, j), v) in dot.into_dimensionality::<ndarray::Ix2>().unwrap().indexed_iter() {
+        want[[i, j]] = 2.0 * gelu64(v + f64::from(b[[j]]));
+    }
+    assert_close(&scaled.to_ndarray::<f32>().unwrap(), &want, 1e-5);
+    assert!(activations(&plan_of(&pre.sigmoid()).kernels[0]).is_empty());
 }
 
 #[test]

@@ -114,7 +114,7 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
 /// subnormal.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn exp2_nonpositive(x: __m256) -> __m256 {
+pub(super) fn exp2_nonpositive(x: __m256) -> __m256 {
     // The clamp bound is the first operand: MAXPS returns the second one when either is NaN, so
     // a NaN input stays NaN through the clamp (and, through `f`, the result).
     let x = _mm256_max_ps(_mm256_set1_ps(EXP2_LO), x);

@@ -484,7 +484,7 @@ pub(crate) unsafe fn softmax_grad(sh: &ScoreTileShape, p: *const f32, dp: *mut f
 /// integer construction of `2^n`. `x <= EXP2_ZERO_BELOW` (and `-inf`) gives exactly 0, NaN
 /// gives NaN; results agree with [`exp2`]'s to the last bit on `(EXP2_ZERO_BELOW, 0]`.
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn exp2_nonpositive(x: __m512) -> __m512 {
+pub(super) fn exp2_nonpositive(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm512_sub_ps(x, n);
     let mut p = _mm512_set1_ps(EXP2_C[6]);

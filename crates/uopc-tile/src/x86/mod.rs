@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+pub(crate) mod activation;
 pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx2_few_rows;

@@ -1,0 +1,238 @@
+//! Activation functions applied in place over a block of rows ([`activate`]): GELU's tanh
+//! form (GPT-2's MLP) and SiLU (Llama's), the elementwise tail of a linear layer.
+//!
+//! Both are `x * sigmoid(z)` for a `z` formed from `x`, with the sigmoid taken through one
+//! exponential of `-|z|` (no overflow, exact tails): the same formulas the tensor graph's
+//! `gelu_tanh` and `silu` build, here 16 (AVX-512) or 8 (AVX2) elements per instruction where
+//! generated code, limited to 128-bit vectors and 16 registers, takes four.
+
+pub use crate::activation_kind::{Activation, GELU_CUBIC, GELU_TWICE_SQRT_2_OVER_PI};
+use crate::error::{check_len, span};
+use crate::softmax::exp2_scalar;
+use crate::{Isa, TileError};
+
+/// `X = f(X)` in place over a `rows x cols` block with row stride `ld`, `f` being `kind`.
+///
+/// Accuracy: the sigmoid's exponential is the one of [`crate::softmax_update`]
+/// ([`crate::EXP2_MAX_REL_ERROR`] relative), its reciprocal an exact division; `z` is formed
+/// in f32 (GELU's cube and sum rounded as written, the sum fused into one multiply-add), so
+/// the result is within a few ulps of the function of the f32 `x`, times `1 + |z| 2^-23`
+/// where the sigmoid's tail magnifies the rounding of `z`. Special values follow the formula:
+/// NaN stays NaN, `+inf` gives `+inf`, `-inf` gives NaN (`-inf * 0`, as torch's tanh form
+/// does), a large negative `x` gives `-0`. Row gaps past `cols` are not touched.
+///
+/// # Errors
+///
+/// Nothing is written when one is returned: [`TileError::IsaUnavailable`] if this CPU lacks
+/// `isa`; [`TileError::LeadingDim`] when `ld < cols` with two or more rows;
+/// [`TileError::BufferTooSmall`] if `x` is shorter than the block.
+///
+/// # Examples
+///
+/// ```rust
+/// use uopc_tile::{Activation, Isa, TileError, activate};
+///
+/// let mut x = [1.0f32, -1.0, 0.0, 3.0];
+/// activate(Isa::detect(), Activation::GeluTanh, 2, 2, 2, &mut x)?;
+/// assert!((x[0] - 0.841_192).abs() < 1e-6 && (x[1] + 0.158_808).abs() < 1e-6);
+/// assert_eq!(x[2], 0.0);
+/// # Ok::<(), TileError>(())
+/// ```
+pub fn activate(
+    isa: Isa,
+    kind: Activation,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    x: &mut [f32],
+) -> Result<(), TileError> {
+    if !isa.available() {
+        return Err(TileError::IsaUnavailable(isa));
+    }
+    check_len("x", span("x", rows, cols, ld)?, x.len())?;
+    // SAFETY: the ISA is available and `x` covers the block's extent, uniquely borrowed.
+    unsafe { activate_unchecked(isa, kind, rows, cols, ld, x.as_mut_ptr()) };
+    Ok(())
+}
+
+/// [`activate`] on a raw pointer, without checks.
+///
+/// # Safety
+///
+/// `isa.available()` is true; `x` is valid for reads and writes of the block (row `r < rows`
+/// at `r * ld`, `cols` floats each), aligned for `f32`, and nothing else accesses it during
+/// the call.
+pub unsafe fn activate_unchecked(
+    isa: Isa,
+    kind: Activation,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    x: *mut f32,
+) {
+    if cols == 0 {
+        return;
+    }
+    for r in 0..rows {
+        // SAFETY: row `r` spans `cols` floats at `r * ld`, inside the caller's block.
+        unsafe {
+            let row = x.add(r * ld);
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the caller guarantees AVX-512.
+                Isa::Avx512 => crate::x86::activation::row_avx512(kind, row, cols),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the caller guarantees AVX2 and FMA.
+                Isa::Avx2Fma => crate::x86::activation::row_avx2(kind, row, cols),
+                _ => {
+                    for v in std::slice::from_raw_parts_mut(row, cols) {
+                        *v = apply(kind, *v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Flat C-ABI [`activate`] for JIT-compiled code, with the fastest ISA of this CPU.
+///
+/// Arguments, in order: `x` (a pointer to f32), then the `i64`s `rows`, `cols`, `ld` and the
+/// activation's [`Activation::code`]. Returns 0 on success, or -1 without touching memory if
+/// a size is negative, `ld` is too small, the extent overflows, the code is unknown, or the
+/// pointer is null while the block is non-empty.
+///
+/// # Safety
+///
+/// The pointer must satisfy the contract of [`activate_unchecked`] for the decoded shape.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn uopc_tile_activation_f32(
+    x: *mut f32,
+    rows: i64,
+    cols: i64,
+    ld: i64,
+    kind: i64,
+) -> i32 {
+    let u = |v: i64| usize::try_from(v).ok();
+    let (Some(rows), Some(cols), Some(ld), Some(kind)) =
+        (u(rows), u(cols), u(ld), Activation::from_code(kind))
+    else {
+        return -1;
+    };
+    let Ok(n) = span("x", rows, cols, ld) else { return -1 };
+    if n > 0 && x.is_null() {
+        return -1;
+    }
+    // SAFETY: the detected ISA is available; the extent and pointer are the caller's contract.
+    unsafe { activate_unchecked(Isa::detect(), kind, rows, cols, ld, x) };
+    0
+}
+
+/// `kind` on one f32, as the vector kernels compute it (the portable kernel).
+fn apply(kind: Activation, x: f32) -> f32 {
+    let z = match kind {
+        Activation::GeluTanh => {
+            let cube = x * x * x;
+            GELU_TWICE_SQRT_2_OVER_PI * cube.mul_add(GELU_CUBIC, x)
+        }
+        Activation::Silu => x,
+    };
+    let e = exp2_scalar(-z.abs() * std::f32::consts::LOG2_E);
+    let r = 1.0 / (e + 1.0);
+    x * if z < 0.0 { e * r } else { r }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The function in f64 from the f32 input, and the `z` whose rounding the tail magnifies.
+    fn reference(kind: Activation, x: f32) -> (f64, f64) {
+        let x = f64::from(x);
+        let z = match kind {
+            Activation::GeluTanh => 2.0 * (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x * x * x),
+            Activation::Silu => x,
+        };
+        let s = if z < 0.0 { z.exp() / (1.0 + z.exp()) } else { 1.0 / (1.0 + (-z).exp()) };
+        (x * s, z)
+    }
+
+    fn check(kind: Activation, rows: usize, cols: usize, values: &dyn Fn(usize) -> f32) {
+        let ld = cols + 3;
+        let n = span("x", rows, cols, ld).unwrap();
+        let input: Vec<f32> = (0..n).map(|i| if i % ld < cols { values(i) } else { -7.0 }).collect();
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            let mut x = input.clone();
+            activate(isa, kind, rows, cols, ld, &mut x).unwrap();
+            for (i, (&got, &arg)) in x.iter().zip(&input).enumerate() {
+                if i % ld >= cols {
+                    assert_eq!(got, -7.0, "{isa:?} {kind:?}: wrote the row gap at {i}");
+                    continue;
+                }
+                let (want, z) = reference(kind, arg);
+                let ok = if want.is_nan() {
+                    got.is_nan()
+                } else if want == 0.0 || want.is_infinite() {
+                    f64::from(got) == want
+                } else {
+                    // The exponential's bound and a few roundings, plus the rounding of `z`
+                    // (half an ulp, relative) magnified by the sigmoid's tail slope `|z|`. The
+                    // exponential flushes below 2^-126.5 to 0 (as the loop's does), so a tail
+                    // that small is only good to `|x| 2^-126` absolute.
+                    let tol = 4.0 * crate::EXP2_MAX_REL_ERROR + (z.abs() + 4.0) * 2f64.powi(-23);
+                    let err = (f64::from(got) - want).abs();
+                    err <= tol * want.abs() || err <= f64::from(arg).abs() * 2f64.powi(-126)
+                };
+                assert!(ok, "{isa:?} {kind:?} x {arg} got {got} want {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn matches_f64_on_tails_strides_and_special_values() {
+        for kind in [Activation::GeluTanh, Activation::Silu] {
+            for cols in [1, 7, 8, 15, 16, 17, 33, 100] {
+                check(kind, 3, cols, &|i| ((i * 37) % 211) as f32 * 0.1 - 10.5);
+            }
+            let inf = f32::INFINITY;
+            let specials = [
+                0.0,
+                -0.0,
+                inf,
+                -inf,
+                f32::NAN,
+                1e-30,
+                -1e-30,
+                1e4,
+                -1e4,
+                1e13,
+                -1e13,
+                87.0,
+                -87.0,
+                -100.0,
+                3.0,
+            ];
+            check(kind, 2, 40, &|i| specials[i % specials.len()]);
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips_its_code() {
+        for kind in [Activation::GeluTanh, Activation::Silu] {
+            assert_eq!(Activation::from_code(kind.code()), Some(kind));
+        }
+        assert_eq!(Activation::from_code(2), None);
+    }
+
+    #[test]
+    fn bad_input_is_an_error_naming_the_operand() {
+        let e = activate(Isa::Portable, Activation::Silu, 2, 4, 3, &mut [0.0; 8]).unwrap_err();
+        assert!(matches!(e, TileError::LeadingDim { operand: "x", .. }), "{e:?}");
+        let e = activate(Isa::Portable, Activation::Silu, 2, 4, 5, &mut [0.0; 8]).unwrap_err();
+        assert_eq!(e, TileError::BufferTooSmall { operand: "x", needed: 9, len: 8 });
+        // SAFETY: a negative size or an unknown code is refused before the pointer is read.
+        unsafe {
+            assert_eq!(uopc_tile_activation_f32(std::ptr::null_mut(), -1, 4, 4, 0), -1);
+            assert_eq!(uopc_tile_activation_f32(std::ptr::null_mut(), 1, 4, 4, 9), -1);
+        }
+    }
+}
