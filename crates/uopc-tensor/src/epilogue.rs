@@ -15,7 +15,6 @@ use crate::tilemap::{BlockLimit, GemmTasks};
 use crate::util::numel;
 use std::collections::{HashMap, HashSet};
 use uopc_ir::{AxisType, DType, Op, TileOp, UOp, alloc, idx, range, simplify, sink, tile};
-use uopc_tile::Activation;
 
 /// The most elements of a task's output block in a kernel with an epilogue: 128 KiB of f32,
 /// which stays in the core's L2 between the GEMM writing it and the epilogue reading it back
@@ -205,32 +204,6 @@ fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
     index
 }
 
-/// A unary tensor op, as a function.
-type TensorOp = fn(&crate::Tensor) -> crate::Tensor;
-
-/// The activations an epilogue hands to [`TileOp::Activation`], each with the tensor op that
-/// builds it: a body that is exactly that op's graph over some value is that value's loop,
-/// then the tile op over the block.
-const TILE_ACTIVATIONS: [(Activation, TensorOp); 2] =
-    [(Activation::GeluTanh, crate::Tensor::gelu_tanh), (Activation::Silu, crate::Tensor::silu)];
-
-/// `Some((x, kind))` when `body` is the graph `kind` builds over `x` (one of `body`'s
-/// sources), with what only autograd reads dropped as the kernelizer drops it: the tensor op
-/// is run on `x` and the graphs compared by identity (nodes are hash-consed), so a body
-/// matches only if every node is the one the op builds.
-fn tile_activation(body: &UOp) -> Option<(UOp, Activation)> {
-    if body.dtype() != DType::F32 {
-        return None;
-    }
-    TILE_ACTIVATIONS.iter().find_map(|&(kind, build)| {
-        body.src().iter().find_map(|x| {
-            let built = build(&crate::Tensor::from_uop(x.clone()));
-            let (canonical, _) = crate::passes::canonicalize(std::slice::from_ref(built.uop()));
-            (canonical.first() == Some(body)).then(|| (x.clone(), kind))
-        })
-    })
-}
-
 /// The loop program of a kernel `body` (inputs as `Param`s with slots below `out`'s) that is
 /// elementwise ops and reshapes over one GEMM-shaped reduce, writing `out`; `None` when `body`
 /// is not of that form or the reduce is not a tile GEMM (then the body is rangeified as
@@ -242,7 +215,7 @@ fn tile_activation(body: &UOp) -> Option<(UOp, Activation)> {
 /// bias along the rows, a residual). An f32 output is its own block (the GEMM writes it, the
 /// epilogue rewrites it in place); any other dtype gets an f32 scratch block per task. Either
 /// way the task's block is kept to [`BLOCK_ELEMENTS`]. When an f32 body ends in an activation
-/// of [`TILE_ACTIVATIONS`], the loop computes the activation's argument and one
+/// a tile op computes ([`crate::activation_rows::tile_activation`]), the loop computes the activation's argument and one
 /// [`TileOp::Activation`] applies it to the block, 16 elements per instruction where the
 /// loop's vectors take four.
 pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> {
@@ -254,7 +227,7 @@ pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> 
         return None;
     }
     let in_place = out.dtype() == DType::F32;
-    let activation = if in_place { tile_activation(body) } else { None };
+    let activation = if in_place { crate::activation_rows::tile_activation(body) } else { None };
     let body = activation.as_ref().map_or(body, |(x, _)| x);
     // A scratch block lives on the stack: its bound is a must. An output block may be wider.
     let limit = BlockLimit { elements: BLOCK_ELEMENTS, required: !in_place };

@@ -24,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+mod activation_rows;
 pub mod attention;
 pub mod autograd;
 mod cache;

@@ -230,6 +230,7 @@ pub(crate) const LOWERINGS: &[Lowering] = &[
     Lowering { name: "online_attention", apply: online_attention },
     Lowering { name: "online_rows_split", apply: online_rows_split },
     Lowering { name: "online_rows", apply: online_rows },
+    Lowering { name: "activation_rows", apply: activation_rows },
     Lowering { name: "rangeify", apply: rangeify },
 ];
 
@@ -302,6 +303,16 @@ fn online_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
         n => format!("{n} online sums on tile ops: row max and sum of exp"),
     };
     Some(Ok(Lowered { online_rows: true, ..pt.finish(program, derived) }))
+}
+
+/// An elementwise body ending in an activation, as loops over the activation's argument and
+/// the activation's tile op per row ([`crate::activation_rows::lower_activation_rows`]).
+fn activation_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
+    if !pt.opts.opt.tile_ops() {
+        return None;
+    }
+    let program = crate::activation_rows::lower_activation_rows(&pt.body, &pt.out, &mut pt.ctx)?;
+    Some(program.map(|program| pt.finish(program, pt.loop_derived())))
 }
 
 /// Any body, as loops over its output with the optimizer's opts ([`crate::rangeify`]).

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod activation_rows;
 mod attention;
 mod autograd;
 mod captured;

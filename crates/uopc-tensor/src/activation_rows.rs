@@ -1,0 +1,73 @@
+//! Activations on [`TileOp::Activation`]: which kernel bodies end in one (the epilogue of a
+//! GEMM, [`crate::epilogue`], asks too), and an elementwise kernel that is one, lowered as
+//! rangeify's loop over the activation's argument with the tile op applied to each row right
+//! after the loop wrote it.
+
+use crate::error::Result;
+use crate::rangeify::{Ctx, lower};
+use uopc_ir::{AxisType, BinaryOp, ConstValue, DType, Op, TileOp, UOp, simplify, sink, tile};
+use uopc_tile::Activation;
+
+/// A unary tensor op, as a function.
+type TensorOp = fn(&crate::Tensor) -> crate::Tensor;
+
+/// The activations an epilogue hands to [`TileOp::Activation`], each with the tensor op that
+/// builds it: a body that is exactly that op's graph over some value is that value's loop,
+/// then the tile op over the block.
+const TILE_ACTIVATIONS: [(Activation, TensorOp); 2] =
+    [(Activation::GeluTanh, crate::Tensor::gelu_tanh), (Activation::Silu, crate::Tensor::silu)];
+
+/// `Some((x, kind))` when `body` is the graph `kind` builds over `x` (one of `body`'s
+/// sources), with what only autograd reads dropped as the kernelizer drops it: the tensor op
+/// is run on `x` and the graphs compared by identity (nodes are hash-consed), so a body
+/// matches only if every node is the one the op builds.
+pub(crate) fn tile_activation(body: &UOp) -> Option<(UOp, Activation)> {
+    // Each activation is `x * sigmoid(z)`, the sigmoid a select between its two tails: other
+    // bodies are not worth building the activations' graphs for.
+    let product_with_select = matches!(body.op(), Op::Binary(BinaryOp::Mul))
+        && body.src().iter().any(|s| matches!(s.op(), Op::Where));
+    if body.dtype() != DType::F32 || !product_with_select {
+        return None;
+    }
+    TILE_ACTIVATIONS.iter().find_map(|&(kind, build)| {
+        body.src().iter().find_map(|x| {
+            let built = build(&crate::Tensor::from_uop(x.clone()));
+            let (canonical, _) = crate::passes::canonicalize(std::slice::from_ref(built.uop()));
+            (canonical.first() == Some(body)).then(|| (x.clone(), kind))
+        })
+    })
+}
+
+/// The program of an f32 elementwise kernel `body` that ends in an activation of
+/// [`TILE_ACTIVATIONS`], writing `out`: rangeify's program for the activation's argument,
+/// when it is one THREAD loop over rows around one loop over each row's `n` contiguous
+/// elements, with the tile op applied to each row after it; `None` for any other body or
+/// program shape (rangeify then lowers the whole body).
+pub(crate) fn lower_activation_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option<Result<UOp>> {
+    if out.dtype() != DType::F32 {
+        return None;
+    }
+    let (x, kind) = tile_activation(body)?;
+    let program = match lower(&x, out, ctx) {
+        Ok(p) => p,
+        Err(e) => return Some(Err(e)),
+    };
+    let [nest] = program.src() else { return None };
+    let outer = nest.as_end()?;
+    let inner = outer.body.as_end()?;
+    let (thread, col) = (outer.range.as_range()?, inner.range.as_range()?);
+    let store = inner.body.as_store()?;
+    let n = match col.end.const_value()? {
+        ConstValue::Int(n) => usize::try_from(n).ok()?,
+        _ => return None,
+    };
+    let at = store.index.as_index()?;
+    let row_start = simplify(&(outer.range * n as i64));
+    let contiguous = *at.offset == simplify(&(&row_start + inner.range)) && at.base == out;
+    if thread.axis != AxisType::Thread || col.axis != AxisType::Loop || !contiguous {
+        return None;
+    }
+    let act = TileOp::Activation { rows: 1, cols: n, ld: n, kind };
+    let row = tile(act, &[out.after(std::slice::from_ref(outer.body)).index(&row_start)]);
+    Some(Ok(sink(&[row.end(std::slice::from_ref(outer.range))])))
+}
