@@ -113,7 +113,10 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
         TileOp::ExpRows { rows, cols, ldx, ldy, scale } => {
             ops.exp_rows(rows, cols, ldx, ldy, f32::from_bits(scale))
         }
-        TileOp::Activation { rows, cols, ld, kind } => ops.activation(rows, cols, ld, kind),
+        TileOp::Activation { rows, cols, ld, kind } => ops.activation(rows, cols, ld, None, kind),
+        TileOp::ActivationGrad { rows, cols, ldx, ldg, kind } => {
+            ops.activation(rows, cols, ldx, Some(ldg), kind)
+        }
     })
 }
 
@@ -379,30 +382,46 @@ impl Operands<'_> {
         self.at(2, &r * ldy as i64 + &j).store(y.cast(DType::F32)).end(&[j, r])
     }
 
-    /// Per element, in f64 in the interpreter's order ([`activation_f64`]): `z` from `x`,
-    /// `e = exp2(-|z| log2 e)` (`-|z|` as `z < 0 ? z : -z`), `r = 1 / (e + 1)`, then
-    /// `x (z < 0 ? e r : r)`, rounded once.
-    fn activation(self, rows: usize, cols: usize, ld: usize, kind: uopc_tile::Activation) -> UOp {
+    /// Per element, in f64 in the interpreter's order ([`activation_f64`]): `z` (and `z'`)
+    /// from `x`, `e = exp2(-|z| log2 e)` (`-|z|` as `z < 0 ? z : -z`), `r = 1 / (e + 1)`,
+    /// `s = z < 0 ? e r : r`; then `X = x s` in place, or with `ldg` the gradient
+    /// `G = G (x (e r r) z' + s)`, rounded once.
+    fn activation(
+        self,
+        rows: usize,
+        cols: usize,
+        ldx: usize,
+        ldg: Option<usize>,
+        kind: uopc_tile::Activation,
+    ) -> UOp {
         if rows == 0 || cols == 0 {
             return self.nothing();
         }
         let r = self.fresh.range(rows, AxisType::Loop);
         let j = self.fresh.range(cols, AxisType::Loop);
-        let at = self.at(0, &r * ld as i64 + &j);
+        let at = self.at(0, &r * ldx as i64 + &j);
         let x = at.load().cast(DType::F64);
-        let z = match kind {
+        let cubic = f64::from(uopc_tile::GELU_CUBIC);
+        let twice = f64::from(uopc_tile::GELU_TWICE_SQRT_2_OVER_PI);
+        let (z, dz) = match kind {
             uopc_tile::Activation::GeluTanh => {
-                let cube = &(&x * &x) * &x;
-                (&x + &(cube * f64::from(uopc_tile::GELU_CUBIC)))
-                    * f64::from(uopc_tile::GELU_TWICE_SQRT_2_OVER_PI)
+                let square = &x * &x;
+                let z = (&x + &(&(&square * &x) * cubic)) * twice;
+                (z, (square * (3.0 * cubic) + 1.0) * twice)
             }
-            uopc_tile::Activation::Silu => x.clone(),
+            uopc_tile::Activation::Silu => (x.clone(), x.const_like(1.0)),
         };
         let below = z.lt(0.0);
         let e = (below.where_(&z, -&z) * std::f64::consts::LOG2_E).exp2();
         let rcp = (&e + 1.0).recip();
-        let y = &x * &below.where_(&e * &rcp, &rcp);
-        at.store(y.cast(DType::F32)).end(&[j, r])
+        let er = &e * &rcp;
+        let s = below.where_(&er, &rcp);
+        let Some(ldg) = ldg else {
+            return at.store((&x * &s).cast(DType::F32)).end(&[j, r]);
+        };
+        let g = self.at(1, &r * ldg as i64 + &j);
+        let d = &(&(&x * &(&er * &rcp)) * &dz) + &s;
+        g.store((g.load().cast(DType::F64) * d).cast(DType::F32)).end(&[j, r])
     }
 
     /// Per row, in the interpreter's order: the new maximum over the old one and the row (MAX

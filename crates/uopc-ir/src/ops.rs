@@ -371,6 +371,7 @@ impl Op {
             Op::Tile(TileOp::Convert { .. }) => "TILE_CONVERT",
             Op::Tile(TileOp::ExpRows { .. }) => "TILE_EXP_ROWS",
             Op::Tile(TileOp::Activation { .. }) => "TILE_ACTIVATION",
+            Op::Tile(TileOp::ActivationGrad { .. }) => "TILE_ACTIVATION_GRAD",
             Op::Param { .. } => "PARAM",
             Op::Arange(_) => "ARANGE",
             Op::Data { .. } => "DATA",

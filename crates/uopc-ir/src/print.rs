@@ -220,6 +220,9 @@ impl Printer {
                             TileOp::Activation { rows, cols, kind, .. } => {
                                 format!("tile_activation {rows}x{cols} {kind:?}")
                             }
+                            TileOp::ActivationGrad { rows, cols, kind, .. } => {
+                                format!("tile_activation_grad {rows}x{cols} {kind:?}")
+                            }
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }

@@ -38,6 +38,41 @@ pub(crate) fn tile_activation(body: &UOp) -> Option<(UOp, Activation)> {
     })
 }
 
+/// `Some((x, kind))` when `body` is the gradient autograd derives for `kind`'s graph over `x`
+/// with `cotangent` ([`crate::autograd::vjp`]), what only autograd reads dropped as the
+/// kernelizer drops it: a GEMM epilogue in a training step's backward, whose GEMM computes
+/// the gradient arriving at the activation. The candidates for `x` are the argument of every
+/// sigmoid select's comparison (SiLU's input) and every value squared (GELU's), each tried
+/// with every activation by building its gradient and comparing the graphs by identity.
+pub(crate) fn tile_activation_grad(body: &UOp, cotangent: &UOp) -> Option<(UOp, Activation)> {
+    if body.dtype() != DType::F32 || !matches!(body.op(), Op::Binary(BinaryOp::Add)) {
+        return None;
+    }
+    let mut candidates: Vec<UOp> = Vec::new();
+    for u in UOp::toposort(std::slice::from_ref(body)) {
+        let x = match (u.op(), u.src()) {
+            (Op::Where, [cond, ..]) => match cond.as_binary() {
+                Some((BinaryOp::CmpLt, z, _)) => z.clone(),
+                _ => continue,
+            },
+            (Op::Binary(BinaryOp::Mul), [a, b]) if a == b => a.clone(),
+            _ => continue,
+        };
+        if !candidates.contains(&x) {
+            candidates.push(x);
+        }
+    }
+    let g = crate::Tensor::from_uop(cotangent.clone());
+    candidates.into_iter().find_map(|x| {
+        let xt = crate::Tensor::from_uop(x.clone());
+        TILE_ACTIVATIONS.iter().find_map(|&(kind, build)| {
+            let grad = crate::autograd::vjp(&build(&xt), &[&xt], &g).ok()?;
+            let (canonical, _) = crate::passes::canonicalize(std::slice::from_ref(grad[0].uop()));
+            (canonical.first() == Some(body)).then(|| (x.clone(), kind))
+        })
+    })
+}
+
 /// The program of an f32 elementwise kernel `body` that ends in an activation of
 /// [`TILE_ACTIVATIONS`], writing `out`: rangeify's program for the activation's argument,
 /// when it is one THREAD loop over rows around one loop over each row's `n` contiguous

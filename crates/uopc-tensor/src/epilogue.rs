@@ -204,6 +204,29 @@ fn unravel(flat: &UOp, shape: &[usize]) -> Vec<UOp> {
     index
 }
 
+/// What a tile op finishes of an f32 epilogue: the activation of the loop's values, or the
+/// GEMM's block (a gradient) scaled by the activation's derivative at the loop's values.
+enum Tail {
+    Value(uopc_tile::Activation),
+    Gradient(uopc_tile::Activation),
+}
+
+/// The widest row whose activation input a gradient epilogue keeps on the worker's stack.
+const GRADIENT_ROW_MAX: usize = 16 * 1024;
+
+/// The value the loop of an f32 epilogue computes, and the tile op that finishes it, when
+/// `body` ends in an activation ([`crate::activation_rows::tile_activation`]) or is the
+/// gradient of one with `gemm` as the cotangent
+/// ([`crate::activation_rows::tile_activation_grad`]) of rows at most [`GRADIENT_ROW_MAX`].
+fn activation_tail(body: &UOp, gemm: &UOp) -> Option<(UOp, Tail)> {
+    if let Some((x, kind)) = crate::activation_rows::tile_activation(body) {
+        return Some((x, Tail::Value(kind)));
+    }
+    let n = gemm.shape().last().copied().unwrap_or(1);
+    let (x, kind) = crate::activation_rows::tile_activation_grad(body, gemm)?;
+    (n <= GRADIENT_ROW_MAX).then_some((x, Tail::Gradient(kind)))
+}
+
 /// The loop program of a kernel `body` (inputs as `Param`s with slots below `out`'s) that is
 /// elementwise ops and reshapes over one GEMM-shaped reduce, writing `out`; `None` when `body`
 /// is not of that form or the reduce is not a tile GEMM (then the body is rangeified as
@@ -227,8 +250,8 @@ pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> 
         return None;
     }
     let in_place = out.dtype() == DType::F32;
-    let activation = if in_place { crate::activation_rows::tile_activation(body) } else { None };
-    let body = activation.as_ref().map_or(body, |(x, _)| x);
+    let tail = if in_place { activation_tail(body, gemm) } else { None };
+    let body = tail.as_ref().map_or(body, |(x, _)| x);
     // A scratch block lives on the stack: its bound is a must. An output block may be wider.
     let limit = BlockLimit { elements: BLOCK_ELEMENTS, required: !in_place };
     let tasks = GemmTasks::new(gemm, Some(limit))?;
@@ -294,17 +317,25 @@ pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> 
         sink(&[g, tile(convert, &[block.index(0), out.index(&start)])])
     } else {
         let v = if v.dtype() == out.dtype() { v } else { v.cast(out.dtype()) };
-        let store = out.index(flat).store(v);
         let end = |x: UOp, l: &Option<UOp>| l.iter().fold(x, |x, l| x.end(std::slice::from_ref(l)));
-        let row_written = end(store, &col_loop);
-        let row_done = match activation {
-            // Each row as soon as the loop wrote it, while it is in L1.
-            Some((_, kind)) => {
+        let row_start = simplify(&(&start + &row * n));
+        // Each row's tile op as soon as the loop wrote the row, while it is in L1.
+        let row_done = match tail {
+            None => end(out.index(flat).store(v), &col_loop),
+            Some((_, Tail::Value(kind))) => {
+                let written = end(out.index(flat).store(v), &col_loop);
                 let act = TileOp::Activation { rows: 1, cols, ld: n, kind };
-                let row_start = simplify(&(&start + &row * n));
-                tile(act, &[out.after(std::slice::from_ref(&row_written)).index(&row_start)])
+                tile(act, &[out.after(std::slice::from_ref(&written)).index(&row_start)])
             }
-            None => row_written,
+            Some((_, Tail::Gradient(kind))) => {
+                // The loop writes the activation's input into a row of its own; the GEMM's
+                // block is the incoming gradient, scaled in place.
+                let x_row = alloc(0, DType::F32, cols).after(std::slice::from_ref(&tasks.task));
+                let written = end(x_row.index(&col).store(v), &col_loop);
+                let op = TileOp::ActivationGrad { rows: 1, cols, ldx: cols, ldg: n, kind };
+                let x_at = x_row.after(std::slice::from_ref(&written)).index(0);
+                tile(op, &[x_at, out.after(&[g.clone(), written]).index(&row_start)])
+            }
         };
         sink(&[g, end(row_done, &row_loop)])
     };

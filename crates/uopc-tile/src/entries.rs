@@ -25,6 +25,7 @@ impl TileEntry {
             TileEntry::Convert => crate::convert::uopc_tile_convert_block as *const u8,
             TileEntry::ExpRows => crate::uopc_tile_exp_rows_f32 as *const u8,
             TileEntry::Activation => crate::uopc_tile_activation_f32 as *const u8,
+            TileEntry::ActivationGrad => crate::uopc_tile_activation_grad_f32 as *const u8,
         }
     }
 }

@@ -21,7 +21,8 @@
 //!   softmax whose row state [`max_sum_exp`] found.
 //! * [`softmax_recompute`] and [`softmax_grad`]: the elementwise steps of the backward pass,
 //!   the probabilities from the saved log-sum-exp and `dS = P * (dP - Delta)`.
-//! * [`activate`]: GELU's tanh form or SiLU in place over a block, the tail of a linear layer.
+//! * [`activate`]: GELU's tanh form or SiLU in place over a block, the tail of a linear layer;
+//!   [`activate_grad`] scales a gradient block by its derivative.
 //!
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`), the f32 AVX2+FMA micro-kernel on operands
@@ -42,7 +43,8 @@
 //! [`uopc_tile_gemm_f32_f16`], [`uopc_tile_gemm_f16_f32`], [`uopc_tile_gemm_bf16_f32`],
 //! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`],
 //! [`uopc_tile_softmax_update_rounded_in_place`], [`convert::uopc_tile_convert_block`],
-//! [`uopc_tile_max_sum_exp_f32`], [`uopc_tile_exp_rows_f32`], [`uopc_tile_activation_f32`]). Kernels
+//! [`uopc_tile_max_sum_exp_f32`], [`uopc_tile_exp_rows_f32`], [`uopc_tile_activation_f32`],
+//! [`uopc_tile_activation_grad_f32`]). Kernels
 //! are single-threaded, so the caller owns parallelism; [`gemm_bf16_parallel`] is the one
 //! convenience that splits a GEMM across the caller's rayon pool.
 
@@ -50,6 +52,7 @@
 #![warn(missing_docs)]
 
 mod activation;
+mod activation_grad;
 mod activation_kind;
 mod amx_guard;
 mod bf16_blocked;
@@ -87,6 +90,7 @@ mod x86;
 pub use activation::{
     Activation, GELU_CUBIC, GELU_TWICE_SQRT_2_OVER_PI, activate, activate_unchecked, uopc_tile_activation_f32,
 };
+pub use activation_grad::{activate_grad, activate_grad_unchecked, uopc_tile_activation_grad_f32};
 pub use amx_guard::amx_known_answer_check;
 pub use bf16_gemm::{
     Bf16Path, gemm_bf16, gemm_bf16_parallel, gemm_bf16_unchecked, uopc_tile_gemm_bf16,

@@ -197,6 +197,22 @@ pub enum TileOp {
         /// The function.
         kind: crate::Activation,
     },
+    /// The backward of [`TileOp::Activation`]: a gradient block scaled by the derivative at
+    /// the saved input. Sources `[X, G]`: X is `rows x cols` (stride `ldx`) and only read, G
+    /// (stride `ldg`) is read and written: `G = G * kind'(X)`, with the formulas of
+    /// `uopc_tile::activate_grad`.
+    ActivationGrad {
+        /// Rows of X and G.
+        rows: usize,
+        /// Elements of each row.
+        cols: usize,
+        /// Row stride of X.
+        ldx: usize,
+        /// Row stride of G.
+        ldg: usize,
+        /// The function whose derivative is taken.
+        kind: crate::Activation,
+    },
 }
 
 /// How a [`TileOp`] uses one of its operands.
@@ -271,6 +287,12 @@ impl TileOp {
                 ]
             }
             TileOp::Activation { rows, cols, ld, .. } => vec![op(block_extent(rows, cols, ld), true, true)],
+            TileOp::ActivationGrad { rows, cols, ldx, ldg, .. } => {
+                vec![
+                    op(block_extent(rows, cols, ldx), true, false),
+                    op(block_extent(rows, cols, ldg), true, true),
+                ]
+            }
             TileOp::ExpRows { rows, cols, ldx, ldy, .. } => vec![
                 op(block_extent(rows, cols, ldx), true, false),
                 op(if cols == 0 { 0 } else { rows }, true, false),
@@ -304,6 +326,7 @@ impl TileOp {
                 vec![(rows, cols, ldx), (1, rows, rows), (rows, cols, ldy)]
             }
             TileOp::Activation { rows, cols, ld, .. } => vec![(rows, cols, ld)],
+            TileOp::ActivationGrad { rows, cols, ldx, ldg, .. } => vec![(rows, cols, ldx), (rows, cols, ldg)],
         }
     }
 
@@ -328,6 +351,15 @@ impl TileOp {
                 let per = match kind {
                     crate::Activation::GeluTanh => 11,
                     crate::Activation::Silu => 7,
+                };
+                (per * rows * cols) as u64
+            }
+            // The forward's sigmoid, its slope, the derivative's multiply-add and the product
+            // with G; GELU's argument and its derivative add five.
+            TileOp::ActivationGrad { rows, cols, kind, .. } => {
+                let per = match kind {
+                    crate::Activation::GeluTanh => 15,
+                    crate::Activation::Silu => 10,
                 };
                 (per * rows * cols) as u64
             }
@@ -372,12 +404,14 @@ pub enum TileEntry {
     ExpRows,
     /// `uopc_tile_activation_f32`.
     Activation,
+    /// `uopc_tile_activation_grad_f32`.
+    ActivationGrad,
 }
 
 impl TileEntry {
     /// Every entry, each once, in the order they were added (the order a JIT declares them,
     /// which its printed functions number).
-    pub const ALL: [TileEntry; 16] = [
+    pub const ALL: [TileEntry; 17] = [
         TileEntry::Gemm,
         TileEntry::SoftmaxUpdate,
         TileEntry::SoftmaxRecompute,
@@ -394,6 +428,7 @@ impl TileEntry {
         TileEntry::GemmF16F32,
         TileEntry::GemmBf16F32,
         TileEntry::Activation,
+        TileEntry::ActivationGrad,
     ];
 
     /// The symbol it is exported and registered under.
@@ -436,6 +471,8 @@ impl TileEntry {
             TileEntry::ExpRows => ("uopc_tile_exp_rows_f32", 3, 5),
             // rows, cols, ld, activation code
             TileEntry::Activation => ("uopc_tile_activation_f32", 1, 4),
+            // rows, cols, ldx, ldg, activation code
+            TileEntry::ActivationGrad => ("uopc_tile_activation_grad_f32", 2, 5),
         }
     }
 }
@@ -528,6 +565,11 @@ impl TileOp {
                 c.fields.push(kind.code());
                 c
             }
+            TileOp::ActivationGrad { rows, cols, ldx, ldg, kind } => {
+                let mut c = call(TileEntry::ActivationGrad, 2, &[rows, cols, ldx, ldg]);
+                c.fields.push(kind.code());
+                c
+            }
         }
     }
 }
@@ -566,6 +608,7 @@ mod tests {
             TileOp::Convert { rows: 2, cols: 3, lds: 3, ldd: 3 },
             TileOp::ExpRows { rows: 2, cols: 3, ldx: 3, ldy: 3, scale },
             TileOp::Activation { rows: 2, cols: 3, ld: 3, kind: crate::Activation::GeluTanh },
+            TileOp::ActivationGrad { rows: 2, cols: 3, ldx: 3, ldg: 4, kind: crate::Activation::Silu },
         ] {
             calls.push(op.call(&[F32; 5]));
         }

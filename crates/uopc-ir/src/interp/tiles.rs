@@ -111,7 +111,16 @@ impl Machine<'_> {
                 for r in 0..if cols == 0 { 0 } else { rows } {
                     for j in 0..cols {
                         let x = self.get(node, at[0], r * ld + j)?;
-                        self.put(node, at[0], r * ld + j, activation_f64(kind, x))?;
+                        self.put(node, at[0], r * ld + j, activation_f64(kind, x).0)?;
+                    }
+                }
+            }
+            TileOp::ActivationGrad { rows, cols, ldx, ldg, kind } => {
+                for r in 0..if cols == 0 { 0 } else { rows } {
+                    for j in 0..cols {
+                        let x = self.get(node, at[0], r * ldx + j)?;
+                        let g = self.get(node, at[1], r * ldg + j)?;
+                        self.put(node, at[1], r * ldg + j, g * activation_f64(kind, x).1)?;
                     }
                 }
             }
@@ -209,19 +218,25 @@ struct UpdateShape {
     round_to: Option<DType>,
 }
 
-/// An activation of [`TileOp::Activation`] in f64, the reference semantics the reference
-/// expansion spells out op by op: `z` from `x` (the kernels' f32 constants, widened),
-/// `e = exp2(-|z| log2 e)` (`-|z|` as `z < 0 ? z : -z`), `r = 1 / (e + 1)`, `x (z < 0 ? e r : r)`.
-pub(crate) fn activation_f64(kind: uopc_tile::Activation, x: f64) -> f64 {
-    let z = match kind {
+/// An activation of [`TileOp::Activation`] in f64 and its derivative (what
+/// [`TileOp::ActivationGrad`] scales G by), the reference semantics the reference expansion
+/// spells out op by op: `z` and `z'` from `x` (the kernels' f32 constants, widened),
+/// `e = exp2(-|z| log2 e)` (`-|z|` as `z < 0 ? z : -z`), `r = 1 / (e + 1)`,
+/// `s = z < 0 ? e r : r`; the value `x s` and the derivative `x (e r r) z' + s`.
+pub(crate) fn activation_f64(kind: uopc_tile::Activation, x: f64) -> (f64, f64) {
+    let cubic = f64::from(uopc_tile::GELU_CUBIC);
+    let twice = f64::from(uopc_tile::GELU_TWICE_SQRT_2_OVER_PI);
+    let (z, dz) = match kind {
         uopc_tile::Activation::GeluTanh => {
-            (x + x * x * x * f64::from(uopc_tile::GELU_CUBIC))
-                * f64::from(uopc_tile::GELU_TWICE_SQRT_2_OVER_PI)
+            let square = x * x;
+            ((x + square * x * cubic) * twice, (square * (3.0 * cubic) + 1.0) * twice)
         }
-        uopc_tile::Activation::Silu => x,
+        uopc_tile::Activation::Silu => (x, 1.0),
     };
     let below = z < 0.0;
     let e = ((if below { z } else { -z }) * std::f64::consts::LOG2_E).exp2();
     let r = 1.0 / (e + 1.0);
-    x * if below { e * r } else { r }
+    let er = e * r;
+    let s = if below { er } else { r };
+    (x * s, x * (er * r) * dz + s)
 }

@@ -97,3 +97,68 @@ fn a_block_past_its_buffer_is_refused() {
     assert!(format!("{err}").contains("elements"), "{err}");
     assert!(Program::compile(&program(Activation::Silu, x_len() - 1), "short").is_err());
 }
+
+/// `TILE_ACTIVATION_GRAD` over X (buffer 0, stride `LD`) into G (buffer 1, stride `LD + 2`).
+fn grad_program(kind: Activation) -> UOp {
+    let ldg = LD + 2;
+    let (x, g) = (buffer(0, DType::F32, x_len()), buffer(1, DType::F32, (ROWS - 1) * ldg + COLS));
+    let op = TileOp::ActivationGrad { rows: ROWS, cols: COLS, ldx: LD, ldg, kind };
+    sink(&[tile(op, &[x.index(0), g.index(0)])])
+}
+
+/// The derivative in f64 (its own formula: `s + x s (1 - s) z'`).
+fn derivative(kind: Activation, x: f32) -> f64 {
+    let x = f64::from(x);
+    let c = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
+    let (z, dz) = match kind {
+        Activation::GeluTanh => (c * (x + 0.044_715 * x * x * x), c * (1.0 + 3.0 * 0.044_715 * x * x)),
+        Activation::Silu => (x, 1.0),
+    };
+    let s = 1.0 / (1.0 + (-z).exp());
+    s + x * s * (1.0 - s) * dz
+}
+
+#[test]
+fn the_gradient_agrees_across_interpreter_expansion_jit_and_f64() {
+    let ldg = LD + 2;
+    let g_len = (ROWS - 1) * ldg + COLS;
+    let seeds: Vec<f32> =
+        (0..g_len).map(|k| if k % ldg < COLS { 1.0 + (k % 7) as f32 * 0.5 } else { -7.0 }).collect();
+    // Finite inputs only: an infinite x makes the formula's `x s'` NaN, which the tile tests check.
+    let xs: Vec<f32> =
+        values().iter().map(|&v| if v.is_finite() && v.abs() < 1e6 { v } else { 0.5 }).collect();
+    for kind in KINDS {
+        let program = grad_program(kind);
+        verify(&program).unwrap();
+        let inputs = || vec![HostBuffer::F32(xs.clone()), HostBuffer::F32(seeds.clone())];
+        let mut want = inputs();
+        interp::run(&program, &mut want, Precision::Native).unwrap();
+        let g = f32s(&want[1]).to_vec();
+        for k in 0..g_len {
+            if k % ldg >= COLS {
+                assert_eq!(g[k], -7.0, "{kind:?}: the gap at {k} is written");
+                continue;
+            }
+            let (r, j) = (k / ldg, k % ldg);
+            let e = f64::from(seeds[k]) * derivative(kind, xs[r * LD + j]);
+            // The f32 constants, and GELU' crossing 0 near x = -0.75: relative to the terms.
+            let scale = f64::from(seeds[k]) * (1.0 + f64::from(xs[r * LD + j]).abs());
+            assert!((f64::from(g[k]) - e).abs() <= 1e-5 * scale, "{kind:?} ({r}, {j}): {} vs {e}", g[k]);
+        }
+        let mut expanded = inputs();
+        interp::run(&expand_tile_ops(&program), &mut expanded, Precision::Native).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(f32s(&expanded[1])), bits(&g), "{kind:?}: expansion against the interpreter");
+        let mut out = seeds.clone();
+        let prg = Program::compile(&program, "activation_grad").unwrap();
+        prg.run(&mut [Arg::Read(uopc_jit::BufRef::F32(&xs)), Arg::WriteF32(&mut out)]).unwrap();
+        for (k, (&got, &want)) in out.iter().zip(&g).enumerate() {
+            let scale =
+                1.0 + want.abs() + seeds[k].abs() * xs[(k / ldg) * LD + (k % ldg).min(COLS - 1)].abs();
+            assert!(
+                (got - want).abs() <= 2e-5 * scale,
+                "{kind:?} element {k}: jit {got} vs interpreter {want}"
+            );
+        }
+    }
+}

@@ -69,3 +69,65 @@ fn other_kernels_keep_their_loops_and_their_values() {
         assert!((f64::from(got.to_f32()) - want).abs() <= (1.0 + want.abs()) / 256.0, "{got} vs {want}");
     }
 }
+
+/// `a @ b` in f64 for 2-D arrays.
+fn mm64(a: &ndarray::Array2<f64>, b: &ndarray::Array2<f64>) -> ndarray::Array2<f64> {
+    a.dot(b)
+}
+
+fn gelu_slope64(x: f64) -> f64 {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let t = (c * (x + 0.044715 * x * x * x)).tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x)
+}
+
+#[test]
+fn a_training_steps_gelu_gradient_runs_on_the_tile_op_in_the_gemm_epilogue() {
+    let (n, k, h, m) = (48, 40, 96, 24);
+    let two = |a: ArrayD<f32>| f64s(&a).into_dimensionality::<ndarray::Ix2>().unwrap();
+    let (x, w1, w2, r) = (
+        uniform(&[n, k], -1.0, 1.0, 31),
+        uniform(&[k, h], -1.0, 1.0, 32),
+        uniform(&[h, m], -1.0, 1.0, 33),
+        uniform(&[n, m], -1.0, 1.0, 34),
+    );
+    let b1 = uniform(&[h], -1.0, 1.0, 35);
+    let (tx, tw1, tb1, tw2, tr) = (
+        Tensor::from_array(&x),
+        Tensor::from_array(&w1),
+        Tensor::from_array(&b1),
+        Tensor::from_array(&w2),
+        Tensor::from_array(&r),
+    );
+    // The gradient arriving at the GELU is r @ w2^T, a GEMM: its epilogue is the GELU's backward.
+    let loss = ((tx.matmul(&tw1) + &tb1).gelu_tanh().matmul(&tw2) * &tr).sum(0, false).sum(0, false);
+    let grads = loss.gradient(&[&tx, &tw1, &tb1]).unwrap();
+    let roots: Vec<uopc_ir::UOp> = grads.iter().map(|g| g.uop().clone()).collect();
+    let plan = make_plan(&roots, &RealizeOptions::default()).expect("plans");
+    let grad_ops = plan
+        .kernels
+        .iter()
+        .flat_map(|k| uopc_ir::UOp::toposort(std::slice::from_ref(&k.program)))
+        .filter(|u| {
+            matches!(u.op(), Op::Tile(TileOp::ActivationGrad { kind: uopc_tile::Activation::GeluTanh, .. }))
+        })
+        .count();
+    assert!(grad_ops >= 1, "{plan}");
+    // f64: pre = x w1 + b1, dpre = (r w2^T) * gelu'(pre), then the three gradients.
+    let (x, w1, w2, r) = (two(x), two(w1), two(w2), two(r));
+    let b1 = f64s(&b1);
+    let mut pre = mm64(&x, &w1);
+    for mut row in pre.rows_mut() {
+        for (v, b) in row.iter_mut().zip(b1.iter()) {
+            *v += b;
+        }
+    }
+    let dy = mm64(&r, &w2.t().to_owned());
+    let dpre = &dy * &pre.mapv(gelu_slope64);
+    let want = [mm64(&dpre, &w1.t().to_owned()), mm64(&x.t().to_owned(), &dpre)];
+    for (g, w) in grads.iter().zip(&want) {
+        assert_close(&g.to_ndarray::<f32>().unwrap(), &w.clone().into_dyn(), 1e-4);
+    }
+    let db = dpre.sum_axis(ndarray::Axis(0)).into_dyn();
+    assert_close(&grads[2].to_ndarray::<f32>().unwrap(), &db, 1e-4);
+}
