@@ -14,3 +14,13 @@ mod tile_expand;
 mod tile_max_sum_exp;
 mod tile_ops;
 mod vars;
+
+use uopc_ir::HostBuffer;
+
+/// The values of an f32 host buffer (a test's own buffers; any other type is a test bug).
+fn f32s(b: &HostBuffer) -> &[f32] {
+    match b {
+        HostBuffer::F32(v) => v,
+        other => panic!("expected an f32 buffer, got {:?}", other.dtype()),
+    }
+}

@@ -4,6 +4,7 @@
 //! rows with tails, infinities, NaN and values whose exponential underflows; and the
 //! verifier's refusal of a block that would run past its buffer.
 
+use crate::f32s;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, Program};
@@ -43,13 +44,6 @@ fn reference(kind: Activation, x: f32) -> f64 {
         Activation::Silu => x,
     };
     x * if z < 0.0 { z.exp() / (1.0 + z.exp()) } else { 1.0 / (1.0 + (-z).exp()) }
-}
-
-fn f32s(b: &HostBuffer) -> &[f32] {
-    match b {
-        HostBuffer::F32(v) => v,
-        _ => panic!("f32 buffer"),
-    }
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! interpreter) and the JIT's extern calls (against the interpreter, to the micro-kernels'
 //! exp2 accuracy), with masked entries and a row that saw no key.
 
+use crate::f32s;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, BufRef, Program};
@@ -47,13 +48,6 @@ fn inputs() -> Vec<HostBuffer> {
     let dp: Vec<f32> = (0..n).map(|k| if k % 7 == 3 { f32::NAN } else { 2.0 * wave(k, 0.91) }).collect();
     let delta = vec![0.25, -1.0, 0.5, 0.0, -0.75];
     vec![HostBuffer::F32(s), HostBuffer::F32(lse), HostBuffer::F32(dp), HostBuffer::F32(delta)]
-}
-
-fn f32s(b: &HostBuffer) -> &[f32] {
-    match b {
-        HostBuffer::F32(v) => v,
-        _ => panic!("f32 buffer"),
-    }
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! finite, `-inf`, `+inf` and NaN shifts and elements, and the verifier's refusal of an
 //! operand that would run past its buffer.
 
+use crate::f32s;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, BufRef, Program};
@@ -45,13 +46,6 @@ fn shifts() -> Vec<f32> {
 
 fn inputs() -> Vec<HostBuffer> {
     vec![HostBuffer::F32(logits()), HostBuffer::F32(shifts()), HostBuffer::F32(vec![-7.0; y_len()])]
-}
-
-fn f32s(b: &HostBuffer) -> &[f32] {
-    match b {
-        HostBuffer::F32(v) => v,
-        _ => panic!("f32 buffer"),
-    }
 }
 
 #[test]

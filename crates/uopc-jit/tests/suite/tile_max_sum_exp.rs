@@ -4,6 +4,7 @@
 //! two blocks with a late maximum, a `-inf` row, a NaN row and a `+inf` row, and the verifier's
 //! refusal of an operand that would run past its buffer.
 
+use crate::f32s;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, BufRef, Program};
@@ -50,13 +51,6 @@ fn inputs() -> Vec<HostBuffer> {
         HostBuffer::F32(vec![f32::NEG_INFINITY; ROWS]),
         HostBuffer::F32(vec![0.0; ROWS]),
     ]
-}
-
-fn f32s(b: &HostBuffer) -> &[f32] {
-    match b {
-        HostBuffer::F32(v) => v,
-        _ => panic!("f32 buffer"),
-    }
 }
 
 #[test]

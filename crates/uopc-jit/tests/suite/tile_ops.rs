@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 // The tile-op programs and inputs the expansion tests use too.
+use crate::f32s;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, Program};
@@ -22,13 +23,6 @@ fn run_both(program: &UOp, inputs: Vec<HostBuffer>) -> (Vec<HostBuffer>, Vec<Hos
     let mut reference = inputs;
     interp::run(program, &mut reference, Precision::F64).expect("interprets");
     (jit, reference)
-}
-
-fn f32s(b: &HostBuffer) -> &[f32] {
-    match b {
-        HostBuffer::F32(v) => v,
-        _ => panic!("not f32"),
-    }
 }
 
 proptest! {

@@ -4,6 +4,7 @@
 //! Inputs are multiples of 1/4 below 16 in magnitude, so every sum here is exact in f32 in any
 //! order: results must equal the f64 reference exactly, whatever the JIT reassociates.
 
+use crate::f32s;
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, JitOptions, OptLevel, Program};
@@ -40,13 +41,6 @@ fn run_interp(program: &UOp, inputs: &[HostBuffer], vars: &[i64]) -> Vec<HostBuf
     let mut bufs = inputs.to_vec();
     interp::run_with_vars(program, &mut bufs, vars, Precision::Native).expect("interprets");
     bufs
-}
-
-fn f32s(b: &HostBuffer) -> &[f32] {
-    match b {
-        HostBuffer::F32(v) => v,
-        other => panic!("expected f32 buffer, got {:?}", other.dtype()),
-    }
 }
 
 /// `out[0] = sum of a[j] for j < L`, a of `cap` elements, L in `lo..=cap`.
