@@ -237,10 +237,12 @@ fn activation_tail(body: &UOp, gemm: &UOp) -> Option<(UOp, Tail)> {
 /// applies the rest of the body at the element's output index (other inputs read there: a
 /// bias along the rows, a residual). An f32 output is its own block (the GEMM writes it, the
 /// epilogue rewrites it in place); any other dtype gets an f32 scratch block per task. Either
-/// way the task's block is kept to [`BLOCK_ELEMENTS`]. When an f32 body ends in an activation
-/// a tile op computes ([`crate::activation_rows::tile_activation`]), the loop computes the activation's argument and one
-/// [`TileOp::Activation`] applies it to the block, 16 elements per instruction where the
-/// loop's vectors take four.
+/// way the task's block is kept to [`BLOCK_ELEMENTS`]. An f32 body that ends in an activation,
+/// or is the gradient of one with the GEMM as the cotangent ([`activation_tail`]), leaves that
+/// to a tile op on each row right after the loop wrote it: the loop computes the activation's
+/// input (into the output row, or for the gradient into a row of its own), and
+/// [`TileOp::Activation`] or [`TileOp::ActivationGrad`] finishes the row, 16 elements per
+/// instruction where the loop's vectors take four.
 pub(crate) fn lower_gemm_epilogue(body: &UOp, out: &UOp) -> Option<Result<UOp>> {
     let Op::Buffer { slot: out_slot, .. } = out.op() else { return None };
     let nodes = UOp::toposort(std::slice::from_ref(body));
