@@ -129,16 +129,27 @@ pub unsafe extern "C" fn uopc_tile_activation_f32(
 
 /// `kind` on one f32, as the vector kernels compute it (the portable kernel).
 fn apply(kind: Activation, x: f32) -> f32 {
-    let z = match kind {
+    x * sigmoid_terms(kind, x).0
+}
+
+/// For `kind = x sigmoid(z(x))` at one f32 `x`, as the vector kernels compute them:
+/// `(sigmoid(z), e / (1 + e)^2, dz/dx)` with `e = exp2(-|z| log2 e)` (the sigmoid
+/// `z < 0 ? e r : r` and its slope `e r r`, `r = 1 / (1 + e)`), GELU's `z` summing its cube in
+/// one multiply-add. The portable forward and backward kernels both read them.
+pub(crate) fn sigmoid_terms(kind: Activation, x: f32) -> (f32, f32, f32) {
+    let (z, dz) = match kind {
         Activation::GeluTanh => {
-            let cube = x * x * x;
-            GELU_TWICE_SQRT_2_OVER_PI * cube.mul_add(GELU_CUBIC, x)
+            let square = x * x;
+            let inner = (square * x).mul_add(GELU_CUBIC, x);
+            let slope = square.mul_add(3.0 * GELU_CUBIC, 1.0);
+            (GELU_TWICE_SQRT_2_OVER_PI * inner, GELU_TWICE_SQRT_2_OVER_PI * slope)
         }
-        Activation::Silu => x,
+        Activation::Silu => (x, 1.0),
     };
     let e = exp2_scalar(-z.abs() * std::f32::consts::LOG2_E);
     let r = 1.0 / (e + 1.0);
-    x * if z < 0.0 { e * r } else { r }
+    let er = e * r;
+    (if z < 0.0 { er } else { r }, er * r, dz)
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@
 //! from `gelu_tanh` and `silu`, in one pass where generated code takes Cranelift's 128-bit
 //! exponential and division per four elements.
 
-use crate::activation_kind::{Activation, GELU_CUBIC, GELU_TWICE_SQRT_2_OVER_PI};
+use crate::activation::sigmoid_terms;
+use crate::activation_kind::Activation;
 use crate::error::{check_len, span};
-use crate::softmax::exp2_scalar;
 use crate::{Isa, TileError};
 
 /// `G = G * kind'(X)` over `rows x cols` blocks, X with row stride `ldx` (only read), G with
@@ -135,20 +135,8 @@ pub unsafe extern "C" fn uopc_tile_activation_grad_f32(
 
 /// `kind'(x)` on one f32, as the vector kernels compute it (the portable kernel).
 fn derivative(kind: Activation, x: f32) -> f32 {
-    let (z, dz) = match kind {
-        Activation::GeluTanh => {
-            let square = x * x;
-            let inner = (square * x).mul_add(GELU_CUBIC, x);
-            let slope = square.mul_add(3.0 * GELU_CUBIC, 1.0);
-            (GELU_TWICE_SQRT_2_OVER_PI * inner, GELU_TWICE_SQRT_2_OVER_PI * slope)
-        }
-        Activation::Silu => (x, 1.0),
-    };
-    let e = exp2_scalar(-z.abs() * std::f32::consts::LOG2_E);
-    let r = 1.0 / (e + 1.0);
-    let er = e * r;
-    let s = if z < 0.0 { er } else { r };
-    (x * (er * r)).mul_add(dz, s)
+    let (s, slope, dz) = sigmoid_terms(kind, x);
+    (x * slope).mul_add(dz, s)
 }
 
 #[cfg(test)]

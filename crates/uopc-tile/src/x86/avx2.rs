@@ -3,7 +3,8 @@
 use std::arch::x86_64::*;
 
 use super::RoundedTile;
-use crate::shapes::{EXP2_C, EXP2_LO, SoftmaxShape, any_scaled_nan};
+use super::exp2::nonpositive_x8 as exp2_nonpositive;
+use crate::shapes::{SoftmaxShape, any_scaled_nan};
 use crate::tile::{HalfFloat, Tile, TileKernel};
 
 /// The AVX2+FMA GEMM kernel.
@@ -102,32 +103,6 @@ unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile)
     // SAFETY: forwarded from this function's contract; this function enables the ISA the
     // 256-bit lanes need, so the shared body's operations inline here.
     unsafe { super::register_tile::tile::<__m256, M, V, COLMAJOR>(t) }
-}
-
-/// `2^x` per lane for `x <= 0`, `-inf` or NaN (every softmax exponent is a score minus its
-/// row's maximum); see the crate's `softmax_update` for the method and its accuracy.
-///
-/// The FMA ports bound the softmax, so this spends nothing on them, or on other ports, that
-/// those inputs do not need: no upper clamp (a no-op for them), and no mask for flushing, since
-/// the lower clamp alone makes every `x < -126.5` give exactly 0 (its `n = -127` builds the
-/// float 0 as `2^n`). `x = -126.5` itself rounds to `n = -126` and gives `2^-126.5`, a
-/// subnormal.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-pub(super) fn exp2_nonpositive(x: __m256) -> __m256 {
-    // The clamp bound is the first operand: MAXPS returns the second one when either is NaN, so
-    // a NaN input stays NaN through the clamp (and, through `f`, the result).
-    let x = _mm256_max_ps(_mm256_set1_ps(EXP2_LO), x);
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-    let f = _mm256_sub_ps(x, n);
-    let mut p = _mm256_set1_ps(EXP2_C[6]);
-    for &c in EXP2_C[..6].iter().rev() {
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
-    }
-    // `n` is an integer in [-127, 0], so `n + 127` is a valid biased exponent, 0 giving the
-    // float 0. (A NaN `n` converts to a finite pattern, which the NaN `p` overrides.)
-    let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
-    _mm256_mul_ps(p, _mm256_castsi256_ps(two_n))
 }
 
 /// Horizontal maximum of 8 lanes.

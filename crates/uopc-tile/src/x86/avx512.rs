@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::exp2::nonpositive_x16 as exp2_nonpositive;
 use super::{RoundedTile, prefetch_row};
 use crate::shapes::ScoreTileShape;
 use crate::shapes::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape, any_scaled_nan};
@@ -477,23 +478,6 @@ pub(crate) unsafe fn softmax_grad(sh: &ScoreTileShape, p: *const f32, dp: *mut f
             }
         }
     }
-}
-
-/// `exp2(x)` for `x <= 0`, `-inf` or NaN, as [`exp2`] computes it but with the power of two
-/// applied by VSCALEFPS: no clamp is needed where `x` cannot overflow, which saves the
-/// integer construction of `2^n`. `x <= EXP2_ZERO_BELOW` (and `-inf`) gives exactly 0, NaN
-/// gives NaN; results agree with [`exp2`]'s to the last bit on `(EXP2_ZERO_BELOW, 0]`.
-#[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) fn exp2_nonpositive(x: __m512) -> __m512 {
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-    let f = _mm512_sub_ps(x, n);
-    let mut p = _mm512_set1_ps(EXP2_C[6]);
-    for &c in EXP2_C[..6].iter().rev() {
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
-    }
-    // NaN is unordered, so it stays live and `p` (NaN) makes the result NaN; -inf is not live.
-    let live = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, _mm512_set1_ps(EXP2_ZERO_BELOW));
-    _mm512_maskz_scalef_ps(live, p, n)
 }
 
 /// `max(m, max_j x_j)` (NaN-propagating) and `sum_j exp2(c (x_j - that))` over one chunk of

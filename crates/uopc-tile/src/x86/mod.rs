@@ -13,6 +13,7 @@ pub(crate) mod avx512_few_rows;
 pub(crate) mod bf16;
 pub(crate) mod bf16_tiles;
 pub(crate) mod convert_avx2;
+mod exp2;
 pub(crate) mod half_pack;
 pub(crate) mod half_rows;
 mod key_dots;

@@ -7,7 +7,8 @@ use std::arch::x86_64::*;
 use super::{MAX_BASES, ROWS_PER_BASE, prefetch_row};
 use crate::tile::Tile;
 
-/// One f32 vector register of a vector ISA, with the operations a register tile takes.
+/// One f32 vector register of a vector ISA, with the operations a register tile and the
+/// activation rows (`super::activation`) take.
 ///
 /// Every method is an intrinsic of the ISA: calling one requires that ISA's features (the
 /// safety contract of each), and it is inlined only into a function that enables them.
@@ -63,6 +64,41 @@ pub(crate) trait F32Lanes: Copy {
     ///
     /// The ISA's features are available and `p` is writable for `LANES` floats.
     unsafe fn store(p: *mut f32, v: Self);
+
+    /// `a * b` per lane.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available.
+    unsafe fn mul(a: Self, b: Self) -> Self;
+
+    /// `a / b` per lane, correctly rounded.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available.
+    unsafe fn div(a: Self, b: Self) -> Self;
+
+    /// `-|x|` per lane: the sign bit set (a NaN stays NaN).
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available.
+    unsafe fn minus_abs(x: Self) -> Self;
+
+    /// Per lane, `if_negative` where `z < 0` (false for NaN), else `otherwise`.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available.
+    unsafe fn select_negative(z: Self, if_negative: Self, otherwise: Self) -> Self;
+
+    /// `2^x` per lane for `x <= 0`, `-inf` or NaN: the softmax kernels' exponential of the ISA.
+    ///
+    /// # Safety
+    ///
+    /// The ISA's features are available.
+    unsafe fn exp2_nonpositive(x: Self) -> Self;
 
     /// The first `cols` lanes (`1..LANES`).
     ///
@@ -128,6 +164,40 @@ impl F32Lanes for __m512 {
     }
 
     #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn div(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_div_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn minus_abs(x: __m512) -> __m512 {
+        // SAFETY: the caller's contract (AVX-512F has the integer OR; AVX512DQ's float one is
+        // not assumed).
+        unsafe { _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN))) }
+    }
+
+    #[inline(always)]
+    unsafe fn select_negative(z: __m512, if_negative: __m512, otherwise: __m512) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(z, _mm512_setzero_ps());
+            _mm512_mask_blend_ps(below, otherwise, if_negative)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn exp2_nonpositive(x: __m512) -> __m512 {
+        // SAFETY: the caller's contract (the exponential's features are the ISA's).
+        unsafe { super::exp2::nonpositive_x16(x) }
+    }
+
+    #[inline(always)]
     unsafe fn first_lanes(cols: usize) -> __mmask16 {
         if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 }
     }
@@ -184,6 +254,38 @@ impl F32Lanes for __m256 {
     unsafe fn store(p: *mut f32, v: __m256) {
         // SAFETY: the caller's contract.
         unsafe { _mm256_storeu_ps(p, v) }
+    }
+
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn div(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_div_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn minus_abs(x: __m256) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_or_ps(x, _mm256_set1_ps(-0.0)) }
+    }
+
+    #[inline(always)]
+    unsafe fn select_negative(z: __m256, if_negative: __m256, otherwise: __m256) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            _mm256_blendv_ps(otherwise, if_negative, _mm256_cmp_ps::<_CMP_LT_OQ>(z, _mm256_setzero_ps()))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn exp2_nonpositive(x: __m256) -> __m256 {
+        // SAFETY: the caller's contract (AVX2 and FMA).
+        unsafe { super::exp2::nonpositive_x8(x) }
     }
 
     #[inline(always)]

@@ -270,7 +270,7 @@ pub(crate) unsafe fn load<W: F32Lanes>(p: *const f32, cols: usize) -> W {
 ///
 /// `W`'s ISA is available and `p` is writable for `min(cols, LANES)` floats.
 #[inline(always)]
-unsafe fn store<W: F32Lanes>(p: *mut f32, cols: usize, v: W) {
+pub(crate) unsafe fn store<W: F32Lanes>(p: *mut f32, cols: usize, v: W) {
     // SAFETY: the caller's; a short store is masked to the `cols` floats writable.
     unsafe { if cols >= W::LANES { W::store(p, v) } else { W::store_lanes(p, W::first_lanes(cols), v) } }
 }
