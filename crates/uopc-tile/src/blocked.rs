@@ -215,9 +215,8 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
                     // floats; the source block (rows `pc .. pc + kc`, columns `jc .. jc + nc`
                     // of the product's B) lies in B's storage.
                     unsafe {
-                        let (at, full_in_place) =
-                            if b_trans { (jc * ldb + pc, false) } else { (pc * ldb + jc, in_place) };
-                        pack_b_block::<K, EB>(buf, b.add(at), ldb, b_trans, kc, nc, full_in_place);
+                        let at = if b_trans { jc * ldb + pc } else { pc * ldb + jc };
+                        pack_b_block::<K, EB>(buf, b.add(at), ldb, b_trans, kc, nc, in_place);
                     }
                 }
                 for ic in (0..m).step_by(mc_max) {
