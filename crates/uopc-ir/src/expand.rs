@@ -382,7 +382,8 @@ impl Operands<'_> {
         self.at(2, &r * ldy as i64 + &j).store(y.cast(DType::F32)).end(&[j, r])
     }
 
-    /// Per element, in f64 in the interpreter's order ([`activation_f64`]): `z` (and `z'`)
+    /// Per element, in f64 in the interpreter's order ([`activation_f64`]; exact GELU as
+    /// [`normal_gated`]): `z` (and `z'`)
     /// from `x`, `e = exp2(-|z| log2 e)` (`-|z|` as `z < 0 ? z : -z`), `r = 1 / (e + 1)`,
     /// `s = z < 0 ? e r : r`; then `X = x s` in place, or with `ldg` the gradient
     /// `G = G (x (e r r) z' + s)`, rounded once.
@@ -401,6 +402,14 @@ impl Operands<'_> {
         let j = self.fresh.range(cols, AxisType::Loop);
         let at = self.at(0, &r * ldx as i64 + &j);
         let x = at.load().cast(DType::F64);
+        if kind == uopc_tile::Activation::Gelu {
+            let (value, slope) = normal_gated(&x);
+            let Some(ldg) = ldg else {
+                return at.store(value.cast(DType::F32)).end(&[j, r]);
+            };
+            let g = self.at(1, &r * ldg as i64 + &j);
+            return g.store((g.load().cast(DType::F64) * slope).cast(DType::F32)).end(&[j, r]);
+        }
         let cubic = f64::from(uopc_tile::GELU_CUBIC);
         let twice = f64::from(uopc_tile::GELU_TWICE_SQRT_2_OVER_PI);
         let (z, dz) = match kind {
@@ -409,7 +418,7 @@ impl Operands<'_> {
                 let z = (&x + &(&(&square * &x) * cubic)) * twice;
                 (z, (square * (3.0 * cubic) + 1.0) * twice)
             }
-            uopc_tile::Activation::Silu => (x.clone(), x.const_like(1.0)),
+            _ => (x.clone(), x.const_like(1.0)),
         };
         let below = z.lt(0.0);
         let e = (below.where_(&z, -&z) * std::f64::consts::LOG2_E).exp2();
@@ -477,4 +486,25 @@ impl Operands<'_> {
         let ds = p.ne(0.0).where_(&p * (g.load().cast(DType::F64) - dl), 0.0);
         g.store(ds.cast(DType::F32)).end(&[j, r])
     }
+}
+
+/// Exact GELU's value and derivative at the f64 value `x`, op for op the interpreter's
+/// `normal_gated_f64` (differences as sums of negations, the quotient as a reciprocal's
+/// product, both exact rewrites).
+fn normal_gated(x: &UOp) -> (UOp, UOp) {
+    let horner = |c: &[f32], v: &UOp| {
+        c.iter().rev().skip(1).fold(v.const_like(f64::from(c[c.len() - 1])), |p, &k| &(&p * v) + f64::from(k))
+    };
+    let minus_log2_e = -f64::from(std::f32::consts::LOG2_E);
+    let s = x * f64::from(std::f32::consts::FRAC_1_SQRT_2);
+    let m = s.lt(0.0).where_(&s, -&s);
+    let square = &s * &s;
+    let near = &(&horner(&uopc_tile::GELU_NEAR_ZERO, &square) * &s) + 0.5;
+    let u = &((&m + -2.0).recip() * -12.0) + -3.0;
+    let tail = (&(&square * minus_log2_e) + &horner(&uopc_tile::GELU_LOG2_TAIL, &u)).exp2();
+    let tail = (&m + uopc_tile::ERF_SATURATION).lt(0.0).where_(0.0, &tail);
+    let far = x.lt(0.0).where_(&tail, &(-&tail + 1.0));
+    let cdf = (&m + 1.0).lt(0.0).where_(&far, &near);
+    let density = (&square * minus_log2_e).exp2() * f64::from(uopc_tile::GELU_DENSITY);
+    (x * &cdf, &cdf + &(x * &density))
 }

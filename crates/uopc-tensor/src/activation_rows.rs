@@ -14,23 +14,28 @@ type TensorOp = fn(&crate::Tensor) -> crate::Tensor;
 /// The activations an epilogue hands to [`TileOp::Activation`], each with the tensor op that
 /// builds it: a body that is exactly that op's graph over some value is that value's loop,
 /// then the tile op over the block.
-const TILE_ACTIVATIONS: [(Activation, TensorOp); 2] =
-    [(Activation::GeluTanh, crate::Tensor::gelu_tanh), (Activation::Silu, crate::Tensor::silu)];
+const TILE_ACTIVATIONS: [(Activation, TensorOp); 3] = [
+    (Activation::GeluTanh, crate::Tensor::gelu_tanh),
+    (Activation::Silu, crate::Tensor::silu),
+    (Activation::Gelu, crate::Tensor::gelu),
+];
 
 /// `Some((x, kind))` when `body` is the graph `kind` builds over `x` (one of `body`'s
 /// sources), with what only autograd reads dropped as the kernelizer drops it: the tensor op
 /// is run on `x` and the graphs compared by identity (nodes are hash-consed), so a body
 /// matches only if every node is the one the op builds.
 pub(crate) fn tile_activation(body: &UOp) -> Option<(UOp, Activation)> {
-    // Each activation is `x * sigmoid(z)`, the sigmoid a select between its two tails: other
-    // bodies are not worth building the activations' graphs for.
-    let product_with_select = matches!(body.op(), Op::Binary(BinaryOp::Mul))
-        && body.src().iter().any(|s| matches!(s.op(), Op::Where));
-    if body.dtype() != DType::F32 || !product_with_select {
+    if body.dtype() != DType::F32 || !gated_product(body) {
         return None;
     }
+    // x is a factor of the product, or (exact GELU) of its first factor.
+    let factors = body.src().iter().flat_map(|f| match f.as_binary() {
+        Some((BinaryOp::Mul, a, b)) => vec![f, a, b],
+        _ => vec![f],
+    });
+    let factors: Vec<&UOp> = factors.collect();
     TILE_ACTIVATIONS.iter().find_map(|&(kind, build)| {
-        body.src().iter().find_map(|x| {
+        factors.iter().find_map(|&x| {
             let built = build(&crate::Tensor::from_uop(x.clone()));
             let (canonical, _) = crate::passes::canonicalize(std::slice::from_ref(built.uop()));
             (canonical.first() == Some(body)).then(|| (x.clone(), kind))
@@ -38,11 +43,26 @@ pub(crate) fn tile_activation(body: &UOp) -> Option<(UOp, Activation)> {
     })
 }
 
+/// Whether `body` has the outline of an activation: `x * sigmoid(z)`, the sigmoid a select
+/// between its two tails (GELU's tanh form, SiLU), or `(x * (erf(..) + 1)) * 1/2`, erf's sign
+/// a select (exact GELU). Other bodies are not worth building the activations' graphs for.
+fn gated_product(body: &UOp) -> bool {
+    let is = |u: &UOp, op: BinaryOp| matches!(u.op(), Op::Binary(b) if *b == op);
+    let any_src = |u: &UOp, f: &dyn Fn(&UOp) -> bool| u.src().iter().any(f);
+    let select = |u: &UOp| matches!(u.op(), Op::Where);
+    is(body, BinaryOp::Mul)
+        && (any_src(body, &select)
+            || any_src(body, &|p| {
+                is(p, BinaryOp::Mul) && any_src(p, &|sum| is(sum, BinaryOp::Add) && any_src(sum, &select))
+            }))
+}
+
 /// `Some((x, kind))` when `body` is the gradient autograd derives for `kind`'s graph over `x`
 /// with `cotangent` ([`crate::autograd::vjp`]), what only autograd reads dropped as the
 /// kernelizer drops it: a GEMM epilogue in a training step's backward, whose GEMM computes
 /// the gradient arriving at the activation. The candidates for `x` are the argument of every
-/// sigmoid select's comparison (SiLU's input) and every value squared (GELU's), each tried
+/// sigmoid select's comparison (SiLU's input), every value squared (GELU's) and the factor of
+/// every scaled value squared (exact GELU's), each tried
 /// with every activation by building its gradient and comparing the graphs by identity.
 pub(crate) fn tile_activation_grad(body: &UOp, cotangent: &UOp) -> Option<(UOp, Activation)> {
     if body.dtype() != DType::F32 || !matches!(body.op(), Op::Binary(BinaryOp::Add)) {
@@ -58,8 +78,15 @@ pub(crate) fn tile_activation_grad(body: &UOp, cotangent: &UOp) -> Option<(UOp, 
             (Op::Binary(BinaryOp::Mul), [a, b]) if a == b => a.clone(),
             _ => continue,
         };
-        if !candidates.contains(&x) {
-            candidates.push(x);
+        // Exact GELU squares its argument scaled (erf's slope at `x / sqrt 2`).
+        let scaled = match x.as_binary() {
+            Some((BinaryOp::Mul, y, c)) if c.const_value().is_some() => Some(y.clone()),
+            _ => None,
+        };
+        for x in std::iter::once(x).chain(scaled) {
+            if !candidates.contains(&x) {
+                candidates.push(x);
+            }
         }
     }
     let g = crate::Tensor::from_uop(cotangent.clone());

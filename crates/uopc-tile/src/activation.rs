@@ -1,12 +1,18 @@
 //! Activation functions applied in place over a block of rows ([`activate`]): GELU's tanh
-//! form (GPT-2's MLP) and SiLU (Llama's), the elementwise tail of a linear layer.
+//! form (GPT-2's MLP), SiLU (Llama's) and exact GELU (BERT's), the elementwise tail of a
+//! linear layer.
 //!
-//! Both are `x * sigmoid(z)` for a `z` formed from `x`, with the sigmoid taken through one
-//! exponential of `-|z|` (no overflow, exact tails): the same formulas the tensor graph's
-//! `gelu_tanh` and `silu` build, here 16 (AVX-512) or 8 (AVX2) elements per instruction where
+//! The first two are `x * sigmoid(z)` for a `z` formed from `x`, with the sigmoid taken
+//! through one exponential of `-|z|` (no overflow, exact tails); exact GELU is `x * Phi(x)`
+//! through the fits of the tensor graph's f32 `erf`, its lower tail `erfc / 2` computed
+//! directly (no `1 - erf` cancellation). The same formulas the tensor graph's `gelu_tanh`,
+//! `silu` and `gelu` build, here 16 (AVX-512) or 8 (AVX2) elements per instruction where
 //! generated code, limited to 128-bit vectors and 16 registers, takes four.
 
-pub use crate::activation_kind::{Activation, GELU_CUBIC, GELU_TWICE_SQRT_2_OVER_PI};
+pub use crate::activation_kind::{
+    Activation, ERF_LOG_ERFC_FIT, ERF_NEAR_ZERO_FIT, ERF_POLYNOMIAL_BOUND, ERF_SATURATION, GELU_CUBIC,
+    GELU_DENSITY, GELU_LOG2_TAIL, GELU_NEAR_ZERO, GELU_TWICE_SQRT_2_OVER_PI,
+};
 use crate::error::{check_len, span};
 use crate::softmax::exp2_scalar;
 use crate::{Isa, TileError};
@@ -17,9 +23,12 @@ use crate::{Isa, TileError};
 /// ([`crate::EXP2_MAX_REL_ERROR`] relative), its reciprocal an exact division; `z` is formed
 /// in f32 (GELU's cube and sum rounded as written, the sum fused into one multiply-add), so
 /// the result is within a few ulps of the function of the f32 `x`, times `1 + |z| 2^-23`
-/// where the sigmoid's tail magnifies the rounding of `z`. Special values follow the formula:
-/// NaN stays NaN, `+inf` gives `+inf`, `-inf` gives NaN (`-inf * 0`, as torch's tanh form
-/// does), a large negative `x` gives `-0`. Row gaps past `cols` are not touched.
+/// where the sigmoid's tail magnifies the rounding of `z`. Exact GELU adds the fits' error
+/// (below `1e-7` relative in `Phi`), its lower tail magnified by `1 + x^2 2^-23` likewise, and
+/// is exactly `x` or `-0` from `|x| = 4 sqrt 2` on, where the f32 `erf` saturates. Special
+/// values follow the formula: NaN stays NaN, `+inf` gives `+inf`, `-inf` gives NaN
+/// (`-inf * 0`, as torch's tanh form does), a large negative `x` gives `-0`. Row gaps past
+/// `cols` are not touched.
 ///
 /// # Errors
 ///
@@ -129,22 +138,45 @@ pub unsafe extern "C" fn uopc_tile_activation_f32(
 
 /// `kind` on one f32, as the vector kernels compute it (the portable kernel).
 fn apply(kind: Activation, x: f32) -> f32 {
-    x * sigmoid_terms(kind, x).0
+    match kind {
+        Activation::Gelu => x * normal_cdf_terms(x).0,
+        _ => x * sigmoid_terms(kind == Activation::GeluTanh, x).0,
+    }
 }
 
-/// For `kind = x sigmoid(z(x))` at one f32 `x`, as the vector kernels compute them:
+/// Exact GELU's `(Phi(x), exp2(-t^2 log2 e))` at one f32 `x`, `t = x / sqrt 2` (the second is
+/// `sqrt(2 pi)` times the normal density), as the vector kernels compute them: with
+/// `s = x / sqrt 2` and `m = -|s|`, `1/2 + s P(s^2)` while `m + 1 >= 0`, else the lower tail
+/// `exp2(Q(u) - s^2 log2 e)` (`u = -12 / (m - 2) - 3`, 0 once `m + 4 < 0`), or one minus it
+/// for `x >= 0`; polynomials by Horner's rule in multiply-adds ([`GELU_NEAR_ZERO`],
+/// [`GELU_LOG2_TAIL`]).
+pub(crate) fn normal_cdf_terms(x: f32) -> (f32, f32) {
+    let horner = |c: &[f32], v: f32| c.iter().rev().skip(1).fold(c[c.len() - 1], |p, &k| p.mul_add(v, k));
+    let s = x * std::f32::consts::FRAC_1_SQRT_2;
+    let m = -s.abs();
+    let square = s * s;
+    let near = horner(&GELU_NEAR_ZERO, square).mul_add(s, 0.5);
+    let u = -12.0 / (m - 2.0) - 3.0;
+    let tail = exp2_scalar(square.mul_add(-std::f32::consts::LOG2_E, horner(&GELU_LOG2_TAIL, u)));
+    let tail = if m + (ERF_SATURATION as f32) < 0.0 { 0.0 } else { tail };
+    let far = if x < 0.0 { tail } else { tail.mul_add(-1.0, 1.0) };
+    let cdf = if m + 1.0 < 0.0 { far } else { near };
+    (cdf, exp2_scalar(square * -std::f32::consts::LOG2_E))
+}
+
+/// For `x sigmoid(z(x))` (GELU's tanh form when `gelu_tanh`, else SiLU) at one f32 `x`, as the
+/// vector kernels compute them:
 /// `(sigmoid(z), e / (1 + e)^2, dz/dx)` with `e = exp2(-|z| log2 e)` (the sigmoid
 /// `z < 0 ? e r : r` and its slope `e r r`, `r = 1 / (1 + e)`), GELU's `z` summing its cube in
 /// one multiply-add. The portable forward and backward kernels both read them.
-pub(crate) fn sigmoid_terms(kind: Activation, x: f32) -> (f32, f32, f32) {
-    let (z, dz) = match kind {
-        Activation::GeluTanh => {
-            let square = x * x;
-            let inner = (square * x).mul_add(GELU_CUBIC, x);
-            let slope = square.mul_add(3.0 * GELU_CUBIC, 1.0);
-            (GELU_TWICE_SQRT_2_OVER_PI * inner, GELU_TWICE_SQRT_2_OVER_PI * slope)
-        }
-        Activation::Silu => (x, 1.0),
+pub(crate) fn sigmoid_terms(gelu_tanh: bool, x: f32) -> (f32, f32, f32) {
+    let (z, dz) = if gelu_tanh {
+        let square = x * x;
+        let inner = (square * x).mul_add(GELU_CUBIC, x);
+        let slope = square.mul_add(3.0 * GELU_CUBIC, 1.0);
+        (GELU_TWICE_SQRT_2_OVER_PI * inner, GELU_TWICE_SQRT_2_OVER_PI * slope)
+    } else {
+        (x, 1.0)
     };
     let e = exp2_scalar(-z.abs() * std::f32::consts::LOG2_E);
     let r = 1.0 / (e + 1.0);
@@ -157,11 +189,19 @@ mod tests {
     use super::*;
 
     /// The function in f64 from the f32 input, and the `z` whose rounding the tail magnifies.
+    /// Exact GELU is `x Phi(x)`, `Phi` from `erfc`; its "`z`" is `x^2 / 2`, the exponent whose
+    /// rounding its lower tail magnifies. Past the f32 `erf`'s saturation it is `x` or `-0`.
     fn reference(kind: Activation, x: f32) -> (f64, f64) {
         let x = f64::from(x);
+        if kind == Activation::Gelu {
+            let s = x * std::f64::consts::FRAC_1_SQRT_2;
+            let cdf =
+                if s.abs() > ERF_SATURATION { f64::from(u8::from(s > 0.0)) } else { 0.5 * libm::erfc(-s) };
+            return (x * cdf, s * s);
+        }
         let z = match kind {
             Activation::GeluTanh => 2.0 * (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x * x * x),
-            Activation::Silu => x,
+            _ => x,
         };
         let s = if z < 0.0 { z.exp() / (1.0 + z.exp()) } else { 1.0 / (1.0 + (-z).exp()) };
         (x * s, z)
@@ -200,7 +240,7 @@ mod tests {
 
     #[test]
     fn matches_f64_on_tails_strides_and_special_values() {
-        for kind in [Activation::GeluTanh, Activation::Silu] {
+        for kind in Activation::ALL {
             for cols in [1, 7, 8, 15, 16, 17, 33, 100] {
                 check(kind, 3, cols, &|i| ((i * 37) % 211) as f32 * 0.1 - 10.5);
             }
@@ -221,6 +261,11 @@ mod tests {
                 -87.0,
                 -100.0,
                 3.0,
+                // Exact GELU's branch points: `|x| / sqrt 2` at 1 and near 4.
+                std::f32::consts::SQRT_2,
+                -std::f32::consts::SQRT_2,
+                -5.6,
+                5.6,
             ];
             check(kind, 2, 40, &|i| specials[i % specials.len()]);
         }
@@ -228,10 +273,11 @@ mod tests {
 
     #[test]
     fn every_kind_round_trips_its_code() {
-        for kind in [Activation::GeluTanh, Activation::Silu] {
+        for (code, kind) in Activation::ALL.into_iter().enumerate() {
+            assert_eq!(kind.code(), code as i64);
             assert_eq!(Activation::from_code(kind.code()), Some(kind));
         }
-        assert_eq!(Activation::from_code(2), None);
+        assert_eq!(Activation::from_code(3), None);
     }
 
     #[test]

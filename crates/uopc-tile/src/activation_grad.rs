@@ -4,12 +4,13 @@
 //! For `f(x) = x sigmoid(z(x))`, `f'(x) = s + x s' z'(x)` with `s = sigmoid(z)` and
 //! `s' = e / (1 + e)^2`, both from the one `e = exp2(-|z| log2 e)` the forward takes (exact in
 //! the tails, where `s (1 - s)` would cancel); `z' = 2 sqrt(2/pi) (1 + 3 0.044715 x^2)` for
-//! GELU's tanh form, 1 for SiLU. This is the gradient the tensor graph's autograd derives
-//! from `gelu_tanh` and `silu`, in one pass where generated code takes Cranelift's 128-bit
-//! exponential and division per four elements.
+//! GELU's tanh form, 1 for SiLU. For exact GELU, `f(x) = x Phi(x)`, `f'(x) = Phi(x) + x phi(x)`
+//! with the normal density `phi(x) = e^(-x^2/2) / sqrt(2 pi)`. This is the gradient the tensor
+//! graph's autograd derives from `gelu_tanh`, `silu` and `gelu`, in one pass where generated
+//! code takes Cranelift's 128-bit exponential and division per four elements.
 
-use crate::activation::sigmoid_terms;
-use crate::activation_kind::Activation;
+use crate::activation::{normal_cdf_terms, sigmoid_terms};
+use crate::activation_kind::{Activation, GELU_DENSITY};
 use crate::error::{check_len, span};
 use crate::{Isa, TileError};
 
@@ -135,7 +136,11 @@ pub unsafe extern "C" fn uopc_tile_activation_grad_f32(
 
 /// `kind'(x)` on one f32, as the vector kernels compute it (the portable kernel).
 fn derivative(kind: Activation, x: f32) -> f32 {
-    let (s, slope, dz) = sigmoid_terms(kind, x);
+    if kind == Activation::Gelu {
+        let (cdf, gauss) = normal_cdf_terms(x);
+        return (x * gauss).mul_add(GELU_DENSITY, cdf);
+    }
+    let (s, slope, dz) = sigmoid_terms(kind == Activation::GeluTanh, x);
     (x * slope).mul_add(dz, s)
 }
 
@@ -144,12 +149,20 @@ mod tests {
     use super::*;
 
     /// The derivative in f64 from the f32 input (the true one: `s + x s(1-s) z'`), with `z`.
+    /// Exact GELU's is `Phi(x) + x phi(x)`, with `x^2 / 2` as its `z`; `Phi` is 0 or 1 past the
+    /// f32 `erf`'s saturation, as the forward's.
     fn reference(kind: Activation, x: f32) -> (f64, f64) {
         let x = f64::from(x);
+        if kind == Activation::Gelu {
+            let s = x * std::f64::consts::FRAC_1_SQRT_2;
+            let cdf = if s.abs() > 4.0 { f64::from(u8::from(s > 0.0)) } else { 0.5 * libm::erfc(-s) };
+            let density = (-s * s).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            return (cdf + x * density, s * s);
+        }
         let c = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
         let (z, dz) = match kind {
             Activation::GeluTanh => (c * (x + 0.044_715 * x * x * x), c * (1.0 + 3.0 * 0.044_715 * x * x)),
-            Activation::Silu => (x, 1.0),
+            _ => (x, 1.0),
         };
         let e = (-z.abs()).exp();
         let s = if z < 0.0 { e / (1.0 + e) } else { 1.0 / (1.0 + e) };
@@ -158,7 +171,7 @@ mod tests {
 
     #[test]
     fn matches_f64_on_tails_strides_and_special_values() {
-        for kind in [Activation::GeluTanh, Activation::Silu] {
+        for kind in Activation::ALL {
             for cols in [1, 7, 8, 15, 16, 17, 33, 100] {
                 let (rows, ldx, ldg) = (3, cols + 2, cols + 5);
                 let x: Vec<f32> = (0..span("x", rows, cols, ldx).unwrap())

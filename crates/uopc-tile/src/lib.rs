@@ -21,8 +21,8 @@
 //!   softmax whose row state [`max_sum_exp`] found.
 //! * [`softmax_recompute`] and [`softmax_grad`]: the elementwise steps of the backward pass,
 //!   the probabilities from the saved log-sum-exp and `dS = P * (dP - Delta)`.
-//! * [`activate`]: GELU's tanh form or SiLU in place over a block, the tail of a linear layer;
-//!   [`activate_grad`] scales a gradient block by its derivative.
+//! * [`activate`]: GELU (exact or its tanh form) or SiLU in place over a block, the tail of a
+//!   linear layer; [`activate_grad`] scales a gradient block by its derivative.
 //!
 //! * [`gemm_bf16`]: `C (+)= A · B` with bf16 operands and an f32 result, on AMX tiles
 //!   (`tdpbf16ps`), AVX512_BF16 (`vdpbf16ps`), the f32 AVX2+FMA micro-kernel on operands
@@ -88,7 +88,9 @@ mod tile;
 mod x86;
 
 pub use activation::{
-    Activation, GELU_CUBIC, GELU_TWICE_SQRT_2_OVER_PI, activate, activate_unchecked, uopc_tile_activation_f32,
+    Activation, ERF_LOG_ERFC_FIT, ERF_NEAR_ZERO_FIT, ERF_POLYNOMIAL_BOUND, ERF_SATURATION, GELU_CUBIC,
+    GELU_DENSITY, GELU_LOG2_TAIL, GELU_NEAR_ZERO, GELU_TWICE_SQRT_2_OVER_PI, activate, activate_unchecked,
+    uopc_tile_activation_f32,
 };
 pub use activation_grad::{activate_grad, activate_grad_unchecked, uopc_tile_activation_grad_f32};
 pub use amx_guard::amx_known_answer_check;

@@ -347,19 +347,24 @@ impl TileOp {
             TileOp::ExpRows { rows, cols, .. } => (3 * rows * cols) as u64,
             // The sigmoid's negation, scaling, exponential, sum, division, select and the
             // product with x; GELU's argument adds two products, a multiply-add and a scaling.
+            // Exact GELU: two polynomials (14 multiply-adds), the tail's division and
+            // exponential, four selects and the product.
             TileOp::Activation { rows, cols, kind, .. } => {
                 let per = match kind {
                     crate::Activation::GeluTanh => 11,
                     crate::Activation::Silu => 7,
+                    crate::Activation::Gelu => 30,
                 };
                 (per * rows * cols) as u64
             }
             // The forward's sigmoid, its slope, the derivative's multiply-add and the product
-            // with G; GELU's argument and its derivative add five.
+            // with G; GELU's argument and its derivative add five; exact GELU's forward adds
+            // the density's exponential, a product and a multiply-add.
             TileOp::ActivationGrad { rows, cols, kind, .. } => {
                 let per = match kind {
                     crate::Activation::GeluTanh => 15,
                     crate::Activation::Silu => 10,
+                    crate::Activation::Gelu => 36,
                 };
                 (per * rows * cols) as u64
             }

@@ -224,6 +224,9 @@ struct UpdateShape {
 /// `e = exp2(-|z| log2 e)` (`-|z|` as `z < 0 ? z : -z`), `r = 1 / (e + 1)`,
 /// `s = z < 0 ? e r : r`; the value `x s` and the derivative `x (e r r) z' + s`.
 pub(crate) fn activation_f64(kind: uopc_tile::Activation, x: f64) -> (f64, f64) {
+    if kind == uopc_tile::Activation::Gelu {
+        return normal_gated_f64(x);
+    }
     let cubic = f64::from(uopc_tile::GELU_CUBIC);
     let twice = f64::from(uopc_tile::GELU_TWICE_SQRT_2_OVER_PI);
     let (z, dz) = match kind {
@@ -231,7 +234,7 @@ pub(crate) fn activation_f64(kind: uopc_tile::Activation, x: f64) -> (f64, f64) 
             let square = x * x;
             ((x + square * x * cubic) * twice, (square * (3.0 * cubic) + 1.0) * twice)
         }
-        uopc_tile::Activation::Silu => (x, 1.0),
+        _ => (x, 1.0),
     };
     let below = z < 0.0;
     let e = ((if below { z } else { -z }) * std::f64::consts::LOG2_E).exp2();
@@ -239,4 +242,29 @@ pub(crate) fn activation_f64(kind: uopc_tile::Activation, x: f64) -> (f64, f64) 
     let er = e * r;
     let s = if below { er } else { r };
     (x * s, x * (er * r) * dz + s)
+}
+
+/// Exact GELU of [`TileOp::Activation`] in f64 and its derivative, the kernels' formula with
+/// their f32 constants widened, each operation rounded once in f64 (the reference expansion
+/// spells out the same): `s = x c` (`c = 1/sqrt 2`), `m = s < 0 ? s : -s`, `q = s s`,
+/// near zero `P(q) s + 1/2`, the lower tail `exp2(q (-log2 e) + Q(u))` with
+/// `u = -12 (1 / (m - 2)) - 3`, 0 when `m + 4 < 0`; `far = x < 0 ? tail : 1 - tail`,
+/// `Phi = m + 1 < 0 ? far : near`; the value `x Phi`, the derivative
+/// `Phi + x exp2(q (-log2 e)) / sqrt(2 pi)`. Polynomials by Horner's rule, highest power first.
+pub(crate) fn normal_gated_f64(x: f64) -> (f64, f64) {
+    let horner = |c: &[f32], v: f64| {
+        c.iter().rev().skip(1).fold(f64::from(c[c.len() - 1]), |p, &k| p * v + f64::from(k))
+    };
+    let minus_log2_e = -f64::from(std::f32::consts::LOG2_E);
+    let s = x * f64::from(std::f32::consts::FRAC_1_SQRT_2);
+    let m = if s < 0.0 { s } else { -s };
+    let square = s * s;
+    let near = horner(&uopc_tile::GELU_NEAR_ZERO, square) * s + 0.5;
+    let u = -12.0 * (1.0 / (m - 2.0)) - 3.0;
+    let tail = (square * minus_log2_e + horner(&uopc_tile::GELU_LOG2_TAIL, u)).exp2();
+    let tail = if m + uopc_tile::ERF_SATURATION < 0.0 { 0.0 } else { tail };
+    let far = if x < 0.0 { tail } else { 1.0 - tail };
+    let cdf = if m + 1.0 < 0.0 { far } else { near };
+    let density = (square * minus_log2_e).exp2() * f64::from(uopc_tile::GELU_DENSITY);
+    (x * cdf, cdf + x * density)
 }

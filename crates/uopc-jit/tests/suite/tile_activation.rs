@@ -13,7 +13,7 @@ use uopc_tile::Activation;
 const ROWS: usize = 4;
 const COLS: usize = 37;
 const LD: usize = 41;
-const KINDS: [Activation; 2] = [Activation::GeluTanh, Activation::Silu];
+const KINDS: [Activation; 3] = Activation::ALL;
 
 fn x_len() -> usize {
     (ROWS - 1) * LD + COLS
@@ -36,11 +36,19 @@ fn values() -> Vec<f32> {
     x
 }
 
+/// The normal distribution function at `x`, 0 or 1 past the f32 `erf`'s saturation
+/// (`|x| / sqrt 2 > 4`), as exact GELU's kernels take it.
+fn normal_cdf(x: f64) -> f64 {
+    let s = x * std::f64::consts::FRAC_1_SQRT_2;
+    if s.abs() > 4.0 { f64::from(u8::from(s > 0.0)) } else { 0.5 * libm::erfc(-s) }
+}
+
 /// The function in f64 (its own formulas, not the expansion's).
 fn reference(kind: Activation, x: f32) -> f64 {
     let x = f64::from(x);
     let z = match kind {
         Activation::GeluTanh => (2.0 / std::f64::consts::PI).sqrt() * 2.0 * (x + 0.044_715 * x * x * x),
+        Activation::Gelu => return x * normal_cdf(x),
         Activation::Silu => x,
     };
     x * if z < 0.0 { z.exp() / (1.0 + z.exp()) } else { 1.0 / (1.0 + (-z).exp()) }
@@ -100,12 +108,15 @@ fn grad_program(kind: Activation) -> UOp {
     sink(&[tile(op, &[x.index(0), g.index(0)])])
 }
 
-/// The derivative in f64 (its own formula: `s + x s (1 - s) z'`).
+/// The derivative in f64 (its own formula: `s + x s (1 - s) z'`, exact GELU's `Phi + x phi`).
 fn derivative(kind: Activation, x: f32) -> f64 {
     let x = f64::from(x);
     let c = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
     let (z, dz) = match kind {
         Activation::GeluTanh => (c * (x + 0.044_715 * x * x * x), c * (1.0 + 3.0 * 0.044_715 * x * x)),
+        Activation::Gelu => {
+            return normal_cdf(x) + x * (-x * x / 2.0).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        }
         Activation::Silu => (x, 1.0),
     };
     let s = 1.0 / (1.0 + (-z).exp());

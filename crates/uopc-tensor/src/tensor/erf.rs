@@ -4,45 +4,17 @@
 use super::Tensor;
 use std::sync::{Arc, LazyLock};
 use uopc_ir::DType;
+// The f32 fits and saturation live with exact GELU's tile op, so both compute one function.
+use uopc_tile::{
+    ERF_LOG_ERFC_FIT as F32_LOG_ERFC_FIT, ERF_NEAR_ZERO_FIT as F32_NEAR_ZERO_FIT,
+    ERF_POLYNOMIAL_BOUND as F32_POLYNOMIAL_BOUND, ERF_SATURATION as F32_SATURATION,
+};
 
-/// Below this |x| the f32 `erf` is an odd polynomial; from it on, `1 - erfc(|x|)` (where
-/// `erfc <= 0.16`, so the subtraction loses nothing).
-const F32_POLYNOMIAL_BOUND: f64 = 1.0;
-
-/// `erf(x) / x` on `0 <= x <= 1` as a polynomial in `x^2`, lowest power first: a weighted
-/// least-squares fit that reweights toward the largest relative errors (near minimax), max
-/// relative error 4e-8 (the Maclaurin series needs twice the terms for the same).
-const F32_NEAR_ZERO_FIT: [f64; 6] = [
-    1.128_379_122_171_028_4,
-    -0.376_123_245_063_018_03,
-    0.112_801_661_078_381_91,
-    -0.026_710_903_627_697_645,
-    0.004_917_068_323_791_873,
-    -0.000_562_942_414_494_326_4,
-];
-
-/// |x| from which `erf` is exactly ±1: it rounds to 1 there (4 in f32, 6 in f64).
-const F32_SATURATION: f64 = 4.0;
+/// |x| from which the f64 `erf` is exactly ±1: it rounds to 1 there.
 const F64_SATURATION: f64 = 6.0;
 
 /// Terms of the f64 series, whose truncation at |x| = 6 stays below f64's rounding.
 const F64_SERIES_TERMS: usize = 100;
-
-/// `ln(erfc(x)) + x^2` on `1 <= x <= 4` as a polynomial in `u = 12 / (2 + x) - 3` (the
-/// interval mapped onto `[-1, 1]`), lowest power first: a weighted least-squares fit that
-/// reweights toward the largest errors (near minimax), max error 3e-8 in that logarithm, i.e.
-/// the relative error of `erfc`.
-const F32_LOG_ERFC_FIT: [f64; 9] = [
-    -1.364_941_273_418_221_1,
-    0.557_547_488_474_006_5,
-    -0.050_294_831_222_974_57,
-    0.010_612_122_344_383_421,
-    -0.003_210_702_833_618_446_6,
-    0.000_847_713_111_890_159_7,
-    -0.000_220_476_914_908_356_13,
-    0.000_079_048_276_911_087_4,
-    -0.000_024_626_507_901_829_993,
-];
 
 /// The derivative of `erf`, `2/sqrt(pi) e^(-x^2)`, as [`Tensor::erf`]'s gradient rule (one
 /// shared rule, so every erf node holds the same one).

@@ -1,4 +1,4 @@
-//! Elementwise kernels that end in GELU's tanh form or SiLU run the activation on
+//! Elementwise kernels that end in GELU (exact or its tanh form) or SiLU run the activation on
 //! `TILE_ACTIVATION`, one call per row after rangeify's loop wrote the row's argument; kernels
 //! of other shapes or dtypes keep the loop. Values against f64 either way.
 
@@ -81,8 +81,39 @@ fn gelu_slope64(x: f64) -> f64 {
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x)
 }
 
+fn exact_gelu64(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+}
+
+fn exact_gelu_slope64(x: f64) -> f64 {
+    let density = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+    0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)) + x * density
+}
+
+#[test]
+fn an_exact_gelu_kernel_runs_the_tile_op_per_row() {
+    // |x| up to 8: both of erf's fits and its saturation.
+    let x = uniform(&[29, 257], -8.0, 8.0, 4);
+    let gelu = Tensor::from_array(&x).gelu();
+    assert_eq!(lowered(&gelu), (vec![uopc_tile::Activation::Gelu], false, "activation_rows"));
+    // The tile op's lower tail is erfc itself where the graph's `1 + erf` cancels: against the
+    // f64 function both are within 1e-5 of 1 + |want|.
+    assert_close(&gelu.to_ndarray::<f32>().unwrap(), &f64s(&x).mapv(exact_gelu64), 1e-5);
+}
+
 #[test]
 fn a_training_steps_gelu_gradient_runs_on_the_tile_op_in_the_gemm_epilogue() {
+    training_step_gradient_on_the_tile_op(Tensor::gelu_tanh, uopc_tile::Activation::GeluTanh, gelu_slope64);
+    training_step_gradient_on_the_tile_op(Tensor::gelu, uopc_tile::Activation::Gelu, exact_gelu_slope64);
+}
+
+/// A two-layer step's gradients for x, w1 and b1 through `act` (whose derivative is `slope`),
+/// with the activation's backward on `kind`'s gradient tile op, against f64.
+fn training_step_gradient_on_the_tile_op(
+    act: fn(&Tensor) -> Tensor,
+    kind: uopc_tile::Activation,
+    slope: fn(f64) -> f64,
+) {
     let (n, k, h, m) = (48, 40, 96, 24);
     let two = |a: ArrayD<f32>| f64s(&a).into_dimensionality::<ndarray::Ix2>().unwrap();
     let (x, w1, w2, r) = (
@@ -100,7 +131,7 @@ fn a_training_steps_gelu_gradient_runs_on_the_tile_op_in_the_gemm_epilogue() {
         Tensor::from_array(&r),
     );
     // The gradient arriving at the GELU is r @ w2^T, a GEMM: its epilogue is the GELU's backward.
-    let loss = ((tx.matmul(&tw1) + &tb1).gelu_tanh().matmul(&tw2) * &tr).sum(0, false).sum(0, false);
+    let loss = (act(&(tx.matmul(&tw1) + &tb1)).matmul(&tw2) * &tr).sum(0, false).sum(0, false);
     let grads = loss.gradient(&[&tx, &tw1, &tb1]).unwrap();
     let roots: Vec<uopc_ir::UOp> = grads.iter().map(|g| g.uop().clone()).collect();
     let plan = make_plan(&roots, &RealizeOptions::default()).expect("plans");
@@ -108,11 +139,9 @@ fn a_training_steps_gelu_gradient_runs_on_the_tile_op_in_the_gemm_epilogue() {
         .kernels
         .iter()
         .flat_map(|k| uopc_ir::UOp::toposort(std::slice::from_ref(&k.program)))
-        .filter(|u| {
-            matches!(u.op(), Op::Tile(TileOp::ActivationGrad { kind: uopc_tile::Activation::GeluTanh, .. }))
-        })
+        .filter(|u| matches!(u.op(), Op::Tile(TileOp::ActivationGrad { kind: got, .. }) if *got == kind))
         .count();
-    assert!(grad_ops >= 1, "{plan}");
+    assert!(grad_ops >= 1, "{kind:?}: {plan}");
     // f64: pre = x w1 + b1, dpre = (r w2^T) * gelu'(pre), then the three gradients.
     let (x, w1, w2, r) = (two(x), two(w1), two(w2), two(r));
     let b1 = f64s(&b1);
@@ -123,7 +152,7 @@ fn a_training_steps_gelu_gradient_runs_on_the_tile_op_in_the_gemm_epilogue() {
         }
     }
     let dy = mm64(&r, &w2.t().to_owned());
-    let dpre = &dy * &pre.mapv(gelu_slope64);
+    let dpre = &dy * &pre.mapv(slope);
     let want = [mm64(&dpre, &w1.t().to_owned()), mm64(&x.t().to_owned(), &dpre)];
     for (g, w) in grads.iter().zip(&want) {
         assert_close(&g.to_ndarray::<f32>().unwrap(), &w.clone().into_dyn(), 1e-4);

@@ -77,6 +77,24 @@ fn bias_and_gelu_fuse_into_the_gemm() {
     assert_close(&got, &want, 1e-5);
 }
 
+#[test]
+fn bias_and_exact_gelu_fuse_into_the_gemm() {
+    let (x, w, b) =
+        (uniform(&[N, K], -2.0, 2.0, 11), uniform(&[K, M], -1.0, 1.0, 12), uniform(&[M], -1.0, 1.0, 13));
+    let (tx, tw, tb) = (Tensor::from_array(&x), Tensor::from_array(&w), Tensor::from_array(&b));
+    let y = (tx.matmul(&tw) + &tb).gelu();
+    let plan = plan_of(&y);
+    assert_eq!(plan.kernels.len(), 1, "{plan}");
+    assert_eq!(activations(&plan.kernels[0]), [uopc_tile::Activation::Gelu], "{plan}");
+    let got = y.to_ndarray::<f32>().unwrap();
+    let mut want = matmul64(&f64s(&x), &f64s(&w));
+    for ((i, j), v) in want.clone().into_dimensionality::<ndarray::Ix2>().unwrap().indexed_iter() {
+        let z = v + f64::from(b[[j]]);
+        want[[i, j]] = 0.5 * z * (1.0 + libm::erf(z / std::f64::consts::SQRT_2));
+    }
+    assert_close(&got, &want, 1e-5);
+}
+
 /// The activation tile ops of kernel `k`, and whether its loops still take an exponential.
 fn activations(k: &Kernel) -> Vec<uopc_tile::Activation> {
     let nodes = uopc_ir::UOp::toposort(std::slice::from_ref(&k.program));
