@@ -59,6 +59,15 @@ pub(crate) const ROWS_PER_BASE: usize = 5;
 /// a bf16 group of 10 rows across row 16 needs 3).
 pub(crate) const MAX_BASES: usize = 4;
 
+/// An empty `asm!` that the compiler must assume reads and writes memory: no load moves across
+/// it, and LLVM's instruction scheduler does not move instructions across it, so the code on
+/// either side is scheduled (and its registers allocated) as separate regions.
+#[inline(always)]
+pub(crate) fn step_boundary() {
+    // SAFETY: an empty instruction string: nothing is touched.
+    unsafe { std::arch::asm!("", options(nostack, preserves_flags)) };
+}
+
 /// `p` unchanged, passed through a register by an empty `asm!` so the optimizer cannot see
 /// how it was computed: the micro-kernels keep one base pointer per group of A's rows this
 /// way, where LLVM would otherwise fold the bases into one pointer and recompute every row's
