@@ -112,15 +112,15 @@ fn gradients_of_every_parameter_and_the_input_match_central_differences() {
 
 #[test]
 fn the_plans_compute_the_mlp_epilogues_on_their_gemm_blocks() {
-    // The first MLP layer's bias and GELU, and the second's bias and the residual add, run on
-    // the output blocks of their tile GEMMs; the QKV projection (read by three head-splitting
-    // copies) and the attention projection (read by LayerNorm's reductions too) stay plain.
+    // The QKV projection's bias, the first MLP layer's bias and GELU, and the second's bias and
+    // the residual add, run on the output blocks of their tile GEMMs; the attention projection
+    // (read by LayerNorm's reductions too) stays plain.
     let block = block();
     let y = block.forward(&Tensor::from_array(&random(&SHAPE, 1.0, 1))).unwrap();
     let plan = uopc::tensor::make_plan(&[y.uop().clone()], &uopc::RealizeOptions::default()).unwrap();
     let epilogues: Vec<&str> =
         plan.kernels.iter().filter(|k| k.has_epilogue()).map(|k| k.name.as_str()).collect();
-    assert_eq!(epilogues, ["r_64_256", "r_2_32_64"], "{plan}");
+    assert_eq!(epilogues, ["r_64_192", "r_64_256", "r_2_32_64"], "{plan}");
     assert!(plan.kernels.iter().filter(|k| k.has_epilogue()).all(|k| k.uses_tile_ops()));
     let plain: Vec<&str> = plan
         .kernels
@@ -128,10 +128,19 @@ fn the_plans_compute_the_mlp_epilogues_on_their_gemm_blocks() {
         .filter(|k| k.uses_tile_ops() && !k.has_epilogue() && k.name.starts_with("r_"))
         .map(|k| k.name.as_str())
         .collect();
-    assert_eq!(plain, ["r_64_192", "r_64_64"], "{plan}");
-    // Forward plus backward: the pre-activation is read again by the backward pass, so the
-    // first layer's GEMM stays plain; the input gradient of the GELU, (dy W2^T) * gelu'(h), is
-    // the epilogue of the GEMM that computes dy W2^T.
+    assert_eq!(plain, ["r_64_64"], "{plan}");
+    // No copies around attention: it reads q, k and v in the QKV projection's output, and the
+    // output projection reads its output.
+    let at = |name: &str| plan.kernels.iter().position(|k| k.name == name).unwrap();
+    let (qkv, attention, projection) = (at("r_64_192"), at("sdpa_flash_tile_ops"), at("r_64_64"));
+    assert_eq!((qkv + 1, attention + 1), (attention, projection), "{plan}");
+    let written = plan.kernels[qkv].args.last().unwrap();
+    assert!(plan.kernels[attention].args[..3].iter().all(|a| a == written), "{plan}");
+    assert_eq!(plan.kernels[projection].args[0], *plan.kernels[attention].args.last().unwrap(), "{plan}");
+    // Forward plus backward: the QKV projection keeps its bias epilogue; the pre-activation is
+    // read again by the backward pass, so the first layer's GEMM stays plain; the input
+    // gradient of the GELU, (dy W2^T) * gelu'(h), is the epilogue of the GEMM that computes
+    // dy W2^T.
     let n: usize = SHAPE.iter().product();
     let loss = (&y * &Tensor::from_array(&random(&SHAPE, 1.0, 4))).reshape(&[n]).sum(0, false);
     let grads = uopc::tensor::gradient(&loss, &block.params()).unwrap();
@@ -139,5 +148,5 @@ fn the_plans_compute_the_mlp_epilogues_on_their_gemm_blocks() {
     let plan = uopc::tensor::make_plan(&roots, &uopc::RealizeOptions::default()).unwrap();
     let epilogues: Vec<&str> =
         plan.kernels.iter().filter(|k| k.has_epilogue()).map(|k| k.name.as_str()).collect();
-    assert_eq!(epilogues, ["r_64_256"], "{plan}");
+    assert_eq!(epilogues, ["r_64_192", "r_64_256"], "{plan}");
 }

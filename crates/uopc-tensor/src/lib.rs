@@ -76,4 +76,6 @@ pub use plan::{ArgSource, Kernel, OutSpec, Plan, input_products};
 pub use rangeify::{Ctx, lower};
 pub use realize::realize;
 pub use report::{KernelTiming, RealizeReport};
-pub use tensor::{CustomVjp, CustomVjpWanted, Element, GradientRule, MAX_ELEMENTS, Scalar, Tensor};
+pub use tensor::{
+    CustomVjp, CustomVjpWanted, Element, GradientRule, MAX_ELEMENTS, Scalar, StridedView, Tensor,
+};

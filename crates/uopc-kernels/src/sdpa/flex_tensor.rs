@@ -7,8 +7,9 @@
 use super::backward::flex_backward_for_graph;
 use super::flex::CaptureReads;
 use super::forward::{capture_out_of_bounds, causal_equivalent, check_flex, describe_mods, flex_blocking};
+use super::graph_backward::{renumber_slots, saved_parts, scaled_delta};
 use super::kernel::{PlanMode, sdpa_flex_ir_with_lse};
-use super::tensor::{config_of, lse_and_delta, renumber_slots, shape_fault};
+use super::tensor::{config_of, shape_fault};
 use super::{AttentionMods, Blocking, SdpaConfig, SdpaDType, SdpaError, sdpa_flex_ir, sdpa_flex_plan_ir};
 use crate::LOG2E;
 use std::collections::HashSet;
@@ -272,7 +273,8 @@ impl FlexGraph {
             Some(out) => out.detach(),
             None => self.attention_node(&c, [&q, &k, &v], &all, true).map_err(TensorError::from)?,
         };
-        let (lse, delta) = lse_and_delta(&forward, &d_o, &c)?;
+        let (o, lse) = saved_parts(&forward, &c)?;
+        let delta = scaled_delta(&o, &d_o, &c)?;
         let wanted_capture = |i: usize| position[i].is_some_and(|p| wanted.get(p).copied().unwrap_or(false));
         let capture_grads = (0..specs.len()).any(|i| self.reads.with_gradient[i] && wanted_capture(i));
         let fb = flex_backward_for_graph(&c, &self.mods, capture_grads).map_err(TensorError::from)?;

@@ -41,11 +41,14 @@ mod flex;
 mod flex_reference;
 mod flex_tensor;
 pub(crate) mod forward;
+mod graph_backward;
+mod in_place;
 mod kernel;
 mod merge;
 mod panels;
 mod reference;
 mod tensor;
+mod views;
 
 pub use attend::{Attention, AttentionOp};
 pub use backward::{

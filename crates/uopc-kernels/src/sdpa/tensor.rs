@@ -1,13 +1,13 @@
 //! Attention on lazy tensors: [`scaled_dot_product_attention`] puts the FlashAttention-2
 //! kernel into a tensor graph as one kernel node.
 
-use super::backward::{sdpa_backward_ir_for_graph, sdpa_bias_grad_ir_for_graph};
 use super::blocking::cores;
+use super::graph_backward::{backward_nodes, saved_parts};
+use super::in_place::{in_place_node, read_in_place};
 use super::kernel::{sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
 use super::{Blocking, MaskKind, SdpaConfig, SdpaDType, SdpaError};
-use std::collections::HashMap;
 use std::sync::Arc;
-use uopc_ir::{DType, Op, UOp, buffer};
+use uopc_ir::DType;
 use uopc_tensor::{CustomVjp, Tensor, TensorError};
 
 /// The score a masked key gets in the gradient's reference graph: finite, so a fully masked
@@ -64,14 +64,18 @@ pub fn scaled_dot_product_attention(
     let mut sources = vec![q, k, v];
     sources.extend(mask);
     if config.dtype == SdpaDType::F32 {
+        if let Some((views, bases)) = read_in_place(&config, [q, k, v]) {
+            return in_place_node(&config, &blocking, views, bases, [q, k, v], mask).map_err(shape_fault);
+        }
         // The node also writes the rows' log-sum-exp: its gradient reads the forward's output
         // and lse instead of running the forward again.
         let (q_len, rows) = (config.q_len(), config.batch * config.heads * config.n_q);
-        let program = sdpa_ir_output_last_with_lse(&config, &blocking);
+        let program = sdpa_ir_output_last_with_lse(&config, &blocking, None);
         let node = Tensor::try_custom_parts("sdpa_flash_tile_ops", program, &sources, &[q_len, rows], None)
             .map_err(shape_fault)?;
         let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], out: &Tensor, g: &Tensor| {
-            backward_nodes(&config, &blocking, src, &g.try_slice(0, 0, q_len)?, Some(out))
+            let saved = saved_parts(out, &config)?;
+            backward_nodes(&config, &blocking, src, &g.try_slice(0, 0, q_len)?, Some(saved))
         });
         let node = node.with_custom_vjp(rule).map_err(shape_fault)?;
         return node.try_slice(0, 0, q_len).and_then(|o| o.try_reshape(sq)).map_err(shape_fault);
@@ -82,7 +86,7 @@ pub fn scaled_dot_product_attention(
     let equivalent = unfused(&wide(q), &wide(k), &wide(v), mask, &config)
         .map(|o| o.cast(q.dtype()))
         .map_err(shape_fault)?;
-    let program = sdpa_ir_output_last(&config, &blocking);
+    let program = sdpa_ir_output_last(&config, &blocking, None);
     let node = Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, q.dtype(), Some(equivalent))
         .map_err(shape_fault)?;
     let rule: Arc<CustomVjp> =
@@ -139,81 +143,6 @@ pub(super) fn config_of(
     Ok(SdpaConfig { kv_heads, causal, scale, dtype, ..SdpaConfig::new(batch, heads, n_q, n_k, d) })
 }
 
-/// The cotangents of `[q, k, v, mask]` for output cotangent `d_o`, as kernel nodes; `saved`
-/// is the forward node's output and lse (flat), else the forward runs again with the lse.
-fn backward_nodes(
-    c: &SdpaConfig,
-    blocking: &Blocking,
-    src: &[Tensor],
-    d_o: &Tensor,
-    saved: Option<&Tensor>,
-) -> Result<Vec<Option<Tensor>>, TensorError> {
-    let (q, k, v) = (&src[0], &src[1], &src[2]);
-    let mask = src.get(3);
-    let (q_len, kv_len, rows) = (c.q_len(), c.kv_len(), c.batch * c.heads * c.n_q);
-    let mut fwd_sources = vec![q, k, v];
-    fwd_sources.extend(mask);
-    let forward = match saved {
-        Some(out) => out.detach(),
-        None => Tensor::try_custom_parts(
-            "sdpa_forward_lse",
-            sdpa_ir_output_last_with_lse(c, blocking),
-            &fwd_sources,
-            &[q_len, rows],
-            None,
-        )?,
-    };
-    let d_o = d_o.detach();
-    let (lse, delta) = lse_and_delta(&forward, &d_o, c)?;
-    let mut bwd_sources = vec![q, k, v, &d_o, &lse, &delta];
-    bwd_sources.extend(mask);
-    // The program's slots are q, k, v, dO, lse, Delta, dq, dk, dv, mask; a node's are its
-    // sources, then its outputs: the mask moves before the outputs.
-    let extras = usize::from(mask.is_some());
-    let program = renumber_slots(&sdpa_backward_ir_for_graph(c), |slot| match slot {
-        6..=8 => slot + extras,
-        9 => 6,
-        other => other,
-    });
-    let grads = Tensor::try_custom_parts(
-        "sdpa_backward_tile_ops",
-        program,
-        &bwd_sources,
-        &[q_len, kv_len, kv_len],
-        None,
-    )?;
-    let part = |from: usize, len: usize, like: &Tensor| {
-        grads.try_slice(0, from, from + len)?.try_reshape(like.shape())
-    };
-    let mut out =
-        vec![Some(part(0, q_len, q)?), Some(part(q_len, kv_len, k)?), Some(part(q_len + kv_len, kv_len, v)?)];
-    match (mask, c.mask) {
-        (Some(bias), MaskKind::Bias(shape)) => out.push(Some(bias_grad_node(c, shape, &bwd_sources, bias)?)),
-        (Some(_), _) => out.push(None),
-        (None, _) => {}
-    }
-    Ok(out)
-}
-
-/// The rows' log-sum-exp and `scale * Delta` (`Delta_i = dO_i . O_i`), what a backward
-/// program takes, from `forward` (the flat output and lse of a forward node of `c`) and the
-/// output's cotangent `d_o`.
-pub(super) fn lse_and_delta(
-    forward: &Tensor,
-    d_o: &Tensor,
-    c: &SdpaConfig,
-) -> Result<(Tensor, Tensor), TensorError> {
-    let (q_len, rows) = (c.q_len(), c.batch * c.heads * c.n_q);
-    let o = forward.try_slice(0, 0, q_len)?.try_reshape(&[rows, c.d])?;
-    let lse = forward.try_slice(0, q_len, q_len + rows)?;
-    let delta = d_o
-        .try_reshape(&[rows, c.d])?
-        .try_mul(&o)?
-        .try_sum(-1, false)?
-        .try_mul(&Tensor::full(&[], c.effective_scale()))?;
-    Ok((lse, delta))
-}
-
 /// A tensor error of building an attention's nodes, as the error of the call.
 pub(super) fn shape_fault(e: TensorError) -> SdpaError {
     SdpaError::Shape { arg: "q", msg: e.to_string() }
@@ -234,55 +163,6 @@ fn half_backward_nodes(
     wide.extend(src.get(3).cloned());
     let grads = backward_nodes(&wide_config, &blocking, &wide, &d_o.cast(DType::F32), None)?;
     Ok(grads.into_iter().enumerate().map(|(i, g)| if i < 3 { g.map(|g| g.cast(dtype)) } else { g }).collect())
-}
-
-/// The gradient of the bias `bias` (of kind `MaskKind::Bias(shape)`): the tasks' dbias
-/// regions from [`sdpa_bias_grad_ir_for_graph`], summed over the tasks that share an element
-/// (batch items and key/value heads the bias broadcasts along), in the bias's own shape.
-/// `sources` are the backward node's (q, k, v, dO, lse, Delta, bias).
-fn bias_grad_node(
-    c: &SdpaConfig,
-    shape: [usize; 4],
-    sources: &[&Tensor],
-    bias: &Tensor,
-) -> Result<Tensor, TensorError> {
-    let (program, [tasks, heads, rows, keys]) = sdpa_bias_grad_ir_for_graph(c);
-    // The program's slots are q, k, v, dO, lse, Delta, bias (9), dbias (10).
-    let program = renumber_slots(&program, |slot| match slot {
-        9 => 6,
-        10 => 7,
-        other => other,
-    });
-    let partials = Tensor::try_custom(
-        "sdpa_backward_bias_grad_tile_ops",
-        program,
-        sources,
-        &[tasks * heads * rows * keys],
-        DType::F32,
-        None,
-    )?;
-    // One chunk per (item, key/value head): the regions are (B, H_kv, heads, rows, keys).
-    let mut g = partials.try_reshape(&[c.batch, c.kv_heads, heads, rows, keys])?;
-    if shape[0] == 1 {
-        g = g.try_sum(0, true)?;
-    }
-    if shape[1] == 1 {
-        g = g.try_sum(1, true)?;
-    }
-    g.try_reshape(bias.shape())
-}
-
-/// `program` with every BUFFER slot `s` renumbered to `to(s)`.
-pub(super) fn renumber_slots(program: &UOp, to: impl Fn(usize) -> usize) -> UOp {
-    let mut map: HashMap<UOp, UOp> = HashMap::new();
-    for u in UOp::toposort(std::slice::from_ref(program)) {
-        let new = match u.op() {
-            Op::Buffer { slot, len } => buffer(to(slot.index()), u.dtype(), *len),
-            _ => u.with_src(u.src().iter().map(|s| map[s].clone()).collect()),
-        };
-        map.insert(u, new);
-    }
-    map[program].clone()
 }
 
 /// The mask kind of `m` against q's shape `sq`: its shape, padded with leading 1s, must have

@@ -13,3 +13,4 @@ mod sdpa_backward;
 mod sdpa_flex_tensor;
 mod sdpa_half_backward;
 mod sdpa_tensor;
+mod sdpa_tensor_views;

@@ -31,6 +31,8 @@ mod operators;
 mod reduce;
 mod scalar;
 pub use scalar::Scalar;
+mod strided;
+pub use strided::StridedView;
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
 

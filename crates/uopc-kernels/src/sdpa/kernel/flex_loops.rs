@@ -140,7 +140,7 @@ pub fn flex_block_plan(
     blocking: &Blocking,
     mods: &AttentionMods,
 ) -> Option<Vec<[usize; 4]>> {
-    let mut kernel = SdpaKernel::new(config, blocking, false, false, Some(mods));
+    let mut kernel = SdpaKernel::new(config, blocking, false, false, Some(mods), None);
     let task = kernel.task();
     let bounds = kernel.flex_blocks(&task, config.n_k / blocking.keys);
     let formulas: Option<Vec<IndexFormula>> =

@@ -29,16 +29,18 @@ impl SdpaKernel {
         // A score function rewrites every block's scores, the blocks every row sees whole too.
         let scored = self.mods.as_ref().is_some_and(|(m, _)| m.has_score());
         let mask = if mask == BlockMask::Clear && scored { BlockMask::ScoreOnly } else { mask };
-        let SdpaConfig { heads, kv_heads, n_q, n_k, d, .. } = self.c;
-        let [_, _, ksn] = self.c.layout.strides(kv_heads, n_k, d);
-        let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
+        let d = self.c.d;
+        let [_, _, ksn] = self.views.k.strides;
+        let [qsb, qsh, qsn] = self.views.q.strides;
+        let (q_off, k_off, v_off) = (self.views.q.offset as i64, self.views.k.offset, self.views.v.offset);
         let Span { r0, rows } = span;
         let (at_d, at_s) = ((r0 * d) as i64, (r0 * cols) as i64);
         // The query rows: the task's tile, or (one head per task) rows `q0 + r0 ..` of q.
         let (query_buf, query_at, lda) = match &task.qt {
             Some(qt) => (qt.after(prev), idx(at_d), d),
             None => {
-                (self.q.clone(), &task.item * qsb + &task.head0 * qsh + (&task.q0 + r0 as i64) * qsn, qsn)
+                let at = &task.item * qsb + &task.head0 * qsh + (&task.q0 + r0 as i64) * qsn + q_off;
+                (self.q.clone(), at, qsn)
             }
         };
         let parts = if mask == BlockMask::Diagonal { self.b.diagonal_parts } else { 1 };
@@ -54,7 +56,7 @@ impl SdpaKernel {
                 let (k_at, v_at) = panels.block_offsets(first);
                 (self.k.index(k0 + k_at), self.v.index(v0 + v_at))
             }
-            _ => (self.k.index(&kv_at), self.v.index(&kv_at)),
+            _ => (self.k.index(&kv_at + k_off as i64), self.v.index(&kv_at + v_off as i64)),
         };
         // Both GEMMs' pieces (first row, rows, first key, keys) of the span. A staircase of K
         // and V read in place goes by key columns, the keys every row sees first, so each key
@@ -65,7 +67,7 @@ impl SdpaKernel {
         debug_assert!(self.panels.is_none() || pieces.iter().all(|&(_, _, key0, _)| key0 == 0));
         let mut g1: Option<UOp> = None;
         for &(pr0, m, key0, n) in &pieces {
-            let b = if key0 == 0 { keys.clone() } else { self.k.index(&kv_at + (key0 * ksn) as i64) };
+            let b = if key0 == 0 { keys.clone() } else { self.k.index(&kv_at + (k_off + key0 * ksn) as i64) };
             let c = match &g1 {
                 None => task.si.after(prev),
                 Some(g) => task.si.after(std::slice::from_ref(g)),
@@ -136,7 +138,8 @@ impl SdpaKernel {
         // `P · V` over the same pieces, each after the one before.
         let mut done: Option<UOp> = None;
         for &(pr0, m, key0, keys) in &pieces {
-            let b = if key0 == 0 { values.clone() } else { self.v.index(&kv_at + (key0 * ksn) as i64) };
+            let b =
+                if key0 == 0 { values.clone() } else { self.v.index(&kv_at + (v_off + key0 * ksn) as i64) };
             let out = match &done {
                 None => task.oi.after(after_sm),
                 Some(g) => task.oi.after(std::slice::from_ref(g)),

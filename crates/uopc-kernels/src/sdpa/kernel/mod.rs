@@ -12,6 +12,7 @@ mod task;
 
 use super::flex::Reads;
 use super::panels::KvPanels;
+use super::views::Views;
 use super::{AttentionMods, Blocking, MaskKind, SdpaConfig};
 use crate::masked::min_idx;
 use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
@@ -62,20 +63,26 @@ use uopc_ir::{AxisType, DType, ProgramBuilder, UOp, buffer, idx, var};
 /// rows. Split-K tasks run the blocks of their key chunk; the last chunk also takes the narrow
 /// block.
 pub fn sdpa_ir(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, false, false, None).program()
+    SdpaKernel::new(config, blocking, false, false, None, None).program()
 }
 
 /// [`sdpa_ir`] with the output in the last slot, after the mask or bias and the key lengths
-/// (the order of a tensor graph's kernel node: sources, then the output). `blocking.splits`
-/// must be 1.
-pub(crate) fn sdpa_ir_output_last(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, true, false, None).program()
+/// (the order of a tensor graph's kernel node: sources, then the output), q, k, v and the
+/// output where `views` places them in their slots (densely packed in the configuration's
+/// layout when `None`; checked by [`Views::check`]). `blocking.splits` must be 1 and
+/// `blocking.kv_panel_width` 0.
+pub(crate) fn sdpa_ir_output_last(config: &SdpaConfig, blocking: &Blocking, views: Option<Views>) -> UOp {
+    SdpaKernel::new(config, blocking, true, false, None, views).program()
 }
 
 /// [`sdpa_ir_output_last`] whose output is two consecutive slots: the attention output, then
 /// each query row's base-2 log-sum-exp (as [`sdpa_ir_with_lse`] stores it).
-pub(crate) fn sdpa_ir_output_last_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, true, true, None).program()
+pub(crate) fn sdpa_ir_output_last_with_lse(
+    config: &SdpaConfig,
+    blocking: &Blocking,
+    views: Option<Views>,
+) -> UOp {
+    SdpaKernel::new(config, blocking, true, true, None, views).program()
 }
 
 /// [`sdpa_ir`] that also stores each query row's base-2 log-sum-exp, what the backward pass
@@ -86,7 +93,7 @@ pub(crate) fn sdpa_ir_output_last_with_lse(config: &SdpaConfig, blocking: &Block
 /// The lse buffer comes after every buffer of [`sdpa_ir`]: `batch * heads * n_q` f32s laid
 /// out `(batch, head, row)`, whatever the layout of q.
 pub fn sdpa_ir_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
-    SdpaKernel::new(config, blocking, false, true, None).program()
+    SdpaKernel::new(config, blocking, false, true, None, None).program()
 }
 
 /// [`sdpa_ir`] with attention mods ([`AttentionMods`]): their score and mask functions run in
@@ -96,19 +103,21 @@ pub fn sdpa_ir_with_lse(config: &SdpaConfig, blocking: &Blocking) -> UOp {
 /// lengths, in declaration order. `blocking.splits` must be 1, and the configuration has no
 /// bool mask or bias (the mods express them).
 pub fn sdpa_flex_ir(config: &SdpaConfig, blocking: &Blocking, mods: &AttentionMods) -> UOp {
-    SdpaKernel::new(config, blocking, false, false, Some(mods)).program()
+    SdpaKernel::new(config, blocking, false, false, Some(mods), None).program()
 }
 
 /// [`sdpa_flex_ir`] that also stores each query row's base-2 log-sum-exp, sinks included (as
 /// [`sdpa_ir_with_lse`]), in a buffer after every other one (the per-run plan's included).
 pub(crate) fn sdpa_flex_ir_with_lse(config: &SdpaConfig, blocking: &Blocking, mods: &AttentionMods) -> UOp {
-    SdpaKernel::new(config, blocking, false, true, Some(mods)).program()
+    SdpaKernel::new(config, blocking, false, true, Some(mods), None).program()
 }
 
 struct SdpaKernel {
     c: SdpaConfig,
     b: Blocking,
     rows: usize,
+    /// Where q, k, v and the output lie in their slots.
+    views: Views,
     q: UOp,
     k: UOp,
     v: UOp,
@@ -195,15 +204,17 @@ impl SdpaKernel {
         output_last: bool,
         save_lse: bool,
         mods: Option<&AttentionMods>,
+        views: Option<Views>,
     ) -> Self {
         let c = *config;
         let f32t = DType::F32;
         let el = c.dtype.dtype();
         let rows = blocking.rows();
-        let q = buffer(0, el, c.q_len());
+        let views = views.unwrap_or_else(|| Views::dense(config));
+        let q = buffer(0, el, views.q.len);
         let panels = blocking.kv_panels(config);
         let (k, v) = match &panels {
-            None => (buffer(1, el, c.kv_len()), buffer(2, el, c.kv_len())),
+            None => (buffer(1, el, views.k.len), buffer(2, el, views.v.len)),
             Some(panels) => (buffer(1, f32t, panels.k_len()), buffer(2, f32t, panels.v_len())),
         };
         let (out, partial, mut slot) = if blocking.splits > 1 {
@@ -212,9 +223,9 @@ impl SdpaKernel {
             (buffer(3, f32t, states * c.d), Some(partial), 6)
         } else if output_last {
             let extras = usize::from(c.mask != MaskKind::None) + usize::from(c.key_lengths);
-            (buffer(3 + extras, el, c.q_len()), None, 3)
+            (buffer(3 + extras, el, views.out.len), None, 3)
         } else {
-            (buffer(3, el, c.q_len()), None, 4)
+            (buffer(3, el, views.out.len), None, 4)
         };
         let mask = match c.mask {
             MaskKind::None => None,
@@ -243,6 +254,7 @@ impl SdpaKernel {
             c,
             b: *blocking,
             rows,
+            views,
             q,
             k,
             v,

@@ -50,7 +50,7 @@ pub(super) fn first_query(qblk: &UOp, n_q: usize, bq: usize) -> UOp {
 impl SdpaKernel {
     /// The THREAD range, its decomposition and the task's scratch.
     pub(super) fn task(&mut self) -> Task {
-        let SdpaConfig { kv_heads, n_q, n_k, d, .. } = self.c;
+        let SdpaConfig { kv_heads, n_q, d, .. } = self.c;
         let bq = self.b.queries;
         let f32t = DType::F32;
         let qdt = self.query_tile_dtype();
@@ -68,7 +68,7 @@ impl SdpaKernel {
         let p = self.half.filter(|_| p_tile).map(|el| pb.alloc(el, self.rows * cols));
         let t = pb.range(self.b.tasks(&self.c), AxisType::Thread);
         let TaskIndices { split, item, kv_head, head0, qblk } = TaskIndices::of(&t, &self.c, &self.b);
-        let [ksb, ksh, _] = self.c.layout.strides(kv_heads, n_k, d);
+        let [ksb, ksh, _] = self.views.k.strides;
         let kv_base = &item * ksb + &kv_head * ksh;
         let panel_base = self.panels.map(|panels| {
             let head = &item * kv_heads + &kv_head;
@@ -110,9 +110,10 @@ impl SdpaKernel {
     /// The scaled copy of the task's queries (when it has a query tile), the zeroed output
     /// tile and the running max and sum, as effects the key loops come after.
     pub(super) fn init(&mut self, task: &Task) -> Vec<UOp> {
-        let SdpaConfig { heads, n_q, d, .. } = self.c;
+        let d = self.c.d;
         let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
-        let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
+        let [qsb, qsh, qsn] = self.views.q.strides;
+        let q_off = self.views.q.offset as i64;
         let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
         let qdt = self.query_tile_dtype();
         let pb = &mut self.pb;
@@ -123,13 +124,14 @@ impl SdpaKernel {
                 // A 16-bit query widened into the f32 tile, one head's rows per conversion (16
                 // values per instruction, where the loop below would convert four at a time).
                 let widen = TileOp::Convert { rows: bq, cols: d, lds: qsn, ldd: d };
-                let head_rows = &task.item * qsb + (&task.head0 + &hh) * qsh + &task.q0 * qsn;
+                let head_rows = &task.item * qsb + (&task.head0 + &hh) * qsh + &task.q0 * qsn + q_off;
                 tile(widen, &[self.q.index(head_rows), qt.index(&hh * (bq * d))]).end(&[hh])
             } else {
                 let rq = pb.range(bq, AxisType::Loop);
                 let e = pb.range(d, AxisType::Loop);
-                let src =
-                    self.q.index(&task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &rq) * qsn + &e);
+                let src = self.q.index(
+                    &task.item * qsb + (&task.head0 + &hh) * qsh + (&task.q0 + &rq) * qsn + &e + q_off,
+                );
                 // A 16-bit query is copied exactly; its scale is applied to the f32 scores instead.
                 let value = if self.half.is_some() { src.load() } else { src.load() * qscale };
                 qt.index((&hh * bq + &rq) * d + &e).store(value).end(&[e, rq, hh])
@@ -151,7 +153,8 @@ impl SdpaKernel {
     pub(super) fn write(&mut self, task: &Task, done: &UOp) -> UOp {
         let SdpaConfig { heads, n_q, d, .. } = self.c;
         let Blocking { heads_per_task: gs, queries: bq, .. } = self.b;
-        let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
+        // The output is densely packed (`Views::check`): only the order of heads and rows varies.
+        let [qsb, qsh, qsn] = self.views.out.strides;
         let after = std::slice::from_ref(done);
         if let Some((pm, pl)) = &self.partial {
             // Split-K: the task's unnormalized state, at `t * c + r` (disjoint per task).
@@ -167,7 +170,7 @@ impl SdpaKernel {
             let st = self.out.index(&task.t * (rows * d) + &r * d + &e).store(o).end(&[e]);
             return sink(&[sink(&[states, st]).end(&[r, task.t.clone()])]);
         }
-        let contiguous = self.c.layout.strides(heads, n_q, d) == [heads * n_q * d, n_q * d, d];
+        let contiguous = self.views.out.strides == [heads * n_q * d, n_q * d, d];
         let blocks = n_q.div_ceil(bq);
         let own_rows = contiguous && n_q.is_multiple_of(bq) && (gs == 1 || blocks == 1);
         if let (Some(_), true) = (self.half, own_rows) {
@@ -224,7 +227,7 @@ impl SdpaKernel {
         inv_l: &UOp,
     ) -> UOp {
         let SdpaConfig { heads, n_q, d, .. } = self.c;
-        let [qsb, qsh, qsn] = self.c.layout.strides(heads, n_q, d);
+        let [qsb, qsh, qsn] = self.views.out.strides;
         let cell = task.oi.after(after).index(r * d + e);
         let normalize = cell.store(cell.load() * inv_l).end(std::slice::from_ref(e));
         let narrow = TileOp::Convert { rows: 1, cols: d, lds: d, ldd: d };
