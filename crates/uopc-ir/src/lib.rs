@@ -26,6 +26,7 @@ mod prepare;
 mod print;
 pub mod rewrite;
 mod simplify;
+mod split_loops;
 mod uop;
 mod verify;
 mod view;
@@ -54,6 +55,7 @@ pub use simplify::{
     SimplifyOptions, int_div, int_mod, simplify, simplify_memo, simplify_program, simplify_with,
     split_linear, stores_every_element, stores_every_element_linear, tables as simplify_tables,
 };
+pub use split_loops::split_loops_at_divisors;
 pub use uop::{
     AxisType, BinaryOp, ConstValue, CustomKernel, DataRef, GemmShape, Half, Op, ReduceOp, TileOp,
     TileOperand, UOp, UnaryOp, block_extent,

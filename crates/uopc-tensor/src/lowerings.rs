@@ -315,9 +315,11 @@ fn activation_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>>
     Some(program.map(|program| pt.finish(program, pt.loop_derived())))
 }
 
-/// Any body, as loops over its output with the optimizer's opts ([`crate::rangeify`]).
+/// Any body, as loops over its output with the optimizer's opts ([`crate::rangeify`]), each
+/// loop its body tells apart by division split into those pieces
+/// ([`uopc_ir::split_loops_at_divisors`]).
 fn rangeify(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
-    let program = lower(&pt.body, &pt.out, &mut pt.ctx);
+    let program = lower(&pt.body, &pt.out, &mut pt.ctx).map(|p| uopc_ir::split_loops_at_divisors(&p));
     Some(program.map(|program| pt.finish(program, pt.loop_derived())))
 }
 

@@ -1,0 +1,175 @@
+//! Splitting a loop into the pieces its body tells apart by division: a loop over `0..E`
+//! whose body reads its index only whole or through `i / c` and `i % c`, for one constant `c`
+//! that divides `E` into a few pieces, becomes one loop over `0..c` per piece `p`, with `i`
+//! replaced by `p * c + i'`. Within a piece `i / c` is the constant `p` and `i % c` is `i'`,
+//! so whatever the body selects by the piece folds away: the gradient of a concatenation (two
+//! halves of a fused projection, each with its own formula) then computes each half's formula
+//! on its own columns, instead of both everywhere plus a select, and the index arithmetic left
+//! is linear (which the backend vectorizes).
+
+use crate::analysis::written_bases;
+use crate::builder::{range, sink};
+use crate::simplify::simplify;
+use crate::uop::{AxisType, BinaryOp, ConstValue, Op, UOp};
+use std::collections::HashMap;
+
+/// The most pieces one loop is split into: past a few, the copies of the body cost more in
+/// code than the selects they save.
+const MAX_PIECES: usize = 4;
+
+/// `program` with every `Loop` range split as the [module docs](self) describe; other
+/// programs are returned as they are. The result computes the same values, with the same
+/// stores, in the same order along each split loop.
+#[must_use]
+pub fn split_loops_at_divisors(program: &UOp) -> UOp {
+    let nodes = UOp::toposort(std::slice::from_ref(program));
+    let mut next_id = nodes.iter().filter_map(|u| u.as_range().map(|r| r.id.index() + 1)).max().unwrap_or(0);
+    let mut map: HashMap<UOp, UOp> = HashMap::new();
+    for u in &nodes {
+        let rebuilt = u.with_src(u.src().iter().map(|s| map[s].clone()).collect());
+        let split = rebuilt.as_end().and_then(|end| {
+            let (extent, divisor) = splittable(end.body, end.range)?;
+            let pieces: Vec<UOp> = (0..extent / divisor)
+                .map(|p| {
+                    let piece = range(divisor as i64, next_id, AxisType::Loop);
+                    next_id += 1;
+                    let index = &piece + (p * divisor) as i64;
+                    let body = simplify(&replace(end.body, end.range, &index));
+                    fold_constant_selects(&body).end(&[piece])
+                })
+                .collect();
+            Some(sink(&pieces))
+        });
+        map.insert(u.clone(), split.unwrap_or(rebuilt));
+    }
+    map[program].clone()
+}
+
+/// The trip count of `range` and the one divisor its uses in `body` split it by, when `range` is
+/// a `Loop` of constant extent whose index `body` divides or takes the remainder of by one
+/// constant `c` (and by no other), `c` dividing the extent into 2 to [`MAX_PIECES`] pieces, and
+/// the iterations are independent: `body` runs no tile op and reads nothing it writes (so no
+/// value flows from one iteration to the next, and the pieces may run in any order).
+fn splittable(body: &UOp, range: &UOp) -> Option<(usize, usize)> {
+    let r = range.as_range()?;
+    let extent = usize::try_from(r.end.const_int()?).ok()?;
+    if r.axis != AxisType::Loop {
+        return None;
+    }
+    let nodes = UOp::toposort(std::slice::from_ref(body));
+    let written = written_bases(&nodes);
+    let reads_written = nodes.iter().any(|u| {
+        matches!(u.op(), Op::Load)
+            && u.src().first().and_then(UOp::indexed_base).is_some_and(|b| written.contains(b))
+    });
+    if reads_written || nodes.iter().any(|u| matches!(u.op(), Op::Tile(_))) {
+        return None;
+    }
+    let mut divisor: Option<usize> = None;
+    for u in nodes {
+        if let Op::Binary(BinaryOp::IDiv | BinaryOp::Mod) = u.op()
+            && u.src()[0] == *range
+        {
+            let c = usize::try_from(u.src()[1].const_int()?).ok()?;
+            if divisor.is_some_and(|d| d != c) {
+                return None;
+            }
+            divisor = Some(c);
+        }
+    }
+    let c = divisor?;
+    (c > 1 && extent.is_multiple_of(c) && (2..=MAX_PIECES).contains(&(extent / c))).then_some((extent, c))
+}
+
+/// `u` with every select whose condition is a constant replaced by the side it takes (the
+/// piece's own index folds the concatenation's conditions to constants, which the index
+/// simplifier leaves in their selects).
+fn fold_constant_selects(u: &UOp) -> UOp {
+    let mut map: HashMap<UOp, UOp> = HashMap::new();
+    for n in UOp::toposort(std::slice::from_ref(u)) {
+        let src: Vec<UOp> = n.src().iter().map(|s| map[s].clone()).collect();
+        let new = match (n.op(), src.as_slice()) {
+            (Op::Where, [cond, a, b]) => match cond.const_value() {
+                Some(ConstValue::Bool(c)) => {
+                    if c {
+                        a.clone()
+                    } else {
+                        b.clone()
+                    }
+                }
+                _ => n.with_src(src),
+            },
+            _ => n.with_src(src),
+        };
+        map.insert(n, new);
+    }
+    map[u].clone()
+}
+
+/// `body` with every use of `range` replaced by `index`.
+fn replace(body: &UOp, range: &UOp, index: &UOp) -> UOp {
+    let mut map: HashMap<UOp, UOp> = HashMap::new();
+    for u in UOp::toposort(std::slice::from_ref(body)) {
+        let new = if u == *range {
+            index.clone()
+        } else {
+            u.with_src(u.src().iter().map(|s| map[s].clone()).collect())
+        };
+        map.insert(u, new);
+    }
+    map[body].clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HostBuffer;
+    use crate::builder::buffer;
+    use crate::dtype::DType;
+    use crate::interp::{self, Precision};
+
+    /// `out[r, j] = j < 3 ? 2 x[r, j % 3] : x[r, j % 3] + 1` over 4 rows of 6: a concatenation.
+    fn concatenation() -> UOp {
+        let (x, out) = (buffer(0, DType::F32, 12), buffer(1, DType::F32, 24));
+        let (r, j) = (range(4, 0, AxisType::Thread), range(6, 1, AxisType::Loop));
+        let v = x.index(&r * 3 + &(&j % 3)).load();
+        let value = (&j / 3).lt(1).where_(&v * 2.0f32, &v + 1.0f32);
+        sink(&[out.index(&r * 6 + &j).store(value).end(&[j, r])])
+    }
+
+    fn run(program: &UOp) -> Vec<f32> {
+        let x: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 2.0).collect();
+        let mut bufs = vec![HostBuffer::F32(x), HostBuffer::F32(vec![0.0; 24])];
+        interp::run(program, &mut bufs, Precision::Native).unwrap();
+        match &bufs[1] {
+            HostBuffer::F32(v) => v.clone(),
+            _ => unreachable!("an f32 buffer"),
+        }
+    }
+
+    #[test]
+    fn a_concatenation_splits_into_pieces_without_selects_or_division() {
+        let program = concatenation();
+        let split = split_loops_at_divisors(&program);
+        assert_eq!(run(&split), run(&program));
+        let nodes = UOp::toposort(std::slice::from_ref(&split));
+        let count = |f: &dyn Fn(&Op) -> bool| nodes.iter().filter(|u| f(u.op())).count();
+        assert_eq!(count(&|op| matches!(op, Op::Range { axis: AxisType::Loop, .. })), 2, "two pieces");
+        assert_eq!(count(&|op| matches!(op, Op::Where)), 0, "the select folded");
+        assert_eq!(count(&|op| matches!(op, Op::Binary(BinaryOp::IDiv | BinaryOp::Mod))), 0);
+        crate::verify(&split).unwrap();
+    }
+
+    #[test]
+    fn loops_without_one_divisor_are_kept() {
+        let (x, out) = (buffer(0, DType::F32, 24), buffer(1, DType::F32, 24));
+        let j = range(24, 0, AxisType::Loop);
+        // Two divisors, then a divisor giving 12 pieces, then none.
+        let two = x.index(&(&j % 4) + &(&j / 6)).load();
+        let many = x.index(&j % 2).load();
+        for value in [two, many, x.index(&j).load()] {
+            let program = sink(&[out.index(&j).store(value).end(std::slice::from_ref(&j))]);
+            assert_eq!(split_loops_at_divisors(&program), program);
+        }
+    }
+}
