@@ -17,9 +17,12 @@ use std::collections::HashMap;
 /// code than the selects they save.
 const MAX_PIECES: usize = 4;
 
-/// `program` with every `Loop` range split as the [module docs](self) describe; other
-/// programs are returned as they are. The result computes the same values, with the same
-/// stores, in the same order along each split loop.
+/// `program` with every loop split into the pieces its body tells apart by division: a `Loop`
+/// range over `0..E` whose body uses its index `i` through `i / c` and `i % c` for one constant
+/// `c` (`E / c` pieces, 2 to 4), and whose iterations are independent (no tile op, nothing read
+/// that the body writes), becomes one loop over `0..c` per piece `p` with `i = p c + i'`, its
+/// body simplified (`i / c` is `p`, `i % c` is `i'`, selects on constants taken). Other loops
+/// stay as they are. The result computes the same values with the same stores.
 #[must_use]
 pub fn split_loops_at_divisors(program: &UOp) -> UOp {
     let nodes = UOp::toposort(std::slice::from_ref(program));
