@@ -27,17 +27,34 @@ const MAX_PIECES: usize = 4;
 pub fn split_loops_at_divisors(program: &UOp) -> UOp {
     let nodes = UOp::toposort(std::slice::from_ref(program));
     let mut next_id = nodes.iter().filter_map(|u| u.as_range().map(|r| r.id.index() + 1)).max().unwrap_or(0);
+    // A range some node other than index arithmetic reads (an AFTER's dependency, a cast), or
+    // that more than one END closes (one loop holding several effects), is left whole.
+    let mut ends: HashMap<&UOp, usize> = HashMap::new();
+    let mut other_use: Vec<&UOp> = Vec::new();
+    for u in &nodes {
+        for (k, s) in u.src().iter().enumerate() {
+            if s.as_range().is_none() {
+                continue;
+            }
+            match u.op() {
+                Op::End if k == 1 => *ends.entry(s).or_default() += 1,
+                Op::Binary(_) => {}
+                _ => other_use.push(s),
+            }
+        }
+    }
+    let whole = |r: &UOp| ends.get(r) != Some(&1) || other_use.contains(&r);
     let mut map: HashMap<UOp, UOp> = HashMap::new();
     for u in &nodes {
         let rebuilt = u.with_src(u.src().iter().map(|s| map[s].clone()).collect());
-        let split = rebuilt.as_end().and_then(|end| {
+        let split = u.as_end().filter(|end| !whole(end.range)).and(rebuilt.as_end()).and_then(|end| {
             let (extent, divisor) = splittable(end.body, end.range)?;
             let pieces: Vec<UOp> = (0..extent / divisor)
                 .map(|p| {
                     let piece = range(divisor as i64, next_id, AxisType::Loop);
                     next_id += 1;
                     let index = &piece + (p * divisor) as i64;
-                    let body = simplify(&replace(end.body, end.range, &index));
+                    let body = simplify(&replace(end.body, end.range, &index, &mut next_id));
                     fold_constant_selects(&body).end(&[piece])
                 })
                 .collect();
@@ -109,14 +126,22 @@ fn fold_constant_selects(u: &UOp) -> UOp {
     map[u].clone()
 }
 
-/// `body` with every use of `range` replaced by `index`.
-fn replace(body: &UOp, range: &UOp, index: &UOp) -> UOp {
+/// `body` with every use of `range` replaced by `index`, and every range the body opens itself
+/// renumbered from `next_id` on (each piece's inner loops are loops of their own).
+fn replace(body: &UOp, range: &UOp, index: &UOp, next_id: &mut usize) -> UOp {
+    let nodes = UOp::toposort(std::slice::from_ref(body));
+    // The loops the body opens: those an END inside it closes (outer ones are only read).
+    let opened: Vec<&UOp> = nodes.iter().filter_map(|u| u.as_end().map(|e| e.range)).collect();
     let mut map: HashMap<UOp, UOp> = HashMap::new();
-    for u in UOp::toposort(std::slice::from_ref(body)) {
-        let new = if u == *range {
-            index.clone()
-        } else {
-            u.with_src(u.src().iter().map(|s| map[s].clone()).collect())
+    for u in nodes.iter().cloned() {
+        let src: Vec<UOp> = u.src().iter().map(|s| map[s].clone()).collect();
+        let new = match u.as_range() {
+            _ if u == *range => index.clone(),
+            Some(inner) if opened.contains(&&u) => {
+                *next_id += 1;
+                crate::builder::range(src[0].clone(), *next_id - 1, inner.axis)
+            }
+            _ => u.with_src(src),
         };
         map.insert(u, new);
     }
@@ -161,6 +186,41 @@ mod tests {
         assert_eq!(count(&|op| matches!(op, Op::Where)), 0, "the select folded");
         assert_eq!(count(&|op| matches!(op, Op::Binary(BinaryOp::IDiv | BinaryOp::Mod))), 0);
         crate::verify(&split).unwrap();
+    }
+
+    #[test]
+    fn each_piece_opens_its_own_inner_loops() {
+        // out[i, k] = x[(i % 2) * 3 + k] + (i / 2): the split loop holds a loop of its own.
+        let (x, out) = (buffer(0, DType::F32, 6), buffer(1, DType::F32, 18));
+        let (i, k) = (range(6, 0, AxisType::Loop), range(3, 1, AxisType::Loop));
+        let value = x.index(&(&i % 2) * 3 + &k).load() + x.index(&i / 2).load();
+        let program = sink(&[out.index(&i * 3 + &k).store(value).end(&[k, i])]);
+        let split = split_loops_at_divisors(&program);
+        assert_ne!(split, program);
+        crate::verify(&split).unwrap();
+        let run = |p: &UOp| {
+            let x = (0..6).map(|v| v as f32).collect();
+            let mut bufs = vec![HostBuffer::F32(x), HostBuffer::F32(vec![0.0; 18])];
+            interp::run(p, &mut bufs, Precision::Native).unwrap();
+            format!("{:?}", bufs[1])
+        };
+        assert_eq!(run(&split), run(&program));
+    }
+
+    #[test]
+    fn a_loop_closed_twice_or_read_beyond_its_index_is_kept() {
+        let (x, out) = (buffer(0, DType::F32, 12), buffer(1, DType::F32, 12));
+        let j = range(6, 0, AxisType::Loop);
+        let halves = x.index(&j % 3).load();
+        // Two ENDs close `j` (one loop, two effects).
+        let a = out.index(&j).store(halves.clone()).end(std::slice::from_ref(&j));
+        let b = out.index(&j + 6i64).store(halves.clone()).end(std::slice::from_ref(&j));
+        let twice = sink(&[a, b]);
+        assert_eq!(split_loops_at_divisors(&twice), twice);
+        // `j` read as a value (cast), beside its division.
+        let value = &halves + &j.cast(DType::F32);
+        let cast = sink(&[out.index(&j).store(value).end(std::slice::from_ref(&j))]);
+        assert_eq!(split_loops_at_divisors(&cast), cast);
     }
 
     #[test]
