@@ -20,8 +20,9 @@ const TILE_ACTIVATIONS: [(Activation, TensorOp); 3] = [
     (Activation::Gelu, crate::Tensor::gelu),
 ];
 
-/// `Some((x, kind))` when `body` is the graph `kind` builds over `x` (one of `body`'s
-/// sources), with what only autograd reads dropped as the kernelizer drops it: the tensor op
+/// `Some((x, kind))` when `body` is the graph `kind` builds over `x` (a factor of `body`'s
+/// product, or of its first factor's), with what only autograd reads dropped as the kernelizer
+/// drops it: the tensor op
 /// is run on `x` and the graphs compared by identity (nodes are hash-consed), so a body
 /// matches only if every node is the one the op builds.
 pub(crate) fn tile_activation(body: &UOp) -> Option<(UOp, Activation)> {

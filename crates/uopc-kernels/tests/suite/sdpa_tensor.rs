@@ -5,7 +5,8 @@ use uopc_ir::DType;
 use uopc_kernels::sdpa::{Extras, MaskKind, SdpaConfig, reference_f64, scaled_dot_product_attention};
 use uopc_tensor::{RealizeOptions, Tensor, gradient, make_plan};
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
+/// `n` values in [-1, 1] from a xorshift generator seeded by `seed`.
+pub(crate) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n)
         .map(|_| {

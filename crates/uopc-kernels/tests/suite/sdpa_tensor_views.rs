@@ -4,20 +4,9 @@
 //! the node on materialized copies and against the unfused graph, and views that cannot be read
 //! in place falling back to copies.
 
+use super::sdpa_tensor::values;
 use uopc_kernels::sdpa::{Extras, SdpaConfig, reference_f64, scaled_dot_product_attention};
 use uopc_tensor::{ArgSource, RealizeOptions, Tensor, gradient, make_plan};
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 20001) as f32 / 10000.0 - 1.0
-        })
-        .collect()
-}
 
 /// Heads `from .. from + heads` of each row of `qkv` (`(b * n, width)`), as `(b, heads, n, d)`.
 fn heads_of(qkv: &Tensor, [b, n, d]: [usize; 3], from: usize, heads: usize) -> Tensor {
