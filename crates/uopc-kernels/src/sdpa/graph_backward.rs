@@ -3,8 +3,9 @@
 //! when it is asked for).
 
 use super::backward::{sdpa_backward_ir_for_graph, sdpa_bias_grad_ir_for_graph};
+use super::blocking::cores;
 use super::kernel::sdpa_ir_output_last_with_lse;
-use super::{Blocking, MaskKind, SdpaConfig};
+use super::{Blocking, MaskKind, SdpaConfig, SdpaDType};
 use std::collections::HashMap;
 use uopc_ir::{DType, Op, UOp, buffer};
 use uopc_tensor::{Tensor, TensorError};
@@ -132,4 +133,21 @@ pub(super) fn renumber_slots(program: &UOp, to: impl Fn(usize) -> usize) -> UOp 
         map.insert(u, new);
     }
     map[program].clone()
+}
+
+/// The cotangents of 16-bit attention: [`backward_nodes`] of the f32 twin of `c` (its own
+/// blocking) on q, k, v and `d_o` widened to f32, with dq, dk and dv rounded to the inputs'
+/// dtype; a bias's gradient stays f32, as the bias is.
+pub(super) fn half_backward_nodes(
+    c: &SdpaConfig,
+    src: &[Tensor],
+    d_o: &Tensor,
+) -> Result<Vec<Option<Tensor>>, TensorError> {
+    let wide_config = SdpaConfig { dtype: SdpaDType::F32, ..*c };
+    let blocking = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(&wide_config, cores()) };
+    let dtype = src[0].dtype();
+    let mut wide: Vec<Tensor> = src[..3].iter().map(|t| t.cast(DType::F32)).collect();
+    wide.extend(src.get(3).cloned());
+    let grads = backward_nodes(&wide_config, &blocking, &wide, &d_o.cast(DType::F32), None)?;
+    Ok(grads.into_iter().enumerate().map(|(i, g)| if i < 3 { g.map(|g| g.cast(dtype)) } else { g }).collect())
 }

@@ -4,10 +4,10 @@
 //! output whose queries come `(batch, row, head)` ordered is written in that order, which an
 //! output projection reads in place after the usual `permute(0, 2, 1, 3)` and reshape.
 
-use super::graph_backward::{backward_nodes, saved_parts};
+use super::graph_backward::{backward_nodes, half_backward_nodes, saved_parts};
 use super::views::{OperandView, Views};
 use super::{Blocking, SdpaConfig};
-use crate::sdpa::kernel::sdpa_ir_output_last_with_lse;
+use crate::sdpa::kernel::{sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
 use std::sync::Arc;
 use uopc_tensor::{CustomVjp, Tensor, TensorError, vjp};
 
@@ -85,4 +85,53 @@ pub(super) fn in_place_node(
     let node = node.with_custom_vjp(rule)?;
     let o = heads_first(&node.try_slice(0, 0, q_len)?)?;
     o.try_reshape(qkv[0].shape())
+}
+
+/// The 16-bit node of [`super::scaled_dot_product_attention`] over `bases` as [`in_place_node`]
+/// reads them, with `equivalent` (the unfused graph, shaped as q) for its reference; its
+/// gradient is the f32 backward of the widened views, each cotangent handed back to its base.
+pub(super) fn half_in_place_node(
+    config: &SdpaConfig,
+    blocking: &Blocking,
+    views: Views,
+    bases: [Tensor; 3],
+    qkv: [&Tensor; 3],
+    mask: Option<&Tensor>,
+    equivalent: &Tensor,
+) -> Result<Tensor, TensorError> {
+    let c = *config;
+    let mut sources: Vec<&Tensor> = bases.iter().collect();
+    sources.extend(mask);
+    let program = sdpa_ir_output_last(&c, blocking, Some(views));
+    let rows_outer = views.out.strides[1] < views.out.strides[2];
+    // The node's own layout, and the moves between it and `(batch, head, row, d)`.
+    let heads_first = [c.batch, c.heads, c.n_q, c.d];
+    let (shape, reorder): ([usize; 4], &[usize]) = if rows_outer {
+        ([c.batch, c.n_q, c.heads, c.d], &[0, 2, 1, 3])
+    } else {
+        (heads_first, &[0, 1, 2, 3])
+    };
+    let equivalent = equivalent.try_reshape(&heads_first)?.try_permute(reorder)?;
+    let node = Tensor::try_custom(
+        "sdpa_flash_tile_ops",
+        program,
+        &sources,
+        &shape,
+        qkv[0].dtype(),
+        Some(equivalent),
+    )?;
+    let views_of: [Tensor; 3] = qkv.map(Tensor::clone);
+    let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| {
+        let d_o = d_o.try_permute(if rows_outer { &[0, 2, 1, 3] } else { &[0, 1, 2, 3] })?;
+        let mut inputs: Vec<Tensor> = views_of.to_vec();
+        inputs.extend(src.get(3).cloned());
+        let mut grads = half_backward_nodes(&c, &inputs, &d_o.try_reshape(views_of[0].shape())?)?;
+        for (i, grad) in grads.iter_mut().take(3).enumerate() {
+            if let Some(gv) = grad.take() {
+                *grad = Some(vjp(&views_of[i], &[&src[i]], &gv.try_reshape(views_of[i].shape())?)?.remove(0));
+            }
+        }
+        Ok(grads)
+    });
+    node.with_custom_vjp(rule)?.try_permute(reorder)?.try_reshape(qkv[0].shape())
 }

@@ -2,8 +2,8 @@
 //! kernel into a tensor graph as one kernel node.
 
 use super::blocking::cores;
-use super::graph_backward::{backward_nodes, saved_parts};
-use super::in_place::{in_place_node, read_in_place};
+use super::graph_backward::{backward_nodes, half_backward_nodes, saved_parts};
+use super::in_place::{half_in_place_node, in_place_node, read_in_place};
 use super::kernel::{sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
 use super::{Blocking, MaskKind, SdpaConfig, SdpaDType, SdpaError};
 use std::sync::Arc;
@@ -86,6 +86,10 @@ pub fn scaled_dot_product_attention(
     let equivalent = unfused(&wide(q), &wide(k), &wide(v), mask, &config)
         .map(|o| o.cast(q.dtype()))
         .map_err(shape_fault)?;
+    if let Some((views, bases)) = read_in_place(&config, [q, k, v]) {
+        return half_in_place_node(&config, &blocking, views, bases, [q, k, v], mask, &equivalent)
+            .map_err(shape_fault);
+    }
     let program = sdpa_ir_output_last(&config, &blocking, None);
     let node = Tensor::try_custom("sdpa_flash_tile_ops", program, &sources, sq, q.dtype(), Some(equivalent))
         .map_err(shape_fault)?;
@@ -146,23 +150,6 @@ pub(super) fn config_of(
 /// A tensor error of building an attention's nodes, as the error of the call.
 pub(super) fn shape_fault(e: TensorError) -> SdpaError {
     SdpaError::Shape { arg: "q", msg: e.to_string() }
-}
-
-/// The cotangents of 16-bit attention: [`backward_nodes`] of the f32 twin of `c` (its own
-/// blocking) on q, k, v and `d_o` widened to f32, with dq, dk and dv rounded to the inputs'
-/// dtype; a bias's gradient stays f32, as the bias is.
-fn half_backward_nodes(
-    c: &SdpaConfig,
-    src: &[Tensor],
-    d_o: &Tensor,
-) -> Result<Vec<Option<Tensor>>, TensorError> {
-    let wide_config = SdpaConfig { dtype: SdpaDType::F32, ..*c };
-    let blocking = Blocking { splits: 1, kv_panel_width: 0, ..Blocking::choose(&wide_config, cores()) };
-    let dtype = src[0].dtype();
-    let mut wide: Vec<Tensor> = src[..3].iter().map(|t| t.cast(DType::F32)).collect();
-    wide.extend(src.get(3).cloned());
-    let grads = backward_nodes(&wide_config, &blocking, &wide, &d_o.cast(DType::F32), None)?;
-    Ok(grads.into_iter().enumerate().map(|(i, g)| if i < 3 { g.map(|g| g.cast(dtype)) } else { g }).collect())
 }
 
 /// The mask kind of `m` against q's shape `sq`: its shape, padded with leading 1s, must have

@@ -141,3 +141,40 @@ fn batch_axes_collapse_into_one_stride_and_views_that_do_not_are_copied() {
     let got = swap(&out).to_ndarray::<f32>().unwrap();
     assert!(max_err(got.as_standard_layout().as_slice().unwrap(), &want) < 2e-5);
 }
+
+#[test]
+fn bf16_heads_are_read_in_place_too() {
+    let (b, h, hkv, n, d) = (2, 4, 2, 11, 8);
+    let width = (h + 2 * hkv) * d;
+    // Values exact in bf16, so the host copies are the kernel's inputs.
+    let x: Vec<f32> = values(b * n * width, 7).iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect();
+    let qkv32 = Tensor::from_vec(x.clone(), &[b * n, width]);
+    let qkv = qkv32.cast(uopc_ir::DType::BF16);
+    let dims = [b, n, d];
+    let (q, k, v) =
+        (heads_of(&qkv, dims, 0, h), heads_of(&qkv, dims, h, hkv), heads_of(&qkv, dims, h + hkv, hkv));
+    let out = scaled_dot_product_attention(&q, &k, &v, None, true, None).unwrap();
+    assert_eq!((out.shape(), out.dtype()), (&[b, h, n, d][..], uopc_ir::DType::BF16));
+    let host = |from, heads| host_heads(&x, width, dims, from, heads);
+    let config = SdpaConfig { kv_heads: hkv, causal: true, ..SdpaConfig::new(b, h, n, n, d) };
+    let want = reference_f64(&config, &host(0, h), &host(h, hkv), &host(h + hkv, hkv), Extras::default());
+    let got = out.cast(uopc_ir::DType::F32).to_ndarray::<f32>().unwrap();
+    // One bf16 rounding of a value in [-1, 1], plus the f32 kernel's error: 2^-8.
+    assert!(max_err(got.as_standard_layout().as_slice().unwrap(), &want) < 4e-3);
+    let plan = make_plan(&[out.uop().clone()], &RealizeOptions::default()).unwrap();
+    let node = plan.kernels.iter().find(|k| k.name == "sdpa_flash_tile_ops").expect("the node");
+    let base = node.args[0];
+    assert!(node.args[..3].iter().all(|a| *a == base), "{plan}");
+    // The gradient reaches the projection's output as the node on copies gives it.
+    let w = Tensor::from_vec(values(b * h * n * d, 8), &[b, h, n, d]);
+    let loss_of = |o: &Tensor| {
+        (&o.cast(uopc_ir::DType::F32) * &w).sum(-1, false).sum(-1, false).sum(-1, false).sum(-1, false)
+    };
+    let in_place = gradient(&loss_of(&out), &[&qkv32]).unwrap()[0].to_ndarray::<f32>().unwrap();
+    let copied =
+        scaled_dot_product_attention(&q.staged(), &k.staged(), &v.staged(), None, true, None).unwrap();
+    let reference = gradient(&loss_of(&copied), &[&qkv32]).unwrap()[0].to_ndarray::<f32>().unwrap();
+    let diff = (&in_place - &reference).mapv(f32::abs).iter().copied().fold(0.0, f32::max);
+    assert!(diff < 1e-6, "{diff}");
+    assert!(in_place.iter().filter(|x| x.abs() > 1e-3).count() > in_place.len() / 2, "mostly zero");
+}
