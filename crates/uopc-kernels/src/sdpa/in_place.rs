@@ -42,24 +42,50 @@ pub(super) fn read_in_place(c: &SdpaConfig, qkv: [&Tensor; 3]) -> Option<(Views,
     (copies && views.check(c).is_ok()).then_some((views, [qb, kb, vb]))
 }
 
-/// The f32 node of [`super::scaled_dot_product_attention`] over `bases` (q, k and v where
-/// `views` places them, then the mask), its result shaped as q (`qkv[0]`); its gradient runs
-/// the backward on `qkv` themselves and hands each cotangent back to its base through the
-/// view's movement ops.
+/// The node of [`super::scaled_dot_product_attention`] over `bases` (q, k and v where `views`
+/// places them, then the mask), its result shaped as q (`qkv[0]`): the f32 node, or, with
+/// `equivalent` (the unfused graph shaped as q, for its reference), the 16-bit one. Its
+/// gradient runs the backward on `qkv` themselves (the f32 backward of the widened views for
+/// 16 bits) and hands each cotangent back to its base through the view's movement ops.
 pub(super) fn in_place_node(
     config: &SdpaConfig,
     blocking: &Blocking,
-    views: Views,
-    bases: [Tensor; 3],
+    (views, bases): (Views, [Tensor; 3]),
     qkv: [&Tensor; 3],
     mask: Option<&Tensor>,
+    equivalent: Option<&Tensor>,
+) -> Result<Tensor, TensorError> {
+    let mut sources: Vec<&Tensor> = bases.iter().collect();
+    sources.extend(mask);
+    match equivalent {
+        None => f32_node(config, blocking, views, &sources, qkv),
+        Some(e) => half_node(config, blocking, views, &sources, qkv, e),
+    }
+}
+
+/// The cotangents `grads` of the views `views_of` (q, k, v, then the mask's) as cotangents of
+/// the node's sources `src`: each through autograd of its view's movement ops.
+fn to_bases(views_of: &[Tensor; 3], src: &[Tensor], grads: &mut [Option<Tensor>]) -> Result<(), TensorError> {
+    for (i, grad) in grads.iter_mut().take(3).enumerate() {
+        if let Some(g) = grad.take() {
+            *grad = Some(vjp(&views_of[i], &[&src[i]], &g.try_reshape(views_of[i].shape())?)?.remove(0));
+        }
+    }
+    Ok(())
+}
+
+/// The f32 node of [`in_place_node`].
+fn f32_node(
+    config: &SdpaConfig,
+    blocking: &Blocking,
+    views: Views,
+    sources: &[&Tensor],
+    qkv: [&Tensor; 3],
 ) -> Result<Tensor, TensorError> {
     let (c, b) = (*config, *blocking);
     let (q_len, rows) = (c.q_len(), c.batch * c.heads * c.n_q);
-    let mut sources: Vec<&Tensor> = bases.iter().collect();
-    sources.extend(mask);
     let program = sdpa_ir_output_last_with_lse(&c, &b, Some(views));
-    let node = Tensor::try_custom_parts("sdpa_flash_tile_ops", program, &sources, &[q_len, rows], None)?;
+    let node = Tensor::try_custom_parts("sdpa_flash_tile_ops", program, sources, &[q_len, rows], None)?;
     let rows_outer = views.out.strides[1] < views.out.strides[2];
     // The output part (and its cotangent) in `(batch, head, row, d)` order.
     let heads_first = move |flat: &Tensor| -> Result<Tensor, TensorError> {
@@ -75,11 +101,7 @@ pub(super) fn in_place_node(
         let mut inputs: Vec<Tensor> = views_of.to_vec();
         inputs.extend(src.get(3).cloned());
         let mut grads = backward_nodes(&c, &b, &inputs, &d_o, Some((heads_first(&o)?, lse)))?;
-        for (i, grad) in grads.iter_mut().take(3).enumerate() {
-            if let Some(gv) = grad.take() {
-                *grad = Some(vjp(&views_of[i], &[&src[i]], &gv.try_reshape(views_of[i].shape())?)?.remove(0));
-            }
-        }
+        to_bases(&views_of, src, &mut grads)?;
         Ok(grads)
     });
     let node = node.with_custom_vjp(rule)?;
@@ -87,21 +109,16 @@ pub(super) fn in_place_node(
     o.try_reshape(qkv[0].shape())
 }
 
-/// The 16-bit node of [`super::scaled_dot_product_attention`] over `bases` as [`in_place_node`]
-/// reads them, with `equivalent` (the unfused graph, shaped as q) for its reference; its
-/// gradient is the f32 backward of the widened views, each cotangent handed back to its base.
-pub(super) fn half_in_place_node(
+/// The 16-bit node of [`in_place_node`], with `equivalent` for its reference.
+fn half_node(
     config: &SdpaConfig,
     blocking: &Blocking,
     views: Views,
-    bases: [Tensor; 3],
+    sources: &[&Tensor],
     qkv: [&Tensor; 3],
-    mask: Option<&Tensor>,
     equivalent: &Tensor,
 ) -> Result<Tensor, TensorError> {
     let c = *config;
-    let mut sources: Vec<&Tensor> = bases.iter().collect();
-    sources.extend(mask);
     let program = sdpa_ir_output_last(&c, blocking, Some(views));
     let rows_outer = views.out.strides[1] < views.out.strides[2];
     // The node's own layout, and the moves between it and `(batch, head, row, d)`.
@@ -115,7 +132,7 @@ pub(super) fn half_in_place_node(
     let node = Tensor::try_custom(
         "sdpa_flash_tile_ops",
         program,
-        &sources,
+        sources,
         &shape,
         qkv[0].dtype(),
         Some(equivalent),
@@ -126,11 +143,7 @@ pub(super) fn half_in_place_node(
         let mut inputs: Vec<Tensor> = views_of.to_vec();
         inputs.extend(src.get(3).cloned());
         let mut grads = half_backward_nodes(&c, &inputs, &d_o.try_reshape(views_of[0].shape())?)?;
-        for (i, grad) in grads.iter_mut().take(3).enumerate() {
-            if let Some(gv) = grad.take() {
-                *grad = Some(vjp(&views_of[i], &[&src[i]], &gv.try_reshape(views_of[i].shape())?)?.remove(0));
-            }
-        }
+        to_bases(&views_of, src, &mut grads)?;
         Ok(grads)
     });
     node.with_custom_vjp(rule)?.try_permute(reorder)?.try_reshape(qkv[0].shape())

@@ -3,7 +3,7 @@
 
 use super::blocking::cores;
 use super::graph_backward::{backward_nodes, half_backward_nodes, saved_parts};
-use super::in_place::{half_in_place_node, in_place_node, read_in_place};
+use super::in_place::{in_place_node, read_in_place};
 use super::kernel::{sdpa_ir_output_last, sdpa_ir_output_last_with_lse};
 use super::{Blocking, MaskKind, SdpaConfig, SdpaDType, SdpaError};
 use std::sync::Arc;
@@ -64,8 +64,8 @@ pub fn scaled_dot_product_attention(
     let mut sources = vec![q, k, v];
     sources.extend(mask);
     if config.dtype == SdpaDType::F32 {
-        if let Some((views, bases)) = read_in_place(&config, [q, k, v]) {
-            return in_place_node(&config, &blocking, views, bases, [q, k, v], mask).map_err(shape_fault);
+        if let Some(placed) = read_in_place(&config, [q, k, v]) {
+            return in_place_node(&config, &blocking, placed, [q, k, v], mask, None).map_err(shape_fault);
         }
         // The node also writes the rows' log-sum-exp: its gradient reads the forward's output
         // and lse instead of running the forward again.
@@ -86,8 +86,8 @@ pub fn scaled_dot_product_attention(
     let equivalent = unfused(&wide(q), &wide(k), &wide(v), mask, &config)
         .map(|o| o.cast(q.dtype()))
         .map_err(shape_fault)?;
-    if let Some((views, bases)) = read_in_place(&config, [q, k, v]) {
-        return half_in_place_node(&config, &blocking, views, bases, [q, k, v], mask, &equivalent)
+    if let Some(placed) = read_in_place(&config, [q, k, v]) {
+        return in_place_node(&config, &blocking, placed, [q, k, v], mask, Some(&equivalent))
             .map_err(shape_fault);
     }
     let program = sdpa_ir_output_last(&config, &blocking, None);
