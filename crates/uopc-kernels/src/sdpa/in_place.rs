@@ -74,6 +74,16 @@ fn to_bases(views_of: &[Tensor; 3], src: &[Tensor], grads: &mut [Option<Tensor>]
     Ok(())
 }
 
+/// The node's output as a 4-D tensor of `views.out`'s order, and the permutation between it
+/// and `(batch, head, row, d)` (its own inverse): rows outside heads, or heads outside rows.
+fn output_order(c: &SdpaConfig, views: &Views) -> ([usize; 4], [usize; 4]) {
+    if views.out.strides[1] < views.out.strides[2] {
+        ([c.batch, c.n_q, c.heads, c.d], [0, 2, 1, 3])
+    } else {
+        ([c.batch, c.heads, c.n_q, c.d], [0, 1, 2, 3])
+    }
+}
+
 /// The f32 node of [`in_place_node`].
 fn f32_node(
     config: &SdpaConfig,
@@ -86,14 +96,9 @@ fn f32_node(
     let (q_len, rows) = (c.q_len(), c.batch * c.heads * c.n_q);
     let program = sdpa_ir_output_last_with_lse(&c, &b, Some(views));
     let node = Tensor::try_custom_parts("sdpa_flash_tile_ops", program, sources, &[q_len, rows], None)?;
-    let rows_outer = views.out.strides[1] < views.out.strides[2];
+    let (shape, order) = output_order(&c, &views);
     // The output part (and its cotangent) in `(batch, head, row, d)` order.
-    let heads_first = move |flat: &Tensor| -> Result<Tensor, TensorError> {
-        if !rows_outer {
-            return Ok(flat.clone());
-        }
-        flat.try_reshape(&[c.batch, c.n_q, c.heads, c.d])?.try_permute(&[0, 2, 1, 3])
-    };
+    let heads_first = move |flat: &Tensor| flat.try_reshape(&shape)?.try_permute(&order);
     let views_of: [Tensor; 3] = qkv.map(Tensor::clone);
     let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], out: &Tensor, g: &Tensor| {
         let (o, lse) = saved_parts(out, &c)?;
@@ -105,8 +110,7 @@ fn f32_node(
         Ok(grads)
     });
     let node = node.with_custom_vjp(rule)?;
-    let o = heads_first(&node.try_slice(0, 0, q_len)?)?;
-    o.try_reshape(qkv[0].shape())
+    heads_first(&node.try_slice(0, 0, q_len)?)?.try_reshape(qkv[0].shape())
 }
 
 /// The 16-bit node of [`in_place_node`], with `equivalent` for its reference.
@@ -120,15 +124,8 @@ fn half_node(
 ) -> Result<Tensor, TensorError> {
     let c = *config;
     let program = sdpa_ir_output_last(&c, blocking, Some(views));
-    let rows_outer = views.out.strides[1] < views.out.strides[2];
-    // The node's own layout, and the moves between it and `(batch, head, row, d)`.
-    let heads_first = [c.batch, c.heads, c.n_q, c.d];
-    let (shape, reorder): ([usize; 4], &[usize]) = if rows_outer {
-        ([c.batch, c.n_q, c.heads, c.d], &[0, 2, 1, 3])
-    } else {
-        (heads_first, &[0, 1, 2, 3])
-    };
-    let equivalent = equivalent.try_reshape(&heads_first)?.try_permute(reorder)?;
+    let (shape, order) = output_order(&c, &views);
+    let equivalent = equivalent.try_reshape(&[c.batch, c.heads, c.n_q, c.d])?.try_permute(&order)?;
     let node = Tensor::try_custom(
         "sdpa_flash_tile_ops",
         program,
@@ -139,12 +136,12 @@ fn half_node(
     )?;
     let views_of: [Tensor; 3] = qkv.map(Tensor::clone);
     let rule: Arc<CustomVjp> = Arc::new(move |src: &[Tensor], _out: &Tensor, d_o: &Tensor| {
-        let d_o = d_o.try_permute(if rows_outer { &[0, 2, 1, 3] } else { &[0, 1, 2, 3] })?;
+        let d_o = d_o.try_permute(&order)?.try_reshape(views_of[0].shape())?;
         let mut inputs: Vec<Tensor> = views_of.to_vec();
         inputs.extend(src.get(3).cloned());
-        let mut grads = half_backward_nodes(&c, &inputs, &d_o.try_reshape(views_of[0].shape())?)?;
+        let mut grads = half_backward_nodes(&c, &inputs, &d_o)?;
         to_bases(&views_of, src, &mut grads)?;
         Ok(grads)
     });
-    node.with_custom_vjp(rule)?.try_permute(reorder)?.try_reshape(qkv[0].shape())
+    node.with_custom_vjp(rule)?.try_permute(&order)?.try_reshape(qkv[0].shape())
 }

@@ -178,3 +178,40 @@ fn bf16_heads_are_read_in_place_too() {
     assert!(diff < 1e-6, "{diff}");
     assert!(in_place.iter().filter(|x| x.abs() > 1e-3).count() > in_place.len() / 2, "mostly zero");
 }
+
+#[test]
+fn heads_outside_rows_keep_the_output_heads_first() {
+    // q, k and v as the two halves and a slice of (B, H, n, 2D) tensors: each row a view with
+    // heads outside rows, so the output is written (B, H, n, D).
+    let (b, h, n, d) = (2, 3, 9, 4);
+    let len = b * h * n * 2 * d;
+    let (xa, xb) = (values(len, 21), values(len, 22));
+    let (ta, tb) =
+        (Tensor::from_vec(xa.clone(), &[b, h, n, 2 * d]), Tensor::from_vec(xb.clone(), &[b, h, n, 2 * d]));
+    let half = |t: &Tensor, from: usize| t.try_slice(-1, from, from + d).unwrap();
+    let (q, k, v) = (half(&ta, 0), half(&ta, d), half(&tb, d));
+    let host = |x: &[f32], from: usize| -> Vec<f32> {
+        x.chunks(2 * d).flat_map(|row| row[from..from + d].to_vec()).collect()
+    };
+    let w = Tensor::from_vec(values(b * h * n * d, 23), &[b, h, n, d]);
+    let loss_of = |o: &Tensor| (o * &w).sum(-1, false).sum(-1, false).sum(-1, false).sum(-1, false);
+    let out = scaled_dot_product_attention(&q, &k, &v, None, false, None).unwrap();
+    let config = SdpaConfig::new(b, h, n, n, d);
+    let want = reference_f64(&config, &host(&xa, 0), &host(&xa, d), &host(&xb, d), Extras::default());
+    let got = out.to_ndarray::<f32>().unwrap();
+    assert!(max_err(got.as_standard_layout().as_slice().unwrap(), &want) < 2e-5);
+    let plan = make_plan(&[out.uop().clone()], &RealizeOptions::default()).unwrap();
+    let node = plan.kernels.iter().find(|k| k.name == "sdpa_flash_tile_ops").expect("the node");
+    assert_eq!(node.args[..3], [ArgSource::Input(0), ArgSource::Input(0), ArgSource::Input(1)], "{plan}");
+    // Its gradient, as the node's on copies gives it.
+    let in_place = gradient(&loss_of(&out), &[&ta, &tb]).unwrap();
+    let copied =
+        scaled_dot_product_attention(&q.staged(), &k.staged(), &v.staged(), None, false, None).unwrap();
+    let reference = gradient(&loss_of(&copied), &[&ta, &tb]).unwrap();
+    for (a, r) in in_place.iter().zip(&reference) {
+        let (a, r) = (a.to_ndarray::<f32>().unwrap(), r.to_ndarray::<f32>().unwrap());
+        let diff = (&a - &r).mapv(f32::abs).iter().copied().fold(0.0, f32::max);
+        assert!(diff < 1e-5, "{diff}");
+        assert!(a.iter().any(|x| x.abs() > 1e-3), "the gradient is not trivially zero");
+    }
+}
