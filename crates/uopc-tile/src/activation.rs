@@ -144,9 +144,9 @@ fn apply(kind: Activation, x: f32) -> f32 {
     }
 }
 
-/// Exact GELU's `(Phi(x), exp2(-t^2 log2 e))` at one f32 `x`, `t = x / sqrt 2` (the second is
+/// Exact GELU's `(Phi(x), exp2(-s^2 log2 e))` at one f32 `x`, `s = x / sqrt 2` (the second is
 /// `sqrt(2 pi)` times the normal density), as the vector kernels compute them: with
-/// `s = x / sqrt 2` and `m = -|s|`, `1/2 + s P(s^2)` while `m + 1 >= 0`, else the lower tail
+/// `m = -|s|`, `1/2 + s P(s^2)` while `m + 1 >= 0`, else the lower tail
 /// `exp2(Q(u) - s^2 log2 e)` (`u = -12 / (m - 2) - 3`, 0 once `m + 4 < 0`), or one minus it
 /// for `x >= 0`; polynomials by Horner's rule in multiply-adds ([`GELU_NEAR_ZERO`],
 /// [`GELU_LOG2_TAIL`]).
@@ -185,8 +185,15 @@ pub(crate) fn sigmoid_terms(gelu_tanh: bool, x: f32) -> (f32, f32, f32) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// `Phi(x)` in f64 from libm's `erfc`, 0 or 1 past the f32 `erf`'s saturation
+    /// (`|x| / sqrt 2 > ERF_SATURATION`), as exact GELU's kernels take it.
+    pub(crate) fn saturated_normal_cdf(x: f64) -> f64 {
+        let s = x * std::f64::consts::FRAC_1_SQRT_2;
+        if s.abs() > ERF_SATURATION { f64::from(u8::from(s > 0.0)) } else { 0.5 * libm::erfc(-s) }
+    }
 
     /// The function in f64 from the f32 input, and the `z` whose rounding the tail magnifies.
     /// Exact GELU is `x Phi(x)`, `Phi` from `erfc`; its "`z`" is `x^2 / 2`, the exponent whose
@@ -194,10 +201,7 @@ mod tests {
     fn reference(kind: Activation, x: f32) -> (f64, f64) {
         let x = f64::from(x);
         if kind == Activation::Gelu {
-            let s = x * std::f64::consts::FRAC_1_SQRT_2;
-            let cdf =
-                if s.abs() > ERF_SATURATION { f64::from(u8::from(s > 0.0)) } else { 0.5 * libm::erfc(-s) };
-            return (x * cdf, s * s);
+            return (x * saturated_normal_cdf(x), x * x / 2.0);
         }
         let z = match kind {
             Activation::GeluTanh => 2.0 * (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x * x * x),

@@ -185,7 +185,8 @@ pub enum TileOp {
     },
     /// An activation function in place over a block. Sources `[X]`: X is `rows x cols`
     /// (stride `ld`), read and written: `X = kind(X)` per element, with the formulas of
-    /// [`crate::Activation`] (each `x sigmoid(z)`, the sigmoid through `exp2(-|z| log2 e)`).
+    /// [`crate::Activation`] (`x sigmoid(z)`, the sigmoid through `exp2(-|z| log2 e)`, or
+    /// exact GELU's `x Phi(x)`).
     /// See `uopc_tile::activate`.
     Activation {
         /// Rows of X.

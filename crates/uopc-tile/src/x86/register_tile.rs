@@ -414,10 +414,10 @@ pub(crate) unsafe fn tile<W: F32Lanes, const M: usize, const V: usize, const COL
     let mut p = 0;
     if COLMAJOR && lda == M && ldb == W::LANES * V {
         // Packed operands: constant strides, so four steps per iteration address A and B by
-        // immediate offsets, and the loop's own instructions stop taking issue slots from the
-        // multiply-adds (one step per iteration loses about one cycle in thirteen on a
-        // two-port AVX-512 core). Each step is its own scheduling region: interleaved, the
-        // steps' operands would need more registers than the accumulators leave, and spill.
+        // immediate offsets, and the loop's own pointer and counter updates are paid once per
+        // four steps instead of competing with every step's multiply-adds for issue slots. Each
+        // step is its own scheduling region: interleaved, the steps' operands would need more
+        // registers than the accumulators leave, and spill.
         while p + PACKED_STEPS <= t.kc {
             // SAFETY: steps `p .. p + 4 <= kc` of packed operands (Tile contract).
             unsafe {
