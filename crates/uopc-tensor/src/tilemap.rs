@@ -300,15 +300,31 @@ fn narrowing_pays(k: usize, cols: usize, narrow: usize) -> bool {
     k * (cols / narrow - 1) < 2 * cols
 }
 
-/// The relative cost per element of packing B against handling A, for [`block_within`]: 2
-/// where the GEMM reads A where it lies and packs only B (bf16 operands on a path that takes
-/// them as they are, AMX or `vdpbf16ps`, with A not transposed), else 1 (both are packed, the
-/// 16-bit ones widened). (Intel Xeon with AMX, bf16 2048 x 768 x 3072 and 1024^3: 256 x 128
-/// blocks ran 12-27% faster than 128 x 256.)
+/// The relative cost per element of packing B against handling A, for [`block_within`]: where
+/// the GEMM reads A where it lies and packs only B (bf16 operands on a path that takes them as
+/// they are, with A not transposed), [`AMX_B_PACKING_WEIGHT`] on AMX for products at least
+/// [`AMX_DEEP_K`] deep and 2 otherwise, else 1 (both are packed, the 16-bit ones widened).
 fn b_packing_weight(operands: &Operands) -> f64 {
     let bf16 = operands.a.dtype == DType::BF16 && operands.b.dtype == DType::BF16;
-    if bf16 && !operands.a_trans && !uopc_tile::Bf16Path::detect().widens() { 2.0 } else { 1.0 }
+    let k = operands.shape.last().copied().unwrap_or(0);
+    let path = uopc_tile::Bf16Path::detect();
+    match (bf16 && !operands.a_trans, path) {
+        (true, uopc_tile::Bf16Path::Amx) if k >= AMX_DEEP_K => AMX_B_PACKING_WEIGHT,
+        (true, _) if !path.widens() => 2.0,
+        _ => 1.0,
+    }
 }
+
+/// [`b_packing_weight`] on AMX: its tiles multiply a block several times faster than it packs
+/// B's slab into pairs, while A is read in place, so taller blocks (which pack B fewer times
+/// over) pay until A's rows stop fitting the caches: with this weight a 32K-element block is
+/// 512 x 64.
+const AMX_B_PACKING_WEIGHT: f64 = 8.0;
+
+/// The depth from which packing B outweighs the rest of an AMX task's block: a shallower
+/// product packs little, and its block's cost is writing the result, which narrower rows only
+/// slow down.
+const AMX_DEEP_K: usize = 256;
 
 /// The block of at most `elements` that a task of a `rows x cols` block (of an `m`-row GEMM)
 /// is cut to when the bound must hold. Each task handles its rows of A (packs them, a 16-bit

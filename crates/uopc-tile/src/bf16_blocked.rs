@@ -4,21 +4,45 @@
 use crate::GemmShape;
 use crate::bf16_path::Bf16Path;
 use crate::shapes::zero_c;
-use crate::x86::bf16_tiles::{ATiles, Extent};
+use crate::x86::bf16_tiles::{ATiles, BLoads, Extent};
 
-/// k blocks (of 32) per slab on `path`. Each slab passes over all of C once (loads and stores
-/// every block), so longer slabs cost less C traffic, while a row block's A slab (`32 x 32
-/// kb` bf16) should stay in L1 as it meets every B panel.
-///
-/// `vdpbf16ps` takes long enough per block that A coming from L2 costs nothing, so the slab
-/// spans up to 1024 k: a 1024-deep GEMM then reads C once. AMX does the same block about ten
-/// times faster, so it keeps its A slab (32 x 512, 32 KiB) within a 48 KiB L1 and pays one
-/// more pass over C per 512 k instead.
-fn kb_per_slab(path: Bf16Path) -> usize {
-    match path {
-        Bf16Path::Amx => 16,
-        _ => 32,
+/// How [`drive`] sweeps the product: k in slabs of `k_blocks_per_slab` blocks of 32 (each slab
+/// passes over all of C once, loading and storing every block) and B's panels in groups of
+/// `panels_per_group` (the row blocks sweep one group at a time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sweep {
+    k_blocks_per_slab: usize,
+    panels_per_group: usize,
+}
+
+impl Sweep {
+    /// The sweep for `path` on this machine, for a product `kblocks` deep.
+    ///
+    /// Slabs: a row block's A slab (`32 x 32 kb` bf16) meets every B panel, so it should stay
+    /// close, while longer slabs cost less C traffic. `vdpbf16ps` takes long enough per block
+    /// that A coming from L2 costs nothing, so its slab spans up to 1024 k: a 1024-deep GEMM
+    /// then reads C once. AMX streams B past A with `tileloaddt1` (B does not displace A from
+    /// L1), and reloading C's four accumulator tiles costs more than reading A from L2, so its
+    /// slab is as long as a quarter of L2 holds.
+    ///
+    /// Groups: the group's packed slab (2 KiB per k block and panel) should stay in half of L2
+    /// for every row block after the first, instead of streaming from L3.
+    fn of_machine(path: Bf16Path, kblocks: usize) -> Sweep {
+        let l2 = crate::machine::Machine::get().cache(2).map_or(1 << 20, |c| c.size_bytes);
+        let k_blocks_per_slab = match path {
+            Bf16Path::Amx => (l2 / 4 / (32 * 64)).max(16),
+            _ => 32,
+        };
+        let slab = k_blocks_per_slab.min(kblocks).max(1);
+        Sweep { k_blocks_per_slab, panels_per_group: (l2 / 2 / (slab * 2 * BLOCK)).max(1) }
     }
+}
+
+/// How the AMX block loads a group of `panels` B panels over `kblocks` k blocks: kept in L1
+/// when they fit half of it beside A (every row block reads them again), else streamed past A.
+fn b_loads(kblocks: usize, panels: usize) -> BLoads {
+    let l1 = crate::machine::Machine::get().cache(1).map_or(32 << 10, |c| c.size_bytes);
+    if kblocks * panels * 2 * BLOCK <= l1 / 2 { BLoads::Cached } else { BLoads::Streamed }
 }
 
 /// u16 in one packed tile pair (a B panel's k block, or a row block's A k block).
@@ -42,7 +66,7 @@ impl ATiles {
 unsafe fn block(
     path: Bf16Path,
     a: ATiles,
-    b: *const u16,
+    (b, b_loads): (*const u16, BLoads),
     (ksteps, extent): (usize, Extent),
     c: *mut f32,
     ldc: usize,
@@ -51,7 +75,7 @@ unsafe fn block(
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded from this function's contract.
-        Bf16Path::Amx => unsafe { crate::x86::amx::block(a, b, ksteps, c, ldc, load_c) },
+        Bf16Path::Amx => unsafe { crate::x86::amx::block(a, (b, b_loads), ksteps, c, ldc, load_c) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded from this function's contract.
         Bf16Path::Avx512Bf16 => unsafe { crate::x86::bf16::block(a, b, ksteps, extent, c, ldc, load_c) },
@@ -165,6 +189,21 @@ fn a_in_place(s: &GemmShape) -> bool {
 ///
 /// The contract of [`gemm_bf16_unchecked`].
 pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: *mut f32) {
+    // SAFETY: this function's contract.
+    unsafe { drive_swept(path, s, (a, b, c), Sweep::of_machine(path, s.k.div_ceil(32))) }
+}
+
+/// [`drive`] with the sweep given.
+///
+/// # Safety
+///
+/// The contract of [`gemm_bf16_unchecked`]; `sweep`'s fields are at least 1.
+unsafe fn drive_swept(
+    path: Bf16Path,
+    s: &GemmShape,
+    (a, b, c): (*const u16, *const u16, *mut f32),
+    sweep: Sweep,
+) {
     let GemmShape { m, n, k, ldc, accumulate, .. } = *s;
     if m == 0 || n == 0 {
         return;
@@ -223,69 +262,72 @@ pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *con
         #[repr(C, align(64))]
         struct CBlock([f32; 1024]);
         let mut cblock = CBlock([0.0; 1024]);
-        let kbs = kb_per_slab(path);
+        let Sweep { k_blocks_per_slab: kbs, panels_per_group: group } = sweep;
         for kb0 in (0..kblocks).step_by(kbs) {
             let kb1 = (kb0 + kbs).min(kblocks);
             let load = accumulate || kb0 > 0;
-            for ib in 0..rblocks {
-                let i0 = ib * 32;
-                let (pieces, npieces) = a_pieces(s, a, (ap_rows, ap_k), in_place, ib, (kb0, kb1));
-                for jp in 0..panels {
-                    let j0 = jp * 32;
-                    let (rows, cols) = ((m - i0).min(32), (n - j0).min(32));
-                    let whole = rows == 32 && cols == 32;
-                    let (cp, cld) = if whole {
-                        // SAFETY: the block lies inside C.
-                        (unsafe { c.add(i0 * ldc + j0) }, ldc)
-                    } else {
-                        if load {
+            for jg in (0..panels).step_by(group) {
+                let loads = b_loads(kb1 - kb0, group.min(panels - jg));
+                for ib in 0..rblocks {
+                    let i0 = ib * 32;
+                    let (pieces, npieces) = a_pieces(s, a, (ap_rows, ap_k), in_place, ib, (kb0, kb1));
+                    for jp in jg..(jg + group).min(panels) {
+                        let j0 = jp * 32;
+                        let (rows, cols) = ((m - i0).min(32), (n - j0).min(32));
+                        let whole = rows == 32 && cols == 32;
+                        let (cp, cld) = if whole {
+                            // SAFETY: the block lies inside C.
+                            (unsafe { c.add(i0 * ldc + j0) }, ldc)
+                        } else {
+                            if load {
+                                for r in 0..rows {
+                                    // SAFETY: row `i0 + r < m`, columns `j0 .. j0 + cols <= n`.
+                                    unsafe {
+                                        std::ptr::copy_nonoverlapping(
+                                            c.add((i0 + r) * ldc + j0),
+                                            cblock.0.as_mut_ptr().add(r * 32),
+                                            cols,
+                                        )
+                                    };
+                                }
+                            }
+                            (cblock.0.as_mut_ptr(), 32)
+                        };
+                        #[cfg(target_arch = "x86_64")]
+                        if jp + 1 < panels {
+                            prefetch_rows(c.wrapping_add(i0 * ldc + j0 + 32), ldc, rows);
+                        }
+                        let mut load_c = load;
+                        for &(at, kb, nkb) in &pieces[..npieces] {
+                            let last_pairs = if kb + nkb == kblocks { k_tail_pairs } else { 16 };
+                            let extent = Extent { last_pairs, wide: cols > 16 };
+                            // SAFETY: the A piece covers 32 readable rows of `nkb` k blocks (whole
+                            // rows of A in place, or zero-padded packed tiles); the B panel's k
+                            // blocks `kb ..` are packed; the C block is 32 x 32 at stride `cld`.
+                            unsafe {
+                                block(
+                                    path,
+                                    at,
+                                    (bp.add((jp * kblocks + kb) * BLOCK), loads),
+                                    (nkb, extent),
+                                    cp,
+                                    cld,
+                                    load_c,
+                                )
+                            };
+                            load_c = true;
+                        }
+                        if !whole {
                             for r in 0..rows {
-                                // SAFETY: row `i0 + r < m`, columns `j0 .. j0 + cols <= n`.
+                                // SAFETY: as for the copy in.
                                 unsafe {
                                     std::ptr::copy_nonoverlapping(
+                                        cblock.0.as_ptr().add(r * 32),
                                         c.add((i0 + r) * ldc + j0),
-                                        cblock.0.as_mut_ptr().add(r * 32),
                                         cols,
                                     )
                                 };
                             }
-                        }
-                        (cblock.0.as_mut_ptr(), 32)
-                    };
-                    #[cfg(target_arch = "x86_64")]
-                    if jp + 1 < panels {
-                        prefetch_rows(c.wrapping_add(i0 * ldc + j0 + 32), ldc, rows);
-                    }
-                    let mut load_c = load;
-                    for &(at, kb, nkb) in &pieces[..npieces] {
-                        let last_pairs = if kb + nkb == kblocks { k_tail_pairs } else { 16 };
-                        let extent = Extent { last_pairs, wide: cols > 16 };
-                        // SAFETY: the A piece covers 32 readable rows of `nkb` k blocks (whole
-                        // rows of A in place, or zero-padded packed tiles); the B panel's k
-                        // blocks `kb ..` are packed; the C block is 32 x 32 at stride `cld`.
-                        unsafe {
-                            block(
-                                path,
-                                at,
-                                bp.add((jp * kblocks + kb) * BLOCK),
-                                (nkb, extent),
-                                cp,
-                                cld,
-                                load_c,
-                            )
-                        };
-                        load_c = true;
-                    }
-                    if !whole {
-                        for r in 0..rows {
-                            // SAFETY: as for the copy in.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    cblock.0.as_ptr().add(r * 32),
-                                    c.add((i0 + r) * ldc + j0),
-                                    cols,
-                                )
-                            };
                         }
                     }
                 }
@@ -406,4 +448,91 @@ fn a_pieces(
         }
     }
     (pieces, npieces)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// bf16 bits of small multiples of 1/8 in [-1, 1] (exact in bf16), from a seed.
+    fn values(len: usize, seed: u64) -> Vec<u16> {
+        let mut x = seed;
+        (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let v = ((x >> 33) % 17) as f32 / 8.0 - 1.0;
+                (v.to_bits() >> 16) as u16
+            })
+            .collect()
+    }
+
+    /// C by `path` with `sweep` (or the machine's), from C's initial values `c0`.
+    fn product(
+        path: Bf16Path,
+        s: &GemmShape,
+        (a, b, c0): (&[u16], &[u16], &[f32]),
+        sweep: Option<Sweep>,
+    ) -> Vec<f32> {
+        let mut c = c0.to_vec();
+        let sweep = sweep.unwrap_or_else(|| Sweep::of_machine(path, s.k.div_ceil(32)));
+        // SAFETY: the slices hold the shape's extents (checked below) and the path runs here.
+        let [na, nb, nc] = s.extents().expect("valid shape");
+        assert!(a.len() >= na && b.len() >= nb && c.len() >= nc);
+        unsafe { drive_swept(path, s, (a.as_ptr(), b.as_ptr(), c.as_mut_ptr()), sweep) };
+        c
+    }
+
+    /// Short slabs and narrow groups reach what the machine's sweep reaches only for products
+    /// deeper and wider than a test affords: C reloaded between slabs, several panel groups,
+    /// and B's tiles both kept in L1 and streamed. Every sweep must give the machine's result
+    /// bit for bit (the f32 accumulators are stored and reloaded exactly between slabs), and
+    /// that result must match f64 sums (exact products of multiples of 1/8, at most 300 terms
+    /// of magnitude at most 1, so f32 sums are within 300 * 2^-24 * 300 of them).
+    #[test]
+    fn every_sweep_gives_the_machines_result_and_the_exact_sums() {
+        let shapes = [
+            GemmShape::dense(70, 150, 300, false, false, false),
+            GemmShape::dense(64, 96, 260, false, true, true),
+            GemmShape::dense(45, 200, 70, true, false, true),
+        ];
+        let sweeps = [
+            Sweep { k_blocks_per_slab: 1, panels_per_group: 1 },
+            Sweep { k_blocks_per_slab: 2, panels_per_group: 2 },
+            Sweep { k_blocks_per_slab: 3, panels_per_group: 5 },
+        ];
+        let paths = [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::Portable];
+        for path in paths.into_iter().filter(|p| crate::machine::require_or_skip(p.name(), p.available())) {
+            for (t, s) in shapes.iter().enumerate() {
+                let [na, nb, nc] = s.extents().expect("valid shape");
+                let (a, b) = (values(na, 2 * t as u64), values(nb, 2 * t as u64 + 1));
+                let c0: Vec<f32> =
+                    values(nc, 99).iter().map(|&x| f32::from_bits(u32::from(x) << 16)).collect();
+                let machine = product(path, s, (&a, &b, &c0), None);
+                for sweep in sweeps {
+                    let got = product(path, s, (&a, &b, &c0), Some(sweep));
+                    assert!(
+                        got.iter().zip(&machine).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{path} {s:?} {sweep:?}"
+                    );
+                }
+                let widen = |x: u16| f64::from(f32::from_bits(u32::from(x) << 16));
+                for i in 0..s.m {
+                    for j in 0..s.n {
+                        let mut sum = if s.accumulate { f64::from(c0[i * s.ldc + j]) } else { 0.0 };
+                        for p in 0..s.k {
+                            let ai = if s.a_trans { p * s.lda + i } else { i * s.lda + p };
+                            let bi = if s.b_trans { j * s.ldb + p } else { p * s.ldb + j };
+                            sum += widen(a[ai]) * widen(b[bi]);
+                        }
+                        let err = (f64::from(machine[i * s.ldc + j]) - sum).abs();
+                        assert!(
+                            err <= 300.0 * 300.0 * f64::from(f32::EPSILON),
+                            "{path} {s:?} ({i}, {j}): {err}"
+                        );
+                    }
+                }
+            }
+            println!("ran: {path}");
+        }
+    }
 }

@@ -9,7 +9,7 @@ use std::arch::asm;
 use std::arch::x86_64::{__cpuid_count, _xgetbv};
 use std::sync::OnceLock;
 
-use super::bf16_tiles::ATiles;
+use super::bf16_tiles::{ATiles, BLoads};
 
 /// CPUID.(EAX=7, ECX=0):EDX bit 22: `tdpbf16ps`.
 const CPUID7_EDX_AMX_BF16: u32 = 1 << 22;
@@ -144,28 +144,9 @@ pub(crate) unsafe fn release() {
     }
 }
 
-/// `C[32 x 32] (+)= A[32 x 32 ksteps] · B` on tiles: two A tiles and two B tiles feed four
-/// accumulator tiles per k step of 32.
-///
-/// Row `r < 16` of A's k step `s` is 64 bytes at byte `a.ptr + s * a.step + r * a.stride`, row
-/// `16 + r` that plus `a.hi`.
-///
-/// `b` is one packed 32-column panel from the first k step: step `s` is 2048 bytes at
-/// `b + 1024 s` (u16), columns 0-15 in its first 1024 bytes and 16-31 in the second, each 16
-/// rows of 16 VNNI pairs. C is f32 with `ldc` elements between rows; it is read first only when
-/// `load_c`.
-///
-/// # Safety
-///
-/// [`usable`] returned true and [`configure`] ran on this thread since the last [`release`];
-/// `ksteps >= 1`; `a` and `b` are readable as described; C is readable (if `load_c`) and
-/// writable as 32 rows of 32 f32 at stride `ldc`.
-#[inline]
-pub(crate) unsafe fn block(a: ATiles, b: *const u16, ksteps: usize, c: *mut f32, ldc: usize, load_c: bool) {
-    let c_stride = ldc * 4;
-    // SAFETY: the caller guarantees the memory and the tile configuration; the loop runs
-    // `ksteps >= 1` times. Every tile load and store below lies within the regions above.
-    unsafe {
+/// The `asm!` of [`block`] with B's tiles loaded by `$load_b`.
+macro_rules! block_asm {
+    ($load_b:literal, $load:expr, ($c:expr, $c_hi:expr, $cs:expr), ($a:expr, $a_hi:expr, $sa:expr, $astep:expr), $b:expr, $n:expr) => {
         asm!(
             "test {load:e}, {load:e}",
             "jz 2f",
@@ -181,8 +162,8 @@ pub(crate) unsafe fn block(a: ATiles, b: *const u16, ksteps: usize, c: *mut f32,
             "tilezero tmm3",
             "3:",
             "tileloadd tmm4, [{a} + {sa}*1]",
-            "tileloadd tmm6, [{b} + {bs}*1]",
-            "tileloadd tmm7, [{b} + {bs}*1 + 1024]",
+            concat!($load_b, " tmm6, [{b} + {bs}*1]"),
+            concat!($load_b, " tmm7, [{b} + {bs}*1 + 1024]"),
             "tdpbf16ps tmm0, tmm4, tmm6",
             "tileloadd tmm5, [{a_hi} + {sa}*1]",
             "tdpbf16ps tmm1, tmm4, tmm7",
@@ -197,21 +178,68 @@ pub(crate) unsafe fn block(a: ATiles, b: *const u16, ksteps: usize, c: *mut f32,
             "tilestored [{c} + {cs}*1 + 64], tmm1",
             "tilestored [{c_hi} + {cs}*1], tmm2",
             "tilestored [{c_hi} + {cs}*1 + 64], tmm3",
-            load = in(reg) u32::from(load_c),
-            c = in(reg) c,
-            c_hi = in(reg) c.add(16 * ldc),
-            cs = in(reg) c_stride,
-            a = inout(reg) a.ptr => _,
-            a_hi = inout(reg) a.ptr.byte_add(a.hi) => _,
-            sa = in(reg) a.stride,
-            astep = in(reg) a.step,
-            b = inout(reg) b => _,
+            load = in(reg) $load,
+            c = in(reg) $c,
+            c_hi = in(reg) $c_hi,
+            cs = in(reg) $cs,
+            a = inout(reg) $a => _,
+            a_hi = inout(reg) $a_hi => _,
+            sa = in(reg) $sa,
+            astep = in(reg) $astep,
+            b = inout(reg) $b => _,
             bs = in(reg) 64usize,
-            n = inout(reg) ksteps => _,
+            n = inout(reg) $n => _,
             out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
             out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
             options(nostack),
         )
+    };
+}
+
+/// `C[32 x 32] (+)= A[32 x 32 ksteps] · B` on tiles: two A tiles and two B tiles feed four
+/// accumulator tiles per k step of 32.
+///
+/// Row `r < 16` of A's k step `s` is 64 bytes at byte `a.ptr + s * a.step + r * a.stride`, row
+/// `16 + r` that plus `a.hi`.
+///
+/// `b` is one packed 32-column panel from the first k step: step `s` is 2048 bytes at
+/// `b + 1024 s` (u16), columns 0-15 in its first 1024 bytes and 16-31 in the second, each 16
+/// rows of 16 VNNI pairs, loaded as `b_loads` says. C is f32 with `ldc` elements between rows;
+/// it is read first only when `load_c`.
+///
+/// # Safety
+///
+/// [`usable`] returned true and [`configure`] ran on this thread since the last [`release`];
+/// `ksteps >= 1`; `a` and `b` are readable as described; C is readable (if `load_c`) and
+/// writable as 32 rows of 32 f32 at stride `ldc`.
+#[inline]
+pub(crate) unsafe fn block(
+    a: ATiles,
+    (b, b_loads): (*const u16, BLoads),
+    ksteps: usize,
+    c: *mut f32,
+    ldc: usize,
+    load_c: bool,
+) {
+    let (c_stride, load) = (ldc * 4, u32::from(load_c));
+    let (a_ptr, a_hi) = (a.ptr, a.ptr.wrapping_byte_add(a.hi));
+    let c_hi = c.wrapping_add(16 * ldc);
+    // SAFETY: the caller guarantees the memory and the tile configuration; the loop runs
+    // `ksteps >= 1` times. Every tile load and store lies within the regions above.
+    unsafe {
+        match b_loads {
+            BLoads::Cached => {
+                block_asm!("tileloadd", load, (c, c_hi, c_stride), (a_ptr, a_hi, a.stride, a.step), b, ksteps)
+            }
+            BLoads::Streamed => block_asm!(
+                "tileloaddt1",
+                load,
+                (c, c_hi, c_stride),
+                (a_ptr, a_hi, a.stride, a.step),
+                b,
+                ksteps
+            ),
+        }
     }
 }
 

@@ -121,16 +121,20 @@ pub(crate) unsafe fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
 pub(crate) unsafe fn pack_b_rows(dst: *mut u16, b: *const u16, ldb: usize, k: usize, n: usize) {
     let (lo, hi) = pair_indices();
     let kblocks = k.div_ceil(32);
-    for jp in 0..n.div_ceil(32) {
-        let j0 = jp * 32;
-        let mask = mask16(n - j0);
-        for kb in 0..kblocks {
-            // SAFETY: panel `jp`, k block `kb` is 1024 u16 inside `dst`; rows `p < k` and
-            // columns `j0 ..` below `n` are readable; the masked-off lanes are not touched.
-            unsafe {
-                let tile = dst.add((jp * kblocks + kb) * 1024);
-                for r in 0..16 {
-                    let p = kb * 32 + 2 * r;
+    let panels = n.div_ceil(32);
+    // Rows outer, panels inner: each pair of B rows is read front to back, as the hardware
+    // prefetchers follow, while the writes go to the packed buffer, which the caller keeps
+    // close. (A panel at a time would read 64 bytes from each of k rows `ldb` apart.)
+    for kb in 0..kblocks {
+        for r in 0..16 {
+            let p = kb * 32 + 2 * r;
+            for jp in 0..panels {
+                let j0 = jp * 32;
+                let mask = mask16(n - j0);
+                // SAFETY: panel `jp`, k block `kb` is 1024 u16 inside `dst`; rows `p < k` and
+                // columns `j0 ..` below `n` are readable; the masked-off lanes are not touched.
+                unsafe {
+                    let tile = dst.add((jp * kblocks + kb) * 1024);
                     let row = |p: usize| {
                         if p < k {
                             _mm512_maskz_loadu_epi16(mask, b.add(p * ldb + j0).cast())

@@ -25,3 +25,13 @@ pub(crate) struct Extent {
     /// Whether columns 16 to 31 hold data (the block is wider than 16 columns).
     pub(crate) wide: bool,
 }
+
+/// How the AMX block kernel loads B's tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BLoads {
+    /// `tileloadd`: B stays in L1 for the next row block (a small slab of B).
+    Cached,
+    /// `tileloaddt1`, the streaming hint: a panel is read once per row block, while the row
+    /// block's A tiles are read again for every panel and should keep L1.
+    Streamed,
+}
