@@ -13,8 +13,9 @@
 //!   padded, because a tile load cannot stop at a row's end.
 //! * C is updated in 32 x 32 blocks, in place when whole, else through a local block.
 //!
-//! The k dimension is swept in slabs (`kb_per_slab`): one row block's A slab stays close while
-//! the packed B slab streams past it, and each slab reads and writes C once.
+//! The k dimension is swept in slabs and B's panels in groups (the driver's `Sweep`, from the
+//! machine's caches): one row block's A slab stays close while the group's packed B slab
+//! streams past it from L2, and each slab reads and writes C once.
 
 pub use crate::bf16_path::Bf16Path;
 use std::sync::OnceLock;
