@@ -19,7 +19,7 @@ const MAX_PIECES: usize = 4;
 
 /// `program` with every loop split into the pieces its body tells apart by division: a `Loop`
 /// range over `0..E` whose body uses its index `i` through `i / c` and `i % c` for one constant
-/// `c` (`E / c` pieces, 2 to 4), and whose iterations are independent (no tile op, nothing read
+/// `c` (`E / c` pieces, 2 to 4), and perhaps by divisors of `c`, and whose iterations are independent (no tile op, nothing read
 /// that the body writes), becomes one loop over `0..c` per piece `p` with `i = p c + i'`, its
 /// body simplified (`i / c` is `p`, `i % c` is `i'`, selects on constants taken). Other loops
 /// stay as they are. The result computes the same values with the same stores.
@@ -65,9 +65,10 @@ pub fn split_loops_at_divisors(program: &UOp) -> UOp {
     map[program].clone()
 }
 
-/// The trip count of `range` and the one divisor its uses in `body` split it by, when `range` is
-/// a `Loop` of constant extent whose index `body` divides or takes the remainder of by one
-/// constant `c` (and by no other), `c` dividing the extent into 2 to [`MAX_PIECES`] pieces, and
+/// The trip count of `range` and the divisor its uses in `body` split it by, when `range` is a
+/// `Loop` of constant extent whose index `body` divides or takes the remainder of by constants
+/// of which the largest, `c`, is a multiple of every other and divides the extent into 2 to
+/// [`MAX_PIECES`] pieces, and
 /// the iterations are independent: `body` runs no tile op and reads nothing it writes (so no
 /// value flows from one iteration to the next, and the pieces may run in any order).
 fn splittable(body: &UOp, range: &UOp) -> Option<(usize, usize)> {
@@ -85,20 +86,21 @@ fn splittable(body: &UOp, range: &UOp) -> Option<(usize, usize)> {
     if reads_written || nodes.iter().any(|u| matches!(u.op(), Op::Tile(_))) {
         return None;
     }
-    let mut divisor: Option<usize> = None;
+    let mut divisors: Vec<usize> = Vec::new();
     for u in nodes {
         if let Op::Binary(BinaryOp::IDiv | BinaryOp::Mod) = u.op()
             && u.src()[0] == *range
         {
-            let c = usize::try_from(u.src()[1].const_int()?).ok()?;
-            if divisor.is_some_and(|d| d != c) {
-                return None;
-            }
-            divisor = Some(c);
+            divisors.push(usize::try_from(u.src()[1].const_int()?).ok()?);
         }
     }
-    let c = divisor?;
-    (c > 1 && extent.is_multiple_of(c) && (2..=MAX_PIECES).contains(&(extent / c))).then_some((extent, c))
+    // The pieces are cut at the largest divisor; a smaller one that divides it reads within a
+    // piece as the piece's own index divided by it (a head's columns inside a projection's
+    // third), any other would straddle the cuts.
+    let c = divisors.iter().copied().max()?;
+    let nested = divisors.iter().all(|&d| d > 0 && c.is_multiple_of(d));
+    (nested && c > 1 && extent.is_multiple_of(c) && (2..=MAX_PIECES).contains(&(extent / c)))
+        .then_some((extent, c))
 }
 
 /// `u` with every select whose condition is a constant replaced by the side it takes (the
@@ -224,10 +226,37 @@ mod tests {
     }
 
     #[test]
+    fn a_divisor_of_the_cut_reads_within_each_piece() {
+        // out[r, j] over 0..12 = j < 6 ? x[(j / 2) % 3] : 2 x[j % 2] + r: heads of 2 inside
+        // thirds of 6, as a projection's gradient concatenates them; cut at 6, the divisor 2
+        // stays.
+        let (x, out) = (buffer(0, DType::F32, 6), buffer(1, DType::F32, 24));
+        let (r, j) = (range(2, 0, AxisType::Thread), range(12, 1, AxisType::Loop));
+        let first = x.index(&(&j / 2) % 3).load();
+        let second = x.index(&j % 2).load() * 2.0f32 + r.cast(DType::F32);
+        let value = (&j / 6).lt(1).where_(first, second);
+        let program = sink(&[out.index(&r * 12 + &j).store(value).end(&[j, r])]);
+        let split = split_loops_at_divisors(&program);
+        crate::verify(&split).unwrap();
+        let nodes = UOp::toposort(std::slice::from_ref(&split));
+        let loops = nodes.iter().filter(|u| matches!(u.op(), Op::Range { axis: AxisType::Loop, .. })).count();
+        assert_eq!(loops, 2, "two pieces");
+        assert_eq!(nodes.iter().filter(|u| matches!(u.op(), Op::Where)).count(), 0, "the select folded");
+        let run = |p: &UOp| {
+            let x = (0..6).map(|v| v as f32 * 1.5 - 2.0).collect();
+            let mut bufs = vec![HostBuffer::F32(x), HostBuffer::F32(vec![0.0; 24])];
+            interp::run(p, &mut bufs, Precision::Native).unwrap();
+            format!("{:?}", bufs[1])
+        };
+        assert_eq!(run(&split), run(&program));
+    }
+
+    #[test]
     fn loops_without_one_divisor_are_kept() {
         let (x, out) = (buffer(0, DType::F32, 24), buffer(1, DType::F32, 24));
         let j = range(24, 0, AxisType::Loop);
-        // Two divisors, then a divisor giving 12 pieces, then none.
+        // Two divisors neither of which divides the other, then a divisor giving 12 pieces,
+        // then none.
         let two = x.index(&(&j % 4) + &(&j / 6)).load();
         let many = x.index(&j % 2).load();
         for value in [two, many, x.index(&j).load()] {

@@ -336,8 +336,9 @@ fn idiv_of_idiv(u: &UOp) -> Option<UOp> {
     Some(y.binary(BinaryOp::IDiv, konst(a.checked_mul(c)?, u.dtype())))
 }
 
-/// `x // c` with `x = q*c + r` (the terms of `x`'s linear form whose coefficients `c` divides,
-/// and the rest): `q + r // c`, and just `q + k` when `r`'s bounds give `r // c` one value `k`.
+/// `x // c` with `x = q*c + r` (the terms of `x`'s linear form whose coefficients `c` divides
+/// and the multiple of `c` in its constant, and the rest): `q + r // c`, and just `q + k` when
+/// `r`'s bounds give `r // c` one value `k`.
 /// Needs `r >= 0`. Not applied where [`idiv_of_idiv`]'s pattern holds.
 fn idiv_split_linear(u: &UOp) -> Option<UOp> {
     let (x, c) = by_constant_above_one(u)?;
@@ -351,7 +352,8 @@ fn idiv_split_linear(u: &UOp) -> Option<UOp> {
         quot.constant += rlo / c;
         return Some(quot.build(d));
     }
-    if !quot.terms.is_empty() && rlo >= 0 {
+    // A quotient of the constant alone counts too: `(i + 768) // 64` is `12 + i // 64`.
+    if (!quot.terms.is_empty() || quot.constant != 0) && rlo >= 0 {
         let q = quot.build(d);
         return Some(q.binary(BinaryOp::Add, rem.build(d).binary(BinaryOp::IDiv, konst(c, d))));
     }

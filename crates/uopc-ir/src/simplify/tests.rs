@@ -205,3 +205,18 @@ fn folding_follows_the_interpreter_s_arithmetic() {
         assert!(matches!(folded, Some(c) if c.as_f64().is_nan()), "{folded:?}");
     }
 }
+
+#[test]
+fn a_multiple_of_the_divisor_in_the_constant_leaves_the_quotient() {
+    // A head's columns inside the third third of a fused projection, once the loop over the
+    // projection is split: `((k + 768) // 32) % 24` is `k // 32` for `0 <= k < 64`.
+    let k = range(64, 2, AxisType::Loop);
+    let (add, idiv, modulo) = (BinaryOp::Add, BinaryOp::IDiv, BinaryOp::Mod);
+    let offset = bin(modulo, &bin(idiv, &bin(add, &k, &idx(768)), &idx(32)), &idx(24));
+    assert_eq!(super::simplify(&offset), k.idiv(idx(32)));
+    // The quotient of the constant alone stays beside the rest's: `(k + 96) // 32`.
+    assert_eq!(
+        super::simplify(&bin(idiv, &bin(add, &k, &idx(96)), &idx(32))),
+        bin(add, &k.idiv(idx(32)), &idx(3))
+    );
+}
