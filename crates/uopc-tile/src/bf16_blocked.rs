@@ -475,9 +475,10 @@ mod tests {
     ) -> Vec<f32> {
         let mut c = c0.to_vec();
         let sweep = sweep.unwrap_or_else(|| Sweep::of_machine(path, s.k.div_ceil(32)));
-        // SAFETY: the slices hold the shape's extents (checked below) and the path runs here.
         let [na, nb, nc] = s.extents().expect("valid shape");
         assert!(a.len() >= na && b.len() >= nb && c.len() >= nc);
+        // SAFETY: the slices hold the shape's extents (asserted above), the caller runs only
+        // paths available here, and the sweep's fields are at least 1.
         unsafe { drive_swept(path, s, (a.as_ptr(), b.as_ptr(), c.as_mut_ptr()), sweep) };
         c
     }
