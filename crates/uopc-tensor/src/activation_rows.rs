@@ -1,7 +1,8 @@
 //! Activations on [`TileOp::Activation`]: which kernel bodies end in one (the epilogue of a
 //! GEMM, [`crate::epilogue`], asks too), and an elementwise kernel that is one, lowered as
 //! rangeify's loop over the activation's argument with the tile op applied to each row right
-//! after the loop wrote it.
+//! after the loop wrote it; or that multiplies one by another value (a gated unit), lowered
+//! through a row buffer.
 
 use crate::error::Result;
 use crate::rangeify::{Ctx, lower};
@@ -133,4 +134,63 @@ pub(crate) fn lower_activation_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Opt
     let act = TileOp::Activation { rows: 1, cols: n, ld: n, kind };
     let row = tile(act, &[out.after(std::slice::from_ref(outer.body)).index(&row_start)]);
     Some(Ok(sink(&[row.end(std::slice::from_ref(outer.range))])))
+}
+
+/// The widest row an elementwise kernel keeps in a buffer of its own on the worker's stack
+/// for [`lower_gated_activation_rows`].
+const GATED_ROW_MAX: usize = 16 * 1024;
+
+/// `Some((x, kind, y))` when `product` is `act(x) * y` (either order), `act` one of
+/// [`TILE_ACTIVATIONS`] matched as [`tile_activation`] matches it: a gated linear unit
+/// (SwiGLU's `silu(gate) * up`, GeGLU's).
+fn gated_activation(product: &UOp) -> Option<(UOp, Activation, UOp)> {
+    let Some((BinaryOp::Mul, a, b)) = product.as_binary() else { return None };
+    if product.dtype() != DType::F32 {
+        return None;
+    }
+    let gated = |act: &UOp, y: &UOp| tile_activation(act).map(|(x, kind)| (x, kind, y.clone()));
+    gated(a, b).or_else(|| gated(b, a))
+}
+
+/// The program of an elementwise kernel `body` that is a gated activation `act(x) * y`
+/// ([`gated_activation`]), perhaps rounded to `out`'s dtype, over rows of at most
+/// [`GATED_ROW_MAX`] elements: per row (a THREAD task), a loop writes `x` into a row buffer,
+/// the activation's tile op runs over it, and a second loop writes `act(x) * y`. `None` for
+/// any other body (rangeify then lowers it, computing the activation in the loop).
+pub(crate) fn lower_gated_activation_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option<Result<UOp>> {
+    let product = match body.op() {
+        Op::Cast if body.dtype() == out.dtype() => &body.src()[0],
+        _ => body,
+    };
+    let (x, kind, y) = gated_activation(product)?;
+    let shape = body.shape();
+    let (&n, leading) = shape.split_last()?;
+    let rows: usize = leading.iter().product();
+    if n == 0 || rows == 0 || n > GATED_ROW_MAX {
+        return None;
+    }
+    let r = ctx.fresh_range(rows, AxisType::Thread, &[]);
+    let at = |c: &UOp| -> Vec<UOp> {
+        let mut index = crate::view::unravel(&r, leading);
+        index.push(c.clone());
+        index
+    };
+    let x_row = ctx.fresh_alloc(DType::F32, n).after(std::slice::from_ref(&r));
+    let c = ctx.fresh_range(n, AxisType::Loop, std::slice::from_ref(&r));
+    let xv = match ctx.value_within(&x, &at(&c), &[r.clone(), c.clone()]) {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
+    let written = x_row.index(&c).store(xv).end(std::slice::from_ref(&c));
+    let act = TileOp::Activation { rows: 1, cols: n, ld: n, kind };
+    let activated = tile(act, &[x_row.after(std::slice::from_ref(&written)).index(0)]);
+    let c = ctx.fresh_range(n, AxisType::Loop, std::slice::from_ref(&r));
+    let yv = match ctx.value_within(&y, &at(&c), &[r.clone(), c.clone()]) {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
+    let v = x_row.after(std::slice::from_ref(&activated)).index(&c).load() * yv;
+    let v = if v.dtype() == out.dtype() { v } else { v.cast(out.dtype()) };
+    let stored = out.index(simplify(&(&r * n as i64 + &c))).store(v).end(std::slice::from_ref(&c));
+    Some(Ok(sink(&[stored.end(std::slice::from_ref(&r))])))
 }

@@ -231,6 +231,7 @@ pub(crate) const LOWERINGS: &[Lowering] = &[
     Lowering { name: "online_rows_split", apply: online_rows_split },
     Lowering { name: "online_rows", apply: online_rows },
     Lowering { name: "activation_rows", apply: activation_rows },
+    Lowering { name: "gated_activation_rows", apply: gated_activation_rows },
     Lowering { name: "rangeify", apply: rangeify },
 ];
 
@@ -312,6 +313,17 @@ fn activation_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>>
         return None;
     }
     let program = crate::activation_rows::lower_activation_rows(&pt.body, &pt.out, &mut pt.ctx)?;
+    Some(program.map(|program| pt.finish(program, pt.loop_derived())))
+}
+
+/// An elementwise body that is a gated activation (`silu(gate) * up`), as a loop writing the
+/// activation's argument into a row buffer, the activation's tile op over it, and a loop
+/// multiplying by the gate's other factor ([`crate::activation_rows::lower_gated_activation_rows`]).
+fn gated_activation_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
+    if !pt.opts.opt.tile_ops() {
+        return None;
+    }
+    let program = crate::activation_rows::lower_gated_activation_rows(&pt.body, &pt.out, &mut pt.ctx)?;
     Some(program.map(|program| pt.finish(program, pt.loop_derived())))
 }
 

@@ -1,11 +1,12 @@
-//! Elementwise kernels that end in GELU (exact or its tanh form) or SiLU run the activation on
-//! `TILE_ACTIVATION`, one call per row after rangeify's loop wrote the row's argument; kernels
-//! of other shapes or dtypes keep the loop. Values against f64 either way.
+//! Elementwise kernels that end in GELU (exact or its tanh form) or SiLU, or multiply one by
+//! another value (a gated unit), run the activation on `TILE_ACTIVATION`, one call per row
+//! after a loop wrote the row's argument; kernels of other shapes or dtypes keep the loop.
+//! Values against f64 either way.
 
 use crate::common::*;
 use half::bf16;
 use ndarray::ArrayD;
-use uopc_ir::{Op, TileOp, UnaryOp};
+use uopc_ir::{DType, Op, TileOp, UnaryOp};
 use uopc_tensor::*;
 
 /// The activation tile ops of the plan's one kernel, whether its loops take an exponential,
@@ -48,13 +49,37 @@ fn gelu_and_silu_kernels_run_the_tile_op_per_row() {
 }
 
 #[test]
+fn gated_activations_run_the_tile_op_per_row_then_multiply() {
+    let (g, u) = (uniform(&[3, 11, 200], -6.0, 6.0, 5), uniform(&[3, 11, 200], -2.0, 2.0, 6));
+    let (tg, tu) = (Tensor::from_array(&g), Tensor::from_array(&u));
+    // SwiGLU's `silu(gate) * up`, rows under two leading axes.
+    let swiglu = tg.silu() * &tu;
+    assert_eq!(lowered(&swiglu), (vec![uopc_tile::Activation::Silu], false, "gated_activation_rows"));
+    let want = &f64s(&g).mapv(silu64) * &f64s(&u);
+    assert_close(&swiglu.to_ndarray::<f32>().unwrap(), &want, 1e-5);
+    // GeGLU with the factors the other way round, rounded to bf16 once, at the end.
+    let geglu = (&tu * &tg.gelu_tanh()).cast(DType::BF16);
+    assert_eq!(lowered(&geglu), (vec![uopc_tile::Activation::GeluTanh], false, "gated_activation_rows"));
+    let want = &f64s(&g).mapv(gelu64) * &f64s(&u);
+    for (got, want) in geglu.to_ndarray::<bf16>().unwrap().iter().zip(want.iter()) {
+        // Half a bf16 ulp of the rounding, plus the f32 activation's error.
+        let tol = want.abs() / 256.0 + 1e-5;
+        assert!((f64::from(got.to_f32()) - want).abs() <= tol, "{got} vs {want}");
+    }
+}
+
+#[test]
 fn other_kernels_keep_their_loops_and_their_values() {
     let x = uniform(&[24, 40], -6.0, 6.0, 2);
     let t = Tensor::from_array(&x);
-    // Not exactly an activation: the loop computes it.
-    let scaled = t.gelu_tanh() * 3.0;
-    let (kinds, _, lowering) = lowered(&scaled);
+    // Neither an activation nor a gated one: the loop computes it.
+    let shifted = t.gelu_tanh() + 3.0;
+    let (kinds, _, lowering) = lowered(&shifted);
     assert!(kinds.is_empty() && lowering == "rangeify");
+    assert_close(&shifted.to_ndarray::<f32>().unwrap(), &f64s(&x).mapv(|v| gelu64(v) + 3.0), 1e-5);
+    // Scaled, it is gated by a constant: the tile op, then the product.
+    let scaled = t.gelu_tanh() * 3.0;
+    assert_eq!(lowered(&scaled).2, "gated_activation_rows");
     assert_close(&scaled.to_ndarray::<f32>().unwrap(), &f64s(&x).mapv(|v| 3.0 * gelu64(v)), 1e-5);
     // A transposed argument: whichever lowering takes it, the values hold.
     let transposed = t.permute(&[1, 0]).gelu_tanh();
