@@ -155,7 +155,8 @@ fn gated_activation(product: &UOp) -> Option<(UOp, Activation, UOp)> {
 /// The program of an elementwise kernel `body` that is a gated activation `act(x) * y`
 /// ([`gated_activation`]), perhaps rounded to `out`'s dtype, over rows of at most
 /// [`GATED_ROW_MAX`] elements: per row (a THREAD task), a loop writes `x` into a row buffer,
-/// the activation's tile op runs over it, and a second loop writes `act(x) * y`. `None` for
+/// the activation's tile op runs over it, and a second loop writes `act(x) * y` (into the row
+/// buffer when `out` is 16-bit, which [`TileOp::Convert`] then rounds into `out`). `None` for
 /// any other body (rangeify then lowers it, computing the activation in the loop).
 pub(crate) fn lower_gated_activation_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option<Result<UOp>> {
     let product = match body.op() {
@@ -190,7 +191,15 @@ pub(crate) fn lower_gated_activation_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) 
         Err(e) => return Some(Err(e)),
     };
     let v = x_row.after(std::slice::from_ref(&activated)).index(&c).load() * yv;
-    let v = if v.dtype() == out.dtype() { v } else { v.cast(out.dtype()) };
-    let stored = out.index(simplify(&(&r * n as i64 + &c))).store(v).end(std::slice::from_ref(&c));
-    Some(Ok(sink(&[stored.end(std::slice::from_ref(&r))])))
+    let row_start = simplify(&(&r * n as i64));
+    let row_done = if out.dtype() == DType::F32 {
+        out.index(simplify(&(&row_start + &c))).store(v).end(std::slice::from_ref(&c))
+    } else {
+        // A 16-bit output: the products go back into the row buffer and one conversion
+        // rounds the row, 16 values per instruction where a CAST in the loop takes four.
+        let multiplied = x_row.index(&c).store(v).end(std::slice::from_ref(&c));
+        let convert = TileOp::Convert { rows: 1, cols: n, lds: n, ldd: n };
+        tile(convert, &[x_row.after(std::slice::from_ref(&multiplied)).index(0), out.index(&row_start)])
+    };
+    Some(Ok(sink(&[row_done.end(std::slice::from_ref(&r))])))
 }

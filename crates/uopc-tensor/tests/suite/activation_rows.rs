@@ -66,6 +66,14 @@ fn gated_activations_run_the_tile_op_per_row_then_multiply() {
         let tol = want.abs() / 256.0 + 1e-5;
         assert!((f64::from(got.to_f32()) - want).abs() <= tol, "{got} vs {want}");
     }
+    // Rounded to f16 once: half an f16 ulp (2^-11 relative) plus the activation's error.
+    let swiglu16 = (tg.silu() * &tu).cast(DType::F16);
+    assert_eq!(lowered(&swiglu16).2, "gated_activation_rows");
+    let want = &f64s(&g).mapv(silu64) * &f64s(&u);
+    for (got, want) in swiglu16.to_ndarray::<half::f16>().unwrap().iter().zip(want.iter()) {
+        let tol = want.abs() / 2048.0 + 1e-5;
+        assert!((f64::from(got.to_f32()) - want).abs() <= tol, "{got} vs {want}");
+    }
 }
 
 #[test]
