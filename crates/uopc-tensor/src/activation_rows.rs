@@ -2,11 +2,12 @@
 //! GEMM, [`crate::epilogue`], asks too), and an elementwise kernel that is one, lowered as
 //! rangeify's loop over the activation's argument with the tile op applied to each row right
 //! after the loop wrote it; or that multiplies one by another value (a gated unit), lowered
-//! through a row buffer.
+//! through a row buffer. Elementwise kernels that end in rounding to a 16-bit float take the
+//! conversion's tile op per row the same way (a plain conversion straight from its source).
 
 use crate::error::Result;
 use crate::rangeify::{Ctx, lower};
-use uopc_ir::{AxisType, BinaryOp, ConstValue, DType, Op, TileOp, UOp, simplify, sink, tile};
+use uopc_ir::{AxisType, BinaryOp, ConstValue, DType, Op, TileOp, UOp, idx, simplify, sink, tile};
 use uopc_tile::Activation;
 
 /// A unary tensor op, as a function.
@@ -137,8 +138,8 @@ pub(crate) fn lower_activation_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Opt
 }
 
 /// The widest row an elementwise kernel keeps in a buffer of its own on the worker's stack
-/// for [`lower_gated_activation_rows`].
-const GATED_ROW_MAX: usize = 16 * 1024;
+/// (the row lowerings below).
+const ROW_BUFFER_MAX: usize = 16 * 1024;
 
 /// `Some((x, kind, y))` when `product` is `act(x) * y` (either order), `act` one of
 /// [`TILE_ACTIVATIONS`] matched as [`tile_activation`] matches it: a gated linear unit
@@ -152,9 +153,79 @@ fn gated_activation(product: &UOp) -> Option<(UOp, Activation, UOp)> {
     gated(a, b).or_else(|| gated(b, a))
 }
 
+/// The loops of a row lowering over an output of `shape` (rows of its last axis): a THREAD
+/// loop over the rows and loops over a row's elements, each absent where it would run once
+/// (its index is 0: simplify folds a RANGE of one iteration, so an END of it would close a
+/// loop its body never opened).
+struct RowLoops<'a> {
+    leading: &'a [usize],
+    n: usize,
+    row: Option<UOp>,
+}
+
+impl<'a> RowLoops<'a> {
+    /// The loops over `shape`, or `None` for an empty output or rows wider than
+    /// [`ROW_BUFFER_MAX`].
+    fn new(shape: &'a [usize], ctx: &mut Ctx) -> Option<RowLoops<'a>> {
+        let (&n, leading) = shape.split_last()?;
+        let rows: usize = leading.iter().product();
+        if n == 0 || rows == 0 || n > ROW_BUFFER_MAX {
+            return None;
+        }
+        let row = (rows > 1).then(|| ctx.fresh_range(rows, AxisType::Thread, &[]));
+        Some(RowLoops { leading, n, row })
+    }
+
+    /// The row's index (0 for one row).
+    fn row_index(&self) -> UOp {
+        self.row.clone().unwrap_or_else(|| idx(0))
+    }
+
+    /// A fresh loop over a row's elements, if it has more than one.
+    fn column(&self, ctx: &mut Ctx) -> Option<UOp> {
+        (self.n > 1).then(|| ctx.fresh_range(self.n, AxisType::Loop, self.row.as_slice()))
+    }
+
+    /// The output index of element `column` (a loop, or 0) of the row.
+    fn index(&self, column: &Option<UOp>) -> Vec<UOp> {
+        let mut index = crate::view::unravel(&self.row_index(), self.leading);
+        index.push(column.clone().unwrap_or_else(|| idx(0)));
+        index
+    }
+
+    /// The loops a value inside `column` is computed within.
+    fn within(&self, column: &Option<UOp>) -> Vec<UOp> {
+        self.row.iter().chain(column).cloned().collect()
+    }
+
+    /// A row buffer of f32, one per task.
+    fn buffer(&self, ctx: &mut Ctx) -> UOp {
+        let row = ctx.fresh_alloc(DType::F32, self.n);
+        match &self.row {
+            Some(r) => row.after(std::slice::from_ref(r)),
+            None => row,
+        }
+    }
+
+    /// The flat output offset of the row's first element.
+    fn row_start(&self) -> UOp {
+        simplify(&(self.row_index() * self.n as i64))
+    }
+
+    /// `effect` closed by `lp`, if there is such a loop.
+    fn end(effect: UOp, lp: &Option<UOp>) -> UOp {
+        lp.iter().fold(effect, |e, l| e.end(std::slice::from_ref(l)))
+    }
+
+    /// The kernel: `effect` closed by the row loop.
+    fn program(&self, effect: UOp) -> UOp {
+        sink(&[Self::end(effect, &self.row)])
+    }
+}
+
 /// The program of an elementwise kernel `body` that is a gated activation `act(x) * y`
 /// ([`gated_activation`]), perhaps rounded to `out`'s dtype, over rows of at most
-/// [`GATED_ROW_MAX`] elements: per row (a THREAD task), a loop writes `x` into a row buffer,
+/// [`ROW_BUFFER_MAX`] elements: per row (a THREAD task), a loop writes `x` into a row buffer,
 /// the activation's tile op runs over it, and a second loop writes `act(x) * y` (into the row
 /// buffer when `out` is 16-bit, which [`TileOp::Convert`] then rounds into `out`). `None` for
 /// any other body (rangeify then lowers it, computing the activation in the loop).
@@ -164,42 +235,111 @@ pub(crate) fn lower_gated_activation_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) 
         _ => body,
     };
     let (x, kind, y) = gated_activation(product)?;
-    let shape = body.shape();
-    let (&n, leading) = shape.split_last()?;
-    let rows: usize = leading.iter().product();
-    if n == 0 || rows == 0 || n > GATED_ROW_MAX {
+    if !(out.dtype() == DType::F32 || out.dtype().is_half()) {
         return None;
     }
-    let r = ctx.fresh_range(rows, AxisType::Thread, &[]);
-    let at = |c: &UOp| -> Vec<UOp> {
-        let mut index = crate::view::unravel(&r, leading);
-        index.push(c.clone());
-        index
-    };
-    let x_row = ctx.fresh_alloc(DType::F32, n).after(std::slice::from_ref(&r));
-    let c = ctx.fresh_range(n, AxisType::Loop, std::slice::from_ref(&r));
-    let xv = match ctx.value_within(&x, &at(&c), &[r.clone(), c.clone()]) {
+    let rl = RowLoops::new(body.shape(), ctx)?;
+    let n = rl.n;
+    let x_row = rl.buffer(ctx);
+    let c = rl.column(ctx);
+    let xv = match ctx.value_within(&x, &rl.index(&c), &rl.within(&c)) {
         Ok(v) => v,
         Err(e) => return Some(Err(e)),
     };
-    let written = x_row.index(&c).store(xv).end(std::slice::from_ref(&c));
+    let at_c = c.clone().unwrap_or_else(|| idx(0));
+    let written = RowLoops::end(x_row.index(&at_c).store(xv), &c);
     let act = TileOp::Activation { rows: 1, cols: n, ld: n, kind };
     let activated = tile(act, &[x_row.after(std::slice::from_ref(&written)).index(0)]);
-    let c = ctx.fresh_range(n, AxisType::Loop, std::slice::from_ref(&r));
-    let yv = match ctx.value_within(&y, &at(&c), &[r.clone(), c.clone()]) {
+    let c = rl.column(ctx);
+    let yv = match ctx.value_within(&y, &rl.index(&c), &rl.within(&c)) {
         Ok(v) => v,
         Err(e) => return Some(Err(e)),
     };
-    let v = x_row.after(std::slice::from_ref(&activated)).index(&c).load() * yv;
-    let row_start = simplify(&(&r * n as i64));
+    let at_c = c.clone().unwrap_or_else(|| idx(0));
+    let v = x_row.after(std::slice::from_ref(&activated)).index(&at_c).load() * yv;
     let row_done = if out.dtype() == DType::F32 {
-        out.index(simplify(&(&row_start + &c))).store(v).end(std::slice::from_ref(&c))
+        RowLoops::end(out.index(simplify(&(rl.row_start() + &at_c))).store(v), &c)
     } else {
         // A 16-bit output: the products go back into the row buffer and one conversion
         // rounds the row, 16 values per instruction where a CAST in the loop takes four.
-        let multiplied = x_row.index(&c).store(v).end(std::slice::from_ref(&c));
+        let multiplied = RowLoops::end(x_row.index(&at_c).store(v), &c);
         let convert = TileOp::Convert { rows: 1, cols: n, lds: n, ldd: n };
-        tile(convert, &[x_row.after(std::slice::from_ref(&multiplied)).index(0), out.index(&row_start)])
+        tile(convert, &[x_row.after(std::slice::from_ref(&multiplied)).index(0), out.index(rl.row_start())])
     };
-    Some(Ok(sink(&[row_done.end(std::slice::from_ref(&r))])))
+    Some(Ok(rl.program(row_done)))
+}
+
+/// Whether `u` computes a reduction anywhere (the row lowerings compute one element at a
+/// time, without rangeify's accumulator placement).
+fn reduces(u: &UOp) -> bool {
+    UOp::toposort(std::slice::from_ref(u)).iter().any(|n| matches!(n.op(), Op::Reduce { .. }))
+}
+
+/// Whether a conversion from `from` to `to` is one [`TileOp::Convert`] performs.
+fn converts(from: DType, to: DType) -> bool {
+    (from.is_half() && to == DType::F32) || (from == DType::F32 && to.is_half())
+}
+
+/// The program of an elementwise kernel `body` that only converts between f32 and a 16-bit
+/// float, reading each output row from one contiguous run of its input (a widening copy of a
+/// bf16 residual stream, a rounding copy back): one [`TileOp::Convert`] per row, 16 values per
+/// instruction where a CAST in rangeify's loop takes four. `None` for any other body.
+pub(crate) fn lower_convert_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option<Result<UOp>> {
+    let source = body.src().first()?;
+    if !matches!(body.op(), Op::Cast) || body.dtype() != out.dtype() || !converts(source.dtype(), out.dtype())
+    {
+        return None;
+    }
+    if reduces(source) {
+        return None;
+    }
+    let rl = RowLoops::new(body.shape(), ctx)?;
+    let c = rl.column(ctx);
+    let first = None;
+    let (value, first) = match (
+        ctx.value_within(source, &rl.index(&c), &rl.within(&c)),
+        ctx.value_within(source, &rl.index(&first), &rl.within(&first)),
+    ) {
+        (Ok(v), Ok(f)) => (v, f),
+        (Err(e), _) | (_, Err(e)) => return Some(Err(e)),
+    };
+    // The source must be one load whose offset is its first column's plus the column.
+    let (at, row_start) = (value.as_load()?.as_index()?, first.as_load()?.as_index()?.offset.clone());
+    let at_c = c.unwrap_or_else(|| idx(0));
+    if *at.offset != simplify(&(&row_start + &at_c)) || at.base.dtype() != source.dtype() {
+        return None;
+    }
+    let n = rl.n;
+    let convert = TileOp::Convert { rows: 1, cols: n, lds: n, ldd: n };
+    let row = tile(convert, &[at.base.index(&row_start), out.index(rl.row_start())]);
+    Some(Ok(rl.program(row)))
+}
+
+/// The program of an elementwise kernel `body` that computes an f32 value and rounds it to a
+/// 16-bit float (a normalization's output in a bf16 model), over rows of at most
+/// [`ROW_BUFFER_MAX`] elements and without a reduction inside: per row a loop writes the f32
+/// values into a row buffer and one [`TileOp::Convert`] rounds it into `out`, 16 values per
+/// instruction where a CAST in the loop takes four. `None` for any other body.
+pub(crate) fn lower_rounded_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option<Result<UOp>> {
+    let value = body.src().first()?;
+    if !matches!(body.op(), Op::Cast) || body.dtype() != out.dtype() || !out.dtype().is_half() {
+        return None;
+    }
+    if value.dtype() != DType::F32 || reduces(value) {
+        return None;
+    }
+    let rl = RowLoops::new(body.shape(), ctx)?;
+    let row = rl.buffer(ctx);
+    let c = rl.column(ctx);
+    let v = match ctx.value_within(value, &rl.index(&c), &rl.within(&c)) {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
+    let at_c = c.clone().unwrap_or_else(|| idx(0));
+    let written = RowLoops::end(row.index(&at_c).store(v), &c);
+    let n = rl.n;
+    let convert = TileOp::Convert { rows: 1, cols: n, lds: n, ldd: n };
+    let rounded =
+        tile(convert, &[row.after(std::slice::from_ref(&written)).index(0), out.index(rl.row_start())]);
+    Some(Ok(rl.program(rounded)))
 }

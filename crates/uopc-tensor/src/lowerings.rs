@@ -232,6 +232,8 @@ pub(crate) const LOWERINGS: &[Lowering] = &[
     Lowering { name: "online_rows", apply: online_rows },
     Lowering { name: "activation_rows", apply: activation_rows },
     Lowering { name: "gated_activation_rows", apply: gated_activation_rows },
+    Lowering { name: "convert_rows", apply: convert_rows },
+    Lowering { name: "rounded_rows", apply: rounded_rows },
     Lowering { name: "rangeify", apply: rangeify },
 ];
 
@@ -324,6 +326,28 @@ fn gated_activation_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Low
         return None;
     }
     let program = crate::activation_rows::lower_gated_activation_rows(&pt.body, &pt.out, &mut pt.ctx)?;
+    Some(program.map(|program| pt.finish(program, pt.loop_derived())))
+}
+
+/// An elementwise body that only converts between f32 and a 16-bit float, row by row from
+/// contiguous runs of its input, as one conversion tile op per row
+/// ([`crate::activation_rows::lower_convert_rows`]).
+fn convert_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
+    if !pt.opts.opt.tile_ops() {
+        return None;
+    }
+    let program = crate::activation_rows::lower_convert_rows(&pt.body, &pt.out, &mut pt.ctx)?;
+    Some(program.map(|program| pt.finish(program, pt.loop_derived())))
+}
+
+/// An elementwise body that rounds an f32 value to a 16-bit float, as a loop writing each
+/// row's f32 values into a row buffer and one conversion tile op per row
+/// ([`crate::activation_rows::lower_rounded_rows`]).
+fn rounded_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
+    if !pt.opts.opt.tile_ops() {
+        return None;
+    }
+    let program = crate::activation_rows::lower_rounded_rows(&pt.body, &pt.out, &mut pt.ctx)?;
     Some(program.map(|program| pt.finish(program, pt.loop_derived())))
 }
 

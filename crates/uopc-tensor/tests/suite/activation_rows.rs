@@ -193,3 +193,38 @@ fn training_step_gradient_on_the_tile_op(
     let db = dpre.sum_axis(ndarray::Axis(0)).into_dyn();
     assert_close(&grads[2].to_ndarray::<f32>().unwrap(), &db, 1e-4);
 }
+
+/// The lowering of the plan's one kernel.
+fn lowering_of(t: &Tensor) -> &'static str {
+    let plan = make_plan(&[t.uop().clone()], &RealizeOptions::default()).expect("plans");
+    assert_eq!(plan.kernels.len(), 1, "{plan}");
+    plan.kernels[0].lowering
+}
+
+#[test]
+fn conversions_between_f32_and_16_bit_rows_run_the_conversion_tile_op() {
+    let x = uniform(&[5, 7, 300], -4.0, 4.0, 8);
+    let xb: ArrayD<bf16> = x.mapv(bf16::from_f32);
+    // Widening a bf16 tensor: a copy, row by row, exact.
+    let wide = Tensor::from_array(&xb).cast(DType::F32);
+    assert_eq!(lowering_of(&wide), "convert_rows");
+    assert_eq!(wide.to_ndarray::<f32>().unwrap(), xb.mapv(|v| v.to_f32()));
+    // Rounding an f32 tensor: half's round-to-nearest-even, bit for bit.
+    let narrow = Tensor::from_array(&x).cast(DType::BF16);
+    assert_eq!(lowering_of(&narrow), "convert_rows");
+    assert_eq!(narrow.to_ndarray::<bf16>().unwrap(), xb);
+    // A transposed source is not one run per row: the loop converts it, with the same values.
+    let transposed = Tensor::from_array(&x).permute(&[2, 1, 0]).cast(DType::BF16);
+    assert_ne!(lowering_of(&transposed), "convert_rows");
+    assert_eq!(transposed.to_ndarray::<bf16>().unwrap(), xb.clone().permuted_axes(vec![2, 1, 0]));
+    // An f32 value rounded at the end: computed into a row, then rounded by the tile op, each
+    // element exactly the rounding of the f32 arithmetic.
+    let t = Tensor::from_array(&x);
+    let rounded = (&t * 0.75 + 0.5).cast(DType::BF16);
+    assert_eq!(lowering_of(&rounded), "rounded_rows");
+    let want = x.mapv(|v| bf16::from_f32(v * 0.75 + 0.5));
+    assert_eq!(rounded.to_ndarray::<bf16>().unwrap(), want);
+    let rounded16 = (&t * 0.75 + 0.5).cast(DType::F16);
+    assert_eq!(lowering_of(&rounded16), "rounded_rows");
+    assert_eq!(rounded16.to_ndarray::<half::f16>().unwrap(), x.mapv(|v| half::f16::from_f32(v * 0.75 + 0.5)));
+}

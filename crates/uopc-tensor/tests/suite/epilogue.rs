@@ -32,7 +32,9 @@ fn plan_of(t: &Tensor) -> std::sync::Arc<Plan> {
 
 /// The kernels of `plan` that are tile GEMMs, by name, each with whether it has an epilogue.
 fn gemms(plan: &Plan) -> Vec<(String, bool)> {
-    plan.kernels.iter().filter(|k| k.uses_tile_ops()).map(|k| (k.name.clone(), k.has_epilogue())).collect()
+    // A kernel of other tile ops (a row conversion) is not a GEMM.
+    let gemm = |k: &&Kernel| k.uses_tile_ops() && k.kind_label().contains("gemm");
+    plan.kernels.iter().filter(gemm).map(|k| (k.name.clone(), k.has_epilogue())).collect()
 }
 
 /// Whether kernel `k`'s THREAD tasks are proven to write disjoint memory, so they run in
