@@ -308,47 +308,44 @@ fn online_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
     Some(Ok(Lowered { online_rows: true, ..pt.finish(program, derived) }))
 }
 
-/// An elementwise body ending in an activation, as loops over the activation's argument and
-/// the activation's tile op per row ([`crate::activation_rows::lower_activation_rows`]).
-fn activation_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
+/// A row lowering of [`crate::activation_rows`] (an elementwise body lowered row by row around
+/// a tile op), where the optimizer allows tile ops.
+fn row_lowering(
+    pt: &mut Point<'_>,
+    lower_rows: fn(&UOp, &UOp, &mut crate::rangeify::Ctx) -> Option<Result<UOp>>,
+) -> Option<Result<Lowered>> {
     if !pt.opts.opt.tile_ops() {
         return None;
     }
-    let program = crate::activation_rows::lower_activation_rows(&pt.body, &pt.out, &mut pt.ctx)?;
+    let program = lower_rows(&pt.body, &pt.out, &mut pt.ctx)?;
     Some(program.map(|program| pt.finish(program, pt.loop_derived())))
+}
+
+/// An elementwise body ending in an activation, as loops over the activation's argument and
+/// the activation's tile op per row ([`crate::activation_rows::lower_activation_rows`]).
+fn activation_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
+    row_lowering(pt, crate::activation_rows::lower_activation_rows)
 }
 
 /// An elementwise body that is a gated activation (`silu(gate) * up`), as a loop writing the
 /// activation's argument into a row buffer, the activation's tile op over it, and a loop
 /// multiplying by the gate's other factor ([`crate::activation_rows::lower_gated_activation_rows`]).
 fn gated_activation_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
-    if !pt.opts.opt.tile_ops() {
-        return None;
-    }
-    let program = crate::activation_rows::lower_gated_activation_rows(&pt.body, &pt.out, &mut pt.ctx)?;
-    Some(program.map(|program| pt.finish(program, pt.loop_derived())))
+    row_lowering(pt, crate::activation_rows::lower_gated_activation_rows)
 }
 
 /// An elementwise body that only converts between f32 and a 16-bit float, row by row from
 /// contiguous runs of its input, as one conversion tile op per row
 /// ([`crate::activation_rows::lower_convert_rows`]).
 fn convert_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
-    if !pt.opts.opt.tile_ops() {
-        return None;
-    }
-    let program = crate::activation_rows::lower_convert_rows(&pt.body, &pt.out, &mut pt.ctx)?;
-    Some(program.map(|program| pt.finish(program, pt.loop_derived())))
+    row_lowering(pt, crate::activation_rows::lower_convert_rows)
 }
 
 /// An elementwise body that rounds an f32 value to a 16-bit float, as a loop writing each
 /// row's f32 values into a row buffer and one conversion tile op per row
 /// ([`crate::activation_rows::lower_rounded_rows`]).
 fn rounded_rows(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
-    if !pt.opts.opt.tile_ops() {
-        return None;
-    }
-    let program = crate::activation_rows::lower_rounded_rows(&pt.body, &pt.out, &mut pt.ctx)?;
-    Some(program.map(|program| pt.finish(program, pt.loop_derived())))
+    row_lowering(pt, crate::activation_rows::lower_rounded_rows)
 }
 
 /// Any body, as loops over its output with the optimizer's opts ([`crate::rangeify`]), each
