@@ -141,6 +141,10 @@ pub(crate) fn lower_activation_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Opt
 /// (the row lowerings below).
 const ROW_BUFFER_MAX: usize = 16 * 1024;
 
+/// The narrowest row the row lowerings take: one AVX-512 vector. A tile op call per shorter
+/// row costs more than the loop it replaces.
+const ROW_MIN: usize = 16;
+
 /// `Some((x, kind, y))` when `product` is `act(x) * y` (either order), `act` one of
 /// [`TILE_ACTIVATIONS`] matched as [`tile_activation`] matches it: a gated linear unit
 /// (SwiGLU's `silu(gate) * up`, GeGLU's).
@@ -164,12 +168,12 @@ struct RowLoops<'a> {
 }
 
 impl<'a> RowLoops<'a> {
-    /// The loops over `shape`, or `None` for an empty output or rows wider than
-    /// [`ROW_BUFFER_MAX`].
+    /// The loops over `shape`, or `None` for an empty output or rows narrower than
+    /// [`ROW_MIN`] or wider than [`ROW_BUFFER_MAX`].
     fn new(shape: &'a [usize], ctx: &mut Ctx) -> Option<RowLoops<'a>> {
         let (&n, leading) = shape.split_last()?;
         let rows: usize = leading.iter().product();
-        if n == 0 || rows == 0 || n > ROW_BUFFER_MAX {
+        if rows == 0 || !(ROW_MIN..=ROW_BUFFER_MAX).contains(&n) {
             return None;
         }
         let row = (rows > 1).then(|| ctx.fresh_range(rows, AxisType::Thread, &[]));

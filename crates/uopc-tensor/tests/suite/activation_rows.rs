@@ -217,6 +217,9 @@ fn conversions_between_f32_and_16_bit_rows_run_the_conversion_tile_op() {
     let transposed = Tensor::from_array(&x).permute(&[2, 1, 0]).cast(DType::BF16);
     assert_ne!(lowering_of(&transposed), "convert_rows");
     assert_eq!(transposed.to_ndarray::<bf16>().unwrap(), xb.clone().permuted_axes(vec![2, 1, 0]));
+    // Rows narrower than a vector keep the loop.
+    let narrow_rows = Tensor::from_array(&uniform(&[40, 3], -4.0, 4.0, 9)).cast(DType::BF16);
+    assert_eq!(lowering_of(&narrow_rows), "rangeify");
     // An f32 value rounded at the end: computed into a row, then rounded by the tile op, each
     // element exactly the rounding of the f32 arithmetic.
     let t = Tensor::from_array(&x);
