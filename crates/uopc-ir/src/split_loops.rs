@@ -167,14 +167,19 @@ mod tests {
         sink(&[out.index(&r * 6 + &j).store(value).end(&[j, r])])
     }
 
-    fn run(program: &UOp) -> Vec<f32> {
-        let x: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 2.0).collect();
-        let mut bufs = vec![HostBuffer::F32(x), HostBuffer::F32(vec![0.0; 24])];
+    /// The bits of the `out_len` floats `program` writes to slot 1 from `x` in slot 0.
+    fn outputs(program: &UOp, x: Vec<f32>, out_len: usize) -> Vec<u32> {
+        let mut bufs = vec![HostBuffer::F32(x), HostBuffer::F32(vec![0.0; out_len])];
         interp::run(program, &mut bufs, Precision::Native).unwrap();
         match &bufs[1] {
-            HostBuffer::F32(v) => v.clone(),
+            HostBuffer::F32(v) => v.iter().map(|f| f.to_bits()).collect(),
             _ => unreachable!("an f32 buffer"),
         }
+    }
+
+    /// [`outputs`] of [`concatenation`]'s buffers.
+    fn run(program: &UOp) -> Vec<u32> {
+        outputs(program, (0..12).map(|i| i as f32 * 0.5 - 2.0).collect(), 24)
     }
 
     #[test]
@@ -200,12 +205,7 @@ mod tests {
         let split = split_loops_at_divisors(&program);
         assert_ne!(split, program);
         crate::verify(&split).unwrap();
-        let run = |p: &UOp| {
-            let x = (0..6).map(|v| v as f32).collect();
-            let mut bufs = vec![HostBuffer::F32(x), HostBuffer::F32(vec![0.0; 18])];
-            interp::run(p, &mut bufs, Precision::Native).unwrap();
-            format!("{:?}", bufs[1])
-        };
+        let run = |p: &UOp| outputs(p, (0..6).map(|v| v as f32).collect(), 18);
         assert_eq!(run(&split), run(&program));
     }
 
@@ -242,12 +242,7 @@ mod tests {
         let loops = nodes.iter().filter(|u| matches!(u.op(), Op::Range { axis: AxisType::Loop, .. })).count();
         assert_eq!(loops, 2, "two pieces");
         assert_eq!(nodes.iter().filter(|u| matches!(u.op(), Op::Where)).count(), 0, "the select folded");
-        let run = |p: &UOp| {
-            let x = (0..6).map(|v| v as f32 * 1.5 - 2.0).collect();
-            let mut bufs = vec![HostBuffer::F32(x), HostBuffer::F32(vec![0.0; 24])];
-            interp::run(p, &mut bufs, Precision::Native).unwrap();
-            format!("{:?}", bufs[1])
-        };
+        let run = |p: &UOp| outputs(p, (0..6).map(|v| v as f32 * 1.5 - 2.0).collect(), 24);
         assert_eq!(run(&split), run(&program));
     }
 
