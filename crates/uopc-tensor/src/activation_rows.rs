@@ -157,10 +157,10 @@ fn gated_activation(product: &UOp) -> Option<(UOp, Activation, UOp)> {
     gated(a, b).or_else(|| gated(b, a))
 }
 
-/// The loops of a row lowering over an output of `shape` (rows of its last axis): a THREAD
-/// loop over the rows and loops over a row's elements, each absent where it would run once
-/// (its index is 0: simplify folds a RANGE of one iteration, so an END of it would close a
-/// loop its body never opened).
+/// The loops of a row lowering over an output of `shape` (rows of its last axis, at least
+/// [`ROW_MIN`] wide, so a row always has its loop): a THREAD loop over the rows, absent for
+/// one row (its index is 0: simplify folds a RANGE of one iteration, so an END of it would
+/// close a loop its body never opened), and loops over a row's elements.
 struct RowLoops<'a> {
     leading: &'a [usize],
     n: usize,
@@ -185,21 +185,23 @@ impl<'a> RowLoops<'a> {
         self.row.clone().unwrap_or_else(|| idx(0))
     }
 
-    /// A fresh loop over a row's elements, if it has more than one.
-    fn column(&self, ctx: &mut Ctx) -> Option<UOp> {
-        (self.n > 1).then(|| ctx.fresh_range(self.n, AxisType::Loop, self.row.as_slice()))
+    /// A fresh loop over a row's elements.
+    fn column(&self, ctx: &mut Ctx) -> UOp {
+        ctx.fresh_range(self.n, AxisType::Loop, self.row.as_slice())
     }
 
-    /// The output index of element `column` (a loop, or 0) of the row.
-    fn index(&self, column: &Option<UOp>) -> Vec<UOp> {
+    /// `u`'s value at element `column` (a loop over the row, or a constant) of the row, computed
+    /// within the row's loop and that column loop.
+    fn value(&self, ctx: &mut Ctx, u: &UOp, column: &UOp) -> Result<UOp> {
         let mut index = crate::view::unravel(&self.row_index(), self.leading);
-        index.push(column.clone().unwrap_or_else(|| idx(0)));
-        index
-    }
-
-    /// The loops a value inside `column` is computed within.
-    fn within(&self, column: &Option<UOp>) -> Vec<UOp> {
-        self.row.iter().chain(column).cloned().collect()
+        index.push(column.clone());
+        let loops: Vec<UOp> = self
+            .row
+            .iter()
+            .chain(std::iter::once(column).filter(|c| c.as_range().is_some()))
+            .cloned()
+            .collect();
+        ctx.value_within(u, &index, &loops)
     }
 
     /// A row buffer of f32, one per task.
@@ -216,14 +218,16 @@ impl<'a> RowLoops<'a> {
         simplify(&(self.row_index() * self.n as i64))
     }
 
-    /// `effect` closed by `lp`, if there is such a loop.
-    fn end(effect: UOp, lp: &Option<UOp>) -> UOp {
-        lp.iter().fold(effect, |e, l| e.end(std::slice::from_ref(l)))
+    /// The row buffer `buffer`, once `written` has filled it, rounded into `out`'s row by one
+    /// [`TileOp::Convert`] (16 values per instruction where a CAST in a loop takes four).
+    fn round_into(&self, buffer: &UOp, written: &UOp, out: &UOp) -> UOp {
+        let convert = TileOp::Convert { rows: 1, cols: self.n, lds: self.n, ldd: self.n };
+        tile(convert, &[buffer.after(std::slice::from_ref(written)).index(0), out.index(self.row_start())])
     }
 
-    /// The kernel: `effect` closed by the row loop.
+    /// The kernel: `effect` closed by the row loop, if there is one.
     fn program(&self, effect: UOp) -> UOp {
-        sink(&[Self::end(effect, &self.row)])
+        sink(&[self.row.iter().fold(effect, |e, r| e.end(std::slice::from_ref(r)))])
     }
 }
 
@@ -243,34 +247,33 @@ pub(crate) fn lower_gated_activation_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) 
         return None;
     }
     let rl = RowLoops::new(body.shape(), ctx)?;
+    Some(gated_program(&rl, ctx, (&x, kind, &y), out))
+}
+
+/// [`lower_gated_activation_rows`]'s program over `rl` for `act(x) * y`.
+fn gated_program(
+    rl: &RowLoops<'_>,
+    ctx: &mut Ctx,
+    (x, kind, y): (&UOp, Activation, &UOp),
+    out: &UOp,
+) -> Result<UOp> {
     let n = rl.n;
     let x_row = rl.buffer(ctx);
     let c = rl.column(ctx);
-    let xv = match ctx.value_within(&x, &rl.index(&c), &rl.within(&c)) {
-        Ok(v) => v,
-        Err(e) => return Some(Err(e)),
-    };
-    let at_c = c.clone().unwrap_or_else(|| idx(0));
-    let written = RowLoops::end(x_row.index(&at_c).store(xv), &c);
+    let written = x_row.index(&c).store(rl.value(ctx, x, &c)?).end(std::slice::from_ref(&c));
     let act = TileOp::Activation { rows: 1, cols: n, ld: n, kind };
     let activated = tile(act, &[x_row.after(std::slice::from_ref(&written)).index(0)]);
     let c = rl.column(ctx);
-    let yv = match ctx.value_within(&y, &rl.index(&c), &rl.within(&c)) {
-        Ok(v) => v,
-        Err(e) => return Some(Err(e)),
-    };
-    let at_c = c.clone().unwrap_or_else(|| idx(0));
-    let v = x_row.after(std::slice::from_ref(&activated)).index(&at_c).load() * yv;
+    let v = x_row.after(std::slice::from_ref(&activated)).index(&c).load() * rl.value(ctx, y, &c)?;
     let row_done = if out.dtype() == DType::F32 {
-        RowLoops::end(out.index(simplify(&(rl.row_start() + &at_c))).store(v), &c)
+        out.index(simplify(&(rl.row_start() + &c))).store(v).end(std::slice::from_ref(&c))
     } else {
-        // A 16-bit output: the products go back into the row buffer and one conversion
-        // rounds the row, 16 values per instruction where a CAST in the loop takes four.
-        let multiplied = RowLoops::end(x_row.index(&at_c).store(v), &c);
-        let convert = TileOp::Convert { rows: 1, cols: n, lds: n, ldd: n };
-        tile(convert, &[x_row.after(std::slice::from_ref(&multiplied)).index(0), out.index(rl.row_start())])
+        // A 16-bit output: the products go back into the row buffer, which one conversion
+        // rounds.
+        let multiplied = x_row.index(&c).store(v).end(std::slice::from_ref(&c));
+        rl.round_into(&x_row, &multiplied, out)
     };
-    Some(Ok(rl.program(row_done)))
+    Ok(rl.program(row_done))
 }
 
 /// Whether `u` computes a reduction anywhere (the row lowerings compute one element at a
@@ -299,18 +302,13 @@ pub(crate) fn lower_convert_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option
     }
     let rl = RowLoops::new(body.shape(), ctx)?;
     let c = rl.column(ctx);
-    let first = None;
-    let (value, first) = match (
-        ctx.value_within(source, &rl.index(&c), &rl.within(&c)),
-        ctx.value_within(source, &rl.index(&first), &rl.within(&first)),
-    ) {
+    let (value, first) = match (rl.value(ctx, source, &c), rl.value(ctx, source, &idx(0))) {
         (Ok(v), Ok(f)) => (v, f),
         (Err(e), _) | (_, Err(e)) => return Some(Err(e)),
     };
     // The source must be one load whose offset is its first column's plus the column.
     let (at, row_start) = (value.as_load()?.as_index()?, first.as_load()?.as_index()?.offset.clone());
-    let at_c = c.unwrap_or_else(|| idx(0));
-    if *at.offset != simplify(&(&row_start + &at_c)) || at.base.dtype() != source.dtype() {
+    if *at.offset != simplify(&(&row_start + &c)) || at.base.dtype() != source.dtype() {
         return None;
     }
     let n = rl.n;
@@ -322,8 +320,8 @@ pub(crate) fn lower_convert_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option
 /// The program of an elementwise kernel `body` that computes an f32 value and rounds it to a
 /// 16-bit float (a normalization's output in a bf16 model), over rows of at most
 /// [`ROW_BUFFER_MAX`] elements and without a reduction inside: per row a loop writes the f32
-/// values into a row buffer and one [`TileOp::Convert`] rounds it into `out`, 16 values per
-/// instruction where a CAST in the loop takes four. `None` for any other body.
+/// values into a row buffer and one [`TileOp::Convert`] rounds it into `out`. `None` for any
+/// other body.
 pub(crate) fn lower_rounded_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option<Result<UOp>> {
     let value = body.src().first()?;
     if !matches!(body.op(), Op::Cast) || body.dtype() != out.dtype() || !out.dtype().is_half() {
@@ -335,15 +333,9 @@ pub(crate) fn lower_rounded_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option
     let rl = RowLoops::new(body.shape(), ctx)?;
     let row = rl.buffer(ctx);
     let c = rl.column(ctx);
-    let v = match ctx.value_within(value, &rl.index(&c), &rl.within(&c)) {
-        Ok(v) => v,
+    let written = match rl.value(ctx, value, &c) {
+        Ok(v) => row.index(&c).store(v).end(std::slice::from_ref(&c)),
         Err(e) => return Some(Err(e)),
     };
-    let at_c = c.clone().unwrap_or_else(|| idx(0));
-    let written = RowLoops::end(row.index(&at_c).store(v), &c);
-    let n = rl.n;
-    let convert = TileOp::Convert { rows: 1, cols: n, lds: n, ldd: n };
-    let rounded =
-        tile(convert, &[row.after(std::slice::from_ref(&written)).index(0), out.index(rl.row_start())]);
-    Some(Ok(rl.program(rounded)))
+    Some(Ok(rl.program(rl.round_into(&row, &written, out))))
 }
