@@ -276,12 +276,6 @@ fn gated_program(
     Ok(rl.program(row_done))
 }
 
-/// Whether `u` computes a reduction anywhere (the row lowerings compute one element at a
-/// time, without rangeify's accumulator placement).
-fn reduces(u: &UOp) -> bool {
-    UOp::toposort(std::slice::from_ref(u)).iter().any(|n| matches!(n.op(), Op::Reduce { .. }))
-}
-
 /// Whether a conversion from `from` to `to` is one [`TileOp::Convert`] performs.
 fn converts(from: DType, to: DType) -> bool {
     (from.is_half() && to == DType::F32) || (from == DType::F32 && to.is_half())
@@ -297,7 +291,8 @@ pub(crate) fn lower_convert_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option
     {
         return None;
     }
-    if reduces(source) {
+    // The row lowerings compute one element at a time, without rangeify's accumulators.
+    if crate::opt::has_reduce(source) {
         return None;
     }
     let rl = RowLoops::new(body.shape(), ctx)?;
@@ -327,7 +322,7 @@ pub(crate) fn lower_rounded_rows(body: &UOp, out: &UOp, ctx: &mut Ctx) -> Option
     if !matches!(body.op(), Op::Cast) || body.dtype() != out.dtype() || !out.dtype().is_half() {
         return None;
     }
-    if value.dtype() != DType::F32 || reduces(value) {
+    if value.dtype() != DType::F32 || crate::opt::has_reduce(value) {
         return None;
     }
     let rl = RowLoops::new(body.shape(), ctx)?;
