@@ -137,10 +137,12 @@ fn well_formed(t: TileOp, src: &[UOp]) -> bool {
     src.len() == t.operands().len()
         && src.iter().enumerate().all(|(k, x)| {
             // A GEMM's A and B may be bf16 or f16 (loaded, then widened by the CAST to F64),
-            // and so may the rounded softmax's P (stored through a CAST; an F32 P, the score
-            // tile itself, through a 16-bit scratch element).
+            // and so may an overwritten C (stored through a CAST) and the rounded softmax's P
+            // (stored through a CAST; an F32 P, the score tile itself, through a 16-bit
+            // scratch element).
             let half_ok = match t {
-                TileOp::Gemm(_) | TileOp::Convert { .. } => k < 2,
+                TileOp::Gemm(g) => k < 2 || !g.accumulate,
+                TileOp::Convert { .. } => k < 2,
                 TileOp::SoftmaxUpdateRounded { .. } => k == 4,
                 _ => false,
             } && x.dtype().is_half();
@@ -219,7 +221,8 @@ impl Operands<'_> {
     }
 
     /// `C[i, j] = (accumulate ? C[i, j] : 0) + sum_p A[i, p] B[p, j]`, summed in f64 in `p`
-    /// order, rounded once: rows `i` outer, columns `j` inner, like the interpreter.
+    /// order, rounded to f32 (and then to C's dtype, when that is 16-bit): rows `i` outer,
+    /// columns `j` inner, like the interpreter.
     fn gemm(self, g: GemmShape) -> UOp {
         if g.m == 0 || g.n == 0 {
             return self.nothing();
@@ -245,7 +248,10 @@ impl Operands<'_> {
             let step = inner.index(0).store(inner.index(0).load() + product);
             acc.after(&[step.end(&[p])]).index(0).load()
         };
-        let nest = c.store(total.cast(DType::F32)).end(&[j, i]);
+        // A 16-bit C holds the f32 sum rounded once more, as the tile library writes it.
+        let sum = total.cast(DType::F32);
+        let value = if c.dtype() == DType::F32 { sum } else { sum.cast(c.dtype()) };
+        let nest = c.store(value).end(&[j, i]);
         self.keeping(nest, if g.k == 0 { &[0, 1] } else { &[] })
     }
 

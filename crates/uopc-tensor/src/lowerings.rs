@@ -226,6 +226,7 @@ type Apply = fn(&mut Point<'_>, &mut Temps) -> Option<Result<Lowered>>;
 /// the next lowering (the GEMM as a loop nest) when its body does not lower as one after all.
 pub(crate) const LOWERINGS: &[Lowering] = &[
     Lowering { name: "tile_gemm", apply: tile_gemm },
+    Lowering { name: "rounded_gemm", apply: rounded_gemm },
     Lowering { name: "gemm_epilogue", apply: gemm_epilogue },
     Lowering { name: "online_attention", apply: online_attention },
     Lowering { name: "online_rows_split", apply: online_rows_split },
@@ -241,6 +242,16 @@ pub(crate) const LOWERINGS: &[Lowering] = &[
 fn tile_gemm(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
     let program = pt.opts.opt.tile_ops().then(|| crate::tilemap::lower_gemm(&pt.body, &pt.out))??;
     Some(Ok(pt.finish(program, pt.loop_derived())))
+}
+
+/// A bf16 GEMM whose consumer only rounds it to bf16, as tile GEMMs writing bf16
+/// ([`crate::tilemap::lower_rounded_gemm`]).
+fn rounded_gemm(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
+    if !pt.with_epilogue.contains(pt.p) || !pt.opts.opt.tile_ops() {
+        return None;
+    }
+    let program = crate::tilemap::lower_rounded_gemm(&pt.body, &pt.out)?;
+    Some(Ok(Lowered { epilogue: true, ..pt.finish(program, pt.loop_derived()) }))
 }
 
 /// A GEMM with its consumer's elementwise ops applied to each output block

@@ -509,6 +509,36 @@ pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     Some(sink(&[sink(&[g]).end(std::slice::from_ref(&tasks.task))]))
 }
 
+/// The loop program of a kernel `body` that only rounds a GEMM of two bf16 operands to bf16
+/// (the GEMM under a CAST to bf16, reshapes between), writing `out`, on AMX: each task's tile
+/// GEMM writes its block of `out` as bf16 itself ([`uopc_tile::gemm_bf16_rounded`]), so the
+/// tasks need no f32 scratch and take the plain GEMM's grid (tall and wide blocks that pack B
+/// once per many rows). `None` for any other body, or off AMX, where the tile library would
+/// round through an f32 buffer of the whole block and the epilogue's small scratch blocks do
+/// better.
+pub(crate) fn lower_rounded_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
+    if body.dtype() != DType::BF16 || out.dtype() != DType::BF16 || !matches!(body.op(), Op::Cast) {
+        return None;
+    }
+    let mut gemm = &body.src()[0];
+    while matches!(gemm.op(), Op::Reshape(_)) {
+        gemm = &gemm.src()[0];
+    }
+    if !matches!(gemm.op(), Op::Reduce { .. }) || uopc_tile::Bf16Path::detect() != uopc_tile::Bf16Path::Amx {
+        return None;
+    }
+    let tasks = GemmTasks::new(gemm, None)?;
+    let Operands { a, b, .. } = &tasks.operands;
+    if a.dtype != DType::BF16 || b.dtype != DType::BF16 {
+        return None;
+    }
+    let n = tasks.output_shape().last().copied().unwrap_or(1);
+    // The output is contiguous and reshapes keep row-major order: each task's block is a
+    // stretch of rows `n` apart, as for a plain GEMM.
+    let g = tasks.gemm(out.index(tasks.output_start()), n);
+    Some(sink(&[sink(&[g]).end(std::slice::from_ref(&tasks.task))]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,19 +95,25 @@ impl GemmCase {
 /// `tasks` THREAD iterations, each `C_t (+)= A_t · B` on its own rows; every buffer has one
 /// element past the last block, which nothing may write.
 pub fn gemm_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
-    gemm_case_of(g, tasks, seed, DType::F32)
+    gemm_case_of(g, tasks, seed, (DType::F32, DType::F32))
 }
 
 /// [`gemm_case`] with bf16 A and B (the same values rounded to bf16) and an f32 C: the GEMM
 /// the IR runs on the bf16 micro-kernels.
 pub fn gemm_bf16_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
-    gemm_case_of(g, tasks, seed, DType::BF16)
+    gemm_case_of(g, tasks, seed, (DType::BF16, DType::F32))
+}
+
+/// [`gemm_bf16_case`] writing a bf16 C, overwritten (`g.accumulate` is ignored): the f32 sums
+/// rounded to bf16, as `uopc_tile::gemm_bf16_rounded` writes them.
+pub fn gemm_bf16_rounded_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
+    gemm_case_of(GemmCase { accumulate: false, ..g }, tasks, seed, (DType::BF16, DType::BF16))
 }
 
 /// [`gemm_case`] with f16 A and B (the same values rounded to f16) and an f32 C: the GEMM the
 /// IR runs on the f16 kernel.
 pub fn gemm_f16_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
-    gemm_case_of(g, tasks, seed, DType::F16)
+    gemm_case_of(g, tasks, seed, (DType::F16, DType::F32))
 }
 
 /// [`gemm_case`] with B stored in panels of `width` columns, `pad` elements between panels
@@ -138,23 +144,24 @@ pub fn gemm_panels_case(g: GemmCase, width: usize, tasks: usize, seed: u64) -> C
     Case { program, inputs }
 }
 
-fn gemm_case_of(g: GemmCase, tasks: usize, seed: u64, ab: DType) -> Case {
+/// The GEMM case with A and B of dtype `ab` and C of dtype `c_dtype`.
+fn gemm_case_of(g: GemmCase, tasks: usize, seed: u64, (ab, c_dtype): (DType, DType)) -> Case {
     let (a_len, b_len, c_len) = (g.a_len(), g.b_len(), g.c_len());
     let a = buffer(0, ab, a_len * tasks + 1);
     let b = buffer(1, ab, b_len + 1);
-    let c = buffer(2, DType::F32, c_len * tasks + 1);
+    let c = buffer(2, c_dtype, c_len * tasks + 1);
     let t = range(tasks, 0, AxisType::Thread);
     let operands = [a.index(&t * a_len + g.offset as i64), b.index(g.offset as i64), c.index(&t * c_len)];
     let program = sink(&[sink(&[tile(g.op(), &operands)]).end(&[t])]);
-    let operand = |v: Vec<f32>| match ab {
+    let operand = |v: Vec<f32>, dtype: DType| match dtype {
         DType::BF16 => HostBuffer::BF16(v.into_iter().map(half::bf16::from_f32).collect()),
         DType::F16 => HostBuffer::F16(v.into_iter().map(half::f16::from_f32).collect()),
         _ => HostBuffer::F32(v),
     };
     let inputs = vec![
-        operand(values(a_len * tasks + 1, seed)),
-        operand(values(b_len + 1, seed + 1)),
-        HostBuffer::F32(values(c_len * tasks + 1, seed + 2)),
+        operand(values(a_len * tasks + 1, seed), ab),
+        operand(values(b_len + 1, seed + 1), ab),
+        operand(values(c_len * tasks + 1, seed + 2), c_dtype),
     ];
     Case { program, inputs }
 }

@@ -2,8 +2,8 @@
 //! portable Rust), and the pair layout it packs into: see [`crate::bf16_gemm`] for the layout.
 
 use crate::GemmShape;
+use crate::bf16_c_out::COut;
 use crate::bf16_path::Bf16Path;
-use crate::shapes::zero_c;
 use crate::x86::bf16_tiles::{ATiles, BLoads, Extent};
 
 /// How [`drive`] sweeps the product: k in slabs of `k_blocks_per_slab` blocks of 32 (each slab
@@ -190,7 +190,36 @@ fn a_in_place(s: &GemmShape) -> bool {
 /// The contract of [`gemm_bf16_unchecked`].
 pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: *mut f32) {
     // SAFETY: this function's contract.
-    unsafe { drive_swept(path, s, (a, b, c), Sweep::of_machine(path, s.k.div_ceil(32))) }
+    unsafe { drive_swept(path, s, (a, b, COut::F32(c)), Sweep::of_machine(path, s.k.div_ceil(32))) }
+}
+
+/// The driver writing C as bf16, each block rounded to nearest even from its f32 sums, when
+/// the machine's sweep takes all of k in one slab, C is overwritten and the rows are more than
+/// the few that stream B: then every 32 x 32 block's sums are final in a local block right
+/// after its k loop, and C never holds f32. Returns false, touching nothing, otherwise.
+///
+/// # Safety
+///
+/// The contract of [`gemm_bf16_unchecked`], with C's extent valid for writes of bf16 bits.
+pub(crate) unsafe fn drive_rounded(
+    path: Bf16Path,
+    s: &GemmShape,
+    a: *const u16,
+    b: *const u16,
+    c: *mut u16,
+) -> bool {
+    let sweep = Sweep::of_machine(path, s.k.div_ceil(32));
+    #[cfg(target_arch = "x86_64")]
+    let streams_rows =
+        path != Bf16Path::Portable && s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans;
+    #[cfg(not(target_arch = "x86_64"))]
+    let streams_rows = false;
+    if s.accumulate || sweep.k_blocks_per_slab < s.k.div_ceil(32) || streams_rows {
+        return false;
+    }
+    // SAFETY: this function's contract; the sweep is the machine's.
+    unsafe { drive_swept(path, s, (a, b, COut::Bf16(c)), sweep) };
+    true
 }
 
 /// [`drive`] with the sweep given.
@@ -201,7 +230,7 @@ pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *con
 unsafe fn drive_swept(
     path: Bf16Path,
     s: &GemmShape,
-    (a, b, c): (*const u16, *const u16, *mut f32),
+    (a, b, c): (*const u16, *const u16, COut),
     sweep: Sweep,
 ) {
     let GemmShape { m, n, k, ldc, accumulate, .. } = *s;
@@ -209,15 +238,17 @@ unsafe fn drive_swept(
         return;
     }
     if k == 0 {
-        if !accumulate {
-            // SAFETY: C's extent is valid for writes.
-            unsafe { zero_c(s, c) };
-        }
+        // SAFETY: C's extent is valid for writes (this function's contract).
+        unsafe { c.empty_sum(s) };
         return;
     }
     // A few rows of A cannot amortize packing B: stream it (both vector paths have AVX-512F).
     #[cfg(target_arch = "x86_64")]
-    if path != Bf16Path::Portable && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
+    if let COut::F32(c) = c
+        && path != Bf16Path::Portable
+        && m <= crate::x86::half_rows::HALF_ROWS_MAX
+        && !s.a_trans
+    {
         // SAFETY: AVX-512F comes with either vector path; the shape is in the kernel's range
         // and the pointers are this function's contract.
         unsafe { crate::x86::half_rows::gemm::<false>(s, crate::x86::half_rows::RowsA::Half(a), b, c) };
@@ -274,28 +305,12 @@ unsafe fn drive_swept(
                     for jp in jg..(jg + group).min(panels) {
                         let j0 = jp * 32;
                         let (rows, cols) = ((m - i0).min(32), (n - j0).min(32));
-                        let whole = rows == 32 && cols == 32;
-                        let (cp, cld) = if whole {
-                            // SAFETY: the block lies inside C.
-                            (unsafe { c.add(i0 * ldc + j0) }, ldc)
-                        } else {
-                            if load {
-                                for r in 0..rows {
-                                    // SAFETY: row `i0 + r < m`, columns `j0 .. j0 + cols <= n`.
-                                    unsafe {
-                                        std::ptr::copy_nonoverlapping(
-                                            c.add((i0 + r) * ldc + j0),
-                                            cblock.0.as_mut_ptr().add(r * 32),
-                                            cols,
-                                        )
-                                    };
-                                }
-                            }
-                            (cblock.0.as_mut_ptr(), 32)
-                        };
+                        // SAFETY: the block lies inside C.
+                        let (cp, cld) = unsafe { c.open(&mut cblock.0, (i0, j0), (rows, cols), ldc, load) };
                         #[cfg(target_arch = "x86_64")]
                         if jp + 1 < panels {
-                            prefetch_rows(c.wrapping_add(i0 * ldc + j0 + 32), ldc, rows);
+                            let (next, row_bytes) = c.at(i0 * ldc + j0 + 32, ldc);
+                            prefetch_rows(next, row_bytes, rows);
                         }
                         let mut load_c = load;
                         for &(at, kb, nkb) in &pieces[..npieces] {
@@ -317,18 +332,8 @@ unsafe fn drive_swept(
                             };
                             load_c = true;
                         }
-                        if !whole {
-                            for r in 0..rows {
-                                // SAFETY: as for the copy in.
-                                unsafe {
-                                    std::ptr::copy_nonoverlapping(
-                                        cblock.0.as_ptr().add(r * 32),
-                                        c.add((i0 + r) * ldc + j0),
-                                        cols,
-                                    )
-                                };
-                            }
-                        }
+                        // SAFETY: as for `open`, which gave `cp`.
+                        unsafe { c.close(path, &cblock.0, (i0, j0), (rows, cols), ldc) };
                     }
                 }
             }
@@ -341,13 +346,13 @@ unsafe fn drive_swept(
     });
 }
 
-/// Prefetches `rows` rows of the C block at `first` (rows `ldc` apart, a stride no hardware
-/// prefetcher follows: when C is larger than the caches every row would otherwise miss at the
-/// start of the block).
+/// Prefetches the first 128 bytes of `rows` rows of the C block at `first` (rows
+/// `row_bytes` apart, a stride no hardware prefetcher follows: when C is larger than the
+/// caches every row would otherwise miss at the start of the block).
 #[cfg(target_arch = "x86_64")]
-fn prefetch_rows(first: *mut f32, ldc: usize, rows: usize) {
+fn prefetch_rows(first: *const i8, row_bytes: usize, rows: usize) {
     for r in 0..rows {
-        let p = first.wrapping_add(r * ldc).cast::<i8>();
+        let p = first.wrapping_add(r * row_bytes);
         // SAFETY: prefetching never faults.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p);
@@ -403,7 +408,7 @@ unsafe fn pack_operands(
         } else {
             for ib in 0..rblocks {
                 let dst = ap_rows.add(ib * kblocks * BLOCK);
-                match vector_pack {
+                match vector_pack && s.a_trans {
                     #[cfg(target_arch = "x86_64")]
                     true => crate::x86::bf16::pack_a_cols(dst, a, lda, k, m, ib * 32),
                     _ => pack_a_block(dst, s, a, ib * 32, 0, kblocks),
@@ -479,7 +484,7 @@ mod tests {
         assert!(a.len() >= na && b.len() >= nb && c.len() >= nc);
         // SAFETY: the slices hold the shape's extents (asserted above), the caller runs only
         // paths available here, and the sweep's fields are at least 1.
-        unsafe { drive_swept(path, s, (a.as_ptr(), b.as_ptr(), c.as_mut_ptr()), sweep) };
+        unsafe { drive_swept(path, s, (a.as_ptr(), b.as_ptr(), COut::F32(c.as_mut_ptr())), sweep) };
         c
     }
 

@@ -14,6 +14,7 @@ impl TileEntry {
             TileEntry::GemmF32Bf16 => crate::uopc_tile_gemm_f32_bf16 as *const u8,
             TileEntry::GemmF16F32 => crate::uopc_tile_gemm_f16_f32 as *const u8,
             TileEntry::GemmBf16F32 => crate::uopc_tile_gemm_bf16_f32 as *const u8,
+            TileEntry::GemmBf16Rounded => crate::uopc_tile_gemm_bf16_rounded as *const u8,
             TileEntry::SoftmaxUpdate => crate::uopc_tile_softmax_update_f32 as *const u8,
             TileEntry::SoftmaxUpdateRounded => crate::uopc_tile_softmax_update_rounded as *const u8,
             TileEntry::SoftmaxUpdateRoundedInPlace => {

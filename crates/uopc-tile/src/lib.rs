@@ -56,8 +56,10 @@ mod activation_grad;
 mod activation_kind;
 mod amx_guard;
 mod bf16_blocked;
+mod bf16_c_out;
 mod bf16_gemm;
 mod bf16_path;
+mod bf16_rounded;
 #[cfg(target_arch = "x86_64")]
 mod blocked;
 pub mod convert;
@@ -98,6 +100,7 @@ pub use bf16_gemm::{
     Bf16Path, gemm_bf16, gemm_bf16_parallel, gemm_bf16_unchecked, uopc_tile_gemm_bf16,
     uopc_tile_gemm_bf16_desc,
 };
+pub use bf16_rounded::{gemm_bf16_rounded, gemm_bf16_rounded_unchecked, uopc_tile_gemm_bf16_rounded};
 pub use error::TileError;
 pub use exp_rows::{ExpRowsShape, exp_rows, exp_rows_unchecked, uopc_tile_exp_rows_f32};
 pub use f16_gemm::{

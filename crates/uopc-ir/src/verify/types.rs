@@ -5,6 +5,7 @@ use super::{err, view_base};
 use crate::dtype::DType;
 use crate::error::{IrError, IrErrorKind};
 use crate::uop::{BinaryOp, ConstValue, Op, TileOp, UOp, UnaryOp};
+use uopc_tile::GemmShape;
 
 fn is_value(u: &UOp) -> bool {
     matches!(u.op(), Op::Const(_) | Op::Var { .. } | Op::Range { .. } | Op::Load) || u.op().is_alu()
@@ -116,7 +117,8 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
         }
     }
     // A GEMM multiplies f32, bf16 or f16 operands (both alike, or an f32 A with an f16
-    // B, which the tile library widens while packing B) into an f32 C; the rounded
+    // B, which the tile library widens while packing B) into an f32 C (or, for two bf16
+    // operands, a bf16 C it overwrites: see `rounds_into_bf16`); the rounded
     // softmax rounds to BF16 or F16 (its type says so) and writes its P tile (operand 4)
     // in that dtype, or over its F32 score tile (the same node, the same stride); every
     // other operand is f32.
@@ -190,6 +192,8 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
         let want = match t {
             // Checked together above.
             TileOp::Gemm(_) if k < 2 => continue,
+            // Two BF16 operands may write a BF16 C that they overwrite: the f32 sums, rounded.
+            TileOp::Gemm(g) if k == 2 && rounds_into_bf16(g, dt(0), dt(1), x.dtype()) => continue,
             TileOp::Convert { .. } => continue,
             TileOp::SoftmaxUpdateRounded { .. } if k == 4 => continue,
             _ => DType::F32,
@@ -212,6 +216,13 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
         }
     }
     Ok(())
+}
+
+/// Whether a GEMM of A and B of dtypes `a` and `b` may write a C of dtype `c` other than F32:
+/// a BF16 C of two BF16 operands, overwritten (the f32 sums rounded once, which a C of too few
+/// bits cannot carry between calls) and with B not in panels.
+fn rounds_into_bf16(g: &GemmShape, a: DType, b: DType, c: DType) -> bool {
+    a == DType::BF16 && b == DType::BF16 && c == DType::BF16 && !g.accumulate && g.b_panel_width == 0
 }
 
 /// The rules of INDEX, LOAD and STORE at `u`: a view indexed by an integer, and loads and

@@ -379,6 +379,24 @@ fn gemms_with_b_in_panels_are_bounded_by_their_panels_and_take_only_f32() {
 }
 
 #[test]
+fn only_a_bf16_gemm_may_write_a_bf16_c_and_only_overwriting_it() {
+    let (a, b, c) = (buffer(0, DType::BF16, 6), buffer(1, DType::BF16, 12), buffer(2, DType::BF16, 8));
+    let gemm = |accumulate: bool, a: &UOp, c: &UOp| {
+        tile(gemm_op(2, 4, 3, accumulate), &[a.index(0), b.index(0), c.index(0)])
+    };
+    verify(&sink(&[gemm(false, &a, &c)])).unwrap();
+    // a bf16 C cannot carry the f32 sums of an accumulating GEMM
+    assert_eq!(verify(&sink(&[gemm(true, &a, &c)])).unwrap_err().kind, IrErrorKind::DType);
+    // f32 operands, or an f16 C, have no rounded GEMM
+    let a32 = buffer(0, DType::F32, 6);
+    let mixed =
+        tile(gemm_op(2, 4, 3, false), &[a32.index(0), buffer(1, DType::F32, 12).index(0), c.index(0)]);
+    assert_eq!(verify(&sink(&[mixed])).unwrap_err().kind, IrErrorKind::DType);
+    let c16 = buffer(2, DType::F16, 8);
+    assert_eq!(verify(&sink(&[gemm(false, &a, &c16)])).unwrap_err().kind, IrErrorKind::DType);
+}
+
+#[test]
 fn tile_ops_run_in_the_interpreter() {
     use uopc_ir::interp::{self, Precision};
     let (a, b, c) = (buffer(0, DType::F32, 6), buffer(1, DType::F32, 12), buffer(2, DType::F32, 8));

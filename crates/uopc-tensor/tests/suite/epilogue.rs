@@ -248,11 +248,14 @@ fn bf16_matmul_rounds_in_the_gemm_kernel() {
     assert_eq!(gemms(&plan), [(format!("r_{n}_{m}"), true)], "{plan}");
     assert_eq!(plan.kernels.len(), 1, "{plan}");
     assert!(tasks(&plan.kernels[0]) > 1 && runs_in_parallel(&plan.kernels[0]), "{plan}");
-    // Nothing but the rounding follows the product: one conversion per block, not a loop.
+    // Nothing but the rounding follows the product: on AMX the GEMM writes bf16 itself, else
+    // one conversion per block; never a loop.
     let nodes = uopc_ir::UOp::toposort(std::slice::from_ref(&plan.kernels[0].program));
     let converts = nodes.iter().any(|u| matches!(u.op(), Op::Tile(uopc_ir::TileOp::Convert { .. })));
     let loops = nodes.iter().any(|u| matches!(u.op(), Op::Range { axis: uopc_ir::AxisType::Loop, .. }));
-    assert!(converts && !loops, "{plan}");
+    let on_amx = uopc_tile::Bf16Path::detect() == uopc_tile::Bf16Path::Amx;
+    assert_eq!(plan.kernels[0].lowering, if on_amx { "rounded_gemm" } else { "gemm_epilogue" }, "{plan}");
+    assert!(converts != on_amx && !loops, "{plan}");
     let wide = |a: &ArrayD<bf16>| a.mapv(|v| f64::from(v.to_f32()));
     let want = matmul64(&wide(&x), &wide(&w));
     // Products of bf16 values are exact in f32; the f32 sum is within k * 2^-24 * sum |terms|

@@ -44,6 +44,28 @@ pub(crate) unsafe fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
     }
 }
 
+/// Rounds `rows` rows of 32 f32 (rows 32 apart) at `src` to bf16 bits at `dst` (rows `ldd`
+/// apart) with `vcvtne2ps2bf16`: to nearest even, NaNs quieted with their sign and top payload
+/// bits kept, as [`convert::bf16_from_f32`], except that subnormal inputs become zeros.
+///
+/// # Safety
+///
+/// AVX-512F and AVX-512 BF16 are available; `src` holds `rows * 32` readable f32 and `dst`
+/// `rows` writable rows of 32 u16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(crate) unsafe fn round_rows_32(src: *const f32, rows: usize, dst: *mut u16, ldd: usize) {
+    for r in 0..rows {
+        // SAFETY: row `r` is 32 readable f32 and 32 writable u16 (this function's contract).
+        unsafe {
+            let lo = _mm512_loadu_ps(src.add(r * 32));
+            let hi = _mm512_loadu_ps(src.add(r * 32 + 16));
+            // The second operand fills the low half.
+            let both = _mm512_cvtne2ps_pbh(hi, lo);
+            _mm512_storeu_si512(dst.add(r * ldd).cast(), std::mem::transmute::<__m512bh, __m512i>(both));
+        }
+    }
+}
+
 /// [`convert::bf16_to_f32`] over a slice, 16 elements at a time.
 ///
 /// # Safety

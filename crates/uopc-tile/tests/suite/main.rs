@@ -5,6 +5,7 @@ mod common;
 
 mod attention;
 mod bf16;
+mod bf16_rounded;
 mod bounds;
 mod convert;
 mod f16;
