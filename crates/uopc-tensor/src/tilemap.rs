@@ -502,11 +502,15 @@ impl GemmTasks {
 /// one THREAD iteration per batch item, block of output rows and block of output columns,
 /// each one tile GEMM.
 pub(crate) fn lower_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
-    let tasks = GemmTasks::new(body, None)?;
+    Some(tile_gemm_per_task(&GemmTasks::new(body, None)?, out))
+}
+
+/// The program running each of `tasks` as one tile GEMM writing its block of the contiguous
+/// `out` (each task's block is a stretch of rows `n` apart).
+fn tile_gemm_per_task(tasks: &GemmTasks, out: &UOp) -> UOp {
     let n = tasks.output_shape().last().copied().unwrap_or(1);
-    // The output is contiguous: each task's block is a stretch of rows `n` apart.
     let g = tasks.gemm(out.index(tasks.output_start()), n);
-    Some(sink(&[sink(&[g]).end(std::slice::from_ref(&tasks.task))]))
+    sink(&[sink(&[g]).end(std::slice::from_ref(&tasks.task))])
 }
 
 /// The loop program of a kernel `body` that only rounds a GEMM of two bf16 operands to bf16
@@ -532,11 +536,8 @@ pub(crate) fn lower_rounded_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     if a.dtype != DType::BF16 || b.dtype != DType::BF16 {
         return None;
     }
-    let n = tasks.output_shape().last().copied().unwrap_or(1);
-    // The output is contiguous and reshapes keep row-major order: each task's block is a
-    // stretch of rows `n` apart, as for a plain GEMM.
-    let g = tasks.gemm(out.index(tasks.output_start()), n);
-    Some(sink(&[sink(&[g]).end(std::slice::from_ref(&tasks.task))]))
+    // The output is contiguous and reshapes keep row-major order, as for a plain GEMM.
+    Some(tile_gemm_per_task(&tasks, out))
 }
 
 #[cfg(test)]

@@ -209,17 +209,21 @@ pub(crate) unsafe fn drive_rounded(
     c: *mut u16,
 ) -> bool {
     let sweep = Sweep::of_machine(path, s.k.div_ceil(32));
-    #[cfg(target_arch = "x86_64")]
-    let streams_rows =
-        path != Bf16Path::Portable && s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans;
-    #[cfg(not(target_arch = "x86_64"))]
-    let streams_rows = false;
-    if s.accumulate || sweep.k_blocks_per_slab < s.k.div_ceil(32) || streams_rows {
+    if s.accumulate || sweep.k_blocks_per_slab < s.k.div_ceil(32) || streams_b(path, s) {
         return false;
     }
     // SAFETY: this function's contract; the sweep is the machine's.
     unsafe { drive_swept(path, s, (a, b, COut::Bf16(c)), sweep) };
     true
+}
+
+/// Whether the driver streams B past a few rows of A (widening it in registers) instead of
+/// packing it: a few rows cannot amortize packing B (both vector paths have AVX-512F).
+fn streams_b(path: Bf16Path, s: &GemmShape) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return path != Bf16Path::Portable && s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans;
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
 }
 
 /// [`drive`] with the sweep given.
@@ -242,12 +246,9 @@ unsafe fn drive_swept(
         unsafe { c.empty_sum(s) };
         return;
     }
-    // A few rows of A cannot amortize packing B: stream it (both vector paths have AVX-512F).
     #[cfg(target_arch = "x86_64")]
     if let COut::F32(c) = c
-        && path != Bf16Path::Portable
-        && m <= crate::x86::half_rows::HALF_ROWS_MAX
-        && !s.a_trans
+        && streams_b(path, s)
     {
         // SAFETY: AVX-512F comes with either vector path; the shape is in the kernel's range
         // and the pointers are this function's contract.
@@ -408,7 +409,7 @@ unsafe fn pack_operands(
         } else {
             for ib in 0..rblocks {
                 let dst = ap_rows.add(ib * kblocks * BLOCK);
-                match vector_pack && s.a_trans {
+                match vector_pack {
                     #[cfg(target_arch = "x86_64")]
                     true => crate::x86::bf16::pack_a_cols(dst, a, lda, k, m, ib * 32),
                     _ => pack_a_block(dst, s, a, ib * 32, 0, kblocks),

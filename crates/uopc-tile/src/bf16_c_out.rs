@@ -122,10 +122,13 @@ unsafe fn round_block(
         unsafe { crate::x86::bf16::round_rows_32(block.as_ptr(), rows, dst, ldd) };
         return;
     }
-    for r in 0..rows {
-        // SAFETY: row `r` of `dst` holds `cols` writable u16 (bf16 is a transparent u16).
-        let out = unsafe { std::slice::from_raw_parts_mut(dst.add(r * ldd).cast::<half::bf16>(), cols) };
-        let _ = crate::convert::f32_to_bf16_slice(&block[r * 32..r * 32 + cols], out);
+    if rows > 0 && cols > 0 {
+        // SAFETY: `rows` rows of `cols` u16, `ldd` apart, are writable (this function's
+        // contract; bf16 is a transparent u16).
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(dst.cast::<half::bf16>(), (rows - 1) * ldd + cols) };
+        // The extents are exact, so this cannot fail.
+        let _ = crate::convert::convert_block(rows, cols, block, 32, out, ldd);
     }
 }
 

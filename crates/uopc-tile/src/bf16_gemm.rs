@@ -96,7 +96,7 @@ pub fn gemm_bf16(
 }
 
 /// The checks of [`gemm_bf16`] on slice lengths.
-fn check(path: Bf16Path, s: &GemmShape, a: usize, b: usize, c: usize) -> Result<(), TileError> {
+pub(crate) fn check(path: Bf16Path, s: &GemmShape, a: usize, b: usize, c: usize) -> Result<(), TileError> {
     if !path.available() {
         return Err(TileError::PathUnavailable(path));
     }

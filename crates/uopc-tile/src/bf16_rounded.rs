@@ -50,10 +50,7 @@ pub fn gemm_bf16_rounded(
             reason: "a bf16 C is overwritten, not accumulated",
         });
     }
-    if !path.available() {
-        return Err(TileError::PathUnavailable(path));
-    }
-    crate::gemm::check_extents(s, [a.len(), b.len(), c.len()], false)?;
+    crate::bf16_gemm::check(path, s, a.len(), b.len(), c.len())?;
     // SAFETY: the path is available, each slice covers its operand's extent, `c` is a unique
     // borrow (so it overlaps neither operand) and the shape overwrites C.
     unsafe { gemm_bf16_rounded_unchecked(path, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
@@ -84,12 +81,12 @@ pub unsafe fn gemm_bf16_rounded_unchecked(
     let dense = GemmShape { ldc: n.max(1), accumulate: false, parallel: false, ..*s };
     // SAFETY: forwarded, with C the call's own `m x n` buffer.
     unsafe { crate::gemm_bf16_unchecked(path, &dense, a, b, sums.as_mut_ptr()) };
-    for i in 0..m {
-        // SAFETY: row `i < m` of C is `n` writable bf16 at stride `ldc` (this function's
+    if m > 0 && n > 0 {
+        // SAFETY: C's extent, `m` rows of `n` at stride `ldc`, is writable (this function's
         // contract).
-        let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * s.ldc), n) };
-        // The lengths are equal, so this cannot fail.
-        let _ = crate::convert::f32_to_bf16_slice(&sums[i * n..(i + 1) * n], row);
+        let c = unsafe { std::slice::from_raw_parts_mut(c, (m - 1) * s.ldc + n) };
+        // The extents are exact, so this cannot fail.
+        let _ = crate::convert::convert_block(m, n, &sums, n, c, s.ldc);
     }
     crate::memory::keep_f32(sums);
 }
