@@ -2,10 +2,12 @@
 //!
 //! [`drive`] wraps an ISA-specific register tile ([`TileKernel`]) in cache blocking derived
 //! from the machine model ([`crate::machine::GemmBlocking`]): k is split into balanced slabs
-//! of at most `kc`, and each slab of B is packed into contiguous `NR`-wide panels (transposing
-//! it if needed, zero-padding the ragged last one) that stay in L1 while strips of A stream
-//! past them. A is copied into k-major `MR`-row strips when its strips meet enough B panels to
-//! pay for the copy; a product of few columns reads an f32 A in place.
+//! of at most `kc`; per slab, blocks of A's rows (`mc`, kept in L3) are copied into k-major
+//! `MR`-row strips, and blocks of B's columns (`nc`, kept in L2) into contiguous `NR`-wide
+//! panels (transposing them if needed, zero-padding the ragged last one). Each strip of A
+//! stays in L1 while every panel of the B block streams past it. A is copied only when its
+//! strips meet enough B panels to pay for the copy; a product of few columns reads an f32 A
+//! in place.
 //!
 //! The operands' element type is a parameter ([`Element`]): f16 operands are widened to f32
 //! exactly by the same packing (B's panels, and A's block, which the kernel cannot read as
@@ -173,7 +175,7 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
     b: *const EB,
     c: *mut f32,
 ) {
-    let GemmShape { m, n, k, lda, ldb, ldc, a_trans, b_trans, b_panel_width, .. } = *s;
+    let GemmShape { m, n, k, lda, ldb, a_trans, b_trans, b_panel_width, .. } = *s;
     if m == 0 || n == 0 {
         return;
     }
@@ -189,7 +191,8 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
     let nc_max = nc_block.max(K::NR);
     let mc_max = mc_block.max(K::MR);
     // B is packed a whole `kc x nc` block at a time (transposed or not), followed in the buffer
-    // by the packed `mc x kc` block of A when A is copied.
+    // by the packed `mc x kc` block of A when A is copied; each A block is packed once per
+    // slab, each B block once per slab and A block.
     // B already in panels (a whole number of register-tile columns wide, as the dispatcher
     // checked) is read where it lies.
     let prepacked = b_panel_width != 0;
@@ -208,80 +211,122 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
             let kc = kc_step.min(k - pc);
             let accumulate = s.accumulate || pc > 0;
             let in_place = EB::READ_IN_PLACE && !b_trans && panel_stays_in_l1(kc, ldb);
-            for jc in (0..n).step_by(nc_max) {
-                let nc = nc_max.min(n - jc);
-                if !prepacked {
-                    // SAFETY: the B part of the buffer holds `kc * nc.next_multiple_of(NR)`
-                    // floats; the source block (rows `pc .. pc + kc`, columns `jc .. jc + nc`
-                    // of the product's B) lies in B's storage.
-                    unsafe {
-                        let at = if b_trans { jc * ldb + pc } else { pc * ldb + jc };
-                        pack_b_block::<K, EB>(buf, b.add(at), ldb, b_trans, kc, nc, in_place);
-                    }
+            for ic in (0..m).step_by(mc_max) {
+                let mc = mc_max.min(m - ic);
+                if pack_a && a_trans {
+                    // SAFETY: the A part of the buffer holds `kc * mc.next_multiple_of(MR)`
+                    // floats; the source rows `pc .. pc + kc`, columns `ic .. ic + mc` lie in
+                    // A's `k x m` storage.
+                    unsafe { pack_a_trans::<K, EA>(abuf, a.add(pc * lda + ic), lda, kc, mc) };
+                } else if pack_a {
+                    // SAFETY: as above; rows `ic .. ic + mc`, columns `pc .. pc + kc` lie in
+                    // A's `m x k` storage.
+                    unsafe { pack_a_rows::<K, EA>(abuf, a.add(ic * lda + pc), lda, kc, mc) };
                 }
-                for ic in (0..m).step_by(mc_max) {
-                    let mc = mc_max.min(m - ic);
-                    if pack_a && a_trans {
-                        // SAFETY: the A part of the buffer holds `kc * mc.next_multiple_of(MR)`
-                        // floats; the source rows `pc .. pc + kc`, columns `ic .. ic + mc` lie in
-                        // A's `k x m` storage.
-                        unsafe { pack_a_trans::<K, EA>(abuf, a.add(pc * lda + ic), lda, kc, mc) };
-                    } else if pack_a {
-                        // SAFETY: as above; rows `ic .. ic + mc`, columns `pc .. pc + kc` lie in
-                        // A's `m x k` storage.
-                        unsafe { pack_a_rows::<K, EA>(abuf, a.add(ic * lda + pc), lda, kc, mc) };
-                    }
-                    for jr in (0..nc).step_by(K::NR) {
-                        let nr = K::NR.min(nc - jr);
-                        let (bp, bld) = if prepacked {
-                            let (j, w) = (jc + jr, b_panel_width);
-                            // SAFETY: column `j` starts a register tile inside its panel (`w`
-                            // is a multiple of NR), whose rows `pc .. pc + kc` lie in B's
-                            // extent with NR readable floats each (the panel is `w` wide);
-                            // `EB` is f32, the only type panels are taken in.
-                            (unsafe { b.add((j / w) * ldb + pc * w + j % w) }.cast::<f32>(), w)
-                        } else if in_place && nr == K::NR {
-                            // SAFETY: a full panel read in place lies in B's storage (rows
-                            // `pc .. pc + kc`, columns `jc + jr .. jc + jr + NR <= n`), whose
-                            // elements are f32 (`READ_IN_PLACE`).
-                            (unsafe { b.add(pc * ldb + jc + jr) }.cast::<f32>(), ldb)
-                        } else {
-                            // SAFETY: panel `jr / NR` of the packed block.
-                            (unsafe { buf.add(jr * kc) }.cast_const(), K::NR)
-                        };
-                        for ir in (0..mc).step_by(K::MR) {
-                            let i = ic + ir;
-                            // SAFETY: row `i < m` and slab `pc < k` of A and C exist; the tile
-                            // stays within their extents (or A's packed strip `ir / MR`), and
-                            // B's panel was packed above.
-                            unsafe {
-                                let (ap, alda) = match (pack_a, a_trans) {
-                                    (true, _) => (abuf.add(ir * kc).cast_const(), K::MR),
-                                    // Not packed, so `EA` is f32 (`READ_IN_PLACE`).
-                                    (false, true) => (a.add(pc * lda + i).cast::<f32>(), lda),
-                                    (false, false) => (a.add(i * lda + pc).cast::<f32>(), lda),
-                                };
-                                let tile = Tile {
-                                    mr: K::MR.min(mc - ir),
-                                    nr,
-                                    kc,
-                                    a: ap,
-                                    lda: alda,
-                                    a_colmajor: pack_a || a_trans,
-                                    b: bp,
-                                    ldb: bld,
-                                    c: c.add(i * ldc + jc + jr),
-                                    ldc,
-                                    accumulate,
-                                };
-                                K::tile(&tile);
-                            }
+                for jc in (0..n).step_by(nc_max) {
+                    let nc = nc_max.min(n - jc);
+                    if !prepacked {
+                        // SAFETY: the B part of the buffer holds `kc * nc.next_multiple_of(NR)`
+                        // floats; the source block (rows `pc .. pc + kc`, columns `jc .. jc +
+                        // nc` of the product's B) lies in B's storage.
+                        unsafe {
+                            let at = if b_trans { jc * ldb + pc } else { pc * ldb + jc };
+                            pack_b_block::<K, EB>(buf, b.add(at), ldb, b_trans, kc, nc, in_place);
                         }
                     }
+                    let block = Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a };
+                    // SAFETY: the blocks lie in the operands (as packed above), which the
+                    // caller's contract makes valid; `buf` holds the packed B block and
+                    // `abuf` the packed A block.
+                    unsafe { sweep_block::<K, EA, EB>(s, &block, a, b, buf, abuf, c) };
                 }
             }
         }
     });
+}
+
+/// One `mc x nc` block of C over one k slab, as [`drive`] cut it: where its operands lie.
+struct Block {
+    pc: usize,
+    kc: usize,
+    ic: usize,
+    mc: usize,
+    jc: usize,
+    nc: usize,
+    /// C is added to (a later slab, or the caller asked to accumulate).
+    accumulate: bool,
+    /// B's full panels are read where they lie ([`panel_stays_in_l1`]).
+    in_place: bool,
+    /// A's block was packed into `abuf`.
+    pack_a: bool,
+}
+
+/// Runs the register tiles of one block: each `MR`-row strip of A, which stays in L1,
+/// against every `NR`-column panel of B, which streams from the B block in L2.
+///
+/// # Safety
+///
+/// As [`drive`], with `buf` holding the block's packed B panels (unless B is read in place
+/// or in caller panels) and `abuf` its packed A strips when `blk.pack_a`.
+unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
+    s: &GemmShape,
+    blk: &Block,
+    a: *const EA,
+    b: *const EB,
+    buf: *const f32,
+    abuf: *const f32,
+    c: *mut f32,
+) {
+    let Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a } = *blk;
+    let (lda, ldb, ldc, a_trans, w) = (s.lda, s.ldb, s.ldc, s.a_trans, s.b_panel_width);
+    for ir in (0..mc).step_by(K::MR) {
+        let i = ic + ir;
+        // SAFETY: row `i < m` and slab `pc < k` of A exist (or A's packed strip `ir / MR`).
+        let (ap, alda) = unsafe {
+            match (pack_a, a_trans) {
+                (true, _) => (abuf.add(ir * kc), K::MR),
+                // Not packed, so `EA` is f32 (`READ_IN_PLACE`).
+                (false, true) => (a.add(pc * lda + i).cast::<f32>(), lda),
+                (false, false) => (a.add(i * lda + pc).cast::<f32>(), lda),
+            }
+        };
+        for jr in (0..nc).step_by(K::NR) {
+            let nr = K::NR.min(nc - jr);
+            let (bp, bld) = if w != 0 {
+                let j = jc + jr;
+                // SAFETY: column `j` starts a register tile inside its panel (`w` is a
+                // multiple of NR), whose rows `pc .. pc + kc` lie in B's extent with NR
+                // readable floats each (the panel is `w` wide); `EB` is f32, the only type
+                // panels are taken in.
+                (unsafe { b.add((j / w) * ldb + pc * w + j % w) }.cast::<f32>(), w)
+            } else if in_place && nr == K::NR {
+                // SAFETY: a full panel read in place lies in B's storage (rows `pc .. pc +
+                // kc`, columns `jc + jr .. jc + jr + NR <= n`), whose elements are f32
+                // (`READ_IN_PLACE`).
+                (unsafe { b.add(pc * ldb + jc + jr) }.cast::<f32>(), ldb)
+            } else {
+                // SAFETY: panel `jr / NR` of the packed block.
+                (unsafe { buf.add(jr * kc) }, K::NR)
+            };
+            let tile = Tile {
+                mr: K::MR.min(mc - ir),
+                nr,
+                kc,
+                a: ap,
+                lda: alda,
+                a_colmajor: pack_a || a_trans,
+                b: bp,
+                ldb: bld,
+                // SAFETY: row `i < m`, column `jc + jr < n` of C.
+                c: unsafe { c.add(i * ldc + jc + jr) },
+                ldc,
+                accumulate,
+            };
+            // SAFETY: the tile stays within the extents of A, B and C (or the packed
+            // strips and panels), as the caller's contract and the cut give.
+            unsafe { K::tile(&tile) };
+        }
+    }
 }
 
 /// Rows of an untransposed B that [`pack_b_block`] copies into every panel before it moves on.

@@ -341,8 +341,12 @@ impl IsaCap {
     }
 }
 
-/// A GEMM's cache blocking: the k slab (`kc`), the rows of A swept per B block (`mc`) and the
-/// columns of the packed B block (`nc`), for a register tile of `mr x nr`.
+/// A GEMM's cache blocking for a register tile of `mr x nr`: the k slab (`kc`), the rows of
+/// the packed A block (`mc`) and the columns of the packed B block (`nc`).
+///
+/// The driver sweeps, per k slab, each A block (kept in L3) against each B block (kept in
+/// L2), and within them each `mr`-row strip of A against every `nr`-column panel of B: a
+/// strip stays in L1 while the panels stream past it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmBlocking {
     /// Rows of the register tile.
@@ -351,9 +355,9 @@ pub struct GemmBlocking {
     pub nr: usize,
     /// Depth of a k slab.
     pub kc: usize,
-    /// Rows of A per block kept in L2.
+    /// Rows of A per packed block, kept in L3.
     pub mc: usize,
-    /// Columns of B per packed block kept in L3.
+    /// Columns of B per packed block, kept in L2.
     pub nc: usize,
 }
 
@@ -377,27 +381,29 @@ impl GemmBlocking {
     }
 
     /// The analytical blocking of Low et al. ("Analytical Modeling Is Enough for
-    /// High-Performance BLIS", TOMS 2016) for an `mr x nr` f32 register tile on `m`:
+    /// High-Performance BLIS", TOMS 2016) for an `mr x nr` f32 register tile on `m`. The
+    /// tile broadcasts A and loads B as vectors, so A's `mr x kc` strip is the micro-panel
+    /// that stays in L1 and B's `kc x nr` panels are the ones that stream (BLIS's roles for
+    /// its broadcast and vector operands, with A and B exchanged):
     ///
-    /// - `kc`: two `mr x kc` A micro-panels (the one in use and the next) fill L1 but one way,
-    ///   which C's rows and the stack keep. The `kc x nr` B micro-panel streams from L2, as in
-    ///   BLIS's "L2" kernels: a k step reads `nr + mr` floats in the `mr * nr / (lanes *
-    ///   ports)` cycles of its FMAs (15 bytes a cycle for the 12 x 32 AVX-512 and 6 x 16 AVX2
-    ///   tiles), well within what L2 feeds L1, so L1 need not hold it, and the deeper slab
-    ///   halves the passes over C, whose loads a tile otherwise waits on;
-    /// - `mc`: the `mc x kc` A block takes half of L2, the rest holds B micro-panels passing
-    ///   through and C;
-    /// - `nc`: the `kc x nc` B block takes half of this core's share of L3.
+    /// - `kc`: of L1's `W` ways one is left to C and the stack, and the rest is shared in
+    ///   proportion to what a k step reads: `floor((W - 1) / (1 + mr / nr))` ways for the
+    ///   streaming B panel, the rest for the A strip; `kc` fills the panel's ways;
+    /// - `nc`: the `kc x nc` B block takes half of L2, the rest holds A strips passing
+    ///   through and C's tiles;
+    /// - `mc`: the `mc x kc` A block takes half of this core's share of L3 (it is read once
+    ///   per B block, a strip at a time, so it need not fit closer).
     pub fn for_tile(m: &Machine, mr: usize, nr: usize) -> GemmBlocking {
         let fallback = cpuid::fallback_caches();
         let level = |l: u8| *m.cache(l).unwrap_or(&fallback[usize::from(l) - 1]);
         let (l1, l2, l3) = (level(1), level(2), level(3));
         let f = std::mem::size_of::<f32>();
-        let l1_usable = l1.size_bytes * (l1.ways.max(2) - 1) / l1.ways.max(2);
-        let kc = (l1_usable / (2 * mr * f)).clamp(64, 512) / 8 * 8;
-        let mc = (l2.size_bytes / 2 / (kc * f)).clamp(mr, 1024) / mr * mr;
+        let l1_ways = l1.ways.max(2);
+        let panel_ways = ((l1_ways - 1) * nr / (nr + mr)).max(1);
+        let kc = (l1.size_bytes / l1_ways * panel_ways / (nr * f)).clamp(64, 512) / 8 * 8;
+        let nc = (l2.size_bytes / 2 / (kc * f)).clamp(nr, 8192) / nr * nr;
         let l3_share = l3.size_bytes / l3.shared_by_threads.clamp(1, m.cores.max(1) * 4).max(1);
-        let nc = (l3_share / 2 / (kc * f)).clamp(nr, 8192) / nr * nr;
+        let mc = (l3_share / 2 / (kc * f)).clamp(mr, 8192) / mr * mr;
         GemmBlocking { mr, nr, kc, mc, nc }
     }
 }
