@@ -234,7 +234,7 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
                             pack_b_block::<K, EB>(buf, b.add(at), ldb, b_trans, kc, nc, in_place);
                         }
                     }
-                    let block = Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a };
+                    let block = Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a, prepacked };
                     // SAFETY: the blocks lie in the operands (as packed above), which the
                     // caller's contract makes valid; `buf` holds the packed B block and
                     // `abuf` the packed A block.
@@ -259,6 +259,8 @@ struct Block {
     in_place: bool,
     /// A's block was packed into `abuf`.
     pack_a: bool,
+    /// B is stored in panels of `b_panel_width` columns, read where they lie.
+    prepacked: bool,
 }
 
 /// Runs the register tiles of one block: each `MR`-row strip of A, which stays in L1,
@@ -277,7 +279,7 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
     abuf: *const f32,
     c: *mut f32,
 ) {
-    let Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a } = *blk;
+    let Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a, prepacked } = *blk;
     let (lda, ldb, ldc, a_trans, w) = (s.lda, s.ldb, s.ldc, s.a_trans, s.b_panel_width);
     for ir in (0..mc).step_by(K::MR) {
         let i = ic + ir;
@@ -292,7 +294,7 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
         };
         for jr in (0..nc).step_by(K::NR) {
             let nr = K::NR.min(nc - jr);
-            let (bp, bld) = if w != 0 {
+            let (bp, bld) = if prepacked {
                 let j = jc + jr;
                 // SAFETY: column `j` starts a register tile inside its panel (`w` is a
                 // multiple of NR), whose rows `pc .. pc + kc` lie in B's extent with NR
