@@ -37,10 +37,12 @@ const ROWS_PER_GROUP: usize = 4;
 const SWEEP_MAX_ROWS: usize = 2 * ROWS_PER_GROUP;
 
 /// Bytes of each row of B from which this kernel is taken: the strips read a row in pieces
-/// of 128 columns a row apart, which costs once the rows are long; below about 2 KiB per row
-/// they measured as fast or faster (Zen 4: a bf16 B of 384 columns swept 20-30% slower, one
-/// of 1152 to 1536 columns as fast or faster, an f32 B of 768 columns 15-25% faster).
-const SWEEP_MIN_ROW_BYTES: usize = 2048;
+/// of 128 columns a row apart, which costs once the rows are long; below 1 KiB per row they
+/// measured as fast or faster (Zen 4: a bf16 B of 384 columns swept 20-30% slower, one of
+/// 1152 to 1536 columns as fast or faster, an f32 B of 768 columns 15-25% faster; a Xeon
+/// with two 512-bit FMA ports: an f32 B of 128 columns alike, of 256 and 384 columns
+/// 6-118% faster for one to four rows of A).
+const SWEEP_MIN_ROW_BYTES: usize = 1024;
 
 /// Whether a product of `m` rows of A against a row-major B of `n` columns of `bytes`-byte
 /// elements takes the sweep.

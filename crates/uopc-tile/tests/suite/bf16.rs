@@ -341,7 +341,7 @@ fn extern_entry_computes_and_refuses_bad_descriptors() {
 
 /// Products of at most eight rows of A (not transposed) stream B without packing it on the
 /// vector paths: every row count, both layouts of B, k around the 512-deep slab and the
-/// 16-wide vectors, n around the 32-column strips and past a wide B's sweep threshold (2 KiB
+/// 16-wide vectors, n around the 32-column strips and past a wide B's sweep threshold (1 KiB
 /// a row), with and without accumulation and padding.
 fn few_row_shapes() -> Vec<GemmShape> {
     let mut out = Vec::new();

@@ -174,13 +174,13 @@ fn few_rows() {
 
 #[test]
 fn few_rows_against_a_wide_row_major_b() {
-    // One to eight rows of A against a B a thousand columns wide or more, stored by rows (a
-    // linear layer's weight in decode) sweep B's rows into C: past one stretch of C (4096 floats
-    // over all rows of A), with k not a multiple of the four rows added per step, and from five
-    // rows on in two groups of rows.
+    // One to eight rows of A against a B of 256 columns or more, stored by rows (a linear
+    // layer's weight in decode, or its column block in a task) sweep B's rows into C: within
+    // and past one stretch of C (4096 floats over all rows of A), with k not a multiple of the
+    // four rows added per step, and from five rows on in two groups of rows.
     let mut rng = StdRng::seed_from_u64(16);
     for m in 1..=8 {
-        for n in [1100, 4100] {
+        for n in [300, 1100, 4100] {
             for k in [3, 9] {
                 for isa in common::isas() {
                     for acc in [false, true] {
