@@ -22,9 +22,8 @@ const ROWS_PER_STEP: usize = 4;
 /// Rows of B ahead of the ones being added whose lines each vector step asks for (two steps
 /// ahead): the hardware prefetcher follows one long run well, but the sweep reads four rows
 /// at once, each from its own page, and B's rows in a column block of a task are runs of a
-/// few hundred bytes a row apart. Measured on a Xeon with two 512-bit FMA ports, one row of
-/// A against an f32 B of 3072 rows streamed from L3: 768 columns 23-24 -> 27-28 GB/s, 384
-/// columns of 768 17.6-20.0 -> 19.8-21.1 GB/s (16 and 32 rows ahead no better).
+/// few hundred bytes a row apart. Two steps ahead covers the latency of L3 at these rates;
+/// further ahead measured no better.
 const PREFETCH_ROWS_AHEAD: usize = 2 * ROWS_PER_STEP;
 
 /// Floats of C one sweep updates, over all rows of A: 16 KiB, half of L1, so that they stay
@@ -45,11 +44,10 @@ const ROWS_PER_GROUP: usize = 4;
 const SWEEP_MAX_ROWS: usize = 2 * ROWS_PER_GROUP;
 
 /// Bytes of each row of B from which this kernel is taken: the strips read a row in pieces
-/// of 128 columns a row apart, which costs once the rows are long; below 1 KiB per row they
-/// measured as fast or faster (Zen 4: a bf16 B of 384 columns swept 20-30% slower, one of
-/// 1152 to 1536 columns as fast or faster, an f32 B of 768 columns 15-25% faster; a Xeon
-/// with two 512-bit FMA ports: an f32 B of 128 columns alike, of 256 and 384 columns
-/// 6-118% faster for one to four rows of A).
+/// of 128 columns a row apart, which costs once the rows are long. Below 1 KiB per row the
+/// strips measured as fast or faster (a 16-bit B of 384 columns on Zen 4); the sweep was as
+/// fast or faster from 1 KiB on a Xeon with two 512-bit FMA ports, and on Zen 4 at the
+/// smallest rows tried above that (2.3 KiB of bf16, 3 KiB of f32).
 const SWEEP_MIN_ROW_BYTES: usize = 1024;
 
 /// Whether a product of `m` rows of A against a row-major B of `n` columns of `bytes`-byte
