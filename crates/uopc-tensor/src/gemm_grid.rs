@@ -111,6 +111,23 @@ pub(crate) fn choose(
     }
 }
 
+/// The grid of a product of a few rows against a deep B stored by rows (a decode step's
+/// projection): one task whose call cuts k over the pool ([`uopc_tile::depth_split`]), so each
+/// thread reads whole rows of B, one contiguous run, where a cut of the columns would give it
+/// a short stretch of every row. `None` where the call would not cut k (`items > 1`, a
+/// transposed operand, more rows, too little work or depth).
+pub(crate) fn few_rows_by_depth(
+    items: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+    (a_trans, b_trans): (bool, bool),
+) -> Option<Grid> {
+    let cuts_k = items == 1 && uopc_tile::depth_split(m, n, k, threads, a_trans, b_trans).is_some();
+    cuts_k.then_some(Grid { rows: m, cols: n, split_in_call: true })
+}
+
 /// A split inside the call must beat the exact grid by this much (in percent of its cost) to
 /// be taken: the exact grid's tasks balance themselves across a busy pool, the call's blocks
 /// are fixed.
@@ -210,6 +227,17 @@ mod tests {
         let g = choose(&M, 1, 997, 1024, 1024, 2, false);
         assert_eq!(g.rows, 997);
         assert_eq!(g.tasks(1, 997, 1024), 2);
+    }
+
+    #[test]
+    fn few_rows_against_a_deep_row_major_b_cut_k_inside_the_call() {
+        let whole = Grid { rows: 1, cols: 768, split_in_call: true };
+        assert_eq!(few_rows_by_depth(1, 1, 768, 3072, 2, (false, false)), Some(whole));
+        // Batched, transposed, or many rows: the exact grid decides.
+        assert_eq!(few_rows_by_depth(4, 1, 768, 3072, 2, (false, false)), None);
+        assert_eq!(few_rows_by_depth(1, 1, 768, 3072, 2, (false, true)), None);
+        assert_eq!(few_rows_by_depth(1, 64, 768, 3072, 2, (false, false)), None);
+        assert_eq!(few_rows_by_depth(1, 1, 768, 3072, 1, (false, false)), None);
     }
 
     #[test]

@@ -393,12 +393,18 @@ impl GemmTasks {
         // Only the f32 GEMM cuts itself, and only a block without a size limit can be whole.
         let f32_operands = operands.a.dtype == DType::F32 && operands.b.dtype == DType::F32;
         let may_split = limit.is_none() && f32_operands;
-        let grid =
-            gemm_grid::choose(&gemm_grid::GridModel::of_this_machine(), items, m, n, k, cores, may_split);
+        let fits = limit.is_none_or(|l| m * n <= l.elements);
+        let (a_trans, b_trans) = (operands.a_trans, operands.b_trans);
+        let grid = gemm_grid::few_rows_by_depth(items, m, n, k, cores, (a_trans, b_trans))
+            .filter(|_| f32_operands && fits)
+            .unwrap_or_else(|| {
+                gemm_grid::choose(&gemm_grid::GridModel::of_this_machine(), items, m, n, k, cores, may_split)
+            });
         let (mut rows, mut cols) = (grid.rows, grid.cols);
         // Narrower column blocks repack a transposed A once more each (it is copied into strips
-        // per call), which costs more than the epilogue saves unless the block must fit.
-        let limit = limit.filter(|l| l.required || !operands.a_trans);
+        // per call), which costs more than the epilogue saves unless the block must fit. A
+        // call that cuts itself has the whole product as its block, which then fits.
+        let limit = limit.filter(|l| !grid.split_in_call && (l.required || !operands.a_trans));
         if let Some(BlockLimit { elements, required }) = limit {
             if required {
                 (rows, cols) = block_within(m, (rows, cols), elements, b_packing_weight(&operands));

@@ -6,7 +6,7 @@ use crate::error::check_len;
 pub use crate::machine::register_tile;
 pub use crate::shapes::GemmShape;
 pub(crate) use crate::shapes::zero_c;
-use crate::split::{SharedOperands, parallel_block};
+use crate::split::{SharedOperands, depth_split, parallel_block};
 use crate::{Isa, TileError};
 
 /// `C (+)= A · B` with every operand checked against `s` first.
@@ -435,14 +435,21 @@ fn dot(x: &[f32], y: &[f32]) -> f32 {
 }
 
 /// [`gemm_unchecked`] of `s` in the blocks of [`parallel_block`] over the current rayon
-/// pool, each block a serial GEMM of its own.
+/// pool, each block a serial GEMM of its own; or, for the few rows [`depth_split`] takes, in
+/// stretches of k ([`gemm_depth_split`]).
 ///
 /// # Safety
 ///
 /// The contract of [`gemm_unchecked`], with `s.b_panel_width == 0`.
 pub(crate) unsafe fn gemm_split(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
+    let threads = rayon::current_num_threads();
+    if let Some(depth) = depth_split(s.m, s.n, s.k, threads, s.a_trans, s.b_trans) {
+        // SAFETY: forwarded; `depth_split` gave a depth for untransposed operands only.
+        unsafe { gemm_depth_split(isa, s, a, b, c, depth) };
+        return;
+    }
     let serial = GemmShape { parallel: false, ..*s };
-    let block = parallel_block(s.m, s.n, s.k, rayon::current_num_threads(), register_tile(isa));
+    let block = parallel_block(s.m, s.n, s.k, threads, register_tile(isa));
     let ops = SharedOperands(a, b, c);
     let run = |sub: GemmShape, (a_at, b_at, c_at): (usize, usize, usize)| {
         // SAFETY: the sub-shape is a block of rows or columns of `s` with the same leading
@@ -469,5 +476,56 @@ pub(crate) unsafe fn gemm_split(isa: Isa, s: &GemmShape, a: *const f32, b: *cons
                 scope.spawn(move |_| run(sub, (0, b_at, j0)));
             }
         }),
+    }
+}
+
+/// [`gemm_unchecked`] of `s` in stretches of `depth` rows of B, one task each over the current
+/// rayon pool: the first adds its product into C as `s` says, every other one writes its own
+/// into a partial C of the call's, and the partials are added into C when all are done (the
+/// sums of C thus come in a different order than the serial call's).
+///
+/// # Safety
+///
+/// The contract of [`gemm_unchecked`], with A and B untransposed, `s.b_panel_width == 0` and
+/// `0 < depth`.
+unsafe fn gemm_depth_split(isa: Isa, s: &GemmShape, a: *const f32, b: *const f32, c: *mut f32, depth: usize) {
+    let serial = GemmShape { parallel: false, ..*s };
+    let (m, n, k) = (s.m, s.n, s.k);
+    let tasks = k.div_ceil(depth);
+    let mut partials = vec![0.0f32; (tasks - 1) * m * n];
+    let ops = SharedOperands(a, b, c);
+    // Only the partials' pointer is shared; no operand is read through this one.
+    let parts = SharedOperands(std::ptr::null::<u8>(), std::ptr::null::<u8>(), partials.as_mut_ptr());
+    rayon::scope(|scope| {
+        for t in 0..tasks {
+            let p0 = t * depth;
+            let sub = GemmShape { k: depth.min(k - p0), ..serial };
+            scope.spawn(move |_| {
+                let (a, b, c) = ops.get();
+                // SAFETY: columns `p0 ..` of A's rows and rows `p0 ..` of B lie in their
+                // extents (neither is transposed), `sub` keeps their leading dimensions and
+                // only shortens k; task 0 writes C, which the caller gives this call alone,
+                // and task `t > 0` the `m x n` partial `t - 1`, disjoint from the others.
+                unsafe {
+                    let (a, b) = (a.add(p0), b.add(p0 * s.ldb));
+                    if t == 0 {
+                        gemm_unchecked(isa, &sub, a, b, c);
+                    } else {
+                        let part = parts.get().2.add((t - 1) * m * n);
+                        gemm_unchecked(isa, &GemmShape { ldc: n, accumulate: false, ..sub }, a, b, part);
+                    }
+                }
+            });
+        }
+    });
+    for part in partials.chunks_exact(m * n) {
+        for (i, part_row) in part.chunks_exact(n).enumerate() {
+            // SAFETY: row `i < m` of C holds `n` floats at `i * ldc`, which no task touches
+            // any more and the caller lets this call alone access.
+            let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * s.ldc), n) };
+            for (x, p) in row.iter_mut().zip(part_row) {
+                *x += p;
+            }
+        }
     }
 }

@@ -134,4 +134,4 @@ pub use softmax_rounded::{
     softmax_update_rounded_in_place_unchecked, softmax_update_rounded_unchecked,
     uopc_tile_softmax_update_rounded, uopc_tile_softmax_update_rounded_in_place,
 };
-pub use split::parallel_block;
+pub use split::{DEPTH_SPLIT_MAX_ROWS, depth_split, parallel_block};

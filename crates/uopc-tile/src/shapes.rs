@@ -144,7 +144,9 @@ pub struct GemmShape {
     /// pool. For a product whose size has no divisor that cuts it evenly over the cores, which
     /// a caller splitting by exact blocks could not use. Each block sums in the serial call's
     /// order unless it has so few rows that it takes the few-row kernels, which round
-    /// differently. The 16-bit GEMMs and a B in panels ignore it.
+    /// differently. A product of a few rows against a deep row-major B is cut along k instead
+    /// ([`crate::depth_split`]), its partial products added into C at the end. The 16-bit
+    /// GEMMs and a B in panels ignore it.
     pub parallel: bool,
 }
 

@@ -35,6 +35,40 @@ pub fn parallel_block(
     }
 }
 
+/// Rows of A up to which a [`crate::GemmShape::parallel`] f32 call against a row-major B
+/// cuts k rather than C ([`depth_split`]): the few-rows kernels then read whole rows of B.
+pub const DEPTH_SPLIT_MAX_ROWS: usize = 8;
+
+/// Rows of B each task of a depth split takes at least: fewer, and summing the tasks' partial
+/// rows of C costs more than the split saves.
+const MIN_DEPTH_PER_TASK: usize = 256;
+
+/// The depth (rows of B) each task of a [`crate::GemmShape::parallel`] f32 call computes when
+/// the call cuts k instead of C: for at most [`DEPTH_SPLIT_MAX_ROWS`] rows of A (a decode
+/// step's projection) against a B stored by rows, neither transposed, on `threads > 1`
+/// threads, with enough work and depth to share. `None` otherwise.
+///
+/// Cutting the columns of such a product gives each task a stretch of every row of B: runs
+/// of a few hundred bytes a row apart, which the hardware prefetcher follows poorly. Cutting
+/// k gives each task whole rows, one contiguous run of B, and leaves a sum of `threads`
+/// partial rows of C (a few KiB) to add.
+pub fn depth_split(
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+    a_trans: bool,
+    b_trans: bool,
+) -> Option<usize> {
+    let flops = 2.0 * m as f64 * n as f64 * k as f64;
+    let few_rows = (1..=DEPTH_SPLIT_MAX_ROWS).contains(&m);
+    if threads <= 1 || !few_rows || a_trans || b_trans || flops < MIN_SPLIT_FLOPS {
+        return None;
+    }
+    let tasks = threads.min(k / MIN_DEPTH_PER_TASK);
+    (tasks > 1).then(|| k.div_ceil(tasks))
+}
+
 /// Operand pointers shared by the tasks of one GEMM split over a rayon pool (this module's
 /// split and [`crate::gemm_bf16_parallel`]'s), with A of type `A` and B of type `B`.
 ///
@@ -57,7 +91,23 @@ impl<A, B> SharedOperands<A, B> {
 
 #[cfg(test)]
 mod tests {
-    use super::parallel_block;
+    use super::{depth_split, parallel_block};
+
+    #[test]
+    fn few_rows_against_a_deep_row_major_b_cut_k() {
+        // A decode step's down projection: two halves of k.
+        assert_eq!(depth_split(1, 768, 3072, 2, false, false), Some(1536));
+        assert_eq!(depth_split(8, 768, 3072, 3, false, false), Some(1024));
+        // No more tasks than k has stretches of the minimum depth.
+        assert_eq!(depth_split(1, 4096, 600, 16, false, false), Some(300));
+        // Too shallow, too many rows, a transposed operand, one thread, too little work.
+        assert_eq!(depth_split(1, 4096, 300, 2, false, false), None);
+        assert_eq!(depth_split(9, 768, 3072, 2, false, false), None);
+        assert_eq!(depth_split(1, 768, 3072, 2, true, false), None);
+        assert_eq!(depth_split(1, 768, 3072, 2, false, true), None);
+        assert_eq!(depth_split(1, 768, 3072, 1, false, false), None);
+        assert_eq!(depth_split(1, 16, 1024, 2, false, false), None);
+    }
 
     #[test]
     fn rows_are_cut_into_whole_tiles_with_a_ragged_last_block() {

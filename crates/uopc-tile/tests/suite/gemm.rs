@@ -319,6 +319,30 @@ fn a_gemm_split_over_the_pool_matches_the_reference() {
     }
 }
 
+#[test]
+fn few_rows_split_along_k_over_the_pool_match_the_reference() {
+    // A decode step's projections: up to eight rows of A against a deep B stored by rows are
+    // cut along k, the partial products added into C; ragged stretches of k (1100 on 3
+    // threads), more threads than stretches (16), C accumulated into or overwritten, padded.
+    let mut rng = StdRng::seed_from_u64(37);
+    for threads in [2, 3, 16] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        for (m, n, k) in [(1, 1000, 3000), (8, 300, 1100), (3, 1100, 777)] {
+            assert!(uopc_tile::depth_split(m, n, k, threads, false, false).is_some(), "{m}x{n}x{k}");
+            for isa in common::isas() {
+                for acc in [false, true] {
+                    let s = padded(&mut rng, GemmShape::dense(m, n, k, false, false, acc), 3);
+                    let case = make_case(&mut rng, s);
+                    let mut split = case.c0.clone();
+                    let par = GemmShape { parallel: true, ..s };
+                    pool.install(|| gemm(isa, &par, &case.a, &case.b, &mut split)).unwrap();
+                    check(&case, &split, &format!("{isa} {threads} threads {s:?}"));
+                }
+            }
+        }
+    }
+}
+
 /// The fewest rows a block of the split GEMM gets (its last row block's), or all `m` when it
 /// cuts columns or nothing.
 fn split_rows(m: usize, threads: usize, (mr, _): (usize, usize)) -> usize {
