@@ -390,7 +390,8 @@ impl GemmTasks {
         let items: usize = operands.shape[..r - 3].iter().product();
         // The machine's core count, not the calling pool's: a cached plan serves every pool.
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        // Only the f32 GEMM cuts itself, and only a block without a size limit can be whole.
+        // Only the f32 GEMM cuts itself, and only a block without a size limit can be whole,
+        // or one whose whole product fits the limit (a few rows cut along k).
         let f32_operands = operands.a.dtype == DType::F32 && operands.b.dtype == DType::F32;
         let may_split = limit.is_none() && f32_operands;
         let fits = limit.is_none_or(|l| m * n <= l.elements);
