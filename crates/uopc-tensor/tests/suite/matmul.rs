@@ -171,6 +171,34 @@ fn a_product_whose_rows_have_no_even_divisor_splits_inside_its_gemm_call() {
 }
 
 #[test]
+fn a_decode_projection_with_a_bias_cuts_k_inside_its_gemm_call() {
+    // One row times a deep (in, out) weight plus a bias: the product is one task whose GEMM
+    // call cuts k over the pool (each thread reads whole rows of the weight), and the bias is
+    // added to the whole row after it.
+    let (x, w, bias) = (normal(&[1, 1536], 21), normal(&[1536, 1536], 22), normal(&[1536], 23));
+    let y =
+        |x: &ArrayD<f32>| Tensor::from_array(x).matmul(&Tensor::from_array(&w)) + Tensor::from_array(&bias);
+    let plan = make_plan(&[y(&x).uop().clone()], &RealizeOptions::default()).unwrap();
+    assert_eq!(plan.kernels.len(), 1, "{:?}", plan.kernel_names());
+    let text = uopc_ir::print_program(&plan.kernels[0].program).unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if cores >= 2 {
+        assert!(text.contains("tile_gemm 1x1536x1536 (split over the pool)"), "{text}");
+    } else {
+        println!("SKIPPED: one core, so no split to check ({text})");
+    }
+    let mut want = reference(&x, &w);
+    want.iter_mut().zip(bias.iter()).for_each(|(r, b)| *r += f64::from(*b));
+    // Fresh tensors, so each pool realizes the product itself: one task, a k split of two
+    // halves and of three thirds (on 1, 2 and 3 threads).
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let got = pool.install(|| y(&x).to_ndarray::<f32>().unwrap());
+        assert_close(&got, &want, 1e-4);
+    }
+}
+
+#[test]
 fn a_staged_operand_leaves_a_transposed_weight_read_in_place() {
     // An RMS-normalized input large enough to be staged (not recomputed per output column)
     // times a (out, in) weight read through its transpose: the norm is one kernel, the
