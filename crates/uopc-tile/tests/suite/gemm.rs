@@ -304,9 +304,7 @@ fn a_gemm_split_over_the_pool_matches_the_reference() {
                     let case = make_case(&mut rng, s);
                     let mut serial = case.c0.clone();
                     gemm(isa, &s, &case.a, &case.b, &mut serial).unwrap();
-                    let mut split = case.c0.clone();
-                    let par = GemmShape { parallel: true, ..s };
-                    pool.install(|| gemm(isa, &par, &case.a, &case.b, &mut split)).unwrap();
+                    let split = parallel_call(&pool, isa, &case);
                     let what = format!("{isa} {threads} threads {s:?}");
                     let few_row_blocks = split_rows(m, threads, uopc_tile::register_tile(isa)) <= 8;
                     if !few_row_blocks {
@@ -333,14 +331,21 @@ fn few_rows_split_along_k_over_the_pool_match_the_reference() {
                 for acc in [false, true] {
                     let s = padded(&mut rng, GemmShape::dense(m, n, k, false, false, acc), 3);
                     let case = make_case(&mut rng, s);
-                    let mut split = case.c0.clone();
-                    let par = GemmShape { parallel: true, ..s };
-                    pool.install(|| gemm(isa, &par, &case.a, &case.b, &mut split)).unwrap();
+                    let split = parallel_call(&pool, isa, &case);
                     check(&case, &split, &format!("{isa} {threads} threads {s:?}"));
                 }
             }
         }
     }
+}
+
+/// C after `case`'s product as one call that may cut itself over `pool`
+/// ([`GemmShape::parallel`]).
+fn parallel_call(pool: &rayon::ThreadPool, isa: Isa, case: &Case) -> Vec<f32> {
+    let mut c = case.c0.clone();
+    let par = GemmShape { parallel: true, ..case.s };
+    pool.install(|| gemm(isa, &par, &case.a, &case.b, &mut c)).unwrap();
+    c
 }
 
 /// The fewest rows a block of the split GEMM gets (its last row block's), or all `m` when it
