@@ -106,7 +106,7 @@ fn reads_elementwise(start: &UOp, gemm: &UOp, points: &HashSet<UOp>) -> bool {
 pub(crate) fn fuse_gemm_epilogues(
     roots: &[UOp],
     points: Vec<UOp>,
-    is_tile_gemm: impl Fn(&UOp, DType) -> bool,
+    is_tile_gemm: impl Fn(&UOp, DType, bool) -> bool,
 ) -> (Vec<UOp>, HashSet<UOp>) {
     let point_set: HashSet<UOp> = points.iter().cloned().collect();
     let root_set: HashSet<&UOp> = roots.iter().collect();
@@ -129,7 +129,7 @@ pub(crate) fn fuse_gemm_epilogues(
         if with_epilogue.contains(consumer)
             || matches!(consumer.op(), Op::Custom(_))
             || !reads_elementwise(&body_start(consumer), gemm, &point_set)
-            || !is_tile_gemm(gemm, consumer.dtype())
+            || !is_tile_gemm(gemm, consumer.dtype(), only_rounds(&body_start(consumer), gemm))
         {
             continue;
         }
@@ -140,13 +140,28 @@ pub(crate) fn fuse_gemm_epilogues(
     (points, with_epilogue)
 }
 
-/// Whether the GEMM kernel `body` pays for an epilogue writing `dtype`: an f32 output is the
-/// GEMM's own block, so nothing changes but the blocks' width; any other output needs an f32
-/// scratch block that must fit [`BLOCK_ELEMENTS`], and when that forces smaller blocks than
-/// the plain GEMM's with a transposed A, repacking A for every narrower block costs more than
-/// the separate rounding pass it saves.
-pub(crate) fn epilogue_pays(body: &UOp, dtype: DType) -> bool {
-    if dtype == DType::F32 {
+/// Whether the consumer body starting at `start` only rounds `gemm` to its own dtype: a CAST
+/// of the GEMM, reshapes between (what [`crate::tilemap::lower_rounded_gemm`] lowers).
+fn only_rounds(start: &UOp, gemm: &UOp) -> bool {
+    if !matches!(start.op(), Op::Cast) {
+        return false;
+    }
+    let mut x = &start.src()[0];
+    while matches!(x.op(), Op::Reshape(_)) {
+        x = &x.src()[0];
+    }
+    x == gemm
+}
+
+/// Whether the GEMM kernel `body` pays for an epilogue writing `dtype` (`only_rounds`: the
+/// epilogue only rounds the product to `dtype`): an f32 output is the GEMM's own block, so
+/// nothing changes but the blocks' width; a product the tile GEMM rounds itself
+/// ([`crate::tilemap::rounds_in_call`]) keeps the plain GEMM's blocks; any other output needs
+/// an f32 scratch block that must fit [`BLOCK_ELEMENTS`], and when that forces smaller blocks
+/// than the plain GEMM's with a transposed A, repacking A for every narrower block costs more
+/// than the separate rounding pass it saves.
+pub(crate) fn epilogue_pays(body: &UOp, dtype: DType, only_rounds: bool) -> bool {
+    if dtype == DType::F32 || (only_rounds && crate::tilemap::rounds_in_call(dtype)) {
         return true;
     }
     let limit = BlockLimit { elements: BLOCK_ELEMENTS, required: true };

@@ -138,9 +138,10 @@ pub(crate) fn build_plan(
         // fusing other kernels does not change: ask it of the body it has in this cut.
         let tentative: HashMap<UOp, ArgSource> =
             points.iter().enumerate().map(|(k, p)| (p.clone(), ArgSource::Temp(k))).collect();
-        crate::epilogue::fuse_gemm_epilogues(&graph, points, |r, dtype| {
+        crate::epilogue::fuse_gemm_epilogues(&graph, points, |r, dtype, only_rounds| {
             let body = kernel_body(r, &tentative).0;
-            crate::tilemap::reads_operands_in_place(&body) && crate::epilogue::epilogue_pays(&body, dtype)
+            crate::tilemap::reads_operands_in_place(&body)
+                && crate::epilogue::epilogue_pays(&body, dtype, only_rounds)
         })
     } else {
         (points, HashSet::new())

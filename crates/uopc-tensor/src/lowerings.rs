@@ -244,7 +244,7 @@ fn tile_gemm(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
     Some(Ok(pt.finish(program, pt.loop_derived())))
 }
 
-/// A bf16 GEMM whose consumer only rounds it to bf16, as tile GEMMs writing bf16
+/// A 16-bit GEMM whose consumer only rounds it to its type, as tile GEMMs writing it rounded
 /// ([`crate::tilemap::lower_rounded_gemm`]).
 fn rounded_gemm(pt: &mut Point<'_>, _: &mut Temps) -> Option<Result<Lowered>> {
     if !pt.with_epilogue.contains(pt.p) || !pt.opts.opt.tile_ops() {

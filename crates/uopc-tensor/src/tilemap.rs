@@ -383,6 +383,18 @@ impl GemmTasks {
     /// `limit.required` the block always fits (a scratch block on the stack): rows and columns
     /// are cut as [`block_within`] finds packs least.
     pub(crate) fn new(body: &UOp, limit: Option<BlockLimit>) -> Option<GemmTasks> {
+        GemmTasks::cut(body, limit, false)
+    }
+
+    /// [`GemmTasks::new`] without a limit for a GEMM whose calls write the product rounded to
+    /// its 16-bit operands' type: an f16 one may be one call that cuts itself over the pool,
+    /// as an f32 one may ([`uopc_tile::gemm_f16_rounded`]).
+    pub(crate) fn rounded(body: &UOp) -> Option<GemmTasks> {
+        GemmTasks::cut(body, None, true)
+    }
+
+    /// [`GemmTasks::new`], the call rounding its product when `rounded`.
+    fn cut(body: &UOp, limit: Option<BlockLimit>, rounded: bool) -> Option<GemmTasks> {
         let operands = batch_folded_into_rows(gemm_operands(body)?);
         let r = operands.shape.len();
         let [m, n] = [operands.shape[r - 3], operands.shape[r - 2]];
@@ -390,10 +402,12 @@ impl GemmTasks {
         let items: usize = operands.shape[..r - 3].iter().product();
         // The machine's core count, not the calling pool's: a cached plan serves every pool.
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        // Only the f32 GEMM cuts itself, and only a block without a size limit can be whole,
-        // or one whose whole product fits the limit (a few rows cut along k).
+        // Only the f32 GEMM and the rounded f16 one cut themselves, and only a block without a
+        // size limit can be whole, or one whose whole product fits the limit (a few f32 rows
+        // cut along k).
         let f32_operands = operands.a.dtype == DType::F32 && operands.b.dtype == DType::F32;
-        let may_split = limit.is_none() && f32_operands;
+        let rounded_f16 = rounded && operands.a.dtype == DType::F16 && operands.b.dtype == DType::F16;
+        let may_split = limit.is_none() && (f32_operands || rounded_f16);
         let fits = limit.is_none_or(|l| m * n <= l.elements);
         let (a_trans, b_trans) = (operands.a_trans, operands.b_trans);
         let grid = gemm_grid::few_rows_by_depth(items, m, n, k, cores, (a_trans, b_trans))
@@ -520,27 +534,42 @@ fn tile_gemm_per_task(tasks: &GemmTasks, out: &UOp) -> UOp {
     sink(&[sink(&[g]).end(std::slice::from_ref(&tasks.task))])
 }
 
-/// The loop program of a kernel `body` that only rounds a GEMM of two bf16 operands to bf16
-/// (the GEMM under a CAST to bf16, reshapes between), writing `out`, on AMX: each task's tile
-/// GEMM writes its block of `out` as bf16 itself ([`uopc_tile::gemm_bf16_rounded`]), so the
-/// tasks need no f32 scratch and take the plain GEMM's grid (tall and wide blocks that pack B
-/// once per many rows). `None` for any other body, or off AMX, where the tile library would
-/// round through an f32 buffer of the whole block and the epilogue's small scratch blocks do
-/// better.
+/// Whether a tile GEMM of two `half` operands writes its product rounded to `half` itself,
+/// strip by strip while the sums are in cache or in AMX's blocks: always for f16 (on the
+/// portable ISA through an f32 buffer of the call's own), and for bf16 on AMX or a vector path
+/// that widens into the f32 driver. Elsewhere a bf16 GEMM would round through an f32 buffer
+/// of the whole block, and the epilogue's small scratch blocks do better.
+pub(crate) fn rounds_in_call(half: DType) -> bool {
+    use uopc_tile::Bf16Path::{Amx, Avx2Fma, Avx512Widen};
+    match half {
+        DType::F16 => true,
+        DType::BF16 => matches!(uopc_tile::Bf16Path::detect(), Amx | Avx512Widen | Avx2Fma),
+        _ => false,
+    }
+}
+
+/// The loop program of a kernel `body` that only rounds a GEMM of two 16-bit operands to
+/// their type (the GEMM under a CAST, reshapes between), writing `out`: each task's tile GEMM
+/// writes its block of `out` rounded itself ([`uopc_tile::gemm_f16_rounded`],
+/// [`uopc_tile::gemm_bf16_rounded`]), so the tasks need no f32 scratch and take the plain
+/// GEMM's grid (tall and wide blocks that pack B once per many rows; an f16 product may be one
+/// call that cuts itself). `None` for any other body, or where [`rounds_in_call`] says the
+/// tile GEMM would not round in cache.
 pub(crate) fn lower_rounded_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
-    if body.dtype() != DType::BF16 || out.dtype() != DType::BF16 || !matches!(body.op(), Op::Cast) {
+    let half = out.dtype();
+    if body.dtype() != half || !matches!(body.op(), Op::Cast) {
         return None;
     }
     let mut gemm = &body.src()[0];
     while matches!(gemm.op(), Op::Reshape(_)) {
         gemm = &gemm.src()[0];
     }
-    if !matches!(gemm.op(), Op::Reduce { .. }) || uopc_tile::Bf16Path::detect() != uopc_tile::Bf16Path::Amx {
+    if !matches!(gemm.op(), Op::Reduce { .. }) || !rounds_in_call(half) {
         return None;
     }
-    let tasks = GemmTasks::new(gemm, None)?;
+    let tasks = GemmTasks::rounded(gemm)?;
     let Operands { a, b, .. } = &tasks.operands;
-    if a.dtype != DType::BF16 || b.dtype != DType::BF16 {
+    if a.dtype != half || b.dtype != half {
         return None;
     }
     // The output is contiguous and reshapes keep row-major order, as for a plain GEMM.

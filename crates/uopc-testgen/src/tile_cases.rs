@@ -110,6 +110,12 @@ pub fn gemm_bf16_rounded_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
     gemm_case_of(GemmCase { accumulate: false, ..g }, tasks, seed, (DType::BF16, DType::BF16))
 }
 
+/// [`gemm_f16_case`] writing an f16 C, overwritten (`g.accumulate` is ignored): the f32 sums
+/// rounded to f16, as `uopc_tile::gemm_f16_rounded` writes them.
+pub fn gemm_f16_rounded_case(g: GemmCase, tasks: usize, seed: u64) -> Case {
+    gemm_case_of(GemmCase { accumulate: false, ..g }, tasks, seed, (DType::F16, DType::F16))
+}
+
 /// [`gemm_case`] with f16 A and B (the same values rounded to f16) and an f32 C: the GEMM the
 /// IR runs on the f16 kernel.
 pub fn gemm_f16_case(g: GemmCase, tasks: usize, seed: u64) -> Case {

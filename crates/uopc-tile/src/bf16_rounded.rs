@@ -4,7 +4,9 @@
 //! On AMX, when all of k fits the driver's one slab, each 32 x 32 block is rounded from a
 //! local f32 block right after its k loop, so the product needs no f32 C at all and its
 //! callers need no f32 scratch to cut the product into small blocks for. Elsewhere the sums go
-//! through an f32 buffer of the call's own and are rounded row by row.
+//! through an f32 buffer of the call's own: on paths that widen bf16 into the f32 blocked
+//! driver, each strip of rows is rounded as soon as its sums are final, while it is in cache;
+//! on the others the whole buffer is rounded row by row at the end.
 
 use half::bf16;
 
@@ -80,6 +82,11 @@ pub unsafe fn gemm_bf16_rounded_unchecked(
     let mut sums = crate::memory::overwritten_f32(m * n);
     let dense = GemmShape { ldc: n.max(1), accumulate: false, parallel: false, ..*s };
     // SAFETY: forwarded, with C the call's own `m x n` buffer.
+    if unsafe { widened_rounded(path, &dense, a, b, sums.as_mut_ptr(), c, s.ldc) } {
+        crate::memory::keep_f32(sums);
+        return;
+    }
+    // SAFETY: forwarded, with C the call's own `m x n` buffer.
     unsafe { crate::gemm_bf16_unchecked(path, &dense, a, b, sums.as_mut_ptr()) };
     if m > 0 && n > 0 {
         // SAFETY: C's extent, `m` rows of `n` at stride `ldc`, is writable (this function's
@@ -89,6 +96,54 @@ pub unsafe fn gemm_bf16_rounded_unchecked(
         let _ = crate::convert::convert_block(m, n, &sums, n, c, s.ldc);
     }
     crate::memory::keep_f32(sums);
+}
+
+/// On a path that widens bf16 into the f32 blocked driver (more rows than the streaming
+/// kernels take), the driver's own rounding of each strip into `c` once its sums are final;
+/// `false`, with nothing read or written, on any other path or shape.
+///
+/// # Safety
+///
+/// The contract of [`gemm_bf16_rounded_unchecked`] for `s` with its f32 C at `sums` (`m x n`
+/// at stride `s.ldc`) and the bf16 C at `c` with stride `ldc`.
+unsafe fn widened_rounded(
+    path: Bf16Path,
+    s: &GemmShape,
+    a: *const bf16,
+    b: *const bf16,
+    sums: *mut f32,
+    c: *mut bf16,
+    ldc: usize,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let streamed = s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans;
+        if streamed || s.k == 0 || s.n == 0 {
+            return false;
+        }
+        let rounded = crate::blocked::RoundedC { dst: c.cast(), ldd: ldc, to: crate::ops::Half::Bf16 };
+        // SAFETY: the path is available, so its ISA is; bf16 widens with shifts, which need
+        // no extension; the rest is the caller's contract.
+        unsafe {
+            match path {
+                Bf16Path::Avx512Widen => {
+                    crate::blocked::drive_rounded::<crate::x86::avx512::Kernel, bf16, bf16>(
+                        s, a, b, sums, rounded,
+                    )
+                }
+                Bf16Path::Avx2Fma => crate::blocked::drive_rounded::<crate::x86::avx2::Kernel, bf16, bf16>(
+                    s, a, b, sums, rounded,
+                ),
+                _ => return false,
+            }
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (path, s, a, b, sums, c, ldc);
+        false
+    }
 }
 
 /// Flat C-ABI [`gemm_bf16_rounded`] for JIT-compiled code, on the fastest path here.

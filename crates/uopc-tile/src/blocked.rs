@@ -175,6 +175,53 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
     b: *const EB,
     c: *mut f32,
 ) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { drive_into::<K, EA, EB>(s, a, b, c, None) }
+}
+
+/// Where a rounded product's finished rows go: 16-bit storage that each strip of C's f32 sums
+/// is rounded into (to nearest even) as soon as the last k slab has swept it, while it is in
+/// cache.
+#[derive(Clone, Copy)]
+pub(crate) struct RoundedC {
+    /// The 16-bit C, element `(i, j)` at `dst[i * ldd + j]`.
+    pub dst: *mut u16,
+    pub ldd: usize,
+    /// The type the sums are rounded to.
+    pub to: crate::ops::Half,
+}
+
+/// [`drive`] with C's sums rounded into `rounded.dst` as well: the f32 C then is the call's
+/// scratch, written and read back between k slabs.
+///
+/// # Safety
+///
+/// The contract of [`drive`] with `!s.accumulate`; `rounded.dst` is valid for writes of an
+/// `m x n` block at stride `rounded.ldd >= n` (of `rounded.to`'s type) and overlaps no operand.
+pub(crate) unsafe fn drive_rounded<K: TileKernel, EA: Element, EB: Element>(
+    s: &GemmShape,
+    a: *const EA,
+    b: *const EB,
+    c: *mut f32,
+    rounded: RoundedC,
+) {
+    debug_assert!(!s.accumulate, "a rounded C carries no sums in");
+    // SAFETY: forwarded from this function's contract.
+    unsafe { drive_into::<K, EA, EB>(s, a, b, c, Some(rounded)) }
+}
+
+/// [`drive`], rounding into `rounded` when given ([`drive_rounded`]).
+///
+/// # Safety
+///
+/// As [`drive_rounded`] when `rounded` is given, else as [`drive`].
+unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
+    s: &GemmShape,
+    a: *const EA,
+    b: *const EB,
+    c: *mut f32,
+    rounded: Option<RoundedC>,
+) {
     let GemmShape { m, n, k, lda, ldb, a_trans, b_trans, b_panel_width, .. } = *s;
     if m == 0 || n == 0 {
         return;
@@ -183,6 +230,11 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
         if !s.accumulate {
             // SAFETY: C's extent is valid for writes.
             unsafe { zero_c(s, c) };
+        }
+        if let Some(r) = rounded {
+            // SAFETY: C (zeroed above, as a rounded C is never accumulated into) and the 16-bit
+            // block both span `m x n` at their strides.
+            unsafe { round_rows(r, c, s.ldc, (0, 0), (m, n)) };
         }
         return;
     }
@@ -234,7 +286,10 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
                             pack_b_block::<K, EB>(buf, b.add(at), ldb, b_trans, kc, nc, in_place);
                         }
                     }
-                    let block = Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a, prepacked };
+                    let last_slab = pc + kc == k;
+                    let rounded = rounded.filter(|_| last_slab);
+                    let block =
+                        Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a, prepacked, rounded };
                     // SAFETY: the blocks lie in the operands (as packed above), which the
                     // caller's contract makes valid; `buf` holds the packed B block and
                     // `abuf` the packed A block.
@@ -261,6 +316,8 @@ struct Block {
     pack_a: bool,
     /// B is stored in panels of `b_panel_width` columns, read where they lie.
     prepacked: bool,
+    /// The last slab of a rounded product: each strip is rounded into it once swept.
+    rounded: Option<RoundedC>,
 }
 
 /// Runs the register tiles of one block: each `MR`-row strip of A, which stays in L1,
@@ -279,7 +336,7 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
     abuf: *const f32,
     c: *mut f32,
 ) {
-    let Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a, prepacked } = *blk;
+    let Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a, prepacked, rounded } = *blk;
     let (lda, ldb, ldc, a_trans, w) = (s.lda, s.ldb, s.ldc, s.a_trans, s.b_panel_width);
     for ir in (0..mc).step_by(K::MR) {
         let i = ic + ir;
@@ -328,6 +385,46 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
             // strips and panels), as the caller's contract and the cut give.
             unsafe { K::tile(&tile) };
         }
+        if let Some(r) = rounded {
+            // SAFETY: the strip's rows `i .. i + mr` and columns `jc .. jc + nc` lie in C and
+            // in the 16-bit block (the contract of `drive_rounded`); its sums are final.
+            unsafe { round_rows(r, c, ldc, (i, jc), (K::MR.min(mc - ir), nc)) };
+        }
+    }
+}
+
+/// Rounds the `rows x cols` block of the f32 `c` at `(i0, j0)` into the same block of
+/// `r.dst`.
+///
+/// # Safety
+///
+/// Both blocks lie in their buffers (`c` readable at stride `ldc`, `r.dst` writable at stride
+/// `r.ldd`) and do not overlap.
+unsafe fn round_rows(
+    r: RoundedC,
+    c: *const f32,
+    ldc: usize,
+    (i0, j0): (usize, usize),
+    (rows, cols): (usize, usize),
+) {
+    for i in i0..i0 + rows {
+        // SAFETY: row `i` of each block holds `cols` elements from column `j0` (the caller's
+        // contract); f16 and bf16 are transparent u16s.
+        let (sums, out) =
+            unsafe { (std::slice::from_raw_parts(c.add(i * ldc + j0), cols), r.dst.add(i * r.ldd + j0)) };
+        // Rows of equal length cannot fail to convert.
+        let _ = match r.to {
+            crate::ops::Half::F16 => {
+                // SAFETY: as above.
+                let out = unsafe { std::slice::from_raw_parts_mut(out.cast::<half::f16>(), cols) };
+                crate::convert::f32_to_f16_slice(sums, out)
+            }
+            crate::ops::Half::Bf16 => {
+                // SAFETY: as above.
+                let out = unsafe { std::slice::from_raw_parts_mut(out.cast::<half::bf16>(), cols) };
+                crate::convert::f32_to_bf16_slice(sums, out)
+            }
+        };
     }
 }
 

@@ -15,6 +15,7 @@ impl TileEntry {
             TileEntry::GemmF16F32 => crate::uopc_tile_gemm_f16_f32 as *const u8,
             TileEntry::GemmBf16F32 => crate::uopc_tile_gemm_bf16_f32 as *const u8,
             TileEntry::GemmBf16Rounded => crate::uopc_tile_gemm_bf16_rounded as *const u8,
+            TileEntry::GemmF16Rounded => crate::uopc_tile_gemm_f16_rounded as *const u8,
             TileEntry::SoftmaxUpdate => crate::uopc_tile_softmax_update_f32 as *const u8,
             TileEntry::SoftmaxUpdateRounded => crate::uopc_tile_softmax_update_rounded as *const u8,
             TileEntry::SoftmaxUpdateRoundedInPlace => {

@@ -313,6 +313,48 @@ unsafe fn half_b_gemm<EA: OperandA, EB: OperandB>(
     unsafe { crate::gemm_unchecked(isa, s, a32, wb.as_ptr(), c) };
 }
 
+/// [`crate::blocked::drive_rounded`] for f16 operands on `isa`, where [`half_b_gemm`] would
+/// take the blocked driver; `false`, with nothing read or written, where it would not (a few
+/// rows, the portable ISA, no F16C).
+///
+/// # Safety
+///
+/// The contract of [`crate::blocked::drive_rounded`], with `isa` available.
+pub(crate) unsafe fn drive_rounded(
+    isa: Isa,
+    s: &GemmShape,
+    a: *const f16,
+    b: *const f16,
+    c: *mut f32,
+    rounded: crate::blocked::RoundedC,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let streamed = s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans;
+        if streamed || s.k == 0 || !<f16 as OperandB>::vector_widening() {
+            return false;
+        }
+        // SAFETY: the ISA and F16C are available; the rest is the caller's contract.
+        unsafe {
+            match isa {
+                Isa::Avx512 => {
+                    crate::blocked::drive_rounded::<crate::x86::avx512::Kernel, f16, f16>(s, a, b, c, rounded)
+                }
+                Isa::Avx2Fma => {
+                    crate::blocked::drive_rounded::<crate::x86::avx2::Kernel, f16, f16>(s, a, b, c, rounded)
+                }
+                Isa::Portable => return false,
+            }
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, s, a, b, c, rounded);
+        false
+    }
+}
+
 /// Flat C-ABI f16 GEMM for JIT-compiled code: `C (+)= A · B` on the fastest ISA here.
 ///
 /// Arguments, in order: `a`, `b` (pointers to f16 bit patterns), `c` (pointer to f32), then

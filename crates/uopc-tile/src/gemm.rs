@@ -6,7 +6,7 @@ use crate::error::check_len;
 pub use crate::machine::register_tile;
 pub use crate::shapes::GemmShape;
 pub(crate) use crate::shapes::zero_c;
-use crate::split::{SharedOperands, depth_split, parallel_block};
+use crate::split::{SharedOperands, depth_split, for_each_block, parallel_block};
 use crate::{Isa, TileError};
 
 /// `C (+)= A · B` with every operand checked against `s` first.
@@ -448,10 +448,9 @@ pub(crate) unsafe fn gemm_split(isa: Isa, s: &GemmShape, a: *const f32, b: *cons
         unsafe { gemm_depth_split(isa, s, a, b, c, depth) };
         return;
     }
-    let serial = GemmShape { parallel: false, ..*s };
     let block = parallel_block(s.m, s.n, s.k, threads, register_tile(isa));
     let ops = SharedOperands(a, b, c);
-    let run = |sub: GemmShape, (a_at, b_at, c_at): (usize, usize, usize)| {
+    for_each_block(s, block, |sub, (a_at, b_at, c_at)| {
         // SAFETY: the sub-shape is a block of rows or columns of `s` with the same leading
         // dimensions, and the offsets move A, B and C to that block's first element, so its
         // extents lie inside the ones the caller guarantees; blocks of C are disjoint.
@@ -459,24 +458,7 @@ pub(crate) unsafe fn gemm_split(isa: Isa, s: &GemmShape, a: *const f32, b: *cons
             let (a, b, c) = ops.get();
             gemm_unchecked(isa, &sub, a.add(a_at), b.add(b_at), c.add(c_at));
         }
-    };
-    match block {
-        None => run(serial, (0, 0, 0)),
-        Some((rows, _)) if rows < s.m => rayon::scope(|scope| {
-            for i0 in (0..s.m).step_by(rows) {
-                let sub = GemmShape { m: rows.min(s.m - i0), ..serial };
-                let a_at = if s.a_trans { i0 } else { i0 * s.lda };
-                scope.spawn(move |_| run(sub, (a_at, 0, i0 * s.ldc)));
-            }
-        }),
-        Some((_, cols)) => rayon::scope(|scope| {
-            for j0 in (0..s.n).step_by(cols) {
-                let sub = GemmShape { n: cols.min(s.n - j0), ..serial };
-                let b_at = if s.b_trans { j0 * s.ldb } else { j0 };
-                scope.spawn(move |_| run(sub, (0, b_at, j0)));
-            }
-        }),
-    }
+    });
 }
 
 /// [`gemm_unchecked`] of `s` in stretches of `depth` rows of B, one task each over the current

@@ -35,12 +35,14 @@
 //!   [`gemm_f16_f32`] and [`gemm_bf16_f32`] a 16-bit A with an f32 B, panels included (16-bit
 //!   attention's queries read in place against f32 K/V panels). All of them
 //!   stream B without packing it when A has at most eight rows (decode), widening it in
-//!   registers on AVX-512 and on AVX2 (with F16C).
+//!   registers on AVX-512 and on AVX2 (with F16C). [`gemm_f16_rounded`] and
+//!   [`gemm_bf16_rounded`] write the product rounded to the operands' type instead.
 //!
 //! Each operation has a checked safe entry point, an `unsafe` raw-pointer twin for callers that
 //! have already validated their shapes, and a flat `extern "C"` entry point for JIT-compiled code
 //! ([`uopc_tile_gemm_f32`], [`uopc_tile_gemm_bf16`], [`uopc_tile_gemm_f16`],
 //! [`uopc_tile_gemm_f32_f16`], [`uopc_tile_gemm_f16_f32`], [`uopc_tile_gemm_bf16_f32`],
+//! [`uopc_tile_gemm_f16_rounded`], [`uopc_tile_gemm_bf16_rounded`],
 //! [`uopc_tile_softmax_update_f32`], [`uopc_tile_softmax_update_rounded`],
 //! [`uopc_tile_softmax_update_rounded_in_place`], [`convert::uopc_tile_convert_block`],
 //! [`uopc_tile_max_sum_exp_f32`], [`uopc_tile_exp_rows_f32`], [`uopc_tile_activation_f32`],
@@ -67,6 +69,7 @@ mod entries;
 mod error;
 mod exp_rows;
 mod f16_gemm;
+mod f16_rounded;
 mod gemm;
 mod half_a_gemm;
 mod half_operand;
@@ -108,6 +111,7 @@ pub use f16_gemm::{
     gemm_f32_f16_unchecked, uopc_tile_gemm_f16, uopc_tile_gemm_f16_desc, uopc_tile_gemm_f32_bf16,
     uopc_tile_gemm_f32_f16,
 };
+pub use f16_rounded::{gemm_f16_rounded, gemm_f16_rounded_unchecked, uopc_tile_gemm_f16_rounded};
 pub use gemm::{
     GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT, GEMM_PARALLEL,
     GemmDesc, GemmShape, gemm, gemm_unchecked, register_tile, uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,

@@ -394,6 +394,8 @@ pub enum TileEntry {
     GemmBf16F32,
     /// `uopc_tile_gemm_bf16_rounded`: bf16 A and B, C rounded to bf16.
     GemmBf16Rounded,
+    /// `uopc_tile_gemm_f16_rounded`: f16 A and B, C rounded to f16.
+    GemmF16Rounded,
     /// `uopc_tile_softmax_update_f32`.
     SoftmaxUpdate,
     /// `uopc_tile_softmax_update_rounded`: P in a 16-bit tile of its own.
@@ -419,7 +421,7 @@ pub enum TileEntry {
 impl TileEntry {
     /// Every entry, each once, in the order they were added (the order a JIT declares them,
     /// which its printed functions number).
-    pub const ALL: [TileEntry; 18] = [
+    pub const ALL: [TileEntry; 19] = [
         TileEntry::Gemm,
         TileEntry::SoftmaxUpdate,
         TileEntry::SoftmaxRecompute,
@@ -438,6 +440,7 @@ impl TileEntry {
         TileEntry::Activation,
         TileEntry::ActivationGrad,
         TileEntry::GemmBf16Rounded,
+        TileEntry::GemmF16Rounded,
     ];
 
     /// The symbol it is exported and registered under.
@@ -463,6 +466,7 @@ impl TileEntry {
             TileEntry::GemmF16F32 => ("uopc_tile_gemm_f16_f32", 3, GEMM_FIELDS),
             TileEntry::GemmBf16F32 => ("uopc_tile_gemm_bf16_f32", 3, GEMM_FIELDS),
             TileEntry::GemmBf16Rounded => ("uopc_tile_gemm_bf16_rounded", 3, GEMM_FIELDS),
+            TileEntry::GemmF16Rounded => ("uopc_tile_gemm_f16_rounded", 3, GEMM_FIELDS),
             // rows, cols, lds, ldo, d, scale
             TileEntry::SoftmaxUpdate => ("uopc_tile_softmax_update_f32", 4, 6),
             // rows, cols, lds, ldo, d, ldp, scale, is_f16
@@ -520,6 +524,7 @@ impl TileOp {
                 let g = GemmDesc::from(&shape);
                 let entry = match (elem(0), elem(1)) {
                     (Elem::Bf16, Elem::Bf16) if elem(2) == Elem::Bf16 => TileEntry::GemmBf16Rounded,
+                    (Elem::F16, Elem::F16) if elem(2) == Elem::F16 => TileEntry::GemmF16Rounded,
                     (Elem::Bf16, Elem::F32) => TileEntry::GemmBf16F32,
                     (Elem::F16, Elem::F32) => TileEntry::GemmF16F32,
                     (Elem::Bf16, _) => TileEntry::GemmBf16,
@@ -609,6 +614,7 @@ mod tests {
                 .map(|e| gemm.call(e))
                 .collect();
         calls.push(gemm.call(&[Bf16, Bf16, Bf16]));
+        calls.push(gemm.call(&[F16, F16, F16]));
         calls.push(rounded.call(&[F32, F32, F32, F32, F16]));
         calls.push(rounded.call(&[F32, F32, F32, F32, F32]));
         let scale = 1.0f32.to_bits();

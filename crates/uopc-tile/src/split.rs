@@ -70,22 +70,53 @@ pub fn depth_split(
 }
 
 /// Operand pointers shared by the tasks of one GEMM split over a rayon pool (this module's
-/// split and [`crate::gemm_bf16_parallel`]'s), with A of type `A` and B of type `B`.
+/// split and [`crate::gemm_bf16_parallel`]'s), with A of type `A`, B of type `B` and C of
+/// type `C`.
 ///
 /// Only for tasks that read A and B, which nothing writes during the call, and write
 /// disjoint blocks of C, which the call's contract gives it alone until every task finishes.
 #[derive(Clone, Copy)]
-pub(crate) struct SharedOperands<A, B>(pub *const A, pub *const B, pub *mut f32);
+pub(crate) struct SharedOperands<A, B, C = f32>(pub *const A, pub *const B, pub *mut C);
 // SAFETY: the use the type documents: shared reads of A and B, disjoint writes of C.
-unsafe impl<A, B> Send for SharedOperands<A, B> {}
+unsafe impl<A, B, C> Send for SharedOperands<A, B, C> {}
 // SAFETY: as above.
-unsafe impl<A, B> Sync for SharedOperands<A, B> {}
+unsafe impl<A, B, C> Sync for SharedOperands<A, B, C> {}
 
-impl<A, B> SharedOperands<A, B> {
+impl<A, B, C> SharedOperands<A, B, C> {
     /// The pointers, taken through a method so that a closure captures the whole (`Sync`)
     /// value rather than its raw-pointer fields.
-    pub(crate) fn get(&self) -> (*const A, *const B, *mut f32) {
+    pub(crate) fn get(&self) -> (*const A, *const B, *mut C) {
         (self.0, self.1, self.2)
+    }
+}
+
+/// Runs `run(sub, (a_at, b_at, c_at))` once per block of `s` cut as `block` says (rows or
+/// columns, from [`parallel_block`]), each on a task of the current rayon pool: `sub` is the
+/// serial shape of the block and the offsets move A, B and C (counted in their elements, at
+/// `s`'s leading dimensions) to its first element. With `None`, the whole of `s` runs here.
+pub(crate) fn for_each_block(
+    s: &crate::GemmShape,
+    block: Option<(usize, usize)>,
+    run: impl Fn(crate::GemmShape, (usize, usize, usize)) + Sync,
+) {
+    let serial = crate::GemmShape { parallel: false, ..*s };
+    let run = &run;
+    match block {
+        None => run(serial, (0, 0, 0)),
+        Some((rows, _)) if rows < s.m => rayon::scope(|scope| {
+            for i0 in (0..s.m).step_by(rows) {
+                let sub = crate::GemmShape { m: rows.min(s.m - i0), ..serial };
+                let a_at = if s.a_trans { i0 } else { i0 * s.lda };
+                scope.spawn(move |_| run(sub, (a_at, 0, i0 * s.ldc)));
+            }
+        }),
+        Some((_, cols)) => rayon::scope(|scope| {
+            for j0 in (0..s.n).step_by(cols) {
+                let sub = crate::GemmShape { n: cols.min(s.n - j0), ..serial };
+                let b_at = if s.b_trans { j0 * s.ldb } else { j0 };
+                scope.spawn(move |_| run(sub, (0, b_at, j0)));
+            }
+        }),
     }
 }
 

@@ -118,7 +118,7 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
     }
     // A GEMM multiplies f32, bf16 or f16 operands (both alike, or an f32 A with an f16
     // B, which the tile library widens while packing B) into an f32 C (or, for two bf16
-    // operands, a bf16 C it overwrites: see `rounds_into_bf16`); the rounded
+    // operands, a bf16 C it overwrites, and likewise f16: see `rounds_into_half`); the rounded
     // softmax rounds to BF16 or F16 (its type says so) and writes its P tile (operand 4)
     // in that dtype, or over its F32 score tile (the same node, the same stride); every
     // other operand is f32.
@@ -192,8 +192,9 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
         let want = match t {
             // Checked together above.
             TileOp::Gemm(_) if k < 2 => continue,
-            // Two BF16 operands may write a BF16 C that they overwrite: the f32 sums, rounded.
-            TileOp::Gemm(g) if k == 2 && rounds_into_bf16(g, dt(0), dt(1), x.dtype()) => continue,
+            // Two 16-bit operands may write a C of their type that they overwrite: the f32
+            // sums, rounded.
+            TileOp::Gemm(g) if k == 2 && rounds_into_half(g, dt(0), dt(1), x.dtype()) => continue,
             TileOp::Convert { .. } => continue,
             TileOp::SoftmaxUpdateRounded { .. } if k == 4 => continue,
             _ => DType::F32,
@@ -219,10 +220,12 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
 }
 
 /// Whether a GEMM of A and B of dtypes `a` and `b` may write a C of dtype `c` other than F32:
-/// a BF16 C of two BF16 operands, overwritten (the f32 sums rounded once, which a C of too few
-/// bits cannot carry between calls) and with B not in panels.
-fn rounds_into_bf16(g: &GemmShape, a: DType, b: DType, c: DType) -> bool {
-    a == DType::BF16 && b == DType::BF16 && c == DType::BF16 && !g.accumulate && g.b_panel_width == 0
+/// a BF16 C of two BF16 operands or an F16 C of two F16 ones, overwritten (the f32 sums
+/// rounded once, which a C of too few bits cannot carry between calls) and with B not in
+/// panels.
+fn rounds_into_half(g: &GemmShape, a: DType, b: DType, c: DType) -> bool {
+    let same_half = matches!(c, DType::BF16 | DType::F16) && a == c && b == c;
+    same_half && !g.accumulate && g.b_panel_width == 0
 }
 
 /// The rules of INDEX, LOAD and STORE at `u`: a view indexed by an integer, and loads and

@@ -76,6 +76,15 @@ proptest! {
     }
 
     #[test]
+    fn expanded_rounded_f16_gemm_is_the_interpreters_bit_for_bit(
+        m in 1usize..20, n in 1usize..20, k in 0usize..20, a_trans: bool, b_trans: bool,
+        pad in 0usize..3, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
+    ) {
+        let g = GemmCase { m, n, k, a_trans, b_trans, accumulate: false, pad, offset };
+        check_expansion(&gemm_f16_rounded_case(g, tasks, seed));
+    }
+
+    #[test]
     fn expanded_f16_gemm_is_the_interpreters_bit_for_bit(
         m in 1usize..20, n in 1usize..20, k in 0usize..20,
         a_trans: bool, b_trans: bool, accumulate: bool,

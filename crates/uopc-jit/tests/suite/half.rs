@@ -439,7 +439,7 @@ fn bf16_tile_gemm_operands_are_checked() {
     let p = sink(&[tile(TileOp::Gemm(g), &[a.index(0), b.index(0), c.index(0)])]);
     assert_eq!(verify(&p).unwrap_err().kind, IrErrorKind::OutOfBounds);
     // A and B alike, or f32 with a 16-bit type either way round (no other mix has a
-    // kernel); C stays f32.
+    // kernel); C stays f32, unless two operands of one 16-bit type round into their own.
     for (da, db, dc, ok) in [
         (DType::BF16, DType::F16, DType::F32, false),
         (DType::F16, DType::BF16, DType::F32, false),
@@ -449,7 +449,10 @@ fn bf16_tile_gemm_operands_are_checked() {
         (DType::F32, DType::BF16, DType::F32, true),
         (DType::F32, DType::F64, DType::F32, false),
         (DType::F64, DType::F64, DType::F32, false),
-        (DType::F16, DType::F16, DType::F16, false),
+        (DType::F16, DType::F16, DType::F16, true),
+        (DType::BF16, DType::BF16, DType::BF16, true),
+        (DType::F16, DType::F16, DType::BF16, false),
+        (DType::BF16, DType::BF16, DType::F16, false),
         (DType::F32, DType::F16, DType::F16, false),
         (DType::F16, DType::F16, DType::F32, true),
         (DType::F32, DType::F16, DType::F32, true),

@@ -107,6 +107,28 @@ proptest! {
         prop_assert_eq!(got.last(), want.last());
     }
 
+    /// The f16 GEMMs writing an f16 C, with the bound of the bf16 ones and f16's ulp (at most
+    /// 2^-10 relative).
+    #[test]
+    fn tile_gemm_f16_rounded_matches_the_reference(
+        m in 1usize..70, n in 1usize..70, k in 1usize..70, a_trans: bool, b_trans: bool,
+        pad in 0usize..5, offset in 0usize..3, tasks in 1usize..4, seed in 0u64..1000,
+    ) {
+        let g = GemmCase { m, n, k, a_trans, b_trans, accumulate: false, pad, offset };
+        let case = gemm_f16_rounded_case(g, tasks, seed);
+        let (jit, reference) = run_both(&case.program, case.inputs);
+        let (HostBuffer::F16(got), HostBuffer::F16(want)) = (&jit[2], &reference[2]) else {
+            panic!("C is f16");
+        };
+        let tol = 2.0 * (k as f32 + 2.0) * f32::EPSILON;
+        for (x, y) in got.iter().zip(want) {
+            let (x, y) = (x.to_f32(), y.to_f32());
+            prop_assert!((x - y).abs() <= tol + y.abs().max(x.abs()) * 2f32.powi(-10), "{x} vs {y}");
+        }
+        // Nothing past the blocks was written (the buffers' last elements).
+        prop_assert_eq!(got.last(), want.last());
+    }
+
     /// The same GEMMs with f16 A and B: the f16 GEMM (widened to f32) against the interpreter.
     #[test]
     fn tile_gemm_f16_matches_the_reference(

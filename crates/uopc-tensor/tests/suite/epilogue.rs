@@ -248,14 +248,16 @@ fn bf16_matmul_rounds_in_the_gemm_kernel() {
     assert_eq!(gemms(&plan), [(format!("r_{n}_{m}"), true)], "{plan}");
     assert_eq!(plan.kernels.len(), 1, "{plan}");
     assert!(tasks(&plan.kernels[0]) > 1 && runs_in_parallel(&plan.kernels[0]), "{plan}");
-    // Nothing but the rounding follows the product: on AMX the GEMM writes bf16 itself, else
-    // one conversion per block; never a loop.
+    // Nothing but the rounding follows the product: on AMX, and on the paths that widen into
+    // the f32 GEMM, the GEMM writes bf16 itself; else one conversion per block; never a loop.
     let nodes = uopc_ir::UOp::toposort(std::slice::from_ref(&plan.kernels[0].program));
     let converts = nodes.iter().any(|u| matches!(u.op(), Op::Tile(uopc_ir::TileOp::Convert { .. })));
     let loops = nodes.iter().any(|u| matches!(u.op(), Op::Range { axis: uopc_ir::AxisType::Loop, .. }));
-    let on_amx = uopc_tile::Bf16Path::detect() == uopc_tile::Bf16Path::Amx;
-    assert_eq!(plan.kernels[0].lowering, if on_amx { "rounded_gemm" } else { "gemm_epilogue" }, "{plan}");
-    assert!(converts != on_amx && !loops, "{plan}");
+    use uopc_tile::Bf16Path::{Amx, Avx2Fma, Avx512Widen};
+    let rounds_itself = matches!(uopc_tile::Bf16Path::detect(), Amx | Avx512Widen | Avx2Fma);
+    let lowering = if rounds_itself { "rounded_gemm" } else { "gemm_epilogue" };
+    assert_eq!(plan.kernels[0].lowering, lowering, "{plan}");
+    assert!(converts != rounds_itself && !loops, "{plan}");
     let wide = |a: &ArrayD<bf16>| a.mapv(|v| f64::from(v.to_f32()));
     let want = matmul64(&wide(&x), &wide(&w));
     // Products of bf16 values are exact in f32; the f32 sum is within k * 2^-24 * sum |terms|
@@ -269,16 +271,45 @@ fn bf16_matmul_rounds_in_the_gemm_kernel() {
     check(&y, &want);
     // A stored transposed and 4096 columns: the plain GEMM's blocks (one per core up to 16
     // cores) outgrow the scratch block, and narrower ones would each repack A once more, so
-    // the cost model keeps the rounding a kernel of its own.
+    // the cost model keeps the rounding a kernel of its own, unless the GEMM rounds itself
+    // in the plain GEMM's blocks.
     let wide_cols = 4096;
     let w = to_bf16(uniform(&[k, wide_cols], -1.0, 1.0, 12));
     let want = matmul64(&wide(&x), &wide(&w));
     let xt = x.t().as_standard_layout().to_owned().into_dyn();
     let y = Tensor::from_array(&xt).t().matmul(&Tensor::from_array(&w));
     let plan = plan_of(&y);
-    assert_eq!(gemms(&plan), [(format!("r_{n}_{wide_cols}"), false)], "{plan}");
-    assert_eq!(plan.kernels.len(), 2, "{plan}");
+    assert_eq!(gemms(&plan), [(format!("r_{n}_{wide_cols}"), rounds_itself)], "{plan}");
+    assert_eq!(plan.kernels.len(), if rounds_itself { 1 } else { 2 }, "{plan}");
     check(&y, &want);
+}
+
+#[test]
+fn f16_matmul_rounds_in_one_gemm_call_on_every_isa() {
+    // Deeper than one k slab, and A stored transposed too: each is one kernel whose GEMM
+    // writes f16 itself, in the plain GEMM's blocks (one call cutting itself, or whole tasks).
+    let (n, k, m) = (200, 600, 272);
+    let to_f16 = |a: ArrayD<f32>| a.mapv(half::f16::from_f32);
+    let (x, w) = (to_f16(uniform(&[n, k], -1.0, 1.0, 20)), to_f16(uniform(&[k, m], -1.0, 1.0, 21)));
+    let wide = |a: &ArrayD<half::f16>| a.mapv(|v| f64::from(v.to_f32()));
+    let want = matmul64(&wide(&x), &wide(&w));
+    let xt = x.t().as_standard_layout().to_owned().into_dyn();
+    for (form, y) in [
+        ("ab", Tensor::from_array(&x).matmul(&Tensor::from_array(&w))),
+        ("at_b", Tensor::from_array(&xt).t().matmul(&Tensor::from_array(&w))),
+    ] {
+        assert_eq!(y.dtype(), DType::F16);
+        let plan = plan_of(&y);
+        assert_eq!(gemms(&plan), [(format!("r_{n}_{m}"), true)], "{form}: {plan}");
+        assert_eq!(plan.kernels.len(), 1, "{form}: {plan}");
+        assert_eq!(plan.kernels[0].lowering, "rounded_gemm", "{form}: {plan}");
+        // f16 products are exact in f32; the f32 sum is within k * 2^-24 * sum |terms| (at
+        // most 600 * 2^-24 * 600 here) and the one rounding to f16 within 2^-11 relative.
+        for (g, w) in y.to_ndarray::<half::f16>().unwrap().iter().zip(want.iter()) {
+            let g = f64::from(g.to_f32());
+            assert!((g - w).abs() <= w.abs() / 2048.0 + 0.03, "{form}: {g} vs {w}");
+        }
+    }
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod bf16_rounded;
 mod bounds;
 mod convert;
 mod f16;
+mod f16_rounded;
 mod f32_bf16;
 mod gemm;
 mod half_a;
