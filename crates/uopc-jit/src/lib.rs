@@ -28,6 +28,7 @@ mod args;
 mod error;
 mod externs;
 mod isa;
+mod linger;
 mod lower;
 mod options;
 pub mod peak;

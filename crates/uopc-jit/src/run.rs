@@ -158,6 +158,7 @@ impl Program {
             Some(n) => call(0, n),
             None => call(0, 0),
         }
+        crate::linger::after_run();
         Ok(())
     }
 
