@@ -3,10 +3,10 @@
 //!
 //! On AMX, when all of k fits the driver's one slab, each 32 x 32 block is rounded from a
 //! local f32 block right after its k loop, so the product needs no f32 C at all and its
-//! callers need no f32 scratch to cut the product into small blocks for. Elsewhere the sums go
-//! through an f32 buffer of the call's own: on paths that widen bf16 into the f32 blocked
-//! driver, each strip of rows is rounded as soon as its sums are final, while it is in cache;
-//! on the others the whole buffer is rounded row by row at the end.
+//! callers need no f32 scratch to cut the product into small blocks for. On the paths that
+//! widen bf16 into the f32 blocked driver, that driver rounds each strip of rows as soon as its
+//! sums are final, while it is in cache ([`crate::blocked::drive_rounded`]). Elsewhere the
+//! sums go through an f32 buffer of the call's own and are rounded row by row at the end.
 
 use half::bf16;
 
@@ -78,14 +78,13 @@ pub unsafe fn gemm_bf16_rounded_unchecked(
             return;
         }
     }
+    // SAFETY: forwarded.
+    if unsafe { widened_rounded(path, s, a, b, c) } {
+        return;
+    }
     let (m, n) = (s.m, s.n);
     let mut sums = crate::memory::overwritten_f32(m * n);
     let dense = GemmShape { ldc: n.max(1), accumulate: false, parallel: false, ..*s };
-    // SAFETY: forwarded, with C the call's own `m x n` buffer.
-    if unsafe { widened_rounded(path, &dense, a, b, sums.as_mut_ptr(), c, s.ldc) } {
-        crate::memory::keep_f32(sums);
-        return;
-    }
     // SAFETY: forwarded, with C the call's own `m x n` buffer.
     unsafe { crate::gemm_bf16_unchecked(path, &dense, a, b, sums.as_mut_ptr()) };
     if m > 0 && n > 0 {
@@ -104,36 +103,31 @@ pub unsafe fn gemm_bf16_rounded_unchecked(
 ///
 /// # Safety
 ///
-/// The contract of [`gemm_bf16_rounded_unchecked`] for `s` with its f32 C at `sums` (`m x n`
-/// at stride `s.ldc`) and the bf16 C at `c` with stride `ldc`.
+/// The contract of [`gemm_bf16_rounded_unchecked`].
 unsafe fn widened_rounded(
     path: Bf16Path,
     s: &GemmShape,
     a: *const bf16,
     b: *const bf16,
-    sums: *mut f32,
     c: *mut bf16,
-    ldc: usize,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         let streamed = s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans;
-        if streamed || s.k == 0 || s.n == 0 {
+        if streamed || s.k == 0 {
             return false;
         }
-        let rounded = crate::blocked::RoundedC { dst: c.cast(), ldd: ldc, to: crate::ops::Half::Bf16 };
+        let rounded = crate::blocked::RoundedC { dst: c.cast(), ldd: s.ldc, to: crate::ops::Half::Bf16 };
         // SAFETY: the path is available, so its ISA is; bf16 widens with shifts, which need
         // no extension; the rest is the caller's contract.
         unsafe {
             match path {
                 Bf16Path::Avx512Widen => {
-                    crate::blocked::drive_rounded::<crate::x86::avx512::Kernel, bf16, bf16>(
-                        s, a, b, sums, rounded,
-                    )
+                    crate::blocked::drive_rounded::<crate::x86::avx512::Kernel, bf16, bf16>(s, a, b, rounded)
                 }
-                Bf16Path::Avx2Fma => crate::blocked::drive_rounded::<crate::x86::avx2::Kernel, bf16, bf16>(
-                    s, a, b, sums, rounded,
-                ),
+                Bf16Path::Avx2Fma => {
+                    crate::blocked::drive_rounded::<crate::x86::avx2::Kernel, bf16, bf16>(s, a, b, rounded)
+                }
                 _ => return false,
             }
         }
@@ -141,7 +135,7 @@ unsafe fn widened_rounded(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (path, s, a, b, sums, c, ldc);
+        let _ = (path, s, a, b, c);
         false
     }
 }

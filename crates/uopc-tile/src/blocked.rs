@@ -191,30 +191,48 @@ pub(crate) struct RoundedC {
     pub to: crate::ops::Half,
 }
 
-/// [`drive`] with C's sums rounded into `rounded.dst` as well: the f32 C then is the call's
-/// scratch, written and read back between k slabs.
+/// [`drive`] writing C's sums rounded into `rounded.dst` instead of an f32 C.
+///
+/// A product of one k slab sums each strip of rows in a scratch strip of the packing buffer
+/// (`MR` rows of the B block's width, in L1 and L2) and rounds it from there, so the call
+/// writes nothing but the 16-bit C; a deeper one keeps its sums between slabs in an f32 C of
+/// its own (a kept buffer, [`crate::memory::overwritten_f32`]) and rounds each strip after the
+/// last slab sweeps it.
 ///
 /// # Safety
 ///
-/// The contract of [`drive`] with `!s.accumulate`; `rounded.dst` is valid for writes of an
-/// `m x n` block at stride `rounded.ldd >= n` (of `rounded.to`'s type) and overlaps no operand.
+/// The contract of [`drive`] with `!s.accumulate` and without its C: `rounded.dst` is valid for
+/// writes of an `m x n` block at stride `rounded.ldd >= n` (of `rounded.to`'s type) and
+/// overlaps no operand.
 pub(crate) unsafe fn drive_rounded<K: TileKernel, EA: Element, EB: Element>(
     s: &GemmShape,
     a: *const EA,
     b: *const EB,
-    c: *mut f32,
     rounded: RoundedC,
 ) {
     debug_assert!(!s.accumulate, "a rounded C carries no sums in");
-    // SAFETY: forwarded from this function's contract.
-    unsafe { drive_into::<K, EA, EB>(s, a, b, c, Some(rounded)) }
+    let (m, n, k) = (s.m, s.n, s.k);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let dense = GemmShape { ldc: n, accumulate: false, parallel: false, ..*s };
+    if k <= blocking::<K>(k).0 {
+        // SAFETY: forwarded; with one slab the driver never touches its f32 C.
+        unsafe { drive_into::<K, EA, EB>(&dense, a, b, std::ptr::null_mut(), Some(rounded)) };
+        return;
+    }
+    let mut sums = crate::memory::overwritten_f32(m * n);
+    // SAFETY: forwarded, with the f32 C the call's own `m x n` buffer at stride `n`.
+    unsafe { drive_into::<K, EA, EB>(&dense, a, b, sums.as_mut_ptr(), Some(rounded)) };
+    crate::memory::keep_f32(sums);
 }
 
 /// [`drive`], rounding into `rounded` when given ([`drive_rounded`]).
 ///
 /// # Safety
 ///
-/// As [`drive_rounded`] when `rounded` is given, else as [`drive`].
+/// As [`drive`]; with `rounded`, as [`drive_rounded`], `c` an f32 C of the shape's `m x n`
+/// unless `k` fits one slab (then `c` is not used).
 unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
     s: &GemmShape,
     a: *const EA,
@@ -227,14 +245,12 @@ unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
         return;
     }
     if k == 0 {
-        if !s.accumulate {
+        match rounded {
+            // SAFETY: the 16-bit block spans `m x n` at its stride; 16-bit zero is all zero bits.
+            Some(r) => (0..m).for_each(|i| unsafe { std::ptr::write_bytes(r.dst.add(i * r.ldd), 0, n) }),
             // SAFETY: C's extent is valid for writes.
-            unsafe { zero_c(s, c) };
-        }
-        if let Some(r) = rounded {
-            // SAFETY: C (zeroed above, as a rounded C is never accumulated into) and the 16-bit
-            // block both span `m x n` at their strides.
-            unsafe { round_rows(r, c, s.ldc, (0, 0), (m, n)) };
+            None if !s.accumulate => unsafe { zero_c(s, c) },
+            None => {}
         }
         return;
     }
@@ -256,9 +272,15 @@ unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
     let reused = n >= PACK_A_MIN_PANELS * K::NR;
     let pack_a = !EA::READ_IN_PLACE || reused || (a_trans && lda.is_multiple_of(128));
     let a_floats = if pack_a { kc_max * mc_max.min(m.next_multiple_of(K::MR)) } else { 0 };
-    pack::with_buffer(b_floats + a_floats, |buf| {
-        // SAFETY: the buffer holds `b_floats + a_floats` floats.
-        let abuf = unsafe { buf.add(b_floats) };
+    // A rounded product of one slab sums each strip in a scratch strip after the packed blocks,
+    // its rows a line longer than whole panels so that they do not all fall into one L1 set
+    // (the panels' widths are powers of two).
+    let strip_ld = nc_max.min(n).next_multiple_of(K::NR) + L1_LINE_FLOATS;
+    let strip_floats = if rounded.is_some() && k <= kc_step { K::MR * strip_ld } else { 0 };
+    pack::with_buffer(b_floats + a_floats + strip_floats, |buf| {
+        // SAFETY: the buffer holds `b_floats + a_floats + strip_floats` floats.
+        let (abuf, strip) = unsafe { (buf.add(b_floats), buf.add(b_floats + a_floats)) };
+        let strip = (strip_floats > 0).then_some((strip, strip_ld));
         for pc in (0..k).step_by(kc_step) {
             let kc = kc_step.min(k - pc);
             let accumulate = s.accumulate || pc > 0;
@@ -288,8 +310,20 @@ unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
                     }
                     let last_slab = pc + kc == k;
                     let rounded = rounded.filter(|_| last_slab);
-                    let block =
-                        Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a, prepacked, rounded };
+                    let block = Block {
+                        pc,
+                        kc,
+                        ic,
+                        mc,
+                        jc,
+                        nc,
+                        accumulate,
+                        in_place,
+                        pack_a,
+                        prepacked,
+                        rounded,
+                        strip,
+                    };
                     // SAFETY: the blocks lie in the operands (as packed above), which the
                     // caller's contract makes valid; `buf` holds the packed B block and
                     // `abuf` the packed A block.
@@ -318,6 +352,8 @@ struct Block {
     prepacked: bool,
     /// The last slab of a rounded product: each strip is rounded into it once swept.
     rounded: Option<RoundedC>,
+    /// Where a rounded product of one slab sums each strip instead of C, and its row stride.
+    strip: Option<(*mut f32, usize)>,
 }
 
 /// Runs the register tiles of one block: each `MR`-row strip of A, which stays in L1,
@@ -336,7 +372,7 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
     abuf: *const f32,
     c: *mut f32,
 ) {
-    let Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a, prepacked, rounded } = *blk;
+    let Block { pc, kc, ic, mc, jc, nc, accumulate, in_place, pack_a, prepacked, rounded, strip } = *blk;
     let (lda, ldb, ldc, a_trans, w) = (s.lda, s.ldb, s.ldc, s.a_trans, s.b_panel_width);
     for ir in (0..mc).step_by(K::MR) {
         let i = ic + ir;
@@ -376,9 +412,10 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
                 a_colmajor: pack_a || a_trans,
                 b: bp,
                 ldb: bld,
-                // SAFETY: row `i < m`, column `jc + jr < n` of C.
-                c: unsafe { c.add(i * ldc + jc + jr) },
-                ldc,
+                // SAFETY: row `i < m`, column `jc + jr < n` of C, or column `jr` of the scratch
+                // strip (`MR` rows of at least `nc` floats).
+                c: unsafe { strip.map_or(c.add(i * ldc + jc + jr), |(sp, _)| sp.add(jr)) },
+                ldc: strip.map_or(ldc, |(_, ld)| ld),
                 accumulate,
             };
             // SAFETY: the tile stays within the extents of A, B and C (or the packed
@@ -386,32 +423,37 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
             unsafe { K::tile(&tile) };
         }
         if let Some(r) = rounded {
-            // SAFETY: the strip's rows `i .. i + mr` and columns `jc .. jc + nc` lie in C and
-            // in the 16-bit block (the contract of `drive_rounded`); its sums are final.
-            unsafe { round_rows(r, c, ldc, (i, jc), (K::MR.min(mc - ir), nc)) };
+            // SAFETY: the strip's final sums (in the scratch strip, or rows `i ..` and columns
+            // `jc ..` of C) and its block of the 16-bit C (rows `i .. i + mr`, columns `jc ..
+            // jc + nc`, the contract of `drive_rounded`) lie in their buffers.
+            unsafe {
+                let (sums, lds) = strip.map_or((c.add(i * ldc + jc), ldc), |(sp, ld)| (sp, ld));
+                round_rows(r, sums, lds, (i, jc), (K::MR.min(mc - ir), nc));
+            }
         }
     }
 }
 
-/// Rounds the `rows x cols` block of the f32 `c` at `(i0, j0)` into the same block of
-/// `r.dst`.
+/// Rounds the `rows x cols` f32 block at `sums` (rows `lds` apart) into the block of `r.dst`
+/// at `(i0, j0)`.
 ///
 /// # Safety
 ///
-/// Both blocks lie in their buffers (`c` readable at stride `ldc`, `r.dst` writable at stride
-/// `r.ldd`) and do not overlap.
+/// Both blocks lie in their buffers (`sums` readable, `r.dst` writable at stride `r.ldd`) and
+/// do not overlap.
 unsafe fn round_rows(
     r: RoundedC,
-    c: *const f32,
-    ldc: usize,
+    sums: *const f32,
+    lds: usize,
     (i0, j0): (usize, usize),
     (rows, cols): (usize, usize),
 ) {
-    for i in i0..i0 + rows {
-        // SAFETY: row `i` of each block holds `cols` elements from column `j0` (the caller's
-        // contract); f16 and bf16 are transparent u16s.
-        let (sums, out) =
-            unsafe { (std::slice::from_raw_parts(c.add(i * ldc + j0), cols), r.dst.add(i * r.ldd + j0)) };
+    for row in 0..rows {
+        // SAFETY: row `row` of each block holds `cols` elements (the caller's contract); f16
+        // and bf16 are transparent u16s.
+        let (sums, out) = unsafe {
+            (std::slice::from_raw_parts(sums.add(row * lds), cols), r.dst.add((i0 + row) * r.ldd + j0))
+        };
         // Rows of equal length cannot fail to convert.
         let _ = match r.to {
             crate::ops::Half::F16 => {

@@ -325,7 +325,6 @@ pub(crate) unsafe fn drive_rounded(
     s: &GemmShape,
     a: *const f16,
     b: *const f16,
-    c: *mut f32,
     rounded: crate::blocked::RoundedC,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -338,10 +337,10 @@ pub(crate) unsafe fn drive_rounded(
         unsafe {
             match isa {
                 Isa::Avx512 => {
-                    crate::blocked::drive_rounded::<crate::x86::avx512::Kernel, f16, f16>(s, a, b, c, rounded)
+                    crate::blocked::drive_rounded::<crate::x86::avx512::Kernel, f16, f16>(s, a, b, rounded)
                 }
                 Isa::Avx2Fma => {
-                    crate::blocked::drive_rounded::<crate::x86::avx2::Kernel, f16, f16>(s, a, b, c, rounded)
+                    crate::blocked::drive_rounded::<crate::x86::avx2::Kernel, f16, f16>(s, a, b, rounded)
                 }
                 Isa::Portable => return false,
             }
@@ -350,7 +349,7 @@ pub(crate) unsafe fn drive_rounded(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (isa, s, a, b, c, rounded);
+        let _ = (isa, s, a, b, rounded);
         false
     }
 }

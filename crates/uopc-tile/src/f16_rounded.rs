@@ -98,21 +98,21 @@ unsafe fn serial(isa: Isa, s: &GemmShape, a: *const f16, b: *const f16, c: *mut 
     if m == 0 || n == 0 {
         return;
     }
+    let rounded = RoundedC { dst: c.cast(), ldd: s.ldc, to: Half::F16 };
+    // SAFETY: forwarded from this function's contract; f16 is a transparent u16.
+    if unsafe { crate::f16_gemm::drive_rounded(isa, s, a, b, rounded) } {
+        return;
+    }
     let mut sums = crate::memory::overwritten_f32(m * n);
     let dense = GemmShape { ldc: n, accumulate: false, parallel: false, ..*s };
-    let rounded = RoundedC { dst: c.cast(), ldd: s.ldc, to: Half::F16 };
     // SAFETY: forwarded from this function's contract, with the f32 C the call's own `m x n`
-    // buffer; f16 is a transparent u16.
-    let done = unsafe { crate::f16_gemm::drive_rounded(isa, &dense, a, b, sums.as_mut_ptr(), rounded) };
-    if !done {
-        // SAFETY: as above.
-        unsafe { crate::gemm_f16_unchecked(isa, &dense, a, b, sums.as_mut_ptr()) };
-        // SAFETY: C's extent, `m` rows of `n` at stride `ldc`, is writable (this function's
-        // contract).
-        let c = unsafe { std::slice::from_raw_parts_mut(c, (m - 1) * s.ldc + n) };
-        // The extents are exact, so this cannot fail.
-        let _ = crate::convert::convert_block(m, n, &sums, n, c, s.ldc);
-    }
+    // buffer.
+    unsafe { crate::gemm_f16_unchecked(isa, &dense, a, b, sums.as_mut_ptr()) };
+    // SAFETY: C's extent, `m` rows of `n` at stride `ldc`, is writable (this function's
+    // contract).
+    let c = unsafe { std::slice::from_raw_parts_mut(c, (m - 1) * s.ldc + n) };
+    // The extents are exact, so this cannot fail.
+    let _ = crate::convert::convert_block(m, n, &sums, n, c, s.ldc);
     crate::memory::keep_f32(sums);
 }
 

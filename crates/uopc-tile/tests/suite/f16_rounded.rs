@@ -8,8 +8,9 @@ use uopc_tile::{
     GEMM_ACCUMULATE, GemmShape, Isa, TileError, gemm_f16, gemm_f16_rounded, uopc_tile_gemm_f16_rounded,
 };
 
-/// Shapes that reach each way the rounded GEMM runs: one k slab and several (each strip is
-/// rounded once, after the last), ragged strips and panels, transposed operands, padded
+/// Shapes that reach each way the rounded GEMM runs: one k slab (each strip summed in a
+/// scratch strip, wider than one B block too) and several (each strip rounded once, after the
+/// last), ragged strips and panels, transposed operands, padded
 /// leading dimensions, few rows (B streamed, then rounded whole), an empty sum, and a product
 /// large enough to be cut over a pool.
 fn shapes() -> Vec<GemmShape> {
@@ -17,6 +18,8 @@ fn shapes() -> Vec<GemmShape> {
     (padded.lda, padded.ldb, padded.ldc) = (50, 47, 75);
     vec![
         GemmShape::dense(64, 96, 300, false, false, false),
+        GemmShape::dense(40, 1100, 100, false, false, false),
+        GemmShape::dense(30, 50, 64, true, false, false),
         GemmShape::dense(50, 70, 700, false, false, false),
         GemmShape::dense(33, 47, 290, true, true, false),
         padded,
