@@ -38,6 +38,10 @@ pub enum Arg<'a> {
     /// so a caller can skip zeroing a large output. [`crate::Program::run`] refuses it for any
     /// other slot.
     WriteF32Uninit(&'a mut [std::mem::MaybeUninit<f32>]),
+    /// [`Arg::WriteF32Uninit`] for a bfloat16 slot.
+    WriteBF16Uninit(&'a mut [std::mem::MaybeUninit<bf16>]),
+    /// [`Arg::WriteF32Uninit`] for an IEEE half-precision slot.
+    WriteF16Uninit(&'a mut [std::mem::MaybeUninit<f16>]),
 }
 
 impl<'a> From<&'a [f32]> for Arg<'a> {
@@ -91,7 +95,7 @@ impl<'a> From<&'a mut HostBuffer> for Arg<'a> {
 
 /// What [`Arg::describe`] reports of one argument.
 pub(crate) struct ArgMemory {
-    /// Whether the memory may be uninitialized ([`Arg::WriteF32Uninit`]).
+    /// Whether the memory may be uninitialized ([`Arg::WriteF32Uninit`] and its 16-bit twins).
     pub uninit: bool,
     pub dtype: DType,
     pub len: usize,
@@ -116,6 +120,8 @@ impl Arg<'_> {
             Arg::WriteBF16(v) => (DType::BF16, v.len(), true, v.as_ptr() as *mut u8),
             Arg::WriteF16(v) => (DType::F16, v.len(), true, v.as_ptr() as *mut u8),
             Arg::WriteF32Uninit(v) => (DType::F32, v.len(), true, v.as_ptr() as *mut u8),
+            Arg::WriteBF16Uninit(v) => (DType::BF16, v.len(), true, v.as_ptr() as *mut u8),
+            Arg::WriteF16Uninit(v) => (DType::F16, v.len(), true, v.as_ptr() as *mut u8),
             Arg::Write(b) => {
                 let p = match &**b {
                     HostBuffer::Bool(v) => v.as_ptr() as *mut u8,
@@ -129,6 +135,8 @@ impl Arg<'_> {
                 (b.dtype(), b.len(), true, p)
             }
         };
-        ArgMemory { uninit: matches!(self, Arg::WriteF32Uninit(_)), dtype, len, writable, ptr }
+        let uninit =
+            matches!(self, Arg::WriteF32Uninit(_) | Arg::WriteBF16Uninit(_) | Arg::WriteF16Uninit(_));
+        ArgMemory { uninit, dtype, len, writable, ptr }
     }
 }

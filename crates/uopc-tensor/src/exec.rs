@@ -4,6 +4,7 @@
 //! on the IR's reference interpreter.
 
 use crate::error::{BackendError, Result, TensorError};
+use std::mem::MaybeUninit;
 use uopc_ir::{HostBuffer, UOp};
 
 /// A compiled kernel.
@@ -24,14 +25,50 @@ pub(crate) struct Exe {
 pub(crate) enum Written {
     /// Initialized memory.
     Init(HostBuffer),
-    /// `len` f32s, not yet initialized.
-    Fresh(Vec<std::mem::MaybeUninit<f32>>),
+    /// Elements not yet initialized.
+    Fresh(Fresh),
+}
+
+/// Fresh memory of one of the float types a kernel's output may have.
+pub(crate) enum Fresh {
+    F32(Vec<MaybeUninit<f32>>),
+    BF16(Vec<MaybeUninit<half::bf16>>),
+    F16(Vec<MaybeUninit<half::f16>>),
+}
+
+/// `len` uninitialized elements of a 16-bit float type, from the kept 16-bit buffers
+/// ([`uopc_ir::memory::uninit_u16`]) as f32 ones come from the kept f32 buffers.
+fn uninit_16bit<T: Copy>(len: usize) -> Vec<MaybeUninit<T>> {
+    const { assert!(size_of::<T>() == 2 && align_of::<T>() == 2) };
+    let mut v = std::mem::ManuallyDrop::new(uopc_ir::memory::uninit_u16(len));
+    // SAFETY: `T` (bf16 or f16) has u16's size and alignment, so the allocation's layout is
+    // unchanged; the elements stay uninitialized.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<MaybeUninit<T>>(), v.len(), v.capacity()) }
+}
+
+/// `v`'s elements as initialized values.
+///
+/// # Safety
+///
+/// Every element of `v` is initialized.
+unsafe fn assume_init<T>(v: Vec<MaybeUninit<T>>) -> Vec<T> {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: the pointer, length and capacity are the vector's own, `T` has the size and
+    // alignment of `MaybeUninit<T>`, and the caller guarantees the elements are initialized.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<T>(), v.len(), v.capacity()) }
 }
 
 impl Written {
-    /// `len` fresh f32s.
-    pub(crate) fn fresh(len: usize) -> Written {
-        Written::Fresh(uopc_ir::memory::uninit_f32(len))
+    /// `len` fresh elements of `dtype`, or `None` for a dtype a fresh output cannot have (only
+    /// the float types can).
+    pub(crate) fn fresh(dtype: uopc_ir::DType, len: usize) -> Option<Written> {
+        use uopc_ir::DType;
+        Some(Written::Fresh(match dtype {
+            DType::F32 => Fresh::F32(uopc_ir::memory::uninit_f32(len)),
+            DType::BF16 => Fresh::BF16(uninit_16bit(len)),
+            DType::F16 => Fresh::F16(uninit_16bit(len)),
+            _ => return None,
+        }))
     }
 
     /// The buffer after a successful run of a kernel writing it: fresh memory then holds the
@@ -39,16 +76,14 @@ impl Written {
     pub(crate) fn into_init(self) -> HostBuffer {
         match self {
             Written::Init(b) => b,
-            Written::Fresh(v) => {
-                let mut v = std::mem::ManuallyDrop::new(v);
-                // SAFETY: the run succeeded, and the backend ran it with this memory only after
-                // checking that the program stores every element of its slot (and reads none),
-                // so every element is initialized; the pointer, length and capacity are the
-                // vector's own, and f32 has the size and alignment of MaybeUninit<f32>.
-                HostBuffer::F32(unsafe {
-                    Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity())
-                })
-            }
+            // SAFETY: the run succeeded, and the backend ran it with this memory only after
+            // checking that the program stores every element of its slot (and reads none), so
+            // every element is initialized.
+            Written::Fresh(Fresh::F32(v)) => HostBuffer::F32(unsafe { assume_init(v) }),
+            // SAFETY: as above.
+            Written::Fresh(Fresh::BF16(v)) => HostBuffer::BF16(unsafe { assume_init(v) }),
+            // SAFETY: as above.
+            Written::Fresh(Fresh::F16(v)) => HostBuffer::F16(unsafe { assume_init(v) }),
         }
     }
 }
@@ -165,7 +200,9 @@ impl Exe {
         let mut args: Vec<Arg<'_>> = inputs.iter().map(|b| Arg::from(*b)).collect();
         args.extend(outs.iter_mut().map(|o| match o {
             Written::Init(b) => Arg::from(b),
-            Written::Fresh(v) => Arg::WriteF32Uninit(v.as_mut_slice()),
+            Written::Fresh(Fresh::F32(v)) => Arg::WriteF32Uninit(v.as_mut_slice()),
+            Written::Fresh(Fresh::BF16(v)) => Arg::WriteBF16Uninit(v.as_mut_slice()),
+            Written::Fresh(Fresh::F16(v)) => Arg::WriteF16Uninit(v.as_mut_slice()),
         }));
         self.program.run(&mut args).map_err(|e| backend_err(&self.name, e))
     }
@@ -175,8 +212,13 @@ impl Exe {
     #[cfg(not(feature = "jit"))]
     pub(crate) fn run_written(&self, inputs: &[&HostBuffer], outs: &mut [Written]) -> Result<()> {
         for o in outs.iter_mut() {
-            if let Written::Fresh(v) = o {
-                *o = Written::Init(HostBuffer::F32(vec![0.0; v.len()]));
+            if let Written::Fresh(f) = o {
+                let zeros = match f {
+                    Fresh::F32(v) => HostBuffer::F32(vec![0.0; v.len()]),
+                    Fresh::BF16(v) => HostBuffer::zeros(uopc_ir::DType::BF16, v.len()),
+                    Fresh::F16(v) => HostBuffer::zeros(uopc_ir::DType::F16, v.len()),
+                };
+                *o = Written::Init(zeros);
             }
         }
         if let [Written::Init(out)] = outs {

@@ -203,7 +203,7 @@ pub(crate) fn build_plan(
             let writers: Vec<&Kernel> = kernels.iter().filter(|k| k.written().contains(&target)).collect();
             let readers = kernels.iter().filter(|k| k.read().contains(&target)).count();
             match writers[..] {
-                [k] if outputs[o].0 == DType::F32 && readers == 0 => {
+                [k] if matches!(outputs[o].0, DType::F32 | DType::BF16 | DType::F16) && readers == 0 => {
                     k.args.iter().position(|a| *a == target).is_some_and(|slot| k.exe.writes_whole(slot))
                 }
                 _ => false,

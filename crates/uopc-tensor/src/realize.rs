@@ -159,7 +159,9 @@ pub(crate) fn run_plan(
     // The caller's buffer stands in for the direct output: no allocation for it.
     // Outputs their one writer fills whole are left unzeroed until it runs.
     let mut fresh: Vec<Option<Written>> = (plan.outputs.iter().enumerate())
-        .map(|(k, &(_, n))| (plan.fresh_outputs[k] && Some(k) != direct_slot).then(|| Written::fresh(n)))
+        .map(|(k, &(d, n))| {
+            (plan.fresh_outputs[k] && Some(k) != direct_slot).then(|| Written::fresh(d, n)).flatten()
+        })
         .collect();
     let mut outs: Vec<HostBuffer> = (plan.outputs.iter().enumerate())
         .map(|(k, &(d, n))| {

@@ -43,13 +43,25 @@ pub fn advise_huge_pages<T>(buf: &[T]) {
 /// `len` uninitialized f32s: a kept buffer ([`keep_f32`]) when one fits,
 /// otherwise fresh memory asked onto huge pages ([`advise_huge_pages`]) before any is touched.
 pub fn uninit_f32(len: usize) -> Vec<MaybeUninit<f32>> {
-    if let Some(kept) = reuse_f32(len) {
+    uninit_from(&KEPT_F32, len)
+}
+
+/// [`uninit_f32`] for 16-bit elements (bf16 and f16 bit patterns), from the buffers
+/// [`keep_u16`] kept.
+pub fn uninit_u16(len: usize) -> Vec<MaybeUninit<u16>> {
+    uninit_from(&KEPT_U16, len)
+}
+
+/// `len` uninitialized elements: a buffer kept in `pool` when one fits, otherwise fresh memory
+/// asked onto huge pages.
+fn uninit_from<T: Copy + Default>(pool: &Pool<T>, len: usize) -> Vec<MaybeUninit<T>> {
+    if let Some(kept) = pool.reuse(len) {
         let mut kept = std::mem::ManuallyDrop::new(kept);
-        // SAFETY: the pointer, length and capacity are the vector's own, and MaybeUninit<f32>
-        // has f32's size and alignment (initialized values are valid MaybeUninits).
+        // SAFETY: the pointer, length and capacity are the vector's own, and MaybeUninit<T>
+        // has T's size and alignment (initialized values are valid MaybeUninits).
         return unsafe { Vec::from_raw_parts(kept.as_mut_ptr().cast(), kept.len(), kept.capacity()) };
     }
-    let mut v: Vec<MaybeUninit<f32>> = Vec::with_capacity(len);
+    let mut v: Vec<MaybeUninit<T>> = Vec::with_capacity(len);
     // SAFETY: `MaybeUninit` needs no initialization, and the capacity is `len`.
     unsafe { v.set_len(len) };
     advise_huge_pages(&v);
@@ -60,12 +72,12 @@ pub fn uninit_f32(len: usize) -> Vec<MaybeUninit<f32>> {
 /// caller that writes every one before reading it: a kept buffer ([`keep_f32`]) when one fits,
 /// otherwise fresh zeros ([`zeroed`]).
 pub fn overwritten_f32(len: usize) -> Vec<f32> {
-    reuse_f32(len).unwrap_or_else(|| zeroed(len))
+    KEPT_F32.reuse(len).unwrap_or_else(|| zeroed(len))
 }
 
 /// `len` f32 zeros, in a kept buffer ([`keep_f32`]) when one fits.
 pub fn zeroed_f32(len: usize) -> Vec<f32> {
-    match reuse_f32(len) {
+    match KEPT_F32.reuse(len) {
         Some(mut v) => {
             v.fill(0.0);
             v
@@ -74,60 +86,85 @@ pub fn zeroed_f32(len: usize) -> Vec<f32> {
     }
 }
 
-/// f32 buffers of at least this many bytes are kept for reuse when they are dropped: below it
+/// f32 and 16-bit buffers of at least this many bytes are kept for reuse when they are dropped: below it
 /// the allocator's own free lists serve reuse, above it every allocation is fresh pages from
 /// the kernel, zeroed (and on many virtual machines supplied again by the host) page by page.
 pub const KEPT_MIN_BYTES: usize = 1 << 20;
 
-/// The most bytes kept at once: buffers beyond it are freed as usual.
+/// The most bytes kept at once of each element type: buffers beyond it are freed as usual.
 pub const KEPT_MAX_BYTES: usize = 2 << 30;
 
-/// Large f32 buffers dropped and kept for the next allocations they fit (a training step or a
-/// prompt allocates the buffers the last one dropped), and the bytes they hold.
-static KEPT: std::sync::Mutex<(Vec<Vec<f32>>, usize)> = std::sync::Mutex::new((Vec::new(), 0));
+/// Large buffers of one element type dropped and kept for the next allocations they fit (a
+/// training step or a prompt allocates the buffers the last one dropped), and the bytes they
+/// hold.
+struct Pool<T>(std::sync::Mutex<(Vec<Vec<T>>, usize)>);
+
+static KEPT_F32: Pool<f32> = Pool(std::sync::Mutex::new((Vec::new(), 0)));
+static KEPT_U16: Pool<u16> = Pool(std::sync::Mutex::new((Vec::new(), 0)));
+
+impl<T: Copy + Default> Pool<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<Vec<T>>, usize)> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `v` when it is at least [`KEPT_MIN_BYTES`] and the pool stays within
+    /// [`KEPT_MAX_BYTES`]; otherwise frees it.
+    fn keep(&self, v: Vec<T>) {
+        let bytes = v.capacity() * size_of::<T>();
+        if bytes < KEPT_MIN_BYTES {
+            return;
+        }
+        let mut kept = self.lock();
+        if kept.1 + bytes <= KEPT_MAX_BYTES {
+            kept.1 += bytes;
+            kept.0.push(v);
+        }
+    }
+
+    /// The kept buffer of the least capacity that holds `len` elements without more than
+    /// doubling them, resized to `len`, if any.
+    fn reuse(&self, len: usize) -> Option<Vec<T>> {
+        if len * size_of::<T>() < KEPT_MIN_BYTES {
+            return None;
+        }
+        let mut kept = self.lock();
+        let fits = |v: &Vec<T>| (len..=2 * len).contains(&v.capacity());
+        let (at, _) = kept.0.iter().enumerate().filter(|(_, v)| fits(v)).min_by_key(|(_, v)| v.capacity())?;
+        let mut v = kept.0.swap_remove(at);
+        kept.1 -= v.capacity() * size_of::<T>();
+        drop(kept);
+        // Within the capacity: no allocation; the old values stay where they are.
+        v.truncate(len);
+        v.resize(len, T::default());
+        Some(v)
+    }
+
+    fn release(&self) {
+        drop(std::mem::take(&mut *self.lock()));
+    }
+}
 
 /// Keeps `v` for reuse by [`uninit_f32`], [`overwritten_f32`] and [`zeroed_f32`] when it is
-/// at least [`KEPT_MIN_BYTES`] and the kept bytes stay within [`KEPT_MAX_BYTES`]; otherwise
-/// frees it. Its values are never read again, only overwritten.
+/// at least [`KEPT_MIN_BYTES`] and the kept f32 bytes stay within [`KEPT_MAX_BYTES`];
+/// otherwise frees it. Its values are never read again, only overwritten.
 pub fn keep_f32(v: Vec<f32>) {
-    let bytes = v.capacity() * size_of::<f32>();
-    if bytes < KEPT_MIN_BYTES {
-        return;
-    }
-    let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if kept.1 + bytes <= KEPT_MAX_BYTES {
-        kept.1 += bytes;
-        kept.0.push(v);
-    }
+    KEPT_F32.keep(v);
+}
+
+/// [`keep_f32`] for 16-bit elements (bf16 and f16 bit patterns), for [`uninit_u16`].
+pub fn keep_u16(v: Vec<u16>) {
+    KEPT_U16.keep(v);
 }
 
 /// Frees every kept buffer, returning their memory to the system.
 pub fn release_kept() {
-    let taken = std::mem::take(&mut *KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-    drop(taken);
+    KEPT_F32.release();
+    KEPT_U16.release();
 }
 
 /// Bytes held by kept buffers.
 pub fn kept_bytes() -> usize {
-    KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).1
-}
-
-/// The kept buffer of the least capacity that holds `len` elements without more than doubling
-/// them, resized to `len`, if any.
-fn reuse_f32(len: usize) -> Option<Vec<f32>> {
-    if len * size_of::<f32>() < KEPT_MIN_BYTES {
-        return None;
-    }
-    let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let fits = |v: &Vec<f32>| (len..=2 * len).contains(&v.capacity());
-    let (at, _) = kept.0.iter().enumerate().filter(|(_, v)| fits(v)).min_by_key(|(_, v)| v.capacity())?;
-    let mut v = kept.0.swap_remove(at);
-    kept.1 -= v.capacity() * size_of::<f32>();
-    drop(kept);
-    // Within the capacity: no allocation; the old values stay where they are.
-    v.truncate(len);
-    v.resize(len, 0.0);
-    Some(v)
+    KEPT_F32.lock().1 + KEPT_U16.lock().1
 }
 
 /// `len` zeros (`T::default()`), asked onto huge pages ([`advise_huge_pages`]).
@@ -174,7 +211,7 @@ mod tests {
     }
 
     #[test]
-    fn dropped_large_f32_buffers_serve_the_next_ones_that_fit() {
+    fn dropped_large_buffers_serve_the_next_ones_of_their_type_that_fit() {
         let len = KEPT_MIN_BYTES / 4 * 3 + 17;
         let v = vec![1.5f32; len];
         let at = v.as_ptr();
@@ -195,9 +232,18 @@ mod tests {
         assert!(small.len() == len / 3 && small.as_ptr() != big_at);
         let w = overwritten_f32(len);
         assert_eq!(w.len(), len);
+        // 16-bit buffers are kept apart from f32 ones, and serve only 16-bit requests.
+        let halves = vec![7u16; len];
+        let halves_at = halves.as_ptr();
+        keep_u16(halves);
+        let f = uninit_f32(len / 2);
+        assert_ne!(f.as_ptr().cast::<u16>(), halves_at);
+        let h = uninit_u16(len - 3);
+        assert!(h.len() == len - 3 && h.as_ptr().cast::<u16>() == halves_at);
         // Buffers below the threshold are freed, not kept.
         let before = kept_bytes();
         keep_f32(vec![0.0f32; 16]);
+        keep_u16(vec![0u16; 16]);
         assert_eq!(kept_bytes(), before);
         release_kept();
         assert_eq!(kept_bytes(), 0);
