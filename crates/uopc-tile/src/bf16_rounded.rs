@@ -117,7 +117,8 @@ unsafe fn widened_rounded(
         if streamed || s.k == 0 {
             return false;
         }
-        let rounded = crate::blocked::RoundedC { dst: c.cast(), ldd: s.ldc, to: crate::ops::Half::Bf16 };
+        let rounded =
+            crate::blocked::RoundedC { dst: c.cast(), ldd: s.ldc, to: crate::blocked::RoundTo::Bf16 };
         // SAFETY: the path is available, so its ISA is; bf16 widens with shifts, which need
         // no extension; the rest is the caller's contract.
         unsafe {

@@ -188,7 +188,14 @@ pub(crate) struct RoundedC {
     pub dst: *mut u16,
     pub ldd: usize,
     /// The type the sums are rounded to.
-    pub to: crate::ops::Half,
+    pub to: RoundTo,
+}
+
+/// The 16-bit type a [`RoundedC`] holds.
+#[derive(Clone, Copy)]
+pub(crate) enum RoundTo {
+    F16,
+    Bf16,
 }
 
 /// [`drive`] writing C's sums rounded into `rounded.dst` instead of an f32 C.
@@ -456,12 +463,12 @@ unsafe fn round_rows(
         };
         // Rows of equal length cannot fail to convert.
         let _ = match r.to {
-            crate::ops::Half::F16 => {
+            RoundTo::F16 => {
                 // SAFETY: as above.
                 let out = unsafe { std::slice::from_raw_parts_mut(out.cast::<half::f16>(), cols) };
                 crate::convert::f32_to_f16_slice(sums, out)
             }
-            crate::ops::Half::Bf16 => {
+            RoundTo::Bf16 => {
                 // SAFETY: as above.
                 let out = unsafe { std::slice::from_raw_parts_mut(out.cast::<half::bf16>(), cols) };
                 crate::convert::f32_to_bf16_slice(sums, out)

@@ -10,8 +10,7 @@
 
 use half::f16;
 
-use crate::blocked::RoundedC;
-use crate::ops::Half;
+use crate::blocked::{RoundTo, RoundedC};
 use crate::split::{SharedOperands, for_each_block, parallel_block};
 use crate::{GemmDesc, GemmShape, Isa, TileError};
 
@@ -98,7 +97,7 @@ unsafe fn serial(isa: Isa, s: &GemmShape, a: *const f16, b: *const f16, c: *mut 
     if m == 0 || n == 0 {
         return;
     }
-    let rounded = RoundedC { dst: c.cast(), ldd: s.ldc, to: Half::F16 };
+    let rounded = RoundedC { dst: c.cast(), ldd: s.ldc, to: RoundTo::F16 };
     // SAFETY: forwarded from this function's contract; f16 is a transparent u16.
     if unsafe { crate::f16_gemm::drive_rounded(isa, s, a, b, rounded) } {
         return;
