@@ -142,9 +142,9 @@ pub unsafe extern "C" fn uopc_tile_gemm_f16_rounded(
     flags: i64,
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
-    // SAFETY: `desc` is a local descriptor; the pointer contract is forwarded from our caller.
-    let decoded = unsafe { crate::gemm::decode_desc(&desc, [a.is_null(), b.is_null(), c.is_null()]) };
-    let Some(s) = decoded.filter(|s| s.b_panel_width == 0 && !s.accumulate) else {
+    // SAFETY: `desc` is a local descriptor.
+    let Some(s) = (unsafe { crate::gemm::decode_rounded(&desc, [a.is_null(), b.is_null(), c.is_null()]) })
+    else {
         return -1;
     };
     // SAFETY: the detected ISA is available; extents and pointers are the caller's contract.

@@ -352,6 +352,18 @@ pub(crate) unsafe fn decode_desc(desc: *const GemmDesc, null: [bool; 3]) -> Opti
     extents.iter().zip(null).all(|(&e, null)| e == 0 || !null).then_some(s)
 }
 
+/// [`decode_desc`] for the entries that write C rounded to 16 bits: `None` also for a B in
+/// panels or a call that would accumulate (a 16-bit C carries no f32 sums between calls).
+///
+/// # Safety
+///
+/// As [`decode_desc`].
+pub(crate) unsafe fn decode_rounded(desc: *const GemmDesc, null: [bool; 3]) -> Option<GemmShape> {
+    // SAFETY: forwarded from this function's contract.
+    let decoded = unsafe { decode_desc(desc, null) };
+    decoded.filter(|s| s.b_panel_width == 0 && !s.accumulate)
+}
+
 /// Refuses a B in panels, for the GEMMs that take only a B stored by rows or columns.
 pub(crate) fn plain_b(s: &GemmShape) -> Result<(), TileError> {
     if s.b_panel_width == 0 {
