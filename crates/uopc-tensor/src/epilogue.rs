@@ -155,17 +155,23 @@ fn only_rounds(start: &UOp, gemm: &UOp) -> bool {
 
 /// Whether the GEMM kernel `body` pays for an epilogue writing `dtype` (`only_rounds`: the
 /// epilogue only rounds the product to `dtype`): an f32 output is the GEMM's own block, so
-/// nothing changes but the blocks' width; a product the tile GEMM rounds itself
-/// ([`crate::tilemap::rounds_in_call`]) keeps the plain GEMM's blocks; any other output needs
-/// an f32 scratch block that must fit [`BLOCK_ELEMENTS`], and when that forces smaller blocks
-/// than the plain GEMM's with a transposed A, repacking A for every narrower block costs more
-/// than the separate rounding pass it saves.
+/// nothing changes but the blocks' width; a product of two `dtype` operands that the tile GEMM
+/// rounds itself ([`crate::tilemap::rounds_in_call`]) keeps the plain GEMM's blocks; any
+/// other output needs an f32 scratch block that must fit [`BLOCK_ELEMENTS`], and when that
+/// forces smaller blocks than the plain GEMM's with a transposed A, repacking A for every
+/// narrower block costs more than the separate rounding pass it saves.
 pub(crate) fn epilogue_pays(body: &UOp, dtype: DType, only_rounds: bool) -> bool {
-    if dtype == DType::F32 || (only_rounds && crate::tilemap::rounds_in_call(dtype)) {
+    if dtype == DType::F32 {
+        return true;
+    }
+    let plain = GemmTasks::new(body, None);
+    let rounds_itself =
+        |t: &GemmTasks| t.operand_dtypes() == (dtype, dtype) && crate::tilemap::rounds_in_call(dtype);
+    if only_rounds && plain.as_ref().is_some_and(rounds_itself) {
         return true;
     }
     let limit = BlockLimit { elements: BLOCK_ELEMENTS, required: true };
-    match (GemmTasks::new(body, None), GemmTasks::new(body, Some(limit))) {
+    match (plain, GemmTasks::new(body, Some(limit))) {
         (Some(plain), Some(limited)) => !limited.repacks_transposed_a(&plain),
         _ => false,
     }

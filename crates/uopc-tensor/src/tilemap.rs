@@ -471,6 +471,11 @@ impl GemmTasks {
         self.operands.a_trans && (self.cols < plain.cols || self.rows < plain.rows)
     }
 
+    /// The element types of A and B.
+    pub(crate) fn operand_dtypes(&self) -> (DType, DType) {
+        (self.operands.a.dtype, self.operands.b.dtype)
+    }
+
     /// The `[batch.., m, n]` output shape.
     pub(crate) fn output_shape(&self) -> &[usize] {
         &self.operands.shape[..self.operands.shape.len() - 1]

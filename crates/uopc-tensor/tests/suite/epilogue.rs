@@ -312,6 +312,14 @@ fn f16_matmul_rounds_in_one_gemm_call_on_every_isa() {
             assert!((g - w).abs() <= w.abs() / 2048.0 + 0.03, "{form}: {g} vs {w}");
         }
     }
+    // An f32 product rounded to f16 is not one the GEMM rounds itself: with A transposed and
+    // 4096 columns, the scratch blocks an epilogue needs would repack A, so the rounding stays
+    // a kernel of its own, as for bf16 off the paths that round in the GEMM.
+    let (xf, wf) = (uniform(&[k, n], -1.0, 1.0, 22), uniform(&[k, 4096], -1.0, 1.0, 23));
+    let y = Tensor::from_array(&xf).t().matmul(&Tensor::from_array(&wf)).cast(DType::F16);
+    let plan = plan_of(&y);
+    assert_eq!(gemms(&plan), [(format!("r_{n}_4096"), false)], "{plan}");
+    assert_eq!(plan.kernels.len(), 2, "{plan}");
 }
 
 #[test]
