@@ -392,6 +392,13 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
                 (false, false) => (a.add(i * lda + pc).cast::<f32>(), lda),
             }
         };
+        // Where the strip's sums go: its rows of C from column `jc`, or the scratch strip (then
+        // C is not used, and may be null).
+        let (c_strip, c_ld) = match strip {
+            // SAFETY: row `i < m`, column `jc < n` of C.
+            None => (unsafe { c.add(i * ldc + jc) }, ldc),
+            Some(scratch) => scratch,
+        };
         for jr in (0..nc).step_by(K::NR) {
             let nr = K::NR.min(nc - jr);
             let (bp, bld) = if prepacked {
@@ -419,10 +426,10 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
                 a_colmajor: pack_a || a_trans,
                 b: bp,
                 ldb: bld,
-                // SAFETY: row `i < m`, column `jc + jr < n` of C, or column `jr` of the scratch
+                // SAFETY: column `jc + jr < n` of C's row `i`, or column `jr` of the scratch
                 // strip (`MR` rows of at least `nc` floats).
-                c: unsafe { strip.map_or(c.add(i * ldc + jc + jr), |(sp, _)| sp.add(jr)) },
-                ldc: strip.map_or(ldc, |(_, ld)| ld),
+                c: unsafe { c_strip.add(jr) },
+                ldc: c_ld,
                 accumulate,
             };
             // SAFETY: the tile stays within the extents of A, B and C (or the packed
@@ -433,10 +440,7 @@ unsafe fn sweep_block<K: TileKernel, EA: Element, EB: Element>(
             // SAFETY: the strip's final sums (in the scratch strip, or rows `i ..` and columns
             // `jc ..` of C) and its block of the 16-bit C (rows `i .. i + mr`, columns `jc ..
             // jc + nc`, the contract of `drive_rounded`) lie in their buffers.
-            unsafe {
-                let (sums, lds) = strip.map_or((c.add(i * ldc + jc), ldc), |(sp, ld)| (sp, ld));
-                round_rows(r, sums, lds, (i, jc), (K::MR.min(mc - ir), nc));
-            }
+            unsafe { round_rows(r, c_strip, c_ld, (i, jc), (K::MR.min(mc - ir), nc)) };
         }
     }
 }
