@@ -82,24 +82,17 @@ pub unsafe fn gemm_bf16_rounded_unchecked(
     if unsafe { widened_rounded(path, s, a, b, c) } {
         return;
     }
-    let (m, n) = (s.m, s.n);
-    let mut sums = crate::memory::overwritten_f32(m * n);
-    let dense = GemmShape { ldc: n.max(1), accumulate: false, parallel: false, ..*s };
-    // SAFETY: forwarded, with C the call's own `m x n` buffer.
-    unsafe { crate::gemm_bf16_unchecked(path, &dense, a, b, sums.as_mut_ptr()) };
-    if m > 0 && n > 0 {
-        // SAFETY: C's extent, `m` rows of `n` at stride `ldc`, is writable (this function's
-        // contract).
-        let c = unsafe { std::slice::from_raw_parts_mut(c, (m - 1) * s.ldc + n) };
-        // The extents are exact, so this cannot fail.
-        let _ = crate::convert::convert_block(m, n, &sums, n, c, s.ldc);
-    }
-    crate::memory::keep_f32(sums);
+    // SAFETY: forwarded; the f32 GEMM writes the call's own buffer.
+    unsafe {
+        crate::f16_rounded::rounded_whole(s, c, |dense, sums| {
+            crate::gemm_bf16_unchecked(path, dense, a, b, sums)
+        })
+    };
 }
 
-/// On a path that widens bf16 into the f32 blocked driver (more rows than the streaming
-/// kernels take), the driver's own rounding of each strip into `c` once its sums are final;
-/// `false`, with nothing read or written, on any other path or shape.
+/// On a path that widens bf16 into the f32 blocked driver, that driver's own rounding of each
+/// strip into `c` once its sums are final ([`crate::f16_gemm::drive_rounded`]); `false`, with
+/// nothing read or written, on any other path or where the driver does not take the shape.
 ///
 /// # Safety
 ///
@@ -111,34 +104,13 @@ unsafe fn widened_rounded(
     b: *const bf16,
     c: *mut bf16,
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let streamed = s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans;
-        if streamed || s.k == 0 {
-            return false;
-        }
-        let rounded =
-            crate::blocked::RoundedC { dst: c.cast(), ldd: s.ldc, to: crate::blocked::RoundTo::Bf16 };
-        // SAFETY: the path is available, so its ISA is; bf16 widens with shifts, which need
-        // no extension; the rest is the caller's contract.
-        unsafe {
-            match path {
-                Bf16Path::Avx512Widen => {
-                    crate::blocked::drive_rounded::<crate::x86::avx512::Kernel, bf16, bf16>(s, a, b, rounded)
-                }
-                Bf16Path::Avx2Fma => {
-                    crate::blocked::drive_rounded::<crate::x86::avx2::Kernel, bf16, bf16>(s, a, b, rounded)
-                }
-                _ => return false,
-            }
-        }
-        true
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (path, s, a, b, c);
-        false
-    }
+    let isa = match path {
+        Bf16Path::Avx512Widen => crate::Isa::Avx512,
+        Bf16Path::Avx2Fma => crate::Isa::Avx2Fma,
+        _ => return false,
+    };
+    // SAFETY: the path is available, so its ISA is; the rest is forwarded.
+    unsafe { crate::f16_gemm::drive_rounded(isa, s, a, b, c) }
 }
 
 /// Flat C-ABI [`gemm_bf16_rounded`] for JIT-compiled code, on the fastest path here.

@@ -15,6 +15,7 @@
 //! the f32 register tile.
 
 use crate::GemmShape;
+use crate::convert::BlockConversion;
 use crate::pack;
 use crate::shapes::zero_c;
 pub(crate) use crate::tile::{HalfFloat, Tile, TileKernel};
@@ -184,18 +185,40 @@ pub(crate) unsafe fn drive<K: TileKernel, EA: Element, EB: Element>(
 /// cache.
 #[derive(Clone, Copy)]
 pub(crate) struct RoundedC {
-    /// The 16-bit C, element `(i, j)` at `dst[i * ldd + j]`.
-    pub dst: *mut u16,
-    pub ldd: usize,
-    /// The type the sums are rounded to.
-    pub to: RoundTo,
+    /// The 16-bit C, element `(i, j)` at `dst[i * ldd + j]` (of the type `round` writes).
+    dst: *mut u16,
+    ldd: usize,
+    /// [`round_into`] for the type C holds.
+    round: unsafe fn(&[f32], usize, *mut u16, usize, (usize, usize)),
 }
 
-/// The 16-bit type a [`RoundedC`] holds.
-#[derive(Clone, Copy)]
-pub(crate) enum RoundTo {
-    F16,
-    Bf16,
+impl RoundedC {
+    /// The 16-bit C at `dst`, rows `ldd` apart.
+    pub(crate) fn new<D>(dst: *mut D, ldd: usize) -> RoundedC
+    where
+        f32: BlockConversion<D>,
+    {
+        RoundedC { dst: dst.cast(), ldd, round: round_into::<D> }
+    }
+}
+
+/// Rounds the `rows x cols` f32 block `sums` (rows `lds` apart) into the `D` block at `dst`
+/// (rows `ldd` apart), with [`crate::convert::convert_block`].
+///
+/// # Safety
+///
+/// `sums` holds the block; `dst` points to `D`s and is writable for the block.
+unsafe fn round_into<D>(sums: &[f32], lds: usize, dst: *mut u16, ldd: usize, (rows, cols): (usize, usize))
+where
+    f32: BlockConversion<D>,
+{
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    let dst = unsafe { std::slice::from_raw_parts_mut(dst.cast::<D>(), (rows - 1) * ldd + cols) };
+    // The extents are exact, so this cannot fail.
+    let _ = crate::convert::convert_block(rows, cols, sums, lds, dst, ldd);
 }
 
 /// [`drive`] writing C's sums rounded into `rounded.dst` instead of an f32 C.
@@ -459,25 +482,13 @@ unsafe fn round_rows(
     (i0, j0): (usize, usize),
     (rows, cols): (usize, usize),
 ) {
-    for row in 0..rows {
-        // SAFETY: row `row` of each block holds `cols` elements (the caller's contract); f16
-        // and bf16 are transparent u16s.
-        let (sums, out) = unsafe {
-            (std::slice::from_raw_parts(sums.add(row * lds), cols), r.dst.add((i0 + row) * r.ldd + j0))
-        };
-        // Rows of equal length cannot fail to convert.
-        let _ = match r.to {
-            RoundTo::F16 => {
-                // SAFETY: as above.
-                let out = unsafe { std::slice::from_raw_parts_mut(out.cast::<half::f16>(), cols) };
-                crate::convert::f32_to_f16_slice(sums, out)
-            }
-            RoundTo::Bf16 => {
-                // SAFETY: as above.
-                let out = unsafe { std::slice::from_raw_parts_mut(out.cast::<half::bf16>(), cols) };
-                crate::convert::f32_to_bf16_slice(sums, out)
-            }
-        };
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract: `rows` rows of `cols` elements at each block's stride.
+    unsafe {
+        let sums = std::slice::from_raw_parts(sums, (rows - 1) * lds + cols);
+        (r.round)(sums, lds, r.dst.add(i0 * r.ldd + j0), r.ldd, (rows, cols));
     }
 }
 

@@ -258,7 +258,7 @@ unsafe fn half_b_gemm<EA: OperandA, EB: OperandB>(
     {
         // A few rows of A cannot amortize packing B: stream it, widening in registers (the
         // same exact f32 products).
-        if isa == Isa::Avx512 && m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans {
+        if isa == Isa::Avx512 && streams_b(s) {
             // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and
             // the pointers are this function's contract.
             unsafe {
@@ -270,11 +270,7 @@ unsafe fn half_b_gemm<EA: OperandA, EB: OperandB>(
             };
             return;
         }
-        if isa == Isa::Avx2Fma
-            && m <= crate::x86::half_rows::HALF_ROWS_MAX
-            && !s.a_trans
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
+        if isa == Isa::Avx2Fma && streams_b(s) && std::arch::is_x86_feature_detected!("f16c") {
             // SAFETY: AVX2, FMA (the ISA) and F16C are available; the shape is in the kernel's
             // range and the pointers are this function's contract.
             unsafe {
@@ -313,34 +309,40 @@ unsafe fn half_b_gemm<EA: OperandA, EB: OperandB>(
     unsafe { crate::gemm_unchecked(isa, s, a32, wb.as_ptr(), c) };
 }
 
-/// [`crate::blocked::drive_rounded`] for f16 operands on `isa`, where [`half_b_gemm`] would
-/// take the blocked driver; `false`, with nothing read or written, where it would not (a few
-/// rows, the portable ISA, no F16C).
+/// [`crate::blocked::drive_rounded`] for two `H` operands on `isa`, rounding into the `H` C at
+/// `c` (rows `s.ldc` apart), where [`half_b_gemm`] would take the blocked driver; `false`, with
+/// nothing read or written, where it would not (a few rows, the portable ISA, no widening
+/// features for `H`).
 ///
 /// # Safety
 ///
-/// The contract of [`crate::blocked::drive_rounded`], with `isa` available.
-pub(crate) unsafe fn drive_rounded(
+/// The contract of [`crate::blocked::drive_rounded`] for `s` with its C at `c`, with `isa`
+/// available.
+pub(crate) unsafe fn drive_rounded<H: OperandB>(
     isa: Isa,
     s: &GemmShape,
-    a: *const f16,
-    b: *const f16,
-    rounded: crate::blocked::RoundedC,
-) -> bool {
+    a: *const H,
+    b: *const H,
+    c: *mut H,
+) -> bool
+where
+    f32: crate::convert::BlockConversion<H>,
+{
     #[cfg(target_arch = "x86_64")]
     {
-        let streamed = s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans;
-        if streamed || s.k == 0 || !<f16 as OperandB>::vector_widening() {
+        if streams_b(s) || !H::vector_widening() {
             return false;
         }
-        // SAFETY: the ISA and F16C are available; the rest is the caller's contract.
+        let rounded = crate::blocked::RoundedC::new(c, s.ldc);
+        // SAFETY: the ISA and `H`'s widening features are available; the rest is the caller's
+        // contract.
         unsafe {
             match isa {
                 Isa::Avx512 => {
-                    crate::blocked::drive_rounded::<crate::x86::avx512::Kernel, f16, f16>(s, a, b, rounded)
+                    crate::blocked::drive_rounded::<crate::x86::avx512::Kernel, H, H>(s, a, b, rounded)
                 }
                 Isa::Avx2Fma => {
-                    crate::blocked::drive_rounded::<crate::x86::avx2::Kernel, f16, f16>(s, a, b, rounded)
+                    crate::blocked::drive_rounded::<crate::x86::avx2::Kernel, H, H>(s, a, b, rounded)
                 }
                 Isa::Portable => return false,
             }
@@ -349,9 +351,16 @@ pub(crate) unsafe fn drive_rounded(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (isa, s, a, b, rounded);
+        let _ = (isa, s, a, b, c);
         false
     }
+}
+
+/// Whether a 16-bit B is streamed past A in storage order, widened in registers, rather than
+/// packed: a few rows of an untransposed A cannot amortize packing it.
+#[cfg(target_arch = "x86_64")]
+fn streams_b(s: &GemmShape) -> bool {
+    s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans
 }
 
 /// Flat C-ABI f16 GEMM for JIT-compiled code: `C (+)= A · B` on the fastest ISA here.

@@ -10,7 +10,6 @@
 
 use half::f16;
 
-use crate::blocked::{RoundTo, RoundedC};
 use crate::split::{SharedOperands, for_each_block, parallel_block};
 use crate::{GemmDesc, GemmShape, Isa, TileError};
 
@@ -93,20 +92,33 @@ pub unsafe fn gemm_f16_rounded_unchecked(isa: Isa, s: &GemmShape, a: *const f16,
 ///
 /// As [`gemm_f16_rounded_unchecked`].
 unsafe fn serial(isa: Isa, s: &GemmShape, a: *const f16, b: *const f16, c: *mut f16) {
+    // SAFETY: forwarded from this function's contract.
+    if unsafe { crate::f16_gemm::drive_rounded(isa, s, a, b, c) } {
+        return;
+    }
+    // SAFETY: forwarded from this function's contract; the f32 GEMM writes the call's own
+    // buffer.
+    unsafe { rounded_whole(s, c, |dense, sums| crate::gemm_f16_unchecked(isa, dense, a, b, sums)) };
+}
+
+/// A rounded product's fallback: `gemm` writes the f32 sums of `s` into an f32 buffer of the
+/// call's own (a kept buffer, `m x n` at stride `n`, the shape it is given), which is then
+/// rounded into the 16-bit C at `c` whole.
+///
+/// # Safety
+///
+/// `c` is valid for writes of `s`'s C extent of `D`, and `gemm` writes the whole `m x n` block
+/// at the pointer it is given and nothing else.
+pub(crate) unsafe fn rounded_whole<D>(s: &GemmShape, c: *mut D, gemm: impl FnOnce(&GemmShape, *mut f32))
+where
+    f32: crate::convert::BlockConversion<D>,
+{
     let (m, n) = (s.m, s.n);
     if m == 0 || n == 0 {
         return;
     }
-    let rounded = RoundedC { dst: c.cast(), ldd: s.ldc, to: RoundTo::F16 };
-    // SAFETY: forwarded from this function's contract; f16 is a transparent u16.
-    if unsafe { crate::f16_gemm::drive_rounded(isa, s, a, b, rounded) } {
-        return;
-    }
     let mut sums = crate::memory::overwritten_f32(m * n);
-    let dense = GemmShape { ldc: n, accumulate: false, parallel: false, ..*s };
-    // SAFETY: forwarded from this function's contract, with the f32 C the call's own `m x n`
-    // buffer.
-    unsafe { crate::gemm_f16_unchecked(isa, &dense, a, b, sums.as_mut_ptr()) };
+    gemm(&GemmShape { ldc: n, accumulate: false, parallel: false, ..*s }, sums.as_mut_ptr());
     // SAFETY: C's extent, `m` rows of `n` at stride `ldc`, is writable (this function's
     // contract).
     let c = unsafe { std::slice::from_raw_parts_mut(c, (m - 1) * s.ldc + n) };
