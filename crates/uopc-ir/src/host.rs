@@ -2,7 +2,7 @@
 
 use crate::dtype::DType;
 use half::{bf16, f16};
-use uopc_tile::memory::{keep_f32, keep_u16, zeroed, zeroed_f32};
+use uopc_tile::memory::{keep_16bit, keep_f32, zeroed, zeroed_f32};
 
 /// An owned, typed array of elements on the host.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,25 +29,11 @@ impl Drop for HostBuffer {
     fn drop(&mut self) {
         match self {
             HostBuffer::F32(v) => keep_f32(std::mem::take(v)),
-            HostBuffer::BF16(v) => keep_u16(bits_of(std::mem::take(v))),
-            HostBuffer::F16(v) => keep_u16(bits_of(std::mem::take(v))),
+            HostBuffer::BF16(v) => keep_16bit(std::mem::take(v)),
+            HostBuffer::F16(v) => keep_16bit(std::mem::take(v)),
             _ => {}
         }
     }
-}
-
-/// The 16-bit float types, transparent wrappers of their u16 bit patterns.
-trait Bits16 {}
-impl Bits16 for bf16 {}
-impl Bits16 for f16 {}
-
-/// A vector of a 16-bit float type as its bit patterns, without copying.
-fn bits_of<T: Bits16>(v: Vec<T>) -> Vec<u16> {
-    const { assert!(size_of::<T>() == 2 && align_of::<T>() == 2) };
-    let mut v = std::mem::ManuallyDrop::new(v);
-    // SAFETY: `T` (bf16 or f16, transparent wrappers of u16) has u16's size and alignment, so
-    // the allocation's layout is unchanged, and every bit pattern is a valid u16.
-    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<u16>(), v.len(), v.capacity()) }
 }
 
 impl HostBuffer {

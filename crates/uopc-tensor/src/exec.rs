@@ -36,16 +36,6 @@ pub(crate) enum Fresh {
     F16(Vec<MaybeUninit<half::f16>>),
 }
 
-/// `len` uninitialized elements of a 16-bit float type, from the kept 16-bit buffers
-/// ([`uopc_ir::memory::uninit_u16`]) as f32 ones come from the kept f32 buffers.
-fn uninit_16bit<T: Copy>(len: usize) -> Vec<MaybeUninit<T>> {
-    const { assert!(size_of::<T>() == 2 && align_of::<T>() == 2) };
-    let mut v = std::mem::ManuallyDrop::new(uopc_ir::memory::uninit_u16(len));
-    // SAFETY: `T` (bf16 or f16) has u16's size and alignment, so the allocation's layout is
-    // unchanged; the elements stay uninitialized.
-    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<MaybeUninit<T>>(), v.len(), v.capacity()) }
-}
-
 /// `v`'s elements as initialized values.
 ///
 /// # Safety
@@ -65,8 +55,8 @@ impl Written {
         use uopc_ir::DType;
         Some(Written::Fresh(match dtype {
             DType::F32 => Fresh::F32(uopc_ir::memory::uninit_f32(len)),
-            DType::BF16 => Fresh::BF16(uninit_16bit(len)),
-            DType::F16 => Fresh::F16(uninit_16bit(len)),
+            DType::BF16 => Fresh::BF16(uopc_ir::memory::uninit_16bit(len)),
+            DType::F16 => Fresh::F16(uopc_ir::memory::uninit_16bit(len)),
             _ => return None,
         }))
     }

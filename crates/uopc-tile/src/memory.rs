@@ -46,10 +46,27 @@ pub fn uninit_f32(len: usize) -> Vec<MaybeUninit<f32>> {
     uninit_from(&KEPT_F32, len)
 }
 
-/// [`uninit_f32`] for 16-bit elements (bf16 and f16 bit patterns), from the buffers
-/// [`keep_u16`] kept.
-pub fn uninit_u16(len: usize) -> Vec<MaybeUninit<u16>> {
-    uninit_from(&KEPT_U16, len)
+/// [`uninit_f32`] for a 16-bit element type, from the buffers [`keep_16bit`] kept (u16, bf16
+/// and f16 share them).
+pub fn uninit_16bit<T: Bits16>(len: usize) -> Vec<MaybeUninit<T>> {
+    let mut v = std::mem::ManuallyDrop::new(uninit_from(&KEPT_U16, len));
+    // SAFETY: `T` has u16's size and alignment (`Bits16`), so the allocation's layout is
+    // unchanged; the elements stay uninitialized.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<MaybeUninit<T>>(), v.len(), v.capacity()) }
+}
+
+/// The 16-bit element types whose buffers [`keep_16bit`] keeps together: u16 and the
+/// transparent wrappers of its bit patterns, bf16 and f16 (sealed).
+pub trait Bits16: Copy + bits16::Sealed {}
+impl Bits16 for u16 {}
+impl Bits16 for half::bf16 {}
+impl Bits16 for half::f16 {}
+
+mod bits16 {
+    pub trait Sealed {}
+    impl Sealed for u16 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
 }
 
 /// `len` uninitialized elements: a buffer kept in `pool` when one fits, otherwise fresh memory
@@ -151,9 +168,12 @@ pub fn keep_f32(v: Vec<f32>) {
     KEPT_F32.keep(v);
 }
 
-/// [`keep_f32`] for 16-bit elements (bf16 and f16 bit patterns), for [`uninit_u16`].
-pub fn keep_u16(v: Vec<u16>) {
-    KEPT_U16.keep(v);
+/// [`keep_f32`] for a 16-bit element type, for [`uninit_16bit`].
+pub fn keep_16bit<T: Bits16>(v: Vec<T>) {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: `T` has u16's size and alignment (`Bits16`), so the allocation's layout is
+    // unchanged, and every bit pattern is a valid u16.
+    KEPT_U16.keep(unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<u16>(), v.len(), v.capacity()) });
 }
 
 /// Frees every kept buffer, returning their memory to the system.
@@ -235,15 +255,15 @@ mod tests {
         // 16-bit buffers are kept apart from f32 ones, and serve only 16-bit requests.
         let halves = vec![7u16; len];
         let halves_at = halves.as_ptr();
-        keep_u16(halves);
+        keep_16bit(halves);
         let f = uninit_f32(len / 2);
         assert_ne!(f.as_ptr().cast::<u16>(), halves_at);
-        let h = uninit_u16(len - 3);
+        let h = uninit_16bit::<u16>(len - 3);
         assert!(h.len() == len - 3 && h.as_ptr().cast::<u16>() == halves_at);
         // Buffers below the threshold are freed, not kept.
         let before = kept_bytes();
         keep_f32(vec![0.0f32; 16]);
-        keep_u16(vec![0u16; 16]);
+        keep_16bit(vec![0u16; 16]);
         assert_eq!(kept_bytes(), before);
         release_kept();
         assert_eq!(kept_bytes(), 0);
