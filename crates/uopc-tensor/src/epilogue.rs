@@ -140,17 +140,10 @@ pub(crate) fn fuse_gemm_epilogues(
     (points, with_epilogue)
 }
 
-/// Whether the consumer body starting at `start` only rounds `gemm` to its own dtype: a CAST
-/// of the GEMM, reshapes between (what [`crate::tilemap::lower_rounded_gemm`] lowers).
+/// Whether the consumer body starting at `start` only rounds `gemm` to its own dtype (what
+/// [`crate::tilemap::lower_rounded_gemm`] lowers).
 fn only_rounds(start: &UOp, gemm: &UOp) -> bool {
-    if !matches!(start.op(), Op::Cast) {
-        return false;
-    }
-    let mut x = &start.src()[0];
-    while matches!(x.op(), Op::Reshape(_)) {
-        x = &x.src()[0];
-    }
-    x == gemm
+    crate::tilemap::rounded_product(start) == Some(gemm)
 }
 
 /// Whether the GEMM kernel `body` pays for an epilogue writing `dtype` (`only_rounds`: the

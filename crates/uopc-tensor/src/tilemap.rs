@@ -545,12 +545,24 @@ fn tile_gemm_per_task(tasks: &GemmTasks, out: &UOp) -> UOp {
 /// that widens into the f32 driver. Elsewhere a bf16 GEMM would round through an f32 buffer
 /// of the whole block, and the epilogue's small scratch blocks do better.
 pub(crate) fn rounds_in_call(half: DType) -> bool {
-    use uopc_tile::Bf16Path::{Amx, Avx2Fma, Avx512Widen};
     match half {
         DType::F16 => true,
-        DType::BF16 => matches!(uopc_tile::Bf16Path::detect(), Amx | Avx512Widen | Avx2Fma),
+        DType::BF16 => uopc_tile::Bf16Path::detect().rounds_in_cache(),
         _ => false,
     }
+}
+
+/// The product a kernel body only rounds: the node under the body's CAST, reshapes between
+/// (which keep row-major order); `None` when the body is not a CAST.
+pub(crate) fn rounded_product(body: &UOp) -> Option<&UOp> {
+    if !matches!(body.op(), Op::Cast) {
+        return None;
+    }
+    let mut x = &body.src()[0];
+    while matches!(x.op(), Op::Reshape(_)) {
+        x = &x.src()[0];
+    }
+    Some(x)
 }
 
 /// The loop program of a kernel `body` that only rounds a GEMM of two 16-bit operands to
@@ -562,13 +574,7 @@ pub(crate) fn rounds_in_call(half: DType) -> bool {
 /// tile GEMM would not round in cache.
 pub(crate) fn lower_rounded_gemm(body: &UOp, out: &UOp) -> Option<UOp> {
     let half = out.dtype();
-    if body.dtype() != half || !matches!(body.op(), Op::Cast) {
-        return None;
-    }
-    let mut gemm = &body.src()[0];
-    while matches!(gemm.op(), Op::Reshape(_)) {
-        gemm = &gemm.src()[0];
-    }
+    let gemm = rounded_product(body).filter(|_| body.dtype() == half)?;
     if !matches!(gemm.op(), Op::Reduce { .. }) || !rounds_in_call(half) {
         return None;
     }

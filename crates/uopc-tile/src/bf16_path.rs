@@ -58,6 +58,14 @@ impl Bf16Path {
         matches!(self, Bf16Path::Avx512Widen | Bf16Path::Avx2Fma | Bf16Path::Portable)
     }
 
+    /// Whether [`crate::gemm_bf16_rounded`] on this path rounds its sums while they are in
+    /// cache (AMX each finished block, a widening vector path each finished strip of the f32
+    /// driver), so a caller needs no small blocks of its own to round them in cache: every path
+    /// but `vdpbf16ps` and the portable one, which round the call's whole f32 result at the end.
+    pub fn rounds_in_cache(self) -> bool {
+        matches!(self, Bf16Path::Amx | Bf16Path::Avx512Widen | Bf16Path::Avx2Fma)
+    }
+
     /// A short lowercase name (`"amx"`, `"avx512bf16"`, `"avx2fma"`, `"portable"`).
     pub fn name(self) -> &'static str {
         match self {

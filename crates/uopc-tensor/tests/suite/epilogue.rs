@@ -253,8 +253,7 @@ fn bf16_matmul_rounds_in_the_gemm_kernel() {
     let nodes = uopc_ir::UOp::toposort(std::slice::from_ref(&plan.kernels[0].program));
     let converts = nodes.iter().any(|u| matches!(u.op(), Op::Tile(uopc_ir::TileOp::Convert { .. })));
     let loops = nodes.iter().any(|u| matches!(u.op(), Op::Range { axis: uopc_ir::AxisType::Loop, .. }));
-    use uopc_tile::Bf16Path::{Amx, Avx2Fma, Avx512Widen};
-    let rounds_itself = matches!(uopc_tile::Bf16Path::detect(), Amx | Avx512Widen | Avx2Fma);
+    let rounds_itself = uopc_tile::Bf16Path::detect().rounds_in_cache();
     let lowering = if rounds_itself { "rounded_gemm" } else { "gemm_epilogue" };
     assert_eq!(plan.kernels[0].lowering, lowering, "{plan}");
     assert!(converts != rounds_itself && !loops, "{plan}");
