@@ -2,39 +2,68 @@
 //! portable Rust), and the pair layout it packs into: see [`crate::bf16_gemm`] for the layout.
 
 use crate::GemmShape;
-use crate::bf16_c_out::COut;
+use crate::bf16_c_out::{COut, Strip};
+use crate::bf16_pack::{APacking, BLOCK, Layout, RowBlockPacker, a_pieces, pack_operands, pack_row_block};
 use crate::bf16_path::Bf16Path;
 use crate::x86::bf16_tiles::{ATiles, BLoads, Extent};
 
-/// How [`drive`] sweeps the product: k in slabs of `k_blocks_per_slab` blocks of 32 (each slab
-/// passes over all of C once, loading and storing every block) and B's panels in groups of
-/// `panels_per_group` (the row blocks sweep one group at a time).
+/// How [`drive`] sweeps the product: k in passes of `k_blocks_per_pass` blocks of 32 (each
+/// pass sweeps all of C, which holds the f32 sums between passes); within a pass, B's panels in
+/// groups of `panels_per_group` (every row block of A meets one group before the next); and
+/// within a row block and a group, k in slabs of `k_blocks_per_slab` (each slab passes over the
+/// group's blocks, which a strip or C itself keeps between slabs). With `packs_a`, A is packed
+/// into tiles once per pass, while the first group runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Sweep {
+    k_blocks_per_pass: usize,
     k_blocks_per_slab: usize,
     panels_per_group: usize,
+    packs_a: bool,
 }
 
+/// The fewest panels a group must hold for AMX to pack A: each packed slab is read from L1 by
+/// every panel of its group, and narrower groups do not repay the packing and the reloads of
+/// C's tiles between slabs.
+const AMX_PACKED_MIN_GROUP: usize = 8;
+
 impl Sweep {
-    /// The sweep for `path` on this machine, for a product `kblocks` deep.
+    /// The sweep for `path` on this machine, for the product `s`.
     ///
-    /// Slabs: a row block's A slab (`32 x 32 kb` bf16) meets every B panel, so it should stay
-    /// close, while longer slabs cost less C traffic. `vdpbf16ps` takes long enough per block
-    /// that A coming from L2 costs nothing, so its slab spans up to 1024 k: a 1024-deep GEMM
-    /// then reads C once. AMX streams B past A with `tileloaddt1` (B does not displace A from
-    /// L1), and reloading C's four accumulator tiles costs more than reading A from L2, so its
-    /// slab is as long as a quarter of L2 holds.
+    /// Groups: the group's packed B for one pass (2 KiB per k block and panel) should stay in
+    /// half of L2 for every row block after the first, instead of streaming from L3, and the
+    /// row block's strip of f32 sums (4 KiB per panel) in an eighth of it.
     ///
-    /// Groups: the group's packed slab (2 KiB per k block and panel) should stay in half of L2
-    /// for every row block after the first, instead of streaming from L3.
-    fn of_machine(path: Bf16Path, kblocks: usize) -> Sweep {
-        let l2 = crate::machine::Machine::get().cache(2).map_or(1 << 20, |c| c.size_bytes);
-        let k_blocks_per_slab = match path {
-            Bf16Path::Amx => (l2 / 4 / (32 * 64)).max(16),
-            _ => 32,
+    /// Slabs: a row block's A slab (`32 x 32 kb` bf16) meets every panel of the group, so it
+    /// should stay in L1 while the panels stream past it. AMX reads operands fast enough that
+    /// only one of them may come from L2 (its tile loads stream B with `tileloaddt1`), so its
+    /// slab is what half of L1 holds, from A packed into tiles once per pass, when the groups
+    /// hold [`AMX_PACKED_MIN_GROUP`] panels and the packed copy fits four times L2 (beyond
+    /// that, writing it and reading it back from memory for every group costs more than L1
+    /// residency saves). Otherwise each block runs over a pass of up to a quarter of L2 straight
+    /// from A's rows. `vdpbf16ps` takes long enough per block that A coming from L2 costs
+    /// nothing, so its slab and pass span up to 1024 k.
+    fn of_machine(path: Bf16Path, s: &GemmShape) -> Sweep {
+        let machine = crate::machine::Machine::get();
+        let l1 = machine.cache(1).map_or(32 << 10, |c| c.size_bytes);
+        let l2 = machine.cache(2).map_or(1 << 20, |c| c.size_bytes);
+        let kblocks = s.k.div_ceil(32).max(1);
+        let group = |pass: usize| {
+            let group_b = l2 / 2 / (pass.min(kblocks) * 2 * BLOCK);
+            let group_strip = l2 / 8 / (32 * 32 * 4);
+            group_b.min(group_strip).max(1)
         };
-        let slab = k_blocks_per_slab.min(kblocks).max(1);
-        Sweep { k_blocks_per_slab, panels_per_group: (l2 / 2 / (slab * 2 * BLOCK)).max(1) }
+        let packs_a = path == Bf16Path::Amx
+            && group(kblocks) >= AMX_PACKED_MIN_GROUP.min(s.n.div_ceil(32))
+            && s.m * s.k * 2 <= 4 * l2;
+        let (k_blocks_per_pass, k_blocks_per_slab) = match path {
+            Bf16Path::Amx if packs_a => (kblocks, (l1 / 2 / (32 * 64)).max(1)),
+            Bf16Path::Amx => {
+                let pass = (l2 / 4 / (32 * 64)).max(1);
+                (pass, pass)
+            }
+            _ => (32, 32),
+        };
+        Sweep { k_blocks_per_pass, k_blocks_per_slab, panels_per_group: group(k_blocks_per_pass), packs_a }
     }
 }
 
@@ -43,17 +72,6 @@ impl Sweep {
 fn b_loads(kblocks: usize, panels: usize) -> BLoads {
     let l1 = crate::machine::Machine::get().cache(1).map_or(32 << 10, |c| c.size_bytes);
     if kblocks * panels * 2 * BLOCK <= l1 / 2 { BLoads::Cached } else { BLoads::Streamed }
-}
-
-/// u16 in one packed tile pair (a B panel's k block, or a row block's A k block).
-const BLOCK: usize = 1024;
-
-impl ATiles {
-    /// Row block `blk`, k block `kb` of a packed region holding `kblocks` k blocks per row
-    /// block.
-    fn packed(base: *const u16, blk: usize, kblocks: usize, kb: usize) -> ATiles {
-        ATiles { ptr: base.wrapping_add((blk * kblocks + kb) * BLOCK), stride: 64, hi: 1024, step: 2048 }
-    }
 }
 
 /// Runs one 32 x 32 block on `path`.
@@ -121,68 +139,6 @@ unsafe fn portable_block(a: ATiles, b: *const u16, ksteps: usize, c: *mut f32, l
     }
 }
 
-/// Packs B (any layout) into the panel layout of this module with scalar code.
-///
-/// # Safety
-///
-/// `dst` is writable for `n.div_ceil(32) * k.div_ceil(32) * 1024` u16; B's extent under `s`
-/// is readable.
-unsafe fn pack_b_scalar(dst: *mut u16, s: &GemmShape, b: *const u16) {
-    let kblocks = s.k.div_ceil(32);
-    let panels = s.n.div_ceil(32);
-    // SAFETY: the whole packed region is writable.
-    unsafe { std::ptr::write_bytes(dst, 0, panels * kblocks * BLOCK) };
-    for p in 0..s.k {
-        for j in 0..s.n {
-            let src = if s.b_trans { j * s.ldb + p } else { p * s.ldb + j };
-            let at = ((j / 32) * kblocks + p / 32) * BLOCK
-                + ((j % 32) / 16) * 512
-                + ((p % 32) / 2) * 32
-                + 2 * (j % 16)
-                + p % 2;
-            // SAFETY: `(p, j)` is inside B's extent; `at` inside the packed region.
-            unsafe { *dst.add(at) = *b.add(src) };
-        }
-    }
-}
-
-/// Copies rows `i0 .. i0 + 32` (those below `m`), k blocks `kb0 .. kb0 + nkb` of A into
-/// packed tiles at `dst` (`nkb * 1024` u16), zero-padding rows past `m` and k past `k`.
-///
-/// # Safety
-///
-/// `dst` is writable for `nkb * 1024` u16; A's extent under `s` is readable.
-unsafe fn pack_a_block(dst: *mut u16, s: &GemmShape, a: *const u16, i0: usize, kb0: usize, nkb: usize) {
-    // SAFETY: the region is writable.
-    unsafe { std::ptr::write_bytes(dst, 0, nkb * BLOCK) };
-    let rows = s.m.saturating_sub(i0).min(32);
-    for kb in 0..nkb {
-        let p0 = (kb0 + kb) * 32;
-        let cols = s.k.saturating_sub(p0).min(32);
-        for r in 0..rows {
-            let i = i0 + r;
-            // SAFETY: row `i < m`, columns `p0 .. p0 + cols <= k` lie in A's extent; the
-            // destination row is inside tile `kb`.
-            unsafe {
-                let d = dst.add(kb * BLOCK + r * 32);
-                if s.a_trans {
-                    for q in 0..cols {
-                        *d.add(q) = *a.add((p0 + q) * s.lda + i);
-                    }
-                } else {
-                    std::ptr::copy_nonoverlapping(a.add(i * s.lda + p0), d, cols);
-                }
-            }
-        }
-    }
-}
-
-/// Whether A is loaded as tiles straight from its storage (it is `m x k` with k contiguous);
-/// otherwise it is copied into tiles first.
-fn a_in_place(s: &GemmShape) -> bool {
-    !s.a_trans
-}
-
 /// The blocked driver shared by all paths.
 ///
 /// # Safety
@@ -190,13 +146,14 @@ fn a_in_place(s: &GemmShape) -> bool {
 /// The contract of [`gemm_bf16_unchecked`].
 pub(crate) unsafe fn drive(path: Bf16Path, s: &GemmShape, a: *const u16, b: *const u16, c: *mut f32) {
     // SAFETY: this function's contract.
-    unsafe { drive_swept(path, s, (a, b, COut::F32(c)), Sweep::of_machine(path, s.k.div_ceil(32))) }
+    unsafe { drive_swept(path, s, (a, b, COut::F32(c)), Sweep::of_machine(path, s)) }
 }
 
-/// The driver writing C as bf16, each block rounded to nearest even from its f32 sums, when
-/// the machine's sweep takes all of k in one slab, C is overwritten and the rows are more than
-/// the few that stream B: then every 32 x 32 block's sums are final in a local block right
-/// after its k loop, and C never holds f32. Returns false, touching nothing, otherwise.
+/// The driver writing C as bf16, each block rounded to nearest even from its f32 sums, when C
+/// is overwritten, the machine's sweep takes all of k in one pass and the rows are more than
+/// the few that stream B: then a row block's sums over a panel group are final in its local
+/// strip after the last k slab, and C never holds f32. Returns false, touching nothing,
+/// otherwise.
 ///
 /// # Safety
 ///
@@ -208,8 +165,8 @@ pub(crate) unsafe fn drive_rounded(
     b: *const u16,
     c: *mut u16,
 ) -> bool {
-    let sweep = Sweep::of_machine(path, s.k.div_ceil(32));
-    if s.accumulate || sweep.k_blocks_per_slab < s.k.div_ceil(32) || streams_b(path, s) {
+    let sweep = Sweep::of_machine(path, s);
+    if s.accumulate || sweep.k_blocks_per_pass < s.k.div_ceil(32) || streams_b(path, s) {
         return false;
     }
     // SAFETY: this function's contract; the sweep is the machine's.
@@ -237,7 +194,7 @@ unsafe fn drive_swept(
     (a, b, c): (*const u16, *const u16, COut),
     sweep: Sweep,
 ) {
-    let GemmShape { m, n, k, ldc, accumulate, .. } = *s;
+    let GemmShape { m, n, k, .. } = *s;
     if m == 0 || n == 0 {
         return;
     }
@@ -256,86 +213,36 @@ unsafe fn drive_swept(
         return;
     }
     let kblocks = k.div_ceil(32);
-    let k_full = k / 32;
-    // Pairs of k that the last k step holds: the rest is padding `vdpbf16ps` skips.
-    let k_tail_pairs = if k.is_multiple_of(32) { 16 } else { (k % 32).div_ceil(2) };
-    let panels = n.div_ceil(32);
-    let rblocks = m.div_ceil(32);
-    let m_full = m / 32;
-    let in_place = a_in_place(s);
-    // Packed A: every row block when copied; else the ragged row block (all k blocks) and the
-    // ragged k block of every whole row block.
-    let (a_tail_rows, a_tail_k) = if in_place {
-        (
-            if m_full < rblocks { kblocks * BLOCK } else { 0 },
-            if k_full < kblocks { m_full * BLOCK } else { 0 },
-        )
-    } else {
-        (rblocks * kblocks * BLOCK, 0)
-    };
-    let b_len = panels * kblocks * BLOCK;
-    let total = b_len + a_tail_rows + a_tail_k;
-    crate::pack::with_buffer(total.div_ceil(2), |buf| {
+    let pass_blocks = sweep.k_blocks_per_pass.min(kblocks);
+    let layout = Layout::of(s, sweep.packs_a, (pass_blocks, sweep.panels_per_group));
+    crate::pack::with_buffer(layout.total.div_ceil(2), |buf| {
         let bp = buf.cast::<u16>();
-        // SAFETY: the buffer holds `total` u16, split into the packed B, the row-tail (or
-        // whole) A region and the k-tail region, in that order.
-        let (ap_rows, ap_k) = unsafe { (bp.add(b_len), bp.add(b_len + a_tail_rows)) };
-        // SAFETY: the regions are as `pack_operands` needs them (see the split above), and the
-        // operands' extents are this function's contract.
-        unsafe {
-            pack_operands(path, s, a, b, bp, (ap_rows, ap_k), (in_place, a_tail_rows > 0, a_tail_k > 0))
+        // SAFETY: the buffer holds `layout.total` u16, split as `Layout` says.
+        let (ap_rows, ap_k, strip) = unsafe {
+            (
+                bp.add(layout.b),
+                bp.add(layout.b + layout.a_rows),
+                bp.add(layout.b + layout.a_rows + layout.a_k),
+            )
         };
+        // SAFETY: the regions are as `pack_operands` needs them (see `Layout`), and the
+        // operands' extents are this function's contract.
+        unsafe { pack_operands(path, s, a, b, bp, (ap_rows, ap_k), layout.a) };
         #[cfg(target_arch = "x86_64")]
         if path == Bf16Path::Amx {
             // SAFETY: the path is available, so tile state is permitted.
             unsafe { crate::x86::amx::configure() };
         }
-        /// The 32 x 32 C block used when the real one is ragged.
-        #[repr(C, align(64))]
-        struct CBlock([f32; 1024]);
-        let mut cblock = CBlock([0.0; 1024]);
-        let Sweep { k_blocks_per_slab: kbs, panels_per_group: group } = sweep;
-        for kb0 in (0..kblocks).step_by(kbs) {
-            let kb1 = (kb0 + kbs).min(kblocks);
-            let load = accumulate || kb0 > 0;
-            for jg in (0..panels).step_by(group) {
-                let loads = b_loads(kb1 - kb0, group.min(panels - jg));
-                for ib in 0..rblocks {
-                    let i0 = ib * 32;
-                    let (pieces, npieces) = a_pieces(s, a, (ap_rows, ap_k), in_place, ib, (kb0, kb1));
-                    for jp in jg..(jg + group).min(panels) {
-                        let j0 = jp * 32;
-                        let (rows, cols) = ((m - i0).min(32), (n - j0).min(32));
-                        // SAFETY: the block lies inside C.
-                        let (cp, cld) = unsafe { c.open(&mut cblock.0, (i0, j0), (rows, cols), ldc, load) };
-                        #[cfg(target_arch = "x86_64")]
-                        if jp + 1 < panels {
-                            let (next, row_bytes) = c.at(i0 * ldc + j0 + 32, ldc);
-                            prefetch_rows(next, row_bytes, rows);
-                        }
-                        let mut load_c = load;
-                        for &(at, kb, nkb) in &pieces[..npieces] {
-                            let last_pairs = if kb + nkb == kblocks { k_tail_pairs } else { 16 };
-                            let extent = Extent { last_pairs, wide: cols > 16 };
-                            // SAFETY: the A piece covers 32 readable rows of `nkb` k blocks (whole
-                            // rows of A in place, or zero-padded packed tiles); the B panel's k
-                            // blocks `kb ..` are packed; the C block is 32 x 32 at stride `cld`.
-                            unsafe {
-                                block(
-                                    path,
-                                    at,
-                                    (bp.add((jp * kblocks + kb) * BLOCK), loads),
-                                    (nkb, extent),
-                                    cp,
-                                    cld,
-                                    load_c,
-                                )
-                            };
-                            load_c = true;
-                        }
-                        // SAFETY: as for `open`, which gave `cp`.
-                        unsafe { c.close(path, &cblock.0, (i0, j0), (rows, cols), ldc) };
-                    }
+        let sweep_ops =
+            SweepOps { path, s, a, bp, ap: (ap_rows, ap_k), strip: (strip.cast(), layout.strip_ld) };
+        let panels = n.div_ceil(32);
+        for kp0 in (0..kblocks).step_by(pass_blocks) {
+            let pass = (kp0, (kp0 + pass_blocks).min(kblocks));
+            for jg in (0..panels).step_by(sweep.panels_per_group) {
+                let group = (jg, sweep.panels_per_group.min(panels - jg));
+                for ib in 0..m.div_ceil(32) {
+                    // SAFETY: the regions are as `Layout` sizes them; C is this function's.
+                    unsafe { sweep_ops.row_block(c, &layout, (pass, group, ib), sweep.k_blocks_per_slab) };
                 }
             }
         }
@@ -345,6 +252,111 @@ unsafe fn drive_swept(
             unsafe { crate::x86::amx::release() };
         }
     });
+}
+
+/// What every row block of [`drive_swept`] reads: the path, the shape, A, the packed B, A's
+/// packed regions `(rows, k_tail)` and the strip `(f32s, row stride)`.
+struct SweepOps<'a> {
+    path: Bf16Path,
+    s: &'a GemmShape,
+    a: *const u16,
+    bp: *const u16,
+    ap: (*mut u16, *mut u16),
+    strip: (*mut f32, usize),
+}
+
+impl SweepOps<'_> {
+    /// Runs row block `ib` over the panel group `(first panel, panels)` for the pass's k blocks
+    /// `(start, end)`, in slabs of `slab` k blocks, and writes its sums to C. With A packed per
+    /// pass, the first group packs each row block (the first one, and every one of a
+    /// transposed A, here; the others while the row block before runs) and later groups read
+    /// the packed tiles.
+    ///
+    /// # Safety
+    ///
+    /// The regions are as `layout` sizes them for the sweep, the operands' extents are those of
+    /// [`drive_swept`]'s contract, and the previous row blocks of this pass and group ran.
+    unsafe fn row_block(
+        &self,
+        c: COut,
+        layout: &Layout,
+        ((kp0, kp1), (jg, gp), ib): ((usize, usize), (usize, usize), usize),
+        slab: usize,
+    ) {
+        let SweepOps { path, s, a, bp, ap: (ap_rows, ap_k), strip } = *self;
+        let (kblocks, per_pass) = (s.k.div_ceil(32), layout.a == APacking::PerRowBlock);
+        let (i0, j0) = (ib * 32, jg * 32);
+        let tiles_of = |ib: usize| ap_rows.wrapping_add(ib * (kp1 - kp0) * BLOCK);
+        let mut next = None;
+        if per_pass && jg == 0 {
+            if ib == 0 || s.a_trans {
+                // SAFETY: the region holds every row block's k blocks of the pass (this
+                // function's contract).
+                unsafe { pack_row_block(path, s, a, tiles_of(ib), (i0, (kp0, kp1 - kp0))) };
+            }
+            let steps = (kp1 - kp0).div_ceil(slab) * gp;
+            next =
+                Some(RowBlockPacker::new(path, s, a, tiles_of(ib + 1), (i0 + 32, (kp0, kp1 - kp0)), steps));
+        }
+        let (rows, cols) = ((s.m - i0).min(32), (s.n - j0).min(gp * 32));
+        let load = s.accumulate || kp0 > 0;
+        let shared = slab >= kp1 - kp0;
+        // SAFETY: the strip holds 32 rows of `strip_ld >= cols` f32; the block lies inside C.
+        let out = unsafe { Strip::open(c, strip, ((i0, j0), (rows, cols)), s.ldc, (load, shared)) };
+        let loads = b_loads(slab.min(kp1 - kp0), gp);
+        let a_base = if per_pass { tiles_of(ib) } else { ap_rows };
+        for kb0 in (kp0..kp1).step_by(slab) {
+            let kb1 = (kb0 + slab).min(kp1);
+            let (pieces, npieces) = a_pieces(s, a, (a_base, ap_k), layout.a, ib, (kp0, kb0, kb1));
+            for jp in jg..jg + gp {
+                // SAFETY: as for `open`.
+                let (cp, cld) = unsafe { out.block(jp * 32 - j0, kb0 == kp0) };
+                if let Some(next) = next.as_mut() {
+                    // SAFETY: the next row block's tiles lie inside the region (this function's
+                    // contract).
+                    unsafe { next.step() };
+                }
+                // C's rows of the block this slab finishes (of the next one when summed in
+                // place), which would otherwise miss when written.
+                #[cfg(target_arch = "x86_64")]
+                if kb1 == kp1 {
+                    let in_place = out.summed_in_c(jp * 32 - j0);
+                    if !in_place || jp + 1 < jg + gp {
+                        let (first, row_bytes) = out.in_c(jp * 32 - j0 + if in_place { 32 } else { 0 });
+                        prefetch_rows(first, row_bytes, rows);
+                    }
+                }
+                let mut load_c = load || kb0 > kp0;
+                for &(at, kb, nkb) in &pieces[..npieces] {
+                    let last_pairs = if kb + nkb == kblocks { layout.k_tail_pairs } else { 16 };
+                    let extent = Extent { last_pairs, wide: s.n - jp * 32 > 16 };
+                    // SAFETY: the A piece covers 32 readable rows of `nkb` k blocks (whole rows
+                    // of A in place, or zero-padded packed tiles); the B panel's k blocks
+                    // `kb ..` are packed; the C block is 32 x 32 at stride `cld`.
+                    unsafe {
+                        block(
+                            path,
+                            at,
+                            (bp.add((jp * kblocks + kb) * BLOCK), loads),
+                            (nkb, extent),
+                            cp,
+                            cld,
+                            load_c,
+                        )
+                    };
+                    load_c = true;
+                }
+                if kb1 == kp1 {
+                    // SAFETY: as for `open`.
+                    unsafe { out.close(path, jp * 32 - j0) };
+                }
+            }
+        }
+        if let Some(next) = next.as_mut() {
+            // SAFETY: as for `step`.
+            unsafe { next.finish() };
+        }
+    }
 }
 
 /// Prefetches the first 128 bytes of `rows` rows of the C block at `first` (rows
@@ -360,100 +372,6 @@ fn prefetch_rows(first: *const i8, row_bytes: usize, rows: usize) {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(64));
         }
     }
-}
-
-/// Packs B (all panels) into `bp` and, as [`drive`] lays them out, A's packed regions
-/// `(rows, k_tail)`; `(in_place, row_tail, k_tail)` say which A pieces are packed.
-///
-/// # Safety
-///
-/// The regions hold what [`drive`] sizes them for, and the operands' extents are valid (the
-/// contract of `gemm_bf16_unchecked`).
-unsafe fn pack_operands(
-    path: Bf16Path,
-    s: &GemmShape,
-    a: *const u16,
-    b: *const u16,
-    bp: *mut u16,
-    (ap_rows, ap_k): (*mut u16, *mut u16),
-    (in_place, row_tail, k_tail): (bool, bool, bool),
-) {
-    let GemmShape { m, n, k, lda, .. } = *s;
-    let kblocks = k.div_ceil(32);
-    let (k_full, m_full, rblocks) = (k / 32, m / 32, m.div_ceil(32));
-    // SAFETY: the packing routines write inside their regions and read inside the operands'
-    // extents (this function's contract).
-    unsafe {
-        // The portable path packs with portable code too, so forcing it tests code that needs
-        // no CPU features at all.
-        #[cfg(target_arch = "x86_64")]
-        let vector_pack = path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
-        #[cfg(not(target_arch = "x86_64"))]
-        let vector_pack = false;
-        match (vector_pack, s.b_trans) {
-            #[cfg(target_arch = "x86_64")]
-            (true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
-            #[cfg(target_arch = "x86_64")]
-            (true, true) => crate::x86::bf16::pack_b_cols(bp, b, s.ldb, k, n),
-            _ => pack_b_scalar(bp, s, b),
-        }
-        if in_place {
-            if row_tail {
-                pack_a_block(ap_rows, s, a, m_full * 32, 0, kblocks);
-            }
-            if k_tail {
-                for ib in 0..m_full {
-                    pack_a_block(ap_k.add(ib * BLOCK), s, a, ib * 32, k_full, 1);
-                }
-            }
-        } else {
-            for ib in 0..rblocks {
-                let dst = ap_rows.add(ib * kblocks * BLOCK);
-                match vector_pack {
-                    #[cfg(target_arch = "x86_64")]
-                    true => crate::x86::bf16::pack_a_cols(dst, a, lda, k, m, ib * 32),
-                    _ => pack_a_block(dst, s, a, ib * 32, 0, kblocks),
-                }
-            }
-        }
-    }
-}
-
-/// The A pieces covering k blocks `kb0..kb1` of row block `ib`, as [`drive`] laid A out
-/// (packed regions `(rows, k_tail)`): `(tiles, first k block, k blocks)`, and how many there
-/// are (one, or two when whole rows read in place end in a packed ragged k block).
-fn a_pieces(
-    s: &GemmShape,
-    a: *const u16,
-    (ap_rows, ap_k): (*mut u16, *mut u16),
-    in_place: bool,
-    ib: usize,
-    (kb0, kb1): (usize, usize),
-) -> ([(ATiles, usize, usize); 2], usize) {
-    let kblocks = s.k.div_ceil(32);
-    let (k_full, m_full) = (s.k / 32, s.m / 32);
-    let mut pieces = [(ATiles::packed(ap_rows, 0, 0, 0), 0, 0); 2];
-    let mut npieces = 0;
-    if !in_place {
-        pieces[0] = (ATiles::packed(ap_rows, ib, kblocks, kb0), kb0, kb1 - kb0);
-        npieces = 1;
-    } else if ib == m_full {
-        pieces[0] = (ATiles::packed(ap_rows, 0, kblocks, kb0), kb0, kb1 - kb0);
-        npieces = 1;
-    } else {
-        let full_end = kb1.min(k_full);
-        if full_end > kb0 {
-            let row = a.wrapping_add(ib * 32 * s.lda + kb0 * 32);
-            let at = ATiles { ptr: row, stride: s.lda * 2, hi: 16 * s.lda * 2, step: 64 };
-            pieces[0] = (at, kb0, full_end - kb0);
-            npieces = 1;
-        }
-        if kb1 > k_full {
-            pieces[npieces] = (ATiles::packed(ap_k, ib, 1, 0), k_full, 1);
-            npieces += 1;
-        }
-    }
-    (pieces, npieces)
 }
 
 #[cfg(test)]
@@ -480,7 +398,7 @@ mod tests {
         sweep: Option<Sweep>,
     ) -> Vec<f32> {
         let mut c = c0.to_vec();
-        let sweep = sweep.unwrap_or_else(|| Sweep::of_machine(path, s.k.div_ceil(32)));
+        let sweep = sweep.unwrap_or_else(|| Sweep::of_machine(path, s));
         let [na, nb, nc] = s.extents().expect("valid shape");
         assert!(a.len() >= na && b.len() >= nb && c.len() >= nc);
         // SAFETY: the slices hold the shape's extents (asserted above), the caller runs only
@@ -503,9 +421,12 @@ mod tests {
             GemmShape::dense(45, 200, 70, true, false, true),
         ];
         let sweeps = [
-            Sweep { k_blocks_per_slab: 1, panels_per_group: 1 },
-            Sweep { k_blocks_per_slab: 2, panels_per_group: 2 },
-            Sweep { k_blocks_per_slab: 3, panels_per_group: 5 },
+            Sweep { k_blocks_per_pass: 64, k_blocks_per_slab: 1, panels_per_group: 1, packs_a: false },
+            Sweep { k_blocks_per_pass: 64, k_blocks_per_slab: 64, panels_per_group: 1, packs_a: false },
+            Sweep { k_blocks_per_pass: 1, k_blocks_per_slab: 1, panels_per_group: 1, packs_a: false },
+            Sweep { k_blocks_per_pass: 4, k_blocks_per_slab: 2, panels_per_group: 2, packs_a: true },
+            Sweep { k_blocks_per_pass: 5, k_blocks_per_slab: 3, panels_per_group: 5, packs_a: true },
+            Sweep { k_blocks_per_pass: 64, k_blocks_per_slab: 4, panels_per_group: 3, packs_a: true },
         ];
         let paths = [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::Portable];
         for path in paths.into_iter().filter(|p| crate::machine::require_or_skip(p.name(), p.available())) {

@@ -1,5 +1,5 @@
-//! Where the bf16 GEMM's blocked driver writes C: in place in an f32 C, through a local
-//! 32 x 32 block for a ragged one, or rounded from the local block into a bf16 C.
+//! Where the bf16 GEMM's blocked driver writes C: in place in an f32 C, through a local strip
+//! for ragged blocks, or rounded from the strip into a bf16 C.
 
 use crate::GemmShape;
 use crate::bf16_path::Bf16Path;
@@ -34,101 +34,174 @@ impl COut {
         }
     }
 
-    /// Where the `rows x cols` block at `(i0, j0)` is summed, and its row stride: a whole f32
-    /// block in C itself, else in `local` (C's values copied in first when `load`).
-    ///
-    /// # Safety
-    ///
-    /// The block lies inside C, readable when `load`.
-    pub(crate) unsafe fn open(
-        self,
-        local: &mut [f32; 1024],
-        (i0, j0): (usize, usize),
-        (rows, cols): (usize, usize),
-        ldc: usize,
-        load: bool,
-    ) -> (*mut f32, usize) {
+    /// Whether a block of `rows x cols` is summed in C itself: an f32 C's whole 32 x 32 blocks
+    /// are when every row starts a cache line (`ldc` floats apart); ragged or misaligned
+    /// ones, and every block of a bf16 C, are summed in a strip. Tile rows that straddle two
+    /// lines cost two loads and two stores each, at every k slab.
+    fn in_place(self, rows: usize, cols: usize, ldc: usize) -> bool {
         match self {
-            // SAFETY: the block lies inside C.
-            COut::F32(c) if rows == 32 && cols == 32 => (unsafe { c.add(i0 * ldc + j0) }, ldc),
-            COut::F32(c) if load => {
-                for r in 0..rows {
-                    // SAFETY: row `i0 + r < m`, columns `j0 .. j0 + cols <= n`.
-                    let row = unsafe { std::slice::from_raw_parts(c.add((i0 + r) * ldc + j0), cols) };
-                    local[r * 32..r * 32 + cols].copy_from_slice(row);
-                }
-                (local.as_mut_ptr(), 32)
-            }
-            _ => (local.as_mut_ptr(), 32),
-        }
-    }
-
-    /// Writes a block summed in `local` (see [`COut::open`]) to C: copied to a ragged f32
-    /// block, rounded into a bf16 one ([`round_block`]).
-    ///
-    /// # Safety
-    ///
-    /// The block lies inside C.
-    pub(crate) unsafe fn close(
-        self,
-        path: Bf16Path,
-        local: &[f32; 1024],
-        (i0, j0): (usize, usize),
-        (rows, cols): (usize, usize),
-        ldc: usize,
-    ) {
-        match self {
-            COut::F32(_) if rows == 32 && cols == 32 => {}
-            COut::F32(c) => {
-                for r in 0..rows {
-                    // SAFETY: as for the copy in.
-                    let row = unsafe { std::slice::from_raw_parts_mut(c.add((i0 + r) * ldc + j0), cols) };
-                    row.copy_from_slice(&local[r * 32..r * 32 + cols]);
-                }
-            }
-            // SAFETY: rows `i0 .. i0 + rows`, columns `j0 .. j0 + cols` lie inside C.
-            COut::Bf16(c) => unsafe { round_block(path, local, (rows, cols), c.add(i0 * ldc + j0), ldc) },
-        }
-    }
-
-    /// The address of element `at` and the bytes between rows `ldc` elements apart.
-    #[cfg(target_arch = "x86_64")]
-    pub(crate) fn at(self, at: usize, ldc: usize) -> (*const i8, usize) {
-        match self {
-            COut::F32(c) => (c.wrapping_add(at).cast(), ldc * 4),
-            COut::Bf16(c) => (c.wrapping_add(at).cast(), ldc * 2),
+            COut::F32(c) => rows == 32 && cols >= 32 && c.addr().is_multiple_of(64) && ldc.is_multiple_of(16),
+            COut::Bf16(_) => false,
         }
     }
 }
 
-/// Rounds the `rows x cols` corner of a 32 x 32 f32 block to bf16 bits at `dst` (rows `ldd`
-/// apart), as [`crate::convert::bf16_from_f32`] does for every value a tile or `vdpbf16ps`
-/// sum can be (those flush subnormal results to zero).
+/// The sums of one row block of a panel group: where each of its 32 x 32 blocks is summed
+/// (in C itself, or in a local strip of f32 rows) and how the strip reaches C once every k slab
+/// has run. The strip lets a product sweep k in slabs short enough for a row block's A to stay
+/// in L1 without C ever holding partial bf16 sums, and keeps ragged blocks' sums off C's edges.
+pub(crate) struct Strip {
+    c: COut,
+    /// Row 0 of the strip: 32 rows of `ld` f32.
+    local: *mut f32,
+    ld: usize,
+    /// C's first row and column under the strip, and C's row stride.
+    at: (usize, usize),
+    ldc: usize,
+    /// C's rows and columns under the strip.
+    rows: usize,
+    cols: usize,
+    /// Whether blocks summed in the strip start from C's values, and whether they share its
+    /// first 32 columns (see [`Strip::open`]).
+    accumulate: bool,
+    shared: bool,
+}
+
+impl Strip {
+    /// The strip over C's `rows x cols` at `(i0, j0)` summed in `local` (32 rows of `ld` f32,
+    /// `ld >= cols`, or `ld >= 32` when `shared`); blocks summed in the strip start from C's
+    /// values when `accumulate`. A `shared` strip sums every block in its first 32 columns:
+    /// each block is closed before the next one opens (one k slab per pass), and one 4 KiB
+    /// block stays in L1 where a whole strip would not.
+    ///
+    /// # Safety
+    ///
+    /// `local` is writable for 32 rows of `ld` f32; the region lies inside C, readable when
+    /// `accumulate`.
+    pub(crate) unsafe fn open(
+        c: COut,
+        (local, ld): (*mut f32, usize),
+        ((i0, j0), (rows, cols)): ((usize, usize), (usize, usize)),
+        ldc: usize,
+        (accumulate, shared): (bool, bool),
+    ) -> Strip {
+        Strip { c, local, ld, at: (i0, j0), ldc, rows, cols, accumulate, shared }
+    }
+
+    /// Where the block `j` columns into the strip (a multiple of 32) is summed, and its row
+    /// stride; at the block's first slab (`first`), a block summed in the strip is given C's
+    /// values first when accumulating.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Strip::open`].
+    pub(crate) unsafe fn block(&self, j: usize, first: bool) -> (*mut f32, usize) {
+        if let COut::F32(c) = self.c {
+            if self.c.in_place(self.rows, self.cols - j, self.ldc) {
+                return (c.wrapping_add(self.at.0 * self.ldc + self.at.1 + j), self.ldc);
+            }
+            if first && self.accumulate {
+                let (i0, w) = (self.at.0, (self.cols - j).min(32));
+                for r in 0..self.rows {
+                    // SAFETY: row `i0 + r` and columns `j0 + j .. + w` lie in C; the strip's
+                    // block row holds 32 floats (this function's contract).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            c.add((i0 + r) * self.ldc + self.at.1 + j),
+                            self.local_block(j).add(r * self.ld),
+                            w,
+                        )
+                    };
+                }
+            }
+        }
+        (self.local_block(j), self.ld)
+    }
+
+    /// Whether the block `j` columns into the strip is summed in C itself.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn summed_in_c(&self, j: usize) -> bool {
+        self.c.in_place(self.rows, self.cols - j, self.ldc)
+    }
+
+    /// Row 0 of the block `j` columns into the strip.
+    fn local_block(&self, j: usize) -> *mut f32 {
+        self.local.wrapping_add(if self.shared { 0 } else { j })
+    }
+
+    /// Where the block `j` columns into the strip lies in C, and the bytes between its rows.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn in_c(&self, j: usize) -> (*const i8, usize) {
+        let at = self.at.0 * self.ldc + self.at.1 + j;
+        match self.c {
+            COut::F32(c) => (c.wrapping_add(at).cast(), self.ldc * 4),
+            COut::Bf16(c) => (c.wrapping_add(at).cast(), self.ldc * 2),
+        }
+    }
+
+    /// Writes the block `j` columns into the strip to C if it was summed in the strip:
+    /// copied into an f32 C, rounded into a bf16 one ([`round_block`]).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Strip::open`], C writable.
+    pub(crate) unsafe fn close(&self, path: Bf16Path, j: usize) {
+        let ((i0, j0), ldc, rows) = (self.at, self.ldc, self.rows);
+        if self.c.in_place(rows, self.cols - j, ldc) {
+            return;
+        }
+        let w = (self.cols - j).min(32);
+        let src = self.local_block(j);
+        match self.c {
+            COut::F32(c) => {
+                for r in 0..rows {
+                    // SAFETY: as for the copy in `open`, in the other direction.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.add(r * self.ld), c.add((i0 + r) * ldc + j0 + j), w)
+                    };
+                }
+            }
+            // SAFETY: the strip's block is readable; rows `i0 .. i0 + rows`, columns
+            // `j0 + j .. + w` lie inside C.
+            COut::Bf16(c) => unsafe {
+                round_block(path, (src, self.ld), (rows, w), c.add(i0 * ldc + j0 + j), ldc)
+            },
+        }
+    }
+}
+
+/// Rounds `rows x cols` f32 at `src` (rows `lds` apart, `cols <= 32`) to bf16 bits at `dst`
+/// (rows `ldd` apart), as [`crate::convert::bf16_from_f32`] does for every value a tile or
+/// `vdpbf16ps` sum can be (those flush subnormal results to zero).
 ///
 /// # Safety
 ///
-/// `dst` is writable for `rows` rows of `cols` u16, `ldd` apart.
+/// `src` is readable and `dst` writable for `rows` rows of `cols` elements at their strides.
 unsafe fn round_block(
     path: Bf16Path,
-    block: &[f32; 1024],
+    (src, lds): (*const f32, usize),
     (rows, cols): (usize, usize),
     dst: *mut u16,
     ldd: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
     if path == Bf16Path::Amx && cols == 32 && crate::machine::Machine::get().features.avx512bf16 {
-        // SAFETY: AMX machines run it only with AVX-512 BF16 (checked); the block's rows are
-        // 32 f32 and `dst`'s are writable (this function's contract).
-        unsafe { crate::x86::bf16::round_rows_32(block.as_ptr(), rows, dst, ldd) };
+        // SAFETY: AMX machines run it only with AVX-512 BF16 (checked); the rows are 32
+        // elements, readable and writable (this function's contract).
+        unsafe { crate::x86::bf16::round_rows_32(src, lds, rows, dst, ldd) };
         return;
     }
     if rows > 0 && cols > 0 {
-        // SAFETY: `rows` rows of `cols` u16, `ldd` apart, are writable (this function's
-        // contract; bf16 is a transparent u16).
-        let out =
-            unsafe { std::slice::from_raw_parts_mut(dst.cast::<half::bf16>(), (rows - 1) * ldd + cols) };
+        // SAFETY: `rows` rows of `cols` at their strides are readable at `src` and writable at
+        // `dst` (this function's contract; bf16 is a transparent u16).
+        let (from, out) = unsafe {
+            (
+                std::slice::from_raw_parts(src, (rows - 1) * lds + cols),
+                std::slice::from_raw_parts_mut(dst.cast::<half::bf16>(), (rows - 1) * ldd + cols),
+            )
+        };
         // The extents are exact, so this cannot fail.
-        let _ = crate::convert::convert_block(rows, cols, block, 32, out, ldd);
+        let _ = crate::convert::convert_block(rows, cols, from, lds, out, ldd);
     }
 }
 
@@ -167,7 +240,7 @@ mod tests {
         for (rows, cols) in [(32, 32), (17, 32), (32, 5)] {
             let mut out = vec![0u16; 32 * 40];
             // SAFETY: `out` holds `rows` rows of `cols` at stride 40.
-            unsafe { round_block(Bf16Path::Amx, &block, (rows, cols), out.as_mut_ptr(), 40) };
+            unsafe { round_block(Bf16Path::Amx, (block.as_ptr(), 32), (rows, cols), out.as_mut_ptr(), 40) };
             for r in 0..32 {
                 for j in 0..40 {
                     let want = if r < rows && j < cols {

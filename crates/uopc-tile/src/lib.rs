@@ -60,6 +60,7 @@ mod amx_guard;
 mod bf16_blocked;
 mod bf16_c_out;
 mod bf16_gemm;
+mod bf16_pack;
 mod bf16_path;
 mod bf16_rounded;
 #[cfg(target_arch = "x86_64")]

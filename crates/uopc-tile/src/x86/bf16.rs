@@ -44,24 +44,57 @@ pub(crate) unsafe fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
     }
 }
 
-/// Rounds `rows` rows of 32 f32 (rows 32 apart) at `src` to bf16 bits at `dst` (rows `ldd`
+/// Rounds `rows` rows of 32 f32 (rows `lds` apart) at `src` to bf16 bits at `dst` (rows `ldd`
 /// apart) with `vcvtne2ps2bf16`: to nearest even, NaNs quieted with their sign and top payload
 /// bits kept, as [`convert::bf16_from_f32`], except that subnormal inputs become zeros.
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512 BF16 are available; `src` holds `rows * 32` readable f32 and `dst`
-/// `rows` writable rows of 32 u16.
+/// AVX-512F and AVX-512 BF16 are available; `src` holds `rows` readable rows of 32 f32 and
+/// `dst` `rows` writable rows of 32 u16.
 #[target_feature(enable = "avx512f,avx512bf16")]
-pub(crate) unsafe fn round_rows_32(src: *const f32, rows: usize, dst: *mut u16, ldd: usize) {
+pub(crate) unsafe fn round_rows_32(src: *const f32, lds: usize, rows: usize, dst: *mut u16, ldd: usize) {
     for r in 0..rows {
         // SAFETY: row `r` is 32 readable f32 and 32 writable u16 (this function's contract).
         unsafe {
-            let lo = _mm512_loadu_ps(src.add(r * 32));
-            let hi = _mm512_loadu_ps(src.add(r * 32 + 16));
+            let lo = _mm512_loadu_ps(src.add(r * lds));
+            let hi = _mm512_loadu_ps(src.add(r * lds + 16));
             // The second operand fills the low half.
             let both = _mm512_cvtne2ps_pbh(hi, lo);
             _mm512_storeu_si512(dst.add(r * ldd).cast(), std::mem::transmute::<__m512bh, __m512i>(both));
+        }
+    }
+}
+
+/// Copies pieces `from .. to` of row block `i0 ..`, k blocks `kb0 .. kb0 + nkb` of a
+/// row-major A (`m x k`, rows `lda` apart) into contiguous tiles at `dst`. Piece `t` is the 64
+/// bytes of row `i0 + t / nkb` of A in k block `kb0 + t % nkb`, tile row `32 (t % nkb) + t /
+/// nkb` at `dst`, zero past `m` and past `k`; pieces go along A's rows, which the hardware
+/// prefetchers follow.
+///
+/// # Safety
+///
+/// AVX-512F and AVX-512BW are available; `dst` is writable for `nkb * 1024` u16 and
+/// `to <= 32 nkb`; A's `m x k` extent is readable.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn pack_a_tile_rows(
+    dst: *mut u16,
+    (a, lda): (*const u16, usize),
+    (m, k): (usize, usize),
+    (i0, (kb0, nkb)): (usize, (usize, usize)),
+    (from, to): (usize, usize),
+) {
+    for t in from..to {
+        let (r, kb) = (t / nkb, t % nkb);
+        let (i, p0) = (i0 + r, (kb0 + kb) * 32);
+        let cols = if i < m { k.saturating_sub(p0).min(32) } else { 0 };
+        let mask = if cols == 32 { u32::MAX } else { (1u32 << cols) - 1 };
+        // SAFETY: the masked load reads only columns `p0 .. p0 + cols` of row `i < m`, inside
+        // A's extent (masked-out elements are never accessed); tile row `32 kb + r < 32 nkb`
+        // is writable.
+        unsafe {
+            let v = _mm512_maskz_loadu_epi16(mask, a.wrapping_add(i * lda + p0).cast());
+            _mm512_storeu_si512(dst.add((kb * 32 + r) * 32).cast(), v);
         }
     }
 }
