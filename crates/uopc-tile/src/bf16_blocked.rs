@@ -215,16 +215,10 @@ unsafe fn drive_swept(
     let kblocks = k.div_ceil(32);
     let pass_blocks = sweep.k_blocks_per_pass.min(kblocks);
     let layout = Layout::of(s, sweep.packs_a, (pass_blocks, sweep.panels_per_group));
-    crate::pack::with_buffer(layout.total.div_ceil(2), |buf| {
+    let packed = |buf: *mut f32, strip: *mut f32| {
         let bp = buf.cast::<u16>();
         // SAFETY: the buffer holds `layout.total` u16, split as `Layout` says.
-        let (ap_rows, ap_k, strip) = unsafe {
-            (
-                bp.add(layout.b),
-                bp.add(layout.b + layout.a_rows),
-                bp.add(layout.b + layout.a_rows + layout.a_k),
-            )
-        };
+        let (ap_rows, ap_k) = unsafe { (bp.add(layout.b), bp.add(layout.b + layout.a_rows)) };
         // SAFETY: the regions are as `pack_operands` needs them (see `Layout`), and the
         // operands' extents are this function's contract.
         unsafe { pack_operands(path, s, a, b, bp, (ap_rows, ap_k), layout.a) };
@@ -233,8 +227,7 @@ unsafe fn drive_swept(
             // SAFETY: the path is available, so tile state is permitted.
             unsafe { crate::x86::amx::configure() };
         }
-        let sweep_ops =
-            SweepOps { path, s, a, bp, ap: (ap_rows, ap_k), strip: (strip.cast(), layout.strip_ld) };
+        let sweep_ops = SweepOps { path, s, a, bp, ap: (ap_rows, ap_k), strip: (strip, layout.strip_ld) };
         let panels = n.div_ceil(32);
         for kp0 in (0..kblocks).step_by(pass_blocks) {
             let pass = (kp0, (kp0 + pass_blocks).min(kblocks));
@@ -251,6 +244,9 @@ unsafe fn drive_swept(
             // SAFETY: as for `configure`.
             unsafe { crate::x86::amx::release() };
         }
+    };
+    crate::pack::with_buffer(layout.total.div_ceil(2), |buf| {
+        crate::pack::with_strip(32 * layout.strip_ld, |strip| packed(buf, strip))
     });
 }
 

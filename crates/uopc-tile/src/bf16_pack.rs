@@ -190,13 +190,13 @@ pub(crate) enum APacking {
 }
 
 /// The driver's packing buffer, in u16: packed B, A's row region and k-tail region (as
-/// [`APacking`] needs them), then the strip of f32 sums.
+/// [`APacking`] needs them); and the row stride of its strip of f32 sums (32 rows, in a buffer
+/// of its own).
 pub(crate) struct Layout {
     pub(crate) a: APacking,
-    /// u16 of packed B, of A's row region and of its k-tail region.
+    /// u16 of packed B and of A's row region (the k-tail region follows it).
     pub(crate) b: usize,
     pub(crate) a_rows: usize,
-    pub(crate) a_k: usize,
     /// The strip's row stride in f32.
     pub(crate) strip_ld: usize,
     pub(crate) total: usize,
@@ -230,7 +230,7 @@ impl Layout {
         // share L1 sets.
         let strip_ld = group.min(s.n.div_ceil(32)) * 32 + 16;
         let k_tail_pairs = if s.k.is_multiple_of(32) { 16 } else { (s.k % 32).div_ceil(2) };
-        Layout { a, b, a_rows, a_k, strip_ld, total: b + a_rows + a_k + 64 * strip_ld, k_tail_pairs }
+        Layout { a, b, a_rows, strip_ld, total: b + a_rows + a_k, k_tail_pairs }
     }
 }
 

@@ -17,15 +17,31 @@ const KEPT_MAX_LINES: usize = (16 << 20) / 64;
 
 thread_local! {
     static PACK: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+    static STRIP: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with a pointer to at least `floats` writable, 64-byte aligned `f32`s.
 ///
 /// Falls back to a temporary allocation if the thread-local is unavailable (thread teardown) or
 /// already borrowed, so this never panics. `f` runs exactly once either way.
-pub(crate) fn with_buffer<R>(floats: usize, mut f: impl FnMut(*mut f32) -> R) -> R {
+pub(crate) fn with_buffer<R>(floats: usize, f: impl FnMut(*mut f32) -> R) -> R {
+    with_lines(&PACK, floats, f)
+}
+
+/// [`with_buffer`] for a second, small buffer used beside the packing buffer (a driver's strip
+/// of sums), so that it never pushes the packing buffer past what a thread keeps.
+pub(crate) fn with_strip<R>(floats: usize, f: impl FnMut(*mut f32) -> R) -> R {
+    with_lines(&STRIP, floats, f)
+}
+
+/// [`with_buffer`] on the thread-local `key`.
+fn with_lines<R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<Line>>>,
+    floats: usize,
+    mut f: impl FnMut(*mut f32) -> R,
+) -> R {
     let lines = floats.div_ceil(16).max(1);
-    let got = PACK.try_with(|cell| {
+    let got = key.try_with(|cell| {
         cell.try_borrow_mut().ok().map(|mut buf| {
             if buf.len() < lines {
                 // The old contents are not needed; a fresh buffer can still ask for huge pages.
