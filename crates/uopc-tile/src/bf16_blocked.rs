@@ -26,6 +26,11 @@ struct Sweep {
 /// C's tiles between slabs.
 const AMX_PACKED_MIN_GROUP: usize = 8;
 
+/// The fewest panels (of 32 columns) a product must have for AMX to pack A: the packing reads
+/// and writes all of A once, which only a wide product's multiplies hide (a GEMM cut into
+/// column tasks packs A once per task).
+const AMX_PACKED_MIN_PANELS: usize = 32;
+
 impl Sweep {
     /// The sweep for `path` on this machine, for the product `s`.
     ///
@@ -36,11 +41,11 @@ impl Sweep {
     /// Slabs: a row block's A slab (`32 x 32 kb` bf16) meets every panel of the group, so it
     /// should stay in L1 while the panels stream past it. AMX reads operands fast enough that
     /// only one of them may come from L2 (its tile loads stream B with `tileloaddt1`), so its
-    /// slab is what half of L1 holds, from A packed into tiles once per pass, when the groups
-    /// hold [`AMX_PACKED_MIN_GROUP`] panels and the packed copy fits four times L2 (beyond
-    /// that, writing it and reading it back from memory for every group costs more than L1
-    /// residency saves). Otherwise each block runs over a pass of up to a quarter of L2 straight
-    /// from A's rows. `vdpbf16ps` takes long enough per block that A coming from L2 costs
+    /// slab is what half of L1 holds, from A packed into tiles once per pass, when the product
+    /// has [`AMX_PACKED_MIN_PANELS`] panels, the groups hold [`AMX_PACKED_MIN_GROUP`] and the
+    /// packed copy fits four times L2 (beyond that, writing it and reading it back from memory
+    /// for every group costs more than L1 residency saves). Otherwise each block runs over a
+    /// pass of up to a quarter of L2 straight from A's rows. `vdpbf16ps` takes long enough per block that A coming from L2 costs
     /// nothing, so its slab and pass span up to 1024 k.
     fn of_machine(path: Bf16Path, s: &GemmShape) -> Sweep {
         let machine = crate::machine::Machine::get();
@@ -53,7 +58,8 @@ impl Sweep {
             group_b.min(group_strip).max(1)
         };
         let packs_a = path == Bf16Path::Amx
-            && group(kblocks) >= AMX_PACKED_MIN_GROUP.min(s.n.div_ceil(32))
+            && s.n.div_ceil(32) >= AMX_PACKED_MIN_PANELS
+            && group(kblocks) >= AMX_PACKED_MIN_GROUP
             && s.m * s.k * 2 <= 4 * l2;
         let (k_blocks_per_pass, k_blocks_per_slab) = match path {
             Bf16Path::Amx if packs_a => (kblocks, (l1 / 2 / (32 * 64)).max(1)),

@@ -35,12 +35,17 @@ impl COut {
     }
 
     /// Whether a block of `rows x cols` is summed in C itself: an f32 C's whole 32 x 32 blocks
-    /// are when every row starts a cache line (`ldc` floats apart); ragged or misaligned
-    /// ones, and every block of a bf16 C, are summed in a strip. Tile rows that straddle two
-    /// lines cost two loads and two stores each, at every k slab.
-    fn in_place(self, rows: usize, cols: usize, ldc: usize) -> bool {
+    /// are when their k loop runs once (`one_slab`) or every row starts a cache line (`ldc`
+    /// floats apart); ragged ones, misaligned ones reloaded between slabs (tile rows that
+    /// straddle two lines cost two loads and two stores each, at every slab), and every block
+    /// of a bf16 C are summed in a strip.
+    fn in_place(self, (rows, cols): (usize, usize), ldc: usize, one_slab: bool) -> bool {
         match self {
-            COut::F32(c) => rows == 32 && cols >= 32 && c.addr().is_multiple_of(64) && ldc.is_multiple_of(16),
+            COut::F32(c) => {
+                rows == 32
+                    && cols >= 32
+                    && (one_slab || (c.addr().is_multiple_of(64) && ldc.is_multiple_of(16)))
+            }
             COut::Bf16(_) => false,
         }
     }
@@ -97,7 +102,7 @@ impl Strip {
     /// As for [`Strip::open`].
     pub(crate) unsafe fn block(&self, j: usize, first: bool) -> (*mut f32, usize) {
         if let COut::F32(c) = self.c {
-            if self.c.in_place(self.rows, self.cols - j, self.ldc) {
+            if self.c.in_place((self.rows, self.cols - j), self.ldc, self.shared) {
                 return (c.wrapping_add(self.at.0 * self.ldc + self.at.1 + j), self.ldc);
             }
             if first && self.accumulate {
@@ -121,7 +126,7 @@ impl Strip {
     /// Whether the block `j` columns into the strip is summed in C itself.
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn summed_in_c(&self, j: usize) -> bool {
-        self.c.in_place(self.rows, self.cols - j, self.ldc)
+        self.c.in_place((self.rows, self.cols - j), self.ldc, self.shared)
     }
 
     /// Row 0 of the block `j` columns into the strip.
@@ -147,7 +152,7 @@ impl Strip {
     /// As for [`Strip::open`], C writable.
     pub(crate) unsafe fn close(&self, path: Bf16Path, j: usize) {
         let ((i0, j0), ldc, rows) = (self.at, self.ldc, self.rows);
-        if self.c.in_place(rows, self.cols - j, ldc) {
+        if self.c.in_place((rows, self.cols - j), ldc, self.shared) {
             return;
         }
         let w = (self.cols - j).min(32);
@@ -155,10 +160,17 @@ impl Strip {
         match self.c {
             COut::F32(c) => {
                 for r in 0..rows {
-                    // SAFETY: as for the copy in `open`, in the other direction.
+                    let (from, to) = (src.wrapping_add(r * self.ld), c.wrapping_add((i0 + r) * ldc + j0 + j));
+                    // SAFETY: the strip's block row holds 32 floats and C's row `i0 + r` holds
+                    // columns `j0 + j .. + w`; a whole row is one fixed-size copy the compiler
+                    // keeps in vector registers, where a call per 128 bytes would cost more.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(src.add(r * self.ld), c.add((i0 + r) * ldc + j0 + j), w)
-                    };
+                        if w == 32 {
+                            to.cast::<[f32; 32]>().write_unaligned(from.cast::<[f32; 32]>().read());
+                        } else {
+                            std::ptr::copy_nonoverlapping(from, to, w);
+                        }
+                    }
                 }
             }
             // SAFETY: the strip's block is readable; rows `i0 .. i0 + rows`, columns
