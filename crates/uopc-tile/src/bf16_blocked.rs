@@ -1,5 +1,6 @@
 //! The blocked driver of the bf16 GEMM, shared by its three paths (AMX tiles, `vdpbf16ps`,
-//! portable Rust), and the pair layout it packs into: see [`crate::bf16_gemm`] for the layout.
+//! portable Rust): how it sweeps k, B's panels and A's row blocks. Its operands' layout and
+//! packing are in `bf16_pack`, where its sums go in `bf16_c_out`.
 
 use crate::GemmShape;
 use crate::bf16_c_out::{COut, Strip};

@@ -1,6 +1,6 @@
 //! How the bf16 GEMM's blocked driver lays out and packs its operands: B into panels of tile
 //! pairs (see [`crate::bf16_gemm`] for the layout), A read in place or packed into tiles, and
-//! the buffer that holds them with the strip of f32 sums.
+//! the buffer that holds them, and the row stride of the strip of f32 sums beside it.
 
 use crate::GemmShape;
 use crate::bf16_path::Bf16Path;
