@@ -102,29 +102,22 @@ impl Strip {
     /// As for [`Strip::open`].
     pub(crate) unsafe fn block(&self, j: usize, first: bool) -> (*mut f32, usize) {
         if let COut::F32(c) = self.c {
-            if self.c.in_place((self.rows, self.cols - j), self.ldc, self.shared) {
-                return (c.wrapping_add(self.at.0 * self.ldc + self.at.1 + j), self.ldc);
+            let in_c = c.wrapping_add(self.c_offset(j));
+            if self.summed_in_c(j) {
+                return (in_c, self.ldc);
             }
             if first && self.accumulate {
-                let (i0, w) = (self.at.0, (self.cols - j).min(32));
-                for r in 0..self.rows {
-                    // SAFETY: row `i0 + r` and columns `j0 + j .. + w` lie in C; the strip's
-                    // block row holds 32 floats (this function's contract).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            c.add((i0 + r) * self.ldc + self.at.1 + j),
-                            self.local_block(j).add(r * self.ld),
-                            w,
-                        )
-                    };
-                }
+                // SAFETY: the block's rows and columns lie in C, readable when accumulating;
+                // the strip's block holds `rows` rows of 32 floats (this function's contract).
+                unsafe {
+                    copy_rows((in_c, self.ldc), (self.local_block(j), self.ld), (self.rows, self.width(j)))
+                };
             }
         }
         (self.local_block(j), self.ld)
     }
 
     /// Whether the block `j` columns into the strip is summed in C itself.
-    #[cfg(target_arch = "x86_64")]
     pub(crate) fn summed_in_c(&self, j: usize) -> bool {
         self.c.in_place((self.rows, self.cols - j), self.ldc, self.shared)
     }
@@ -134,13 +127,22 @@ impl Strip {
         self.local.wrapping_add(if self.shared { 0 } else { j })
     }
 
+    /// The element of C under row 0 of the block `j` columns into the strip.
+    fn c_offset(&self, j: usize) -> usize {
+        self.at.0 * self.ldc + self.at.1 + j
+    }
+
+    /// The columns of C under the block `j` columns into the strip.
+    fn width(&self, j: usize) -> usize {
+        (self.cols - j).min(32)
+    }
+
     /// Where the block `j` columns into the strip lies in C, and the bytes between its rows.
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn in_c(&self, j: usize) -> (*const i8, usize) {
-        let at = self.at.0 * self.ldc + self.at.1 + j;
         match self.c {
-            COut::F32(c) => (c.wrapping_add(at).cast(), self.ldc * 4),
-            COut::Bf16(c) => (c.wrapping_add(at).cast(), self.ldc * 2),
+            COut::F32(c) => (c.wrapping_add(self.c_offset(j)).cast(), self.ldc * 4),
+            COut::Bf16(c) => (c.wrapping_add(self.c_offset(j)).cast(), self.ldc * 2),
         }
     }
 
@@ -151,33 +153,43 @@ impl Strip {
     ///
     /// As for [`Strip::open`], C writable.
     pub(crate) unsafe fn close(&self, path: Bf16Path, j: usize) {
-        let ((i0, j0), ldc, rows) = (self.at, self.ldc, self.rows);
-        if self.c.in_place((rows, self.cols - j), ldc, self.shared) {
+        if self.summed_in_c(j) {
             return;
         }
-        let w = (self.cols - j).min(32);
-        let src = self.local_block(j);
+        let (src, extent) = (self.local_block(j), (self.rows, self.width(j)));
         match self.c {
-            COut::F32(c) => {
-                for r in 0..rows {
-                    let (from, to) = (src.wrapping_add(r * self.ld), c.wrapping_add((i0 + r) * ldc + j0 + j));
-                    // SAFETY: the strip's block row holds 32 floats and C's row `i0 + r` holds
-                    // columns `j0 + j .. + w`; a whole row is one fixed-size copy the compiler
-                    // keeps in vector registers, where a call per 128 bytes would cost more.
-                    unsafe {
-                        if w == 32 {
-                            to.cast::<[f32; 32]>().write_unaligned(from.cast::<[f32; 32]>().read());
-                        } else {
-                            std::ptr::copy_nonoverlapping(from, to, w);
-                        }
-                    }
-                }
-            }
-            // SAFETY: the strip's block is readable; rows `i0 .. i0 + rows`, columns
-            // `j0 + j .. + w` lie inside C.
+            // SAFETY: the strip's block is readable; its rows and columns lie inside C.
+            COut::F32(c) => unsafe { copy_rows((src, self.ld), (c.add(self.c_offset(j)), self.ldc), extent) },
+            // SAFETY: as above.
             COut::Bf16(c) => unsafe {
-                round_block(path, (src, self.ld), (rows, w), c.add(i0 * ldc + j0 + j), ldc)
+                round_block(path, (src, self.ld), extent, c.add(self.c_offset(j)), self.ldc)
             },
+        }
+    }
+}
+
+/// Copies `rows x cols` f32 (`cols <= 32`) from `from` to `to`, each with its row stride. A
+/// whole row of 32 is one fixed-size copy the compiler keeps in vector registers, where a
+/// call per 128 bytes would cost more.
+///
+/// # Safety
+///
+/// `from` is readable and `to` writable for `rows` rows of `cols` floats at their strides, and
+/// the two do not overlap.
+unsafe fn copy_rows(
+    (from, lds): (*const f32, usize),
+    (to, ldt): (*mut f32, usize),
+    (rows, cols): (usize, usize),
+) {
+    for r in 0..rows {
+        let (src, dst) = (from.wrapping_add(r * lds), to.wrapping_add(r * ldt));
+        // SAFETY: row `r` of each is `cols` floats inside its region (this function's contract).
+        unsafe {
+            if cols == 32 {
+                dst.cast::<[f32; 32]>().write_unaligned(src.cast::<[f32; 32]>().read_unaligned());
+            } else {
+                std::ptr::copy_nonoverlapping(src, dst, cols);
+            }
         }
     }
 }

@@ -89,7 +89,8 @@ pub(crate) unsafe fn pack_a_block(
 /// few rows at a time, one part per block of the row block before it, so that its loads from
 /// memory overlap the tile multiplies instead of stalling a packing pass of their own.
 pub(crate) struct RowBlockPacker {
-    path: Bf16Path,
+    /// Whether it packs with the vector routine ([`vector_pack`]).
+    vector: bool,
     s: GemmShape,
     a: *const u16,
     dst: *mut u16,
@@ -117,7 +118,7 @@ impl RowBlockPacker {
     ) -> RowBlockPacker {
         let total = if s.a_trans || i0 >= s.m { 0 } else { 32 * nkb };
         let per_step = total.div_ceil(steps.max(1));
-        RowBlockPacker { path, s: *s, a, dst, i0, kb0, nkb, next: 0, total, per_step }
+        RowBlockPacker { vector: vector_pack(path), s: *s, a, dst, i0, kb0, nkb, next: 0, total, per_step }
     }
 
     /// Packs the next part.
@@ -152,22 +153,25 @@ impl RowBlockPacker {
         if end <= self.next {
             return;
         }
-        #[cfg(target_arch = "x86_64")]
-        if self.path != Bf16Path::Portable {
-            let GemmShape { m, k, lda, .. } = self.s;
-            // SAFETY: both vector paths come with AVX-512BW; the rest is this function's
-            // contract.
-            unsafe {
-                crate::x86::bf16::pack_a_tile_rows(
-                    self.dst,
-                    (self.a, lda),
-                    (m, k),
-                    (self.i0, (self.kb0, self.nkb)),
-                    (self.next, end),
-                )
-            };
-            self.next = end;
-            return;
+        // Never true off x86-64 ([`vector_pack`]).
+        if self.vector {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let GemmShape { m, k, lda, .. } = self.s;
+                // SAFETY: AVX-512BW is available ([`vector_pack`]); the rest is this function's
+                // contract.
+                unsafe {
+                    crate::x86::bf16::pack_a_tile_rows(
+                        self.dst,
+                        (self.a, lda),
+                        (m, k),
+                        (self.i0, (self.kb0, self.nkb)),
+                        (self.next, end),
+                    )
+                };
+                self.next = end;
+                return;
+            }
         }
         // SAFETY: forwarded from this function's contract.
         unsafe { pack_a_block(self.dst, &self.s, self.a, self.i0, self.kb0, self.nkb) };
@@ -234,6 +238,16 @@ impl Layout {
     }
 }
 
+/// Whether `path` packs with the AVX-512BW routines of `x86::bf16`: every path of this driver
+/// but the portable one, which packs with portable code too, so that forcing it tests code
+/// that needs no CPU features at all.
+fn vector_pack(path: Bf16Path) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
+}
+
 /// Packs row block `i0 ..`, k blocks `kb0 .. kb0 + nkb` of A into contiguous tiles at `dst`
 /// (as [`ATiles::packed`] reads them, one row block of `nkb` k blocks).
 ///
@@ -251,7 +265,7 @@ pub(crate) unsafe fn pack_row_block(
     // SAFETY: forwarded from this function's contract.
     unsafe {
         #[cfg(target_arch = "x86_64")]
-        if path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw") {
+        if vector_pack(path) {
             if !s.a_trans {
                 let (m, k, lda) = (s.m, s.k, s.lda);
                 crate::x86::bf16::pack_a_tile_rows(dst, (a, lda), (m, k), (i0, (kb0, nkb)), (0, 32 * nkb));
@@ -288,13 +302,8 @@ pub(crate) unsafe fn pack_operands(
     // SAFETY: the packing routines write inside their regions and read inside the operands'
     // extents (this function's contract).
     unsafe {
-        // The portable path packs with portable code too, so forcing it tests code that needs
-        // no CPU features at all.
-        #[cfg(target_arch = "x86_64")]
-        let vector_pack = path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
-        #[cfg(not(target_arch = "x86_64"))]
-        let vector_pack = false;
-        match (vector_pack, s.b_trans) {
+        let vector = vector_pack(path);
+        match (vector, s.b_trans) {
             #[cfg(target_arch = "x86_64")]
             (true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
             #[cfg(target_arch = "x86_64")]
@@ -315,7 +324,7 @@ pub(crate) unsafe fn pack_operands(
             APacking::Whole => {
                 for ib in 0..rblocks {
                     let dst = ap_rows.add(ib * kblocks * BLOCK);
-                    match vector_pack {
+                    match vector {
                         #[cfg(target_arch = "x86_64")]
                         true => crate::x86::bf16::pack_a_cols(dst, a, lda, k, m, ib * 32),
                         _ => pack_a_block(dst, s, a, ib * 32, 0, kblocks),
