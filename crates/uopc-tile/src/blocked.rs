@@ -302,14 +302,14 @@ unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
     let reused = n >= PACK_A_MIN_PANELS * K::NR;
     let pack_a = !EA::READ_IN_PLACE || reused || (a_trans && lda.is_multiple_of(128));
     let a_floats = if pack_a { kc_max * mc_max.min(m.next_multiple_of(K::MR)) } else { 0 };
-    // A rounded product of one slab sums each strip in a scratch strip after the packed blocks,
-    // its rows a line longer than whole panels so that they do not all fall into one L1 set
-    // (the panels' widths are powers of two).
+    // A rounded product of one slab sums each strip in a scratch strip (a buffer of its own,
+    // `pack::with_strip`), its rows a line longer than whole panels so that they do not all
+    // fall into one L1 set (the panels' widths are powers of two).
     let strip_ld = nc_max.min(n).next_multiple_of(K::NR) + L1_LINE_FLOATS;
     let strip_floats = if rounded.is_some() && k <= kc_step { K::MR * strip_ld } else { 0 };
-    pack::with_buffer(b_floats + a_floats + strip_floats, |buf| {
-        // SAFETY: the buffer holds `b_floats + a_floats + strip_floats` floats.
-        let (abuf, strip) = unsafe { (buf.add(b_floats), buf.add(b_floats + a_floats)) };
+    let packed = |buf: *mut f32, strip: *mut f32| {
+        // SAFETY: the buffer holds `b_floats + a_floats` floats.
+        let abuf = unsafe { buf.add(b_floats) };
         let strip = (strip_floats > 0).then_some((strip, strip_ld));
         for pc in (0..k).step_by(kc_step) {
             let kc = kc_step.min(k - pc);
@@ -361,7 +361,8 @@ unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
                 }
             }
         }
-    });
+    };
+    pack::with_buffer(b_floats + a_floats, |buf| pack::with_strip(strip_floats, |strip| packed(buf, strip)));
 }
 
 /// One `mc x nc` block of C over one k slab, as [`drive`] cut it: where its operands lie.
