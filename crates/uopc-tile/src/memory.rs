@@ -49,10 +49,21 @@ pub fn uninit_f32(len: usize) -> Vec<MaybeUninit<f32>> {
 /// [`uninit_f32`] for a 16-bit element type, from the buffers [`keep_16bit`] kept (u16, bf16
 /// and f16 share them).
 pub fn uninit_16bit<T: Bits16>(len: usize) -> Vec<MaybeUninit<T>> {
-    let mut v = std::mem::ManuallyDrop::new(uninit_from(&KEPT_U16, len));
-    // SAFETY: `T` has u16's size and alignment (`Bits16`), so the allocation's layout is
-    // unchanged; the elements stay uninitialized.
-    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<MaybeUninit<T>>(), v.len(), v.capacity()) }
+    // SAFETY: `T` has u16's size and alignment (`Bits16`); the elements stay uninitialized.
+    unsafe { recast(uninit_from(&KEPT_U16, len)) }
+}
+
+/// `v`'s allocation and elements as a vector of `U`.
+///
+/// # Safety
+///
+/// `U` has `T`'s size and alignment (so the allocation's layout is unchanged), and each of
+/// `v`'s elements is a valid `U`.
+unsafe fn recast<T, U>(v: Vec<T>) -> Vec<U> {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: the pointer, length and capacity are the vector's own; the rest is this
+    // function's contract.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<U>(), v.len(), v.capacity()) }
 }
 
 /// The 16-bit element types whose buffers [`keep_16bit`] keeps together: u16 and the
@@ -73,10 +84,9 @@ mod bits16 {
 /// asked onto huge pages.
 fn uninit_from<T: Copy + Default>(pool: &Pool<T>, len: usize) -> Vec<MaybeUninit<T>> {
     if let Some(kept) = pool.reuse(len) {
-        let mut kept = std::mem::ManuallyDrop::new(kept);
-        // SAFETY: the pointer, length and capacity are the vector's own, and MaybeUninit<T>
-        // has T's size and alignment (initialized values are valid MaybeUninits).
-        return unsafe { Vec::from_raw_parts(kept.as_mut_ptr().cast(), kept.len(), kept.capacity()) };
+        // SAFETY: MaybeUninit<T> has T's size and alignment, and initialized values are valid
+        // MaybeUninits.
+        return unsafe { recast(kept) };
     }
     let mut v: Vec<MaybeUninit<T>> = Vec::with_capacity(len);
     // SAFETY: `MaybeUninit` needs no initialization, and the capacity is `len`.
@@ -170,10 +180,8 @@ pub fn keep_f32(v: Vec<f32>) {
 
 /// [`keep_f32`] for a 16-bit element type, for [`uninit_16bit`].
 pub fn keep_16bit<T: Bits16>(v: Vec<T>) {
-    let mut v = std::mem::ManuallyDrop::new(v);
-    // SAFETY: `T` has u16's size and alignment (`Bits16`), so the allocation's layout is
-    // unchanged, and every bit pattern is a valid u16.
-    KEPT_U16.keep(unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<u16>(), v.len(), v.capacity()) });
+    // SAFETY: `T` has u16's size and alignment (`Bits16`), and every bit pattern is a valid u16.
+    KEPT_U16.keep(unsafe { recast(v) });
 }
 
 /// Frees every kept buffer, returning their memory to the system.
