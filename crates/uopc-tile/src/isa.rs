@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// supports; [`Isa::detect`] picks the one the machine model allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
-    /// 512-bit vectors (`avx512f`, with `avx2` and `fma`).
+    /// 512-bit vectors (`avx512f` and `avx512dq`, with `avx2` and `fma`).
     Avx512,
     /// 256-bit vectors (`avx2` and `fma`).
     Avx2Fma,
@@ -76,6 +76,7 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
                     && std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
             }

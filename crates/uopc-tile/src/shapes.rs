@@ -17,6 +17,20 @@ pub(crate) const EXP2_C: [f32; 7] = [
     f32::from_bits(0x3aaf_a2b5),
     f32::from_bits(0x3920_e99a),
 ];
+/// Polynomial coefficients `c0..c6` of `2^f ≈ sum c_i f^i` on `[0, 1)` (minimax relative
+/// error with `c0 = 1`, rounded to f32): the AVX-512 `exp2`, which reduces `x` to its
+/// fraction above `floor(x)` rather than to the nearest integer. Decimal values: 1,
+/// 0.693147063, 0.240229309, 0.0554852821, 0.00967544969, 0.00124678633, 0.000216128523.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) const EXP2_UNIT_C: [f32; 7] = [
+    1.0,
+    f32::from_bits(0x3f31_7216),
+    f32::from_bits(0x3e75_feac),
+    f32::from_bits(0x3d63_4489),
+    f32::from_bits(0x3c1e_85c7),
+    f32::from_bits(0x3aa3_6b35),
+    f32::from_bits(0x3962_a08f),
+];
 /// Lower clamp of the vector `exp2`'s argument, keeping `n + 127` a valid biased exponent.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const EXP2_LO: f32 = -127.0;

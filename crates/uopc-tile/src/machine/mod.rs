@@ -56,6 +56,9 @@ pub struct Features {
     pub f16c: bool,
     /// AVX-512 Foundation.
     pub avx512f: bool,
+    /// AVX-512 doubleword and quadword instructions (`vreduceps`, which the softmax
+    /// exponential takes its fraction with).
+    pub avx512dq: bool,
     /// AVX-512 byte and word instructions.
     pub avx512bw: bool,
     /// AVX512_BF16 (`vdpbf16ps`).
@@ -155,6 +158,7 @@ impl IsaCap {
         }
         if self < IsaCap::Avx512 {
             f.avx512f = false;
+            f.avx512dq = false;
             f.avx512bw = false;
             f.avx512bf16 = false;
             f.avx512fp16 = false;
@@ -176,6 +180,7 @@ fn detect_features() -> Features {
             fma: has!("fma"),
             f16c: has!("f16c"),
             avx512f: has!("avx512f"),
+            avx512dq: has!("avx512dq"),
             avx512bw: has!("avx512bw"),
             avx512bf16: has!("avx512bf16"),
             avx512fp16: has!("avx512fp16"),
@@ -230,7 +235,7 @@ impl Machine {
             shared_by_threads: if level == 3 { 16 } else { 1 },
         };
         let avx2 = Features { avx2: true, fma: true, f16c: true, ..Features::default() };
-        let avx512 = Features { avx512f: true, avx512bw: true, avx512bf16: true, ..avx2 };
+        let avx512 = Features { avx512f: true, avx512dq: true, avx512bw: true, avx512bf16: true, ..avx2 };
         let (vendor, model_name, features, caches, fma_ports, dot) = match name {
             "avx512-2port" | "avx512-amx" => (
                 Vendor::Intel,
@@ -296,7 +301,7 @@ impl Machine {
     /// The widest vector ISA the model allows.
     pub fn isa(&self) -> Isa {
         let f = &self.features;
-        if f.avx512f && f.avx2 && f.fma {
+        if f.avx512f && f.avx512dq && f.avx2 && f.fma {
             Isa::Avx512
         } else if f.avx2 && f.fma {
             Isa::Avx2Fma
@@ -472,6 +477,7 @@ impl fmt::Display for Machine {
             (x.fma, "fma"),
             (x.f16c, "f16c"),
             (x.avx512f, "avx512f"),
+            (x.avx512dq, "avx512dq"),
             (x.avx512bw, "avx512bw"),
             (x.avx512bf16, "avx512_bf16"),
             (x.avx512fp16, "avx512_fp16"),

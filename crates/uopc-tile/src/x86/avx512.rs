@@ -61,7 +61,7 @@ impl TileKernel for Kernel {
 /// # Safety
 ///
 /// AVX-512F is available and `t` is valid as [`Tile`] describes, with `mr <= 12`, `nr <= 32`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn tile(t: &Tile) {
     macro_rules! by_rows {
         ($($mr:literal)*) => {
@@ -97,7 +97,7 @@ pub(crate) fn lanes(cols: usize) -> __mmask16 {
 // Out of line: each register tile keeps a symbol of its own, which `cargo xtask mca` and
 // profilers name (one call per tile of `kc` steps costs nothing measurable).
 #[inline(never)]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn tile_n<const M: usize, const V: usize, const COLMAJOR: bool>(t: &Tile) {
     // SAFETY: forwarded from this function's contract; this function enables the ISA the
     // 512-bit lanes need, so the shared body's operations inline here.
@@ -112,7 +112,7 @@ const ROW_CHAINS: usize = 4;
 /// order) folded by `combine(acc, f(j))` into [`ROW_CHAINS`] accumulators started at `init`,
 /// which are then combined. The array indices are constants in the unrolled body, so the
 /// accumulators stay in registers.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 fn row_fold(
     cfull: usize,
@@ -136,35 +136,90 @@ fn row_fold(
 /// The maximum of `scale * S[j]` over a row's `cols` floats (`-inf` when there are none; NaNs
 /// skipped): the full vectors in [`ROW_CHAINS`] chains, then the masked tail.
 ///
+/// A positive finite scale is applied once, to the maximum: rounding is monotonic, so the
+/// largest rounded product is the rounded product of the largest score, and the pass over the
+/// row costs one operation per vector instead of two.
+///
 /// # Safety
 ///
 /// `srow` is readable for `cols` floats.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
-unsafe fn scaled_row_max(srow: *const f32, cols: usize, sv: __m512) -> f32 {
+unsafe fn scaled_row_max(srow: *const f32, cols: usize, scale: f32) -> f32 {
+    if scale > 0.0 && scale.is_finite() {
+        // SAFETY: forwarded.
+        return unsafe { row_max_times(srow, cols, None) } * scale;
+    }
+    // SAFETY: forwarded.
+    unsafe { row_max_times(srow, cols, Some(_mm512_set1_ps(scale))) }
+}
+
+/// The maximum of `S[j]`, or of `sv * S[j]` with `sv`, over a row's `cols` floats, as
+/// [`scaled_row_max`] describes.
+///
+/// # Safety
+///
+/// As [`scaled_row_max`].
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+#[inline]
+unsafe fn row_max_times(srow: *const f32, cols: usize, sv: Option<__m512>) -> f32 {
     let cfull = cols - cols % 16;
+    let times = |x: __m512| match sv {
+        Some(sv) => _mm512_mul_ps(x, sv),
+        None => x,
+    };
     // SAFETY: every load reads 16 floats below `cfull`.
-    let scaled = |j: usize| _mm512_mul_ps(unsafe { _mm512_loadu_ps(srow.add(j)) }, sv);
+    let scaled = |j: usize| times(unsafe { _mm512_loadu_ps(srow.add(j)) });
     let mut mx = row_fold(cfull, _mm512_set1_ps(f32::NEG_INFINITY), |m, x| _mm512_max_ps(m, x), scaled);
     let tail = lanes(cols % 16);
     if tail != 0 {
         // SAFETY: the load is masked to the `cols - cfull` floats left.
-        let x = _mm512_mul_ps(unsafe { _mm512_maskz_loadu_ps(tail, srow.add(cfull)) }, sv);
+        let x = times(unsafe { _mm512_maskz_loadu_ps(tail, srow.add(cfull)) });
         mx = _mm512_mask_max_ps(mx, tail, mx, x);
     }
     _mm512_reduce_max_ps(mx)
 }
 
+/// Rows whose maxima the softmax steps take before any of their exponentials. A row's
+/// exponentials wait for its maximum, a chain of dependent maxima and shuffles; taken one row
+/// at a time, those chains leave the FMA ports idle between rows, while the maxima of several
+/// rows are independent and overlap.
+const ROWS_AHEAD: usize = 8;
+
+/// [`scaled_row_max`] of the rows `r0..` (at most [`ROWS_AHEAD`] of them, fewer at the end of
+/// the tile's `rows`) of a tile with leading dimension `lds`; `-inf` past the last row.
+///
+/// # Safety
+///
+/// Rows `r0..min(r0 + ROWS_AHEAD, rows)` of `s` are readable for `cols` floats at `r * lds`.
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+#[inline]
+unsafe fn scaled_row_maxima(
+    s: *const f32,
+    lds: usize,
+    cols: usize,
+    scale: f32,
+    r0: usize,
+    rows: usize,
+) -> [f32; ROWS_AHEAD] {
+    let mut maxima = [f32::NEG_INFINITY; ROWS_AHEAD];
+    for (i, m) in maxima.iter_mut().enumerate().take(rows - r0) {
+        // SAFETY: row `r0 + i < rows`, readable by the contract.
+        *m = unsafe { scaled_row_max(s.add((r0 + i) * lds), cols, scale) };
+    }
+    maxima
+}
+
 /// `f(j)` summed over a row's full vectors (`j = 0, 16, .. < cfull`) in [`ROW_CHAINS`]
 /// partial sums, each vector's `f` called once, in order.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 fn row_sum_of(cfull: usize, f: impl FnMut(usize) -> __m512) -> __m512 {
     row_fold(cfull, _mm512_setzero_ps(), |s, x| _mm512_add_ps(s, x), f)
 }
 
 /// `2^x` per lane; see the crate's `softmax_update` for the method and its accuracy.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 fn exp2(x: __m512) -> __m512 {
     // The clamp bound is the first operand: MAXPS/MINPS return the second one when either is
@@ -188,7 +243,7 @@ fn exp2(x: __m512) -> __m512 {
 /// # Safety
 ///
 /// AVX-512F is available and the pointers satisfy the crate's `softmax_update_unchecked`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn softmax_update(
     sh: &SoftmaxShape,
     scale: f32,
@@ -201,13 +256,17 @@ pub(crate) unsafe fn softmax_update(
     let sv = _mm512_set1_ps(scale);
     let (cfull, dfull) = (cols - cols % 16, d - d % 16);
     let (ctail, dtail) = (lanes(cols % 16), lanes(d % 16));
+    let mut ahead = [f32::NEG_INFINITY; ROWS_AHEAD];
     for r in 0..rows {
         // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors end
         // at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is touched.
         unsafe {
+            if r % ROWS_AHEAD == 0 {
+                ahead = scaled_row_maxima(s, lds, cols, scale, r, rows);
+            }
             let srow = s.add(r * lds);
             let m_old = *row_max.add(r);
-            let m_new = m_old.max(scaled_row_max(srow, cols, sv));
+            let m_new = m_old.max(ahead[r % ROWS_AHEAD]);
             // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
             if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
                 // Nothing seen yet: P = 0, and the running sum and output stay as they are.
@@ -324,15 +383,19 @@ macro_rules! rounded_step {
                 RoundedTile::Wide(p) => unsafe { _mm512_mask_storeu_ps(p.add(r * ldp + j), lanes(n), back) },
             };
             let ntail = cols % 16;
+            let mut ahead = [f32::NEG_INFINITY; ROWS_AHEAD];
             for r in 0..rows {
                 // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors
                 // end at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is
                 // touched (`store` keeps to P's rows). A chunk of S is loaded before P's is stored,
-                // so P may be S itself.
+                // so P may be S itself; each row's maximum is taken before its P is stored.
                 unsafe {
+                    if r % ROWS_AHEAD == 0 {
+                        ahead = scaled_row_maxima(s, lds, cols, scale, r, rows);
+                    }
                     let srow = s.add(r * lds);
                     let m_old = *row_max.add(r);
-                    let m_new = m_old.max(scaled_row_max(srow, cols, sv));
+                    let m_new = m_old.max(ahead[r % ROWS_AHEAD]);
                     // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
                     if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
                         // Nothing seen yet: P = 0, and the running sum and output stay as they are.
@@ -391,7 +454,7 @@ rounded_step!(
     /// the crate's `softmax_update_rounded_unchecked` (with `p` the 16-bit tile's bits), or
     /// the crate's `softmax_update_rounded_in_place_unchecked` (with `p` the score tile).
     softmax_update_rounded,
-    "avx512f,avx2,fma",
+    "avx512f,avx512dq,avx2,fma",
     false
 );
 
@@ -405,7 +468,7 @@ rounded_step!(
     ///
     /// As [`softmax_update_rounded`], and AVX512_BF16 and AVX512DQ are available.
     softmax_update_rounded_native_bf16,
-    "avx512f,avx2,fma,avx512bf16,avx512dq",
+    "avx512f,avx512dq,avx2,fma,avx512bf16",
     true
 );
 
@@ -414,7 +477,7 @@ rounded_step!(
 /// # Safety
 ///
 /// AVX-512F is available and the pointers satisfy the crate's `softmax_recompute_unchecked`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn softmax_recompute(sh: &ScoreTileShape, s: *mut f32, lse: *const f32) {
     let ScoreTileShape { rows, cols, ld } = *sh;
     let full = cols - cols % 16;
@@ -449,7 +512,7 @@ pub(crate) unsafe fn softmax_recompute(sh: &ScoreTileShape, s: *mut f32, lse: *c
 /// # Safety
 ///
 /// AVX-512F is available and the pointers satisfy the crate's `softmax_grad_unchecked`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn softmax_grad(sh: &ScoreTileShape, p: *const f32, dp: *mut f32, delta: *const f32) {
     let ScoreTileShape { rows, cols, ld } = *sh;
     let full = cols - cols % 16;
@@ -488,7 +551,7 @@ pub(crate) unsafe fn softmax_grad(sh: &ScoreTileShape, p: *const f32, dp: *mut f
 /// # Safety
 ///
 /// AVX-512F is available and `x` is readable for `len` floats.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale: f32) -> (f32, f32) {
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     let full = len - len % 64;
@@ -563,7 +626,7 @@ pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale:
 ///
 /// AVX-512F is available, `x` is readable and `y` writable for `len` floats, and they do not
 /// overlap.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn exp_row(x: *const f32, y: *mut f32, len: usize, b: f32, scale: f32) {
     let (bv, cv) = (_mm512_set1_ps(b), _mm512_set1_ps(scale));
     let full = len - len % 16;

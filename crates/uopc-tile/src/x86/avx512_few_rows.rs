@@ -27,7 +27,7 @@ pub(crate) const DOT_MAX_ROWS: usize = 8;
 ///
 /// AVX-512F is available, `s.a_trans` is false, `s.b_trans` is true, `1 <= s.m <=
 /// DOT_MAX_ROWS`, `s.k > 0`, and the pointers satisfy the crate's `gemm_unchecked` for `s`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn gemm_bt_dots(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     // SAFETY: forwarded; each instance is given its own row count, with groups of 16 / m keys.
     unsafe {
@@ -49,7 +49,7 @@ pub(crate) unsafe fn gemm_bt_dots(s: &crate::GemmShape, a: *const f32, b: *const
 /// # Safety
 ///
 /// As [`gemm_bt_dots`], with `M == s.m`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn dots<const M: usize, const G: usize>(
     s: &crate::GemmShape,
     a: *const f32,
@@ -94,7 +94,7 @@ unsafe fn dots<const M: usize, const G: usize>(
 /// # Safety
 ///
 /// As [`gemm_bt_dots`], with `M == s.m` and `j < s.n`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 unsafe fn key_dots<const M: usize>(
     s: &crate::GemmShape,
@@ -133,7 +133,7 @@ unsafe fn key_dots<const M: usize>(
 /// # Safety
 ///
 /// As [`gemm_bt_dots`].
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn dots_by_row(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     let crate::GemmShape { m, n, k, lda, ldb, ldc, accumulate, .. } = *s;
     let ahead = rows_ahead(4 * k);
@@ -179,7 +179,7 @@ unsafe fn dots_by_row(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mu
 
 /// Lane `j` of the result is the sum of the 16 lanes of `v[j]`: four levels of pairwise
 /// shuffles and adds (45 instructions for 16 sums, where 16 separate reductions take about 64).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 pub(crate) fn sum_lanes_16(v: &[__m512; 16]) -> __m512 {
     // Level 1: per 128-bit lane, [a0+a2, b0+b2, a1+a3, b1+b3] for the pair (a, b) = (v[2i], v[2i+1]).
@@ -215,7 +215,7 @@ pub(crate) fn sum_lanes_16(v: &[__m512; 16]) -> __m512 {
 ///
 /// AVX-512F is available, `s.a_trans` and `s.b_trans` are false, `s.m <= DOT_MAX_ROWS`, and
 /// the pointers satisfy the crate's `gemm_unchecked` for `s`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn gemm_rows_streamed(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     let crate::GemmShape { m, n, .. } = *s;
     if n == 0 {
@@ -254,7 +254,7 @@ pub(crate) unsafe fn gemm_rows_streamed(s: &crate::GemmShape, a: *const f32, b: 
 /// # Safety
 ///
 /// As [`gemm_rows_streamed`], with `i0 + R <= s.m` and `j0 < s.n`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn streamed_pass<const R: usize, const W: usize>(
     s: &crate::GemmShape,
     a: *const f32,

@@ -4,24 +4,30 @@
 
 use std::arch::x86_64::*;
 
-use crate::shapes::{EXP2_C, EXP2_LO, EXP2_ZERO_BELOW};
+use crate::shapes::{EXP2_C, EXP2_LO, EXP2_UNIT_C, EXP2_ZERO_BELOW};
 
-/// `exp2(x)` for `x <= 0`, `-inf` or NaN, as `super::avx512`'s general `exp2` computes it but
-/// with the power of two applied by VSCALEFPS: no clamp is needed where `x` cannot overflow,
-/// which saves the integer construction of `2^n`. `x <= EXP2_ZERO_BELOW` (and `-inf`) gives exactly 0, NaN
-/// gives NaN; results agree with that `exp2`'s to the last bit on `(EXP2_ZERO_BELOW, 0]`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+/// `exp2(x)` for `x <= 0`, `-inf` or NaN: `x <= EXP2_ZERO_BELOW` (and `-inf`) gives exactly
+/// 0, NaN gives NaN, and the relative error over `[-126, 0]` is that of `EXP2_UNIT_C`.
+///
+/// Four port-0/5 operations besides the polynomial's six FMAs, since the softmax kernels
+/// spend most of their time here: VREDUCEPS takes the fraction `f = x - floor(x)` in one
+/// operation (rounding to an integer takes two on Intel cores, and a subtraction after it),
+/// and VSCALEFPS multiplies `2^f` by `2^floor(x)` straight from `x`, so the integer part is
+/// never formed. The polynomial is fitted on `[0, 1)` for that reason, and gives exactly 1 at
+/// 0, so a row's maximum gets probability 1. VREDUCEPS maps `-inf` to 0, whose `2^-inf`
+/// scaling is 0; the compare flushes the subnormal results VSCALEFPS would give below
+/// `EXP2_ZERO_BELOW`.
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 pub(super) fn nonpositive_x16(x: __m512) -> __m512 {
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-    let f = _mm512_sub_ps(x, n);
-    let mut p = _mm512_set1_ps(EXP2_C[6]);
-    for &c in EXP2_C[..6].iter().rev() {
+    let f = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(x);
+    let mut p = _mm512_set1_ps(EXP2_UNIT_C[6]);
+    for &c in EXP2_UNIT_C[..6].iter().rev() {
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
     // NaN is unordered, so it stays live and `p` (NaN) makes the result NaN; -inf is not live.
     let live = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, _mm512_set1_ps(EXP2_ZERO_BELOW));
-    _mm512_maskz_scalef_ps(live, p, n)
+    _mm512_maskz_scalef_ps(live, p, x)
 }
 
 /// `2^x` per lane for `x <= 0`, `-inf` or NaN (every softmax exponent is a score minus its

@@ -38,7 +38,7 @@ pub(crate) enum RowsA {
 /// AVX-512F is available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`, `s.n > 0`, `s.k > 0`;
 /// the pointers satisfy the contract of the crate's `gemm_bf16_unchecked` for `s` (A's extent
 /// counted in its own elements).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
     // SAFETY: forwarded, each instance with its own row count.
     unsafe {
@@ -64,7 +64,7 @@ pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u1
 /// # Safety
 ///
 /// As [`gemm`], with `M == s.m`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn slabs<const M: usize, const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
     let a = match a {
         RowsA::Single(a) => {
@@ -113,7 +113,7 @@ struct RowsF32 {
 /// # Safety
 ///
 /// As [`slab_bt`] or [`slab_b`], whichever `s.b_trans` picks.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn slab<const M: usize, const F16: bool>(
     s: &GemmShape,
     a: RowsF32,
@@ -146,7 +146,7 @@ unsafe fn slab<const M: usize, const F16: bool>(
 ///
 /// As [`slabs`], with `s.b_trans`, `p0 + kc <= k` and `a` holding the slab's `kc` values of
 /// rows `< M`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn slab_bt<const M: usize, const F16: bool>(
     s: &GemmShape,
     a: RowsF32,
@@ -201,7 +201,7 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
 ///
 /// AVX-512F is available; `row` holds `kc` 16-bit values and `a` the slab's `kc` values of
 /// each row `< M`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 unsafe fn key_sums<const M: usize, const F16: bool>(a: RowsF32, row: *const u16, kc: usize) -> [__m512; M] {
     use super::key_dots::key_sums as sums;
@@ -228,7 +228,7 @@ unsafe fn key_sums<const M: usize, const F16: bool>(a: RowsF32, row: *const u16,
 ///
 /// As [`slabs`], with `!s.b_trans`, `p0 + kc <= k` and `a` holding the slab's `kc` values of
 /// rows `< M`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn slab_b<const M: usize, const F16: bool>(
     s: &GemmShape,
     a: RowsF32,
@@ -253,7 +253,7 @@ unsafe fn slab_b<const M: usize, const F16: bool>(
 /// # Safety
 ///
 /// As [`slab_b`].
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn strips<const M: usize, const V: usize, const F16: bool>(
     s: &GemmShape,
     a: RowsF32,
