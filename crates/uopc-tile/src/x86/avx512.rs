@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 use super::exp2::nonpositive_x16 as exp2_nonpositive;
 use super::{RoundedTile, prefetch_row};
 use crate::shapes::ScoreTileShape;
-use crate::shapes::{EXP2_C, EXP2_HI, EXP2_LO, EXP2_ZERO_BELOW, SoftmaxShape, any_scaled_nan};
+use crate::shapes::{SoftmaxShape, any_scaled_nan};
 use crate::tile::{HalfFloat, Tile, TileKernel};
 
 /// The AVX-512 GEMM kernel.
@@ -218,24 +218,13 @@ fn row_sum_of(cfull: usize, f: impl FnMut(usize) -> __m512) -> __m512 {
     row_fold(cfull, _mm512_setzero_ps(), |s, x| _mm512_add_ps(s, x), f)
 }
 
-/// `2^x` per lane; see the crate's `softmax_update` for the method and its accuracy.
+/// `2^x` per lane for any `x`: the softmax steps' exponential serves positive arguments too,
+/// since VSCALEFPS overflows to `inf` where `2^x` does (`x >= 128`, and `+inf`); see the
+/// crate's `softmax_update` for its accuracy.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 fn exp2(x: __m512) -> __m512 {
-    // The clamp bound is the first operand: MAXPS/MINPS return the second one when either is
-    // NaN, so a NaN input stays NaN through the clamp (and through the result).
-    let x = _mm512_min_ps(_mm512_set1_ps(EXP2_HI), _mm512_max_ps(_mm512_set1_ps(EXP2_LO), x));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-    let f = _mm512_sub_ps(x, n);
-    let mut p = _mm512_set1_ps(EXP2_C[6]);
-    for &c in EXP2_C[..6].iter().rev() {
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
-    }
-    // 2^n from its bit pattern; n = 128 gives +inf. Inputs at or below -126.5 give 0; NaN is
-    // unordered, so it stays live and `p` (NaN) makes the product NaN.
-    let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)));
-    let live = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, _mm512_set1_ps(EXP2_ZERO_BELOW));
-    _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(scale))
+    exp2_nonpositive(x)
 }
 
 /// The softmax update over all rows (see the crate's `softmax_update`).

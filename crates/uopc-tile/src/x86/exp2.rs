@@ -6,8 +6,10 @@ use std::arch::x86_64::*;
 
 use crate::shapes::{EXP2_C, EXP2_LO, EXP2_UNIT_C, EXP2_ZERO_BELOW};
 
-/// `exp2(x)` for `x <= 0`, `-inf` or NaN: `x <= EXP2_ZERO_BELOW` (and `-inf`) gives exactly
-/// 0, NaN gives NaN, and the relative error over `[-126, 0]` is that of `EXP2_UNIT_C`.
+/// `exp2(x)` for any `x` (the name is the softmax's, whose exponents are `<= 0`, `-inf` or NaN,
+/// as the AVX2 variant requires): `x <= EXP2_ZERO_BELOW` (and `-inf`) gives exactly 0, NaN
+/// gives NaN, `x >= 128` and `+inf` give `inf`, and the relative error elsewhere is that of
+/// `EXP2_UNIT_C`.
 ///
 /// Four port-0/5 operations besides the polynomial's six FMAs, since the softmax kernels
 /// spend most of their time here: VREDUCEPS takes the fraction `f = x - floor(x)` in one
