@@ -29,15 +29,17 @@ pub const EXP2_MAX_REL_ERROR: f64 = 1.2e-7;
 /// score makes its row's `P` (and so its sum and, through `P · V`, its output) NaN, as a NaN
 /// key does in an exact softmax; a `+inf` score gives `exp2(inf - inf)`, NaN, likewise.
 ///
-/// `exp2` is computed as `2^n * p(f)` with `n = round(x)` (ties to even), `f = x - n` in
-/// `[-0.5, 0.5]`, after clamping `x` from below at `-127` and, except on AVX2, from above at
-/// `128` (the update's arguments are never positive, so AVX2 spends no instruction on it); `p`
-/// is a degree-6 polynomial fitted by a Remez exchange for minimax *relative* error on
-/// `[-0.5, 0.5]` (1.9e-9 before rounding the coefficients to f32), evaluated by Horner's rule
-/// (with FMA on the vector ISAs). `2^n` is assembled from exponent bits, so where `x` is clamped
-/// from above `x >= 127.5` gives `+inf`; `x < -126.5` gives exactly 0,
-/// NaN gives NaN, and `(-126.5, -126)` gives subnormals. `x = -126.5` itself gives 0, or on
-/// AVX2 (whose `exp2` spends no instruction on that one point) `2^-126.5` as a subnormal. Over
+/// `exp2` is computed as `2^n * p(f)`, `p` a degree-6 polynomial fitted for minimax
+/// *relative* error and evaluated by Horner's rule (with FMA on the vector ISAs). On AVX2 and
+/// the portable path `n = round(x)` (ties to even) and `f = x - n` in `[-0.5, 0.5]`, after
+/// clamping `x` from below at `-127` and, on the portable path, from above at `128` (the
+/// update's arguments are never positive, so AVX2 spends no instruction on it); `2^n` is
+/// assembled from exponent bits, so where `x` is clamped from above `x >= 127.5` gives `+inf`.
+/// On AVX-512 `n = floor(x)` and `f = x - n` in `[0, 1)` (one VREDUCEPS), `p` is fitted on
+/// that interval with `p(0) = 1`, and VSCALEFPS applies `2^n`, overflowing to `+inf` from
+/// `x = 128`. Everywhere `x < -126.5` gives exactly 0, NaN gives NaN, and `(-126.5, -126)`
+/// gives subnormals. `x = -126.5` itself gives 0, or on AVX2 (whose `exp2` spends no
+/// instruction on that one point) `2^-126.5` as a subnormal. Over
 /// `[-126, 0]` the measured relative error is below [`EXP2_MAX_REL_ERROR`] on every ISA.
 ///
 /// O must hold finite values wherever it gets rescaled (`0 * inf` is NaN), so start it at zero
