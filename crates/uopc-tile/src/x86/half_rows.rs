@@ -35,7 +35,7 @@ pub(crate) enum RowsA {
 ///
 /// # Safety
 ///
-/// AVX-512F is available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`, `s.n > 0`, `s.k > 0`;
+/// AVX-512F and AVX-512DQ are available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`, `s.n > 0`, `s.k > 0`;
 /// the pointers satisfy the contract of the crate's `gemm_bf16_unchecked` for `s` (A's extent
 /// counted in its own elements).
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
@@ -199,7 +199,7 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
 ///
 /// # Safety
 ///
-/// AVX-512F is available; `row` holds `kc` 16-bit values and `a` the slab's `kc` values of
+/// AVX-512F and AVX-512DQ are available; `row` holds `kc` 16-bit values and `a` the slab's `kc` values of
 /// each row `< M`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]

@@ -201,7 +201,7 @@ pub(super) unsafe fn transpose8x8_f32(src: *const f32, lds: usize, dst: *mut f32
 ///
 /// # Safety
 ///
-/// AVX-512F is available and `p` is valid for reads of `n` u16s.
+/// AVX-512F and AVX-512DQ are available and `p` is valid for reads of `n` u16s.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 pub(crate) unsafe fn widen16<const F16: bool>(p: *const u16, n: usize) -> __m512 {

@@ -166,7 +166,7 @@ impl Sweep {
 ///
 /// # Safety
 ///
-/// AVX-512F is available, and the operands satisfy [`rows_swept`]'s contract.
+/// AVX-512F and AVX-512DQ are available, and the operands satisfy [`rows_swept`]'s contract.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn rows_swept_avx512<E: BElement<__m512>>(sw: &Sweep) {
     // SAFETY: forwarded; this function enables the ISA the lanes need.
