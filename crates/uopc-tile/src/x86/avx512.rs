@@ -133,33 +133,13 @@ fn row_fold(
     combine(combine(acc[0], acc[1]), combine(acc[2], acc[3]))
 }
 
-/// The maximum of `scale * S[j]` over a row's `cols` floats (`-inf` when there are none; NaNs
-/// skipped): the full vectors in [`ROW_CHAINS`] chains, then the masked tail.
-///
-/// A positive finite scale is applied once, to the maximum: rounding is monotonic, so the
-/// largest rounded product is the rounded product of the largest score, and the pass over the
-/// row costs one operation per vector instead of two.
+/// The maximum of `S[j]`, or of `sv * S[j]` with `sv`, over a row's `cols` floats (`-inf`
+/// when there are none; NaNs skipped): the full vectors in [`ROW_CHAINS`] chains, then the
+/// masked tail.
 ///
 /// # Safety
 ///
 /// `srow` is readable for `cols` floats.
-#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
-#[inline]
-unsafe fn scaled_row_max(srow: *const f32, cols: usize, scale: f32) -> f32 {
-    if scale > 0.0 && scale.is_finite() {
-        // SAFETY: forwarded.
-        return unsafe { row_max_times(srow, cols, None) } * scale;
-    }
-    // SAFETY: forwarded.
-    unsafe { row_max_times(srow, cols, Some(_mm512_set1_ps(scale))) }
-}
-
-/// The maximum of `S[j]`, or of `sv * S[j]` with `sv`, over a row's `cols` floats, as
-/// [`scaled_row_max`] describes.
-///
-/// # Safety
-///
-/// As [`scaled_row_max`].
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 unsafe fn row_max_times(srow: *const f32, cols: usize, sv: Option<__m512>) -> f32 {
@@ -186,28 +166,51 @@ unsafe fn row_max_times(srow: *const f32, cols: usize, sv: Option<__m512>) -> f3
 /// rows are independent and overlap.
 const ROWS_AHEAD: usize = 8;
 
-/// [`scaled_row_max`] of the rows `r0..` (at most [`ROWS_AHEAD`] of them, fewer at the end of
-/// the tile's `rows`) of a tile with leading dimension `lds`; `-inf` past the last row.
+/// The maxima of `scale * S[r, j]` over each row of a score tile, for a softmax step that
+/// asks for rows `0, 1, ..` in order: taken [`ROWS_AHEAD`] rows at a time.
 ///
-/// # Safety
-///
-/// Rows `r0..min(r0 + ROWS_AHEAD, rows)` of `s` are readable for `cols` floats at `r * lds`.
-#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
-#[inline]
-unsafe fn scaled_row_maxima(
+/// A positive finite scale is applied once, to each maximum: rounding is monotonic, so the
+/// largest rounded product is the rounded product of the largest score, and the pass over a
+/// row costs one operation per vector instead of two.
+struct RowMaxima {
     s: *const f32,
     lds: usize,
     cols: usize,
-    scale: f32,
-    r0: usize,
     rows: usize,
-) -> [f32; ROWS_AHEAD] {
-    let mut maxima = [f32::NEG_INFINITY; ROWS_AHEAD];
-    for (i, m) in maxima.iter_mut().enumerate().take(rows - r0) {
-        // SAFETY: row `r0 + i < rows`, readable by the contract.
-        *m = unsafe { scaled_row_max(s.add((r0 + i) * lds), cols, scale) };
+    scale: f32,
+    /// Whether `scale` is applied to the maxima rather than to every score.
+    scale_after: bool,
+    ahead: [f32; ROWS_AHEAD],
+}
+
+impl RowMaxima {
+    /// The maxima of the `rows x cols` tile `s` (leading dimension `lds`) at `scale`.
+    fn new(s: *const f32, (rows, cols, lds): (usize, usize, usize), scale: f32) -> RowMaxima {
+        let scale_after = scale > 0.0 && scale.is_finite();
+        RowMaxima { s, lds, cols, rows, scale, scale_after, ahead: [f32::NEG_INFINITY; ROWS_AHEAD] }
     }
-    maxima
+
+    /// The maximum of row `r`; at a multiple of [`ROWS_AHEAD`], those of the rows up to the
+    /// next one are taken first.
+    ///
+    /// # Safety
+    ///
+    /// Every row `r < rows` of the tile is readable for `cols` floats at `r * lds`; `r` follows
+    /// the row asked for before.
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+    #[inline]
+    unsafe fn of(&mut self, r: usize) -> f32 {
+        if r.is_multiple_of(ROWS_AHEAD) {
+            let sv = (!self.scale_after).then(|| _mm512_set1_ps(self.scale));
+            let rows = self.rows.saturating_sub(r).min(ROWS_AHEAD);
+            for (i, m) in self.ahead.iter_mut().enumerate().take(rows) {
+                // SAFETY: row `r + i < rows`, readable by the contract.
+                let max = unsafe { row_max_times(self.s.add((r + i) * self.lds), self.cols, sv) };
+                *m = if self.scale_after { max * self.scale } else { max };
+            }
+        }
+        self.ahead[r % ROWS_AHEAD]
+    }
 }
 
 /// `f(j)` summed over a row's full vectors (`j = 0, 16, .. < cfull`) in [`ROW_CHAINS`]
@@ -245,17 +248,14 @@ pub(crate) unsafe fn softmax_update(
     let sv = _mm512_set1_ps(scale);
     let (cfull, dfull) = (cols - cols % 16, d - d % 16);
     let (ctail, dtail) = (lanes(cols % 16), lanes(d % 16));
-    let mut ahead = [f32::NEG_INFINITY; ROWS_AHEAD];
+    let mut maxima = RowMaxima::new(s, (rows, cols, lds), scale);
     for r in 0..rows {
         // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors end
         // at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is touched.
         unsafe {
-            if r % ROWS_AHEAD == 0 {
-                ahead = scaled_row_maxima(s, lds, cols, scale, r, rows);
-            }
             let srow = s.add(r * lds);
             let m_old = *row_max.add(r);
-            let m_new = m_old.max(ahead[r % ROWS_AHEAD]);
+            let m_new = m_old.max(maxima.of(r));
             // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
             if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
                 // Nothing seen yet: P = 0, and the running sum and output stay as they are.
@@ -372,19 +372,16 @@ macro_rules! rounded_step {
                 RoundedTile::Wide(p) => unsafe { _mm512_mask_storeu_ps(p.add(r * ldp + j), lanes(n), back) },
             };
             let ntail = cols % 16;
-            let mut ahead = [f32::NEG_INFINITY; ROWS_AHEAD];
+            let mut maxima = RowMaxima::new(s, (rows, cols, lds), scale);
             for r in 0..rows {
                 // SAFETY: row `r < rows` of S spans `cols` floats and of O `d` floats; full vectors
                 // end at `cfull`/`dfull`, and the tails are masked, so nothing outside the rows is
                 // touched (`store` keeps to P's rows). A chunk of S is loaded before P's is stored,
                 // so P may be S itself; each row's maximum is taken before its P is stored.
                 unsafe {
-                    if r % ROWS_AHEAD == 0 {
-                        ahead = scaled_row_maxima(s, lds, cols, scale, r, rows);
-                    }
                     let srow = s.add(r * lds);
                     let m_old = *row_max.add(r);
-                    let m_new = m_old.max(ahead[r % ROWS_AHEAD]);
+                    let m_new = m_old.max(maxima.of(r));
                     // A NaN among `-inf`s must not take this shortcut (see `any_scaled_nan`).
                     if m_new == f32::NEG_INFINITY && !any_scaled_nan(srow, cols, scale) {
                         // Nothing seen yet: P = 0, and the running sum and output stay as they are.
