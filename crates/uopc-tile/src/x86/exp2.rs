@@ -11,9 +11,10 @@ use crate::shapes::{EXP2_C, EXP2_LO, EXP2_UNIT_C, EXP2_ZERO_BELOW};
 /// gives NaN, `x >= 128` and `+inf` give `inf`, and the relative error elsewhere is that of
 /// `EXP2_UNIT_C`.
 ///
-/// Four port-0/5 operations besides the polynomial's six FMAs, since the softmax kernels
-/// spend most of their time here: VREDUCEPS takes the fraction `f = x - floor(x)` in one
-/// operation (rounding to an integer takes two on Intel cores, and a subtraction after it),
+/// Three port-0/5 operations (VREDUCEPS, the compare, VSCALEFPS) besides the polynomial's
+/// six FMAs, since the softmax kernels spend most of their time here: VREDUCEPS takes the
+/// fraction `f = x - floor(x)` in one operation (rounding to an integer takes two on Intel
+/// cores, and a subtraction after it),
 /// and VSCALEFPS multiplies `2^f` by `2^floor(x)` straight from `x`, so the integer part is
 /// never formed. The polynomial is fitted on `[0, 1)` for that reason, and gives exactly 1 at
 /// 0, so a row's maximum gets probability 1. VREDUCEPS maps `-inf` to 0, whose `2^-inf`
