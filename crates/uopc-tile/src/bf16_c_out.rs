@@ -215,18 +215,8 @@ unsafe fn round_block(
         unsafe { crate::x86::bf16::round_rows_32(src, lds, rows, dst, ldd) };
         return;
     }
-    if rows > 0 && cols > 0 {
-        // SAFETY: `rows` rows of `cols` at their strides are readable at `src` and writable at
-        // `dst` (this function's contract; bf16 is a transparent u16).
-        let (from, out) = unsafe {
-            (
-                std::slice::from_raw_parts(src, (rows - 1) * lds + cols),
-                std::slice::from_raw_parts_mut(dst.cast::<half::bf16>(), (rows - 1) * ldd + cols),
-            )
-        };
-        // The extents are exact, so this cannot fail.
-        let _ = crate::convert::convert_block(rows, cols, from, lds, out, ldd);
-    }
+    // SAFETY: this function's contract (bf16 is a transparent u16).
+    unsafe { crate::blocked::round_into::<half::bf16>(src, lds, dst, ldd, (rows, cols)) }
 }
 
 #[cfg(test)]

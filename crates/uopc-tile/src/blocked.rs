@@ -189,7 +189,7 @@ pub(crate) struct RoundedC {
     dst: *mut u16,
     ldd: usize,
     /// [`round_into`] for the type C holds.
-    round: unsafe fn(&[f32], usize, *mut u16, usize, (usize, usize)),
+    round: unsafe fn(*const f32, usize, *mut u16, usize, (usize, usize)),
 }
 
 impl RoundedC {
@@ -202,21 +202,32 @@ impl RoundedC {
     }
 }
 
-/// Rounds the `rows x cols` f32 block `sums` (rows `lds` apart) into the `D` block at `dst`
-/// (rows `ldd` apart), with [`crate::convert::convert_block`].
+/// Rounds the `rows x cols` f32 block at `sums` (rows `lds` apart) into the `D` block at
+/// `dst` (rows `ldd` apart), with [`crate::convert::convert_block`].
 ///
 /// # Safety
 ///
-/// `sums` holds the block; `dst` points to `D`s and is writable for the block.
-unsafe fn round_into<D>(sums: &[f32], lds: usize, dst: *mut u16, ldd: usize, (rows, cols): (usize, usize))
-where
+/// `sums` is readable for the block; `dst` points to `D`s and is writable for the block; the
+/// two do not overlap.
+pub(crate) unsafe fn round_into<D>(
+    sums: *const f32,
+    lds: usize,
+    dst: *mut u16,
+    ldd: usize,
+    (rows, cols): (usize, usize),
+) where
     f32: BlockConversion<D>,
 {
     if rows == 0 || cols == 0 {
         return;
     }
-    // SAFETY: the caller's contract.
-    let dst = unsafe { std::slice::from_raw_parts_mut(dst.cast::<D>(), (rows - 1) * ldd + cols) };
+    // SAFETY: the caller's contract: `rows` rows of `cols` elements at each block's stride.
+    let (sums, dst) = unsafe {
+        (
+            std::slice::from_raw_parts(sums, (rows - 1) * lds + cols),
+            std::slice::from_raw_parts_mut(dst.cast::<D>(), (rows - 1) * ldd + cols),
+        )
+    };
     // The extents are exact, so this cannot fail.
     let _ = crate::convert::convert_block(rows, cols, sums, lds, dst, ldd);
 }
@@ -483,14 +494,9 @@ unsafe fn round_rows(
     (i0, j0): (usize, usize),
     (rows, cols): (usize, usize),
 ) {
-    if rows == 0 || cols == 0 {
-        return;
-    }
-    // SAFETY: the caller's contract: `rows` rows of `cols` elements at each block's stride.
-    unsafe {
-        let sums = std::slice::from_raw_parts(sums, (rows - 1) * lds + cols);
-        (r.round)(sums, lds, r.dst.add(i0 * r.ldd + j0), r.ldd, (rows, cols));
-    }
+    // SAFETY: the caller's contract; row `i0`, column `j0` lie in `r.dst` when the block is
+    // not empty (`wrapping_add`, since an empty one may start past C's end).
+    unsafe { (r.round)(sums, lds, r.dst.wrapping_add(i0 * r.ldd + j0), r.ldd, (rows, cols)) }
 }
 
 /// Rows of an untransposed B that [`pack_b_block`] copies into every panel before it moves on.
