@@ -46,8 +46,8 @@ impl Sweep {
     /// has [`AMX_PACKED_MIN_PANELS`] panels, the groups hold [`AMX_PACKED_MIN_GROUP`] and the
     /// packed copy fits four times L2 (beyond that, writing it and reading it back from memory
     /// for every group costs more than L1 residency saves). Otherwise each block runs over a
-    /// pass of up to a quarter of L2 straight from A's rows. `vdpbf16ps` takes long enough per block that A coming from L2 costs
-    /// nothing, so its slab and pass span up to 1024 k.
+    /// pass of up to a quarter of L2 straight from A's rows. `vdpbf16ps` takes long enough per
+    /// block that A coming from L2 costs nothing, so its slab and pass span up to 1024 k.
     fn of_machine(path: Bf16Path, s: &GemmShape) -> Sweep {
         let machine = crate::machine::Machine::get();
         let l1 = machine.cache(1).map_or(32 << 10, |c| c.size_bytes);

@@ -212,7 +212,8 @@ pub(crate) unsafe fn row_avx512(kind: Activation, x: *mut f32, len: usize) {
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available, `x` is readable and `g` readable and writable for `len` floats.
+/// AVX-512F and AVX-512DQ are available, `x` is readable and `g` readable and writable for `len`
+/// floats.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn grad_row_avx512(kind: Activation, x: *const f32, g: *mut f32, len: usize) {
     // SAFETY: forwarded (the row is only read); the ISA is enabled here.

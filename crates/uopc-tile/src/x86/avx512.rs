@@ -60,7 +60,8 @@ impl TileKernel for Kernel {
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available and `t` is valid as [`Tile`] describes, with `mr <= 12`, `nr <= 32`.
+/// AVX-512F and AVX-512DQ are available and `t` is valid as [`Tile`] describes, with `mr <= 12`,
+/// `nr <= 32`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 unsafe fn tile(t: &Tile) {
     macro_rules! by_rows {
@@ -234,7 +235,8 @@ fn exp2(x: __m512) -> __m512 {
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available and the pointers satisfy the crate's `softmax_update_unchecked`.
+/// AVX-512F and AVX-512DQ are available and the pointers satisfy the crate's
+/// `softmax_update_unchecked`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn softmax_update(
     sh: &SoftmaxShape,
@@ -462,7 +464,8 @@ rounded_step!(
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available and the pointers satisfy the crate's `softmax_recompute_unchecked`.
+/// AVX-512F and AVX-512DQ are available and the pointers satisfy the crate's
+/// `softmax_recompute_unchecked`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn softmax_recompute(sh: &ScoreTileShape, s: *mut f32, lse: *const f32) {
     let ScoreTileShape { rows, cols, ld } = *sh;
@@ -497,7 +500,8 @@ pub(crate) unsafe fn softmax_recompute(sh: &ScoreTileShape, s: *mut f32, lse: *c
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available and the pointers satisfy the crate's `softmax_grad_unchecked`.
+/// AVX-512F and AVX-512DQ are available and the pointers satisfy the crate's
+/// `softmax_grad_unchecked`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn softmax_grad(sh: &ScoreTileShape, p: *const f32, dp: *mut f32, delta: *const f32) {
     let ScoreTileShape { rows, cols, ld } = *sh;
@@ -610,8 +614,8 @@ pub(crate) unsafe fn chunk_max_sum_exp(x: *const f32, len: usize, m: f32, scale:
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available, `x` is readable and `y` writable for `len` floats, and they do not
-/// overlap.
+/// AVX-512F and AVX-512DQ are available, `x` is readable and `y` writable for `len` floats, and
+/// they do not overlap.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn exp_row(x: *const f32, y: *mut f32, len: usize, b: f32, scale: f32) {
     let (bv, cv) = (_mm512_set1_ps(b), _mm512_set1_ps(scale));

@@ -213,8 +213,8 @@ pub(crate) fn sum_lanes_16(v: &[__m512; 16]) -> __m512 {
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available, `s.a_trans` and `s.b_trans` are false, `s.m <= DOT_MAX_ROWS`, and
-/// the pointers satisfy the crate's `gemm_unchecked` for `s`.
+/// AVX-512F and AVX-512DQ are available, `s.a_trans` and `s.b_trans` are false, `s.m <=
+/// DOT_MAX_ROWS`, and the pointers satisfy the crate's `gemm_unchecked` for `s`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn gemm_rows_streamed(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     let crate::GemmShape { m, n, .. } = *s;

@@ -35,8 +35,8 @@ pub(crate) enum RowsA {
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`, `s.n > 0`, `s.k > 0`;
-/// the pointers satisfy the contract of the crate's `gemm_bf16_unchecked` for `s` (A's extent
+/// AVX-512F and AVX-512DQ are available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`, `s.n > 0`, `s.k
+/// > 0`; the pointers satisfy the contract of the crate's `gemm_bf16_unchecked` for `s` (A's extent
 /// counted in its own elements).
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
@@ -199,8 +199,8 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available; `row` holds `kc` 16-bit values and `a` the slab's `kc` values of
-/// each row `< M`.
+/// AVX-512F and AVX-512DQ are available; `row` holds `kc` 16-bit values and `a` the slab's `kc`
+/// values of each row `< M`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 #[inline]
 unsafe fn key_sums<const M: usize, const F16: bool>(a: RowsF32, row: *const u16, kc: usize) -> [__m512; M] {
