@@ -25,8 +25,9 @@ pub(crate) const DOT_MAX_ROWS: usize = 8;
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available, `s.a_trans` is false, `s.b_trans` is true, `1 <= s.m <=
-/// DOT_MAX_ROWS`, `s.k > 0`, and the pointers satisfy the crate's `gemm_unchecked` for `s`.
+/// AVX-512F and AVX-512DQ are available, `s.a_trans` is false, `s.b_trans` is true,
+/// `1 <= s.m <= DOT_MAX_ROWS`, `s.k > 0`, and the pointers satisfy the crate's
+/// `gemm_unchecked` for `s`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn gemm_bt_dots(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     // SAFETY: forwarded; each instance is given its own row count, with groups of 16 / m keys.
@@ -213,8 +214,8 @@ pub(crate) fn sum_lanes_16(v: &[__m512; 16]) -> __m512 {
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available, `s.a_trans` and `s.b_trans` are false, `s.m <=
-/// DOT_MAX_ROWS`, and the pointers satisfy the crate's `gemm_unchecked` for `s`.
+/// AVX-512F and AVX-512DQ are available, `s.a_trans` and `s.b_trans` are false,
+/// `s.m <= DOT_MAX_ROWS`, and the pointers satisfy the crate's `gemm_unchecked` for `s`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn gemm_rows_streamed(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mut f32) {
     let crate::GemmShape { m, n, .. } = *s;

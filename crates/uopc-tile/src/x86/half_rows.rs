@@ -35,9 +35,9 @@ pub(crate) enum RowsA {
 ///
 /// # Safety
 ///
-/// AVX-512F and AVX-512DQ are available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`, `s.n > 0`, `s.k
-/// > 0`; the pointers satisfy the contract of the crate's `gemm_bf16_unchecked` for `s` (A's extent
-/// counted in its own elements).
+/// AVX-512F and AVX-512DQ are available; `1 <= s.m <= HALF_ROWS_MAX`, `!s.a_trans`,
+/// `s.n > 0`, `s.k > 0`; the pointers satisfy the contract of the crate's
+/// `gemm_bf16_unchecked` for `s` (A's extent counted in its own elements).
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(crate) unsafe fn gemm<const F16: bool>(s: &GemmShape, a: RowsA, b: *const u16, c: *mut f32) {
     // SAFETY: forwarded, each instance with its own row count.
