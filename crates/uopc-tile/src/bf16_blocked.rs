@@ -185,7 +185,7 @@ pub(crate) unsafe fn drive_rounded(
 /// packing it: a few rows cannot amortize packing B (both vector paths have AVX-512F).
 fn streams_b(path: Bf16Path, s: &GemmShape) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return path != Bf16Path::Portable && s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans;
+    return path != Bf16Path::Portable && crate::x86::half_rows::streams_b(s);
     #[cfg(not(target_arch = "x86_64"))]
     return false;
 }

@@ -258,7 +258,7 @@ unsafe fn half_b_gemm<EA: OperandA, EB: OperandB>(
     {
         // A few rows of A cannot amortize packing B: stream it, widening in registers (the
         // same exact f32 products).
-        if isa == Isa::Avx512 && streams_b(s) {
+        if isa == Isa::Avx512 && crate::x86::half_rows::streams_b(s) {
             // SAFETY: AVX-512F is available (the ISA); the shape is in the kernel's range and
             // the pointers are this function's contract.
             unsafe {
@@ -270,7 +270,10 @@ unsafe fn half_b_gemm<EA: OperandA, EB: OperandB>(
             };
             return;
         }
-        if isa == Isa::Avx2Fma && streams_b(s) && std::arch::is_x86_feature_detected!("f16c") {
+        if isa == Isa::Avx2Fma
+            && crate::x86::half_rows::streams_b(s)
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
             // SAFETY: AVX2, FMA (the ISA) and F16C are available; the shape is in the kernel's
             // range and the pointers are this function's contract.
             unsafe {
@@ -330,7 +333,7 @@ where
 {
     #[cfg(target_arch = "x86_64")]
     {
-        if streams_b(s) || !H::vector_widening() {
+        if crate::x86::half_rows::streams_b(s) || !H::vector_widening() {
             return false;
         }
         let rounded = crate::blocked::RoundedC::new(c, s.ldc);
@@ -354,13 +357,6 @@ where
         let _ = (isa, s, a, b, c);
         false
     }
-}
-
-/// Whether a 16-bit B is streamed past A in storage order, widened in registers, rather than
-/// packed: a few rows of an untransposed A cannot amortize packing it.
-#[cfg(target_arch = "x86_64")]
-fn streams_b(s: &GemmShape) -> bool {
-    s.m <= crate::x86::half_rows::HALF_ROWS_MAX && !s.a_trans
 }
 
 /// Flat C-ABI f16 GEMM for JIT-compiled code: `C (+)= A · B` on the fastest ISA here.

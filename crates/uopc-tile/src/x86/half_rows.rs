@@ -17,6 +17,13 @@ use crate::GemmShape;
 /// Rows of A up to which a 16-bit GEMM takes this path.
 pub(crate) const HALF_ROWS_MAX: usize = 8;
 
+/// Whether a 16-bit GEMM of shape `s` streams B past A in storage order, widened in registers
+/// (this path), rather than packing it: a few rows of an untransposed A cannot amortize
+/// packing B.
+pub(crate) fn streams_b(s: &GemmShape) -> bool {
+    s.m <= HALF_ROWS_MAX && !s.a_trans
+}
+
 /// k values of A widened per slab (into an `8 x 512` f32 buffer on the stack, 16 KiB).
 const KC: usize = 512;
 
