@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::lanes;
-use super::{prefetch_row, rows_ahead};
+use super::{rows_ahead, stream_row};
 
 /// Rows of A up to which [`gemm_bt_dots`] and [`gemm_rows_streamed`] beat packing B for the
 /// 6 x 16 register tile.
@@ -65,7 +65,7 @@ unsafe fn dots<const M: usize, const G: usize>(
         // Accumulator `(i, g)` is lane `i G + g` of the sums; lanes past `M G` stay zero.
         let mut flat = [_mm256_setzero_ps(); 8];
         for g in 0..G {
-            prefetch_row(b.wrapping_add((j0 + g + ahead) * s.ldb), s.k);
+            stream_row(b.wrapping_add((j0 + g + ahead) * s.ldb), s.k);
             // SAFETY: forwarded, for key `j0 + g` of the group (past the live keys the last
             // live key's row is read again and its sums dropped, so every group has one shape).
             let acc = unsafe { key_dots::<M>(s, a, b, j0 + g.min(live - 1)) };
@@ -177,7 +177,7 @@ unsafe fn strip_products<const R: usize, const W: usize, const FULL: bool, const
     let mut acc = [[_mm256_setzero_ps(); W]; R];
     for p in chunk.p0..chunk.p0 + chunk.rows {
         if REQUEST {
-            prefetch_row(b.wrapping_add((p + CHUNK_ROWS) * ldb + j0), cols);
+            stream_row(b.wrapping_add((p + CHUNK_ROWS) * ldb + j0), cols);
         }
         // SAFETY: row `p` of B at the strip's columns (the contract).
         let brow = unsafe { b.add(p * ldb + j0) };
@@ -259,7 +259,7 @@ pub(crate) unsafe fn gemm_rows_streamed(s: &crate::GemmShape, a: *const f32, b: 
     let fit = ACCUMULATORS / rows;
     let width = fit.min(n.div_ceil(8));
     for p in 0..CHUNK_ROWS.min(k) {
-        prefetch_row(b.wrapping_add(p * s.ldb), n);
+        stream_row(b.wrapping_add(p * s.ldb), n);
     }
     // With k = 0 one round stores zeros (or leaves C) as a product over no rows does.
     for p0 in (0..k.max(1)).step_by(CHUNK_ROWS) {

@@ -141,7 +141,7 @@ unsafe fn slab_bt_sums<const M: usize, const U: usize, const F16: bool>(
     use super::row_sweep::{Bf16, F16 as F16Bits};
     let ahead = super::rows_ahead(2 * kc);
     for j in 0..s.n {
-        super::prefetch_row(b.wrapping_add((j + ahead) * s.ldb + p0).cast(), kc.div_ceil(2));
+        super::stream_row(b.wrapping_add((j + ahead) * s.ldb + p0).cast(), kc.div_ceil(2));
         let row = b.wrapping_add(j * s.ldb + p0).cast();
         // SAFETY: row `j < n` of B holds the slab's `kc` values from `p0`, and A's rows `kc`.
         let sums = unsafe {

@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::lanes;
-use super::{STREAM_AHEAD, prefetch_row, rows_ahead};
+use super::{STREAM_AHEAD, rows_ahead, stream_row};
 
 /// Rows of A up to which [`gemm_bt_dots`] beats packing `B^T` for the register tile: the
 /// packed path copies and transposes every B panel however few rows then reuse it.
@@ -65,7 +65,7 @@ unsafe fn dots<const M: usize, const G: usize>(
         let mut flat = [_mm512_setzero_ps(); 16];
         for g in 0..G {
             // B's rows stream from memory once: a row a few KiB further on is requested now.
-            prefetch_row(b.wrapping_add((j0 + g + ahead) * s.ldb), s.k);
+            stream_row(b.wrapping_add((j0 + g + ahead) * s.ldb), s.k);
             // SAFETY: forwarded, for key `j0 + g` of the group.
             let acc = unsafe { key_dots::<M>(s, a, b, j0 + g.min(live - 1)) };
             for (i, &acc) in acc.iter().enumerate() {
@@ -150,7 +150,7 @@ unsafe fn dots_by_row(s: &crate::GemmShape, a: *const f32, b: *const f32, c: *mu
                 if i == 0 {
                     // A row a few KiB on (past the block, what follows it: the next block's
                     // keys), requested while this one is multiplied.
-                    prefetch_row(b.wrapping_add((row + ahead) * ldb), k);
+                    stream_row(b.wrapping_add((row + ahead) * ldb), k);
                 }
                 for p in (0..k).step_by(16) {
                     let mask = lanes(k - p);
@@ -269,7 +269,7 @@ unsafe fn streamed_pass<const R: usize, const W: usize>(
     let mut acc = [[_mm512_setzero_ps(); W]; R];
     for p in 0..k {
         // B's rows stream from memory once: the row STREAM_AHEAD further on is requested now.
-        prefetch_row(b.wrapping_add((p + STREAM_AHEAD) * ldb + j0), (n - j0).min(16 * W));
+        stream_row(b.wrapping_add((p + STREAM_AHEAD) * ldb + j0), (n - j0).min(16 * W));
         // SAFETY: row `p < k` of B, columns `j0 + 16 v ..` masked to `< n`.
         let bv: [__m512; W] =
             std::array::from_fn(|v| unsafe { _mm512_maskz_loadu_ps(masks[v], b.add(p * ldb + j0 + 16 * v)) });

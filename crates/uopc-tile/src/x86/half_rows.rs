@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{prefetch_row, rows_ahead, widen16};
+use super::{rows_ahead, stream_row, widen16};
 use crate::GemmShape;
 
 /// Rows of A up to which a 16-bit GEMM takes this path.
@@ -177,7 +177,7 @@ unsafe fn slab_bt<const M: usize, const F16: bool>(
             // dropped below), so the trip count stays constant.
             let j = j0 + g.min(live - 1);
             // A row a few KiB on, requested now (a prefetch never faults).
-            prefetch_row(b.wrapping_add((j + ahead) * s.ldb + p0).cast(), kc.div_ceil(2));
+            stream_row(b.wrapping_add((j + ahead) * s.ldb + p0).cast(), kc.div_ceil(2));
             // SAFETY: forwarded, for key `j < n`.
             let sums = unsafe { key_sums::<M, F16>(a, b.add(j * s.ldb + p0), kc) };
             for (i, sum) in sums.into_iter().enumerate() {

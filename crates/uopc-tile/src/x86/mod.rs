@@ -96,6 +96,19 @@ pub(crate) fn prefetch_row(row: *const f32, len: usize) {
     }
 }
 
+/// Requests the cache lines of `len` floats from `row` into L2, for the few-rows kernels that
+/// stream B from memory: a request into L1 holds one of its few fill buffers until the line
+/// arrives, and a row's worth of them (32 lines for a 2 KiB row) leaves none to the loads of
+/// the row being multiplied, which the hardware then brings from L2 in time. As
+/// [`prefetch_row`], `row` may lie past the operand.
+#[inline]
+pub(crate) fn stream_row(row: *const f32, len: usize) {
+    for off in (0..len).step_by(16) {
+        // SAFETY: SSE is part of x86-64, and PREFETCHT1 reads nothing architecturally.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(off).cast::<i8>()) };
+    }
+}
+
 /// Packs `B^T` into a panel of width `NR`: `dst[p * NR + j] = src[j * ldb + p]` for `p < kc`,
 /// `j < nr`, zero for `nr <= j < NR` (8 x 8 blocks through [`transpose8x8_f32`], a last group
 /// of four rows in 4 x 4 blocks, ragged edges one float at a time).
