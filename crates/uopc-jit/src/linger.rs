@@ -11,12 +11,13 @@
 //! running.
 //!
 //! A polling job must never hold up the work it waits for. Rayon runs queued jobs on a thread
-//! that waits inside a `join`, so a poller can start *inside* the next run's join (on the
-//! thread that called that run, or on one that stole a piece of it), and that join cannot
-//! return before the poller does. So a poller stops as soon as a run is under way (the run's
-//! threads then find its work the ordinary way), and polls in slices of [`SLICE`] at most,
-//! queueing its next slice as a new job: inside someone else's join (a packing step before a
-//! run, or the caller's own rayon code) it holds the join up by one slice at most.
+//! that waits inside a `join`, so a poller could start *inside* a join and make it wait for
+//! the poller. So pollers go to the other workers only: one that finds itself on the thread
+//! whose run sent it (that thread goes on with the caller's work, and meets the poller only
+//! inside a join) ends at once, and so does one taken by a thread that already polls. And a
+//! poller polls in slices of [`SLICE`] at most, queueing its next slice as a new job: inside
+//! some other join (a packing step before a run, the caller's own rayon code) it holds the join
+//! up by one slice at most.
 
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -48,13 +49,10 @@ pub(crate) fn linger() -> Duration {
 /// Nanoseconds since the process's first run: when lingering workers stop.
 static DEADLINE_NS: AtomicU64 = AtomicU64::new(0);
 
-/// Linger jobs sent and not yet finished (a job that queues its next slice stays counted): a
-/// run sends new ones only when none are out, so a stream of runs neither queues them up nor
-/// nests one inside another.
+/// Pollers sent and not yet ended (a poller that queues its next slice stays counted): a run
+/// tops them up to one per other worker, so a stream of runs neither queues them up nor leaves
+/// a worker without one.
 static OUT: AtomicUsize = AtomicUsize::new(0);
-
-/// Runs under way, in any pool: pollers stop while there is one.
-static RUNNING: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     /// Whether this thread is inside a polling job: a slice queued by one poller and taken by
@@ -68,23 +66,8 @@ fn now_ns() -> u64 {
     u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// A run under way, from [`running`] until it is dropped (a panicking run too).
-pub(crate) struct Running(());
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        RUNNING.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Marks a run as under way for as long as the value lives: polling jobs stop meanwhile.
-pub(crate) fn running() -> Running {
-    RUNNING.fetch_add(1, Ordering::AcqRel);
-    Running(())
-}
-
-/// Called after each run: moves the deadline to [`linger`] from now, and sends every worker of
-/// the current pool a job that polls for work until then, unless such jobs are still out.
+/// Called after each run: moves the deadline to [`linger`] from now, and tops the pollers up to
+/// one per worker of the current pool other than the calling one.
 pub(crate) fn after_run() {
     let threads = rayon::current_num_threads();
     let linger = linger();
@@ -93,35 +76,47 @@ pub(crate) fn after_run() {
     }
     let nanos = u64::try_from(linger.as_nanos()).unwrap_or(u64::MAX);
     DEADLINE_NS.fetch_max(now_ns().saturating_add(nanos), Ordering::Relaxed);
-    if OUT.compare_exchange(0, threads, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-        rayon::spawn_broadcast(|_| poll_slice());
+    // The calling thread goes on with the caller's work; a caller outside the pool leaves
+    // every worker idle.
+    let caller = rayon::current_thread_index();
+    let wanted = threads - usize::from(caller.is_some());
+    let mut out = OUT.load(Ordering::Acquire);
+    while out < wanted {
+        match OUT.compare_exchange_weak(out, wanted, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                for _ in out..wanted {
+                    // Idle workers take these (the spawn wakes a sleeping one).
+                    rayon::spawn(move || poll_slice(caller));
+                }
+                return;
+            }
+            Err(now) => out = now,
+        }
     }
 }
 
-/// Whether a poller should go on: the deadline is ahead and no run is under way.
-fn keep_polling() -> bool {
-    RUNNING.load(Ordering::Acquire) == 0 && now_ns() < DEADLINE_NS.load(Ordering::Relaxed)
-}
-
-/// One slice of polling: runs whatever work the pool has until the slice ends, then queues the
-/// next slice if polling should go on, else ends (one job fewer out).
-fn poll_slice() {
-    if POLLING.with(Cell::get) {
+/// One slice of polling for a run called from thread `caller` (`None`: from outside the pool):
+/// runs whatever work the pool has until the slice ends, then queues the next slice while the
+/// deadline is ahead, else ends (one poller fewer out). On the caller's thread, or on one
+/// that already polls, it ends at once.
+fn poll_slice(caller: Option<usize>) {
+    if (caller.is_some() && rayon::current_thread_index() == caller) || POLLING.with(Cell::get) {
         OUT.fetch_sub(1, Ordering::AcqRel);
         return;
     }
     POLLING.with(|p| p.set(true));
+    let deadline = || DEADLINE_NS.load(Ordering::Relaxed);
     let end = now_ns().saturating_add(SLICE.as_nanos() as u64);
-    while keep_polling() && now_ns() < end {
+    while now_ns() < deadline().min(end) {
         if rayon::yield_now() != Some(rayon::Yield::Executed) {
             std::thread::yield_now();
         }
     }
     POLLING.with(|p| p.set(false));
-    if keep_polling() {
+    if now_ns() < deadline() {
         // On a worker this lands in its own queue: taken next unless the thread returns to a
         // join that is now done.
-        rayon::spawn(poll_slice);
+        rayon::spawn(move || poll_slice(caller));
     } else {
         OUT.fetch_sub(1, Ordering::AcqRel);
     }
@@ -132,18 +127,50 @@ mod tests {
     use super::*;
     use rayon::prelude::*;
 
-    /// Pollers told to go on for seconds, as after a run with a long linger, and queued on the
-    /// thread that goes on to `join`: each join's wait runs that thread's poller, which must hand
-    /// the thread back within a slice rather than at the deadline. (The bound is far from both:
-    /// a held-up join would take the whole 2 s.)
+    /// Moves the deadline to `secs` seconds from now, as after a run with a long linger.
+    fn deadline_in(secs: u64) {
+        let ahead = Duration::from_secs(secs).as_nanos() as u64;
+        DEADLINE_NS.fetch_max(now_ns() + ahead, Ordering::Relaxed);
+    }
+
+    /// A poller on the thread whose run sent it, or on one that already polls, ends at once,
+    /// and any other ends its slice and queues the next: none holds its thread until the
+    /// deadline. (The bounds are far from both: a held thread would take the whole 2 s.)
     #[test]
-    fn a_poller_run_inside_a_join_hands_the_thread_back() {
+    fn a_poller_hands_its_thread_back_within_a_slice() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool");
         pool.install(|| {
-            let ahead = Duration::from_secs(2).as_nanos() as u64;
-            DEADLINE_NS.fetch_max(now_ns() + ahead, Ordering::Relaxed);
-            if OUT.compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                rayon::spawn_broadcast(|_| poll_slice());
+            deadline_in(2);
+            let me = rayon::current_thread_index();
+            for (caller, polling) in [(me, false), (None, true), (None, false)] {
+                OUT.fetch_add(1, Ordering::AcqRel);
+                POLLING.with(|p| p.set(polling));
+                let start = Instant::now();
+                poll_slice(caller);
+                POLLING.with(|p| p.set(false));
+                assert!(
+                    start.elapsed() < Duration::from_millis(500),
+                    "{caller:?} {polling}: {:?}",
+                    start.elapsed()
+                );
+            }
+        });
+    }
+
+    /// After a run, the pool's other worker polls and this thread's joins are never held up by
+    /// a poller, whichever thread takes it: the rounds of joins finish long before the 2 s
+    /// deadline.
+    #[test]
+    fn joins_after_a_run_are_not_held_up_by_pollers() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool");
+        pool.install(|| {
+            deadline_in(2);
+            // As `after_run` does, with more pollers than workers, so this thread's own queue
+            // holds some when its joins wait.
+            let me = rayon::current_thread_index();
+            for _ in 0..4 {
+                OUT.fetch_add(1, Ordering::AcqRel);
+                rayon::spawn(move || poll_slice(me));
             }
             let start = Instant::now();
             // Both halves take a while, so the other worker steals one and this thread waits.
@@ -155,10 +182,6 @@ mod tests {
             }
             assert!(sum > 0);
             assert!(start.elapsed() < Duration::from_millis(500), "joins held up for {:?}", start.elapsed());
-            // While a run is under way nobody polls.
-            let run = running();
-            assert!(!keep_polling());
-            drop(run);
         });
     }
 

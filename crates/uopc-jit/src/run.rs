@@ -153,14 +153,11 @@ impl Program {
             // disjoint memory (`spread` implies `parallel`).
             unsafe { entry(ptrs.as_ptr(), lo as i64, hi as i64, vars.as_ptr()) }
         };
-        let running = crate::linger::running();
         match extent {
             Some(n) if self.spread && n > 1 => run_chunks(n, &call),
             Some(n) => call(0, n),
             None => call(0, 0),
         }
-        // Ended before the workers are told to linger, or they would stop at once.
-        drop(running);
         crate::linger::after_run();
         Ok(())
     }
