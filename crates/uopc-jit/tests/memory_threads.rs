@@ -42,6 +42,8 @@ fn compile_and_drop_from_many_threads_keeps_memory_bounded() {
     let Some(before) = rss_kb() else { return };
     churn(4, 2000);
     let after = rss_kb().unwrap();
-    // 8,000 more programs: leaking each one's code pages alone would cost 32 MB.
-    assert!(after < before + 4000, "RSS grew from {before} kB to {after} kB over 8000 programs");
+    // 8,000 more programs: leaking each one's code pages alone would cost 32 MB. Without a
+    // leak the four threads' allocator arenas still move RSS by a few MB from run to run (up
+    // to 4.5 MB measured, where 4 MB was the bound), so the bound is a quarter of that leak.
+    assert!(after < before + 8000, "RSS grew from {before} kB to {after} kB over 8000 programs");
 }
