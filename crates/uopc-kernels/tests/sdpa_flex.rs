@@ -98,6 +98,7 @@ fn window_document_and_prefix_masks_match_the_reference() {
             check(c, &window, &[], FlexReference { mask: Some(&keep), ..FlexReference::default() }, &mut rng);
         assert!(sdpa.to_string().contains("1 start and 1 end bound(s)"), "{sdpa}");
         assert!(sdpa.to_string().contains("inside them run unmasked"), "{sdpa}");
+        assert!(sdpa.to_string().contains("without evaluating the mask"), "{sdpa}");
 
         let n = c.n_q;
         let mut docs = AttentionMods::new();

@@ -408,8 +408,15 @@ pub(crate) fn describe_mods(mods: &AttentionMods) -> String {
         let kb = analysis.bounds;
         let (starts, ends) = (kb.start.len(), kb.end.len());
         let skipped = if kb.exact {
+            // Without a score function the blocks across a bound only have each row's ends
+            // set to -inf (`mask_outside_bounds`), never the mask evaluated per score.
+            let across = if mods.has_score() {
+                ""
+            } else {
+                ", blocks across them have each row's masked ends set without evaluating the mask"
+            };
             format!(
-                "{starts} start and {ends} end bound(s) on the keys read off its comparisons: blocks outside every row's bounds are skipped, blocks inside them run unmasked"
+                "{starts} start and {ends} end bound(s) on the keys read off its comparisons: blocks outside every row's bounds are skipped, blocks inside them run unmasked{across}"
             )
         } else {
             format!(

@@ -4,6 +4,7 @@
 use super::{BlockMask, SdpaKernel, Span, Task};
 use crate::LOG2E;
 use crate::masked::min_idx;
+use crate::sdpa::flex::{KeyBounds, placeholders};
 use crate::sdpa::{Blocking, MaskKind, SdpaConfig};
 use uopc_ir::{AxisType, DType, GemmShape, Half, TileOp, UOp, f32c, idx, tile};
 
@@ -91,8 +92,9 @@ impl SdpaKernel {
         let unscaled = self.half.is_some() || self.q_in_place;
         let mut softmax_scale = if unscaled { qscale } else { 1.0 };
         if mask != BlockMask::Clear {
-            // Mods' mask loops read every score, as a bool mask's or a bias's does.
-            let reads_all = self.mask.is_some() || self.mods.is_some();
+            // Mods' mask loops read every score, as a bool mask's or a bias's does, unless the
+            // mask is only key bounds (see `mask_outside`).
+            let reads_all = self.mask.is_some() || (self.mods.is_some() && !self.mask_is_bounds());
             let scaled_by_loop = unscaled && (reads_all || qscale <= 0.0);
             if scaled_by_loop {
                 softmax_scale = 1.0;
@@ -181,6 +183,15 @@ impl SdpaKernel {
         if self.mask.is_none() && scale.is_none() && self.mods.is_none() {
             return self.mask_suffix(task, first, cols, scores, Span { r0, rows: bq });
         }
+        if self.mask.is_none()
+            && scale.is_none()
+            && keys_masked
+            && self.mask_is_bounds()
+            && let Some(done) =
+                self.mask_outside_bounds(task, first, cols, scores.clone(), Span { r0, rows: bq }, true)
+        {
+            return done;
+        }
         let pb = &mut self.pb;
         let hh = pb.range(gs, AxisType::Loop);
         let rq = pb.range(bq, AxisType::Loop);
@@ -233,8 +244,8 @@ impl SdpaKernel {
 
     /// [`Self::mask_block`] without a bool mask or bias: each row of the tile (rows `r0 .. r0 +
     /// rows` of each stacked head) sees the keys below one bound (its causal limit, the KV
-    /// length, the item's key length, whichever is least), so only the row's masked suffix of
-    /// the block is touched, set to `-inf` without reading it (a compare and select per
+    /// length, the item's key length, whichever is least), so only the row's masked suffix
+    /// of the block is touched, set to `-inf` without reading it (a compare and select per
     /// score cost about 4% of a causal run, its diagonal blocks' GEMMs taking little more).
     pub(super) fn mask_suffix(
         &mut self,
@@ -244,34 +255,85 @@ impl SdpaKernel {
         scores: UOp,
         span: Span,
     ) -> UOp {
+        self.mask_outside_bounds(task, first, cols, scores, span, false).expect("ends alone are exact")
+    }
+
+    /// Whether the mods have no score function and their mask is only bounds on the key (see
+    /// [`KeyBounds`]: a window, a prefix, a causal limit, unions of such), which
+    /// [`Self::mask_outside_bounds`] applies without reading the scores.
+    fn mask_is_bounds(&self) -> bool {
+        self.mods.as_ref().is_some_and(|(m, _)| {
+            !m.has_score() && m.mask_analysis().is_some_and(|a| a.bounds.exact && a.bounds.is_bounded())
+        })
+    }
+
+    /// [`Self::mask_suffix`] with the key bounds of the mods' mask too (`with_mods`, for a mask
+    /// that is only bounds): each row of the tile sees the keys from its greatest start to its
+    /// least end, so only the row's masked prefix and suffix of the block are set to `-inf`,
+    /// without reading or evaluating a score; the softmax step scales the scores. `None` when
+    /// the mask's bounds at these rows are not the whole mask (the caller then runs the mask
+    /// loop); the scores as they are when no row has a bound.
+    fn mask_outside_bounds(
+        &mut self,
+        task: &Task,
+        first: &UOp,
+        cols: usize,
+        scores: UOp,
+        span: Span,
+        with_mods: bool,
+    ) -> Option<UOp> {
         let gs = self.b.heads_per_task;
         let Span { r0, rows } = span;
         let offset = self.c.causal.then(|| self.causal_offset());
-        let pb = &mut self.pb;
-        let hh = pb.range(gs, AxisType::Loop);
-        let rq = pb.range(rows, AxisType::Loop);
+        let hh = self.pb.range(gs, AxisType::Loop);
+        let rq = self.pb.range(rows, AxisType::Loop);
         let query = &task.q0 + &rq + r0 as i64;
-        let mut bounds = Vec::new();
+        let mut bounds = KeyBounds::default();
+        if let Some((mods, buffers)) = self.mods.as_ref().filter(|_| with_mods) {
+            let kv = placeholders()[3].clone();
+            let (_, mask, _) = mods.build((&task.item, &(&task.head0 + &hh), &query, &kv), buffers, None);
+            bounds = KeyBounds::of(&mask?, &kv);
+            if !bounds.exact {
+                return None;
+            }
+        }
         if let Some(off) = offset {
-            bounds.push(&query + &off + 1);
+            bounds.end.push(&query + &off + 1);
         }
         if let Some(len) = &self.kv_length {
-            bounds.push(len.clone());
+            bounds.end.push(len.clone());
         }
         if let Some(lens) = &self.lens {
-            bounds.push(lens.index(&task.item).load().cast(DType::INDEX));
+            bounds.end.push(lens.index(&task.item).load().cast(DType::INDEX));
         }
-        let Some(bound) = bounds.into_iter().reduce(|a, b| min_idx(&a, &b)) else { return scores };
-        // The row's first masked column of the block, in 0..=cols.
-        let start = min_idx(&(&bound - first).maximum(idx(0)), &idx(cols as i64));
-        // Counted down from the last column, so every index is inside the row whatever the
-        // suffix's length (the verifier's intervals cannot tie the column to `start`).
-        let rc = pb.range(-&start + cols as i64, AxisType::Loop);
-        let cell = task
-            .si
-            .after(&[scores])
-            .index((&hh * rows + &rq + r0 as i64) * cols + (-&rc + (cols as i64 - 1)));
-        cell.store(f32c(f32::NEG_INFINITY)).end(&[rc, rq, hh])
+        // A column of the block, in 0..=cols: the row's first seen one, and the first masked
+        // one after them (a row that sees none of the block has its prefix or suffix cover it).
+        let column = |x: UOp| min_idx(&(&x - first).maximum(idx(0)), &idx(cols as i64));
+        let seen_from = bounds.start.into_iter().reduce(|a, b| a.maximum(&b)).map(column);
+        let seen_to = bounds.end.into_iter().reduce(|a, b| min_idx(&a, &b)).map(column);
+        let row_at = (&hh * rows as i64 + &rq + r0 as i64) * cols as i64;
+        // The prefix's loop, then the suffix's after it (the two overlap on a row that sees
+        // none of the block); the last one ends the row loops.
+        let mut tile = task.si.after(&[scores.clone()]);
+        let mut last: Option<(UOp, UOp)> = None;
+        if let Some(from) = seen_from {
+            let rc = self.pb.range(from, AxisType::Loop);
+            last = Some((tile.index(&row_at + &rc).store(f32c(f32::NEG_INFINITY)), rc));
+        }
+        if let Some(to) = seen_to {
+            if let Some((prefix, rc)) = last.take() {
+                tile = task.si.after(&[prefix.end(&[rc])]);
+            }
+            // Counted down from the last column, so every index is inside the row whatever the
+            // suffix's length (the verifier's intervals cannot tie the column to the bound).
+            let rc = self.pb.range(-&to + cols as i64, AxisType::Loop);
+            let cell = tile.index(&row_at + (-&rc + (cols as i64 - 1)));
+            last = Some((cell.store(f32c(f32::NEG_INFINITY)), rc));
+        }
+        Some(match last {
+            Some((store, rc)) => store.end(&[rc, rq, hh]),
+            None => scores,
+        })
     }
 }
 
