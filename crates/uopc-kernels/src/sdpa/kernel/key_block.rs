@@ -203,16 +203,7 @@ impl SdpaKernel {
             Some(s) => cell.load() * s,
             None => cell.load(),
         };
-        let mut keep = Vec::new();
-        if self.c.causal {
-            keep.push(key.lt(&query + &self.causal_offset() + 1));
-        }
-        if let Some(len) = &self.kv_length {
-            keep.push(key.lt(len));
-        }
-        if let Some(lens) = &self.lens {
-            keep.push(key.lt(lens.index(&task.item).load().cast(DType::INDEX)));
-        }
+        let mut keep: Vec<UOp> = self.key_ends(task, &query).iter().map(|end| key.lt(end)).collect();
         if let Some((buf, shape)) = &self.mask {
             let [sb, sh, sq, sk] = SdpaConfig::mask_strides(*shape);
             let at = &task.item * sb + (&task.head0 + &hh) * sh + &query * sq + &key * sk;
@@ -258,6 +249,22 @@ impl SdpaKernel {
         self.mask_outside_bounds(task, first, cols, scores, span, false).expect("ends alone are exact")
     }
 
+    /// The ends of the keys the row of query `query` may see, whatever the mask: its causal
+    /// limit, the KV length, the item's key length (those the configuration has).
+    fn key_ends(&self, task: &Task, query: &UOp) -> Vec<UOp> {
+        let mut ends = Vec::new();
+        if self.c.causal {
+            ends.push(query + &self.causal_offset() + 1);
+        }
+        if let Some(len) = &self.kv_length {
+            ends.push(len.clone());
+        }
+        if let Some(lens) = &self.lens {
+            ends.push(lens.index(&task.item).load().cast(DType::INDEX));
+        }
+        ends
+    }
+
     /// Whether the mods have no score function and their mask is only bounds on the key (see
     /// [`KeyBounds`]: a window, a prefix, a causal limit, unions of such), which
     /// [`Self::mask_outside_bounds`] applies without reading the scores.
@@ -284,7 +291,6 @@ impl SdpaKernel {
     ) -> Option<UOp> {
         let gs = self.b.heads_per_task;
         let Span { r0, rows } = span;
-        let offset = self.c.causal.then(|| self.causal_offset());
         let hh = self.pb.range(gs, AxisType::Loop);
         let rq = self.pb.range(rows, AxisType::Loop);
         let query = &task.q0 + &rq + r0 as i64;
@@ -297,15 +303,7 @@ impl SdpaKernel {
                 return None;
             }
         }
-        if let Some(off) = offset {
-            bounds.end.push(&query + &off + 1);
-        }
-        if let Some(len) = &self.kv_length {
-            bounds.end.push(len.clone());
-        }
-        if let Some(lens) = &self.lens {
-            bounds.end.push(lens.index(&task.item).load().cast(DType::INDEX));
-        }
+        bounds.end.extend(self.key_ends(task, &query));
         // A column of the block, in 0..=cols: the row's first seen one, and the first masked
         // one after them (a row that sees none of the block has its prefix or suffix cover it).
         let column = |x: UOp| min_idx(&(&x - first).maximum(idx(0)), &idx(cols as i64));
