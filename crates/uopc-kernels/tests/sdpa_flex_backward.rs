@@ -214,6 +214,36 @@ fn softcap_in_a_sliding_window_skips_and_runs_whole_block_pairs() {
     }
 }
 
+/// A sliding window alone (no score function): the pairs across its bounds have only each
+/// row's masked ends set, never the mask evaluated; rows near a block's start see none of it.
+#[test]
+fn a_sliding_window_alone_masks_by_its_bounds() {
+    let mut rng = Rng(23);
+    let c = config(1, 3, 1, 37, 37, 8);
+    let w = 6;
+    let mods = AttentionMods::new().mask(move |x| and(&x.kv.lt(&x.q + 1), &(&x.q - &x.kv).lt(w)));
+    let reference = move |x: &[Vec<f32>]| {
+        let keep = |[_, _, i, j]: [usize; 4]| j <= i && i - j < w as usize;
+        let f = FlexReference { score: None, mask: Some(&keep), sinks: None };
+        reference_flex_f64(&c, &x[0], &x[1], &x[2], Extras::default(), f)
+    };
+    for blocking in [
+        BackwardBlocking { queries: 8, keys: 8, chunks: 1 },
+        BackwardBlocking { queries: 4, keys: 5, chunks: 2 },
+    ] {
+        let case = Case {
+            name: "sliding window",
+            config: c,
+            mods: mods.clone(),
+            captures: vec![],
+            key_lengths: None,
+            blocking: Some(blocking),
+            reference: Box::new(reference),
+        };
+        check(&case, &mut rng);
+    }
+}
+
 #[test]
 fn a_relative_position_table_inside_documents_gets_its_gradient() {
     let mut rng = Rng(23);

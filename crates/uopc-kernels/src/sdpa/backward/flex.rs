@@ -135,6 +135,18 @@ impl BackwardKernel {
         if !masked && !mods.has_score() {
             return;
         }
+        if masked && !mods.has_score() && mods.mask_analysis().is_some_and(|a| a.bounds.exact) {
+            let [_, _, _, kv] = placeholders();
+            let row = self.pb.range(rows, AxisType::Loop);
+            let query = q0 + &row;
+            let (_, mask, _) = mods.build((&task.item, head, &query, &kv), &buffers, None);
+            let bounds = mask.map(|m| KeyBounds::of(&m, &kv)).filter(|b| b.exact);
+            if let Some(mut bounds) = bounds {
+                bounds.end.extend(self.key_ends(task, &query));
+                self.mask_outside_bounds(task, kb, row, bounds);
+                return;
+            }
+        }
         let cols = kb.cols;
         let rq = self.pb.range(rows, AxisType::Loop);
         let cc = self.pb.range(cols, AxisType::Loop);
@@ -165,6 +177,37 @@ impl BackwardKernel {
         }
         effects.push(cell.store(score));
         self.chain = vec![sink(&effects).end(&[cc, rq])];
+    }
+
+    /// [`Self::flex_tile`] for a mask that is only bounds on the key (`bounds`, at the tile's
+    /// row `row`, the row limits included) without a score function: per row, the
+    /// columns before its greatest start and from its least end are set to `-inf` without
+    /// reading the scores (the suffix after the prefix, which it overlaps on a row that sees
+    /// none of the block).
+    fn mask_outside_bounds(&mut self, task: &Task, kb: &KeyBlock, row: UOp, bounds: KeyBounds) {
+        let cols = kb.cols as i64;
+        let column = |x: UOp| min_idx(&(&x - &kb.k0).maximum(idx(0)), &idx(cols));
+        let seen_from = bounds.start.into_iter().reduce(|a, b| a.maximum(&b)).map(column);
+        let seen_to = bounds.end.into_iter().reduce(|a, b| min_idx(&a, &b)).map(column);
+        let row_at = &row * cols;
+        let mut done = Vec::new();
+        if let Some(from) = seen_from {
+            let rc = self.pb.range(from, AxisType::Loop);
+            let cell = self.at(&task.s, &row_at + &rc);
+            done = vec![cell.store(f32c(f32::NEG_INFINITY)).end(&[rc])];
+        }
+        if let Some(to) = seen_to {
+            // Counted down from the last column, so every index is inside the row whatever the
+            // suffix's length.
+            let rc = self.pb.range(-&to + cols, AxisType::Loop);
+            let mut deps = self.chain.clone();
+            deps.append(&mut done);
+            let cell = task.s.after(&deps).index(&row_at + (-&rc + (cols - 1)));
+            done = vec![cell.store(f32c(f32::NEG_INFINITY)).end(&[rc])];
+        }
+        if !done.is_empty() {
+            self.chain = vec![sink(&done).end(&[row])];
+        }
     }
 
     /// The loop over the gradient tile of a pair that applies the chain rule through the score
