@@ -93,7 +93,7 @@ impl SdpaKernel {
         let mut softmax_scale = if unscaled { qscale } else { 1.0 };
         if mask != BlockMask::Clear {
             // Mods' mask loops read every score, as a bool mask's or a bias's does, unless the
-            // mask is only key bounds (see `mask_outside`).
+            // mask is only key bounds (see `mask_outside_bounds`).
             let reads_all = self.mask.is_some() || (self.mods.is_some() && !self.mask_is_bounds());
             let scaled_by_loop = unscaled && (reads_all || qscale <= 0.0);
             if scaled_by_loop {
