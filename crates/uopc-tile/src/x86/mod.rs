@@ -90,10 +90,7 @@ pub(crate) fn opaque<T>(p: *const T) -> *const T {
 /// `row` may lie past the operand (it is only formed with `wrapping_add`).
 #[inline]
 pub(crate) fn prefetch_row(row: *const f32, len: usize) {
-    for off in (0..len).step_by(16) {
-        // SAFETY: SSE is part of x86-64, and PREFETCHT0 reads nothing architecturally.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(off).cast::<i8>()) };
-    }
+    prefetch_lines::<_MM_HINT_T0>(row, len);
 }
 
 /// Requests the cache lines of `len` floats from `row` into L2, for the few-rows kernels that
@@ -103,9 +100,15 @@ pub(crate) fn prefetch_row(row: *const f32, len: usize) {
 /// [`prefetch_row`], `row` may lie past the operand.
 #[inline]
 pub(crate) fn stream_row(row: *const f32, len: usize) {
+    prefetch_lines::<_MM_HINT_T1>(row, len);
+}
+
+/// One prefetch with hint `HINT` per cache line of the `len` floats from `row`.
+#[inline]
+fn prefetch_lines<const HINT: i32>(row: *const f32, len: usize) {
     for off in (0..len).step_by(16) {
-        // SAFETY: SSE is part of x86-64, and PREFETCHT1 reads nothing architecturally.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(off).cast::<i8>()) };
+        // SAFETY: SSE is part of x86-64, and a prefetch reads nothing architecturally.
+        unsafe { _mm_prefetch::<HINT>(row.wrapping_add(off).cast::<i8>()) };
     }
 }
 
