@@ -447,6 +447,18 @@ impl KeyBounds {
         !(self.start.is_empty() && self.end.is_empty())
     }
 
+    /// For one query row and a block of `cols` keys from key `first`: the column of the row's
+    /// first seen key (the greatest start) and that of the first key past them (the least
+    /// end), each clamped to `0..=cols`; `None` without starts, or without ends. The row sees
+    /// the columns between them: a row that sees none of the block has the columns before the
+    /// first and those from the second cover it.
+    pub fn block_columns(self, first: &UOp, cols: usize) -> (Option<UOp>, Option<UOp>) {
+        let column = |x: UOp| min_idx(&(&x - first).maximum(idx(0)), &idx(cols as i64));
+        let seen_from = self.start.into_iter().reduce(|a, b| a.maximum(&b)).map(column);
+        let seen_to = self.end.into_iter().reduce(|a, b| min_idx(&a, &b)).map(column);
+        (seen_from, seen_to)
+    }
+
     /// Over a block of query rows, `[lowest, seen_from, seen_to, highest]`: no row sees a key
     /// below `lowest` or from `highest` on, and every row sees the keys from `seen_from` to
     /// `seen_to` (an empty span, `n_k` to 0, unless these bounds are the whole mask and each

@@ -186,9 +186,7 @@ impl BackwardKernel {
     /// none of the block).
     fn mask_outside_bounds(&mut self, task: &Task, kb: &KeyBlock, row: UOp, bounds: KeyBounds) {
         let cols = kb.cols as i64;
-        let column = |x: UOp| min_idx(&(&x - &kb.k0).maximum(idx(0)), &idx(cols));
-        let seen_from = bounds.start.into_iter().reduce(|a, b| a.maximum(&b)).map(column);
-        let seen_to = bounds.end.into_iter().reduce(|a, b| min_idx(&a, &b)).map(column);
+        let (seen_from, seen_to) = bounds.block_columns(&kb.k0, kb.cols);
         let row_at = &row * cols;
         let mut done = Vec::new();
         if let Some(from) = seen_from {

@@ -3,7 +3,6 @@
 
 use super::{BlockMask, SdpaKernel, Span, Task};
 use crate::LOG2E;
-use crate::masked::min_idx;
 use crate::sdpa::flex::{KeyBounds, placeholders};
 use crate::sdpa::{Blocking, MaskKind, SdpaConfig};
 use uopc_ir::{AxisType, DType, GemmShape, Half, TileOp, UOp, f32c, idx, tile};
@@ -304,11 +303,7 @@ impl SdpaKernel {
             }
         }
         bounds.end.extend(self.key_ends(task, &query));
-        // A column of the block, in 0..=cols: the row's first seen one, and the first masked
-        // one after them (a row that sees none of the block has its prefix or suffix cover it).
-        let column = |x: UOp| min_idx(&(&x - first).maximum(idx(0)), &idx(cols as i64));
-        let seen_from = bounds.start.into_iter().reduce(|a, b| a.maximum(&b)).map(column);
-        let seen_to = bounds.end.into_iter().reduce(|a, b| min_idx(&a, &b)).map(column);
+        let (seen_from, seen_to) = bounds.block_columns(first, cols);
         let row_at = (&hh * rows as i64 + &rq + r0 as i64) * cols as i64;
         // The prefix's loop, then the suffix's after it (the two overlap on a row that sees
         // none of the block); the last one ends the row loops.
