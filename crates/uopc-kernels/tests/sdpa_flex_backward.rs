@@ -180,35 +180,47 @@ fn alibi_through_the_causal_rewrite_and_a_plain_score_function() {
     check(&case, &mut rng);
 }
 
+/// A sliding window of `w` keys up to each row's own, with `c * tanh(s / c)` as the score
+/// function when `cap` gives `c`, on `config` under `blocking`, against its f64 reference.
+fn window_case(
+    name: &'static str,
+    config: SdpaConfig,
+    (w, cap): (i64, Option<f32>),
+    blocking: BackwardBlocking,
+) -> Case<'static> {
+    let mods = match cap {
+        Some(c) => AttentionMods::new().score(move |_, s| softcap(s, c)),
+        None => AttentionMods::new(),
+    };
+    let mods = mods.mask(move |x| and(&x.kv.lt(&x.q + 1), &(&x.q - &x.kv).lt(w)));
+    let reference = move |x: &[Vec<f32>]| {
+        let score = move |s: f64, _: [usize; 4]| cap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh());
+        let keep = |[_, _, i, j]: [usize; 4]| j <= i && i - j < w as usize;
+        let f = FlexReference { score: cap.map(|_| &score as _), mask: Some(&keep), sinks: None };
+        reference_flex_f64(&config, &x[0], &x[1], &x[2], Extras::default(), f)
+    };
+    Case {
+        name,
+        config,
+        mods,
+        captures: vec![],
+        key_lengths: None,
+        blocking: Some(blocking),
+        reference: Box::new(reference),
+    }
+}
+
 #[test]
 fn softcap_in_a_sliding_window_skips_and_runs_whole_block_pairs() {
     let mut rng = Rng(22);
-    let c = config(1, 2, 1, 29, 29, 8);
-    let w = 9;
-    let mods = AttentionMods::new()
-        .score(|_, s| softcap(s, 0.8))
-        .mask(move |x| and(&x.kv.lt(&x.q + 1), &(&x.q - &x.kv).lt(w)));
-    let reference = move |x: &[Vec<f32>]| {
-        let score = |s: f64, _: [usize; 4]| 0.8 * (s / 0.8).tanh();
-        let keep = |[_, _, i, j]: [usize; 4]| j <= i && i - j < w as usize;
-        let f = FlexReference { score: Some(&score), mask: Some(&keep), sinks: None };
-        reference_flex_f64(&c, &x[0], &x[1], &x[2], Extras::default(), f)
-    };
     // Blocks of 4 queries and 4 keys, two chunks: most pairs are skipped, some (4 rows at
     // distance 4..8 from a 4-key block) are inside the window whole.
     for blocking in [
         BackwardBlocking { queries: 4, keys: 4, chunks: 2 },
         BackwardBlocking { queries: 8, keys: 3, chunks: 1 },
     ] {
-        let case = Case {
-            name: "softcap, sliding window",
-            config: c,
-            mods: mods.clone(),
-            captures: vec![],
-            key_lengths: None,
-            blocking: Some(blocking),
-            reference: Box::new(reference),
-        };
+        let case =
+            window_case("softcap, sliding window", config(1, 2, 1, 29, 29, 8), (9, Some(0.8)), blocking);
         let b = check(&case, &mut rng);
         assert!(b.to_string().contains("outside every row's bounds are skipped"), "{b}");
     }
@@ -219,28 +231,11 @@ fn softcap_in_a_sliding_window_skips_and_runs_whole_block_pairs() {
 #[test]
 fn a_sliding_window_alone_masks_by_its_bounds() {
     let mut rng = Rng(23);
-    let c = config(1, 3, 1, 37, 37, 8);
-    let w = 6;
-    let mods = AttentionMods::new().mask(move |x| and(&x.kv.lt(&x.q + 1), &(&x.q - &x.kv).lt(w)));
-    let reference = move |x: &[Vec<f32>]| {
-        let keep = |[_, _, i, j]: [usize; 4]| j <= i && i - j < w as usize;
-        let f = FlexReference { score: None, mask: Some(&keep), sinks: None };
-        reference_flex_f64(&c, &x[0], &x[1], &x[2], Extras::default(), f)
-    };
     for blocking in [
         BackwardBlocking { queries: 8, keys: 8, chunks: 1 },
         BackwardBlocking { queries: 4, keys: 5, chunks: 2 },
     ] {
-        let case = Case {
-            name: "sliding window",
-            config: c,
-            mods: mods.clone(),
-            captures: vec![],
-            key_lengths: None,
-            blocking: Some(blocking),
-            reference: Box::new(reference),
-        };
-        check(&case, &mut rng);
+        check(&window_case("sliding window", config(1, 3, 1, 37, 37, 8), (6, None), blocking), &mut rng);
     }
 }
 
