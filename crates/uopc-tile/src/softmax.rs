@@ -39,8 +39,8 @@ pub const EXP2_MAX_REL_ERROR: f64 = 1.2e-7;
 /// that interval with `p(0) = 1`, and VSCALEFPS applies `2^n`, overflowing to `+inf` from
 /// `x = 128`. Everywhere `x < -126.5` gives exactly 0, NaN gives NaN, and `(-126.5, -126)`
 /// gives subnormals. `x = -126.5` itself gives 0, or on AVX2 (whose `exp2` spends no
-/// instruction on that one point) `2^-126.5` as a subnormal. Over
-/// `[-126, 0]` the measured relative error is below [`EXP2_MAX_REL_ERROR`] on every ISA.
+/// instruction on that one point) `2^-126.5` as a subnormal. Over `[-126, 0]` the measured
+/// relative error is below [`EXP2_MAX_REL_ERROR`] on every ISA.
 ///
 /// O must hold finite values wherever it gets rescaled (`0 * inf` is NaN), so start it at zero
 /// together with `row_max = -inf`, `row_sum = 0`.
