@@ -122,10 +122,18 @@ fn blocking<K: TileKernel>(k: usize) -> (usize, usize, usize) {
 }
 
 /// A not transposed is copied into `MR`-row strips, k-major (the layout of a transposed A),
-/// once each of its strips meets at least this many B micro-panels: the kernel then
-/// broadcasts a k step's `MR` values from one pointer, with no per-row address arithmetic in
-/// its inner loop, and the copy is spread over that many tiles.
-const PACK_A_MIN_PANELS: usize = 4;
+/// once each of its strips meets at least this many B micro-panels, or when its rows, read
+/// where they lie, would not stay in L1 ([`strip_stays_in_l1`]). Below that, the copy costs
+/// more than it saves: the register tile reads A's rows in place at the packed loop's rate
+/// (`cargo xtask mca`), so a copy only pays where it keeps the strip in L1 or is spread over
+/// so many panels that it costs nothing (attention's `Q K^T` and `P V` blocks, 4 to 16
+/// panels wide, ran 3-6% faster reading in place).
+const PACK_A_MIN_PANELS: usize = 32;
+
+/// A stored transposed is copied into strips once each meets at least this many B panels:
+/// read in place, the tile takes each k step's `MR` values at a stride of `lda` rather than
+/// from one packed line.
+const PACK_A_TRANS_MIN_PANELS: usize = 4;
 
 /// An untransposed B slab spanning at most this many floats (32 KiB, within L1) may be read in
 /// place ([`panel_stays_in_l1`]): its full panels need no copy to stay in L1 (flash
@@ -155,6 +163,26 @@ fn panel_stays_in_l1(kc: usize, ldb: usize) -> bool {
     }
     let distinct_sets = L1_SETS / gcd(L1_SETS, ldb / L1_LINE_FLOATS);
     kc.div_ceil(distinct_sets) <= L1_WAYS / 2
+}
+
+/// Whether an `mr`-row strip of a row-major A, `kc` floats of each row `lda` floats apart,
+/// stays in L1 when read where it lies: no L1 set holds more than half its ways of the strip's
+/// lines (the rest is left to the B panels streaming past and to C). Rows a multiple of 64
+/// lines apart land on the same sets, so a strip of such rows is copied instead.
+fn strip_stays_in_l1(mr: usize, kc: usize, lda: usize) -> bool {
+    // A row starting mid-line touches one line more than its length.
+    let row_lines = kc.div_ceil(L1_LINE_FLOATS) + 1;
+    if mr * row_lines > L1_SETS * L1_WAYS / 2 {
+        return false;
+    }
+    let mut lines_per_set = [0usize; L1_SETS];
+    for row in 0..mr {
+        let first = row * lda / L1_LINE_FLOATS;
+        for line in first..first + row_lines {
+            lines_per_set[line % L1_SETS] += 1;
+        }
+    }
+    lines_per_set.iter().all(|&lines| lines <= L1_WAYS / 2)
 }
 
 fn gcd(mut a: usize, mut b: usize) -> usize {
@@ -307,11 +335,16 @@ unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
     let prepacked = b_panel_width != 0;
     let b_floats = if prepacked { 0 } else { kc_max * nc_max.min(n.next_multiple_of(K::NR)) };
     // A is copied into k-major strips when it is not f32 (it must be widened), when its strips
-    // meet enough B panels to pay for the copy, or, transposed, when `lda` is a multiple of
-    // 128 floats: then the rows of a strip map to at most 8 of L1's 64 sets, and a long strip
-    // no longer fits them.
-    let reused = n >= PACK_A_MIN_PANELS * K::NR;
-    let pack_a = !EA::READ_IN_PLACE || reused || (a_trans && lda.is_multiple_of(128));
+    // meet enough B panels to pay for the copy, or when its rows would crowd L1's sets: a row-
+    // major strip whose rows share sets, or a transposed one with `lda` a multiple of 128
+    // floats (its k rows then map to at most 8 of L1's 64 sets, and a long strip no longer
+    // fits them).
+    let pack_a = !EA::READ_IN_PLACE
+        || if a_trans {
+            n >= PACK_A_TRANS_MIN_PANELS * K::NR || lda.is_multiple_of(128)
+        } else {
+            n >= PACK_A_MIN_PANELS * K::NR || !strip_stays_in_l1(K::MR, kc_max, lda)
+        };
     let a_floats = if pack_a { kc_max * mc_max.min(m.next_multiple_of(K::MR)) } else { 0 };
     // A rounded product of one slab sums each strip in a scratch strip (a buffer of its own,
     // `pack::with_strip`), its rows a line longer than whole panels so that they do not all
@@ -608,7 +641,23 @@ unsafe fn pack_a_rows<K: TileKernel, E: Element>(
 
 #[cfg(test)]
 mod tests {
-    use super::panel_stays_in_l1;
+    use super::{panel_stays_in_l1, strip_stays_in_l1};
+
+    #[test]
+    fn strips_whose_rows_share_l1_sets_are_copied() {
+        // Attention's Q (d = 64, 128) and P (128 or 256 keys plus a line) rows spread.
+        assert!(strip_stays_in_l1(6, 64, 64));
+        assert!(strip_stays_in_l1(12, 128, 128));
+        assert!(strip_stays_in_l1(12, 128, 144));
+        // Rows 64 lines (4 KiB) apart all land on the same sets.
+        assert!(!strip_stays_in_l1(6, 320, 1024));
+        assert!(!strip_stays_in_l1(12, 256, 3072));
+        // Rows 48 lines apart start on 4 sets: 3 rows of 12 share each, overlapping at the ends.
+        assert!(!strip_stays_in_l1(12, 256, 768));
+        assert!(strip_stays_in_l1(6, 320, 768));
+        // A strip of more lines than half of L1 is always copied.
+        assert!(!strip_stays_in_l1(12, 1024, 1000));
+    }
 
     #[test]
     fn panels_whose_rows_share_l1_sets_are_packed() {
