@@ -161,8 +161,8 @@ pub(super) unsafe fn pack_b<H: Lanes, const NR: usize>(
 
 /// `dst[p * NR + j] = src[j * ldb + p]` widened, for `p < kc`, `j < nr`; zero for
 /// `nr <= j < NR`. Whole 8 x 8 blocks are widened as they are loaded and transposed in
-/// registers ([`Lanes::transpose8x8`]), a last group of four rows in 4 x 4 blocks; ragged
-/// edges go one value at a time.
+/// registers ([`Lanes::transpose8x8`]), a last group of four rows in 4 x 4 blocks and a pair
+/// after it four steps at a time; ragged edges go one value at a time.
 ///
 /// # Safety
 ///
@@ -204,7 +204,28 @@ pub(super) unsafe fn pack_bt<H: Lanes, const NR: usize>(
                 }
             }
         }
-        for j in j4..nr {
+        // A pair of rows left (the last third of a 6-row A strip) interleaved four k steps at
+        // a time: `(r0[p], r1[p])` pairs, each stored as one 64-bit half.
+        let j2 = if nr - j4 >= 2 { j4 + 2 } else { j4 };
+        if j2 > j4 {
+            let p4 = kc - kc % 4;
+            for p0 in (0..p4).step_by(4) {
+                let (r0, r1) = (H::widen4(src.add(j4 * ldb + p0)), H::widen4(src.add((j4 + 1) * ldb + p0)));
+                let (lo, hi) = (_mm_unpacklo_ps(r0, r1), _mm_unpackhi_ps(r0, r1));
+                let (lo, hi) = (_mm_castps_pd(lo), _mm_castps_pd(hi));
+                let halves = [lo, _mm_unpackhi_pd(lo, lo), hi, _mm_unpackhi_pd(hi, hi)];
+                for (p, half) in halves.into_iter().enumerate() {
+                    // The pair's two floats, as one (possibly unaligned) 64-bit store.
+                    dst.add((p0 + p) * NR + j4).cast::<f64>().write_unaligned(_mm_cvtsd_f64(half));
+                }
+            }
+            for p in p4..kc {
+                for j in j4..j2 {
+                    *dst.add(p * NR + j) = (*src.add(j * ldb + p)).widen1();
+                }
+            }
+        }
+        for j in j2..nr {
             for p in 0..kc {
                 *dst.add(p * NR + j) = (*src.add(j * ldb + p)).widen1();
             }
@@ -325,5 +346,43 @@ impl HalfFloat for bf16 {
     unsafe fn pack_bt<const NR: usize>(dst: *mut f32, src: *const bf16, ldb: usize, kc: usize, nr: usize) {
         // SAFETY: the trait contract (AVX2).
         unsafe { pack_bt_bf16::<NR>(dst, src, ldb, kc, nr) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Lanes, pack_bt};
+    use half::{bf16, f16};
+
+    /// Every row count of a 6-row A strip (the 4 x 4 group, the pair, the single rows) and
+    /// depths on both sides of the four-step groups, against the packing's definition.
+    fn strips_match_the_definition<H: Lanes>(from_f32: fn(f32) -> H) {
+        if !std::arch::is_x86_feature_detected!("avx2") || !std::arch::is_x86_feature_detected!("f16c") {
+            eprintln!("skipped: the 16-bit packing needs AVX2 and F16C");
+            return;
+        }
+        let lda = 19;
+        let src: Vec<H> = (0..6 * lda).map(|i| from_f32(i as f32 * 0.5 - 7.0)).collect();
+        for rows in 1..=6 {
+            for kc in [1, 2, 3, 4, 5, 7, 8, 9, 13, 16] {
+                let mut dst = vec![f32::NAN; kc * 6];
+                // SAFETY: AVX2 and F16C were checked; `dst` holds `kc x 6` floats and `src`
+                // `rows` rows of `lda >= kc` values.
+                unsafe { pack_bt::<H, 6>(dst.as_mut_ptr(), src.as_ptr(), lda, kc, rows) };
+                for p in 0..kc {
+                    for j in 0..6 {
+                        let want = if j < rows { src[j * lda + p].widen1() } else { 0.0 };
+                        assert_eq!(dst[p * 6 + j], want, "rows {rows}, kc {kc}, step {p}, row {j}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn six_row_strips_of_every_type_match_the_definition() {
+        strips_match_the_definition::<f32>(|x| x);
+        strips_match_the_definition::<f16>(f16::from_f32);
+        strips_match_the_definition::<bf16>(bf16::from_f32);
     }
 }
