@@ -127,7 +127,7 @@ fn blocking<K: TileKernel>(k: usize) -> (usize, usize, usize) {
 /// more than it saves: the register tile reads A's rows in place at the packed loop's rate
 /// (`cargo xtask mca`), so a copy only pays where it keeps the strip in L1 or is spread over
 /// so many panels that it costs nothing (attention's `Q K^T` and `P V` blocks, 4 to 16
-/// panels wide, ran 3-6% faster reading in place).
+/// panels wide, are read in place).
 const PACK_A_MIN_PANELS: usize = 32;
 
 /// A stored transposed is copied into strips once each meets at least this many B panels:
