@@ -117,6 +117,9 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
         TileOp::ActivationGrad { rows, cols, ldx, ldg, kind } => {
             ops.activation(rows, cols, ldx, Some(ldg), kind)
         }
+        TileOp::Softcap { rows, cols, ld, inner, outer } => {
+            ops.softcap(rows, cols, ld, f32::from_bits(inner), f32::from_bits(outer))
+        }
     })
 }
 
@@ -437,6 +440,24 @@ impl Operands<'_> {
         let g = self.at(1, &r * ldg as i64 + &j);
         let d = &(&(&x * &(&er * &rcp)) * &dz) + &s;
         g.store((g.load().cast(DType::F64) * d).cast(DType::F32)).end(&[j, r])
+    }
+
+    /// Per element, in f64 in the interpreter's order ([`softcap_f64`]): `y = inner x`,
+    /// `e = exp2((y < 0 ? y : -y) 2 log2 e)`, `t = (1 - e) (1 / (1 + e))`, then
+    /// `X = (y < 0 ? -t : t) outer`, rounded once.
+    fn softcap(self, rows: usize, cols: usize, ld: usize, inner: f32, outer: f32) -> UOp {
+        if rows == 0 || cols == 0 {
+            return self.nothing();
+        }
+        let r = self.fresh.range(rows, AxisType::Loop);
+        let j = self.fresh.range(cols, AxisType::Loop);
+        let at = self.at(0, &r * ld as i64 + &j);
+        let y = at.load().cast(DType::F64) * f64::from(inner);
+        let below = y.lt(0.0);
+        let e = (below.where_(&y, -&y) * f64::from(uopc_tile::SOFTCAP_TWO_LOG2_E)).exp2();
+        let t = (-&e + 1.0) * (&e + 1.0).recip();
+        let value = below.where_(-&t, &t) * f64::from(outer);
+        at.store(value.cast(DType::F32)).end(&[j, r])
     }
 
     /// Per row, in the interpreter's order: the new maximum over the old one and the row (MAX

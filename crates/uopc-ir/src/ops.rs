@@ -372,6 +372,7 @@ impl Op {
             Op::Tile(TileOp::ExpRows { .. }) => "TILE_EXP_ROWS",
             Op::Tile(TileOp::Activation { .. }) => "TILE_ACTIVATION",
             Op::Tile(TileOp::ActivationGrad { .. }) => "TILE_ACTIVATION_GRAD",
+            Op::Tile(TileOp::Softcap { .. }) => "TILE_SOFTCAP",
             Op::Param { .. } => "PARAM",
             Op::Arange(_) => "ARANGE",
             Op::Data { .. } => "DATA",

@@ -223,6 +223,11 @@ impl Printer {
                             TileOp::ActivationGrad { rows, cols, kind, .. } => {
                                 format!("tile_activation_grad {rows}x{cols} {kind:?}")
                             }
+                            TileOp::Softcap { rows, cols, inner, outer, .. } => format!(
+                                "tile_softcap {rows}x{cols} {} tanh({} x)",
+                                f32::from_bits(*outer),
+                                f32::from_bits(*inner)
+                            ),
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }

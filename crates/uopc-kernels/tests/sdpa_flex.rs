@@ -7,7 +7,7 @@
 use uopc_ir::{DType, UOp, idx};
 use uopc_kernels::sdpa::{
     AttentionMods, CaptureValues, Extras, FlexReference, Sdpa, SdpaConfig, SdpaError, and, eq,
-    flex_block_plan, or, reference_flex_f64,
+    flex_block_plan, or, reference_flex_f64, tanh,
 };
 
 mod support;
@@ -84,6 +84,68 @@ fn alibi_and_softcap_score_functions_match_the_reference() {
         let capped = AttentionMods::new().score(|_, s| softcap(s, 0.3));
         let cap = |s: f64, _: [usize; 4]| 0.3 * (s / 0.3).tanh();
         check(c, &capped, &[], FlexReference { score: Some(&cap), ..FlexReference::default() }, &mut rng);
+    }
+}
+
+/// A soft-cap built with `sdpa::tanh` (or spelled out from exp2, as above) runs as the
+/// soft-capping tile op, and the plan says so: with queries read in place (the tile holds
+/// unscaled scores) and copied scaled (stacked heads), under a mask read as key bounds and
+/// under one evaluated per score, in decode against a runtime KV length, and in bf16.
+#[test]
+fn soft_caps_run_as_their_tile_op_wherever_the_kernel_reads_scores() {
+    use half::bf16;
+    let mut rng = Rng(19);
+    let capped = |cap: f32| AttentionMods::new().score(move |_, s| tanh(&(s * (1.0 / cap))) * cap);
+    let cap = |s: f64, _: [usize; 4]| 2.5 * (s / 2.5).tanh();
+    let says = |sdpa: &Sdpa| {
+        let plan = sdpa.to_string();
+        assert!(plan.contains("soft-capping tile op"), "{plan}");
+    };
+    for c in [
+        SdpaConfig { causal: true, ..config(1, 4, 4, 150, 150, 24) },
+        SdpaConfig { causal: true, ..config(2, 6, 2, 33, 90, 40) },
+        config(1, 8, 1, 70, 129, 16),
+    ] {
+        let f = FlexReference { score: Some(&cap), ..FlexReference::default() };
+        says(&check(c, &capped(2.5), &[], f, &mut rng));
+        // A window (bounds) and a mask with no bounds (every block evaluates it).
+        let windowed = capped(2.5).mask(|x| (&x.q - &x.kv).lt(40));
+        let in_window = |[_, _, i, j]: [usize; 4]| i < j + 40;
+        let f = FlexReference { score: Some(&cap), mask: Some(&in_window), ..FlexReference::default() };
+        says(&check(c, &windowed, &[], f, &mut rng));
+        let sparse = capped(2.5).mask(|x| x.kv.modulo(3).ne(1));
+        let kept = |[_, _, _, j]: [usize; 4]| j % 3 != 1;
+        let f = FlexReference { score: Some(&cap), mask: Some(&kept), ..FlexReference::default() };
+        says(&check(c, &sparse, &[], f, &mut rng));
+    }
+    // Decode: one query per head against a cache of 64 holding 41.
+    let c = SdpaConfig { runtime_kv_length: true, causal: true, ..config(1, 4, 2, 1, 64, 32) };
+    let (q, k, v) = (rng.values(c.q_len()), rng.values(c.kv_len()), rng.values(c.kv_len()));
+    let sdpa = Sdpa::compile_flex(&c, &capped(2.5)).unwrap();
+    says(&sdpa);
+    let extras = Extras { kv_length: Some(41), ..Extras::default() };
+    let mut out = vec![f32::NAN; c.q_len()];
+    sdpa.run(&q, &k, &v, extras, &mut out).unwrap();
+    let f = FlexReference { score: Some(&cap), ..FlexReference::default() };
+    assert_close("decode", &out, &reference_flex_f64(&c, &q, &k, &v, extras, f));
+    // bf16 q, k, v and output, causal: within bf16's rounding of P and of the output (as in
+    // the 16-bit case above).
+    let c = SdpaConfig {
+        causal: true,
+        dtype: uopc_kernels::sdpa::SdpaDType::BF16,
+        ..config(1, 4, 2, 77, 77, 32)
+    };
+    let half = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+    let (q, k, v) = (half(rng.values(c.q_len())), half(rng.values(c.kv_len())), half(rng.values(c.kv_len())));
+    let wide = |x: &[bf16]| x.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
+    let sdpa = Sdpa::compile_flex(&c, &capped(2.5)).unwrap();
+    says(&sdpa);
+    let mut out = vec![bf16::NAN; c.q_len()];
+    sdpa.run(&q, &k, &v, Extras::default(), &mut out).unwrap();
+    let want = reference_flex_f64(&c, &wide(&q), &wide(&k), &wide(&v), Extras::default(), f);
+    for (i, (got, &want)) in out.iter().zip(&want).enumerate() {
+        let got = got.to_f64();
+        assert!((got - want).abs() <= (1.5 + want.abs()) / 256.0, "bf16 out[{i}] = {got}, want {want}");
     }
 }
 

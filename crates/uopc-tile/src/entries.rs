@@ -28,6 +28,7 @@ impl TileEntry {
             TileEntry::ExpRows => crate::uopc_tile_exp_rows_f32 as *const u8,
             TileEntry::Activation => crate::uopc_tile_activation_f32 as *const u8,
             TileEntry::ActivationGrad => crate::uopc_tile_activation_grad_f32 as *const u8,
+            TileEntry::Softcap => crate::uopc_tile_softcap_f32 as *const u8,
         }
     }
 }

@@ -84,6 +84,7 @@ mod panels;
 #[cfg(target_arch = "x86_64")]
 pub mod peak;
 mod shapes;
+mod softcap;
 mod softmax;
 mod softmax_grad;
 mod softmax_rounded;
@@ -125,6 +126,9 @@ pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
 pub use max_sum_exp::{max_sum_exp, max_sum_exp_unchecked, uopc_tile_max_sum_exp_f32};
 pub use panels::{
     PanelPacking, pack_panels, pack_panels_bf16, pack_panels_f16, pack_panels_unchecked, panel_width,
+};
+pub use softcap::{
+    SOFTCAP_MAX_ABS_ERROR, SOFTCAP_TWO_LOG2_E, softcap, softcap_unchecked, uopc_tile_softcap_f32,
 };
 pub use softmax::{
     EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_scaled, softmax_update_unchecked,

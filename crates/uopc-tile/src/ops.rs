@@ -198,6 +198,22 @@ pub enum TileOp {
         /// The function.
         kind: crate::Activation,
     },
+    /// Logit soft-capping in place over a block. Sources `[X]`: X is `rows x cols` (stride
+    /// `ld`), read and written: `X = outer tanh(inner X)` per element, with `inner` and `outer`
+    /// the f32s whose bits the fields hold, tanh as `(1 - e) / (1 + e)`, `e = exp2(-2 log2(e)
+    /// |inner X|)`, given the sign of `inner X`. See `uopc_tile::softcap`.
+    Softcap {
+        /// Rows of X.
+        rows: usize,
+        /// Elements of each row.
+        cols: usize,
+        /// Row stride of X.
+        ld: usize,
+        /// The factor inside the tanh, as `f32::to_bits`.
+        inner: u32,
+        /// The factor of the result, as `f32::to_bits`.
+        outer: u32,
+    },
     /// The backward of [`TileOp::Activation`]: a gradient block scaled by the derivative at
     /// the saved input. Sources `[X, G]`: X is `rows x cols` (stride `ldx`) and only read, G
     /// (stride `ldg`) is read and written: `G = G * kind'(X)`, with the formulas of
@@ -287,7 +303,9 @@ impl TileOp {
                     op(block_extent(rows, cols, ldd), false, true),
                 ]
             }
-            TileOp::Activation { rows, cols, ld, .. } => vec![op(block_extent(rows, cols, ld), true, true)],
+            TileOp::Activation { rows, cols, ld, .. } | TileOp::Softcap { rows, cols, ld, .. } => {
+                vec![op(block_extent(rows, cols, ld), true, true)]
+            }
             TileOp::ActivationGrad { rows, cols, ldx, ldg, .. } => {
                 vec![
                     op(block_extent(rows, cols, ldx), true, false),
@@ -326,7 +344,9 @@ impl TileOp {
             TileOp::ExpRows { rows, cols, ldx, ldy, .. } => {
                 vec![(rows, cols, ldx), (1, rows, rows), (rows, cols, ldy)]
             }
-            TileOp::Activation { rows, cols, ld, .. } => vec![(rows, cols, ld)],
+            TileOp::Activation { rows, cols, ld, .. } | TileOp::Softcap { rows, cols, ld, .. } => {
+                vec![(rows, cols, ld)]
+            }
             TileOp::ActivationGrad { rows, cols, ldx, ldg, .. } => vec![(rows, cols, ldx), (rows, cols, ldg)],
         }
     }
@@ -346,6 +366,9 @@ impl TileOp {
             TileOp::Convert { .. } => 0,
             // A subtraction, the scaling and the exponential per element.
             TileOp::ExpRows { rows, cols, .. } => (3 * rows * cols) as u64,
+            // The two products inside, the exponential, the difference, sum and division, and
+            // the product with `outer`.
+            TileOp::Softcap { rows, cols, .. } => (7 * rows * cols) as u64,
             // The sigmoid's negation, scaling, exponential, sum, division, select and the
             // product with x; GELU's argument adds two products, a multiply-add and a scaling.
             // Exact GELU: two polynomials (14 multiply-adds), the tail's division and
@@ -416,12 +439,14 @@ pub enum TileEntry {
     Activation,
     /// `uopc_tile_activation_grad_f32`.
     ActivationGrad,
+    /// `uopc_tile_softcap_f32`.
+    Softcap,
 }
 
 impl TileEntry {
     /// Every entry, each once, in the order they were added (the order a JIT declares them,
     /// which its printed functions number).
-    pub const ALL: [TileEntry; 19] = [
+    pub const ALL: [TileEntry; 20] = [
         TileEntry::Gemm,
         TileEntry::SoftmaxUpdate,
         TileEntry::SoftmaxRecompute,
@@ -441,6 +466,7 @@ impl TileEntry {
         TileEntry::ActivationGrad,
         TileEntry::GemmBf16Rounded,
         TileEntry::GemmF16Rounded,
+        TileEntry::Softcap,
     ];
 
     /// The symbol it is exported and registered under.
@@ -487,6 +513,8 @@ impl TileEntry {
             TileEntry::Activation => ("uopc_tile_activation_f32", 1, 4),
             // rows, cols, ldx, ldg, activation code
             TileEntry::ActivationGrad => ("uopc_tile_activation_grad_f32", 2, 5),
+            // rows, cols, ld, inner, outer
+            TileEntry::Softcap => ("uopc_tile_softcap_f32", 1, 5),
         }
     }
 }
@@ -581,6 +609,11 @@ impl TileOp {
                 c.fields.push(kind.code());
                 c
             }
+            TileOp::Softcap { rows, cols, ld, inner, outer } => {
+                let mut c = call(TileEntry::Softcap, 1, &[rows, cols, ld]);
+                c.fields.extend([i64::from(inner), i64::from(outer)]);
+                c
+            }
             TileOp::ActivationGrad { rows, cols, ldx, ldg, kind } => {
                 let mut c = call(TileEntry::ActivationGrad, 2, &[rows, cols, ldx, ldg]);
                 c.fields.push(kind.code());
@@ -627,6 +660,7 @@ mod tests {
             TileOp::ExpRows { rows: 2, cols: 3, ldx: 3, ldy: 3, scale },
             TileOp::Activation { rows: 2, cols: 3, ld: 3, kind: crate::Activation::GeluTanh },
             TileOp::ActivationGrad { rows: 2, cols: 3, ldx: 3, ldg: 4, kind: crate::Activation::Silu },
+            TileOp::Softcap { rows: 2, cols: 3, ld: 3, inner: scale, outer: scale },
         ] {
             calls.push(op.call(&[F32; 5]));
         }

@@ -80,10 +80,9 @@ impl Data {
     }
 }
 
-/// `c * tanh(x / c)` from exp2.
+/// `c * tanh(x / c)`.
 fn softcap(x: &UOp, c: f32) -> UOp {
-    let e = (x * (2.0 / c * std::f32::consts::LOG2_E)).exp2();
-    (((e + 1.0f32).recip() * -2.0f32) + 1.0f32) * c
+    uopc::kernels::sdpa::tanh(&(x * (1.0 / c))) * c
 }
 
 /// The mods of `cell`'s case (every case but `document` and `prefix_lm` is causal; the window

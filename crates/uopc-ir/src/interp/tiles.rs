@@ -27,6 +27,23 @@ impl Machine<'_> {
         self.store(node, mem, start + offset as i64, v)
     }
 
+    /// `X = f(X)` per element of the `rows x cols` block at `x` (row stride `ld`).
+    fn map_block(
+        &mut self,
+        node: &UOp,
+        x: (Mem, i64),
+        (rows, cols, ld): (usize, usize, usize),
+        f: impl Fn(f64) -> f64,
+    ) -> Result<(), InterpError> {
+        for r in 0..if cols == 0 { 0 } else { rows } {
+            for j in 0..cols {
+                let v = self.get(node, x, r * ld + j)?;
+                self.put(node, x, r * ld + j, f(v))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The reference semantics of a tile op: plain loops, every access checked.
     pub(super) fn tile(&mut self, node: &UOp, t: TileOp, at: &[(Mem, i64)]) -> Result<(), InterpError> {
         match t {
@@ -108,12 +125,11 @@ impl Machine<'_> {
                 }
             }
             TileOp::Activation { rows, cols, ld, kind } => {
-                for r in 0..if cols == 0 { 0 } else { rows } {
-                    for j in 0..cols {
-                        let x = self.get(node, at[0], r * ld + j)?;
-                        self.put(node, at[0], r * ld + j, activation_f64(kind, x).0)?;
-                    }
-                }
+                self.map_block(node, at[0], (rows, cols, ld), |x| activation_f64(kind, x).0)?;
+            }
+            TileOp::Softcap { rows, cols, ld, inner, outer } => {
+                let (inner, outer) = (f32::from_bits(inner), f32::from_bits(outer));
+                self.map_block(node, at[0], (rows, cols, ld), |x| softcap_f64(x, inner, outer))?;
             }
             TileOp::ActivationGrad { rows, cols, ldx, ldg, kind } => {
                 for r in 0..if cols == 0 { 0 } else { rows } {
@@ -242,6 +258,17 @@ pub(crate) fn activation_f64(kind: uopc_tile::Activation, x: f64) -> (f64, f64) 
     let er = e * r;
     let s = if below { er } else { r };
     (x * s, x * (er * r) * dz + s)
+}
+
+/// [`TileOp::Softcap`] of one element in f64, the reference semantics the reference expansion
+/// spells out op by op: `y = inner x`, `e = exp2((y < 0 ? y : -y) 2 log2 e)` (the kernels'
+/// f32 constant, widened), `t = (1 - e) (1 / (1 + e))`, then `(y < 0 ? -t : t) outer`.
+pub(crate) fn softcap_f64(x: f64, inner: f32, outer: f32) -> f64 {
+    let y = x * f64::from(inner);
+    let below = y < 0.0;
+    let e = ((if below { y } else { -y }) * f64::from(uopc_tile::SOFTCAP_TWO_LOG2_E)).exp2();
+    let t = (1.0 - e) * (1.0 / (1.0 + e));
+    (if below { -t } else { t }) * f64::from(outer)
 }
 
 /// Exact GELU of [`TileOp::Activation`] in f64 and its derivative, the kernels' formula with

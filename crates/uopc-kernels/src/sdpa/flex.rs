@@ -168,6 +168,10 @@ impl AttentionMods {
     }
 
     /// Sets the score function.
+    ///
+    /// A soft-cap, `c * tanh(k * s)` of the score alone with [`tanh`](super::tanh) (or its
+    /// formula spelled out from `exp2`), runs as the soft-capping tile op on the score tile
+    /// instead of in the kernel's mask loop; its backward is the generated code's.
     #[must_use]
     pub fn score(mut self, f: impl Fn(&ScoreArgs<'_>, &UOp) -> UOp + Send + Sync + 'static) -> Self {
         self.score = Some(Arc::new(f));
@@ -192,6 +196,11 @@ impl AttentionMods {
     /// These mods without their mask function (the kernel applies an equivalent mask).
     pub(crate) fn without_mask(&self) -> AttentionMods {
         AttentionMods { mask: None, ..self.clone() }
+    }
+
+    /// These mods without their score function (the kernel runs an equivalent tile op).
+    pub(crate) fn without_score(&self) -> AttentionMods {
+        AttentionMods { score: None, ..self.clone() }
     }
 
     /// The captured tensors, in declaration order.

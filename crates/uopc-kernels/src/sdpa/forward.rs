@@ -4,6 +4,7 @@ use super::blocking::cores;
 use super::flex::{CaptureReads, Reads};
 use super::kernel::{PlanMode, count_pairs, plan_from_counts};
 use super::panels::KvPanels;
+use super::score_forms::Softcap;
 use super::{
     AttentionMods, Blocking, Extras, MaskKind, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check,
     push_captures, push_extras, sdpa_flex_ir, sdpa_flex_ir_with_lse, sdpa_flex_plan_ir, sdpa_ir,
@@ -399,7 +400,12 @@ const BAND_ROWS: usize = 64;
 pub(crate) fn describe_mods(mods: &AttentionMods) -> String {
     let mut parts = Vec::new();
     if mods.has_score() {
-        parts.push("a score function".to_string());
+        let run_by = if Softcap::of(mods).is_some() {
+            " (a soft-cap, `c tanh(s / c)`: run by the soft-capping tile op after each score GEMM)"
+        } else {
+            ""
+        };
+        parts.push(format!("a score function{run_by}"));
     }
     if mods.has_sink_logits() {
         parts.push("sinks".to_string());
@@ -408,9 +414,10 @@ pub(crate) fn describe_mods(mods: &AttentionMods) -> String {
         let kb = analysis.bounds;
         let (starts, ends) = (kb.start.len(), kb.end.len());
         let skipped = if kb.exact {
-            // Without a score function the blocks across a bound only have each row's ends
-            // set to -inf (`mask_outside_bounds`), never the mask evaluated per score.
-            let across = if mods.has_score() {
+            // Without a score function (or with a soft-cap, a tile op before the mask) the
+            // blocks across a bound only have each row's ends set to -inf
+            // (`mask_outside_bounds`), never the mask evaluated per score.
+            let across = if mods.has_score() && Softcap::of(mods).is_none() {
                 ""
             } else {
                 ", blocks across them have each row's masked ends set without evaluating the mask"

@@ -47,6 +47,7 @@ mod kernel;
 mod merge;
 mod panels;
 mod reference;
+mod score_forms;
 mod tensor;
 mod views;
 
@@ -76,4 +77,5 @@ use kernel::sdpa_flex_ir_with_lse;
 pub use kernel::{flex_block_plan, sdpa_flex_ir, sdpa_flex_plan_ir, sdpa_ir, sdpa_ir_with_lse};
 pub use merge::sdpa_merge_ir;
 pub use reference::reference_f64;
+pub use score_forms::tanh;
 pub use tensor::scaled_dot_product_attention;

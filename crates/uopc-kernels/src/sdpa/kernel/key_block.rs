@@ -72,14 +72,15 @@ impl SdpaKernel {
                 None => task.si.after(prev),
                 Some(g) => task.si.after(std::slice::from_ref(g)),
             };
-            g1 = Some(tile(
+            let at = at_s + (pr0 * cols + key0) as i64;
+            let gemm = tile(
                 TileOp::Gemm(GemmShape { m, n, ..scores }),
-                &[
-                    query_buf.index(&query_at + (pr0 * lda) as i64),
-                    b,
-                    c.index(at_s + (pr0 * cols + key0) as i64),
-                ],
-            ));
+                &[query_buf.index(&query_at + (pr0 * lda) as i64), b, c.index(at)],
+            );
+            g1 = Some(match self.softcap_piece((m, n, cols)) {
+                Some(op) => tile(op, &[task.si.after(std::slice::from_ref(&gemm)).index(at)]),
+                None => gemm,
+            });
         }
         let mut g1 = g1.expect("a block of at least one key");
         // Unscaled queries (16-bit attention's exact tile, or q read in place) have the
@@ -88,7 +89,8 @@ impl SdpaKernel {
         // without reading, leaves the scaling to the softmax step, which keeps -inf only for a
         // positive scale.
         let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
-        let unscaled = self.half.is_some() || self.q_in_place;
+        // A soft-capping score function leaves the scores scaled (see `softcap_piece`).
+        let unscaled = (self.half.is_some() || self.q_in_place) && self.softcap.is_none();
         let mut softmax_scale = if unscaled { qscale } else { 1.0 };
         if mask != BlockMask::Clear {
             // Mods' mask loops read every score, as a bool mask's or a bias's does, unless the
@@ -155,6 +157,25 @@ impl SdpaKernel {
             ));
         }
         done.expect("a block of at least one key")
+    }
+
+    /// The soft-capping tile op over the `rows x keys` piece of the score tile (row stride
+    /// `ld`) that a score GEMM just wrote, when the score function is a soft-cap: only the
+    /// scores the GEMMs computed are read. The tile holds the natural score `s` over the
+    /// scale (queries read unscaled) or over `ln 2` (queries scaled by the scale in base 2);
+    /// the capped scores go back scaled and in base 2, so neither the mask loop nor the
+    /// softmax step scales them again.
+    fn softcap_piece(&self, (rows, keys, ld): (usize, usize, usize)) -> Option<TileOp> {
+        let cap = self.softcap?;
+        let unscaled = self.half.is_some() || self.q_in_place;
+        let natural = if unscaled { f64::from(self.c.effective_scale()) } else { std::f64::consts::LN_2 };
+        Some(TileOp::Softcap {
+            rows,
+            cols: keys,
+            ld,
+            inner: ((cap.inner * natural) as f32).to_bits(),
+            outer: ((cap.outer * LOG2E) as f32).to_bits(),
+        })
     }
 
     /// The loop over a score tile (after `scores`) that adds the bias and sets the keys a row

@@ -12,6 +12,7 @@ mod task;
 
 use super::flex::Reads;
 use super::panels::KvPanels;
+use super::score_forms::Softcap;
 use super::views::Views;
 use super::{AttentionMods, Blocking, MaskKind, SdpaConfig};
 use crate::masked::min_idx;
@@ -137,8 +138,12 @@ struct SdpaKernel {
     q_in_place: bool,
     /// Where k and v lie in panels, with [`Blocking::kv_panel_width`].
     panels: Option<KvPanels>,
-    /// Score and mask functions, sinks, and their captured tensors' buffers.
+    /// Score and mask functions, sinks, and their captured tensors' buffers; without the score
+    /// function when `softcap` runs it.
     mods: Option<(AttentionMods, Vec<UOp>)>,
+    /// The score function when it is a soft-cap, run by the soft-capping tile op on each
+    /// block's scores right after the score GEMM.
+    softcap: Option<Softcap>,
     /// The per-run block plan's buffer (`[t0, c0, c1, t1]` per unit, i32) and whether its units
     /// are tasks (else query blocks of an item), for mods whose mask bounds are not exact.
     flex_plan: Option<(UOp, bool)>,
@@ -235,6 +240,9 @@ impl SdpaKernel {
         slot += usize::from(mask.is_some());
         let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
         slot += usize::from(lens.is_some());
+        let softcap = mods.and_then(Softcap::of);
+        let without_score = mods.filter(|_| softcap.is_some()).map(AttentionMods::without_score);
+        let mods = without_score.as_ref().or(mods);
         let used = mods.map_or(Vec::new(), |m| m.captures_read(Reads::ALL));
         let mods = mods.map(|m| (m.clone(), m.buffers_used(slot, &used)));
         slot += used.iter().filter(|&&u| u).count();
@@ -268,6 +276,7 @@ impl SdpaKernel {
             q_in_place: blocking.reads_queries_in_place(config),
             panels,
             mods,
+            softcap,
             flex_plan,
             pb: ProgramBuilder::new(),
         }
