@@ -1,60 +1,55 @@
-//! Logit soft-capping over a block of rows: `X = outer tanh(inner X)` in place; see
-//! [`softcap`].
+//! Logit soft-capping of a score tile: `S = outer tanh(inner S)` in place; see [`softcap`].
 //!
 //! Gemma 2 and Grok cap attention scores as `c tanh(s / c)`. An attention kernel runs this on
 //! its score tile between the score GEMM and the softmax step, where generated code would
 //! evaluate the same formula four lanes at a time.
 
-use crate::error::{check_len, span};
+use crate::error::check_len;
 use crate::softmax::exp2_scalar;
-use crate::{Isa, TileError};
+use crate::{Isa, ScoreTileShape, TileError};
 
 /// `2 log2(e)` as an f32, the factor of [`softcap`]'s exponent: `exp(-2|y|) = exp2(-|y| 2
 /// log2(e))`.
 pub const SOFTCAP_TWO_LOG2_E: f32 = 2.0 * std::f32::consts::LOG2_E;
 
-/// `X[r, j] = outer * tanh(inner * X[r, j])` over a `rows x cols` block with row stride `ld`.
+/// `S[r, j] = outer * tanh(inner * S[r, j])` over a score tile of shape `sh`.
 ///
-/// tanh is computed as `(1 - e) / (1 + e)` with `e = exp2(-2 log2(e) |inner x|)`, given the
-/// sign of `inner x`: `e` is at most 1, so nothing overflows, `±inf` gives `±outer` and NaN
-/// stays NaN. The absolute error of the tanh is within
-/// [`SOFTCAP_MAX_ABS_ERROR`] (the exponential's relative error, [`crate::EXP2_MAX_REL_ERROR`],
-/// near `e = 1`, plus the rounding of `inner x`, the division and the product), scaled by
-/// `|outer|`.
+/// tanh is computed as `(1 - e) / (1 + e)` with `e = exp2(-2 log2(e) |inner s|)`, given the
+/// sign of `inner s`: `e` is at most 1, so nothing overflows, `±inf` gives `±outer` and NaN
+/// stays NaN. The absolute error of the tanh is within [`SOFTCAP_MAX_ABS_ERROR`] (the
+/// exponential's relative error, [`crate::EXP2_MAX_REL_ERROR`], near `e = 1`, plus the
+/// rounding of `inner s` and of the division), scaled by `|outer|`.
 ///
 /// # Errors
 ///
 /// Nothing is written when one is returned: [`TileError::IsaUnavailable`] if this CPU lacks
-/// `isa`; [`TileError::LeadingDim`] when `ld < cols` with two or more rows;
-/// [`TileError::Overflow`] when the extent does not fit in `usize`;
-/// [`TileError::BufferTooSmall`] if `x` is shorter than the block.
+/// `isa`; the errors of [`ScoreTileShape::extent`]; [`TileError::BufferTooSmall`] if `s` is
+/// shorter than the tile.
 ///
 /// # Examples
 ///
 /// ```rust
-/// use uopc_tile::{Isa, TileError, softcap};
+/// use uopc_tile::{Isa, ScoreTileShape, TileError, softcap};
 ///
 /// // Scores capped at 30 (`30 tanh(s / 30)`).
-/// let mut x = [0.0f32, 15.0, -300.0];
-/// softcap(Isa::detect(), 1, 3, 3, 1.0 / 30.0, 30.0, &mut x)?;
-/// assert!(x[0] == 0.0 && (x[1] - 30.0 * 0.5f32.tanh()).abs() < 1e-4 && (x[2] + 30.0).abs() < 1e-4);
+/// let mut s = [0.0f32, 15.0, -300.0];
+/// softcap(Isa::detect(), &ScoreTileShape::dense(1, 3), 1.0 / 30.0, 30.0, &mut s)?;
+/// assert!(s[0] == 0.0 && (s[1] - 30.0 * 0.5f32.tanh()).abs() < 1e-4 && (s[2] + 30.0).abs() < 1e-4);
 /// # Ok::<(), TileError>(())
 /// ```
 pub fn softcap(
     isa: Isa,
-    rows: usize,
-    cols: usize,
-    ld: usize,
+    sh: &ScoreTileShape,
     inner: f32,
     outer: f32,
-    x: &mut [f32],
+    s: &mut [f32],
 ) -> Result<(), TileError> {
     if !isa.available() {
         return Err(TileError::IsaUnavailable(isa));
     }
-    check_len("x", span("x", rows, cols, ld)?, x.len())?;
-    // SAFETY: the ISA is available and `x` covers the block's extent, uniquely borrowed.
-    unsafe { softcap_unchecked(isa, rows, cols, ld, inner, outer, x.as_mut_ptr()) };
+    check_len("s", sh.extent()?, s.len())?;
+    // SAFETY: the ISA is available and `s` covers the tile's extent, uniquely borrowed.
+    unsafe { softcap_unchecked(isa, sh, inner, outer, s.as_mut_ptr()) };
     Ok(())
 }
 
@@ -66,63 +61,53 @@ pub const SOFTCAP_MAX_ABS_ERROR: f64 = 4.0e-7;
 ///
 /// # Safety
 ///
-/// `isa.available()` is true; `x` is valid for reads and writes of the block (row `r < rows`
-/// at `r * ld`, `cols` floats each), aligned for `f32`, and nothing else accesses it during
-/// the call.
-pub unsafe fn softcap_unchecked(
-    isa: Isa,
-    rows: usize,
-    cols: usize,
-    ld: usize,
-    inner: f32,
-    outer: f32,
-    x: *mut f32,
-) {
-    if cols == 0 {
-        return;
-    }
-    for r in 0..rows {
-        // SAFETY: row `r` spans `cols` floats at `r * ld`, inside the caller's block.
-        unsafe {
-            let row = x.add(r * ld);
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX-512 (which includes AVX2 and FMA) or AVX2 and FMA are available, as
-                // the caller guarantees; the row is inside the block.
-                Isa::Avx512 | Isa::Avx2Fma => crate::x86::softcap::softcap_row(row, cols, inner, outer),
-                _ => {
-                    for j in 0..cols {
-                        *row.add(j) = softcap_scalar(*row.add(j), inner, outer);
-                    }
-                }
-            }
-        }
+/// `isa.available()` is true; `s` is valid for reads and writes of the tile (row `r <
+/// sh.rows` at `r * sh.ld`, `sh.cols` floats each), aligned for `f32`, and nothing else
+/// accesses it during the call.
+pub unsafe fn softcap_unchecked(isa: Isa, sh: &ScoreTileShape, inner: f32, outer: f32, s: *mut f32) {
+    let row_op: unsafe fn(*mut f32, usize, f32, f32) = match isa {
+        // AVX-512 includes AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2Fma => crate::x86::softcap::softcap_row,
+        _ => softcap_row,
+    };
+    for r in 0..if sh.cols == 0 { 0 } else { sh.rows } {
+        // SAFETY: row `r` spans `cols` floats at `r * ld`, inside the caller's tile; the ISA
+        // the row function needs is available, as the caller guarantees.
+        unsafe { row_op(s.add(r * sh.ld), sh.cols, inner, outer) };
     }
 }
 
-/// One element of the portable path, the vector kernel's operations in the same order.
-fn softcap_scalar(x: f32, inner: f32, outer: f32) -> f32 {
+/// The portable row: the vector kernel's operations in the same order, one float at a time.
+///
+/// # Safety
+///
+/// `row` is valid for reads and writes of `len` floats.
+unsafe fn softcap_row(row: *mut f32, len: usize, inner: f32, outer: f32) {
     const SIGN: u32 = 0x8000_0000;
-    let y = x * inner;
-    let negative = f32::from_bits(y.to_bits() | SIGN);
-    let e = exp2_scalar(negative * SOFTCAP_TWO_LOG2_E);
-    let t = (1.0 - e) / (1.0 + e);
-    f32::from_bits(t.to_bits() | (y.to_bits() & SIGN)) * outer
+    for j in 0..len {
+        // SAFETY: `j < len`, inside the row.
+        let x = unsafe { &mut *row.add(j) };
+        let y = *x * inner;
+        let e = exp2_scalar(f32::from_bits(y.to_bits() | SIGN) * SOFTCAP_TWO_LOG2_E);
+        let t = (1.0 - e) / (1.0 + e);
+        *x = f32::from_bits(t.to_bits() | (y.to_bits() & SIGN)) * outer;
+    }
 }
 
 /// Flat C-ABI [`softcap`] for JIT-compiled code, with the fastest ISA of this CPU.
 ///
-/// Arguments, in order: `x` (a pointer to f32), then the `i64`s `rows`, `cols`, `ld`, `inner`
+/// Arguments, in order: `s` (a pointer to f32), then the `i64`s `rows`, `cols`, `ld`, `inner`
 /// and `outer` (each f32's bit pattern in the low 32 bits). Returns 0 on success, or -1
 /// without touching memory if a size is negative, the row stride is too small, the extent
-/// overflows, or `x` is null while the block is non-empty.
+/// overflows, or `s` is null while the tile is non-empty.
 ///
 /// # Safety
 ///
-/// `x` must satisfy the contract of [`softcap_unchecked`] for the decoded shape.
+/// `s` must satisfy the contract of [`softcap_unchecked`] for the decoded shape.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn uopc_tile_softcap_f32(
-    x: *mut f32,
+    s: *mut f32,
     rows: i64,
     cols: i64,
     ld: i64,
@@ -131,14 +116,15 @@ pub unsafe extern "C" fn uopc_tile_softcap_f32(
 ) -> i32 {
     let u = |v: i64| usize::try_from(v).ok();
     let (Some(rows), Some(cols), Some(ld)) = (u(rows), u(cols), u(ld)) else { return -1 };
-    let Ok(n) = span("x", rows, cols, ld) else { return -1 };
-    if n > 0 && x.is_null() {
+    let sh = ScoreTileShape { rows, cols, ld };
+    let Ok(n) = sh.extent() else { return -1 };
+    if n > 0 && s.is_null() {
         return -1;
     }
     // The low 32 bits are each f32's pattern; the truncation is the documented encoding.
     let (inner, outer) = (f32::from_bits(inner as u32), f32::from_bits(outer as u32));
     // SAFETY: the detected ISA is available; the extent and pointer are the caller's contract.
-    unsafe { softcap_unchecked(Isa::detect(), rows, cols, ld, inner, outer, x) };
+    unsafe { softcap_unchecked(Isa::detect(), &sh, inner, outer, s) };
     0
 }
 
@@ -165,7 +151,7 @@ mod tests {
         for (inner, outer) in [(1.0 / 30.0, 30.0), (0.02, -50.0), (1.0, 1.0)] {
             for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
                 let mut x = x0.clone();
-                softcap(isa, rows, cols, ld, inner, outer, &mut x).unwrap();
+                softcap(isa, &ScoreTileShape { rows, cols, ld }, inner, outer, &mut x).unwrap();
                 for (i, (&got, &was)) in x.iter().zip(&x0).enumerate() {
                     if i % ld >= cols {
                         assert_eq!(got.to_bits(), was.to_bits(), "{isa:?}: gap {i} written");
@@ -191,12 +177,12 @@ mod tests {
     fn bad_blocks_are_refused_before_writing() {
         let mut x = [1.0f32; 10];
         assert!(matches!(
-            softcap(Isa::Portable, 2, 4, 3, 1.0, 1.0, &mut x),
+            softcap(Isa::Portable, &ScoreTileShape { rows: 2, cols: 4, ld: 3 }, 1.0, 1.0, &mut x),
             Err(TileError::LeadingDim { .. })
         ));
         assert!(matches!(
-            softcap(Isa::Portable, 3, 4, 4, 1.0, 1.0, &mut x),
-            Err(TileError::BufferTooSmall { operand: "x", .. })
+            softcap(Isa::Portable, &ScoreTileShape::dense(3, 4), 1.0, 1.0, &mut x),
+            Err(TileError::BufferTooSmall { operand: "s", .. })
         ));
         assert_eq!(x, [1.0; 10]);
         // SAFETY: a null pointer with a negative size is refused before any access.
