@@ -127,9 +127,8 @@ pub use max_sum_exp::{max_sum_exp, max_sum_exp_unchecked, uopc_tile_max_sum_exp_
 pub use panels::{
     PanelPacking, pack_panels, pack_panels_bf16, pack_panels_f16, pack_panels_unchecked, panel_width,
 };
-pub use softcap::{
-    SOFTCAP_MAX_ABS_ERROR, SOFTCAP_TWO_LOG2_E, softcap, softcap_unchecked, uopc_tile_softcap_f32,
-};
+pub use shapes::SOFTCAP_TWO_LOG2_E;
+pub use softcap::{SOFTCAP_MAX_ABS_ERROR, softcap, softcap_unchecked, uopc_tile_softcap_f32};
 pub use softmax::{
     EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_scaled, softmax_update_unchecked,
     uopc_tile_softmax_update_f32,

@@ -245,3 +245,7 @@ pub(crate) unsafe fn zero_c(s: &GemmShape, c: *mut f32) {
         unsafe { std::ptr::write_bytes(c.add(i * s.ldc), 0, s.n) };
     }
 }
+
+/// `2 log2(e)` as an f32, the factor of [`crate::softcap`]'s exponent: `exp(-2|y|) = exp2(-|y| 2
+/// log2(e))`.
+pub const SOFTCAP_TWO_LOG2_E: f32 = 2.0 * std::f32::consts::LOG2_E;

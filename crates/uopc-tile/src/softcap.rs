@@ -5,12 +5,9 @@
 //! evaluate the same formula four lanes at a time.
 
 use crate::error::check_len;
+use crate::shapes::SOFTCAP_TWO_LOG2_E;
 use crate::softmax::exp2_scalar;
 use crate::{Isa, ScoreTileShape, TileError};
-
-/// `2 log2(e)` as an f32, the factor of [`softcap`]'s exponent: `exp(-2|y|) = exp2(-|y| 2
-/// log2(e))`.
-pub const SOFTCAP_TWO_LOG2_E: f32 = 2.0 * std::f32::consts::LOG2_E;
 
 /// `S[r, j] = outer * tanh(inner * S[r, j])` over a score tile of shape `sh`.
 ///

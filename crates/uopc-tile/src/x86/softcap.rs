@@ -16,7 +16,7 @@ fn softcap_x8(x: __m256, inner: __m256, outer: __m256) -> __m256 {
     let y = _mm256_mul_ps(x, inner);
     // `-|y|` (the sign bit set), then the exponent `-2 log2(e) |y|`, never positive.
     let negative = _mm256_or_ps(y, sign);
-    let e = nonpositive_x8(_mm256_mul_ps(negative, _mm256_set1_ps(crate::SOFTCAP_TWO_LOG2_E)));
+    let e = nonpositive_x8(_mm256_mul_ps(negative, _mm256_set1_ps(crate::shapes::SOFTCAP_TWO_LOG2_E)));
     let one = _mm256_set1_ps(1.0);
     let t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
     // tanh is odd: `t >= 0` (or NaN) takes `y`'s sign.
