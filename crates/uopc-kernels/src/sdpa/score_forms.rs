@@ -15,9 +15,9 @@ use uopc_ir::{AxisType, BinaryOp, ConstValue, DType, Op, UOp, UnaryOp, range};
 use super::flex::{AttentionMods, placeholders};
 
 /// `tanh(x)` as a score or mask function can build it, `1 - 2 / (exp2(2 log2(e) x) + 1)`: the
-/// form the soft-capping tile op is recognized by (`(s * k).tanh() * c`-like functions built
-/// with it run as that op, see [`AttentionMods::score`]). `±inf` gives `±1`; large positive
-/// `x` overflows the exponential to `inf`, whose reciprocal makes the result exactly 1.
+/// form the soft-capping tile op is recognized by (a score function `tanh(&(s * k)) * c` runs
+/// as that op, see [`AttentionMods::score`]). `±inf` gives `±1`; large positive `x` overflows
+/// the exponential to `inf`, whose reciprocal makes the result exactly 1.
 pub fn tanh(x: &UOp) -> UOp {
     let e = (x * (2.0 * LOG2_E) as f32).exp2();
     ((e + 1.0f32).recip() * -2.0f32) + 1.0f32
