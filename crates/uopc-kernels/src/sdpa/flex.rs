@@ -354,6 +354,29 @@ impl AttentionMods {
     }
 }
 
+/// The score function built over placeholder indices, a placeholder score and the captures'
+/// buffers: what the analyses before a kernel's build read (the backward's derivative and
+/// tiles, the soft-cap's recognition).
+pub(crate) struct ScoreFunction {
+    /// The modified score.
+    pub f: UOp,
+    /// The load standing for the score.
+    pub score: UOp,
+    /// The captures' buffers, in declaration order.
+    pub buffers: Vec<UOp>,
+}
+
+impl ScoreFunction {
+    /// `mods`' score function, `None` without one.
+    pub(crate) fn of(mods: &AttentionMods) -> Option<ScoreFunction> {
+        let [b, h, q, kv] = placeholders();
+        let buffers = mods.buffers(0);
+        let score = buffer(buffers.len(), DType::F32, 1).index(idx(0)).load();
+        let (f, _, _) = mods.build((&b, &h, &q, &kv), &buffers, Some(&score));
+        Some(ScoreFunction { f: f?, score, buffers })
+    }
+}
+
 /// Which of the mods' functions a kernel runs ([`AttentionMods::captures_read`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Reads {

@@ -399,8 +399,9 @@ const BAND_ROWS: usize = 64;
 /// blocks the mask lets the kernel skip or run unmasked, and why.
 pub(crate) fn describe_mods(mods: &AttentionMods) -> String {
     let mut parts = Vec::new();
+    let softcap = Softcap::of(mods);
     if mods.has_score() {
-        let run_by = if Softcap::of(mods).is_some() {
+        let run_by = if softcap.is_some() {
             " (a soft-cap, `c tanh(s / c)`: run by the soft-capping tile op after each score GEMM)"
         } else {
             ""
@@ -417,7 +418,7 @@ pub(crate) fn describe_mods(mods: &AttentionMods) -> String {
             // Without a score function (or with a soft-cap, a tile op before the mask) the
             // blocks across a bound only have each row's ends set to -inf
             // (`mask_outside_bounds`), never the mask evaluated per score.
-            let across = if mods.has_score() && Softcap::of(mods).is_none() {
+            let across = if mods.has_score() && softcap.is_none() {
                 ""
             } else {
                 ", blocks across them have each row's masked ends set without evaluating the mask"

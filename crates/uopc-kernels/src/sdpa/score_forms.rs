@@ -10,9 +10,9 @@
 
 use std::f64::consts::LOG2_E;
 
-use uopc_ir::{AxisType, BinaryOp, ConstValue, DType, Op, UOp, UnaryOp, range};
+use uopc_ir::{BinaryOp, ConstValue, Op, UOp, UnaryOp};
 
-use super::flex::{AttentionMods, placeholders};
+use super::flex::{AttentionMods, ScoreFunction};
 
 /// `tanh(x)` as a score or mask function can build it, `1 - 2 / (exp2(2 log2(e) x) + 1)`: the
 /// form the soft-capping tile op is recognized by (a score function `tanh(&(s * k)) * c` runs
@@ -36,14 +36,9 @@ impl Softcap {
     /// The score function of `mods` when it is a soft-cap; `None` without a score function or
     /// for any other one.
     pub(crate) fn of(mods: &AttentionMods) -> Option<Softcap> {
-        let [b, h, q, kv] = placeholders();
-        // A placeholder score no function can build on its own.
-        let s = range(1usize << 30, (1usize << 30) + 4, AxisType::Loop).cast(DType::F32);
-        let (score, _, problems) = mods.build((&b, &h, &q, &kv), &mods.buffers(0), Some(&s));
-        if !problems.is_empty() {
-            return None;
-        }
-        Softcap::matching(&score?, &s)
+        // A function that loads a capture (the only source of build problems) never matches.
+        let ScoreFunction { f, score, .. } = ScoreFunction::of(mods)?;
+        Softcap::matching(&f, &score)
     }
 
     /// `score` as `outer * tanh(inner * s)`: a product with a constant (or none) around
@@ -115,6 +110,7 @@ fn multiple_of(u: &UOp, s: &UOp) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uopc_ir::DType;
 
     fn softcap_mods(f: impl Fn(&UOp) -> UOp + Send + Sync + 'static) -> AttentionMods {
         AttentionMods::new().score(move |_, s| f(s))

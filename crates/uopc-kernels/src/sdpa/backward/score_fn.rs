@@ -1,9 +1,9 @@
 //! What the backward reads off a score function before building anything: that it can be
 //! differentiated, the captures it loads, and the stack tiles its derivative needs.
 
-use crate::sdpa::flex::placeholders;
+use crate::sdpa::flex::ScoreFunction;
 use crate::sdpa::{AttentionMods, SdpaError};
-use uopc_ir::{DType, Op, UOp, derivative, idx};
+use uopc_ir::{DType, Op, UOp, derivative};
 
 /// The score function differentiated once over placeholders, with respect to the score and
 /// to every capture it loads, so that a kernel's build cannot meet an op without a rule.
@@ -18,28 +18,6 @@ pub(super) fn check_differentiable(mods: &AttentionMods) -> Result<(), SdpaError
         derivative(&f, &load.0).map_err(fault)?;
     }
     Ok(())
-}
-
-/// The score function built over placeholder indices, a placeholder score and the captures'
-/// buffers: what the analyses before a kernel's build read.
-struct ScoreFunction {
-    /// The modified score.
-    f: UOp,
-    /// The load standing for the score.
-    score: UOp,
-    /// The captures' buffers, in declaration order.
-    buffers: Vec<UOp>,
-}
-
-impl ScoreFunction {
-    /// `mods`' score function, `None` without one.
-    fn of(mods: &AttentionMods) -> Option<ScoreFunction> {
-        let [b, h, q, kv] = placeholders();
-        let buffers = mods.buffers(0);
-        let score = uopc_ir::buffer(buffers.len(), DType::F32, 1).index(idx(0)).load();
-        let (f, _, _) = mods.build((&b, &h, &q, &kv), &buffers, Some(&score));
-        Some(ScoreFunction { f: f?, score, buffers })
-    }
 }
 
 /// What a score function needs in the backward besides the score and gradient tiles.

@@ -90,7 +90,7 @@ impl SdpaKernel {
         // positive scale.
         let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
         // A soft-capping score function leaves the scores scaled (see `softcap_piece`).
-        let unscaled = (self.half.is_some() || self.q_in_place) && self.softcap.is_none();
+        let unscaled = self.queries_unscaled() && self.softcap.is_none();
         let mut softmax_scale = if unscaled { qscale } else { 1.0 };
         if mask != BlockMask::Clear {
             // Mods' mask loops read every score, as a bool mask's or a bias's does, unless the
@@ -159,6 +159,12 @@ impl SdpaKernel {
         done.expect("a block of at least one key")
     }
 
+    /// Whether the score GEMM reads unscaled queries (16-bit attention's exact tile, or q read
+    /// in place), so its scores still lack the scale.
+    fn queries_unscaled(&self) -> bool {
+        self.half.is_some() || self.q_in_place
+    }
+
     /// The soft-capping tile op over the `rows x keys` piece of the score tile (row stride
     /// `ld`) that a score GEMM just wrote, when the score function is a soft-cap: only the
     /// scores the GEMMs computed are read. The tile holds the natural score `s` over the
@@ -167,8 +173,11 @@ impl SdpaKernel {
     /// softmax step scales them again.
     fn softcap_piece(&self, (rows, keys, ld): (usize, usize, usize)) -> Option<TileOp> {
         let cap = self.softcap?;
-        let unscaled = self.half.is_some() || self.q_in_place;
-        let natural = if unscaled { f64::from(self.c.effective_scale()) } else { std::f64::consts::LN_2 };
+        let natural = if self.queries_unscaled() {
+            f64::from(self.c.effective_scale())
+        } else {
+            std::f64::consts::LN_2
+        };
         Some(TileOp::Softcap {
             rows,
             cols: keys,
