@@ -16,6 +16,7 @@
 
 use crate::GemmShape;
 use crate::convert::BlockConversion;
+use crate::machine::{L1Geometry, MAX_L1_SETS};
 use crate::pack;
 use crate::shapes::zero_c;
 pub(crate) use crate::tile::{HalfFloat, Tile, TileKernel};
@@ -135,54 +136,44 @@ const PACK_A_MIN_PANELS: usize = 32;
 /// from one packed line.
 const PACK_A_TRANS_MIN_PANELS: usize = 4;
 
-/// An untransposed B slab spanning at most this many floats (32 KiB, within L1) may be read in
-/// place ([`panel_stays_in_l1`]): its full panels need no copy to stay in L1 (flash
-/// attention's `P · V_blk`); a larger slab no longer stays in L1, so it is packed
-/// (`docs/bench/tile-gemm-in-place.json`).
-const IN_PLACE_FLOATS: usize = 1 << 13;
-
-/// L1 data cache geometry the in-place rule assumes: 64-byte lines in 64 sets of 8 ways
-/// (32 KiB), as on the x86 cores the vector ISAs run on.
-const L1_LINE_FLOATS: usize = 16;
-const L1_SETS: usize = 64;
-const L1_WAYS: usize = 8;
-
 /// Whether a full B panel of `kc` rows, `ldb` floats apart, is read where it lies rather than
-/// packed: the slab must span at most [`IN_PLACE_FLOATS`], and its rows must not pile into a
-/// few L1 sets. Rows a multiple of a line apart share sets with the rows `L1_SETS / gcd`
-/// lines further on; more than half a set's ways per set would evict each other and the rows
-/// of A and C streaming past (a 128-float stride puts 64 rows into 8 sets), so such a panel
-/// is packed, contiguous, instead.
-fn panel_stays_in_l1(kc: usize, ldb: usize) -> bool {
-    if kc * ldb > IN_PLACE_FLOATS {
+/// packed: the slab must span at most L1's floats (its full panels then stay in L1 with no
+/// copy: flash attention's `P · V_blk`; a larger slab no longer stays in L1, so it is packed,
+/// `docs/bench/tile-gemm-in-place.json`), and its rows must not pile into a few L1 sets. Rows
+/// a multiple of a line apart share sets with the rows `sets / gcd` lines further on; more
+/// than half a set's ways per set would evict each other and the rows of A and C streaming
+/// past (on 64 sets, a 128-float stride puts 64 rows into 8 sets), so such a panel is packed,
+/// contiguous, instead.
+fn panel_stays_in_l1(kc: usize, ldb: usize, l1: &L1Geometry) -> bool {
+    if kc * ldb > l1.floats() {
         return false;
     }
-    if !ldb.is_multiple_of(L1_LINE_FLOATS) {
+    if !ldb.is_multiple_of(l1.line_floats) {
         // Rows start at shifting offsets within their lines and so spread over the sets.
         return true;
     }
-    let distinct_sets = L1_SETS / gcd(L1_SETS, ldb / L1_LINE_FLOATS);
-    kc.div_ceil(distinct_sets) <= L1_WAYS / 2
+    let distinct_sets = l1.sets / gcd(l1.sets, ldb / l1.line_floats);
+    kc.div_ceil(distinct_sets) <= l1.ways / 2
 }
 
 /// Whether an `mr`-row strip of a row-major A, `kc` floats of each row `lda` floats apart,
 /// stays in L1 when read where it lies: no L1 set holds more than half its ways of the strip's
-/// lines (the rest is left to the B panels streaming past and to C). Rows a multiple of 64
-/// lines apart land on the same sets, so a strip of such rows is copied instead.
-fn strip_stays_in_l1(mr: usize, kc: usize, lda: usize) -> bool {
+/// lines (the rest is left to the B panels streaming past and to C). Rows a multiple of
+/// `sets` lines apart land on the same sets, so a strip of such rows is copied instead.
+fn strip_stays_in_l1(mr: usize, kc: usize, lda: usize, l1: &L1Geometry) -> bool {
     // A row starting mid-line touches one line more than its length.
-    let row_lines = kc.div_ceil(L1_LINE_FLOATS) + 1;
-    if mr * row_lines > L1_SETS * L1_WAYS / 2 {
+    let row_lines = kc.div_ceil(l1.line_floats) + 1;
+    if mr * row_lines > l1.sets * l1.ways / 2 {
         return false;
     }
-    let mut lines_per_set = [0usize; L1_SETS];
+    let mut lines_per_set = [0usize; MAX_L1_SETS];
     for row in 0..mr {
-        let first = row * lda / L1_LINE_FLOATS;
+        let first = row * lda / l1.line_floats;
         for line in first..first + row_lines {
-            lines_per_set[line % L1_SETS] += 1;
+            lines_per_set[line % l1.sets] += 1;
         }
     }
-    lines_per_set.iter().all(|&lines| lines <= L1_WAYS / 2)
+    lines_per_set.iter().all(|&lines| lines <= l1.ways / 2)
 }
 
 fn gcd(mut a: usize, mut b: usize) -> usize {
@@ -339,17 +330,18 @@ unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
     // major strip whose rows share sets, or a transposed one with `lda` a multiple of 128
     // floats (its k rows then map to at most 8 of L1's 64 sets, and a long strip no longer
     // fits them).
+    let l1 = L1Geometry::of_this_machine();
     let pack_a = !EA::READ_IN_PLACE
         || if a_trans {
             n >= PACK_A_TRANS_MIN_PANELS * K::NR || lda.is_multiple_of(128)
         } else {
-            n >= PACK_A_MIN_PANELS * K::NR || !strip_stays_in_l1(K::MR, kc_max, lda)
+            n >= PACK_A_MIN_PANELS * K::NR || !strip_stays_in_l1(K::MR, kc_max, lda, &l1)
         };
     let a_floats = if pack_a { kc_max * mc_max.min(m.next_multiple_of(K::MR)) } else { 0 };
     // A rounded product of one slab sums each strip in a scratch strip (a buffer of its own,
     // `pack::with_strip`), its rows a line longer than whole panels so that they do not all
     // fall into one L1 set (the panels' widths are powers of two).
-    let strip_ld = nc_max.min(n).next_multiple_of(K::NR) + L1_LINE_FLOATS;
+    let strip_ld = nc_max.min(n).next_multiple_of(K::NR) + l1.line_floats;
     let strip_floats = if rounded.is_some() && k <= kc_step { K::MR * strip_ld } else { 0 };
     let packed = |buf: *mut f32, strip: *mut f32| {
         // SAFETY: the buffer holds `b_floats + a_floats` floats.
@@ -358,7 +350,7 @@ unsafe fn drive_into<K: TileKernel, EA: Element, EB: Element>(
         for pc in (0..k).step_by(kc_step) {
             let kc = kc_step.min(k - pc);
             let accumulate = s.accumulate || pc > 0;
-            let in_place = EB::READ_IN_PLACE && !b_trans && panel_stays_in_l1(kc, ldb);
+            let in_place = EB::READ_IN_PLACE && !b_trans && panel_stays_in_l1(kc, ldb, &l1);
             for ic in (0..m).step_by(mc_max) {
                 let mc = mc_max.min(m - ic);
                 if pack_a && a_trans {
@@ -642,38 +634,57 @@ unsafe fn pack_a_rows<K: TileKernel, E: Element>(
 #[cfg(test)]
 mod tests {
     use super::{panel_stays_in_l1, strip_stays_in_l1};
+    use crate::machine::L1Geometry;
+
+    /// Zen 3 and Zen 4's L1 (and the fallback): 32 KiB in 64 sets of 8 ways.
+    const EIGHT_WAYS: L1Geometry = L1Geometry { line_floats: 16, sets: 64, ways: 8 };
+    /// Sapphire and Emerald Rapids' and Zen 5's: 48 KiB in 64 sets of 12 ways.
+    const TWELVE_WAYS: L1Geometry = L1Geometry { line_floats: 16, sets: 64, ways: 12 };
 
     #[test]
     fn strips_whose_rows_share_l1_sets_are_copied() {
         // Attention's Q (d = 64, 128) and P (128 or 256 keys plus a line) rows spread.
-        assert!(strip_stays_in_l1(6, 64, 64));
-        assert!(strip_stays_in_l1(12, 128, 128));
-        assert!(strip_stays_in_l1(12, 128, 144));
+        assert!(strip_stays_in_l1(6, 64, 64, &EIGHT_WAYS));
+        assert!(strip_stays_in_l1(12, 128, 128, &EIGHT_WAYS));
+        assert!(strip_stays_in_l1(12, 128, 144, &EIGHT_WAYS));
         // Rows 64 lines (4 KiB) apart all land on the same sets.
-        assert!(!strip_stays_in_l1(6, 320, 1024));
-        assert!(!strip_stays_in_l1(12, 256, 3072));
+        assert!(!strip_stays_in_l1(6, 320, 1024, &EIGHT_WAYS));
+        assert!(!strip_stays_in_l1(12, 256, 3072, &EIGHT_WAYS));
         // Rows 48 lines apart start on 4 sets: 3 rows of 12 share each, overlapping at the ends.
-        assert!(!strip_stays_in_l1(12, 256, 768));
-        assert!(strip_stays_in_l1(6, 320, 768));
+        assert!(!strip_stays_in_l1(12, 256, 768, &EIGHT_WAYS));
+        assert!(strip_stays_in_l1(6, 320, 768, &EIGHT_WAYS));
         // A strip of more lines than half of L1 is always copied.
-        assert!(!strip_stays_in_l1(12, 1024, 1000));
+        assert!(!strip_stays_in_l1(12, 1024, 1000, &EIGHT_WAYS));
     }
 
     #[test]
     fn panels_whose_rows_share_l1_sets_are_packed() {
         // P · V at D = 64 and D = 96: rows spread over 16 and 32 sets.
-        assert!(panel_stays_in_l1(64, 64));
-        assert!(panel_stays_in_l1(64, 96));
+        assert!(panel_stays_in_l1(64, 64, &EIGHT_WAYS));
+        assert!(panel_stays_in_l1(64, 96, &EIGHT_WAYS));
         // D = 128: 64 rows into 8 sets, 8 per set.
-        assert!(!panel_stays_in_l1(64, 128));
+        assert!(!panel_stays_in_l1(64, 128, &EIGHT_WAYS));
         // Fewer rows at that stride fit (4 per set).
-        assert!(panel_stays_in_l1(32, 128));
+        assert!(panel_stays_in_l1(32, 128, &EIGHT_WAYS));
         // D = 80: an odd number of lines apart, so every set.
-        assert!(panel_stays_in_l1(64, 80));
+        assert!(panel_stays_in_l1(64, 80, &EIGHT_WAYS));
         // A stride that is not a whole number of lines spreads.
-        assert!(panel_stays_in_l1(64, 72));
+        assert!(panel_stays_in_l1(64, 72, &EIGHT_WAYS));
         // Past the slab cap, always packed.
-        assert!(!panel_stays_in_l1(64, 129));
-        assert!(!panel_stays_in_l1(256, 80));
+        assert!(!panel_stays_in_l1(64, 129, &EIGHT_WAYS));
+        assert!(!panel_stays_in_l1(256, 80, &EIGHT_WAYS));
+    }
+
+    #[test]
+    fn a_larger_l1_keeps_more_in_place() {
+        // Twelve ways hold six rows per set where eight hold four, and 12 Ki floats.
+        assert!(!panel_stays_in_l1(48, 128, &EIGHT_WAYS));
+        assert!(panel_stays_in_l1(48, 128, &TWELVE_WAYS));
+        assert!(!panel_stays_in_l1(64, 128, &TWELVE_WAYS));
+        assert!(panel_stays_in_l1(64, 129, &TWELVE_WAYS));
+        assert!(!panel_stays_in_l1(96, 129, &TWELVE_WAYS));
+        assert!(!strip_stays_in_l1(12, 256, 768, &EIGHT_WAYS));
+        assert!(strip_stays_in_l1(12, 256, 768, &TWELVE_WAYS));
+        assert!(!strip_stays_in_l1(12, 256, 3072, &TWELVE_WAYS));
     }
 }

@@ -12,12 +12,14 @@
 //! what the CPU has changes nothing: a path the hardware lacks is never run.
 
 mod cpuid;
+mod l1;
 mod probe;
 
 use std::fmt;
 use std::sync::OnceLock;
 
 use crate::{Bf16Path, Isa};
+pub(crate) use l1::{L1Geometry, MAX_L1_SETS};
 
 /// The CPU's vendor, from CPUID leaf 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
