@@ -21,7 +21,7 @@
 //!   loops over S and O cannot both satisfy: the expanded program then fails to verify (an
 //!   error, never a wrong result). Operands in one buffer through distinct views are fine.
 
-use crate::builder::{alloc, const_of, range, sink};
+use crate::builder::{alloc, const_of, idx, range, sink};
 use crate::dtype::DType;
 use crate::linearize::open_ranges_with;
 use crate::rewrite::{Pass, Pattern, Revisit, Rule, RuleCx, RuleTable};
@@ -119,6 +119,9 @@ fn expand_tile_op(u: &UOp, cx: &mut RuleCx<'_, Expansion>) -> Option<UOp> {
         }
         TileOp::Softcap { rows, cols, ld, inner, outer } => {
             ops.softcap(rows, cols, ld, f32::from_bits(inner), f32::from_bits(outer))
+        }
+        TileOp::ScoreRamp { rows, cols, ld, scale, slope_scale } => {
+            ops.score_ramp(rows, cols, ld, f32::from_bits(scale), f32::from_bits(slope_scale))
         }
     })
 }
@@ -457,6 +460,22 @@ impl Operands<'_> {
         let e = (below.where_(&y, -&y) * f64::from(uopc_tile::SOFTCAP_TWO_LOG2_E)).exp2();
         let t = (-&e + 1.0) * (&e + 1.0).recip();
         let value = below.where_(-&t, &t) * f64::from(outer);
+        at.store(value.cast(DType::F32)).end(&[j, r])
+    }
+
+    /// `X = scale X + c (origin + j - r)` with `c = slope_scale slope`, in f64 in the
+    /// interpreter's order (`origin + j - r` first, then the products and the sum).
+    fn score_ramp(self, rows: usize, cols: usize, ld: usize, scale: f32, slope_scale: f32) -> UOp {
+        if rows == 0 || cols == 0 {
+            return self.nothing();
+        }
+        let c = self.at(1, idx(0)).load().cast(DType::F64) * f64::from(slope_scale);
+        let origin = self.at(2, idx(0)).load().cast(DType::F64);
+        let r = self.fresh.range(rows, AxisType::Loop);
+        let j = self.fresh.range(cols, AxisType::Loop);
+        let at = self.at(0, &r * ld as i64 + &j);
+        let position = origin + (&j - &r).cast(DType::F64);
+        let value = at.load().cast(DType::F64) * f64::from(scale) + c * position;
         at.store(value.cast(DType::F32)).end(&[j, r])
     }
 

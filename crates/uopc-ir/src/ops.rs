@@ -373,6 +373,7 @@ impl Op {
             Op::Tile(TileOp::Activation { .. }) => "TILE_ACTIVATION",
             Op::Tile(TileOp::ActivationGrad { .. }) => "TILE_ACTIVATION_GRAD",
             Op::Tile(TileOp::Softcap { .. }) => "TILE_SOFTCAP",
+            Op::Tile(TileOp::ScoreRamp { .. }) => "TILE_SCORE_RAMP",
             Op::Param { .. } => "PARAM",
             Op::Arange(_) => "ARANGE",
             Op::Data { .. } => "DATA",

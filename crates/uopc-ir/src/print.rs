@@ -228,6 +228,11 @@ impl Printer {
                                 f32::from_bits(*outer),
                                 f32::from_bits(*inner)
                             ),
+                            TileOp::ScoreRamp { rows, cols, scale, slope_scale, .. } => format!(
+                                "tile_score_ramp {rows}x{cols} {} x + {} slope (origin + j - r)",
+                                f32::from_bits(*scale),
+                                f32::from_bits(*slope_scale)
+                            ),
                         };
                         let _ = writeln!(self.out, "{pad}{what}({});", args.join(", "));
                     }

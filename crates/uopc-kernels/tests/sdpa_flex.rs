@@ -149,6 +149,72 @@ fn soft_caps_run_as_their_tile_op_wherever_the_kernel_reads_scores() {
     }
 }
 
+/// ALiBi, `s + slope[h] (kv - q)`, runs as the score-ramp tile op wherever a task holds one
+/// head's rows (the program calls it; stacked heads keep the mask loop), and matches the f64
+/// reference either way: causal and not, with queries read in place, under a window (bounds)
+/// and a mask evaluated per score, with a constant slope, with key lengths, and in bf16.
+#[test]
+fn alibi_runs_as_the_score_ramp_tile_op_where_a_task_holds_one_head() {
+    use half::bf16;
+    let mut rng = Rng(23);
+    let ramp_calls = |sdpa: &Sdpa| sdpa.program().loop_ir().contains("tile_score_ramp");
+    for (c, one_head) in [
+        (SdpaConfig { causal: true, ..config(1, 4, 4, 150, 150, 24) }, true),
+        (config(1, 6, 3, 129, 200, 40), true),
+        (SdpaConfig { causal: true, ..config(2, 8, 2, 70, 300, 16) }, true),
+        // Four queries per head stack the group's heads into one task's rows.
+        (SdpaConfig { causal: true, ..config(1, 8, 2, 4, 90, 32) }, false),
+    ] {
+        let mut mods = AttentionMods::new();
+        let slopes = mods.capture("slopes", &[c.heads], DType::F32);
+        let alibi_mods =
+            mods.score(move |x, s| s + x.load(slopes, &[x.h.clone()]) * (&x.kv - &x.q).cast(DType::F32));
+        let slope: Vec<f32> = (0..c.heads).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+        let alibi = |s: f64, [_, h, i, j]: [usize; 4]| s + f64::from(slope[h]) * (j as f64 - i as f64);
+        let captures = [CaptureValues::F32(&slope)];
+        let f = FlexReference { score: Some(&alibi), ..FlexReference::default() };
+        let sdpa = check(c, &alibi_mods, &captures, f, &mut rng);
+        assert_eq!(ramp_calls(&sdpa), one_head, "{c:?}");
+        assert!(sdpa.to_string().contains("score-ramp tile op"), "{sdpa}");
+        let windowed = alibi_mods.clone().mask(|x| (&x.q - &x.kv).lt(40));
+        let in_window = |[_, _, i, j]: [usize; 4]| i < j + 40;
+        let f = FlexReference { score: Some(&alibi), mask: Some(&in_window), ..FlexReference::default() };
+        assert_eq!(ramp_calls(&check(c, &windowed, &captures, f, &mut rng)), one_head);
+        let sparse = alibi_mods.clone().mask(|x| x.kv.modulo(3).ne(1));
+        let kept = |[_, _, _, j]: [usize; 4]| j % 3 != 1;
+        let f = FlexReference { score: Some(&alibi), mask: Some(&kept), ..FlexReference::default() };
+        assert_eq!(ramp_calls(&check(c, &sparse, &captures, f, &mut rng)), one_head);
+        let constant = AttentionMods::new().score(|x, s| (&x.kv - &x.q).cast(DType::F32) * -0.125f32 + s);
+        let minus_eighth = |s: f64, [_, _, i, j]: [usize; 4]| s - 0.125 * (j as f64 - i as f64);
+        let f = FlexReference { score: Some(&minus_eighth), ..FlexReference::default() };
+        assert_eq!(ramp_calls(&check(c, &constant, &[], f, &mut rng)), one_head);
+    }
+    // Key lengths per item, and bf16 q, k, v and output (within bf16's rounding of P and of
+    // the output, as for the soft-cap above).
+    let c = SdpaConfig { key_lengths: true, ..config(2, 2, 2, 65, 65, 16) };
+    let constant = AttentionMods::new().score(|x, s| s + (&x.kv - &x.q).cast(DType::F32) * 0.25f32);
+    let quarter = |s: f64, [_, _, i, j]: [usize; 4]| s + 0.25 * (j as f64 - i as f64);
+    let f = FlexReference { score: Some(&quarter), ..FlexReference::default() };
+    assert!(ramp_calls(&check_with(c, &constant, &[], f, &mut rng, Some(&[65, 20]))));
+    let c = SdpaConfig {
+        causal: true,
+        dtype: uopc_kernels::sdpa::SdpaDType::BF16,
+        ..config(1, 4, 2, 77, 77, 32)
+    };
+    let half = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+    let (q, k, v) = (half(rng.values(c.q_len())), half(rng.values(c.kv_len())), half(rng.values(c.kv_len())));
+    let wide = |x: &[bf16]| x.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
+    let sdpa = Sdpa::compile_flex(&c, &constant).unwrap();
+    assert!(ramp_calls(&sdpa));
+    let mut out = vec![bf16::NAN; c.q_len()];
+    sdpa.run(&q, &k, &v, Extras::default(), &mut out).unwrap();
+    let want = reference_flex_f64(&c, &wide(&q), &wide(&k), &wide(&v), Extras::default(), f);
+    for (i, (got, &want)) in out.iter().zip(&want).enumerate() {
+        let got = got.to_f64();
+        assert!((got - want).abs() <= (1.5 + want.abs()) / 256.0, "bf16 out[{i}] = {got}, want {want}");
+    }
+}
+
 #[test]
 fn window_document_and_prefix_masks_match_the_reference() {
     let mut rng = Rng(5);

@@ -29,6 +29,7 @@ impl TileEntry {
             TileEntry::Activation => crate::uopc_tile_activation_f32 as *const u8,
             TileEntry::ActivationGrad => crate::uopc_tile_activation_grad_f32 as *const u8,
             TileEntry::Softcap => crate::uopc_tile_softcap_f32 as *const u8,
+            TileEntry::ScoreRamp => crate::uopc_tile_score_ramp_f32 as *const u8,
         }
     }
 }

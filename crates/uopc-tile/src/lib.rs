@@ -83,6 +83,7 @@ mod pack;
 mod panels;
 #[cfg(target_arch = "x86_64")]
 pub mod peak;
+mod score_ramp;
 mod shapes;
 mod softcap;
 mod softmax;
@@ -127,6 +128,7 @@ pub use max_sum_exp::{max_sum_exp, max_sum_exp_unchecked, uopc_tile_max_sum_exp_
 pub use panels::{
     PanelPacking, pack_panels, pack_panels_bf16, pack_panels_f16, pack_panels_unchecked, panel_width,
 };
+pub use score_ramp::{score_ramp, score_ramp_unchecked, uopc_tile_score_ramp_f32};
 pub use shapes::SOFTCAP_TWO_LOG2_E;
 pub use softcap::{SOFTCAP_MAX_ABS_ERROR, softcap, softcap_unchecked, uopc_tile_softcap_f32};
 pub use softmax::{

@@ -44,6 +44,31 @@ impl Machine<'_> {
         Ok(())
     }
 
+    /// [`TileOp::ScoreRamp`] in f64: `X = scale X + c (origin + j - r)` with `c = slope_scale
+    /// slope`, the slope and origin read once (not at all for an empty block).
+    fn score_ramp(
+        &mut self,
+        node: &UOp,
+        at: &[(Mem, i64)],
+        (rows, cols, ld): (usize, usize, usize),
+        scale: f32,
+        slope_scale: f32,
+    ) -> Result<(), InterpError> {
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let c = self.get(node, at[1], 0)? * f64::from(slope_scale);
+        let origin = self.get(node, at[2], 0)?;
+        for r in 0..rows {
+            for j in 0..cols {
+                let x = self.get(node, at[0], r * ld + j)?;
+                let position = origin + (j as f64 - r as f64);
+                self.put(node, at[0], r * ld + j, x * f64::from(scale) + c * position)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The reference semantics of a tile op: plain loops, every access checked.
     pub(super) fn tile(&mut self, node: &UOp, t: TileOp, at: &[(Mem, i64)]) -> Result<(), InterpError> {
         match t {
@@ -130,6 +155,10 @@ impl Machine<'_> {
             TileOp::Softcap { rows, cols, ld, inner, outer } => {
                 let (inner, outer) = (f32::from_bits(inner), f32::from_bits(outer));
                 self.map_block(node, at[0], (rows, cols, ld), |x| softcap_f64(x, inner, outer))?;
+            }
+            TileOp::ScoreRamp { rows, cols, ld, scale, slope_scale } => {
+                let (scale, slope_scale) = (f32::from_bits(scale), f32::from_bits(slope_scale));
+                self.score_ramp(node, at, (rows, cols, ld), scale, slope_scale)?;
             }
             TileOp::ActivationGrad { rows, cols, ldx, ldg, kind } => {
                 for r in 0..if cols == 0 { 0 } else { rows } {

@@ -13,6 +13,7 @@ mod tile_exp_rows;
 mod tile_expand;
 mod tile_max_sum_exp;
 mod tile_ops;
+mod tile_score_ramp;
 mod tile_softcap;
 mod vars;
 

@@ -4,7 +4,7 @@ use super::blocking::cores;
 use super::flex::{CaptureReads, Reads};
 use super::kernel::{PlanMode, count_pairs, plan_from_counts};
 use super::panels::KvPanels;
-use super::score_forms::Softcap;
+use super::score_forms::{Ramp, Softcap};
 use super::{
     AttentionMods, Blocking, Extras, MaskKind, SdpaConfig, SdpaElement, SdpaError, Values, ValuesMut, check,
     push_captures, push_extras, sdpa_flex_ir, sdpa_flex_ir_with_lse, sdpa_flex_plan_ir, sdpa_ir,
@@ -400,9 +400,14 @@ const BAND_ROWS: usize = 64;
 pub(crate) fn describe_mods(mods: &AttentionMods) -> String {
     let mut parts = Vec::new();
     let softcap = Softcap::of(mods);
+    // A ramp runs as its tile op where a task holds one head's rows (every shape but decode's
+    // stacked heads, which keep the mask loop).
+    let ramp = softcap.is_none() && Ramp::of(mods);
     if mods.has_score() {
         let run_by = if softcap.is_some() {
             " (a soft-cap, `c tanh(s / c)`: run by the soft-capping tile op after each score GEMM)"
+        } else if ramp {
+            " (a ramp, `s + a (kv - q)` as ALiBi's: run by the score-ramp tile op after each score GEMM where a task holds one head's rows)"
         } else {
             ""
         };
@@ -418,7 +423,7 @@ pub(crate) fn describe_mods(mods: &AttentionMods) -> String {
             // Without a score function (or with a soft-cap, a tile op before the mask) the
             // blocks across a bound only have each row's ends set to -inf
             // (`mask_outside_bounds`), never the mask evaluated per score.
-            let across = if mods.has_score() && softcap.is_none() {
+            let across = if mods.has_score() && softcap.is_none() && !ramp {
                 ""
             } else {
                 ", blocks across them have each row's masked ends set without evaluating the mask"

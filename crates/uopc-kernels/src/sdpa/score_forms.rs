@@ -5,8 +5,9 @@
 //! wide. Logit soft-capping, `c tanh(s / c)` (Gemma 2, Grok), costs a tanh per score there;
 //! the soft-capping tile op runs the same function on the AVX2 (or wider) vectors of the score
 //! tile. A score function is recognized when its expression over the score `s` alone is
-//! [`tanh`] of a multiple of `s`, times a constant; anything else (a capture, an index, another
-//! form) keeps the mask loop.
+//! [`tanh`] of a multiple of `s`, times a constant ([`Softcap`]), or when it adds to `s` a
+//! slope times `kv - q`, the slope a constant or a capture read at the head alone (ALiBi,
+//! [`Ramp`], run by the score-ramp tile op); anything else keeps the mask loop.
 
 use std::f64::consts::LOG2_E;
 
@@ -53,6 +54,70 @@ impl Softcap {
         let inner = multiple_of(&exponent, s)? / (2.0 * LOG2_E);
         (inner.is_finite() && outer.is_finite()).then_some(Softcap { inner, outer })
     }
+}
+
+/// The slope of a score function `s + a (kv - q)` ([`Ramp::slope`]).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum RampSlope {
+    /// A float constant.
+    Constant(f64),
+    /// A capture's f32 element: the INDEX node the function loads it from.
+    Read(UOp),
+}
+
+/// A score function `s + a (kv - q)` of the scaled score `s`, the query and key positions
+/// and a slope `a` free of both positions and of `s` (ALiBi: `a` a capture read at the head).
+pub(crate) struct Ramp;
+
+impl Ramp {
+    /// Whether `mods`' score function is a ramp (see [`Ramp::slope`]).
+    pub(crate) fn of(mods: &AttentionMods) -> bool {
+        let ScoreFunction { f, score, .. } = match ScoreFunction::of(mods) {
+            Some(sf) => sf,
+            None => return false,
+        };
+        let [_, _, q, kv] = super::flex::placeholders();
+        Ramp::slope(&f, &score, &q, &kv).is_some()
+    }
+
+    /// The slope `a` of `f` as `s + a (kv - q)` (either operand order of the sum and the
+    /// product), `kv - q` an INDEX expression cast to f32; `None` for any other form.
+    pub(crate) fn slope(f: &UOp, s: &UOp, q: &UOp, kv: &UOp) -> Option<RampSlope> {
+        let (Op::Binary(BinaryOp::Add), [x, y]) = (f.op(), f.src()) else { return None };
+        let term = if x == s {
+            y
+        } else if y == s {
+            x
+        } else {
+            return None;
+        };
+        let (Op::Binary(BinaryOp::Mul), [x, y]) = (term.op(), term.src()) else { return None };
+        let (a, position) = if is_key_less_query(y, q, kv) { (x, y) } else { (y, x) };
+        if !is_key_less_query(position, q, kv) {
+            return None;
+        }
+        if let Some(c) = float(a) {
+            return c.is_finite().then_some(RampSlope::Constant(c));
+        }
+        let free = !UOp::toposort(std::slice::from_ref(a)).iter().any(|u| u == q || u == kv || u == s);
+        match (a.op(), a.src()) {
+            (Op::Load, [at]) if free && a.dtype() == uopc_ir::DType::F32 => Some(RampSlope::Read(at.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `p` is `kv - q` cast to f32: an INDEX expression linear in both, with coefficients
+/// 1 and -1 and nothing else.
+fn is_key_less_query(p: &UOp, q: &UOp, kv: &UOp) -> bool {
+    let (Op::Cast, [e]) = (p.op(), p.src()) else { return false };
+    if p.dtype() != uopc_ir::DType::F32 {
+        return false;
+    }
+    let Some((-1, rest)) = uopc_ir::linear_in(e, q) else { return false };
+    let Some((1, zero)) = uopc_ir::linear_in(&rest, kv) else { return false };
+    // What is left is a constant expression (the leftovers of taking both terms out).
+    uopc_ir::IndexFormula::over_ranges(&zero, &[]).and_then(|f| f.eval(&[])) == Some(0)
 }
 
 /// The float value of a constant node.
@@ -140,5 +205,43 @@ mod tests {
         let not_tanh =
             softcap_mods(|s| ((((s * 2.0f32).exp2() + 1.0f32).recip() * -3.0f32) + 1.0f32) * 3.0f32);
         assert_eq!(Softcap::of(&not_tanh), None);
+    }
+
+    fn ramp(mods: &AttentionMods) -> Option<RampSlope> {
+        let ScoreFunction { f, score, .. } = ScoreFunction::of(mods)?;
+        let [_, _, q, kv] = crate::sdpa::flex::placeholders();
+        Ramp::slope(&f, &score, &q, &kv)
+    }
+
+    #[test]
+    fn alibi_is_a_ramp_with_its_slope_read_at_the_head() {
+        let mut m = AttentionMods::new();
+        let slopes = m.capture("slopes", &[8], DType::F32);
+        let m = m.score(move |x, s| s + x.load(slopes, &[x.h.clone()]) * (&x.kv - &x.q).cast(DType::F32));
+        assert!(matches!(ramp(&m), Some(RampSlope::Read(_))) && Ramp::of(&m));
+        // Operands the other way round, and a constant slope.
+        let m = AttentionMods::new().score(|x, s| (&x.kv - &x.q).cast(DType::F32) * -0.25f32 + s);
+        assert_eq!(ramp(&m), Some(RampSlope::Constant(-0.25)));
+    }
+
+    #[test]
+    fn other_biases_are_not_ramps() {
+        // q - kv (the other sign is no ramp of kv - q), its square, a slope read at the key, a
+        // scaled score, an offset.
+        let m = AttentionMods::new().score(|x, s| s + (&x.q - &x.kv).cast(DType::F32) * 0.5f32);
+        assert_eq!(ramp(&m), None);
+        let m = AttentionMods::new().score(|x, s| {
+            let p = (&x.kv - &x.q).cast(DType::F32);
+            s + &p * &p
+        });
+        assert_eq!(ramp(&m), None);
+        let mut m = AttentionMods::new();
+        let t = m.capture("t", &[64], DType::F32);
+        let m = m.score(move |x, s| s + x.load(t, &[x.kv.clone()]) * (&x.kv - &x.q).cast(DType::F32));
+        assert_eq!(ramp(&m), None);
+        let m = AttentionMods::new().score(|x, s| s * 2.0f32 + (&x.kv - &x.q).cast(DType::F32) * 0.5f32);
+        assert_eq!(ramp(&m), None);
+        let m = AttentionMods::new().score(|x, s| s + (&x.kv - &x.q + 1).cast(DType::F32) * 0.5f32);
+        assert_eq!(ramp(&m), None);
     }
 }

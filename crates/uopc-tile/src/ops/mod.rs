@@ -214,6 +214,23 @@ pub enum TileOp {
         /// The factor of the result, as `f32::to_bits`.
         outer: u32,
     },
+    /// A score tile's scale and a bias linear in the positions, in place (ALiBi's `slope (k -
+    /// q)`). Sources `[S, slope, origin]`: S is `rows x cols` (stride `ld`), read and written;
+    /// slope and origin hold one f32 each, only read. Per element of row `r`, column `j`:
+    /// `S = scale S + c (origin + j - r)` with `c = slope_scale * slope`, in f32 as
+    /// `fma(scale, S, fma(c, j, c (origin - r)))`. See `uopc_tile::score_ramp`.
+    ScoreRamp {
+        /// Rows of S.
+        rows: usize,
+        /// Elements of each row.
+        cols: usize,
+        /// Row stride of S.
+        ld: usize,
+        /// The factor of every score, as `f32::to_bits`.
+        scale: u32,
+        /// The factor of the slope operand, as `f32::to_bits`.
+        slope_scale: u32,
+    },
     /// The backward of [`TileOp::Activation`]: a gradient block scaled by the derivative at
     /// the saved input. Sources `[X, G]`: X is `rows x cols` (stride `ldx`) and only read, G
     /// (stride `ldg`) is read and written: `G = G * kind'(X)`, with the formulas of
@@ -306,6 +323,14 @@ impl TileOp {
             TileOp::Activation { rows, cols, ld, .. } | TileOp::Softcap { rows, cols, ld, .. } => {
                 vec![op(block_extent(rows, cols, ld), true, true)]
             }
+            TileOp::ScoreRamp { rows, cols, ld, .. } => {
+                let scalar = usize::from(rows > 0 && cols > 0);
+                vec![
+                    op(block_extent(rows, cols, ld), true, true),
+                    op(scalar, true, false),
+                    op(scalar, true, false),
+                ]
+            }
             TileOp::ActivationGrad { rows, cols, ldx, ldg, .. } => {
                 vec![
                     op(block_extent(rows, cols, ldx), true, false),
@@ -347,6 +372,7 @@ impl TileOp {
             TileOp::Activation { rows, cols, ld, .. } | TileOp::Softcap { rows, cols, ld, .. } => {
                 vec![(rows, cols, ld)]
             }
+            TileOp::ScoreRamp { rows, cols, ld, .. } => vec![(rows, cols, ld), (1, 1, 1), (1, 1, 1)],
             TileOp::ActivationGrad { rows, cols, ldx, ldg, .. } => vec![(rows, cols, ldx), (rows, cols, ldg)],
         }
     }
@@ -369,6 +395,8 @@ impl TileOp {
             // The two products inside, the exponential, the difference, sum and division, and
             // the product with `outer`.
             TileOp::Softcap { rows, cols, .. } => (7 * rows * cols) as u64,
+            // Two multiply-adds per element.
+            TileOp::ScoreRamp { rows, cols, .. } => (4 * rows * cols) as u64,
             // The sigmoid's negation, scaling, exponential, sum, division, select and the
             // product with x; GELU's argument adds two products, a multiply-add and a scaling.
             // Exact GELU: two polynomials (14 multiply-adds), the tail's division and
@@ -441,12 +469,14 @@ pub enum TileEntry {
     ActivationGrad,
     /// `uopc_tile_softcap_f32`.
     Softcap,
+    /// `uopc_tile_score_ramp_f32`.
+    ScoreRamp,
 }
 
 impl TileEntry {
     /// Every entry, each once, in the order they were added (the order a JIT declares them,
     /// which its printed functions number).
-    pub const ALL: [TileEntry; 20] = [
+    pub const ALL: [TileEntry; 21] = [
         TileEntry::Gemm,
         TileEntry::SoftmaxUpdate,
         TileEntry::SoftmaxRecompute,
@@ -467,6 +497,7 @@ impl TileEntry {
         TileEntry::GemmBf16Rounded,
         TileEntry::GemmF16Rounded,
         TileEntry::Softcap,
+        TileEntry::ScoreRamp,
     ];
 
     /// The symbol it is exported and registered under.
@@ -515,6 +546,8 @@ impl TileEntry {
             TileEntry::ActivationGrad => ("uopc_tile_activation_grad_f32", 2, 5),
             // rows, cols, ld, inner, outer
             TileEntry::Softcap => ("uopc_tile_softcap_f32", 1, 5),
+            // rows, cols, ld, scale, slope_scale
+            TileEntry::ScoreRamp => ("uopc_tile_score_ramp_f32", 3, 5),
         }
     }
 }
@@ -612,6 +645,11 @@ impl TileOp {
             TileOp::Softcap { rows, cols, ld, inner, outer } => {
                 let mut c = call(TileEntry::Softcap, 1, &[rows, cols, ld]);
                 c.fields.extend([i64::from(inner), i64::from(outer)]);
+                c
+            }
+            TileOp::ScoreRamp { rows, cols, ld, scale, slope_scale } => {
+                let mut c = call(TileEntry::ScoreRamp, 3, &[rows, cols, ld]);
+                c.fields.extend([i64::from(scale), i64::from(slope_scale)]);
                 c
             }
             TileOp::ActivationGrad { rows, cols, ldx, ldg, kind } => {

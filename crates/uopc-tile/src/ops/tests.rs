@@ -36,6 +36,7 @@ fn every_call() -> Vec<TileCall> {
         TileOp::Activation { rows: 2, cols: 3, ld: 3, kind: crate::Activation::GeluTanh },
         TileOp::ActivationGrad { rows: 2, cols: 3, ldx: 3, ldg: 4, kind: crate::Activation::Silu },
         TileOp::Softcap { rows: 2, cols: 3, ld: 3, inner: scale, outer: scale },
+        TileOp::ScoreRamp { rows: 2, cols: 3, ld: 3, scale, slope_scale: scale },
     ] {
         calls.push(op.call(&[F32; 5]));
     }

@@ -19,6 +19,7 @@ pub(crate) mod half_rows;
 mod key_dots;
 mod register_tile;
 pub(crate) mod row_sweep;
+pub(crate) mod score_ramp;
 pub(crate) mod softcap;
 mod value_strips;
 

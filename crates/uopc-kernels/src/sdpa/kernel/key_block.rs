@@ -4,6 +4,7 @@
 use super::{BlockMask, SdpaKernel, Span, Task};
 use crate::LOG2E;
 use crate::sdpa::flex::{KeyBounds, placeholders};
+use crate::sdpa::score_forms::{Ramp, RampSlope};
 use crate::sdpa::{Blocking, MaskKind, SdpaConfig};
 use uopc_ir::{AxisType, DType, GemmShape, Half, TileOp, UOp, f32c, idx, tile};
 
@@ -77,9 +78,15 @@ impl SdpaKernel {
                 TileOp::Gemm(GemmShape { m, n, ..scores }),
                 &[query_buf.index(&query_at + (pr0 * lda) as i64), b, c.index(at)],
             );
-            g1 = Some(match self.softcap_piece((m, n, cols)) {
-                Some(op) => tile(op, &[task.si.after(std::slice::from_ref(&gemm)).index(at)]),
-                None => gemm,
+            let written = task.si.after(std::slice::from_ref(&gemm)).index(at);
+            g1 = Some(if let Some(op) = self.softcap_piece((m, n, cols)) {
+                tile(op, &[written])
+            } else if let Some((op, slope, origin)) =
+                self.ramp_piece(task, &gemm, first, (r0 + pr0, key0), (m, n, cols))
+            {
+                tile(op, &[written, slope, origin])
+            } else {
+                gemm
             });
         }
         let mut g1 = g1.expect("a block of at least one key");
@@ -89,8 +96,9 @@ impl SdpaKernel {
         // without reading, leaves the scaling to the softmax step, which keeps -inf only for a
         // positive scale.
         let qscale = (f64::from(self.c.effective_scale()) * LOG2E) as f32;
-        // A soft-capping score function leaves the scores scaled (see `softcap_piece`).
-        let unscaled = self.queries_unscaled() && self.softcap.is_none();
+        // A soft-capping or ramp score function leaves the scores scaled (see `softcap_piece`
+        // and `ramp_piece`).
+        let unscaled = self.queries_unscaled() && self.softcap.is_none() && self.ramp.is_none();
         let mut softmax_scale = if unscaled { qscale } else { 1.0 };
         if mask != BlockMask::Clear {
             // Mods' mask loops read every score, as a bool mask's or a bias's does, unless the
@@ -185,6 +193,53 @@ impl SdpaKernel {
             inner: ((cap.inner * natural) as f32).to_bits(),
             outer: ((cap.outer * LOG2E) as f32).to_bits(),
         })
+    }
+
+    /// The score-ramp tile op over the `rows x keys` piece of the score tile (row stride `ld`)
+    /// whose first row is row `row0` of the task and first key `first + key0`, when the score
+    /// function is a ramp (ALiBi): `s + a (kv - q)` on the natural score, given back scaled and
+    /// in base 2 as [`Self::softcap_piece`] gives its own. With its two scalar operands: the
+    /// slope (the capture's element at the task's head, or a constant) and the piece's `first
+    /// key - first query`, stored into the task's two scalars after the piece's `gemm` (so
+    /// after the previous piece's op read them).
+    fn ramp_piece(
+        &self,
+        task: &Task,
+        gemm: &UOp,
+        first: &UOp,
+        (row0, key0): (usize, usize),
+        (rows, keys, ld): (usize, usize, usize),
+    ) -> Option<(TileOp, UOp, UOp)> {
+        let mods = self.ramp.as_ref()?;
+        let (_, buffers) = self.mods.as_ref()?;
+        let [_, _, q, kv] = placeholders();
+        let s = uopc_ir::buffer(usize::MAX >> 1, DType::F32, 1).index(idx(0)).load();
+        let (f, _, _) = mods.build((&task.item, &task.head0, &q, &kv), buffers, Some(&s));
+        let slope = Ramp::slope(&f?, &s, &q, &kv)?;
+        let natural = if self.queries_unscaled() {
+            f64::from(self.c.effective_scale())
+        } else {
+            std::f64::consts::LN_2
+        };
+        let scalars = task.ri.as_ref()?;
+        let origin = (first + key0 as i64 - (&task.q0 + row0 as i64)).cast(DType::F32);
+        let before = scalars.after(std::slice::from_ref(gemm));
+        let mut stores = vec![before.index(idx(0)).store(origin)];
+        let slope_at = match slope {
+            RampSlope::Read(at) => at,
+            RampSlope::Constant(c) => {
+                stores.push(before.index(idx(1)).store(f32c(c as f32)));
+                scalars.after(&stores).index(idx(1))
+            }
+        };
+        let op = TileOp::ScoreRamp {
+            rows,
+            cols: keys,
+            ld,
+            scale: ((natural * LOG2E) as f32).to_bits(),
+            slope_scale: (LOG2E as f32).to_bits(),
+        };
+        Some((op, slope_at, scalars.after(&stores).index(idx(0))))
     }
 
     /// The loop over a score tile (after `scores`) that adds the bias and sets the keys a row

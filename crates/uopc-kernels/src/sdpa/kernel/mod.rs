@@ -12,7 +12,7 @@ mod task;
 
 use super::flex::Reads;
 use super::panels::KvPanels;
-use super::score_forms::Softcap;
+use super::score_forms::{Ramp, Softcap};
 use super::views::Views;
 use super::{AttentionMods, Blocking, MaskKind, SdpaConfig};
 use crate::masked::min_idx;
@@ -144,6 +144,10 @@ struct SdpaKernel {
     /// The score function when it is a soft-cap, run by the soft-capping tile op on each
     /// block's scores right after the score GEMM.
     softcap: Option<Softcap>,
+    /// The mods with their score function when it is a ramp (ALiBi, [`Ramp`]), run by the
+    /// score-ramp tile op on each block's scores right after the score GEMM (tasks of one
+    /// head, whose rows share the slope).
+    ramp: Option<AttentionMods>,
     /// The per-run block plan's buffer (`[t0, c0, c1, t1]` per unit, i32) and whether its units
     /// are tasks (else query blocks of an item), for mods whose mask bounds are not exact.
     flex_plan: Option<(UOp, bool)>,
@@ -200,6 +204,8 @@ struct Task {
     li: UOp,
     /// The rounded probabilities of bf16 attention (f16 writes its f32 ones over the scores).
     pi: Option<UOp>,
+    /// The score-ramp tile op's scalars (the piece's origin, a constant slope), with a ramp.
+    ri: Option<UOp>,
 }
 
 impl SdpaKernel {
@@ -241,9 +247,13 @@ impl SdpaKernel {
         let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
         slot += usize::from(lens.is_some());
         let softcap = mods.and_then(Softcap::of);
-        let without_score = mods.filter(|_| softcap.is_some()).map(AttentionMods::without_score);
-        let mods = without_score.as_ref().or(mods);
+        let one_head = blocking.heads_per_task == 1;
+        let ramp = mods.filter(|m| softcap.is_none() && one_head && Ramp::of(m)).cloned();
+        let without_score =
+            mods.filter(|_| softcap.is_some() || ramp.is_some()).map(AttentionMods::without_score);
+        // The captures the kernel reads are the whole mods' (a ramp's slopes stay in its slots).
         let used = mods.map_or(Vec::new(), |m| m.captures_read(Reads::ALL));
+        let mods = without_score.as_ref().or(mods);
         let mods = mods.map(|m| (m.clone(), m.buffers_used(slot, &used)));
         slot += used.iter().filter(|&&u| u).count();
         let flex_plan = match mods.as_ref().map(|(m, _)| PlanMode::of(m)) {
@@ -277,6 +287,7 @@ impl SdpaKernel {
             panels,
             mods,
             softcap,
+            ramp,
             flex_plan,
             pb: ProgramBuilder::new(),
         }

@@ -66,6 +66,7 @@ impl SdpaKernel {
         );
         // Only bf16 on bf16 GEMMs keeps P in a tile of its own (see `key_block`).
         let p = self.half.filter(|_| p_tile).map(|el| pb.alloc(el, self.rows * cols));
+        let ramp_scalars = self.ramp.is_some().then(|| pb.alloc(f32t, 2));
         let t = pb.range(self.b.tasks(&self.c), AxisType::Thread);
         let TaskIndices { split, item, kv_head, head0, qblk } = TaskIndices::of(&t, &self.c, &self.b);
         let [ksb, ksh, _] = self.views.k.strides;
@@ -83,6 +84,7 @@ impl SdpaKernel {
             mi: mx.after(th),
             li: l.after(th),
             pi: p.map(|p| p.after(th)),
+            ri: ramp_scalars.map(|r| r.after(th)),
             t,
             split,
             item,
