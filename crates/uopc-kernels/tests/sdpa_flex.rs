@@ -93,7 +93,6 @@ fn alibi_and_softcap_score_functions_match_the_reference() {
 /// under one evaluated per score, in decode against a runtime KV length, and in bf16.
 #[test]
 fn soft_caps_run_as_their_tile_op_wherever_the_kernel_reads_scores() {
-    use half::bf16;
     let mut rng = Rng(19);
     let capped = |cap: f32| AttentionMods::new().score(move |_, s| tanh(&(s * (1.0 / cap))) * cap);
     let cap = |s: f64, _: [usize; 4]| 2.5 * (s / 2.5).tanh();
@@ -128,8 +127,14 @@ fn soft_caps_run_as_their_tile_op_wherever_the_kernel_reads_scores() {
     sdpa.run(&q, &k, &v, extras, &mut out).unwrap();
     let f = FlexReference { score: Some(&cap), ..FlexReference::default() };
     assert_close("decode", &out, &reference_flex_f64(&c, &q, &k, &v, extras, f));
-    // bf16 q, k, v and output, causal: within bf16's rounding of P and of the output (as in
-    // the 16-bit case above).
+    says(&check_bf16(&capped(2.5), f, &mut rng));
+}
+
+/// Causal bf16 q, k, v and output at (1,4,2,77,77,32) under `mods` against the f64 reference
+/// `f` on the widened inputs: within bf16's rounding of P and of the output (as in the 16-bit
+/// cases above).
+fn check_bf16(mods: &AttentionMods, f: FlexReference<'_>, rng: &mut Rng) -> Sdpa {
+    use half::bf16;
     let c = SdpaConfig {
         causal: true,
         dtype: uopc_kernels::sdpa::SdpaDType::BF16,
@@ -138,8 +143,7 @@ fn soft_caps_run_as_their_tile_op_wherever_the_kernel_reads_scores() {
     let half = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
     let (q, k, v) = (half(rng.values(c.q_len())), half(rng.values(c.kv_len())), half(rng.values(c.kv_len())));
     let wide = |x: &[bf16]| x.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
-    let sdpa = Sdpa::compile_flex(&c, &capped(2.5)).unwrap();
-    says(&sdpa);
+    let sdpa = Sdpa::compile_flex(&c, mods).unwrap();
     let mut out = vec![bf16::NAN; c.q_len()];
     sdpa.run(&q, &k, &v, Extras::default(), &mut out).unwrap();
     let want = reference_flex_f64(&c, &wide(&q), &wide(&k), &wide(&v), Extras::default(), f);
@@ -147,6 +151,7 @@ fn soft_caps_run_as_their_tile_op_wherever_the_kernel_reads_scores() {
         let got = got.to_f64();
         assert!((got - want).abs() <= (1.5 + want.abs()) / 256.0, "bf16 out[{i}] = {got}, want {want}");
     }
+    sdpa
 }
 
 /// ALiBi, `s + slope[h] (kv - q)`, runs as the score-ramp tile op wherever a task holds one
@@ -155,7 +160,6 @@ fn soft_caps_run_as_their_tile_op_wherever_the_kernel_reads_scores() {
 /// and a mask evaluated per score, with a constant slope, with key lengths, and in bf16.
 #[test]
 fn alibi_runs_as_the_score_ramp_tile_op_where_a_task_holds_one_head() {
-    use half::bf16;
     let mut rng = Rng(23);
     let ramp_calls = |sdpa: &Sdpa| sdpa.program().loop_ir().contains("tile_score_ramp");
     for (c, one_head) in [
@@ -196,23 +200,7 @@ fn alibi_runs_as_the_score_ramp_tile_op_where_a_task_holds_one_head() {
     let quarter = |s: f64, [_, _, i, j]: [usize; 4]| s + 0.25 * (j as f64 - i as f64);
     let f = FlexReference { score: Some(&quarter), ..FlexReference::default() };
     assert!(ramp_calls(&check_with(c, &constant, &[], f, &mut rng, Some(&[65, 20]))));
-    let c = SdpaConfig {
-        causal: true,
-        dtype: uopc_kernels::sdpa::SdpaDType::BF16,
-        ..config(1, 4, 2, 77, 77, 32)
-    };
-    let half = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
-    let (q, k, v) = (half(rng.values(c.q_len())), half(rng.values(c.kv_len())), half(rng.values(c.kv_len())));
-    let wide = |x: &[bf16]| x.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
-    let sdpa = Sdpa::compile_flex(&c, &constant).unwrap();
-    assert!(ramp_calls(&sdpa));
-    let mut out = vec![bf16::NAN; c.q_len()];
-    sdpa.run(&q, &k, &v, Extras::default(), &mut out).unwrap();
-    let want = reference_flex_f64(&c, &wide(&q), &wide(&k), &wide(&v), Extras::default(), f);
-    for (i, (got, &want)) in out.iter().zip(&want).enumerate() {
-        let got = got.to_f64();
-        assert!((got - want).abs() <= (1.5 + want.abs()) / 256.0, "bf16 out[{i}] = {got}, want {want}");
-    }
+    assert!(ramp_calls(&check_bf16(&constant, f, &mut rng)));
 }
 
 #[test]
