@@ -158,6 +158,7 @@ pub fn run_backward(cells: &[Cell], reps: usize, rounds: usize, json: Option<&st
             percent_of_stream: None,
             temporary_bytes: Some(temp),
             causal_over_non_causal: None,
+            speed_vs_f32_paired: None,
         });
     }
     finish(peak, None, 0, rows, json)

@@ -131,6 +131,10 @@ struct Row {
     /// time, paired run by run.
     #[serde(skip_serializing_if = "Option::is_none")]
     causal_over_non_causal: Option<PairedRatio>,
+    /// A 16-bit cell's speed against the same cell in f32 (f32 time over its time), paired run
+    /// by run, when the run times both.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speed_vs_f32_paired: Option<PairedRatio>,
 }
 
 #[derive(Serialize)]
@@ -416,9 +420,48 @@ fn prepare(cells: &[Cell], dtypes: &[SdpaDType], per_task_packing: bool) -> Resu
     Ok(prepared)
 }
 
+/// Each causal cell's time against its unmasked form, and each 16-bit cell's speed against
+/// its f32 form (f32 time over its time), from the runs [`time_interleaved`] timed together in
+/// one group; `None` where the run lacks the other form.
+#[allow(clippy::type_complexity)] // one list per ratio, in the cells' order
+fn paired_ratios(
+    prepared: &[Prepared],
+    groups: &[Vec<usize>],
+) -> (Vec<Option<PairedRatio>>, Vec<Option<PairedRatio>>) {
+    let mut causal_ratios = vec![None; prepared.len()];
+    let mut half_ratios = vec![None; prepared.len()];
+    for group in groups {
+        let chosen = |causal: bool, dtype: SdpaDType| {
+            group.iter().copied().find(|&i| {
+                let p = &prepared[i];
+                p.cell.causal == causal && p.config.dtype == dtype && !p.per_task_twin
+            })
+        };
+        for &i in group {
+            let p = &prepared[i];
+            if p.per_task_twin {
+                continue;
+            }
+            if p.cell.causal
+                && let Some(n) = chosen(false, p.config.dtype)
+            {
+                causal_ratios[i] = PairedRatio::of(&p.times, &prepared[n].times);
+            }
+            if p.config.dtype != SdpaDType::F32
+                && let Some(f) = chosen(p.cell.causal, SdpaDType::F32)
+            {
+                half_ratios[i] = PairedRatio::of(&prepared[f].times, &p.times);
+            }
+        }
+    }
+    (causal_ratios, half_ratios)
+}
+
 /// Runs the bench: each cell in each of `dtypes` (the same inputs rounded to each), `reps`
-/// timed runs per cell per round, cells and dtypes interleaved within each round; then
-/// `steps` decode steps of a growing KV cache (none when 0).
+/// timed runs per cell per round, a shape's dtypes and causal forms timed run by run in turn
+/// (so each 16-bit cell's speed against f32, and each causal cell's time against its unmasked
+/// form, are medians of paired runs); then `steps` decode steps of a growing KV cache (none
+/// when 0).
 ///
 /// With `per_task_packing`, every cell whose K and V the library packs once per run also runs
 /// (interleaved, as its own row) with the same blocks but each task packing its own K and V
@@ -443,22 +486,14 @@ pub fn run(
         let extras = Extras { key_lengths: p.cell.key_lengths.as_deref(), ..Extras::default() };
         p.operands.run(&p.sdpa, extras)
     };
-    let groups = groups_of(&prepared, |p| (p.cell.shape, p.cell.key_lengths.clone(), p.config.dtype));
+    // A shape's dtypes and causal forms in one group, so each pair is timed run by run.
+    let groups = groups_of(&prepared, |p| (p.cell.shape, p.cell.key_lengths.clone()));
     if let Err(code) =
         time_interleaved(&mut prepared, &groups, rounds, reps, |p| (&p.cell, &mut p.times), step)
     {
         return code;
     }
-    // Each causal cell against its unmasked form in the same group, run by run.
-    let mut causal_ratios = vec![None; prepared.len()];
-    for group in &groups {
-        let chosen = |causal: bool| {
-            group.iter().copied().find(|&i| prepared[i].cell.causal == causal && !prepared[i].per_task_twin)
-        };
-        if let (Some(c), Some(n)) = (chosen(true), chosen(false)) {
-            causal_ratios[c] = PairedRatio::of(&prepared[c].times, &prepared[n].times);
-        }
-    }
+    let (causal_ratios, half_ratios) = paired_ratios(&prepared, &groups);
     let mut rows = Vec::new();
     // With 16-bit cells the table says which peak its percentages are of, and gets a dtype
     // column; an f32-only run prints the table as it always has.
@@ -484,7 +519,8 @@ pub fn run(
         "compile"
     );
     let mut ratio_lines = Vec::new();
-    for (p, causal_ratio) in prepared.into_iter().zip(causal_ratios) {
+    let mut half_lines = Vec::new();
+    for ((p, causal_ratio), half_ratio) in prepared.into_iter().zip(causal_ratios).zip(half_ratios) {
         let median = crate::stats::median(&p.times);
         let best = p.times.iter().copied().fold(f64::INFINITY, f64::min);
         let lens = p.cell.key_lengths.as_deref();
@@ -537,7 +573,15 @@ pub fn run(
             percent_of_stream,
             temporary_bytes: None,
             causal_over_non_causal: causal_ratio,
+            speed_vs_f32_paired: half_ratio,
         });
+        if let Some(r) = half_ratio {
+            let form = if p.cell.causal { "causal" } else { "" };
+            half_lines.push(format!(
+                "{:<6}{shape:<28} {form:<6} {:.3} ({:.3}-{:.3}, {} pairs)",
+                c.dtype, r.median, r.min, r.max, r.pairs
+            ));
+        }
         if let Some(r) = causal_ratio {
             ratio_lines
                 .push(format!("{shape:<28} {:.3} ({:.3}-{:.3}, {} pairs)", r.median, r.min, r.max, r.pairs));
@@ -546,6 +590,12 @@ pub fn run(
     if !ratio_lines.is_empty() {
         println!("causal / non-causal time, paired run by run: median (min-max)");
         for line in ratio_lines {
+            println!("{line}");
+        }
+    }
+    if !half_lines.is_empty() {
+        println!("16-bit speed against f32 (f32 time / its time), paired run by run: median (min-max)");
+        for line in half_lines {
             println!("{line}");
         }
     }

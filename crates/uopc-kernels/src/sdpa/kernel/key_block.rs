@@ -213,6 +213,8 @@ impl SdpaKernel {
         let mods = self.ramp.as_ref()?;
         let (_, buffers) = self.mods.as_ref()?;
         let [_, _, q, kv] = placeholders();
+        // A stand-in for the score, loaded from a slot no kernel has, so no load the function
+        // makes of the kernel's own buffers can be taken for it.
         let s = uopc_ir::buffer(usize::MAX >> 1, DType::F32, 1).index(idx(0)).load();
         let (f, _, _) = mods.build((&task.item, &task.head0, &q, &kv), buffers, Some(&s));
         let slope = Ramp::slope(&f?, &s, &q, &kv)?;
