@@ -400,14 +400,12 @@ const BAND_ROWS: usize = 64;
 pub(crate) fn describe_mods(mods: &AttentionMods) -> String {
     let mut parts = Vec::new();
     let softcap = Softcap::of(mods);
-    // A ramp runs as its tile op where a task holds one head's rows (every shape but decode's
-    // stacked heads, which keep the mask loop).
     let ramp = softcap.is_none() && Ramp::of(mods);
     if mods.has_score() {
         let run_by = if softcap.is_some() {
             " (a soft-cap, `c tanh(s / c)`: run by the soft-capping tile op after each score GEMM)"
         } else if ramp {
-            " (a ramp, `s + a (kv - q)` as ALiBi's: run by the score-ramp tile op after each score GEMM where a task holds one head's rows)"
+            " (a ramp, `s + a (kv - q)` as ALiBi's: run by the score-ramp tile op after each score GEMM)"
         } else {
             ""
         };

@@ -78,13 +78,14 @@ impl SdpaKernel {
                 TileOp::Gemm(GemmShape { m, n, ..scores }),
                 &[query_buf.index(&query_at + (pr0 * lda) as i64), b, c.index(at)],
             );
-            let written = task.si.after(std::slice::from_ref(&gemm)).index(at);
             g1 = Some(if let Some(op) = self.softcap_piece((m, n, cols)) {
-                tile(op, &[written])
-            } else if let Some((op, slope, origin)) =
-                self.ramp_piece(task, &gemm, first, (r0 + pr0, key0), (m, n, cols))
-            {
-                tile(op, &[written, slope, origin])
+                tile(op, &[task.si.after(std::slice::from_ref(&gemm)).index(at)])
+            } else if let Some(ops) = self.ramp_piece(task, &gemm, first, (r0, pr0, key0), (m, n, cols)) {
+                // One stacked head's rows after another, each op after the one before.
+                ops.into_iter().fold(gemm.clone(), |prev, (op, row, slope, origin)| {
+                    let rows_at = task.si.after(std::slice::from_ref(&prev)).index(at + (row * cols) as i64);
+                    tile(op, &[rows_at, slope, origin])
+                })
             } else {
                 gemm
             });
@@ -195,53 +196,79 @@ impl SdpaKernel {
         })
     }
 
-    /// The score-ramp tile op over the `rows x keys` piece of the score tile (row stride `ld`)
-    /// whose first row is row `row0` of the task and first key `first + key0`, when the score
-    /// function is a ramp (ALiBi): `s + a (kv - q)` on the natural score, given back scaled and
-    /// in base 2 as [`Self::softcap_piece`] gives its own. With its two scalar operands: the
-    /// slope (the capture's element at the task's head, or a constant) and the piece's `first
-    /// key - first query`, stored into the task's two scalars after the piece's `gemm` (so
-    /// after the previous piece's op read them).
+    /// The score-ramp tile ops over the `rows x keys` piece of the score tile (row stride
+    /// `ld`) that starts `pr0` rows into the span at task row `r0` and at key `first + key0`,
+    /// when the score function is a ramp (ALiBi): `s + a (kv - q)` on the natural score, given
+    /// back scaled and in base 2 as [`Self::softcap_piece`] gives its own. One op per stacked
+    /// head whose rows the piece holds, each as (op, its first row in the piece, the slope: the
+    /// capture's element at that head or the constant in the task's scalars, its `first key -
+    /// first query` in the task's scalars); the scalars are stored after the piece's `gemm`, so
+    /// after the previous piece's ops read them.
     fn ramp_piece(
         &self,
         task: &Task,
         gemm: &UOp,
         first: &UOp,
-        (row0, key0): (usize, usize),
+        (r0, pr0, key0): (usize, usize, usize),
         (rows, keys, ld): (usize, usize, usize),
-    ) -> Option<(TileOp, UOp, UOp)> {
+    ) -> Option<Vec<(TileOp, usize, UOp, UOp)>> {
         let mods = self.ramp.as_ref()?;
         let (_, buffers) = self.mods.as_ref()?;
+        let scalars = task.ri.as_ref()?;
         let [_, _, q, kv] = placeholders();
         // A stand-in for the score, loaded from a slot no kernel has, so no load the function
         // makes of the kernel's own buffers can be taken for it.
         let s = uopc_ir::buffer(usize::MAX >> 1, DType::F32, 1).index(idx(0)).load();
-        let (f, _, _) = mods.build((&task.item, &task.head0, &q, &kv), buffers, Some(&s));
-        let slope = Ramp::slope(&f?, &s, &q, &kv)?;
         let natural = if self.queries_unscaled() {
             f64::from(self.c.effective_scale())
         } else {
             std::f64::consts::LN_2
         };
-        let scalars = task.ri.as_ref()?;
-        let origin = (first + key0 as i64 - (&task.q0 + row0 as i64)).cast(DType::F32);
-        let before = scalars.after(std::slice::from_ref(gemm));
-        let mut stores = vec![before.index(idx(0)).store(origin)];
-        let slope_at = match slope {
-            RampSlope::Read(at) => at,
-            RampSlope::Constant(c) => {
-                stores.push(before.index(idx(1)).store(f32c(c as f32)));
-                scalars.after(&stores).index(idx(1))
-            }
-        };
-        let op = TileOp::ScoreRamp {
+        let op = |rows| TileOp::ScoreRamp {
             rows,
             cols: keys,
             ld,
             scale: ((natural * LOG2E) as f32).to_bits(),
             slope_scale: (LOG2E as f32).to_bits(),
         };
-        Some((op, slope_at, scalars.after(&stores).index(idx(0))))
+        let before = scalars.after(std::slice::from_ref(gemm));
+        let (gs, bq) = (self.b.heads_per_task, self.b.queries);
+        // Tile row `t` of the span is query `q0 + r0 + t` of the task's one head, or (stacked
+        // heads, whose span is the whole tile) query `q0 + t % bq` of head `head0 + t / bq`.
+        let per_head = if gs == 1 { usize::MAX } else { bq };
+        let mut stores = Vec::new();
+        let mut parts = Vec::new();
+        for hh in 0..gs {
+            let (lo, hi) = ((hh * per_head).max(pr0), ((hh + 1) * per_head).min(pr0 + rows));
+            if lo >= hi {
+                continue;
+            }
+            let query = if gs == 1 { r0 + lo } else { lo - hh * bq };
+            let origin = (first + key0 as i64 - (&task.q0 + query as i64)).cast(DType::F32);
+            stores.push(before.index(idx(1 + hh as i64)).store(origin));
+            let head = &task.head0 + hh as i64;
+            let (f, _, _) = mods.build((&task.item, &head, &q, &kv), buffers, Some(&s));
+            parts.push((hh, lo, hi, Ramp::slope(&f?, &s, &q, &kv)?));
+        }
+        let constant = parts.iter().find_map(|p| match p.3 {
+            RampSlope::Constant(c) => Some(c),
+            RampSlope::Read(_) => None,
+        });
+        if let Some(c) = constant {
+            stores.push(before.index(idx(0)).store(f32c(c as f32)));
+        }
+        let ready = scalars.after(&stores);
+        let ops = parts
+            .into_iter()
+            .map(|(hh, lo, hi, slope)| {
+                let slope_at = match slope {
+                    RampSlope::Read(at) => at,
+                    RampSlope::Constant(_) => ready.index(idx(0)),
+                };
+                (op(hi - lo), lo - pr0, slope_at, ready.index(idx(1 + hh as i64)))
+            })
+            .collect();
+        Some(ops)
     }
 
     /// The loop over a score tile (after `scores`) that adds the bias and sets the keys a row

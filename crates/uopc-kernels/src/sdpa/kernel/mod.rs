@@ -145,8 +145,8 @@ struct SdpaKernel {
     /// block's scores right after the score GEMM.
     softcap: Option<Softcap>,
     /// The mods with their score function when it is a ramp (ALiBi, [`Ramp`]), run by the
-    /// score-ramp tile op on each block's scores right after the score GEMM (tasks of one
-    /// head, whose rows share the slope).
+    /// score-ramp tile op on each block's scores right after the score GEMM (once per stacked
+    /// head, whose rows share a slope).
     ramp: Option<AttentionMods>,
     /// The per-run block plan's buffer (`[t0, c0, c1, t1]` per unit, i32) and whether its units
     /// are tasks (else query blocks of an item), for mods whose mask bounds are not exact.
@@ -204,7 +204,8 @@ struct Task {
     li: UOp,
     /// The rounded probabilities of bf16 attention (f16 writes its f32 ones over the scores).
     pi: Option<UOp>,
-    /// The score-ramp tile op's scalars (the piece's origin, a constant slope), with a ramp.
+    /// The score-ramp tile op's scalars (a constant slope, then each stacked head's origin),
+    /// with a ramp.
     ri: Option<UOp>,
 }
 
@@ -247,8 +248,7 @@ impl SdpaKernel {
         let lens = c.key_lengths.then(|| buffer(slot, DType::I32, c.batch));
         slot += usize::from(lens.is_some());
         let softcap = mods.and_then(Softcap::of);
-        let one_head = blocking.heads_per_task == 1;
-        let ramp = mods.filter(|m| softcap.is_none() && one_head && Ramp::of(m)).cloned();
+        let ramp = mods.filter(|m| softcap.is_none() && Ramp::of(m)).cloned();
         let without_score =
             mods.filter(|_| softcap.is_some() || ramp.is_some()).map(AttentionMods::without_score);
         // The captures the kernel reads are the whole mods' (a ramp's slopes stay in its slots).

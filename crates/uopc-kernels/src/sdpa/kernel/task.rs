@@ -66,7 +66,8 @@ impl SdpaKernel {
         );
         // Only bf16 on bf16 GEMMs keeps P in a tile of its own (see `key_block`).
         let p = self.half.filter(|_| p_tile).map(|el| pb.alloc(el, self.rows * cols));
-        let ramp_scalars = self.ramp.is_some().then(|| pb.alloc(f32t, 2));
+        // A constant slope, then each stacked head's origin.
+        let ramp_scalars = self.ramp.is_some().then(|| pb.alloc(f32t, 1 + self.b.heads_per_task));
         let t = pb.range(self.b.tasks(&self.c), AxisType::Thread);
         let TaskIndices { split, item, kv_head, head0, qblk } = TaskIndices::of(&t, &self.c, &self.b);
         let [ksb, ksh, _] = self.views.k.strides;
