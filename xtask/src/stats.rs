@@ -13,6 +13,27 @@ pub(crate) fn median(x: &[f64]) -> f64 {
     }
 }
 
+/// A ratio of two variants' times, paired run by run: the spread of `a[i] / b[i]` over runs
+/// timed back to back, whose median cancels the host's slower and faster minutes that a ratio
+/// of the two medians keeps.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub(crate) struct PairedRatio {
+    pub(crate) median: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) pairs: usize,
+}
+
+impl PairedRatio {
+    /// The ratios `a[i] / b[i]` of runs timed together; `None` without a pair.
+    pub(crate) fn of(a: &[f64], b: &[f64]) -> Option<PairedRatio> {
+        let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        let min = r.iter().copied().reduce(f64::min)?;
+        let max = r.iter().copied().fold(min, f64::max);
+        Some(PairedRatio { median: median(&r), min, max, pairs: r.len() })
+    }
+}
+
 /// Parses `N` comma-separated sizes, each positive, as `what` names them (`"M,K,N"`).
 pub(crate) fn parse_dims<const N: usize>(s: &str, what: &str) -> Result<[usize; N], String> {
     let v: Vec<usize> = s

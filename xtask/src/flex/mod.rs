@@ -5,7 +5,7 @@
 
 mod graph;
 
-use crate::stats::median;
+use crate::stats::{PairedRatio, median};
 use graph::GraphArm;
 use std::path::Path;
 use std::process::ExitCode;
@@ -339,11 +339,8 @@ pub fn run(cells: &[FlexCell], window: i64, reps: usize, rounds: usize, json: Op
         };
         let err = max_error(&t.cell, &config, (q, k, v), &t.out, &t.data, window);
         let (ms, causal_ms, graph_ms) = (median(&t.ms), median(&t.causal_ms), median(&t.graph_ms));
-        // Each rep times the case and the causal kernel back to back, so the median of the
-        // per-rep ratios cancels the host's slower and faster minutes that a ratio of the two
-        // medians keeps.
-        let paired: Vec<f64> = t.ms.iter().zip(&t.causal_ms).map(|(a, b)| a / b).collect();
-        let vs_causal = median(&paired);
+        // Each rep times the case and the causal kernel back to back.
+        let vs_causal = PairedRatio::of(&t.ms, &t.causal_ms).map_or(f64::NAN, |r| r.median);
         let (kernel, blocks) = t.describe();
         let FlexCell { case, batch, heads, kv_heads, n, d, backward } = &t.cell;
         let pass = if *backward { "forward_backward" } else { "forward" };

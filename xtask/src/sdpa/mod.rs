@@ -1,6 +1,7 @@
 //! `bench sdpa`: the one attention entry point on model shapes, timed in interleaved rounds,
 //! with useful GFLOP/s, the share of the widest FMA peak and the error against f64.
 
+use crate::stats::PairedRatio;
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -294,25 +295,6 @@ fn time_interleaved<P>(
         }
     }
     Ok(())
-}
-
-/// Causal time over non-causal time, paired run by run (see [`time_interleaved`]).
-#[derive(Clone, Copy, Serialize)]
-struct PairedRatio {
-    median: f64,
-    min: f64,
-    max: f64,
-    pairs: usize,
-}
-
-impl PairedRatio {
-    /// The ratios `a[i] / b[i]` of runs timed together.
-    fn of(a: &[f64], b: &[f64]) -> Option<PairedRatio> {
-        let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        let min = r.iter().copied().reduce(f64::min)?;
-        let max = r.iter().copied().fold(min, f64::max);
-        Some(PairedRatio { median: crate::stats::median(&r), min, max, pairs: r.len() })
-    }
 }
 
 /// KV capacity of the growing-cache decode run.

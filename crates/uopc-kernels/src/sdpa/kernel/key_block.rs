@@ -174,6 +174,12 @@ impl SdpaKernel {
         self.half.is_some() || self.q_in_place
     }
 
+    /// The natural score one unit of a fresh score tile stands for: the scale where the
+    /// queries are read unscaled, `ln 2` where they come scaled by the scale in base 2.
+    fn natural_per_tile_unit(&self) -> f64 {
+        if self.queries_unscaled() { f64::from(self.c.effective_scale()) } else { std::f64::consts::LN_2 }
+    }
+
     /// The soft-capping tile op over the `rows x keys` piece of the score tile (row stride
     /// `ld`) that a score GEMM just wrote, when the score function is a soft-cap: only the
     /// scores the GEMMs computed are read. The tile holds the natural score `s` over the
@@ -182,11 +188,7 @@ impl SdpaKernel {
     /// softmax step scales them again.
     fn softcap_piece(&self, (rows, keys, ld): (usize, usize, usize)) -> Option<TileOp> {
         let cap = self.softcap?;
-        let natural = if self.queries_unscaled() {
-            f64::from(self.c.effective_scale())
-        } else {
-            std::f64::consts::LN_2
-        };
+        let natural = self.natural_per_tile_unit();
         Some(TileOp::Softcap {
             rows,
             cols: keys,
@@ -219,11 +221,7 @@ impl SdpaKernel {
         // A stand-in for the score, loaded from a slot no kernel has, so no load the function
         // makes of the kernel's own buffers can be taken for it.
         let s = uopc_ir::buffer(usize::MAX >> 1, DType::F32, 1).index(idx(0)).load();
-        let natural = if self.queries_unscaled() {
-            f64::from(self.c.effective_scale())
-        } else {
-            std::f64::consts::LN_2
-        };
+        let natural = self.natural_per_tile_unit();
         let op = |rows| TileOp::ScoreRamp {
             rows,
             cols: keys,
