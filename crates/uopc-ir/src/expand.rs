@@ -248,6 +248,15 @@ impl Operands<'_> {
             let b = match (g.b_panel_width as i64, g.b_trans) {
                 (0, true) => &j * g.ldb as i64 + &p,
                 (0, false) => &p * g.ldb as i64 + &j,
+                // The index of `GemmShape::b_index`, as IR arithmetic.
+                (w, _) if g.b_pair_panels => {
+                    j.idiv(w) * g.ldb as i64
+                        + p.idiv(32) * 1024
+                        + j.modulo(32).idiv(16) * 512
+                        + p.modulo(32).idiv(2) * 32
+                        + j.modulo(16) * 2
+                        + p.modulo(2)
+                }
                 (w, _) => j.idiv(w) * g.ldb as i64 + &p * w + j.modulo(w),
             };
             let product = self.at(0, a).load().cast(DType::F64) * self.at(1, b).load().cast(DType::F64);

@@ -173,6 +173,7 @@ impl Printer {
                                 b_trans,
                                 accumulate,
                                 b_panel_width,
+                                b_pair_panels,
                                 parallel,
                                 ..
                             }) => {
@@ -180,9 +181,10 @@ impl Printer {
                                     "tile_gemm {m}x{n}x{k}{}{}{}{}{}",
                                     if *a_trans { " A^T" } else { "" },
                                     if *b_trans { " B^T" } else { "" },
-                                    match b_panel_width {
-                                        0 => String::new(),
-                                        w => format!(" B in panels of {w}"),
+                                    match (b_panel_width, b_pair_panels) {
+                                        (0, _) => String::new(),
+                                        (w, true) => format!(" B in pair panels of {w}"),
+                                        (w, false) => format!(" B in panels of {w}"),
                                     },
                                     if *accumulate { " +=" } else { "" },
                                     if *parallel { " (split over the pool)" } else { "" }

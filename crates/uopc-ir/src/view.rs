@@ -374,6 +374,7 @@ mod tests {
             b_trans: false,
             accumulate: false,
             b_panel_width: 0,
+            b_pair_panels: false,
             parallel: false,
         };
         let gemm = tile(TileOp::Gemm(shape), &[ia.clone(), ib.clone(), ic.clone()]);

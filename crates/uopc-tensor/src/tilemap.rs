@@ -515,6 +515,7 @@ impl GemmTasks {
             b_trans: *b_trans,
             accumulate: false,
             b_panel_width: 0,
+            b_pair_panels: false,
             parallel: self.split_in_call,
         });
         let abuf = buffer(a.slot, a.dtype, a.len);

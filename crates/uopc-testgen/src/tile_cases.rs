@@ -49,6 +49,7 @@ impl GemmCase {
             b_trans,
             accumulate,
             b_panel_width: 0,
+            b_pair_panels: false,
             parallel: false,
         })
     }
@@ -406,6 +407,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         b_trans: true,
         accumulate: false,
         b_panel_width: 0,
+        b_pair_panels: false,
         parallel: false,
     });
     let g1 = tile(scores, &[q.index(&t * (br * d)), k.index(&kb * (bc * d)), si.after(&prev).index(0)]);
@@ -432,6 +434,7 @@ pub fn flash_on_tile_ops(n: usize, d: usize, br: usize, bc: usize) -> UOp {
         b_trans: false,
         accumulate: true,
         b_panel_width: 0,
+        b_pair_panels: false,
         parallel: false,
     });
     let g2 = tile(pv, &[si.after(&[sm.clone()]).index(0), v.index(&kb * (bc * d)), oi.after(&[sm]).index(0)]);

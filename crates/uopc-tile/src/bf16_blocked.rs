@@ -173,7 +173,11 @@ pub(crate) unsafe fn drive_rounded(
     c: *mut u16,
 ) -> bool {
     let sweep = Sweep::of_machine(path, s);
-    if s.accumulate || sweep.k_blocks_per_pass < s.k.div_ceil(32) || streams_b(path, s) {
+    if s.accumulate
+        || s.b_panel_width != 0
+        || sweep.k_blocks_per_pass < s.k.div_ceil(32)
+        || streams_b(path, s)
+    {
         return false;
     }
     // SAFETY: this function's contract; the sweep is the machine's.
@@ -182,10 +186,11 @@ pub(crate) unsafe fn drive_rounded(
 }
 
 /// Whether the driver streams B past a few rows of A (widening it in registers) instead of
-/// packing it: a few rows cannot amortize packing B (both vector paths have AVX-512F).
+/// packing it: a few rows cannot amortize packing B (both vector paths have AVX-512F). A B in
+/// pair panels is packed already.
 fn streams_b(path: Bf16Path, s: &GemmShape) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return path != Bf16Path::Portable && crate::x86::half_rows::streams_b(s);
+    return path != Bf16Path::Portable && !s.b_pair_panels && crate::x86::half_rows::streams_b(s);
     #[cfg(not(target_arch = "x86_64"))]
     return false;
 }
@@ -222,6 +227,8 @@ unsafe fn drive_swept(
     let kblocks = k.div_ceil(32);
     let pass_blocks = sweep.k_blocks_per_pass.min(kblocks);
     let layout = Layout::of(s, sweep.packs_a, (pass_blocks, sweep.panels_per_group));
+    // B packed by this call, its panels `kblocks` tile pairs apart, or B's own pair panels.
+    let (b_stride, given_b) = if s.b_pair_panels { (s.ldb, Some(b)) } else { (kblocks * BLOCK, None) };
     let packed = |buf: *mut f32, strip: *mut f32| {
         let bp = buf.cast::<u16>();
         // SAFETY: the buffer holds `layout.total` u16, split as `Layout` says.
@@ -234,7 +241,9 @@ unsafe fn drive_swept(
             // SAFETY: the path is available, so tile state is permitted.
             unsafe { crate::x86::amx::configure() };
         }
-        let sweep_ops = SweepOps { path, s, a, bp, ap: (ap_rows, ap_k), strip: (strip, layout.strip_ld) };
+        let bp = given_b.unwrap_or(bp.cast_const());
+        let sweep_ops =
+            SweepOps { path, s, a, bp: (bp, b_stride), ap: (ap_rows, ap_k), strip: (strip, layout.strip_ld) };
         let panels = n.div_ceil(32);
         for kp0 in (0..kblocks).step_by(pass_blocks) {
             let pass = (kp0, (kp0 + pass_blocks).min(kblocks));
@@ -257,13 +266,14 @@ unsafe fn drive_swept(
     });
 }
 
-/// What every row block of [`drive_swept`] reads: the path, the shape, A, the packed B, A's
-/// packed regions `(rows, k_tail)` and the strip `(f32s, row stride)`.
+/// What every row block of [`drive_swept`] reads: the path, the shape, A, the packed B with
+/// the u16 between its panels, A's packed regions `(rows, k_tail)` and the strip `(f32s, row
+/// stride)`.
 struct SweepOps<'a> {
     path: Bf16Path,
     s: &'a GemmShape,
     a: *const u16,
-    bp: *const u16,
+    bp: (*const u16, usize),
     ap: (*mut u16, *mut u16),
     strip: (*mut f32, usize),
 }
@@ -286,7 +296,7 @@ impl SweepOps<'_> {
         ((kp0, kp1), (jg, gp), ib): ((usize, usize), (usize, usize), usize),
         slab: usize,
     ) {
-        let SweepOps { path, s, a, bp, ap: (ap_rows, ap_k), strip } = *self;
+        let SweepOps { path, s, a, bp: (bp, b_stride), ap: (ap_rows, ap_k), strip } = *self;
         let (kblocks, per_pass) = (s.k.div_ceil(32), layout.a == APacking::PerRowBlock);
         let (i0, j0) = (ib * 32, jg * 32);
         let tiles_of = |ib: usize| ap_rows.wrapping_add(ib * (kp1 - kp0) * BLOCK);
@@ -340,7 +350,7 @@ impl SweepOps<'_> {
                         block(
                             path,
                             at,
-                            (bp.add((jp * kblocks + kb) * BLOCK), loads),
+                            (bp.add(jp * b_stride + kb * BLOCK), loads),
                             (nkb, extent),
                             cp,
                             cld,

@@ -100,7 +100,7 @@ pub(crate) fn check(path: Bf16Path, s: &GemmShape, a: usize, b: usize, c: usize)
     if !path.available() {
         return Err(TileError::PathUnavailable(path));
     }
-    crate::gemm::check_extents(s, [a, b, c], false)
+    crate::gemm::check_extents(s, [a, b, c], crate::gemm::BPanels::Pairs)
 }
 
 /// [`gemm_bf16`] split into `tasks` column ranges (whole 32-column panels) run as rayon tasks
@@ -135,7 +135,7 @@ pub fn gemm_bf16_parallel(
             let sub = GemmShape { n: per_task.min(s.n - j0), ..*s };
             scope.spawn(move |_| {
                 let (a, b, c) = ops.get();
-                let b_off = if s.b_trans { j0 * s.ldb } else { j0 };
+                let b_off = s.b_index(0, j0);
                 // SAFETY: the sub-shape's extents lie inside the checked ones (columns
                 // `j0 .. j0 + sub.n` of B and C, same leading dimensions); the C columns of
                 // different tasks are disjoint.
@@ -162,6 +162,13 @@ pub unsafe fn gemm_bf16_unchecked(
     b: *const bf16,
     c: *mut f32,
 ) {
+    if s.b_pair_panels && !path.reads_pair_panels() {
+        // Pair panels are the tile kernels' layout; the widening kernels read B by rows or
+        // columns. No path the model chooses takes this branch for a B packed to run fast.
+        // SAFETY: forwarded; the portable path runs everywhere.
+        unsafe { crate::bf16_blocked::drive(Bf16Path::Portable, s, a.cast(), b.cast(), c) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if path == Bf16Path::Avx512Widen {
         let few_rows = (1..=crate::x86::half_rows::HALF_ROWS_MAX).contains(&s.m) && s.n > 0 && s.k > 0;
@@ -258,7 +265,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_bf16_desc(
 ) -> i32 {
     // SAFETY: forwarded from our caller.
     let Some(s) = (unsafe { crate::gemm::decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) })
-        .filter(|s| s.b_panel_width == 0)
+        .filter(|s| crate::gemm::BPanels::Pairs.takes(s))
     else {
         return -1;
     };

@@ -23,7 +23,7 @@ impl ATiles {
 ///
 /// `dst` is writable for `n.div_ceil(32) * k.div_ceil(32) * 1024` u16; B's extent under `s`
 /// is readable.
-unsafe fn pack_b_scalar(dst: *mut u16, s: &GemmShape, b: *const u16) {
+pub(crate) unsafe fn pack_b_portable(dst: *mut u16, s: &GemmShape, b: *const u16) {
     let kblocks = s.k.div_ceil(32);
     let panels = s.n.div_ceil(32);
     // SAFETY: the whole packed region is writable.
@@ -229,7 +229,7 @@ impl Layout {
             APacking::Whole => (rblocks * kblocks * BLOCK, 0),
             APacking::PerRowBlock => (rblocks * pass_blocks.min(kblocks) * BLOCK, 0),
         };
-        let b = s.n.div_ceil(32) * kblocks * BLOCK;
+        let b = if s.b_pair_panels { 0 } else { s.n.div_ceil(32) * kblocks * BLOCK };
         // Sixteen floats past the group's columns, so that rows a power of two apart do not
         // share L1 sets.
         let strip_ld = group.min(s.n.div_ceil(32)) * 32 + 16;
@@ -280,7 +280,7 @@ pub(crate) unsafe fn pack_row_block(
     }
 }
 
-/// Packs B (all panels) into `bp` and the A regions `(rows, k_tail)` that `packing` fills up
+/// Packs B (all panels, unless it comes in pair panels) into `bp` and the A regions `(rows, k_tail)` that `packing` fills up
 /// front, as [`Layout`] sizes them.
 ///
 /// # Safety
@@ -304,11 +304,13 @@ pub(crate) unsafe fn pack_operands(
     unsafe {
         let vector = vector_pack(path);
         match (vector, s.b_trans) {
+            // Packed by the caller.
+            _ if s.b_pair_panels => {}
             #[cfg(target_arch = "x86_64")]
             (true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
             #[cfg(target_arch = "x86_64")]
             (true, true) => crate::x86::bf16::pack_b_cols(bp, b, s.ldb, k, n),
-            _ => pack_b_scalar(bp, s, b),
+            _ => pack_b_portable(bp, s, b),
         }
         match packing {
             APacking::InPlace => {

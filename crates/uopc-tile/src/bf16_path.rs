@@ -58,6 +58,13 @@ impl Bf16Path {
         matches!(self, Bf16Path::Avx512Widen | Bf16Path::Avx2Fma | Bf16Path::Portable)
     }
 
+    /// Whether the path's kernels multiply B in the pair-panel layout its driver packs
+    /// ([`crate::GemmShape::b_pair_panels`]): AMX, `vdpbf16ps` and the portable path, so a B packed
+    /// that way once is read in place. The widening paths pack B into f32 panels instead.
+    pub fn reads_pair_panels(self) -> bool {
+        matches!(self, Bf16Path::Amx | Bf16Path::Avx512Bf16 | Bf16Path::Portable)
+    }
+
     /// Whether [`crate::gemm_bf16_rounded`] on this path rounds its sums while they are in
     /// cache (AMX each finished block, a widening vector path each finished strip of the f32
     /// driver), so a caller needs no small blocks of its own to round them in cache: every path

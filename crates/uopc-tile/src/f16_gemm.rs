@@ -225,7 +225,7 @@ fn checked<EA: OperandA, EB: OperandB>(
     b: &[EB],
     c: &mut [f32],
 ) -> Result<(), TileError> {
-    crate::gemm::check_operands(isa, s, [a.len(), b.len(), c.len()], false)?;
+    crate::gemm::check_operands(isa, s, [a.len(), b.len(), c.len()], crate::gemm::BPanels::None)?;
     // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
     // borrow, so it cannot overlap `a` or `b`.
     unsafe { half_b_gemm(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
@@ -406,7 +406,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_f16_desc(
     c: *mut f32,
 ) -> i32 {
     // SAFETY: forwarded from our caller.
-    unsafe { crate::gemm::run_entry(desc, a, b, c, false, gemm_f16_unchecked) }
+    unsafe { crate::gemm::run_entry(desc, a, b, c, crate::gemm::BPanels::None, gemm_f16_unchecked) }
 }
 
 /// Flat C-ABI GEMM with f32 A and f16 B for JIT-compiled code: `C (+)= A · B` on the fastest
@@ -431,7 +431,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_f16(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    unsafe { crate::gemm::run_entry(&desc, a, b, c, false, gemm_f32_f16_unchecked) }
+    unsafe { crate::gemm::run_entry(&desc, a, b, c, crate::gemm::BPanels::None, gemm_f32_f16_unchecked) }
 }
 
 /// Flat C-ABI GEMM with f32 A and bf16 B for JIT-compiled code: `C (+)= A · B` on the fastest
@@ -457,5 +457,5 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_bf16(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    unsafe { crate::gemm::run_entry(&desc, a, b, c, false, gemm_f32_bf16_unchecked) }
+    unsafe { crate::gemm::run_entry(&desc, a, b, c, crate::gemm::BPanels::None, gemm_f32_bf16_unchecked) }
 }

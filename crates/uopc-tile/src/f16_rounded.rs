@@ -53,7 +53,7 @@ pub fn gemm_f16_rounded(
             reason: "an f16 C is overwritten, not accumulated",
         });
     }
-    crate::gemm::check_operands(isa, s, [a.len(), b.len(), c.len()], false)?;
+    crate::gemm::check_operands(isa, s, [a.len(), b.len(), c.len()], crate::gemm::BPanels::None)?;
     // SAFETY: the ISA is available, each slice covers its operand's extent, `c` is a unique
     // borrow (so it overlaps neither operand) and the shape overwrites C.
     unsafe { gemm_f16_rounded_unchecked(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };

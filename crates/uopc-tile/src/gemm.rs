@@ -43,7 +43,7 @@ use crate::{Isa, TileError};
 /// # Ok::<(), TileError>(())
 /// ```
 pub fn gemm(isa: Isa, s: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), TileError> {
-    check_operands(isa, s, [a.len(), b.len(), c.len()], true)?;
+    check_operands(isa, s, [a.len(), b.len(), c.len()], BPanels::F32)?;
     // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
     // borrow, so it cannot overlap `a` or `b`.
     unsafe { gemm_unchecked(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
@@ -152,6 +152,8 @@ pub const GEMM_B_TRANS: i64 = 2;
 pub const GEMM_ACCUMULATE: i64 = 4;
 /// Flag bit: the call may split itself over the caller's rayon pool ([`GemmShape::parallel`]).
 pub const GEMM_PARALLEL: i64 = 8;
+/// Flag bit: B's panels are pair panels ([`GemmShape::b_pair_panels`]).
+pub const GEMM_B_PAIR_PANELS: i64 = 16;
 /// The lowest bit of [`GemmDesc::flags`]' panel-width field: `flags >> GEMM_PANEL_SHIFT` is
 /// [`GemmShape::b_panel_width`] (0 for a B stored by rows or columns).
 pub const GEMM_PANEL_SHIFT: u32 = 8;
@@ -174,8 +176,9 @@ pub struct GemmDesc {
     pub ldb: i64,
     /// Leading dimension of C.
     pub ldc: i64,
-    /// Bitwise OR of [`GEMM_A_TRANS`], [`GEMM_B_TRANS`], [`GEMM_ACCUMULATE`] and the panel
-    /// width shifted left by [`GEMM_PANEL_SHIFT`].
+    /// Bitwise OR of [`GEMM_A_TRANS`], [`GEMM_B_TRANS`], [`GEMM_ACCUMULATE`],
+    /// [`GEMM_PARALLEL`], [`GEMM_B_PAIR_PANELS`] and the panel width shifted left by
+    /// [`GEMM_PANEL_SHIFT`].
     pub flags: i64,
 }
 
@@ -184,7 +187,9 @@ impl GemmDesc {
     /// unknown bits.
     pub fn shape(&self) -> Option<GemmShape> {
         let panel_bits = (GEMM_MAX_PANEL_WIDTH as i64) << GEMM_PANEL_SHIFT;
-        if self.flags & !(GEMM_A_TRANS | GEMM_B_TRANS | GEMM_ACCUMULATE | GEMM_PARALLEL | panel_bits) != 0 {
+        let known =
+            GEMM_A_TRANS | GEMM_B_TRANS | GEMM_ACCUMULATE | GEMM_PARALLEL | GEMM_B_PAIR_PANELS | panel_bits;
+        if self.flags & !known != 0 {
             return None;
         }
         let u = |x: i64| usize::try_from(x).ok();
@@ -199,6 +204,7 @@ impl GemmDesc {
             ldc: u(self.ldc)?,
             accumulate: self.flags & GEMM_ACCUMULATE != 0,
             b_panel_width: ((self.flags & panel_bits) >> GEMM_PANEL_SHIFT) as usize,
+            b_pair_panels: self.flags & GEMM_B_PAIR_PANELS != 0,
             parallel: self.flags & GEMM_PARALLEL != 0,
         })
     }
@@ -221,6 +227,7 @@ impl From<&GemmShape> for GemmDesc {
                 | (if s.b_trans { GEMM_B_TRANS } else { 0 })
                 | (if s.accumulate { GEMM_ACCUMULATE } else { 0 })
                 | (if s.parallel { GEMM_PARALLEL } else { 0 })
+                | (if s.b_pair_panels { GEMM_B_PAIR_PANELS } else { 0 })
                 | if s.b_panel_width <= GEMM_MAX_PANEL_WIDTH {
                     (s.b_panel_width as i64) << GEMM_PANEL_SHIFT
                 } else {
@@ -279,7 +286,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_f32_desc(
     c: *mut f32,
 ) -> i32 {
     // SAFETY: forwarded from our caller.
-    unsafe { run_entry(desc, a, b, c, true, gemm_unchecked) }
+    unsafe { run_entry(desc, a, b, c, BPanels::F32, gemm_unchecked) }
 }
 
 /// The checks of every checked GEMM entry point on an [`Isa`]: it runs here, then
@@ -288,7 +295,7 @@ pub(crate) fn check_operands(
     isa: Isa,
     s: &GemmShape,
     lens: [usize; 3],
-    panels: bool,
+    panels: BPanels,
 ) -> Result<(), TileError> {
     if !isa.available() {
         return Err(TileError::IsaUnavailable(isa));
@@ -298,10 +305,8 @@ pub(crate) fn check_operands(
 
 /// The shape checks of every checked GEMM entry point, in this order: B is not in panels
 /// unless `panels`, and slices of `lens` (A, B, C) hold their operands' extents under `s`.
-pub(crate) fn check_extents(s: &GemmShape, lens: [usize; 3], panels: bool) -> Result<(), TileError> {
-    if !panels {
-        plain_b(s)?;
-    }
+pub(crate) fn check_extents(s: &GemmShape, lens: [usize; 3], panels: BPanels) -> Result<(), TileError> {
+    panels.check(s)?;
     let extents = s.extents()?;
     for ((operand, needed), len) in ["a", "b", "c"].into_iter().zip(extents).zip(lens) {
         check_len(operand, needed, len)?;
@@ -321,12 +326,12 @@ pub(crate) unsafe fn run_entry<A, B>(
     a: *const A,
     b: *const B,
     c: *mut f32,
-    panels: bool,
+    panels: BPanels,
     gemm: unsafe fn(Isa, &GemmShape, *const A, *const B, *mut f32),
 ) -> i32 {
     // SAFETY: forwarded from our caller.
-    let Some(s) = (unsafe { decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) })
-        .filter(|s| panels || s.b_panel_width == 0)
+    let Some(s) =
+        (unsafe { decode_desc(desc, [a.is_null(), b.is_null(), c.is_null()]) }).filter(|s| panels.takes(s))
     else {
         return -1;
     };
@@ -361,15 +366,46 @@ pub(crate) unsafe fn decode_desc(desc: *const GemmDesc, null: [bool; 3]) -> Opti
 pub(crate) unsafe fn decode_rounded(desc: *const GemmDesc, null: [bool; 3]) -> Option<GemmShape> {
     // SAFETY: forwarded from this function's contract.
     let decoded = unsafe { decode_desc(desc, null) };
-    decoded.filter(|s| s.b_panel_width == 0 && !s.accumulate)
+    decoded.filter(|s| BPanels::None.takes(s) && !s.accumulate)
 }
 
-/// Refuses a B in panels, for the GEMMs that take only a B stored by rows or columns.
-pub(crate) fn plain_b(s: &GemmShape) -> Result<(), TileError> {
-    if s.b_panel_width == 0 {
-        Ok(())
-    } else {
-        Err(TileError::InvalidLayout { operand: "b", reason: "only a GEMM with an f32 B reads B in panels" })
+/// Which B in panels a GEMM entry takes besides a B stored by rows or columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BPanels {
+    /// None.
+    None,
+    /// f32 panels ([`GemmShape::b_panel_width`]), not pair panels.
+    F32,
+    /// Pair panels ([`GemmShape::b_pair_panels`]), not f32 ones.
+    Pairs,
+}
+
+impl BPanels {
+    /// Whether an entry taking these panels takes `s`'s B.
+    pub(crate) fn takes(self, s: &GemmShape) -> bool {
+        match self {
+            _ if s.b_panel_width == 0 => !s.b_pair_panels,
+            BPanels::None => false,
+            BPanels::F32 => !s.b_pair_panels,
+            BPanels::Pairs => s.b_pair_panels,
+        }
+    }
+
+    /// [`BPanels::takes`] as a result naming the layout refused.
+    pub(crate) fn check(self, s: &GemmShape) -> Result<(), TileError> {
+        if self.takes(s) {
+            Ok(())
+        } else if s.b_pair_panels {
+            Err(TileError::InvalidLayout {
+                operand: "b",
+                reason: "only the bf16 GEMM reads B in pair panels",
+            })
+        } else {
+            Err(TileError::InvalidLayout {
+                operand: "b",
+                reason: "only a GEMM with an f32 B reads B in panels",
+            })
+        }
     }
 }
 

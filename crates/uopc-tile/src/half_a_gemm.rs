@@ -102,7 +102,7 @@ fn checked<H: HalfOperand>(
     b: &[f32],
     c: &mut [f32],
 ) -> Result<(), TileError> {
-    crate::gemm::check_operands(isa, s, [a.len(), b.len(), c.len()], true)?;
+    crate::gemm::check_operands(isa, s, [a.len(), b.len(), c.len()], crate::gemm::BPanels::F32)?;
     // SAFETY: the ISA is available, each slice covers its operand's extent, and `c` is a unique
     // borrow, so it cannot overlap `a` or `b`.
     unsafe { half_a_gemm(isa, s, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn uopc_tile_gemm_f16_f32(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    unsafe { crate::gemm::run_entry(&desc, a, b, c, true, half_a_gemm) }
+    unsafe { crate::gemm::run_entry(&desc, a, b, c, crate::gemm::BPanels::F32, half_a_gemm) }
 }
 
 /// Flat C-ABI GEMM with bf16 A and f32 B: [`uopc_tile_gemm_f16_f32`] for bf16 A.
@@ -212,5 +212,5 @@ pub unsafe extern "C" fn uopc_tile_gemm_bf16_f32(
 ) -> i32 {
     let desc = GemmDesc { m, n, k, lda, ldb, ldc, flags };
     // SAFETY: `desc` is a valid descriptor; the pointer contract is forwarded from our caller.
-    unsafe { crate::gemm::run_entry(&desc, a, b, c, true, half_a_gemm) }
+    unsafe { crate::gemm::run_entry(&desc, a, b, c, crate::gemm::BPanels::F32, half_a_gemm) }
 }

@@ -80,6 +80,7 @@ mod max_sum_exp;
 pub mod memory;
 pub mod ops;
 mod pack;
+mod pair_panels;
 mod panels;
 #[cfg(target_arch = "x86_64")]
 pub mod peak;
@@ -116,8 +117,9 @@ pub use f16_gemm::{
 };
 pub use f16_rounded::{gemm_f16_rounded, gemm_f16_rounded_unchecked, uopc_tile_gemm_f16_rounded};
 pub use gemm::{
-    GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT, GEMM_PARALLEL,
-    GemmDesc, GemmShape, gemm, gemm_unchecked, register_tile, uopc_tile_gemm_f32, uopc_tile_gemm_f32_desc,
+    GEMM_A_TRANS, GEMM_ACCUMULATE, GEMM_B_PAIR_PANELS, GEMM_B_TRANS, GEMM_MAX_PANEL_WIDTH, GEMM_PANEL_SHIFT,
+    GEMM_PARALLEL, GemmDesc, GemmShape, gemm, gemm_unchecked, register_tile, uopc_tile_gemm_f32,
+    uopc_tile_gemm_f32_desc,
 };
 pub use half_a_gemm::{
     gemm_bf16_f32, gemm_bf16_f32_unchecked, gemm_f16_f32, gemm_f16_f32_unchecked, uopc_tile_gemm_bf16_f32,
@@ -125,11 +127,12 @@ pub use half_a_gemm::{
 };
 pub use isa::{Isa, OPT_LEVEL, UNOPTIMIZED_WARNING, built_optimized};
 pub use max_sum_exp::{max_sum_exp, max_sum_exp_unchecked, uopc_tile_max_sum_exp_f32};
+pub use pair_panels::pack_pair_panels_bf16;
 pub use panels::{
     PanelPacking, pack_panels, pack_panels_bf16, pack_panels_f16, pack_panels_unchecked, panel_width,
 };
 pub use score_ramp::{score_ramp, score_ramp_unchecked, uopc_tile_score_ramp_f32};
-pub use shapes::SOFTCAP_TWO_LOG2_E;
+pub use shapes::{PAIR_PANEL_WIDTH, SOFTCAP_TWO_LOG2_E};
 pub use softcap::{SOFTCAP_MAX_ABS_ERROR, softcap, softcap_unchecked, uopc_tile_softcap_f32};
 pub use softmax::{
     EXP2_MAX_REL_ERROR, SoftmaxShape, softmax_update, softmax_update_scaled, softmax_update_unchecked,

@@ -118,6 +118,13 @@ pub(crate) unsafe fn any_scaled_nan(row: *const f32, cols: usize, scale: f32) ->
     row.iter().fold(false, |any, &x| any | (x * scale).is_nan())
 }
 
+/// Columns of one pair panel ([`GemmShape::b_pair_panels`]).
+pub const PAIR_PANEL_WIDTH: usize = 32;
+/// k rows of one step of a pair panel.
+const PAIR_PANEL_K: usize = 32;
+/// Elements of one step of a pair panel (32 k rows of 32 columns).
+const PAIR_PANEL_STEP: usize = 1024;
+
 /// Shape, layout and mode of one GEMM tile: `C[m x n] (+)= A[m x k] · B[k x n]`.
 ///
 /// Storage is row-major with explicit leading dimensions (elements between consecutive stored
@@ -130,6 +137,14 @@ pub(crate) unsafe fn any_scaled_nan(row: *const f32, cols: usize, scale: f32) ->
 /// so `ldb` is the distance between panels. A B used by many GEMMs is packed once that way
 /// and the micro-kernel reads it where it lies, rather than each GEMM packing it again. Only
 /// the f32 GEMM takes it, untransposed.
+///
+/// With `b_pair_panels` as well (and `b_panel_width` [`PAIR_PANEL_WIDTH`]), B is stored as the
+/// bf16 GEMM packs it for its tile kernels ([`pack_pair_panels_bf16`](crate::pack_pair_panels_bf16)
+/// writes it): panel `q` from `q * ldb` holds k in steps of 32, step `t` the 1024 elements from
+/// `q * ldb + 1024 t`, columns 0-15 of the panel in its first half and 16-31 in its second, each
+/// half 16 rows of k pairs ([`GemmShape::b_index`] gives each element's place). A panel spans
+/// `k.div_ceil(32) * 1024` elements, the last step's rows past k zero (the kernels multiply
+/// them). Only the bf16 GEMM takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct GemmShape {
     /// Rows of A and C.
@@ -153,6 +168,9 @@ pub struct GemmShape {
     /// 0: B is stored as `b_trans` says. `w > 0`: B is stored in panels of `w` columns, `ldb`
     /// apart (see above).
     pub b_panel_width: usize,
+    /// `true`: B's panels are pair panels (see above); `b_panel_width` must then be
+    /// [`PAIR_PANEL_WIDTH`].
+    pub b_pair_panels: bool,
     /// `true`: the f32 GEMM may cut C into blocks of whole register tiles (by rows, or by
     /// columns when there are too few rows) and run them as tasks on the calling thread's rayon
     /// pool. For a product whose size has no divisor that cuts it evenly over the cores, which
@@ -178,6 +196,7 @@ impl GemmShape {
             ldc: n,
             accumulate,
             b_panel_width: 0,
+            b_pair_panels: false,
             parallel: false,
         }
     }
@@ -187,12 +206,33 @@ impl GemmShape {
         if self.a_trans { (self.k, self.m) } else { (self.m, self.k) }
     }
 
-    /// Stored `(rows, cols)` of B: for panels, one stored row per panel (each `k * w` long).
+    /// Stored `(rows, cols)` of B: for panels, one stored row per panel (each `k * w` long, or
+    /// `k.div_ceil(32) * 1024` for pair panels).
     pub fn b_dims(&self) -> (usize, usize) {
         match (self.b_panel_width, self.b_trans) {
             (0, true) => (self.n, self.k),
             (0, false) => (self.k, self.n),
+            (w, _) if self.b_pair_panels => {
+                (self.n.div_ceil(w), self.k.div_ceil(PAIR_PANEL_K) * PAIR_PANEL_STEP)
+            }
             (w, _) => (self.n.div_ceil(w), self.k * w),
+        }
+    }
+
+    /// Where `B[p, j]` lies in B's storage, in elements, for every layout B may have.
+    pub fn b_index(&self, p: usize, j: usize) -> usize {
+        match (self.b_panel_width, self.b_trans) {
+            (0, true) => j * self.ldb + p,
+            (0, false) => p * self.ldb + j,
+            (w, _) if self.b_pair_panels => {
+                (j / w) * self.ldb
+                    + (p / PAIR_PANEL_K) * PAIR_PANEL_STEP
+                    + (j % 32 / 16) * 512
+                    + (p % 32 / 2) * 32
+                    + 2 * (j % 16)
+                    + p % 2
+            }
+            (w, _) => (j / w) * self.ldb + p * w + j % w,
         }
     }
 
@@ -219,6 +259,9 @@ impl GemmShape {
     pub fn extents(&self) -> Result<[usize; 3], TileError> {
         if self.b_panel_width != 0 && self.b_trans {
             return Err(TileError::InvalidLayout { operand: "b", reason: "panels are never transposed" });
+        }
+        if self.b_pair_panels && self.b_panel_width != PAIR_PANEL_WIDTH {
+            return Err(TileError::InvalidLayout { operand: "b", reason: "pair panels are 32 columns wide" });
         }
         if self.k.checked_mul(self.b_panel_width).is_none() {
             return Err(TileError::Overflow { operand: "b" });

@@ -72,30 +72,13 @@ impl Machine<'_> {
     /// The reference semantics of a tile op: plain loops, every access checked.
     pub(super) fn tile(&mut self, node: &UOp, t: TileOp, at: &[(Mem, i64)]) -> Result<(), InterpError> {
         match t {
-            TileOp::Gemm(GemmShape {
-                m,
-                n,
-                k,
-                lda,
-                ldb,
-                ldc,
-                a_trans,
-                b_trans,
-                accumulate,
-                b_panel_width,
-                ..
-            }) => {
+            TileOp::Gemm(g @ GemmShape { m, n, k, lda, ldc, a_trans, accumulate, .. }) => {
                 for i in 0..m {
                     for j in 0..n {
                         let mut acc = if accumulate { self.get(node, at[2], i * ldc + j)? } else { 0.0 };
                         for p in 0..k {
                             let a = self.get(node, at[0], if a_trans { p * lda + i } else { i * lda + p })?;
-                            let b_at = match (b_panel_width, b_trans) {
-                                (0, true) => j * ldb + p,
-                                (0, false) => p * ldb + j,
-                                (w, _) => (j / w) * ldb + p * w + j % w,
-                            };
-                            let b = self.get(node, at[1], b_at)?;
+                            let b = self.get(node, at[1], g.b_index(p, j))?;
                             acc += a * b;
                         }
                         self.put(node, at[2], i * ldc + j, acc)?;

@@ -138,40 +138,8 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
             ));
         }
     }
-    if let TileOp::Gemm(g) = t
-        && g.b_panel_width != 0
-    {
-        let (a, b) = (dt(0), dt(1));
-        if g.b_trans || !(a == DType::F32 || a.is_half()) || b != DType::F32 {
-            return Err(err(
-                IrErrorKind::DType,
-                u,
-                format!(
-                    "GEMM with B {} in panels of {}: want F32 B and an F32, BF16 or F16 A ({a}, \
-                     {b}), and B not transposed",
-                    s[1].short(),
-                    g.b_panel_width
-                ),
-            ));
-        }
-    }
-    if matches!(t, TileOp::Gemm(_)) {
-        let (a, b) = (dt(0), dt(1));
-        let paired = a == b && (a == DType::F32 || a.is_half());
-        let widened_b = a == DType::F32 && b.is_half();
-        let widened_a = a.is_half() && b == DType::F32;
-        if !(paired || widened_b || widened_a) {
-            return Err(err(
-                IrErrorKind::DType,
-                u,
-                format!(
-                    "GEMM operands A {} ({a}) and B {} ({b}): want both F32, both BF16, \
-                     both F16, or F32 with F16 or BF16 either way round",
-                    s[0].short(),
-                    s[1].short()
-                ),
-            ));
-        }
+    if let TileOp::Gemm(g) = t {
+        check_gemm_operands(u, g)?;
     }
     if matches!(t, TileOp::Convert { .. }) {
         let (from, to) = (dt(0), dt(1));
@@ -215,6 +183,64 @@ fn check_tile_types(u: &UOp, t: &TileOp) -> Result<(), IrError> {
                 format!("operand {k}: row stride {ld} is less than its {cols} columns"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// The dtypes a GEMM's A and B may take together, and with B in panels or pair panels.
+fn check_gemm_operands(u: &UOp, g: &GemmShape) -> Result<(), IrError> {
+    let s = u.src();
+    let dt = |k: usize| s[k].dtype();
+    if g.b_pair_panels
+        && (dt(0) != DType::BF16
+            || dt(1) != DType::BF16
+            || g.b_panel_width != uopc_tile::PAIR_PANEL_WIDTH
+            || g.b_trans)
+    {
+        return Err(err(
+            IrErrorKind::DType,
+            u,
+            format!(
+                "GEMM with B {} in pair panels of {}: want BF16 A and B ({}, {}), panels of {} \
+                 and B not transposed",
+                s[1].short(),
+                g.b_panel_width,
+                dt(0),
+                dt(1),
+                uopc_tile::PAIR_PANEL_WIDTH
+            ),
+        ));
+    }
+    let (a, b) = (dt(0), dt(1));
+    if g.b_panel_width != 0
+        && !g.b_pair_panels
+        && (g.b_trans || !(a == DType::F32 || a.is_half()) || b != DType::F32)
+    {
+        return Err(err(
+            IrErrorKind::DType,
+            u,
+            format!(
+                "GEMM with B {} in panels of {}: want F32 B and an F32, BF16 or F16 A ({a}, \
+                     {b}), and B not transposed",
+                s[1].short(),
+                g.b_panel_width
+            ),
+        ));
+    }
+    let paired = a == b && (a == DType::F32 || a.is_half());
+    let widened_b = a == DType::F32 && b.is_half();
+    let widened_a = a.is_half() && b == DType::F32;
+    if !(paired || widened_b || widened_a) {
+        return Err(err(
+            IrErrorKind::DType,
+            u,
+            format!(
+                "GEMM operands A {} ({a}) and B {} ({b}): want both F32, both BF16, both F16, or \
+                 F32 with F16 or BF16 either way round",
+                s[0].short(),
+                s[1].short()
+            ),
+        ));
     }
     Ok(())
 }

@@ -306,6 +306,7 @@ fn gemm_op(m: usize, n: usize, k: usize, accumulate: bool) -> TileOp {
         b_trans: false,
         accumulate,
         b_panel_width: 0,
+        b_pair_panels: false,
         parallel: false,
     })
 }
@@ -331,6 +332,7 @@ fn tile_ops_are_checked_like_stores() {
         b_trans: false,
         accumulate: false,
         b_panel_width: 0,
+        b_pair_panels: false,
         parallel: false,
     });
     let short = tile(bad, &[a.index(0), b.index(0), c.index(0)]);
@@ -378,6 +380,54 @@ fn gemms_with_b_in_panels_are_bounded_by_their_panels_and_take_only_f32() {
     assert_eq!(err.kind, IrErrorKind::DType);
 }
 
+/// A bf16 GEMM reads B in pair panels as `GemmShape::b_index` places it: the verifier bounds
+/// it by whole steps of 32 k rows, takes it only from bf16 operands, and the interpreter gives
+/// the product of the B that was packed.
+#[test]
+fn bf16_gemms_read_b_in_pair_panels() {
+    use uopc_ir::interp::{self, Precision};
+    // C (2x40) = A (2x3) · B (3x40) in two pair panels 1100 apart: 1100 + 1024 elements.
+    let op = GemmShape {
+        ldb: 1100,
+        b_panel_width: 32,
+        b_pair_panels: true,
+        ..GemmShape::dense(2, 40, 3, false, false, false)
+    };
+    let (a, c) = (buffer(0, DType::BF16, 6), buffer(2, DType::F32, 80));
+    let b = buffer(1, DType::BF16, 2124);
+    let p = sink(&[tile(TileOp::Gemm(op), &[a.index(0), b.index(0), c.index(0)])]);
+    verify(&p).unwrap();
+    let short = buffer(1, DType::BF16, 2123);
+    let past = tile(TileOp::Gemm(op), &[a.index(0), short.index(0), c.index(0)]);
+    assert_eq!(verify(&sink(&[past])).unwrap_err().kind, IrErrorKind::OutOfBounds);
+    let f32_b = tile(TileOp::Gemm(op), &[a.index(0), buffer(1, DType::F32, 2124).index(0), c.index(0)]);
+    assert_eq!(verify(&sink(&[f32_b])).unwrap_err().kind, IrErrorKind::DType);
+    let narrow = TileOp::Gemm(GemmShape { b_panel_width: 16, ..op });
+    let err = verify(&sink(&[tile(narrow, &[a.index(0), b.index(0), c.index(0)])])).unwrap_err();
+    assert_eq!(err.kind, IrErrorKind::DType);
+    let plain = |p: usize, j: usize| ((p * 40 + j) % 7) as f32 - 3.0;
+    let mut panels = vec![half::bf16::ZERO; 2124];
+    for pp in 0..3 {
+        for j in 0..40 {
+            panels[op.b_index(pp, j)] = half::bf16::from_f32(plain(pp, j));
+        }
+    }
+    let av = [1.0f32, 2.0, -1.0, 0.5, 0.0, 3.0];
+    let mut bufs = vec![
+        HostBuffer::BF16(av.iter().map(|&x| half::bf16::from_f32(x)).collect()),
+        HostBuffer::BF16(panels),
+        HostBuffer::F32(vec![0.0; 80]),
+    ];
+    interp::run(&p, &mut bufs, Precision::Native).unwrap();
+    let HostBuffer::F32(got) = &bufs[2] else { unreachable!() };
+    for i in 0..2 {
+        for j in 0..40 {
+            let want: f32 = (0..3).map(|pp| av[i * 3 + pp] * plain(pp, j)).sum();
+            assert_eq!(got[i * 40 + j], want, "C[{i}][{j}]");
+        }
+    }
+}
+
 #[test]
 fn only_a_bf16_gemm_may_write_a_bf16_c_and_only_overwriting_it() {
     let (a, b, c) = (buffer(0, DType::BF16, 6), buffer(1, DType::BF16, 12), buffer(2, DType::BF16, 8));
@@ -412,6 +462,7 @@ fn tile_ops_run_in_the_interpreter() {
         b_trans: true,
         accumulate: false,
         b_panel_width: 0,
+        b_pair_panels: false,
         parallel: false,
     });
     let p = sink(&[tile(op, &[a.index(0), b.index(0), c.index(0)])]);

@@ -4,8 +4,8 @@
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use uopc_tile::{
-    Bf16Path, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmShape, TileError, gemm_bf16, gemm_bf16_parallel,
-    uopc_tile_gemm_bf16, uopc_tile_gemm_bf16_desc,
+    Bf16Path, GEMM_ACCUMULATE, GEMM_B_TRANS, GemmDesc, GemmShape, Isa, PanelPacking, TileError, gemm,
+    gemm_bf16, gemm_bf16_parallel, pack_pair_panels_bf16, uopc_tile_gemm_bf16, uopc_tile_gemm_bf16_desc,
 };
 
 /// Marks storage padding of C (between rows and past the last one); it must survive every call.
@@ -48,7 +48,7 @@ fn a_at(c: &Case, i: usize, p: usize) -> f64 {
 }
 
 fn b_at(c: &Case, p: usize, j: usize) -> f64 {
-    f64::from(if c.s.b_trans { c.b[j * c.s.ldb + p] } else { c.b[p * c.s.ldb + j] }.to_f32())
+    f64::from(c.b[c.s.b_index(p, j)].to_f32())
 }
 
 /// Checks `got` (C after the call) against an f64 product of the bf16 inputs.
@@ -378,4 +378,56 @@ fn few_rows_against_f64_on_every_available_path() {
         }
         println!("ran: {path} on the few-row shapes");
     }
+}
+
+/// `case`'s B packed into pair panels (an extra 96 elements between panels), and the shape that
+/// reads them in place of B, with A and C as `case` has them.
+fn in_pair_panels(case: &Case) -> (GemmShape, Vec<bf16>) {
+    let s = &case.s;
+    let stride = s.k.div_ceil(32) * 1024 + 96;
+    let p = PanelPacking { k: s.k, n: s.n, trans: s.b_trans, ld: s.ldb, width: 32, panel_stride: stride };
+    let [_, nd] = p.pair_extents().expect("valid packing");
+    let mut panels = vec![bf16::NAN; nd];
+    pack_pair_panels_bf16(&p, &case.b, &mut panels).expect("packs");
+    let shape =
+        GemmShape { lda: s.lda, ldc: s.ldc, a_trans: s.a_trans, ..p.pair_gemm(s.m, s.lda, s.accumulate) };
+    (shape, panels)
+}
+
+/// A B packed once into pair panels gives the product of the B it came from, on every path
+/// (the widening ones run it on the portable kernel), through the parallel split and the C
+/// entry; the f32 GEMM and a descriptor without the flag refuse the layout.
+#[test]
+fn pair_panels_give_the_product_of_their_b_on_every_path() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut all = shapes(&mut rng, 40);
+    all.push(GemmShape::dense(128, 192, 128, false, true, false));
+    all.push(GemmShape::dense(128, 128, 71, false, false, true));
+    for path in Bf16Path::ALL.into_iter().filter(|&p| have(p)) {
+        for s in all.iter().filter(|s| s.k > 0) {
+            let case = make_case(&mut rng, *s);
+            let (shape, panels) = in_pair_panels(&case);
+            let mut got = case.c0.clone();
+            gemm_bf16(path, &shape, &case.a, &panels, &mut got).expect("valid operands");
+            check(&case, &got, &format!("{path} pair panels {s:?}"));
+            let mut split = case.c0.clone();
+            gemm_bf16_parallel(path, &shape, &case.a, &panels, &mut split, 3).expect("valid operands");
+            check(&case, &split, &format!("{path} pair panels in 3 tasks {s:?}"));
+        }
+        println!("ran: {path} with B in pair panels");
+    }
+    let case = make_case(&mut rng, GemmShape::dense(40, 70, 45, false, false, false));
+    let (shape, panels) = in_pair_panels(&case);
+    let desc = GemmDesc::from(&shape);
+    let mut got = case.c0.clone();
+    // SAFETY: the slices hold the shape's extents.
+    let rc = unsafe { uopc_tile_gemm_bf16_desc(&desc, case.a.as_ptr(), panels.as_ptr(), got.as_mut_ptr()) };
+    assert_eq!(rc, 0);
+    check(&case, &got, "C entry with pair panels");
+    let plain_flags = GemmDesc { flags: desc.flags & !uopc_tile::GEMM_B_PAIR_PANELS, ..desc };
+    assert_eq!(plain_flags.shape().map(|s| s.b_pair_panels), Some(false));
+    let wide: Vec<f32> = panels.iter().map(|x| x.to_f32()).collect();
+    let a32: Vec<f32> = case.a.iter().map(|x| x.to_f32()).collect();
+    let refused = gemm(Isa::Portable, &shape, &a32, &wide, &mut got);
+    assert!(matches!(refused, Err(TileError::InvalidLayout { operand: "b", .. })), "{refused:?}");
 }

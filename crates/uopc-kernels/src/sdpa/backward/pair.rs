@@ -28,6 +28,7 @@ impl BackwardKernel {
                 b_trans: false,
                 accumulate,
                 b_panel_width: 0,
+                b_pair_panels: false,
                 parallel: false,
             })
         };
