@@ -19,18 +19,25 @@ fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
         assert_eq!(Blocking::choose(&c, 2).kv_panel_width, 0, "{c:?}");
     }
     // Where its GEMM widens to f32 anyway, bf16 blocks as f16 does (the same f32 tiles, panels
-    // where f16 takes them); where AMX or vdpbf16ps takes bf16 operands it packs per task.
+    // where f16 takes them); where AMX or vdpbf16ps takes bf16 operands it packs bf16 pair
+    // panels of 32 for as many readers, and keeps its bf16 tiles.
     let widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
-    for shape in
-        [config(1, 1, 1, 4096, 4096, 64), config(4, 8, 1, 333, 999, 80), config(2, 8, 8, 1000, 1000, 80)]
-    {
+    for (shape, many_readers) in [
+        (config(1, 1, 1, 4096, 4096, 64), true),
+        (config(4, 8, 1, 333, 999, 80), true),
+        (config(2, 8, 8, 1000, 1000, 80), false),
+    ] {
         let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..shape };
         let f16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..shape };
         let b = Blocking::choose(&bf16, 2);
         if widens {
             assert_eq!(b, Blocking::choose(&f16, 2), "{bf16:?}");
+            assert!(!b.pair_panels(&bf16));
         } else {
-            assert_eq!(b.kv_panel_width, 0, "{bf16:?}");
+            assert_eq!(b.kv_panel_width, if many_readers { 32 } else { 0 }, "{bf16:?}");
+            assert_eq!(b.pair_panels(&bf16), many_readers, "{bf16:?}");
+            let sdpa = Sdpa::compile_with(&bf16, b).unwrap();
+            assert_eq!(sdpa.to_string().contains("bf16 pair panels of 32"), many_readers, "{sdpa}");
         }
     }
     // f16 packs once too (widened as it packs). One head's queries are widened once per task
@@ -54,8 +61,11 @@ fn panels_are_chosen_for_many_readers_and_refused_where_they_do_not_fit() {
     for bad in [Blocking { kv_panel_width: 12, ..base }, Blocking { queries: 64, splits: 2, ..base }] {
         assert!(Sdpa::compile_with(&c, bad).is_err(), "{bad:?}");
     }
+    // bf16 reads f32 panels of any width where its GEMM widens, pair panels of 32 only where
+    // it multiplies bf16.
     let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..c };
-    Sdpa::compile_with(&bf16, base).unwrap();
+    assert_eq!(Sdpa::compile_with(&bf16, base).is_ok(), widens);
+    Sdpa::compile_with(&bf16, Blocking { kv_panel_width: 32, ..base }).unwrap();
 }
 
 #[test]

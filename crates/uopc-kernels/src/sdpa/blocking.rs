@@ -21,7 +21,9 @@ pub struct Blocking {
     pub splits: usize,
     /// 0: each task's GEMMs pack the K and V blocks they read. `w > 0`: the run packs every
     /// key/value head's K and V once into panels of `w` columns, which the GEMMs read in place
-    /// (f32 only, without split-K; see [`Blocking::choose`]).
+    /// (without split-K; see [`Blocking::choose`]): f32 panels, or for bf16 attention on a
+    /// machine whose bf16 GEMM multiplies bf16 (AMX, `vdpbf16ps`) bf16 pair panels of 32
+    /// ([`Blocking::pair_panels`]).
     pub kv_panel_width: usize,
     /// Parts the GEMMs of a causal sub-tile's diagonal block run in, as a staircase that skips
     /// the keys above the diagonal (by row parts, part `p` of `n` over the first `(p + 1) / n`
@@ -168,27 +170,28 @@ impl Blocking {
         // as it packs them), and bf16 writes its rounded P over the f32 scores: f32's tiles,
         // which must fit. bf16 packs f32 panels only where its GEMM path widens bf16 to f32 anyway
         // (AMX and vdpbf16ps take bf16 operands).
+        // bf16 on bf16 GEMMs packs bf16 pair panels instead, and keeps its bf16 tiles.
         let rows = b.rows();
         let query_tile = !queries_in_place(b.heads_per_task);
+        let pairs = config.dtype == SdpaDType::BF16 && !bf16_widens();
+        let width = if pairs { uopc_tile::PAIR_PANEL_WIDTH } else { width };
         let query_tile_fits = config.dtype == SdpaDType::F32
+            || pairs
             || rows * tile_bytes_per_row(SdpaDType::F32, config.d, b.keys, query_tile) <= TILE_BUDGET;
-        let panels_pay = config.dtype != SdpaDType::BF16 || bf16_widens();
-        if rows > FEW_ROWS
-            && reads >= PACK_ONCE_MIN_READS
-            && query_tile_fits
-            && panels_pay
-            && b.panels_fit(config, width)
-        {
+        if rows > FEW_ROWS && reads >= PACK_ONCE_MIN_READS && query_tile_fits && b.panels_fit(config, width) {
             b.kv_panel_width = width;
         }
         b
     }
 
     /// Whether K and V can be read from panels of `width` columns under these blocks: f32, or
-    /// f16 or bf16 packed widened to f32, without split-K or a runtime KV length, every key
-    /// block starting a panel, and a width the GEMM descriptor carries.
+    /// f16 or bf16 packed widened to f32 (bf16 pair panels, of 32, where the machine's bf16
+    /// GEMM multiplies bf16), without split-K or a runtime KV length, every key block
+    /// starting a panel, and a width the GEMM descriptor carries.
     pub fn panels_fit(&self, config: &SdpaConfig, width: usize) -> bool {
+        let pairs = config.dtype == SdpaDType::BF16 && !bf16_widens();
         (1..=uopc_tile::GEMM_MAX_PANEL_WIDTH).contains(&width)
+            && (!pairs || width == uopc_tile::PAIR_PANEL_WIDTH)
             && self.splits == 1
             && !config.runtime_kv_length
             && (self.keys.is_multiple_of(width) || self.keys >= config.n_k)
@@ -267,17 +270,27 @@ impl Blocking {
     pub fn reads_queries_in_place(&self, config: &SdpaConfig) -> bool {
         let rows = self.rows();
         let copy_fits = rows * tile_bytes_per_row(SdpaDType::F32, config.d, self.keys, true) <= TILE_BUDGET;
-        let widened_once = config.dtype != SdpaDType::F32 && self.kv_panel_width > 0 && copy_fits;
+        let widened_once = config.dtype != SdpaDType::F32
+            && self.kv_panel_width > 0
+            && !self.pair_panels(config)
+            && copy_fits;
         queries_in_place(self.heads_per_task) && !widened_once
     }
 
     /// Whether bf16 attention keeps bf16 query and probability tiles of its own, for bf16
-    /// GEMMs that take both operands in bf16 (natively on AMX or `vdpbf16ps`). Where the
-    /// machine's bf16 GEMM widens to f32, or the GEMMs read f32 panels, it has f16's f32
-    /// tiles instead and writes its rounded probabilities over the f32 scores: the same
-    /// values, which the f32 x bf16 GEMM (or the panels' f32 GEMM) reads in place.
+    /// GEMMs that take both operands in bf16 (natively on AMX or `vdpbf16ps`), from K and V
+    /// where they lie or in pair panels. Where the machine's bf16 GEMM widens to f32 (and so
+    /// the GEMMs read f32 panels), it has f16's f32 tiles instead and writes its rounded
+    /// probabilities over the f32 scores: the same values, which the f32 x bf16 GEMM (or the
+    /// panels' f32 GEMM) reads in place.
     pub(crate) fn bf16_tiles(&self, config: &SdpaConfig) -> bool {
-        config.dtype == SdpaDType::BF16 && self.kv_panel_width == 0 && !bf16_widens()
+        config.dtype == SdpaDType::BF16 && !bf16_widens()
+    }
+
+    /// Whether K and V come packed once per run in bf16 pair panels: bf16 attention with
+    /// panels, on a machine whose bf16 GEMM multiplies bf16.
+    pub fn pair_panels(&self, config: &SdpaConfig) -> bool {
+        self.kv_panel_width > 0 && self.bf16_tiles(config)
     }
 
     /// Rows of each sub-tile that a causal task's diagonal band runs in, when the band is
@@ -314,7 +327,8 @@ impl Blocking {
 
     /// Where K and V lie in panels for `config`, when these blocks read them so.
     pub(crate) fn kv_panels(&self, config: &SdpaConfig) -> Option<KvPanels> {
-        (self.kv_panel_width > 0).then(|| KvPanels::new(config, self.kv_panel_width, self.keys))
+        (self.kv_panel_width > 0)
+            .then(|| KvPanels::new(config, self.kv_panel_width, self.keys, self.pair_panels(config)))
     }
 
     /// Keys per block of the blocks every row of a causal task sees (those before its diagonal

@@ -214,15 +214,19 @@ impl Sdpa {
         let (mut part_m, mut part_l, mut part_o) =
             (vec![0.0f32; states], vec![0.0f32; states], vec![0.0f32; states * c.d]);
         // K and V packed into panels, in the calling thread's kept buffer.
-        let packed = match (&self.panels, k, v) {
-            (Some(panels), Values::F32(k), Values::F32(v)) => Some(panels.pack_into(k, v)),
-            (Some(panels), Values::F16(k), Values::F16(v)) => Some(panels.pack_into(k, v)),
-            (Some(panels), Values::BF16(k), Values::BF16(v)) => Some(panels.pack_into(k, v)),
-            _ => None,
+        let (packed, pairs) = match (&self.panels, k, v) {
+            (Some(panels), Values::BF16(k), Values::BF16(v)) if panels.pairs => {
+                (None, Some(panels.pack_pairs_into(k, v)))
+            }
+            (Some(panels), Values::F32(k), Values::F32(v)) => (Some(panels.pack_into(k, v)), None),
+            (Some(panels), Values::F16(k), Values::F16(v)) => (Some(panels.pack_into(k, v)), None),
+            (Some(panels), Values::BF16(k), Values::BF16(v)) => (Some(panels.pack_into(k, v)), None),
+            _ => (None, None),
         };
-        let (k, v) = match packed.as_ref().map(|p| p.panels()) {
-            Some((kp, vp)) => (Arg::from(kp), Arg::from(vp)),
-            None => (k.arg(), v.arg()),
+        let (k, v) = match (packed.as_ref().map(|p| p.panels()), pairs.as_ref().map(|p| p.panels())) {
+            (Some((kp, vp)), _) => (Arg::from(kp), Arg::from(vp)),
+            (_, Some((kp, vp))) => (Arg::Read(BufRef::BF16(kp)), Arg::Read(BufRef::BF16(vp))),
+            _ => (k.arg(), v.arg()),
         };
         let mut args: Vec<Arg<'_>> = if self.merge.is_some() {
             vec![
@@ -367,6 +371,9 @@ impl fmt::Display for Sdpa {
             },
             match b.kv_panel_width {
                 0 => String::new(),
+                w if b.pair_panels(&self.config) => {
+                    format!(", K and V packed once per run into bf16 pair panels of {w}")
+                }
                 w => format!(", K and V packed once per run into panels of {w}"),
             }
         )?;

@@ -11,7 +11,9 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use std::cell::Cell;
 use uopc_ir::UOp;
-use uopc_tile::{Isa, PanelPacking, TileError, pack_panels, pack_panels_bf16, pack_panels_f16};
+use uopc_tile::{
+    Isa, PanelPacking, TileError, pack_pair_panels_bf16, pack_panels, pack_panels_bf16, pack_panels_f16,
+};
 
 /// The largest panel buffer a thread keeps between runs: 64 MiB of f32.
 pub(crate) const KEPT_MAX_FLOATS: usize = 16 << 20;
@@ -21,12 +23,16 @@ thread_local! {
     /// would fault in every page again): one per calling thread, as large as the largest K and
     /// V it packed up to [`KEPT_MAX_FLOATS`], whatever the configuration.
     static KEPT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// [`KEPT`] for bf16 pair panels.
+    static KEPT_PAIRS: Cell<Vec<bf16>> = const { Cell::new(Vec::new()) };
 }
 
 /// One run's packed K and V, in the calling thread's kept buffer (or a new one when a nested
 /// run already holds it); dropping it hands the buffer back.
 pub(crate) struct Packed {
     buf: Vec<f32>,
+    /// The first element of the key panels (the first on a cache line).
+    at: usize,
     k_len: usize,
     v_len: usize,
 }
@@ -34,25 +40,67 @@ pub(crate) struct Packed {
 impl Packed {
     /// The key panels and the value panels.
     pub fn panels(&self) -> (&[f32], &[f32]) {
-        let (kp, rest) = self.buf.split_at(self.k_len);
+        let (kp, rest) = self.buf[self.at..].split_at(self.k_len);
         (kp, &rest[..self.v_len])
     }
 }
 
 impl Drop for Packed {
     fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        // Keep the larger of this buffer and one a nested run may have put back meanwhile.
-        // A buffer past the cap is freed rather than kept: one long context must not pin its
-        // size in every calling thread for the rest of the process.
-        let _ = KEPT.try_with(|kept| {
-            let other = kept.take();
-            let larger = if other.capacity() > buf.capacity() { other } else { buf };
-            if larger.capacity() <= KEPT_MAX_FLOATS {
-                kept.set(larger);
-            }
-        });
+        hand_back(&KEPT, std::mem::take(&mut self.buf), KEPT_MAX_FLOATS);
     }
+}
+
+/// One run's K and V in bf16 pair panels, in the calling thread's kept buffer (or a new one);
+/// dropping it hands the buffer back.
+pub(crate) struct PackedPairs {
+    buf: Vec<bf16>,
+    /// The first element of the key panels (the first on a cache line).
+    at: usize,
+    k_len: usize,
+    v_len: usize,
+}
+
+impl PackedPairs {
+    /// The key panels and the value panels.
+    pub fn panels(&self) -> (&[bf16], &[bf16]) {
+        let (kp, rest) = self.buf[self.at..].split_at(self.k_len);
+        (kp, &rest[..self.v_len])
+    }
+}
+
+/// Bytes of a cache line, where the panels start: a panel row (or a pair panel's tile row)
+/// that straddled two lines would cost two loads of every row the kernels read, and the
+/// allocator places a large buffer 16 bytes past a page.
+const LINE_BYTES: usize = 64;
+
+/// `buf` grown to hold `len` elements from its first one on a cache line, and that element.
+fn line_aligned<E: Copy>(buf: &mut Vec<E>, len: usize, zero: E) -> usize {
+    let slack = LINE_BYTES / std::mem::size_of::<E>();
+    if buf.len() < len + slack {
+        buf.resize(len + slack, zero);
+    }
+    buf.as_ptr().align_offset(LINE_BYTES).min(slack)
+}
+
+impl Drop for PackedPairs {
+    fn drop(&mut self) {
+        // The same bytes as the f32 buffer's cap.
+        hand_back(&KEPT_PAIRS, std::mem::take(&mut self.buf), 2 * KEPT_MAX_FLOATS);
+    }
+}
+
+/// Keeps the larger of `buf` and the buffer a nested run may have put back meanwhile in
+/// `kept`. A buffer past `cap` elements is freed rather than kept: one long context must not
+/// pin its size in every calling thread for the rest of the process.
+fn hand_back<E>(kept: &'static std::thread::LocalKey<Cell<Vec<E>>>, buf: Vec<E>, cap: usize) {
+    let _ = kept.try_with(|kept| {
+        let other = kept.take();
+        let larger = if other.capacity() > buf.capacity() { other } else { buf };
+        if larger.capacity() <= cap {
+            kept.set(larger);
+        }
+    });
 }
 
 /// Where each key/value head's panels lie: the keys' panels `K^T` block by block of keys (per
@@ -60,10 +108,17 @@ impl Drop for Packed {
 /// so every key block's are contiguous, laid out `(batch, kv head, key block, panels)`; and the
 /// values' one panel per `w` columns of D over all the head's keys (each `n_k x w`), laid out
 /// `(batch, kv head, panel)`, so any stretch of keys is one GEMM's B whatever blocks it spans.
+///
+/// With `pairs`, the panels are bf16 pair panels of 32 columns
+/// ([`uopc_tile::GemmShape::b_pair_panels`]), for the bf16 GEMMs that multiply bf16 operands
+/// (AMX, `vdpbf16ps`): D rounded up to 32 for the keys' panels and the keys rounded up to 32
+/// for the values'.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct KvPanels {
     /// Columns per panel.
     pub width: usize,
+    /// bf16 pair panels rather than f32 panels.
+    pub pairs: bool,
     /// Keys per block.
     pub keys: usize,
     /// Elements of one head's key panels.
@@ -80,16 +135,21 @@ pub(crate) struct KvPanels {
 
 impl KvPanels {
     /// The panels of `config`'s keys and values at `width` columns each, for key blocks of
-    /// `keys` keys (a multiple of `width`, or at least `n_k`).
-    pub fn new(config: &SdpaConfig, width: usize, keys: usize) -> KvPanels {
+    /// `keys` keys (a multiple of `width`, or at least `n_k`); pair panels when `pairs` (then
+    /// `width` is 32).
+    pub fn new(config: &SdpaConfig, width: usize, keys: usize, pairs: bool) -> KvPanels {
         let &SdpaConfig { batch, kv_heads, n_k, d, .. } = config;
         let keys = keys.min(n_k);
         let (full, rest) = (n_k / keys, n_k % keys);
+        // A pair panel's rows (D for the keys, n_k for the values) in whole steps of 32.
+        let (k_rows, v_rows) =
+            if pairs { (d.next_multiple_of(32), n_k.next_multiple_of(32)) } else { (d, n_k) };
         KvPanels {
             width,
+            pairs,
             keys,
-            k_head: (full * keys.next_multiple_of(width) + rest.next_multiple_of(width)) * d,
-            v_head: d.next_multiple_of(width) * n_k,
+            k_head: (full * keys.next_multiple_of(width) + rest.next_multiple_of(width)) * k_rows,
+            v_head: d.next_multiple_of(width) * v_rows,
             strides: config.layout.strides(kv_heads, n_k, d),
             kv_heads,
             heads: batch * kv_heads,
@@ -109,9 +169,11 @@ impl KvPanels {
     }
 
     /// Where the keys from key `first` (a multiple of the block size) begin in their head's
-    /// key panels, and in its value panels.
+    /// key panels, and in its value panels (a pair panel's step of 32 keys is 32 x 32
+    /// elements).
     pub fn block_offsets(&self, first: &UOp) -> (UOp, UOp) {
-        (first * self.d, first * self.width)
+        let k_rows = if self.pairs { self.d.next_multiple_of(32) } else { self.d };
+        (first * k_rows, first * self.width)
     }
 
     /// How the `cols` keys of one block become the B of the score GEMM (`K^T`, D x cols): k's
@@ -124,7 +186,7 @@ impl KvPanels {
             trans: true,
             ld: self.strides[2],
             width: w,
-            panel_stride: self.d * w,
+            panel_stride: if self.pairs { self.d.next_multiple_of(32) } else { self.d } * w,
         }
     }
 
@@ -138,7 +200,7 @@ impl KvPanels {
             trans: false,
             ld: self.strides[2],
             width: w,
-            panel_stride: self.n_k * w,
+            panel_stride: if self.pairs { self.n_k.next_multiple_of(32) } else { self.n_k } * w,
         }
     }
 
@@ -148,12 +210,10 @@ impl KvPanels {
     pub fn pack_into<E: PanelSource>(&self, k: &[E], v: &[E]) -> Packed {
         let (k_len, v_len) = (self.k_len(), self.v_len());
         let mut buf = KEPT.try_with(Cell::take).unwrap_or_default();
-        if buf.len() < k_len + v_len {
-            buf.resize(k_len + v_len, 0.0);
-        }
-        let (kp, rest) = buf.split_at_mut(k_len);
+        let at = line_aligned(&mut buf, k_len + v_len, 0.0);
+        let (kp, rest) = buf[at..].split_at_mut(k_len);
         self.pack(k, v, kp, &mut rest[..v_len]);
-        Packed { buf, k_len, v_len }
+        Packed { buf, at, k_len, v_len }
     }
 
     /// Packs k and v (f32, f16 or bf16, of `config`'s layout and lengths, checked by the caller) into
@@ -162,18 +222,39 @@ impl KvPanels {
     /// the cores.
     pub fn pack<E: PanelSource>(&self, k: &[E], v: &[E], kp: &mut [f32], vp: &mut [f32]) {
         let isa = Isa::detect();
+        self.pack_with((k, v), (kp, vp), |p, src, dst| E::pack(isa, p, src, dst));
+    }
+
+    /// Packs bf16 k and v into pair panels in the calling thread's kept buffer, grown if it
+    /// is too small (as [`KvPanels::pack_into`]).
+    pub fn pack_pairs_into(&self, k: &[bf16], v: &[bf16]) -> PackedPairs {
+        let (k_len, v_len) = (self.k_len(), self.v_len());
+        let mut buf = KEPT_PAIRS.try_with(Cell::take).unwrap_or_default();
+        let at = line_aligned(&mut buf, k_len + v_len, bf16::ZERO);
+        let (kp, rest) = buf[at..].split_at_mut(k_len);
+        self.pack_with((k, v), (kp, &mut rest[..v_len]), pack_pair_panels_bf16);
+        PackedPairs { buf, at, k_len, v_len }
+    }
+
+    /// [`KvPanels::pack`] with the packing of one key block or one value panel given.
+    fn pack_with<E: Sync, D: Send>(
+        &self,
+        (k, v): (&[E], &[E]),
+        (kp, vp): (&mut [D], &mut [D]),
+        pack: impl Fn(&PanelPacking, &[E], &mut [D]) -> Result<(), TileError> + Sync,
+    ) {
         let (bc, w) = (self.keys, self.width);
         let head_at =
             |head: usize| head / self.kv_heads * self.strides[0] + head % self.kv_heads * self.strides[1];
         // The run checked k's and v's lengths against the configuration, whose heads each span
         // the packings' source extents; each chunk is one block or one panel of one head.
-        let k_block = bc.next_multiple_of(w) * self.d;
+        let k_block = bc.next_multiple_of(w) * self.keys(bc).panel_stride / w;
         let key_blocks = kp
             .par_chunks_mut(self.k_head)
             .enumerate()
             .flat_map(|(head, kp)| kp.par_chunks_mut(k_block).enumerate().map(move |(b, kp)| (head, b, kp)));
         let value_panels = vp.par_chunks_mut(self.v_head).enumerate().flat_map(|(head, vp)| {
-            vp.par_chunks_mut(self.n_k * w).enumerate().map(move |(p, vp)| (head, p, vp))
+            vp.par_chunks_mut(self.values().panel_stride).enumerate().map(move |(p, vp)| (head, p, vp))
         });
         rayon::join(
             || {
@@ -181,7 +262,7 @@ impl KvPanels {
                     let first = block * bc;
                     let cols = bc.min(self.n_k - first);
                     let at = head_at(head) + first * self.strides[2];
-                    E::pack(isa, &self.keys(cols), &k[at..], kp).expect("one key block's panels");
+                    pack(&self.keys(cols), &k[at..], kp).expect("one key block's panels");
                 })
             },
             || {
@@ -190,7 +271,7 @@ impl KvPanels {
                     let cols = w.min(self.d - panel * w);
                     let one = PanelPacking { n: cols, ..self.values() };
                     let at = head_at(head) + panel * w;
-                    E::pack(isa, &one, &v[at..], vp).expect("one value panel");
+                    pack(&one, &v[at..], vp).expect("one value panel");
                 })
             },
         );
@@ -218,5 +299,24 @@ impl PanelSource for f16 {
 impl PanelSource for bf16 {
     fn pack(isa: Isa, p: &PanelPacking, src: &[bf16], dst: &mut [f32]) -> Result<(), TileError> {
         pack_panels_bf16(isa, p, src, dst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The panels start on a cache line whatever the allocator gave, for both element types,
+    /// and the buffer holds them from there.
+    #[test]
+    fn panels_start_on_a_cache_line() {
+        for len in [1, 1000, 1 << 20] {
+            let mut floats = Vec::new();
+            let at = line_aligned(&mut floats, len, 0.0f32);
+            assert!(floats[at..].as_ptr().addr().is_multiple_of(LINE_BYTES) && floats.len() - at >= len);
+            let mut pairs = Vec::new();
+            let at = line_aligned(&mut pairs, len, bf16::ZERO);
+            assert!(pairs[at..].as_ptr().addr().is_multiple_of(LINE_BYTES) && pairs.len() - at >= len);
+        }
     }
 }

@@ -51,9 +51,15 @@ impl SdpaKernel {
             (Some(panels), Some((k0, v0))) => {
                 // The keys' panels from the block's first, laid out as packed.
                 let (kp, vp) = (panels.keys(cols), panels.values());
-                scores =
-                    GemmShape { b_trans: false, ldb: kp.panel_stride, b_panel_width: kp.width, ..scores };
-                pv = GemmShape { ldb: vp.panel_stride, b_panel_width: vp.width, ..pv };
+                let b_pair_panels = panels.pairs;
+                scores = GemmShape {
+                    b_trans: false,
+                    ldb: kp.panel_stride,
+                    b_panel_width: kp.width,
+                    b_pair_panels,
+                    ..scores
+                };
+                pv = GemmShape { ldb: vp.panel_stride, b_panel_width: vp.width, b_pair_panels, ..pv };
                 let (k_at, v_at) = panels.block_offsets(first);
                 (self.k.index(k0 + k_at), self.v.index(v0 + v_at))
             }

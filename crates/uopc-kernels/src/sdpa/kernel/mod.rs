@@ -227,7 +227,10 @@ impl SdpaKernel {
         let panels = blocking.kv_panels(config);
         let (k, v) = match &panels {
             None => (buffer(1, el, views.k.len), buffer(2, el, views.v.len)),
-            Some(panels) => (buffer(1, f32t, panels.k_len()), buffer(2, f32t, panels.v_len())),
+            Some(panels) => {
+                let pt = if panels.pairs { DType::BF16 } else { f32t };
+                (buffer(1, pt, panels.k_len()), buffer(2, pt, panels.v_len()))
+            }
         };
         let (out, partial, mut slot) = if blocking.splits > 1 {
             let states = blocking.tasks(config) * rows;
