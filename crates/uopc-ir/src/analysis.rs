@@ -188,12 +188,28 @@ pub fn gemm_like(lin: &Linear, registers: &HashSet<UOp>) -> bool {
     })
 }
 
-/// Bytes of memory the ALLOCs of `lin` need (saturating: a huge sum stays huge).
+/// ALLOCs of at least this many bytes start on a cache line ([`ALLOC_LINE_BYTES`]): tiles that
+/// whole rows of 64 bytes are read from and written to (tile ops' operands) would otherwise
+/// split every row access across two lines, while small arrays gain nothing from it.
+pub const LINE_ALIGNED_ALLOC_MIN_BYTES: usize = 1024;
+
+/// The cache line an ALLOC of [`LINE_ALIGNED_ALLOC_MIN_BYTES`] or more starts on; a backend
+/// whose stack is aligned to less reserves this much more and aligns the start itself.
+pub const ALLOC_LINE_BYTES: usize = 64;
+
+/// Bytes of memory an ALLOC of `bytes` takes: its elements, and the room to align a large one
+/// to a cache line.
+pub fn alloc_bytes(bytes: usize) -> usize {
+    if bytes >= LINE_ALIGNED_ALLOC_MIN_BYTES { bytes.saturating_add(ALLOC_LINE_BYTES) } else { bytes }
+}
+
+/// Bytes of memory the ALLOCs of `lin` need, each as [`alloc_bytes`] counts it (saturating: a
+/// huge sum stays huge).
 pub fn local_bytes(lin: &Linear) -> usize {
     lin.allocs
         .iter()
         .map(|a| match a.op() {
-            Op::Alloc { len, .. } => len.saturating_mul(a.dtype().size()),
+            Op::Alloc { len, .. } => alloc_bytes(len.saturating_mul(a.dtype().size())),
             _ => 0,
         })
         .fold(0usize, usize::saturating_add)
@@ -426,5 +442,9 @@ mod tests {
         let (lin, _) = reduction(10, false);
         assert_eq!(local_bytes(&lin), 40);
         assert_eq!(local_bytes(&register_tile(false)), 16);
+        // A tile large enough to start on a cache line takes a line's room more.
+        let (tile, _) = reduction(256, false);
+        assert_eq!(local_bytes(&tile), 1024 + ALLOC_LINE_BYTES);
+        assert_eq!(alloc_bytes(LINE_ALIGNED_ALLOC_MIN_BYTES - 4), LINE_ALIGNED_ALLOC_MIN_BYTES - 4);
     }
 }

@@ -40,7 +40,13 @@ impl Lowerer<'_, '_> {
                 if let Some(&a) = self.slot_addrs.get(&slot) {
                     return Ok(a);
                 }
-                let a = self.b.ins().stack_addr(types::I64, slot, 0);
+                let mut a = self.b.ins().stack_addr(types::I64, slot, 0);
+                if self.line_aligned_slots.contains(&slot) {
+                    // The slot has a line's room more than its elements (`alloc_bytes`).
+                    let line = uopc_ir::analysis::ALLOC_LINE_BYTES as i64;
+                    let up = self.b.ins().iadd_imm_s(a, line - 1);
+                    a = self.b.ins().band_imm_s(up, -line);
+                }
                 self.slot_addrs.insert(slot, a);
                 Ok(a)
             }

@@ -96,6 +96,8 @@ pub(crate) struct Lowerer<'a, 'b> {
     /// every loop entry and exit): one `lea` per slot and stretch instead of one per access at
     /// `opt_level=none`.
     slot_addrs: HashMap<StackSlot, Value>,
+    /// Slots whose address is rounded up to a cache line (see `base_address`).
+    line_aligned_slots: std::collections::HashSet<StackSlot>,
     /// While lowering the unrolled steps of a register tile: its range, the step being emitted,
     /// and step 0's addresses by INDEX (later steps add their offset to those).
     pub(crate) copy_addrs: Option<(UOp, i64, StepAddresses)>,
@@ -134,6 +136,7 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             splat_loads: Default::default(),
             fresh_splats: flags.keeps_order,
             slot_addrs: HashMap::new(),
+            line_aligned_slots: std::collections::HashSet::new(),
             copy_addrs: None,
             read_only: Default::default(),
             tile_results: HashMap::new(),
@@ -178,13 +181,19 @@ impl<'a, 'b> Lowerer<'a, 'b> {
             let st = if kernel.register_allocs.contains(a) {
                 Storage::Vars((0..*len).map(|_| self.b.declare_var(ty)).collect())
             } else {
-                let size = (*len * a.dtype().size()) as u32;
+                let bytes = *len * a.dtype().size();
                 let align = a.dtype().size().trailing_zeros() as u8;
-                Storage::Slot(self.b.create_sized_stack_slot(StackSlotData::new(
+                let slot = self.b.create_sized_stack_slot(StackSlotData::new(
                     StackSlotKind::ExplicitSlot,
-                    size,
+                    uopc_ir::analysis::alloc_bytes(bytes) as u32,
                     align,
-                )))
+                ));
+                // Cranelift aligns a slot only to the frame's 16 bytes: a large one gets a
+                // line's room more, and its start is aligned when its address is taken.
+                if bytes >= uopc_ir::analysis::LINE_ALIGNED_ALLOC_MIN_BYTES {
+                    self.line_aligned_slots.insert(slot);
+                }
+                Storage::Slot(slot)
             };
             self.storage.insert(a.clone(), st);
         }

@@ -121,6 +121,45 @@ fn huge_locals_are_refused() {
     assert!(matches!(Program::compile(&sink(&[rd.end(&[i])]), "big"), Err(JitError::Unsupported(_))));
 }
 
+/// Large ALLOCs start on a cache line inside a slot a line longer: three of odd sizes, each
+/// written whole and read back whole, keep their own values (the rounded-up starts do not run
+/// into each other), as the interpreter says.
+#[test]
+fn large_allocs_start_on_a_line_without_overlapping() {
+    let lens = [257usize, 300, 1031];
+    let n = lens.iter().sum::<usize>();
+    let (x, out) = (buffer(0, DType::F32, n), buffer(1, DType::F32, n));
+    let mut effects = Vec::new();
+    let mut first = 0;
+    for (slot, &len) in lens.iter().enumerate() {
+        let tile = alloc(slot, DType::F32, len);
+        let i = range(len, 2 * slot, AxisType::Loop);
+        let fill = tile.after(&[i.clone()]).index(&i).store(x.index(&i + first as i64).load() * 2.0f32);
+        let filled = fill.end(&[i]);
+        effects.push((tile, filled, len, first));
+        first += len;
+    }
+    // Every tile is written before any is read back.
+    let written: Vec<UOp> = effects.iter().map(|(_, f, _, _)| f.clone()).collect();
+    let mut reads = Vec::new();
+    for (slot, (tile, _, len, first)) in effects.iter().enumerate() {
+        let j = range(*len, 2 * slot + 1, AxisType::Loop);
+        let back = tile.after(&written).after(&[j.clone()]).index(&j).load();
+        reads.push(out.index(&j + *first as i64).store(back).end(&[j]));
+    }
+    let p = sink(&reads);
+    let prg = Program::compile(&p, "large_allocs").unwrap();
+    let xs: Vec<f32> = (0..n).map(|v| v as f32 - 100.0).collect();
+    let mut got = vec![0.0f32; n];
+    prg.run_f32(&[&xs], &mut [&mut got]).unwrap();
+    let want: Vec<f32> = xs.iter().map(|v| v * 2.0).collect();
+    assert_eq!(got, want);
+    let mut bufs = vec![HostBuffer::F32(xs), HostBuffer::F32(vec![0.0; n])];
+    interp::run(&p, &mut bufs, Precision::Native).unwrap();
+    let HostBuffer::F32(interpreted) = &bufs[1] else { unreachable!() };
+    assert_eq!(interpreted, &want);
+}
+
 #[test]
 fn racy_stores_run_serially_and_correctly() {
     // Every THREAD iteration adds into out[0]: not provably disjoint, so no parallelism.
