@@ -127,14 +127,14 @@ fn wide_key_blocks_only_for_tall_unmasked_tasks() {
         let b = choose(SdpaConfig { causal: true, ..config(1, 8, 8, 1024, 1024, d) });
         assert_eq!(b.keys, 64, "causal D = {d}: {b:?}");
     }
-    // bf16 reads its queries in place too. On bf16 GEMMs its tile of rounded probabilities
-    // leaves 128 rows with 256 keys at D = 64, with 192 at D = 128 and with 128 at D = 256,
-    // as many as with 128 keys. Where its GEMM widens it has f32's tiles and blocks: 256 rows
-    // of 128 keys at D = 64 (wider blocks would cut the rows), 128 of 256 at D = 128 and of
-    // 192 at D = 256.
+    // bf16 reads its queries in place too. On bf16 GEMMs it reads K and V from pair panels
+    // (16 query blocks read each key block), in blocks of 256 keys: 128 rows at D = 64 and
+    // the 64 that fit beside its tile of rounded probabilities at D = 128 and 256. Where its
+    // GEMM widens it has f32's tiles and blocks: 256 rows of 128 keys at D = 64 (wider blocks
+    // would cut the rows), 128 of 256 at D = 128 and of 192 at D = 256.
     let widens = uopc_jit::machine::Machine::get().choices().bf16.widens();
     for (d, native, widened) in
-        [(64, (128, 256), (256, 128)), (128, (128, 192), (128, 256)), (256, (128, 128), (128, 192))]
+        [(64, (128, 256), (256, 128)), (128, (64, 256), (128, 256)), (256, (64, 256), (128, 192))]
     {
         let bf16 =
             SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..config(1, 8, 8, 1024, 1024, d) };
@@ -175,13 +175,17 @@ fn one_head_f32_tasks_read_queries_in_place_and_take_taller_tiles() {
     let half = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::F16, ..c };
     let b = Blocking::choose(&half, 2);
     assert!(b.reads_queries_in_place(&half) && b.queries == 128, "{b:?}");
+    // On bf16 GEMMs from pair panels, 64 rows of 256 keys (see the test above).
     let bf16 = SdpaConfig { dtype: uopc_kernels::sdpa::SdpaDType::BF16, ..c };
     let b = Blocking::choose(&bf16, 2);
-    assert!(b.reads_queries_in_place(&bf16) && b.queries == 128, "{b:?}");
+    let rows = if uopc_jit::machine::Machine::get().choices().bf16.widens() { 128 } else { 64 };
+    assert!(b.reads_queries_in_place(&bf16) && b.queries == rows, "{b:?}");
     let sdpa = Sdpa::compile_with(&bf16, b).unwrap();
-    assert!(sdpa.to_string().contains("128 queries read in place"), "{sdpa}");
-    let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == 128 * 256).count();
-    assert_eq!(row_tiles, 1, "only the output tile is rows x D:\n{}", sdpa.program().loop_ir());
+    assert!(sdpa.to_string().contains(&format!("{rows} queries read in place")), "{sdpa}");
+    let row_tiles = local_lengths(&sdpa).iter().filter(|&&len| len == rows * 256).count();
+    // The score and probability tiles are as long where the key blocks are D wide.
+    let as_wide = if b.keys == 256 { 2 } else { 0 };
+    assert_eq!(row_tiles, 1 + as_wide, "only the output tile is rows x D:\n{}", sdpa.program().loop_ir());
 }
 
 /// Batched, multi-head, GQA and decode shapes whose query blocks divide n_q run their THREAD

@@ -72,6 +72,15 @@ pub(super) const CAUSAL_SUB_ROWS: usize = KEY_BLOCK;
 /// save.
 const DIAGONAL_PARTS: usize = 4;
 
+/// Keys per block of bf16 attention from pair panels ([`Blocking::pair_panel_blocks`]): 256
+/// keys make `P · V` eight k steps of the bf16 tiles per pass over the output, where 128 make
+/// four.
+const PAIR_PANEL_KEY_BLOCK: usize = 4 * KEY_BLOCK;
+
+/// Rows a task from pair panels keeps at least with [`PAIR_PANEL_KEY_BLOCK`]s: two row blocks
+/// of the bf16 tiles, so each K and V panel step loaded into L1 serves more than one.
+const PAIR_PANEL_MIN_ROWS: usize = 2 * 32;
+
 /// Query rows per task may shrink to this fraction of the most that fit to divide n_q exactly.
 const EXACT_ROWS_MIN_FRACTION: usize = 4;
 
@@ -181,7 +190,42 @@ impl Blocking {
         if rows > FEW_ROWS && reads >= PACK_ONCE_MIN_READS && query_tile_fits && b.panels_fit(config, width) {
             b.kv_panel_width = width;
         }
+        if b.pair_panels(config)
+            && let Some(wide) = Self::pair_panel_blocks(config, cores)
+        {
+            b = wide;
+        }
         b
+    }
+
+    /// The blocks of bf16 attention from pair panels when its key blocks can be
+    /// [`PAIR_PANEL_KEY_BLOCK`] wide: no task packs K or V then, so rows per task no longer
+    /// spread a packing, while each key block costs a pass of `P · V` over the output tile
+    /// (its tiles loaded and stored, `rows x D` f32) and a rescale of it, which wider blocks
+    /// spread over more keys. One head's rows per task, as many as fit if they divide n_q,
+    /// else the most whole 32-row tile blocks that split n_q evenly (a ragged tile block
+    /// multiplies mostly padding); at least [`PAIR_PANEL_MIN_ROWS`], with K and V still read
+    /// often enough to pack once. Not under the causal mask, whose band runs in 64-key
+    /// sub-tiles.
+    fn pair_panel_blocks(config: &SdpaConfig, cores: usize) -> Option<Blocking> {
+        if config.causal || config.n_k < PAIR_PANEL_KEY_BLOCK {
+            return None;
+        }
+        let mut b = Self::choose_with_key_block(config, cores, PAIR_PANEL_KEY_BLOCK);
+        if b.keys != PAIR_PANEL_KEY_BLOCK || b.heads_per_task != 1 || b.splits != 1 {
+            return None;
+        }
+        let n_q = config.n_q;
+        if !n_q.is_multiple_of(b.queries) {
+            let evenly = |r: usize| n_q.div_ceil(n_q.div_ceil(r)) == r;
+            b.queries =
+                (PAIR_PANEL_MIN_ROWS / 32..=b.queries / 32).rev().map(|t| 32 * t).find(|&r| evenly(r))?;
+        }
+        let reads = b.tasks(config) / (config.batch * config.kv_heads);
+        b.kv_panel_width = uopc_tile::PAIR_PANEL_WIDTH;
+        let fits = b.panels_fit(config, b.kv_panel_width);
+        (b.queries >= PAIR_PANEL_MIN_ROWS && b.tasks(config) >= cores && reads >= PACK_ONCE_MIN_READS && fits)
+            .then_some(b)
     }
 
     /// Whether K and V can be read from panels of `width` columns under these blocks: f32, or
