@@ -516,7 +516,9 @@ pub fn run(
         if b.splits > 1 {
             kernel += &format!(" split-K {}", b.splits);
         }
-        if b.kv_panel_width > 0 {
+        if b.pair_panels(&p.config) {
+            kernel += &format!(" kv-pair-panels {}", b.kv_panel_width);
+        } else if b.kv_panel_width > 0 {
             kernel += &format!(" kv-panels {}", b.kv_panel_width);
         }
         let c = &p.config;
