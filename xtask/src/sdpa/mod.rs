@@ -439,6 +439,20 @@ fn paired_ratios(
     (causal_ratios, half_ratios)
 }
 
+/// The kernel column: the blocks, split-K, and how K and V come packed once per run.
+fn kernel_label(b: &Blocking, config: &SdpaConfig) -> String {
+    let mut kernel = format!("flash_tile_ops {}x{}x{}", b.heads_per_task, b.queries, b.keys);
+    if b.splits > 1 {
+        kernel += &format!(" split-K {}", b.splits);
+    }
+    if b.pair_panels(config) {
+        kernel += &format!(" kv-pair-panels {}", b.kv_panel_width);
+    } else if b.kv_panel_width > 0 {
+        kernel += &format!(" kv-panels {}", b.kv_panel_width);
+    }
+    kernel
+}
+
 /// Runs the bench: each cell in each of `dtypes` (the same inputs rounded to each), `reps`
 /// timed runs per cell per round, a shape's dtypes and causal forms timed run by run in turn
 /// (so each 16-bit cell's speed against f32, and each causal cell's time against its unmasked
@@ -511,16 +525,7 @@ pub fn run(
         // Against the f64 attention of the inputs as the kernel got them (rounded to its dtype).
         let o = &p.operands;
         let err = error(&p.config, &o.widened(0), &o.widened(1), &o.widened(2), lens, &o.widened(3));
-        let b = p.sdpa.blocking();
-        let mut kernel = format!("flash_tile_ops {}x{}x{}", b.heads_per_task, b.queries, b.keys);
-        if b.splits > 1 {
-            kernel += &format!(" split-K {}", b.splits);
-        }
-        if b.pair_panels(&p.config) {
-            kernel += &format!(" kv-pair-panels {}", b.kv_panel_width);
-        } else if b.kv_panel_width > 0 {
-            kernel += &format!(" kv-panels {}", b.kv_panel_width);
-        }
+        let kernel = kernel_label(&p.sdpa.blocking(), &p.config);
         let c = &p.config;
         let decode = c.n_q * (c.heads / c.kv_heads) <= 16;
         let element_bytes = if c.dtype == SdpaDType::F32 { 4 } else { 2 };

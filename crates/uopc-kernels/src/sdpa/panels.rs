@@ -27,45 +27,77 @@ thread_local! {
     static KEPT_PAIRS: Cell<Vec<bf16>> = const { Cell::new(Vec::new()) };
 }
 
+/// An element of packed panels (f32, or bf16 for pair panels), with the thread's kept buffer
+/// of them and its cap in elements.
+pub(crate) trait PanelElement: Copy + 'static {
+    /// The padding value.
+    const ZERO: Self;
+    /// The most elements a thread keeps: [`KEPT_MAX_FLOATS`]' bytes.
+    const KEPT_MAX: usize;
+    /// The thread's kept buffer of this element.
+    fn kept() -> &'static std::thread::LocalKey<Cell<Vec<Self>>>;
+}
+
+impl PanelElement for f32 {
+    const ZERO: f32 = 0.0;
+    const KEPT_MAX: usize = KEPT_MAX_FLOATS;
+    fn kept() -> &'static std::thread::LocalKey<Cell<Vec<f32>>> {
+        &KEPT
+    }
+}
+
+impl PanelElement for bf16 {
+    const ZERO: bf16 = bf16::ZERO;
+    const KEPT_MAX: usize = 2 * KEPT_MAX_FLOATS;
+    fn kept() -> &'static std::thread::LocalKey<Cell<Vec<bf16>>> {
+        &KEPT_PAIRS
+    }
+}
+
 /// One run's packed K and V, in the calling thread's kept buffer (or a new one when a nested
-/// run already holds it); dropping it hands the buffer back.
-pub(crate) struct Packed {
-    buf: Vec<f32>,
+/// run already holds it), from a cache line on; dropping it hands the buffer back.
+pub(crate) struct Packed<E: PanelElement> {
+    buf: Vec<E>,
     /// The first element of the key panels (the first on a cache line).
     at: usize,
     k_len: usize,
     v_len: usize,
 }
 
-impl Packed {
+impl<E: PanelElement> Packed<E> {
+    /// The kept buffer (or a new one) grown to hold `k_len + v_len` elements from a cache line.
+    fn new(k_len: usize, v_len: usize) -> Packed<E> {
+        let mut buf = E::kept().try_with(Cell::take).unwrap_or_default();
+        let at = line_aligned(&mut buf, k_len + v_len, E::ZERO);
+        Packed { buf, at, k_len, v_len }
+    }
+
     /// The key panels and the value panels.
-    pub fn panels(&self) -> (&[f32], &[f32]) {
+    pub fn panels(&self) -> (&[E], &[E]) {
         let (kp, rest) = self.buf[self.at..].split_at(self.k_len);
         (kp, &rest[..self.v_len])
     }
+
+    /// The key panels and the value panels, to write.
+    fn panels_mut(&mut self) -> (&mut [E], &mut [E]) {
+        let (kp, rest) = self.buf[self.at..].split_at_mut(self.k_len);
+        (kp, &mut rest[..self.v_len])
+    }
 }
 
-impl Drop for Packed {
+impl<E: PanelElement> Drop for Packed<E> {
     fn drop(&mut self) {
-        hand_back(&KEPT, std::mem::take(&mut self.buf), KEPT_MAX_FLOATS);
-    }
-}
-
-/// One run's K and V in bf16 pair panels, in the calling thread's kept buffer (or a new one);
-/// dropping it hands the buffer back.
-pub(crate) struct PackedPairs {
-    buf: Vec<bf16>,
-    /// The first element of the key panels (the first on a cache line).
-    at: usize,
-    k_len: usize,
-    v_len: usize,
-}
-
-impl PackedPairs {
-    /// The key panels and the value panels.
-    pub fn panels(&self) -> (&[bf16], &[bf16]) {
-        let (kp, rest) = self.buf[self.at..].split_at(self.k_len);
-        (kp, &rest[..self.v_len])
+        // Keep the larger of this buffer and one a nested run may have put back meanwhile. A
+        // buffer past the cap is freed rather than kept: one long context must not pin its
+        // size in every calling thread for the rest of the process.
+        let buf = std::mem::take(&mut self.buf);
+        let _ = E::kept().try_with(|kept| {
+            let other = kept.take();
+            let larger = if other.capacity() > buf.capacity() { other } else { buf };
+            if larger.capacity() <= E::KEPT_MAX {
+                kept.set(larger);
+            }
+        });
     }
 }
 
@@ -81,26 +113,6 @@ fn line_aligned<E: Copy>(buf: &mut Vec<E>, len: usize, zero: E) -> usize {
         buf.resize(len + slack, zero);
     }
     buf.as_ptr().align_offset(LINE_BYTES).min(slack)
-}
-
-impl Drop for PackedPairs {
-    fn drop(&mut self) {
-        // The same bytes as the f32 buffer's cap.
-        hand_back(&KEPT_PAIRS, std::mem::take(&mut self.buf), 2 * KEPT_MAX_FLOATS);
-    }
-}
-
-/// Keeps the larger of `buf` and the buffer a nested run may have put back meanwhile in
-/// `kept`. A buffer past `cap` elements is freed rather than kept: one long context must not
-/// pin its size in every calling thread for the rest of the process.
-fn hand_back<E>(kept: &'static std::thread::LocalKey<Cell<Vec<E>>>, buf: Vec<E>, cap: usize) {
-    let _ = kept.try_with(|kept| {
-        let other = kept.take();
-        let larger = if other.capacity() > buf.capacity() { other } else { buf };
-        if larger.capacity() <= cap {
-            kept.set(larger);
-        }
-    });
 }
 
 /// Where each key/value head's panels lie: the keys' panels `K^T` block by block of keys (per
@@ -207,13 +219,11 @@ impl KvPanels {
     /// Packs k and v (f32, f16 or bf16, of the configuration's layout and lengths, checked by
     /// the caller; 16-bit values widened exactly as they are packed) into the calling thread's
     /// kept buffer, grown if it is too small.
-    pub fn pack_into<E: PanelSource>(&self, k: &[E], v: &[E]) -> Packed {
-        let (k_len, v_len) = (self.k_len(), self.v_len());
-        let mut buf = KEPT.try_with(Cell::take).unwrap_or_default();
-        let at = line_aligned(&mut buf, k_len + v_len, 0.0);
-        let (kp, rest) = buf[at..].split_at_mut(k_len);
-        self.pack(k, v, kp, &mut rest[..v_len]);
-        Packed { buf, at, k_len, v_len }
+    pub fn pack_into<E: PanelSource>(&self, k: &[E], v: &[E]) -> Packed<f32> {
+        let mut packed = Packed::new(self.k_len(), self.v_len());
+        let (kp, vp) = packed.panels_mut();
+        self.pack(k, v, kp, vp);
+        packed
     }
 
     /// Packs k and v (f32, f16 or bf16, of `config`'s layout and lengths, checked by the caller) into
@@ -227,13 +237,11 @@ impl KvPanels {
 
     /// Packs bf16 k and v into pair panels in the calling thread's kept buffer, grown if it
     /// is too small (as [`KvPanels::pack_into`]).
-    pub fn pack_pairs_into(&self, k: &[bf16], v: &[bf16]) -> PackedPairs {
-        let (k_len, v_len) = (self.k_len(), self.v_len());
-        let mut buf = KEPT_PAIRS.try_with(Cell::take).unwrap_or_default();
-        let at = line_aligned(&mut buf, k_len + v_len, bf16::ZERO);
-        let (kp, rest) = buf[at..].split_at_mut(k_len);
-        self.pack_with((k, v), (kp, &mut rest[..v_len]), pack_pair_panels_bf16);
-        PackedPairs { buf, at, k_len, v_len }
+    pub fn pack_pairs_into(&self, k: &[bf16], v: &[bf16]) -> Packed<bf16> {
+        let mut packed = Packed::new(self.k_len(), self.v_len());
+        let (kp, vp) = packed.panels_mut();
+        self.pack_with((k, v), (kp, vp), pack_pair_panels_bf16);
+        packed
     }
 
     /// [`KvPanels::pack`] with the packing of one key block or one value panel given.
