@@ -4,7 +4,9 @@
 
 use crate::GemmShape;
 use crate::bf16_c_out::{COut, Strip};
-use crate::bf16_pack::{APacking, BLOCK, Layout, RowBlockPacker, a_pieces, pack_operands, pack_row_block};
+use crate::bf16_pack::{
+    APacking, BLOCK, Layout, RowBlockPacker, a_pieces, pack_a_regions, pack_b_group, pack_row_block,
+};
 use crate::bf16_path::Bf16Path;
 use crate::x86::bf16_tiles::{ATiles, BLoads, Extent};
 
@@ -227,28 +229,41 @@ unsafe fn drive_swept(
     let kblocks = k.div_ceil(32);
     let pass_blocks = sweep.k_blocks_per_pass.min(kblocks);
     let layout = Layout::of(s, sweep.packs_a, (pass_blocks, sweep.panels_per_group));
-    // B packed by this call, its panels `kblocks` tile pairs apart, or B's own pair panels.
-    let (b_stride, given_b) = if s.b_pair_panels { (s.ldb, Some(b)) } else { (kblocks * BLOCK, None) };
     let packed = |buf: *mut f32, strip: *mut f32| {
         let bp = buf.cast::<u16>();
         // SAFETY: the buffer holds `layout.total` u16, split as `Layout` says.
         let (ap_rows, ap_k) = unsafe { (bp.add(layout.b), bp.add(layout.b + layout.a_rows)) };
-        // SAFETY: the regions are as `pack_operands` needs them (see `Layout`), and the
+        // SAFETY: the regions are as `pack_a_regions` needs them (see `Layout`), and the
         // operands' extents are this function's contract.
-        unsafe { pack_operands(path, s, a, b, bp, (ap_rows, ap_k), layout.a) };
+        unsafe { pack_a_regions(path, s, a, (ap_rows, ap_k), layout.a) };
         #[cfg(target_arch = "x86_64")]
         if path == Bf16Path::Amx {
             // SAFETY: the path is available, so tile state is permitted.
             unsafe { crate::x86::amx::configure() };
         }
-        let bp = given_b.unwrap_or(bp.cast_const());
-        let sweep_ops =
-            SweepOps { path, s, a, bp: (bp, b_stride), ap: (ap_rows, ap_k), strip: (strip, layout.strip_ld) };
         let panels = n.div_ceil(32);
         for kp0 in (0..kblocks).step_by(pass_blocks) {
             let pass = (kp0, (kp0 + pass_blocks).min(kblocks));
             for jg in (0..panels).step_by(sweep.panels_per_group) {
                 let group = (jg, sweep.panels_per_group.min(panels - jg));
+                // B's own pair panels from panel 0 and k block 0, or the group's pass packed
+                // here from panel `jg` and k block `kp0`.
+                let b_group = if s.b_pair_panels {
+                    BPanels { at: b, stride: s.ldb, first: (0, 0) }
+                } else {
+                    // SAFETY: the B region holds one group's pass (`Layout`); B's extent is
+                    // this function's contract.
+                    unsafe { pack_b_group(path, s, b, bp, (pass, group)) };
+                    BPanels { at: bp, stride: (pass.1 - pass.0) * BLOCK, first: (jg, kp0) }
+                };
+                let sweep_ops = SweepOps {
+                    path,
+                    s,
+                    a,
+                    bp: b_group,
+                    ap: (ap_rows, ap_k),
+                    strip: (strip, layout.strip_ld),
+                };
                 for ib in 0..m.div_ceil(32) {
                     // SAFETY: the regions are as `Layout` sizes them; C is this function's.
                     unsafe { sweep_ops.row_block(c, &layout, (pass, group, ib), sweep.k_blocks_per_slab) };
@@ -266,14 +281,31 @@ unsafe fn drive_swept(
     });
 }
 
-/// What every row block of [`drive_swept`] reads: the path, the shape, A, the packed B with
-/// the u16 between its panels, A's packed regions `(rows, k_tail)` and the strip `(f32s, row
-/// stride)`.
+/// Where a row block finds B's packed panels.
+#[derive(Clone, Copy)]
+struct BPanels {
+    /// Panel `first.0`'s k block `first.1`.
+    at: *const u16,
+    /// u16 between panels.
+    stride: usize,
+    /// The panel and k block at `at`.
+    first: (usize, usize),
+}
+
+impl BPanels {
+    /// Panel `jp`'s k block `kb` (at or after `first`).
+    fn block(&self, jp: usize, kb: usize) -> *const u16 {
+        self.at.wrapping_add((jp - self.first.0) * self.stride + (kb - self.first.1) * BLOCK)
+    }
+}
+
+/// What every row block of [`drive_swept`] reads: the path, the shape, A, the packed B, A's
+/// packed regions `(rows, k_tail)` and the strip `(f32s, row stride)`.
 struct SweepOps<'a> {
     path: Bf16Path,
     s: &'a GemmShape,
     a: *const u16,
-    bp: (*const u16, usize),
+    bp: BPanels,
     ap: (*mut u16, *mut u16),
     strip: (*mut f32, usize),
 }
@@ -296,7 +328,7 @@ impl SweepOps<'_> {
         ((kp0, kp1), (jg, gp), ib): ((usize, usize), (usize, usize), usize),
         slab: usize,
     ) {
-        let SweepOps { path, s, a, bp: (bp, b_stride), ap: (ap_rows, ap_k), strip } = *self;
+        let SweepOps { path, s, a, bp, ap: (ap_rows, ap_k), strip } = *self;
         let (kblocks, per_pass) = (s.k.div_ceil(32), layout.a == APacking::PerRowBlock);
         let (i0, j0) = (ib * 32, jg * 32);
         let tiles_of = |ib: usize| ap_rows.wrapping_add(ib * (kp1 - kp0) * BLOCK);
@@ -346,17 +378,7 @@ impl SweepOps<'_> {
                     // SAFETY: the A piece covers 32 readable rows of `nkb` k blocks (whole rows
                     // of A in place, or zero-padded packed tiles); the B panel's k blocks
                     // `kb ..` are packed; the C block is 32 x 32 at stride `cld`.
-                    unsafe {
-                        block(
-                            path,
-                            at,
-                            (bp.add(jp * b_stride + kb * BLOCK), loads),
-                            (nkb, extent),
-                            cp,
-                            cld,
-                            load_c,
-                        )
-                    };
+                    unsafe { block(path, at, (bp.block(jp, kb), loads), (nkb, extent), cp, cld, load_c) };
                     load_c = true;
                 }
                 if kb1 == kp1 {

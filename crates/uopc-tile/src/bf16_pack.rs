@@ -193,12 +193,12 @@ pub(crate) enum APacking {
     PerRowBlock,
 }
 
-/// The driver's packing buffer, in u16: packed B, A's row region and k-tail region (as
-/// [`APacking`] needs them); and the row stride of its strip of f32 sums (32 rows, in a buffer
-/// of its own).
+/// The driver's packing buffer, in u16: one panel group's pass of packed B (none for B in
+/// pair panels), A's row region and k-tail region (as [`APacking`] needs them); and the row
+/// stride of its strip of f32 sums (32 rows, in a buffer of its own).
 pub(crate) struct Layout {
     pub(crate) a: APacking,
-    /// u16 of packed B and of A's row region (the k-tail region follows it).
+    /// u16 of packed B (one group's pass) and of A's row region (the k-tail region follows it).
     pub(crate) b: usize,
     pub(crate) a_rows: usize,
     /// The strip's row stride in f32.
@@ -229,7 +229,9 @@ impl Layout {
             APacking::Whole => (rblocks * kblocks * BLOCK, 0),
             APacking::PerRowBlock => (rblocks * pass_blocks.min(kblocks) * BLOCK, 0),
         };
-        let b = if s.b_pair_panels { 0 } else { s.n.div_ceil(32) * kblocks * BLOCK };
+        // One panel group's pass of B at a time (`pack_b_group`).
+        let b =
+            if s.b_pair_panels { 0 } else { group.min(s.n.div_ceil(32)) * pass_blocks.min(kblocks) * BLOCK };
         // Sixteen floats past the group's columns, so that rows a power of two apart do not
         // share L1 sets.
         let strip_ld = group.min(s.n.div_ceil(32)) * 32 + 16;
@@ -280,38 +282,26 @@ pub(crate) unsafe fn pack_row_block(
     }
 }
 
-/// Packs B (all panels, unless it comes in pair panels) into `bp` and the A regions `(rows, k_tail)` that `packing` fills up
-/// front, as [`Layout`] sizes them.
+/// Packs the A regions
 ///
 /// # Safety
 ///
 /// The regions hold what [`Layout`] sizes them for, and the operands' extents are valid (the
 /// contract of `gemm_bf16_unchecked`).
-pub(crate) unsafe fn pack_operands(
+pub(crate) unsafe fn pack_a_regions(
     path: Bf16Path,
     s: &GemmShape,
     a: *const u16,
-    b: *const u16,
-    bp: *mut u16,
     (ap_rows, ap_k): (*mut u16, *mut u16),
     packing: APacking,
 ) {
-    let GemmShape { m, n, k, lda, .. } = *s;
+    let GemmShape { m, k, lda, .. } = *s;
     let kblocks = k.div_ceil(32);
     let (k_full, m_full, rblocks) = (k / 32, m / 32, m.div_ceil(32));
     // SAFETY: the packing routines write inside their regions and read inside the operands'
     // extents (this function's contract).
     unsafe {
         let vector = vector_pack(path);
-        match (vector, s.b_trans) {
-            // Packed by the caller.
-            _ if s.b_pair_panels => {}
-            #[cfg(target_arch = "x86_64")]
-            (true, false) => crate::x86::bf16::pack_b_rows(bp, b, s.ldb, k, n),
-            #[cfg(target_arch = "x86_64")]
-            (true, true) => crate::x86::bf16::pack_b_cols(bp, b, s.ldb, k, n),
-            _ => pack_b_portable(bp, s, b),
-        }
         match packing {
             APacking::InPlace => {
                 if m_full < rblocks {
@@ -334,6 +324,38 @@ pub(crate) unsafe fn pack_operands(
                 }
             }
             APacking::PerRowBlock => {}
+        }
+    }
+}
+
+/// Packs panels `jg .. jg + gp` of B over k blocks `kb0 .. kb1` into `dst`, each panel
+/// `(kb1 - kb0) * 1024` u16 after the one before: the part of B one panel group's pass reads,
+/// packed just before its row blocks run, so it is in L2 when they read it and the buffer
+/// stays one group's size.
+///
+/// # Safety
+///
+/// `dst` is writable for `gp * (kb1 - kb0) * 1024` u16; B's extent under `s` is readable; the
+/// path's CPU features are available.
+pub(crate) unsafe fn pack_b_group(
+    path: Bf16Path,
+    s: &GemmShape,
+    b: *const u16,
+    dst: *mut u16,
+    ((kb0, kb1), (jg, gp)): ((usize, usize), (usize, usize)),
+) {
+    let (p0, j0) = (kb0 * 32, jg * 32);
+    let (k, n) = ((kb1 * 32).min(s.k) - p0, (gp * 32).min(s.n - j0));
+    let from = b.wrapping_add(if s.b_trans { j0 * s.ldb + p0 } else { p0 * s.ldb + j0 });
+    // SAFETY: the sub-block's rows and columns lie in B's extent and its packed panels in
+    // `dst` (this function's contract).
+    unsafe {
+        match (vector_pack(path), s.b_trans) {
+            #[cfg(target_arch = "x86_64")]
+            (true, false) => crate::x86::bf16::pack_b_rows(dst, from, s.ldb, k, n),
+            #[cfg(target_arch = "x86_64")]
+            (true, true) => crate::x86::bf16::pack_b_cols(dst, from, s.ldb, k, n),
+            _ => pack_b_portable(dst, &GemmShape { k, n, ..*s }, from),
         }
     }
 }
