@@ -249,12 +249,12 @@ unsafe fn drive_swept(
                 // B's own pair panels from panel 0 and k block 0, or the group's pass packed
                 // here from panel `jg` and k block `kp0`.
                 let b_group = if s.b_pair_panels {
-                    BPanels { at: b, stride: s.ldb, first: (0, 0) }
+                    PackedB { at: b, stride: s.ldb, first: (0, 0) }
                 } else {
                     // SAFETY: the B region holds one group's pass (`Layout`); B's extent is
                     // this function's contract.
                     unsafe { pack_b_group(path, s, b, bp, (pass, group)) };
-                    BPanels { at: bp, stride: (pass.1 - pass.0) * BLOCK, first: (jg, kp0) }
+                    PackedB { at: bp, stride: (pass.1 - pass.0) * BLOCK, first: (jg, kp0) }
                 };
                 let sweep_ops = SweepOps {
                     path,
@@ -283,7 +283,7 @@ unsafe fn drive_swept(
 
 /// Where a row block finds B's packed panels.
 #[derive(Clone, Copy)]
-struct BPanels {
+struct PackedB {
     /// Panel `first.0`'s k block `first.1`.
     at: *const u16,
     /// u16 between panels.
@@ -292,7 +292,7 @@ struct BPanels {
     first: (usize, usize),
 }
 
-impl BPanels {
+impl PackedB {
     /// Panel `jp`'s k block `kb` (at or after `first`).
     fn block(&self, jp: usize, kb: usize) -> *const u16 {
         self.at.wrapping_add((jp - self.first.0) * self.stride + (kb - self.first.1) * BLOCK)
@@ -305,7 +305,7 @@ struct SweepOps<'a> {
     path: Bf16Path,
     s: &'a GemmShape,
     a: *const u16,
-    bp: BPanels,
+    bp: PackedB,
     ap: (*mut u16, *mut u16),
     strip: (*mut f32, usize),
 }

@@ -51,7 +51,9 @@ impl Bf16Path {
 /// `C (+)= A · B` with bf16 A and B and f32 C, every operand checked against `s` first.
 ///
 /// `s` means what it means for the f32 [`crate::gemm`] (element counts, either operand
-/// transposed, `accumulate`). Products of bf16 values are exact in f32; the sums are rounded
+/// transposed, `accumulate`), except that B may come in pair panels
+/// ([`GemmShape::b_pair_panels`], packed by [`crate::pack_pair_panels_bf16`]) and not in f32
+/// ones. Products of bf16 values are exact in f32; the sums are rounded
 /// to f32, in an order that differs between paths. The AMX and `vdpbf16ps` paths treat
 /// subnormal inputs as zero and flush subnormal results to zero, as the instructions do,
 /// except for products of at most 8 rows of A (not transposed): those widen B to f32 in
@@ -61,8 +63,8 @@ impl Bf16Path {
 /// # Errors
 ///
 /// Nothing is read or written when one is returned: [`TileError::PathUnavailable`] if `path`
-/// cannot run here; the errors of [`GemmShape::extents`]; [`TileError::BufferTooSmall`] if a
-/// slice is shorter than its extent.
+/// cannot run here; the errors of [`GemmShape::extents`]; [`TileError::InvalidLayout`] for B
+/// in f32 panels; [`TileError::BufferTooSmall`] if a slice is shorter than its extent.
 ///
 /// # Examples
 ///
@@ -223,9 +225,9 @@ pub unsafe fn gemm_bf16_unchecked(
 /// the `i64`s `m`, `n`, `k`, `lda`, `ldb`, `ldc`, `flags`, as for [`crate::uopc_tile_gemm_f32`].
 ///
 /// Returns 0 on success, or -1 without touching memory if a size is negative, `flags` has
-/// unknown bits or a B panel width (only the f32 GEMM reads panels), a leading dimension is
-/// too small, an extent overflows, or a pointer is null
-/// while its operand is non-empty.
+/// unknown bits or a B panel width without [`crate::GEMM_B_PAIR_PANELS`] (only the f32 GEMM
+/// reads f32 panels), a leading dimension is too small, an extent overflows, or a pointer is
+/// null while its operand is non-empty.
 ///
 /// # Safety
 ///

@@ -145,9 +145,10 @@ impl Blocking {
     ///
     /// K and V are packed once per run into panels of the GEMM's register-tile width
     /// ([`Blocking::kv_panel_width`]) for f32 and f16, and for bf16 where the machine's bf16
-    /// GEMM widens to f32, without split-K or a runtime KV length, when
-    /// tasks have more than 8 rows (fewer stream K and V unpacked) and each key block is read
-    /// by at least six tasks (counting a causal task as half a read).
+    /// GEMM widens to f32 (elsewhere into bf16 pair panels of 32, whose tasks then take
+    /// 256-key blocks where they can: [`Blocking::pair_panels`]), without split-K or a runtime
+    /// KV length, when tasks have more than 8 rows (fewer stream K and V unpacked) and each key
+    /// block is read by at least six tasks (counting a causal task as half a read).
     ///
     /// Under the causal mask, diagonal blocks run their GEMMs in four parts
     /// ([`Blocking::diagonal_parts`]).
@@ -204,9 +205,9 @@ impl Blocking {
     /// (its tiles loaded and stored, `rows x D` f32) and a rescale of it, which wider blocks
     /// spread over more keys. One head's rows per task, as many as fit if they divide n_q,
     /// else the most whole 32-row tile blocks that split n_q evenly (a ragged tile block
-    /// multiplies mostly padding); at least [`PAIR_PANEL_MIN_ROWS`], with K and V still read
-    /// often enough to pack once. Not under the causal mask, whose band runs in 64-key
-    /// sub-tiles.
+    /// multiplies mostly padding); at least [`PAIR_PANEL_MIN_ROWS`], with a task for every
+    /// core and K and V still read often enough to pack once. Not under the causal mask, whose
+    /// band runs in 64-key sub-tiles.
     fn pair_panel_blocks(config: &SdpaConfig, cores: usize) -> Option<Blocking> {
         if config.causal || config.n_k < PAIR_PANEL_KEY_BLOCK {
             return None;
