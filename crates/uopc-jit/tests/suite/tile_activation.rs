@@ -4,7 +4,7 @@
 //! rows with tails, infinities, NaN and values whose exponential underflows; and the
 //! verifier's refusal of a block that would run past its buffer.
 
-use crate::f32s;
+use crate::{expansion_matches, f32s, refused_past_its_buffer};
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, Program};
@@ -74,10 +74,7 @@ fn interpreter_expansion_and_jit_agree_with_f64() {
             let close = (e.is_nan() && got.is_nan()) || got == e || (got - e).abs() <= 3e-5 * e.abs();
             assert!(close, "{kind:?} x {x}: interpreter {got} vs {e}");
         }
-        let mut expanded = vec![HostBuffer::F32(values())];
-        interp::run(&expand_tile_ops(&program), &mut expanded, Precision::Native).unwrap();
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(f32s(&expanded[0])), bits(y), "{kind:?}: expansion against the interpreter");
+        expansion_matches(&program, vec![HostBuffer::F32(values())], 0, y, &format!("{kind:?}"));
         let mut out = values();
         let prg = Program::compile(&program, "activation").unwrap();
         prg.run(&mut [Arg::WriteF32(&mut out)]).unwrap();
@@ -95,9 +92,7 @@ fn interpreter_expansion_and_jit_agree_with_f64() {
 
 #[test]
 fn a_block_past_its_buffer_is_refused() {
-    let err = verify(&program(Activation::Silu, x_len() - 1)).unwrap_err();
-    assert!(format!("{err}").contains("elements"), "{err}");
-    assert!(Program::compile(&program(Activation::Silu, x_len() - 1), "short").is_err());
+    refused_past_its_buffer(&program(Activation::Silu, x_len() - 1));
 }
 
 /// `TILE_ACTIVATION_GRAD` over X (buffer 0, stride `LD`) into G (buffer 1, stride `LD + 2`).
@@ -150,10 +145,7 @@ fn the_gradient_agrees_across_interpreter_expansion_jit_and_f64() {
             let scale = f64::from(seeds[k]) * (1.0 + f64::from(xs[r * LD + j]).abs());
             assert!((f64::from(g[k]) - e).abs() <= 1e-5 * scale, "{kind:?} ({r}, {j}): {} vs {e}", g[k]);
         }
-        let mut expanded = inputs();
-        interp::run(&expand_tile_ops(&program), &mut expanded, Precision::Native).unwrap();
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(f32s(&expanded[1])), bits(&g), "{kind:?}: expansion against the interpreter");
+        expansion_matches(&program, inputs(), 1, &g, &format!("{kind:?} gradient"));
         let mut out = seeds.clone();
         let prg = Program::compile(&program, "activation_grad").unwrap();
         prg.run(&mut [Arg::Read(uopc_jit::BufRef::F32(&xs)), Arg::WriteF32(&mut out)]).unwrap();

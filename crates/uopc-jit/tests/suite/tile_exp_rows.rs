@@ -4,7 +4,7 @@
 //! finite, `-inf`, `+inf` and NaN shifts and elements, and the verifier's refusal of an
 //! operand that would run past its buffer.
 
-use crate::f32s;
+use crate::{expansion_matches, f32s, refused_past_its_buffer};
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, BufRef, Program};
@@ -68,10 +68,7 @@ fn interpreter_expansion_and_jit_agree_with_f64() {
             assert_eq!(y[r * LDY + j], -7.0, "the gap of row {r} is not written");
         }
     }
-    let mut expanded = inputs();
-    interp::run(&expand_tile_ops(&program), &mut expanded, Precision::Native).unwrap();
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(f32s(&expanded[2])), bits(y), "expansion against the interpreter");
+    expansion_matches(&program, inputs(), 2, y, "exp rows");
     let mut out = vec![-7.0f32; y_len()];
     let prg = Program::compile(&program, "exp_rows").unwrap();
     prg.run(&mut [Arg::Read(BufRef::F32(&x)), Arg::Read(BufRef::F32(&b)), Arg::WriteF32(&mut out)]).unwrap();
@@ -85,7 +82,5 @@ fn interpreter_expansion_and_jit_agree_with_f64() {
 #[test]
 fn an_operand_past_its_buffer_is_refused() {
     // one element short: the last row of Y would be written past the end
-    let err = verify(&program(y_len() - 1)).unwrap_err();
-    assert!(format!("{err}").contains("elements"), "{err}");
-    assert!(Program::compile(&program(y_len() - 1), "short").is_err());
+    refused_past_its_buffer(&program(y_len() - 1));
 }

@@ -3,7 +3,7 @@
 //! and the JIT's extern call against the interpreter (two f32 roundings), on padded rows with
 //! tails; and the verifier's refusal of a block that would run past its buffer.
 
-use crate::f32s;
+use crate::{expansion_matches, f32s, refused_past_its_buffer};
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, BufRef, Program};
@@ -59,10 +59,7 @@ fn interpreter_expansion_and_jit_agree_with_f64() {
                 "x {x}: interpreter {got} vs {e}"
             );
         }
-        let mut expanded = buffers();
-        interp::run(&expand_tile_ops(&program), &mut expanded, Precision::Native).unwrap();
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(f32s(&expanded[0])), bits(&y), "expansion against the interpreter");
+        expansion_matches(&program, buffers(), 0, &y, "score ramp");
         let mut out = values();
         let prg = Program::compile(&program, "score_ramp").unwrap();
         prg.run(&mut [
@@ -85,7 +82,5 @@ fn interpreter_expansion_and_jit_agree_with_f64() {
 
 #[test]
 fn a_block_past_its_buffer_is_refused() {
-    let err = verify(&program(1.0, 1.0, x_len() - 1)).unwrap_err();
-    assert!(format!("{err}").contains("elements"), "{err}");
-    assert!(Program::compile(&program(1.0, 1.0, x_len() - 1), "short").is_err());
+    refused_past_its_buffer(&program(1.0, 1.0, x_len() - 1));
 }

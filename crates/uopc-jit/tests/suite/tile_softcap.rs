@@ -4,7 +4,7 @@
 //! with tails, infinities, NaN and tiny values; and the verifier's refusal of a block that
 //! would run past its buffer.
 
-use crate::f32s;
+use crate::{expansion_matches, f32s, refused_past_its_buffer};
 use uopc_ir::interp::{self, Precision};
 use uopc_ir::*;
 use uopc_jit::{Arg, Program};
@@ -57,10 +57,7 @@ fn interpreter_expansion_and_jit_agree_with_f64() {
             let close = (e.is_nan() && got.is_nan()) || (got - e).abs() <= bound + e.abs() * 2f64.powi(-24);
             assert!(close, "x {x}: interpreter {got} vs {e}");
         }
-        let mut expanded = vec![HostBuffer::F32(values())];
-        interp::run(&expand_tile_ops(&program), &mut expanded, Precision::Native).unwrap();
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(f32s(&expanded[0])), bits(y), "expansion against the interpreter");
+        expansion_matches(&program, vec![HostBuffer::F32(values())], 0, y, "softcap");
         let mut out = values();
         let prg = Program::compile(&program, "softcap").unwrap();
         prg.run(&mut [Arg::WriteF32(&mut out)]).unwrap();
@@ -76,7 +73,5 @@ fn interpreter_expansion_and_jit_agree_with_f64() {
 
 #[test]
 fn a_block_past_its_buffer_is_refused() {
-    let err = verify(&program(1.0, 1.0, x_len() - 1)).unwrap_err();
-    assert!(format!("{err}").contains("elements"), "{err}");
-    assert!(Program::compile(&program(1.0, 1.0, x_len() - 1), "short").is_err());
+    refused_past_its_buffer(&program(1.0, 1.0, x_len() - 1));
 }
