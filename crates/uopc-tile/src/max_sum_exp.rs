@@ -174,10 +174,7 @@ pub unsafe extern "C" fn uopc_tile_max_sum_exp_f32(
     ld: i64,
     scale: i64,
 ) -> i32 {
-    let u = |v: i64| usize::try_from(v).ok();
-    let (Some(rows), Some(cols), Some(ld)) = (u(rows), u(cols), u(ld)) else { return -1 };
-    let sh = ScoreTileShape { rows, cols, ld };
-    let Ok(n) = sh.extent() else { return -1 };
+    let Some((sh, n)) = ScoreTileShape::from_flat(rows, cols, ld) else { return -1 };
     if n > 0 && (x.is_null() || row_max.is_null() || row_sum.is_null()) {
         return -1;
     }

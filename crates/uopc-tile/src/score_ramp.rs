@@ -115,10 +115,7 @@ pub unsafe extern "C" fn uopc_tile_score_ramp_f32(
     scale: i64,
     slope_scale: i64,
 ) -> i32 {
-    let u = |v: i64| usize::try_from(v).ok();
-    let (Some(rows), Some(cols), Some(ld)) = (u(rows), u(cols), u(ld)) else { return -1 };
-    let sh = ScoreTileShape { rows, cols, ld };
-    let Ok(n) = sh.extent() else { return -1 };
+    let Some((sh, n)) = ScoreTileShape::from_flat(rows, cols, ld) else { return -1 };
     if n == 0 {
         return 0;
     }

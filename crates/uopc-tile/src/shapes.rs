@@ -99,6 +99,15 @@ impl ScoreTileShape {
     pub fn extent(&self) -> Result<usize, TileError> {
         span("s", self.rows, self.cols, self.ld)
     }
+
+    /// The shape a flat C entry's `i64` sizes give, with its extent, or `None` when a size is
+    /// negative or the extent is invalid.
+    pub(crate) fn from_flat(rows: i64, cols: i64, ld: i64) -> Option<(ScoreTileShape, usize)> {
+        let u = |x: i64| usize::try_from(x).ok();
+        let sh = ScoreTileShape { rows: u(rows)?, cols: u(cols)?, ld: u(ld)? };
+        let n = sh.extent().ok()?;
+        Some((sh, n))
+    }
 }
 
 /// Whether `scale * row[j]` is NaN for some `j < cols`.

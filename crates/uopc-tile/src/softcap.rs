@@ -112,10 +112,7 @@ pub unsafe extern "C" fn uopc_tile_softcap_f32(
     inner: i64,
     outer: i64,
 ) -> i32 {
-    let u = |v: i64| usize::try_from(v).ok();
-    let (Some(rows), Some(cols), Some(ld)) = (u(rows), u(cols), u(ld)) else { return -1 };
-    let sh = ScoreTileShape { rows, cols, ld };
-    let Ok(n) = sh.extent() else { return -1 };
+    let Some((sh, n)) = ScoreTileShape::from_flat(rows, cols, ld) else { return -1 };
     if n > 0 && s.is_null() {
         return -1;
     }

@@ -158,15 +158,6 @@ pub unsafe fn softmax_grad_unchecked(
     }
 }
 
-/// Decodes the flat ABI's sizes into a shape, or `None` when one is negative or the extent is
-/// invalid; the extent comes along.
-fn flat_shape(rows: i64, cols: i64, ld: i64) -> Option<(ScoreTileShape, usize)> {
-    let u = |x: i64| usize::try_from(x).ok();
-    let sh = ScoreTileShape { rows: u(rows)?, cols: u(cols)?, ld: u(ld)? };
-    let n = sh.extent().ok()?;
-    Some((sh, n))
-}
-
 /// Flat C-ABI [`softmax_recompute`] for JIT-compiled code, with the fastest ISA of this CPU.
 ///
 /// Arguments, in order: `s`, `lse` (pointers to f32), then the `i64`s `rows`, `cols`, `ld`.
@@ -185,7 +176,7 @@ pub unsafe extern "C" fn uopc_tile_softmax_recompute_f32(
     cols: i64,
     ld: i64,
 ) -> i32 {
-    let Some((sh, n)) = flat_shape(rows, cols, ld) else { return -1 };
+    let Some((sh, n)) = ScoreTileShape::from_flat(rows, cols, ld) else { return -1 };
     if n > 0 && (s.is_null() || lse.is_null()) {
         return -1;
     }
@@ -212,7 +203,7 @@ pub unsafe extern "C" fn uopc_tile_softmax_grad_f32(
     cols: i64,
     ld: i64,
 ) -> i32 {
-    let Some((sh, n)) = flat_shape(rows, cols, ld) else { return -1 };
+    let Some((sh, n)) = ScoreTileShape::from_flat(rows, cols, ld) else { return -1 };
     if n > 0 && (p.is_null() || dp.is_null() || delta.is_null()) {
         return -1;
     }
