@@ -183,7 +183,7 @@ impl Blocking {
         // bf16 on bf16 GEMMs packs bf16 pair panels instead, and keeps its bf16 tiles.
         let rows = b.rows();
         let query_tile = !queries_in_place(b.heads_per_task);
-        let pairs = config.dtype == SdpaDType::BF16 && !bf16_widens();
+        let pairs = bf16_on_bf16_gemms(config);
         let width = if pairs { uopc_tile::PAIR_PANEL_WIDTH } else { width };
         let query_tile_fits = config.dtype == SdpaDType::F32
             || pairs
@@ -234,7 +234,7 @@ impl Blocking {
     /// GEMM multiplies bf16), without split-K or a runtime KV length, every key block
     /// starting a panel, and a width the GEMM descriptor carries.
     pub fn panels_fit(&self, config: &SdpaConfig, width: usize) -> bool {
-        let pairs = config.dtype == SdpaDType::BF16 && !bf16_widens();
+        let pairs = bf16_on_bf16_gemms(config);
         (1..=uopc_tile::GEMM_MAX_PANEL_WIDTH).contains(&width)
             && (!pairs || width == uopc_tile::PAIR_PANEL_WIDTH)
             && self.splits == 1
@@ -329,7 +329,7 @@ impl Blocking {
     /// probabilities over the f32 scores: the same values, which the f32 x bf16 GEMM (or the
     /// panels' f32 GEMM) reads in place.
     pub(crate) fn bf16_tiles(&self, config: &SdpaConfig) -> bool {
-        config.dtype == SdpaDType::BF16 && !bf16_widens()
+        bf16_on_bf16_gemms(config)
     }
 
     /// Whether K and V come packed once per run in bf16 pair panels: bf16 attention with
@@ -430,6 +430,12 @@ fn queries_in_place(heads_per_task: usize) -> bool {
 /// `vdpbf16ps` path chosen): then bf16 attention runs on f16's f32 tiles.
 fn bf16_widens() -> bool {
     uopc_jit::machine::Machine::get().choices().bf16.widens()
+}
+
+/// Whether `config` is bf16 attention on a machine whose bf16 GEMM multiplies bf16 (AMX,
+/// `vdpbf16ps`): it keeps bf16 tiles and packs K and V into pair panels.
+fn bf16_on_bf16_gemms(config: &SdpaConfig) -> bool {
+    config.dtype == SdpaDType::BF16 && !bf16_widens()
 }
 
 /// Stack bytes one task row takes with blocks of `keys` keys: the query row when there is a

@@ -214,20 +214,8 @@ impl Sdpa {
         let (mut part_m, mut part_l, mut part_o) =
             (vec![0.0f32; states], vec![0.0f32; states], vec![0.0f32; states * c.d]);
         // K and V packed into panels, in the calling thread's kept buffer.
-        let (packed, pairs) = match (&self.panels, k, v) {
-            (Some(panels), Values::BF16(k), Values::BF16(v)) if panels.pairs => {
-                (None, Some(panels.pack_pairs_into(k, v)))
-            }
-            (Some(panels), Values::F32(k), Values::F32(v)) => (Some(panels.pack_into(k, v)), None),
-            (Some(panels), Values::F16(k), Values::F16(v)) => (Some(panels.pack_into(k, v)), None),
-            (Some(panels), Values::BF16(k), Values::BF16(v)) => (Some(panels.pack_into(k, v)), None),
-            _ => (None, None),
-        };
-        let (k, v) = match (packed.as_ref().map(|p| p.panels()), pairs.as_ref().map(|p| p.panels())) {
-            (Some((kp, vp)), _) => (Arg::from(kp), Arg::from(vp)),
-            (_, Some((kp, vp))) => (Arg::Read(BufRef::BF16(kp)), Arg::Read(BufRef::BF16(vp))),
-            _ => (k.arg(), v.arg()),
-        };
+        let packed = self.panels.as_ref().and_then(|panels| panels.pack_values(k, v));
+        let (k, v) = packed.as_ref().map_or_else(|| (k.arg(), v.arg()), |p| p.args());
         let mut args: Vec<Arg<'_>> = if self.merge.is_some() {
             vec![
                 q.arg(),

@@ -6,11 +6,12 @@
 //! query blocks. With [`Blocking::kv_panel_width`](super::Blocking::kv_panel_width) set, the run
 //! packs them once, in parallel over the heads, and the kernel's GEMMs read the panels.
 
-use super::SdpaConfig;
+use super::{SdpaConfig, Values};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::cell::Cell;
 use uopc_ir::UOp;
+use uopc_jit::Arg;
 use uopc_tile::{
     Isa, PanelPacking, TileError, pack_pair_panels_bf16, pack_panels, pack_panels_bf16, pack_panels_f16,
 };
@@ -101,6 +102,30 @@ impl<E: PanelElement> Drop for Packed<E> {
     }
 }
 
+/// One run's K and V in f32 panels or in bf16 pair panels.
+pub(crate) enum PackedKv {
+    /// f32 panels.
+    F32(Packed<f32>),
+    /// bf16 pair panels.
+    Pairs(Packed<bf16>),
+}
+
+impl PackedKv {
+    /// The kernel's arguments for the key panels and the value panels.
+    pub fn args(&self) -> (Arg<'_>, Arg<'_>) {
+        match self {
+            PackedKv::F32(p) => {
+                let (kp, vp) = p.panels();
+                (kp.into(), vp.into())
+            }
+            PackedKv::Pairs(p) => {
+                let (kp, vp) = p.panels();
+                (kp.into(), vp.into())
+            }
+        }
+    }
+}
+
 /// Bytes of a cache line, where the panels start: a panel row (or a pair panel's tile row)
 /// that straddled two lines would cost two loads of every row the kernels read, and the
 /// allocator places a large buffer 16 bytes past a page.
@@ -139,6 +164,10 @@ pub(crate) struct KvPanels {
     pub v_head: usize,
     /// `[batch, head, row]` strides of k and v.
     strides: [usize; 3],
+    /// Rows a key panel and a value panel hold: D and n_k, each rounded up to a whole step of
+    /// 32 for pair panels.
+    k_rows: usize,
+    v_rows: usize,
     kv_heads: usize,
     heads: usize,
     d: usize,
@@ -163,6 +192,8 @@ impl KvPanels {
             k_head: (full * keys.next_multiple_of(width) + rest.next_multiple_of(width)) * k_rows,
             v_head: d.next_multiple_of(width) * v_rows,
             strides: config.layout.strides(kv_heads, n_k, d),
+            k_rows,
+            v_rows,
             kv_heads,
             heads: batch * kv_heads,
             d,
@@ -184,8 +215,7 @@ impl KvPanels {
     /// key panels, and in its value panels (a pair panel's step of 32 keys is 32 x 32
     /// elements).
     pub fn block_offsets(&self, first: &UOp) -> (UOp, UOp) {
-        let k_rows = if self.pairs { self.d.next_multiple_of(32) } else { self.d };
-        (first * k_rows, first * self.width)
+        (first * self.k_rows, first * self.width)
     }
 
     /// How the `cols` keys of one block become the B of the score GEMM (`K^T`, D x cols): k's
@@ -198,7 +228,7 @@ impl KvPanels {
             trans: true,
             ld: self.strides[2],
             width: w,
-            panel_stride: if self.pairs { self.d.next_multiple_of(32) } else { self.d } * w,
+            panel_stride: self.k_rows * w,
         }
     }
 
@@ -212,8 +242,21 @@ impl KvPanels {
             trans: false,
             ld: self.strides[2],
             width: w,
-            panel_stride: if self.pairs { self.n_k.next_multiple_of(32) } else { self.n_k } * w,
+            panel_stride: self.v_rows * w,
         }
+    }
+
+    /// Packs k and v of the configuration's element type (lengths checked by the caller) as
+    /// these panels take them: into pair panels, or into f32 panels (16-bit values widened
+    /// exactly); `None` for k and v of another type.
+    pub fn pack_values(&self, k: Values<'_>, v: Values<'_>) -> Option<PackedKv> {
+        Some(match (k, v) {
+            (Values::BF16(k), Values::BF16(v)) if self.pairs => PackedKv::Pairs(self.pack_pairs_into(k, v)),
+            (Values::F32(k), Values::F32(v)) => PackedKv::F32(self.pack_into(k, v)),
+            (Values::F16(k), Values::F16(v)) => PackedKv::F32(self.pack_into(k, v)),
+            (Values::BF16(k), Values::BF16(v)) => PackedKv::F32(self.pack_into(k, v)),
+            _ => return None,
+        })
     }
 
     /// Packs k and v (f32, f16 or bf16, of the configuration's layout and lengths, checked by
