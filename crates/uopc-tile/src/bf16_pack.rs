@@ -23,7 +23,7 @@ impl ATiles {
 ///
 /// `dst` is writable for `n.div_ceil(32) * k.div_ceil(32) * 1024` u16; B's extent under `s`
 /// is readable.
-pub(crate) unsafe fn pack_b_portable(dst: *mut u16, s: &GemmShape, b: *const u16) {
+unsafe fn pack_b_portable(dst: *mut u16, s: &GemmShape, b: *const u16) {
     let kblocks = s.k.div_ceil(32);
     let panels = s.n.div_ceil(32);
     // SAFETY: the whole packed region is writable.
@@ -244,8 +244,13 @@ impl Layout {
 /// but the portable one, which packs with portable code too, so that forcing it tests code
 /// that needs no CPU features at all.
 fn vector_pack(path: Bf16Path) -> bool {
+    path != Bf16Path::Portable && vector_packing_available()
+}
+
+/// Whether the AVX-512BW packing routines of `x86::bf16` can run here.
+pub(crate) fn vector_packing_available() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return path != Bf16Path::Portable && std::arch::is_x86_feature_detected!("avx512bw");
+    return std::arch::is_x86_feature_detected!("avx512bw");
     #[cfg(not(target_arch = "x86_64"))]
     return false;
 }
@@ -348,14 +353,34 @@ pub(crate) unsafe fn pack_b_group(
     let (k, n) = ((kb1 * 32).min(s.k) - p0, (gp * 32).min(s.n - j0));
     let from = b.wrapping_add(if s.b_trans { j0 * s.ldb + p0 } else { p0 * s.ldb + j0 });
     // SAFETY: the sub-block's rows and columns lie in B's extent and its packed panels in
-    // `dst` (this function's contract).
+    // `dst` (this function's contract); the vector routines only where the path has them.
+    unsafe { pack_b_panels(vector_pack(path), (from, s.ldb, s.b_trans), (k, n), dst) }
+}
+
+/// Packs the `k x n` B at `b` (rows `ldb` apart, stored `n x k` when `trans`) into pair
+/// panels at `dst`, each `k.div_ceil(32) * 1024` u16 after the one before, zero-filling k past
+/// `k` and columns past `n`: with the AVX-512BW routines when `vector`, else portable code.
+///
+/// # Safety
+///
+/// `vector` only where [`vector_packing_available`]; B's `k x n` elements are readable and
+/// `dst` is writable for `n.div_ceil(32) * k.div_ceil(32) * 1024` u16.
+pub(crate) unsafe fn pack_b_panels(
+    vector: bool,
+    (b, ldb, trans): (*const u16, usize, bool),
+    (k, n): (usize, usize),
+    dst: *mut u16,
+) {
+    // SAFETY: this function's contract.
     unsafe {
-        match (vector_pack(path), s.b_trans) {
+        match (vector, trans) {
             #[cfg(target_arch = "x86_64")]
-            (true, false) => crate::x86::bf16::pack_b_rows(dst, from, s.ldb, k, n),
+            (true, false) => crate::x86::bf16::pack_b_rows(dst, b, ldb, k, n),
             #[cfg(target_arch = "x86_64")]
-            (true, true) => crate::x86::bf16::pack_b_cols(dst, from, s.ldb, k, n),
-            _ => pack_b_portable(dst, &GemmShape { k, n, ..*s }, from),
+            (true, true) => crate::x86::bf16::pack_b_cols(dst, b, ldb, k, n),
+            _ => {
+                pack_b_portable(dst, &GemmShape { ldb, ..GemmShape::dense(0, n, k, false, trans, false) }, b)
+            }
         }
     }
 }

@@ -93,39 +93,16 @@ pub(crate) unsafe fn pack_pair_panels_unchecked(p: &PanelPacking, src: *const u1
     if k == 0 {
         return;
     }
+    let vector = crate::bf16_pack::vector_packing_available();
     for (q, j0) in (0..n).step_by(PAIR_PANEL_WIDTH).enumerate() {
         let cols = (n - j0).min(PAIR_PANEL_WIDTH);
         let from = src.wrapping_add(if trans { j0 * ld } else { j0 });
         let to = dst.wrapping_add(q * panel_stride);
         // SAFETY: the panel's source columns `j0 .. j0 + cols` lie in the source extent and its
-        // `k.div_ceil(32)` steps in the destination's (this function's contract).
-        unsafe { pack_one(from, ld, trans, (k, cols), to) };
+        // `k.div_ceil(32)` steps in the destination's (this function's contract); the vector
+        // routines only where they run.
+        unsafe { crate::bf16_pack::pack_b_panels(vector, (from, ld, trans), (k, cols), to) };
     }
-}
-
-/// Packs one panel of `cols <= 32` columns of a `k`-row B from `b`.
-///
-/// # Safety
-///
-/// `b` is readable for the panel's elements of B and `dst` writable for `k.div_ceil(32)`
-/// steps.
-unsafe fn pack_one(b: *const u16, ld: usize, trans: bool, (k, cols): (usize, usize), dst: *mut u16) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
-        // SAFETY: AVX-512F and BW are available; one panel's source and destination are this
-        // function's contract.
-        unsafe {
-            if trans {
-                crate::x86::bf16::pack_b_cols(dst, b, ld, k, cols);
-            } else {
-                crate::x86::bf16::pack_b_rows(dst, b, ld, k, cols);
-            }
-        }
-        return;
-    }
-    let s = GemmShape { ldb: ld, b_trans: trans, ..GemmShape::dense(0, cols, k, false, trans, false) };
-    // SAFETY: as above, for the portable packing of a B of `cols` columns.
-    unsafe { crate::bf16_pack::pack_b_portable(dst, &s, b) };
 }
 
 #[cfg(test)]
